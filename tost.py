@@ -1,0 +1,783 @@
+"""
+The Token Statistics Transformer (ToST) in one file.
+
+Wu, Ding, Lu, Pai, Zhang, Wang, Yu, Ma, Haeffele. "Token Statistics Transformer: Linear-Time
+Attention via Variational Rate Reduction". ICLR 2025. arXiv:2412.17810.
+
+ToST replaces pairwise softmax attention by Token Statistics Self-Attention (TSSA): one step of
+gradient descent on a variational bound of the compression term of the rate-reduction objective.
+No token is compared with another; each head only shares the second moment of its projected tokens,
+so a layer costs O(n) time and memory in the number of tokens n.
+
+What is here, top to bottom:
+  1. variational_compression: the objective R^var_c(Z, Pi | {U_k}) that TSSA descends.
+  2. TSSA: the non-causal operator (vision), with a white-box mode that is exactly -tau * grad R^var_c.
+  3. CausalTSSA: the causal operator (language), parallel form (prefix sums) and recurrent form
+     (a state of O(head_dim) numbers per head, so generation costs the same per token at any length).
+  4. SoftmaxAttention (PyTorch SDPA): the baseline, switchable with attn='softmax'.
+  5. MLP, Block, GPT (+ GPTConfig), ViT (+ ViTConfig), preset(), optimizer groups, FLOP counts.
+
+Notation follows the paper: Z = [z_1 .. z_n] tokens, K heads ("groups"), p = d / K head dim,
+U_k in R^{d x p} the projection of head k, Pi in R^{n x K} soft memberships of tokens in groups.
+Code is nanoGPT-shaped: tokens are rows, x has shape (B, n, d); comments end with tensor shapes.
+"""
+
+import math
+from dataclasses import dataclass, fields
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# -----------------------------------------------------------------------------
+# 1. The objective
+
+
+def variational_compression(Z, Pi, U, alpha=1.0):
+    """R^var_c(Z, Pi | {U_k}) of paper-notes eq. in section 2 (paper eq. 9), one value per batch item.
+
+        R^var_c = 1/2 sum_k (n_k / n) sum_i log(1 + alpha * s_ki / n_k)
+        s_ki    = sum_j pi_jk (u_ki^T z_j)^2        pi-weighted second moment of coordinate i of head k
+        n_k     = sum_j pi_jk                        "size" of group k
+
+    It upper-bounds the compression term R_c(Z, Pi) = 1/2 sum_k (n_k/n) logdet(I + alpha/n_k Z diag(pi_k) Z^T)
+    for orthogonal U_k, with equality when U_k diagonalises Z diag(pi_k) Z^T (section 2 of the notes).
+    alpha = d / eps^2 in the paper; the practical operator absorbs it into U (alpha = 1).
+
+    Z: (B, n, d) tokens as rows.  Pi: (B, n, K) memberships (rows sum to 1).  U: (K, d, p).
+    Returns (B,).
+    """
+    n = Z.shape[1]
+    w = torch.einsum('bnd,kdp->bknp', Z, U)                # (B, K, n, p)  u_ki^T z_j
+    s = torch.einsum('bnk,bknp->bkp', Pi, w * w)           # (B, K, p)     s_k
+    n_k = Pi.sum(dim=1)                                    # (B, K)
+    logs = torch.log1p(alpha * s / n_k.unsqueeze(-1))      # (B, K, p)     f(s_k / n_k)
+    return 0.5 * ((n_k / n) * logs.sum(-1)).sum(-1)        # (B,)
+
+
+# -----------------------------------------------------------------------------
+# 2. TSSA: one gradient step on R^var_c, as an attention layer
+
+
+def _stat_dtype(t):
+    # statistics (sums over tokens) are taken in float32 when the activations are half precision
+    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
+
+
+class TSSA(nn.Module):
+    """Token Statistics Self-Attention, non-causal (paper-notes sections 3-5).
+
+    The gradient of R^var_c with respect to token z_j, with Pi held fixed, is (paper eq. 11)
+
+        grad_{z_j} R^var_c = 1/n sum_k pi_jk U_k D_k U_k^T z_j,    D_k = diag(f'(s_k / n_k)),
+        f'(x) = alpha / (1 + alpha x),
+
+    and one gradient-descent step of size tau is the layer  z_j <- z_j + TSSA(Z)  with
+
+        TSSA(Z) = -tau/n sum_k U_k D_k U_k^T Z diag(pi_k).
+
+    Each token is projected into each head (w = U_k^T z), each coordinate is shrunk by D_k, which is
+    small where the group already has a large second moment (this is the compression), weighted by the
+    token's membership pi_jk, and mapped back. Only the statistics s_k (O(p) numbers per head) are shared.
+
+    The practical operator (the released one, default here) keeps this form and changes three things:
+      * alpha is absorbed into the projection (U -> sqrt(alpha) U turns f' into 1/(1+x)),
+      * tau/n is absorbed into a separately learned output projection c_proj (U_k no longer maps back),
+      * Pi is estimated from the tokens themselves (a softmax over heads, see memberships()).
+    whitebox=True undoes the first two: the output is tied to the input projection and scaled by
+    tau/n with an explicit alpha, so the layer equals -tau * grad_Z R^var_c exactly (tested).
+    """
+
+    def __init__(self, n_embd, n_head, bias=False, dropout=0.0, whitebox=False, alpha=1.0, tau=1.0):
+        super().__init__()
+        if n_embd % n_head != 0:
+            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        if whitebox and bias:
+            raise ValueError("white-box TSSA needs bias=False: U_k^T z is a linear map")
+        self.n_head, self.head_dim = n_head, n_embd // n_head
+        # one projection for all heads: rows k*p .. (k+1)*p of the weight are U_k^T (q = k = v in attention terms)
+        self.c_attn = nn.Linear(n_embd, n_embd, bias=bias)
+        # per-head inverse temperature of the membership softmax, init 1 (no weight decay)
+        self.temp = nn.Parameter(torch.ones(n_head, 1))
+        self.whitebox, self.alpha, self.tau = whitebox, alpha, tau
+        # the released code adds 1e-8 to n_k; the white-box form is the exact gradient, so it adds nothing
+        self.eps = 0.0 if whitebox else 1e-8
+        self.c_proj = None if whitebox else nn.Linear(n_embd, n_embd, bias=bias)
+        self.attn_dropout = nn.Dropout(dropout)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def split_heads(self, y):                                  # (B, n, d) -> (B, K, n, p)
+        B, n, _ = y.shape
+        return y.view(B, n, self.n_head, self.head_dim).transpose(1, 2)
+
+    def merge_heads(self, y):                                  # (B, K, n, p) -> (B, n, d)
+        B, K, n, p = y.shape
+        return y.transpose(1, 2).reshape(B, n, K * p)
+
+    def U(self):
+        """The per-head projections U_k as a (K, d, p) tensor, for variational_compression."""
+        d = self.c_attn.weight.shape[1]
+        return self.c_attn.weight.view(self.n_head, self.head_dim, d).transpose(1, 2)
+
+    def memberships(self, w):
+        """Pi: how much of token j lives in each head's subspace (paper-notes section 4).
+
+        pi_jk = softmax_k( temp_k * sum_i w_jki^2 / sum_s w_ski^2 ): each coordinate is first normalised
+        over the tokens, so a head's score does not depend on the overall scale of its projection.
+        w: (B, K, n, p) -> Pi: (B, K, n), summing to 1 over K.
+        """
+        w2 = w * w
+        energy = w2 / w2.sum(dim=2, keepdim=True).clamp_min(1e-24)    # (B, K, n, p)  column-normalised
+        return torch.softmax(self.temp * energy.sum(-1), dim=1)         # (B, K, n)
+
+    def forward(self, x):
+        B, n, d = x.shape
+        w = self.split_heads(self.c_attn(x))                   # (B, K, n, p)  w_j = U_k^T z_j
+        out_dtype = w.dtype
+        w = w.to(_stat_dtype(w))
+        Pi = self.memberships(w).unsqueeze(-1)                 # (B, K, n, 1)  pi_jk
+        n_k = Pi.sum(dim=2, keepdim=True) + self.eps           # (B, K, 1, 1)  n_k = <pi_k, 1>
+        s = (Pi * w * w).sum(dim=2, keepdim=True) / n_k        # (B, K, 1, p)  s_k / n_k: pi-weighted 2nd moment
+        D = self.alpha / (1 + self.alpha * s)                  # (B, K, 1, p)  D_k = f'(s_k / n_k)
+        D = self.attn_dropout(D)
+        y = -(Pi * w) * D                                      # (B, K, n, p)  minus: gradient *descent*
+        y = self.merge_heads(y.to(out_dtype))                  # (B, n, d)
+        if self.whitebox:
+            return (self.tau / n) * (y @ self.c_attn.weight)   # (B, n, d)  sum_k U_k (...): U_k maps back
+        return self.resid_dropout(self.c_proj(y))              # (B, n, d)  learned map back, absorbs tau/n
+
+
+# -----------------------------------------------------------------------------
+# 3. Causal TSSA: prefix statistics, parallel and recurrent
+
+
+class TSSAState(NamedTuple):
+    """Everything a causal TSSA layer remembers of the past, per head: O(p) numbers, at any length."""
+    Q: torch.Tensor   # (B, K, p)  sum_{s<=t} w_s^2          (normaliser of the memberships)
+    A: torch.Tensor   # (B, K, p)  sum_{s<=t} pi_s w_s^2     (unnormalised second moment)
+    P: torch.Tensor   # (B, K)     sum_{s<=t} pi_s           (group size n_k so far)
+    t: int            # tokens seen so far (the next token's position)
+
+
+class CausalTSSA(TSSA):
+    """TSSA where every statistic is a prefix sum over s <= t (paper-notes section 6).
+
+        Q_t  = sum_{s<=t} w_s^2                                         (clamped at >= 1e-12)
+        Pi_t = softmax_k( temp_k * sum_i [ w_ti^2 / Q_ti + b_{k,t} ] )  b: learned bias per head and position
+        s_t  = sum_{s<=t} Pi_s w_s^2 / ( sum_{s<=t} Pi_s + 1e-8 )
+        y_t  = -Pi_t w_t / (1 + s_t),   then c_proj
+
+    The output at t depends on tokens <= t only. At t = n-1 (and b = 0) Pi_t is TSSA's Pi; s_t is not,
+    because each earlier token entered it with the membership it had at its own time.
+    forward() computes all positions at once with cumsum; step() advances one token from a TSSAState
+    in O(p) per head. Both give the same numbers (tested). Sums run in float32 under bf16/fp16 autocast:
+    a long prefix sum in bf16 loses the small late terms.
+    """
+
+    def __init__(self, n_embd, n_head, block_size, bias=False, dropout=0.0):
+        super().__init__(n_embd, n_head, bias=bias, dropout=dropout)
+        self.block_size = block_size
+        self.pos_bias = nn.Parameter(torch.zeros(n_head, block_size))   # b_{k,t}, init 0 (no weight decay)
+
+    def empty_state(self, batch_size, device=None, dtype=torch.float32):
+        K, p = self.n_head, self.head_dim
+        z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)
+        return TSSAState(z(batch_size, K, p), z(batch_size, K, p), z(batch_size, K), 0)
+
+    def forward(self, x, state: Optional[TSSAState] = None):
+        """Parallel form. x: (B, T, d). Without a state: returns y (B, T, d), the training path.
+        With a state (from empty_state() or an earlier call): continues after it and returns (y, new_state)."""
+        B, T, d = x.shape
+        t0 = 0 if state is None else state.t
+        if t0 + T > self.block_size:
+            raise ValueError(f"sequence of {t0 + T} tokens is longer than block_size ({self.block_size})")
+        K, p = self.n_head, self.head_dim
+        w = self.split_heads(self.c_attn(x))                   # (B, K, T, p)  w_t = U_k^T z_t
+        dt = _stat_dtype(w)
+        w2 = w.to(dt).square()                                 # (B, K, T, p)
+        Q = torch.cumsum(w2, dim=2)                            # (B, K, T, p)  Q_t (prefix sum of w^2)
+        if state is not None:
+            Q = Q + state.Q.unsqueeze(2)
+        energy = (w2 / Q.clamp_min(1e-12)).sum(-1)            # (B, K, T)     sum_i w_ti^2 / Q_ti
+        # b_{k,t} is added to each of the p coordinates before the sum over i, hence p * b
+        logits = self.temp * (energy + p * self.pos_bias[:, t0:t0 + T])
+        Pi = torch.softmax(logits, dim=1)                      # (B, K, T)     softmax over heads
+        A = torch.cumsum(Pi.unsqueeze(-1) * w2, dim=2)         # (B, K, T, p)  sum_{s<=t} pi_s w_s^2
+        P = torch.cumsum(Pi, dim=2)                            # (B, K, T)     sum_{s<=t} pi_s
+        if state is not None:
+            A = A + state.A.unsqueeze(2)
+            P = P + state.P.unsqueeze(2)
+        s = A / (P.unsqueeze(-1) + self.eps)                   # (B, K, T, p)  s_t: prefix 2nd moment
+        D = self.attn_dropout(1 / (1 + s))                     # (B, K, T, p)  D = f'(s) with alpha absorbed
+        y = -(Pi.unsqueeze(-1) * w.to(dt)) * D                 # (B, K, T, p)  descent step, weighted by pi_t
+        y = self.resid_dropout(self.c_proj(self.merge_heads(y.to(w.dtype))))   # (B, T, d)
+        if state is None:
+            return y
+        return y, TSSAState(Q[:, :, -1], A[:, :, -1], P[:, :, -1], t0 + T)
+
+    def step(self, x, state: TSSAState):
+        """Recurrent form: one token x (B, d) and the state after t tokens -> (y (B, d), state after t+1).
+        The same formulas as forward(), with each prefix sum advanced by one term. O(p) work per head."""
+        if state.t >= self.block_size:
+            raise ValueError(f"sequence of {state.t + 1} tokens is longer than block_size ({self.block_size})")
+        B, d = x.shape
+        p = self.head_dim
+        w = self.c_attn(x).view(B, self.n_head, p)             # (B, K, p)
+        dt = _stat_dtype(w)
+        w2 = w.to(dt).square()
+        Q = state.Q + w2                                       # (B, K, p)
+        energy = (w2 / Q.clamp_min(1e-12)).sum(-1)            # (B, K)
+        Pi = torch.softmax(self.temp.squeeze(-1) * (energy + p * self.pos_bias[:, state.t]), dim=1)  # (B, K)
+        A = state.A + Pi.unsqueeze(-1) * w2                    # (B, K, p)
+        P = state.P + Pi                                       # (B, K)
+        s = A / (P.unsqueeze(-1) + self.eps)                   # (B, K, p)
+        y = -(Pi.unsqueeze(-1) * w.to(dt)) / (1 + s)           # (B, K, p)
+        y = self.c_proj(y.to(w.dtype).reshape(B, d))           # (B, d)
+        return y, TSSAState(Q, A, P, state.t + 1)
+
+
+# -----------------------------------------------------------------------------
+# 4. Softmax attention (the baseline)
+
+
+class KVCache(NamedTuple):
+    k: torch.Tensor   # (B, H, t, p)
+    v: torch.Tensor   # (B, H, t, p)
+    t: int
+
+
+class SoftmaxAttention(nn.Module):
+    """Ordinary multi-head softmax attention through PyTorch SDPA (FlashAttention where available).
+    O(n^2) time, and for generation a KV cache that grows with the context."""
+
+    def __init__(self, n_embd, n_head, causal, bias=False, dropout=0.0):
+        super().__init__()
+        if n_embd % n_head != 0:
+            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        self.n_head, self.head_dim, self.causal, self.dropout = n_head, n_embd // n_head, causal, dropout
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def empty_state(self, batch_size, device=None, dtype=torch.float32):
+        z = torch.zeros(batch_size, self.n_head, 0, self.head_dim, device=device, dtype=dtype)
+        return KVCache(z, z, 0)
+
+    def forward(self, x, state: Optional[KVCache] = None):
+        B, T, d = x.shape
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+                   for t in self.c_attn(x).split(d, dim=2))    # (B, H, T, p) each
+        drop = self.dropout if self.training else 0.0
+        if state is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=self.causal)
+        else:
+            k = torch.cat([state.k.to(k.dtype), k], dim=2)   # (B, H, t0+T, p)
+            v = torch.cat([state.v.to(v.dtype), v], dim=2)
+            mask = None
+            if self.causal and T > 1:   # query i sits at position t0+i and sees keys 0 .. t0+i
+                mask = torch.ones(T, state.t + T, dtype=torch.bool, device=x.device).tril(diagonal=state.t)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+        y = self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, d)))
+        return y if state is None else (y, KVCache(k, v, state.t + T))
+
+    def step(self, x, state: KVCache):
+        y, state = self.forward(x.unsqueeze(1), state)
+        return y.squeeze(1), state
+
+
+# -----------------------------------------------------------------------------
+# 5. MLP and block
+
+
+class MLP(nn.Module):
+    def __init__(self, n_embd, bias=False, dropout=0.0, ratio=4):
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, ratio * n_embd, bias=bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(ratio * n_embd, n_embd, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+ATTN_KINDS = ('tssa', 'softmax')
+
+
+def make_attention(attn, n_embd, n_head, causal, block_size=None, bias=False, dropout=0.0):
+    if attn == 'tssa':
+        if causal:
+            return CausalTSSA(n_embd, n_head, block_size, bias=bias, dropout=dropout)
+        return TSSA(n_embd, n_head, bias=bias, dropout=dropout)
+    if attn == 'softmax':
+        return SoftmaxAttention(n_embd, n_head, causal, bias=bias, dropout=dropout)
+    raise ValueError(f"unknown attn {attn!r}; choose one of {', '.join(ATTN_KINDS)}")
+
+
+def drop_path(x, p, training):
+    """Stochastic depth: drop a whole residual branch for a random subset of the batch."""
+    if p == 0.0 or not training:
+        return x
+    keep = x.new_empty(x.shape[0], *([1] * (x.dim() - 1))).bernoulli_(1 - p)
+    return x * keep / (1 - p)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm block with layer-scale:  x = x + g1 * attn(LN(x));  x = x + g2 * MLP(LN(x))."""
+
+    def __init__(self, n_embd, n_head, attn='tssa', causal=True, block_size=None, bias=False, dropout=0.0,
+                 layerscale_init=1e-5, drop_path=0.0):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = make_attention(attn, n_embd, n_head, causal, block_size, bias, dropout)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.mlp = MLP(n_embd, bias, dropout)
+        self.gamma_1 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
+        self.gamma_2 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
+        self.drop_path = drop_path
+
+    def forward(self, x, state=None):
+        if state is None:
+            x = x + drop_path(self.gamma_1 * self.attn(self.ln_1(x)), self.drop_path, self.training)
+            return x + drop_path(self.gamma_2 * self.mlp(self.ln_2(x)), self.drop_path, self.training)
+        a, state = self.attn(self.ln_1(x), state)
+        x = x + self.gamma_1 * a
+        return x + self.gamma_2 * self.mlp(self.ln_2(x)), state
+
+    def step(self, x, state):                                # x: (B, d), one token
+        a, state = self.attn.step(self.ln_1(x), state)
+        x = x + self.gamma_1 * a
+        return x + self.gamma_2 * self.mlp(self.ln_2(x)), state
+
+
+# -----------------------------------------------------------------------------
+# Optimizer groups and FLOPs, shared by both models
+
+NO_DECAY_NAMES = ('temp', 'pos_bias', 'gamma_1', 'gamma_2', 'cls_token')
+
+
+def param_groups(model, weight_decay):
+    """AdamW groups: matrices decay; biases, norms, layer-scale, temperatures and position biases do not."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.dim() < 2 or name.split('.')[-1] in NO_DECAY_NAMES:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
+
+
+def make_optimizer(model, weight_decay, learning_rate, betas, device_type):
+    fused = device_type == 'cuda'
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=learning_rate, betas=betas, fused=fused)
+
+
+# Elementwise FLOPs per coordinate per token of the TSSA core, counted from CausalTSSA.forward:
+# w^2, cumsum Q, w^2/Q, sum over i, pi*w^2, cumsum A, divide by P, 1+s, 1/(.), pi*w, times D.
+TSSA_CORE_FLOPS = 11
+
+
+def attention_core_flops(attn, n_layer, n_embd, T, causal):
+    """Forward FLOPs per token of the attention cores (excluding the projections, which are in 6N)."""
+    if attn == 'tssa':
+        return n_layer * TSSA_CORE_FLOPS * n_embd                # linear in T: no T here
+    # q k^T and att @ v: 2 matmuls of 2 * d * T FLOPs per token; a causal mask skips about half
+    return n_layer * 4 * n_embd * T * (0.5 if causal else 1.0)
+
+
+# -----------------------------------------------------------------------------
+# The language model
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304     # GPT-2's 50257 padded up to a multiple of 64
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = False
+    attn: str = 'tssa'          # 'tssa' or 'softmax' (everything else equal)
+    layerscale_init: float = 1e-5
+
+    def __post_init__(self):
+        _check_shape(self.n_embd, self.n_head, self.attn)
+
+
+def _check_shape(n_embd, n_head, attn):
+    if n_head <= 0 or n_embd % n_head != 0:
+        raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+    if attn not in ATTN_KINDS:
+        raise ValueError(f"unknown attn {attn!r}; choose one of {', '.join(ATTN_KINDS)}")
+
+
+class GPT(nn.Module):
+    """nanoGPT's GPT-2 with causal TSSA in place of attention (paper-notes section 6): learned absolute
+    positions, tied token embedding and LM head, GPT-2 init, pre-LN blocks with layer-scale."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = c = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(c.vocab_size, c.n_embd),
+            wpe=nn.Embedding(c.block_size, c.n_embd),
+            drop=nn.Dropout(c.dropout),
+            h=nn.ModuleList([Block(c.n_embd, c.n_head, c.attn, True, c.block_size, c.bias, c.dropout,
+                                   c.layerscale_init) for _ in range(c.n_layer)]),
+            ln_f=nn.LayerNorm(c.n_embd, bias=c.bias),
+        ))
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight      # weight tying
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():                # GPT-2: scaled init of residual projections
+            if name.endswith('c_proj.weight'):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding=True):
+        """Parameter count; like nanoGPT, without the position embedding (the token embedding is the
+        LM head's weight, so it is counted)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def _embed(self, idx, t0=0):
+        B, T = idx.shape
+        if t0 + T > self.config.block_size:
+            raise ValueError(f"sequence of {t0 + T} tokens is longer than block_size ({self.config.block_size})")
+        pos = torch.arange(t0, t0 + T, dtype=torch.long, device=idx.device)
+        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))   # (B, T, d)
+
+    def forward(self, idx, targets=None):
+        """idx (B, T) -> (logits, loss). Logits for every position when targets are given, else only for
+        the last position (B, 1, vocab), as nanoGPT. targets == -1 are ignored."""
+        x = self._embed(idx)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        if targets is None:
+            return self.lm_head(x[:, [-1], :]), None
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    # --- generation with the recurrent state -------------------------------------------------------
+
+    def empty_state(self, batch_size, device=None):
+        return [block.attn.empty_state(batch_size, device) for block in self.transformer.h]
+
+    def prefill(self, idx, states=None):
+        """Run a chunk of tokens in parallel after `states` (None: from the start).
+        Returns logits of the last position (B, vocab) and the states after the chunk."""
+        states = self.empty_state(idx.shape[0], idx.device) if states is None else states
+        x = self._embed(idx, states[0].t)
+        new_states = []
+        for block, st in zip(self.transformer.h, states):
+            x, st = block(x, st)
+            new_states.append(st)
+        return self.lm_head(self.transformer.ln_f(x[:, -1])), new_states
+
+    def step(self, idx, states):
+        """One token per sequence, idx (B,), in O(1) time per token with TSSA (a growing KV cache with
+        softmax attention). Returns logits (B, vocab) and the new states."""
+        t = states[0].t
+        if t >= self.config.block_size:
+            raise ValueError(f"sequence of {t + 1} tokens is longer than block_size ({self.config.block_size})")
+        x = self.transformer.wte(idx) + self.transformer.wpe.weight[t]
+        new_states = []
+        for block, st in zip(self.transformer.h, states):
+            x, st = block.step(x, st)
+            new_states.append(st)
+        return self.lm_head(self.transformer.ln_f(x)), new_states
+
+    @torch.no_grad()
+    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        """Yield new tokens (B,) one at a time. The prompt is prefilled in parallel, then each token costs
+        the same at any context length (TSSA's state does not grow).
+
+        The window rule: the model sees at most block_size tokens. A longer prompt is cropped to its last
+        block_size tokens; when the context would grow past block_size, it restarts from its last
+        block_size // 2 tokens (prefilled in parallel). That costs one prefill per block_size/2 tokens.
+        temperature=0 means greedy decoding.
+        """
+        bs = self.config.block_size
+        ctx = idx[:, -bs:]
+        logits, states = self.prefill(ctx)
+        for _ in range(max_new_tokens):
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits = logits.masked_fill(logits < v[:, [-1]], -float('inf'))
+                probs = F.softmax(logits.float(), dim=-1)
+                nxt = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+            yield nxt
+            ctx = torch.cat([ctx, nxt[:, None]], dim=1)
+            if ctx.shape[1] > bs:                               # window full: restart from its last half
+                ctx = ctx[:, -(bs // 2):]
+                logits, states = self.prefill(ctx)
+            else:
+                logits, states = self.step(nxt, states)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        """idx (B, T) -> (B, T + max_new_tokens), sampling with the recurrent state (see generate_stream)."""
+        new = list(self.generate_stream(idx, max_new_tokens, temperature, top_k, generator))
+        return torch.cat([idx] + [t[:, None] for t in new], dim=1)
+
+    # --- training helpers --------------------------------------------------------------------------
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        return make_optimizer(self, weight_decay, learning_rate, betas, device_type)
+
+    def flops_per_token(self, T=None):
+        """Training FLOPs per token (forward + backward = 3x forward): 6N for the weight matmuls plus
+        the attention cores. For TSSA the core is O(d) per token: the released code counted
+        softmax attention's O(d T) for it, overstating MFU at long contexts."""
+        c = self.config
+        T = c.block_size if T is None else T
+        return 6 * self.get_num_params() + 3 * attention_core_flops(c.attn, c.n_layer, c.n_embd, T, True)
+
+    def estimate_mfu(self, fwdbwd_per_iter, dt, T=None, peak_flops=312e12):
+        """Model FLOPs utilisation: achieved FLOP/s over peak_flops (default A100 bf16, 312 TFLOP/s)."""
+        T = self.config.block_size if T is None else T
+        return self.flops_per_token(T) * T * fwdbwd_per_iter / dt / peak_flops
+
+
+# -----------------------------------------------------------------------------
+# The vision model
+
+
+@dataclass
+class ViTConfig:
+    img_size: int = 224
+    patch_size: int = 16        # a power of 2: log2(patch_size) stride-2 convolutions
+    in_chans: int = 3
+    num_classes: int = 1000
+    n_layer: int = 12
+    n_head: int = 4
+    n_embd: int = 192
+    n_cls_layer: int = 2        # CaiT-style class-attention blocks after the TSSA blocks
+    dropout: float = 0.0
+    drop_path: float = 0.0
+    bias: bool = True
+    attn: str = 'tssa'
+    layerscale_init: float = 1.0
+
+    def __post_init__(self):
+        _check_shape(self.n_embd, self.n_head, self.attn)
+        p = self.patch_size
+        if p < 2 or p & (p - 1):
+            raise ValueError(f"patch_size must be a power of 2 >= 2, got {p}")
+        if self.img_size % p:
+            raise ValueError(f"image size {self.img_size} is not divisible by patch_size {p}")
+        if self.n_embd % (p // 2):
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by patch_size/2 ({p // 2})")
+
+
+class ConvPatchEmbed(nn.Module):
+    """XCiT's patch embedding: log2(patch) 3x3 stride-2 convolutions with BatchNorm (GELU between),
+    widening to n_embd. (B, 3, H, W) -> (B, H/patch * W/patch, d) and the grid size."""
+
+    def __init__(self, in_chans, n_embd, patch_size):
+        super().__init__()
+        k = int(math.log2(patch_size))
+        widths = [in_chans] + [n_embd // 2 ** (k - 1 - i) for i in range(k)]   # e.g. 3, d/8, d/4, d/2, d
+        layers = []
+        for i in range(k):
+            layers += [nn.Conv2d(widths[i], widths[i + 1], 3, stride=2, padding=1, bias=False),
+                       nn.BatchNorm2d(widths[i + 1])]
+            if i < k - 1:
+                layers.append(nn.GELU())
+        self.proj = nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.proj(x)                                        # (B, d, Hp, Wp)
+        return x.flatten(2).transpose(1, 2), x.shape[-2:]
+
+
+class FourierPositions(nn.Module):
+    """2-D sinusoidal positional encoding of the patch grid, mapped to n_embd by a learned 1x1 conv."""
+
+    def __init__(self, n_embd, hidden=32, temperature=10000.0):
+        super().__init__()
+        self.hidden, self.temperature = hidden, temperature
+        self.proj = nn.Conv2d(2 * hidden, n_embd, kernel_size=1)
+
+    def forward(self, B, H, W, device):
+        ys = torch.arange(1, H + 1, device=device, dtype=torch.float32) / H * 2 * math.pi   # (0, 2pi]
+        xs = torch.arange(1, W + 1, device=device, dtype=torch.float32) / W * 2 * math.pi
+        j = torch.arange(self.hidden, device=device)
+        freq = self.temperature ** (2 * (j // 2) / self.hidden)                           # (hidden,)
+        def enc(c):                                            # (L,) -> (L, hidden): sin on even, cos on odd
+            a = c[:, None] / freq
+            return torch.where(j % 2 == 0, a.sin(), a.cos())
+        pe = torch.cat([enc(ys)[:, None, :].expand(H, W, -1), enc(xs)[None, :, :].expand(H, W, -1)], dim=-1)
+        pe = pe.permute(2, 0, 1).unsqueeze(0).to(self.proj.weight.dtype)                 # (1, 2h, H, W)
+        return self.proj(pe).flatten(2).transpose(1, 2).expand(B, -1, -1)                # (B, HW, d)
+
+
+class ClassAttention(nn.Module):
+    """CaiT class attention: only the CLS token queries; keys/values are all tokens. O(n)."""
+
+    def __init__(self, n_embd, n_head, bias=True):
+        super().__init__()
+        self.n_head, self.head_dim = n_head, n_embd // n_head
+        self.q = nn.Linear(n_embd, n_embd, bias=bias)
+        self.kv = nn.Linear(n_embd, 2 * n_embd, bias=bias)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+
+    def forward(self, x):                                       # x: (B, 1+n, d), CLS first
+        B, N, d = x.shape
+        q = self.q(x[:, :1]).view(B, 1, self.n_head, self.head_dim).transpose(1, 2)    # (B, H, 1, p)
+        k, v = (t.view(B, N, self.n_head, self.head_dim).transpose(1, 2) for t in self.kv(x).split(d, 2))
+        att = torch.softmax((q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim), dim=-1)  # (B, H, 1, N)
+        y = (att @ v).transpose(1, 2).reshape(B, 1, d)
+        return self.c_proj(y), att[:, :, 0]                     # (B, 1, d), (B, H, N)
+
+
+class ClassBlock(nn.Module):
+    def __init__(self, n_embd, n_head, bias=True, layerscale_init=1.0):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = ClassAttention(n_embd, n_head, bias)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.mlp = MLP(n_embd, bias)
+        self.gamma_1 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
+        self.gamma_2 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
+
+    def forward(self, cls, tokens):                             # cls (B, 1, d), tokens (B, n, d)
+        a, att = self.attn(self.ln_1(torch.cat([cls, tokens], dim=1)))
+        cls = cls + self.gamma_1 * a
+        return cls + self.gamma_2 * self.mlp(self.ln_2(cls)), att
+
+
+class ViT(nn.Module):
+    """ToST vision model (paper-notes section 7): conv patch embedding, 2-D sinusoidal positions, TSSA
+    blocks on the patch tokens, then a CLS token with class-attention blocks, LayerNorm, linear head."""
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.config = c = config
+        self.patch_embed = ConvPatchEmbed(c.in_chans, c.n_embd, c.patch_size)
+        self.pos_embed = FourierPositions(c.n_embd)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList([Block(c.n_embd, c.n_head, c.attn, False, None, c.bias, c.dropout,
+                                           c.layerscale_init, c.drop_path * i / max(c.n_layer - 1, 1))
+                                     for i in range(c.n_layer)])
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
+        self.cls_blocks = nn.ModuleList([ClassBlock(c.n_embd, c.n_head, c.bias, c.layerscale_init)
+                                         for _ in range(c.n_cls_layer)])
+        self.norm = nn.LayerNorm(c.n_embd, bias=c.bias)
+        self.head = nn.Linear(c.n_embd, c.num_classes)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, m):
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def get_num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def _tokens(self, x):
+        c = self.config
+        if x.dim() != 4 or x.shape[1] != c.in_chans:
+            raise ValueError(f"expected images of shape (B, {c.in_chans}, H, W), got {tuple(x.shape)}")
+        H, W = x.shape[-2:]
+        if H % c.patch_size or W % c.patch_size:
+            raise ValueError(f"image size {H}x{W} is not divisible by patch_size {c.patch_size}")
+        x, (Hp, Wp) = self.patch_embed(x)
+        return self.drop(x + self.pos_embed(x.shape[0], Hp, Wp, x.device)), (Hp, Wp)
+
+    def forward(self, x):
+        """images (B, 3, H, W) -> class logits (B, num_classes). H, W need not equal img_size."""
+        x, _ = self._tokens(x)
+        for block in self.blocks:
+            x = block(x)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        for block in self.cls_blocks:
+            cls, _ = block(cls, x)
+        return self.head(self.norm(cls[:, 0]))
+
+    @torch.no_grad()
+    def inspect(self, x, layer=-1):
+        """What the model does on images x, for figures:
+          'pi':          (B, K, Hp, Wp) memberships Pi of TSSA block `layer` (one map per head),
+          'cls_attn':    (B, H, Hp, Wp) the last class-attention block's CLS attention over patches,
+          'compression': list of R^var_c per TSSA block (B,): the block's output tokens, seen through that
+                         block's LayerNorm and subspaces U_k, with that block's memberships (alpha = 1).
+        """
+        x, (Hp, Wp) = self._tokens(x)
+        B = x.shape[0]
+        pis, comp = [], []
+        for block in self.blocks:
+            a = block.attn
+            if isinstance(a, TSSA):
+                w = a.split_heads(a.c_attn(block.ln_1(x)))
+                Pi = a.memberships(w.to(_stat_dtype(w)))                     # (B, K, n)
+                pis.append(Pi)
+            x = block(x)
+            if isinstance(a, TSSA):
+                z = block.ln_1(x)
+                comp.append(variational_compression(z, Pi.transpose(1, 2).to(z.dtype), a.U()))
+        cls = self.cls_token.expand(B, -1, -1)
+        att = None
+        for block in self.cls_blocks:
+            cls, att = block(cls, x)
+        out = {'compression': comp,
+               'cls_attn': None if att is None else att[:, :, 1:].reshape(B, -1, Hp, Wp)}
+        out['pi'] = pis[layer].reshape(B, -1, Hp, Wp) if pis else None
+        return out
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        return make_optimizer(self, weight_decay, learning_rate, betas, device_type)
+
+
+# -----------------------------------------------------------------------------
+# Presets
+
+PRESETS = {
+    # language (paper-notes section 7): GPT-2 shapes, context 1024, vocab 50304
+    'tost-base':   dict(kind='gpt', n_layer=12, n_head=12, n_embd=768),
+    'tost-medium': dict(kind='gpt', n_layer=24, n_head=16, n_embd=1024),
+    'tost-large':  dict(kind='gpt', n_layer=36, n_head=20, n_embd=1280),
+    # a byte-level model that trains in minutes on a laptop CPU
+    'tost-demo':   dict(kind='gpt', n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=256),
+    # vision at 224px, patch 16 (XCiT-T/S/M shapes). ToST-M: the paper gives width 512, 24 layers, 8 heads;
+    # the rest (MLP ratio 4, 2 class-attention blocks, layer-scale 1e-5) is XCiT-M's, and gives ~70M (paper 68.1M).
+    'tost-t':      dict(kind='vit', n_layer=12, n_head=4, n_embd=192, drop_path=0.0),
+    'tost-s':      dict(kind='vit', n_layer=12, n_head=8, n_embd=384, drop_path=0.05),
+    'tost-m':      dict(kind='vit', n_layer=24, n_head=8, n_embd=512, drop_path=0.15, layerscale_init=1e-5),
+    # CIFAR-sized (32px): 8x8 patches of 4 pixels
+    'tost-cifar':  dict(kind='vit', img_size=32, patch_size=4, num_classes=10, n_layer=6, n_head=4, n_embd=192),
+    'tost-cifar-tiny': dict(kind='vit', img_size=32, patch_size=4, num_classes=10, n_layer=4, n_head=4, n_embd=96),
+}
+
+
+def preset(name, **overrides):
+    """The config (GPTConfig or ViTConfig) of a named preset, with field overrides."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    spec = dict(PRESETS[name])
+    cls = GPTConfig if spec.pop('kind') == 'gpt' else ViTConfig
+    valid = {f.name for f in fields(cls)}
+    bad = set(overrides) - valid
+    if bad:
+        raise ValueError(f"{name} has no field(s) {', '.join(sorted(bad))}; valid: {', '.join(sorted(valid))}")
+    spec.update(overrides)
+    return cls(**spec)
