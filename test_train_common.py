@@ -1,0 +1,437 @@
+"""Tests for train_common.py: config overrides, safe checkpoints, the lr schedule, devices, the run log.
+Offline, CPU only, a few seconds: python -m pytest -q test_train_common.py"""
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import train_common as tc
+from train_common import UsageError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+DEFAULTS = dict(out_dir="out", max_iters=5000, lr=6e-4, compile=True, init_from=None,
+                lr_decay_iters=5000, batch_size=12)
+PRESETS = {"shakespeare": dict(out_dir="out-shakespeare", max_iters=2000, batch_size=64),
+           "tiny": dict(max_iters=10)}
+
+
+def parse(*argv, presets=PRESETS):
+    return tc.parse_overrides(list(argv), DEFAULTS, presets)
+
+# -----------------------------------------------------------------------------
+# parse_overrides
+
+
+def test_no_args_gives_a_copy_of_the_defaults():
+    config, set_keys = parse()
+    assert config == DEFAULTS and config is not DEFAULTS
+    assert set_keys == set()
+
+
+def test_each_type_is_converted():
+    config, set_keys = parse("--out_dir=x/y", "--max_iters=300", "--lr=1e-3", "--compile=False",
+                             "--batch_size", "7")
+    assert config["out_dir"] == "x/y"
+    assert config["max_iters"] == 300 and type(config["max_iters"]) is int
+    assert config["lr"] == 1e-3
+    assert config["compile"] is False
+    assert config["batch_size"] == 7
+    assert set_keys == {"out_dir", "max_iters", "lr", "compile", "batch_size"}
+    assert DEFAULTS["max_iters"] == 5000  # the defaults are not touched
+
+
+@pytest.mark.parametrize("raw, want", [("True", True), ("False", False), ("true", True), ("false", False),
+                                       ("1", True), ("0", False), ("yes", True), ("no", False)])
+def test_bool_spellings(raw, want):
+    assert parse(f"--compile={raw}")[0]["compile"] is want
+
+
+def test_bare_bool_flag_means_true():
+    defaults = dict(DEFAULTS, compile=False)
+    config, _ = tc.parse_overrides(["--compile", "--max_iters=3"], defaults)
+    assert config["compile"] is True and config["max_iters"] == 3
+
+
+def test_float_accepts_ints_and_exponents():
+    assert parse("--lr=3")[0]["lr"] == 3.0 and isinstance(parse("--lr=3")[0]["lr"], float)
+    assert parse("--lr", "2.5e-5")[0]["lr"] == 2.5e-5
+    assert parse("--lr", "-1e-3")[0]["lr"] == -1e-3  # a negative number is a value, not an option
+
+
+@pytest.mark.parametrize("raw, want", [("3", 3), ("0.5", 0.5), ("True", True), ("None", None),
+                                       ("resume", "resume"), ("'gpt2'", "gpt2"), ("[1, 2]", "[1, 2]")])
+def test_none_default_takes_any_literal(raw, want):
+    got = parse(f"--init_from={raw}")[0]["init_from"]
+    assert got == want and type(got) is type(want)
+
+
+def test_dashes_read_as_underscores():
+    assert parse("--max-iters=9")[0]["max_iters"] == 9
+
+
+@pytest.mark.parametrize("arg, key, expected", [("--max_iters=3.5", "max_iters", "int"),
+                                                ("--max_iters=abc", "max_iters", "int"),
+                                                ("--lr=fast", "lr", "float"),
+                                                ("--compile=maybe", "compile", "bool")])
+def test_wrong_type_names_key_type_and_value(arg, key, expected):
+    with pytest.raises(UsageError) as e:
+        parse(arg)
+    msg = str(e.value)
+    assert f"--{key}" in msg and expected in msg and repr(arg.split("=")[1]) in msg
+    assert "\n" not in msg
+
+
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(UsageError) as e:
+        parse("--max_iter=3")
+    msg = str(e.value)
+    assert msg.startswith("unknown option --max_iter; valid keys: out_dir, max_iters, lr, compile")
+    assert "did you mean --max_iters?" in msg
+
+
+def test_positional_argument_is_refused():
+    with pytest.raises(UsageError, match="unexpected argument 'config/train.py'"):
+        parse("config/train.py")
+
+
+def test_option_without_value_is_refused():
+    with pytest.raises(UsageError, match="--max_iters needs a value"):
+        parse("--max_iters")
+
+
+def test_preset_applied_first_wherever_it_is_and_overridable():
+    config, set_keys = parse("--max_iters=50", "--config=shakespeare")
+    assert config["max_iters"] == 50  # the user's value beats the preset even though it came first
+    assert config["out_dir"] == "out-shakespeare" and config["batch_size"] == 64
+    assert config["lr"] == DEFAULTS["lr"]
+    assert set_keys == {"max_iters", "out_dir", "batch_size"}  # preset keys count as set
+    assert "lr_decay_iters" not in set_keys  # so a trainer may derive it from max_iters
+
+
+def test_preset_space_form_and_name_stored_when_config_is_a_key():
+    defaults = dict(DEFAULTS, config="")
+    config, _ = tc.parse_overrides(["--config", "tiny"], defaults, PRESETS)
+    assert config["max_iters"] == 10 and config["config"] == "tiny"
+
+
+def test_unknown_preset_lists_names():
+    with pytest.raises(UsageError) as e:
+        parse("--config=shakespear")
+    assert "unknown config 'shakespear'" in str(e.value) and "shakespeare, tiny" in str(e.value)
+
+
+def test_preset_with_a_key_not_in_defaults_is_a_script_bug():
+    with pytest.raises(ValueError, match="nope"):
+        parse("--config=bad", presets={"bad": dict(nope=1)})
+
+# -----------------------------------------------------------------------------
+# checkpoints
+
+
+def _no_temp_files(d):
+    return [f for f in os.listdir(d) if ".tmp-" in f] == []
+
+
+def test_atomic_save_roundtrip(tmp_path):
+    path = str(tmp_path / "sub" / "ckpt.pt")  # the directory is made on demand
+    obj = {"model": {"w": torch.arange(6.0).view(2, 3)}, "iter_num": 7, "config": {"lr": 1e-3, "x": None}}
+    tc.atomic_save(obj, path)
+    got = tc.load_checkpoint(path)
+    assert torch.equal(got["model"]["w"], obj["model"]["w"])
+    assert got["iter_num"] == 7 and got["config"] == {"lr": 1e-3, "x": None}
+    assert _no_temp_files(tmp_path / "sub")
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("disk full"), KeyboardInterrupt()])
+def test_atomic_save_failure_keeps_the_old_checkpoint(tmp_path, monkeypatch, exc):
+    path = str(tmp_path / "ckpt.pt")
+    tc.atomic_save({"iter_num": 1, "w": torch.ones(3)}, path)
+    before = Path(path).read_bytes()
+
+    def broken_save(obj, f, *a, **k):
+        f.write(b"PK\x03\x04 half a checkpoint")  # some bytes reach the disk, then the failure
+        raise exc
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(type(exc)):
+        tc.atomic_save({"iter_num": 2, "w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert Path(path).read_bytes() == before
+    got = tc.load_checkpoint(path)
+    assert got["iter_num"] == 1 and torch.equal(got["w"], torch.ones(3))
+    assert _no_temp_files(tmp_path)
+
+
+def test_load_missing_checkpoint(tmp_path):
+    path = str(tmp_path / "nope.pt")
+    with pytest.raises(UsageError, match=f"^no checkpoint at {path}$"):
+        tc.load_checkpoint(path)
+
+
+@pytest.mark.parametrize("cut", [0, 20, 0.5])
+def test_load_truncated_checkpoint(tmp_path, cut):
+    path = str(tmp_path / "ckpt.pt")
+    tc.atomic_save({"w": torch.randn(100, 100)}, path)
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[:int(len(data) * cut) if isinstance(cut, float) else cut])
+    with pytest.raises(UsageError) as e:
+        tc.load_checkpoint(path)
+    msg = str(e.value)
+    assert msg.startswith(f"checkpoint {path} is corrupt or unreadable (") and msg.endswith(")")
+    assert "\n" not in msg and len(msg) < 250
+
+
+class Evil:  # unpickling this calls a function: the code execution weights_only exists to refuse
+    def __reduce__(self):
+        return (print, ("this ran while loading a checkpoint",))
+
+
+class Plain:
+    pass
+
+
+@pytest.mark.parametrize("thing, name", [(Plain(), "Plain"), (Evil(), "print")])
+def test_load_refuses_arbitrary_objects(tmp_path, thing, name):
+    path = str(tmp_path / "ckpt.pt")
+    torch.save({"model": {}, "extra": thing}, path)
+    with pytest.raises(UsageError) as e:
+        tc.load_checkpoint(path)
+    assert path in str(e.value) and name in str(e.value) and "weights_only" in str(e.value)
+
+
+def test_load_refuses_a_non_dict(tmp_path):
+    path = str(tmp_path / "ckpt.pt")
+    torch.save([1, 2], path)
+    with pytest.raises(UsageError, match="not a dict"):
+        tc.load_checkpoint(path)
+
+
+def test_strip_compile_prefix():
+    sd = {"_orig_mod.wte.weight": 1, "module._orig_mod.h.0.attn.w": 2, "module.lm_head.weight": 3,
+          "h.1._orig_mod.mlp.w": 4, "h.2.module.w": 5, "ln_f.weight": 6}
+    assert tc.strip_compile_prefix(sd) == {"wte.weight": 1, "h.0.attn.w": 2, "lm_head.weight": 3,
+                                           "h.1.mlp.w": 4, "h.2.module.w": 5, "ln_f.weight": 6}
+
+
+def test_strip_compile_prefix_loads_into_a_plain_model():
+    model = torch.nn.Linear(3, 2)
+    compiled_keys = {"_orig_mod." + k: v for k, v in model.state_dict().items()}
+    fresh = torch.nn.Linear(3, 2)
+    fresh.load_state_dict(tc.strip_compile_prefix(compiled_keys))  # strict: fails on any leftover prefix
+    assert torch.equal(fresh.weight, model.weight)
+
+
+def test_strip_compile_prefix_refuses_collisions():
+    with pytest.raises(ValueError):
+        tc.strip_compile_prefix({"module.w": 1, "w": 2})
+
+# -----------------------------------------------------------------------------
+# schedule
+
+
+def test_cosine_lr_shape():
+    lr, min_lr, warm, decay = 6e-4, 6e-5, 10, 110
+    f = lambda it: tc.cosine_lr(it, lr, min_lr, warm, decay)
+    assert f(0) == pytest.approx(lr / warm)  # first step: lr/warmup, not 0
+    assert f(4) == pytest.approx(lr * 5 / warm)
+    assert f(warm - 1) == pytest.approx(lr)  # warmup ends at the peak...
+    assert f(warm) == pytest.approx(lr)  # ...and cosine starts from it
+    assert f((warm + decay) / 2) == pytest.approx((lr + min_lr) / 2)  # cosine midpoint
+    assert f(decay) == pytest.approx(min_lr)
+    assert f(decay + 1) == min_lr and f(10 * decay) == min_lr
+    values = [f(it) for it in range(warm, decay + 1)]
+    assert all(a >= b for a, b in zip(values, values[1:]))  # monotone decay
+
+
+def test_cosine_lr_fractional_and_no_warmup():
+    f = lambda it: tc.cosine_lr(it, 1.0, 0.0, 5, 25)
+    assert f(2.5) == pytest.approx(3.5 / 5)
+    assert f(4.5) == 1.0  # clamped, not 5.5/5
+    assert f(15.0) == pytest.approx(0.5)
+    assert tc.cosine_lr(0, 1.0, 0.1, 0, 10) == 1.0
+
+# -----------------------------------------------------------------------------
+# device and precision
+
+
+def test_pick_device_on_this_machine():
+    want = "cuda" if torch.cuda.is_available() else "mps" if tc._mps_available() else "cpu"
+    assert tc.pick_device() == want
+    assert tc.pick_device("cpu") == "cpu"
+    with pytest.raises(UsageError, match="unknown device 'gpu'"):
+        tc.pick_device("gpu")
+
+
+def test_pick_device_refuses_missing_hardware(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(tc, "_mps_available", lambda: False)
+    assert tc.pick_device("auto") == "cpu"
+    for dev in ("cuda", "cuda:1", "mps"):
+        with pytest.raises(UsageError, match="not available"):
+            tc.pick_device(dev)
+
+
+def test_resolve_dtype(monkeypatch):
+    assert tc.resolve_dtype("auto", "cpu") == "float32"
+    assert tc.resolve_dtype("auto", "mps") == "float32"
+    assert tc.resolve_dtype("bfloat16", "cpu") == "bfloat16"
+    assert tc.resolve_dtype("float32", "cpu") == "float32"
+    with pytest.raises(UsageError, match="float16"):
+        tc.resolve_dtype("float16", "cpu")
+    with pytest.raises(UsageError, match="unknown dtype 'fp8'"):
+        tc.resolve_dtype("fp8", "cpu")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert tc.resolve_dtype("auto", "cuda:1") == "bfloat16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert tc.resolve_dtype("auto", "cuda") == "float16"
+    assert tc.resolve_dtype("float16", "cuda:0") == "float16"
+    with pytest.raises(UsageError, match="bfloat16"):
+        tc.resolve_dtype("bfloat16", "cuda")
+
+
+def test_autocast_and_grad_scaler_on_cpu():
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with tc.autocast("cpu", "float32"):
+        assert (a @ b).dtype == torch.float32
+    with tc.autocast("cpu", "bfloat16"):
+        assert (a @ b).dtype == torch.bfloat16
+    assert isinstance(tc.make_grad_scaler("cpu", "float32"), torch.amp.GradScaler)
+    assert not tc.make_grad_scaler("cpu", "bfloat16").is_enabled()
+
+
+def test_setup_distributed_single_process(monkeypatch):
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    d = tc.setup_distributed("cpu")
+    assert d == tc.Dist(ddp=False, rank=0, local_rank=0, world_size=1, master=True, device="cpu")
+    assert not torch.distributed.is_initialized()
+    tc.cleanup_distributed(d)  # a no-op, must not raise
+
+
+def test_setup_distributed_incomplete_env(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with pytest.raises(UsageError, match="torchrun"):
+        tc.setup_distributed("cpu")
+
+
+def test_seed_everything_depends_on_rank():
+    tc.seed_everything(1337)
+    a = torch.rand(3)
+    tc.seed_everything(1337)
+    assert torch.equal(torch.rand(3), a)
+    tc.seed_everything(1337, rank=1)
+    assert not torch.equal(torch.rand(3), a)
+
+# -----------------------------------------------------------------------------
+# logging
+
+
+@pytest.mark.parametrize("s, want", [(0, "0s"), (45, "45s"), (59.6, "1m00s"), (190, "3m10s"),
+                                     (3725, "1h02m"), (90000, "25h00m"), (None, "?"), (math.inf, "?")])
+def test_human_time(s, want):
+    assert tc.human_time(s) == want
+
+
+def _lines(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def test_runlog_json_lines_and_plain_lines(tmp_path, capsys, monkeypatch):
+    clock = iter([1000.0, 1010.0, 1020.0])  # one reading per show(): 10 s per 100 iters
+    monkeypatch.setattr(tc, "time", SimpleNamespace(time=lambda: next(clock)))
+    with tc.RunLog(str(tmp_path), total=300, tty=False) as log:
+        log.record({"iter": 0, "loss": 4.5, "lr": 6e-4})
+        log.record({"iter": 100, "loss": float("nan")})
+        log.show({"iter": 0, "loss": 4.5})
+        log.show({"iter": 100, "loss": 2.34121, "lr": 6e-4, "tok_per_s": 1234.4, "ms_per_iter": 52.14,
+                  "mfu": 0.0123})
+        log.show({"iter": 200, "val_loss": 2.1})
+        log.print("saving checkpoint to out")
+    assert _lines(tmp_path / "log.jsonl") == [{"iter": 0, "loss": 4.5, "lr": 6e-4}, {"iter": 100, "loss": None}]
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["iter 0: loss 4.5000",
+                   "iter 100: loss 2.3412, lr 6.0e-04, 1234 tok/s, 52.1 ms/iter, mfu 1.2%, eta 20s",
+                   "iter 200: val_loss 2.1000, eta 10s",
+                   "saving checkpoint to out"]
+
+
+def test_runlog_refuses_tensors(tmp_path):
+    with tc.RunLog(str(tmp_path), tty=False) as log:
+        with pytest.raises(TypeError, match="item"):
+            log.record({"loss": torch.tensor(1.0)})
+
+
+def test_runlog_resume_appends_fresh_truncates(tmp_path):
+    with tc.RunLog(str(tmp_path), tty=False) as log:
+        log.record({"iter": 1})
+    with tc.RunLog(str(tmp_path), tty=False, fresh=False) as log:
+        log.record({"iter": 2})
+    assert _lines(tmp_path / "log.jsonl") == [{"iter": 1}, {"iter": 2}]
+    with tc.RunLog(str(tmp_path), tty=False) as log:
+        log.record({"iter": 3})
+    assert _lines(tmp_path / "log.jsonl") == [{"iter": 3}]
+
+
+def test_runlog_disabled_does_nothing(tmp_path, capsys):
+    d = tmp_path / "rank1"
+    with tc.RunLog(str(d), enabled=False, total=10, tty=False) as log:
+        log.record({"iter": 1, "loss": 1.0})
+        log.show({"iter": 1, "loss": 1.0})
+        log.print("hello")
+    assert not d.exists()
+    assert capsys.readouterr().out == ""
+
+
+def test_runlog_live_table_on_a_terminal(tmp_path, monkeypatch):
+    from rich.console import Console
+    buf = io.StringIO()
+    log = tc.RunLog(str(tmp_path), total=1000, tty=True)
+    log._console = Console(file=buf, force_terminal=True, width=120)
+    log.show({"iter": 10, "loss": 3.25, "lr": 1e-4})
+    log.print("[rank 0] evaluating")  # brackets are text, not rich markup
+    log.show({"iter": 20, "val_loss": 2.75})
+    log.close()
+    out = buf.getvalue()
+    assert "\x1b[" in out  # drawn with terminal control codes, not printed line by line
+    for text in ("iter 20/1000", "3.2500", "1.0e-04", "2.7500", "val_loss", "[rank 0] evaluating", "eta"):
+        assert text in out
+
+# -----------------------------------------------------------------------------
+# errors as the user sees them
+
+
+def _python(code):
+    return subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=60)
+
+
+def test_fail_prints_one_line_and_exits_2():
+    r = _python("import train_common as tc; tc.fail('max_iters must be positive')")
+    assert r.returncode == 2
+    assert r.stderr == "error: max_iters must be positive\n" and r.stdout == ""
+
+
+def test_run_main_turns_usage_error_into_exit_2_without_traceback():
+    r = _python("import sys, train_common as tc\n"
+                "def main(): tc.parse_overrides(sys.argv[1:], {'lr': 0.1})\n"
+                "sys.argv = ['x', '--lr=fast']\n"
+                "tc.run_main(main)")
+    assert r.returncode == 2
+    assert r.stderr == "error: --lr expects float, got 'fast'\n"
+    assert "Traceback" not in r.stderr
+
+
+def test_run_main_turns_ctrl_c_into_exit_130(capsys):
+    def main():
+        raise KeyboardInterrupt
+    with pytest.raises(SystemExit) as e:
+        tc.run_main(main)
+    assert e.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
