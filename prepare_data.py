@@ -1,0 +1,780 @@
+"""
+Turn raw data into what train_gpt.py and train_vit.py read. One entry point, no torchvision,
+no dataset library. Run from the repo root:
+
+    python prepare_data.py python_stdlib        # offline default: this Python's stdlib source, bytes, seconds
+    python prepare_data.py shakespeare          # tiny shakespeare (1 MB download), gpt2 BPE
+    python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes --name=shakespeare_bytes
+    python prepare_data.py text --input=notes/ --name=notes      # a text file, or a folder of them
+    python prepare_data.py openwebtext          # ~9B gpt2 tokens, 17 GB train.bin, every core, hours
+    python prepare_data.py openwebtext --input=owt/              # local .parquet / .jsonl / .txt files
+    python prepare_data.py cifar10              # 163 MB download, MD5-checked
+    python prepare_data.py cifar100 --archive=/scratch/cifar-100-python.tar.gz   # no internet here
+
+Options, as --key=value or --key value:
+    --data_dir=data   root; each dataset goes to <data_dir>/<name>/, downloads to <data_dir>/downloads/
+    --name=NAME       output folder name (default: the dataset, or the --input file's stem for `text`)
+    --tokenizer=T     bytes (256 ids, UTF-8 bytes) or gpt2 (tiktoken, 50257 ids)
+    --input=PATH      local text file/folder instead of a download (shakespeare, text, openwebtext)
+    --archive=PATH    local CIFAR tarball instead of a download
+    --max_mb=16       python_stdlib: stop adding files at this many MB of source
+    --workers=N       tokenizer processes (default: all cores for openwebtext, 1 otherwise)
+    --val_every=2000  openwebtext: every Nth document goes to val (~4M tokens at 2000)
+    --force           rebuild even if the dataset is already prepared
+
+What lands in <data_dir>/<name>/:
+    text:   train.bin, val.bin (raw uint16 token ids, no header: np.memmap them) + meta.json
+    images: {train,test}_images.npy (N,3,32,32) uint8, {train,test}_labels.npy (N,) int64 + meta.json
+meta.json is written last: if it is there, the dataset is complete. It names the tokenizer, so
+training and sampling decode with get_tokenizer(load_meta(folder)['tokenizer']) and nothing else.
+train_gpt.py / train_vit.py call prepare(name, data_dir) themselves when their dataset is missing.
+"""
+import codecs, collections, hashlib, itertools, json, os, pickle, shutil, signal, socket
+import sys, sysconfig, tarfile, time, urllib.request, zlib
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+import numpy as np
+
+
+class DataError(Exception):
+    """Bad input or a missing resource, said in one line. main() prints 'error: ...' and exits 2."""
+
+
+def _warn(msg):
+    print(f"warning: {msg}", file=sys.stderr)
+
+# -----------------------------------------------------------------------------
+# tokenizers: the one helper shared by prepare, train and sample
+
+class Tokenizer:
+    """name, vocab_size, eot (None for bytes), encode(str) -> list[int], decode(list[int]) -> str."""
+
+    def __init__(self, name, vocab_size, eot=None, enc=None):
+        self.name, self.vocab_size, self.eot, self._enc = name, vocab_size, eot, enc
+
+    def encode(self, s):
+        if self._enc is None:
+            return list(s.encode('utf-8'))
+        return self._enc.encode_ordinary(s)  # a literal '<|endoftext|>' in a document is just text
+
+    def encode_array(self, s):
+        """encode() as a uint16 array; the fast path for preparing data."""
+        if self._enc is None:
+            return np.frombuffer(s.encode('utf-8'), dtype=np.uint8).astype(np.uint16)
+        return np.array(self._enc.encode_ordinary(s), dtype=np.uint16)
+
+    def decode(self, ids):
+        # tensors and arrays welcome; ids past the vocab (a padded model head, 50304) are dropped
+        ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
+        if self._enc is None:  # a model can emit half a UTF-8 character: replace, never raise
+            return bytes(ids).decode('utf-8', errors='replace')
+        return self._enc.decode(ids, errors='replace')
+
+    def token_bytes(self, t):
+        """The raw bytes of one token; a token can end inside a UTF-8 character (for streamed output)."""
+        return bytes([int(t)]) if self._enc is None else self._enc.decode_single_token_bytes(int(t))
+
+    def __repr__(self):
+        return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eot={self.eot})"
+
+
+def _gpt2_encoding():
+    """tiktoken's GPT-2 BPE. Tests monkeypatch this to stay offline."""
+    try:
+        import tiktoken
+    except ImportError:
+        raise DataError("the gpt2 tokenizer needs tiktoken: pip install tiktoken") from None
+    try:
+        return tiktoken.get_encoding('gpt2')
+    except Exception as e:  # it downloads the vocab once, then reads its cache
+        raise DataError(f"could not load the GPT-2 vocab: tiktoken downloads it on first use and that failed "
+                        f"({type(e).__name__}, no network?); set TIKTOKEN_CACHE_DIR to a folder holding a cached "
+                        f"copy, or use --tokenizer=bytes") from None
+
+
+def get_tokenizer(name, encoding=None):
+    """'bytes' or 'gpt2'; `encoding` injects a tiktoken Encoding in place of the real GPT-2 one."""
+    if name == 'bytes':
+        return Tokenizer('bytes', 256)
+    if name != 'gpt2':
+        raise DataError(f"unknown tokenizer {name!r} (known: bytes, gpt2)")
+    enc = encoding if encoding is not None else _gpt2_encoding()
+    if enc.n_vocab > 2**16:  # ids go to vocab_size-1 and are stored as uint16
+        raise DataError(f"vocab of {enc.n_vocab} does not fit uint16 token files (at most 65536)")
+    return Tokenizer('gpt2', enc.n_vocab, eot=enc.eot_token, enc=enc)
+
+
+def load_meta(dataset_dir):
+    """The dataset's meta.json as a dict; DataError with the command to run if it is not prepared."""
+    path = os.path.join(dataset_dir, 'meta.json')
+    if not os.path.exists(path):
+        root, name = os.path.split(os.path.normpath(dataset_dir))
+        what = name if name in DATASETS else f"text --input=PATH --name={name}"
+        raise DataError(f"{dataset_dir} is not a prepared dataset (no meta.json); run: "
+                        f"python prepare_data.py {what} --data_dir={root or '.'}")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as e:
+        raise DataError(f"{path} is not valid JSON ({e}); rebuild with --force") from None
+
+# -----------------------------------------------------------------------------
+# progress, downloads, atomic files
+
+class _Bar:
+    """A rich bar on a terminal; in a log (nohup, sbatch) a plain line every 30 s with the ETA."""
+    EVERY = 30  # seconds between plain lines
+
+    def __init__(self, desc, total=None, unit='docs'):
+        self.desc, self.total, self.unit, self.done = desc, total, unit, 0
+        self.t0 = self.last = time.time()
+        self.rich = None
+        if sys.stdout.isatty():
+            from rich import progress as rp
+            count = [rp.DownloadColumn(), rp.TransferSpeedColumn()] if unit == 'B' else [rp.MofNCompleteColumn()]
+            self.rich = rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(), *count,
+                                    rp.TimeElapsedColumn(), rp.TimeRemainingColumn())
+            self.task = self.rich.add_task(desc, total=total)
+            self.rich.start()
+
+    def _fmt(self, n):
+        return f"{n / 1e6:.1f} MB" if self.unit == 'B' else f"{n:,} {self.unit}"
+
+    def advance(self, n=1):
+        self.done += n
+        now = time.time()
+        if now - self.last < (0.1 if self.rich else self.EVERY):
+            return  # called once per document: keep it cheap
+        self.last = now
+        if self.rich:
+            self.rich.update(self.task, completed=self.done)
+        else:
+            line = f"{self.desc}: {self._fmt(self.done)}"
+            if self.total:
+                eta = (now - self.t0) * (self.total - self.done) / max(self.done, 1)
+                line += f" of {self._fmt(self.total)} ({100 * self.done / self.total:.0f}%), eta {eta / 60:.1f} min"
+            print(line, flush=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.rich:
+            self.rich.update(self.task, completed=self.done)
+            self.rich.stop()
+        elif exc[0] is None:
+            print(f"{self.desc}: {self._fmt(self.done)} in {time.time() - self.t0:.1f}s", flush=True)
+
+
+def _md5(path):
+    h = hashlib.md5()
+    with open(path, 'rb') as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _download(url, dest, hint, md5=None, size=None):
+    """url -> dest via dest.part-<pid>, renamed only when complete (and matching md5/size)."""
+    if os.path.exists(dest) and (md5 is None or _md5(dest) == md5) and (size is None or os.path.getsize(dest) == size):
+        return dest  # fetched by an earlier run
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = f"{dest}.part-{os.getpid()}"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, 'wb') as f:
+            total = int(r.headers.get('Content-Length') or 0) or size
+            with _Bar(f"download {os.path.basename(dest)}", total, unit='B') as bar:
+                while chunk := r.read(1 << 20):
+                    f.write(chunk)
+                    bar.advance(len(chunk))
+        got = os.path.getsize(tmp)
+        if total and got != total:
+            raise DataError(f"download of {url} stopped at {got} of {total} bytes; run again")
+        if md5 is not None and _md5(tmp) != md5:
+            raise DataError(f"download of {url} is corrupt (MD5 mismatch); run again, or fetch it by hand "
+                            f"and pass {hint}")
+        os.replace(tmp, dest)
+        return dest
+    except OSError as e:  # URLError is an OSError: no network, DNS, HTTP 404, timeouts
+        reason = getattr(e, 'reason', e)
+        raise DataError(f"could not download {url} ({reason}); fetch it by hand and pass {hint}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _save_npy(stage, name, arr):
+    """np.save to name.tmp, read it back, then rename."""
+    tmp = os.path.join(stage, name + '.tmp')
+    with open(tmp, 'wb') as f:
+        np.save(f, arr)
+    back = np.load(tmp, mmap_mode='r')
+    if back.shape != arr.shape or back.dtype != arr.dtype or not np.array_equal(back, arr):
+        raise DataError(f"{name} did not read back as written (disk full?)")
+    del back
+    os.replace(tmp, os.path.join(stage, name))
+
+
+class _TokenWriter:
+    """Appends uint16 tokens to <path>.tmp in chunks, so the corpus never sits in memory."""
+    FLUSH = 1 << 24  # tokens held before a write (32 MB)
+
+    def __init__(self, path):
+        self.path, self.buf, self.held, self.count = path, [], 0, 0
+        self.f = open(path + '.tmp', 'wb')
+
+    def add(self, ids):
+        if len(ids):
+            self.buf.append(ids)
+            self.held += len(ids)
+            if self.held >= self.FLUSH:
+                self.flush()
+
+    def flush(self):
+        if self.buf:
+            np.concatenate(self.buf).astype(np.uint16, copy=False).tofile(self.f)
+            self.count, self.buf, self.held = self.count + self.held, [], 0
+
+    def close(self):
+        """Flush, check the size on disk, rename to the final name; returns the token count."""
+        self.flush()
+        self.f.close()
+        if os.path.getsize(self.path + '.tmp') != 2 * self.count:
+            raise DataError(f"{self.path} is short on disk (disk full?)")
+        os.replace(self.path + '.tmp', self.path)
+        return self.count
+
+# -----------------------------------------------------------------------------
+# text: documents -> tokens -> train.bin / val.bin
+
+_job = None  # (tokenizer, split rule, append eot) in each worker process
+
+
+def _init_worker(tok, rule, eot, ignore_sigint=True):
+    global _job
+    _job = (tok, rule, eot)
+    if ignore_sigint:  # ctrl-c is the parent's job: it stops the pool and cleans up
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _split_doc(i, text):
+    """Document i -> (train ids, val ids) under the split rule."""
+    tok, (kind, k), eot = _job
+    ids = tok.encode_array(text)
+    if kind == 'every':  # the whole document goes to val every kth time
+        parts = (ids[:0], ids) if i % k == k - 1 else (ids, ids[:0])
+    else:  # 'tail': the last 1/k of every document is val
+        cut = len(ids) - len(ids) // k
+        parts = (ids[:cut], ids[cut:])
+    if eot and tok.eot is not None:  # documents stay separated in both streams
+        parts = tuple(np.append(p, np.uint16(tok.eot)) if len(p) else p for p in parts)
+    return parts
+
+
+def _split_chunk(job):
+    """(index of the first document, texts) -> (train ids, val ids, #docs), joined over the chunk:
+    one message per chunk, not per document, or the pool spends its time pickling small arrays."""
+    first, texts = job
+    parts = [_split_doc(first + j, t) for j, t in enumerate(texts)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), len(texts)
+
+
+_CHUNK = 128  # documents per job (~0.7 MB of OpenWebText); 4 jobs per worker in flight bound the memory
+
+
+def _batched(it, n):
+    it = iter(it)
+    while batch := list(itertools.islice(it, n)):
+        yield batch
+
+
+def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
+    """Streams docs (an iterator of str) through the tokenizer into stage/train.bin and stage/val.bin."""
+    train, val = _TokenWriter(os.path.join(stage, 'train.bin')), _TokenWriter(os.path.join(stage, 'val.bin'))
+    jobs = ((n * _CHUNK, texts) for n, texts in enumerate(_batched(docs, _CHUNK)))
+    try:
+        with _Bar(f"tokenize ({tok.name}, {workers} proc)", n_docs) as bar:
+            def consume(result):
+                train.add(result[0])
+                val.add(result[1])
+                bar.advance(result[2])
+            if workers <= 1:
+                _init_worker(tok, rule, eot, ignore_sigint=False)
+                for job in jobs:
+                    consume(_split_chunk(job))
+            else:  # results are taken in submission order, so the output is deterministic
+                ex = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tok, rule, eot))
+                try:
+                    inflight = collections.deque()
+                    for job in jobs:
+                        inflight.append(ex.submit(_split_chunk, job))
+                        if len(inflight) >= 4 * workers:
+                            consume(inflight.popleft().result())
+                    while inflight:
+                        consume(inflight.popleft().result())
+                except BrokenProcessPool:  # where multiprocessing.Pool would hang forever
+                    raise DataError("a tokenizer process died (out of memory?); try fewer --workers") from None
+                finally:
+                    ex.shutdown(wait=False, cancel_futures=True)
+        return train.close(), val.close()
+    finally:
+        train.f.close()
+        val.f.close()
+
+
+def _read_text(path):
+    raw = open(path, 'rb').read()
+    try:
+        return raw.decode('utf-8')
+    except UnicodeDecodeError as e:
+        _warn(f"{path} is not valid UTF-8 (byte {e.start}); undecodable bytes were replaced with U+FFFD")
+        return raw.decode('utf-8', errors='replace')
+
+
+def _files_under(path, exts=None):
+    """A file, or every file under a folder (recursive, sorted, hidden names skipped)."""
+    if not os.path.exists(path):
+        raise DataError(f"no such file or folder: {path}")
+    if os.path.isfile(path):
+        return [path]
+    out = []
+    for d, dirs, names in os.walk(path):
+        dirs[:] = [x for x in dirs if not x.startswith('.')]
+        out += [os.path.join(d, n) for n in names if not n.startswith('.') and (exts is None or n.endswith(exts))]
+    return _sorted_paths(out, path)
+
+
+def _sorted_paths(paths, root):
+    """Sorted by relative path, component by component: a/x.txt, a/y/z.txt, b.txt."""
+    return sorted(paths, key=lambda p: os.path.relpath(p, root).split(os.sep))
+
+
+def _text_meta(tok, counts, source, rule, n_docs, eot):
+    if counts[0] == 0 or counts[1] == 0:
+        raise DataError(f"{source}: too little text for a train/val split ({counts[0]} train, {counts[1]} val tokens)")
+    kind, k = rule
+    split = (f"every {k}th document (0-based index % {k} == {k - 1}, input order) is val, the rest train"
+             if kind == 'every' else f"the last 1/{k} of each document's tokens (rounded down) is val, the rest train")
+    return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
+                train_tokens=counts[0], val_tokens=counts[1], source=source, split=split, documents=n_docs,
+                eot=(f"{tok.eot} appended after every document" if eot and tok.eot is not None else None))
+
+
+def _text_dataset(stage, o, files, source, tok=None, rule=('tail', 10)):
+    if not files:
+        raise DataError(f"empty corpus: no files in {source}")
+    tok = tok or get_tokenizer(o.get('tokenizer', 'bytes'))
+    eot = len(files) > 1
+    counts = _tokenize(stage, (_read_text(f) for f in files), tok, rule, eot, o.get('workers', 1), len(files))
+    return _text_meta(tok, counts, source, rule, len(files), eot)
+
+
+def _build_python_stdlib(stage, o):
+    root, cap = sysconfig.get_paths()['stdlib'], int(o.get('max_mb', 16) * 1e6)
+    skip = {'site-packages', 'dist-packages', '__pycache__', 'test', 'tests', 'idle_test'}
+    found = []
+    for d, dirs, names in os.walk(root):
+        dirs[:] = [x for x in dirs if x not in skip]
+        found += [os.path.join(d, n) for n in names if n.endswith('.py')]
+    files, total = [], 0
+    for f in _sorted_paths(found, root):  # take files in sorted order until the cap
+        if total + os.path.getsize(f) > cap:
+            break
+        files.append(f)
+        total += os.path.getsize(f)
+    src = (f"python {sys.version.split()[0]} standard library at {root}: {len(files)} of {len(found)} .py files, "
+           f"{total / 1e6:.1f} MB, sorted by path, test/tests/idle_test and site-packages skipped, capped at "
+           f"{o.get('max_mb', 16)} MB")
+    return _text_dataset(stage, o, files, src)
+
+
+SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
+
+
+def _build_shakespeare(stage, o):
+    tok = get_tokenizer(o.get('tokenizer', 'gpt2'))  # fail on the tokenizer before any download
+    dest = os.path.join(o['data_dir'], 'downloads', 'tinyshakespeare.txt')
+    path = o.get('input') or _download(SHAKESPEARE_URL, dest, hint='--input=PATH')
+    return _text_dataset(stage, o, _files_under(path), path if 'input' in o else SHAKESPEARE_URL, tok)
+
+
+def _build_text(stage, o):
+    path = o['input']
+    files = _files_under(path)
+    return _text_dataset(stage, o, files, f"{os.path.abspath(path)} ({len(files)} files)")
+
+
+OWT_REPO = 'Skylion007/openwebtext'
+
+
+def _pyarrow_parquet():
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError("reading parquet needs pyarrow: pip install pyarrow "
+                        "(or pass --input=FOLDER of .jsonl/.txt documents)") from None
+    return pq
+
+
+def _owt_docs(files):
+    """Yields document texts: parquet 'text' column, jsonl {"text": ...} per line, .txt one document each."""
+    for f in files:
+        if f.endswith('.parquet'):
+            for batch in _pyarrow_parquet().ParquetFile(f).iter_batches(batch_size=1024, columns=['text']):
+                yield from (t or '' for t in batch.column(0).to_pylist())  # a null text is an empty document
+        elif f.endswith('.jsonl'):
+            with open(f, encoding='utf-8', errors='replace') as fh:
+                for n, line in enumerate(fh, 1):
+                    if line.strip():
+                        try:
+                            text = json.loads(line)['text']
+                        except (ValueError, KeyError, TypeError):
+                            text = None
+                        if not isinstance(text, str):
+                            raise DataError(f"{f}:{n} is not a JSON object with a 'text' string")
+                        yield text
+        else:
+            yield _read_text(f)
+
+
+def _owt_count(files):
+    n = 0
+    for f in files:
+        if f.endswith('.parquet'):
+            n += _pyarrow_parquet().ParquetFile(f).metadata.num_rows
+        elif f.endswith('.jsonl'):
+            with open(f, 'rb') as fh:
+                n += sum(1 for line in fh if line.strip())
+        else:
+            n += 1
+    return n
+
+
+def _owt_download(data_dir):
+    """The parquet shards of the HF dataset repo, read straight off the hub (no datasets library)."""
+    _pyarrow_parquet()  # fail before downloading 13 GB we cannot read
+    hub, hint = os.environ.get('HF_ENDPOINT', 'https://huggingface.co'), '--input=FOLDER_OF_PARQUET_FILES'
+    for rev in ('main', 'refs%2Fconvert%2Fparquet'):  # the repo's own parquet, else the hub's conversion
+        url = f"{hub}/api/datasets/{OWT_REPO}/tree/{rev}?recursive=true"
+        try:
+            with urllib.request.urlopen(url, timeout=60) as r:
+                listing = json.load(r)
+        except OSError as e:
+            raise DataError(f"could not reach {url} ({getattr(e, 'reason', e)}); download the parquet files of "
+                            f"{hub}/datasets/{OWT_REPO} by hand and pass {hint}") from None
+        shards = sorted((x['path'], x.get('size')) for x in listing
+                        if x.get('type') == 'file' and x['path'].endswith('.parquet') and 'train' in x['path'])
+        if shards:
+            break
+    else:
+        raise DataError(f"found no parquet files in {hub}/datasets/{OWT_REPO}; fetch OpenWebText by hand "
+                        f"and pass {hint}")
+    out = os.path.join(data_dir, 'downloads', 'openwebtext')
+    return [_download(f"{hub}/datasets/{OWT_REPO}/resolve/{rev}/{p}", os.path.join(out, p.replace('/', '__')),
+                      hint, size=size) for p, size in shards]
+
+
+def _build_openwebtext(stage, o):
+    tok = get_tokenizer(o.get('tokenizer', 'gpt2'))  # fail on the tokenizer before any download
+    if 'input' in o:
+        files, source = _files_under(o['input'], ('.parquet', '.jsonl', '.txt')), os.path.abspath(o['input'])
+    else:
+        files, source = _owt_download(o['data_dir']), f"https://huggingface.co/datasets/{OWT_REPO} (parquet)"
+    n_docs = _owt_count(files)
+    if n_docs == 0:
+        raise DataError(f"empty corpus: no .parquet/.jsonl/.txt documents in {source}")
+    rule, workers = ('every', o.get('val_every', 2000)), o.get('workers', os.cpu_count() or 1)
+    counts = _tokenize(stage, _owt_docs(files), tok, rule, True, workers, n_docs)
+    return _text_meta(tok, counts, source, rule, n_docs, True)
+
+# -----------------------------------------------------------------------------
+# images: CIFAR's python pickles -> npy
+
+CIFAR = {
+    'cifar10': dict(url='https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz',
+                    md5='c58f30108f718f92721af3b95e74349a',
+                    top='cifar-10-batches-py', train=[f'data_batch_{i}' for i in range(1, 6)], test=['test_batch'],
+                    meta='batches.meta', labels=b'labels', names=b'label_names', classes=10),
+    'cifar100': dict(url='https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz',
+                     md5='eb9058c3a382ffc7106e4002c42a8d85',
+                     top='cifar-100-python', train=['train'], test=['test'],
+                     meta='meta', labels=b'fine_labels', names=b'fine_label_names', classes=100),
+}
+
+
+def _safe_globals():
+    try:
+        from numpy._core.multiarray import _reconstruct, scalar
+        from numpy._core.numeric import _frombuffer
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct, scalar
+        from numpy.core.numeric import _frombuffer
+    ok = {('numpy', 'ndarray'): np.ndarray, ('numpy', 'dtype'): np.dtype, ('_codecs', 'encode'): codecs.encode}
+    for m in ('numpy.core.multiarray', 'numpy._core.multiarray'):
+        ok[m, '_reconstruct'], ok[m, 'scalar'] = _reconstruct, scalar
+    for m in ('numpy.core.numeric', 'numpy._core.numeric'):
+        ok[m, '_frombuffer'] = _frombuffer
+    return ok
+
+
+class _NumpyUnpickler(pickle.Unpickler):
+    """Plain containers and numpy arrays only: a tampered archive cannot run code on load."""
+    allowed = None
+
+    def find_class(self, module, name):
+        if _NumpyUnpickler.allowed is None:
+            _NumpyUnpickler.allowed = _safe_globals()
+        if (module, name) not in self.allowed:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        return self.allowed[module, name]
+
+
+def _read_cifar(archive, spec, where):
+    """Loads and strictly checks the batches; returns (train x, train y, test x, test y, class names)."""
+    need = {f"{spec['top']}/{b}" for b in spec['train'] + spec['test'] + [spec['meta']]}
+    got = {}
+    try:
+        with tarfile.open(archive, 'r:*') as tf:
+            for m in tf:  # one pass in archive order: a .tar.gz cannot seek backwards cheaply
+                name = os.path.normpath(m.name)
+                if name in need and m.isfile():
+                    try:
+                        got[name] = _NumpyUnpickler(tf.extractfile(m), encoding='bytes').load()
+                    except (tarfile.TarError, zlib.error, OSError):
+                        raise  # the archive itself is broken: said below
+                    except Exception as e:  # junk bytes can fail in many ways inside pickle
+                        raise DataError(f"{where}: {name} is not a CIFAR pickle ({type(e).__name__}: {e})") from None
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+        raise DataError(f"{where} is not a readable tar archive ({e})") from None
+    missing = sorted(need - set(got))
+    if missing:
+        raise DataError(f"{where} does not have the {spec['top']} layout: missing {', '.join(missing)}")
+
+    def batch(b):
+        d, key = got[f"{spec['top']}/{b}"], spec['labels']
+        if not isinstance(d, dict) or b'data' not in d or key not in d:
+            raise DataError(f"{where}: {b} should be a dict with keys b'data' and {key!r}")
+        x = d[b'data']
+        if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072 or not len(x):
+            raise DataError(f"{where}: {b} data should be an N x 3072 uint8 array, got {getattr(x, 'shape', type(x))}")
+        try:
+            y = np.asarray(d[key], dtype=np.int64)
+        except (TypeError, ValueError):
+            raise DataError(f"{where}: {b} labels are not integers") from None
+        if y.shape != (len(x),) or (len(y) and (y.min() < 0 or y.max() >= spec['classes'])):
+            raise DataError(f"{where}: {b} needs {len(x)} labels in 0..{spec['classes'] - 1}")
+        return x, y
+
+    meta = got[f"{spec['top']}/{spec['meta']}"]
+    names = meta.get(spec['names']) if isinstance(meta, dict) else None
+    if not isinstance(names, list) or len(names) != spec['classes']:
+        raise DataError(f"{where}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
+    names = [n.decode('utf-8') if isinstance(n, bytes) else str(n) for n in names]
+    tr = [batch(b) for b in spec['train']]
+    te = [batch(b) for b in spec['test']]
+    cat = lambda parts, j: np.concatenate([p[j] for p in parts])
+    return cat(tr, 0), cat(tr, 1), cat(te, 0), cat(te, 1), names
+
+
+def _channel_stats(x):
+    """Per-channel mean and std of x (N,3,32,32) uint8, in 0..1, in chunks (no 1.2 GB float copy)."""
+    s, ss = np.zeros(3), np.zeros(3)
+    for i in range(0, len(x), 2000):
+        c = x[i:i + 2000].astype(np.float64) / 255
+        s += c.sum(axis=(0, 2, 3))
+        ss += (c * c).sum(axis=(0, 2, 3))
+    n = len(x) * x.shape[2] * x.shape[3]
+    mean = s / n
+    return mean, np.sqrt(np.maximum(ss / n - mean ** 2, 0))
+
+
+def _build_cifar(stage, o, which):
+    spec = CIFAR[which]
+    if 'archive' in o:
+        archive = o['archive']
+        if not os.path.isfile(archive):
+            raise DataError(f"no such file: {archive}")
+        md5_ok = _md5(archive) == spec['md5']
+    else:
+        archive = _download(spec['url'], os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url'])),
+                            hint='--archive=PATH', md5=spec['md5'])
+        md5_ok = True
+    where = archive if md5_ok else f"{archive} (whose MD5 differs from the official {os.path.basename(spec['url'])})"
+    xtr, ytr, xte, yte, names = _read_cifar(archive, spec, where)
+    if not md5_ok:  # a repacked copy is fine if the layout checks passed
+        _warn(f"{archive}: MD5 differs from the official tarball ({spec['md5']}); its layout checks out, using it")
+    xtr, xte = xtr.reshape(-1, 3, 32, 32), xte.reshape(-1, 3, 32, 32)  # CIFAR rows are R, G, B planes of 32x32
+    for split, x, y in (('train', xtr, ytr), ('test', xte, yte)):
+        _save_npy(stage, f'{split}_images.npy', x)
+        _save_npy(stage, f'{split}_labels.npy', y)
+    mean, std = _channel_stats(xtr)
+    return dict(kind='images', num_classes=spec['classes'], classes=names, image_size=32, channels=3,
+                mean=[round(float(v), 6) for v in mean], std=[round(float(v), 6) for v in std],
+                train_count=len(xtr), test_count=len(xte), md5_matches_official=md5_ok,
+                source=os.path.abspath(archive) if 'archive' in o else spec['url'])
+
+# -----------------------------------------------------------------------------
+# prepare(): stage, build, commit
+
+DATASETS = {  # name -> (builder, options it takes besides --name/--force/--data_dir)
+    'python_stdlib': (_build_python_stdlib, {'tokenizer', 'max_mb', 'workers'}),
+    'shakespeare': (_build_shakespeare, {'tokenizer', 'input', 'workers'}),
+    'text': (_build_text, {'tokenizer', 'input', 'workers'}),
+    'openwebtext': (_build_openwebtext, {'tokenizer', 'input', 'workers', 'val_every'}),
+    'cifar10': (lambda stage, o: _build_cifar(stage, o, 'cifar10'), {'archive'}),
+    'cifar100': (lambda stage, o: _build_cifar(stage, o, 'cifar100'), {'archive'}),
+}
+
+
+def _remove_stale_stages(data_dir, name):
+    """Staging folders of runs that were killed (kill -9, power loss) would otherwise pile up.
+    Only this host's: on a shared filesystem another node's pid means nothing here."""
+    prefix = f".{name}.partial-{socket.gethostname()}-"
+    for d in os.listdir(data_dir):
+        pid = d[len(prefix):]
+        if d.startswith(prefix) and pid.isdigit() and os.name == 'posix':
+            try:
+                os.kill(int(pid), 0)  # signal 0: does that process still exist?
+            except ProcessLookupError:
+                shutil.rmtree(os.path.join(data_dir, d), ignore_errors=True)
+            except PermissionError:
+                pass
+
+
+def _commit(stage, out, meta):
+    """Moves the staged files into out/, meta.json last; an old dataset stops being 'complete' first."""
+    os.makedirs(out, exist_ok=True)
+    if os.path.exists(os.path.join(out, 'meta.json')):
+        os.remove(os.path.join(out, 'meta.json'))
+    for f in sorted(os.listdir(stage)):
+        os.replace(os.path.join(stage, f), os.path.join(out, f))
+    tmp = os.path.join(out, 'meta.json.tmp')
+    with open(tmp, 'w') as f:
+        json.dump(meta, f, indent=2)
+        f.write('\n')
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(out, 'meta.json'))
+
+
+def _files_match(out):
+    """meta.json is there; are the files it describes there too, at the right sizes? (cheap: no reading)"""
+    meta = load_meta(out)
+    if meta.get('kind') == 'text':
+        want = {'train.bin': 2 * meta.get('train_tokens', -1), 'val.bin': 2 * meta.get('val_tokens', -1)}
+    else:
+        want = {f'{s}_{k}.npy': None for s in ('train', 'test') for k in ('images', 'labels')}
+    for f, size in want.items():
+        p = os.path.join(out, f)
+        if not os.path.exists(p) or (size is not None and os.path.getsize(p) != size):
+            _warn(f"{p} is missing or the wrong size for its meta.json; rebuilding {out}")
+            return False
+    return True
+
+
+def prepare(name, /, data_dir='data', **opts):
+    """Prepares dataset `name` under data_dir and returns its folder; a no-op if already complete.
+    opts are the command line's (input=, tokenizer=, force=True, ...); name= there is the folder name,
+    which is why the dataset name is positional-only.
+    With torchrun, call it on one rank and barrier: two ranks would both build (safely, but twice)."""
+    if name not in DATASETS:
+        raise DataError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
+    builder, takes = DATASETS[name]
+    o = {k: v for k, v in opts.items() if v is not None}
+    takes = takes | {'name', 'force'}
+    extra = sorted(set(o) - takes)
+    if extra:
+        raise DataError(f"{name} does not take --{extra[0]} (it takes: {', '.join('--' + k for k in sorted(takes))})")
+    if name == 'text' and not o.get('input'):
+        raise DataError("text needs --input=PATH (a text file or a folder of them)")
+    out_name = o.get('name') or name
+    if name == 'text' and 'name' not in o:  # notes.txt -> notes
+        out_name = os.path.splitext(os.path.basename(os.path.normpath(o['input'])))[0]
+    if out_name in ('', '.', '..', 'downloads') or os.sep in out_name or out_name.startswith('.'):
+        raise DataError(f"--name={out_name} is not usable as a folder name under {data_dir}")
+    out = os.path.join(data_dir, out_name)
+    if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force') and _files_match(out):
+        meta = load_meta(out)
+        if o.get('tokenizer') and meta.get('tokenizer') != o['tokenizer']:
+            raise DataError(f"{out} was prepared with tokenizer {meta.get('tokenizer')}, not {o['tokenizer']}; "
+                            f"pass --force to rebuild it, or --name=OTHER to keep both")
+        print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); --force rebuilds it")
+        return out
+    os.makedirs(data_dir, exist_ok=True)
+    _remove_stale_stages(data_dir, out_name)
+    stage, t0 = os.path.join(data_dir, f".{out_name}.partial-{socket.gethostname()}-{os.getpid()}"), time.time()
+    os.makedirs(stage)
+    try:  # everything is written in stage/; an exception or ctrl-c leaves out/ untouched
+        meta = builder(stage, {**o, 'data_dir': data_dir})
+        _commit(stage, out, {'name': out_name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')})
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    if meta['kind'] == 'text':
+        what = f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens ({meta['tokenizer']})"
+    else:
+        what = f"{meta['train_count']:,} train + {meta['test_count']:,} test images, {meta['num_classes']} classes"
+    print(f"prepared {out}: {what} in {time.time() - t0:.1f}s")
+    return out
+
+# -----------------------------------------------------------------------------
+
+OPTIONS = {'data_dir': str, 'name': str, 'tokenizer': str, 'input': str, 'archive': str,
+           'max_mb': float, 'workers': int, 'val_every': int, 'force': bool}
+
+
+def _parse_args(argv):
+    names, opts, i = [], {}, 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ('-h', '--help'):
+            print(__doc__)
+            sys.exit(0)
+        if not a.startswith('--'):
+            names.append(a)
+            i += 1
+            continue
+        key, eq, val = a[2:].partition('=')
+        key = key.replace('-', '_')
+        if key not in OPTIONS:
+            raise DataError(f"unknown option --{key} (known: {', '.join('--' + k for k in OPTIONS)})")
+        if not eq and OPTIONS[key] is bool:
+            val = 'true'
+        elif not eq:
+            if i + 1 >= len(argv) or argv[i + 1].startswith('--'):
+                raise DataError(f"--{key} needs a value")
+            i, val = i + 1, argv[i + 1]
+        try:
+            if OPTIONS[key] is bool:
+                if val.lower() not in ('1', '0', 'true', 'false'):
+                    raise ValueError
+                opts[key] = val.lower() in ('1', 'true')
+            else:
+                opts[key] = OPTIONS[key](val)
+                if OPTIONS[key] in (int, float) and opts[key] <= 0:
+                    raise ValueError
+        except ValueError:
+            want = {bool: '1, 0, true or false', int: 'a positive integer', float: 'a positive number'}
+            raise DataError(f"--{key}={val} is not valid (want {want[OPTIONS[key]]})") from None
+        i += 1
+    if len(names) != 1:
+        raise DataError(f"give one dataset name (known: {', '.join(DATASETS)}); python prepare_data.py --help")
+    return names[0], opts
+
+
+def main(argv=None):
+    try:
+        name, opts = _parse_args(sys.argv[1:] if argv is None else argv)
+        prepare(name, **opts)
+    except DataError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted: partial files removed, the dataset folder is as it was", file=sys.stderr)
+        sys.exit(130)
+    except OSError as e:  # disk full, permissions: the environment, not a bug
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == '__main__':
+    main()

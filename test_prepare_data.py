@@ -1,0 +1,573 @@
+"""
+Tests for prepare_data.py. Offline and small: CIFAR tarballs are built here with the real pickle
+layout, the gpt2 path uses a 257-token tiktoken Encoding, openwebtext reads a folder of jsonl/txt.
+    python -m pytest -q test_prepare_data.py
+"""
+import hashlib, io, json, os, pickle, signal, socket, subprocess, sys, sysconfig, tarfile, time, urllib.error
+import numpy as np
+import pytest
+import tiktoken
+
+import prepare_data as prep
+from prepare_data import DataError, get_tokenizer, load_meta, prepare
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def tiny_encoding():
+    return tiktoken.Encoding(name='tiny', pat_str=PAT, mergeable_ranks={bytes([i]): i for i in range(256)},
+                             special_tokens={'<|endoftext|>': 256})
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    """gpt2 means the tiny encoding for the length of a test: no download."""
+    enc = tiny_encoding()
+    monkeypatch.setattr(prep, '_gpt2_encoding', lambda: enc)
+    return enc
+
+
+def read_bin(path):
+    return np.fromfile(path, dtype=np.uint16)
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, os.path.join(REPO, 'prepare_data.py'), *args],
+                          capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def assert_clean_error(r, *words):
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and lines[0].startswith('error:'), r.stderr
+    assert 'Traceback' not in r.stderr + r.stdout
+    for w in words:
+        assert w in lines[0], lines[0]
+
+# -----------------------------------------------------------------------------
+# tokenizers
+
+
+def test_bytes_tokenizer():
+    tok = get_tokenizer('bytes')
+    s = 'déjà vu ✓\n'
+    assert (tok.name, tok.vocab_size, tok.eot) == ('bytes', 256, None)
+    assert tok.encode(s) == list(s.encode('utf-8'))
+    assert tok.decode(tok.encode(s)) == s
+    assert tok.decode(np.array([0xE2, 0x9C, 65])) == '\ufffdA'  # a cut-off character is replaced, not raised
+    assert len(tok.decode(range(256))) > 0
+    assert [tok.token_bytes(t) for t in tok.encode('é')] == [b'\xc3', b'\xa9']
+    with pytest.raises(DataError, match='unknown tokenizer'):
+        get_tokenizer('sentencepiece')
+
+
+def test_gpt2_tokenizer_injected(tiny):
+    for tok in (get_tokenizer('gpt2'), get_tokenizer('gpt2', encoding=tiny_encoding())):
+        assert (tok.name, tok.vocab_size, tok.eot) == ('gpt2', 257, 256)
+        s = "it's 42 <|endoftext|> é"
+        assert tok.encode(s) == tiny.encode_ordinary(s)  # special tokens in text stay text
+        assert tok.decode(tok.encode(s)) == s
+        tok.decode(list(range(257)))  # every id decodes
+        assert tok.decode([104, 105, 50300]) == 'hi'  # an id from a padded head does not crash sampling
+        assert b''.join(tok.token_bytes(t) for t in tok.encode('é')) == 'é'.encode()
+
+
+def test_gpt2_without_network_says_so(monkeypatch):
+    def offline(name):
+        raise ConnectionError('Name or service not known')
+    monkeypatch.setattr(tiktoken, 'get_encoding', offline)
+    with pytest.raises(DataError, match='TIKTOKEN_CACHE_DIR'):
+        get_tokenizer('gpt2')
+
+
+def test_vocab_must_fit_uint16():
+    class Big:
+        n_vocab, eot_token = 70000, 0
+    with pytest.raises(DataError, match='uint16'):
+        get_tokenizer('gpt2', encoding=Big())
+
+
+def test_load_meta_missing_names_the_command(tmp_path):
+    with pytest.raises(DataError, match=r'python prepare_data.py shakespeare --data_dir='):
+        load_meta(tmp_path / 'shakespeare')
+    with pytest.raises(DataError, match=r'python prepare_data.py text --input=PATH --name=notes --data_dir='):
+        load_meta(tmp_path / 'notes')
+
+# -----------------------------------------------------------------------------
+# text
+
+
+def test_text_file(tmp_path):
+    text = 'First Citizen:\nBefore we proceed any further, hear me speak. ✓\n' * 3
+    (tmp_path / 'speech.txt').write_text(text, encoding='utf-8')
+    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'speech.txt'))
+    assert out == os.path.join(tmp_path / 'data', 'speech')  # --name defaults to the file's stem
+    raw = text.encode('utf-8')
+    cut = len(raw) - len(raw) // 10
+    assert bytes(read_bin(os.path.join(out, 'train.bin')).astype(np.uint8)) == raw[:cut]
+    assert bytes(read_bin(os.path.join(out, 'val.bin')).astype(np.uint8)) == raw[cut:]
+    meta = load_meta(out)
+    assert meta['kind'] == 'text' and meta['tokenizer'] == 'bytes' and meta['vocab_size'] == 256
+    assert (meta['train_tokens'], meta['val_tokens']) == (cut, len(raw) - cut)
+    assert meta['name'] == 'speech' and 'speech.txt' in meta['source'] and '1/10' in meta['split']
+    assert sorted(os.listdir(tmp_path / 'data')) == ['speech']  # no staging folder left behind
+
+
+def test_text_folder_sorted_recursive(tmp_path, tiny):
+    docs = {'b.txt': 'bee bee', 'a/z.txt': 'zed zed zed', 'a/m/q.txt': 'queue', 'a-c.md': 'see', '.hidden': 'no'}
+    for rel, s in docs.items():
+        (tmp_path / 'notes' / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / 'notes' / rel).write_text(s * 5)
+    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'notes'), name='mynotes', tokenizer='gpt2')
+    train, val = [], []
+    for rel in ['a/m/q.txt', 'a/z.txt', 'a-c.md', 'b.txt']:  # sorted by path components, hidden skipped
+        ids = tiny.encode_ordinary(docs[rel] * 5)
+        cut = len(ids) - len(ids) // 10
+        train += ids[:cut] + [256]  # eot after each document's part, in both streams
+        val += ids[cut:] + [256] if ids[cut:] else []
+    assert read_bin(os.path.join(out, 'train.bin')).tolist() == train
+    assert read_bin(os.path.join(out, 'val.bin')).tolist() == val
+    meta = load_meta(out)
+    assert (meta['tokenizer'], meta['vocab_size'], meta['documents']) == ('gpt2', 257, 4)
+
+
+def test_not_utf8_warns_with_file_name(tmp_path, capsys):
+    (tmp_path / 'latin1.txt').write_bytes('café au lait, '.encode('latin-1') * 10)
+    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'latin1.txt'))
+    err = capsys.readouterr().err
+    assert 'warning:' in err and 'latin1.txt' in err and 'UTF-8' in err
+    data = bytes(read_bin(os.path.join(out, 'train.bin')).astype(np.uint8))
+    assert 'caf\ufffd au lait'.encode('utf-8') in data
+
+
+def test_shakespeare_gpt2_from_local_copy(tmp_path, tiny):
+    text = 'ROMEO:\nBut, soft! what light through yonder window breaks?\n' * 4
+    (tmp_path / 'input.txt').write_text(text)
+    out = prepare('shakespeare', tmp_path / 'data', input=str(tmp_path / 'input.txt'))
+    meta = load_meta(out)
+    assert meta['tokenizer'] == 'gpt2' and meta['vocab_size'] == 257  # gpt2 is shakespeare's default
+    tok = get_tokenizer(meta['tokenizer'])  # the meta is enough to decode
+    ids = np.concatenate([read_bin(os.path.join(out, f)) for f in ('train.bin', 'val.bin')])
+    assert tok.decode(ids) == text  # one document: no eot, train then val is the whole text
+
+
+def test_python_stdlib_small(tmp_path):
+    out = prepare('python_stdlib', tmp_path, max_mb=0.3)
+    meta = load_meta(out)
+    assert (meta['tokenizer'], meta['vocab_size']) == ('bytes', 256)
+    assert 'site-packages skipped' in meta['source']
+    # the rule, restated: .py files of this Python's stdlib sorted by path, prefix under 0.3 MB
+    root = sysconfig.get_paths()['stdlib']
+    files = []
+    for d, dirs, names in os.walk(root):
+        dirs[:] = [x for x in dirs if x not in ('site-packages', 'dist-packages', 'test', 'tests', 'idle_test')]
+        files += [os.path.relpath(os.path.join(d, n), root) for n in names if n.endswith('.py')]
+    files.sort(key=lambda p: p.split(os.sep))
+    heads, tails, total = b'', b'', 0
+    for f in files:
+        raw = open(os.path.join(root, f), 'rb').read()
+        if total + len(raw) > 0.3e6:
+            break
+        total += len(raw)
+        raw = raw.decode('utf-8').encode('utf-8')
+        heads, tails = heads + raw[:len(raw) - len(raw) // 10], tails + raw[len(raw) - len(raw) // 10:]
+    assert meta['documents'] > 5 and meta['train_tokens'] + meta['val_tokens'] == total
+    assert bytes(read_bin(os.path.join(out, 'train.bin')).astype(np.uint8)) == heads
+    assert bytes(read_bin(os.path.join(out, 'val.bin')).astype(np.uint8)) == tails
+
+# -----------------------------------------------------------------------------
+# openwebtext: local documents, worker pool, streaming writer
+
+
+def owt_folder(path):
+    docs = [f'document {i}: ' + 'words and more words. ' * (i % 4 + 1) for i in range(12)]
+    docs[5] = 'a literal <|endoftext|> inside a document is text'
+    (path / 'sub').mkdir(parents=True)
+    with open(path / 'a.jsonl', 'w') as f:
+        for d in docs[:5]:
+            f.write(json.dumps({'text': d, 'url': 'x'}) + '\n\n')
+    (path / 'b.txt').write_text(docs[5])
+    with open(path / 'sub' / 'c.jsonl', 'w') as f:
+        for d in docs[6:]:
+            f.write(json.dumps({'text': d}) + '\n')
+    (path / 'ignored.csv').write_text('not,a,document')
+    return docs
+
+
+@pytest.mark.parametrize('workers', [1, 2])
+def test_openwebtext_local_pool_streaming(tmp_path, tiny, monkeypatch, workers):
+    docs = owt_folder(tmp_path / 'owt')
+    monkeypatch.setattr(prep, '_CHUNK', 2)  # many small jobs in flight, a last one half full
+    monkeypatch.setattr(prep._TokenWriter, 'FLUSH', 7)  # many small writes
+    out = prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), workers=workers, val_every=4)
+    train, val = [], []
+    for i, d in enumerate(docs):
+        (val if i % 4 == 3 else train).extend(tiny.encode_ordinary(d) + [256])
+    assert read_bin(os.path.join(out, 'train.bin')).tolist() == train
+    assert read_bin(os.path.join(out, 'val.bin')).tolist() == val
+    meta = load_meta(out)
+    assert (meta['documents'], meta['tokenizer']) == (12, 'gpt2')
+    assert (meta['train_tokens'], meta['val_tokens']) == (len(train), len(val))
+    assert 'every 4th document' in meta['split'] and '256' in meta['eot']
+
+
+_real_split_doc = prep._split_doc
+
+
+def die_on_doc_7(i, text):
+    if i == 7:
+        os._exit(1)  # as the OOM killer would
+    return _real_split_doc(i, text)
+
+
+def test_dead_worker_is_an_error_not_a_hang(tmp_path, tiny, monkeypatch):
+    owt_folder(tmp_path / 'owt')
+    monkeypatch.setattr(prep, '_split_doc', die_on_doc_7)
+    monkeypatch.setattr(prep, '_CHUNK', 2)
+    with pytest.raises(DataError, match='process died'):
+        prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), workers=2)
+    assert os.listdir(tmp_path / 'data') == []
+
+
+def test_openwebtext_bad_jsonl_line(tmp_path, tiny):
+    (tmp_path / 'owt').mkdir()
+    (tmp_path / 'owt' / 'x.jsonl').write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    with pytest.raises(DataError, match=r'x.jsonl:2 is not a JSON object'):
+        prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), workers=1)
+    assert not (tmp_path / 'data' / 'openwebtext').exists()
+
+
+class _FakeParquet:
+    """Stands in for pyarrow.parquet where pyarrow is not installed: a '.parquet' file here is JSON
+    {"text": [...]}, read through the same calls prepare_data makes (ParquetFile, metadata.num_rows,
+    iter_batches(columns=['text']) yielding batches whose column(0).to_pylist() gives the texts)."""
+
+    class ParquetFile:
+        def __init__(self, path):
+            self.texts = json.loads(open(path).read())['text']
+            self.metadata = type('Meta', (), {'num_rows': len(self.texts)})()
+
+        def iter_batches(self, batch_size, columns):
+            assert columns == ['text']
+            for i in range(0, len(self.texts), batch_size):
+                chunk = self.texts[i:i + batch_size]
+                col = type('Col', (), {'to_pylist': lambda self, c=chunk: list(c)})()
+                yield type('Batch', (), {'column': lambda self, j, c=col: c})()
+
+
+def test_openwebtext_parquet(tmp_path, tiny, monkeypatch):
+    (tmp_path / 'owt').mkdir()
+    docs = [f'parquet doc {i} ' * 3 for i in range(9)]
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        pq.write_table(pa.table({'text': docs[:4]}), tmp_path / 'owt' / 'train-0.parquet')
+        pq.write_table(pa.table({'text': docs[4:]}), tmp_path / 'owt' / 'train-1.parquet')
+    except ImportError:
+        monkeypatch.setattr(prep, "_pyarrow_parquet", lambda: _FakeParquet)
+        (tmp_path / 'owt' / 'train-0.parquet').write_text(json.dumps({'text': docs[:4]}))
+        (tmp_path / 'owt' / 'train-1.parquet').write_text(json.dumps({'text': docs[4:]}))
+    out = prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), workers=2, val_every=3)
+    expect = [t for i, d in enumerate(docs) if i % 3 != 2 for t in tiny.encode_ordinary(d) + [256]]
+    assert read_bin(os.path.join(out, 'train.bin')).tolist() == expect
+
+
+def test_parquet_without_pyarrow_gives_install_hint(tmp_path, tiny, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'pyarrow', None)           # as if not installed
+    monkeypatch.setitem(sys.modules, 'pyarrow.parquet', None)
+    (tmp_path / 'owt').mkdir()
+    (tmp_path / 'owt' / 'train-0.parquet').write_bytes(b'PAR1')
+    with pytest.raises(DataError, match='pip install pyarrow'):
+        prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'))
+
+# -----------------------------------------------------------------------------
+# CIFAR, from tarballs built here with the real layout
+
+LAYOUT = {
+    'cifar10': ('cifar-10-batches-py', [f'data_batch_{i}' for i in range(1, 6)], ['test_batch'], 'batches.meta', 10),
+    'cifar100': ('cifar-100-python', ['train'], ['test'], 'meta', 100),
+}
+
+
+def make_cifar(path, which, n=4, skip=(), protocol=2, seed=0):
+    """Writes a CIFAR-format tar.gz; returns (train x, train y, test x, test y, names) as they should come out."""
+    top, train, test, meta_name, k = LAYOUT[which]
+    rng = np.random.default_rng(seed)
+    members, out = {}, {'train': [], 'test': []}
+    for split, batches in (('train', train), ('test', test)):
+        for b in batches:
+            x = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+            y = rng.integers(0, k, n).tolist()
+            d = {b'batch_label': b.encode(), b'data': x, b'filenames': [b'img.png'] * n}
+            if which == 'cifar10':
+                d[b'labels'] = y
+            else:
+                d[b'fine_labels'], d[b'coarse_labels'] = y, [v // 5 for v in y]
+            members[b] = d
+            out[split].append((x, y))
+    names = [f'class_{i}'.encode() for i in range(k)]
+    members[meta_name] = ({b'label_names': names, b'num_cases_per_batch': n} if which == 'cifar10'
+                          else {b'fine_label_names': names, b'coarse_label_names': names[:20]})
+    with tarfile.open(path, 'w:gz') as tf:
+        for b in reversed(list(members)):  # archive order differs from batch order on purpose
+            if b in skip:
+                continue
+            data = pickle.dumps(members[b], protocol=protocol)
+            info = tarfile.TarInfo(f'{top}/{b}')
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    cat = lambda parts, j: np.concatenate([np.asarray(p[j]) for p in parts])
+    images = lambda split: cat(out[split], 0).reshape(-1, 3, 32, 32)  # rows are R, G, B planes
+    return images('train'), cat(out['train'], 1), images('test'), cat(out['test'], 1), [s.decode() for s in names]
+
+
+@pytest.mark.parametrize('which,protocol', [('cifar10', 2), ('cifar100', 5)])
+def test_cifar_roundtrip(tmp_path, capsys, which, protocol):
+    xtr, ytr, xte, yte, names = make_cifar(tmp_path / 'c.tar.gz', which, protocol=protocol)
+    out = prepare(which, tmp_path / 'data', archive=str(tmp_path / 'c.tar.gz'))
+    assert 'MD5' in capsys.readouterr().err  # not the official tarball: a warning, not an error
+    files = ('train_images', 'train_labels', 'test_images', 'test_labels')
+    got = {f: np.load(os.path.join(out, f'{f}.npy')) for f in files}
+    for f, want in zip(got, (xtr, ytr, xte, yte)):
+        assert got[f].dtype == (np.uint8 if 'images' in f else np.int64)
+        np.testing.assert_array_equal(got[f], want)
+    meta = load_meta(out)
+    n_train = len(LAYOUT[which][1]) * 4
+    assert (meta['kind'], meta['num_classes'], meta['classes']) == ('images', len(names), names)
+    assert (meta['train_count'], meta['test_count'], meta['image_size'], meta['channels']) == (n_train, 4, 32, 3)
+    x = xtr.astype(np.float64) / 255
+    np.testing.assert_allclose(meta['mean'], x.mean(axis=(0, 2, 3)), atol=1e-6)
+    np.testing.assert_allclose(meta['std'], x.std(axis=(0, 2, 3)), atol=1e-6)
+
+
+def test_cifar_wrong_layout(tmp_path):
+    make_cifar(tmp_path / 'c.tar.gz', 'cifar10', skip=('test_batch',))
+    with pytest.raises(DataError, match='missing cifar-10-batches-py/test_batch'):
+        prepare('cifar10', tmp_path / 'data', archive=str(tmp_path / 'c.tar.gz'))
+    make_cifar(tmp_path / 'c100.tar.gz', 'cifar100')  # a cifar100 archive is not a cifar10 one
+    with pytest.raises(DataError, match='layout'):
+        prepare('cifar10', tmp_path / 'data', archive=str(tmp_path / 'c100.tar.gz'))
+    assert not (tmp_path / 'data' / 'cifar10').exists()
+
+
+def test_cifar_pickle_cannot_run_code(tmp_path):
+    marker = tmp_path / 'pwned'
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f'touch {marker}',))
+    top, train, test, meta_name, _ = LAYOUT['cifar10']
+    with tarfile.open(tmp_path / 'evil.tar', 'w') as tf:
+        for b in train + test + [meta_name]:
+            data = pickle.dumps({b'data': Evil()}, protocol=2)
+            info = tarfile.TarInfo(f'{top}/{b}')
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    with pytest.raises(DataError, match='refusing'):
+        prepare('cifar10', tmp_path / 'data', archive=str(tmp_path / 'evil.tar'))
+    assert not marker.exists()
+
+
+def test_cifar_labels_out_of_range(tmp_path):
+    make_cifar(tmp_path / 'c.tar.gz', 'cifar10')
+    with tarfile.open(tmp_path / 'c.tar.gz') as tf:  # rewrite one batch with label 10
+        members = {m.name: tf.extractfile(m).read() for m in tf}
+    d = pickle.loads(members['cifar-10-batches-py/data_batch_3'], encoding='bytes')
+    d[b'labels'][0] = 10
+    members['cifar-10-batches-py/data_batch_3'] = pickle.dumps(d, protocol=2)
+    with tarfile.open(tmp_path / 'bad.tar', 'w') as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    with pytest.raises(DataError, match=r'data_batch_3 needs 4 labels in 0..9'):
+        prepare('cifar10', tmp_path / 'data', archive=str(tmp_path / 'bad.tar'))
+
+
+def test_cifar_download_checks_md5(tmp_path, monkeypatch):
+    make_cifar(tmp_path / 'c.tar.gz', 'cifar10')
+    blob = (tmp_path / 'c.tar.gz').read_bytes()
+
+    class Response(io.BytesIO):
+        headers = {'Content-Length': str(len(blob))}
+    monkeypatch.setattr(prep.urllib.request, 'urlopen', lambda url, timeout=None: Response(blob))
+    with pytest.raises(DataError, match='MD5'):  # the real checksum does not match our fake
+        prepare('cifar10', tmp_path / 'data')
+    assert os.listdir(tmp_path / 'data' / 'downloads') == []  # no partial download left
+    monkeypatch.setitem(prep.CIFAR['cifar10'], 'md5', hashlib.md5(blob).hexdigest())
+    out = prepare('cifar10', tmp_path / 'data')
+    assert load_meta(out)['md5_matches_official'] is True
+    assert os.listdir(tmp_path / 'data' / 'downloads') == ['cifar-10-python.tar.gz']
+
+
+def test_no_network_says_what_to_fetch(tmp_path, monkeypatch):
+    def offline(url, timeout=None):
+        raise urllib.error.URLError('[Errno -2] Name or service not known')
+    monkeypatch.setattr(prep.urllib.request, 'urlopen', offline)
+    with pytest.raises(DataError, match=r'cifar-100-python.tar.gz.*--archive=PATH'):
+        prepare('cifar100', tmp_path / 'data')
+    with pytest.raises(DataError, match=r'input.txt.*--input=PATH'):
+        prepare('shakespeare', tmp_path / 'data', tokenizer='bytes')
+    assert not (tmp_path / 'data' / 'shakespeare').exists()
+
+# -----------------------------------------------------------------------------
+# reliability: interrupted runs, re-runs, --force
+
+
+def interrupt_after(monkeypatch, n):
+    calls, real = [0], prep._TokenWriter.add
+
+    def add(self, ids):
+        calls[0] += 1
+        if calls[0] > n:
+            raise KeyboardInterrupt
+        real(self, ids)
+    monkeypatch.setattr(prep._TokenWriter, 'add', add)
+
+
+def test_interrupted_new_dataset_leaves_nothing(tmp_path, monkeypatch, capsys):
+    (tmp_path / 'in.txt').write_text('some text to tokenize. ' * 50)
+    interrupt_after(monkeypatch, 1)  # after the first train chunk is in
+    with pytest.raises(SystemExit) as e:
+        prep.main(['text', f'--input={tmp_path / "in.txt"}', f'--data_dir={tmp_path / "data"}'])
+    assert e.value.code == 130
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert os.listdir(tmp_path / 'data') == []  # no dataset folder, no staging folder, no .tmp
+
+
+def test_interrupted_force_keeps_old_dataset(tmp_path, monkeypatch):
+    (tmp_path / 'in.txt').write_text('old text. ' * 50)
+    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
+    before = {f: open(os.path.join(out, f), 'rb').read() for f in os.listdir(out)}
+    (tmp_path / 'in.txt').write_text('new and different text. ' * 50)
+    interrupt_after(monkeypatch, 1)
+    with pytest.raises(KeyboardInterrupt):
+        prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), force=True)
+    assert {f: open(os.path.join(out, f), 'rb').read() for f in os.listdir(out)} == before
+    assert os.listdir(tmp_path / 'data') == ['in']
+
+
+def test_failure_while_committing_leaves_no_meta(tmp_path, monkeypatch):
+    (tmp_path / 'in.txt').write_text('old text. ' * 50)
+    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
+    real = os.replace
+
+    def replace(src, dst):
+        if str(dst) == os.path.join(out, 'val.bin'):
+            raise OSError('No space left on device')
+        real(src, dst)
+    monkeypatch.setattr(prep.os, 'replace', replace)
+    with pytest.raises(OSError):
+        prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), force=True)
+    assert not os.path.exists(os.path.join(out, 'meta.json'))  # half old, half new: not complete
+    monkeypatch.setattr(prep.os, 'replace', real)
+    prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))  # and the next run rebuilds it
+    assert load_meta(out)['train_tokens'] > 0
+
+
+def test_rerun_is_noop_and_force_rebuilds(tmp_path, capsys):
+    (tmp_path / 'in.txt').write_text('version one. ' * 40)
+    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
+    stamp = os.stat(os.path.join(out, 'train.bin')).st_mtime_ns
+    (tmp_path / 'in.txt').write_text('version two, longer. ' * 40)
+    capsys.readouterr()
+    prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
+    assert 'already prepared' in capsys.readouterr().out
+    assert os.stat(os.path.join(out, 'train.bin')).st_mtime_ns == stamp
+    assert load_meta(out)['train_tokens'] < 40 * 12
+    with pytest.raises(DataError, match='--force'):  # asking for another tokenizer is not a silent no-op
+        prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), tokenizer='gpt2')
+    prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), force=True)
+    raw = ('version two, longer. ' * 40).encode()
+    assert load_meta(out)['train_tokens'] == len(raw) - len(raw) // 10
+    assert bytes(read_bin(os.path.join(out, 'train.bin')).astype(np.uint8)) == raw[:len(raw) - len(raw) // 10]
+
+
+def test_ctrl_c_during_pool_run(tmp_path):
+    """A real SIGINT to the whole process group, as a terminal's ctrl-c sends: exit 130, one line, no debris."""
+    (tmp_path / 'owt').mkdir()
+    (tmp_path / 'owt' / 'a.jsonl').write_text((json.dumps({'text': 'a document ' * 5}) + '\n') * 400_000)
+    (tmp_path / 'data').mkdir()
+    p = subprocess.Popen([sys.executable, os.path.join(REPO, 'prepare_data.py'), 'openwebtext', '--tokenizer=bytes',
+                          '--workers=2', f'--input={tmp_path / "owt"}', f'--data_dir={tmp_path / "data"}'],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 30
+    while not os.listdir(tmp_path / 'data') and time.time() < deadline:
+        time.sleep(0.02)  # wait for the staging folder: the build has started
+    time.sleep(0.5)
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, (out, err)
+    assert 'Traceback' not in err and len(err.strip().splitlines()) == 1, err
+    assert os.listdir(tmp_path / 'data') == []
+
+
+def test_missing_file_behind_meta_is_rebuilt(tmp_path, capsys):
+    (tmp_path / 'in.txt').write_text('hello there. ' * 20)
+    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
+    want = open(os.path.join(out, 'val.bin'), 'rb').read()
+    os.remove(os.path.join(out, 'val.bin'))
+    prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
+    assert 'rebuilding' in capsys.readouterr().err
+    assert open(os.path.join(out, 'val.bin'), 'rb').read() == want
+
+
+def test_stale_staging_folder_is_removed(tmp_path):
+    p = subprocess.Popen([sys.executable, '-c', 'pass'])
+    p.wait()  # a pid that is gone
+    stale = tmp_path / 'data' / f'.in.partial-{socket.gethostname()}-{p.pid}'
+    stale.mkdir(parents=True)
+    other_host = tmp_path / 'data' / f'.in.partial-elsewhere-{p.pid}'  # maybe alive on its own host: kept
+    other_host.mkdir()
+    (stale / 'train.bin.tmp').write_bytes(b'\0' * 10)
+    (tmp_path / 'in.txt').write_text('hello there. ' * 20)
+    prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
+    assert sorted(os.listdir(tmp_path / 'data')) == [other_host.name, 'in']
+
+# -----------------------------------------------------------------------------
+# the command line: one line on stderr, exit 2, no traceback
+
+
+def test_cli_broken_archive(tmp_path):
+    (tmp_path / 'junk.tar.gz').write_bytes(os.urandom(4096))
+    r = cli('cifar10', '--archive', str(tmp_path / 'junk.tar.gz'), f'--data_dir={tmp_path / "data"}')
+    assert_clean_error(r, 'not a readable tar archive')
+    assert not (tmp_path / 'data' / 'cifar10').exists()
+
+
+def test_cli_missing_input(tmp_path):
+    r = cli('text', f'--input={tmp_path / "nope.txt"}', f'--data_dir={tmp_path / "data"}')
+    assert_clean_error(r, 'no such file', 'nope.txt')
+
+
+def test_cli_stdlib_and_noop(tmp_path):
+    r = cli('python_stdlib', '--max_mb', '0.05', '--data_dir', str(tmp_path))
+    assert r.returncode == 0 and 'prepared' in r.stdout, r.stderr
+    assert load_meta(tmp_path / 'python_stdlib')['train_tokens'] > 0
+    r = cli('python_stdlib', f'--data_dir={tmp_path}')
+    assert r.returncode == 0 and 'already prepared' in r.stdout
+
+
+@pytest.mark.parametrize('argv,words', [
+    (['mnist'], ['unknown dataset', 'cifar10']),
+    (['text', '--input=x', '--batch_size=3'], ['unknown option --batch_size']),
+    (['python_stdlib', '--max_mb=lots'], ['--max_mb=lots']),
+    (['python_stdlib', '--tokenizer=sentencepiece'], ['unknown tokenizer']),
+    (['cifar10', '--tokenizer=gpt2'], ['does not take --tokenizer']),
+    (['text'], ['--input=PATH']),
+    ([], ['give one dataset name']),
+])
+def test_cli_bad_arguments(tmp_path, capsys, argv, words):
+    with pytest.raises(SystemExit) as e:
+        prep.main(argv + [f'--data_dir={tmp_path}'])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith('error:')
+    assert all(w in err[0] for w in words), err[0]
+
+
+def test_cli_parsing_forms():
+    assert prep._parse_args(['text', '--input', 'a b.txt', '--force', '--max_mb=2.5']) == \
+        ('text', {'input': 'a b.txt', 'force': True, 'max_mb': 2.5})
+    assert prep._parse_args(['--data-dir=d', 'cifar10', '--force=false']) == \
+        ('cifar10', {'data_dir': 'd', 'force': False})
