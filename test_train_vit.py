@@ -1,0 +1,330 @@
+"""
+Tests of train_vit.py on a tiny synthetic CIFAR-format dataset (no download): it learns, it resumes
+exactly, two gloo processes agree with one, the PNGs decode, and mistakes end in one line.
+Runs in about a minute on two busy CPU cores.
+"""
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+import tost
+import train_vit
+from train_common import UsageError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLASSES = 3
+
+
+def make_dataset(data_dir, name='synth', size=16, n_train=64, n_test=33, classes=CLASSES, kind='images', seed=0):
+    """CIFAR-format files as prepare_data.py writes them. Class c has a bright colour channel c, on noise:
+    learnable in a few steps, not from a single pixel. 33 test images: two ranks split them 17 + 16."""
+    rng = np.random.default_rng(seed)
+    folder = os.path.join(data_dir, name)
+    os.makedirs(folder, exist_ok=True)
+    for split, n in (('train', n_train), ('test', n_test)):
+        y = rng.integers(0, classes, n)
+        x = rng.integers(0, 160, (n, 3, size, size))
+        x[np.arange(n), y % 3] += 90
+        np.save(os.path.join(folder, f'{split}_images.npy'), x.astype(np.uint8))
+        np.save(os.path.join(folder, f'{split}_labels.npy'), y.astype(np.int64))
+    meta = dict(name=name, kind=kind, num_classes=classes, classes=[f'class{i}' for i in range(classes)],
+                image_size=size, channels=3, mean=[0.45] * 3, std=[0.28] * 3, train_count=n_train,
+                test_count=n_test, source='synthetic')
+    with open(os.path.join(folder, 'meta.json'), 'w') as f:
+        json.dump(meta, f)
+    return folder
+
+
+def base_args(data_dir, out_dir, *extra):
+    return [f'--data_dir={data_dir}', '--dataset=synth', f'--out_dir={out_dir}', '--model=tost-cifar-tiny',
+            '--batch_size=16', '--warmup_epochs=0', '--device=cpu', '--log_interval=2',
+            '--compression_images=16', '--viz_images=2', *extra]
+
+
+def read_log(out_dir, name='log.jsonl'):
+    with open(os.path.join(out_dir, name)) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    """Two threads on two cores that other jobs share are slower than one (OpenMP waits for the busy core)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp('data'))
+    make_dataset(root)
+    return root
+
+
+@pytest.fixture(scope='module')
+def trained(data, tmp_path_factory):
+    """Two epochs of 4 steps, with constant lr (so a run of 1 epoch + resume must land on the same state),
+    mixup/cutmix and drop-path on (so the resume has randomness to reproduce)."""
+    out = str(tmp_path_factory.mktemp('run'))
+    train_vit.main(base_args(data, out, '--epochs=2', '--min_lr=1e-3', '--learning_rate=1e-3',
+                             '--mixup=0.8', '--cutmix=1.0', '--drop_path=0.1', '--label_smoothing=0.1'))
+    return out
+
+
+def test_a_few_steps_lower_the_loss(data, tmp_path):
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--epochs=3', '--max_steps=3'))
+    rows = read_log(out)
+    assert [r['epoch'] for r in rows] == [1, 2, 3]
+    assert rows[-1]['train_loss'] < rows[0]['train_loss']
+    # a fresh model predicts ~uniformly: test loss ~ ln 3 = 1.10; after 9 steps it must be well below
+    assert rows[-1]['test_loss'] < 0.7 * math.log(CLASSES)
+    assert rows[-1]['test_acc'] > 0.8 and all(0 <= r['test_acc'] <= 1 for r in rows)
+    assert all(r['test_images'] == 33 for r in rows)
+    # the white-box view: R^var_c of every TSSA layer, at every eval
+    comp = [[r[f'compression_{i}'] for i in range(4)] for r in rows]
+    assert all(math.isfinite(v) and v > 0 for c in comp for v in c)
+    assert 'compression_4' not in rows[0]
+
+
+def test_resume_continues_at_the_next_epoch_with_identical_state(data, trained, tmp_path):
+    out = str(tmp_path)
+    args = base_args(data, out, '--min_lr=1e-3', '--learning_rate=1e-3', '--mixup=0.8', '--cutmix=1.0',
+                     '--drop_path=0.1', '--label_smoothing=0.1')
+    train_vit.main(args + ['--epochs=1'])
+    assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['epoch'] == 1
+    train_vit.main(args + ['--epochs=2', '--init_from=resume'])
+    rows, straight = read_log(out), read_log(trained)
+    assert [r['epoch'] for r in rows] == [1, 2]                    # appended to, not restarted
+    assert rows[1]['train_loss'] == straight[1]['train_loss']
+    a = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
+    b = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    assert b['epoch'] == a['epoch'] == 2 and b['kind'] == 'vit'
+    assert a['model'].keys() == b['model'].keys()
+    for k in a['model']:
+        assert torch.equal(a['model'][k], b['model'][k]), k
+    for sa, sb in zip(a['optimizer']['state'].values(), b['optimizer']['state'].values()):
+        for k in sa:
+            assert torch.equal(sa[k], sb[k]), k
+    assert os.path.isfile(os.path.join(out, 'best.pt'))
+
+
+def test_checkpoint_format(trained):
+    ck = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
+    assert {'model', 'optimizer', 'model_args', 'kind', 'epoch', 'best_acc', 'config', 'meta'} <= set(ck)
+    assert ck['model_args']['num_classes'] == CLASSES and ck['meta']['num_classes'] == CLASSES
+    model = tost.ViT(tost.ViTConfig(**ck['model_args']))
+    model.load_state_dict(ck['model'])                            # no compile/DDP prefixes
+    best = torch.load(os.path.join(trained, 'best.pt'), weights_only=True)
+    assert best['best_acc'] == max(r['test_acc'] for r in read_log(trained))
+
+
+def test_eval_only_prints_the_accuracy_of_the_checkpoint(data, trained, capsys):
+    before = open(os.path.join(trained, 'log.jsonl')).read()
+    acc = train_vit.main(base_args(data, trained, '--init_from=resume', '--eval_only'))
+    printed = capsys.readouterr().out
+    logged = read_log(trained)[-1]['test_acc']
+    assert acc == logged                                            # the same weights, the same test set
+    assert f"test accuracy {logged:.4f} ({round(logged * 33)}/33)" in printed
+    assert open(os.path.join(trained, 'log.jsonl')).read() == before   # eval does not touch the training log
+    assert read_log(trained, 'eval.jsonl')[-1]['test_acc'] == acc
+
+
+def test_two_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_path):
+    out = str(tmp_path)
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+           os.path.join(HERE, 'train_vit.py'), *base_args(data, out, '--epochs=1', '--max_steps=2')]
+    r = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "2 x cpu" in r.stdout and r.stdout.count('epoch 1/1: train loss') == 1   # rank 0 alone logs
+    row = read_log(out)[-1]
+    assert row['test_images'] == 33                                 # 17 + 16: every image once
+    # one process on the saved weights gets the same accuracy: the all-reduce added the right counts
+    assert train_vit.main(base_args(data, out, '--init_from=resume', '--eval_only')) == row['test_acc']
+
+
+def test_shards_cover_the_epoch_and_the_test_set():
+    for n, world in ((64, 2), (33, 2), (10, 4), (3, 4)):
+        shards = [train_vit.train_shard(n, 7, 3, r, world) for r in range(world)]
+        assert len({len(s) for s in shards}) == 1                  # equal steps on every rank
+        assert set(torch.cat(shards).tolist()) == set(range(n))
+        assert len(torch.cat(shards)) - n < world                  # padding only to even out the ranks
+        ev = torch.cat([train_vit.eval_shard(n, r, world) for r in range(world)])
+        assert ev.tolist() == list(range(n))                       # each test image exactly once
+    assert not torch.equal(train_vit.train_shard(64, 7, 0, 0, 2), train_vit.train_shard(64, 7, 1, 0, 2))
+    assert torch.equal(train_vit.train_shard(64, 7, 1, 0, 2), train_vit.train_shard(64, 7, 1, 0, 2))
+
+
+def test_random_crop_flip_cuts_padded_windows():
+    torch.manual_seed(0)
+    x = torch.randint(1, 256, (64, 3, 6, 6), dtype=torch.uint8)    # no zeros: zeros can only be padding
+    out = train_vit.random_crop_flip(x, pad=2)
+    assert out.shape == x.shape and out.dtype == torch.uint8
+    xp = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    seen = set()
+    for i in range(len(x)):
+        found = [(oy, ox, f) for oy in range(5) for ox in range(5) for f in (0, 1)
+                 if torch.equal(out[i], (lambda w: w.flip(-1) if f else w)(xp[i, :, oy:oy + 6, ox:ox + 6]))]
+        assert found, f"image {i} is not a (flipped) window of its padded self"
+        seen.update(found)
+    assert {f for _, _, f in seen} == {0, 1} and len({(oy, ox) for oy, ox, _ in seen}) > 10
+
+
+def test_mixup_and_cutmix_targets_match_the_pixels():
+    B = 8
+    x = torch.arange(B, dtype=torch.float32).view(B, 1, 1, 1).expand(B, 3, 16, 16)   # image i is all i
+    y = torch.eye(B)                                                                  # label i
+    torch.manual_seed(0)
+    for mixup, cutmix in ((0.0, 1.0), (0.8, 0.0)):
+        xm, ym = train_vit.mix(x, y, mixup, cutmix)
+        torch.testing.assert_close(ym.sum(1), torch.ones(B))
+        for i in range(B):
+            j = B - 1 - i                                            # mixed with the batch reversed
+            if cutmix:
+                kept = (xm[i] == i).float().mean()                   # share of pixels still from image i
+                torch.testing.assert_close(ym[i, i], kept)
+            else:
+                torch.testing.assert_close(xm[i], ym[i, i] * i + ym[i, j] * j + 0 * xm[i])
+
+
+def parse_png(data):
+    """Decode the PNGs write_png makes (8-bit grey/RGB, filter 0), checking the signature and every CRC."""
+    assert data[:8] == b'\x89PNG\r\n\x1a\n'
+    pos, chunks = 8, []
+    while pos < len(data):
+        (length,), tag = struct.unpack('>I', data[pos:pos + 4]), data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack('>I', data[pos + 8 + length:pos + 12 + length])
+        assert crc == zlib.crc32(tag + body), tag
+        chunks.append((tag, body))
+        pos += 12 + length
+    assert [t for t, _ in chunks][0] == b'IHDR' and chunks[-1] == (b'IEND', b'')
+    W, H, depth, color, comp, filt, interlace = struct.unpack('>IIBBBBB', chunks[0][1])
+    assert (depth, comp, filt, interlace) == (8, 0, 0, 0) and color in (0, 2)
+    raw = zlib.decompress(b''.join(b for t, b in chunks if t == b'IDAT'))
+    ch = 1 if color == 0 else 3
+    rows = np.frombuffer(raw, np.uint8).reshape(H, 1 + W * ch)
+    assert (rows[:, 0] == 0).all()                                  # filter type 'none' on every row
+    return rows[:, 1:].reshape((H, W) if ch == 1 else (H, W, 3))
+
+
+def test_write_png_decodes(tmp_path):
+    rng = np.random.default_rng(0)
+    for shape in ((5, 7), (4, 3, 3), (1, 1)):
+        a = rng.integers(0, 256, shape, dtype=np.uint8)
+        path = tmp_path / 'a.png'
+        train_vit.write_png(str(path), a)
+        np.testing.assert_array_equal(parse_png(path.read_bytes()), a)
+    train_vit.write_png(str(path), torch.full((2, 2, 3), 7, dtype=torch.uint8))   # tensors too
+    assert (parse_png(path.read_bytes()) == 7).all()
+    with pytest.raises(ValueError, match='uint8'):
+        train_vit.write_png(str(path), np.zeros((3, 3), np.float32))
+
+
+def test_the_run_draws_attention_and_memberships(trained):
+    for i in range(2):
+        img = parse_png(open(os.path.join(trained, 'viz', f'test{i:04d}.png'), 'rb').read())
+        # 16px images at 8x: 128px tiles; 2 rows (CLS attention, Pi) of 1 + 4 heads, 4px gaps
+        assert img.shape == (2 * 132 + 4, 5 * 132 + 4, 3)
+        assert len(np.unique(img[4:132, 136:264].reshape(-1, 3), axis=0)) > 1   # a map, not a flat tile
+    assert not os.path.exists(os.path.join(trained, 'viz', 'test0002.png'))
+
+
+def test_softmax_baseline_everything_else_equal(data, tmp_path):
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--attn=softmax', '--epochs=1', '--max_steps=2'))
+    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    tssa = tost.ViT(tost.ViTConfig(**{**ck['model_args'], 'attn': 'tssa'}))
+    assert ck['model_args']['attn'] == 'softmax'
+    differ = {k.split('.attn.')[0] for k in set(ck['model']) ^ set(tssa.state_dict())}
+    assert differ == {f'blocks.{i}' for i in range(4)}              # only the attention of the 4 blocks
+    shared = set(ck['model']) & set(tssa.state_dict())
+    assert all(ck['model'][k].shape == tssa.state_dict()[k].shape for k in shared if '.attn.' not in k)
+    row = read_log(out)[-1]
+    assert 0 <= row['test_acc'] <= 1 and not any(k.startswith('compression') for k in row)
+    img = parse_png(open(os.path.join(out, 'viz', 'test0000.png'), 'rb').read())
+    assert img.shape == (132 + 4, 5 * 132 + 4, 3)                   # no Pi row: only the CLS attention
+
+
+def test_paper_shapes_get_cifar_patches_and_the_dataset_classes():
+    meta = {'num_classes': 100}
+    for name, width in (('tost-t', 192), ('tost-s', 384), ('tost-m', 512)):
+        config = dict(train_vit.DEFAULTS, model=name, dataset='cifar100')
+        c = train_vit.model_config(config, {'model'}, meta, (3, 32, 32))
+        assert (c.img_size, c.patch_size, c.num_classes, c.n_embd) == (32, 4, 100, width)
+        assert c.drop_path == tost.preset(name).drop_path           # the preset's, unless --drop_path is set
+    config = dict(train_vit.DEFAULTS, model='tost-s', drop_path=0.2)
+    c = train_vit.model_config(config, {'drop_path'}, meta, (3, 32, 32))
+    assert c.drop_path == 0.2
+
+
+def test_compression_chart_has_a_bar_per_layer():
+    lines = train_vit.compression_chart([4.0, 3.0, 2.0], 16, width=8)
+    assert len(lines) == 5 and lines[1].count('█') == 8 and lines[3].count('█') == 4
+    assert '-50.0%' in lines[-1]
+
+
+# -----------------------------------------------------------------------------
+# mistakes: one line on stderr, exit 2, no traceback
+
+def gpt_checkpoint(path):
+    torch.save({'model': {}, 'optimizer': {}, 'iter_num': 10, 'best_val_loss': 3.0,
+                'model_args': dict(n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=256)}, path)
+
+
+def vit_checkpoint_with_10_classes(path):
+    cfg = tost.preset('tost-cifar-tiny', img_size=16)
+    assert cfg.num_classes == 10
+    from dataclasses import asdict
+    torch.save({'model': tost.ViT(cfg).state_dict(), 'optimizer': {}, 'model_args': asdict(cfg), 'kind': 'vit',
+                'epoch': 1, 'best_acc': 0.5, 'config': {'model': 'tost-cifar-tiny'}, 'meta': {}}, path)
+
+
+@pytest.mark.parametrize('case, extra, message', [
+    ('not prepared', ['--dataset=cifar10'], 'run: python prepare_data.py cifar10 --data_dir='),
+    ('30x30 images', ['--dataset=synth30'], 'synth30 has 30x30 images, which 4x4 patches do not tile'),
+    ('text dataset', ['--dataset=text'], 'holds a text dataset, not images; train it with train_gpt.py'),
+    ('gpt checkpoint', ['--init_from=resume'], 'is a language-model checkpoint; use sample.py / train_gpt.py'),
+    ('class mismatch', ['--init_from=resume'], 'has 10 classes but synth has 3'),
+    ('unknown key', ['--batchsize=3'], 'unknown option --batchsize'),
+    ('wrong type', ['--epochs=two'], "--epochs expects int, got 'two'"),
+])
+def test_mistakes_end_in_one_line(data, tmp_path, case, extra, message):
+    make_dataset(data, 'synth30', size=30, n_train=4, n_test=4)
+    make_dataset(data, 'text', kind='text', n_train=4, n_test=4)
+    out = tmp_path / 'out'
+    out.mkdir()
+    if case == 'gpt checkpoint':
+        gpt_checkpoint(out / 'ckpt.pt')
+    if case == 'class mismatch':
+        vit_checkpoint_with_10_classes(out / 'ckpt.pt')
+    args = base_args(data, str(out), '--epochs=1') + extra
+    r = subprocess.run([sys.executable, os.path.join(HERE, 'train_vit.py'), *args], cwd=HERE,
+                       env=dict(os.environ, OMP_NUM_THREADS='1'), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert 'Traceback' not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith('error: ') and message in r.stderr, r.stderr
+    assert not os.path.exists(out / 'log.jsonl')                   # failed before anything was written
+
+
+def test_config_mistakes_in_process(data, tmp_path):
+    """The checks that need no subprocess: same UsageError path as the command line."""
+    out = str(tmp_path)
+    for extra, message in ((['--eval_only'], '--eval_only needs a checkpoint'),
+                           (['--model=tost-demo'], 'not a vision preset'),
+                           (['--attn=linear'], '--attn=linear: choose one of tssa, softmax'),
+                           (['--viz_layer=9'], 'the model has 4 TSSA layers'),
+                           (['--batch_size=0'], '--batch_size must be positive'),
+                           (['--init_from=nowhere.pt'], 'no checkpoint at nowhere.pt')):
+        with pytest.raises(UsageError, match=message.replace('(', r'\(')):
+            train_vit.main(base_args(data, out, *extra))
