@@ -351,12 +351,14 @@ def test_runlog_json_lines_and_plain_lines(tmp_path, capsys, monkeypatch):
     with tc.RunLog(str(tmp_path), total=300, tty=False) as log:
         log.record({"iter": 0, "loss": 4.5, "lr": 6e-4})
         log.record({"iter": 100, "loss": float("nan")})
+        log.record({"iter": 100, "per_layer": [1.5, float("inf"), 2]})
         log.show({"iter": 0, "loss": 4.5})
         log.show({"iter": 100, "loss": 2.34121, "lr": 6e-4, "tok_per_s": 1234.4, "ms_per_iter": 52.14,
                   "mfu": 0.0123})
         log.show({"iter": 200, "val_loss": 2.1})
         log.print("saving checkpoint to out")
-    assert _lines(tmp_path / "log.jsonl") == [{"iter": 0, "loss": 4.5, "lr": 6e-4}, {"iter": 100, "loss": None}]
+    assert _lines(tmp_path / "log.jsonl") == [{"iter": 0, "loss": 4.5, "lr": 6e-4}, {"iter": 100, "loss": None},
+                                              {"iter": 100, "per_layer": [1.5, None, 2]}]
     out = capsys.readouterr().out.splitlines()
     assert out == ["iter 0: loss 4.5000",
                    "iter 100: loss 2.3412, lr 6.0e-04, 1234 tok/s, 52.1 ms/iter, mfu 1.2%, eta 20s",

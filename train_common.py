@@ -401,11 +401,14 @@ class RunLog:
     def record(self, row: dict) -> None:
         if not self.enabled:
             return
+        plain = (int, float, str, bool, type(None))
         for k, v in row.items():
-            if not isinstance(v, (int, float, str, bool, type(None))):
-                raise TypeError(f"RunLog.record: {k} is a {type(v).__name__}; pass plain numbers (.item())")
+            if not (isinstance(v, plain) or isinstance(v, list) and all(isinstance(e, plain) for e in v)):
+                raise TypeError(f"RunLog.record: {k} is a {type(v).__name__}; pass plain numbers (.item()) "
+                                "or lists of them")
         # NaN/inf are not JSON: write null, so strict readers (jq, a browser) still parse a diverged run
-        row = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+        finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v
+        row = {k: [finite(e) for e in v] if isinstance(v, list) else finite(v) for k, v in row.items()}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 

@@ -28,7 +28,7 @@ numbers (95.5-97.5% on CIFAR-10) are fine-tuned from ImageNet; here the models t
 What you get in out_dir:
     ckpt.pt      the latest epoch, for --init_from=resume; best.pt, the best test accuracy so far
     log.jsonl    a line per epoch: epoch, step, lr, train_loss, test_loss, test_acc (a fraction), best_acc,
-                 test_images, time_s, and compression_0 .. compression_{L-1}: R^var_c (tost.py's objective)
+                 test_images, time_s, and compression (a list, one value per TSSA layer): R^var_c (tost.py's objective)
                  of each TSSA layer's output on the first compression_images test images. The paper reports
                  it falling with depth: the layers compress. The terminal shows it as a bar per layer.
     viz/         a PNG per test image: top row the image and the CLS token's class-attention map per head;
@@ -457,7 +457,7 @@ def run(config, set_keys, dist):
                 for line in lines:
                     print(line, flush=True)
                 log.record({'checkpoint': path, 'epoch': ckpt.get('epoch'), 'test_acc': acc, 'test_loss': loss,
-                            'test_images': count, **{f'compression_{i}': v for i, v in enumerate(comp)}})
+                            'test_images': count, **({'compression': comp} if comp else {})})
         return acc
 
     # optimizer, schedule, where to start
@@ -550,8 +550,8 @@ def run(config, set_keys, dist):
                 row.update(test_loss=test_loss, test_acc=acc, best_acc=best_acc, test_images=count)
                 if master:
                     comp, lines = look_inside(raw_model, x_test, y_test, norm, config, meta, n_tssa)
-                    # RunLog.record takes plain numbers only, so the per-layer list is spread over compression_0..L-1
-                    row.update({f'compression_{i}': v for i, v in enumerate(comp)})
+                    if comp:                            # R^var_c per TSSA layer (none with softmax attention)
+                        row['compression'] = comp
                     log.print(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}, test loss {test_loss:.4f}, "
                               f"test acc {acc:.4f} (best {best_acc:.4f}), {human_time(time.time() - t_start)} so far")
                     for line in lines:
