@@ -87,7 +87,7 @@ def test_a_small_whitebox_step_lowers_the_objective():
 # the practical operators against slow, direct evaluations of the formulas
 
 def slow_tssa(x, W, b, temp, Wout, bout, K):
-    """paper-notes section 5, one token and one head at a time."""
+    """The released non-causal operator, written out one token and one head at a time."""
     B, n, d = x.shape
     p = d // K
     out = torch.zeros_like(x)
@@ -111,7 +111,7 @@ def slow_tssa(x, W, b, temp, Wout, bout, K):
 
 
 def slow_causal_tssa(x, W, temp, bias, Wout, K):
-    """paper-notes section 6, token by token with explicit sums over s <= t."""
+    """The released causal operator, token by token with explicit sums over s <= t."""
     B, n, d = x.shape
     p = d // K
     out = torch.zeros_like(x)
@@ -466,3 +466,32 @@ def test_width_not_divisible_by_heads_and_unknown_attn():
         ViTConfig(attn='linear')
     with pytest.raises(ValueError, match="unknown preset 'tost-xl'"):
         preset('tost-xl')
+
+
+# -----------------------------------------------------------------------------
+# the fast core equals the readable form
+
+def test_fast_causal_core_equals_readable_form_values_and_gradients():
+    torch.manual_seed(0)
+    layer = randomize(CausalTSSA(16, 4, block_size=40).double())
+    x = torch.randn(2, 40, 16, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 40, 16, dtype=torch.float64)
+    results = []
+    for fast in (True, False):
+        layer.fast = fast
+        layer.zero_grad()
+        x.grad = None
+        y = layer(x)
+        (y * g).sum().backward()
+        results.append([y.detach(), x.grad.clone()] + [p.grad.clone() for p in layer.parameters()])
+    layer.fast = True
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_gradcheck_fast_causal_core():
+    torch.manual_seed(0)
+    w = torch.randn(2, 3, 7, 4, dtype=torch.float64, requires_grad=True)
+    temp = torch.randn(3, 1, dtype=torch.float64, requires_grad=True)
+    pb = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: tost._CausalCore.apply(*a, 1e-8), (w, temp, pb))

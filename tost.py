@@ -35,14 +35,15 @@ import torch.nn.functional as F
 
 
 def variational_compression(Z, Pi, U, alpha=1.0):
-    """R^var_c(Z, Pi | {U_k}) of paper-notes eq. in section 2 (paper eq. 9), one value per batch item.
+    """R^var_c(Z, Pi | {U_k}), the paper's variational bound on the compression term, per batch item.
 
         R^var_c = 1/2 sum_k (n_k / n) sum_i log(1 + alpha * s_ki / n_k)
         s_ki    = sum_j pi_jk (u_ki^T z_j)^2        pi-weighted second moment of coordinate i of head k
         n_k     = sum_j pi_jk                        "size" of group k
 
     It upper-bounds the compression term R_c(Z, Pi) = 1/2 sum_k (n_k/n) logdet(I + alpha/n_k Z diag(pi_k) Z^T)
-    for orthogonal U_k, with equality when U_k diagonalises Z diag(pi_k) Z^T (section 2 of the notes).
+    for orthogonal U_k, with equality when U_k diagonalises Z diag(pi_k) Z^T: the diagonal of U^T M U is
+    majorised by the eigenvalues of M, and sum_i log(1 + alpha x_i) is concave (tested both ways).
     alpha = d / eps^2 in the paper; the practical operator absorbs it into U (alpha = 1).
 
     Z: (B, n, d) tokens as rows.  Pi: (B, n, K) memberships (rows sum to 1).  U: (K, d, p).
@@ -66,9 +67,9 @@ def _stat_dtype(t):
 
 
 class TSSA(nn.Module):
-    """Token Statistics Self-Attention, non-causal (paper-notes sections 3-5).
+    """Token Statistics Self-Attention, non-causal: the paper's operator and the released vision code's.
 
-    The gradient of R^var_c with respect to token z_j, with Pi held fixed, is (paper eq. 11)
+    The gradient of R^var_c with respect to token z_j, with Pi held fixed, is
 
         grad_{z_j} R^var_c = 1/n sum_k pi_jk U_k D_k U_k^T z_j,    D_k = diag(f'(s_k / n_k)),
         f'(x) = alpha / (1 + alpha x),
@@ -121,7 +122,7 @@ class TSSA(nn.Module):
         return self.c_attn.weight.view(self.n_head, self.head_dim, d).transpose(1, 2)
 
     def memberships(self, w):
-        """Pi: how much of token j lives in each head's subspace (paper-notes section 4).
+        """Pi: how much of token j lives in each head's subspace, as the released code estimates it.
 
         pi_jk = softmax_k( temp_k * sum_i w_jki^2 / sum_s w_ski^2 ): each coordinate is first normalised
         over the tokens, so a head's score does not depend on the overall scale of its projection.
@@ -160,8 +161,66 @@ class TSSAState(NamedTuple):
     t: int            # tokens seen so far (the next token's position)
 
 
+class _CausalCore(torch.autograd.Function):
+    """The core of CausalTSSA.forward (no state, no dropout) with a hand-written backward.
+
+    Same numbers as the readable code in CausalTSSA._parallel (tested to 1e-10 in float64, and with
+    gradcheck); it exists because autograd's version makes ~2x more passes over the (B, K, T, p)
+    activations and saves more of them. Input w must be contiguous (B, K, T, p): each head's prefix
+    sums then run over a contiguous (T, p) block, which torch's CPU cumsum does fastest.
+
+    forward:  w2 = w^2, Qc = max(cumsum w2, 1e-12), R = w2 / Qc, Pi = softmax_k(temp (sum_i R + p b)),
+              Pe = cumsum Pi + eps, D = 1 / (1 + cumsum(Pi w2) / Pe), y = -Pi w D
+    backward: the chain rule through those lines in reverse; a prefix sum's adjoint is a suffix sum.
+    """
+
+    @staticmethod
+    def forward(ctx, w, temp, pb, eps):
+        # w: (B, K, T, p) float32/64, contiguous; temp: (K, 1); pb: (K, T) = p * b_{k,t}
+        w2 = w * w
+        Qc = torch.cumsum(w2, dim=2).clamp_min_(1e-12)              # Q_t
+        R = w2 / Qc                                                 # w_t^2 / Q_t
+        e = R.sum(-1)                                               # (B, K, T)
+        Pi = torch.softmax(temp * (e + pb), dim=1)                  # (B, K, T)
+        Pe = torch.cumsum(Pi, dim=2) + eps                          # (B, K, T)  sum_{s<=t} pi_s + eps
+        D = torch.cumsum(w2.mul_(Pi.unsqueeze(-1)), dim=2)         # A_t (w2's buffer reused)
+        D.div_(Pe.unsqueeze(-1)).add_(1).reciprocal_()              # D_t = 1 / (1 + A_t / Pe_t)
+        y = w * D
+        y.mul_((-Pi).unsqueeze(-1))                                 # y_t = -Pi_t w_t D_t
+        ctx.save_for_backward(w, temp, pb, Qc, R, Pi, Pe, D, e)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        w, temp, pb, Qc, R, Pi, Pe, D, e = ctx.saved_tensors
+        g = g.to(w.dtype)
+        gD = g * D                                                  # g D
+        h = (gD * w).sum(-1)                                        # (B, K, T)  sum_i g w D
+        gw = gD * (-Pi).unsqueeze(-1)                               # direct path of y = -Pi w D
+        c = Pi / Pe
+        GA = gD.mul_(w).mul_(D).mul_(c.unsqueeze(-1))               # dL/dA_t = Pi g w D^2 / Pe
+        GP = GA.sum(-1) - c * h                                     # dL/dPe_t = -sum_i dL/dA_t * A_t / Pe_t
+        RA = _suffix_sum(GA)                                        # adjoint of a prefix sum
+        gPi = _suffix_sum(GP) - h + (RA * w).mul_(w).sum(-1)        # dL/dPi_t
+        dl = Pi * (gPi - (Pi * gPi).sum(1, keepdim=True))           # softmax over heads
+        gtemp = (dl * (e + pb)).sum((0, 2)).unsqueeze(-1)           # (K, 1)
+        de = dl * temp                                              # dL/de_t
+        gpb = de.sum(0)                                             # (K, T)
+        de = de.unsqueeze(-1)
+        gw2 = RA.mul_(Pi.unsqueeze(-1)).addcdiv_(de.expand_as(R), Qc)   # via A, and via R = w2 / Qc
+        gQ = (R / Qc).mul_(-de).masked_fill_(Qc <= 1e-12, 0)        # via Q (nothing where clamped)
+        gw2.add_(_suffix_sum(gQ))
+        gw.addcmul_(w, gw2, value=2)                                # w2 = w^2
+        return gw, gtemp, gpb, None
+
+
+def _suffix_sum(x):
+    """sum_{t' >= t} x_t' over dim 2 (time), the adjoint of a prefix sum: total - prefix + self."""
+    return torch.cumsum(x, dim=2).neg_().add_(x).add_(x.sum(2, keepdim=True))
+
+
 class CausalTSSA(TSSA):
-    """TSSA where every statistic is a prefix sum over s <= t (paper-notes section 6).
+    """TSSA where every statistic is a prefix sum over s <= t (the released language model's operator).
 
         Q_t  = sum_{s<=t} w_s^2                                         (clamped at >= 1e-12)
         Pi_t = softmax_k( temp_k * sum_i [ w_ti^2 / Q_ti + b_{k,t} ] )  b: learned bias per head and position
@@ -185,9 +244,24 @@ class CausalTSSA(TSSA):
         z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)
         return TSSAState(z(batch_size, K, p), z(batch_size, K, p), z(batch_size, K), 0)
 
+    fast = True   # train with _CausalCore (same numbers, fewer passes); False: the readable code below
+
     def forward(self, x, state: Optional[TSSAState] = None):
         """Parallel form. x: (B, T, d). Without a state: returns y (B, T, d), the training path.
         With a state (from empty_state() or an earlier call): continues after it and returns (y, new_state)."""
+        if state is None and self.fast and not (self.training and self.attn_dropout.p > 0):
+            B, T, d = x.shape
+            if T > self.block_size:
+                raise ValueError(f"sequence of {T} tokens is longer than block_size ({self.block_size})")
+            w = self.split_heads(self.c_attn(x))                                 # (B, K, T, p)
+            wf = w.to(_stat_dtype(w)).contiguous()
+            pb = self.head_dim * self.pos_bias[:, :T]
+            y = _CausalCore.apply(wf, self.temp.to(wf.dtype), pb.to(wf.dtype), self.eps)
+            return self.resid_dropout(self.c_proj(self.merge_heads(y.to(w.dtype))))
+        return self._parallel(x, state)
+
+    def _parallel(self, x, state: Optional[TSSAState] = None):
+        """The readable parallel form: each line one formula of the class docstring."""
         B, T, d = x.shape
         t0 = 0 if state is None else state.t
         if t0 + T > self.block_size:
@@ -416,7 +490,7 @@ def _check_shape(n_embd, n_head, attn):
 
 
 class GPT(nn.Module):
-    """nanoGPT's GPT-2 with causal TSSA in place of attention (paper-notes section 6): learned absolute
+    """nanoGPT's GPT-2 with causal TSSA in place of attention, as in the paper: learned absolute
     positions, tied token embedding and LM head, GPT-2 init, pre-LN blocks with layer-scale."""
 
     def __init__(self, config: GPTConfig):
@@ -665,7 +739,7 @@ class ClassBlock(nn.Module):
 
 
 class ViT(nn.Module):
-    """ToST vision model (paper-notes section 7): conv patch embedding, 2-D sinusoidal positions, TSSA
+    """ToST vision model (XCiT's backbone, as in the paper): conv patch embedding, 2-D sinusoidal positions, TSSA
     blocks on the patch tokens, then a CLS token with class-attention blocks, LayerNorm, linear head."""
 
     def __init__(self, config: ViTConfig):
@@ -752,7 +826,7 @@ class ViT(nn.Module):
 # Presets
 
 PRESETS = {
-    # language (paper-notes section 7): GPT-2 shapes, context 1024, vocab 50304
+    # language (the paper's ToST-Base/Medium/Large): GPT-2 shapes, context 1024, vocab 50304
     'tost-base':   dict(kind='gpt', n_layer=12, n_head=12, n_embd=768),
     'tost-medium': dict(kind='gpt', n_layer=24, n_head=16, n_embd=1024),
     'tost-large':  dict(kind='gpt', n_layer=36, n_head=20, n_embd=1280),
