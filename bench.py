@@ -1,0 +1,440 @@
+"""
+ToST against softmax attention, side by side, on whatever machine this runs on.
+
+    python bench.py                      # everything (about 15 minutes on 2 CPU cores)
+    python bench.py --quick              # small sizes, about a minute on 2 CPU cores
+    python bench.py --device=cuda --dtype=bfloat16 --json=bench.json
+    python bench.py --sections=operator,limit
+
+Sections:
+  operator    forward and forward+backward time and peak memory of CausalTSSA, TSSA and SDPA
+              (causal and not) for n = 256 .. 16384 (TSSA also 65536), width 768, 12 heads, batch 1;
+              the ratio softmax/TSSA at each n and the fitted exponent of time vs n.
+  limit       the TSSA layer against its own two projections alone (the matmuls it cannot avoid);
+              the core's overhead as a fraction of the projections, for the fast core and the
+              readable autograd form.
+  model       ToST-Base vs the same GPT with softmax attention at 4k and 8k tokens: forward time and
+              peak memory ratios, next to the paper's.
+  generation  tokens/s of decoding at context 16, 1024, 4096: recurrent state, re-running the prefix
+              for every token (what the released code does), softmax attention with a KV cache.
+  training    tokens/s of a training step (forward, backward, AdamW), ToST vs softmax, block 1024 and 4096.
+
+Timing: the cases compared in a row run interleaved (a, b, a, b, ...) and each reports its median, so
+a ratio is measured under the same machine load. Memory: on CUDA the peak of
+torch.cuda.max_memory_allocated above what was allocated before the call; on CPU each case runs in a
+fresh subprocess and reports its peak resident memory (VmHWM) above the resident memory just before
+the call. On CPU the model, generation and training sections use smaller models than ToST-Base
+(printed in each table) so the full run ends in minutes.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import tost
+from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
+
+console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
+PAPER = {4096: (0.60, 0.41), 8192: (0.46, 0.24)}     # ToST-Base / GPT2-Base: time, memory
+
+
+def sync(device):
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+
+
+def interleaved(cases, reps, device, warmup=1):
+    """Median seconds of each callable in `cases` (a dict), run in interleaved rounds."""
+    for f in cases.values():
+        for _ in range(warmup):
+            f()
+    times = {k: [] for k in cases}
+    for _ in range(reps):
+        for k, f in cases.items():
+            sync(device)
+            t0 = time.perf_counter()
+            f()
+            sync(device)
+            times[k].append(time.perf_counter() - t0)
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
+def autocast(device, dtype):
+    if dtype == 'float32':
+        return torch.autocast('cpu', enabled=False)
+    return torch.autocast(device.split(':')[0], dtype=getattr(torch, dtype))
+
+
+# sizes per mode: full (the issue's), quick (a minute on 2 CPU cores), smoke (seconds; for the test suite)
+SIZES = {
+    'full':  dict(width=768, heads=12, op_n=[256, 1024, 4096, 16384], op_tssa_only=[65536], limit_n=[1024, 4096, 16384],
+                  model_n=[4096, 8192], gen_ctx=[16, 1024, 4096], gen_new=32, train_n=[1024, 4096]),
+    'quick': dict(width=768, heads=12, op_n=[256, 1024, 4096], op_tssa_only=[], limit_n=[1024, 4096],
+                  model_n=[1024, 2048], gen_ctx=[16, 1024], gen_new=16, train_n=[256, 1024]),
+    'smoke': dict(width=64, heads=4, op_n=[64, 128], op_tssa_only=[256], limit_n=[128],
+                  model_n=[64, 128], gen_ctx=[8, 64], gen_new=4, train_n=[64]),
+}
+WIDTH, HEADS = 768, 12      # set from SIZES in main()
+
+
+# -----------------------------------------------------------------------------
+# the cases: each builds its inputs once and returns a callable
+
+
+def make_op(kind, n, device, dtype, backward):
+    torch.manual_seed(0)
+    layer = {'causal_tssa': lambda: CausalTSSA(WIDTH, HEADS, block_size=n),
+             'tssa': lambda: TSSA(WIDTH, HEADS),
+             'sdpa_causal': lambda: SoftmaxAttention(WIDTH, HEADS, causal=True),
+             'sdpa': lambda: SoftmaxAttention(WIDTH, HEADS, causal=False),
+             'proj': lambda: Projections()}[kind]().to(device)
+    x = torch.randn(1, n, WIDTH, device=device, requires_grad=backward)
+
+    def run():
+        with autocast(device, dtype):
+            y = layer(x)
+        if backward:
+            y.float().sum().backward()
+    return run if backward else torch.no_grad()(run)
+
+
+class Projections(torch.nn.Module):
+    """Only the two d x d matmuls of a TSSA layer: the floor its core adds to."""
+
+    def __init__(self):
+        super().__init__()
+        self.c_attn = torch.nn.Linear(WIDTH, WIDTH, bias=False)
+        self.c_proj = torch.nn.Linear(WIDTH, WIDTH, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(self.c_attn(x))
+
+
+def model_config(device, block_size, attn, mode):
+    """ToST-Base on a GPU; on a CPU fewer layers (and in quick/smoke modes a narrower model)."""
+    if device.startswith('cuda') and mode == 'full':
+        return tost.preset('tost-base', block_size=block_size, attn=attn)
+    shape = {'full': (4, 12, 768), 'quick': (2, 4, 256), 'smoke': (1, 2, 32)}[mode]
+    vocab = 512 if mode == 'smoke' else 50304
+    return GPTConfig(n_layer=shape[0], n_head=shape[1], n_embd=shape[2], block_size=block_size,
+                     vocab_size=vocab, attn=attn)
+
+
+def make_model_forward(attn, n, device, dtype, mode):
+    torch.manual_seed(0)
+    model = GPT(model_config(device, n, attn, mode)).to(device).eval()
+    idx = torch.randint(0, model.config.vocab_size, (1, n), device=device)
+
+    @torch.no_grad()
+    def run():
+        with autocast(device, dtype):
+            model(idx)
+    return run
+
+
+def make_train_step(attn, n, device, dtype, mode, batch_size=1):
+    torch.manual_seed(0)
+    model = GPT(model_config(device, n, attn, mode)).to(device)
+    opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.split(':')[0])
+    idx = torch.randint(0, model.config.vocab_size, (batch_size, n + 1), device=device)
+
+    def run():
+        with autocast(device, dtype):
+            _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return run
+
+
+# -----------------------------------------------------------------------------
+# memory
+
+
+def measure_memory(spec, device):
+    """Peak memory (MB) of one run of the case described by spec (a dict)."""
+    if device.startswith('cuda'):
+        run = build(spec, device)
+        run()                                           # allocator warm-up
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        run()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    out = subprocess.run([sys.executable, __file__, '--_memory', json.dumps(spec), f'--device={device}',
+                          f'--mode_for_child={spec["mode"]}'],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        return float('nan')
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def build(spec, device):
+    kind, n, dtype = spec['kind'], spec['n'], spec['dtype']
+    if kind.startswith('model_'):
+        return make_model_forward(kind[6:], n, device, dtype, spec['mode'])
+    return make_op(kind, n, device, dtype, spec['backward'])
+
+
+def _rss_kb(field):
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def memory_child(spec, device):
+    run = build(spec, device)
+    # the first run allocates what every run needs (gradients, allocator caches); measure the second
+    run()
+    base = _rss_kb('VmRSS:')
+    with open('/proc/self/clear_refs', 'w') as f:   # reset the high-water mark to the current RSS
+        f.write('5')
+    run()
+    print((_rss_kb('VmHWM:') - base) / 1024)
+
+
+# -----------------------------------------------------------------------------
+# sections
+
+
+def fmt_ms(s):
+    return f"{s * 1e3:,.1f}" if s == s else "-"
+
+
+def fmt_mb(m):
+    return f"{m:,.0f}" if m == m else "-"
+
+
+def slope(ns, ts):
+    """Least-squares exponent of t ~ n^k."""
+    xs, ys = [math.log(n) for n in ns], [math.log(t) for t in ts]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def section_operator(args, results):
+    ns, extra = SIZES[args.mode]['op_n'], SIZES[args.mode]['op_tssa_only']
+    rows = []
+    for n in ns + extra:
+        kinds = ['causal_tssa', 'tssa'] + ([] if n in extra else ['sdpa_causal', 'sdpa'])
+        reps = 5 if n <= 1024 else (3 if n <= 4096 else 1)
+        fwd = interleaved({k: make_op(k, n, args.device, args.dtype, False) for k in kinds}, reps, args.device)
+        fb = interleaved({k: make_op(k, n, args.device, args.dtype, True) for k in kinds}, reps, args.device)
+        mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, backward=True, mode=args.mode), args.device)
+               for k in kinds} if not args.no_memory else {}
+        for k in kinds:
+            rows.append(dict(n=n, op=k, fwd_s=fwd[k], fwdbwd_s=fb[k], fwdbwd_peak_mb=mem.get(k, float('nan'))))
+        console.print(f"  operator n={n} done", style="dim")
+    results['operator'] = rows
+
+    t = Table(title=f"Operator: width {WIDTH}, {HEADS} heads, batch 1, {args.device}, {args.dtype} "
+                    "(ms; peak MB for forward+backward)")
+    for c in ['n', 'op', 'fwd ms', 'fwd+bwd ms', 'peak MB', 'softmax/TSSA fwd+bwd', 'softmax/TSSA MB']:
+        t.add_column(c, justify='right')
+    by = {(r['n'], r['op']): r for r in rows}
+    for r in rows:
+        base = {'sdpa_causal': 'causal_tssa', 'sdpa': 'tssa'}.get(r['op'])
+        ratio = mratio = ''
+        if base:
+            b = by[(r['n'], base)]
+            ratio = f"{r['fwdbwd_s'] / b['fwdbwd_s']:.1f}x"
+            mratio = f"{r['fwdbwd_peak_mb'] / b['fwdbwd_peak_mb']:.1f}x" if b['fwdbwd_peak_mb'] > 0 else '-'
+        t.add_row(str(r['n']), r['op'], fmt_ms(r['fwd_s']), fmt_ms(r['fwdbwd_s']), fmt_mb(r['fwdbwd_peak_mb']),
+                  ratio, mratio)
+    console.print(t)
+    fits = {}
+    for op in ['causal_tssa', 'tssa', 'sdpa_causal', 'sdpa']:
+        pts = [(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and r['n'] >= 1024]
+        if len(pts) >= 2:
+            fits[op] = slope(*zip(*pts))
+    results['operator_exponent'] = fits
+    console.print("time ~ n^k, forward+backward, n >= 1024: " + ", ".join(f"{k} {v:.2f}" for k, v in fits.items()))
+
+
+def section_limit(args, results):
+    ns = SIZES[args.mode]['limit_n']
+    rows = []
+    for n in ns:
+        reps = 5 if n <= 4096 else 3
+        for backward in (False, True):
+            cases = {'proj': make_op('proj', n, args.device, args.dtype, backward),
+                     'tssa': make_op('tssa', n, args.device, args.dtype, backward),
+                     'causal_fast': make_op('causal_tssa', n, args.device, args.dtype, backward)}
+            readable = make_op('causal_tssa', n, args.device, args.dtype, backward)
+
+            def run_readable(f=readable):
+                CausalTSSA.fast = False
+                try:
+                    f()
+                finally:
+                    CausalTSSA.fast = True
+            cases['causal_readable'] = run_readable
+            tm = interleaved(cases, reps, args.device)
+            rows.append(dict(n=n, backward=backward, **{k + '_s': v for k, v in tm.items()}))
+    results['limit'] = rows
+    t = Table(title="The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1)")
+    for c in ['n', 'pass', 'projections ms', 'TSSA', 'causal (fast core)', 'causal (readable)']:
+        t.add_column(c, justify='right')
+    for r in rows:
+        p = r['proj_s']
+        cell = lambda k: f"{fmt_ms(r[k])} (+{r[k] / p - 1:.2f}x)"
+        t.add_row(str(r['n']), 'fwd+bwd' if r['backward'] else 'fwd', fmt_ms(p), cell('tssa_s'),
+                  cell('causal_fast_s'), cell('causal_readable_s'))
+    console.print(t)
+
+
+def section_model(args, results):
+    ns = SIZES[args.mode]['model_n']
+    cfg = model_config(args.device, ns[0], 'tssa', args.mode)
+    rows = []
+    for n in ns:
+        tm = interleaved({a: make_model_forward(a, n, args.device, args.dtype, args.mode)
+                          for a in ('tssa', 'softmax')}, 2 if args.mode == 'full' else 3, args.device)
+        mem = {a: measure_memory(dict(kind='model_' + a, n=n, dtype=args.dtype, mode=args.mode), args.device)
+               for a in ('tssa', 'softmax')} if not args.no_memory else {}
+        rows.append(dict(n=n, tssa_s=tm['tssa'], softmax_s=tm['softmax'],
+                         tssa_mb=mem.get('tssa', float('nan')), softmax_mb=mem.get('softmax', float('nan'))))
+    results['model'] = dict(config=dict(n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head), rows=rows)
+    t = Table(title=f"Model forward: GPT {cfg.n_layer}L/{cfg.n_embd}d/{cfg.n_head}h, TSSA vs softmax, batch 1, "
+                    f"{args.device} (memory: activations above the weights)")
+    for c in ['tokens', 'TSSA ms', 'softmax ms', 'time ratio', 'paper', 'TSSA MB', 'softmax MB', 'memory ratio',
+              'paper']:
+        t.add_column(c, justify='right')
+    for r in rows:
+        pt, pm = PAPER.get(r['n'], (None, None))
+        t.add_row(str(r['n']), fmt_ms(r['tssa_s']), fmt_ms(r['softmax_s']), f"{r['tssa_s'] / r['softmax_s']:.2f}x",
+                  f"{pt:.2f}x" if pt else '', fmt_mb(r['tssa_mb']), fmt_mb(r['softmax_mb']),
+                  f"{r['tssa_mb'] / r['softmax_mb']:.2f}x" if r['softmax_mb'] > 0 else '-',
+                  f"{pm:.2f}x" if pm else '')
+    console.print(t)
+
+
+def section_generation(args, results):
+    ctxs, new = SIZES[args.mode]['gen_ctx'], SIZES[args.mode]['gen_new']
+    rows = []
+    models = {}
+    for attn in ('tssa', 'softmax'):
+        torch.manual_seed(0)
+        cfg = model_config(args.device, max(ctxs) + new + 1, attn, args.mode)
+        models[attn] = GPT(cfg).to(args.device).eval()
+    for ctx in ctxs:
+        idx = torch.randint(0, models['tssa'].config.vocab_size, (1, ctx), device=args.device)
+
+        def decode(model, n_tokens=new):
+            _, states = model.prefill(idx)
+            tok = idx[:, -1]
+            sync(args.device)
+            t0 = time.perf_counter()
+            for _ in range(n_tokens):
+                logits, states = model.step(tok, states)
+                tok = logits.argmax(-1)
+            sync(args.device)
+            return n_tokens / (time.perf_counter() - t0)
+
+        def rerun(model, n_tokens=max(2, new // 8)):
+            ctx_ids = idx
+            sync(args.device)
+            t0 = time.perf_counter()
+            for _ in range(n_tokens):
+                logits, _ = model(ctx_ids)
+                ctx_ids = torch.cat([ctx_ids, logits[:, -1].argmax(-1, keepdim=True)], 1)
+            sync(args.device)
+            return n_tokens / (time.perf_counter() - t0)
+
+        with torch.no_grad(), autocast(args.device, args.dtype):
+            rates = {'recurrent': [], 'rerun': [], 'softmax_kv': []}
+            for _ in range(3):                                 # interleaved rounds, median
+                rates['recurrent'].append(decode(models['tssa']))
+                rates['rerun'].append(rerun(models['tssa']))
+                rates['softmax_kv'].append(decode(models['softmax']))
+        rows.append(dict(ctx=ctx, **{k: sorted(v)[1] for k, v in rates.items()}))
+    results['generation'] = rows
+    cfg = models['tssa'].config
+    t = Table(title=f"Generation tokens/s, batch 1, GPT {cfg.n_layer}L/{cfg.n_embd}d, {args.device}")
+    for c in ['context', 'TSSA recurrent', 'TSSA re-run prefix', 'recurrent / re-run', 'softmax + KV cache']:
+        t.add_column(c, justify='right')
+    for r in rows:
+        t.add_row(str(r['ctx']), f"{r['recurrent']:.1f}", f"{r['rerun']:.2f}", f"{r['recurrent'] / r['rerun']:.0f}x",
+                  f"{r['softmax_kv']:.1f}")
+    console.print(t)
+
+
+def section_training(args, results):
+    ns = SIZES[args.mode]['train_n']
+    rows = []
+    for n in ns:
+        tm = interleaved({a: make_train_step(a, n, args.device, args.dtype, args.mode) for a in ('tssa', 'softmax')},
+                         2 if args.mode == 'full' else 3, args.device)
+        rows.append(dict(block_size=n, tssa_tok_s=n / tm['tssa'], softmax_tok_s=n / tm['softmax']))
+    results['training'] = rows
+    cfg = model_config(args.device, ns[0], 'tssa', args.mode)
+    t = Table(title=f"Training step tokens/s (forward, backward, AdamW), batch 1, GPT {cfg.n_layer}L/{cfg.n_embd}d, "
+                    f"{args.device}")
+    for c in ['block size', 'TSSA tok/s', 'softmax tok/s', 'TSSA / softmax']:
+        t.add_column(c, justify='right')
+    for r in rows:
+        t.add_row(str(r['block_size']), f"{r['tssa_tok_s']:,.0f}", f"{r['softmax_tok_s']:,.0f}",
+                  f"{r['tssa_tok_s'] / r['softmax_tok_s']:.2f}x")
+    console.print(t)
+
+
+SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': section_model,
+            'generation': section_generation, 'training': section_training}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0].strip(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--quick', action='store_true', help='small sizes, about a minute on 2 CPU cores')
+    ap.add_argument('--smoke', action='store_true', help='tiny sizes, seconds; checks that every section runs')
+    ap.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    ap.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16', 'float16'])
+    ap.add_argument('--sections', default=','.join(SECTIONS), help='comma-separated: ' + ', '.join(SECTIONS))
+    ap.add_argument('--json', default=None, help='also write the results here')
+    ap.add_argument('--no_memory', action='store_true', help='skip the memory measurements')
+    ap.add_argument('--_memory', default=None, help=argparse.SUPPRESS)
+    ap.add_argument('--mode_for_child', default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.mode = args.mode_for_child or ('smoke' if args.smoke else 'quick' if args.quick else 'full')
+    global WIDTH, HEADS
+    WIDTH, HEADS = SIZES[args.mode]['width'], SIZES[args.mode]['heads']
+    if args._memory:
+        return memory_child(json.loads(args._memory), args.device)
+    if args.device.startswith('cuda') and not torch.cuda.is_available():
+        sys.exit("error: --device=cuda but CUDA is not available here")
+    sections = [s.strip() for s in args.sections.split(',') if s.strip()]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        sys.exit(f"error: unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    if args.device.startswith('cuda'):
+        torch.backends.cuda.matmul.allow_tf32 = True
+    results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
+                   threads=torch.get_num_threads(),
+                   gpu=torch.cuda.get_device_name() if args.device.startswith('cuda') else None)
+    console.print(f"bench: {args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+                  + (f", {args.mode} mode" if args.mode != 'full' else ""))
+    t0 = time.time()
+    for s in sections:
+        SECTIONS[s](args, results)
+    results['seconds'] = time.time() - t0
+    console.print(f"done in {results['seconds']:.0f} s")
+    if args.json:
+        with open(args.json + '.tmp', 'w') as f:
+            json.dump(results, f, indent=1)
+        os.replace(args.json + '.tmp', args.json)
+    return results
+
+
+if __name__ == '__main__':
+    main()
