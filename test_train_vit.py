@@ -54,13 +54,7 @@ def read_log(out_dir, name='log.jsonl'):
         return [json.loads(line) for line in f]
 
 
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    """Two threads on two cores that other jobs share are slower than one (OpenMP waits for the busy core)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 
 
 @pytest.fixture(scope='module')

@@ -1,0 +1,146 @@
+"""
+Sample from a model trained by train_gpt.py, printing each token as it comes.
+
+    python sample.py                                        # 3 samples of 500 tokens from out/ckpt.pt
+    python sample.py --start="def fibonacci(n):" --num_samples=1 --max_new_tokens=2000
+    python sample.py --start=FILE:prompt.txt --temperature=0.7 --top_k=50 --seed=7
+    python sample.py --out_dir=out-softmax --device=cpu      # any checkpoint, on any device
+
+Generation uses the recurrent form of causal TSSA: each layer carries a few numbers per head instead of a
+growing KV cache, so every new token costs the same; --max_new_tokens may exceed the model's block size
+(GPT.generate_stream re-reads the last half window when the context is full). The same --seed gives the
+same text on the same device. Text is decoded with the tokenizer named in the checkpoint.
+"""
+import codecs
+import os
+import sys
+
+import torch
+
+import prepare_data
+import tost
+from train_common import (UsageError, autocast, load_checkpoint, parse_overrides, pick_device, resolve_dtype,
+                          run_main, strip_compile_prefix)
+
+DEFAULTS = dict(
+    out_dir='out',          # the folder train_gpt.py saved ckpt.pt in
+    start='\n',             # the prompt: text, or FILE:path to read it from; '' means end-of-text (bytes: newline)
+    num_samples=3,          # samples, one after the other
+    max_new_tokens=500,     # tokens to generate per sample (may exceed block_size)
+    temperature=0.8,        # < 1 sharper, > 1 more random, 0 greedy (always the likeliest token)
+    top_k=200,              # sample among the k likeliest tokens only; 0 means all
+    seed=1337,              # the same seed, the same text
+    device='auto',          # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
+    dtype='auto',           # auto (bfloat16 on GPUs that have it; float32 on cpu), or float32/bfloat16/float16
+)
+# No `compile` key: GPT.step keeps the position as a Python int in its state, and torch.compile recompiles
+# for every new value of it (tried: dynamic=True does not help), so a compiled step would be slower.
+
+
+class StreamDecoder:
+    """Tokens in, text out, as soon as it is complete. A token may end inside a multi-byte UTF-8 character
+    (any byte-level model can emit half of an 'é'); the incremental decoder holds those bytes back until
+    the character is complete, so the streamed text equals decoding all tokens at once."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.utf8 = codecs.getincrementaldecoder('utf-8')(errors='replace')
+
+    def push(self, t):
+        return self.utf8.decode(self.tok.token_bytes(t))
+
+    def flush(self):
+        return self.utf8.decode(b'', final=True)
+
+
+def read_prompt(start):
+    if start.startswith('FILE:'):
+        path = start[len('FILE:'):]
+        try:
+            with open(path, encoding='utf-8') as f:
+                return f.read()
+        except OSError as e:
+            raise UsageError(f"cannot read the prompt file {path} ({e.strerror or e})") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(f"the prompt file {path} is not UTF-8 text (byte {e.start})") from None
+    return start
+
+
+def encode_prompt(tok, text, vocab_size, block_size):
+    """Token ids of the prompt: the last block_size of them, with a note on stderr if it was cut."""
+    if text == '':  # nothing to condition on: the end-of-text token if there is one, else a newline
+        return [tok.eot] if tok.eot is not None else tok.encode('\n')
+    try:
+        ids = tok.encode(text)
+    except Exception as e:  # a lone surrogate (undecodable bytes on the command line), ...
+        raise UsageError(f"the {tok.name} tokenizer cannot encode the prompt ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:100]})") from None
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise UsageError(f"the prompt encodes to token {bad[0]}, outside the model's vocabulary of {vocab_size}")
+    if len(ids) > block_size:
+        kept = tok.decode(ids[-block_size:])
+        preview = kept[:40] + ('...' if len(kept) > 40 else '')
+        print(f"note: the prompt is {len(ids)} tokens and the model sees at most {block_size}: kept the last "
+              f"{block_size}, from {preview!r}", file=sys.stderr, flush=True)
+        ids = ids[-block_size:]
+    return ids
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if {'-h', '--help'} & set(argv):
+        print(__doc__.strip() + '\n\nkeys and defaults:\n' + '\n'.join(f'  --{k}={v!r}' for k, v in DEFAULTS.items()))
+        return None
+    cfg, _ = parse_overrides(argv, DEFAULTS)
+    if cfg['num_samples'] < 1 or cfg['max_new_tokens'] < 0 or cfg['top_k'] < 0 or cfg['temperature'] < 0:
+        raise UsageError("--num_samples must be >= 1, and --max_new_tokens, --top_k, --temperature >= 0")
+    device = pick_device(cfg['device'])
+    dtype = resolve_dtype(cfg['dtype'], device)
+
+    path = os.path.join(cfg['out_dir'], 'ckpt.pt')
+    if not os.path.isfile(path):
+        raise UsageError(f"no checkpoint at {path}; train one with: python train_gpt.py"
+                         + ('' if cfg['out_dir'] == 'out' else f" --out_dir={cfg['out_dir']}"))
+    ckpt = load_checkpoint(path)  # weights_only=True: a checkpoint cannot run code
+    if ckpt.get('kind') == 'vit':
+        raise UsageError(f"{path} is a vision checkpoint (train_vit.py); sample.py generates text from "
+                         "train_gpt.py checkpoints")
+    if not {'model', 'model_args', 'meta'} <= set(ckpt):
+        raise UsageError(f"{path} is not a train_gpt.py checkpoint (it needs model, model_args and meta)")
+    try:
+        model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
+        model.load_state_dict(strip_compile_prefix(ckpt['model']))
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise UsageError(f"{path} does not hold a model this tost.py can load ({str(e).splitlines()[0]})") from None
+    model.eval().to(device)
+    try:
+        tok = prepare_data.get_tokenizer(ckpt['meta']['tokenizer'])
+    except prepare_data.DataError as e:
+        raise UsageError(' '.join(str(e).split())) from None
+    del ckpt
+
+    prompt = read_prompt(cfg['start'])
+    ids = encode_prompt(tok, prompt, model.config.vocab_size, model.config.block_size)
+    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(cfg['seed'])
+    torch.manual_seed(cfg['seed'])
+    top_k = cfg['top_k'] or None
+    out = sys.stdout
+    with torch.no_grad(), autocast(device, dtype):
+        for _ in range(cfg['num_samples']):
+            out.write(prompt)
+            decoder = StreamDecoder(tok)
+            for nxt in model.generate_stream(idx, cfg['max_new_tokens'], cfg['temperature'], top_k, generator):
+                out.write(decoder.push(int(nxt[0])))
+                out.flush()
+            out.write(decoder.flush() + '\n---------------\n')
+            out.flush()
+
+
+if __name__ == '__main__':
+    try:
+        run_main(main)
+    except BrokenPipeError:  # `python sample.py | head`: the reader left, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        sys.exit(141)

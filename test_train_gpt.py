@@ -1,0 +1,417 @@
+"""
+Tests for train_gpt.py and sample.py: tiny end-to-end runs on CPU (a 1-layer, 32-wide model on this repo's
+tost.py as a byte corpus), offline, about a minute:  python -m pytest -q test_train_gpt.py
+
+What they prove: a run trains and its checkpoint loads back to the same val loss; Ctrl-C then
+`--init_from=resume` ends with exactly the weights and optimizer state of an unbroken run; a failed save
+keeps the previous checkpoint; 2 processes under torchrun (gloo) compute what 1 process does with the
+same global batch; sampling streams the text generate() gives and repeats for a seed; bad input ends in
+one line, a non-zero exit and no traceback.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import tiktoken
+import torch
+
+import prepare_data
+import sample
+import tost
+import train_common
+import train_gpt
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
+
+
+pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    """A byte-level text dataset 'tiny' made by prepare_data from tost.py (~40 KB: ~36k train, ~4k val tokens)."""
+    d = tmp_path_factory.mktemp('data')
+    prepare_data.prepare('text', data_dir=str(d), input=os.path.join(REPO, 'tost.py'), name='tiny')
+    return str(d)
+
+
+def tiny(data_dir, out_dir, *extra):
+    return ['--dataset=tiny', f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--n_layer=1', '--n_head=2',
+            '--n_embd=32', '--block_size=32', '--batch_size=4', '--eval_iters=2', '--log_interval=1',
+            '--device=cpu', '--compile=false', '--learning_rate=3e-3', *extra]
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def weights(out_dir):
+    return train_common.load_checkpoint(os.path.join(out_dir, 'ckpt.pt'))
+
+
+def run_cli(script, *args, cwd=REPO):
+    return subprocess.run([sys.executable, os.path.join(REPO, script), *args], capture_output=True, text=True,
+                          env=ENV, cwd=cwd, timeout=120)
+
+
+def exits(fn, *args):
+    """Run fn(*args) under run_main, as the script does; return the exit code (stderr is in capsys)."""
+    with pytest.raises(SystemExit) as e:
+        train_common.run_main(lambda: fn(*args))
+    return e.value.code
+
+
+def one_line_error(stderr, *words):
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: '), stderr
+    assert 'Traceback' not in stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope='module')
+def trained(data_dir, tmp_path_factory):
+    """A finished 12-iteration run, shared by the checkpoint and sampling tests."""
+    out = str(tmp_path_factory.mktemp('trained'))
+    result = train_gpt.main(tiny(data_dir, out, '--max_iters=12', '--eval_interval=6'))
+    return out, result
+
+# -----------------------------------------------------------------------------
+# config
+
+
+def test_presets_and_schedule_defaults():
+    parse = lambda *a: train_gpt.resolve_config(*train_common.parse_overrides(list(a), train_gpt.DEFAULTS,
+                                                                              train_gpt.PRESETS))
+    assert parse() == parse('--config=demo')
+    assert {'demo', 'shakespeare', 'owt-base', 'owt-medium', 'owt-large'} <= set(train_gpt.PRESETS)
+    for name in ('owt-base', 'owt-medium', 'owt-large'):  # the paper's recipe: 480 x 1024 tokens per step
+        c = parse(f'--config={name}')
+        assert c['batch_size'] * c['gradient_accumulation_steps'] * c['block_size'] == 480 * 1024
+        assert (c['learning_rate'], c['min_lr'], c['warmup_iters'], c['lr_decay_iters'], c['max_iters'],
+                c['grad_clip'], c['beta2']) == (6e-4, 6e-5, 2000, 600_000, 600_000, 1.0, 0.95)
+        shape = tost.preset(name.replace('owt', 'tost'))
+        assert (c['n_layer'], c['n_head'], c['n_embd']) == (shape.n_layer, shape.n_head, shape.n_embd)
+    assert parse('--config=owt-base')['weight_decay'] == 0.01 and parse('--config=owt-large')['weight_decay'] == 0.1
+    c = parse('--max_iters=1000', '--learning_rate=1e-3')  # the schedule follows max_iters unless set
+    assert (c['lr_decay_iters'], c['warmup_iters'], c['min_lr']) == (1000, 50, 1e-4)
+    c = parse('--max_iters=1000', '--lr_decay_iters=700', '--warmup_iters=7', '--min_lr=0')
+    assert (c['lr_decay_iters'], c['warmup_iters'], c['min_lr']) == (700, 7, 0.0)
+    d = tost.preset('tost-demo')  # the default model is the tost-demo shape
+    assert (train_gpt.DEFAULTS['n_layer'], train_gpt.DEFAULTS['n_head'], train_gpt.DEFAULTS['n_embd'],
+            train_gpt.DEFAULTS['block_size']) == (d.n_layer, d.n_head, d.n_embd, d.block_size)
+
+# -----------------------------------------------------------------------------
+# a run, its log and its checkpoint
+
+
+def test_run_log_and_checkpoint_roundtrip(trained, data_dir):
+    out, result = trained
+    log = read_log(out)
+    evals = [r for r in log if r['kind'] == 'eval']
+    steps = [r for r in log if r['kind'] == 'train']
+    assert [r['iter'] for r in evals] == [0, 6, 12] and [r['iter'] for r in steps] == list(range(1, 13))
+    for r in log:
+        assert {'iter', 'train_loss', 'lr', 'tokens_per_sec'} <= set(r)
+    assert all('val_loss' in r for r in evals) and all(r['mfu'] is None for r in steps)  # no MFU on a CPU
+    assert evals[-1]['val_loss'] < evals[0]['val_loss'] - 0.5  # it learns (from ~5.5 = ln 256)
+    assert result['val_loss'] == evals[-1]['val_loss']
+
+    ckpt = weights(out)  # weights_only=True
+    assert {'model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'config', 'meta'} <= set(ckpt)
+    assert ckpt['iter_num'] == 12 and ckpt['meta']['tokenizer'] == 'bytes'
+    assert ckpt['model_args'] == dict(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32, dropout=0.0,
+                                      bias=False, attn='tssa')
+    assert ckpt['config']['max_iters'] == 12 and ckpt['config']['dataset'] == 'tiny'
+    assert not any('_orig_mod' in k or k.startswith('module.') for k in ckpt['model'])
+
+    # the weights give back the val loss the run measured, on the same fixed eval batches
+    model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
+    model.load_state_dict(ckpt['model'])
+    model.eval()
+    path = os.path.join(data_dir, 'tiny')
+    n_val = os.path.getsize(os.path.join(path, 'val.bin')) // 2
+    losses = []
+    with torch.no_grad():
+        for k in range(2):
+            starts = train_gpt.window_starts(1337, 2, k, 4, n_val, 32)
+            X, Y = train_gpt.read_batch(path, 'val', starts, 32, 'cpu')
+            losses.append(model(X, Y)[1].item())
+    assert abs(sum(losses) / 2 - ckpt['val_loss']) < 1e-5
+    assert ckpt['val_loss'] == evals[-1]['val_loss']
+
+
+def test_interrupt_then_resume_equals_unbroken_run(data_dir, tmp_path, monkeypatch, capsys):
+    args = ('--max_iters=8', '--eval_interval=4', '--dropout=0.1')  # dropout: the RNG must resume too
+    full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
+    train_gpt.main(tiny(data_dir, full, *args))
+
+    real = train_gpt.window_starts
+
+    def ctrl_c_at_iter_6(seed, stream, index, *rest):
+        if stream == 0 and index == 6:
+            raise KeyboardInterrupt
+        return real(seed, stream, index, *rest)
+
+    monkeypatch.setattr(train_gpt, 'window_starts', ctrl_c_at_iter_6)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        train_gpt.main(tiny(data_dir, broken, *args))
+    assert e.value.code == 130
+    err = capsys.readouterr().err
+    assert 'resume with: python train_gpt.py --init_from=resume' in err and 'Traceback' not in err
+    assert weights(broken)['iter_num'] == 4  # the last eval saved at 4; iters 4 and 5 are lost
+    monkeypatch.setattr(train_gpt, 'window_starts', real)
+
+    # resume with nothing but the out_dir: the schedule, the data order and the RNG come from the checkpoint
+    train_gpt.main(['--init_from=resume', f'--out_dir={broken}', f'--data_dir={data_dir}', '--device=cpu'])
+    a, b = weights(full), weights(broken)
+    assert b['iter_num'] == a['iter_num'] == 8
+    for k in a['model']:
+        torch.testing.assert_close(b['model'][k], a['model'][k], rtol=0, atol=1e-6, msg=k)
+    sa, sb = a['optimizer']['state'], b['optimizer']['state']
+    assert sa.keys() == sb.keys()
+    for p in sa:
+        for k in ('exp_avg', 'exp_avg_sq', 'step'):
+            torch.testing.assert_close(sb[p][k], sa[p][k], rtol=0, atol=1e-6)
+    log = read_log(broken)
+    resumed = [r for r in log if r['kind'] == 'train' and r['iter'] > 4]  # the log goes on after the resume
+    assert [r['iter'] for r in resumed][-4:] == [5, 6, 7, 8]
+    lrs_full = {r['iter']: r['lr'] for r in read_log(full) if r['kind'] == 'train'}
+    assert all(abs(r['lr'] - lrs_full[r['iter']]) < 1e-12 for r in resumed[-4:])  # the same LR schedule
+
+
+def test_failed_save_keeps_the_previous_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
+    out = str(tmp_path / 'out')
+    real_save, calls = torch.save, []
+
+    def disk_full_on_second_save(obj, f, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            f.write(b'half a checkpoint')
+            raise OSError(28, 'No space left on device')
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, 'save', disk_full_on_second_save)
+    code = exits(train_gpt.main, tiny(data_dir, out, '--max_iters=4', '--eval_interval=2'))
+    err = capsys.readouterr().err
+    assert code == 1
+    one_line_error(err, 'No space left on device', 'is intact')
+    assert weights(out)['iter_num'] == 2  # still loads, and is the one from iter 2
+    assert sorted(os.listdir(out)) == ['ckpt.pt', 'log.jsonl']  # no temp file left behind
+
+# -----------------------------------------------------------------------------
+# several processes
+
+
+def test_torchrun_two_processes_match_one(data_dir, tmp_path):
+    """The global batch of iteration i is the same rows however many processes share it, so 2 processes
+    with 2 accumulation steps in total (1 each) must follow 1 process with 2, up to float rounding."""
+    one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
+    args = ('--max_iters=4', '--eval_interval=2', '--gradient_accumulation_steps=2')
+    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                        os.path.join(REPO, 'train_gpt.py'), *tiny(data_dir, two, *args)],
+                       capture_output=True, text=True, env=ENV, cwd=str(tmp_path), timeout=180)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stdout.count('done: 4 iters') == 1  # only rank 0 talks
+    train_gpt.main(tiny(data_dir, one, *args))
+    log1, log2 = read_log(one), read_log(two)
+    assert [(r['iter'], r['kind']) for r in log1] == [(r['iter'], r['kind']) for r in log2]
+    for a, b in zip(log1, log2):
+        assert abs(a['train_loss'] - b['train_loss']) < 1e-5, (a, b)
+        if a['kind'] == 'eval':
+            assert abs(a['val_loss'] - b['val_loss']) < 1e-5, (a, b)
+    w1, w2 = weights(one)['model'], weights(two)['model']
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=1e-5, msg=k)
+
+
+def test_no_gradient_sync_before_the_last_micro_step(data_dir, tmp_path, monkeypatch):
+    """Syncing every micro-step gives the same numbers, only slower, so count: a 1-process gloo group
+    through the DDP path, 3 micro-steps per iteration, must skip the all-reduce on 2 of them."""
+    torch.distributed.init_process_group('gloo', init_method=f'file://{tmp_path}/pg', rank=0, world_size=1)
+    ddp = train_common.Dist(ddp=True, rank=0, local_rank=0, world_size=1, master=True, device='cpu')
+    monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: ddp)
+    real, entered = train_gpt.DDP.no_sync, []
+
+    def counting_no_sync(self):
+        entered.append(1)
+        return real(self)
+
+    monkeypatch.setattr(train_gpt.DDP, 'no_sync', counting_no_sync)
+    train_gpt.main(tiny(data_dir, str(tmp_path / 'out'), '--max_iters=2', '--gradient_accumulation_steps=3'))
+    assert len(entered) == 2 * 2
+    assert not torch.distributed.is_initialized()  # main() left the process group
+
+
+def test_accumulation_must_divide_among_processes(data_dir, tmp_path, monkeypatch, capsys):
+    two = train_common.Dist(ddp=True, rank=0, local_rank=0, world_size=2, master=True, device='cpu')
+    monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: two)  # as if under torchrun
+    assert exits(train_gpt.main, tiny(data_dir, str(tmp_path), '--gradient_accumulation_steps=3')) == 2
+    one_line_error(capsys.readouterr().err, 'gradient_accumulation_steps (3)', 'multiple of', '(2)')
+
+# -----------------------------------------------------------------------------
+# bad input: one line, non-zero exit, no traceback
+
+
+def test_cli_bad_input(data_dir, tmp_path, trained):
+    out = str(tmp_path / 'out')
+    r = run_cli('train_gpt.py', f'--data_dir={tmp_path}', '--dataset=openwebtext')  # hours: not made on the fly
+    assert r.returncode == 2
+    one_line_error(r.stderr, 'not a prepared dataset', f'python prepare_data.py openwebtext --data_dir={tmp_path}')
+
+    r = run_cli('train_gpt.py', '--learning_rat=1')
+    one_line_error(r.stderr, 'unknown option --learning_rat', 'valid keys', 'did you mean --learning_rate')
+    assert r.returncode == 2
+    r = run_cli('train_gpt.py', '--max_iters=ten')
+    one_line_error(r.stderr, '--max_iters expects int')
+    r = run_cli('train_gpt.py', '--attn=linear')
+    one_line_error(r.stderr, '--attn expects tssa or softmax')
+
+    r = run_cli('train_gpt.py', *tiny(data_dir, out, '--init_from=resume'))
+    one_line_error(r.stderr, f'no checkpoint at {out}', 'python train_gpt.py')
+    os.makedirs(out)
+    with open(os.path.join(out, 'ckpt.pt'), 'wb') as f:
+        f.write(b'not a checkpoint at all')
+    r = run_cli('train_gpt.py', *tiny(data_dir, out, '--init_from=resume'))
+    one_line_error(r.stderr, 'corrupt or unreadable')
+    assert r.returncode == 2
+
+    r = run_cli('train_gpt.py', *tiny(data_dir, out, '--block_size=5000'))  # the val split has ~4k tokens
+    one_line_error(r.stderr, 'block_size 5000 is larger than the data', 'val tokens')
+
+    src, _ = trained  # resume: the model's position embedding has 32 rows, its shape is fixed
+    r = run_cli('train_gpt.py', '--init_from=resume', f'--out_dir={src}', f'--data_dir={data_dir}', '--block_size=64')
+    one_line_error(r.stderr, 'block_size=64 is larger than the checkpoint', '32')
+    r = run_cli('train_gpt.py', '--init_from=resume', f'--out_dir={src}', f'--data_dir={data_dir}', '--n_layer=2')
+    one_line_error(r.stderr, "--n_layer=2 does not match the checkpoint's model")
+
+
+def test_out_of_memory_on_first_step(data_dir, tmp_path, monkeypatch, capsys):
+    def oom(self, idx, targets=None):
+        if self.training:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(self, idx, targets)
+
+    real = tost.GPT.forward
+    monkeypatch.setattr(tost.GPT, 'forward', oom)
+    assert exits(train_gpt.main, tiny(data_dir, str(tmp_path), '--max_iters=3')) == 2
+    one_line_error(capsys.readouterr().err, 'out of memory at iter 0', '--batch_size=2',
+                   '--gradient_accumulation_steps=2')
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
+    out, steps = str(tmp_path / 'out'), []
+    real = tost.GPT.forward
+
+    def nan_from_iter_3(self, idx, targets=None):
+        logits, loss = real(self, idx, targets)
+        if self.training:
+            steps.append(1)
+            if len(steps) > 3:
+                loss = loss * float('nan')
+        return logits, loss
+
+    monkeypatch.setattr(tost.GPT, 'forward', nan_from_iter_3)
+    assert exits(train_gpt.main, tiny(data_dir, out, '--max_iters=6', '--eval_interval=2')) == 3
+    line = one_line_error(capsys.readouterr().err, 'nan at iter 3', 'diverged', 'stopped without saving')
+    assert f'{out}/ckpt.pt (iter 2)' in line
+    ckpt = weights(out)
+    assert ckpt['iter_num'] == 2 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
+
+# -----------------------------------------------------------------------------
+# sample.py
+
+
+def test_stream_decoder_holds_back_half_characters():
+    tok = prepare_data.get_tokenizer('bytes')
+    text = 'déjà vu ✓ 😀 end'
+    dec = sample.StreamDecoder(tok)
+    pieces = [dec.push(b) for b in tok.encode(text)] + [dec.flush()]
+    assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
+    assert pieces[1] == '' and pieces[2] == 'é'  # 'é' is two bytes: nothing after the first, all after the second
+    # BPE: tokens are byte strings that may also split a character (a tiny offline stand-in for GPT-2's)
+    ranks = {bytes([i]): i for i in range(256)}
+    ranks[b'j\xc3'] = 256  # 'j' and the first byte of 'à': a token that ends inside a character
+    enc = tiktoken.Encoding(name='tiny', pat_str=r'\S+|\s+', mergeable_ranks=ranks,
+                            special_tokens={'<|endoftext|>': 257})
+    bpe = prepare_data.get_tokenizer('gpt2', encoding=enc)
+    dec = sample.StreamDecoder(bpe)
+    ids = bpe.encode(text)
+    assert 256 in ids
+    pieces = [dec.push(t) for t in ids] + [dec.flush()]
+    assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
+
+
+def test_sample_streams_what_generate_gives(trained, capsys):
+    out, _ = trained
+    ckpt = weights(out)
+    model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
+    model.load_state_dict(ckpt['model'])
+    model.eval()
+    prompt = 'def f(x):'
+    n = 80  # more than block_size (32): the recurrent state carries on
+    sample.main([f'--out_dir={out}', f'--start={prompt}', '--num_samples=1', f'--max_new_tokens={n}',
+                 '--seed=7', '--device=cpu', '--top_k=50'])
+    got = capsys.readouterr().out
+    idx = torch.tensor([list(prompt.encode())])
+    want = model.generate(idx, n, temperature=0.8, top_k=50, generator=torch.Generator().manual_seed(7))
+    text = bytes(want[0].tolist()).decode('utf-8', errors='replace')
+    assert got == text + '\n---------------\n'
+
+    # an empty prompt starts from a newline (bytes have no end-of-text token), and prints nothing before
+    sample.main([f'--out_dir={out}', '--start=', '--num_samples=1', '--max_new_tokens=20', '--seed=7',
+                 '--device=cpu', '--temperature=0'])
+    want = model.generate(torch.tensor([[10]]), 20, temperature=0)
+    assert capsys.readouterr().out == bytes(want[0, 1:].tolist()).decode('utf-8', 'replace') + '\n---------------\n'
+
+
+def test_sample_same_seed_same_text(trained):
+    out, _ = trained
+    args = (f'--out_dir={out}', '--num_samples=2', '--max_new_tokens=40', '--device=cpu')
+    a, b, c = (run_cli('sample.py', *args, f'--seed={s}') for s in (3, 3, 4))
+    assert a.returncode == b.returncode == c.returncode == 0, a.stderr
+    assert a.stdout == b.stdout and a.stdout != c.stdout
+    assert a.stdout.count('---------------') == 2
+
+
+def test_sample_bad_input(trained, tmp_path):
+    out, _ = trained
+    r = run_cli('sample.py', f'--out_dir={tmp_path}')
+    assert r.returncode == 2
+    one_line_error(r.stderr, f'no checkpoint at {tmp_path}', f'python train_gpt.py --out_dir={tmp_path}')
+
+    # a byte that is not UTF-8 on the command line arrives as a lone surrogate, which cannot be encoded
+    r = subprocess.run([sys.executable, os.path.join(REPO, 'sample.py'), f'--out_dir={out}'.encode(),
+                        b'--start=caf\xe9'], capture_output=True, env=ENV, timeout=120)
+    assert r.returncode == 2
+    one_line_error(r.stderr.decode(), 'bytes tokenizer cannot encode the prompt')
+
+    r = run_cli('sample.py', f'--out_dir={out}', f'--start=FILE:{tmp_path}/missing.txt')
+    one_line_error(r.stderr, 'cannot read the prompt file', 'missing.txt')
+
+    long = 'x = 1\n' * 20 + 'THE END'  # 127 bytes; the model takes 32
+    r = run_cli('sample.py', f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5')
+    assert r.returncode == 0, r.stderr
+    note = r.stderr.strip().splitlines()
+    assert len(note) == 1 and 'the prompt is 127 tokens' in note[0] and 'kept the last 32' in note[0]
+    assert 'THE END' in note[0] and r.stdout.startswith(long)
+
+
+def test_a_vision_checkpoint_is_named_as_such(data_dir, tmp_path):
+    out = tmp_path / 'vit'
+    out.mkdir()
+    model = tost.ViT(tost.preset('tost-cifar-tiny'))
+    train_common.atomic_save({'kind': 'vit', 'model': model.state_dict(), 'model_args': {'img_size': 32},
+                              'epoch': 1, 'meta': {'kind': 'images'}}, str(out / 'ckpt.pt'))
+    r = run_cli('sample.py', f'--out_dir={out}')
+    assert r.returncode == 2
+    one_line_error(r.stderr, 'is a vision checkpoint', 'train_vit.py')
+    r = run_cli('train_gpt.py', *tiny(data_dir, str(out), '--init_from=resume'))
+    assert r.returncode == 2
+    one_line_error(r.stderr, 'is a vision checkpoint', 'not a language model')
