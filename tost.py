@@ -165,9 +165,11 @@ class _CausalCore(torch.autograd.Function):
     """The core of CausalTSSA.forward (no state, no dropout) with a hand-written backward.
 
     Same numbers as the readable code in CausalTSSA._parallel (tested to 1e-10 in float64, and with
-    gradcheck); it exists because autograd's version makes ~2x more passes over the (B, K, T, p)
-    activations and saves more of them. Input w must be contiguous (B, K, T, p): each head's prefix
-    sums then run over a contiguous (T, p) block, which torch's CPU cumsum does fastest.
+    gradcheck); it exists because autograd's version of those lines writes more activation-sized
+    tensors (the whole layer writes 79 vs 65 times the size of w, forward and backward, counted per
+    op), flips them for every suffix sum and keeps more of them alive; bench.py's "limit" table shows
+    the difference. Input w must be contiguous (B, K, T, p): each head's prefix sums then run over a
+    contiguous (T, p) block, which torch's CPU cumsum does fastest.
 
     forward:  w2 = w^2, Qc = max(cumsum w2, 1e-12), R = w2 / Qc, Pi = softmax_k(temp (sum_i R + p b)),
               Pe = cumsum Pi + eps, D = 1 / (1 + cumsum(Pi w2) / Pe), y = -Pi w D
