@@ -9,7 +9,7 @@ ToST against softmax attention, side by side, on whatever machine this runs on.
 Sections:
   operator    forward and forward+backward time and peak memory of CausalTSSA, TSSA and SDPA
               (causal and not) for n = 256 .. 16384 (TSSA also 65536), width 768, 12 heads, batch 1;
-              the ratio softmax/TSSA at each n and the fitted exponent of time vs n.
+              the ratio softmax/TSSA at each n and the exponent of time vs n fitted on 1024 .. 16384.
   limit       the TSSA layer against its own two projections alone (the matmuls it cannot avoid);
               the core's overhead as a fraction of the projections, for the fast core and the
               readable autograd form.
@@ -75,7 +75,7 @@ def autocast(device, dtype):
 
 # sizes per mode: full (the issue's), quick (a minute on 2 CPU cores), smoke (seconds; for the test suite)
 SIZES = {
-    'full':  dict(width=768, heads=12, op_n=[256, 1024, 4096, 16384], op_tssa_only=[65536], limit_n=[1024, 4096, 16384],
+    'full':  dict(width=768, heads=12, op_n=[256, 1024, 4096, 8192, 16384], op_tssa_only=[65536], limit_n=[1024, 4096, 16384],
                   model_n=[4096, 8192], gen_ctx=[16, 1024, 4096], gen_new=32, train_n=[1024, 4096]),
     'quick': dict(width=768, heads=12, op_n=[256, 1024, 4096], op_tssa_only=[], limit_n=[1024, 4096],
                   model_n=[1024, 2048], gen_ctx=[16, 1024], gen_new=16, train_n=[256, 1024]),
@@ -255,11 +255,11 @@ def section_operator(args, results):
     console.print(t)
     fits = {}
     for op in ['causal_tssa', 'tssa', 'sdpa_causal', 'sdpa']:
-        pts = [(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and r['n'] >= 1024]
+        pts = [(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and 1024 <= r['n'] <= 16384]
         if len(pts) >= 2:
             fits[op] = slope(*zip(*pts))
     results['operator_exponent'] = fits
-    console.print("time ~ n^k, forward+backward, n >= 1024: " + ", ".join(f"{k} {v:.2f}" for k, v in fits.items()))
+    console.print("time ~ n^k, forward+backward, 1024 <= n <= 16384: " + ", ".join(f"{k} {v:.2f}" for k, v in fits.items()))
 
 
 def section_limit(args, results):
