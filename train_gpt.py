@@ -47,7 +47,7 @@ from train_common import (UsageError, RunLog, atomic_save, autocast, cleanup_dis
                           run_main, seed_everything, setup_distributed, strip_compile_prefix)
 
 # -----------------------------------------------------------------------------
-# default config: the CPU demo. Sized for ~4 minutes on 2 CPU cores.
+# default config: the CPU demo. Sized for ~4.5 minutes on 2 idle CPU cores.
 
 DEFAULTS = dict(
     config='demo',               # the preset this run started from (--config=NAME picks one)
