@@ -495,3 +495,13 @@ def test_gradcheck_fast_causal_core():
     temp = torch.randn(3, 1, dtype=torch.float64, requires_grad=True)
     pb = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda *a: tost._CausalCore.apply(*a, 1e-8), (w, temp, pb))
+
+
+def test_generate_edge_cases():
+    model = GPT(GPTConfig(block_size=1, vocab_size=20, n_layer=1, n_head=2, n_embd=8, dropout=0.1))
+    model.train()
+    out = model.generate(torch.zeros(2, 3, dtype=torch.long), 5)       # a window of one token still works
+    assert out.shape == (2, 8) and model.training                      # and the mode is given back
+    assert model.generate(torch.zeros(1, 1, dtype=torch.long), 4, top_k=0).shape == (1, 5)   # 0: all tokens
+    with pytest.raises(ValueError, match='T >= 1'):
+        model.generate(torch.zeros(1, 0, dtype=torch.long), 3)

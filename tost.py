@@ -35,22 +35,30 @@ import torch.nn.functional as F
 
 
 def variational_compression(Z, Pi, U, alpha=1.0):
-    """R^var_c(Z, Pi | {U_k}), the paper's variational bound on the compression term, per batch item.
+    """R^var_c(Z, Pi | {U_k}), the paper's variational form of the compression term, per batch item.
 
         R^var_c = 1/2 sum_k (n_k / n) sum_i log(1 + alpha * s_ki / n_k)
         s_ki    = sum_j pi_jk (u_ki^T z_j)^2        pi-weighted second moment of coordinate i of head k
         n_k     = sum_j pi_jk                        "size" of group k
 
-    It upper-bounds the compression term R_c(Z, Pi) = 1/2 sum_k (n_k/n) logdet(I + alpha/n_k Z diag(pi_k) Z^T)
-    for orthogonal U_k, with equality when U_k diagonalises Z diag(pi_k) Z^T: the diagonal of U^T M U is
-    majorised by the eigenvalues of M, and sum_i log(1 + alpha x_i) is concave (tested both ways).
+    With square orthogonal U_k (d x d) it upper-bounds the compression term
+    R_c(Z, Pi) = 1/2 sum_k (n_k/n) logdet(I + alpha/n_k Z diag(pi_k) Z^T), with equality when U_k
+    diagonalises Z diag(pi_k) Z^T: the diagonal of U^T M U is majorised by the eigenvalues of M, and
+    sum_i log(1 + alpha x_i) is concave (tested both ways). ToST then takes U_k in R^{d x p}, p = d/K,
+    one low-dimensional subspace per group: the same formula over p coordinates, which is what the layers
+    descend; it is no longer a bound on the full-dimensional R_c.
     alpha = d / eps^2 in the paper; the practical operator absorbs it into U (alpha = 1).
 
     Z: (B, n, d) tokens as rows.  Pi: (B, n, K) memberships (rows sum to 1).  U: (K, d, p).
     Returns (B,).
     """
-    n = Z.shape[1]
     w = torch.einsum('bnd,kdp->bknp', Z, U)                # (B, K, n, p)  u_ki^T z_j
+    return compression_of_projections(w, Pi, alpha)
+
+
+def compression_of_projections(w, Pi, alpha=1.0):
+    """R^var_c from the projected tokens w = U_k^T z_j, (B, K, n, p), and Pi (B, n, K). Returns (B,)."""
+    n = w.shape[2]
     s = torch.einsum('bnk,bknp->bkp', Pi, w * w)           # (B, K, p)     s_k
     n_k = Pi.sum(dim=1)                                    # (B, K)
     logs = torch.log1p(alpha * s / n_k.unsqueeze(-1))      # (B, K, p)     f(s_k / n_k)
@@ -584,17 +592,29 @@ class GPT(nn.Module):
         The window rule: the model sees at most block_size tokens. A longer prompt is cropped to its last
         block_size tokens; when the context would grow past block_size, it restarts from its last
         block_size // 2 tokens (prefilled in parallel). That costs one prefill per block_size/2 tokens.
-        temperature=0 means greedy decoding.
+        temperature=0 means greedy decoding; top_k None or 0 samples from every token. The model is put
+        in eval mode while generating (dropout would make the parallel prefill and the step disagree).
         """
+        if idx.dim() != 2 or idx.shape[1] == 0:
+            raise ValueError(f"generate needs a prompt of shape (B, T) with T >= 1, got {tuple(idx.shape)}")
         bs = self.config.block_size
+        keep = max(1, bs // 2)
         ctx = idx[:, -bs:]
+        was_training = self.training
+        self.eval()                                             # prefill and step agree only without dropout
+        try:
+            yield from self._decode(ctx, max_new_tokens, temperature, top_k, generator, bs, keep)
+        finally:
+            self.train(was_training)
+
+    def _decode(self, ctx, max_new_tokens, temperature, top_k, generator, bs, keep):
         logits, states = self.prefill(ctx)
         for _ in range(max_new_tokens):
             if temperature == 0:
                 nxt = logits.argmax(dim=-1)
             else:
                 logits = logits / temperature
-                if top_k is not None:
+                if top_k:                                       # None or 0: sample from every token
                     v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                     logits = logits.masked_fill(logits < v[:, [-1]], -float('inf'))
                 probs = F.softmax(logits.float(), dim=-1)
@@ -602,7 +622,7 @@ class GPT(nn.Module):
             yield nxt
             ctx = torch.cat([ctx, nxt[:, None]], dim=1)
             if ctx.shape[1] > bs:                               # window full: restart from its last half
-                ctx = ctx[:, -(bs // 2):]
+                ctx = ctx[:, -keep:]
                 logits, states = self.prefill(ctx)
             else:
                 logits, states = self.step(nxt, states)
@@ -795,8 +815,9 @@ class ViT(nn.Module):
         """What the model does on images x, for figures:
           'pi':          (B, K, Hp, Wp) memberships Pi of TSSA block `layer` (one map per head),
           'cls_attn':    (B, H, Hp, Wp) the last class-attention block's CLS attention over patches,
-          'compression': list of R^var_c per TSSA block (B,): the block's output tokens, seen through that
-                         block's LayerNorm and subspaces U_k, with that block's memberships (alpha = 1).
+          'compression': list of R^var_c per TSSA block (B,): the block's output tokens (after its TSSA and
+                         MLP), seen through that block's LayerNorm and projections, with the memberships
+                         the block computed from its input (alpha = 1).
         """
         x, (Hp, Wp) = self._tokens(x)
         B = x.shape[0]
@@ -808,9 +829,9 @@ class ViT(nn.Module):
                 Pi = a.memberships(w.to(_stat_dtype(w)))                     # (B, K, n)
                 pis.append(Pi)
             x = block(x)
-            if isinstance(a, TSSA):
-                z = block.ln_1(x)
-                comp.append(variational_compression(z, Pi.transpose(1, 2).to(z.dtype), a.U()))
+            if isinstance(a, TSSA):                          # the block's output, through its own LN and
+                w = a.split_heads(a.c_attn(block.ln_1(x)))  # projections (bias included, as the layer applies)
+                comp.append(compression_of_projections(w, Pi.transpose(1, 2).to(w.dtype)))
         cls = self.cls_token.expand(B, -1, -1)
         att = None
         for block in self.cls_blocks:
@@ -835,7 +856,7 @@ PRESETS = {
     # a byte-level model that trains in minutes on a laptop CPU
     'tost-demo':   dict(kind='gpt', n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=256),
     # vision at 224px, patch 16 (XCiT-T/S/M shapes). ToST-M: the paper gives width 512, 24 layers, 8 heads;
-    # the rest (MLP ratio 4, 2 class-attention blocks, layer-scale 1e-5) is XCiT-M's, and gives ~70M (paper 68.1M).
+    # the rest (MLP ratio 4, 2 class-attention blocks, layer-scale 1e-5) is XCiT-M's, and gives 71.5M (paper 68.1M).
     'tost-t':      dict(kind='vit', n_layer=12, n_head=4, n_embd=192, drop_path=0.0),
     'tost-s':      dict(kind='vit', n_layer=12, n_head=8, n_embd=384, drop_path=0.05),
     'tost-m':      dict(kind='vit', n_layer=24, n_head=8, n_embd=512, drop_path=0.15, layerscale_init=1e-5),
