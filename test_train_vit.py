@@ -322,3 +322,9 @@ def test_config_mistakes_in_process(data, tmp_path):
                            (['--init_from=nowhere.pt'], 'no checkpoint at nowhere.pt')):
         with pytest.raises(UsageError, match=message.replace('(', r'\(')):
             train_vit.main(base_args(data, out, *extra))
+
+
+def test_help_prints_the_commands_and_keys(capsys):
+    assert train_vit.main(['--help']) is None
+    out = capsys.readouterr().out
+    assert 'python train_vit.py --dataset=cifar10' in out and '--label_smoothing=' in out

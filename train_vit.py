@@ -406,7 +406,11 @@ def look_inside(model, x, y, norm, config, meta, n_tssa):
 
 
 def main(argv=None):
-    config, set_keys = parse_overrides(sys.argv[1:] if argv is None else argv, DEFAULTS)
+    argv = sys.argv[1:] if argv is None else argv
+    if {'-h', '--help'} & set(argv):
+        print(__doc__.strip() + "\n\nkeys and defaults:\n" + '\n'.join(f'  --{k}={v!r}' for k, v in DEFAULTS.items()))
+        return None
+    config, set_keys = parse_overrides(argv, DEFAULTS)
     check_config(config)
     dist = setup_distributed(config['device'])
     try:
