@@ -34,7 +34,10 @@ pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 def data_dir(tmp_path_factory):
     """A byte-level text dataset 'tiny' made by prepare_data from tost.py (~40 KB: ~36k train, ~4k val tokens)."""
     d = tmp_path_factory.mktemp('data')
-    prepare_data.prepare('text', data_dir=str(d), input=os.path.join(REPO, 'tost.py'), name='tiny')
+    # a fixed, learnable corpus of ~40 KB (not a repo file: editing that would change every number here)
+    corpus = d / 'corpus.py'
+    corpus.write_text(''.join(f"def scale_{i}(x):\n    return x * {i % 97} + {i % 13}\n\n" for i in range(900)))
+    prepare_data.prepare('text', data_dir=str(d), input=str(corpus), name='tiny')
     return str(d)
 
 
