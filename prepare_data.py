@@ -29,7 +29,7 @@ meta.json is written last: if it is there, the dataset is complete. It names the
 training and sampling decode with get_tokenizer(load_meta(folder)['tokenizer']) and nothing else.
 train_gpt.py / train_vit.py call prepare(name, data_dir) themselves when their dataset is missing.
 """
-import codecs, collections, hashlib, itertools, json, os, pickle, shutil, signal, socket
+import codecs, collections, contextlib, hashlib, itertools, json, os, pickle, shutil, signal, socket
 import sys, sysconfig, tarfile, time, urllib.request, zlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -700,15 +700,22 @@ def prepare(name, /, data_dir='data', **opts):
                             f"pass --force to rebuild it, or --name=OTHER to keep both")
         print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); --force rebuilds it")
         return out
+    new_root = not os.path.isdir(data_dir)
     os.makedirs(data_dir, exist_ok=True)
     _remove_stale_stages(data_dir, out_name)
     stage, t0 = os.path.join(data_dir, f".{out_name}.partial-{socket.gethostname()}-{os.getpid()}"), time.time()
     os.makedirs(stage)
+    done = False
     try:  # everything is written in stage/; an exception or ctrl-c leaves out/ untouched
         meta = builder(stage, {**o, 'data_dir': data_dir})
         _commit(stage, out, {'name': out_name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')})
+        done = True
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        if not done and new_root:  # a failed first run leaves no empty data_dir behind
+            for d in (os.path.join(data_dir, 'downloads'), data_dir):
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)  # only if empty
     if meta['kind'] == 'text':
         what = f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens ({meta['tokenizer']})"
     else:

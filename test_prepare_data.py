@@ -227,7 +227,7 @@ def test_dead_worker_is_an_error_not_a_hang(tmp_path, tiny, monkeypatch):
     monkeypatch.setattr(prep, '_CHUNK', 2)
     with pytest.raises(DataError, match='process died'):
         prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), workers=2)
-    assert os.listdir(tmp_path / 'data') == []
+    assert not (tmp_path / 'data').exists()      # the data_dir this run created is removed again
 
 
 def test_openwebtext_bad_jsonl_line(tmp_path, tiny):
@@ -394,7 +394,7 @@ def test_cifar_download_checks_md5(tmp_path, monkeypatch):
     monkeypatch.setattr(prep.urllib.request, 'urlopen', lambda url, timeout=None: Response(blob))
     with pytest.raises(DataError, match='MD5'):  # the real checksum does not match our fake
         prepare('cifar10', tmp_path / 'data')
-    assert os.listdir(tmp_path / 'data' / 'downloads') == []  # no partial download left
+    assert not (tmp_path / 'data').exists()  # no partial download left, nor the data_dir this run made
     monkeypatch.setitem(prep.CIFAR['cifar10'], 'md5', hashlib.md5(blob).hexdigest())
     out = prepare('cifar10', tmp_path / 'data')
     assert load_meta(out)['md5_matches_official'] is True
@@ -433,7 +433,7 @@ def test_interrupted_new_dataset_leaves_nothing(tmp_path, monkeypatch, capsys):
         prep.main(['text', f'--input={tmp_path / "in.txt"}', f'--data_dir={tmp_path / "data"}'])
     assert e.value.code == 130
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
-    assert os.listdir(tmp_path / 'data') == []  # no dataset folder, no staging folder, no .tmp
+    assert not (tmp_path / 'data').exists()  # no dataset, staging folder or .tmp, and the new data_dir is gone
 
 
 def test_interrupted_force_keeps_old_dataset(tmp_path, monkeypatch):
