@@ -19,8 +19,8 @@ import torch
 
 import prepare_data
 import tost
-from train_common import (UsageError, autocast, load_checkpoint, parse_overrides, pick_device, resolve_dtype,
-                          run_main, strip_compile_prefix)
+from train_common import (UsageError, autocast, load_checkpoint, parse_overrides, pick_device, print_help_if_asked,
+                          resolve_dtype, run_main, strip_compile_prefix)
 
 DEFAULTS = dict(
     out_dir='out',          # the folder train_gpt.py saved ckpt.pt in
@@ -89,8 +89,7 @@ def encode_prompt(tok, text, vocab_size, block_size):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if {'-h', '--help'} & set(argv):
-        print(__doc__.strip() + '\n\nkeys and defaults:\n' + '\n'.join(f'  --{k}={v!r}' for k, v in DEFAULTS.items()))
+    if print_help_if_asked(argv, __doc__, DEFAULTS):
         return None
     cfg, _ = parse_overrides(argv, DEFAULTS)
     if cfg['num_samples'] < 1 or cfg['max_new_tokens'] < 0 or cfg['top_k'] < 0 or cfg['temperature'] < 0:

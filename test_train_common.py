@@ -437,3 +437,11 @@ def test_run_main_turns_ctrl_c_into_exit_130(capsys):
     with pytest.raises(SystemExit) as e:
         tc.run_main(main)
     assert e.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
+
+
+def test_print_help_if_asked(capsys):
+    assert tc.print_help_if_asked(["--lr=1"], "Doc.", {"lr": 0.1}) is False
+    assert capsys.readouterr().out == ""
+    assert tc.print_help_if_asked(["-h"], "  Doc.\n", {"lr": 0.1, "name": "x"}, {"demo": {}, "big": {}}) is True
+    assert capsys.readouterr().out == ("Doc.\n\npresets (--config=NAME): demo, big\nkeys and defaults:\n"
+                                       "  --lr=0.1\n  --name='x'\n")

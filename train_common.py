@@ -95,6 +95,17 @@ def _coerce(key: str, raw: str, default):
         raise UsageError(f"--{key} expects {expected}, got {raw!r}") from None
 
 
+def print_help_if_asked(argv: list[str], doc: str, defaults: dict, presets: dict | None = None) -> bool:
+    """For -h/--help: print the script's docstring, its presets and every key with its default; True if printed."""
+    if not {"-h", "--help"} & set(argv):
+        return False
+    text = doc.strip() + "\n\n"
+    if presets:
+        text += f"presets (--config=NAME): {', '.join(presets)}\n"
+    print(text + "keys and defaults:\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
+    return True
+
+
 def parse_overrides(argv: list[str], defaults: dict,
                     presets: dict[str, dict] | None = None) -> tuple[dict, set[str]]:
     """

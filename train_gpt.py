@@ -43,8 +43,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import prepare_data
 import tost
 from train_common import (UsageError, RunLog, atomic_save, autocast, cleanup_distributed, cosine_lr, fail,
-                          human_time, load_checkpoint, make_grad_scaler, parse_overrides, resolve_dtype,
-                          run_main, seed_everything, setup_distributed, strip_compile_prefix)
+                          human_time, load_checkpoint, make_grad_scaler, parse_overrides, print_help_if_asked,
+                          resolve_dtype, run_main, seed_everything, setup_distributed, strip_compile_prefix)
 
 # -----------------------------------------------------------------------------
 # default config: the CPU demo. Sized for ~4.5 minutes on 2 idle CPU cores.
@@ -255,9 +255,7 @@ def is_oom(e):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if {'-h', '--help'} & set(argv):
-        print(__doc__.strip() + f"\n\npresets (--config=NAME): {', '.join(PRESETS)}\nkeys and defaults:\n"
-              + '\n'.join(f'  --{k}={v!r}' for k, v in DEFAULTS.items()))
+    if print_help_if_asked(argv, __doc__, DEFAULTS, PRESETS):
         return None
     cfg, set_keys = parse_overrides(argv, DEFAULTS, PRESETS)
     cfg = resolve_config(cfg, set_keys)

@@ -54,8 +54,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import tost
 from prepare_data import DataError, load_meta
 from train_common import (RunLog, UsageError, atomic_save, autocast, cleanup_distributed, cosine_lr,
-                          human_time, load_checkpoint, make_grad_scaler, parse_overrides, resolve_dtype,
-                          run_main, seed_everything, setup_distributed, strip_compile_prefix)
+                          human_time, load_checkpoint, make_grad_scaler, parse_overrides, print_help_if_asked,
+                          resolve_dtype, run_main, seed_everything, setup_distributed, strip_compile_prefix)
 
 # -----------------------------------------------------------------------------
 # default config values: tost-cifar on CIFAR-10, from scratch. Override with --key=value.
@@ -407,8 +407,7 @@ def look_inside(model, x, y, norm, config, meta, n_tssa):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if {'-h', '--help'} & set(argv):
-        print(__doc__.strip() + "\n\nkeys and defaults:\n" + '\n'.join(f'  --{k}={v!r}' for k, v in DEFAULTS.items()))
+    if print_help_if_asked(argv, __doc__, DEFAULTS):
         return None
     config, set_keys = parse_overrides(argv, DEFAULTS)
     check_config(config)
