@@ -161,6 +161,12 @@ class TSSA(nn.Module):
 # 3. Causal TSSA: prefix statistics, parallel and recurrent
 
 
+def _check_length(n, block_size):
+    """A sequence of n tokens must fit the model's positions (learned embeddings, position biases)."""
+    if n > block_size:
+        raise ValueError(f"sequence of {n} tokens is longer than block_size ({block_size})")
+
+
 class TSSAState(NamedTuple):
     """Everything a causal TSSA layer remembers of the past, per head: O(p) numbers, at any length."""
     Q: torch.Tensor   # (B, K, p)  sum_{s<=t} w_s^2          (normaliser of the memberships)
@@ -261,8 +267,7 @@ class CausalTSSA(TSSA):
         With a state (from empty_state() or an earlier call): continues after it and returns (y, new_state)."""
         if state is None and self.fast and not (self.training and self.attn_dropout.p > 0):
             B, T, d = x.shape
-            if T > self.block_size:
-                raise ValueError(f"sequence of {T} tokens is longer than block_size ({self.block_size})")
+            _check_length(T, self.block_size)
             w = self.split_heads(self.c_attn(x))                                 # (B, K, T, p)
             wf = w.to(_stat_dtype(w)).contiguous()
             pb = self.head_dim * self.pos_bias[:, :T]
@@ -274,8 +279,7 @@ class CausalTSSA(TSSA):
         """The readable parallel form: each line one formula of the class docstring."""
         B, T, d = x.shape
         t0 = 0 if state is None else state.t
-        if t0 + T > self.block_size:
-            raise ValueError(f"sequence of {t0 + T} tokens is longer than block_size ({self.block_size})")
+        _check_length(t0 + T, self.block_size)
         K, p = self.n_head, self.head_dim
         w = self.split_heads(self.c_attn(x))                   # (B, K, T, p)  w_t = U_k^T z_t
         dt = _stat_dtype(w)
@@ -303,8 +307,7 @@ class CausalTSSA(TSSA):
     def step(self, x, state: TSSAState):
         """Recurrent form: one token x (B, d) and the state after t tokens -> (y (B, d), state after t+1).
         The same formulas as forward(), with each prefix sum advanced by one term. O(p) work per head."""
-        if state.t >= self.block_size:
-            raise ValueError(f"sequence of {state.t + 1} tokens is longer than block_size ({self.block_size})")
+        _check_length(state.t + 1, self.block_size)
         B, d = x.shape
         p = self.head_dim
         w = self.c_attn(x).view(B, self.n_head, p)             # (B, K, p)
@@ -537,8 +540,7 @@ class GPT(nn.Module):
 
     def _embed(self, idx, t0=0):
         B, T = idx.shape
-        if t0 + T > self.config.block_size:
-            raise ValueError(f"sequence of {t0 + T} tokens is longer than block_size ({self.config.block_size})")
+        _check_length(t0 + T, self.config.block_size)
         pos = torch.arange(t0, t0 + T, dtype=torch.long, device=idx.device)
         return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))   # (B, T, d)
 
@@ -575,8 +577,7 @@ class GPT(nn.Module):
         """One token per sequence, idx (B,), in O(1) time per token with TSSA (a growing KV cache with
         softmax attention). Returns logits (B, vocab) and the new states."""
         t = states[0].t
-        if t >= self.config.block_size:
-            raise ValueError(f"sequence of {t + 1} tokens is longer than block_size ({self.config.block_size})")
+        _check_length(t + 1, self.config.block_size)
         x = self.transformer.wte(idx) + self.transformer.wpe.weight[t]
         new_states = []
         for block, st in zip(self.transformer.h, states):
@@ -597,17 +598,16 @@ class GPT(nn.Module):
         """
         if idx.dim() != 2 or idx.shape[1] == 0:
             raise ValueError(f"generate needs a prompt of shape (B, T) with T >= 1, got {tuple(idx.shape)}")
-        bs = self.config.block_size
-        keep = max(1, bs // 2)
-        ctx = idx[:, -bs:]
         was_training = self.training
         self.eval()                                             # prefill and step agree only without dropout
         try:
-            yield from self._decode(ctx, max_new_tokens, temperature, top_k, generator, bs, keep)
+            yield from self._decode(idx, max_new_tokens, temperature, top_k, generator)
         finally:
             self.train(was_training)
 
-    def _decode(self, ctx, max_new_tokens, temperature, top_k, generator, bs, keep):
+    def _decode(self, idx, max_new_tokens, temperature, top_k, generator):
+        bs = self.config.block_size
+        ctx = idx[:, -bs:]
         logits, states = self.prefill(ctx)
         for _ in range(max_new_tokens):
             if temperature == 0:
@@ -622,7 +622,7 @@ class GPT(nn.Module):
             yield nxt
             ctx = torch.cat([ctx, nxt[:, None]], dim=1)
             if ctx.shape[1] > bs:                               # window full: restart from its last half
-                ctx = ctx[:, -keep:]
+                ctx = ctx[:, -max(1, bs // 2):]
                 logits, states = self.prefill(ctx)
             else:
                 logits, states = self.step(nxt, states)
