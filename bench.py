@@ -41,6 +41,7 @@ from rich.table import Table
 
 import tost
 from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
+from train_common import autocast
 
 console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
 PAPER = {4096: (0.60, 0.41), 8192: (0.46, 0.24)}     # ToST-Base / GPT2-Base: time, memory
@@ -65,12 +66,6 @@ def interleaved(cases, reps, device, warmup=1):
             sync(device)
             times[k].append(time.perf_counter() - t0)
     return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-
-
-def autocast(device, dtype):
-    if dtype == 'float32':
-        return torch.autocast('cpu', enabled=False)
-    return torch.autocast(device.split(':')[0], dtype=getattr(torch, dtype))
 
 
 # sizes per mode: full (the issue's), quick (a minute on 2 CPU cores), smoke (seconds; for the test suite)
