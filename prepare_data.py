@@ -314,8 +314,8 @@ def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
                         consume(inflight.popleft().result())
                 except BrokenProcessPool:  # where multiprocessing.Pool would hang forever
                     raise DataError("a tokenizer process died (out of memory?); try fewer --workers") from None
-                finally:
-                    ex.shutdown(wait=False, cancel_futures=True)
+                finally:  # wait for the workers (they ignore ctrl-c and finish one job): an executor left
+                    ex.shutdown(wait=True, cancel_futures=True)  # running races the interpreter's exit
         return train.close(), val.close()
     finally:
         train.f.close()
