@@ -337,7 +337,12 @@ def setup_distributed(device_pref: str) -> Dist:
 
 
 def cleanup_distributed(dist: Dist) -> None:
+    """Leave the process group. Called from a `finally`: on a normal end every rank first waits for the others
+    (rank 0 may still be writing files; a rank that tears gloo down early can abort the run). While an exception
+    is on its way out there is no barrier, since the other ranks may be stuck in a collective and never come."""
     if dist.ddp and torch.distributed.is_initialized():
+        if sys.exc_info()[0] is None:
+            torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
