@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -233,6 +234,54 @@ def test_strip_compile_prefix_refuses_collisions():
     with pytest.raises(ValueError):
         tc.strip_compile_prefix({"module.w": 1, "w": 2})
 
+def test_check_out_dir_refuses_or_deletes(tmp_path, capsys):
+    ckpt, best = str(tmp_path / "ckpt.pt"), str(tmp_path / "best.pt")
+    tc.check_out_dir([ckpt, best], overwrite=False, master=True)  # nothing there: fine
+    Path(best).write_bytes(b"weights")
+    with pytest.raises(UsageError) as e:
+        tc.check_out_dir([ckpt, best], overwrite=False, master=True)
+    assert str(e.value).startswith(f"{best} holds an earlier run") and "\n" not in str(e.value)
+    assert "--init_from=resume" in str(e.value) and "--out_dir" in str(e.value) and "--overwrite=true" in str(e.value)
+    tc.check_out_dir([ckpt, best], overwrite=True, master=False)  # only the master deletes
+    assert os.path.exists(best)
+    tc.check_out_dir([ckpt, best], overwrite=True, master=True)
+    assert not os.path.exists(best) and capsys.readouterr().out == f"overwrite: deleted {best}\n"
+
+# -----------------------------------------------------------------------------
+# stopping
+
+
+SINGLE = tc.Dist(ddp=False, rank=0, local_rank=0, world_size=1, master=True, device="cpu")
+
+
+def test_graceful_stop_turns_signals_into_a_flag(monkeypatch):
+    import signal
+    before = signal.getsignal(signal.SIGTERM)
+    with tc.GracefulStop(SINGLE) as stop:
+        assert not stop.requested()
+        os.kill(os.getpid(), signal.SIGTERM)  # would end the process without the handler
+        assert stop.requested() and stop.signal == "SIGTERM"
+        os.kill(os.getpid(), signal.SIGINT)  # a copy within a second: the same stop
+        assert stop.requested()
+        clock = time.monotonic() + 1.5
+        monkeypatch.setattr(tc.time, "monotonic", lambda: clock)
+        with pytest.raises(KeyboardInterrupt):  # a second one, later: out now
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) == before and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_resume_command(monkeypatch):
+    for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+    assert tc.resume_command("train_gpt.py", {"init_from": "resume", "out_dir": "my out"}) == \
+        "python train_gpt.py --init_from=resume '--out_dir=my out'"
+    monkeypatch.setattr(sys, "argv", ["../tost/train_gpt.py"])  # the script as the user started it
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert tc.resume_command("train_gpt.py", {"init_from": "resume"}) == \
+        "torchrun --standalone --nproc_per_node=4 ../tost/train_gpt.py --init_from=resume"
+
 # -----------------------------------------------------------------------------
 # schedule
 
@@ -381,6 +430,19 @@ def test_runlog_resume_appends_fresh_truncates(tmp_path):
     with tc.RunLog(str(tmp_path), tty=False) as log:
         log.record({"iter": 3})
     assert _lines(tmp_path / "log.jsonl") == [{"iter": 3}]
+
+
+def test_runlog_resume_drops_the_rows_past_the_checkpoint(tmp_path):
+    with tc.RunLog(str(tmp_path), tty=False) as log:
+        for i in range(1, 7):
+            log.record({"iter": i, "kind": "train"})
+        log.record({"note": "no counter: kept"})
+    with open(tmp_path / "log.jsonl", "a") as f:
+        f.write('{"iter": 7, "kin')  # a line torn by a crash mid-write
+    with tc.RunLog(str(tmp_path), tty=False, fresh=False, resume_from=4) as log:
+        log.record({"iter": 5, "kind": "train"})
+    assert _lines(tmp_path / "log.jsonl") == [{"iter": i, "kind": "train"} for i in range(1, 5)] + \
+        [{"note": "no counter: kept"}, {"iter": 5, "kind": "train"}]
 
 
 def test_runlog_disabled_does_nothing(tmp_path, capsys):

@@ -7,7 +7,10 @@ What is here, top to bottom:
   and types, with named presets (`--config=NAME`);
 - checkpoints: atomic_save() (a crash mid-save never eats the last good checkpoint), load_checkpoint()
   (torch.load with weights_only=True, and a readable error when the file is missing or broken),
-  strip_compile_prefix() (drops the `_orig_mod.` / `module.` prefixes torch.compile and DDP add);
+  strip_compile_prefix() (drops the `_orig_mod.` / `module.` prefixes torch.compile and DDP add),
+  check_out_dir() (a run from scratch never silently replaces another run's checkpoints);
+- stopping: GracefulStop, Ctrl-C and SIGTERM end the run at a step boundary, the same one on every rank,
+  so the trainer can save there; resume_command(), the line that tells the user how to go on;
 - schedule: cosine_lr(), linear warmup then cosine decay, as in nanoGPT;
 - hardware: pick_device(), resolve_dtype(), autocast(), make_grad_scaler() (torch.amp, not the
   deprecated torch.cuda.amp), setup_distributed() / cleanup_distributed() for torchrun, seed_everything();
@@ -24,7 +27,10 @@ import math
 import os
 import random
 import re
+import shlex
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, NoReturn
@@ -47,6 +53,22 @@ class UsageError(Exception):
 def fail(msg: str, code: int = 2) -> NoReturn:
     print(f"error: {msg}", file=sys.stderr, flush=True)
     sys.exit(code)
+
+
+class Stop(Exception):
+    """Training cannot go on (code 1-3: one line, `error: ...`) or the user stopped it (130: the lines say
+    where the run was saved and how to resume). The checkpoint on disk is kept either way."""
+
+    def __init__(self, msg: str, code: int):
+        super().__init__(msg)
+        self.code = code
+
+    def exit(self, master: bool = True) -> NoReturn:
+        if master and self.code == 130:
+            print(self, file=sys.stderr, flush=True)
+        elif master:
+            fail(str(self), self.code)
+        sys.exit(self.code)
 
 
 def run_main(main: Callable[[], object]) -> None:
@@ -229,6 +251,21 @@ def strip_compile_prefix(state_dict) -> dict:
         out[new] = val
     return out
 
+
+def check_out_dir(paths: list[str], overwrite: bool, master: bool) -> None:
+    """A run from scratch must not replace checkpoints another run made. If any of `paths` exists: refuse
+    in one line naming both ways forward, or, with overwrite, delete them (master only) and say so."""
+    found = [p for p in paths if os.path.isfile(p)]
+    if not found:
+        return
+    if not overwrite:
+        raise UsageError(f"{found[0]} holds an earlier run; go on with it: add --init_from=resume, or start "
+                         f"afresh: another --out_dir, or --overwrite=true (deletes {' and '.join(found)})")
+    if master:
+        for p in found:
+            os.remove(p)
+        print(f"overwrite: deleted {' and '.join(found)}", flush=True)
+
 # -----------------------------------------------------------------------------
 # learning-rate schedule
 
@@ -346,6 +383,63 @@ def cleanup_distributed(dist: Dist) -> None:
         torch.distributed.destroy_process_group()
 
 
+class GracefulStop:
+    """
+    Ctrl-C (SIGINT) and SIGTERM (what a scheduler sends before it kills a job) end a run at a step boundary,
+    so that the trainer can save there. Inside `with GracefulStop(dist) as stop:` a signal only sets a flag,
+    and the loop asks stop.requested() once per step. Under torchrun the flag is all-reduced (a CPU tensor
+    over gloo, so no GPU sync), so every rank stops at the same step even if only one got the signal.
+    A second signal a second or more after the first raises KeyboardInterrupt at once: stop now, no save
+    (a save under way is abandoned by atomic_save, and the previous checkpoint stays). Two copies within a
+    second count as one: on Ctrl-C a torchrun worker gets the terminal's SIGINT and torchrun's forward of it.
+    """
+
+    def __init__(self, dist: Dist):
+        self.dist, self.signal, self._first, self._old, self._group = dist, None, None, {}, None
+
+    def _handler(self, signum, frame):
+        if self._first is None:
+            self._first, self.signal = time.monotonic(), signal.Signals(signum).name
+        elif time.monotonic() - self._first >= 1.0:
+            raise KeyboardInterrupt
+
+    def __enter__(self):
+        if self.dist.ddp and torch.distributed.get_backend() != "gloo":  # nccl: a side group for the flag
+            self._group = torch.distributed.new_group(backend="gloo")
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def requested(self) -> bool:
+        """Did any rank get a signal? Call it on every rank at the same point of the loop."""
+        flag = self._first is not None
+        if self.dist.ddp:
+            t = torch.tensor([int(flag)])
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self._group)
+            flag = bool(t.item())  # a CPU tensor: no device sync
+        return flag
+
+
+def resume_command(script: str, args: dict) -> str:
+    """The command that resumes this run, for the user to copy: python or torchrun (one node), `script`
+    as it was started, then --key=value for `args` (init_from=resume, out_dir, and the keys the checkpoint
+    does not restore)."""
+    prog = sys.argv[0] if os.path.basename(sys.argv[0]) == script else script
+    ws, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
+    if ws is None:
+        launcher = "python"
+    elif ws == local:
+        launcher = f"torchrun --standalone --nproc_per_node={ws}"
+    else:
+        launcher = "torchrun (your options, on every node)"
+    return " ".join([launcher, shlex.quote(prog)] + [shlex.quote(f"--{k}={v}") for k, v in args.items()])
+
+
 def seed_everything(seed: int, rank: int = 0) -> int:
     """Seed python, numpy and torch (all devices) with seed + rank, so ranks draw different batches."""
     seed = seed + rank
@@ -390,6 +484,15 @@ def _fmt(key: str, v) -> tuple[str, str, bool]:
     return key, f"{v:.4g}", False
 
 
+def _keep_row(line: str, unit: str, last: float) -> bool:
+    """Keep a log line on resume: its `unit` is at most `last` (or it has none). A torn line goes."""
+    try:
+        v = json.loads(line).get(unit)
+    except (ValueError, AttributeError):
+        return False
+    return not isinstance(v, (int, float)) or v <= last
+
+
 class RunLog:
     """
     What a run is doing, for people and for scripts. record() appends one JSON line to
@@ -398,10 +501,13 @@ class RunLog:
         iter 100: loss 2.3412, lr 6.0e-04, 1234 tok/s, 52.1 ms/iter, mfu 1.2%, eta 3m10s
     when stdout is a file. Keys: `unit` ('iter') is the counter; `*_per_s` are rates, `ms_per_*` times,
     `mfu` a fraction. On non-master ranks (enabled=False) every method does nothing.
+    fresh=False appends (a resumed run); resume_from=N then first drops the rows whose `unit` is past N,
+    which the resumed run is about to write again.
     """
 
     def __init__(self, out_dir: str, enabled: bool = True, total: float | None = None, unit: str = "iter",
-                 filename: str = "log.jsonl", fresh: bool = True, tty: bool | None = None):
+                 filename: str = "log.jsonl", fresh: bool = True, tty: bool | None = None,
+                 resume_from: float | None = None):
         self.enabled, self.total, self.unit = enabled, total, unit
         self._file = self._live = self._console = None
         self._start = None  # (time, counter) at the first show(), for the ETA
@@ -410,6 +516,14 @@ class RunLog:
             return
         os.makedirs(out_dir, exist_ok=True)
         self.path = os.path.join(out_dir, filename)
+        if not fresh and resume_from is not None and os.path.isfile(self.path):
+            with open(self.path) as f:
+                rows = f.readlines()
+            keep = [r for r in rows if _keep_row(r, unit, resume_from)]
+            if len(keep) < len(rows):  # temp file, then rename: a crash here keeps the old log
+                with open(self.path + ".tmp", "w") as f:
+                    f.writelines(keep)
+                os.replace(self.path + ".tmp", self.path)
         self._file = open(self.path, "w" if fresh else "a")  # resume: append to the old log
         if (sys.stdout.isatty() if tty is None else tty):
             self._console = Console()
