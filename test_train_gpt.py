@@ -2,16 +2,21 @@
 Tests for train_gpt.py and sample.py: tiny end-to-end runs on CPU (a 1-layer, 32-wide model on this repo's
 tost.py as a byte corpus), offline, about a minute:  python -m pytest -q test_train_gpt.py
 
-What they prove: a run trains and its checkpoint loads back to the same val loss; Ctrl-C then
-`--init_from=resume` ends with exactly the weights and optimizer state of an unbroken run; a failed save
-keeps the previous checkpoint; 2 processes under torchrun (gloo) compute what 1 process does with the
-same global batch; sampling streams the text generate() gives and repeats for a seed; bad input ends in
-one line, a non-zero exit and no traceback.
+What they prove: a run trains and its checkpoint loads back to the same val loss; Ctrl-C (a real SIGINT
+or SIGTERM, to this process, to a subprocess, to one torchrun worker or to torchrun's whole group) saves
+at the step boundary and `--init_from=resume`, as printed, ends with exactly the weights and optimizer
+state of an unbroken run and a log without duplicate rows; a second Ctrl-C during the save keeps the
+previous checkpoint; a failed save keeps the previous checkpoint; 2 processes under torchrun (gloo)
+compute what 1 process does with the same global batch; sampling streams the text generate() gives and
+repeats for a seed; bad input ends in one line, a non-zero exit and no traceback.
 """
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import tiktoken
@@ -183,10 +188,127 @@ def test_interrupt_then_resume_equals_unbroken_run(data_dir, tmp_path, monkeypat
         for k in ('exp_avg', 'exp_avg_sq', 'step'):
             torch.testing.assert_close(sb[p][k], sa[p][k], rtol=0, atol=1e-6)
     log = read_log(broken)
+    assert [(r['iter'], r['kind']) for r in log] == [(r['iter'], r['kind']) for r in read_log(full)]  # no duplicates
     resumed = [r for r in log if r['kind'] == 'train' and r['iter'] > 4]  # the log goes on after the resume
-    assert [r['iter'] for r in resumed][-4:] == [5, 6, 7, 8]
+    assert [r['iter'] for r in resumed] == [5, 6, 7, 8]
     lrs_full = {r['iter']: r['lr'] for r in read_log(full) if r['kind'] == 'train'}
-    assert all(abs(r['lr'] - lrs_full[r['iter']]) < 1e-12 for r in resumed[-4:])  # the same LR schedule
+    assert all(abs(r['lr'] - lrs_full[r['iter']]) < 1e-12 for r in resumed)  # the same LR schedule
+
+
+def same_state(a, b, atol=0.0):
+    for k in a['model']:
+        torch.testing.assert_close(b['model'][k], a['model'][k], rtol=0, atol=atol, msg=k)
+    sa, sb = a['optimizer']['state'], b['optimizer']['state']
+    assert sa.keys() == sb.keys()
+    for p in sa:
+        for k in ('exp_avg', 'exp_avg_sq', 'step'):
+            torch.testing.assert_close(sb[p][k], sa[p][k], rtol=0, atol=atol)
+
+
+def test_a_real_sigint_saves_at_the_step_and_resume_is_exact(data_dir, tmp_path, monkeypatch, capsys):
+    """SIGINT sent to this very process in the middle of iteration 6: the loop finishes the step, saves at
+    iter 7 (no eval there), exits 130 saying so; the resumed run ends bit-identical to an unbroken one."""
+    args = ('--max_iters=10', '--eval_interval=5', '--dropout=0.1')
+    full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
+    train_gpt.main(tiny(data_dir, full, *args))
+    real = train_gpt.window_starts
+
+    def sigint_in_iter_6(seed, stream, index, *rest):
+        if stream == 0 and index == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(seed, stream, index, *rest)
+
+    monkeypatch.setattr(train_gpt, 'window_starts', sigint_in_iter_6)
+    capsys.readouterr()
+    assert exits(train_gpt.main, tiny(data_dir, broken, *args)) == 130
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f'interrupted (SIGINT) at iter 7: saved {broken}/ckpt.pt',
+                   f'resume with: python train_gpt.py --init_from=resume --out_dir={broken} --device=cpu '
+                   f'--compile=false']
+    assert weights(broken)['iter_num'] == 7 and weights(broken)['val_loss'] is None  # no eval at iter 7
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler         # the handler is given back
+    monkeypatch.setattr(train_gpt, 'window_starts', real)
+    train_gpt.main(shlex.split(err[1].split(': ', 1)[1])[2:])  # the printed command, as printed
+    same_state(weights(full), weights(broken))
+    assert [(r['iter'], r['kind']) for r in read_log(broken)] == [(r['iter'], r['kind']) for r in read_log(full)]
+
+
+def start(script, args, cwd, torchrun=0):
+    """A training run in its own session (so a signal to its group reaches torchrun and its workers only)."""
+    launch = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}'] \
+        if torchrun else [sys.executable]
+    return subprocess.Popen(launch + [os.path.join(REPO, script), *args], cwd=cwd, env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def wait_for(proc, cond, what, timeout=120):
+    t = time.time()
+    while not cond():
+        assert proc.poll() is None, f"exited {proc.returncode} before {what}: " + proc.communicate()[1][-2000:]
+        assert time.time() - t < timeout, f"no {what} after {timeout}s"
+        time.sleep(0.02)
+
+
+def logged_iter(out_dir):
+    try:
+        return max((r['iter'] for r in read_log(out_dir) if r['kind'] == 'train'), default=0)
+    except (OSError, ValueError):
+        return 0
+
+
+def test_sigterm_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir, tmp_path):
+    out = str(tmp_path / 'out')
+    p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=300', '--eval_interval=1000'), str(tmp_path))
+    wait_for(p, lambda: logged_iter(out) >= 3, 'iter 3')
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 130, stderr
+    it = weights(out)['iter_num']
+    assert stderr.splitlines()[0] == f'interrupted (SIGTERM) at iter {it}: saved {out}/ckpt.pt' and 3 <= it < 300
+    cmd = stderr.splitlines()[1].split('resume with: ')[1]
+    assert cmd.startswith('python ') and 'Traceback' not in stderr
+    assert [f for f in os.listdir(out) if '.tmp' in f] == []
+    r = subprocess.run([sys.executable] + shlex.split(cmd)[1:], cwd=str(tmp_path), env=ENV, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f'resuming from {out}/ckpt.pt at iter {it}' in r.stdout and weights(out)['iter_num'] == 300
+    iters = [r['iter'] for r in read_log(out) if r['kind'] == 'train']
+    assert iters == list(range(1, 301))                          # each iteration once
+
+
+SLOW_SAVE = '''
+import os, sys, time, torch, train_common, train_gpt
+real = torch.save
+def slow(obj, f, *a, **k):  # saves after iter 4 write a few bytes, then take 60 s
+    if obj['iter_num'] > 4:
+        f.write(b'half a checkpoint'); f.flush()
+        open(os.environ['SAVING_FLAG'], 'w').close()
+        time.sleep(60)
+    return real(obj, f, *a, **k)
+torch.save = slow
+train_common.run_main(lambda: train_gpt.main(sys.argv[1:]))
+'''
+
+
+def test_second_ctrl_c_during_the_save_keeps_the_previous_checkpoint(data_dir, tmp_path):
+    out, flag = str(tmp_path / 'out'), str(tmp_path / 'saving')
+    p = subprocess.Popen([sys.executable, '-c', SLOW_SAVE, *tiny(data_dir, out, '--max_iters=1000', '--eval_interval=4')],
+                         cwd=str(tmp_path), env=dict(ENV, SAVING_FLAG=flag), text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    wait_for(p, lambda: logged_iter(out) >= 5, 'iter 5')
+    p.send_signal(signal.SIGINT)
+    t = time.time()
+    p.send_signal(signal.SIGINT)                                 # a copy at once (torchrun's forward): one Ctrl-C
+    wait_for(p, lambda: os.path.exists(flag), 'the save')
+    time.sleep(max(0.0, t + 1.2 - time.time()))
+    p.send_signal(signal.SIGINT)                                 # the second Ctrl-C, a second later
+    _, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130
+    lines = stderr.strip().splitlines()
+    assert lines[0].startswith('interrupted at iter ') and 'not saved' in lines[0], stderr
+    assert f'the last good checkpoint is {out}/ckpt.pt (iter 4)' in lines[0]
+    assert weights(out)['iter_num'] == 4                         # the previous checkpoint, intact
+    assert sorted(os.listdir(out)) == ['ckpt.pt', 'log.jsonl']   # no temp file left
 
 
 def test_failed_save_keeps_the_previous_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
@@ -285,7 +407,7 @@ def test_cli_bad_input(data_dir, tmp_path, trained):
     one_line_error(r.stderr, 'corrupt or unreadable')
     assert r.returncode == 2
 
-    r = run_cli('train_gpt.py', *tiny(data_dir, out, '--block_size=5000'))  # the val split has ~4k tokens
+    r = run_cli('train_gpt.py', *tiny(data_dir, out + '2', '--block_size=5000'))  # the val split has ~4k tokens
     one_line_error(r.stderr, 'block_size 5000 is larger than the data', 'val tokens')
 
     src, _ = trained  # resume: the model's position embedding has 32 rows, its shape is fixed

@@ -9,12 +9,16 @@ out/ckpt.pt and prints the val loss and the command to sample from it.
     python train_gpt.py                                   # the demo (same as --config=demo)
     python sample.py                                      # then read what it writes
     python train_gpt.py --attn=softmax --out_dir=out-softmax   # the GPT-2 baseline, everything else equal
-    python train_gpt.py --init_from=resume --max_iters=2000    # continue the run in out/ for longer
+    python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000   # train the run in out/ longer
     python train_gpt.py --config=shakespeare              # tiny shakespeare, gpt2 BPE (for a GPU; needs network once)
+
+A run from scratch refuses an out_dir that holds a checkpoint: add --init_from=resume to go on, or pass
+another --out_dir, or --overwrite=true. Ctrl-C (or SIGTERM) saves a checkpoint at the current step and
+prints the command that resumes it; a second Ctrl-C, a second later, stops at once without saving.
 
 The paper's runs (OpenWebText, prepare it first with `python prepare_data.py openwebtext`), one node:
 
-    torchrun --standalone --nproc_per_node=4 train_gpt.py --config=owt-base
+    torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base
 
 Two nodes of 8 GPUs: the same command on both, node_rank 0 on the master (whose address both use):
 
@@ -42,9 +46,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
 import tost
-from train_common import (UsageError, RunLog, atomic_save, autocast, cleanup_distributed, cosine_lr, fail,
-                          human_time, load_checkpoint, make_grad_scaler, parse_overrides, print_help_if_asked,
-                          resolve_dtype, run_main, seed_everything, setup_distributed, strip_compile_prefix)
+from train_common import (GracefulStop, Stop, UsageError, RunLog, atomic_save, autocast, check_out_dir,
+                          cleanup_distributed, cosine_lr, human_time, load_checkpoint, make_grad_scaler,
+                          parse_overrides, print_help_if_asked, resolve_dtype, resume_command,
+                          run_main, seed_everything, setup_distributed, strip_compile_prefix)
 
 # -----------------------------------------------------------------------------
 # default config: the CPU demo. Sized for ~4.5 minutes on 2 idle CPU cores.
@@ -81,6 +86,7 @@ DEFAULTS = dict(
     log_interval=10,             # print and log the training loss every this many iterations
     always_save_checkpoint=True,  # save after every eval; False: only when val loss improves
     init_from='scratch',         # 'scratch', or 'resume' from out_dir/ckpt.pt
+    overwrite=False,             # from scratch into an out_dir that holds ckpt.pt: delete it (else refuse)
     # system
     device='auto',               # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
     dtype='auto',                # auto (bfloat16 on GPUs that have it, else float16; float32 on cpu), or a name
@@ -119,19 +125,11 @@ PRESETS = {
 # datasets cheap enough to prepare on the fly; the others are a separate step (openwebtext takes hours)
 PREPARE_ON_THE_FLY = ('python_stdlib', 'shakespeare')
 MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias', 'attn')  # fixed by a checkpoint
-MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from')  # on resume, from this command line
+MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'overwrite')  # on resume: this command line's
 CKPT_NAME = 'ckpt.pt'
 
 # -----------------------------------------------------------------------------
 # helpers: config, data, peak FLOPs
-
-
-class Stop(Exception):
-    """Training cannot go on. One line for the user, an exit code; the checkpoint on disk is kept."""
-
-    def __init__(self, msg, code):
-        super().__init__(msg)
-        self.code = code
 
 
 def resolve_config(cfg, set_keys):
@@ -264,24 +262,26 @@ def main(argv=None):
     try:
         return train(cfg, set_keys, dist, ckpt_path)
     except Stop as e:
+        e.exit(dist.master)
+    except KeyboardInterrupt:  # before the training loop: nothing of this run to save
         if dist.master:
-            fail(str(e), e.code)
-        sys.exit(e.code)
-    except KeyboardInterrupt:
-        if dist.master:
-            saved = os.path.isfile(ckpt_path)
-            print(f"interrupted: {ckpt_path} holds the last saved state" if saved
-                  else "interrupted before any checkpoint was saved", file=sys.stderr)
-            if saved:
-                print(f"resume with: python train_gpt.py --init_from=resume --out_dir={cfg['out_dir']}",
-                      file=sys.stderr)
+            print(f"interrupted before training began; {ckpt_path} is as it was" if os.path.isfile(ckpt_path)
+                  else "interrupted before training began", file=sys.stderr, flush=True)
         sys.exit(130)
     finally:
         cleanup_distributed(dist)
 
 
+def resume_hint(cfg, set_keys):
+    """'resume with: python train_gpt.py --init_from=resume ...': the checkpoint restores all but these keys."""
+    keys = [k for k in ('out_dir', 'device', 'dtype', 'compile') if k in set_keys and cfg[k] != DEFAULTS[k]]
+    return "resume with: " + resume_command('train_gpt.py', {'init_from': 'resume', **{k: cfg[k] for k in keys}})
+
+
 def train(cfg, set_keys, dist, ckpt_path):
     ckpt = None
+    if cfg['init_from'] == 'scratch':
+        check_out_dir([ckpt_path], cfg['overwrite'], dist.master)
     if cfg['init_from'] == 'resume':
         if not os.path.isfile(ckpt_path):
             raise UsageError(f"no checkpoint at {ckpt_path} to resume from; start one with: "
@@ -351,7 +351,8 @@ def train(cfg, set_keys, dist, ckpt_path):
     ctx = autocast(device, dtype)
     peak = peak_flops(device, dtype)
 
-    log = RunLog(cfg['out_dir'], enabled=master, total=cfg['max_iters'], fresh=cfg['init_from'] == 'scratch')
+    log = RunLog(cfg['out_dir'], enabled=master, total=cfg['max_iters'], fresh=cfg['init_from'] == 'scratch',
+                 resume_from=iter_num)  # on resume, rows past the checkpoint go: they are about to be redone
     log.print(f"model: {raw_model.get_num_params() / 1e6:.2f}M params, attn={cfg['attn']}, "
               f"{cfg['n_layer']} layers x {cfg['n_head']} heads x {cfg['n_embd']}, vocab {model_args['vocab_size']}, "
               f"context {T}")
@@ -390,6 +391,7 @@ def train(cfg, set_keys, dist, ckpt_path):
         return out
 
     def save(val_loss):
+        nonlocal ckpt_iter
         state = dict(model=strip_compile_prefix(raw_model.state_dict()), optimizer=optimizer.state_dict(),
                      scaler=scaler.state_dict(), model_args=model_args, iter_num=iter_num,
                      best_val_loss=best_val_loss, val_loss=val_loss, config=dict(cfg),
@@ -399,89 +401,114 @@ def train(cfg, set_keys, dist, ckpt_path):
         except OSError as e:
             old = f"; the previous {ckpt_path} is intact" if os.path.isfile(ckpt_path) else ""
             raise Stop(f"could not save {ckpt_path} ({e.strerror or e}){old}", 1) from None
+        ckpt_iter = iter_num
 
     def last_good():
-        if not os.path.isfile(ckpt_path):
+        if ckpt_iter is None:
             return "no checkpoint was saved before it"
-        return f"the last good checkpoint is {ckpt_path} (iter {last_saved_iter})" if last_saved_iter is not None \
-            else f"{ckpt_path} (from before this run) is untouched"
+        return f"the last good checkpoint is {ckpt_path} (iter {ckpt_iter})"
 
-    start_iter, last_saved_iter, last_val = iter_num, None, None
+    def interrupted(signal_name):
+        """Ctrl-C or SIGTERM at a step boundary: save here (master), then a Stop that says how to go on."""
+        how, resume = f"interrupted ({signal_name}) at iter {iter_num}", f"\n{resume_hint(cfg, set_keys)}"
+        if iter_num == ckpt_iter:
+            msg = f"{how}; {ckpt_path} is at this iter already{resume}"
+        elif iter_num == start_iter:
+            msg = f"{how}, before the first step: nothing to save"
+        elif not cfg['always_save_checkpoint'] and ckpt_iter is not None:
+            msg = (f"{how}; not saved: always_save_checkpoint=False keeps {ckpt_path} as the best model so far "
+                   f"(iter {ckpt_iter}), and a resume goes on from there{resume}")
+        else:
+            if master:
+                save(last_val if last_eval_iter == iter_num else None)
+            msg = f"{how}: saved {ckpt_path}{resume}"
+        if dist.ddp:
+            torch.distributed.barrier()  # the other ranks wait while rank 0 writes
+        return Stop(msg, 130)
+
+    start_iter, last_saved_iter, last_val, last_eval_iter = iter_num, None, None, None
+    ckpt_iter = start_iter if cfg['init_from'] == 'resume' else None  # the iter of the checkpoint on disk
     train_time, train_iters, t_log, iters_since_log = 0.0, 0, time.time(), 0
     tok_per_s = None
     t_start = time.time()
     try:
-        while True:
-            # eval and checkpoint at every eval_interval and at the end (not again right after a resume)
-            if (iter_num % cfg['eval_interval'] == 0 or iter_num == cfg['max_iters']) and \
-                    not (cfg['init_from'] == 'resume' and iter_num == start_iter):
-                losses = estimate_loss()
-                last_val = losses['val']
-                if not (math.isfinite(losses['val']) and math.isfinite(losses['train'])):
-                    raise Stop(f"the eval loss is {losses['val']} at iter {iter_num}: training diverged; "
-                               f"stopped without saving, {last_good()}; try a lower --learning_rate", 3)
-                saved = False
-                if losses['val'] < best_val_loss or cfg['always_save_checkpoint']:
-                    best_val_loss = min(best_val_loss, losses['val'])
-                    if iter_num > 0 and master:
-                        save(losses['val'])
-                        last_saved_iter, saved = iter_num, True
-                log.record(dict(iter=iter_num, kind='eval', train_loss=losses['train'], val_loss=losses['val'],
-                                lr=lr_at(iter_num), tokens_per_sec=tok_per_s, saved=saved,
-                                elapsed_s=round(time.time() - t_start, 2)))
-                log.show(dict(iter=iter_num, train_loss=losses['train'], val_loss=losses['val']))
-                t_log, iters_since_log = time.time(), 0  # eval time is not training time
-            if iter_num >= cfg['max_iters']:
-                break
+        with GracefulStop(dist) as stop:
+            while True:
+                # eval and checkpoint at every eval_interval and at the end (not again right after a resume)
+                if (iter_num % cfg['eval_interval'] == 0 or iter_num == cfg['max_iters']) and \
+                        not (cfg['init_from'] == 'resume' and iter_num == start_iter):
+                    losses = estimate_loss()
+                    last_val, last_eval_iter = losses['val'], iter_num
+                    if not (math.isfinite(losses['val']) and math.isfinite(losses['train'])):
+                        raise Stop(f"the eval loss is {losses['val']} at iter {iter_num}: training diverged; "
+                                   f"stopped without saving, {last_good()}; try a lower --learning_rate", 3)
+                    saved = False
+                    if losses['val'] < best_val_loss or cfg['always_save_checkpoint']:
+                        best_val_loss = min(best_val_loss, losses['val'])
+                        if iter_num > 0 and master:
+                            save(losses['val'])
+                            last_saved_iter, saved = iter_num, True
+                    log.record(dict(iter=iter_num, kind='eval', train_loss=losses['train'], val_loss=losses['val'],
+                                    lr=lr_at(iter_num), tokens_per_sec=tok_per_s, saved=saved,
+                                    elapsed_s=round(time.time() - t_start, 2)))
+                    log.show(dict(iter=iter_num, train_loss=losses['train'], val_loss=losses['val']))
+                    t_log, iters_since_log = time.time(), 0  # eval time is not training time
+                if iter_num >= cfg['max_iters']:
+                    break
+                if stop.requested():  # Ctrl-C or SIGTERM on any rank: all stop here, at the same step
+                    raise interrupted(stop.signal or 'on another rank')
 
-            # one optimizer step: accum micro-steps on each process, gradients averaged by DDP on the last
-            t0 = time.time()
-            lr = lr_at(iter_num)
-            for group in optimizer.param_groups:
-                group['lr'] = lr
-            torch.manual_seed(int(np.random.SeedSequence([cfg['seed'], iter_num, dist.rank]).generate_state(1)[0]))
-            starts = window_starts(cfg['seed'], 0, iter_num, accum_total * B, sizes['train'], T)
-            loss_sum = torch.zeros((), device=device)
-            for micro in range(accum):
-                row = (dist.rank * accum + micro) * B  # this process's rows of the global batch
-                X, Y = read_batch(data_path, 'train', starts[row:row + B], T, device)
-                sync = not dist.ddp or micro == accum - 1
-                with contextlib.nullcontext() if sync else train_model.no_sync():  # no all-reduce until the last
-                    with ctx:
-                        _, loss = train_model(X, Y)
-                        loss = loss / accum
-                    scaler.scale(loss).backward()
-                loss_sum += loss.detach()
-            if dist.ddp:
-                torch.distributed.all_reduce(loss_sum)
-                loss_sum /= dist.world_size
-            train_loss = loss_sum.item()
-            if not math.isfinite(train_loss):  # stop before the step: the weights on disk stay good
-                raise Stop(f"the loss is {train_loss} at iter {iter_num}: training diverged; stopped without "
-                           f"saving, {last_good()}; try a lower --learning_rate or --grad_clip", 3)
-            if cfg['grad_clip'] > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg['grad_clip'])
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            dt = time.time() - t0
-            train_time, train_iters = train_time + dt, train_iters + 1
-            iter_num += 1
-            iters_since_log += 1
+                # one optimizer step: accum micro-steps on each process, gradients averaged by DDP on the last
+                t0 = time.time()
+                lr = lr_at(iter_num)
+                for group in optimizer.param_groups:
+                    group['lr'] = lr
+                torch.manual_seed(int(np.random.SeedSequence([cfg['seed'], iter_num, dist.rank]).generate_state(1)[0]))
+                starts = window_starts(cfg['seed'], 0, iter_num, accum_total * B, sizes['train'], T)
+                loss_sum = torch.zeros((), device=device)
+                for micro in range(accum):
+                    row = (dist.rank * accum + micro) * B  # this process's rows of the global batch
+                    X, Y = read_batch(data_path, 'train', starts[row:row + B], T, device)
+                    sync = not dist.ddp or micro == accum - 1
+                    with contextlib.nullcontext() if sync else train_model.no_sync():  # no all-reduce until the last
+                        with ctx:
+                            _, loss = train_model(X, Y)
+                            loss = loss / accum
+                        scaler.scale(loss).backward()
+                    loss_sum += loss.detach()
+                if dist.ddp:
+                    torch.distributed.all_reduce(loss_sum)
+                    loss_sum /= dist.world_size
+                train_loss = loss_sum.item()
+                if not math.isfinite(train_loss):  # stop before the step: the weights on disk stay good
+                    raise Stop(f"the loss is {train_loss} at iter {iter_num}: training diverged; stopped without "
+                               f"saving, {last_good()}; try a lower --learning_rate or --grad_clip", 3)
+                if cfg['grad_clip'] > 0:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg['grad_clip'])
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                dt = time.time() - t0
+                train_time, train_iters = train_time + dt, train_iters + 1
+                iter_num += 1
+                iters_since_log += 1
 
-            if iter_num % cfg['log_interval'] == 0 or iter_num == cfg['max_iters']:
-                now = time.time()
-                per_iter = (now - t_log) / iters_since_log
-                t_log, iters_since_log = now, 0
-                tok_per_s = tokens_per_iter / per_iter
-                row = dict(iter=iter_num, loss=train_loss, lr=lr, tok_per_s=tok_per_s, ms_per_iter=1000 * per_iter)
-                if peak is not None:
-                    row['mfu'] = raw_model.estimate_mfu(B * accum, per_iter, T=T, peak_flops=peak)
-                log.show(row)
-                log.record(dict(iter=iter_num, kind='train', train_loss=train_loss, lr=lr, tokens_per_sec=tok_per_s,
-                                ms_per_iter=1000 * per_iter, mfu=row.get('mfu'),
-                                elapsed_s=round(time.time() - t_start, 2)))
+                if iter_num % cfg['log_interval'] == 0 or iter_num == cfg['max_iters']:
+                    now = time.time()
+                    per_iter = (now - t_log) / iters_since_log
+                    t_log, iters_since_log = now, 0
+                    tok_per_s = tokens_per_iter / per_iter
+                    row = dict(iter=iter_num, loss=train_loss, lr=lr, tok_per_s=tok_per_s, ms_per_iter=1000 * per_iter)
+                    if peak is not None:
+                        row['mfu'] = raw_model.estimate_mfu(B * accum, per_iter, T=T, peak_flops=peak)
+                    log.show(row)
+                    log.record(dict(iter=iter_num, kind='train', train_loss=train_loss, lr=lr, tokens_per_sec=tok_per_s,
+                                    ms_per_iter=1000 * per_iter, mfu=row.get('mfu'),
+                                    elapsed_s=round(time.time() - t_start, 2)))
+    except KeyboardInterrupt:  # a second Ctrl-C: out now, without saving
+        raise Stop(f"interrupted at iter {iter_num}, not saved; {last_good()}"
+                   + (f"\n{resume_hint(cfg, set_keys)}" if ckpt_iter is not None else ""), 130) from None
     except Exception as e:
         if is_oom(e):
             raise Stop(f"out of memory at iter {iter_num} with batch_size={B}, block_size={T} on {device}; try "
