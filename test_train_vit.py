@@ -6,6 +6,7 @@ Runs in about a minute on two busy CPU cores.
 import json
 import math
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -110,6 +111,58 @@ def test_resume_continues_at_the_next_epoch_with_identical_state(data, trained, 
         for k in sa:
             assert torch.equal(sa[k], sb[k]), k
     assert os.path.isfile(os.path.join(out, 'best.pt'))
+
+
+def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(data, trained, tmp_path, monkeypatch,
+                                                                            capsys):
+    """SIGINT to this process during step 2 of epoch 2: ckpt.pt at epoch 1 + 3 steps, exit 130 with the resume
+    command; that command (nothing else: the settings come from the checkpoint) ends where the unbroken run did."""
+    out = str(tmp_path)
+    args = base_args(data, out, '--epochs=2', '--min_lr=1e-3', '--learning_rate=1e-3', '--mixup=0.8', '--cutmix=1.0',
+                     '--drop_path=0.1', '--label_smoothing=0.1')
+    real, calls = train_vit.random_crop_flip, []
+
+    def sigint_at_the_7th_step(x, pad=4):
+        calls.append(1)
+        if len(calls) == 7:                                        # epoch 1 (0-based), step 2
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(x, pad)
+
+    monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_the_7th_step)
+    with pytest.raises(SystemExit) as e:
+        train_vit.main(args)
+    assert e.value.code == 130
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f'interrupted (SIGINT) at epoch 1 + 3/4 steps: saved {out}/ckpt.pt',
+                   f'resume with: python train_vit.py --init_from=resume --out_dir={out} --device=cpu']
+    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    assert (ck['epoch'], ck['step']) == (1, 3)
+    assert [r['epoch'] for r in read_log(out)] == [1]
+    monkeypatch.setattr(train_vit, 'random_crop_flip', real)
+    train_vit.main(err[1].split()[4:])                             # the command as printed
+    a = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
+    b = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    assert (b['epoch'], b['step']) == (2, 0)
+    for k in a['model']:
+        assert torch.equal(a['model'][k], b['model'][k]), k
+    rows, straight = read_log(out), read_log(trained)
+    assert [r['epoch'] for r in rows] == [1, 2]
+    assert rows[1]['train_loss'] == straight[1]['train_loss']      # the epoch's loss counts the steps before the stop
+
+
+def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path):
+    before = open(os.path.join(trained, 'best.pt'), 'rb').read()
+    with pytest.raises(UsageError, match='ckpt.pt holds an earlier run.*--init_from=resume.*--out_dir.*--overwrite=true'):
+        train_vit.main(base_args(data, trained, '--epochs=1'))
+    with pytest.raises(UsageError, match='holds an earlier run'):  # training from best.pt would replace it too
+        train_vit.main(base_args(data, trained, '--init_from=best', '--epochs=1'))
+    assert open(os.path.join(trained, 'best.pt'), 'rb').read() == before
+    out = tmp_path / 'out'                                        # --overwrite=true: the old files go first
+    out.mkdir()
+    for f in ('ckpt.pt', 'best.pt'):
+        (out / f).write_bytes(open(os.path.join(trained, f), 'rb').read())
+    train_vit.main(base_args(data, str(out), '--epochs=1', '--max_steps=1', '--overwrite=true'))
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['epoch'] == 1 and [r['epoch'] for r in read_log(out)] == [1]
 
 
 def test_checkpoint_format(trained):

@@ -4,9 +4,14 @@ Train and evaluate ToST vision models on CIFAR-10/100, and look at what they lea
     python prepare_data.py cifar10                     # once (163 MB download, or --archive=PATH offline)
     python train_vit.py --dataset=cifar10              # tost-cifar from scratch, test top-1 after every epoch
     python train_vit.py --dataset=cifar10 --attn=softmax --out_dir=out-vit-softmax    # the baseline, all else equal
-    python train_vit.py --dataset=cifar10 --init_from=resume                          # go on from out-vit/ckpt.pt
+    python train_vit.py --init_from=resume                 # go on from out-vit/ckpt.pt, e.g. after Ctrl-C
     python train_vit.py --dataset=cifar10 --init_from=best --eval_only                # accuracy of out-vit/best.pt
-    python train_vit.py --dataset=cifar10 --model=tost-cifar-tiny --epochs=3 --device=cpu   # a CPU try-out
+    python train_vit.py --dataset=cifar10 --model=tost-cifar-tiny --epochs=3 --device=cpu --out_dir=out-vit-tiny
+
+A new run refuses an out_dir that holds ckpt.pt or best.pt: add --init_from=resume to go on (the run's
+settings come from its checkpoint; keys given on the command line win), or pass another --out_dir, or
+--overwrite=true. Ctrl-C (or SIGTERM) saves ckpt.pt at the current step, also inside an epoch, and prints
+the command that resumes it; a second Ctrl-C, a second later, stops at once without saving.
 
 One node, 4 GPUs (batch_size is per process: 4 x 128 images a step):
 
@@ -26,7 +31,8 @@ everything else is the paper's shape. num_classes comes from the dataset. Note t
 numbers (95.5-97.5% on CIFAR-10) are fine-tuned from ImageNet; here the models train from scratch.
 
 What you get in out_dir:
-    ckpt.pt      the latest epoch, for --init_from=resume; best.pt, the best test accuracy so far
+    ckpt.pt      the latest epoch (or the step Ctrl-C stopped at), for --init_from=resume; best.pt, the best
+                 test accuracy so far
     log.jsonl    a line per epoch: epoch, step, lr, train_loss, test_loss, test_acc (a fraction), best_acc,
                  test_images, time_s, and compression (a list, one value per TSSA layer): R^var_c (tost.py's objective)
                  of each TSSA layer's output on the first compression_images test images. The paper reports
@@ -53,9 +59,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tost
 from prepare_data import DataError, load_meta
-from train_common import (RunLog, UsageError, atomic_save, autocast, cleanup_distributed, cosine_lr,
-                          human_time, load_checkpoint, make_grad_scaler, parse_overrides, print_help_if_asked,
-                          resolve_dtype, run_main, seed_everything, setup_distributed, strip_compile_prefix)
+from train_common import (GracefulStop, RunLog, Stop, UsageError, atomic_save, autocast, check_out_dir,
+                          cleanup_distributed, cosine_lr, human_time, load_checkpoint, make_grad_scaler,
+                          parse_overrides, print_help_if_asked, resolve_dtype, resume_command, run_main,
+                          seed_everything, setup_distributed, strip_compile_prefix)
 
 # -----------------------------------------------------------------------------
 # default config values: tost-cifar on CIFAR-10, from scratch. Override with --key=value.
@@ -66,6 +73,7 @@ DEFAULTS = dict(
     out_dir='out-vit',          # ckpt.pt, best.pt, log.jsonl, viz/
     init_from='scratch',        # 'scratch', 'resume' (out_dir/ckpt.pt), 'best' (out_dir/best.pt), or a .pt path
                                 # (best or a path: for --eval_only, or its weights with a fresh optimizer)
+    overwrite=False,            # a new run into an out_dir that holds ckpt.pt/best.pt: delete them (else refuse)
     eval_only=False,            # evaluate the init_from checkpoint, write the pictures, exit
     # model
     model='tost-cifar',         # a vision preset of tost.py: tost-cifar, tost-cifar-tiny, tost-t, tost-s, tost-m
@@ -98,6 +106,7 @@ DEFAULTS = dict(
     seed=1337,
 )
 PAPER_SHAPES = ('tost-t', 'tost-s', 'tost-m')  # 224px / patch 16 in the paper
+MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'eval_only', 'overwrite')  # not resumed
 
 # -----------------------------------------------------------------------------
 # data: uint8 tensors on the device, augmented there
@@ -414,14 +423,41 @@ def main(argv=None):
     dist = setup_distributed(config['device'])
     try:
         return run(config, set_keys, dist)
+    except Stop as e:
+        e.exit(dist.master)
     finally:
         cleanup_distributed(dist)
+
+
+def resume_hint(config, set_keys):
+    """'resume with: python train_vit.py --init_from=resume ...': the checkpoint restores all but these keys."""
+    keys = [k for k in ('out_dir', 'device', 'dtype', 'compile') if k in set_keys and config[k] != DEFAULTS[k]]
+    return "resume with: " + resume_command('train_vit.py', {'init_from': 'resume', **{k: config[k] for k in keys}})
+
+
+def step_seed(seed, epoch, step, rank):
+    """Augmentation, mixup and drop-path draw from a generator seeded per step: a run stopped at any step
+    resumes with the same random numbers."""
+    return int(np.random.SeedSequence([seed, epoch, step, rank]).generate_state(1)[0])
 
 
 def run(config, set_keys, dist):
     device, master = dist.device, dist.master
     device_type = device.split(':')[0]
     dtype = resolve_dtype(config['dtype'], device)
+
+    # a checkpoint to start from; on resume the run goes on as it was: its config, then this command line's keys
+    ckpt = path = None
+    if config['init_from'] != 'scratch':
+        path = checkpoint_path(config)
+        ckpt = load_checkpoint(path, map_location=device)
+        check_vit_checkpoint(ckpt, path)
+    if config['init_from'] == 'resume' and isinstance(ckpt.get('config'), dict):
+        old = ckpt['config']
+        config = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in config.items()}
+    elif not config['eval_only']:  # a new run: it must not replace another run's checkpoints
+        check_out_dir([os.path.join(config['out_dir'], f) for f in ('ckpt.pt', 'best.pt')], config['overwrite'],
+                      master)
     seed_everything(config['seed'], dist.rank)
 
     # data, on the device
@@ -429,11 +465,6 @@ def run(config, set_keys, dist):
     norm = normalizer(meta, device)
 
     # model: fresh from a preset, or the checkpoint's shape and weights
-    ckpt = path = None
-    if config['init_from'] != 'scratch':
-        path = checkpoint_path(config)
-        ckpt = load_checkpoint(path, map_location=device)
-        check_vit_checkpoint(ckpt, path)
     vit_config = model_config(config, set_keys, meta, tuple(x_train.shape[1:]), ckpt, path)
     n_tssa = vit_config.n_layer if vit_config.attn == 'tssa' else 0
     if n_tssa and not -n_tssa <= config['viz_layer'] < n_tssa:
@@ -446,10 +477,6 @@ def run(config, set_keys, dist):
         except RuntimeError as e:
             raise UsageError(f"{path} does not fit its own model_args ({str(e).splitlines()[0]})") from None
 
-    if ckpt is not None and config['init_from'] != 'resume' and not config['eval_only']:
-        if os.path.abspath(os.path.dirname(path)) == os.path.abspath(config['out_dir']):
-            raise UsageError(f"training from {path} would overwrite the checkpoints beside it; "
-                             f"pick another --out_dir (or --init_from=resume to go on)")
     if config['eval_only']:
         acc, loss, count = evaluate(raw_model, x_test, y_test, norm, config['batch_size'], device, dtype, dist)
         if master:
@@ -467,7 +494,11 @@ def run(config, set_keys, dist):
     optimizer = raw_model.configure_optimizers(config['weight_decay'], config['learning_rate'],
                                                (config['beta1'], config['beta2']), device_type)
     scaler = make_grad_scaler(device, dtype)
-    start_epoch, best_acc = 0, 0.0
+    n_train, bs, epochs = len(x_train), config['batch_size'], config['epochs']
+    steps_per_epoch = -(-(-(-n_train // dist.world_size)) // bs)           # ceil(ceil(n / ranks) / batch)
+    if config['max_steps']:
+        steps_per_epoch = min(steps_per_epoch, config['max_steps'])
+    start_epoch, start_step, best_acc, loss_carry = 0, 0, 0.0, 0.0
     if config['init_from'] == 'resume':
         missing = [k for k in ('optimizer', 'epoch', 'best_acc') if k not in ckpt]
         if missing:
@@ -476,20 +507,50 @@ def run(config, set_keys, dist):
         if ckpt.get('scaler'):
             scaler.load_state_dict(ckpt['scaler'])
         start_epoch, best_acc = int(ckpt['epoch']), float(ckpt['best_acc'])
+        start_step, loss_carry = int(ckpt.get('step', 0)), float(ckpt.get('epoch_loss_sum', 0.0))
+    ckpt_at = (start_epoch, start_step) if config['init_from'] == 'resume' else None   # (epoch, step) on disk
+    redo = start_step and (ckpt.get('steps_per_epoch'), ckpt.get('world_size')) != (steps_per_epoch, dist.world_size)
+    ckpt = None                                                              # free the memory
     config['drop_path'] = vit_config.drop_path  # what the model uses, in the saved config
     model = torch.compile(raw_model) if config['compile'] else raw_model
     if dist.ddp:
         model = DDP(model, device_ids=[dist.local_rank] if device_type == 'cuda' else None)
 
-    n_train, bs, epochs = len(x_train), config['batch_size'], config['epochs']
-    steps_per_epoch = -(-(-(-n_train // dist.world_size)) // bs)           # ceil(ceil(n / ranks) / batch)
-    if config['max_steps']:
-        steps_per_epoch = min(steps_per_epoch, config['max_steps'])
     warmup, total = config['warmup_epochs'] * steps_per_epoch, epochs * steps_per_epoch
     C = meta['num_classes']
     mixing = config['mixup'] > 0 or config['cutmix'] > 0
 
-    with RunLog(config['out_dir'], enabled=master, total=epochs, unit='epoch',
+    def save(epoch, step, loss_sum, improved=False):
+        """ckpt.pt (and best.pt if improved) after `epoch` whole epochs and `step` steps of the next."""
+        state = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
+                 'scaler': scaler.state_dict(), 'model_args': asdict(vit_config), 'kind': 'vit',
+                 'epoch': epoch, 'step': step, 'epoch_loss_sum': loss_sum, 'steps_per_epoch': steps_per_epoch,
+                 'world_size': dist.world_size, 'best_acc': best_acc, 'config': dict(config), 'meta': meta}
+        atomic_save(state, os.path.join(config['out_dir'], 'ckpt.pt'))
+        if improved:
+            atomic_save(state, os.path.join(config['out_dir'], 'best.pt'))
+
+    def where(epoch, step):
+        return f"epoch {epoch}" if step == 0 else f"epoch {epoch} + {step}/{steps_per_epoch} steps"
+
+    def interrupted(signal_name, epoch, step, loss_sum):
+        """Ctrl-C or SIGTERM at a step boundary: save here (master), then a Stop that says how to go on."""
+        how, resume = f"interrupted ({signal_name}) at {where(epoch, step)}", f"\n{resume_hint(config, set_keys)}"
+        if (epoch, step) == ckpt_at and not redo:
+            msg = f"{how}; {config['out_dir']}/ckpt.pt is there already{resume}"
+        elif (epoch, step) == (start_epoch, start_step):
+            msg = f"{how}, before the first step: nothing to save"
+        else:
+            if dist.ddp:
+                torch.distributed.all_reduce(loss_sum)
+            if master:
+                save(epoch, step, loss_sum.item())
+            msg = f"{how}: saved {config['out_dir']}/ckpt.pt{resume}"
+        if dist.ddp:
+            torch.distributed.barrier()  # the other ranks wait while rank 0 writes
+        return Stop(msg, 130)
+
+    with RunLog(config['out_dir'], enabled=master, total=epochs, unit='epoch', resume_from=start_epoch,
                 fresh=config['init_from'] != 'resume') as log:  # closed on Ctrl-C too: the terminal is left clean
         c = vit_config
         log.print(f"{config['model']} ({c.attn}, {c.n_layer} layers, {c.n_embd} wide, "
@@ -497,82 +558,96 @@ def run(config, set_keys, dist):
                   f"{config['dataset']}: {n_train} train / {len(x_test)} test images, {C} classes | "
                   f"{dist.world_size} x {device} {dtype} | {steps_per_epoch} steps of {dist.world_size} x {bs} "
                   f"per epoch")
-        if start_epoch:
-            log.print(f"resuming {path} after epoch {start_epoch} (best test accuracy {best_acc:.4f})")
+        if config['init_from'] == 'resume':
+            log.print(f"resuming {path} after {where(start_epoch, start_step)} (best test accuracy {best_acc:.4f})")
+        if redo:
+            log.print(f"note: the checkpoint stopped inside epoch {start_epoch + 1} with {ckpt_at[1]} steps of "
+                      f"another size; this run redoes that epoch from its start")
+            start_step, loss_carry = 0, 0.0
         if start_epoch >= epochs:
             log.print(f"nothing to do: the checkpoint has {start_epoch} of --epochs={epochs} epochs; raise --epochs")
             return best_acc
 
         # the loop
         t_start = time.time()
-        for epoch in range(start_epoch, epochs):
-            # every epoch seeds its own randomness (augmentation, drop-path): a resumed run repeats it exactly
-            seed_everything(config['seed'] + 1000 * (epoch + 1), dist.rank)
-            shard = train_shard(n_train, config['seed'], epoch, dist.rank, dist.world_size).to(device)
-            loss_sum = torch.zeros((), device=device)
-            t0, seen, steps = time.time(), 0, 0
-            model.train()
-            for step in range(steps_per_epoch):
-                it = epoch * steps_per_epoch + step
-                lr = cosine_lr(it, config['learning_rate'], config['min_lr'], warmup, total)
-                for group in optimizer.param_groups:
-                    group['lr'] = lr
-                idx = shard[step * bs:(step + 1) * bs]
-                x, y = norm(random_crop_flip(x_train[idx])), y_train[idx]
-                if mixing:
-                    x, y = mix(x, soft_targets(y, C, config['label_smoothing']), config['mixup'], config['cutmix'])
-                with autocast(device, dtype):
-                    logits = model(x)
-                loss = F.cross_entropy(logits.float(), y, label_smoothing=0.0 if mixing else config['label_smoothing'])
-                scaler.scale(loss).backward()
-                if config['grad_clip']:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(raw_model.parameters(), config['grad_clip'])
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                loss_sum += loss.detach()
-                seen, steps = seen + len(idx) * dist.world_size, steps + 1
-                if (step + 1) % config['log_interval'] == 0 or step + 1 == steps_per_epoch:
-                    lossf = loss.item()                                          # waits for the device
-                    dt = time.time() - t0
-                    log.show({'epoch': round(epoch + (step + 1) / steps_per_epoch, 3), 'loss': lossf, 'lr': lr,
-                              'img_per_s': seen / dt, 'ms_per_step': 1000 * dt / steps})
+        epoch, step = start_epoch, start_step
+        try:
+            with GracefulStop(dist) as stop:
+                for epoch in range(start_epoch, epochs):
+                    shard = train_shard(n_train, config['seed'], epoch, dist.rank, dist.world_size).to(device)
+                    first = start_step if epoch == start_epoch else 0
+                    # this rank's share of the loss summed so far this epoch (a resumed epoch brings its sum)
+                    loss_sum = torch.full((), loss_carry / dist.world_size if first else 0.0, device=device)
                     t0, seen, steps = time.time(), 0, 0
+                    model.train()
+                    for step in range(first, steps_per_epoch):
+                        if stop.requested():           # Ctrl-C or SIGTERM on any rank: all stop at this step
+                            raise interrupted(stop.signal or 'on another rank', epoch, step, loss_sum)
+                        torch.manual_seed(step_seed(config['seed'], epoch, step, dist.rank))
+                        it = epoch * steps_per_epoch + step
+                        lr = cosine_lr(it, config['learning_rate'], config['min_lr'], warmup, total)
+                        for group in optimizer.param_groups:
+                            group['lr'] = lr
+                        idx = shard[step * bs:(step + 1) * bs]
+                        x, y = norm(random_crop_flip(x_train[idx])), y_train[idx]
+                        if mixing:
+                            x, y = mix(x, soft_targets(y, C, config['label_smoothing']), config['mixup'],
+                                       config['cutmix'])
+                        with autocast(device, dtype):
+                            logits = model(x)
+                        loss = F.cross_entropy(logits.float(), y,
+                                               label_smoothing=0.0 if mixing else config['label_smoothing'])
+                        scaler.scale(loss).backward()
+                        if config['grad_clip']:
+                            scaler.unscale_(optimizer)
+                            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), config['grad_clip'])
+                        scaler.step(optimizer)
+                        scaler.update()
+                        optimizer.zero_grad(set_to_none=True)
+                        loss_sum += loss.detach()
+                        seen, steps = seen + len(idx) * dist.world_size, steps + 1
+                        if (step + 1) % config['log_interval'] == 0 or step + 1 == steps_per_epoch:
+                            lossf = loss.item()                                  # waits for the device
+                            dt = time.time() - t0
+                            log.show({'epoch': round(epoch + (step + 1) / steps_per_epoch, 3), 'loss': lossf,
+                                      'lr': lr, 'img_per_s': seen / dt, 'ms_per_step': 1000 * dt / steps})
+                            t0, seen, steps = time.time(), 0, 0
 
-            # end of epoch: mean train loss over all ranks, test accuracy, pictures, checkpoints
-            if dist.ddp:
-                torch.distributed.all_reduce(loss_sum)
-            train_loss = loss_sum.item() / (steps_per_epoch * dist.world_size)
-            last = epoch + 1 == epochs
-            row = {'epoch': epoch + 1, 'step': (epoch + 1) * steps_per_epoch, 'lr': lr, 'train_loss': train_loss}
-            if (epoch + 1) % config['eval_interval'] == 0 or last:
-                acc, test_loss, count = evaluate(raw_model, x_test, y_test, norm, bs, device, dtype, dist)
-                improved = acc > best_acc
-                best_acc = max(best_acc, acc)
-                row.update(test_loss=test_loss, test_acc=acc, best_acc=best_acc, test_images=count)
-                if master:
-                    comp, lines = look_inside(raw_model, x_test, y_test, norm, config, meta, n_tssa)
-                    if comp:                            # R^var_c per TSSA layer (none with softmax attention)
-                        row['compression'] = comp
-                    log.print(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}, test loss {test_loss:.4f}, "
-                              f"test acc {acc:.4f} (best {best_acc:.4f}), {human_time(time.time() - t_start)} so far")
-                    for line in lines:
-                        log.print(line)
-                    if sys.stdout.isatty():  # keep test_acc in the live table (a plain log has the line above)
-                        log.show({'epoch': epoch + 1, 'test_acc': acc, 'best_acc': best_acc})
-            else:
-                improved = False
-                log.print(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}")
-            row['time_s'] = round(time.time() - t_start, 2)
-            log.record(row)
-            if master:
-                state = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
-                         'scaler': scaler.state_dict(), 'model_args': asdict(vit_config), 'kind': 'vit',
-                         'epoch': epoch + 1, 'best_acc': best_acc, 'config': dict(config), 'meta': meta}
-                atomic_save(state, os.path.join(config['out_dir'], 'ckpt.pt'))
-                if improved:
-                    atomic_save(state, os.path.join(config['out_dir'], 'best.pt'))
+                    # end of epoch: mean train loss over all ranks, test accuracy, pictures, checkpoints
+                    if dist.ddp:
+                        torch.distributed.all_reduce(loss_sum)
+                    train_loss = loss_sum.item() / (steps_per_epoch * dist.world_size)
+                    last = epoch + 1 == epochs
+                    row = {'epoch': epoch + 1, 'step': (epoch + 1) * steps_per_epoch, 'lr': lr,
+                           'train_loss': train_loss}
+                    if (epoch + 1) % config['eval_interval'] == 0 or last:
+                        acc, test_loss, count = evaluate(raw_model, x_test, y_test, norm, bs, device, dtype, dist)
+                        improved = acc > best_acc
+                        best_acc = max(best_acc, acc)
+                        row.update(test_loss=test_loss, test_acc=acc, best_acc=best_acc, test_images=count)
+                        if master:
+                            comp, lines = look_inside(raw_model, x_test, y_test, norm, config, meta, n_tssa)
+                            if comp:                    # R^var_c per TSSA layer (none with softmax attention)
+                                row['compression'] = comp
+                            log.print(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}, test loss "
+                                      f"{test_loss:.4f}, test acc {acc:.4f} (best {best_acc:.4f}), "
+                                      f"{human_time(time.time() - t_start)} so far")
+                            for line in lines:
+                                log.print(line)
+                            if sys.stdout.isatty():  # keep test_acc in the live table (a plain log has the line above)
+                                log.show({'epoch': epoch + 1, 'test_acc': acc, 'best_acc': best_acc})
+                    else:
+                        improved = False
+                        log.print(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}")
+                    row['time_s'] = round(time.time() - t_start, 2)
+                    log.record(row)
+                    if master:
+                        save(epoch + 1, 0, 0.0, improved)
+                    ckpt_at = (epoch + 1, 0)
+        except KeyboardInterrupt:                                            # a second Ctrl-C: out now
+            saved = f"{config['out_dir']}/ckpt.pt is from {where(*ckpt_at)}" if ckpt_at else "no checkpoint yet"
+            raise Stop(f"interrupted at {where(epoch, step)}, not saved; {saved}"
+                       + (f"\n{resume_hint(config, set_keys)}" if ckpt_at else ""), 130) from None
         log.print(f"done: best test accuracy {best_acc:.4f} in {human_time(time.time() - t_start)}; "
                   f"checkpoints in {config['out_dir']}")
         return best_acc
