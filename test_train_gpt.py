@@ -503,6 +503,17 @@ def test_sample_same_seed_same_text(trained):
     assert a.returncode == b.returncode == c.returncode == 0, a.stderr
     assert a.stdout == b.stdout and a.stdout != c.stdout
     assert a.stdout.count('---------------') == 2
+    assert a.stderr.startswith('80 tokens in ') and 'tokens/s (cpu, 1 thread)' in a.stderr  # 2 samples x 40
+
+
+def test_sample_uses_one_thread_on_cpu_unless_told(trained):
+    out, _ = trained
+    for env, want in ((None, '1 thread'), ('2', '2 threads')):
+        e = {k: v for k, v in ENV.items() if k != 'OMP_NUM_THREADS'}
+        r = subprocess.run([sys.executable, os.path.join(REPO, 'sample.py'), f'--out_dir={out}', '--num_samples=1',
+                            '--max_new_tokens=3', '--device=cpu'], capture_output=True, text=True, timeout=120,
+                           env=e if env is None else dict(e, OMP_NUM_THREADS=env))
+        assert r.returncode == 0 and r.stderr.strip().endswith(f'tokens/s (cpu, {want})'), r.stderr
 
 
 def test_sample_bad_input(trained, tmp_path):
@@ -523,9 +534,10 @@ def test_sample_bad_input(trained, tmp_path):
     long = 'x = 1\n' * 20 + 'THE END'  # 127 bytes; the model takes 32
     r = run_cli('sample.py', f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5')
     assert r.returncode == 0, r.stderr
-    note = r.stderr.strip().splitlines()
-    assert len(note) == 1 and 'the prompt is 127 tokens' in note[0] and 'kept the last 32' in note[0]
-    assert 'THE END' in note[0] and r.stdout.startswith(long)
+    note, speed = r.stderr.strip().splitlines()
+    assert 'the prompt is 127 tokens' in note and 'kept the last 32' in note
+    assert 'THE END' in note and r.stdout.startswith(long)
+    assert speed.startswith('5 tokens in ') and speed.endswith(' tokens/s (cpu, 1 thread)')  # OMP_NUM_THREADS=1
 
 
 def test_a_vision_checkpoint_is_named_as_such(data_dir, tmp_path):
