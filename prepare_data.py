@@ -9,7 +9,7 @@ no dataset library. Run from the repo root:
     python prepare_data.py openwebtext          # ~9B gpt2 tokens, 17 GB train.bin, every core, hours
     python prepare_data.py openwebtext --input=owt/              # local .parquet / .jsonl / .txt files
     python prepare_data.py cifar10              # 163 MB download, MD5-checked
-    python prepare_data.py cifar100 --archive=/scratch/cifar-100-python.tar.gz   # no internet here
+    python prepare_data.py cifar100 --archive=cifar-100-python.tar.gz   # a tarball fetched by hand
 
 Options, as --key=value or --key value:
     --data_dir=data   root; each dataset goes to <data_dir>/<name>/, downloads to <data_dir>/downloads/
@@ -89,7 +89,7 @@ def _gpt2_encoding():
     except Exception as e:  # it downloads the vocab once, then reads its cache
         raise DataError(f"could not load the GPT-2 vocab: tiktoken downloads it on first use and that failed "
                         f"({type(e).__name__}, no network?); set TIKTOKEN_CACHE_DIR to a folder holding a cached "
-                        f"copy, or use --tokenizer=bytes") from None
+                        f"copy") from None
 
 
 def get_tokenizer(name, encoding=None):
@@ -360,10 +360,21 @@ def _text_meta(tok, counts, source, rule, n_docs, eot):
                 eot=(f"{tok.eot} appended after every document" if eot and tok.eot is not None else None))
 
 
+def _build_tokenizer(o, default, offline='or prepare with --tokenizer=bytes'):
+    """get_tokenizer for a build; without network, the gpt2 error ends with what works offline."""
+    name = o.get('tokenizer', default)
+    try:
+        return get_tokenizer(name)
+    except DataError as e:
+        if name != 'gpt2':
+            raise
+        raise DataError(f"{e}; {offline}") from None
+
+
 def _text_dataset(stage, o, files, source, tok=None, rule=('tail', 10)):
     if not files:
         raise DataError(f"empty corpus: no files in {source}")
-    tok = tok or get_tokenizer(o.get('tokenizer', 'bytes'))
+    tok = tok or _build_tokenizer(o, 'bytes')
     eot = len(files) > 1
     counts = _tokenize(stage, (_read_text(f) for f in files), tok, rule, eot, o.get('workers', 1), len(files))
     return _text_meta(tok, counts, source, rule, len(files), eot)
@@ -392,7 +403,10 @@ SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/da
 
 
 def _build_shakespeare(stage, o):
-    tok = get_tokenizer(o.get('tokenizer', 'gpt2'))  # fail on the tokenizer before any download
+    offline = 'or prepare with --tokenizer=bytes' if 'input' in o else (
+        f"offline, fetch {SHAKESPEARE_URL} by hand, then: python prepare_data.py shakespeare --input=input.txt "
+        f"--tokenizer=bytes")
+    tok = _build_tokenizer(o, 'gpt2', offline)  # fail on the tokenizer before any download
     dest = os.path.join(o['data_dir'], 'downloads', 'tinyshakespeare.txt')
     path = o.get('input') or _download(SHAKESPEARE_URL, dest, hint='--input=PATH')
     return _text_dataset(stage, o, _files_under(path), path if 'input' in o else SHAKESPEARE_URL, tok)
@@ -475,7 +489,7 @@ def _owt_download(data_dir):
 
 
 def _build_openwebtext(stage, o):
-    tok = get_tokenizer(o.get('tokenizer', 'gpt2'))  # fail on the tokenizer before any download
+    tok = _build_tokenizer(o, 'gpt2')  # fail on the tokenizer before any download
     if 'input' in o:
         files, source = _files_under(o['input'], ('.parquet', '.jsonl', '.txt')), os.path.abspath(o['input'])
     else:
