@@ -1,0 +1,198 @@
+"""
+The commands that the --help texts (train_gpt.py, train_vit.py, sample.py, prepare_data.py) and the README
+print, run as written, so that they cannot drift away from the code. Offline, in a temp folder, about a
+minute. Commands that would train for minutes get tiny sizes appended (a later --key=value wins; the
+command's own keys still parse and act). Commands that need the network, a GPU, several processes or
+hours are in SKIP with the reason. A command added to the docs fails test_every_documented_command_is_known
+until it is put in RUN or SKIP.
+"""
+import json
+import os
+import re
+import shlex
+import urllib.error
+
+import pytest
+import torch
+
+import prepare_data
+import sample
+import train_common
+import train_gpt
+import train_vit
+from test_prepare_data import make_cifar
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
+
+TINY_GPT = ('--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=20',
+            '--eval_interval=500', '--eval_iters=2', '--device=cpu')
+LONGER = ('--max_iters=40', '--lr_decay_iters=40')             # 2000 tiny iterations take a minute
+SHORT = ('--max_new_tokens=30',)
+TINY_VIT = ('--model=tost-cifar-tiny', '--epochs=1', '--max_steps=2', '--batch_size=8', '--device=cpu',
+            '--viz_images=1', '--compression_images=8')
+
+# (command as documented, what is appended), run in this order in one folder
+RUN = [
+    ('python prepare_data.py python_stdlib', ()),
+    ('python train_gpt.py', TINY_GPT),
+    ('python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000', LONGER),
+    ('python train_gpt.py --init_from=resume', ()),                   # done: nothing to do, says so
+    ('python train_gpt.py --attn=softmax --out_dir=out-softmax', TINY_GPT),
+    ('python sample.py', SHORT),
+    ('python sample.py --start="def fibonacci(n):" --num_samples=1 --max_new_tokens=2000',
+     ('--max_new_tokens=100',)),                                    # still past block_size (32)
+    ('python sample.py --start=FILE:prompt.txt --temperature=0.7 --top_k=50 --seed=7', SHORT),
+    ('python sample.py --start=FILE:prompt.txt --top_k=50', SHORT),
+    ('python sample.py --out_dir=out-softmax --device=cpu', SHORT),
+    ('python sample.py --start="def main(" --num_samples=3 --max_new_tokens=300 --temperature=0.8 --seed=1', SHORT),
+    ('python sample.py --start="def " --seed=1 --temperature=0.8', SHORT),
+    ('python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes', ()),
+    ('python train_gpt.py --config=shakespeare', TINY_GPT),
+    ('python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes --name=shakespeare_bytes', ()),
+    ('python prepare_data.py text --input=notes/ --name=notes', ()),
+    ('python prepare_data.py --help', ()),
+    ('python prepare_data.py cifar10 --archive=cifar-10-python.tar.gz', ()),    # the README's offline form
+    ('python prepare_data.py cifar100 --archive=cifar-100-python.tar.gz', ()),
+    ('python train_vit.py --dataset=cifar10', TINY_VIT),
+    ('python train_vit.py --dataset=cifar10 --attn=softmax --out_dir=out-vit-softmax', TINY_VIT),
+    ('python train_vit.py --init_from=resume', ('--epochs=2',)),
+    ('python train_vit.py --dataset=cifar10 --init_from=best --eval_only', ()),
+    ('python train_vit.py --dataset=cifar10 --model=tost-cifar-tiny --epochs=3 --device=cpu --out_dir=out-vit-tiny',
+     ('--epochs=1', '--max_steps=1', '--viz_images=0', '--compression_images=0')),
+]
+NET = 'downloads (tested offline on local files in test_prepare_data.py)'
+SKIP = {
+    'python3 -m venv .venv': 'the set-up; .ci/run does it',
+    '. .venv/bin/activate': 'the set-up; .ci/run does it',
+    'pip install torch==2.13.0 -r requirements.txt': 'the set-up; .ci/run does it',
+    'python -m pytest -q': 'this test suite',
+    'python prepare_data.py shakespeare': NET,
+    'python prepare_data.py openwebtext': NET,
+    'python prepare_data.py cifar10': NET + '; its --archive form is run',
+    'python prepare_data.py openwebtext --input=owt/': 'gpt2 BPE, whose vocabulary tiktoken downloads once',
+    'torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base': '8 GPUs, days',
+    'torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
+    'train_gpt.py --config=owt-base': 'two nodes',
+    'torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
+    'train_gpt.py --config=owt-base': 'two nodes',
+    'torchrun --standalone --nproc_per_node=4 train_vit.py --dataset=cifar100 --model=tost-s':
+        '4 GPUs; torchrun with 2 and 3 CPU processes is tested in test_train_vit.py',
+    'torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
+    'train_vit.py --dataset=cifar100 --model=tost-s': 'two nodes',
+    'torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
+    'train_vit.py --dataset=cifar100 --model=tost-s': 'two nodes',
+    'python bench.py': 'minutes; test_bench.py runs its smoke mode',
+    'python bench.py --sections=operator': 'minutes; test_bench.py runs its smoke mode',
+}
+SCRIPTS = {'train_gpt.py': train_gpt.main, 'train_vit.py': train_vit.main, 'sample.py': sample.main,
+           'prepare_data.py': prepare_data.main}
+
+
+def commands_in(line):
+    """The commands of one line: the comment dropped, `a && b` split."""
+    line = re.sub(r'\s+#.*$', '', line).strip()
+    return [c.strip() for c in line.split('&&') if c.strip()]
+
+
+def documented():
+    """{command: where} for every command the help texts and the README show."""
+    found = {}
+    for name, doc in (('train_gpt.py --help', train_gpt.__doc__), ('train_vit.py --help', train_vit.__doc__),
+                      ('sample.py --help', sample.__doc__), ('prepare_data.py --help', prepare_data.__doc__)):
+        for line in doc.replace('\\\n', ' ').splitlines():    # join `\` continuations
+            if line.strip().startswith(('python ', 'torchrun ')):
+                found.update({re.sub(r'\s+', ' ', c): name for c in commands_in(line)})
+    with open(os.path.join(REPO, 'README.md')) as f:
+        readme = f.read()
+    for block in re.findall(r'```\n(.*?)```', readme, re.S):      # code blocks: commands, or what they print
+        for line in block.replace('\\\n', ' ').splitlines():
+            if line.startswith(('python', 'torchrun ', 'pip ', '. ')):
+                found.update({re.sub(r'\s+', ' ', c): 'README.md' for c in commands_in(line)})
+    for span in re.findall(r'`(python [^`]+)`', readme):          # inline commands in the prose
+        found[span] = 'README.md'
+    return found
+
+
+def test_every_documented_command_is_known():
+    docs, run = documented(), {c for c, _ in RUN}
+    unknown = {c: where for c, where in docs.items() if c not in run and c not in SKIP}
+    assert not unknown, f"commands in the docs that no test runs (add them to RUN or SKIP): {unknown}"
+    stale = set(SKIP) - set(docs)
+    assert not stale, f"SKIP names commands the docs no longer show: {stale}"
+    assert 'python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000' in docs
+
+
+def run(cmd, extra=()):
+    argv = shlex.split(cmd)
+    assert argv[0] == 'python' and argv[1] in SCRIPTS, cmd
+    try:
+        SCRIPTS[argv[1]](argv[2:] + list(extra))
+    except SystemExit as e:                                        # prepare_data.main exits on errors
+        assert e.code in (0, None), f"{cmd}: exit {e.code}"
+
+
+def offline(monkeypatch):
+    """No network, whatever the machine: tiktoken's vocabulary and downloads fail as they do here."""
+    def no_vocab():
+        raise prepare_data.DataError("could not load the GPT-2 vocab (offline in this test)")
+
+    def no_download(*a, **k):
+        raise urllib.error.URLError('offline in this test')
+    monkeypatch.setattr(prepare_data, '_gpt2_encoding', no_vocab)
+    monkeypatch.setattr(prepare_data.urllib.request, 'urlopen', no_download)
+
+
+def test_documented_commands_run_offline(tmp_path, monkeypatch, capsys):
+    offline(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'input.txt').write_text('First Citizen:\nBefore we proceed any further, hear me speak.\n\n' * 300)
+    (tmp_path / 'notes').mkdir()
+    (tmp_path / 'notes' / 'a.txt').write_text('Some notes of mine.\n' * 200)
+    (tmp_path / 'prompt.txt').write_text('def main():\n')
+    make_cifar(tmp_path / 'cifar-10-python.tar.gz', 'cifar10', n=12)
+    make_cifar(tmp_path / 'cifar-100-python.tar.gz', 'cifar100', n=4)
+    for cmd, extra in RUN:
+        run(cmd, extra)
+    out = capsys.readouterr()
+    # what the commands promised: the resume trained on with the stretched schedule, sampling said its speed
+    assert 'schedule decays to min_lr' not in out.out
+    ckpt = train_common.load_checkpoint('out/ckpt.pt')
+    assert ckpt['iter_num'] == 40 and ckpt['config']['lr_decay_iters'] == 40
+    assert out.err.count('tokens/s (cpu') == 7                     # one line per sample.py command
+    assert os.path.isfile('out-vit/best.pt') and os.path.isfile('out-vit-tiny/ckpt.pt')
+    assert [json.loads(r)['epoch'] for r in open('out-vit/log.jsonl')] == [1, 2]
+
+
+def test_error_messages_name_commands_that_work(tmp_path, monkeypatch, capsys):
+    """The shakespeare preset offline, and a run from scratch into a used out_dir: each error names a command;
+    run it as printed."""
+    offline(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(train_common.UsageError) as e:
+        train_gpt.main(['--config=shakespeare'])
+    advice = re.search(r'then: (python prepare_data\.py .*)$', str(e.value)).group(1)
+    assert advice == 'python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes'
+    (tmp_path / 'input.txt').write_text('Now is the winter of our discontent\n' * 500)
+    run(advice)
+    run('python train_gpt.py --config=shakespeare', TINY_GPT)
+    printed = capsys.readouterr().out
+    sample_cmd = re.search(r'sample from it: (.*)', printed).group(1)
+    assert sample_cmd == 'python sample.py --out_dir=out-shakespeare'
+    run(sample_cmd, ('--num_samples=1', '--max_new_tokens=20'))
+
+    # the same command again: refused, in one line naming both ways forward; each of them works
+    before = (tmp_path / 'out-shakespeare' / 'ckpt.pt').read_bytes()
+    with pytest.raises(train_common.UsageError) as e:
+        train_gpt.main(['--config=shakespeare', *TINY_GPT])
+    msg = str(e.value)
+    assert 'out-shakespeare/ckpt.pt holds an earlier run' in msg and '\n' not in msg
+    assert '--init_from=resume' in msg and '--out_dir' in msg and '--overwrite=true' in msg
+    assert (tmp_path / 'out-shakespeare' / 'ckpt.pt').read_bytes() == before   # untouched
+    train_gpt.main(['--config=shakespeare', *TINY_GPT, '--init_from=resume', '--max_iters=25'])
+    assert train_common.load_checkpoint('out-shakespeare/ckpt.pt')['iter_num'] == 25
+    train_gpt.main(['--config=shakespeare', *TINY_GPT, '--overwrite=true', '--max_iters=5'])
+    assert 'overwrite: deleted out-shakespeare/ckpt.pt' in capsys.readouterr().out
+    assert train_common.load_checkpoint('out-shakespeare/ckpt.pt')['iter_num'] == 5
+    rows = [json.loads(r) for r in open('out-shakespeare/log.jsonl')]
+    assert rows[0]['iter'] == 0 and rows[-1]['iter'] == 5           # a fresh log
