@@ -333,8 +333,7 @@ def test_resolve_dtype(monkeypatch):
     assert tc.resolve_dtype("auto", "mps") == "float32"
     assert tc.resolve_dtype("bfloat16", "cpu") == "bfloat16"
     assert tc.resolve_dtype("float32", "cpu") == "float32"
-    with pytest.raises(UsageError, match="float16"):
-        tc.resolve_dtype("float16", "cpu")
+    assert tc.resolve_dtype("float16", "cpu") == "float16"  # autocast and GradScaler run on CPU (torch 2.5+)
     with pytest.raises(UsageError, match="unknown dtype 'fp8'"):
         tc.resolve_dtype("fp8", "cpu")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
@@ -354,6 +353,9 @@ def test_autocast_and_grad_scaler_on_cpu():
         assert (a @ b).dtype == torch.bfloat16
     assert isinstance(tc.make_grad_scaler("cpu", "float32"), torch.amp.GradScaler)
     assert not tc.make_grad_scaler("cpu", "bfloat16").is_enabled()
+    with tc.autocast("cpu", "float16"):
+        assert (a @ b).dtype == torch.float16
+    assert tc.make_grad_scaler("cpu", "float16").is_enabled()
 
 
 def test_setup_distributed_single_process(monkeypatch):
