@@ -6,9 +6,12 @@ What they prove: a run trains and its checkpoint loads back to the same val loss
 or SIGTERM, to this process, to a subprocess, to one torchrun worker or to torchrun's whole group) saves
 at the step boundary and `--init_from=resume`, as printed, ends with exactly the weights and optimizer
 state of an unbroken run and a log without duplicate rows; a second Ctrl-C during the save keeps the
-previous checkpoint; a failed save keeps the previous checkpoint; 2 processes under torchrun (gloo)
-compute what 1 process does with the same global batch; sampling streams the text generate() gives and
-repeats for a seed; bad input ends in one line, a non-zero exit and no traceback.
+previous checkpoint; a failed save keeps the previous checkpoint; 2 processes under torchrun (gloo) on the
+defaults round the accumulation up and compute what 1 process does with the same global batch, 3 stop
+together when one rank gets SIGTERM; the GPU paths run on CPU (compile with a checkpoint and a resume,
+bf16, fp16 with the GradScaler, fused AdamW, MFU) and the step never reads the loss but for a log row;
+sampling streams the text generate() gives and repeats for a seed; bad input ends in one line, a non-zero
+exit and no traceback.
 """
 import json
 import os
@@ -233,6 +236,17 @@ def test_a_real_sigint_saves_at_the_step_and_resume_is_exact(data_dir, tmp_path,
     assert [(r['iter'], r['kind']) for r in read_log(broken)] == [(r['iter'], r['kind']) for r in read_log(full)]
 
 
+def same_run(ckpt_a, ckpt_b):
+    """How far apart two runs' weights are, as a share of how far training moved them from the initial
+    weights. Not elementwise: where a gradient is ~0, Adam's m / (sqrt(v) + eps) turns the last bit of a
+    rounding difference (a fused kernel, inductor) into a whole step for that element."""
+    train_common.seed_everything(ckpt_a['config']['seed'])          # the trainer's initial weights
+    init = tost.GPT(tost.GPTConfig(**ckpt_a['model_args'])).state_dict()
+    flat = lambda sd: torch.cat([sd[k].flatten().double() for k in sorted(sd)])
+    a, b = flat(ckpt_a['model']), flat(ckpt_b['model'])
+    return ((a - b).norm() / (a - flat(init)).norm()).item()
+
+
 def start(script, args, cwd, torchrun=0):
     """A training run in its own session (so a signal to its group reaches torchrun and its workers only)."""
     launch = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}'] \
@@ -258,22 +272,22 @@ def logged_iter(out_dir):
 
 def test_sigterm_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir, tmp_path):
     out = str(tmp_path / 'out')
-    p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=300', '--eval_interval=1000'), str(tmp_path))
+    p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=200', '--eval_interval=1000'), str(tmp_path))
     wait_for(p, lambda: logged_iter(out) >= 3, 'iter 3')
     p.send_signal(signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 130, stderr
     it = weights(out)['iter_num']
-    assert stderr.splitlines()[0] == f'interrupted (SIGTERM) at iter {it}: saved {out}/ckpt.pt' and 3 <= it < 300
+    assert stderr.splitlines()[0] == f'interrupted (SIGTERM) at iter {it}: saved {out}/ckpt.pt' and 3 <= it < 200
     cmd = stderr.splitlines()[1].split('resume with: ')[1]
     assert cmd.startswith('python ') and 'Traceback' not in stderr
     assert [f for f in os.listdir(out) if '.tmp' in f] == []
     r = subprocess.run([sys.executable] + shlex.split(cmd)[1:], cwd=str(tmp_path), env=ENV, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert f'resuming from {out}/ckpt.pt at iter {it}' in r.stdout and weights(out)['iter_num'] == 300
+    assert f'resuming from {out}/ckpt.pt at iter {it}' in r.stdout and weights(out)['iter_num'] == 200
     iters = [r['iter'] for r in read_log(out) if r['kind'] == 'train']
-    assert iters == list(range(1, 301))                          # each iteration once
+    assert iters == list(range(1, 201))                          # each iteration once
 
 
 SLOW_SAVE = '''
@@ -334,17 +348,18 @@ def test_failed_save_keeps_the_previous_checkpoint(data_dir, tmp_path, monkeypat
 # several processes
 
 
-def test_torchrun_two_processes_match_one(data_dir, tmp_path):
-    """The global batch of iteration i is the same rows however many processes share it, so 2 processes
-    with 2 accumulation steps in total (1 each) must follow 1 process with 2, up to float rounding."""
+def test_torchrun_two_processes_on_the_defaults_match_one(data_dir, tmp_path):
+    """2 processes with the default gradient_accumulation_steps=1 (no flag added) round it up to 2, say so,
+    and compute what 1 process with 2 does, dropout included (it is seeded per micro-step), up to rounding."""
     one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
-    args = ('--max_iters=4', '--eval_interval=2', '--gradient_accumulation_steps=2')
-    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                        os.path.join(REPO, 'train_gpt.py'), *tiny(data_dir, two, *args)],
-                       capture_output=True, text=True, env=ENV, cwd=str(tmp_path), timeout=180)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert r.stdout.count('done: 4 iters') == 1  # only rank 0 talks
-    train_gpt.main(tiny(data_dir, one, *args))
+    args = ('--max_iters=4', '--eval_interval=2', '--dropout=0.1')
+    p = start('train_gpt.py', tiny(data_dir, two, *args), str(tmp_path), torchrun=2)
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 0, stdout[-2000:] + stderr[-2000:]
+    assert stdout.count('done: 4 iters') == 1  # only rank 0 talks
+    assert 'note: gradient_accumulation_steps=1 rounded up to 2, a multiple of the 2 processes: 256 tokens per iter' \
+        in stdout
+    train_gpt.main(tiny(data_dir, one, *args, '--gradient_accumulation_steps=2'))
     log1, log2 = read_log(one), read_log(two)
     assert [(r['iter'], r['kind']) for r in log1] == [(r['iter'], r['kind']) for r in log2]
     for a, b in zip(log1, log2):
@@ -354,6 +369,55 @@ def test_torchrun_two_processes_match_one(data_dir, tmp_path):
     w1, w2 = weights(one)['model'], weights(two)['model']
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=1e-5, msg=k)
+
+
+def rank_pid(torchrun, rank):
+    """The pid of a torchrun worker, read from its environment."""
+    for pid in os.listdir('/proc'):
+        try:
+            if not pid.isdigit() or int(open(f'/proc/{pid}/stat').read().split(') ')[1].split()[1]) != torchrun:
+                continue
+            env = open(f'/proc/{pid}/environ', 'rb').read().split(b'\0')
+        except OSError:
+            continue
+        if f'RANK={rank}'.encode() in env:
+            return int(pid)
+    return None
+
+
+@pytest.mark.skipif(not os.path.isdir('/proc'), reason='finds the worker through /proc')
+def test_torchrun_three_processes_sigterm_to_one_rank_stops_all_at_the_same_step(data_dir, tmp_path):
+    """3 processes on the defaults (1 micro-step rounded up to 3); SIGTERM to rank 1 alone, as a scheduler might
+    send it: the flag is all-reduced, every rank stops at the same step, rank 0 saves there and says how to go
+    on. Then one process resumes it (another process count), and the log has each iteration once."""
+    out = str(tmp_path / 'out')
+    p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=400', '--eval_interval=1000'), str(tmp_path),
+              torchrun=3)
+    wait_for(p, lambda: logged_iter(out) >= 3, 'iter 3', timeout=240)
+    os.kill(rank_pid(p.pid, 1), signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=240)
+    assert '3 process(es) x 1 micro-steps x 4 x 32' in stdout and 'rounded up to 3' in stdout
+    it = weights(out)['iter_num']
+    assert f'interrupted (on another rank) at iter {it}: saved {out}/ckpt.pt' in stderr, stderr[-3000:]
+    assert 'resume with: torchrun --standalone --nproc_per_node=3 ' in stderr
+    assert 3 <= it < 400 and logged_iter(out) == it
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--device=cpu', '--max_iters=' + str(it + 5)])
+    iters = [r['iter'] for r in read_log(out) if r['kind'] == 'train']
+    assert iters == list(range(1, it + 6))
+
+
+def test_torchrun_ctrl_c_reaches_every_process_twice_and_counts_once(data_dir, tmp_path):
+    """Ctrl-C in a terminal signals torchrun and its workers, and torchrun forwards it to them again: each
+    worker sees two SIGINTs within milliseconds. That is one Ctrl-C: the save happens, not an abort."""
+    out = str(tmp_path / 'out')
+    p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=400', '--eval_interval=1000'), str(tmp_path),
+              torchrun=2)
+    wait_for(p, lambda: logged_iter(out) >= 3, 'iter 3', timeout=240)
+    os.killpg(p.pid, signal.SIGINT)                               # what the terminal does
+    stdout, stderr = p.communicate(timeout=240)
+    it = weights(out)['iter_num']
+    assert f'interrupted (SIGINT) at iter {it}: saved {out}/ckpt.pt' in stderr, stderr[-3000:]
+    assert stderr.count('interrupted (') == 1 and 3 <= it < 400
 
 
 def test_no_gradient_sync_before_the_last_micro_step(data_dir, tmp_path, monkeypatch):
@@ -374,11 +438,143 @@ def test_no_gradient_sync_before_the_last_micro_step(data_dir, tmp_path, monkeyp
     assert not torch.distributed.is_initialized()  # main() left the process group
 
 
-def test_accumulation_must_divide_among_processes(data_dir, tmp_path, monkeypatch, capsys):
-    two = train_common.Dist(ddp=True, rank=0, local_rank=0, world_size=2, master=True, device='cpu')
-    monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: two)  # as if under torchrun
-    assert exits(train_gpt.main, tiny(data_dir, str(tmp_path), '--gradient_accumulation_steps=3')) == 2
-    one_line_error(capsys.readouterr().err, 'gradient_accumulation_steps (3)', 'multiple of', '(2)')
+def test_accumulation_rounds_up_on_every_preset_for_1_to_4_processes():
+    for name in [None, *train_gpt.PRESETS]:
+        argv = [] if name is None else [f'--config={name}']
+        cfg = train_gpt.resolve_config(*train_common.parse_overrides(argv, train_gpt.DEFAULTS, train_gpt.PRESETS))
+        steps = cfg['gradient_accumulation_steps']
+        for n in (1, 2, 3, 4):
+            per, total = train_gpt.split_accumulation(steps, n)
+            assert per * n == total and steps <= total < steps + n, (name, n)
+            assert (total == steps) == (steps % n == 0)
+    assert train_gpt.split_accumulation(40, 3) == (14, 42) and train_gpt.split_accumulation(1, 2) == (1, 2)
+
+
+# -----------------------------------------------------------------------------
+# the GPU paths, run on CPU at tiny size
+
+
+def test_compiled_run_saves_plain_weights_and_resumes_compiled(data_dir, tmp_path):
+    """--compile=true (inductor, on CPU here): a short run, its checkpoint, a compiled resume from it, all
+    within float rounding of the same run without compile. The first compile takes about a minute."""
+    out, eager = str(tmp_path / 'compiled'), str(tmp_path / 'eager')  # no dropout: inductor draws its own masks
+    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=2', '--compile=true'))
+    assert not any('_orig_mod' in k for k in weights(out)['model'])
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--compile=true', '--max_iters=6'])
+    train_gpt.main(tiny(data_dir, eager, '--max_iters=4', '--eval_interval=2'))
+    train_gpt.main(['--init_from=resume', f'--out_dir={eager}', '--max_iters=6'])
+    assert weights(out)['iter_num'] == 6
+    for a, b in zip(read_log(out), read_log(eager)):
+        assert (a['iter'], a['kind']) == (b['iter'], b['kind']) and abs(a['train_loss'] - b['train_loss']) < 1e-4
+    assert same_run(weights(eager), weights(out)) < 0.01
+
+
+@pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
+def test_mixed_precision_runs_on_cpu(data_dir, tmp_path, dtype):
+    """bf16 autocast, and fp16 with the GradScaler (its state is saved and resumed), as on a GPU."""
+    out, ref = str(tmp_path / dtype), str(tmp_path / 'float32')
+    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=2', f'--dtype={dtype}'))
+    train_gpt.main(tiny(data_dir, ref, '--max_iters=4', '--eval_interval=2'))
+    scaler = weights(out)['scaler']
+    assert ('scale' in scaler) == (dtype == 'float16')            # fp16: loss scaling on; bf16 needs none
+    if dtype == 'float16':
+        assert 0 < scaler['scale'] <= 2.0 ** 16
+    for a, b in zip(read_log(out), read_log(ref)):                # mixed precision, same run: close losses
+        assert abs(a['train_loss'] - b['train_loss']) < 0.05, (a, b)
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6', f'--dtype={dtype}'])  # dtype: this
+    assert weights(out)['iter_num'] == 6 and weights(out)['config']['dtype'] == dtype          # machine's choice
+
+
+def test_fused_adamw_the_gpu_choice_trains_like_foreach(data_dir, tmp_path, monkeypatch):
+    """On cuda the trainer gets tost's fused AdamW. torch has a fused AdamW on CPU too, so the same run with
+    the cuda choice forced here must land where the default (foreach) one does."""
+    ref, fused = str(tmp_path / 'foreach'), str(tmp_path / 'fused')
+    train_gpt.main(tiny(data_dir, ref, '--max_iters=4', '--eval_interval=2'))
+    real = tost.GPT.configure_optimizers
+    monkeypatch.setattr(tost.GPT, 'configure_optimizers', lambda self, wd, lr, betas, device_type:
+                        real(self, wd, lr, betas, 'cuda'))
+    train_gpt.main(tiny(data_dir, fused, '--max_iters=4', '--eval_interval=2'))
+    assert all(g['fused'] for g in weights(fused)['optimizer']['param_groups'])
+    assert not any(g['fused'] for g in weights(ref)['optimizer']['param_groups'])
+    assert same_run(weights(ref), weights(fused)) < 0.01
+    for x, y in zip(read_log(ref), read_log(fused)):
+        assert abs(x['train_loss'] - y['train_loss']) < 1e-5
+
+
+def test_mfu_is_shown_and_agrees_with_tokens_per_second(data_dir, tmp_path, monkeypatch, capsys):
+    """No MFU on a CPU (no known peak); given a peak, the row shows it, and it is the model's FLOPs per token
+    times the measured tokens/s over the peak."""
+    monkeypatch.setattr(train_gpt, 'peak_flops', lambda device, dtype: 1e9)
+    out = str(tmp_path / 'out')
+    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=100'))
+    assert 'mfu ' in capsys.readouterr().out
+    model = tost.GPT(tost.GPTConfig(**weights(out)['model_args']))
+    rows = [r for r in read_log(out) if r['kind'] == 'train']
+    assert len(rows) == 4
+    for r in rows:
+        assert r['mfu'] == pytest.approx(model.flops_per_token(32) * r['tokens_per_sec'] / 1e9, rel=1e-9)
+        assert r['tokens_per_sec'] == pytest.approx(4 * 32 / (r['ms_per_iter'] / 1000), rel=1e-9)
+
+
+def test_peak_flops_by_gpu_name(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'NVIDIA H100 80GB HBM3')
+    assert train_gpt.peak_flops('cuda:0', 'bfloat16') == 989e12
+    assert train_gpt.peak_flops('cuda:0', 'float32') == 989e12 / 2     # TF32
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'NVIDIA L40S')
+    assert train_gpt.peak_flops('cuda', 'bfloat16') == 362e12          # not L4's
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'Some Future GPU')
+    assert train_gpt.peak_flops('cuda', 'bfloat16') is None
+    assert train_gpt.peak_flops('cpu', 'float32') is None
+
+
+def test_a_row_holds_the_mean_loss_since_the_last_row_and_the_time_without_eval(data_dir, tmp_path, monkeypatch):
+    every, pairs = str(tmp_path / 'every'), str(tmp_path / 'pairs')
+    train_gpt.main(tiny(data_dir, every, '--max_iters=4', '--eval_interval=100'))
+    real = train_gpt.window_starts
+
+    def slow_eval(seed, stream, *rest):
+        if stream > 0:  # an eval batch: 4 of them at iter 2, 0.8 s in all
+            time.sleep(0.2)
+        return real(seed, stream, *rest)
+
+    monkeypatch.setattr(train_gpt, 'window_starts', slow_eval)
+    train_gpt.main(tiny(data_dir, pairs, '--max_iters=4', '--eval_interval=2', '--log_interval=2'))
+    one = {r['iter']: r['train_loss'] for r in read_log(every) if r['kind'] == 'train'}
+    rows = [r for r in read_log(pairs) if r['kind'] == 'train']
+    assert [r['iter'] for r in rows] == [2, 4]
+    for r in rows:
+        assert r['train_loss'] == pytest.approx((one[r['iter'] - 1] + one[r['iter']]) / 2, abs=1e-6)
+    assert rows[1]['ms_per_iter'] < 150, rows[1]  # iters 3-4 around the 0.8 s eval at 2: the eval is not counted
+
+
+SYNCS = ('item', 'tolist', '__float__', '__int__', '__bool__')
+
+
+def count_syncs(monkeypatch, files):
+    """Count the tensor reads (a host-device sync on a GPU) made by code in `files`."""
+    calls = []
+    for name in SYNCS:
+        real = getattr(torch.Tensor, name)
+
+        def wrapper(self, *a, _real=real, **k):
+            if os.path.basename(sys._getframe(1).f_code.co_filename) in files:
+                calls.append(1)
+            return _real(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    return calls
+
+
+def test_the_training_step_does_not_wait_for_the_device(data_dir, tmp_path, monkeypatch):
+    """As nanoGPT: the loss is read only for a log row. 10 more iterations with one more row: one more read."""
+    calls = count_syncs(monkeypatch, {'train_gpt.py', 'tost.py', 'train_common.py'})
+    counts = []
+    for n in (10, 20):
+        calls.clear()
+        train_gpt.main(tiny(data_dir, str(tmp_path / str(n)), f'--max_iters={n}', '--eval_interval=1000',
+                            '--log_interval=10'))
+        counts.append(len(calls))
+    assert counts[1] - counts[0] == 1, counts
+
 
 # -----------------------------------------------------------------------------
 # bad input: one line, non-zero exit, no traceback
@@ -444,7 +640,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, m
 
     monkeypatch.setattr(tost.GPT, 'forward', nan_from_iter_3)
     assert exits(train_gpt.main, tiny(data_dir, out, '--max_iters=6', '--eval_interval=2')) == 3
-    line = one_line_error(capsys.readouterr().err, 'nan at iter 3', 'diverged', 'stopped without saving')
+    line = one_line_error(capsys.readouterr().err, 'nan at iter 4', 'diverged', 'stopped without saving')
     assert f'{out}/ckpt.pt (iter 2)' in line
     ckpt = weights(out)
     assert ckpt['iter_num'] == 2 and all(torch.isfinite(v).all() for v in ckpt['model'].values())

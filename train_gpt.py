@@ -28,11 +28,20 @@ Two nodes of 8 GPUs: the same command on both, node_rank 0 on the master (whose 
         train_gpt.py --config=owt-base
     (without InfiniBand, prefix both with NCCL_IB_DISABLE=1)
 
-Every key below can be set as --key=value; --config=NAME applies a preset first. The batch for iteration
-i is drawn from a generator seeded by (seed, i) and split across processes, so a run is reproducible,
-a resumed run sees the batches an unbroken one would, and 4 processes with gradient_accumulation_steps=8
-compute what 1 process with 8 does. Progress goes to the terminal (a live table) and, one JSON object
-per log or eval step, to <out_dir>/log.jsonl.
+Every key below can be set as --key=value; --config=NAME applies a preset first. Progress goes to the
+terminal (a live table) and, one JSON object per log or eval step, to <out_dir>/log.jsonl.
+
+Batches and processes. batch_size is sequences per micro-step per process; gradient_accumulation_steps
+is micro-steps per optimizer step in total, over all processes. One iteration is therefore
+gradient_accumulation_steps x batch_size x block_size tokens, however many processes share it. Its
+batch is drawn from a generator seeded by (seed, iteration) and cut into micro-batches; process r runs
+its consecutive share of them, and dropout is seeded per micro-step, so N processes compute what one
+process does (up to float rounding) and a resumed run sees the batches an unbroken one would. When the
+count does not divide among the processes, it is rounded up to the next multiple, and the run says so
+with the tokens per iteration: the demo's 1 becomes 2 on 2 processes and 3 on 3, owt-base's 40 becomes
+42 on 3. A rounded-up run takes bigger steps at the same learning rate. Resuming with another process
+count goes on from the same iteration and data order; the steps are the same if both counts divide
+gradient_accumulation_steps, else the new count's rounded-up batch is used from then on.
 """
 import contextlib
 import math
@@ -61,7 +70,7 @@ DEFAULTS = dict(
     data_dir='data',             # where prepare_data.py puts datasets
     block_size=256,              # context length in tokens
     batch_size=16,               # sequences per micro-step, per process
-    gradient_accumulation_steps=1,  # micro-steps per optimizer step, in total over all processes
+    gradient_accumulation_steps=1,  # micro-steps per optimizer step over all processes (see the docstring)
     # model (tost.GPT); the vocabulary comes from the data: 256 for bytes, 50304 for gpt2
     n_layer=4,                   # blocks
     n_head=4,                    # heads (TSSA's groups K)
@@ -227,7 +236,7 @@ def read_batch(path, split, starts, block_size, device):
     data = np.memmap(os.path.join(path, f'{split}.bin'), dtype=np.uint16, mode='r')  # fresh: no leak (nanoGPT)
     x = torch.from_numpy(np.stack([data[i:i + block_size] for i in starts]).astype(np.int64))
     y = torch.from_numpy(np.stack([data[i + 1:i + 1 + block_size] for i in starts]).astype(np.int64))
-    if device.startswith('cuda'):  # pinned memory: the copy runs while the GPU works
+    if device.startswith('cuda'):  # GPU only (no test runs it): pinned memory, the copy runs while the GPU works
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
 
@@ -243,6 +252,18 @@ def peak_flops(device, dtype):
     name = torch.cuda.get_device_name(device)
     peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
     return None if peak is None else peak / (2 if dtype == 'float32' else 1)
+
+
+def split_accumulation(steps, world_size):
+    """(micro-steps per process, in total): gradient_accumulation_steps rounded up to a multiple of the
+    process count, so that every process runs the same number."""
+    per_process = -(-steps // world_size)
+    return per_process, per_process * world_size
+
+
+def micro_seed(seed, it, micro):
+    """Dropout's seed for global micro-step `micro` of iteration `it`: the same whichever process runs it."""
+    return int(np.random.SeedSequence([seed, it, micro]).generate_state(1)[0])
 
 
 def is_oom(e):
@@ -299,11 +320,7 @@ def train(cfg, set_keys, dist, ckpt_path):
     device_type = device.split(':')[0]
     dtype = resolve_dtype(cfg['dtype'], device)
     use_compile = cfg['compile'] == 'true' or (cfg['compile'] == 'auto' and device_type == 'cuda')
-    accum_total = cfg['gradient_accumulation_steps']
-    if accum_total % dist.world_size:
-        raise UsageError(f"gradient_accumulation_steps ({accum_total}) must be a multiple of the number of "
-                         f"processes ({dist.world_size}): each process runs an equal share of the micro-steps")
-    accum = accum_total // dist.world_size  # micro-steps on this process
+    accum, accum_total = split_accumulation(cfg['gradient_accumulation_steps'], dist.world_size)
     B, T = cfg['batch_size'], cfg['block_size']
     tokens_per_iter = accum_total * B * T
 
@@ -348,6 +365,9 @@ def train(cfg, set_keys, dist, ckpt_path):
     if use_compile:
         model = torch.compile(model)
     train_model = DDP(model, device_ids=[dist.local_rank] if device_type == 'cuda' else None) if dist.ddp else model
+    # The tests run compile, DDP (over gloo), autocast with the GradScaler and fused AdamW (forced) on CPU.
+    # GPU only, so untested: the device pick in train_common.setup_distributed, read_batch's pinned copy,
+    # and the GPU's name in peak_flops (tested with a fake name).
     ctx = autocast(device, dtype)
     peak = peak_flops(device, dtype)
 
@@ -357,6 +377,9 @@ def train(cfg, set_keys, dist, ckpt_path):
               f"{cfg['n_layer']} layers x {cfg['n_head']} heads x {cfg['n_embd']}, vocab {model_args['vocab_size']}, "
               f"context {T}")
     log.print(f"data: {data_path}, {sizes['train']:,} train + {sizes['val']:,} val tokens ({meta.get('tokenizer')})")
+    if accum_total != cfg['gradient_accumulation_steps']:
+        log.print(f"note: gradient_accumulation_steps={cfg['gradient_accumulation_steps']} rounded up to {accum_total}, "
+                  f"a multiple of the {dist.world_size} processes: {tokens_per_iter:,} tokens per iter")
     log.print(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x "
               f"{B} x {T}; device {device}, {dtype}, compile {use_compile}")
     if cfg['init_from'] == 'resume':
@@ -391,7 +414,6 @@ def train(cfg, set_keys, dist, ckpt_path):
         return out
 
     def save(val_loss):
-        nonlocal ckpt_iter
         state = dict(model=strip_compile_prefix(raw_model.state_dict()), optimizer=optimizer.state_dict(),
                      scaler=scaler.state_dict(), model_args=model_args, iter_num=iter_num,
                      best_val_loss=best_val_loss, val_loss=val_loss, config=dict(cfg),
@@ -401,7 +423,6 @@ def train(cfg, set_keys, dist, ckpt_path):
         except OSError as e:
             old = f"; the previous {ckpt_path} is intact" if os.path.isfile(ckpt_path) else ""
             raise Stop(f"could not save {ckpt_path} ({e.strerror or e}){old}", 1) from None
-        ckpt_iter = iter_num
 
     def last_good():
         if ckpt_iter is None:
@@ -418,6 +439,8 @@ def train(cfg, set_keys, dist, ckpt_path):
         elif not cfg['always_save_checkpoint'] and ckpt_iter is not None:
             msg = (f"{how}; not saved: always_save_checkpoint=False keeps {ckpt_path} as the best model so far "
                    f"(iter {ckpt_iter}), and a resume goes on from there{resume}")
+        elif iters_since_log and not math.isfinite(mean_loss()):  # all ranks: a collective
+            msg = f"{how}; not saved: the training loss is not finite (diverged); {last_good()}"
         else:
             if master:
                 save(last_val if last_eval_iter == iter_num else None)
@@ -428,15 +451,28 @@ def train(cfg, set_keys, dist, ckpt_path):
 
     start_iter, last_saved_iter, last_val, last_eval_iter = iter_num, None, None, None
     ckpt_iter = start_iter if cfg['init_from'] == 'resume' else None  # the iter of the checkpoint on disk
-    train_time, train_iters, t_log, iters_since_log = 0.0, 0, time.time(), 0
-    tok_per_s = None
+    # The step never waits for the device: the loss stays a tensor, summed here, and is read (.item(), a sync)
+    # only for a log row, as in nanoGPT. Time between rows, eval excluded, gives tokens/s and MFU.
+    loss_acc = torch.zeros((), device=device)  # this process's loss summed over the iterations since the last row
+    t_log, iters_since_log, tok_per_s = time.time(), 0, None
+    timed = [[0, 0.0], [0, 0.0]]  # (iters, seconds) of the first row (compilation, warm-up), of the others
     t_start = time.time()
+
+    def mean_loss():
+        """The loss of the iterations since the last row, averaged over them and over the processes."""
+        if dist.ddp:
+            torch.distributed.all_reduce(loss_acc)
+        value = loss_acc.item() / (iters_since_log * dist.world_size)
+        loss_acc.zero_()
+        return value
+
     try:
         with GracefulStop(dist) as stop:
             while True:
                 # eval and checkpoint at every eval_interval and at the end (not again right after a resume)
                 if (iter_num % cfg['eval_interval'] == 0 or iter_num == cfg['max_iters']) and \
                         not (cfg['init_from'] == 'resume' and iter_num == start_iter):
+                    t_eval = time.time()
                     losses = estimate_loss()
                     last_val, last_eval_iter = losses['val'], iter_num
                     if not (math.isfinite(losses['val']) and math.isfinite(losses['train'])):
@@ -445,58 +481,56 @@ def train(cfg, set_keys, dist, ckpt_path):
                     saved = False
                     if losses['val'] < best_val_loss or cfg['always_save_checkpoint']:
                         best_val_loss = min(best_val_loss, losses['val'])
-                        if iter_num > 0 and master:
-                            save(losses['val'])
-                            last_saved_iter, saved = iter_num, True
+                        if iter_num > 0:
+                            if master:
+                                save(losses['val'])
+                            last_saved_iter = ckpt_iter = iter_num  # on every rank: they branch on it alike
+                            saved = True
                     log.record(dict(iter=iter_num, kind='eval', train_loss=losses['train'], val_loss=losses['val'],
                                     lr=lr_at(iter_num), tokens_per_sec=tok_per_s, saved=saved,
                                     elapsed_s=round(time.time() - t_start, 2)))
                     log.show(dict(iter=iter_num, train_loss=losses['train'], val_loss=losses['val']))
-                    t_log, iters_since_log = time.time(), 0  # eval time is not training time
+                    t_log += time.time() - t_eval  # eval time is not training time
                 if iter_num >= cfg['max_iters']:
                     break
                 if stop.requested():  # Ctrl-C or SIGTERM on any rank: all stop here, at the same step
                     raise interrupted(stop.signal or 'on another rank')
 
                 # one optimizer step: accum micro-steps on each process, gradients averaged by DDP on the last
-                t0 = time.time()
                 lr = lr_at(iter_num)
                 for group in optimizer.param_groups:
                     group['lr'] = lr
-                torch.manual_seed(int(np.random.SeedSequence([cfg['seed'], iter_num, dist.rank]).generate_state(1)[0]))
                 starts = window_starts(cfg['seed'], 0, iter_num, accum_total * B, sizes['train'], T)
-                loss_sum = torch.zeros((), device=device)
                 for micro in range(accum):
-                    row = (dist.rank * accum + micro) * B  # this process's rows of the global batch
-                    X, Y = read_batch(data_path, 'train', starts[row:row + B], T, device)
+                    m = dist.rank * accum + micro  # the global micro-step: rows m*B .. m*B+B-1 of the batch
+                    X, Y = read_batch(data_path, 'train', starts[m * B:m * B + B], T, device)
+                    torch.manual_seed(micro_seed(cfg['seed'], iter_num, m))  # dropout: the same on any process count
                     sync = not dist.ddp or micro == accum - 1
                     with contextlib.nullcontext() if sync else train_model.no_sync():  # no all-reduce until the last
                         with ctx:
                             _, loss = train_model(X, Y)
                             loss = loss / accum
                         scaler.scale(loss).backward()
-                    loss_sum += loss.detach()
-                if dist.ddp:
-                    torch.distributed.all_reduce(loss_sum)
-                    loss_sum /= dist.world_size
-                train_loss = loss_sum.item()
-                if not math.isfinite(train_loss):  # stop before the step: the weights on disk stay good
-                    raise Stop(f"the loss is {train_loss} at iter {iter_num}: training diverged; stopped without "
-                               f"saving, {last_good()}; try a lower --learning_rate or --grad_clip", 3)
+                    loss_acc += loss.detach()
                 if cfg['grad_clip'] > 0:
                     scaler.unscale_(optimizer)
                     torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg['grad_clip'])
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
-                dt = time.time() - t0
-                train_time, train_iters = train_time + dt, train_iters + 1
                 iter_num += 1
                 iters_since_log += 1
 
                 if iter_num % cfg['log_interval'] == 0 or iter_num == cfg['max_iters']:
+                    train_loss = mean_loss()  # waits for the device: the time below covers the work done
+                    if not math.isfinite(train_loss):  # the weights in memory are lost; those on disk are fine
+                        raise Stop(f"the training loss is {train_loss} at iter {iter_num}: training diverged; "
+                                   f"stopped without saving, {last_good()}; try a lower --learning_rate or "
+                                   f"--grad_clip", 3)
                     now = time.time()
                     per_iter = (now - t_log) / iters_since_log
+                    slot = timed[1] if timed[0][0] else timed[0]
+                    slot[0], slot[1] = slot[0] + iters_since_log, slot[1] + now - t_log
                     t_log, iters_since_log = now, 0
                     tok_per_s = tokens_per_iter / per_iter
                     row = dict(iter=iter_num, loss=train_loss, lr=lr, tok_per_s=tok_per_s, ms_per_iter=1000 * per_iter)
@@ -520,7 +554,8 @@ def train(cfg, set_keys, dist, ckpt_path):
 
     # the end: what the user wants to know, in two lines
     if master:
-        rate = f" ({train_iters * tokens_per_iter / train_time:,.0f} tokens/s training)" if train_time > 0 else ''
+        n, secs = timed[1] if timed[1][0] else timed[0]  # leave out the first row's compilation if there is more
+        rate = f" ({n * tokens_per_iter / secs:,.0f} tokens/s training)" if secs > 0 else ''
         where = (f"saved {ckpt_path} (iter {last_saved_iter})" if last_saved_iter is not None else
                  f"{ckpt_path} not updated (val loss did not improve on {best_val_loss:.4f})"
                  if os.path.isfile(ckpt_path) else "no checkpoint saved")
