@@ -26,7 +26,7 @@ CLASSES = 3
 
 def make_dataset(data_dir, name='synth', size=16, n_train=64, n_test=33, classes=CLASSES, kind='images', seed=0):
     """CIFAR-format files as prepare_data.py writes them. Class c has a bright colour channel c, on noise:
-    learnable in a few steps, not from a single pixel. 33 test images: two ranks split them 17 + 16."""
+    learnable in a few steps, not from a single pixel. 33 test images: three ranks split them 11 + 11 + 11."""
     rng = np.random.default_rng(seed)
     folder = os.path.join(data_dir, name)
     os.makedirs(folder, exist_ok=True)
@@ -186,18 +186,60 @@ def test_eval_only_prints_the_accuracy_of_the_checkpoint(data, trained, capsys):
     assert read_log(trained, 'eval.jsonl')[-1]['test_acc'] == acc
 
 
-def test_two_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_path):
+def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_path):
+    """torchrun with 3 processes, the defaults but for the tiny sizes: batch_size is per process, so nothing
+    has to divide; 64 images / 3 ranks = 22 each (two repeated), 2 steps of 16."""
     out = str(tmp_path)
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-           os.path.join(HERE, 'train_vit.py'), *base_args(data, out, '--epochs=1', '--max_steps=2')]
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=3',
+           os.path.join(HERE, 'train_vit.py'), *base_args(data, out, '--epochs=1')]
     r = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert "2 x cpu" in r.stdout and r.stdout.count('epoch 1/1: train loss') == 1   # rank 0 alone logs
+    assert "3 x cpu" in r.stdout and "2 steps of 3 x 16 per epoch" in r.stdout
+    assert r.stdout.count('epoch 1/1: train loss') == 1             # rank 0 alone logs
     row = read_log(out)[-1]
-    assert row['test_images'] == 33                                 # 17 + 16: every image once
+    assert row['test_images'] == 33                                 # 11 + 11 + 11: every image once
     # one process on the saved weights gets the same accuracy: the all-reduce added the right counts
     assert train_vit.main(base_args(data, out, '--init_from=resume', '--eval_only')) == row['test_acc']
+
+
+def test_compiled_run_saves_plain_weights_and_resumes_compiled(data, tmp_path):
+    """--compile=true (inductor on CPU): one epoch, its checkpoint, a compiled resume for the second, close to
+    the same run uncompiled. The first compile takes about a minute."""
+    runs = {}
+    for name, extra in (('compiled', ['--compile=true']), ('eager', [])):
+        out = str(tmp_path / name)
+        train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=2', '--viz_images=0', *extra))
+        assert not any('_orig_mod' in k for k in torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['model'])
+        train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=2', *extra])
+        runs[name] = read_log(out)
+    assert [r['epoch'] for r in runs['compiled']] == [1, 2]
+    for a, b in zip(runs['compiled'], runs['eager']):
+        assert abs(a['train_loss'] - b['train_loss']) < 1e-3 and abs(a['test_loss'] - b['test_loss']) < 1e-3
+
+
+@pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
+def test_mixed_precision_runs_on_cpu(data, tmp_path, dtype):
+    """bf16 autocast, and fp16 with the GradScaler (saved in the checkpoint), as on a GPU."""
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--epochs=2', '--max_steps=2', '--viz_images=0', f'--dtype={dtype}'))
+    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    assert ('scale' in ck['scaler']) == (dtype == 'float16') and ck['config']['dtype'] == dtype
+    rows = read_log(out)
+    assert all(math.isfinite(r['train_loss']) and math.isfinite(r['test_loss']) for r in rows)
+
+
+def test_the_training_step_does_not_wait_for_the_device(data, tmp_path, monkeypatch):
+    """The loss is read only for a progress line: 4 more steps with one more line, one more read."""
+    import test_train_gpt
+    calls = test_train_gpt.count_syncs(monkeypatch, {'train_vit.py', 'tost.py', 'train_common.py'})
+    counts = []
+    for steps in (4, 8):
+        calls.clear()
+        train_vit.main(base_args(data, str(tmp_path / str(steps)), '--epochs=1', f'--max_steps={steps}',
+                                 '--batch_size=8', '--log_interval=4', '--viz_images=0', '--compression_images=0'))
+        counts.append(len(calls))
+    assert counts[1] - counts[0] == 1, counts
 
 
 def test_shards_cover_the_epoch_and_the_test_set():
