@@ -247,6 +247,29 @@ def same_run(ckpt_a, ckpt_b):
     return ((a - b).norm() / (a - flat(init)).norm()).item()
 
 
+@pytest.mark.parametrize('earlier_best', [True, False])
+def test_ctrl_c_keeps_the_best_model_when_only_the_best_is_saved(data_dir, tmp_path, monkeypatch, capsys, earlier_best):
+    """always_save_checkpoint=False (the shakespeare preset): ckpt.pt is the best model so far, and Ctrl-C
+    keeps it; with no checkpoint yet, Ctrl-C saves as usual."""
+    out, real = str(tmp_path / 'out'), train_gpt.window_starts
+
+    def sigint_in_iter_3(seed, stream, index, *rest):
+        if stream == 0 and index == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(seed, stream, index, *rest)
+
+    monkeypatch.setattr(train_gpt, 'window_starts', sigint_in_iter_3)
+    interval = '--eval_interval=3' if earlier_best else '--eval_interval=100'
+    assert exits(train_gpt.main, tiny(data_dir, out, '--max_iters=10', interval,
+                                      '--always_save_checkpoint=false')) == 130
+    err = capsys.readouterr().err
+    if earlier_best:
+        assert 'at iter 4; not saved: always_save_checkpoint=False keeps' in err and '(iter 3)' in err
+        assert weights(out)['iter_num'] == 3
+    else:
+        assert f'at iter 4: saved {out}/ckpt.pt' in err and weights(out)['iter_num'] == 4
+
+
 def start(script, args, cwd, torchrun=0):
     """A training run in its own session (so a signal to its group reaches torchrun and its workers only)."""
     launch = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}'] \

@@ -203,6 +203,22 @@ def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_pa
     assert train_vit.main(base_args(data, out, '--init_from=resume', '--eval_only')) == row['test_acc']
 
 
+@pytest.mark.skipif(not os.path.isdir('/proc'), reason='finds the worker through /proc')
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data, tmp_path):
+    """A scheduler's SIGTERM to rank 1 alone: both ranks stop at the same step, rank 0 saves there."""
+    from test_train_gpt import rank_pid, start, wait_for
+    out = str(tmp_path)
+    p = start('train_vit.py', base_args(data, out, '--epochs=1000', '--viz_images=0', '--compression_images=0',
+                                        '--eval_interval=1000'), out, torchrun=2)
+    wait_for(p, lambda: os.path.exists(os.path.join(out, 'log.jsonl')) and read_log(out), 'epoch 1', timeout=240)
+    os.kill(rank_pid(p.pid, 1), signal.SIGTERM)
+    _, stderr = p.communicate(timeout=240)
+    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    where = f"epoch {ck['epoch']}" + (f" + {ck['step']}/2 steps" if ck['step'] else '')
+    assert f'interrupted (on another rank) at {where}: saved {out}/ckpt.pt' in stderr, stderr[-3000:]
+    assert 'resume with: torchrun --standalone --nproc_per_node=2 ' in stderr and ck['world_size'] == 2
+
+
 def test_compiled_run_saves_plain_weights_and_resumes_compiled(data, tmp_path):
     """--compile=true (inductor on CPU): one epoch, its checkpoint, a compiled resume for the second, close to
     the same run uncompiled. The first compile takes about a minute."""
