@@ -176,63 +176,99 @@ class TSSAState(NamedTuple):
 
 
 class _CausalCore(torch.autograd.Function):
-    """The core of CausalTSSA.forward (no state, no dropout) with a hand-written backward.
+    """CausalTSSA's training path: the formulas of CausalTSSA._parallel (no state, no dropout), computed
+    chunk by chunk, with a hand-written backward. Same numbers as _parallel (tested).
 
-    Same numbers as the readable code in CausalTSSA._parallel (tested to 1e-10 in float64, and with
-    gradcheck); it exists because autograd's version of those lines writes more activation-sized
-    tensors (the whole layer writes 79 vs 65 times the size of w, forward and backward, counted per
-    op), flips them for every suffix sum and keeps more of them alive; bench.py's "limit" table shows
-    the difference. Input w must be contiguous (B, K, T, p): each head's prefix sums then run over a
-    contiguous (T, p) block, which torch's CPU cumsum does fastest.
+    Why chunks: each line of _parallel is a pass over a (B, T, d) tensor, and past a few thousand tokens
+    those tensors outgrow the CPU's cache, so every pass runs at memory speed. Here the sequence is cut
+    into chunks of `chunk` tokens whose passes stay in cache. The prefix sums (Q, A, P) are carried from
+    one chunk to the next, as the recurrent state carries them from token to token; the backward walks
+    the chunks in reverse and carries the suffix sums of the adjoints (a prefix sum's adjoint is a suffix
+    sum). The forward keeps Q and A for the backward, which then needs no second pass of prefix sums.
 
-    forward:  w2 = w^2, Qc = max(cumsum w2, 1e-12), R = w2 / Qc, Pi = softmax_k(temp (sum_i R + p b)),
-              Pe = cumsum Pi + eps, D = 1 / (1 + cumsum(Pi w2) / Pe), y = -Pi w D
-    backward: the chain rule through those lines in reverse; a prefix sum's adjoint is a suffix sum.
+    Suffix sums are prefix sums of the flipped chunk, never total - prefix: the adjoint through Q_t is of
+    order 1/Q_t, huge at the first tokens when a coordinate starts near zero, and it cancels exactly
+    (R_t = w_t^2 / Q_t stays below 1). Taken as total - prefix, that cancellation leaves an error of
+    about eps / Q_0 at every later position: float32 gradients were off by up to 6% that way.
+    Layout: w is (B, T, K, p), the projection's output viewed per head, no copy.
     """
 
     @staticmethod
-    def forward(ctx, w, temp, pb, eps):
-        # w: (B, K, T, p) float32/64, contiguous; temp: (K, 1); pb: (K, T) = p * b_{k,t}
-        w2 = w * w
-        Qc = torch.cumsum(w2, dim=2).clamp_min_(1e-12)              # Q_t
-        R = w2 / Qc                                                 # w_t^2 / Q_t
-        e = R.sum(-1)                                               # (B, K, T)
-        Pi = torch.softmax(temp * (e + pb), dim=1)                  # (B, K, T)
-        Pe = torch.cumsum(Pi, dim=2) + eps                          # (B, K, T)  sum_{s<=t} pi_s + eps
-        D = torch.cumsum(w2.mul_(Pi.unsqueeze(-1)), dim=2)         # A_t (w2's buffer reused)
-        D.div_(Pe.unsqueeze(-1)).add_(1).reciprocal_()              # D_t = 1 / (1 + A_t / Pe_t)
-        y = w * D
-        y.mul_((-Pi).unsqueeze(-1))                                 # y_t = -Pi_t w_t D_t
-        ctx.save_for_backward(w, temp, pb, Qc, R, Pi, Pe, D, e)
+    def forward(ctx, w, temp, pb, eps, chunk):
+        # w: (B, T, K, p) float32/64; temp: (K,); pb: (T, K) = p * b_{k,t}
+        B, T, K, p = w.shape
+        y, Qs, As, Ds = (torch.empty_like(w) for _ in range(4))
+        Pis, Pes, es = (w.new_empty(B, T, K) for _ in range(3))
+        Q, A, P = w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K)   # carries
+        for a in range(0, T, chunk):
+            c = slice(a, a + chunk)
+            wc = w[:, c]
+            w2 = wc * wc                                             # (B, C, K, p)
+            w2[:, :1] += Q                                           # carry in, then the prefix sum
+            Qc = torch.cumsum(w2, 1, out=Qs[:, c])                   # Q_t (saved unclamped)
+            torch.square(wc[:, :1], out=w2[:, :1])
+            e = torch.sum(w2 / Qc.clamp_min(1e-12), -1, out=es[:, c])   # sum_i w_t^2 / Q_t
+            Pi = torch.softmax(temp * (e + pb[c]), -1)               # (B, C, K)
+            Pis[:, c] = Pi
+            Pe = torch.cumsum(Pi, 1).add_(P)                         # sum_{s<=t} pi_s
+            Q, P = Qc[:, -1:], Pe[:, -1:].clone()
+            Pe = Pes[:, c].copy_(Pe.add_(eps)).unsqueeze(-1)
+            Pi = Pi.unsqueeze(-1)
+            w2.mul_(Pi)[:, :1] += A
+            Ac = torch.cumsum(w2, 1, out=As[:, c])                   # A_t = sum_{s<=t} pi_s w_s^2
+            A = Ac[:, -1:]
+            D = torch.div(Pe, Ac + Pe, out=Ds[:, c])                 # D_t = 1 / (1 + A_t / Pe_t)
+            torch.mul(wc, D, out=y[:, c]).mul_(-Pi)                  # y_t = -Pi_t w_t D_t
+        ctx.save_for_backward(w, temp, pb, Qs, As, Ds, Pis, Pes, es)
+        ctx.chunk = chunk
         return y
 
     @staticmethod
     def backward(ctx, g):
-        w, temp, pb, Qc, R, Pi, Pe, D, e = ctx.saved_tensors
+        w, temp, pb, Qs, As, Ds, Pis, Pes, es = ctx.saved_tensors
+        B, T, K, p = w.shape
         g = g.to(w.dtype)
-        gD = g * D                                                  # g D
-        h = (gD * w).sum(-1)                                        # (B, K, T)  sum_i g w D
-        gw = gD * (-Pi).unsqueeze(-1)                               # direct path of y = -Pi w D
-        c = Pi / Pe
-        GA = gD.mul_(w).mul_(D).mul_(c.unsqueeze(-1))               # dL/dA_t = Pi g w D^2 / Pe
-        GP = GA.sum(-1) - c * h                                     # dL/dPe_t = -sum_i dL/dA_t * A_t / Pe_t
-        RA = _suffix_sum(GA)                                        # adjoint of a prefix sum
-        gPi = _suffix_sum(GP) - h + (RA * w).mul_(w).sum(-1)        # dL/dPi_t
-        dl = Pi * (gPi - (Pi * gPi).sum(1, keepdim=True))           # softmax over heads
-        gtemp = (dl * (e + pb)).sum((0, 2)).unsqueeze(-1)           # (K, 1)
-        de = dl * temp                                              # dL/de_t
-        gpb = de.sum(0)                                             # (K, T)
-        de = de.unsqueeze(-1)
-        gw2 = RA.mul_(Pi.unsqueeze(-1)).addcdiv_(de.expand_as(R), Qc)   # via A, and via R = w2 / Qc
-        gQ = (R / Qc).mul_(-de).masked_fill_(Qc <= 1e-12, 0)        # via Q (nothing where clamped)
-        gw2.add_(_suffix_sum(gQ))
-        gw.addcmul_(w, gw2, value=2)                                # w2 = w^2
-        return gw, gtemp, gpb, None
+        gw, dls = torch.empty_like(w), w.new_empty(B, T, K)
+        SA, SQ, SP = w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K)   # suffix carries
+        for a in reversed(range(0, T, ctx.chunk)):
+            c = slice(a, a + ctx.chunk)
+            wc, Q, Ac, D, Pi, Pe = w[:, c], Qs[:, c], As[:, c], Ds[:, c], Pis[:, c], Pes[:, c]
+            Pi4, Pe4 = Pi.unsqueeze(-1), Pe.unsqueeze(-1)
+            gD = g[:, c] * D
+            GA = gD * wc
+            h = GA.sum(-1)                                           # (B, C, K)  sum_i g w D
+            GA.mul_(D).mul_(Pi4 / Pe4)                               # dL/dA_t = Pi g w D^2 / Pe
+            GP = (GA * Ac).sum(-1).div_(Pe).neg_()                   # dL/dPe_t = -sum_i dL/dA_t A_t / Pe_t
+            RA, RP = _suffix_sum(GA, SA), _suffix_sum(GP, SP)
+            SA, SP = RA[:, :1].clone(), RP[:, :1]
+            w2 = wc * wc
+            gPi = (RA * w2).sum(-1).add_(RP).sub_(h)                 # dL/dPi_t
+            dl = Pi * (gPi - (Pi * gPi).sum(-1, keepdim=True))       # softmax over heads
+            dls[:, c] = dl
+            de = (dl * temp).unsqueeze(-1)                           # dL/de_t
+            # e_t = sum_i w_t^2 / Q_t, Q_t = sum_{s<=t} w_s^2. The token's own w_t^2 enters both; together
+            # they give de_t Q_{t-1} / Q_t^2 (as de/Q_t - de w_t^2/Q_t^2 it would cancel at the first tokens).
+            # Where Q_t is clamped, R_t = w_t^2 / 1e-12 and Q_t passes nothing back.
+            Qc, clamped = Q.clamp_min(1e-12), Q <= 1e-12
+            Qprev = torch.cat([Qs[:, a - 1:a] if a else torch.zeros_like(Q[:, :1]), Q[:, :-1]], 1)
+            own = torch.where(clamped, Qc, Qprev).div_(Qc).div_(Qc)
+            gQ = w2.div_(Qc).div_(Qc).mul_(-de).masked_fill_(clamped, 0)   # via Q_t, for the later tokens
+            gw2 = RA.mul_(Pi4).addcmul_(de.expand_as(Qc), own)       # via A, and via the token's own R_t
+            SQc = _suffix_sum(gQ, SQ)
+            gw2[:, :-1] += SQc[:, 1:]                                # via Q_t' of the later tokens t' > t
+            gw2[:, -1:] += SQ
+            SQ = SQc[:, :1]
+            torch.addcmul(gD.mul_(-Pi4), wc, gw2, value=2, out=gw[:, c])   # direct path of y = -Pi w D, and w2 = w^2
+        gtemp = (dls * (es + pb)).sum((0, 1))
+        gpb = (dls * temp).sum(0)
+        return gw, gtemp, gpb, None, None
 
 
-def _suffix_sum(x):
-    """sum_{t' >= t} x_t' over dim 2 (time), the adjoint of a prefix sum: total - prefix + self."""
-    return torch.cumsum(x, dim=2).neg_().add_(x).add_(x.sum(2, keepdim=True))
+def _suffix_sum(x, carry):
+    """sum_{t' >= t} x_t' over dim 1 (time) within a chunk, plus `carry`, the sum over the later chunks."""
+    f = torch.flip(x, [1])
+    f[:, :1] += carry
+    return torch.flip(f.cumsum_(1), [1])
 
 
 class CausalTSSA(TSSA):
@@ -260,19 +296,25 @@ class CausalTSSA(TSSA):
         z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)
         return TSSAState(z(batch_size, K, p), z(batch_size, K, p), z(batch_size, K), 0)
 
-    fast = True   # train with _CausalCore (same numbers, fewer passes); False: the readable code below
+    # Training (no state) runs _CausalCore: the same numbers in fewer passes over memory. fast = False, or
+    # torch.compile (which fuses the readable lines itself), runs _parallel. _CausalCore takes `chunk` tokens
+    # at a time on a CPU, so that a chunk's tensors stay in cache; a GPU gets the whole sequence at once.
+    fast = True
+    chunk = 256
 
     def forward(self, x, state: Optional[TSSAState] = None):
         """Parallel form. x: (B, T, d). Without a state: returns y (B, T, d), the training path.
         With a state (from empty_state() or an earlier call): continues after it and returns (y, new_state)."""
-        if state is None and self.fast and not (self.training and self.attn_dropout.p > 0):
+        if state is None and self.fast and not torch.compiler.is_compiling() and \
+                not (self.training and self.attn_dropout.p > 0):
             B, T, d = x.shape
             _check_length(T, self.block_size)
-            w = self.split_heads(self.c_attn(x))                                 # (B, K, T, p)
-            wf = w.to(_stat_dtype(w)).contiguous()
-            pb = self.head_dim * self.pos_bias[:, :T]
-            y = _CausalCore.apply(wf, self.temp.to(wf.dtype), pb.to(wf.dtype), self.eps)
-            return self.resid_dropout(self.c_proj(self.merge_heads(y.to(w.dtype))))
+            w = self.c_attn(x)                                                   # (B, T, d)
+            wf = w.to(_stat_dtype(w)).view(B, T, self.n_head, self.head_dim)     # (B, T, K, p), no copy
+            pb = (self.head_dim * self.pos_bias[:, :T]).t().to(wf.dtype)         # (T, K)
+            chunk = T if x.is_cuda else self.chunk
+            y = _CausalCore.apply(wf, self.temp.view(-1).to(wf.dtype), pb, self.eps, chunk)
+            return self.resid_dropout(self.c_proj(y.view(B, T, d).to(w.dtype)))
         return self._parallel(x, state)
 
     def _parallel(self, x, state: Optional[TSSAState] = None):
@@ -554,7 +596,7 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
         logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     # --- generation with the recurrent state -------------------------------------------------------
