@@ -3,7 +3,8 @@ ToST against softmax attention, side by side, on whatever machine this runs on.
 
     python bench.py                      # everything (about 15 minutes on 2 CPU cores)
     python bench.py --quick              # small sizes, about a minute on 2 CPU cores
-    python bench.py --device=cuda --dtype=bfloat16 --json=bench.json
+    python bench.py --device=cuda --dtype=bfloat16 --json=bench.json    # on a GPU: 1k to 64k tokens
+    python bench.py --device=cuda --dtype=bfloat16 --compile --sections=operator,model
     python bench.py --sections=operator,limit
 
 Sections:
@@ -20,7 +21,8 @@ Sections:
   training    tokens/s of a training step (forward, backward, AdamW), ToST vs softmax, block 1024 and 4096.
 
 Timing: the cases compared in a row run interleaved (a, b, a, b, ...) and each reports its median, so
-a ratio is measured under the same machine load. Memory: on CUDA the peak of
+a ratio is measured under the same machine load. When the repeats of a case differ by more than 20%,
+a warning under the table says so: on a busy machine a ratio is only as good as that spread. Memory: on CUDA the peak of
 torch.cuda.max_memory_allocated above what was allocated before the call; on CPU each case runs in a
 fresh subprocess and reports its peak resident memory (VmHWM) above the resident memory just before
 the call. On CPU the model, generation and training sections use smaller models than ToST-Base
@@ -52,7 +54,11 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def interleaved(cases, reps, device, warmup=1):
+NOISE = 0.2      # repeated timings of one case further apart than this (max/min - 1): the machine is busy
+NOISY = []       # such cases, reported under the table they belong to
+
+
+def interleaved(cases, reps, device, warmup=1, label=''):
     """Median seconds of each callable in `cases` (a dict), run in interleaved rounds."""
     for f in cases.values():
         for _ in range(warmup):
@@ -65,7 +71,20 @@ def interleaved(cases, reps, device, warmup=1):
             f()
             sync(device)
             times[k].append(time.perf_counter() - t0)
+    for k, v in times.items():
+        if max(v) / min(v) - 1 > NOISE:
+            NOISY.append(f"{label}{k} {fmt_ms(min(v))}..{fmt_ms(max(v))} ms")
     return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
+def warn_if_noisy(results):
+    """Say so when repeated timings disagreed: a ratio taken on a busy machine can be off by that much."""
+    if NOISY:
+        results.setdefault('noisy', []).extend(NOISY)
+        console.print(f"warning: repeated timings differed by more than {NOISE:.0%} in {len(NOISY)} case(s) "
+                      f"({'; '.join(NOISY[:3])}{'; ...' if len(NOISY) > 3 else ''}): the machine is busy, so "
+                      "these numbers are rough; rerun on an idle machine", style="yellow")
+        NOISY.clear()
 
 
 # sizes per mode: full (the issue's), quick (a minute on 2 CPU cores), smoke (seconds; for the test suite)
@@ -77,7 +96,11 @@ SIZES = {
     'smoke': dict(width=64, heads=4, op_n=[64, 128], op_tssa_only=[256], limit_n=[128],
                   model_n=[64, 128], gen_ctx=[8, 64], gen_new=4, train_n=[64]),
 }
+# on a GPU the full run goes further: 1k to 64k tokens for every operator (flash attention holds 64k)
+SIZES['cuda'] = dict(SIZES['full'], op_n=[1024, 2048, 4096, 8192, 16384, 32768, 65536], op_tssa_only=[],
+                     limit_n=[1024, 4096, 16384, 65536])
 WIDTH, HEADS = 768, 12      # set from SIZES in main()
+COMPILE = False             # --compile: torch.compile every layer and model measured
 
 
 # -----------------------------------------------------------------------------
@@ -91,6 +114,7 @@ def make_op(kind, n, device, dtype, backward):
              'sdpa_causal': lambda: SoftmaxAttention(WIDTH, HEADS, causal=True),
              'sdpa': lambda: SoftmaxAttention(WIDTH, HEADS, causal=False),
              'proj': lambda: Projections()}[kind]().to(device)
+    layer = torch.compile(layer) if COMPILE else layer
     x = torch.randn(1, n, WIDTH, device=device, requires_grad=backward)
 
     def run():
@@ -127,11 +151,12 @@ def make_model_forward(attn, n, device, dtype, mode):
     torch.manual_seed(0)
     model = GPT(model_config(device, n, attn, mode)).to(device).eval()
     idx = torch.randint(0, model.config.vocab_size, (1, n), device=device)
+    forward = torch.compile(model) if COMPILE else model
 
     @torch.no_grad()
     def run():
         with autocast(device, dtype):
-            model(idx)
+            forward(idx)
     return run
 
 
@@ -223,9 +248,11 @@ def section_operator(args, results):
     rows = []
     for n in ns + extra:
         kinds = ['causal_tssa', 'tssa'] + ([] if n in extra else ['sdpa_causal', 'sdpa'])
-        reps = 5 if n <= 1024 else (3 if n <= 4096 else 1)
-        fwd = interleaved({k: make_op(k, n, args.device, args.dtype, False) for k in kinds}, reps, args.device)
-        fb = interleaved({k: make_op(k, n, args.device, args.dtype, True) for k in kinds}, reps, args.device)
+        reps = 5 if n <= 1024 else (3 if n <= 4096 else 2)
+        fwd = interleaved({k: make_op(k, n, args.device, args.dtype, False) for k in kinds}, reps, args.device,
+                          label=f"n={n} fwd ")
+        fb = interleaved({k: make_op(k, n, args.device, args.dtype, True) for k in kinds}, reps, args.device,
+                         label=f"n={n} fwd+bwd ")
         mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, backward=True, mode=args.mode), args.device)
                for k in kinds} if not args.no_memory else {}
         for k in kinds:
@@ -248,13 +275,22 @@ def section_operator(args, results):
         t.add_row(str(r['n']), r['op'], fmt_ms(r['fwd_s']), fmt_ms(r['fwdbwd_s']), fmt_mb(r['fwdbwd_peak_mb']),
                   ratio, mratio)
     console.print(t)
+    warn_if_noisy(results)
+    fit_n = [n for n in ns if 1024 <= n <= 16384]
     fits = {}
     for op in ['causal_tssa', 'tssa', 'sdpa_causal', 'sdpa']:
-        pts = [(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and 1024 <= r['n'] <= 16384]
+        pts = [(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and r['n'] in fit_n]
         if len(pts) >= 2:
             fits[op] = slope(*zip(*pts))
-    results['operator_exponent'] = fits
-    console.print("time ~ n^k, forward+backward, 1024 <= n <= 16384: " + ", ".join(f"{k} {v:.2f}" for k, v in fits.items()))
+    results['operator_exponent'], results['operator_exponent_n'] = fits, fit_n
+    if fits:
+        console.print(f"time ~ n^k, forward+backward, least squares on n = {', '.join(map(str, fit_n))}: "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in fits.items()))
+        if len(fit_n) < 3:
+            console.print("  (two points: a rough slope; the full run fits 1024 .. 16384)", style="yellow")
+        if min(fits.get('causal_tssa', 1), fits.get('tssa', 1)) < 0.95:
+            console.print("  (an exponent below 1 is not a sub-linear layer: fixed per-call costs dominate these "
+                          "sizes, or the machine was busy)", style="yellow")
 
 
 def section_limit(args, results):
@@ -275,7 +311,7 @@ def section_limit(args, results):
                 finally:
                     CausalTSSA.fast = True
             cases['causal_readable'] = run_readable
-            tm = interleaved(cases, reps, args.device)
+            tm = interleaved(cases, reps, args.device, label=f"n={n} {'fwd+bwd' if backward else 'fwd'} ")
             rows.append(dict(n=n, backward=backward, **{k + '_s': v for k, v in tm.items()}))
     results['limit'] = rows
     t = Table(title="The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1)")
@@ -287,6 +323,7 @@ def section_limit(args, results):
         t.add_row(str(r['n']), 'fwd+bwd' if r['backward'] else 'fwd', fmt_ms(p), cell('tssa_s'),
                   cell('causal_fast_s'), cell('causal_readable_s'))
     console.print(t)
+    warn_if_noisy(results)
 
 
 def section_model(args, results):
@@ -295,7 +332,8 @@ def section_model(args, results):
     rows = []
     for n in ns:
         tm = interleaved({a: make_model_forward(a, n, args.device, args.dtype, args.mode)
-                          for a in ('tssa', 'softmax')}, 2 if args.mode == 'full' else 3, args.device)
+                          for a in ('tssa', 'softmax')}, 2 if args.mode == 'full' else 3, args.device,
+                         label=f"n={n} ")
         mem = {a: measure_memory(dict(kind='model_' + a, n=n, dtype=args.dtype, mode=args.mode), args.device)
                for a in ('tssa', 'softmax')} if not args.no_memory else {}
         rows.append(dict(n=n, tssa_s=tm['tssa'], softmax_s=tm['softmax'],
@@ -313,6 +351,7 @@ def section_model(args, results):
                   f"{r['tssa_mb'] / r['softmax_mb']:.2f}x" if r['softmax_mb'] > 0 else '-',
                   f"{pm:.2f}x" if pm else '')
     console.print(t)
+    warn_if_noisy(results)
 
 
 def section_generation(args, results):
@@ -363,6 +402,7 @@ def section_generation(args, results):
         t.add_row(str(r['ctx']), f"{r['recurrent']:.1f}", f"{r['rerun']:.2f}", f"{r['recurrent'] / r['rerun']:.0f}x",
                   f"{r['softmax_kv']:.1f}")
     console.print(t)
+    warn_if_noisy(results)
 
 
 def section_training(args, results):
@@ -370,7 +410,7 @@ def section_training(args, results):
     rows = []
     for n in ns:
         tm = interleaved({a: make_train_step(a, n, args.device, args.dtype, args.mode) for a in ('tssa', 'softmax')},
-                         2 if args.mode == 'full' else 3, args.device)
+                         2 if args.mode == 'full' else 3, args.device, label=f"block {n} ")
         rows.append(dict(block_size=n, tssa_tok_s=n / tm['tssa'], softmax_tok_s=n / tm['softmax']))
     results['training'] = rows
     cfg = model_config(args.device, ns[0], 'tssa', args.mode)
@@ -382,6 +422,7 @@ def section_training(args, results):
         t.add_row(str(r['block_size']), f"{r['tssa_tok_s']:,.0f}", f"{r['softmax_tok_s']:,.0f}",
                   f"{r['tssa_tok_s'] / r['softmax_tok_s']:.2f}x")
     console.print(t)
+    warn_if_noisy(results)
 
 
 SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': section_model,
@@ -398,12 +439,16 @@ def main():
     ap.add_argument('--sections', default=','.join(SECTIONS), help='comma-separated: ' + ', '.join(SECTIONS))
     ap.add_argument('--json', default=None, help='also write the results here')
     ap.add_argument('--no_memory', action='store_true', help='skip the memory measurements')
+    ap.add_argument('--compile', action='store_true', help='torch.compile the layers and models (operator, '
+                    'limit, model sections); the readable causal form is then what inductor fuses')
     ap.add_argument('--_memory', default=None, help=argparse.SUPPRESS)
     ap.add_argument('--mode_for_child', default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.mode = args.mode_for_child or ('smoke' if args.smoke else 'quick' if args.quick else 'full')
-    global WIDTH, HEADS
-    WIDTH, HEADS = SIZES[args.mode]['width'], SIZES[args.mode]['heads']
+    if args.mode == 'full' and args.device.startswith('cuda'):
+        SIZES['full'] = SIZES['cuda']
+    global WIDTH, HEADS, COMPILE
+    WIDTH, HEADS, COMPILE = SIZES[args.mode]['width'], SIZES[args.mode]['heads'], args.compile
     if args._memory:
         return memory_child(json.loads(args._memory), args.device)
     if args.device.startswith('cuda') and not torch.cuda.is_available():
