@@ -175,11 +175,12 @@ def test_operator_is_causal(make):
         assert not torch.allclose(y[:, k:], y2[:, k:])     # the test is sensitive
 
 
+@pytest.mark.parametrize('shift', [False, True])
 @pytest.mark.parametrize('attn', ['tssa', 'softmax'])
-def test_gpt_is_causal(attn):
+def test_gpt_is_causal(attn, shift):
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=24, vocab_size=50, n_layer=2, n_head=2, n_embd=16, attn=attn,
-                          layerscale_init=1.0)).eval()
+                          layerscale_init=1.0, token_shift=shift)).eval()
     idx = torch.randint(0, 50, (2, 24))
     logits, _ = model(idx, idx)
     for k in (1, 10, 23):
@@ -259,12 +260,13 @@ def reference_greedy(model, idx, max_new_tokens):
     return out
 
 
+@pytest.mark.parametrize('shift', [False, True])
 @pytest.mark.parametrize('attn', ['tssa', 'softmax'])
 @pytest.mark.parametrize('prompt_len', [5, 20])
-def test_greedy_generate_equals_full_forward_rerun(attn, prompt_len):
+def test_greedy_generate_equals_full_forward_rerun(attn, prompt_len, shift):
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=40, n_layer=2, n_head=2, n_embd=16, attn=attn,
-                          layerscale_init=1.0)).double().eval()
+                          layerscale_init=1.0, token_shift=shift)).double().eval()
     randomize(model, scale=0.5)
     idx = torch.randint(0, 40, (2, prompt_len))
     got = model.generate(idx, 45, temperature=0)           # crosses the 16-token window several times
@@ -272,6 +274,38 @@ def test_greedy_generate_equals_full_forward_rerun(attn, prompt_len):
     assert torch.equal(got, want)
     assert got.shape == (2, prompt_len + 45)
     assert len(set(got[0, prompt_len:].tolist())) > 1      # not a degenerate constant sequence
+
+
+@pytest.mark.parametrize('attn', ['tssa', 'softmax'])
+def test_token_shift_parallel_prefill_and_step_agree(attn):
+    """With token_shift the state also carries the last token's input: a full forward, a prefill split in two,
+    and token-by-token steps give the same logits (float64); the shift really acts (mu != 0 changes them)."""
+    torch.manual_seed(0)
+    model = randomize(GPT(GPTConfig(block_size=32, vocab_size=40, n_layer=2, n_head=2, n_embd=16, attn=attn,
+                                    token_shift=True)).double().eval(), scale=0.5)
+    idx = torch.randint(0, 40, (2, 30))
+    with torch.no_grad():
+        full = model(idx, idx)[0]
+        last, states = model.prefill(idx[:, :11])
+        torch.testing.assert_close(last, full[:, 10], rtol=1e-10, atol=1e-12)
+        last, states = model.prefill(idx[:, 11:20], states)
+        torch.testing.assert_close(last, full[:, 19], rtol=1e-10, atol=1e-12)
+        for t in range(20, 30):
+            last, states = model.step(idx[:, t], states)
+            torch.testing.assert_close(last, full[:, t], rtol=1e-10, atol=1e-12)
+        for block in model.transformer.h:
+            block.shift.mu.zero_()
+        assert not torch.allclose(model(idx, idx)[0], full)
+
+
+def test_token_shift_is_off_by_default_and_the_paper_model_unchanged():
+    """The default GPT has no shift parameters, so its state dict (and old checkpoints) keep their keys."""
+    keys = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=1, n_head=2, n_embd=16)).state_dict().keys()
+    assert not any('shift' in k for k in keys)
+    shifted = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=1, n_head=2, n_embd=16, token_shift=True))
+    assert set(shifted.state_dict()) - set(keys) == {'transformer.h.0.shift.mu'}
+    assert not any('lpi' in k for k in ViT(ViTConfig(img_size=16, patch_size=4, n_layer=1, n_head=2,
+                                                     n_embd=16)).state_dict())
 
 
 def test_sampling_is_reproducible_with_a_generator():
@@ -285,9 +319,11 @@ def test_sampling_is_reproducible_with_a_generator():
 # -----------------------------------------------------------------------------
 # gradients
 
+@pytest.mark.parametrize('shift', [False, True])
 @pytest.mark.parametrize('attn', ['tssa', 'softmax'])
-def test_gradients_reach_every_parameter_gpt(attn):
-    model = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, attn=attn, bias=True))
+def test_gradients_reach_every_parameter_gpt(attn, shift):
+    model = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, attn=attn, bias=True,
+                          token_shift=shift))
     idx = torch.randint(0, 30, (2, 8))
     _, loss = model(idx, idx)
     loss.backward()
@@ -295,9 +331,11 @@ def test_gradients_reach_every_parameter_gpt(attn):
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+@pytest.mark.parametrize('lpi', [False, True])
 @pytest.mark.parametrize('attn', ['tssa', 'softmax'])
-def test_gradients_reach_every_parameter_vit(attn):
-    model = ViT(ViTConfig(img_size=16, patch_size=4, num_classes=5, n_layer=2, n_head=2, n_embd=16, attn=attn))
+def test_gradients_reach_every_parameter_vit(attn, lpi):
+    model = ViT(ViTConfig(img_size=16, patch_size=4, num_classes=5, n_layer=2, n_head=2, n_embd=16, attn=attn,
+                          lpi=lpi))
     x = torch.randn(3, 3, 16, 16)
     F = torch.nn.functional
     F.cross_entropy(model(x), torch.tensor([0, 1, 2])).backward()

@@ -431,6 +431,53 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
+class TokenShift(nn.Module):
+    """Not part of ToST's derivation; an option (GPTConfig.token_shift), off for the paper's model.
+
+        h_t <- h_t + mu * (h_{t-1} - h_t)        mu learned per channel, init 0.5; h_{-1} = 0
+
+    Causal TSSA sees the past only through prefix sums of second moments, with no recency: a layer cannot
+    tell which token came just before, and a model of local structure (bytes, code) needs exactly that.
+    Mixing each channel of the attention's input with the previous token's (RWKV's token shift) gives it
+    back at O(1) cost: the recurrent state grows by one vector per layer, h_{t-1}."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.mu = nn.Parameter(torch.full((n_embd,), 0.5))
+
+    def forward(self, h, last=None):        # h (B, T, d); last (B, d): h of the token before h[:, 0], or None
+        prev = torch.cat([torch.zeros_like(h[:, :1]) if last is None else last[:, None], h[:, :-1]], 1)
+        return h + self.mu * (prev - h), h[:, -1]
+
+
+class LocalPatchInteraction(nn.Module):
+    """XCiT's local patch interaction, the vision analogue of TokenShift (ViTConfig.lpi, off by default):
+    depthwise 3x3 convolution, GELU, BatchNorm, depthwise 3x3 convolution over the patch grid, so each
+    patch mixes with its 8 neighbours. Not part of ToST's derivation; the released code has it commented out."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.conv1 = nn.Conv2d(n_embd, n_embd, 3, padding=1, groups=n_embd)
+        self.act, self.bn = nn.GELU(), nn.BatchNorm2d(n_embd)
+        self.conv2 = nn.Conv2d(n_embd, n_embd, 3, padding=1, groups=n_embd)
+
+    def forward(self, x, grid):             # x (B, H*W, d), grid (H, W)
+        B, n, d = x.shape
+        x = x.transpose(1, 2).reshape(B, d, *grid)
+        x = self.conv2(self.bn(self.act(self.conv1(x))))
+        return x.reshape(B, d, n).transpose(1, 2)
+
+
+class ShiftState(NamedTuple):
+    """A block's recurrent state when it has a TokenShift: the attention's state and the last h."""
+    attn: object              # TSSAState or KVCache
+    last: torch.Tensor        # (B, d)
+
+    @property
+    def t(self):
+        return self.attn.t
+
+
 ATTN_KINDS = ('tssa', 'softmax')
 
 
@@ -453,29 +500,58 @@ def drop_path(x, p, training):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm block with layer-scale:  x = x + g1 * attn(LN(x));  x = x + g2 * MLP(LN(x))."""
+    """Pre-LayerNorm block with layer-scale:  x = x + g1 * attn(LN(x));  x = x + g2 * MLP(LN(x)).
+    Options beyond the paper: token_shift (attn(shift(LN(x)))) and lpi (x = x + g3 * LPI(LN(x)) between
+    the two, as XCiT places it; the forward then needs the patch grid)."""
 
     def __init__(self, n_embd, n_head, attn='tssa', causal=True, block_size=None, bias=False, dropout=0.0,
-                 layerscale_init=1e-5, drop_path=0.0):
+                 layerscale_init=1e-5, drop_path=0.0, token_shift=False, lpi=False):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.shift = TokenShift(n_embd) if token_shift else None
         self.attn = make_attention(attn, n_embd, n_head, causal, block_size, bias, dropout)
+        self.lpi = None
+        if lpi:
+            self.ln_3, self.lpi = nn.LayerNorm(n_embd, bias=bias), LocalPatchInteraction(n_embd)
+            self.gamma_3 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
         self.mlp = MLP(n_embd, bias, dropout)
         self.gamma_1 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
         self.gamma_2 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
         self.drop_path = drop_path
 
-    def forward(self, x, state=None):
+    def empty_state(self, batch_size, device=None):
+        st = self.attn.empty_state(batch_size, device)
+        return st if self.shift is None else ShiftState(st, torch.zeros(batch_size, self.ln_1.weight.numel(),
+                                                                         device=device))
+
+    def _attend(self, h, state):
+        """The attention of h = LN(x) (shifted first if the block has a TokenShift), with or without a state."""
+        if self.shift is None:
+            return self.attn(h) if state is None else self.attn(h, state)
+        h, last = self.shift(h, None if state is None else state.last.to(h.dtype))
         if state is None:
-            x = x + drop_path(self.gamma_1 * self.attn(self.ln_1(x)), self.drop_path, self.training)
+            return self.attn(h)
+        a, st = self.attn(h, state.attn)
+        return a, ShiftState(st, last)
+
+    def forward(self, x, state=None, grid=None):
+        if state is None:
+            x = x + drop_path(self.gamma_1 * self._attend(self.ln_1(x), None), self.drop_path, self.training)
+            if self.lpi is not None:
+                x = x + drop_path(self.gamma_3 * self.lpi(self.ln_3(x), grid), self.drop_path, self.training)
             return x + drop_path(self.gamma_2 * self.mlp(self.ln_2(x)), self.drop_path, self.training)
-        a, state = self.attn(self.ln_1(x), state)
+        a, state = self._attend(self.ln_1(x), state)
         x = x + self.gamma_1 * a
         return x + self.gamma_2 * self.mlp(self.ln_2(x)), state
 
     def step(self, x, state):                                # x: (B, d), one token
-        a, state = self.attn.step(self.ln_1(x), state)
+        h = self.ln_1(x)
+        if self.shift is None:
+            a, state = self.attn.step(h, state)
+        else:                                                # the token's own h becomes the next one's h_{t-1}
+            a, st = self.attn.step(h + self.shift.mu * (state.last.to(h.dtype) - h), state.attn)
+            state = ShiftState(st, h)
         x = x + self.gamma_1 * a
         return x + self.gamma_2 * self.mlp(self.ln_2(x)), state
 
@@ -483,7 +559,7 @@ class Block(nn.Module):
 # -----------------------------------------------------------------------------
 # Optimizer groups and FLOPs, shared by both models
 
-NO_DECAY_NAMES = ('temp', 'pos_bias', 'gamma_1', 'gamma_2', 'cls_token')
+NO_DECAY_NAMES = ('temp', 'pos_bias', 'gamma_1', 'gamma_2', 'gamma_3', 'cls_token', 'mu')
 
 
 def param_groups(model, weight_decay):
@@ -532,6 +608,7 @@ class GPTConfig:
     bias: bool = False
     attn: str = 'tssa'          # 'tssa' or 'softmax' (everything else equal)
     layerscale_init: float = 1e-5
+    token_shift: bool = False   # not in the paper: mix each token with the previous one before attention
 
     def __post_init__(self):
         _check_shape(self.n_embd, self.n_head, self.attn)
@@ -556,7 +633,7 @@ class GPT(nn.Module):
             wpe=nn.Embedding(c.block_size, c.n_embd),
             drop=nn.Dropout(c.dropout),
             h=nn.ModuleList([Block(c.n_embd, c.n_head, c.attn, True, c.block_size, c.bias, c.dropout,
-                                   c.layerscale_init) for _ in range(c.n_layer)]),
+                                   c.layerscale_init, token_shift=c.token_shift) for _ in range(c.n_layer)]),
             ln_f=nn.LayerNorm(c.n_embd, bias=c.bias),
         ))
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
@@ -602,7 +679,7 @@ class GPT(nn.Module):
     # --- generation with the recurrent state -------------------------------------------------------
 
     def empty_state(self, batch_size, device=None):
-        return [block.attn.empty_state(batch_size, device) for block in self.transformer.h]
+        return [block.empty_state(batch_size, device) for block in self.transformer.h]
 
     def prefill(self, idx, states=None):
         """Run a chunk of tokens in parallel after `states` (None: from the start).
@@ -713,6 +790,7 @@ class ViTConfig:
     bias: bool = True
     attn: str = 'tssa'
     layerscale_init: float = 1.0
+    lpi: bool = False           # not in the paper: XCiT's local patch interaction in every block
 
     def __post_init__(self):
         _check_shape(self.n_embd, self.n_head, self.attn)
@@ -813,7 +891,7 @@ class ViT(nn.Module):
         self.pos_embed = FourierPositions(c.n_embd)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList([Block(c.n_embd, c.n_head, c.attn, False, None, c.bias, c.dropout,
-                                           c.layerscale_init, c.drop_path * i / max(c.n_layer - 1, 1))
+                                           c.layerscale_init, c.drop_path * i / max(c.n_layer - 1, 1), lpi=c.lpi)
                                      for i in range(c.n_layer)])
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
         self.cls_blocks = nn.ModuleList([ClassBlock(c.n_embd, c.n_head, c.bias, c.layerscale_init)
@@ -844,9 +922,9 @@ class ViT(nn.Module):
 
     def forward(self, x):
         """images (B, 3, H, W) -> class logits (B, num_classes). H, W need not equal img_size."""
-        x, _ = self._tokens(x)
+        x, grid = self._tokens(x)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, grid=grid)
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         for block in self.cls_blocks:
             cls, _ = block(cls, x)
@@ -870,7 +948,7 @@ class ViT(nn.Module):
                 w = a.split_heads(a.c_attn(block.ln_1(x)))
                 Pi = a.memberships(w.to(_stat_dtype(w)))                     # (B, K, n)
                 pis.append(Pi)
-            x = block(x)
+            x = block(x, grid=(Hp, Wp))
             if isinstance(a, TSSA):                          # the block's output, through its own LN and
                 w = a.split_heads(a.c_attn(block.ln_1(x)))  # projections (bias included, as the layer applies)
                 comp.append(compression_of_projections(w, Pi.transpose(1, 2).to(w.dtype)))
