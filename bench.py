@@ -17,7 +17,8 @@ Sections:
   model       ToST-Base vs the same GPT with softmax attention at 4k and 8k tokens: forward time and
               peak memory ratios, next to the paper's.
   generation  tokens/s of decoding at context 16, 1024, 4096: recurrent state, re-running the prefix
-              for every token (what the released code does), softmax attention with a KV cache.
+              for every token (what the released code does), the recurrent state with token_shift,
+              softmax attention with a KV cache.
   training    tokens/s of a training step (forward, backward, AdamW), ToST vs softmax, block 1024 and 4096.
 
 Timing: the cases compared in a row run interleaved (a, b, a, b, ...) and each reports its median, so
@@ -358,10 +359,11 @@ def section_generation(args, results):
     ctxs, new = SIZES[args.mode]['gen_ctx'], SIZES[args.mode]['gen_new']
     rows = []
     models = {}
-    for attn in ('tssa', 'softmax'):
+    for name, attn, shift in (('tssa', 'tssa', False), ('tssa_shift', 'tssa', True), ('softmax', 'softmax', False)):
         torch.manual_seed(0)
         cfg = model_config(args.device, max(ctxs) + new + 1, attn, args.mode)
-        models[attn] = GPT(cfg).to(args.device).eval()
+        cfg.token_shift = shift
+        models[name] = GPT(cfg).to(args.device).eval()
     for ctx in ctxs:
         idx = torch.randint(0, models['tssa'].config.vocab_size, (1, ctx), device=args.device)
 
@@ -387,20 +389,22 @@ def section_generation(args, results):
             return n_tokens / (time.perf_counter() - t0)
 
         with torch.no_grad(), autocast(args.device, args.dtype):
-            rates = {'recurrent': [], 'rerun': [], 'softmax_kv': []}
+            rates = {'recurrent': [], 'rerun': [], 'shift_recurrent': [], 'softmax_kv': []}
             for _ in range(3):                                 # interleaved rounds, median
                 rates['recurrent'].append(decode(models['tssa']))
                 rates['rerun'].append(rerun(models['tssa']))
+                rates['shift_recurrent'].append(decode(models['tssa_shift']))
                 rates['softmax_kv'].append(decode(models['softmax']))
         rows.append(dict(ctx=ctx, **{k: sorted(v)[1] for k, v in rates.items()}))
     results['generation'] = rows
     cfg = models['tssa'].config
     t = Table(title=f"Generation tokens/s, batch 1, GPT {cfg.n_layer}L/{cfg.n_embd}d, {args.device}")
-    for c in ['context', 'TSSA recurrent', 'TSSA re-run prefix', 'recurrent / re-run', 'softmax + KV cache']:
+    for c in ['context', 'TSSA recurrent', 'TSSA re-run prefix', 'recurrent / re-run', 'TSSA + shift recurrent',
+              'softmax + KV cache']:
         t.add_column(c, justify='right')
     for r in rows:
         t.add_row(str(r['ctx']), f"{r['recurrent']:.1f}", f"{r['rerun']:.2f}", f"{r['recurrent'] / r['rerun']:.0f}x",
-                  f"{r['softmax_kv']:.1f}")
+                  f"{r['shift_recurrent']:.1f}", f"{r['softmax_kv']:.1f}")
     console.print(t)
     warn_if_noisy(results)
 
