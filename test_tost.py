@@ -521,22 +521,22 @@ def _outputs_and_grads(layer, x, g, fast):
 
 
 @pytest.mark.parametrize('chunk', [1, 16, 256])
-def test_fast_causal_core_equals_readable_form_values_and_gradients(chunk):
-    """float64, several chunks and a partial last one (40 = 16 + 16 + 8), batch 2."""
+def test_fast_causal_core_equals_readable_form_values_and_gradients(chunk, monkeypatch):
+    """float64, several chunks of `chunk` tokens and a partial last one (40 = 16 + 16 + 8), batch 2."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(16, 4, block_size=40).double())
-    layer.chunk = chunk
+    monkeypatch.setattr(tost, 'CHUNK', chunk * 2 * 16)              # elements: tokens x batch x width
     x = torch.randn(2, 40, 16, dtype=torch.float64)
     g = torch.randn(2, 40, 16, dtype=torch.float64)
     for a, b in zip(_outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
-def test_fast_causal_core_clamps_like_the_readable_form():
+def test_fast_causal_core_clamps_like_the_readable_form(monkeypatch):
     """Q_t < 1e-12 (the first tokens of some coordinates tiny): the clamp's gradient, and the chunk after it."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(8, 2, block_size=24).double())
-    layer.chunk = 5
+    monkeypatch.setattr(tost, 'CHUNK', 5 * 8)                       # chunks of 5 tokens
     with torch.no_grad():
         layer.c_attn.weight[:3] *= 1e-9                          # three coordinates of head 0 stay below the clamp
     x = torch.randn(1, 24, 8, dtype=torch.float64)
@@ -555,13 +555,34 @@ def test_gradcheck_fast_causal_core():
     assert torch.autograd.gradcheck(lambda *a: tost._CausalCore.apply(*a, 1e-8, 3), (w, temp, pb))
 
 
+@pytest.mark.parametrize('images_per_chunk', [1, 2, 5])
+def test_fast_vision_core_equals_readable_form_values_and_gradients(images_per_chunk, monkeypatch):
+    torch.manual_seed(0)
+    layer = randomize(TSSA(16, 4, bias=True).double())
+    monkeypatch.setattr(tost, 'CHUNK', images_per_chunk * 9 * 16)
+    x = torch.randn(5, 9, 16, dtype=torch.float64)
+    x[1] *= 1e-14                                              # image 1: every column below the clamp
+    with torch.no_grad():
+        layer.c_attn.bias.zero_()
+    g = torch.randn(5, 9, 16, dtype=torch.float64)
+    for a, b in zip(_outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_gradcheck_fast_vision_core():
+    torch.manual_seed(0)
+    w = torch.randn(3, 5, 2, 3, dtype=torch.float64, requires_grad=True)      # (B, n, K, p)
+    temp = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: tost._TSSACore.apply(*a, 1e-8, 2), (w, temp))
+
+
 def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 @pytest.mark.parametrize('T, d, K', [(128, 768, 12), (1024, 768, 12), (1001, 64, 4), (8192, 64, 4),
                                      (32768, 32, 4)])
-def test_fast_core_float32_is_as_exact_as_autograd(T, d, K):
+def test_fast_causal_core_float32_is_as_exact_as_autograd(T, d, K):
     """float32 against a float64 evaluation of the same layer: output and every gradient within 1e-5
     (norm of the difference / norm of the reference), and within 3x the readable form's own float32 error.
     Parameters as a trained layer might have them (temperatures around 1, small position biases); the
@@ -572,6 +593,23 @@ def test_fast_core_float32_is_as_exact_as_autograd(T, d, K):
         layer.temp.uniform_(0.5, 1.5)
         layer.pos_bias.normal_(0, 0.02)
     x, g = torch.randn(1, T, d), torch.randn(1, T, d)
+    ref = _outputs_and_grads(layer.double(), x.double(), g.double(), False)
+    layer.float()
+    fast, readable = _outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)
+    names = ['y', 'x'] + [n for n, _ in layer.named_parameters()]
+    for name, f, r, want in zip(names, fast, readable, ref):
+        assert _rel(f, want) < 1e-5, (name, _rel(f, want))
+        assert _rel(f, want) <= 3 * _rel(r, want) + 1e-7, (name, _rel(f, want), _rel(r, want))
+
+
+@pytest.mark.parametrize('B, n, d, K', [(64, 64, 192, 4), (2, 4096, 64, 4)])
+def test_fast_vision_core_float32_is_as_exact_as_autograd(B, n, d, K):
+    """The same for TSSA, at the CIFAR model's shape (a batch of 8x8-patch images) and one long image."""
+    torch.manual_seed(0)
+    layer = TSSA(d, K, bias=True)
+    with torch.no_grad():
+        layer.temp.uniform_(0.5, 1.5)
+    x, g = torch.randn(B, n, d), torch.randn(B, n, d)
     ref = _outputs_and_grads(layer.double(), x.double(), g.double(), False)
     layer.float()
     fast, readable = _outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)
@@ -604,17 +642,19 @@ def test_gpt_float32_gradients_match_float64():
         assert _rel(g32[name], g64[name]) < 1e-5, (name, _rel(g32[name], g64[name]))
 
 
-def test_fast_core_under_bf16_autocast_is_as_close_as_bf16_allows():
+@pytest.mark.parametrize('causal', [True, False])
+def test_fast_core_under_bf16_autocast_is_as_close_as_bf16_allows(causal):
     """bf16 autocast (projections in bf16, the core in float32) against float32, 8192 tokens.
     bf16 keeps 8 significant bits: one rounding is up to 2^-9 = 0.2% relative, and the input, the two
     projections and their gradients each round once; 2% leaves room for those, not for a statistic summed
     in bf16 (which would lose the small late terms entirely; see the forward test above)."""
     torch.manual_seed(0)
     T = 8192
-    layer = CausalTSSA(64, 4, block_size=T)
+    layer = CausalTSSA(64, 4, block_size=T) if causal else TSSA(64, 4)
     with torch.no_grad():
         layer.temp.uniform_(0.5, 1.5)
-        layer.pos_bias.normal_(0, 0.02)
+        if causal:
+            layer.pos_bias.normal_(0, 0.02)
     x, g = torch.randn(1, T, 64), torch.randn(1, T, 64)
     ref = _outputs_and_grads(layer, x, g, True)
     with torch.autocast('cpu', dtype=torch.bfloat16):

@@ -140,8 +140,28 @@ class TSSA(nn.Module):
         energy = w2 / w2.sum(dim=2, keepdim=True).clamp_min(1e-24)    # (B, K, n, p)  column-normalised
         return torch.softmax(self.temp * energy.sum(-1), dim=1)         # (B, K, n)
 
+    # Training and inference run a fast core (_TSSACore here, _CausalCore for CausalTSSA): the same numbers
+    # in fewer passes over memory, tested equal to the readable lines. fast = False, torch.compile (which
+    # fuses the readable lines itself), dropout in training, or the white-box mode run the readable lines.
+    fast = True
+
+    def _use_fast(self):
+        return self.fast and not self.whitebox and not torch.compiler.is_compiling() and \
+            not (self.training and self.attn_dropout.p > 0)
+
+    def _fast(self, x, core, *args):
+        """c_proj(core(c_attn(x))), the core seeing w as (B, n, K, p): a view of the projection, no copy."""
+        B, n, d = x.shape
+        w = self.c_attn(x)
+        wf = w.to(_stat_dtype(w)).view(B, n, self.n_head, self.head_dim)
+        args = [a.to(wf.dtype) if torch.is_tensor(a) else a for a in args]
+        y = core.apply(wf, self.temp.view(-1).to(wf.dtype), *args)
+        return self.resid_dropout(self.c_proj(y.view(B, n, d).to(w.dtype)))
+
     def forward(self, x):
         B, n, d = x.shape
+        if self._use_fast():
+            return self._fast(x, _TSSACore, self.eps, B if x.is_cuda else max(1, CHUNK // (n * d)))
         w = self.split_heads(self.c_attn(x))                   # (B, K, n, p)  w_j = U_k^T z_j
         out_dtype = w.dtype
         w = w.to(_stat_dtype(w))
@@ -155,6 +175,62 @@ class TSSA(nn.Module):
         if self.whitebox:
             return (self.tau / n) * (y @ self.c_attn.weight)   # (B, n, d)  sum_k U_k (...): U_k maps back
         return self.resid_dropout(self.c_proj(y))              # (B, n, d)  learned map back, absorbs tau/n
+
+
+# A fast core on a CPU works on chunks of about this many elements (1 MB of float32 per tensor), so that
+# the dozen tensors a chunk uses stay in cache instead of streaming through memory once per line. On a GPU
+# it takes everything at once: there, kernel launches cost more than memory passes.
+CHUNK = 2 ** 18
+
+
+class _TSSACore(torch.autograd.Function):
+    """TSSA.forward's practical operator (no dropout) with a hand-written backward, a chunk of images at a
+    time (each image's statistics are its own). Same numbers as the readable lines (tested), with about
+    half the passes over memory of autograd's version. w: (B, n, K, p); temp: (K,)."""
+
+    @staticmethod
+    def forward(ctx, w, temp, eps, chunk):
+        y = torch.empty_like(w)
+        stats = []
+        for a in range(0, w.shape[0], chunk):
+            wc = w[a:a + chunk]
+            w2 = wc * wc
+            col = w2.sum(1, keepdim=True).clamp_min_(1e-24)     # (b, 1, K, p)  sum_s w_s^2 per coordinate
+            e = (w2 / col).sum(-1)                               # (b, n, K)
+            Pi = torch.softmax(temp * e, -1)                     # (b, n, K)     pi_jk
+            n_k = Pi.sum(1, keepdim=True) + eps                  # (b, 1, K)
+            S = w2.mul_(Pi.unsqueeze(-1)).sum(1, keepdim=True)   # (b, 1, K, p)  s_k
+            D = 1 / (1 + S / n_k.unsqueeze(-1))                  # (b, 1, K, p)  D_k
+            torch.mul(wc, D, out=y[a:a + chunk]).mul_(-Pi.unsqueeze(-1))   # y = -pi w D
+            stats.append((col, e, Pi, n_k, S))
+        ctx.save_for_backward(w, temp, *(torch.cat(s) for s in zip(*stats)))
+        ctx.chunk = chunk
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        w, temp, cols, es, Pis, n_ks, Ss = ctx.saved_tensors
+        g = g.to(w.dtype)
+        gw, gtemp = torch.empty_like(w), torch.zeros_like(temp)
+        for a in range(0, w.shape[0], ctx.chunk):
+            c = slice(a, a + ctx.chunk)
+            wc, gc, col, e, Pi, n_k, S = w[c], g[c], cols[c], es[c], Pis[c], n_ks[c], Ss[c]
+            Pi4, n_k4 = Pi.unsqueeze(-1), n_k.unsqueeze(-1)
+            D = 1 / (1 + S / n_k4)
+            gww = gc * wc
+            gD = -(gww * Pi4).sum(1, keepdim=True)               # y = -pi w D
+            gPi = -gww.mul_(D).sum(-1)
+            gs = -gD * D * D                                     # D = 1 / (1 + s), s = S / n_k
+            gS = gs / n_k4
+            w2 = wc * wc
+            gPi += (w2 * gS).sum(-1) - (gs * S).sum(-1) / (n_k * n_k)   # via S = sum pi w^2, n_k = sum pi
+            dl = Pi * (gPi - (Pi * gPi).sum(-1, keepdim=True))   # softmax over heads
+            gtemp += (dl * e).sum((0, 1))
+            de = (dl * temp).unsqueeze(-1)                       # e = sum_i w^2 / col
+            gcol = (w2 * de).sum(1, keepdim=True).div_(col * col).neg_().masked_fill_(col <= 1e-24, 0)
+            gw2 = torch.addcdiv(gcol, de.expand_as(w2), col).addcmul_(Pi4, gS)
+            torch.mul(gc, D, out=gw[c]).mul_(-Pi4).addcmul_(wc, gw2, value=2)
+        return gw, gtemp, None, None
 
 
 # -----------------------------------------------------------------------------
@@ -181,7 +257,7 @@ class _CausalCore(torch.autograd.Function):
 
     Why chunks: each line of _parallel is a pass over a (B, T, d) tensor, and past a few thousand tokens
     those tensors outgrow the CPU's cache, so every pass runs at memory speed. Here the sequence is cut
-    into chunks of `chunk` tokens whose passes stay in cache. The prefix sums (Q, A, P) are carried from
+    into chunks whose passes stay in cache (see CHUNK). The prefix sums (Q, A, P) are carried from
     one chunk to the next, as the recurrent state carries them from token to token; the backward walks
     the chunks in reverse and carries the suffix sums of the adjoints (a prefix sum's adjoint is a suffix
     sum). The forward keeps Q and A for the backward, which then needs no second pass of prefix sums.
@@ -296,25 +372,14 @@ class CausalTSSA(TSSA):
         z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)
         return TSSAState(z(batch_size, K, p), z(batch_size, K, p), z(batch_size, K), 0)
 
-    # Training (no state) runs _CausalCore: the same numbers in fewer passes over memory. fast = False, or
-    # torch.compile (which fuses the readable lines itself), runs _parallel. _CausalCore takes `chunk` tokens
-    # at a time on a CPU, so that a chunk's tensors stay in cache; a GPU gets the whole sequence at once.
-    fast = True
-    chunk = 256
-
     def forward(self, x, state: Optional[TSSAState] = None):
         """Parallel form. x: (B, T, d). Without a state: returns y (B, T, d), the training path.
         With a state (from empty_state() or an earlier call): continues after it and returns (y, new_state)."""
-        if state is None and self.fast and not torch.compiler.is_compiling() and \
-                not (self.training and self.attn_dropout.p > 0):
+        if state is None and self._use_fast():
             B, T, d = x.shape
             _check_length(T, self.block_size)
-            w = self.c_attn(x)                                                   # (B, T, d)
-            wf = w.to(_stat_dtype(w)).view(B, T, self.n_head, self.head_dim)     # (B, T, K, p), no copy
-            pb = (self.head_dim * self.pos_bias[:, :T]).t().to(wf.dtype)         # (T, K)
-            chunk = T if x.is_cuda else self.chunk
-            y = _CausalCore.apply(wf, self.temp.view(-1).to(wf.dtype), pb, self.eps, chunk)
-            return self.resid_dropout(self.c_proj(y.view(B, T, d).to(w.dtype)))
+            pb = (self.head_dim * self.pos_bias[:, :T]).t()                     # (T, K)
+            return self._fast(x, _CausalCore, pb, self.eps, T if x.is_cuda else max(1, CHUNK // (B * d)))
         return self._parallel(x, state)
 
     def _parallel(self, x, state: Optional[TSSAState] = None):
