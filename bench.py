@@ -12,8 +12,8 @@ Sections:
               (causal and not) for n = 256 .. 16384 (TSSA also 65536), width 768, 12 heads, batch 1;
               the ratio softmax/TSSA at each n and the exponent of time vs n fitted on 1024 .. 16384.
   limit       the TSSA layer against its own two projections alone (the matmuls it cannot avoid);
-              the core's overhead as a fraction of the projections, for the fast core and the
-              readable autograd form.
+              the core's overhead as a fraction of the projections, for the fast cores and the
+              readable autograd forms; long sequences and a CIFAR-sized batch.
   model       ToST-Base vs the same GPT with softmax attention at 4k and 8k tokens: forward time and
               peak memory ratios, next to the paper's.
   generation  tokens/s of decoding at context 16, 1024, 4096: recurrent state, re-running the prefix
@@ -108,15 +108,16 @@ COMPILE = False             # --compile: torch.compile every layer and model mea
 # the cases: each builds its inputs once and returns a callable
 
 
-def make_op(kind, n, device, dtype, backward):
+def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None):
     torch.manual_seed(0)
-    layer = {'causal_tssa': lambda: CausalTSSA(WIDTH, HEADS, block_size=n),
-             'tssa': lambda: TSSA(WIDTH, HEADS),
-             'sdpa_causal': lambda: SoftmaxAttention(WIDTH, HEADS, causal=True),
-             'sdpa': lambda: SoftmaxAttention(WIDTH, HEADS, causal=False),
-             'proj': lambda: Projections()}[kind]().to(device)
+    d, h = width or WIDTH, heads or HEADS
+    layer = {'causal_tssa': lambda: CausalTSSA(d, h, block_size=n),
+             'tssa': lambda: TSSA(d, h),
+             'sdpa_causal': lambda: SoftmaxAttention(d, h, causal=True),
+             'sdpa': lambda: SoftmaxAttention(d, h, causal=False),
+             'proj': lambda: Projections(d)}[kind]().to(device)
     layer = torch.compile(layer) if COMPILE else layer
-    x = torch.randn(1, n, WIDTH, device=device, requires_grad=backward)
+    x = torch.randn(batch, n, d, device=device, requires_grad=backward)
 
     def run():
         with autocast(device, dtype):
@@ -129,10 +130,10 @@ def make_op(kind, n, device, dtype, backward):
 class Projections(torch.nn.Module):
     """Only the two d x d matmuls of a TSSA layer: the floor its core adds to."""
 
-    def __init__(self):
+    def __init__(self, d):
         super().__init__()
-        self.c_attn = torch.nn.Linear(WIDTH, WIDTH, bias=False)
-        self.c_proj = torch.nn.Linear(WIDTH, WIDTH, bias=False)
+        self.c_attn = torch.nn.Linear(d, d, bias=False)
+        self.c_proj = torch.nn.Linear(d, d, bias=False)
 
     def forward(self, x):
         return self.c_proj(self.c_attn(x))
@@ -295,34 +296,37 @@ def section_operator(args, results):
 
 
 def section_limit(args, results):
-    ns = SIZES[args.mode]['limit_n']
+    # (batch, tokens, width, heads): one long sequence at the operator table's width, and a CIFAR batch
+    # (tost-cifar: 128 images of 8 x 8 patches, width 192), where the projections are cheap and the core is not
+    shapes = [(1, n, WIDTH, HEADS) for n in SIZES[args.mode]['limit_n']]
+    shapes.append((4, 16, 64, 4) if args.mode == 'smoke' else (128, 64, 192, 4))
     rows = []
-    for n in ns:
-        reps = 5 if n <= 4096 else 3
+    for B, n, d, h in shapes:
+        reps = 5 if B * n <= 8192 else 3
         for backward in (False, True):
-            cases = {'proj': make_op('proj', n, args.device, args.dtype, backward),
-                     'tssa': make_op('tssa', n, args.device, args.dtype, backward),
-                     'causal_fast': make_op('causal_tssa', n, args.device, args.dtype, backward)}
-            readable = make_op('causal_tssa', n, args.device, args.dtype, backward)
-
-            def run_readable(f=readable):
-                CausalTSSA.fast = False
-                try:
-                    f()
-                finally:
-                    CausalTSSA.fast = True
-            cases['causal_readable'] = run_readable
-            tm = interleaved(cases, reps, args.device, label=f"n={n} {'fwd+bwd' if backward else 'fwd'} ")
-            rows.append(dict(n=n, backward=backward, **{k + '_s': v for k, v in tm.items()}))
+            op = lambda kind: make_op(kind, n, args.device, args.dtype, backward, B, d, h)
+            cases = {'proj': op('proj'), 'tssa': op('tssa'), 'causal_fast': op('causal_tssa')}
+            for kind, f in (('tssa', op('tssa')), ('causal', op('causal_tssa'))):
+                def readable(f=f):                          # the same layer, its readable lines (autograd)
+                    TSSA.fast = False
+                    try:
+                        f()
+                    finally:
+                        TSSA.fast = True
+                cases[kind + '_readable'] = readable
+            tm = interleaved(cases, reps, args.device, label=f"{B}x{n} {'fwd+bwd' if backward else 'fwd'} ")
+            rows.append(dict(batch=B, n=n, width=d, heads=h, backward=backward, **{k + '_s': v for k, v in tm.items()}))
     results['limit'] = rows
-    t = Table(title="The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1)")
-    for c in ['n', 'pass', 'projections ms', 'TSSA', 'causal (fast core)', 'causal (readable)']:
+    t = Table(title="The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1); "
+                    "fast core vs the readable lines")
+    for c in ['batch x tokens, width', 'pass', 'projections ms', 'TSSA', 'TSSA (readable)', 'causal (fast core)',
+              'causal (readable)']:
         t.add_column(c, justify='right')
     for r in rows:
         p = r['proj_s']
         cell = lambda k: f"{fmt_ms(r[k])} (+{r[k] / p - 1:.2f}x)"
-        t.add_row(str(r['n']), 'fwd+bwd' if r['backward'] else 'fwd', fmt_ms(p), cell('tssa_s'),
-                  cell('causal_fast_s'), cell('causal_readable_s'))
+        t.add_row(f"{r['batch']} x {r['n']}, {r['width']}", 'fwd+bwd' if r['backward'] else 'fwd', fmt_ms(p),
+                  cell('tssa_s'), cell('tssa_readable_s'), cell('causal_fast_s'), cell('causal_readable_s'))
     console.print(t)
     warn_if_noisy(results)
 
