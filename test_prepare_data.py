@@ -4,6 +4,7 @@ layout, the gpt2 path uses a 257-token tiktoken Encoding, openwebtext reads a fo
     python -m pytest -q test_prepare_data.py
 """
 import hashlib, io, json, os, pickle, signal, socket, subprocess, sys, sysconfig, tarfile, time, urllib.error
+import zipfile
 import numpy as np
 import pytest
 import tiktoken
@@ -280,6 +281,157 @@ def test_parquet_without_pyarrow_gives_install_hint(tmp_path, tiny, monkeypatch)
     (tmp_path / 'owt' / 'train-0.parquet').write_bytes(b'PAR1')
     with pytest.raises(DataError, match='pip install pyarrow'):
         prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'))
+
+# -----------------------------------------------------------------------------
+# zero-shot test sets: tiny files in the published formats
+
+WIKI = (' \n = Valkyria Chronicles III = \n \n Senjō no Valkyria 3 : Unrecorded Chronicles is a tactical role @-@ '
+        'playing game , released in 2011 .\n \n = = Gameplay = = \n \n The game takes 1 @,@ 000 turns .\n')
+PTB = (" no it was n't black monday \n but while the new york stock exchange did n't fall apart friday as the dow "
+       "jones industrial average plunged N points <unk> \n")
+LAMBADA = ['In my palm is a clear stone. "Figured you might need it," said Jack',
+           'He looked at the stone, then at her.\n\n"Stone," she said. Stone',  # a space before the word
+           'She turned the page.\n\nSilence']                                    # a newline before the word
+
+
+def write_jsonl(path, texts):
+    path.write_text(''.join(json.dumps({'text': t}) + '\n' for t in texts))
+
+
+def test_wikitext2_raw_file_and_zip(tmp_path, tiny, capsys):
+    (tmp_path / 'wiki.test.raw').write_text(WIKI, encoding='utf-8')
+    with zipfile.ZipFile(tmp_path / 'wikitext-2-raw-v1.zip', 'w') as z:
+        z.writestr('wikitext-2-raw/wiki.train.raw', ' = Other = \n')
+        z.writestr('wikitext-2-raw/wiki.test.raw', WIKI)
+    a = prepare('wikitext2', tmp_path / 'data', input=str(tmp_path / 'wiki.test.raw'))
+    b = prepare('wikitext2', tmp_path / 'data', input=str(tmp_path / 'wikitext-2-raw-v1.zip'), name='wt2_zip')
+    for out in (a, b):  # the file's text exactly as it is, one document, the test split as val
+        assert read_bin(os.path.join(out, 'val.bin')).tolist() == tiny.encode_ordinary(WIKI)
+        assert os.path.getsize(os.path.join(out, 'train.bin')) == 0
+        meta = load_meta(out)
+        assert (meta['dataset'], meta['tokenizer'], meta['train_tokens']) == ('wikitext2', 'gpt2', 0)
+        assert meta['val_tokens'] == len(tiny.encode_ordinary(WIKI)) and 'test split' in meta['split']
+    assert load_meta(a)['official_file'] is None and load_meta(b)['official_file'] is False
+    assert load_meta(b)['source'].endswith('wikitext-2-raw-v1.zip:wikitext-2-raw/wiki.test.raw')
+    err = capsys.readouterr().err  # a small file is not the real test set: said, not refused
+    assert 'has 8 lines; the official wikitext2 test set has 4,358' in err
+    assert 'sha256 differs from the official wikitext-2-raw-v1.zip' in err
+
+
+def test_ptb_kept_as_published(tmp_path, tiny):
+    (tmp_path / 'ptb.test.txt').write_text(PTB)
+    out = prepare('ptb', tmp_path / 'data', input=str(tmp_path / 'ptb.test.txt'))
+    ids = read_bin(os.path.join(out, 'val.bin')).tolist()
+    assert ids == tiny.encode_ordinary(PTB) and get_tokenizer('gpt2').decode(ids) == PTB  # <unk>, N and spaces kept
+    assert load_meta(out)['official_file'] is False  # named ptb.test.txt, but not the published bytes
+
+
+@pytest.mark.parametrize('form', ['jsonl', 'plain'])
+def test_lambada_passages_and_targets(tmp_path, tiny, form):
+    if form == 'jsonl':
+        write_jsonl(tmp_path / 'lambada_test.jsonl', LAMBADA)
+        src = tmp_path / 'lambada_test.jsonl'
+    else:  # the original release: one tokenized passage a line
+        src = tmp_path / 'lambada_test_plain_text.txt'
+        src.write_text(''.join(t.replace('\n', ' ') + ' \n\n' for t in LAMBADA))  # trailing space, blank lines
+    out = prepare('lambada', tmp_path / 'data', input=str(src))
+    val = read_bin(os.path.join(out, 'val.bin'))
+    spans = np.load(os.path.join(out, 'val_targets.npy'))
+    assert spans.dtype == np.int64 and spans.shape == (3, 3)
+    tok = get_tokenizer('gpt2')
+    passages = LAMBADA if form == 'jsonl' else [t.replace('\n', ' ') for t in LAMBADA]
+    want, stream = [' Jack', ' Stone', 'Silence' if form == 'jsonl' else ' Silence'], []
+    for (p, s, e), text, word in zip(spans, passages, want):
+        assert tok.decode(val[s:e]) == word and tok.decode(val[p:s]) + word == text
+        assert val[e] == 256 and p == len(stream)  # each passage ends with end-of-text
+        stream += tok.encode(text[:len(text) - len(word)]) + tok.encode(word) + [256]
+    assert val.tolist() == stream
+    meta = load_meta(out)
+    assert (meta['dataset'], meta['examples'], meta['targets']) == ('lambada', 3, 'val_targets.npy')
+    assert meta['train_tokens'] == 0 and os.path.getsize(os.path.join(out, 'train.bin')) == 0
+
+
+def test_lambada_bytes_separates_passages_with_newline(tmp_path):
+    write_jsonl(tmp_path / 'l.jsonl', ['the cat sat', 'a dog ran'])
+    out = prepare('lambada', tmp_path / 'data', input=str(tmp_path / 'l.jsonl'), tokenizer='bytes')
+    assert bytes(read_bin(os.path.join(out, 'val.bin')).astype(np.uint8)) == b'the cat sat\na dog ran\n'
+    assert np.load(os.path.join(out, 'val_targets.npy')).tolist() == [[0, 7, 11], [12, 17, 21]]
+
+
+def test_missing_targets_file_is_rebuilt(tmp_path, tiny, capsys):
+    write_jsonl(tmp_path / 'l.jsonl', LAMBADA)
+    out = prepare('lambada', tmp_path / 'data', input=str(tmp_path / 'l.jsonl'))
+    want = np.load(os.path.join(out, 'val_targets.npy'))
+    os.remove(os.path.join(out, 'val_targets.npy'))
+    prepare('lambada', tmp_path / 'data', input=str(tmp_path / 'l.jsonl'))
+    assert 'rebuilding' in capsys.readouterr().err
+    assert np.array_equal(np.load(os.path.join(out, 'val_targets.npy')), want)
+
+
+@pytest.mark.parametrize('name,published', [('lambada', 'jsonl'), ('wikitext2', 'zip'), ('ptb', 'txt')])
+def test_eval_set_download_is_checked(tmp_path, tiny, monkeypatch, name, published):
+    if published == 'zip':
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, 'w') as z:
+            z.writestr('wikitext-2-raw/wiki.test.raw', WIKI)
+        blob = buf.getvalue()
+    else:
+        blob = (json.dumps({'text': LAMBADA[0]}) + '\n' if name == 'lambada' else PTB).encode()
+    urls = []
+
+    class Response(io.BytesIO):
+        headers = {'Content-Length': str(len(blob))}
+
+    def urlopen(req, timeout=None):
+        urls.append(req.full_url)
+        return Response(blob)
+    monkeypatch.setattr(prep.urllib.request, 'urlopen', urlopen)
+    algo = prep.EVAL_SETS[name]['checksum'][0]
+    with pytest.raises(DataError, match=f'{algo.upper()} mismatch'):  # our fake is not the published file
+        prepare(name, tmp_path / 'data')
+    assert not (tmp_path / 'data').exists()
+    monkeypatch.setitem(prep.EVAL_SETS[name], 'checksum', (algo, hashlib.new(algo, blob).hexdigest()))
+    out = prepare(name, tmp_path / 'data')
+    meta = load_meta(out)
+    assert meta['official_file'] is True and meta['source'] == prep.EVAL_SETS[name]['url'] == urls[-1]
+    assert meta['val_tokens'] > 0
+
+
+@pytest.mark.parametrize('name,file,content,words', [
+    ('wikitext2', 'wiki.test.raw', WIKI.encode('utf-8').replace(b'\xc5\x8d', b'\xf6'), ['not UTF-8 text (byte 39)']),
+    ('wikitext2', 'wiki.test.tokens', WIKI.replace('Unrecorded', '<unk>').encode(), ['tokenized WikiText-2']),
+    ('wikitext2', 'wiki.test.raw', b' a wiki article\n without its heading\n', ["no ' = Title = ' heading"]),
+    ('wikitext2', 'wikitext-2-raw-v1.zip', os.urandom(300), ['not a readable zip archive']),
+    ('wikitext2', 'wikitext-2-v1.zip', 'zip:wikitext-2/wiki.test.tokens', ['holds no wikitext-2-raw/wiki.test.raw']),
+    ('ptb', 'ptb.test.txt', WIKI.encode(), ["the word 'Valkyria' has capitals"]),
+    ('ptb', 'ptb.test.txt', b'\n\n', ['it is empty']),
+    ('lambada', 'l.jsonl', b'{"text": "a fine passage"}\n{"body": "no text"}\n', ['l.jsonl:2 is not a JSON object']),
+    ('lambada', 'l.jsonl', b'{"text": "a fine passage"}\n{"text": "   alone"}\n', ['l.jsonl:2 has no last word']),
+    ('lambada', 'l.txt', b'\n\n', ['holds no passages']),
+    ('lambada', 'missing.jsonl', None, ['no such file']),
+])
+def test_eval_set_bad_input_is_one_line(tmp_path, tiny, capsys, name, file, content, words):
+    path = tmp_path / file
+    if isinstance(content, str):  # a zip holding some other member
+        with zipfile.ZipFile(path, 'w') as z:
+            z.writestr(content.split(':', 1)[1], WIKI)
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(SystemExit) as e:
+        prep.main([name, f'--input={path}', f'--data_dir={tmp_path / "data"}'])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith('error:'), err
+    assert all(w in err[0] for w in words), err[0]
+    assert not (tmp_path / 'data').exists()  # nothing half-written, not even the data_dir
+
+
+def test_cli_eval_set_offline(tmp_path):
+    """The real command, byte tokenizer (gpt2's vocab would need the network)."""
+    (tmp_path / 'ptb.test.txt').write_text(PTB)
+    r = cli('ptb', f'--input={tmp_path / "ptb.test.txt"}', '--tokenizer=bytes', f'--data_dir={tmp_path / "data"}')
+    assert r.returncode == 0 and f'{len(PTB):,} val tokens (the test split, bytes)' in r.stdout, r.stderr
+    r = cli('ptb', f'--input={tmp_path / "nope.txt"}', '--tokenizer=bytes', f'--data_dir={tmp_path / "d2"}')
+    assert_clean_error(r, 'no such file', 'nope.txt')
 
 # -----------------------------------------------------------------------------
 # CIFAR, from tarballs built here with the real layout

@@ -175,11 +175,12 @@ def test_operator_is_causal(make):
         assert not torch.allclose(y[:, k:], y2[:, k:])     # the test is sensitive
 
 
+@pytest.mark.parametrize('shift', [False, True])
 @pytest.mark.parametrize('attn', ['tssa', 'softmax'])
-def test_gpt_is_causal(attn):
+def test_gpt_is_causal(attn, shift):
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=24, vocab_size=50, n_layer=2, n_head=2, n_embd=16, attn=attn,
-                          layerscale_init=1.0)).eval()
+                          layerscale_init=1.0, token_shift=shift)).eval()
     idx = torch.randint(0, 50, (2, 24))
     logits, _ = model(idx, idx)
     for k in (1, 10, 23):
@@ -259,12 +260,13 @@ def reference_greedy(model, idx, max_new_tokens):
     return out
 
 
+@pytest.mark.parametrize('shift', [False, True])
 @pytest.mark.parametrize('attn', ['tssa', 'softmax'])
 @pytest.mark.parametrize('prompt_len', [5, 20])
-def test_greedy_generate_equals_full_forward_rerun(attn, prompt_len):
+def test_greedy_generate_equals_full_forward_rerun(attn, prompt_len, shift):
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=40, n_layer=2, n_head=2, n_embd=16, attn=attn,
-                          layerscale_init=1.0)).double().eval()
+                          layerscale_init=1.0, token_shift=shift)).double().eval()
     randomize(model, scale=0.5)
     idx = torch.randint(0, 40, (2, prompt_len))
     got = model.generate(idx, 45, temperature=0)           # crosses the 16-token window several times
@@ -272,6 +274,38 @@ def test_greedy_generate_equals_full_forward_rerun(attn, prompt_len):
     assert torch.equal(got, want)
     assert got.shape == (2, prompt_len + 45)
     assert len(set(got[0, prompt_len:].tolist())) > 1      # not a degenerate constant sequence
+
+
+@pytest.mark.parametrize('attn', ['tssa', 'softmax'])
+def test_token_shift_parallel_prefill_and_step_agree(attn):
+    """With token_shift the state also carries the last token's input: a full forward, a prefill split in two,
+    and token-by-token steps give the same logits (float64); the shift really acts (mu != 0 changes them)."""
+    torch.manual_seed(0)
+    model = randomize(GPT(GPTConfig(block_size=32, vocab_size=40, n_layer=2, n_head=2, n_embd=16, attn=attn,
+                                    token_shift=True)).double().eval(), scale=0.5)
+    idx = torch.randint(0, 40, (2, 30))
+    with torch.no_grad():
+        full = model(idx, idx)[0]
+        last, states = model.prefill(idx[:, :11])
+        torch.testing.assert_close(last, full[:, 10], rtol=1e-10, atol=1e-12)
+        last, states = model.prefill(idx[:, 11:20], states)
+        torch.testing.assert_close(last, full[:, 19], rtol=1e-10, atol=1e-12)
+        for t in range(20, 30):
+            last, states = model.step(idx[:, t], states)
+            torch.testing.assert_close(last, full[:, t], rtol=1e-10, atol=1e-12)
+        for block in model.transformer.h:
+            block.shift.mu.zero_()
+        assert not torch.allclose(model(idx, idx)[0], full)
+
+
+def test_token_shift_is_off_by_default_and_the_paper_model_unchanged():
+    """The default GPT has no shift parameters, so its state dict (and old checkpoints) keep their keys."""
+    keys = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=1, n_head=2, n_embd=16)).state_dict().keys()
+    assert not any('shift' in k for k in keys)
+    shifted = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=1, n_head=2, n_embd=16, token_shift=True))
+    assert set(shifted.state_dict()) - set(keys) == {'transformer.h.0.shift.mu'}
+    assert not any('lpi' in k for k in ViT(ViTConfig(img_size=16, patch_size=4, n_layer=1, n_head=2,
+                                                     n_embd=16)).state_dict())
 
 
 def test_sampling_is_reproducible_with_a_generator():
@@ -285,9 +319,11 @@ def test_sampling_is_reproducible_with_a_generator():
 # -----------------------------------------------------------------------------
 # gradients
 
+@pytest.mark.parametrize('shift', [False, True])
 @pytest.mark.parametrize('attn', ['tssa', 'softmax'])
-def test_gradients_reach_every_parameter_gpt(attn):
-    model = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, attn=attn, bias=True))
+def test_gradients_reach_every_parameter_gpt(attn, shift):
+    model = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, attn=attn, bias=True,
+                          token_shift=shift))
     idx = torch.randint(0, 30, (2, 8))
     _, loss = model(idx, idx)
     loss.backward()
@@ -295,9 +331,11 @@ def test_gradients_reach_every_parameter_gpt(attn):
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+@pytest.mark.parametrize('lpi', [False, True])
 @pytest.mark.parametrize('attn', ['tssa', 'softmax'])
-def test_gradients_reach_every_parameter_vit(attn):
-    model = ViT(ViTConfig(img_size=16, patch_size=4, num_classes=5, n_layer=2, n_head=2, n_embd=16, attn=attn))
+def test_gradients_reach_every_parameter_vit(attn, lpi):
+    model = ViT(ViTConfig(img_size=16, patch_size=4, num_classes=5, n_layer=2, n_head=2, n_embd=16, attn=attn,
+                          lpi=lpi))
     x = torch.randn(3, 3, 16, 16)
     F = torch.nn.functional
     F.cross_entropy(model(x), torch.tensor([0, 1, 2])).backward()
@@ -469,32 +507,175 @@ def test_width_not_divisible_by_heads_and_unknown_attn():
 
 
 # -----------------------------------------------------------------------------
-# the fast core equals the readable form
+# the fast core: equal to the readable form, as exact as autograd in float32, the same compiled
 
-def test_fast_causal_core_equals_readable_form_values_and_gradients():
+def _outputs_and_grads(layer, x, g, fast):
+    """Output and every gradient (x, then each parameter) of layer(x) against the cotangent g."""
+    layer.fast = fast
+    layer.zero_grad()
+    x = x.detach().clone().requires_grad_()
+    y = layer(x)
+    (y * g).sum().backward()
+    layer.fast = True
+    return [y.detach(), x.grad] + [p.grad.clone() for p in layer.parameters()]
+
+
+@pytest.mark.parametrize('chunk', [1, 16, 256])
+def test_fast_causal_core_equals_readable_form_values_and_gradients(chunk, monkeypatch):
+    """float64, several chunks of `chunk` tokens and a partial last one (40 = 16 + 16 + 8), batch 2."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(16, 4, block_size=40).double())
-    x = torch.randn(2, 40, 16, dtype=torch.float64, requires_grad=True)
+    monkeypatch.setattr(tost, 'CHUNK', chunk * 2 * 16)              # elements: tokens x batch x width
+    x = torch.randn(2, 40, 16, dtype=torch.float64)
     g = torch.randn(2, 40, 16, dtype=torch.float64)
-    results = []
-    for fast in (True, False):
-        layer.fast = fast
-        layer.zero_grad()
-        x.grad = None
-        y = layer(x)
-        (y * g).sum().backward()
-        results.append([y.detach(), x.grad.clone()] + [p.grad.clone() for p in layer.parameters()])
-    layer.fast = True
-    for a, b in zip(*results):
+    for a, b in zip(_outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_fast_causal_core_clamps_like_the_readable_form(monkeypatch):
+    """Q_t < 1e-12 (the first tokens of some coordinates tiny): the clamp's gradient, and the chunk after it."""
+    torch.manual_seed(0)
+    layer = randomize(CausalTSSA(8, 2, block_size=24).double())
+    monkeypatch.setattr(tost, 'CHUNK', 5 * 8)                       # chunks of 5 tokens
+    with torch.no_grad():
+        layer.c_attn.weight[:3] *= 1e-9                          # three coordinates of head 0 stay below the clamp
+    x = torch.randn(1, 24, 8, dtype=torch.float64)
+    x[:, :7] *= 1e-2                                           # ... for the first 7 tokens, across two chunks
+    assert (torch.cumsum(layer.c_attn(x)[0, :, :3] ** 2, 0)[6] < 1e-12).all()
+    g = torch.randn(1, 24, 8, dtype=torch.float64)
+    for a, b in zip(_outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
 def test_gradcheck_fast_causal_core():
     torch.manual_seed(0)
-    w = torch.randn(2, 3, 7, 4, dtype=torch.float64, requires_grad=True)
-    temp = torch.randn(3, 1, dtype=torch.float64, requires_grad=True)
-    pb = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: tost._CausalCore.apply(*a, 1e-8), (w, temp, pb))
+    w = torch.randn(1, 7, 2, 3, dtype=torch.float64, requires_grad=True)      # (B, T, K, p)
+    temp = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    pb = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: tost._CausalCore.apply(*a, 1e-8, 3), (w, temp, pb))
+
+
+@pytest.mark.parametrize('images_per_chunk', [1, 2, 5])
+def test_fast_vision_core_equals_readable_form_values_and_gradients(images_per_chunk, monkeypatch):
+    torch.manual_seed(0)
+    layer = randomize(TSSA(16, 4, bias=True).double())
+    monkeypatch.setattr(tost, 'CHUNK', images_per_chunk * 9 * 16)
+    x = torch.randn(5, 9, 16, dtype=torch.float64)
+    x[1] *= 1e-14                                              # image 1: every column below the clamp
+    with torch.no_grad():
+        layer.c_attn.bias.zero_()
+    g = torch.randn(5, 9, 16, dtype=torch.float64)
+    for a, b in zip(_outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_gradcheck_fast_vision_core():
+    torch.manual_seed(0)
+    w = torch.randn(3, 5, 2, 3, dtype=torch.float64, requires_grad=True)      # (B, n, K, p)
+    temp = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: tost._TSSACore.apply(*a, 1e-8, 2), (w, temp))
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize('T, d, K', [(128, 768, 12), (1024, 768, 12), (1001, 64, 4), (8192, 64, 4),
+                                     (32768, 32, 4)])
+def test_fast_causal_core_float32_is_as_exact_as_autograd(T, d, K):
+    """float32 against a float64 evaluation of the same layer: output and every gradient within 1e-5
+    (norm of the difference / norm of the reference), and within 3x the readable form's own float32 error.
+    Parameters as a trained layer might have them (temperatures around 1, small position biases); the
+    first tokens are ill-conditioned (w_t^2 / Q_t with a tiny Q_t), so both forms carry some error there."""
+    torch.manual_seed(0)
+    layer = CausalTSSA(d, K, block_size=T)
+    with torch.no_grad():
+        layer.temp.uniform_(0.5, 1.5)
+        layer.pos_bias.normal_(0, 0.02)
+    x, g = torch.randn(1, T, d), torch.randn(1, T, d)
+    ref = _outputs_and_grads(layer.double(), x.double(), g.double(), False)
+    layer.float()
+    fast, readable = _outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)
+    names = ['y', 'x'] + [n for n, _ in layer.named_parameters()]
+    for name, f, r, want in zip(names, fast, readable, ref):
+        assert _rel(f, want) < 1e-5, (name, _rel(f, want))
+        assert _rel(f, want) <= 3 * _rel(r, want) + 1e-7, (name, _rel(f, want), _rel(r, want))
+
+
+@pytest.mark.parametrize('B, n, d, K', [(64, 64, 192, 4), (2, 4096, 64, 4)])
+def test_fast_vision_core_float32_is_as_exact_as_autograd(B, n, d, K):
+    """The same for TSSA, at the CIFAR model's shape (a batch of 8x8-patch images) and one long image."""
+    torch.manual_seed(0)
+    layer = TSSA(d, K, bias=True)
+    with torch.no_grad():
+        layer.temp.uniform_(0.5, 1.5)
+    x, g = torch.randn(B, n, d), torch.randn(B, n, d)
+    ref = _outputs_and_grads(layer.double(), x.double(), g.double(), False)
+    layer.float()
+    fast, readable = _outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)
+    names = ['y', 'x'] + [n for n, _ in layer.named_parameters()]
+    for name, f, r, want in zip(names, fast, readable, ref):
+        assert _rel(f, want) < 1e-5, (name, _rel(f, want))
+        assert _rel(f, want) <= 3 * _rel(r, want) + 1e-7, (name, _rel(f, want), _rel(r, want))
+
+
+def _gpt_grads(model, idx, run=None):
+    model.zero_grad()
+    _, loss = (model if run is None else run)(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_gpt_float32_gradients_match_float64():
+    """The demo-sized GPT at initialisation, 128 tokens: every parameter's gradient within 1e-5 of float64."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=128, vocab_size=256, n_layer=2, n_head=4, n_embd=64))
+    idx = torch.randint(0, 256, (4, 129))
+    loss32, g32 = _gpt_grads(model, idx)
+    CausalTSSA.fast = False
+    try:
+        loss64, g64 = _gpt_grads(model.double(), idx)
+    finally:
+        CausalTSSA.fast = True
+    assert abs(loss32.item() - loss64.item()) < 1e-5 * loss64.item()
+    for name in g64:
+        assert _rel(g32[name], g64[name]) < 1e-5, (name, _rel(g32[name], g64[name]))
+
+
+@pytest.mark.parametrize('causal', [True, False])
+def test_fast_core_under_bf16_autocast_is_as_close_as_bf16_allows(causal):
+    """bf16 autocast (projections in bf16, the core in float32) against float32, 8192 tokens.
+    bf16 keeps 8 significant bits: one rounding is up to 2^-9 = 0.2% relative, and the input, the two
+    projections and their gradients each round once; 2% leaves room for those, not for a statistic summed
+    in bf16 (which would lose the small late terms entirely; see the forward test above)."""
+    torch.manual_seed(0)
+    T = 8192
+    layer = CausalTSSA(64, 4, block_size=T) if causal else TSSA(64, 4)
+    with torch.no_grad():
+        layer.temp.uniform_(0.5, 1.5)
+        if causal:
+            layer.pos_bias.normal_(0, 0.02)
+    x, g = torch.randn(1, T, 64), torch.randn(1, T, 64)
+    ref = _outputs_and_grads(layer, x, g, True)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        bf = _outputs_and_grads(layer, x, g, True)
+    assert bf[0].dtype == torch.bfloat16
+    names = ['y', 'x'] + [n for n, _ in layer.named_parameters()]
+    for name, b, r in zip(names, bf, ref):
+        assert _rel(b, r) < 2e-2, (name, _rel(b, r))
+
+
+def test_compiled_training_step_equals_eager():
+    """torch.compile (inductor, which fuses the readable form) against the eager fast core: one training
+    step of a small GPT, loss and every gradient within 1e-5. The first compile takes about a minute."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=64, n_layer=2, n_head=4, n_embd=32))
+    idx = torch.randint(0, 64, (2, 65))
+    loss_e, g_e = _gpt_grads(model, idx)
+    loss_c, g_c = _gpt_grads(model, idx, run=torch.compile(model))
+    assert abs(loss_c.item() - loss_e.item()) < 1e-5 * loss_e.item()
+    for name in g_e:
+        assert _rel(g_c[name], g_e[name]) < 1e-5, (name, _rel(g_c[name], g_e[name]))
 
 
 def test_generate_edge_cases():

@@ -140,8 +140,28 @@ class TSSA(nn.Module):
         energy = w2 / w2.sum(dim=2, keepdim=True).clamp_min(1e-24)    # (B, K, n, p)  column-normalised
         return torch.softmax(self.temp * energy.sum(-1), dim=1)         # (B, K, n)
 
+    # Training and inference run a fast core (_TSSACore here, _CausalCore for CausalTSSA): the same numbers
+    # in fewer passes over memory, tested equal to the readable lines. fast = False, torch.compile (which
+    # fuses the readable lines itself), dropout in training, or the white-box mode run the readable lines.
+    fast = True
+
+    def _use_fast(self):
+        return self.fast and not self.whitebox and not torch.compiler.is_compiling() and \
+            not (self.training and self.attn_dropout.p > 0)
+
+    def _fast(self, x, core, *args):
+        """c_proj(core(c_attn(x))), the core seeing w as (B, n, K, p): a view of the projection, no copy."""
+        B, n, d = x.shape
+        w = self.c_attn(x)
+        wf = w.to(_stat_dtype(w)).view(B, n, self.n_head, self.head_dim)
+        args = [a.to(wf.dtype) if torch.is_tensor(a) else a for a in args]
+        y = core.apply(wf, self.temp.view(-1).to(wf.dtype), *args)
+        return self.resid_dropout(self.c_proj(y.view(B, n, d).to(w.dtype)))
+
     def forward(self, x):
         B, n, d = x.shape
+        if self._use_fast():
+            return self._fast(x, _TSSACore, self.eps, B if x.is_cuda else max(1, CHUNK // (n * d)))
         w = self.split_heads(self.c_attn(x))                   # (B, K, n, p)  w_j = U_k^T z_j
         out_dtype = w.dtype
         w = w.to(_stat_dtype(w))
@@ -155,6 +175,62 @@ class TSSA(nn.Module):
         if self.whitebox:
             return (self.tau / n) * (y @ self.c_attn.weight)   # (B, n, d)  sum_k U_k (...): U_k maps back
         return self.resid_dropout(self.c_proj(y))              # (B, n, d)  learned map back, absorbs tau/n
+
+
+# A fast core on a CPU works on chunks of about this many elements (1 MB of float32 per tensor), so that
+# the dozen tensors a chunk uses stay in cache instead of streaming through memory once per line. On a GPU
+# it takes everything at once: there, kernel launches cost more than memory passes.
+CHUNK = 2 ** 18
+
+
+class _TSSACore(torch.autograd.Function):
+    """TSSA.forward's practical operator (no dropout) with a hand-written backward, a chunk of images at a
+    time (each image's statistics are its own). Same numbers as the readable lines (tested), with about
+    half the passes over memory of autograd's version. w: (B, n, K, p); temp: (K,)."""
+
+    @staticmethod
+    def forward(ctx, w, temp, eps, chunk):
+        y = torch.empty_like(w)
+        stats = []
+        for a in range(0, w.shape[0], chunk):
+            wc = w[a:a + chunk]
+            w2 = wc * wc
+            col = w2.sum(1, keepdim=True).clamp_min_(1e-24)     # (b, 1, K, p)  sum_s w_s^2 per coordinate
+            e = (w2 / col).sum(-1)                               # (b, n, K)
+            Pi = torch.softmax(temp * e, -1)                     # (b, n, K)     pi_jk
+            n_k = Pi.sum(1, keepdim=True) + eps                  # (b, 1, K)
+            S = w2.mul_(Pi.unsqueeze(-1)).sum(1, keepdim=True)   # (b, 1, K, p)  s_k
+            D = 1 / (1 + S / n_k.unsqueeze(-1))                  # (b, 1, K, p)  D_k
+            torch.mul(wc, D, out=y[a:a + chunk]).mul_(-Pi.unsqueeze(-1))   # y = -pi w D
+            stats.append((col, e, Pi, n_k, S))
+        ctx.save_for_backward(w, temp, *(torch.cat(s) for s in zip(*stats)))
+        ctx.chunk = chunk
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        w, temp, cols, es, Pis, n_ks, Ss = ctx.saved_tensors
+        g = g.to(w.dtype)
+        gw, gtemp = torch.empty_like(w), torch.zeros_like(temp)
+        for a in range(0, w.shape[0], ctx.chunk):
+            c = slice(a, a + ctx.chunk)
+            wc, gc, col, e, Pi, n_k, S = w[c], g[c], cols[c], es[c], Pis[c], n_ks[c], Ss[c]
+            Pi4, n_k4 = Pi.unsqueeze(-1), n_k.unsqueeze(-1)
+            D = 1 / (1 + S / n_k4)
+            gww = gc * wc
+            gD = -(gww * Pi4).sum(1, keepdim=True)               # y = -pi w D
+            gPi = -gww.mul_(D).sum(-1)
+            gs = -gD * D * D                                     # D = 1 / (1 + s), s = S / n_k
+            gS = gs / n_k4
+            w2 = wc * wc
+            gPi += (w2 * gS).sum(-1) - (gs * S).sum(-1) / (n_k * n_k)   # via S = sum pi w^2, n_k = sum pi
+            dl = Pi * (gPi - (Pi * gPi).sum(-1, keepdim=True))   # softmax over heads
+            gtemp += (dl * e).sum((0, 1))
+            de = (dl * temp).unsqueeze(-1)                       # e = sum_i w^2 / col
+            gcol = (w2 * de).sum(1, keepdim=True).div_(col * col).neg_().masked_fill_(col <= 1e-24, 0)
+            gw2 = torch.addcdiv(gcol, de.expand_as(w2), col).addcmul_(Pi4, gS)
+            torch.mul(gc, D, out=gw[c]).mul_(-Pi4).addcmul_(wc, gw2, value=2)
+        return gw, gtemp, None, None
 
 
 # -----------------------------------------------------------------------------
@@ -176,63 +252,99 @@ class TSSAState(NamedTuple):
 
 
 class _CausalCore(torch.autograd.Function):
-    """The core of CausalTSSA.forward (no state, no dropout) with a hand-written backward.
+    """CausalTSSA's training path: the formulas of CausalTSSA._parallel (no state, no dropout), computed
+    chunk by chunk, with a hand-written backward. Same numbers as _parallel (tested).
 
-    Same numbers as the readable code in CausalTSSA._parallel (tested to 1e-10 in float64, and with
-    gradcheck); it exists because autograd's version of those lines writes more activation-sized
-    tensors (the whole layer writes 79 vs 65 times the size of w, forward and backward, counted per
-    op), flips them for every suffix sum and keeps more of them alive; bench.py's "limit" table shows
-    the difference. Input w must be contiguous (B, K, T, p): each head's prefix sums then run over a
-    contiguous (T, p) block, which torch's CPU cumsum does fastest.
+    Why chunks: each line of _parallel is a pass over a (B, T, d) tensor, and past a few thousand tokens
+    those tensors outgrow the CPU's cache, so every pass runs at memory speed. Here the sequence is cut
+    into chunks whose passes stay in cache (see CHUNK). The prefix sums (Q, A, P) are carried from
+    one chunk to the next, as the recurrent state carries them from token to token; the backward walks
+    the chunks in reverse and carries the suffix sums of the adjoints (a prefix sum's adjoint is a suffix
+    sum). The forward keeps Q and A for the backward, which then needs no second pass of prefix sums.
 
-    forward:  w2 = w^2, Qc = max(cumsum w2, 1e-12), R = w2 / Qc, Pi = softmax_k(temp (sum_i R + p b)),
-              Pe = cumsum Pi + eps, D = 1 / (1 + cumsum(Pi w2) / Pe), y = -Pi w D
-    backward: the chain rule through those lines in reverse; a prefix sum's adjoint is a suffix sum.
+    Suffix sums are prefix sums of the flipped chunk, never total - prefix: the adjoint through Q_t is of
+    order 1/Q_t, huge at the first tokens when a coordinate starts near zero, and it cancels exactly
+    (R_t = w_t^2 / Q_t stays below 1). Taken as total - prefix, that cancellation leaves an error of
+    about eps / Q_0 at every later position: float32 gradients were off by up to 6% that way.
+    Layout: w is (B, T, K, p), the projection's output viewed per head, no copy.
     """
 
     @staticmethod
-    def forward(ctx, w, temp, pb, eps):
-        # w: (B, K, T, p) float32/64, contiguous; temp: (K, 1); pb: (K, T) = p * b_{k,t}
-        w2 = w * w
-        Qc = torch.cumsum(w2, dim=2).clamp_min_(1e-12)              # Q_t
-        R = w2 / Qc                                                 # w_t^2 / Q_t
-        e = R.sum(-1)                                               # (B, K, T)
-        Pi = torch.softmax(temp * (e + pb), dim=1)                  # (B, K, T)
-        Pe = torch.cumsum(Pi, dim=2) + eps                          # (B, K, T)  sum_{s<=t} pi_s + eps
-        D = torch.cumsum(w2.mul_(Pi.unsqueeze(-1)), dim=2)         # A_t (w2's buffer reused)
-        D.div_(Pe.unsqueeze(-1)).add_(1).reciprocal_()              # D_t = 1 / (1 + A_t / Pe_t)
-        y = w * D
-        y.mul_((-Pi).unsqueeze(-1))                                 # y_t = -Pi_t w_t D_t
-        ctx.save_for_backward(w, temp, pb, Qc, R, Pi, Pe, D, e)
+    def forward(ctx, w, temp, pb, eps, chunk):
+        # w: (B, T, K, p) float32/64; temp: (K,); pb: (T, K) = p * b_{k,t}
+        B, T, K, p = w.shape
+        y, Qs, As, Ds = (torch.empty_like(w) for _ in range(4))
+        Pis, Pes, es = (w.new_empty(B, T, K) for _ in range(3))
+        Q, A, P = w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K)   # carries
+        for a in range(0, T, chunk):
+            c = slice(a, a + chunk)
+            wc = w[:, c]
+            w2 = wc * wc                                             # (B, C, K, p)
+            w2[:, :1] += Q                                           # carry in, then the prefix sum
+            Qc = torch.cumsum(w2, 1, out=Qs[:, c])                   # Q_t (saved unclamped)
+            torch.square(wc[:, :1], out=w2[:, :1])
+            e = torch.sum(w2 / Qc.clamp_min(1e-12), -1, out=es[:, c])   # sum_i w_t^2 / Q_t
+            Pi = torch.softmax(temp * (e + pb[c]), -1)               # (B, C, K)
+            Pis[:, c] = Pi
+            Pe = torch.cumsum(Pi, 1).add_(P)                         # sum_{s<=t} pi_s
+            Q, P = Qc[:, -1:], Pe[:, -1:].clone()
+            Pe = Pes[:, c].copy_(Pe.add_(eps)).unsqueeze(-1)
+            Pi = Pi.unsqueeze(-1)
+            w2.mul_(Pi)[:, :1] += A
+            Ac = torch.cumsum(w2, 1, out=As[:, c])                   # A_t = sum_{s<=t} pi_s w_s^2
+            A = Ac[:, -1:]
+            D = torch.div(Pe, Ac + Pe, out=Ds[:, c])                 # D_t = 1 / (1 + A_t / Pe_t)
+            torch.mul(wc, D, out=y[:, c]).mul_(-Pi)                  # y_t = -Pi_t w_t D_t
+        ctx.save_for_backward(w, temp, pb, Qs, As, Ds, Pis, Pes, es)
+        ctx.chunk = chunk
         return y
 
     @staticmethod
     def backward(ctx, g):
-        w, temp, pb, Qc, R, Pi, Pe, D, e = ctx.saved_tensors
+        w, temp, pb, Qs, As, Ds, Pis, Pes, es = ctx.saved_tensors
+        B, T, K, p = w.shape
         g = g.to(w.dtype)
-        gD = g * D                                                  # g D
-        h = (gD * w).sum(-1)                                        # (B, K, T)  sum_i g w D
-        gw = gD * (-Pi).unsqueeze(-1)                               # direct path of y = -Pi w D
-        c = Pi / Pe
-        GA = gD.mul_(w).mul_(D).mul_(c.unsqueeze(-1))               # dL/dA_t = Pi g w D^2 / Pe
-        GP = GA.sum(-1) - c * h                                     # dL/dPe_t = -sum_i dL/dA_t * A_t / Pe_t
-        RA = _suffix_sum(GA)                                        # adjoint of a prefix sum
-        gPi = _suffix_sum(GP) - h + (RA * w).mul_(w).sum(-1)        # dL/dPi_t
-        dl = Pi * (gPi - (Pi * gPi).sum(1, keepdim=True))           # softmax over heads
-        gtemp = (dl * (e + pb)).sum((0, 2)).unsqueeze(-1)           # (K, 1)
-        de = dl * temp                                              # dL/de_t
-        gpb = de.sum(0)                                             # (K, T)
-        de = de.unsqueeze(-1)
-        gw2 = RA.mul_(Pi.unsqueeze(-1)).addcdiv_(de.expand_as(R), Qc)   # via A, and via R = w2 / Qc
-        gQ = (R / Qc).mul_(-de).masked_fill_(Qc <= 1e-12, 0)        # via Q (nothing where clamped)
-        gw2.add_(_suffix_sum(gQ))
-        gw.addcmul_(w, gw2, value=2)                                # w2 = w^2
-        return gw, gtemp, gpb, None
+        gw, dls = torch.empty_like(w), w.new_empty(B, T, K)
+        SA, SQ, SP = w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K)   # suffix carries
+        for a in reversed(range(0, T, ctx.chunk)):
+            c = slice(a, a + ctx.chunk)
+            wc, Q, Ac, D, Pi, Pe = w[:, c], Qs[:, c], As[:, c], Ds[:, c], Pis[:, c], Pes[:, c]
+            Pi4, Pe4 = Pi.unsqueeze(-1), Pe.unsqueeze(-1)
+            gD = g[:, c] * D
+            GA = gD * wc
+            h = GA.sum(-1)                                           # (B, C, K)  sum_i g w D
+            GA.mul_(D).mul_(Pi4 / Pe4)                               # dL/dA_t = Pi g w D^2 / Pe
+            GP = (GA * Ac).sum(-1).div_(Pe).neg_()                   # dL/dPe_t = -sum_i dL/dA_t A_t / Pe_t
+            RA, RP = _suffix_sum(GA, SA), _suffix_sum(GP, SP)
+            SA, SP = RA[:, :1].clone(), RP[:, :1]
+            w2 = wc * wc
+            gPi = (RA * w2).sum(-1).add_(RP).sub_(h)                 # dL/dPi_t
+            dl = Pi * (gPi - (Pi * gPi).sum(-1, keepdim=True))       # softmax over heads
+            dls[:, c] = dl
+            de = (dl * temp).unsqueeze(-1)                           # dL/de_t
+            # e_t = sum_i w_t^2 / Q_t, Q_t = sum_{s<=t} w_s^2. The token's own w_t^2 enters both; together
+            # they give de_t Q_{t-1} / Q_t^2 (as de/Q_t - de w_t^2/Q_t^2 it would cancel at the first tokens).
+            # Where Q_t is clamped, R_t = w_t^2 / 1e-12 and Q_t passes nothing back.
+            Qc, clamped = Q.clamp_min(1e-12), Q <= 1e-12
+            Qprev = torch.cat([Qs[:, a - 1:a] if a else torch.zeros_like(Q[:, :1]), Q[:, :-1]], 1)
+            own = torch.where(clamped, Qc, Qprev).div_(Qc).div_(Qc)
+            gQ = w2.div_(Qc).div_(Qc).mul_(-de).masked_fill_(clamped, 0)   # via Q_t, for the later tokens
+            gw2 = RA.mul_(Pi4).addcmul_(de.expand_as(Qc), own)       # via A, and via the token's own R_t
+            SQc = _suffix_sum(gQ, SQ)
+            gw2[:, :-1] += SQc[:, 1:]                                # via Q_t' of the later tokens t' > t
+            gw2[:, -1:] += SQ
+            SQ = SQc[:, :1]
+            torch.addcmul(gD.mul_(-Pi4), wc, gw2, value=2, out=gw[:, c])   # direct path of y = -Pi w D, and w2 = w^2
+        gtemp = (dls * (es + pb)).sum((0, 1))
+        gpb = (dls * temp).sum(0)
+        return gw, gtemp, gpb, None, None
 
 
-def _suffix_sum(x):
-    """sum_{t' >= t} x_t' over dim 2 (time), the adjoint of a prefix sum: total - prefix + self."""
-    return torch.cumsum(x, dim=2).neg_().add_(x).add_(x.sum(2, keepdim=True))
+def _suffix_sum(x, carry):
+    """sum_{t' >= t} x_t' over dim 1 (time) within a chunk, plus `carry`, the sum over the later chunks."""
+    f = torch.flip(x, [1])
+    f[:, :1] += carry
+    return torch.flip(f.cumsum_(1), [1])
 
 
 class CausalTSSA(TSSA):
@@ -260,19 +372,14 @@ class CausalTSSA(TSSA):
         z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)
         return TSSAState(z(batch_size, K, p), z(batch_size, K, p), z(batch_size, K), 0)
 
-    fast = True   # train with _CausalCore (same numbers, fewer passes); False: the readable code below
-
     def forward(self, x, state: Optional[TSSAState] = None):
         """Parallel form. x: (B, T, d). Without a state: returns y (B, T, d), the training path.
         With a state (from empty_state() or an earlier call): continues after it and returns (y, new_state)."""
-        if state is None and self.fast and not (self.training and self.attn_dropout.p > 0):
+        if state is None and self._use_fast():
             B, T, d = x.shape
             _check_length(T, self.block_size)
-            w = self.split_heads(self.c_attn(x))                                 # (B, K, T, p)
-            wf = w.to(_stat_dtype(w)).contiguous()
-            pb = self.head_dim * self.pos_bias[:, :T]
-            y = _CausalCore.apply(wf, self.temp.to(wf.dtype), pb.to(wf.dtype), self.eps)
-            return self.resid_dropout(self.c_proj(self.merge_heads(y.to(w.dtype))))
+            pb = (self.head_dim * self.pos_bias[:, :T]).t()                     # (T, K)
+            return self._fast(x, _CausalCore, pb, self.eps, T if x.is_cuda else max(1, CHUNK // (B * d)))
         return self._parallel(x, state)
 
     def _parallel(self, x, state: Optional[TSSAState] = None):
@@ -389,6 +496,53 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
+class TokenShift(nn.Module):
+    """Not part of ToST's derivation; an option (GPTConfig.token_shift), off for the paper's model.
+
+        h_t <- h_t + mu * (h_{t-1} - h_t)        mu learned per channel, init 0.5; h_{-1} = 0
+
+    Causal TSSA sees the past only through prefix sums of second moments, with no recency: a layer cannot
+    tell which token came just before, and a model of local structure (bytes, code) needs exactly that.
+    Mixing each channel of the attention's input with the previous token's (RWKV's token shift) gives it
+    back at O(1) cost: the recurrent state grows by one vector per layer, h_{t-1}."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.mu = nn.Parameter(torch.full((n_embd,), 0.5))
+
+    def forward(self, h, last=None):        # h (B, T, d); last (B, d): h of the token before h[:, 0], or None
+        prev = torch.cat([torch.zeros_like(h[:, :1]) if last is None else last[:, None], h[:, :-1]], 1)
+        return h + self.mu * (prev - h), h[:, -1]
+
+
+class LocalPatchInteraction(nn.Module):
+    """XCiT's local patch interaction, the vision analogue of TokenShift (ViTConfig.lpi, off by default):
+    depthwise 3x3 convolution, GELU, BatchNorm, depthwise 3x3 convolution over the patch grid, so each
+    patch mixes with its 8 neighbours. Not part of ToST's derivation; the released code has it commented out."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.conv1 = nn.Conv2d(n_embd, n_embd, 3, padding=1, groups=n_embd)
+        self.act, self.bn = nn.GELU(), nn.BatchNorm2d(n_embd)
+        self.conv2 = nn.Conv2d(n_embd, n_embd, 3, padding=1, groups=n_embd)
+
+    def forward(self, x, grid):             # x (B, H*W, d), grid (H, W)
+        B, n, d = x.shape
+        x = x.transpose(1, 2).reshape(B, d, *grid)
+        x = self.conv2(self.bn(self.act(self.conv1(x))))
+        return x.reshape(B, d, n).transpose(1, 2)
+
+
+class ShiftState(NamedTuple):
+    """A block's recurrent state when it has a TokenShift: the attention's state and the last h."""
+    attn: object              # TSSAState or KVCache
+    last: torch.Tensor        # (B, d)
+
+    @property
+    def t(self):
+        return self.attn.t
+
+
 ATTN_KINDS = ('tssa', 'softmax')
 
 
@@ -411,29 +565,58 @@ def drop_path(x, p, training):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm block with layer-scale:  x = x + g1 * attn(LN(x));  x = x + g2 * MLP(LN(x))."""
+    """Pre-LayerNorm block with layer-scale:  x = x + g1 * attn(LN(x));  x = x + g2 * MLP(LN(x)).
+    Options beyond the paper: token_shift (attn(shift(LN(x)))) and lpi (x = x + g3 * LPI(LN(x)) between
+    the two, as XCiT places it; the forward then needs the patch grid)."""
 
     def __init__(self, n_embd, n_head, attn='tssa', causal=True, block_size=None, bias=False, dropout=0.0,
-                 layerscale_init=1e-5, drop_path=0.0):
+                 layerscale_init=1e-5, drop_path=0.0, token_shift=False, lpi=False):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.shift = TokenShift(n_embd) if token_shift else None
         self.attn = make_attention(attn, n_embd, n_head, causal, block_size, bias, dropout)
+        self.lpi = None
+        if lpi:
+            self.ln_3, self.lpi = nn.LayerNorm(n_embd, bias=bias), LocalPatchInteraction(n_embd)
+            self.gamma_3 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
         self.mlp = MLP(n_embd, bias, dropout)
         self.gamma_1 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
         self.gamma_2 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
         self.drop_path = drop_path
 
-    def forward(self, x, state=None):
+    def empty_state(self, batch_size, device=None):
+        st = self.attn.empty_state(batch_size, device)
+        return st if self.shift is None else ShiftState(st, torch.zeros(batch_size, self.ln_1.weight.numel(),
+                                                                         device=device))
+
+    def _attend(self, h, state):
+        """The attention of h = LN(x) (shifted first if the block has a TokenShift), with or without a state."""
+        if self.shift is None:
+            return self.attn(h) if state is None else self.attn(h, state)
+        h, last = self.shift(h, None if state is None else state.last.to(h.dtype))
         if state is None:
-            x = x + drop_path(self.gamma_1 * self.attn(self.ln_1(x)), self.drop_path, self.training)
+            return self.attn(h)
+        a, st = self.attn(h, state.attn)
+        return a, ShiftState(st, last)
+
+    def forward(self, x, state=None, grid=None):
+        if state is None:
+            x = x + drop_path(self.gamma_1 * self._attend(self.ln_1(x), None), self.drop_path, self.training)
+            if self.lpi is not None:
+                x = x + drop_path(self.gamma_3 * self.lpi(self.ln_3(x), grid), self.drop_path, self.training)
             return x + drop_path(self.gamma_2 * self.mlp(self.ln_2(x)), self.drop_path, self.training)
-        a, state = self.attn(self.ln_1(x), state)
+        a, state = self._attend(self.ln_1(x), state)
         x = x + self.gamma_1 * a
         return x + self.gamma_2 * self.mlp(self.ln_2(x)), state
 
     def step(self, x, state):                                # x: (B, d), one token
-        a, state = self.attn.step(self.ln_1(x), state)
+        h = self.ln_1(x)
+        if self.shift is None:
+            a, state = self.attn.step(h, state)
+        else:                                                # the token's own h becomes the next one's h_{t-1}
+            a, st = self.attn.step(h + self.shift.mu * (state.last.to(h.dtype) - h), state.attn)
+            state = ShiftState(st, h)
         x = x + self.gamma_1 * a
         return x + self.gamma_2 * self.mlp(self.ln_2(x)), state
 
@@ -441,7 +624,7 @@ class Block(nn.Module):
 # -----------------------------------------------------------------------------
 # Optimizer groups and FLOPs, shared by both models
 
-NO_DECAY_NAMES = ('temp', 'pos_bias', 'gamma_1', 'gamma_2', 'cls_token')
+NO_DECAY_NAMES = ('temp', 'pos_bias', 'gamma_1', 'gamma_2', 'gamma_3', 'cls_token', 'mu')
 
 
 def param_groups(model, weight_decay):
@@ -490,6 +673,7 @@ class GPTConfig:
     bias: bool = False
     attn: str = 'tssa'          # 'tssa' or 'softmax' (everything else equal)
     layerscale_init: float = 1e-5
+    token_shift: bool = False   # not in the paper: mix each token with the previous one before attention
 
     def __post_init__(self):
         _check_shape(self.n_embd, self.n_head, self.attn)
@@ -514,7 +698,7 @@ class GPT(nn.Module):
             wpe=nn.Embedding(c.block_size, c.n_embd),
             drop=nn.Dropout(c.dropout),
             h=nn.ModuleList([Block(c.n_embd, c.n_head, c.attn, True, c.block_size, c.bias, c.dropout,
-                                   c.layerscale_init) for _ in range(c.n_layer)]),
+                                   c.layerscale_init, token_shift=c.token_shift) for _ in range(c.n_layer)]),
             ln_f=nn.LayerNorm(c.n_embd, bias=c.bias),
         ))
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
@@ -554,13 +738,13 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
         logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     # --- generation with the recurrent state -------------------------------------------------------
 
     def empty_state(self, batch_size, device=None):
-        return [block.attn.empty_state(batch_size, device) for block in self.transformer.h]
+        return [block.empty_state(batch_size, device) for block in self.transformer.h]
 
     def prefill(self, idx, states=None):
         """Run a chunk of tokens in parallel after `states` (None: from the start).
@@ -671,6 +855,7 @@ class ViTConfig:
     bias: bool = True
     attn: str = 'tssa'
     layerscale_init: float = 1.0
+    lpi: bool = False           # not in the paper: XCiT's local patch interaction in every block
 
     def __post_init__(self):
         _check_shape(self.n_embd, self.n_head, self.attn)
@@ -771,7 +956,7 @@ class ViT(nn.Module):
         self.pos_embed = FourierPositions(c.n_embd)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList([Block(c.n_embd, c.n_head, c.attn, False, None, c.bias, c.dropout,
-                                           c.layerscale_init, c.drop_path * i / max(c.n_layer - 1, 1))
+                                           c.layerscale_init, c.drop_path * i / max(c.n_layer - 1, 1), lpi=c.lpi)
                                      for i in range(c.n_layer)])
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
         self.cls_blocks = nn.ModuleList([ClassBlock(c.n_embd, c.n_head, c.bias, c.layerscale_init)
@@ -802,9 +987,9 @@ class ViT(nn.Module):
 
     def forward(self, x):
         """images (B, 3, H, W) -> class logits (B, num_classes). H, W need not equal img_size."""
-        x, _ = self._tokens(x)
+        x, grid = self._tokens(x)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, grid=grid)
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         for block in self.cls_blocks:
             cls, _ = block(cls, x)
@@ -828,7 +1013,7 @@ class ViT(nn.Module):
                 w = a.split_heads(a.c_attn(block.ln_1(x)))
                 Pi = a.memberships(w.to(_stat_dtype(w)))                     # (B, K, n)
                 pis.append(Pi)
-            x = block(x)
+            x = block(x, grid=(Hp, Wp))
             if isinstance(a, TSSA):                          # the block's output, through its own LN and
                 w = a.split_heads(a.c_attn(block.ln_1(x)))  # projections (bias included, as the layer applies)
                 comp.append(compression_of_projections(w, Pi.transpose(1, 2).to(w.dtype)))

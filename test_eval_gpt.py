@@ -1,0 +1,252 @@
+"""
+Tests for eval_gpt.py: tiny checkpoints and tiny test sets in the published formats, offline, seconds.
+    python -m pytest -q test_eval_gpt.py
+
+What they prove: the windows score every token but the first exactly once; the loss equals a plain loop
+over the model's own loss (ToST and softmax checkpoints); 2 processes under torchrun (gloo) print the same
+numbers, bit for bit, as 1; LAMBADA's accuracy is right where the answer is known (a hand-built model that
+predicts its input token again); results are appended to the run log; bad input is one line and exit 2.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tiktoken
+import torch
+
+import eval_gpt
+import prepare_data as prep
+import tost
+import train_common
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
+PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
+
+
+def encoding(merges=()):
+    """A tiny offline stand-in for GPT-2's BPE: the 256 bytes, the given merges, then <|endoftext|>."""
+    ranks = {bytes([i]): i for i in range(256)}
+    ranks.update({m: 256 + i for i, m in enumerate(merges)})
+    return tiktoken.Encoding(name='tiny', pat_str=PAT, mergeable_ranks=ranks,
+                             special_tokens={'<|endoftext|>': len(ranks)})
+
+
+WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i} , and not much @-@ else .\n \n'
+               for i in range(30))
+PASSAGES = [f'Passage {i} tells of {"many " * (i % 7)}things, and ends with the word word{i % 3}' for i in range(11)]
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    """wikitext2 (~1.8k tokens) and lambada (11 passages) prepared with the tiny encoding as 'gpt2'."""
+    d = tmp_path_factory.mktemp('data')
+    (d / 'wiki.test.raw').write_text(WIKI)
+    (d / 'lambada_test.jsonl').write_text(''.join(json.dumps({'text': p}) + '\n' for p in PASSAGES))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(prep, '_gpt2_encoding', lambda: encoding())
+        prep.prepare('wikitext2', d, input=str(d / 'wiki.test.raw'))
+        prep.prepare('lambada', d, input=str(d / 'lambada_test.jsonl'))
+    return d
+
+
+def save_model(out_dir, data_dir, attn='tssa', block_size=32, seed=0, n_embd=32, n_head=2, edit=None):
+    """A random (or `edit`ed) GPT saved as train_gpt.py saves it, with the data's tokenizer in its meta."""
+    torch.manual_seed(seed)
+    meta = prep.load_meta(os.path.join(data_dir, 'wikitext2'))
+    args = dict(block_size=block_size, vocab_size=64 * -(-meta['vocab_size'] // 64), n_layer=2, n_head=n_head,
+                n_embd=n_embd, dropout=0.0, bias=False, attn=attn)
+    model = tost.GPT(tost.GPTConfig(**args))
+    if edit:
+        edit(model)
+    os.makedirs(out_dir, exist_ok=True)
+    train_common.atomic_save(dict(model=model.state_dict(), model_args=args, meta=meta, iter_num=7,
+                                  config={}), os.path.join(out_dir, 'ckpt.pt'))
+    return model.eval()
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def tokens_of(data_dir, name):
+    return np.fromfile(os.path.join(data_dir, name, 'val.bin'), dtype=np.uint16).astype(np.int64)
+
+
+def one_line_error(stderr, *words):
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: '), stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+# -----------------------------------------------------------------------------
+# the loss
+
+
+@pytest.mark.parametrize('n,T', [(2, 1), (2, 5), (9, 4), (10, 3), (11, 5), (100, 7), (65, 64)])
+def test_windows_predict_every_token_but_the_first_once(n, T):
+    wins = eval_gpt.windows(n, T)
+    predicted = [t for s, length in wins for t in range(s + 1, s + length + 1)]
+    assert predicted == list(range(1, n))  # each once, in order
+    assert all(1 <= length <= T for _, length in wins) and len(wins) == -(-(n - 1) // T)
+    assert all(s + length < n for s, length in wins)  # the last target is the split's last token
+
+
+@pytest.mark.parametrize('attn', ['tssa', 'softmax'])
+def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, attn):
+    out = str(tmp_path / 'out')
+    model = save_model(out, data_dir, attn=attn)
+    with open(os.path.join(out, 'log.jsonl'), 'w') as f:  # a training log is there already
+        f.write(json.dumps({'iter': 7, 'kind': 'eval', 'val_loss': 5.0}) + '\n')
+    eval_gpt.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2,lambada', '--device=cpu',
+                   '--batch_size=3'])
+    log = read_log(out)
+    assert log[0] == {'iter': 7, 'kind': 'eval', 'val_loss': 5.0}  # appended, not truncated
+    assert [r['dataset'] for r in log[1:]] == ['wikitext2', 'lambada'] and all(r['kind'] == 'zero_shot' for r in log[1:])
+    for r in log[1:]:
+        x = torch.from_numpy(tokens_of(data_dir, r['dataset']))
+        total, count = 0.0, 0
+        with torch.no_grad():  # the reference: window by window, the model's own mean loss times its length
+            for s in range(0, len(x) - 1, 32):
+                length = min(32, len(x) - 1 - s)
+                total += model(x[None, s:s + length], x[None, s + 1:s + 1 + length])[1].item() * length
+                count += length
+        assert r['tokens'] == count == len(x) - 1 and r['windows'] == -(-(len(x) - 1) // 32)
+        assert abs(r['loss'] - total / count) < 1e-5 and abs(r['ppl'] - np.exp(r['loss'])) < 1e-6 * r['ppl']
+        assert (r['attn'], r['iter'], r['block_size'], r['processes']) == (attn, 7, 32, 1)
+    assert 'last_word_acc' in log[2] and 'last_word_acc' not in log[1]
+    table = capsys.readouterr().out.splitlines()
+    row = next(line for line in table if line.split()[0] == 'wikitext2')  # not the progress line 'wikitext2:'
+    assert f"{log[1]['loss']:.4f}" in row and row.split()[-2:] == ['4.77', '4.13']  # the paper's, beside ours
+    assert 'ToST-Base' in table[-3] and 'GPT-2 Base' in table[-3]
+
+
+def test_two_processes_give_the_same_numbers_as_one(data_dir, tmp_path):
+    """Bit for bit. batch_size=2 gives an odd number of batches, so the processes do unequal shares, and
+    the last window is a short one."""
+    out = str(tmp_path / 'out')
+    save_model(out, data_dir, block_size=16)
+    args = [f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2,lambada', '--device=cpu',
+            '--batch_size=2']
+    one = subprocess.run([sys.executable, os.path.join(REPO, 'eval_gpt.py'), *args], capture_output=True,
+                         text=True, env=ENV, cwd=str(tmp_path), timeout=120)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                          os.path.join(REPO, 'eval_gpt.py'), *args], capture_output=True, text=True, env=ENV,
+                         cwd=str(tmp_path), timeout=180)
+    assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
+    assert two.stdout.count('zero-shot loss of') == 1  # only rank 0 talks
+    log = read_log(out)
+    a, b = log[:2], log[2:]  # the 1-process run's two lines, then the 2-process run's
+    n = len(tokens_of(data_dir, 'wikitext2')) - 1
+    batches = -(-(n // 16) // 2) + 1  # full windows two at a time, then the short last window alone
+    assert n % 16 and batches % 2  # a short last window, an odd number of batches
+    for ra, rb in zip(a, b):
+        assert (ra['processes'], rb['processes']) == (1, 2)
+        for key in ('loss', 'tokens', 'windows', 'last_word_acc', 'last_word_correct'):
+            assert ra.get(key) == rb.get(key), key  # ==, not approximately
+    assert a[1]['passages'] == len(PASSAGES)
+
+# -----------------------------------------------------------------------------
+# LAMBADA's accuracy, where the answer is known
+
+
+def repeat_model(model):
+    """Make the GPT predict its input token again: every block adds nothing (all its weights 0), no
+    positions, and token a embeds as the centred one-hot e_a, so LN(e_a) . e_b is largest at b = a."""
+    with torch.no_grad():
+        for p in model.transformer.h.parameters():
+            p.zero_()
+        model.transformer.wpe.weight.zero_()
+        V, d = model.transformer.wte.weight.shape
+        model.transformer.wte.weight.copy_(torch.eye(V, d) - 1 / d)  # tied: also the output layer
+
+
+def test_lambada_accuracy_where_the_answer_is_known(tmp_path):
+    merges = (b' z', b' zz', b' y', b' yy')  # ' zz' and ' yy' are one token each
+    enc = encoding(merges)
+    passages = {  # passage: whether greedy decoding gets its last word, for a model that repeats its input
+        'one zz zz': True,     # context ends with ' zz', target ' zz'
+        'one zz yy': False,
+        'one yy yy': True,
+        'zz zz': False,        # the context 'zz' is 'z', 'z' (no space): it predicts 'z'
+        'one zz zzz': False,   # target ' zz', 'z': the first token is right, the second is not
+        'a long passage, longer than the window of sixteen tokens, yy yy': True,   # cut to its last 16 tokens
+        'then a line\nyy': False,  # the word after a newline: target 'y', 'y' after '\n'
+    }
+    d = tmp_path / 'data'
+    d.mkdir()
+    (d / 'lambada_test.jsonl').write_text(''.join(json.dumps({'text': p}) + '\n' for p in passages))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(prep, '_gpt2_encoding', lambda: enc)
+        prep.prepare('lambada', d, input=str(d / 'lambada_test.jsonl'))
+        prep.prepare('wikitext2', d, input=str(_write(tmp_path / 'wiki.test.raw', WIKI)))  # save_model reads its meta
+    out = str(tmp_path / 'out')
+    model = save_model(out, d, block_size=16, n_embd=320, n_head=4, edit=repeat_model)
+    x = torch.randint(0, model.config.vocab_size, (2, 16))
+    assert torch.equal(model(x, x)[0].argmax(-1), x)  # the construction works: it repeats every token
+
+    spans = np.load(d / 'lambada' / 'val_targets.npy')
+    assert spans[5, 2] - spans[5, 0] > 17  # the long passage does not fit a window
+    one = train_common.Dist(False, 0, 0, 1, True, 'cpu')
+    flags, cut = eval_gpt.last_word_accuracy(model, tokens_of(d, 'lambada'), spans, 16, 3, 'cpu',
+                                             train_common.autocast('cpu', 'float32'), one)
+    assert flags == list(passages.values()) and cut == 1
+
+    eval_gpt.main([f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--device=cpu'])
+    r = read_log(out)[-1]
+    assert (r['last_word_correct'], r['passages'], r['passages_cut']) == (3, 7, 1)
+    assert r['last_word_acc'] == 3 / 7
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+# -----------------------------------------------------------------------------
+# bad input: one line, exit 2
+
+
+def exits(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        train_common.run_main(lambda: eval_gpt.main(argv))
+    return e.value.code, capsys.readouterr().err
+
+
+def test_bad_input(data_dir, tmp_path, capsys):
+    out = str(tmp_path / 'out')
+    base = [f'--out_dir={out}', f'--data_dir={data_dir}', '--device=cpu']
+    code, err = exits(base + ['--datasets=wikitext2'], capsys)
+    assert code == 2
+    one_line_error(err, f'no checkpoint at {out}/ckpt.pt', 'python train_gpt.py')
+    save_model(out, data_dir)
+    code, err = exits(base, capsys)  # the default sets: openwebtext is not prepared here
+    one_line_error(err, 'not a prepared dataset', f'python prepare_data.py openwebtext --data_dir={data_dir}')
+    code, err = exits(base + ['--datasets=wikitext2', '--block_size=64'], capsys)
+    one_line_error(err, "--block_size=64 is larger than the model's context (32)")
+    code, err = exits(base + ['--datasets=wikitext2', '--batch_sise=4'], capsys)
+    one_line_error(err, 'unknown option --batch_sise', 'did you mean --batch_size')
+    code, err = exits(base + ['--datasets=,'], capsys)
+    one_line_error(err, '--datasets is empty')
+
+    (data_dir / 'bytes_text.txt').write_text('some bytes to evaluate on, ' * 20)
+    prep.prepare('text', data_dir, input=str(data_dir / 'bytes_text.txt'))
+    code, err = exits(base + ['--datasets=wikitext2,bytes_text'], capsys)  # checked before any work
+    one_line_error(err, 'uses tokenizer bytes (256 ids)', 'trained with gpt2 (257 ids)', '--tokenizer=gpt2')
+    assert not os.path.exists(os.path.join(out, 'log.jsonl'))
+
+    with open(os.path.join(out, 'ckpt.pt'), 'wb') as f:
+        f.write(b'not a checkpoint')
+    r = subprocess.run([sys.executable, os.path.join(REPO, 'eval_gpt.py'), *base, '--datasets=wikitext2'],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2
+    one_line_error(r.stderr, 'corrupt or unreadable')
+    train_common.atomic_save({'kind': 'vit', 'model': {}, 'model_args': {}, 'meta': {}}, os.path.join(out, 'ckpt.pt'))
+    code, err = exits(base + ['--datasets=wikitext2'], capsys)
+    one_line_error(err, 'is a vision checkpoint')
