@@ -1,5 +1,6 @@
 """
-The commands that the --help texts (train_gpt.py, train_vit.py, sample.py, prepare_data.py) and the README
+The commands that the --help texts (train_gpt.py, train_vit.py, sample.py, prepare_data.py, eval_gpt.py) and
+the README
 print, run as written, so that they cannot drift away from the code. Offline, in a temp folder, about a
 minute. Commands that would train for minutes get tiny sizes appended (a later --key=value wins; the
 command's own keys still parse and act). Commands that need the network, a GPU, several processes or
@@ -15,6 +16,7 @@ import urllib.error
 import pytest
 import torch
 
+import eval_gpt
 import prepare_data
 import sample
 import train_common
@@ -39,6 +41,7 @@ RUN = [
     ('python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000', LONGER),
     ('python train_gpt.py --init_from=resume', ()),                   # done: nothing to do, says so
     ('python train_gpt.py --attn=softmax --out_dir=out-softmax', TINY_GPT),
+    ('python eval_gpt.py --datasets=python_stdlib', ('--batch_size=256',)),  # all 1.2M val bytes: big batches
     ('python sample.py', SHORT),
     ('python sample.py --start="def fibonacci(n):" --num_samples=1 --max_new_tokens=2000',
      ('--max_new_tokens=100',)),                                    # still past block_size (32)
@@ -71,6 +74,14 @@ SKIP = {
     'python prepare_data.py openwebtext': NET,
     'python prepare_data.py cifar10': NET + '; its --archive form is run',
     'python prepare_data.py openwebtext --input=owt/': 'gpt2 BPE, whose vocabulary tiktoken downloads once',
+    'python prepare_data.py lambada --input=lambada_test.jsonl': 'gpt2 BPE, whose vocabulary tiktoken downloads '
+                                                                 'once; test_prepare_data.py builds it offline',
+    'python prepare_data.py wikitext2': NET,
+    'python prepare_data.py ptb': NET,
+    'python prepare_data.py lambada': NET,
+    'python eval_gpt.py --out_dir=out-owt-base': 'a ToST-Base checkpoint (days on 8 GPUs) and the downloaded sets',
+    'torchrun --standalone --nproc_per_node=8 eval_gpt.py --out_dir=out-owt-base': '8 GPUs; test_eval_gpt.py '
+                                                                                   'runs 2 CPU processes',
     'torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base': '8 GPUs, days',
     'torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
     'train_gpt.py --config=owt-base': 'two nodes',
@@ -86,7 +97,7 @@ SKIP = {
     'python bench.py --sections=operator': 'minutes; test_bench.py runs its smoke mode',
 }
 SCRIPTS = {'train_gpt.py': train_gpt.main, 'train_vit.py': train_vit.main, 'sample.py': sample.main,
-           'prepare_data.py': prepare_data.main}
+           'prepare_data.py': prepare_data.main, 'eval_gpt.py': eval_gpt.main}
 
 
 def commands_in(line):
@@ -99,7 +110,8 @@ def documented():
     """{command: where} for every command the help texts and the README show."""
     found = {}
     for name, doc in (('train_gpt.py --help', train_gpt.__doc__), ('train_vit.py --help', train_vit.__doc__),
-                      ('sample.py --help', sample.__doc__), ('prepare_data.py --help', prepare_data.__doc__)):
+                      ('sample.py --help', sample.__doc__), ('prepare_data.py --help', prepare_data.__doc__),
+                      ('eval_gpt.py --help', eval_gpt.__doc__)):
         for line in doc.replace('\\\n', ' ').splitlines():    # join `\` continuations
             if line.strip().startswith(('python ', 'torchrun ')):
                 found.update({re.sub(r'\s+', ' ', c): name for c in commands_in(line)})
@@ -110,7 +122,7 @@ def documented():
             if line.startswith(('python', 'torchrun ', 'pip ', '. ')):
                 found.update({re.sub(r'\s+', ' ', c): 'README.md' for c in commands_in(line)})
     for span in re.findall(r'`(python [^`]+)`', readme):          # inline commands in the prose
-        found[span] = 'README.md'
+        found[re.sub(r'\s+', ' ', span)] = 'README.md'
     return found
 
 
