@@ -137,7 +137,7 @@ def test_run_log_and_checkpoint_roundtrip(trained, data_dir):
     assert {'model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'config', 'meta'} <= set(ckpt)
     assert ckpt['iter_num'] == 12 and ckpt['meta']['tokenizer'] == 'bytes'
     assert ckpt['model_args'] == dict(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32, dropout=0.0,
-                                      bias=False, attn='tssa')
+                                      bias=False, attn='tssa', token_shift=False)
     assert ckpt['config']['max_iters'] == 12 and ckpt['config']['dataset'] == 'tiny'
     assert not any('_orig_mod' in k or k.startswith('module.') for k in ckpt['model'])
 
@@ -508,15 +508,15 @@ def test_mixed_precision_runs_on_cpu(data_dir, tmp_path, dtype):
     assert weights(out)['iter_num'] == 6 and weights(out)['config']['dtype'] == dtype          # machine's choice
 
 
-def test_fused_adamw_the_gpu_choice_trains_like_foreach(data_dir, tmp_path, monkeypatch):
-    """On cuda the trainer gets tost's fused AdamW. torch has a fused AdamW on CPU too, so the same run with
-    the cuda choice forced here must land where the default (foreach) one does."""
-    ref, fused = str(tmp_path / 'foreach'), str(tmp_path / 'fused')
-    train_gpt.main(tiny(data_dir, ref, '--max_iters=4', '--eval_interval=2'))
+def test_fused_adamw_trains_like_foreach(data_dir, tmp_path, monkeypatch):
+    """tost's optimizer is torch's fused AdamW on cuda and cpu; the same run with the multi-tensor (foreach)
+    AdamW, what other devices get, must land where the fused one does."""
+    fused, ref = str(tmp_path / 'fused'), str(tmp_path / 'foreach')
+    train_gpt.main(tiny(data_dir, fused, '--max_iters=4', '--eval_interval=2'))
     real = tost.GPT.configure_optimizers
     monkeypatch.setattr(tost.GPT, 'configure_optimizers', lambda self, wd, lr, betas, device_type:
-                        real(self, wd, lr, betas, 'cuda'))
-    train_gpt.main(tiny(data_dir, fused, '--max_iters=4', '--eval_interval=2'))
+                        real(self, wd, lr, betas, 'mps'))
+    train_gpt.main(tiny(data_dir, ref, '--max_iters=4', '--eval_interval=2'))
     assert all(g['fused'] for g in weights(fused)['optimizer']['param_groups'])
     assert not any(g['fused'] for g in weights(ref)['optimizer']['param_groups'])
     assert same_run(weights(ref), weights(fused)) < 0.01
@@ -771,3 +771,16 @@ def test_a_vision_checkpoint_is_named_as_such(data_dir, tmp_path):
     r = run_cli('train_gpt.py', *tiny(data_dir, str(out), '--init_from=resume'))
     assert r.returncode == 2
     one_line_error(r.stderr, 'is a vision checkpoint', 'not a language model')
+
+
+def test_token_shift_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(data_dir, tmp_path):
+    out = str(tmp_path / 'shift')
+    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=2', '--token_shift=true'))
+    ckpt = weights(out)
+    assert ckpt['model_args']['token_shift'] is True
+    assert any(k.endswith('shift.mu') for k in ckpt['model'])
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6'])
+    assert weights(out)['iter_num'] == 6 and weights(out)['model_args']['token_shift'] is True
+    with pytest.raises(train_common.UsageError, match='token_shift'):     # the model's shape is fixed on resume
+        train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=8', '--token_shift=false'])
+    sample.main([f'--out_dir={out}', '--start=def', '--num_samples=1', '--max_new_tokens=5', '--device=cpu'])

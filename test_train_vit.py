@@ -18,7 +18,7 @@ import torch
 
 import tost
 import train_vit
-from train_common import UsageError
+from train_common import UsageError, load_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLASSES = 3
@@ -439,3 +439,10 @@ def test_help_prints_the_commands_and_keys(capsys):
     assert train_vit.main(['--help']) is None
     out = capsys.readouterr().out
     assert 'python train_vit.py --dataset=cifar10' in out and '--label_smoothing=' in out
+
+
+def test_lpi_is_a_key_recorded_in_the_checkpoint(data, tmp_path):
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=2', '--lpi=true'))
+    ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
+    assert ckpt['model_args']['lpi'] is True and any('.lpi.' in k for k in ckpt['model'])

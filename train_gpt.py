@@ -78,6 +78,7 @@ DEFAULTS = dict(
     dropout=0.0,                 # for pretraining 0 is good; for finetuning try 0.1+
     bias=False,                  # biases in Linear and LayerNorm
     attn='tssa',                 # 'tssa' (ToST) or 'softmax' (GPT-2's attention), all else equal
+    token_shift=False,           # not in the paper: mix each token with the previous one before attention
     # AdamW, linear warmup then cosine decay
     learning_rate=6e-3,          # peak learning rate (high, for a small model and a short run)
     max_iters=1000,              # optimizer steps in total
@@ -133,7 +134,7 @@ PRESETS = {
 
 # datasets cheap enough to prepare on the fly; the others are a separate step (openwebtext takes hours)
 PREPARE_ON_THE_FLY = ('python_stdlib', 'shakespeare')
-MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias', 'attn')  # fixed by a checkpoint
+MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias', 'attn', 'token_shift')  # fixed by a checkpoint
 MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'overwrite')  # on resume: this command line's
 CKPT_NAME = 'ckpt.pt'
 
@@ -179,8 +180,8 @@ def resume_config(cfg, set_keys, ckpt):
     The model's shape cannot change; device, dtype, compile and out_dir are this machine's business."""
     old = ckpt['config']
     for key in MODEL_KEYS:
-        if key in set_keys and cfg[key] != old[key]:
-            raise UsageError(f"--{key}={cfg[key]} does not match the checkpoint's model ({key}={old[key]}); "
+        if key in set_keys and cfg[key] != old.get(key, DEFAULTS[key]):   # (older checkpoints lack new keys)
+            raise UsageError(f"--{key}={cfg[key]} does not match the checkpoint's model ({key}={old.get(key)}); "
                              f"the model's shape is fixed on resume")
     merged = {k: (cfg[k] if k in set_keys or k in MACHINE_KEYS or k not in old else old[k]) for k in cfg}
     merged['config'] = old.get('config', cfg['config'])
@@ -338,7 +339,8 @@ def train(cfg, set_keys, dist, ckpt_path):
     if ckpt is None:
         vocab = 64 * math.ceil(meta['vocab_size'] / 64)  # 256 for bytes; gpt2's 50257 -> 50304, faster matmuls
         model_args = dict(block_size=T, vocab_size=vocab, n_layer=cfg['n_layer'], n_head=cfg['n_head'],
-                          n_embd=cfg['n_embd'], dropout=cfg['dropout'], bias=cfg['bias'], attn=cfg['attn'])
+                          n_embd=cfg['n_embd'], dropout=cfg['dropout'], bias=cfg['bias'], attn=cfg['attn'],
+                          token_shift=cfg['token_shift'])
         iter_num, best_val_loss = 0, float('inf')
     else:
         model_args = dict(ckpt['model_args'], dropout=cfg['dropout'])
@@ -373,7 +375,8 @@ def train(cfg, set_keys, dist, ckpt_path):
 
     log = RunLog(cfg['out_dir'], enabled=master, total=cfg['max_iters'], fresh=cfg['init_from'] == 'scratch',
                  resume_from=iter_num)  # on resume, rows past the checkpoint go: they are about to be redone
-    log.print(f"model: {raw_model.get_num_params() / 1e6:.2f}M params, attn={cfg['attn']}, "
+    log.print(f"model: {raw_model.get_num_params() / 1e6:.2f}M params, attn={cfg['attn']}"
+              f"{' + token shift' if model_args.get('token_shift') else ''}, "
               f"{cfg['n_layer']} layers x {cfg['n_head']} heads x {cfg['n_embd']}, vocab {model_args['vocab_size']}, "
               f"context {T}")
     log.print(f"data: {data_path}, {sizes['train']:,} train + {sizes['val']:,} val tokens ({meta.get('tokenizer')})")

@@ -78,6 +78,7 @@ DEFAULTS = dict(
     # model
     model='tost-cifar',         # a vision preset of tost.py: tost-cifar, tost-cifar-tiny, tost-t, tost-s, tost-m
     attn='tssa',                # 'tssa' (ToST) or 'softmax' (the baseline, everything else equal)
+    lpi=False,                  # not in the paper: XCiT's local patch interaction (3x3 depthwise convs) per block
     drop_path=0.0,              # stochastic depth; if not set, the preset's (tost-s 0.05, tost-m 0.15)
     # optimisation: AdamW, linear warmup then cosine, per step
     epochs=100,
@@ -231,7 +232,8 @@ def model_config(config, set_keys, meta, image_shape, ckpt=None, path=None):
     C, H, W = image_shape
     if ckpt is not None:
         args = dict(ckpt['model_args'])
-        for key, ck in (('model', ckpt.get('config', {}).get('model')), ('attn', args.get('attn'))):
+        for key, ck in (('model', ckpt.get('config', {}).get('model')), ('attn', args.get('attn')),
+                        ('lpi', args.get('lpi', False))):
             if key in set_keys and ck is not None and config[key] != ck:
                 raise UsageError(f"--{key}={config[key]} but {path} holds a {key}={ck} model")
         if args.get('num_classes') != meta['num_classes']:
@@ -249,7 +251,7 @@ def model_config(config, set_keys, meta, image_shape, ckpt=None, path=None):
         args = asdict(tost.preset(config['model']))
         if config['model'] in PAPER_SHAPES and H <= 64:
             args['patch_size'] = 4                              # 32px: an 8x8 grid (224px / 16 is 14x14)
-        args.update(num_classes=meta['num_classes'], in_chans=C, attn=config['attn'])
+        args.update(num_classes=meta['num_classes'], in_chans=C, attn=config['attn'], lpi=config['lpi'])
         if 'drop_path' in set_keys:
             args['drop_path'] = config['drop_path']
     p = args['patch_size']
@@ -553,7 +555,7 @@ def run(config, set_keys, dist):
     with RunLog(config['out_dir'], enabled=master, total=epochs, unit='epoch', resume_from=start_epoch,
                 fresh=config['init_from'] != 'resume') as log:  # closed on Ctrl-C too: the terminal is left clean
         c = vit_config
-        log.print(f"{config['model']} ({c.attn}, {c.n_layer} layers, {c.n_embd} wide, "
+        log.print(f"{config['model']} ({c.attn}{' + lpi' if c.lpi else ''}, {c.n_layer} layers, {c.n_embd} wide, "
                   f"{(c.img_size // c.patch_size) ** 2} tokens): {raw_model.get_num_params() / 1e6:.2f}M params | "
                   f"{config['dataset']}: {n_train} train / {len(x_test)} test images, {C} classes | "
                   f"{dist.world_size} x {device} {dtype} | {steps_per_epoch} steps of {dist.world_size} x {bs} "
