@@ -113,10 +113,10 @@ def recall_chance(pairs):
 
 
 TASKS = [
-    Task('recall', 'pairs', gen_recall, 64, recall_chance, (2, 4, 8), (2, 4), (3000, 1500)),
-    Task('copy', 'length', gen_copy, 33, lambda v: 1 / 32, (8, 16, 32), (8, 32), (1000, 300)),
-    Task('periodic', 'period', gen_periodic, 32, lambda v: 1 / 32, (2, 3, 4), (2, 4), (1000, 300)),
-    Task('mode', 'symbols', gen_mode, 32, lambda v: 1 / v, (4, 8, 16), (4, 16), (1000, 300)),
+    Task('recall', 'pairs', gen_recall, 64, recall_chance, (2, 4, 8), (2, 4), (3000, 1200)),
+    Task('copy', 'length', gen_copy, 33, lambda v: 1 / 32, (8, 16, 32), (8, 32), (600, 200)),
+    Task('periodic', 'period', gen_periodic, 32, lambda v: 1 / 32, (2, 3, 4), (2, 4), (600, 200)),
+    Task('mode', 'symbols', gen_mode, 32, lambda v: 1 / v, (4, 8, 16), (4, 16), (1000, 200)),
 ]
 TASK_MODELS = {'tssa': dict(attn='tssa'), 'tssa+shift': dict(attn='tssa', token_shift=True),
                'softmax': dict(attn='softmax'), 'softmax+shift': dict(attn='softmax', token_shift=True)}
