@@ -46,11 +46,12 @@ SECTIONS = {}
 
 
 def gen_recall(rng, n, pairs, keys=32):
-    """Multi-query associative recall as Zoology defines it (Arora et al. 2023, arXiv 2312.04927):
-    k_1 v_1 .. k_N v_N, then queries: the keys of a random subset of ceil(N/2) pairs, in random order, each
-    followed by its value (the last one's value is what the model must say, so it is not an input). Keys
-    are tokens 0..31, values 32..63, distinct within a sequence. Labelled: the value, at each query key.
-    T = 2N + 2 ceil(N/2) - 1."""
+    """Multi-query associative recall after Zoology (Arora et al. 2023, arXiv 2312.04927): k_1 v_1 .. k_N v_N,
+    then queries: the keys of a random subset of ceil(N/2) pairs, in random order, each followed by its value
+    (the last one's value is what the model must say, so it is not an input). Keys are tokens 0..31, values
+    32..63, distinct within a sequence. Labelled: the value, at each query key. T = 2N + 2 ceil(N/2) - 1.
+    Zoology asks every key, with random filler tokens between the queries; asking half of them leaves less
+    to guess by elimination (see recall_chance) and keeps the sequences short."""
     k = rng.random((n, keys)).argsort(1)[:, :pairs]               # (n, N) distinct keys
     v = rng.random((n, keys)).argsort(1)[:, :pairs] + keys        # (n, N) distinct values
     q = rng.random((n, pairs)).argsort(1)[:, :(pairs + 1) // 2]   # (n, Q) the pairs asked, in random order
