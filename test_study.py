@@ -1,0 +1,157 @@
+"""study.py's tasks section: each generator asks what it says (every label follows from the input before
+it, labels sit exactly at the answer positions), train and test sequences are disjoint, and the section runs
+end to end at its smoke size. No accuracy is asserted: the table reports what training gives."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import study
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+TASK = {t.name: t for t in study.TASKS}
+
+
+def sample(name, value, n=200, seed=0):
+    x, y = TASK[name].gen(np.random.default_rng(seed), n, value)
+    assert x.shape == y.shape and x.dtype == y.dtype == np.int64
+    assert 0 <= x.min() and x.max() < TASK[name].vocab and y.max() < TASK[name].vocab
+    return x, y
+
+
+def check_labels(x, y, answer):
+    """answer(prefix) -> the label at the prefix's last position, or None where nothing is asked. It sees
+    only x[:t+1], so a label that agrees with it is determined by the input up to its position."""
+    for xs, ys in zip(x.tolist(), y.tolist()):
+        want = [answer(xs[:t + 1]) for t in range(len(xs))]
+        assert ys == [-1 if a is None else a for a in want]
+
+
+@pytest.mark.parametrize('pairs', [1, 2, 5, 8])
+def test_recall_labels_are_the_values_of_the_queried_keys(pairs):
+    x, y = sample('recall', pairs)
+    n_q = (pairs + 1) // 2
+    assert x.shape[1] == 2 * pairs + 2 * n_q - 1
+    keys, values = x[:, 0:2 * pairs:2], x[:, 1:2 * pairs:2]
+    assert (keys < 32).all() and (values >= 32).all()                 # disjoint vocabulary ranges
+    for k, v in zip(keys, values):
+        assert len(set(k)) == pairs and len(set(v)) == pairs           # distinct within a sequence
+
+    def answer(prefix):
+        t = len(prefix) - 1
+        if t < 2 * pairs or (t - 2 * pairs) % 2:
+            return None                                                # a pair, or a value after its query
+        ctx = prefix[:2 * pairs]
+        return ctx[ctx[0::2].index(prefix[t]) * 2 + 1]                 # the value that followed the key
+    check_labels(x, y, answer)
+    # the queries are a subset of the keys without repeats, and each is followed by its value
+    for xs, ys in zip(x, y):
+        q = xs[2 * pairs::2]
+        assert len(set(q.tolist())) == len(q) == n_q
+        assert (xs[2 * pairs + 1::2] == ys[2 * pairs::2][:n_q - 1]).all()
+
+
+def test_recall_chance_is_a_guess_among_the_values_not_yet_answered():
+    """The chance level is what a model gets that knows the values of the pairs and which ones were answered
+    already, but not which key each belongs to: simulate that guesser."""
+    rng = np.random.default_rng(1)
+    for pairs in (2, 4, 8):
+        x, y = sample('recall', pairs, n=4000, seed=pairs)
+        right = total = 0
+        for xs, ys in zip(x, y):
+            left = list(xs[1:2 * pairs:2])
+            for t in np.flatnonzero(ys >= 0):
+                guess = left[rng.integers(len(left))]
+                right += guess == ys[t]
+                total += 1
+                left.remove(ys[t])
+        assert abs(right / total - study.recall_chance(pairs)) < 0.02
+    assert study.recall_chance(2) == 0.5 and study.recall_chance(4) == pytest.approx((1 / 4 + 1 / 3) / 2)
+
+
+@pytest.mark.parametrize('length', [1, 4, 9])
+def test_copy_labels_are_the_segment_again(length):
+    x, y = sample('copy', length)
+    assert x.shape[1] == 2 * length and (x[:, length] == 32).all()     # the separator
+    assert (x[:, :length] < 32).all() and (x[:, length + 1:] == x[:, :length - 1]).all()
+    check_labels(x, y, lambda p: p[len(p) - 1 - length] if len(p) > length else None)
+    assert (y[:, length:] == x[:, :length]).all()                       # every symbol of the repeat is asked
+
+
+@pytest.mark.parametrize('period', [1, 2, 3, 4])
+def test_periodic_labels_are_the_next_token(period):
+    x, y = sample('periodic', period)
+    assert (x[:, period:] == x[:, :-period]).all()
+    # the next token is the one P - 1 places back, asked wherever that token exists
+    check_labels(x, y, lambda p: p[len(p) - period] if len(p) >= period else None)
+    assert (y[:, :-1][y[:, :-1] >= 0] == x[:, 1:][y[:, :-1] >= 0]).all()   # and it is the next input token
+
+
+@pytest.mark.parametrize('symbols', [2, 4, 16])
+def test_mode_labels_are_the_unique_most_frequent_symbol_so_far(symbols):
+    x, y = sample('mode', symbols)
+    assert x.max() < symbols
+
+    def answer(prefix):
+        if len(prefix) < 8:                                            # the warm-up
+            return None
+        counts = np.bincount(prefix, minlength=symbols)
+        top = np.flatnonzero(counts == counts.max())
+        return int(top[0]) if len(top) == 1 else None                  # a tie is not asked
+    check_labels(x, y, answer)
+    assert (y >= 0).mean() > 0.5                                       # most positions are asked
+
+
+def test_train_and_test_sequences_are_disjoint():
+    """period 2 has 32 x 32 distinct sequences, so an unfiltered stream hits the test set often; the
+    training stream never does, and it is the same stream for every model."""
+    task = TASK['periodic']
+    x_test, _ = study.task_test_set(task, 2, 512)
+    test = {tuple(r) for r in x_test.tolist()}
+    x_raw, _ = task.gen(np.random.default_rng(5), 4000, 2)
+    assert sum(tuple(r) in test for r in x_raw.tolist()) > 1000       # without the filter they would overlap
+
+    def stream():
+        return [(x.clone(), y.clone()) for x, y in study.task_train_batches(task, 2, 40, 100, x_test)]
+    batches = stream()
+    assert len(batches) == 100 and all(x.shape == (40, 32) for x, _ in batches)
+    train = [tuple(r) for x, _ in batches for r in x.tolist()]
+    assert not test & set(train)
+    assert len(set(train)) > 200                                       # not one sequence repeated
+    again = stream()
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches, again))
+    for x, y in batches:                                               # labels still match their inputs
+        assert torch.equal(y[:, 1:-1], x[:, 2:]) and (y[:, 0] == -1).all()
+
+
+def test_the_loss_is_taken_at_the_labelled_positions_only():
+    """GPT.forward with the task's y: outputs at unlabelled positions have no effect on the loss."""
+    task = TASK['recall']
+    x, y = (torch.from_numpy(a) for a in task.gen(np.random.default_rng(0), 16, 4))
+    torch.manual_seed(0)
+    model = study.tost.GPT(study.tost.GPTConfig(block_size=x.shape[1], vocab_size=task.vocab,
+                                                **study.TASK_MODEL))
+    logits, loss = model(x, y)
+    m = y >= 0
+    want = torch.nn.functional.cross_entropy(logits[m], y[m])
+    assert torch.allclose(loss, want)
+    assert m.sum() == 16 * 2 and m[:, :8].sum() == 0                   # the two queries of each sequence
+
+
+def test_tasks_section_runs_end_to_end(tmp_path):
+    out = tmp_path / 'study.json'
+    study.main(['tasks', '--smoke', f'--json={out}'])
+    res = json.loads(out.read_text())
+    rows = res['tasks']
+    assert [(r['task'], r['model']) for r in rows] == [(t.name, m) for t in study.TASKS for m in study.TASK_MODELS]
+    for r in rows:
+        assert {'task', 'knob', 'value', 'model', 'accuracy', 'chance'} <= set(r)
+        assert 0 <= r['accuracy'] <= 1 and 0 < r['chance'] <= 1
+        assert r['knob'] == TASK[r['task']].knob and r['value'] == TASK[r['task']].quick[0]
+        assert r['steps'] == 2
+    budget = res['tasks_budget']
+    assert budget['seed'] == study.TASK_SEED and budget['model']['layerscale_init'] == 1.0
+    assert set(budget['steps']) == set(TASK)
