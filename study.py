@@ -131,8 +131,8 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
 VISION = [('tost', 'ToST (paper)', {}), ('tost-lpi', 'ToST + lpi', {'lpi': True}),
           ('softmax', 'softmax', {'attn': 'softmax'}), ('softmax-lpi', 'softmax + lpi', {'attn': 'softmax', 'lpi': True})]
 VISION_BUDGET = {   # images, and train_vit.py overrides
-    'full': dict(n_train=8192, n_test=2048, keys=dict(epochs=10)),
-    'quick': dict(n_train=2048, n_test=1024, keys=dict(epochs=4)),
+    'full': dict(n_train=6144, n_test=2048, keys=dict(epochs=6, batch_size=64)),
+    'quick': dict(n_train=2048, n_test=1024, keys=dict(epochs=4, batch_size=64)),
     'smoke': dict(n_train=64, n_test=32, keys=dict(epochs=1, batch_size=16)),
 }
 
@@ -157,7 +157,7 @@ def section_vision(args, results):
                                          note='train_vit.py defaults with these overrides, seed 1337, one run each'),
                              rows=rows)
     t = Table(title=f"Vision: {b['n_train']} synthetic 32px images (10 glyph classes on noise), tost-cifar-tiny, "
-                    f"{budget['epochs']} epochs, one seed; chance 0.10")
+                    f"{budget['epochs']} epochs of batch {budget.get('batch_size', 128)}, one seed; chance 0.10")
     for c in ['model', 'test accuracy (last epoch)', 'best', 'seconds']:
         t.add_column(c, justify='right')
     for r in rows:
