@@ -95,6 +95,8 @@ SKIP = {
     'train_vit.py --dataset=cifar100 --model=tost-s': 'two nodes',
     'python bench.py': 'minutes; test_bench.py runs its smoke mode',
     'python bench.py --sections=operator': 'minutes; test_bench.py runs its smoke mode',
+    'python study.py tasks': 'half an hour; test_study.py runs its smoke mode',
+    'python study.py tasks --quick': 'minutes; test_study.py runs its smoke mode',
 }
 SCRIPTS = {'train_gpt.py': train_gpt.main, 'train_vit.py': train_vit.main, 'sample.py': sample.main,
            'prepare_data.py': prepare_data.main, 'eval_gpt.py': eval_gpt.main}
