@@ -555,6 +555,20 @@ def test_gradcheck_fast_causal_core():
     assert torch.autograd.gradcheck(lambda *a: tost._CausalCore.apply(*a, 1e-8, 3), (w, temp, pb))
 
 
+def test_an_explicit_alpha_is_not_lost_to_the_fast_core():
+    """The fast cores absorb alpha (alpha = 1); a layer built with another alpha runs the readable lines."""
+    torch.manual_seed(0)
+    one, two = TSSA(16, 4).eval(), TSSA(16, 4, alpha=2.0).eval()
+    two.load_state_dict(one.state_dict())
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        two.fast = False
+        want = two(x)
+        two.fast = True
+        torch.testing.assert_close(two(x), want)
+        assert (one(x) - want).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize('images_per_chunk', [1, 2, 5])
 def test_fast_vision_core_equals_readable_form_values_and_gradients(images_per_chunk, monkeypatch):
     torch.manual_seed(0)
@@ -626,17 +640,14 @@ def _gpt_grads(model, idx, run=None):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def test_gpt_float32_gradients_match_float64():
+def test_gpt_float32_gradients_match_float64(monkeypatch):
     """The demo-sized GPT at initialisation, 128 tokens: every parameter's gradient within 1e-5 of float64."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=128, vocab_size=256, n_layer=2, n_head=4, n_embd=64))
     idx = torch.randint(0, 256, (4, 129))
     loss32, g32 = _gpt_grads(model, idx)
-    CausalTSSA.fast = False
-    try:
-        loss64, g64 = _gpt_grads(model.double(), idx)
-    finally:
-        CausalTSSA.fast = True
+    monkeypatch.setattr(CausalTSSA, 'fast', False)
+    loss64, g64 = _gpt_grads(model.double(), idx)
     assert abs(loss32.item() - loss64.item()) < 1e-5 * loss64.item()
     for name in g64:
         assert _rel(g32[name], g64[name]) < 1e-5, (name, _rel(g32[name], g64[name]))

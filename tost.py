@@ -146,8 +146,8 @@ class TSSA(nn.Module):
     fast = True
 
     def _use_fast(self):
-        return self.fast and not self.whitebox and not torch.compiler.is_compiling() and \
-            not (self.training and self.attn_dropout.p > 0)
+        return self.fast and not self.whitebox and self.alpha == 1 and not torch.compiler.is_compiling() \
+            and not (self.training and self.attn_dropout.p > 0)
 
     def _fast(self, x, core, *args):
         """c_proj(core(c_attn(x))), the core seeing w as (B, n, K, p): a view of the projection, no copy."""
@@ -161,7 +161,7 @@ class TSSA(nn.Module):
     def forward(self, x):
         B, n, d = x.shape
         if self._use_fast():
-            return self._fast(x, _TSSACore, self.eps, B if x.is_cuda else max(1, CHUNK // (n * d)))
+            return self._fast(x, _TSSACore, self.eps, B if x.device.type != 'cpu' else max(1, CHUNK // (n * d)))
         w = self.split_heads(self.c_attn(x))                   # (B, K, n, p)  w_j = U_k^T z_j
         out_dtype = w.dtype
         w = w.to(_stat_dtype(w))
@@ -379,7 +379,7 @@ class CausalTSSA(TSSA):
             B, T, d = x.shape
             _check_length(T, self.block_size)
             pb = (self.head_dim * self.pos_bias[:, :T]).t()                     # (T, K)
-            return self._fast(x, _CausalCore, pb, self.eps, T if x.is_cuda else max(1, CHUNK // (B * d)))
+            return self._fast(x, _CausalCore, pb, self.eps, T if x.device.type != 'cpu' else max(1, CHUNK // (B * d)))
         return self._parallel(x, state)
 
     def _parallel(self, x, state: Optional[TSSAState] = None):
