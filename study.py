@@ -380,6 +380,7 @@ def main(argv=None):
     ap.add_argument('--out_dir', default='out-study', help='the runs of the language and vision sections go here')
     args = ap.parse_args(argv)
     args.mode = 'smoke' if args.smoke else 'quick' if args.quick else 'full'
+    args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     sections = [s.strip() for s in args.sections.split(',') if s.strip()]
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown or not sections:

@@ -155,3 +155,20 @@ def test_tasks_section_runs_end_to_end(tmp_path):
     budget = res['tasks_budget']
     assert budget['seed'] == study.TASK_SEED and budget['model']['layerscale_init'] == 1.0
     assert set(budget['steps']) == set(TASK)
+
+
+def test_language_and_vision_sections_run_end_to_end(tmp_path):
+    """The smoke sizes, through the real scripts (train_gpt.py, sample.py, train_vit.py): each variant's key
+    reaches its checkpoint, and the table's numbers come from the runs' logs."""
+    out = tmp_path / 'study.json'
+    res = study.main(['language,vision', '--smoke', f'--out_dir={tmp_path / "runs"}', f'--json={out}'])
+    assert json.loads(out.read_text())['language']['rows'][0]['variant'] == 'ToST (paper)'
+    lang = res['language']['rows']
+    assert [r['variant'] for r in lang] == ['ToST (paper)', 'ToST + token shift']
+    for r in lang:
+        ckpt = torch.load(f"{r['out_dir']}/ckpt.pt", weights_only=True)
+        assert ckpt['model_args']['token_shift'] is bool(r['token_shift'])
+        assert r['val_loss'] > 0 and r['tokens_per_sec'] > 0 and r['sample'].startswith('def ')
+    vis = res['vision']['rows']
+    assert [(r['variant'], bool(r['lpi'])) for r in vis] == [('ToST (paper)', False), ('ToST + lpi', True)]
+    assert all(0 <= r['test_acc'] <= 1 for r in vis)
