@@ -14,9 +14,9 @@ last window is shorter). Every token but the first is predicted exactly once, n 
 (nats, softmax over the model's whole output layer, as in training). nanoGPT's val loss, and the paper's,
 estimate this number from random windows; here every token counts once.
 It does not depend on the number of processes: windows go into batches of batch_size in order, batch j
-runs on process j mod N, each window's loss is summed in float64, and every process adds the windows'
-sums in window order (math.fsum). 1 process and N processes give the same number, bit for bit, for the
-same batch_size, device and dtype (tested on CPU with gloo, one thread per process).
+runs on process j mod N, each window's loss is summed in float64 (float32 on MPS), and every process adds
+the windows' sums in window order (math.fsum). 1 process and N processes give the same number, bit for
+bit, for the same batch_size, device and dtype (tested on CPU with gloo, one thread per process).
 
 LAMBADA's accuracy. A passage counts as correct when greedy decoding from its context produces its last
 word exactly: at each token of the word (with the space before it, see prepare_data.EVAL_SETS) the argmax
@@ -40,7 +40,8 @@ import torch.nn.functional as F
 import prepare_data
 import tost
 from train_common import (UsageError, RunLog, autocast, cleanup_distributed, load_checkpoint, parse_overrides,
-                          print_help_if_asked, resolve_dtype, run_main, setup_distributed, strip_compile_prefix)
+                          print_help_if_asked, resolve_dtype, run_main, setup_distributed, strip_compile_prefix,
+                          sum_dtype)
 
 DEFAULTS = dict(
     out_dir='out',               # the checkpoint is out_dir/ckpt.pt; results are appended to out_dir/log.jsonl
@@ -147,7 +148,7 @@ def split_loss(model, tokens, T, B, device, ctx, dist):
     """Mean loss in nats over tokens 1 .. n-1 of `tokens`, as the module docstring says. Returns
     (loss, number of tokens scored, number of windows)."""
     wins = windows(len(tokens), T)
-    sums = torch.zeros(len(wins), dtype=torch.float64, device=device)
+    sums = torch.zeros(len(wins), dtype=sum_dtype(device), device=device)
     full = sum(1 for _, length in wins if length == T)  # only the last window can be shorter
     for group in _batches(len(wins), B, dist, cut=full):
         starts, length = [wins[i][0] for i in group], wins[group[0]][1]
@@ -156,7 +157,7 @@ def split_loss(model, tokens, T, B, device, ctx, dist):
         with ctx:
             logits, _ = model(x, y)  # with targets the model returns logits at every position
         nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none')
-        sums[group.start:group.stop] = nll.view(len(group), length).double().sum(1)
+        sums[group.start:group.stop] = nll.view(len(group), length).to(sums.dtype).sum(1)
     return math.fsum(_gather(sums, dist)) / (len(tokens) - 1), len(tokens) - 1, len(wins)
 
 
@@ -164,7 +165,7 @@ def split_loss(model, tokens, T, B, device, ctx, dist):
 def last_word_accuracy(model, tokens, spans, T, B, device, ctx, dist):
     """Which passages greedy decoding gets right, as the module docstring says. Returns (correct flags as a
     list of bools, number of passages cut to their last T tokens)."""
-    correct = torch.zeros(len(spans), dtype=torch.float64, device=device)
+    correct = torch.zeros(len(spans), dtype=sum_dtype(device), device=device)
     for group in _batches(len(spans), B, dist):
         rows = [(max(int(p), int(e) - 1 - T), int(s), int(e)) for p, s, e in spans[group.start:group.stop]]
         x = torch.zeros(len(rows), max(e - 1 - a for a, _, e in rows), dtype=torch.long)  # right-padded

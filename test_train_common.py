@@ -328,6 +328,11 @@ def test_pick_device_refuses_missing_hardware(monkeypatch):
             tc.pick_device(dev)
 
 
+def test_loss_sums_are_float64_except_on_mps_which_has_none():
+    assert tc.sum_dtype("cpu") == tc.sum_dtype("cuda:1") == torch.float64
+    assert tc.sum_dtype("mps") == tc.sum_dtype(torch.device("mps")) == torch.float32
+
+
 def test_resolve_dtype(monkeypatch):
     assert tc.resolve_dtype("auto", "cpu") == "float32"
     assert tc.resolve_dtype("auto", "mps") == "float32"

@@ -290,6 +290,11 @@ def _mps_available() -> bool:
     return bool(mps and mps.is_available())
 
 
+def sum_dtype(device) -> torch.dtype:
+    """The dtype for sums of many losses: float64, except on MPS, which has none."""
+    return torch.float32 if str(device).startswith("mps") else torch.float64
+
+
 def pick_device(pref: str = "auto") -> str:
     """'auto' -> cuda, else mps, else cpu. An explicit choice is kept, but must exist on this machine."""
     if pref == "auto":

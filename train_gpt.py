@@ -58,7 +58,7 @@ import tost
 from train_common import (GracefulStop, Stop, UsageError, RunLog, atomic_save, autocast, check_out_dir,
                           cleanup_distributed, cosine_lr, human_time, load_checkpoint, make_grad_scaler,
                           parse_overrides, print_help_if_asked, resolve_dtype, resume_command,
-                          run_main, seed_everything, setup_distributed, strip_compile_prefix)
+                          run_main, seed_everything, setup_distributed, strip_compile_prefix, sum_dtype)
 
 # -----------------------------------------------------------------------------
 # default config: the CPU demo. Sized for ~4.5 minutes on 2 idle CPU cores.
@@ -403,13 +403,13 @@ def train(cfg, set_keys, dist, ckpt_path):
         out = {}
         model.eval()
         for split, stream in (('train', 1), ('val', 2)):
-            total = torch.zeros((), device=device, dtype=torch.float64)
+            total = torch.zeros((), device=device, dtype=sum_dtype(device))
             for k in range(dist.rank, cfg['eval_iters'], dist.world_size):
                 starts = window_starts(cfg['seed'], stream, k, B, sizes[split], T)
                 X, Y = read_batch(data_path, split, starts, T, device)
                 with ctx:
                     _, loss = model(X, Y)
-                total += loss.double()
+                total += loss.to(total.dtype)
             if dist.ddp:
                 torch.distributed.all_reduce(total)
             out[split] = total.item() / cfg['eval_iters']

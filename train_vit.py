@@ -62,7 +62,7 @@ from prepare_data import DataError, load_meta
 from train_common import (GracefulStop, RunLog, Stop, UsageError, atomic_save, autocast, check_out_dir,
                           cleanup_distributed, cosine_lr, human_time, load_checkpoint, make_grad_scaler,
                           parse_overrides, print_help_if_asked, resolve_dtype, resume_command, run_main,
-                          seed_everything, setup_distributed, strip_compile_prefix)
+                          seed_everything, setup_distributed, strip_compile_prefix, sum_dtype)
 
 # -----------------------------------------------------------------------------
 # default config values: tost-cifar on CIFAR-10, from scratch. Override with --key=value.
@@ -294,7 +294,7 @@ def evaluate(model, x, y, norm, batch_size, device, dtype, dist):
         for buf in model.buffers():
             torch.distributed.broadcast(buf, 0)
     idx = eval_shard(len(x), dist.rank, dist.world_size).to(x.device)
-    stats = torch.zeros(3, dtype=torch.float64, device=device)              # correct, loss sum, count
+    stats = torch.zeros(3, dtype=sum_dtype(device), device=device)              # correct, loss sum, count
     for i in range(0, len(idx), batch_size):
         b = idx[i:i + batch_size]
         with autocast(device, dtype):
@@ -458,6 +458,9 @@ def run(config, set_keys, dist):
         old = ckpt['config']
         config = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in config.items()}
     elif not config['eval_only']:  # a new run: it must not replace another run's checkpoints
+        if path and os.path.abspath(os.path.dirname(path)) == os.path.abspath(config['out_dir']):
+            raise UsageError(f"training from {path} would overwrite the checkpoints beside it; "
+                             f"pick another --out_dir (or --init_from=resume to go on)")
         check_out_dir([os.path.join(config['out_dir'], f) for f in ('ckpt.pt', 'best.pt')], config['overwrite'],
                       master)
     seed_everything(config['seed'], dist.rank)
