@@ -477,7 +477,8 @@ def _owt_count(files):
 def _owt_download(data_dir):
     """The parquet shards of the HF dataset repo, read straight off the hub (no datasets library)."""
     _pyarrow_parquet()  # fail before downloading 13 GB we cannot read
-    hub, hint = os.environ.get('HF_ENDPOINT', 'https://huggingface.co'), '--input=FOLDER_OF_PARQUET_FILES'
+    hub = os.environ.get('HF_ENDPOINT', 'https://huggingface.co')
+    hint = '--input=owt/ (a folder of its .parquet, .jsonl or .txt files)'
     for rev in ('main', 'refs%2Fconvert%2Fparquet'):  # the repo's own parquet, else the hub's conversion
         url = f"{hub}/api/datasets/{OWT_REPO}/tree/{rev}?recursive=true"
         try:

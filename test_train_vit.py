@@ -154,8 +154,9 @@ def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path):
     before = open(os.path.join(trained, 'best.pt'), 'rb').read()
     with pytest.raises(UsageError, match='ckpt.pt holds an earlier run.*--init_from=resume.*--out_dir.*--overwrite=true'):
         train_vit.main(base_args(data, trained, '--epochs=1'))
-    with pytest.raises(UsageError, match='holds an earlier run'):  # training from best.pt would replace it too
-        train_vit.main(base_args(data, trained, '--init_from=best', '--epochs=1'))
+    for overwrite in ('false', 'true'):                               # training from best.pt would replace it
+        with pytest.raises(UsageError, match='best.pt would overwrite the checkpoints beside it; pick another'):
+            train_vit.main(base_args(data, trained, '--init_from=best', '--epochs=1', f'--overwrite={overwrite}'))
     assert open(os.path.join(trained, 'best.pt'), 'rb').read() == before
     out = tmp_path / 'out'                                        # --overwrite=true: the old files go first
     out.mkdir()
