@@ -532,6 +532,19 @@ def test_fast_causal_core_equals_readable_form_values_and_gradients(chunk, monke
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize('chunk', [1, 16, 256])
+def test_fast_causal_core_without_grad_equals_readable_form(chunk, monkeypatch):
+    """Under no_grad the core reuses one chunk's scratch (nothing kept for a backward): same outputs."""
+    torch.manual_seed(0)
+    layer = randomize(CausalTSSA(16, 4, block_size=40).double())
+    monkeypatch.setattr(tost, 'CHUNK', chunk * 2 * 16)
+    x = torch.randn(2, 40, 16, dtype=torch.float64)
+    with torch.no_grad():
+        fast = layer(x)
+        layer.fast = False
+        torch.testing.assert_close(fast, layer(x), rtol=1e-10, atol=1e-12)
+
+
 def test_fast_causal_core_clamps_like_the_readable_form(monkeypatch):
     """Q_t < 1e-12 (the first tokens of some coordinates tiny): the clamp's gradient, and the chunk after it."""
     torch.manual_seed(0)

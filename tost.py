@@ -273,29 +273,33 @@ class _CausalCore(torch.autograd.Function):
     def forward(ctx, w, temp, pb, eps, chunk):
         # w: (B, T, K, p) float32/64; temp: (K,); pb: (T, K) = p * b_{k,t}
         B, T, K, p = w.shape
-        y, Qs, As, Ds = (torch.empty_like(w) for _ in range(4))
-        Pis, Pes, es = (w.new_empty(B, T, K) for _ in range(3))
+        keep = any(ctx.needs_input_grad[:3])     # the backward needs every chunk's Q, A, D, Pi; else reuse one
+        L = T if keep else min(chunk, T)
+        y, (Qs, As, Ds) = torch.empty_like(w), (w.new_empty(B, L, K, p) for _ in range(3))
+        Pis, Pes, es = (w.new_empty(B, L, K) for _ in range(3))
         Q, A, P = w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K)   # carries
         for a in range(0, T, chunk):
             c = slice(a, a + chunk)
+            at = c if keep else slice(0, min(chunk, T - a))         # where this chunk's intermediates go
             wc = w[:, c]
             w2 = wc * wc                                             # (B, C, K, p)
             w2[:, :1] += Q                                           # carry in, then the prefix sum
-            Qc = torch.cumsum(w2, 1, out=Qs[:, c])                   # Q_t (saved unclamped)
+            Qc = torch.cumsum(w2, 1, out=Qs[:, at])                  # Q_t (saved unclamped)
             torch.square(wc[:, :1], out=w2[:, :1])
-            e = torch.sum(w2 / Qc.clamp_min(1e-12), -1, out=es[:, c])   # sum_i w_t^2 / Q_t
+            e = torch.sum(w2 / Qc.clamp_min(1e-12), -1, out=es[:, at])  # sum_i w_t^2 / Q_t
             Pi = torch.softmax(temp * (e + pb[c]), -1)               # (B, C, K)
-            Pis[:, c] = Pi
+            Pis[:, at] = Pi
             Pe = torch.cumsum(Pi, 1).add_(P)                         # sum_{s<=t} pi_s
             Q, P = Qc[:, -1:], Pe[:, -1:].clone()
-            Pe = Pes[:, c].copy_(Pe.add_(eps)).unsqueeze(-1)
+            Pe = Pes[:, at].copy_(Pe.add_(eps)).unsqueeze(-1)
             Pi = Pi.unsqueeze(-1)
             w2.mul_(Pi)[:, :1] += A
-            Ac = torch.cumsum(w2, 1, out=As[:, c])                   # A_t = sum_{s<=t} pi_s w_s^2
+            Ac = torch.cumsum(w2, 1, out=As[:, at])                  # A_t = sum_{s<=t} pi_s w_s^2
             A = Ac[:, -1:]
-            D = torch.div(Pe, Ac + Pe, out=Ds[:, c])                 # D_t = 1 / (1 + A_t / Pe_t)
+            D = torch.div(Pe, Ac + Pe, out=Ds[:, at])                # D_t = 1 / (1 + A_t / Pe_t)
             torch.mul(wc, D, out=y[:, c]).mul_(-Pi)                  # y_t = -Pi_t w_t D_t
-        ctx.save_for_backward(w, temp, pb, Qs, As, Ds, Pis, Pes, es)
+        if keep:
+            ctx.save_for_backward(w, temp, pb, Qs, As, Ds, Pis, Pes, es)
         ctx.chunk = chunk
         return y
 
