@@ -27,6 +27,7 @@ def test_smoke_mode_runs_every_section(tmp_path):
 def test_cpu_memory_probe_sees_activations():
     bench.WIDTH, bench.HEADS = 64, 4
     spec = lambda n: dict(kind='causal_tssa', n=n, dtype='float32', backward=True, mode='smoke')
-    small, large = bench.measure_memory(spec(4096), 'cpu'), bench.measure_memory(spec(65536), 'cpu')
+    # large enough that a few MB of allocator noise do not matter (4096 tokens gave ratios from 6 to 21)
+    small, large = bench.measure_memory(spec(32768), 'cpu'), bench.measure_memory(spec(131072), 'cpu')
     assert small > 0 and not math.isnan(large)
-    assert 8 < large / small < 24          # 16x tokens: roughly 16x memory, not 256x
+    assert 3 < large / small < 6           # 4x tokens: roughly 4x memory, not 16x
