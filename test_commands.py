@@ -41,6 +41,8 @@ RUN = [
     ('python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000', LONGER),
     ('python train_gpt.py --init_from=resume', ()),                   # done: nothing to do, says so
     ('python train_gpt.py --attn=softmax --out_dir=out-softmax', TINY_GPT),
+    ('python train_gpt.py --token_shift=true --out_dir=out-shift', TINY_GPT),
+    ('python sample.py --out_dir=out-shift --start="def " --seed=1 --temperature=0.8', SHORT),
     ('python eval_gpt.py --datasets=python_stdlib', ('--batch_size=256',)),  # all 1.2M val bytes: big batches
     ('python sample.py', SHORT),
     ('python sample.py --start="def fibonacci(n):" --num_samples=1 --max_new_tokens=2000',
@@ -94,7 +96,8 @@ SKIP = {
     'torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
     'train_vit.py --dataset=cifar100 --model=tost-s': 'two nodes',
     'python bench.py': 'minutes; test_bench.py runs its smoke mode',
-    'python bench.py --sections=operator': 'minutes; test_bench.py runs its smoke mode',
+    'python study.py language': 'most of an hour; test_study.py runs its smoke mode',
+    'python study.py vision': 'a quarter of an hour; test_study.py runs its smoke mode',
     'python study.py tasks': 'half an hour; test_study.py runs its smoke mode',
     'python study.py tasks --quick': 'minutes; test_study.py runs its smoke mode',
 }
@@ -173,7 +176,7 @@ def test_documented_commands_run_offline(tmp_path, monkeypatch, capsys):
     assert 'schedule decays to min_lr' not in out.out
     ckpt = train_common.load_checkpoint('out/ckpt.pt')
     assert ckpt['iter_num'] == 40 and ckpt['config']['lr_decay_iters'] == 40
-    assert out.err.count('tokens/s (cpu') == 7                     # one line per sample.py command
+    assert out.err.count('tokens/s (cpu') == sum(c.startswith('python sample.py') for c, _ in RUN)
     assert os.path.isfile('out-vit/best.pt') and os.path.isfile('out-vit-tiny/ckpt.pt')
     assert [json.loads(r)['epoch'] for r in open('out-vit/log.jsonl')] == [1, 2]
 
