@@ -1,7 +1,14 @@
 """Shared by the test files: pytest finds this file by name."""
 
+import signal
+
 import pytest
 import torch
+
+# Started in the background of a non-interactive shell (`cmd &`, nohup), pytest inherits SIGINT ignored, and
+# so would every process the tests start: the Ctrl-C tests need Python's usual handler, here and in them.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope='module')
