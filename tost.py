@@ -161,7 +161,7 @@ class TSSA(nn.Module):
     def forward(self, x):
         B, n, d = x.shape
         if self._use_fast():
-            return self._fast(x, _TSSACore, self.eps, B if x.device.type != 'cpu' else max(1, CHUNK // (n * d)))
+            return self._fast(x, _TSSACore, self.eps, _chunk(x, B, n * d))
         w = self.split_heads(self.c_attn(x))                   # (B, K, n, p)  w_j = U_k^T z_j
         out_dtype = w.dtype
         w = w.to(_stat_dtype(w))
@@ -181,6 +181,12 @@ class TSSA(nn.Module):
 # the dozen tensors a chunk uses stay in cache instead of streaming through memory once per line. On a GPU
 # it takes everything at once: there, kernel launches cost more than memory passes.
 CHUNK = 2 ** 18
+
+
+def _chunk(x, whole, unit):
+    """How many units (images, or tokens) a fast core takes at a time: `whole` off the CPU, else about CHUNK
+    elements' worth, at least one; a unit holds `unit` elements."""
+    return whole if x.device.type != 'cpu' else max(1, CHUNK // unit)
 
 
 class _TSSACore(torch.autograd.Function):
@@ -383,7 +389,7 @@ class CausalTSSA(TSSA):
             B, T, d = x.shape
             _check_length(T, self.block_size)
             pb = (self.head_dim * self.pos_bias[:, :T]).t()                     # (T, K)
-            return self._fast(x, _CausalCore, pb, self.eps, T if x.device.type != 'cpu' else max(1, CHUNK // (B * d)))
+            return self._fast(x, _CausalCore, pb, self.eps, _chunk(x, T, B * d))
         return self._parallel(x, state)
 
     def _parallel(self, x, state: Optional[TSSAState] = None):
