@@ -180,8 +180,9 @@ def resume_config(cfg, set_keys, ckpt):
     The model's shape cannot change; device, dtype, compile and out_dir are this machine's business."""
     old = ckpt['config']
     for key in MODEL_KEYS:
-        if key in set_keys and cfg[key] != old.get(key, DEFAULTS[key]):   # (older checkpoints lack new keys)
-            raise UsageError(f"--{key}={cfg[key]} does not match the checkpoint's model ({key}={old.get(key)}); "
+        had = old.get(key, DEFAULTS[key])                     # older checkpoints lack newer keys
+        if key in set_keys and cfg[key] != had:
+            raise UsageError(f"--{key}={cfg[key]} does not match the checkpoint's model ({key}={had}); "
                              f"the model's shape is fixed on resume")
     merged = {k: (cfg[k] if k in set_keys or k in MACHINE_KEYS or k not in old else old[k]) for k in cfg}
     merged['config'] = old.get('config', cfg['config'])
