@@ -80,9 +80,10 @@ def section_language(args, results):
         log = read_log(out_dir)
         val = [r['val_loss'] for r in log if r.get('kind') == 'eval'][-1]
         speeds = [r['tokens_per_sec'] for r in log if r.get('kind') == 'train' and r.get('tokens_per_sec')]
+        speeds = speeds[1:] or speeds                          # the first row includes the warm-up
         sample = run_script(['sample.py', f'--out_dir={out_dir}', *SAMPLE], f'sampling {name}').stdout
         rows.append(dict(variant=name, **{k: extra.get(k) for k in ('attn', 'token_shift', 'n_head')},
-                         val_loss=val, tokens_per_sec=sum(speeds[1:] or speeds) / max(1, len(speeds[1:] or speeds)),
+                         val_loss=val, tokens_per_sec=sum(speeds) / max(1, len(speeds)),
                          sample=sample.strip(), out_dir=out_dir))
         console.print(f"  {name}: val loss {val:.3f}", style="dim")
     results['language'] = dict(budget=dict(budget, note='train_gpt.py defaults (the demo) with these overrides, '
@@ -163,13 +164,6 @@ def section_vision(args, results):
     for r in rows:
         t.add_row(r['variant'], f"{r['test_acc']:.3f}", f"{r['best_acc']:.3f}", f"{r['seconds']:.0f}")
     console.print(t)
-
-
-# -----------------------------------------------------------------------------
-# sections
-
-
-SECTIONS = {'language': section_language, 'vision': section_vision}
 
 
 # -----------------------------------------------------------------------------
@@ -367,7 +361,11 @@ def section_tasks(args, results):
     console.print(t)
 
 
-SECTIONS['tasks'] = section_tasks
+# -----------------------------------------------------------------------------
+# sections
+
+
+SECTIONS = {'language': section_language, 'vision': section_vision, 'tasks': section_tasks}
 
 
 def main(argv=None):

@@ -294,7 +294,7 @@ def evaluate(model, x, y, norm, batch_size, device, dtype, dist):
         for buf in model.buffers():
             torch.distributed.broadcast(buf, 0)
     idx = eval_shard(len(x), dist.rank, dist.world_size).to(x.device)
-    stats = torch.zeros(3, dtype=sum_dtype(device), device=device)              # correct, loss sum, count
+    stats = torch.zeros(3, dtype=sum_dtype(device), device=device)    # correct, loss sum, count
     for i in range(0, len(idx), batch_size):
         b = idx[i:i + batch_size]
         with autocast(device, dtype):
