@@ -605,7 +605,8 @@ def test_the_training_step_does_not_wait_for_the_device(data_dir, tmp_path, monk
 
 def test_cli_bad_input(data_dir, tmp_path, trained):
     out = str(tmp_path / 'out')
-    r = run_cli('train_gpt.py', f'--data_dir={tmp_path}', '--dataset=openwebtext')  # hours: not made on the fly
+    r = run_cli('train_gpt.py', f'--data_dir={tmp_path}', '--dataset=openwebtext',  # hours: not made on the fly
+                f'--out_dir={out}-owt')     # not the default out/, where the README's demo leaves its checkpoint
     assert r.returncode == 2
     one_line_error(r.stderr, 'not a prepared dataset', f'python prepare_data.py openwebtext --data_dir={tmp_path}')
 
