@@ -30,21 +30,22 @@ the call. On CPU the model, generation and training sections use smaller models 
 (printed in each table) so the full run ends in minutes.
 """
 
-import argparse
 import json
 import math
 import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
 import tost
+from options import UsageError, parse, run_main
 from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
-from train_common import autocast
+from train_common import autocast, run_sections
 
 console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
 PAPER = {4096: (0.60, 0.41), 8192: (0.46, 0.24)}     # ToST-Base / GPT2-Base: time, memory
@@ -192,8 +193,8 @@ def measure_memory(spec, device):
         run()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
-    out = subprocess.run([sys.executable, __file__, '--_memory', json.dumps(spec), f'--device={device}',
-                          f'--mode_for_child={spec["mode"]}'],
+    code = f"import bench; bench.memory_child({json.dumps(spec)!r}, {device!r})"
+    out = subprocess.run([sys.executable, '-c', code], cwd=os.path.dirname(os.path.abspath(__file__)),
                          capture_output=True, text=True)
     if out.returncode != 0:
         return float('nan')
@@ -216,6 +217,10 @@ def _rss_kb(field):
 
 
 def memory_child(spec, device):
+    """In a fresh process: one case's peak resident memory above what the process held before it, in MB."""
+    global WIDTH, HEADS
+    spec = json.loads(spec)
+    WIDTH, HEADS = SIZES[spec['mode']]['width'], SIZES[spec['mode']]['heads']
     run = build(spec, device)
     # the first run allocates what every run needs (gradients, allocator caches); measure the second
     run()
@@ -437,34 +442,31 @@ SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': secti
             'generation': section_generation, 'training': section_training}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0].strip(),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('--quick', action='store_true', help='small sizes, about a minute on 2 CPU cores')
-    ap.add_argument('--smoke', action='store_true', help='tiny sizes, seconds; checks that every section runs')
-    ap.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    ap.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16', 'float16'])
-    ap.add_argument('--sections', default=','.join(SECTIONS), help='comma-separated: ' + ', '.join(SECTIONS))
-    ap.add_argument('--json', default=None, help='also write the results here')
-    ap.add_argument('--no_memory', action='store_true', help='skip the memory measurements')
-    ap.add_argument('--compile', action='store_true', help='torch.compile the layers and models (operator, '
-                    'limit, model sections); the readable causal form is then what inductor fuses')
-    ap.add_argument('--_memory', default=None, help=argparse.SUPPRESS)
-    ap.add_argument('--mode_for_child', default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    args.mode = args.mode_for_child or ('smoke' if args.smoke else 'quick' if args.quick else 'full')
+DEFAULTS = dict(
+    quick=False,          # small sizes, about a minute on 2 CPU cores
+    smoke=False,          # tiny sizes, seconds: checks that every section runs
+    device='auto',        # cpu, cuda, cuda:N; auto: cuda if there is one, else cpu
+    dtype='float32',      # float32, bfloat16 or float16
+    sections='operator,limit,model,generation,training',   # which sections to run, comma-separated
+    json='',              # also write the results to this file
+    no_memory=False,      # skip the memory measurements
+    compile=False,        # torch.compile the layers and models (operator, limit, model sections)
+)
+
+
+def main(argv=None):
+    global WIDTH, HEADS, COMPILE
+    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
+    args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
+    if args.device == 'auto':
+        args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    if args.dtype not in ('float32', 'bfloat16', 'float16'):
+        raise UsageError(f"--dtype expects float32, bfloat16 or float16, got {args.dtype!r}")
+    if args.device.startswith('cuda') and not torch.cuda.is_available():
+        raise UsageError(f"--device={args.device} but CUDA is not available here")
     if args.mode == 'full' and args.device.startswith('cuda'):
         SIZES['full'] = SIZES['cuda']
-    global WIDTH, HEADS, COMPILE
     WIDTH, HEADS, COMPILE = SIZES[args.mode]['width'], SIZES[args.mode]['heads'], args.compile
-    if args._memory:
-        return memory_child(json.loads(args._memory), args.device)
-    if args.device.startswith('cuda') and not torch.cuda.is_available():
-        sys.exit("error: --device=cuda but CUDA is not available here")
-    sections = [s.strip() for s in args.sections.split(',') if s.strip()]
-    unknown = [s for s in sections if s not in SECTIONS]
-    if unknown:
-        sys.exit(f"error: unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     if args.device.startswith('cuda'):
         torch.backends.cuda.matmul.allow_tf32 = True
     results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
@@ -472,17 +474,8 @@ def main():
                    gpu=torch.cuda.get_device_name() if args.device.startswith('cuda') else None)
     console.print(f"bench: {args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
                   + (f", {args.mode} mode" if args.mode != 'full' else ""))
-    t0 = time.time()
-    for s in sections:
-        SECTIONS[s](args, results)
-    results['seconds'] = time.time() - t0
-    console.print(f"done in {results['seconds']:.0f} s")
-    if args.json:
-        with open(args.json + '.tmp', 'w') as f:
-            json.dump(results, f, indent=1)
-        os.replace(args.json + '.tmp', args.json)
-    return results
+    return run_sections(args, SECTIONS, results, console)
 
 
 if __name__ == '__main__':
-    main()
+    run_main(main)

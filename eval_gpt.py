@@ -37,11 +37,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import prepare_data
-import tost
-from train_common import (UsageError, RunLog, autocast, cleanup_distributed, load_checkpoint, parse_overrides,
-                          print_help_if_asked, resolve_dtype, run_main, setup_distributed, strip_compile_prefix,
-                          sum_dtype)
+from options import UsageError, parse, run_main
+from tokenizer import load_meta
+from train_common import RunLog, autocast, launch, load_gpt, resolve_dtype, sum_dtype
 
 DEFAULTS = dict(
     out_dir='out',               # the checkpoint is out_dir/ckpt.pt; results are appended to out_dir/log.jsonl
@@ -61,34 +59,11 @@ PAPER_MODELS = ('ToST-Base', 'GPT-2 Base')
 # the checkpoint and the data
 
 
-def load_model(path, device):
-    """The GPT in a train_gpt.py checkpoint, in eval mode on `device`, and the checkpoint's other fields."""
-    if not os.path.isfile(path):
-        raise UsageError(f"no checkpoint at {path}; train one with: python train_gpt.py "
-                         f"--out_dir={os.path.dirname(path) or '.'}")
-    ckpt = load_checkpoint(path)  # weights_only=True: a checkpoint cannot run code
-    if ckpt.get('kind') == 'vit':
-        raise UsageError(f"{path} is a vision checkpoint (train_vit.py); eval_gpt.py evaluates language models")
-    if not {'model', 'model_args', 'meta'} <= set(ckpt):
-        raise UsageError(f"{path} is not a train_gpt.py checkpoint (it needs model, model_args and meta)")
-    try:
-        model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
-        model.load_state_dict(strip_compile_prefix(ckpt['model']))
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise UsageError(f"{path} does not hold a model this tost.py can load ({str(e).splitlines()[0]})") from None
-    info = {k: ckpt[k] for k in ('model_args', 'meta') if k in ckpt}
-    info['iter_num'] = ckpt.get('iter_num')
-    return model.eval().to(device), info
-
-
 def open_split(data_dir, name, ckpt_meta, model_vocab, ckpt_path):
     """A prepared text dataset's val split: (its meta, its tokens as a uint16 memmap, LAMBADA targets or None).
     Its tokenizer must be the checkpoint's."""
     path = os.path.join(data_dir, name)
-    try:
-        meta = prepare_data.load_meta(path)
-    except prepare_data.DataError as e:
-        raise UsageError(' '.join(str(e).split())) from None
+    meta = load_meta(path)
     if meta.get('kind') != 'text':
         raise UsageError(f"{path} holds {meta.get('kind')} data, not text")
     want = ckpt_meta.get('tokenizer'), ckpt_meta.get('vocab_size')
@@ -100,9 +75,10 @@ def open_split(data_dir, name, ckpt_meta, model_vocab, ckpt_path):
         raise UsageError(f"{path} has {meta['vocab_size']} token ids, the model's output layer only {model_vocab}")
     f = os.path.join(path, 'val.bin')
     n = os.path.getsize(f) // 2 if os.path.isfile(f) else 0
-    if n != meta.get('val_tokens') or n < 2:
-        raise UsageError(f"{f} is missing, short, or under 2 tokens ({n}); rebuild it: python prepare_data.py "
-                         f"{meta.get('dataset', name)} --force")
+    if not os.path.isfile(f) or n != meta.get('val_tokens') or n < 2:
+        what = ('is missing' if not os.path.isfile(f) else f"has {n} tokens, not the {meta.get('val_tokens')} its "
+                f"meta.json says" if n != meta.get('val_tokens') else f"has {n} tokens, too few to score")
+        raise UsageError(f"{f} {what}; rebuild it: python prepare_data.py {meta.get('dataset', name)} --force")
     tokens = np.memmap(f, dtype=np.uint16, mode='r')
     spans = None
     if meta.get('targets'):  # LAMBADA: (passage start, word start, word end) per passage
@@ -196,18 +172,19 @@ def table(results, model_name):
     return '\n'.join(lines)
 
 
-def run(cfg, names, dist):
+def run(cfg, set_keys, dist):
     device, master = dist.device, dist.master
     dtype = resolve_dtype(cfg['dtype'], device)
     ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
-    model, info = load_model(ckpt_path, device)
+    names = [n.strip() for n in cfg['datasets'].split(',') if n.strip()]
+    model, info = load_gpt(ckpt_path, device, 'eval_gpt.py')
     T, B = cfg['block_size'] or model.config.block_size, cfg['batch_size']
     if T > model.config.block_size:
         raise UsageError(f"--block_size={T} is larger than the model's context ({model.config.block_size})")
     sets = [(n, *open_split(cfg['data_dir'], n, info['meta'], model.config.vocab_size, ckpt_path)) for n in names]
     ctx = autocast(device, dtype)
     args = info['model_args']
-    model_name = (f"{ckpt_path} (iter {info['iter_num']}, attn={args.get('attn', 'tssa')}, "
+    model_name = (f"{ckpt_path} (iter {info.get('iter_num')}, attn={args.get('attn', 'tssa')}, "
                   f"{model.get_num_params() / 1e6:.2f}M params)")
     log = RunLog(cfg['out_dir'], enabled=master, fresh=False)  # append: the training log stays
     log.print(f"{model_name}: windows of {T} tokens, batch {B}, {dtype} on {device}, {dist.world_size} process(es)")
@@ -222,7 +199,7 @@ def run(cfg, names, dist):
                 ppl = float('inf')
             r = dict(kind='zero_shot', dataset=name, dataset_kind=meta.get('dataset', name), loss=loss, ppl=ppl,
                      tokens=scored, windows=n_win, block_size=T, batch_size=B, tokenizer=meta['tokenizer'],
-                     ckpt=ckpt_path, iter=info['iter_num'], attn=args.get('attn', 'tssa'), dtype=dtype,
+                     ckpt=ckpt_path, iter=info.get('iter_num'), attn=args.get('attn', 'tssa'), dtype=dtype,
                      device=device, processes=dist.world_size)
             if spans is not None:
                 correct, cut = last_word_accuracy(model, tokens, spans, T, B, device, ctx, dist)
@@ -241,24 +218,12 @@ def run(cfg, names, dist):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if print_help_if_asked(argv, __doc__, DEFAULTS):
-        return None
-    cfg, _ = parse_overrides(argv, DEFAULTS)
-    names = [n.strip() for n in cfg['datasets'].split(',') if n.strip()]
-    if not names:
+    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
+    if not cfg['datasets'].strip(', '):
         raise UsageError("--datasets is empty; give dataset names under --data_dir, e.g. --datasets=wikitext2,ptb")
     if cfg['batch_size'] < 1 or cfg['block_size'] < 0:
         raise UsageError("--batch_size must be >= 1 and --block_size >= 0 (0: the model's)")
-    dist = setup_distributed(cfg['device'])  # torchrun: join the process group; else one process
-    try:
-        return run(cfg, names, dist)
-    except UsageError:
-        if dist.master:  # every process finds the same mistake; one says it
-            raise
-        sys.exit(2)
-    finally:
-        cleanup_distributed(dist)
+    return launch(run, cfg, set_keys)
 
 
 if __name__ == '__main__':

@@ -14,27 +14,14 @@ no dataset library. Run from the repo root:
     python prepare_data.py cifar10              # 163 MB download, MD5-checked
     python prepare_data.py cifar100 --archive=cifar-100-python.tar.gz   # a tarball fetched by hand
 
-Options, as --key=value or --key value:
-    --data_dir=data   root; each dataset goes to <data_dir>/<name>/, downloads to <data_dir>/downloads/
-    --name=NAME       output folder name (default: the dataset, or the --input file's stem for `text`)
-    --tokenizer=T     bytes (256 ids, UTF-8 bytes) or gpt2 (tiktoken, 50257 ids)
-    --input=PATH      local text file/folder instead of a download (shakespeare, text, openwebtext), or
-                      the published file: wikitext-2-raw-v1.zip or its wiki.test.raw, ptb.test.txt,
-                      lambada_test.jsonl or the original lambada_test_plain_text.txt
-    --archive=PATH    local CIFAR tarball instead of a download
-    --max_mb=16       python_stdlib: stop adding files at this many MB of source
-    --workers=N       tokenizer processes (default: all cores for openwebtext, 1 otherwise)
-    --val_every=2000  openwebtext: every Nth document goes to val (~4M tokens at 2000)
-    --force           rebuild even if the dataset is already prepared
-
 What lands in <data_dir>/<name>/:
     text:   train.bin, val.bin (raw uint16 token ids, no header: np.memmap them) + meta.json
             (wikitext2, ptb, lambada: val.bin is the test split and train.bin is empty; lambada adds
             val_targets.npy, (passages, 3) int64: passage start, last word start, last word end in val.bin)
     images: {train,test}_images.npy (N,3,32,32) uint8, {train,test}_labels.npy (N,) int64 + meta.json
 meta.json is written last: if it is there, the dataset is complete. It names the tokenizer, so
-training and sampling decode with get_tokenizer(load_meta(folder)['tokenizer']) and nothing else.
-train_gpt.py / train_vit.py call prepare(name, data_dir) themselves when their dataset is missing.
+training and sampling decode with tokenizer.get_tokenizer(load_meta(folder)['tokenizer']) and nothing
+else. train_gpt.py calls prepare(name, data_dir) itself when its dataset is missing and cheap to make.
 """
 import codecs, collections, contextlib, hashlib, itertools, json, os, pickle, re, shutil, signal, socket
 import sys, sysconfig, tarfile, time, urllib.request, zipfile, zlib
@@ -42,88 +29,12 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 import numpy as np
 
-
-class DataError(Exception):
-    """Bad input or a missing resource, said in one line. main() prints 'error: ...' and exits 2."""
+from options import UsageError, parse
+from tokenizer import get_tokenizer, load_meta
 
 
 def _warn(msg):
     print(f"warning: {msg}", file=sys.stderr)
-
-# -----------------------------------------------------------------------------
-# tokenizers: the one helper shared by prepare, train and sample
-
-class Tokenizer:
-    """name, vocab_size, eot (None for bytes), encode(str) -> list[int], decode(list[int]) -> str."""
-
-    def __init__(self, name, vocab_size, eot=None, enc=None):
-        self.name, self.vocab_size, self.eot, self._enc = name, vocab_size, eot, enc
-
-    def encode(self, s):
-        if self._enc is None:
-            return list(s.encode('utf-8'))
-        return self._enc.encode_ordinary(s)  # a literal '<|endoftext|>' in a document is just text
-
-    def encode_array(self, s):
-        """encode() as a uint16 array; the fast path for preparing data."""
-        if self._enc is None:
-            return np.frombuffer(s.encode('utf-8'), dtype=np.uint8).astype(np.uint16)
-        return np.array(self._enc.encode_ordinary(s), dtype=np.uint16)
-
-    def decode(self, ids):
-        # tensors and arrays welcome; ids past the vocab (a padded model head, 50304) are dropped
-        ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
-        if self._enc is None:  # a model can emit half a UTF-8 character: replace, never raise
-            return bytes(ids).decode('utf-8', errors='replace')
-        return self._enc.decode(ids, errors='replace')
-
-    def token_bytes(self, t):
-        """The raw bytes of one token; a token can end inside a UTF-8 character (for streamed output)."""
-        return bytes([int(t)]) if self._enc is None else self._enc.decode_single_token_bytes(int(t))
-
-    def __repr__(self):
-        return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eot={self.eot})"
-
-
-def _gpt2_encoding():
-    """tiktoken's GPT-2 BPE. Tests monkeypatch this to stay offline."""
-    try:
-        import tiktoken
-    except ImportError:
-        raise DataError("the gpt2 tokenizer needs tiktoken: pip install tiktoken") from None
-    try:
-        return tiktoken.get_encoding('gpt2')
-    except Exception as e:  # it downloads the vocab once, then reads its cache
-        raise DataError(f"could not load the GPT-2 vocab: tiktoken downloads it on first use and that failed "
-                        f"({type(e).__name__}, no network?); set TIKTOKEN_CACHE_DIR to a folder holding a cached "
-                        f"copy") from None
-
-
-def get_tokenizer(name, encoding=None):
-    """'bytes' or 'gpt2'; `encoding` injects a tiktoken Encoding in place of the real GPT-2 one."""
-    if name == 'bytes':
-        return Tokenizer('bytes', 256)
-    if name != 'gpt2':
-        raise DataError(f"unknown tokenizer {name!r} (known: bytes, gpt2)")
-    enc = encoding if encoding is not None else _gpt2_encoding()
-    if enc.n_vocab > 2**16:  # ids go to vocab_size-1 and are stored as uint16
-        raise DataError(f"vocab of {enc.n_vocab} does not fit uint16 token files (at most 65536)")
-    return Tokenizer('gpt2', enc.n_vocab, eot=enc.eot_token, enc=enc)
-
-
-def load_meta(dataset_dir):
-    """The dataset's meta.json as a dict; DataError with the command to run if it is not prepared."""
-    path = os.path.join(dataset_dir, 'meta.json')
-    if not os.path.exists(path):
-        root, name = os.path.split(os.path.normpath(dataset_dir))
-        what = name if name in DATASETS else f"text --input=PATH --name={name}"
-        raise DataError(f"{dataset_dir} is not a prepared dataset (no meta.json); run: "
-                        f"python prepare_data.py {what} --data_dir={root or '.'}")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except ValueError as e:
-        raise DataError(f"{path} is not valid JSON ({e}); rebuild with --force") from None
 
 # -----------------------------------------------------------------------------
 # progress, downloads, atomic files
@@ -199,15 +110,15 @@ def _download(url, dest, hint, checksum=None, size=None):
                     bar.advance(len(chunk))
         got = os.path.getsize(tmp)
         if total and got != total:
-            raise DataError(f"download of {url} stopped at {got} of {total} bytes; run again")
+            raise UsageError(f"download of {url} stopped at {got} of {total} bytes; run again")
         if not ok(tmp):
-            raise DataError(f"download of {url} is corrupt ({checksum[0].upper()} mismatch); run again, or fetch it "
+            raise UsageError(f"download of {url} is corrupt ({checksum[0].upper()} mismatch); run again, or fetch it "
                             f"by hand and pass {hint}")
         os.replace(tmp, dest)
         return dest
     except OSError as e:  # URLError is an OSError: no network, DNS, HTTP 404, timeouts
         reason = getattr(e, 'reason', e)
-        raise DataError(f"could not download {url} ({reason}); fetch it by hand and pass {hint}") from None
+        raise UsageError(f"could not download {url} ({reason}); fetch it by hand and pass {hint}") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -220,7 +131,7 @@ def _save_npy(stage, name, arr):
         np.save(f, arr)
     back = np.load(tmp, mmap_mode='r')
     if back.shape != arr.shape or back.dtype != arr.dtype or not np.array_equal(back, arr):
-        raise DataError(f"{name} did not read back as written (disk full?)")
+        raise UsageError(f"{name} did not read back as written (disk full?)")
     del back
     os.replace(tmp, os.path.join(stage, name))
 
@@ -250,7 +161,7 @@ class _TokenWriter:
         self.flush()
         self.f.close()
         if os.path.getsize(self.path + '.tmp') != 2 * self.count:
-            raise DataError(f"{self.path} is short on disk (disk full?)")
+            raise UsageError(f"{self.path} is short on disk (disk full?)")
         os.replace(self.path + '.tmp', self.path)
         return self.count
 
@@ -323,7 +234,7 @@ def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
                     while inflight:
                         consume(inflight.popleft().result())
                 except BrokenProcessPool:  # where multiprocessing.Pool would hang forever
-                    raise DataError("a tokenizer process died (out of memory?); try fewer --workers") from None
+                    raise UsageError("a tokenizer process died (out of memory?); try fewer --workers") from None
                 finally:  # wait for the workers (they ignore ctrl-c and finish one job): an executor left
                     ex.shutdown(wait=True, cancel_futures=True)  # running races the interpreter's exit
         return train.close(), val.close()
@@ -344,7 +255,7 @@ def _read_text(path):
 def _files_under(path, exts=None):
     """A file, or every file under a folder (recursive, sorted, hidden names skipped)."""
     if not os.path.exists(path):
-        raise DataError(f"no such file or folder: {path}")
+        raise UsageError(f"no such file or folder: {path}")
     if os.path.isfile(path):
         return [path]
     out = []
@@ -361,7 +272,7 @@ def _sorted_paths(paths, root):
 
 def _text_meta(tok, counts, source, rule, n_docs, eot):
     if counts[0] == 0 or counts[1] == 0:
-        raise DataError(f"{source}: too little text for a train/val split ({counts[0]} train, {counts[1]} val tokens)")
+        raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, {counts[1]} val tokens)")
     kind, k = rule
     split = (f"every {k}th document (0-based index % {k} == {k - 1}, input order) is val, the rest train"
              if kind == 'every' else f"the last 1/{k} of each document's tokens (rounded down) is val, the rest train")
@@ -375,15 +286,15 @@ def _build_tokenizer(o, default, offline='or prepare with --tokenizer=bytes'):
     name = o.get('tokenizer', default)
     try:
         return get_tokenizer(name)
-    except DataError as e:
+    except UsageError as e:
         if name != 'gpt2':
             raise
-        raise DataError(f"{e}; {offline}") from None
+        raise UsageError(f"{e}; {offline}") from None
 
 
 def _text_dataset(stage, o, files, source, tok=None, rule=('tail', 10)):
     if not files:
-        raise DataError(f"empty corpus: no files in {source}")
+        raise UsageError(f"empty corpus: no files in {source}")
     tok = tok or _build_tokenizer(o, 'bytes')
     eot = len(files) > 1
     counts = _tokenize(stage, (_read_text(f) for f in files), tok, rule, eot, o.get('workers', 1), len(files))
@@ -435,9 +346,20 @@ def _pyarrow_parquet():
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise DataError("reading parquet needs pyarrow: pip install pyarrow "
+        raise UsageError("reading parquet needs pyarrow: pip install pyarrow "
                         "(or pass --input=FOLDER of .jsonl/.txt documents)") from None
     return pq
+
+
+def _json_text(line, where):
+    """The "text" string of one line of a JSON-lines file; anything else is an error naming `where` (file:line)."""
+    try:
+        text = json.loads(line)['text']
+    except (ValueError, KeyError, TypeError):
+        text = None
+    if not isinstance(text, str):
+        raise UsageError(f"{where} is not a JSON object with a 'text' string")
+    return text
 
 
 def _owt_docs(files):
@@ -448,15 +370,7 @@ def _owt_docs(files):
                 yield from (t or '' for t in batch.column(0).to_pylist())  # a null text is an empty document
         elif f.endswith('.jsonl'):
             with open(f, encoding='utf-8', errors='replace') as fh:
-                for n, line in enumerate(fh, 1):
-                    if line.strip():
-                        try:
-                            text = json.loads(line)['text']
-                        except (ValueError, KeyError, TypeError):
-                            text = None
-                        if not isinstance(text, str):
-                            raise DataError(f"{f}:{n} is not a JSON object with a 'text' string")
-                        yield text
+                yield from (_json_text(line, f'{f}:{n}') for n, line in enumerate(fh, 1) if line.strip())
         else:
             yield _read_text(f)
 
@@ -475,28 +389,27 @@ def _owt_count(files):
 
 
 def _owt_download(data_dir):
-    """The parquet shards of the HF dataset repo, read straight off the hub (no datasets library)."""
+    """The dataset's parquet files, fetched by huggingface_hub (which resumes, caches and verifies them): the
+    repo's own, else the hub's parquet conversion of it."""
     _pyarrow_parquet()  # fail before downloading 13 GB we cannot read
-    hub = os.environ.get('HF_ENDPOINT', 'https://huggingface.co')
     hint = '--input=owt/ (a folder of its .parquet, .jsonl or .txt files)'
-    for rev in ('main', 'refs%2Fconvert%2Fparquet'):  # the repo's own parquet, else the hub's conversion
-        url = f"{hub}/api/datasets/{OWT_REPO}/tree/{rev}?recursive=true"
-        try:
-            with urllib.request.urlopen(url, timeout=60) as r:
-                listing = json.load(r)
-        except OSError as e:
-            raise DataError(f"could not reach {url} ({getattr(e, 'reason', e)}); download the parquet files of "
-                            f"{hub}/datasets/{OWT_REPO} by hand and pass {hint}") from None
-        shards = sorted((x['path'], x.get('size')) for x in listing
-                        if x.get('type') == 'file' and x['path'].endswith('.parquet') and 'train' in x['path'])
-        if shards:
-            break
-    else:
-        raise DataError(f"found no parquet files in {hub}/datasets/{OWT_REPO}; fetch OpenWebText by hand "
-                        f"and pass {hint}")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise UsageError(f"downloading OpenWebText needs huggingface_hub: pip install huggingface_hub; or pass {hint}") \
+            from None
     out = os.path.join(data_dir, 'downloads', 'openwebtext')
-    return [_download(f"{hub}/datasets/{OWT_REPO}/resolve/{rev}/{p}", os.path.join(out, p.replace('/', '__')),
-                      hint, size=size) for p, size in shards]
+    for rev in ('main', 'refs/convert/parquet'):
+        try:
+            folder = snapshot_download(OWT_REPO, repo_type='dataset', revision=rev, allow_patterns=['*.parquet'],
+                                       local_dir=os.path.join(out, rev.replace('/', '_')))
+        except Exception as e:  # no network, no such revision, ...
+            raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}); fetch its "
+                             f"parquet files by hand and pass {hint}") from None
+        files = [f for f in _files_under(folder, ('.parquet',)) if 'train' in os.path.basename(f)]
+        if files:
+            return files
+    raise UsageError(f"found no parquet files in the dataset {OWT_REPO}; fetch OpenWebText by hand and pass {hint}")
 
 
 def _build_openwebtext(stage, o):
@@ -507,7 +420,7 @@ def _build_openwebtext(stage, o):
         files, source = _owt_download(o['data_dir']), f"https://huggingface.co/datasets/{OWT_REPO} (parquet)"
     n_docs = _owt_count(files)
     if n_docs == 0:
-        raise DataError(f"empty corpus: no .parquet/.jsonl/.txt documents in {source}")
+        raise UsageError(f"empty corpus: no .parquet/.jsonl/.txt documents in {source}")
     rule, workers = ('every', o.get('val_every', 2000)), o.get('workers', os.cpu_count() or 1)
     counts = _tokenize(stage, _owt_docs(files), tok, rule, True, workers, n_docs)
     return _text_meta(tok, counts, source, rule, n_docs, True)
@@ -542,9 +455,14 @@ def _eval_source(o, name):
     we cannot tell). The official file is downloaded and checked unless --input is given."""
     spec = EVAL_SETS[name]
     if 'input' in o:
-        path = o['input']
-        if not os.path.isfile(path):
-            raise DataError(f"no such file: {path}")
+        path, want = o['input'], os.path.basename(spec.get('member', spec['url']))
+        if os.path.isdir(path):  # the unpacked download: wikitext-2-raw/, simple-examples/data/, ...
+            found = [f for f in _files_under(path) if os.path.basename(f) == want]
+            if not found:
+                raise UsageError(f"{path} is a folder without {want} in it; pass the file itself with --input")
+            path = found[0]
+        elif not os.path.isfile(path):
+            raise UsageError(f"no such file or folder: {path}")
         where, official = path, None
     else:
         dest = os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url']))
@@ -559,11 +477,11 @@ def _eval_source(o, name):
             with zipfile.ZipFile(path) as z:
                 names = [n for n in z.namelist() if n.endswith(os.path.basename(spec['member']))]
                 if not names:
-                    raise DataError(f"{path} holds no {spec['member']} (is it {os.path.basename(spec['url'])}?)")
+                    raise UsageError(f"{path} holds no {spec['member']} (is it {os.path.basename(spec['url'])}?)")
                 where = f"{where}:{names[0]}"
                 return z.read(names[0]), where, official
         except (zipfile.BadZipFile, zlib.error, OSError) as e:
-            raise DataError(f"{path} is not a readable zip archive ({e})") from None
+            raise UsageError(f"{path} is not a readable zip archive ({e})") from None
     with open(path, 'rb') as f:
         return f.read(), where, official
 
@@ -572,7 +490,7 @@ def _strict_utf8(raw, where, what):
     try:
         return raw.decode('utf-8')
     except UnicodeDecodeError as e:
-        raise DataError(f"{where} is not UTF-8 text (byte {e.start}): not {what}") from None
+        raise UsageError(f"{where} is not UTF-8 text (byte {e.start}): not {what}") from None
 
 
 def _check_count(n, name, where):
@@ -584,10 +502,10 @@ def _check_count(n, name, where):
 def _wikitext2_text(raw, where):
     text = _strict_utf8(raw, where, "WikiText-2's wiki.test.raw")
     if '<unk>' in text:
-        raise DataError(f"{where} holds <unk> tokens: it is the tokenized WikiText-2 (wiki.test.tokens); "
+        raise UsageError(f"{where} holds <unk> tokens: it is the tokenized WikiText-2 (wiki.test.tokens); "
                         f"use the raw version, wiki.test.raw from wikitext-2-raw-v1.zip")
     if not re.search(r'^ = [^=].* = $', text, re.M):
-        raise DataError(f"{where} has no ' = Title = ' heading line: not WikiText's format")
+        raise UsageError(f"{where} has no ' = Title = ' heading line: not WikiText's format")
     _check_count(text.count('\n'), 'wikitext2', where)
     return text
 
@@ -598,7 +516,7 @@ def _ptb_text(raw, where):
     bad = next((w for w in words if w != 'N' and w != w.lower()), None)  # N: Mikolov's token for numbers
     if not words or bad is not None:
         why = f"the word {bad!r} has capitals" if words else "it is empty"
-        raise DataError(f"{where}: {why}; PTB as Mikolov preprocessed it is lower case with N for numbers")
+        raise UsageError(f"{where}: {why}; PTB as Mikolov preprocessed it is lower case with N for numbers")
     _check_count(text.count('\n'), 'ptb', where)
     return text
 
@@ -608,26 +526,18 @@ def _lambada_passages(raw, where):
     space before it when there is one (GPT-2's BPE attaches the space to the word); the context is the rest.
     A passage is one line's text ("text" of a jsonl line), trailing whitespace dropped."""
     text = _strict_utf8(raw, where, "LAMBADA's test set")
-    jsonl = where.endswith('.jsonl')
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        if jsonl:
-            try:
-                line = json.loads(line)['text']
-            except (ValueError, KeyError, TypeError):
-                line = None
-            if not isinstance(line, str):
-                raise DataError(f"{where}:{n} is not a JSON object with a 'text' string")
-        line = line.rstrip()
+        line = (_json_text(line, f'{where}:{n}') if where.endswith('.jsonl') else line).rstrip()
         m = re.search(r'(\s)(\S+)$', line)
         if m is None or not line[:m.start()].strip():
-            raise DataError(f"{where}:{n} has no last word to predict after a context: not a LAMBADA passage")
+            raise UsageError(f"{where}:{n} has no last word to predict after a context: not a LAMBADA passage")
         cut = m.start() if m.group(1) == ' ' else m.start(2)
         out.append((line[:cut], line[cut:]))
     if not out:
-        raise DataError(f"{where} holds no passages")
+        raise UsageError(f"{where} holds no passages")
     _check_count(len(out), 'lambada', where)
     return out
 
@@ -725,32 +635,32 @@ def _read_cifar(archive, spec, where):
                     except (tarfile.TarError, zlib.error, OSError):
                         raise  # the archive itself is broken: said below
                     except Exception as e:  # junk bytes can fail in many ways inside pickle
-                        raise DataError(f"{where}: {name} is not a CIFAR pickle ({type(e).__name__}: {e})") from None
+                        raise UsageError(f"{where}: {name} is not a CIFAR pickle ({type(e).__name__}: {e})") from None
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
-        raise DataError(f"{where} is not a readable tar archive ({e})") from None
+        raise UsageError(f"{where} is not a readable tar archive ({e})") from None
     missing = sorted(need - set(got))
     if missing:
-        raise DataError(f"{where} does not have the {spec['top']} layout: missing {', '.join(missing)}")
+        raise UsageError(f"{where} does not have the {spec['top']} layout: missing {', '.join(missing)}")
 
     def batch(b):
         d, key = got[f"{spec['top']}/{b}"], spec['labels']
         if not isinstance(d, dict) or b'data' not in d or key not in d:
-            raise DataError(f"{where}: {b} should be a dict with keys b'data' and {key!r}")
+            raise UsageError(f"{where}: {b} should be a dict with keys b'data' and {key!r}")
         x = d[b'data']
         if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072 or not len(x):
-            raise DataError(f"{where}: {b} data should be an N x 3072 uint8 array, got {getattr(x, 'shape', type(x))}")
+            raise UsageError(f"{where}: {b} data should be an N x 3072 uint8 array, got {getattr(x, 'shape', type(x))}")
         try:
             y = np.asarray(d[key], dtype=np.int64)
         except (TypeError, ValueError):
-            raise DataError(f"{where}: {b} labels are not integers") from None
+            raise UsageError(f"{where}: {b} labels are not integers") from None
         if y.shape != (len(x),) or (len(y) and (y.min() < 0 or y.max() >= spec['classes'])):
-            raise DataError(f"{where}: {b} needs {len(x)} labels in 0..{spec['classes'] - 1}")
+            raise UsageError(f"{where}: {b} needs {len(x)} labels in 0..{spec['classes'] - 1}")
         return x, y
 
     meta = got[f"{spec['top']}/{spec['meta']}"]
     names = meta.get(spec['names']) if isinstance(meta, dict) else None
     if not isinstance(names, list) or len(names) != spec['classes']:
-        raise DataError(f"{where}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
+        raise UsageError(f"{where}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
     names = [n.decode('utf-8') if isinstance(n, bytes) else str(n) for n in names]
     tr = [batch(b) for b in spec['train']]
     te = [batch(b) for b in spec['test']]
@@ -775,7 +685,7 @@ def _build_cifar(stage, o, which):
     if 'archive' in o:
         archive = o['archive']
         if not os.path.isfile(archive):
-            raise DataError(f"no such file: {archive}")
+            raise UsageError(f"no such file: {archive}")
         md5_ok = _checksum(archive) == spec['md5']
     else:
         archive = _download(spec['url'], os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url'])),
@@ -865,25 +775,26 @@ def prepare(name, /, data_dir='data', **opts):
     which is why the dataset name is positional-only.
     With torchrun, call it on one rank and barrier: two ranks would both build (safely, but twice)."""
     if name not in DATASETS:
-        raise DataError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
+        raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}; for text of your own: "
+                         f"python prepare_data.py text --input=PATH --name={name})")
     builder, takes = DATASETS[name]
     o = {k: v for k, v in opts.items() if v is not None}
     takes = takes | {'name', 'force'}
     extra = sorted(set(o) - takes)
     if extra:
-        raise DataError(f"{name} does not take --{extra[0]} (it takes: {', '.join('--' + k for k in sorted(takes))})")
+        raise UsageError(f"{name} does not take --{extra[0]} (it takes: {', '.join('--' + k for k in sorted(takes))})")
     if name == 'text' and not o.get('input'):
-        raise DataError("text needs --input=PATH (a text file or a folder of them)")
+        raise UsageError("text needs --input=PATH (a text file or a folder of them)")
     out_name = o.get('name') or name
     if name == 'text' and 'name' not in o:  # notes.txt -> notes
         out_name = os.path.splitext(os.path.basename(os.path.normpath(o['input'])))[0]
     if out_name in ('', '.', '..', 'downloads') or os.sep in out_name or out_name.startswith('.'):
-        raise DataError(f"--name={out_name} is not usable as a folder name under {data_dir}")
+        raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force') and _files_match(out):
         meta = load_meta(out)
         if o.get('tokenizer') and meta.get('tokenizer') != o['tokenizer']:
-            raise DataError(f"{out} was prepared with tokenizer {meta.get('tokenizer')}, not {o['tokenizer']}; "
+            raise UsageError(f"{out} was prepared with tokenizer {meta.get('tokenizer')}, not {o['tokenizer']}; "
                             f"pass --force to rebuild it, or --name=OTHER to keep both")
         print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); --force rebuilds it")
         return out
@@ -914,54 +825,34 @@ def prepare(name, /, data_dir='data', **opts):
 
 # -----------------------------------------------------------------------------
 
-OPTIONS = {'data_dir': str, 'name': str, 'tokenizer': str, 'input': str, 'archive': str,
-           'max_mb': float, 'workers': int, 'val_every': int, 'force': bool}
-
-
-def _parse_args(argv):
-    names, opts, i = [], {}, 0
-    while i < len(argv):
-        a = argv[i]
-        if a in ('-h', '--help'):
-            print(__doc__)
-            sys.exit(0)
-        if not a.startswith('--'):
-            names.append(a)
-            i += 1
-            continue
-        key, eq, val = a[2:].partition('=')
-        key = key.replace('-', '_')
-        if key not in OPTIONS:
-            raise DataError(f"unknown option --{key} (known: {', '.join('--' + k for k in OPTIONS)})")
-        if not eq and OPTIONS[key] is bool:
-            val = 'true'
-        elif not eq:
-            if i + 1 >= len(argv) or argv[i + 1].startswith('--'):
-                raise DataError(f"--{key} needs a value")
-            i, val = i + 1, argv[i + 1]
-        try:
-            if OPTIONS[key] is bool:
-                if val.lower() not in ('1', '0', 'true', 'false'):
-                    raise ValueError
-                opts[key] = val.lower() in ('1', 'true')
-            else:
-                opts[key] = OPTIONS[key](val)
-                if OPTIONS[key] in (int, float) and opts[key] <= 0:
-                    raise ValueError
-        except ValueError:
-            want = {bool: '1, 0, true or false', int: 'a positive integer', float: 'a positive number'}
-            raise DataError(f"--{key}={val} is not valid (want {want[OPTIONS[key]]})") from None
-        i += 1
-    if len(names) != 1:
-        raise DataError(f"give one dataset name (known: {', '.join(DATASETS)}); python prepare_data.py --help")
-    return names[0], opts
+DEFAULTS = dict(
+    dataset='',          # what to prepare: one of the names above, given as the first word or as --dataset
+    data_dir='data',     # root: each dataset goes to <data_dir>/<name>/, downloads to <data_dir>/downloads/
+    name='',             # the output folder's name; default: the dataset's, or the --input file's stem for text
+    tokenizer='',        # bytes (256 ids, UTF-8 bytes) or gpt2 (tiktoken, 50257 ids); default: the dataset's
+    input='',            # a local file or folder instead of a download (shakespeare, text, openwebtext, test sets)
+    archive='',          # a local CIFAR tarball instead of a download
+    max_mb=16.0,         # python_stdlib: stop adding files at this many MB of source
+    workers=0,           # tokenizer processes; 0: every core for openwebtext, one otherwise
+    val_every=2000,      # openwebtext: every Nth document goes to val (~4M tokens at 2000)
+    force=False,         # rebuild even if the dataset is already prepared
+)
 
 
 def main(argv=None):
     try:
-        name, opts = _parse_args(sys.argv[1:] if argv is None else argv)
-        prepare(name, **opts)
-    except DataError as e:
+        cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
+                              positional='dataset')
+        if not cfg['dataset']:
+            raise UsageError(f"give one dataset name (known: {', '.join(DATASETS)}); python prepare_data.py --help")
+        for key in ('max_mb', 'val_every'):
+            if cfg[key] <= 0:
+                raise UsageError(f"--{key} must be positive, got {cfg[key]}")
+        if cfg['workers'] < 0:
+            raise UsageError(f"--workers must be >= 0, got {cfg['workers']}")
+        prepare(cfg['dataset'], data_dir=cfg['data_dir'],
+                **{k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if k != 'workers' or cfg[k]})
+    except UsageError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -13,10 +13,7 @@ same text on the same device. Text is decoded with the tokenizer named in the ch
 says how fast it went, on stderr: tokens/s over all samples, the prompt not counted.
 
 On a CPU it generates with one thread (unless OMP_NUM_THREADS is set): one sequence is a chain of small
-matrix-vector products, and a second thread costs more to wake and wait for than it saves. Measured on a
-shared 2-core machine (load average 3-7: other jobs ran; four rounds of 2-3 runs each, interleaved), batch 1:
-the demo model, 500 tokens, 97-312 tokens/s with one thread against 13-51 with two; a 4-layer, 768-wide
-model with GPT-2's vocabulary, 100 tokens, 12-39 against 5-10. We had no idle machine to measure on.
+matrix-vector products, and a second thread costs more to wake and wait for than it saves (docs/speed.md).
 """
 import codecs
 import os
@@ -25,10 +22,9 @@ import time
 
 import torch
 
-import prepare_data
-import tost
-from train_common import (UsageError, autocast, load_checkpoint, parse_overrides, pick_device, print_help_if_asked,
-                          resolve_dtype, run_main, strip_compile_prefix)
+from options import UsageError, parse, run_main
+from tokenizer import get_tokenizer
+from train_common import autocast, load_gpt, pick_device, resolve_dtype
 
 DEFAULTS = dict(
     out_dir='out',          # the folder train_gpt.py saved ckpt.pt in
@@ -96,38 +92,16 @@ def encode_prompt(tok, text, vocab_size, block_size):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if print_help_if_asked(argv, __doc__, DEFAULTS):
-        return None
-    cfg, _ = parse_overrides(argv, DEFAULTS)
-    if cfg['num_samples'] < 1 or cfg['max_new_tokens'] < 0 or cfg['top_k'] < 0 or cfg['temperature'] < 0:
-        raise UsageError("--num_samples must be >= 1, and --max_new_tokens, --top_k, --temperature >= 0")
+    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
+    for key, low in (('num_samples', 1), ('max_new_tokens', 0), ('top_k', 0), ('temperature', 0)):
+        if cfg[key] < low:
+            raise UsageError(f"--{key} must be >= {low}, got {cfg[key]}")
     device = pick_device(cfg['device'])
     dtype = resolve_dtype(cfg['dtype'], device)
     if device == 'cpu' and 'OMP_NUM_THREADS' not in os.environ:
         torch.set_num_threads(1)  # batch 1: faster with one thread (see the docstring)
-
-    path = os.path.join(cfg['out_dir'], 'ckpt.pt')
-    if not os.path.isfile(path):
-        raise UsageError(f"no checkpoint at {path}; train one with: python train_gpt.py"
-                         + ('' if cfg['out_dir'] == 'out' else f" --out_dir={cfg['out_dir']}"))
-    ckpt = load_checkpoint(path)  # weights_only=True: a checkpoint cannot run code
-    if ckpt.get('kind') == 'vit':
-        raise UsageError(f"{path} is a vision checkpoint (train_vit.py); sample.py generates text from "
-                         "train_gpt.py checkpoints")
-    if not {'model', 'model_args', 'meta'} <= set(ckpt):
-        raise UsageError(f"{path} is not a train_gpt.py checkpoint (it needs model, model_args and meta)")
-    try:
-        model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
-        model.load_state_dict(strip_compile_prefix(ckpt['model']))
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise UsageError(f"{path} does not hold a model this tost.py can load ({str(e).splitlines()[0]})") from None
-    model.eval().to(device)
-    try:
-        tok = prepare_data.get_tokenizer(ckpt['meta']['tokenizer'])
-    except prepare_data.DataError as e:
-        raise UsageError(' '.join(str(e).split())) from None
-    del ckpt
+    model, ckpt = load_gpt(os.path.join(cfg['out_dir'], 'ckpt.pt'), device, 'sample.py')
+    tok = get_tokenizer(ckpt['meta']['tokenizer'])
 
     prompt = read_prompt(cfg['start'])
     ids = encode_prompt(tok, prompt, model.config.vocab_size, model.config.block_size)

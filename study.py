@@ -11,7 +11,6 @@ Every model in a table gets the same budget (data, width, depth, optimizer, step
 budget is printed with each table. One seed per cell: differences of a few hundredths are noise.
 """
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -19,6 +18,7 @@ import shlex
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -27,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 import tost
-from train_common import cosine_lr
+from options import parse, run_main
+from train_common import cosine_lr, run_sections
 
 console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
 
@@ -368,33 +369,22 @@ def section_tasks(args, results):
 SECTIONS = {'language': section_language, 'vision': section_vision, 'tasks': section_tasks}
 
 
+DEFAULTS = dict(
+    sections='',              # comma-separated: language, vision, tasks (also the first bare word)
+    quick=False,              # a smaller budget (see each section)
+    smoke=False,              # tiny budget, seconds: checks that a section runs
+    json='',                  # also write the results to this file
+    out_dir='out-study',      # the runs of the language and vision sections go here
+)
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0].strip(),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('sections', help='comma-separated: ' + ', '.join(SECTIONS))
-    ap.add_argument('--quick', action='store_true', help='a smaller budget (see each section)')
-    ap.add_argument('--smoke', action='store_true', help='tiny budget, seconds; checks that a section runs')
-    ap.add_argument('--json', default=None, help='also write the results here')
-    ap.add_argument('--out_dir', default='out-study', help='the runs of the language and vision sections go here')
-    args = ap.parse_args(argv)
-    args.mode = 'smoke' if args.smoke else 'quick' if args.quick else 'full'
+    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='sections')
+    args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
-    sections = [s.strip() for s in args.sections.split(',') if s.strip()]
-    unknown = [s for s in sections if s not in SECTIONS]
-    if unknown or not sections:
-        sys.exit(f"error: unknown section(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(SECTIONS)}")
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
-    t0 = time.time()
-    for s in sections:
-        SECTIONS[s](args, results)
-    results['seconds'] = round(time.time() - t0, 1)
-    console.print(f"done in {results['seconds']:.0f} s")
-    if args.json:
-        with open(args.json + '.tmp', 'w') as f:
-            json.dump(results, f, indent=1)
-        os.replace(args.json + '.tmp', args.json)
-    return results
+    return run_sections(args, SECTIONS, results, console)
 
 
 if __name__ == '__main__':
-    main()
+    run_main(main)

@@ -18,7 +18,9 @@ import tiktoken
 import torch
 
 import eval_gpt
+import options
 import prepare_data as prep
+import tokenizer
 import tost
 import train_common
 
@@ -49,7 +51,7 @@ def data_dir(tmp_path_factory):
     (d / 'wiki.test.raw').write_text(WIKI)
     (d / 'lambada_test.jsonl').write_text(''.join(json.dumps({'text': p}) + '\n' for p in PASSAGES))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(prep, '_gpt2_encoding', lambda: encoding())
+        mp.setattr(tokenizer, '_gpt2_encoding', lambda: encoding())
         prep.prepare('wikitext2', d, input=str(d / 'wiki.test.raw'))
         prep.prepare('lambada', d, input=str(d / 'lambada_test.jsonl'))
     return d
@@ -58,7 +60,7 @@ def data_dir(tmp_path_factory):
 def save_model(out_dir, data_dir, attn='tssa', block_size=32, seed=0, n_embd=32, n_head=2, edit=None):
     """A random (or `edit`ed) GPT saved as train_gpt.py saves it, with the data's tokenizer in its meta."""
     torch.manual_seed(seed)
-    meta = prep.load_meta(os.path.join(data_dir, 'wikitext2'))
+    meta = tokenizer.load_meta(os.path.join(data_dir, 'wikitext2'))
     args = dict(block_size=block_size, vocab_size=64 * -(-meta['vocab_size'] // 64), n_layer=2, n_head=n_head,
                 n_embd=n_embd, dropout=0.0, bias=False, attn=attn)
     model = tost.GPT(tost.GPTConfig(**args))
@@ -71,8 +73,9 @@ def save_model(out_dir, data_dir, attn='tssa', block_size=32, seed=0, n_embd=32,
 
 
 def read_log(out_dir):
+    """The log's rows but the config rows (what each start of the run was; plot.py reads them)."""
     with open(os.path.join(out_dir, 'log.jsonl')) as f:
-        return [json.loads(line) for line in f]
+        return [r for r in map(json.loads, f) if r.get('kind') != 'config']
 
 
 def tokens_of(data_dir, name):
@@ -184,7 +187,7 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path):
     d.mkdir()
     (d / 'lambada_test.jsonl').write_text(''.join(json.dumps({'text': p}) + '\n' for p in passages))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(prep, '_gpt2_encoding', lambda: enc)
+        mp.setattr(tokenizer, '_gpt2_encoding', lambda: enc)
         prep.prepare('lambada', d, input=str(d / 'lambada_test.jsonl'))
         prep.prepare('wikitext2', d, input=str(_write(tmp_path / 'wiki.test.raw', WIKI)))  # save_model reads its meta
     out = str(tmp_path / 'out')
@@ -215,7 +218,7 @@ def _write(path, text):
 
 def exits(argv, capsys):
     with pytest.raises(SystemExit) as e:
-        train_common.run_main(lambda: eval_gpt.main(argv))
+        options.run_main(lambda: eval_gpt.main(argv))
     return e.value.code, capsys.readouterr().err
 
 
@@ -246,7 +249,7 @@ def test_bad_input(data_dir, tmp_path, capsys):
     r = subprocess.run([sys.executable, os.path.join(REPO, 'eval_gpt.py'), *base, '--datasets=wikitext2'],
                        capture_output=True, text=True, env=ENV, timeout=120)
     assert r.returncode == 2
-    one_line_error(r.stderr, 'corrupt or unreadable')
+    one_line_error(r.stderr, 'is not a checkpoint', "starts with b'not ")
     train_common.atomic_save({'kind': 'vit', 'model': {}, 'model_args': {}, 'meta': {}}, os.path.join(out, 'ckpt.pt'))
     code, err = exits(base + ['--datasets=wikitext2'], capsys)
     one_line_error(err, 'is a vision checkpoint')

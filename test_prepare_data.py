@@ -10,7 +10,11 @@ import pytest
 import tiktoken
 
 import prepare_data as prep
-from prepare_data import DataError, get_tokenizer, load_meta, prepare
+import options
+import tokenizer
+from options import UsageError
+from prepare_data import prepare
+from tokenizer import get_tokenizer, load_meta
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -25,7 +29,7 @@ def tiny_encoding():
 def tiny(monkeypatch):
     """gpt2 means the tiny encoding for the length of a test: no download."""
     enc = tiny_encoding()
-    monkeypatch.setattr(prep, '_gpt2_encoding', lambda: enc)
+    monkeypatch.setattr(tokenizer, '_gpt2_encoding', lambda: enc)
     return enc
 
 
@@ -59,7 +63,7 @@ def test_bytes_tokenizer():
     assert tok.decode(np.array([0xE2, 0x9C, 65])) == '\ufffdA'  # a cut-off character is replaced, not raised
     assert len(tok.decode(range(256))) > 0
     assert [tok.token_bytes(t) for t in tok.encode('é')] == [b'\xc3', b'\xa9']
-    with pytest.raises(DataError, match='unknown tokenizer'):
+    with pytest.raises(UsageError, match='unknown tokenizer'):
         get_tokenizer('sentencepiece')
 
 
@@ -78,22 +82,24 @@ def test_gpt2_without_network_says_so(monkeypatch):
     def offline(name):
         raise ConnectionError('Name or service not known')
     monkeypatch.setattr(tiktoken, 'get_encoding', offline)
-    with pytest.raises(DataError, match='TIKTOKEN_CACHE_DIR'):
+    with pytest.raises(UsageError, match='TIKTOKEN_CACHE_DIR'):
         get_tokenizer('gpt2')
 
 
 def test_vocab_must_fit_uint16():
     class Big:
         n_vocab, eot_token = 70000, 0
-    with pytest.raises(DataError, match='uint16'):
+    with pytest.raises(UsageError, match='uint16'):
         get_tokenizer('gpt2', encoding=Big())
 
 
 def test_load_meta_missing_names_the_command(tmp_path):
-    with pytest.raises(DataError, match=r'python prepare_data.py shakespeare --data_dir='):
+    with pytest.raises(UsageError, match=r'python prepare_data.py shakespeare --data_dir='):
         load_meta(tmp_path / 'shakespeare')
-    with pytest.raises(DataError, match=r'python prepare_data.py text --input=PATH --name=notes --data_dir='):
+    with pytest.raises(UsageError, match=r'python prepare_data.py notes --data_dir='):
         load_meta(tmp_path / 'notes')
+    with pytest.raises(UsageError, match=r'python prepare_data.py text --input=PATH --name=notes\)'):
+        prepare('notes', tmp_path)
 
 # -----------------------------------------------------------------------------
 # text
@@ -226,7 +232,7 @@ def test_dead_worker_is_an_error_not_a_hang(tmp_path, tiny, monkeypatch):
     owt_folder(tmp_path / 'owt')
     monkeypatch.setattr(prep, '_split_doc', die_on_doc_7)
     monkeypatch.setattr(prep, '_CHUNK', 2)
-    with pytest.raises(DataError, match='process died'):
+    with pytest.raises(UsageError, match='process died'):
         prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), workers=2)
     assert not (tmp_path / 'data').exists()      # the data_dir this run created is removed again
 
@@ -234,7 +240,7 @@ def test_dead_worker_is_an_error_not_a_hang(tmp_path, tiny, monkeypatch):
 def test_openwebtext_bad_jsonl_line(tmp_path, tiny):
     (tmp_path / 'owt').mkdir()
     (tmp_path / 'owt' / 'x.jsonl').write_text('{"text": "fine"}\n{"body": "no text field"}\n')
-    with pytest.raises(DataError, match=r'x.jsonl:2 is not a JSON object'):
+    with pytest.raises(UsageError, match=r'x.jsonl:2 is not a JSON object'):
         prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), workers=1)
     assert not (tmp_path / 'data' / 'openwebtext').exists()
 
@@ -279,7 +285,7 @@ def test_parquet_without_pyarrow_gives_install_hint(tmp_path, tiny, monkeypatch)
     monkeypatch.setitem(sys.modules, 'pyarrow.parquet', None)
     (tmp_path / 'owt').mkdir()
     (tmp_path / 'owt' / 'train-0.parquet').write_bytes(b'PAR1')
-    with pytest.raises(DataError, match='pip install pyarrow'):
+    with pytest.raises(UsageError, match='pip install pyarrow'):
         prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'))
 
 # -----------------------------------------------------------------------------
@@ -387,7 +393,7 @@ def test_eval_set_download_is_checked(tmp_path, tiny, monkeypatch, name, publish
         return Response(blob)
     monkeypatch.setattr(prep.urllib.request, 'urlopen', urlopen)
     algo = prep.EVAL_SETS[name]['checksum'][0]
-    with pytest.raises(DataError, match=f'{algo.upper()} mismatch'):  # our fake is not the published file
+    with pytest.raises(UsageError, match=f'{algo.upper()} mismatch'):  # our fake is not the published file
         prepare(name, tmp_path / 'data')
     assert not (tmp_path / 'data').exists()
     monkeypatch.setitem(prep.EVAL_SETS[name], 'checksum', (algo, hashlib.new(algo, blob).hexdigest()))
@@ -495,10 +501,10 @@ def test_cifar_roundtrip(tmp_path, capsys, which, protocol):
 
 def test_cifar_wrong_layout(tmp_path):
     make_cifar(tmp_path / 'c.tar.gz', 'cifar10', skip=('test_batch',))
-    with pytest.raises(DataError, match='missing cifar-10-batches-py/test_batch'):
+    with pytest.raises(UsageError, match='missing cifar-10-batches-py/test_batch'):
         prepare('cifar10', tmp_path / 'data', archive=str(tmp_path / 'c.tar.gz'))
     make_cifar(tmp_path / 'c100.tar.gz', 'cifar100')  # a cifar100 archive is not a cifar10 one
-    with pytest.raises(DataError, match='layout'):
+    with pytest.raises(UsageError, match='layout'):
         prepare('cifar10', tmp_path / 'data', archive=str(tmp_path / 'c100.tar.gz'))
     assert not (tmp_path / 'data' / 'cifar10').exists()
 
@@ -516,7 +522,7 @@ def test_cifar_pickle_cannot_run_code(tmp_path):
             info = tarfile.TarInfo(f'{top}/{b}')
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
-    with pytest.raises(DataError, match='refusing'):
+    with pytest.raises(UsageError, match='refusing'):
         prepare('cifar10', tmp_path / 'data', archive=str(tmp_path / 'evil.tar'))
     assert not marker.exists()
 
@@ -533,7 +539,7 @@ def test_cifar_labels_out_of_range(tmp_path):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
-    with pytest.raises(DataError, match=r'data_batch_3 needs 4 labels in 0..9'):
+    with pytest.raises(UsageError, match=r'data_batch_3 needs 4 labels in 0..9'):
         prepare('cifar10', tmp_path / 'data', archive=str(tmp_path / 'bad.tar'))
 
 
@@ -544,7 +550,7 @@ def test_cifar_download_checks_md5(tmp_path, monkeypatch):
     class Response(io.BytesIO):
         headers = {'Content-Length': str(len(blob))}
     monkeypatch.setattr(prep.urllib.request, 'urlopen', lambda url, timeout=None: Response(blob))
-    with pytest.raises(DataError, match='MD5'):  # the real checksum does not match our fake
+    with pytest.raises(UsageError, match='MD5'):  # the real checksum does not match our fake
         prepare('cifar10', tmp_path / 'data')
     assert not (tmp_path / 'data').exists()  # no partial download left, nor the data_dir this run made
     monkeypatch.setitem(prep.CIFAR['cifar10'], 'md5', hashlib.md5(blob).hexdigest())
@@ -557,9 +563,9 @@ def test_no_network_says_what_to_fetch(tmp_path, monkeypatch):
     def offline(url, timeout=None):
         raise urllib.error.URLError('[Errno -2] Name or service not known')
     monkeypatch.setattr(prep.urllib.request, 'urlopen', offline)
-    with pytest.raises(DataError, match=r'cifar-100-python.tar.gz.*--archive=PATH'):
+    with pytest.raises(UsageError, match=r'cifar-100-python.tar.gz.*--archive=PATH'):
         prepare('cifar100', tmp_path / 'data')
-    with pytest.raises(DataError, match=r'input.txt.*--input=PATH'):
+    with pytest.raises(UsageError, match=r'input.txt.*--input=PATH'):
         prepare('shakespeare', tmp_path / 'data', tokenizer='bytes')
     assert not (tmp_path / 'data' / 'shakespeare').exists()
 
@@ -628,7 +634,7 @@ def test_rerun_is_noop_and_force_rebuilds(tmp_path, capsys):
     assert 'already prepared' in capsys.readouterr().out
     assert os.stat(os.path.join(out, 'train.bin')).st_mtime_ns == stamp
     assert load_meta(out)['train_tokens'] < 40 * 12
-    with pytest.raises(DataError, match='--force'):  # asking for another tokenizer is not a silent no-op
+    with pytest.raises(UsageError, match='--force'):  # asking for another tokenizer is not a silent no-op
         prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), tokenizer='gpt2')
     prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), force=True)
     raw = ('version two, longer. ' * 40).encode()
@@ -704,7 +710,7 @@ def test_cli_stdlib_and_noop(tmp_path):
 @pytest.mark.parametrize('argv,words', [
     (['mnist'], ['unknown dataset', 'cifar10']),
     (['text', '--input=x', '--batch_size=3'], ['unknown option --batch_size']),
-    (['python_stdlib', '--max_mb=lots'], ['--max_mb=lots']),
+    (['python_stdlib', '--max_mb=lots'], ['--max_mb expects float', 'lots']),
     (['python_stdlib', '--tokenizer=sentencepiece'], ['unknown tokenizer']),
     (['cifar10', '--tokenizer=gpt2'], ['does not take --tokenizer']),
     (['text'], ['--input=PATH']),
@@ -719,7 +725,9 @@ def test_cli_bad_arguments(tmp_path, capsys, argv, words):
 
 
 def test_cli_parsing_forms():
-    assert prep._parse_args(['text', '--input', 'a b.txt', '--force', '--max_mb=2.5']) == \
-        ('text', {'input': 'a b.txt', 'force': True, 'max_mb': 2.5})
-    assert prep._parse_args(['--data-dir=d', 'cifar10', '--force=false']) == \
-        ('cifar10', {'data_dir': 'd', 'force': False})
+    parse = lambda argv: options.parse(argv, prep.DEFAULTS, positional='dataset')
+    cfg, set_keys = parse(['text', '--input', 'a b.txt', '--force', '--max_mb=2.5'])
+    assert (cfg['dataset'], cfg['input'], cfg['force'], cfg['max_mb']) == ('text', 'a b.txt', True, 2.5)
+    assert set_keys == {'dataset', 'input', 'force', 'max_mb'}
+    cfg, set_keys = parse(['--data-dir=d', 'cifar10', '--force=false'])
+    assert (cfg['dataset'], cfg['data_dir'], cfg['force']) == ('cifar10', 'd', False)

@@ -1,0 +1,192 @@
+"""Tests for options.py: the one way every script reads its command line, and its --help.
+Offline, a few seconds: python -m pytest -q test_options.py"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import options
+from options import UsageError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+DEFAULTS = dict(out_dir="out", max_iters=5000, lr=6e-4, compile=True, init_from=None,
+                lr_decay_iters=5000, batch_size=12)
+PRESETS = {"shakespeare": dict(out_dir="out-shakespeare", max_iters=2000, batch_size=64),
+           "tiny": dict(max_iters=10)}
+
+
+def parse(*argv, presets=PRESETS):
+    return options.parse(list(argv), DEFAULTS, presets=presets)
+
+# -----------------------------------------------------------------------------
+
+
+def test_no_args_gives_a_copy_of_the_defaults():
+    config, set_keys = parse()
+    assert config == DEFAULTS and config is not DEFAULTS
+    assert set_keys == set()
+
+
+def test_each_type_is_converted():
+    config, set_keys = parse("--out_dir=x/y", "--max_iters=300", "--lr=1e-3", "--compile=False",
+                             "--batch_size", "7")
+    assert config["out_dir"] == "x/y"
+    assert config["max_iters"] == 300 and type(config["max_iters"]) is int
+    assert config["lr"] == 1e-3
+    assert config["compile"] is False
+    assert config["batch_size"] == 7
+    assert set_keys == {"out_dir", "max_iters", "lr", "compile", "batch_size"}
+    assert DEFAULTS["max_iters"] == 5000  # the defaults are not touched
+
+
+@pytest.mark.parametrize("raw, want", [("True", True), ("False", False), ("true", True), ("false", False),
+                                       ("1", True), ("0", False), ("yes", True), ("no", False)])
+def test_bool_spellings(raw, want):
+    assert parse(f"--compile={raw}")[0]["compile"] is want
+
+
+def test_bare_bool_flag_means_true():
+    defaults = dict(DEFAULTS, compile=False)
+    config, _ = options.parse(["--compile", "--max_iters=3"], defaults)
+    assert config["compile"] is True and config["max_iters"] == 3
+
+
+def test_float_accepts_ints_and_exponents():
+    assert parse("--lr=3")[0]["lr"] == 3.0 and isinstance(parse("--lr=3")[0]["lr"], float)
+    assert parse("--lr", "2.5e-5")[0]["lr"] == 2.5e-5
+    assert parse("--lr", "-1e-3")[0]["lr"] == -1e-3  # a negative number is a value, not an option
+
+
+@pytest.mark.parametrize("raw", ["3", "0.5", "True", "None", "resume", "'gpt2'", "[1, 2]"])
+def test_none_default_takes_any_string(raw):
+    got = parse(f"--init_from={raw}")[0]["init_from"]
+    assert got == raw and type(got) is str
+
+
+def test_dashes_read_as_underscores():
+    assert parse("--max-iters=9")[0]["max_iters"] == 9
+
+
+@pytest.mark.parametrize("arg, key, expected", [("--max_iters=3.5", "max_iters", "int"),
+                                                ("--max_iters=abc", "max_iters", "int"),
+                                                ("--lr=fast", "lr", "float"),
+                                                ("--compile=maybe", "compile", "bool")])
+def test_wrong_type_names_key_type_and_value(arg, key, expected):
+    with pytest.raises(UsageError) as e:
+        parse(arg)
+    msg = str(e.value)
+    assert f"--{key}" in msg and expected in msg and repr(arg.split("=")[1]) in msg
+    assert "\n" not in msg
+
+
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(UsageError) as e:
+        parse("--max_iter=3")
+    msg = str(e.value)
+    assert msg.startswith("unknown option --max_iter; valid keys: out_dir, max_iters, lr, compile")
+    assert "did you mean --max_iters?" in msg
+
+
+def test_positional_argument_is_refused():
+    with pytest.raises(UsageError, match="unexpected argument 'config/train.py'"):
+        parse("config/train.py")
+
+
+def test_option_without_value_is_refused():
+    with pytest.raises(UsageError, match="--max_iters needs a value"):
+        parse("--max_iters")
+
+
+def test_preset_applied_first_wherever_it_is_and_overridable():
+    config, set_keys = parse("--max_iters=50", "--config=shakespeare")
+    assert config["max_iters"] == 50  # the user's value beats the preset even though it came first
+    assert config["out_dir"] == "out-shakespeare" and config["batch_size"] == 64
+    assert config["lr"] == DEFAULTS["lr"]
+    assert set_keys == {"max_iters", "out_dir", "batch_size"}  # preset keys count as set
+    assert "lr_decay_iters" not in set_keys  # so a trainer may derive it from max_iters
+
+
+def test_preset_space_form_and_name_stored_when_config_is_a_key():
+    defaults = dict(DEFAULTS, config="")
+    config, _ = options.parse(["--config", "tiny"], defaults, presets=PRESETS)
+    assert config["max_iters"] == 10 and config["config"] == "tiny"
+
+
+def test_unknown_preset_lists_names():
+    with pytest.raises(UsageError) as e:
+        parse("--config=shakespear")
+    assert "unknown config 'shakespear'" in str(e.value) and "shakespeare, tiny" in str(e.value)
+
+
+def test_preset_with_a_key_not_in_defaults_is_a_script_bug():
+    with pytest.raises(ValueError, match="nope"):
+        parse("--config=bad", presets={"bad": dict(nope=1)})
+
+# errors as the user sees them
+
+
+def _python(code):
+    return subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=60)
+
+
+def test_fail_prints_one_line_and_exits_2():
+    r = _python("import options; options.fail('max_iters must be positive')")
+    assert r.returncode == 2
+    assert r.stderr == "error: max_iters must be positive\n" and r.stdout == ""
+
+
+def test_run_main_turns_usage_error_into_exit_2_without_traceback():
+    r = _python("import sys, options\n"
+                "def main(): options.parse(sys.argv[1:], {'lr': 0.1})\n"
+                "sys.argv = ['x', '--lr=fast']\n"
+                "options.run_main(main)")
+    assert r.returncode == 2
+    assert r.stderr == "error: --lr expects float, got 'fast'\n"
+    assert "Traceback" not in r.stderr
+
+
+def test_run_main_turns_ctrl_c_into_exit_130(capsys):
+    def main():
+        raise KeyboardInterrupt
+    with pytest.raises(SystemExit) as e:
+        options.run_main(main)
+    assert e.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
+
+
+HELPED = '''"""Doc."""
+DEFAULTS = dict(
+    # data
+    lr=0.1,          # the learning rate
+    name='x',        # a name
+    start='\\n',     # a prompt
+    flag=False,
+)
+'''
+
+
+def test_help_is_the_docstring_and_each_key_with_its_comment(tmp_path, capsys):
+    src = tmp_path / "script.py"
+    src.write_text(HELPED)
+    defaults = dict(lr=0.1, name="x", start="\n", flag=False)
+    with pytest.raises(SystemExit) as e:
+        options.parse(["--lr=1", "-h"], defaults, "  Doc.\n", str(src), {"demo": {}, "big": {}})
+    assert e.value.code == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "Doc.", "", "options, as --key=value (defaults shown); --config=NAME applies a preset first: demo, big:",
+        "  data:", "    --lr=0.1      the learning rate", "    --name=x      a name",
+        "    --start='\\n'  a prompt", "    --flag=false"]
+    assert options.comments(str(tmp_path / "missing.py")) == []       # no source: the keys alone
+    with pytest.raises(SystemExit):
+        options.parse(["--help"], defaults, "Doc.", str(tmp_path / "missing.py"))
+    assert "    --name=x" in capsys.readouterr().out.splitlines()
+
+
+def test_every_script_documents_every_key():
+    """The help of each script names each key with a comment: no key of any table goes unexplained."""
+    import bench, eval_gpt, plot, prepare_data, sample, study, train_gpt, train_vit
+    for module in (bench, eval_gpt, plot, prepare_data, sample, study, train_gpt, train_vit):
+        rows = dict(r for r in options.comments(module.__file__) if r[0])
+        assert set(rows) == set(module.DEFAULTS), module.__name__
+        assert all(rows.values()), (module.__name__, [k for k, v in rows.items() if not v])
