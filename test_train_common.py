@@ -1,4 +1,4 @@
-"""Tests for train_common.py: config overrides, safe checkpoints, the lr schedule, devices, the run log.
+"""Tests for train_common.py: safe checkpoints, stopping, the lr schedule, devices, the run log.
 Offline, CPU only, a few seconds: python -m pytest -q test_train_common.py"""
 import io
 import json
@@ -18,120 +18,6 @@ from train_common import UsageError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-DEFAULTS = dict(out_dir="out", max_iters=5000, lr=6e-4, compile=True, init_from=None,
-                lr_decay_iters=5000, batch_size=12)
-PRESETS = {"shakespeare": dict(out_dir="out-shakespeare", max_iters=2000, batch_size=64),
-           "tiny": dict(max_iters=10)}
-
-
-def parse(*argv, presets=PRESETS):
-    return tc.parse_overrides(list(argv), DEFAULTS, presets)
-
-# -----------------------------------------------------------------------------
-# parse_overrides
-
-
-def test_no_args_gives_a_copy_of_the_defaults():
-    config, set_keys = parse()
-    assert config == DEFAULTS and config is not DEFAULTS
-    assert set_keys == set()
-
-
-def test_each_type_is_converted():
-    config, set_keys = parse("--out_dir=x/y", "--max_iters=300", "--lr=1e-3", "--compile=False",
-                             "--batch_size", "7")
-    assert config["out_dir"] == "x/y"
-    assert config["max_iters"] == 300 and type(config["max_iters"]) is int
-    assert config["lr"] == 1e-3
-    assert config["compile"] is False
-    assert config["batch_size"] == 7
-    assert set_keys == {"out_dir", "max_iters", "lr", "compile", "batch_size"}
-    assert DEFAULTS["max_iters"] == 5000  # the defaults are not touched
-
-
-@pytest.mark.parametrize("raw, want", [("True", True), ("False", False), ("true", True), ("false", False),
-                                       ("1", True), ("0", False), ("yes", True), ("no", False)])
-def test_bool_spellings(raw, want):
-    assert parse(f"--compile={raw}")[0]["compile"] is want
-
-
-def test_bare_bool_flag_means_true():
-    defaults = dict(DEFAULTS, compile=False)
-    config, _ = tc.parse_overrides(["--compile", "--max_iters=3"], defaults)
-    assert config["compile"] is True and config["max_iters"] == 3
-
-
-def test_float_accepts_ints_and_exponents():
-    assert parse("--lr=3")[0]["lr"] == 3.0 and isinstance(parse("--lr=3")[0]["lr"], float)
-    assert parse("--lr", "2.5e-5")[0]["lr"] == 2.5e-5
-    assert parse("--lr", "-1e-3")[0]["lr"] == -1e-3  # a negative number is a value, not an option
-
-
-@pytest.mark.parametrize("raw, want", [("3", 3), ("0.5", 0.5), ("True", True), ("None", None),
-                                       ("resume", "resume"), ("'gpt2'", "gpt2"), ("[1, 2]", "[1, 2]")])
-def test_none_default_takes_any_literal(raw, want):
-    got = parse(f"--init_from={raw}")[0]["init_from"]
-    assert got == want and type(got) is type(want)
-
-
-def test_dashes_read_as_underscores():
-    assert parse("--max-iters=9")[0]["max_iters"] == 9
-
-
-@pytest.mark.parametrize("arg, key, expected", [("--max_iters=3.5", "max_iters", "int"),
-                                                ("--max_iters=abc", "max_iters", "int"),
-                                                ("--lr=fast", "lr", "float"),
-                                                ("--compile=maybe", "compile", "bool")])
-def test_wrong_type_names_key_type_and_value(arg, key, expected):
-    with pytest.raises(UsageError) as e:
-        parse(arg)
-    msg = str(e.value)
-    assert f"--{key}" in msg and expected in msg and repr(arg.split("=")[1]) in msg
-    assert "\n" not in msg
-
-
-def test_unknown_key_lists_valid_keys():
-    with pytest.raises(UsageError) as e:
-        parse("--max_iter=3")
-    msg = str(e.value)
-    assert msg.startswith("unknown option --max_iter; valid keys: out_dir, max_iters, lr, compile")
-    assert "did you mean --max_iters?" in msg
-
-
-def test_positional_argument_is_refused():
-    with pytest.raises(UsageError, match="unexpected argument 'config/train.py'"):
-        parse("config/train.py")
-
-
-def test_option_without_value_is_refused():
-    with pytest.raises(UsageError, match="--max_iters needs a value"):
-        parse("--max_iters")
-
-
-def test_preset_applied_first_wherever_it_is_and_overridable():
-    config, set_keys = parse("--max_iters=50", "--config=shakespeare")
-    assert config["max_iters"] == 50  # the user's value beats the preset even though it came first
-    assert config["out_dir"] == "out-shakespeare" and config["batch_size"] == 64
-    assert config["lr"] == DEFAULTS["lr"]
-    assert set_keys == {"max_iters", "out_dir", "batch_size"}  # preset keys count as set
-    assert "lr_decay_iters" not in set_keys  # so a trainer may derive it from max_iters
-
-
-def test_preset_space_form_and_name_stored_when_config_is_a_key():
-    defaults = dict(DEFAULTS, config="")
-    config, _ = tc.parse_overrides(["--config", "tiny"], defaults, PRESETS)
-    assert config["max_iters"] == 10 and config["config"] == "tiny"
-
-
-def test_unknown_preset_lists_names():
-    with pytest.raises(UsageError) as e:
-        parse("--config=shakespear")
-    assert "unknown config 'shakespear'" in str(e.value) and "shakespeare, tiny" in str(e.value)
-
-
-def test_preset_with_a_key_not_in_defaults_is_a_script_bug():
-    with pytest.raises(ValueError, match="nope"):
-        parse("--config=bad", presets={"bad": dict(nope=1)})
 
 # -----------------------------------------------------------------------------
 # checkpoints
@@ -274,13 +160,15 @@ def test_resume_command(monkeypatch):
     for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr(sys, "argv", ["pytest"])
-    assert tc.resume_command("train_gpt.py", {"init_from": "resume", "out_dir": "my out"}) == \
-        "python train_gpt.py --init_from=resume '--out_dir=my out'"
+    defaults = dict(out_dir="out", device="auto", dtype="auto", compile="auto", max_iters=10)
+    cfg = dict(defaults, out_dir="my out", device="auto", max_iters=20)
+    assert tc.resume_command("train_gpt.py", cfg, {"out_dir", "device", "max_iters"}, defaults) == \
+        "resume with: python train_gpt.py --init_from=resume '--out_dir=my out'"   # the checkpoint has the rest
     monkeypatch.setattr(sys, "argv", ["../tost/train_gpt.py"])  # the script as the user started it
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert tc.resume_command("train_gpt.py", {"init_from": "resume"}) == \
-        "torchrun --standalone --nproc_per_node=4 ../tost/train_gpt.py --init_from=resume"
+    assert tc.resume_command("train_gpt.py", defaults, set(), defaults) == \
+        "resume with: torchrun --standalone --nproc_per_node=4 ../tost/train_gpt.py --init_from=resume"
 
 # -----------------------------------------------------------------------------
 # schedule
@@ -477,40 +365,3 @@ def test_runlog_live_table_on_a_terminal(tmp_path, monkeypatch):
         assert text in out
 
 # -----------------------------------------------------------------------------
-# errors as the user sees them
-
-
-def _python(code):
-    return subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=60)
-
-
-def test_fail_prints_one_line_and_exits_2():
-    r = _python("import train_common as tc; tc.fail('max_iters must be positive')")
-    assert r.returncode == 2
-    assert r.stderr == "error: max_iters must be positive\n" and r.stdout == ""
-
-
-def test_run_main_turns_usage_error_into_exit_2_without_traceback():
-    r = _python("import sys, train_common as tc\n"
-                "def main(): tc.parse_overrides(sys.argv[1:], {'lr': 0.1})\n"
-                "sys.argv = ['x', '--lr=fast']\n"
-                "tc.run_main(main)")
-    assert r.returncode == 2
-    assert r.stderr == "error: --lr expects float, got 'fast'\n"
-    assert "Traceback" not in r.stderr
-
-
-def test_run_main_turns_ctrl_c_into_exit_130(capsys):
-    def main():
-        raise KeyboardInterrupt
-    with pytest.raises(SystemExit) as e:
-        tc.run_main(main)
-    assert e.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
-
-
-def test_print_help_if_asked(capsys):
-    assert tc.print_help_if_asked(["--lr=1"], "Doc.", {"lr": 0.1}) is False
-    assert capsys.readouterr().out == ""
-    assert tc.print_help_if_asked(["-h"], "  Doc.\n", {"lr": 0.1, "name": "x"}, {"demo": {}, "big": {}}) is True
-    assert capsys.readouterr().out == ("Doc.\n\npresets (--config=NAME): demo, big\nkeys and defaults:\n"
-                                       "  --lr=0.1\n  --name='x'\n")

@@ -25,8 +25,10 @@ import pytest
 import tiktoken
 import torch
 
+import options
 import prepare_data
 import sample
+import tokenizer
 import tost
 import train_common
 import train_gpt
@@ -56,8 +58,9 @@ def tiny(data_dir, out_dir, *extra):
 
 
 def read_log(out_dir):
+    """The log's rows but the config rows (what each start of the run was; plot.py reads them)."""
     with open(os.path.join(out_dir, 'log.jsonl')) as f:
-        return [json.loads(line) for line in f]
+        return [r for r in map(json.loads, f) if r.get('kind') != 'config']
 
 
 def weights(out_dir):
@@ -72,7 +75,7 @@ def run_cli(script, *args, cwd=REPO):
 def exits(fn, *args):
     """Run fn(*args) under run_main, as the script does; return the exit code (stderr is in capsys)."""
     with pytest.raises(SystemExit) as e:
-        train_common.run_main(lambda: fn(*args))
+        options.run_main(lambda: fn(*args))
     return e.value.code
 
 
@@ -97,8 +100,7 @@ def trained(data_dir, tmp_path_factory):
 
 
 def test_presets_and_schedule_defaults():
-    parse = lambda *a: train_gpt.resolve_config(*train_common.parse_overrides(list(a), train_gpt.DEFAULTS,
-                                                                              train_gpt.PRESETS))
+    parse = lambda *a: train_gpt.check_config(*options.parse(list(a), train_gpt.DEFAULTS, presets=train_gpt.PRESETS))
     assert parse() == parse('--config=demo')
     assert {'demo', 'shakespeare', 'owt-base', 'owt-medium', 'owt-large'} <= set(train_gpt.PRESETS)
     for name in ('owt-base', 'owt-medium', 'owt-large'):  # the paper's recipe: 480 x 1024 tokens per step
@@ -314,7 +316,7 @@ def test_sigterm_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir,
 
 
 SLOW_SAVE = '''
-import os, sys, time, torch, train_common, train_gpt
+import os, sys, time, torch, options, train_gpt
 real = torch.save
 def slow(obj, f, *a, **k):  # saves after iter 4 write a few bytes, then take 60 s
     if obj['iter_num'] > 4:
@@ -323,7 +325,7 @@ def slow(obj, f, *a, **k):  # saves after iter 4 write a few bytes, then take 60
         time.sleep(60)
     return real(obj, f, *a, **k)
 torch.save = slow
-train_common.run_main(lambda: train_gpt.main(sys.argv[1:]))
+options.run_main(lambda: train_gpt.main(sys.argv[1:]))
 '''
 
 
@@ -345,7 +347,7 @@ def test_second_ctrl_c_during_the_save_keeps_the_previous_checkpoint(data_dir, t
     assert lines[0].startswith('interrupted at iter ') and 'not saved' in lines[0], stderr
     assert f'the last good checkpoint is {out}/ckpt.pt (iter 4)' in lines[0]
     assert weights(out)['iter_num'] == 4                         # the previous checkpoint, intact
-    assert sorted(os.listdir(out)) == ['ckpt.pt', 'log.jsonl']   # no temp file left
+    assert sorted(os.listdir(out)) == ['ckpt.pt', 'log.jsonl', 'loss.png']   # no temp file left
 
 
 def test_failed_save_keeps_the_previous_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
@@ -365,7 +367,7 @@ def test_failed_save_keeps_the_previous_checkpoint(data_dir, tmp_path, monkeypat
     assert code == 1
     one_line_error(err, 'No space left on device', 'is intact')
     assert weights(out)['iter_num'] == 2  # still loads, and is the one from iter 2
-    assert sorted(os.listdir(out)) == ['ckpt.pt', 'log.jsonl']  # no temp file left behind
+    assert sorted(os.listdir(out)) == ['ckpt.pt', 'log.jsonl', 'loss.png']  # no temp file left behind
 
 # -----------------------------------------------------------------------------
 # several processes
@@ -448,7 +450,7 @@ def test_no_gradient_sync_before_the_last_micro_step(data_dir, tmp_path, monkeyp
     through the DDP path, 3 micro-steps per iteration, must skip the all-reduce on 2 of them."""
     torch.distributed.init_process_group('gloo', init_method=f'file://{tmp_path}/pg', rank=0, world_size=1)
     ddp = train_common.Dist(ddp=True, rank=0, local_rank=0, world_size=1, master=True, device='cpu')
-    monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: ddp)
+    monkeypatch.setattr(train_common, 'setup_distributed', lambda device: ddp)
     real, entered = train_gpt.DDP.no_sync, []
 
     def counting_no_sync(self):
@@ -464,7 +466,7 @@ def test_no_gradient_sync_before_the_last_micro_step(data_dir, tmp_path, monkeyp
 def test_accumulation_rounds_up_on_every_preset_for_1_to_4_processes():
     for name in [None, *train_gpt.PRESETS]:
         argv = [] if name is None else [f'--config={name}']
-        cfg = train_gpt.resolve_config(*train_common.parse_overrides(argv, train_gpt.DEFAULTS, train_gpt.PRESETS))
+        cfg = train_gpt.check_config(*options.parse(argv, train_gpt.DEFAULTS, presets=train_gpt.PRESETS))
         steps = cfg['gradient_accumulation_steps']
         for n in (1, 2, 3, 4):
             per, total = train_gpt.split_accumulation(steps, n)
@@ -624,7 +626,7 @@ def test_cli_bad_input(data_dir, tmp_path, trained):
     with open(os.path.join(out, 'ckpt.pt'), 'wb') as f:
         f.write(b'not a checkpoint at all')
     r = run_cli('train_gpt.py', *tiny(data_dir, out, '--init_from=resume'))
-    one_line_error(r.stderr, 'corrupt or unreadable')
+    one_line_error(r.stderr, 'is not a checkpoint', 'zip archive')
     assert r.returncode == 2
 
     r = run_cli('train_gpt.py', *tiny(data_dir, out + '2', '--block_size=5000'))  # the val split has ~4k tokens
@@ -674,7 +676,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, m
 
 
 def test_stream_decoder_holds_back_half_characters():
-    tok = prepare_data.get_tokenizer('bytes')
+    tok = tokenizer.get_tokenizer('bytes')
     text = 'déjà vu ✓ 😀 end'
     dec = sample.StreamDecoder(tok)
     pieces = [dec.push(b) for b in tok.encode(text)] + [dec.flush()]
@@ -685,7 +687,7 @@ def test_stream_decoder_holds_back_half_characters():
     ranks[b'j\xc3'] = 256  # 'j' and the first byte of 'à': a token that ends inside a character
     enc = tiktoken.Encoding(name='tiny', pat_str=r'\S+|\s+', mergeable_ranks=ranks,
                             special_tokens={'<|endoftext|>': 257})
-    bpe = prepare_data.get_tokenizer('gpt2', encoding=enc)
+    bpe = tokenizer.get_tokenizer('gpt2', encoding=enc)
     dec = sample.StreamDecoder(bpe)
     ids = bpe.encode(text)
     assert 256 in ids

@@ -1,27 +1,25 @@
 """
-Plumbing shared by train_gpt.py (language) and train_vit.py (vision), so neither carries a copy.
+What the scripts that train or load models share, so that none carries a copy.
 
 What is here, top to bottom:
-- errors: UsageError for user mistakes, fail() to print one line and exit, run_main() to wire them up;
-- config: parse_overrides(), nanoGPT's `--key=value` overrides, checked against the defaults' keys
-  and types, with named presets (`--config=NAME`);
 - checkpoints: atomic_save() (a crash mid-save never eats the last good checkpoint), load_checkpoint()
-  (torch.load with weights_only=True, and a readable error when the file is missing or broken),
+  (torch.load with weights_only=True, and one readable line when the file is missing or broken),
+  load_gpt() (the model in a train_gpt.py checkpoint, for sample.py and eval_gpt.py),
   strip_compile_prefix() (drops the `_orig_mod.` / `module.` prefixes torch.compile and DDP add),
   check_out_dir() (a run from scratch never silently replaces another run's checkpoints);
-- stopping: GracefulStop, Ctrl-C and SIGTERM end the run at a step boundary, the same one on every rank,
-  so the trainer can save there; resume_command(), the line that tells the user how to go on;
+- the training step: train_step(), micro-steps with gradient accumulation, clipping and the GradScaler;
+- stopping: Stop, GracefulStop (Ctrl-C and SIGTERM end the run at a step boundary, the same one on every
+  rank, so the trainer can save there), resume_command() (the line that tells the user how to go on),
+  launch() (a trainer's main: process group in, Stop out as an exit code);
 - schedule: cosine_lr(), linear warmup then cosine decay, as in nanoGPT;
 - hardware: pick_device(), resolve_dtype(), autocast(), make_grad_scaler() (torch.amp, not the
   deprecated torch.cuda.amp), setup_distributed() / cleanup_distributed() for torchrun, seed_everything();
 - logging: RunLog, a JSON-lines file you can read while the run goes (`tail -f out/log.jsonl`) plus a
   live table on a terminal, or plain one-line prints when stdout is a file; human_time().
 
-Nothing here knows about models. Everything runs on a CPU-only machine; the cuda branches are small.
+Everything runs on a CPU-only machine; the CUDA-only lines are few and marked.
 """
-import ast
 import contextlib
-import difflib
 import json
 import math
 import os
@@ -33,7 +31,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -42,140 +40,8 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-# -----------------------------------------------------------------------------
-# errors
-
-
-class UsageError(Exception):
-    """A user mistake; the message is one line, shown without traceback."""
-
-
-def fail(msg: str, code: int = 2) -> NoReturn:
-    print(f"error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(code)
-
-
-class Stop(Exception):
-    """Training cannot go on (code 1-3: one line, `error: ...`) or the user stopped it (130: the lines say
-    where the run was saved and how to resume). The checkpoint on disk is kept either way."""
-
-    def __init__(self, msg: str, code: int):
-        super().__init__(msg)
-        self.code = code
-
-    def exit(self, master: bool = True) -> NoReturn:
-        if master and self.code == 130:
-            print(self, file=sys.stderr, flush=True)
-        elif master:
-            fail(str(self), self.code)
-        sys.exit(self.code)
-
-
-def run_main(main: Callable[[], object]) -> None:
-    """Call main(); a UsageError becomes `error: ...` and exit 2, Ctrl-C becomes exit 130, no traceback."""
-    try:
-        main()
-    except UsageError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        fail("interrupted", code=130)
-
-# -----------------------------------------------------------------------------
-# config: --key=value overrides
-
-
-_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
-
-
-def _coerce(key: str, raw: str, default):
-    """Turn the string `raw` into a value of the default's type, or raise UsageError."""
-    kind = type(default)
-    try:
-        if default is None:  # no type to check against: a Python literal if it is one, else the string
-            with contextlib.suppress(Exception):
-                val = ast.literal_eval(raw)
-                if isinstance(val, (bool, int, float, str, type(None))):
-                    return val
-            return raw
-        if kind is bool:  # before int: bool is a subclass of int
-            low = raw.strip().lower()
-            if low in _TRUE or low in _FALSE:
-                return low in _TRUE
-            raise ValueError
-        if kind is int:
-            return int(raw)  # int("3.5") raises, as it should
-        if kind is float:
-            return float(raw)
-        if kind is str:
-            return raw
-        val = ast.literal_eval(raw)  # tuples, lists: must parse to the same type
-        if isinstance(val, kind):
-            return val
-        raise ValueError
-    except (ValueError, SyntaxError, TypeError):
-        expected = "bool (true/false)" if kind is bool else kind.__name__
-        raise UsageError(f"--{key} expects {expected}, got {raw!r}") from None
-
-
-def print_help_if_asked(argv: list[str], doc: str, defaults: dict, presets: dict | None = None) -> bool:
-    """For -h/--help: print the script's docstring, its presets and every key with its default; True if printed."""
-    if not {"-h", "--help"} & set(argv):
-        return False
-    text = doc.strip() + "\n\n"
-    if presets:
-        text += f"presets (--config=NAME): {', '.join(presets)}\n"
-    print(text + "keys and defaults:\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
-    return True
-
-
-def parse_overrides(argv: list[str], defaults: dict,
-                    presets: dict[str, dict] | None = None) -> tuple[dict, set[str]]:
-    """
-    Apply command-line overrides to a copy of `defaults`. Returns (config, set_keys).
-
-    Accepts `--key=value`, `--key value`, a bare `--flag` for a bool (means True), and dashes for
-    underscores (`--max-iters`). `--config=NAME` applies presets[NAME] first, wherever it sits on the
-    line, so `--key=value` still wins. set_keys holds the keys a preset or the user set, so a trainer
-    can derive e.g. lr_decay_iters from max_iters "unless set". `config` is reserved for presets; if it
-    is also a key of the defaults, the preset's name is stored there (handy in the checkpoint).
-    """
-    presets = presets or {}
-    pairs, i = [], 0  # (key, raw string or None), in order
-    while i < len(argv):
-        arg, i = argv[i], i + 1
-        if not arg.startswith("--") or arg == "--":
-            raise UsageError(f"unexpected argument {arg!r}; options look like --key=value")
-        key, eq, raw = arg[2:].partition("=")
-        if not eq:  # `--key value`, or a bare `--flag`
-            raw = argv[i] if i < len(argv) and not argv[i].startswith("--") else None
-            i += raw is not None
-        pairs.append((key.replace("-", "_"), raw))
-
-    config, set_keys = dict(defaults), set()
-    for name in [raw for key, raw in pairs if key == "config"]:  # presets first, in the order given
-        if name not in presets:
-            raise UsageError(f"unknown config {name!r}; presets: {', '.join(presets) or '(none)'}")
-        extra = set(presets[name]) - set(defaults)
-        if extra:  # a bug in the script, not the user's mistake
-            raise ValueError(f"preset {name!r} sets keys not in the defaults: {sorted(extra)}")
-        config.update(presets[name])
-        set_keys.update(presets[name])
-        if "config" in defaults:
-            config["config"] = name
-    for key, raw in pairs:
-        if key == "config":
-            continue
-        if key not in defaults:
-            close = difflib.get_close_matches(key, list(defaults), n=1)
-            hint = f"; did you mean --{close[0]}?" if close else ""
-            raise UsageError(f"unknown option --{key}; valid keys: {', '.join(defaults)}{hint}")
-        if raw is None:
-            if not isinstance(defaults[key], bool):
-                raise UsageError(f"--{key} needs a value, e.g. --{key}={defaults[key]!r}")
-            raw = "true"
-        config[key] = _coerce(key, raw, defaults[key])
-        set_keys.add(key)
-    return config, set_keys
+import tost
+from options import UsageError, fail
 
 # -----------------------------------------------------------------------------
 # checkpoints
@@ -229,6 +95,10 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise UsageError(f"no checkpoint at {path}")
+    with open(path, 'rb') as f:
+        head = f.read(4)
+    if head and not head.startswith(b"PK"):  # torch.save writes a zip archive
+        raise UsageError(f"{path} is not a checkpoint: torch.save writes a zip archive, this file starts with {head!r}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
@@ -250,6 +120,26 @@ def strip_compile_prefix(state_dict) -> dict:
             raise ValueError(f"state dict keys collide after stripping prefixes: {key!r} -> {new!r}")
         out[new] = val
     return out
+
+
+def load_gpt(path: str, device: str, script: str):
+    """The GPT in a train_gpt.py checkpoint, in eval mode on `device`, and the checkpoint itself (without the
+    weights and optimizer). `script` names who asks, for the error when it is a vision checkpoint."""
+    if not os.path.isfile(path):
+        raise UsageError(f"no checkpoint at {path}; train one with: python train_gpt.py"
+                         + ("" if os.path.dirname(path) == "out" else f" --out_dir={os.path.dirname(path) or '.'}"))
+    ckpt = load_checkpoint(path)
+    if ckpt.get("kind") == "vit":
+        raise UsageError(f"{path} is a vision checkpoint (train_vit.py); {script} works with train_gpt.py checkpoints")
+    if not {"model", "model_args", "meta"} <= set(ckpt):
+        raise UsageError(f"{path} is not a train_gpt.py checkpoint (it needs model, model_args and meta)")
+    try:
+        model = tost.GPT(tost.GPTConfig(**ckpt["model_args"]))
+        model.load_state_dict(strip_compile_prefix(ckpt.pop("model")))
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise UsageError(f"{path} does not hold a model this tost.py can load ({str(e).splitlines()[0]})") from None
+    ckpt.pop("optimizer", None)
+    return model.eval().to(device), ckpt
 
 
 def check_out_dir(paths: list[str], overwrite: bool, master: bool) -> None:
@@ -338,6 +228,28 @@ def make_grad_scaler(device: str, dtype: str):
     return torch.amp.GradScaler(device.split(":")[0], enabled=(dtype == "float16"))
 
 
+def train_step(model, batches: list, loss_of, optimizer, scaler, grad_clip: float, ctx, ddp: bool):
+    """One optimizer step. batches: one callable per micro-step, giving its inputs; loss_of(model, *inputs) is
+    its loss. Gradients add up over the micro-steps (each loss divided by their number); under DDP they are
+    all-reduced on the last one only. Then unscale (fp16), clip the global norm (grad_clip > 0), step, zero.
+    Returns the mean loss as a tensor: reading it would wait for the device, so the caller reads it rarely."""
+    total = 0.0
+    for i, batch in enumerate(batches):
+        last = i == len(batches) - 1
+        with contextlib.nullcontext() if last or not ddp else model.no_sync():   # no all-reduce until the last
+            with ctx:
+                loss = loss_of(model, *batch()) / len(batches)    # nothing else of the forward is kept
+            scaler.scale(loss).backward()
+        total = total + loss.detach()
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
 @dataclass
 class Dist:
     ddp: bool  # launched by torchrun
@@ -387,6 +299,44 @@ def cleanup_distributed(dist: Dist) -> None:
         torch.distributed.destroy_process_group()
 
 
+class Stop(Exception):
+    """Training cannot go on (code 1-3: one line, `error: ...`) or the user stopped it (130: the lines say
+    where the run was saved and how to resume). The checkpoint on disk is kept either way."""
+
+    def __init__(self, msg: str, code: int):
+        super().__init__(msg)
+        self.code = code
+
+    def exit(self, master: bool = True) -> NoReturn:
+        if master and self.code == 130:
+            print(self, file=sys.stderr, flush=True)
+        elif master:
+            fail(str(self), self.code)
+        sys.exit(self.code)
+
+
+def launch(train, cfg: dict, set_keys: set):
+    """A trainer's main: join the process group (under torchrun), train(cfg, set_keys, dist), leave the group.
+    A Stop becomes its exit code; a mistake found by every process is said once, by rank 0."""
+    if os.path.exists(cfg["out_dir"]) and not os.path.isdir(cfg["out_dir"]):
+        raise UsageError(f"--out_dir={cfg['out_dir']} is a file, not a folder")
+    dist = setup_distributed(cfg["device"])
+    try:
+        return train(cfg, set_keys, dist)
+    except Stop as e:
+        e.exit(dist.master)
+    except UsageError:
+        if dist.master:
+            raise
+        sys.exit(2)
+    except KeyboardInterrupt:  # outside a training loop (which saves first): nothing of this run to save
+        if dist.master:
+            print("interrupted", file=sys.stderr, flush=True)
+        sys.exit(130)
+    finally:
+        cleanup_distributed(dist)
+
+
 class GracefulStop:
     """
     Ctrl-C (SIGINT) and SIGTERM (what a scheduler sends before it kills a job) end a run at a step boundary,
@@ -429,10 +379,9 @@ class GracefulStop:
         return flag
 
 
-def resume_command(script: str, args: dict) -> str:
-    """The command that resumes this run, for the user to copy: python or torchrun (one node), `script`
-    as it was started, then --key=value for `args` (init_from=resume, out_dir, and the keys the checkpoint
-    does not restore)."""
+def resume_command(script: str, cfg: dict, set_keys: set, defaults: dict) -> str:
+    """'resume with: python train_gpt.py --init_from=resume ...', for the user to copy: python or torchrun
+    (one node), the script as it was started, and the keys a checkpoint does not restore that this run set."""
     prog = sys.argv[0] if os.path.basename(sys.argv[0]) == script else script
     ws, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
     if ws is None:
@@ -441,7 +390,9 @@ def resume_command(script: str, args: dict) -> str:
         launcher = f"torchrun --standalone --nproc_per_node={ws}"
     else:
         launcher = "torchrun (your options, on every node)"
-    return " ".join([launcher, shlex.quote(prog)] + [shlex.quote(f"--{k}={v}") for k, v in args.items()])
+    keys = [k for k in ("out_dir", "device", "dtype", "compile") if k in set_keys and cfg[k] != defaults[k]]
+    args = [f"--{k}={v}" for k, v in {"init_from": "resume", **{k: cfg[k] for k in keys}}.items()]
+    return "resume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args])
 
 
 def seed_everything(seed: int, rank: int = 0) -> int:
@@ -451,6 +402,24 @@ def seed_everything(seed: int, rank: int = 0) -> int:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     return seed
+
+def run_sections(args, sections: dict, results: dict, console) -> dict:
+    """bench.py's and study.py's main: run the sections named in args.sections (comma-separated) in order,
+    each adding its numbers to `results`, then write them to args.json (if given) through a temp file."""
+    names = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in names if s not in sections]
+    if unknown or not names:
+        raise UsageError(f"unknown section(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(sections)}")
+    t0 = time.time()
+    for name in names:
+        sections[name](args, results)
+    results["seconds"] = round(time.time() - t0, 1)
+    console.print(f"done in {results['seconds']:.0f} s")
+    if args.json:
+        with open(args.json + ".tmp", "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(args.json + ".tmp", args.json)
+    return results
 
 # -----------------------------------------------------------------------------
 # logging
@@ -516,6 +485,7 @@ class RunLog:
         self._file = self._live = self._console = None
         self._start = None  # (time, counter) at the first show(), for the ETA
         self._last = {}  # the live table keeps every column it has seen (val loss stays visible)
+        self._drawn = True  # False once a figure could not be drawn: it is said once, then left
         if not enabled:
             return
         os.makedirs(out_dir, exist_ok=True)
@@ -587,6 +557,19 @@ class RunLog:
             self._console.print(msg, markup=False, highlight=False)  # Live owns this console when active
         else:
             print(msg, flush=True)
+
+    def draw(self, filename: str = "loss.png") -> None:
+        """Redraw <out_dir>/loss.png from this log (plot.learning_curves). A figure never stops a run: if it
+        cannot be drawn (matplotlib missing, a full disk), that is said once and the run goes on."""
+        if not self.enabled or not self._drawn:
+            return
+        try:
+            import plot
+            plot.learning_curves([plot.read_run(self.path)], os.path.join(os.path.dirname(self.path), filename),
+                                 title=f"{os.path.dirname(self.path)}: learning curves")
+        except Exception as e:
+            self._drawn = False
+            self.print(f"note: could not draw {filename} ({type(e).__name__}: {e}); the run goes on without it")
 
     def close(self) -> None:
         if self._live is not None:

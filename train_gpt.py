@@ -2,9 +2,9 @@
 Train a ToST language model: nanoGPT's train.py with causal TSSA in place of softmax attention.
 
 The first command needs nothing but this repo: it prepares the offline corpus (this Python's standard
-library source, 12 MB of bytes) if missing, trains a 0.7M-parameter model on 4M tokens (4.5 minutes on a
-2-core CPU; val loss 2.16 nats per byte, where predicting byte frequencies alone gives 3.26), saves
-out/ckpt.pt and prints the val loss and the command to sample from it.
+library source, 12 MB of bytes) if it is missing, trains a 0.7M-parameter model on 4M bytes, saves
+out/ckpt.pt and prints the val loss and the command to sample from it (see the README for how long it
+takes and what loss to expect).
 
     python train_gpt.py                                   # the demo (same as --config=demo)
     python sample.py                                      # then read what it writes
@@ -28,8 +28,8 @@ Two nodes of 8 GPUs: the same command on both, node_rank 0 on the master (whose 
         train_gpt.py --config=owt-base
     (without InfiniBand, prefix both with NCCL_IB_DISABLE=1)
 
-Every key below can be set as --key=value; --config=NAME applies a preset first. Progress goes to the
-terminal (a live table) and, one JSON object per log or eval step, to <out_dir>/log.jsonl.
+Progress goes to the terminal (a live table) and, one JSON object per log or eval step, to
+<out_dir>/log.jsonl; <out_dir>/loss.png is redrawn at each evaluation.
 
 Batches and processes. batch_size is sequences per micro-step per process; gradient_accumulation_steps
 is micro-steps per optimizer step in total, over all processes. One iteration is therefore
@@ -43,7 +43,6 @@ with the tokens per iteration: the demo's 1 becomes 2 on 2 processes and 3 on 3,
 count goes on from the same iteration and data order; the steps are the same if both counts divide
 gradient_accumulation_steps, else the new count's rounded-up batch is used from then on.
 """
-import contextlib
 import math
 import os
 import sys
@@ -55,13 +54,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
 import tost
-from train_common import (GracefulStop, Stop, UsageError, RunLog, atomic_save, autocast, check_out_dir,
-                          cleanup_distributed, cosine_lr, human_time, load_checkpoint, make_grad_scaler,
-                          parse_overrides, print_help_if_asked, resolve_dtype, resume_command,
-                          run_main, seed_everything, setup_distributed, strip_compile_prefix, sum_dtype)
-
-# -----------------------------------------------------------------------------
-# default config: the CPU demo. Sized for ~4.5 minutes on 2 idle CPU cores.
+from options import UsageError, parse, run_main
+from tokenizer import load_meta
+from train_common import (GracefulStop, RunLog, Stop, atomic_save, autocast, check_out_dir, cosine_lr,
+                          human_time, launch, load_checkpoint, make_grad_scaler, resolve_dtype, resume_command,
+                          seed_everything, strip_compile_prefix, sum_dtype, train_step)
 
 DEFAULTS = dict(
     config='demo',               # the preset this run started from (--config=NAME picks one)
@@ -70,14 +67,14 @@ DEFAULTS = dict(
     data_dir='data',             # where prepare_data.py puts datasets
     block_size=256,              # context length in tokens
     batch_size=16,               # sequences per micro-step, per process
-    gradient_accumulation_steps=1,  # micro-steps per optimizer step over all processes (see the docstring)
+    gradient_accumulation_steps=1,  # micro-steps per optimizer step over all processes (see above)
     # model (tost.GPT); the vocabulary comes from the data: 256 for bytes, 50304 for gpt2
     n_layer=4,                   # blocks
     n_head=4,                    # heads (TSSA's groups K)
     n_embd=128,                  # width d
     dropout=0.0,                 # for pretraining 0 is good; for finetuning try 0.1+
     bias=False,                  # biases in Linear and LayerNorm
-    attn='tssa',                 # 'tssa' (ToST) or 'softmax' (GPT-2's attention), all else equal
+    attn='tssa',                 # tssa (ToST) or softmax (GPT-2's attention), all else equal
     token_shift=False,           # not in the paper: mix each token with the previous one before attention
     # AdamW, linear warmup then cosine decay
     learning_rate=6e-3,          # peak learning rate (high, for a small model and a short run)
@@ -86,16 +83,16 @@ DEFAULTS = dict(
     warmup_iters=50,             # linear warmup; max_iters / 20 unless set
     lr_decay_iters=1000,         # the cosine reaches min_lr here; max_iters unless set
     weight_decay=0.1,            # on matrices only (tost.param_groups)
-    beta1=0.9,
-    beta2=0.95,
+    beta1=0.9,                   # AdamW's first-moment decay
+    beta2=0.95,                  # AdamW's second-moment decay
     grad_clip=1.0,               # clip the global gradient norm at this; 0 turns it off
     # evaluation, logging, checkpoints
-    out_dir='out',               # ckpt.pt and log.jsonl go here
+    out_dir='out',               # ckpt.pt, log.jsonl and loss.png go here
     eval_interval=250,           # estimate train and val loss every this many iterations (and at the end)
     eval_iters=20,               # batches per estimate (a fixed set, so estimates are comparable)
     log_interval=10,             # print and log the training loss every this many iterations
-    always_save_checkpoint=True,  # save after every eval; False: only when val loss improves
-    init_from='scratch',         # 'scratch', or 'resume' from out_dir/ckpt.pt
+    always_save_checkpoint=True,  # save after every eval; false: only when val loss improves
+    init_from='scratch',         # scratch, or resume from out_dir/ckpt.pt
     overwrite=False,             # from scratch into an out_dir that holds ckpt.pt: delete it (else refuse)
     # system
     device='auto',               # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
@@ -136,13 +133,12 @@ PRESETS = {
 PREPARE_ON_THE_FLY = ('python_stdlib', 'shakespeare')
 MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias', 'attn', 'token_shift')  # fixed by a checkpoint
 MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'overwrite')  # on resume: this command line's
-CKPT_NAME = 'ckpt.pt'
 
 # -----------------------------------------------------------------------------
-# helpers: config, data, peak FLOPs
+# config
 
 
-def resolve_config(cfg, set_keys):
+def check_config(cfg, set_keys):
     """Fill in the keys that follow others unless set, and check values a type check cannot."""
     if 'min_lr' not in set_keys:
         cfg['min_lr'] = cfg['learning_rate'] / 10
@@ -151,12 +147,11 @@ def resolve_config(cfg, set_keys):
     if 'lr_decay_iters' not in set_keys:
         cfg['lr_decay_iters'] = cfg['max_iters']
     compile_ = str(cfg['compile']).strip().lower()
-    if compile_ not in ('auto', 'true', 'false', '1', '0', 'yes', 'no'):
-        raise UsageError(f"--compile expects auto, true or false, got {cfg['compile']!r}")
     cfg['compile'] = {'1': 'true', 'yes': 'true', '0': 'false', 'no': 'false'}.get(compile_, compile_)
-    positive = ('block_size', 'batch_size', 'gradient_accumulation_steps', 'n_layer', 'n_head', 'n_embd',
-                'eval_interval', 'eval_iters', 'log_interval')
-    for key in positive:
+    if cfg['compile'] not in ('auto', 'true', 'false'):
+        raise UsageError(f"--compile expects auto, true or false, got {compile_!r}")
+    for key in ('block_size', 'batch_size', 'gradient_accumulation_steps', 'n_layer', 'n_head', 'n_embd',
+                'eval_interval', 'eval_iters', 'log_interval'):
         if cfg[key] <= 0:
             raise UsageError(f"--{key} must be positive, got {cfg[key]}")
     for key in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'seed', 'weight_decay', 'grad_clip', 'min_lr'):
@@ -175,9 +170,14 @@ def resolve_config(cfg, set_keys):
     return cfg
 
 
-def resume_config(cfg, set_keys, ckpt):
+def resume_config(cfg, set_keys, ckpt, path):
     """On resume the run goes on as it was: the checkpoint's config, then what this command line set.
     The model's shape cannot change; device, dtype, compile and out_dir are this machine's business."""
+    if ckpt.get('kind') == 'vit':
+        raise UsageError(f"{path} is a vision checkpoint (train_vit.py), not a language model")
+    missing = {'model', 'optimizer', 'model_args', 'iter_num', 'config', 'meta'} - set(ckpt)
+    if missing:
+        raise UsageError(f"{path} is not a train_gpt.py checkpoint (no {', '.join(sorted(missing))})")
     old = ckpt['config']
     for key in MODEL_KEYS:
         had = old.get(key, DEFAULTS[key])                     # older checkpoints lack newer keys
@@ -189,41 +189,40 @@ def resume_config(cfg, set_keys, ckpt):
     if merged['block_size'] > ckpt['model_args']['block_size']:
         raise UsageError(f"--block_size={merged['block_size']} is larger than the checkpoint's model allows "
                          f"({ckpt['model_args']['block_size']}: its position embedding has that many rows)")
-    return merged
+    return merged, set_keys | set(ckpt.get('set_keys', ()))
+
+# -----------------------------------------------------------------------------
+# data: random windows of the token files, drawn from generators seeded by (seed, stream, index)
 
 
 def open_dataset(cfg, dist):
-    """The dataset folder and its meta.json, prepared here first if it is cheap to."""
+    """The dataset folder, its meta.json and its split sizes in tokens; prepared here first if that is cheap.
+    Every process calls the same collectives: the others wait while local rank 0 prepares."""
     path = os.path.join(cfg['data_dir'], cfg['dataset'])
-    if not os.path.exists(os.path.join(path, 'meta.json')) and cfg['dataset'] in PREPARE_ON_THE_FLY:
-        if dist.local_rank == 0:  # one process per node builds it, the others wait
+    if cfg['dataset'] in PREPARE_ON_THE_FLY:
+        if dist.local_rank == 0 and not os.path.exists(os.path.join(path, 'meta.json')):
             try:
                 prepare_data.prepare(cfg['dataset'], data_dir=cfg['data_dir'])
-            except prepare_data.DataError as e:
-                raise UsageError(f"preparing {path} (python prepare_data.py {cfg['dataset']}) failed: "
-                                 + ' '.join(str(e).split())) from None
+            except UsageError as e:
+                raise UsageError(f"preparing {path} (python prepare_data.py {cfg['dataset']}) failed: {e}") from None
         if dist.ddp:
             torch.distributed.barrier()
-    try:
-        meta = prepare_data.load_meta(path)
-    except prepare_data.DataError as e:
-        raise UsageError(' '.join(str(e).split())) from None
+    meta = load_meta(path)
     if meta.get('kind') != 'text':
         raise UsageError(f"{path} holds {meta.get('kind')} data, not text; train_gpt.py needs a text dataset")
     sizes = {}
     for split in ('train', 'val'):
         f = os.path.join(path, f'{split}.bin')
-        if not os.path.isfile(f):
-            raise UsageError(f"{f} is missing; rebuild with: python prepare_data.py {cfg['dataset']} --force")
-        sizes[split] = os.path.getsize(f) // 2
+        n = os.path.getsize(f) if os.path.isfile(f) else -1
+        if n != 2 * meta.get(f'{split}_tokens', -1):
+            got = 'is missing' if n < 0 else f"has {n} bytes, not the 2 x {meta.get(f'{split}_tokens')} its meta.json says"
+            raise UsageError(f"{f} {got}; rebuild with: python prepare_data.py {meta.get('dataset', cfg['dataset'])} "
+                             f"--data_dir={cfg['data_dir']} --force")
+        if n // 2 <= cfg['block_size']:
+            raise UsageError(f"block_size {cfg['block_size']} is larger than the data: {path} has {n // 2} {split} "
+                             f"tokens (need at least block_size + 1); use a smaller --block_size or more data")
+        sizes[split] = n // 2
     return path, meta, sizes
-
-
-def check_block_size(block_size, sizes, path):
-    for split, n in sizes.items():
-        if n <= block_size:
-            raise UsageError(f"block_size {block_size} is larger than the data: {path} has {n} {split} tokens "
-                             f"(need at least block_size + 1); use a smaller --block_size or more data")
 
 
 def window_starts(seed, stream, index, count, n_tokens, block_size):
@@ -238,22 +237,9 @@ def read_batch(path, split, starts, block_size, device):
     data = np.memmap(os.path.join(path, f'{split}.bin'), dtype=np.uint16, mode='r')  # fresh: no leak (nanoGPT)
     x = torch.from_numpy(np.stack([data[i:i + block_size] for i in starts]).astype(np.int64))
     y = torch.from_numpy(np.stack([data[i + 1:i + 1 + block_size] for i in starts]).astype(np.int64))
-    if device.startswith('cuda'):  # GPU only (no test runs it): pinned memory, the copy runs while the GPU works
+    if device.startswith('cuda'):  # CUDA only: pinned memory, so the copy runs while the GPU works
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
-
-
-# dense bf16 peak FLOP/s by GPU name, for MFU; float32 runs as TF32, half of it
-PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 70e12, 'L4': 121e12}
-
-
-def peak_flops(device, dtype):
-    """The GPU's peak, or None (no MFU on a CPU, on MPS, or on a GPU not in the table)."""
-    if not device.startswith('cuda'):
-        return None
-    name = torch.cuda.get_device_name(device)
-    peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-    return None if peak is None else peak / (2 if dtype == 'float32' else 1)
 
 
 def split_accumulation(steps, world_size):
@@ -267,308 +253,327 @@ def micro_seed(seed, it, micro):
     """Dropout's seed for global micro-step `micro` of iteration `it`: the same whichever process runs it."""
     return int(np.random.SeedSequence([seed, it, micro]).generate_state(1)[0])
 
+# -----------------------------------------------------------------------------
+# MFU: dense bf16 peak FLOP/s by GPU name; float32 runs as TF32, at half of it
 
-def is_oom(e):
-    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and 'out of memory' in str(e))
+PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 70e12, 'L4': 121e12}
+
+
+def peak_flops(device, dtype):
+    """The GPU's peak, or None (no MFU on a CPU, on MPS, or on a GPU not in the table)."""
+    if not device.startswith('cuda'):
+        return None
+    name = torch.cuda.get_device_name(device)
+    peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+    return None if peak is None else peak / (2 if dtype == 'float32' else 1)
 
 # -----------------------------------------------------------------------------
+# the run: set-up, one training step, evaluation and checkpoint, interrupt, summary
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if print_help_if_asked(argv, __doc__, DEFAULTS, PRESETS):
-        return None
-    cfg, set_keys = parse_overrides(argv, DEFAULTS, PRESETS)
-    cfg = resolve_config(cfg, set_keys)
-    dist = setup_distributed(cfg['device'])  # torchrun: join the process group; else one process
-    ckpt_path = os.path.join(cfg['out_dir'], CKPT_NAME)
-    try:
-        return train(cfg, set_keys, dist, ckpt_path)
-    except Stop as e:
-        e.exit(dist.master)
-    except KeyboardInterrupt:  # before the training loop: nothing of this run to save
-        if dist.master:
-            print(f"interrupted before training began; {ckpt_path} is as it was" if os.path.isfile(ckpt_path)
-                  else "interrupted before training began", file=sys.stderr, flush=True)
-        sys.exit(130)
-    finally:
-        cleanup_distributed(dist)
+class Trainer:
+    def __init__(self, cfg, set_keys, dist):
+        """Set-up: the checkpoint to resume, the data, the model and optimizer, the log."""
+        self.ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
+        ckpt = None
+        if cfg['init_from'] == 'resume':
+            if not os.path.isfile(self.ckpt_path):
+                raise UsageError(f"no checkpoint at {self.ckpt_path} to resume from; start one with: "
+                                 f"python train_gpt.py --out_dir={cfg['out_dir']}")
+            ckpt = load_checkpoint(self.ckpt_path, map_location=dist.device)
+            cfg, set_keys = resume_config(cfg, set_keys, ckpt, self.ckpt_path)
+        else:
+            check_out_dir([self.ckpt_path], cfg['overwrite'], dist.master)
+        self.cfg, self.set_keys, self.dist, self.device = cfg, set_keys, dist, dist.device
+        self.dtype = resolve_dtype(cfg['dtype'], self.device)
+        self.accum, self.accum_total = split_accumulation(cfg['gradient_accumulation_steps'], dist.world_size)
+        self.B, self.T = cfg['batch_size'], cfg['block_size']
+        self.tokens_per_iter = self.accum_total * self.B * self.T
+        self.data_path, self.meta, self.sizes = open_dataset(cfg, dist)
+        if ckpt is not None and (ckpt['meta'].get('tokenizer'), ckpt['meta'].get('vocab_size')) != \
+                (self.meta.get('tokenizer'), self.meta.get('vocab_size')):
+            raise UsageError(f"{self.data_path} uses tokenizer {self.meta.get('tokenizer')} ({self.meta.get('vocab_size')} "
+                             f"ids), the checkpoint was trained with {ckpt['meta'].get('tokenizer')} "
+                             f"({ckpt['meta'].get('vocab_size')} ids)")
+        self._build_model(ckpt)
+        self.log = RunLog(cfg['out_dir'], enabled=dist.master, total=cfg['max_iters'], fresh=ckpt is None,
+                          resume_from=self.iter_num)   # on resume, rows past the checkpoint go: they are redone
+        self.start_iter, self.last_saved_iter, self.last_val, self.last_eval_iter = self.iter_num, None, None, None
+        self.ckpt_iter = None if ckpt is None else self.iter_num   # the iteration of the checkpoint on disk
+        # The step never waits for the device: the loss stays a tensor, summed here, and is read (a sync) only
+        # for a log row, as in nanoGPT. The time between rows, evaluation left out, gives tokens/s and MFU.
+        self.loss_acc = torch.zeros((), device=self.device)
+        self.t_log, self.iters_since_log, self.tok_per_s = time.time(), 0, None
+        self.timed = []                                # (iters, seconds) of each row: the first holds the warm-up
+        self.t_start, self.peak = time.time(), peak_flops(self.device, self.dtype)
 
-
-def resume_hint(cfg, set_keys):
-    """'resume with: python train_gpt.py --init_from=resume ...': the checkpoint restores all but these keys."""
-    keys = [k for k in ('out_dir', 'device', 'dtype', 'compile') if k in set_keys and cfg[k] != DEFAULTS[k]]
-    return "resume with: " + resume_command('train_gpt.py', {'init_from': 'resume', **{k: cfg[k] for k in keys}})
-
-
-def train(cfg, set_keys, dist, ckpt_path):
-    ckpt = None
-    if cfg['init_from'] == 'scratch':
-        check_out_dir([ckpt_path], cfg['overwrite'], dist.master)
-    if cfg['init_from'] == 'resume':
-        if not os.path.isfile(ckpt_path):
-            raise UsageError(f"no checkpoint at {ckpt_path} to resume from; start one with: "
-                             f"python train_gpt.py --out_dir={cfg['out_dir']}")
-        ckpt = load_checkpoint(ckpt_path, map_location=dist.device)
-        if ckpt.get('kind') == 'vit':
-            raise UsageError(f"{ckpt_path} is a vision checkpoint (train_vit.py), not a language model")
-        missing = {'model', 'optimizer', 'model_args', 'iter_num', 'config', 'meta'} - set(ckpt)
-        if missing:
-            raise UsageError(f"{ckpt_path} is not a train_gpt.py checkpoint (no {', '.join(sorted(missing))})")
-        cfg = resume_config(cfg, set_keys, ckpt)
-        set_keys = set_keys | set(ckpt.get('set_keys', ()))
-
-    master, device = dist.master, dist.device
-    device_type = device.split(':')[0]
-    dtype = resolve_dtype(cfg['dtype'], device)
-    use_compile = cfg['compile'] == 'true' or (cfg['compile'] == 'auto' and device_type == 'cuda')
-    accum, accum_total = split_accumulation(cfg['gradient_accumulation_steps'], dist.world_size)
-    B, T = cfg['batch_size'], cfg['block_size']
-    tokens_per_iter = accum_total * B * T
-
-    # data
-    data_path, meta, sizes = open_dataset(cfg, dist)
-    check_block_size(T, sizes, data_path)
-    if ckpt is not None and (ckpt['meta'].get('tokenizer'), ckpt['meta'].get('vocab_size')) != \
-            (meta.get('tokenizer'), meta.get('vocab_size')):
-        raise UsageError(f"{data_path} uses tokenizer {meta.get('tokenizer')} ({meta.get('vocab_size')} ids), the "
-                         f"checkpoint was trained with {ckpt['meta'].get('tokenizer')} "
-                         f"({ckpt['meta'].get('vocab_size')} ids)")
-
-    # model
-    seed_everything(cfg['seed'])  # the same on every process: they start from the same weights
-    if ckpt is None:
-        vocab = 64 * math.ceil(meta['vocab_size'] / 64)  # 256 for bytes; gpt2's 50257 -> 50304, faster matmuls
-        model_args = dict(block_size=T, vocab_size=vocab, n_layer=cfg['n_layer'], n_head=cfg['n_head'],
-                          n_embd=cfg['n_embd'], dropout=cfg['dropout'], bias=cfg['bias'], attn=cfg['attn'],
-                          token_shift=cfg['token_shift'])
-        iter_num, best_val_loss = 0, float('inf')
-    else:
-        model_args = dict(ckpt['model_args'], dropout=cfg['dropout'])
-        iter_num, best_val_loss = int(ckpt['iter_num']), float(ckpt.get('best_val_loss', float('inf')))
-    try:
-        model = tost.GPT(tost.GPTConfig(**model_args))
-    except (ValueError, TypeError) as e:
-        raise UsageError(f"bad model config: {e}") from None
-    if ckpt is not None:
+    def _build_model(self, ckpt):
+        cfg, device = self.cfg, self.device
+        seed_everything(cfg['seed'])  # the same on every process: they start from the same weights
+        if ckpt is None:
+            vocab = 64 * math.ceil(self.meta['vocab_size'] / 64)  # bytes 256; gpt2's 50257 -> 50304, faster matmuls
+            self.model_args = dict(block_size=self.T, vocab_size=vocab, dropout=cfg['dropout'],
+                                   **{k: cfg[k] for k in MODEL_KEYS})
+            self.iter_num, self.best_val_loss, self.elapsed, self.tokens = 0, float('inf'), 0.0, 0
+        else:
+            self.model_args = dict(ckpt['model_args'], dropout=cfg['dropout'])
+            self.iter_num, self.best_val_loss = int(ckpt['iter_num']), float(ckpt.get('best_val_loss', float('inf')))
+            self.elapsed = float(ckpt.get('elapsed_s', 0.0))
+            self.tokens = int(ckpt.get('tokens', self.iter_num * self.tokens_per_iter))   # tokens seen so far
         try:
-            model.load_state_dict(strip_compile_prefix(ckpt['model']))
-        except RuntimeError as e:
-            raise UsageError(f"{ckpt_path} does not fit the model it describes ({str(e).splitlines()[0]})") from None
-    model.to(device)
-    scaler = make_grad_scaler(device, dtype)
-    optimizer = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
-                                           (cfg['beta1'], cfg['beta2']), device_type)
-    if ckpt is not None:
-        optimizer.load_state_dict(ckpt['optimizer'])
-        if ckpt.get('scaler'):
-            scaler.load_state_dict(ckpt['scaler'])
-    ckpt = None  # free the memory
-    raw_model = model
-    if use_compile:
-        model = torch.compile(model)
-    train_model = DDP(model, device_ids=[dist.local_rank] if device_type == 'cuda' else None) if dist.ddp else model
-    # The tests run compile, DDP (over gloo), autocast with the GradScaler and fused AdamW (forced) on CPU.
-    # GPU only, so untested: the device pick in train_common.setup_distributed, read_batch's pinned copy,
-    # and the GPU's name in peak_flops (tested with a fake name).
-    ctx = autocast(device, dtype)
-    peak = peak_flops(device, dtype)
+            self.raw_model = tost.GPT(tost.GPTConfig(**self.model_args))
+            if ckpt is not None:
+                self.raw_model.load_state_dict(strip_compile_prefix(ckpt['model']))
+        except (ValueError, TypeError, RuntimeError) as e:
+            raise UsageError(f"bad model config or checkpoint: {str(e).splitlines()[0]}") from None
+        self.raw_model.to(device)
+        self.scaler = make_grad_scaler(device, self.dtype)
+        self.optimizer = self.raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
+                                                             (cfg['beta1'], cfg['beta2']), device.split(':')[0])
+        if ckpt is not None:
+            self.optimizer.load_state_dict(ckpt['optimizer'])
+            if ckpt.get('scaler'):
+                self.scaler.load_state_dict(ckpt['scaler'])
+        self.compiled = cfg['compile'] == 'true' or (cfg['compile'] == 'auto' and device.startswith('cuda'))
+        model = torch.compile(self.raw_model) if self.compiled else self.raw_model
+        self.model = DDP(model, device_ids=[self.dist.local_rank] if device.startswith('cuda') else None) \
+            if self.dist.ddp else model
+        self.ctx = autocast(device, self.dtype)
 
-    log = RunLog(cfg['out_dir'], enabled=master, total=cfg['max_iters'], fresh=cfg['init_from'] == 'scratch',
-                 resume_from=iter_num)  # on resume, rows past the checkpoint go: they are about to be redone
-    log.print(f"model: {raw_model.get_num_params() / 1e6:.2f}M params, attn={cfg['attn']}"
-              f"{' + token shift' if model_args.get('token_shift') else ''}, "
-              f"{cfg['n_layer']} layers x {cfg['n_head']} heads x {cfg['n_embd']}, vocab {model_args['vocab_size']}, "
-              f"context {T}")
-    log.print(f"data: {data_path}, {sizes['train']:,} train + {sizes['val']:,} val tokens ({meta.get('tokenizer')})")
-    if accum_total != cfg['gradient_accumulation_steps']:
-        log.print(f"note: gradient_accumulation_steps={cfg['gradient_accumulation_steps']} rounded up to {accum_total}, "
-                  f"a multiple of the {dist.world_size} processes: {tokens_per_iter:,} tokens per iter")
-    log.print(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x "
-              f"{B} x {T}; device {device}, {dtype}, compile {use_compile}")
-    if cfg['init_from'] == 'resume':
-        log.print(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
-        if iter_num >= cfg['max_iters']:
-            log.print(f"note: the checkpoint is at iter {iter_num} and max_iters is {cfg['max_iters']}: nothing to "
-                      f"do; pass a larger --max_iters to train on")
-        if cfg['max_iters'] > cfg['lr_decay_iters']:
-            log.print(f"note: the schedule decays to min_lr at iter {cfg['lr_decay_iters']} and stays there; "
-                      f"set --lr_decay_iters to stretch it")
+    def describe(self):
+        """What is about to run, in a few lines above the live table."""
+        cfg, log, m = self.cfg, self.log, self.model_args
+        log.print(f"model: {self.raw_model.get_num_params() / 1e6:.2f}M params, attn={m['attn']}"
+                  f"{' + token shift' if m.get('token_shift') else ''}, {m['n_layer']} layers x {m['n_head']} heads "
+                  f"x {m['n_embd']}, vocab {m['vocab_size']}, context {self.T}")
+        log.print(f"data: {self.data_path}, {self.sizes['train']:,} train + {self.sizes['val']:,} val tokens "
+                  f"({self.meta.get('tokenizer')})")
+        if self.accum_total != cfg['gradient_accumulation_steps']:
+            log.print(f"note: gradient_accumulation_steps={cfg['gradient_accumulation_steps']} rounded up to "
+                      f"{self.accum_total}, a multiple of the {self.dist.world_size} processes: "
+                      f"{self.tokens_per_iter:,} tokens per iter")
+        log.print(f"tokens per iter: {self.tokens_per_iter:,} = {self.dist.world_size} process(es) x {self.accum} "
+                  f"micro-steps x {self.B} x {self.T}; device {self.device}, {self.dtype}, compile {self.compiled}")
+        log.record({'kind': 'config', **cfg, **self.model_args, 'tokens_per_iter': self.tokens_per_iter,
+                    'params': self.raw_model.get_num_params()})   # for plot.py: what this run is
+        if self.ckpt_iter is not None:
+            log.print(f"resuming from {self.ckpt_path} at iter {self.iter_num} (best val loss {self.best_val_loss:.4f})")
+            if cfg['max_iters'] > cfg['lr_decay_iters']:
+                log.print(f"note: the schedule decays to min_lr at iter {cfg['lr_decay_iters']} and stays there; "
+                          f"set --lr_decay_iters to stretch it")
 
-    def lr_at(it):
-        return cosine_lr(it, cfg['learning_rate'], cfg['min_lr'], cfg['warmup_iters'], cfg['lr_decay_iters'])
+    def lr(self, it):
+        c = self.cfg
+        return cosine_lr(it, c['learning_rate'], c['min_lr'], c['warmup_iters'], c['lr_decay_iters'])
+
+    # --- one training step ------------------------------------------------------------------------------
+
+    def step(self):
+        """One optimizer step: accum micro-steps on each process, gradients averaged by DDP on the last."""
+        lr = self.lr(self.iter_num)
+        for group in self.optimizer.param_groups:
+            group['lr'] = lr
+        B, seed, rank = self.B, self.cfg['seed'], self.dist.rank
+        starts = window_starts(seed, 0, self.iter_num, self.accum_total * B, self.sizes['train'], self.T)
+
+        def micro_batch(micro):
+            m = rank * self.accum + micro    # the global micro-step: rows m*B .. m*B+B-1 of the batch
+            torch.manual_seed(micro_seed(seed, self.iter_num, m))   # dropout: the same on any process count
+            return read_batch(self.data_path, 'train', starts[m * B:m * B + B], self.T, self.device)
+
+        self.loss_acc += train_step(self.model, [lambda i=i: micro_batch(i) for i in range(self.accum)],
+                                    lambda model, x, y: model(x, y)[1], self.optimizer, self.scaler,
+                                    self.cfg['grad_clip'], self.ctx, self.dist.ddp)
+        self.iter_num += 1
+        self.iters_since_log += 1
+        self.tokens += self.tokens_per_iter
+        if self.iter_num % self.cfg['log_interval'] == 0 or self.iter_num == self.cfg['max_iters']:
+            self.log_row(lr)
+
+    def mean_loss(self):
+        """The loss of the iterations since the last row, averaged over them and over the processes."""
+        if self.dist.ddp:
+            torch.distributed.all_reduce(self.loss_acc)
+        value = self.loss_acc.item() / (self.iters_since_log * self.dist.world_size)
+        self.loss_acc.zero_()
+        return value
+
+    def log_row(self, lr):
+        train_loss = self.mean_loss()  # waits for the device: the time below covers the work done
+        if not math.isfinite(train_loss):  # the weights in memory are lost; those on disk are fine
+            raise Stop(f"the training loss is {train_loss} at iter {self.iter_num}: training diverged; stopped "
+                       f"without saving, {self.last_good()}; try a lower --learning_rate or --grad_clip", 3)
+        now = time.time()
+        per_iter = (now - self.t_log) / self.iters_since_log
+        self.timed.append((self.iters_since_log, now - self.t_log))
+        self.t_log, self.iters_since_log = now, 0
+        self.tok_per_s = self.tokens_per_iter / per_iter
+        row = dict(iter=self.iter_num, loss=train_loss, lr=lr, tok_per_s=self.tok_per_s, ms_per_iter=1000 * per_iter)
+        if self.peak is not None:
+            row['mfu'] = self.raw_model.estimate_mfu(self.B * self.accum, per_iter, T=self.T, peak_flops=self.peak)
+        self.log.show(row)
+        self.log.record(dict(iter=self.iter_num, kind='train', train_loss=train_loss, lr=lr,
+                             tokens_per_sec=self.tok_per_s, ms_per_iter=1000 * per_iter, mfu=row.get('mfu'),
+                             tokens=self.tokens, elapsed_s=self.elapsed_s()))
+
+    def elapsed_s(self):
+        """Seconds of this run so far, the runs it resumed included."""
+        return round(self.elapsed + time.time() - self.t_start, 2)
+
+    # --- evaluation and checkpoint ----------------------------------------------------------------------
 
     @torch.no_grad()
-    def estimate_loss():
+    def estimate_loss(self):
         """Mean loss over a fixed set of eval_iters batches per split, shared out among the processes."""
-        out = {}
-        model.eval()
+        out, dist, cfg = {}, self.dist, self.cfg
+        self.model.eval()
         for split, stream in (('train', 1), ('val', 2)):
-            total = torch.zeros((), device=device, dtype=sum_dtype(device))
+            total = torch.zeros((), device=self.device, dtype=sum_dtype(self.device))
             for k in range(dist.rank, cfg['eval_iters'], dist.world_size):
-                starts = window_starts(cfg['seed'], stream, k, B, sizes[split], T)
-                X, Y = read_batch(data_path, split, starts, T, device)
-                with ctx:
-                    _, loss = model(X, Y)
+                starts = window_starts(cfg['seed'], stream, k, self.B, self.sizes[split], self.T)
+                X, Y = read_batch(self.data_path, split, starts, self.T, self.device)
+                with self.ctx:
+                    loss = self.model(X, Y)[1]
                 total += loss.to(total.dtype)
             if dist.ddp:
                 torch.distributed.all_reduce(total)
             out[split] = total.item() / cfg['eval_iters']
-        model.train()
+        self.model.train()
         return out
 
-    def save(val_loss):
-        state = dict(model=strip_compile_prefix(raw_model.state_dict()), optimizer=optimizer.state_dict(),
-                     scaler=scaler.state_dict(), model_args=model_args, iter_num=iter_num,
-                     best_val_loss=best_val_loss, val_loss=val_loss, config=dict(cfg),
-                     set_keys=sorted(set_keys), meta=meta)
-        try:
-            atomic_save(state, ckpt_path)
-        except OSError as e:
-            old = f"; the previous {ckpt_path} is intact" if os.path.isfile(ckpt_path) else ""
-            raise Stop(f"could not save {ckpt_path} ({e.strerror or e}){old}", 1) from None
+    def evaluate(self):
+        """Estimate the losses, save a checkpoint if due, log a row and redraw loss.png."""
+        t_eval, cfg = time.time(), self.cfg
+        losses = self.estimate_loss()
+        self.last_val, self.last_eval_iter = losses['val'], self.iter_num
+        if not (math.isfinite(losses['val']) and math.isfinite(losses['train'])):
+            raise Stop(f"the eval loss is {losses['val']} at iter {self.iter_num}: training diverged; stopped "
+                       f"without saving, {self.last_good()}; try a lower --learning_rate", 3)
+        saved = False
+        if losses['val'] < self.best_val_loss or cfg['always_save_checkpoint']:
+            self.best_val_loss = min(self.best_val_loss, losses['val'])
+            if self.iter_num > 0:
+                self.save(losses['val'])
+                saved = True
+        self.log.record(dict(iter=self.iter_num, kind='eval', train_loss=losses['train'], val_loss=losses['val'],
+                             lr=self.lr(self.iter_num), tokens_per_sec=self.tok_per_s, saved=saved,
+                             tokens=self.tokens, elapsed_s=self.elapsed_s()))
+        self.log.show(dict(iter=self.iter_num, train_loss=losses['train'], val_loss=losses['val']))
+        self.log.draw()
+        self.t_log += time.time() - t_eval  # evaluation (and drawing) time is not training time
 
-    def last_good():
-        if ckpt_iter is None:
+    def save(self, val_loss):
+        """ckpt.pt, written by rank 0 atomically; every rank notes the iteration (they branch on it alike)."""
+        if self.dist.master:
+            state = dict(model=strip_compile_prefix(self.raw_model.state_dict()),
+                         optimizer=self.optimizer.state_dict(), scaler=self.scaler.state_dict(),
+                         model_args=self.model_args, iter_num=self.iter_num, best_val_loss=self.best_val_loss,
+                         val_loss=val_loss, config=dict(self.cfg), set_keys=sorted(self.set_keys), meta=self.meta,
+                         elapsed_s=self.elapsed_s(), tokens=self.tokens)
+            try:
+                atomic_save(state, self.ckpt_path)
+            except OSError as e:
+                old = f"; the previous {self.ckpt_path} is intact" if os.path.isfile(self.ckpt_path) else ""
+                raise Stop(f"could not save {self.ckpt_path} ({e.strerror or e}){old}", 1) from None
+        self.last_saved_iter = self.ckpt_iter = self.iter_num
+
+    def last_good(self):
+        if self.ckpt_iter is None:
             return "no checkpoint was saved before it"
-        return f"the last good checkpoint is {ckpt_path} (iter {ckpt_iter})"
+        return f"the last good checkpoint is {self.ckpt_path} (iter {self.ckpt_iter})"
 
-    def interrupted(signal_name):
-        """Ctrl-C or SIGTERM at a step boundary: save here (master), then a Stop that says how to go on."""
-        how, resume = f"interrupted ({signal_name}) at iter {iter_num}", f"\n{resume_hint(cfg, set_keys)}"
-        if iter_num == ckpt_iter:
-            msg = f"{how}; {ckpt_path} is at this iter already{resume}"
-        elif iter_num == start_iter:
+    # --- interrupt --------------------------------------------------------------------------------------
+
+    def resume_hint(self):
+        return resume_command('train_gpt.py', self.cfg, self.set_keys, DEFAULTS)
+
+    def interrupted(self, signal_name):
+        """Ctrl-C or SIGTERM at a step boundary: save here (rank 0), then a Stop that says how to go on."""
+        how, resume = f"interrupted ({signal_name}) at iter {self.iter_num}", f"\n{self.resume_hint()}"
+        if self.iter_num == self.ckpt_iter:
+            msg = f"{how}; {self.ckpt_path} is at this iter already{resume}"
+        elif self.iter_num == self.start_iter:
             msg = f"{how}, before the first step: nothing to save"
-        elif not cfg['always_save_checkpoint'] and ckpt_iter is not None:
-            msg = (f"{how}; not saved: always_save_checkpoint=False keeps {ckpt_path} as the best model so far "
-                   f"(iter {ckpt_iter}), and a resume goes on from there{resume}")
-        elif iters_since_log and not math.isfinite(mean_loss()):  # all ranks: a collective
-            msg = f"{how}; not saved: the training loss is not finite (diverged); {last_good()}"
+        elif not self.cfg['always_save_checkpoint'] and self.ckpt_iter is not None:
+            msg = (f"{how}; not saved: always_save_checkpoint=False keeps {self.ckpt_path} as the best model so "
+                   f"far (iter {self.ckpt_iter}), and a resume goes on from there{resume}")
+        elif self.iters_since_log and not math.isfinite(self.mean_loss()):  # all ranks: a collective
+            msg = f"{how}; not saved: the training loss is not finite (diverged); {self.last_good()}"
         else:
-            if master:
-                save(last_val if last_eval_iter == iter_num else None)
-            msg = f"{how}: saved {ckpt_path}{resume}"
-        if dist.ddp:
+            self.save(self.last_val if self.last_eval_iter == self.iter_num else None)
+            msg = f"{how}: saved {self.ckpt_path}{resume}"
+        if self.dist.ddp:
             torch.distributed.barrier()  # the other ranks wait while rank 0 writes
         return Stop(msg, 130)
 
-    start_iter, last_saved_iter, last_val, last_eval_iter = iter_num, None, None, None
-    ckpt_iter = start_iter if cfg['init_from'] == 'resume' else None  # the iter of the checkpoint on disk
-    # The step never waits for the device: the loss stays a tensor, summed here, and is read (.item(), a sync)
-    # only for a log row, as in nanoGPT. Time between rows, eval excluded, gives tokens/s and MFU.
-    loss_acc = torch.zeros((), device=device)  # this process's loss summed over the iterations since the last row
-    t_log, iters_since_log, tok_per_s = time.time(), 0, None
-    timed = [[0, 0.0], [0, 0.0]]  # (iters, seconds) of the first row (compilation, warm-up), of the others
-    t_start = time.time()
+    def stopped_now(self):
+        """A second Ctrl-C: out at once, without saving."""
+        hint = f"\n{self.resume_hint()}" if self.ckpt_iter is not None else ""
+        return Stop(f"interrupted at iter {self.iter_num}, not saved; {self.last_good()}{hint}", 130)
 
-    def mean_loss():
-        """The loss of the iterations since the last row, averaged over them and over the processes."""
-        if dist.ddp:
-            torch.distributed.all_reduce(loss_acc)
-        value = loss_acc.item() / (iters_since_log * dist.world_size)
-        loss_acc.zero_()
-        return value
+    # --- the loop and the summary -----------------------------------------------------------------------
 
-    try:
-        with GracefulStop(dist) as stop:
-            while True:
-                # eval and checkpoint at every eval_interval and at the end (not again right after a resume)
-                if (iter_num % cfg['eval_interval'] == 0 or iter_num == cfg['max_iters']) and \
-                        not (cfg['init_from'] == 'resume' and iter_num == start_iter):
-                    t_eval = time.time()
-                    losses = estimate_loss()
-                    last_val, last_eval_iter = losses['val'], iter_num
-                    if not (math.isfinite(losses['val']) and math.isfinite(losses['train'])):
-                        raise Stop(f"the eval loss is {losses['val']} at iter {iter_num}: training diverged; "
-                                   f"stopped without saving, {last_good()}; try a lower --learning_rate", 3)
-                    saved = False
-                    if losses['val'] < best_val_loss or cfg['always_save_checkpoint']:
-                        best_val_loss = min(best_val_loss, losses['val'])
-                        if iter_num > 0:
-                            if master:
-                                save(losses['val'])
-                            last_saved_iter = ckpt_iter = iter_num  # on every rank: they branch on it alike
-                            saved = True
-                    log.record(dict(iter=iter_num, kind='eval', train_loss=losses['train'], val_loss=losses['val'],
-                                    lr=lr_at(iter_num), tokens_per_sec=tok_per_s, saved=saved,
-                                    elapsed_s=round(time.time() - t_start, 2)))
-                    log.show(dict(iter=iter_num, train_loss=losses['train'], val_loss=losses['val']))
-                    t_log += time.time() - t_eval  # eval time is not training time
-                if iter_num >= cfg['max_iters']:
-                    break
-                if stop.requested():  # Ctrl-C or SIGTERM on any rank: all stop here, at the same step
-                    raise interrupted(stop.signal or 'on another rank')
+    def train(self):
+        cfg = self.cfg
+        try:
+            with GracefulStop(self.dist) as stop:
+                while True:
+                    # eval and checkpoint at every eval_interval and at the end (not again right after a resume)
+                    if (self.iter_num % cfg['eval_interval'] == 0 or self.iter_num == cfg['max_iters']) \
+                            and self.iter_num != self.ckpt_iter:
+                        self.evaluate()
+                    if self.iter_num >= cfg['max_iters']:
+                        break
+                    if stop.requested():  # Ctrl-C or SIGTERM on any rank: all stop here, at the same step
+                        raise self.interrupted(stop.signal or 'on another rank')
+                    self.step()
+        except KeyboardInterrupt:  # a second Ctrl-C
+            raise self.stopped_now() from None
+        except Exception as e:
+            if isinstance(e, torch.OutOfMemoryError) or isinstance(e, RuntimeError) and 'out of memory' in str(e):
+                B, accum = self.B, self.accum_total
+                raise Stop(f"out of memory at iter {self.iter_num} with batch_size={B}, block_size={self.T} on "
+                           f"{self.device}; try --batch_size={max(1, B // 2)} --gradient_accumulation_steps="
+                           f"{2 * accum} (same tokens per step, half the memory)", 2) from None
+            raise
+        finally:
+            self.log.close()
 
-                # one optimizer step: accum micro-steps on each process, gradients averaged by DDP on the last
-                lr = lr_at(iter_num)
-                for group in optimizer.param_groups:
-                    group['lr'] = lr
-                starts = window_starts(cfg['seed'], 0, iter_num, accum_total * B, sizes['train'], T)
-                for micro in range(accum):
-                    m = dist.rank * accum + micro  # the global micro-step: rows m*B .. m*B+B-1 of the batch
-                    X, Y = read_batch(data_path, 'train', starts[m * B:m * B + B], T, device)
-                    torch.manual_seed(micro_seed(cfg['seed'], iter_num, m))  # dropout: the same on any process count
-                    sync = not dist.ddp or micro == accum - 1
-                    with contextlib.nullcontext() if sync else train_model.no_sync():  # no all-reduce until the last
-                        with ctx:
-                            _, loss = train_model(X, Y)
-                            loss = loss / accum
-                        scaler.scale(loss).backward()
-                    loss_acc += loss.detach()
-                if cfg['grad_clip'] > 0:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg['grad_clip'])
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                iter_num += 1
-                iters_since_log += 1
-
-                if iter_num % cfg['log_interval'] == 0 or iter_num == cfg['max_iters']:
-                    train_loss = mean_loss()  # waits for the device: the time below covers the work done
-                    if not math.isfinite(train_loss):  # the weights in memory are lost; those on disk are fine
-                        raise Stop(f"the training loss is {train_loss} at iter {iter_num}: training diverged; "
-                                   f"stopped without saving, {last_good()}; try a lower --learning_rate or "
-                                   f"--grad_clip", 3)
-                    now = time.time()
-                    per_iter = (now - t_log) / iters_since_log
-                    slot = timed[1] if timed[0][0] else timed[0]
-                    slot[0], slot[1] = slot[0] + iters_since_log, slot[1] + now - t_log
-                    t_log, iters_since_log = now, 0
-                    tok_per_s = tokens_per_iter / per_iter
-                    row = dict(iter=iter_num, loss=train_loss, lr=lr, tok_per_s=tok_per_s, ms_per_iter=1000 * per_iter)
-                    if peak is not None:
-                        row['mfu'] = raw_model.estimate_mfu(B * accum, per_iter, T=T, peak_flops=peak)
-                    log.show(row)
-                    log.record(dict(iter=iter_num, kind='train', train_loss=train_loss, lr=lr, tokens_per_sec=tok_per_s,
-                                    ms_per_iter=1000 * per_iter, mfu=row.get('mfu'),
-                                    elapsed_s=round(time.time() - t_start, 2)))
-    except KeyboardInterrupt:  # a second Ctrl-C: out now, without saving
-        raise Stop(f"interrupted at iter {iter_num}, not saved; {last_good()}"
-                   + (f"\n{resume_hint(cfg, set_keys)}" if ckpt_iter is not None else ""), 130) from None
-    except Exception as e:
-        if is_oom(e):
-            raise Stop(f"out of memory at iter {iter_num} with batch_size={B}, block_size={T} on {device}; try "
-                       f"--batch_size={max(1, B // 2)} --gradient_accumulation_steps={2 * accum_total} "
-                       f"(same tokens per step, half the memory)", 2) from None
-        raise
-    finally:
-        log.close()
-
-    # the end: what the user wants to know, in two lines
-    if master:
-        n, secs = timed[1] if timed[1][0] else timed[0]  # leave out the first row's compilation if there is more
-        rate = f" ({n * tokens_per_iter / secs:,.0f} tokens/s training)" if secs > 0 else ''
-        where = (f"saved {ckpt_path} (iter {last_saved_iter})" if last_saved_iter is not None else
-                 f"{ckpt_path} not updated (val loss did not improve on {best_val_loss:.4f})"
-                 if os.path.isfile(ckpt_path) else "no checkpoint saved")
-        val = f"val loss {last_val:.4f}" if last_val is not None else "no new eval"
-        print(f"done: {iter_num} iters in {human_time(time.time() - t_start)}{rate}; {val}; {where}", flush=True)
-        if os.path.isfile(ckpt_path):
-            flag = '' if cfg['out_dir'] == 'out' else f" --out_dir={cfg['out_dir']}"
+    def summary(self):
+        """The end: what the user wants to know, in two lines."""
+        rows = self.timed[1:] or self.timed        # leave out the first row's warm-up (and compilation)
+        n, secs = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        rate = f" ({n * self.tokens_per_iter / secs:,.0f} tokens/s training)" if secs > 0 else ''
+        path, trained = self.ckpt_path, self.iter_num - self.start_iter
+        where = (f"saved {path} (iter {self.last_saved_iter})" if self.last_saved_iter is not None else
+                 f"{path} not updated (val loss did not improve on {self.best_val_loss:.4f})"
+                 if os.path.isfile(path) else "no checkpoint saved")
+        val = f"val loss {self.last_val:.4f}" if self.last_val is not None else "no new eval"
+        print(f"done: {trained} iters in {human_time(time.time() - self.t_start)}{rate}, at iter {self.iter_num}; "
+              f"{val}; {where}", flush=True)
+        if os.path.isfile(path):
+            flag = '' if self.cfg['out_dir'] == 'out' else f" --out_dir={self.cfg['out_dir']}"
             print(f"sample from it: python sample.py{flag}", flush=True)
-    return dict(iter_num=iter_num, val_loss=last_val, best_val_loss=best_val_loss)
+
+
+def train(cfg, set_keys, dist):
+    run = Trainer(cfg, set_keys, dist)
+    if run.iter_num >= run.cfg['max_iters']:
+        if dist.master:
+            print(f"nothing to do: {run.ckpt_path} is at iter {run.iter_num} and --max_iters is "
+                  f"{run.cfg['max_iters']}; pass a larger --max_iters to train on", flush=True)
+        run.log.close()
+        return dict(iter_num=run.iter_num, val_loss=None, best_val_loss=run.best_val_loss)
+    run.describe()
+    run.train()
+    if dist.master:
+        run.summary()
+    return dict(iter_num=run.iter_num, val_loss=run.last_val, best_val_loss=run.best_val_loss)
+
+
+def main(argv=None):
+    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, PRESETS)
+    return launch(train, check_config(cfg, set_keys), set_keys)
 
 
 if __name__ == '__main__':

@@ -39,17 +39,15 @@ What you get in out_dir:
                  it falling with depth: the layers compress. The terminal shows it as a bar per layer.
     viz/         a PNG per test image: top row the image and the CLS token's class-attention map per head;
                  bottom row the head that claims each patch (argmax of Pi), then Pi per head of TSSA layer
-                 viz_layer. Colours: dark (viridis purple) is low, yellow high, one scale per row.
+                 viz_layer. Colours: viridis, dark is low and yellow high, one scale per row.
 
 Data stays on the device as uint8; augmentation (pad-4 random crop, horizontal flip, optional
 mixup/cutmix) runs there in torch, so the CPU does not feed the GPU.
 """
 import math
 import os
-import struct
 import sys
 import time
-import zlib
 from dataclasses import asdict
 
 import numpy as np
@@ -58,39 +56,38 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tost
-from prepare_data import DataError, load_meta
-from train_common import (GracefulStop, RunLog, Stop, UsageError, atomic_save, autocast, check_out_dir,
-                          cleanup_distributed, cosine_lr, human_time, load_checkpoint, make_grad_scaler,
-                          parse_overrides, print_help_if_asked, resolve_dtype, resume_command, run_main,
-                          seed_everything, setup_distributed, strip_compile_prefix, sum_dtype)
+from options import UsageError, parse, run_main
+from tokenizer import load_meta
+from train_common import (GracefulStop, RunLog, Stop, atomic_save, autocast, check_out_dir, cosine_lr, human_time,
+                          launch, load_checkpoint, make_grad_scaler, resolve_dtype, resume_command, seed_everything,
+                          strip_compile_prefix, sum_dtype, train_step)
 
 # -----------------------------------------------------------------------------
-# default config values: tost-cifar on CIFAR-10, from scratch. Override with --key=value.
+# default cfg values: tost-cifar on CIFAR-10, from scratch. Override with --key=value.
 DEFAULTS = dict(
     # data and I/O
     dataset='cifar10',          # a folder under data_dir made by prepare_data.py (cifar10, cifar100)
-    data_dir='data',
+    data_dir='data',            # where prepare_data.py puts datasets
     out_dir='out-vit',          # ckpt.pt, best.pt, log.jsonl, viz/
-    init_from='scratch',        # 'scratch', 'resume' (out_dir/ckpt.pt), 'best' (out_dir/best.pt), or a .pt path
-                                # (best or a path: for --eval_only, or its weights with a fresh optimizer)
+    init_from='scratch',        # scratch, resume (out_dir/ckpt.pt), best (out_dir/best.pt: --eval_only) or a .pt
     overwrite=False,            # a new run into an out_dir that holds ckpt.pt/best.pt: delete them (else refuse)
     eval_only=False,            # evaluate the init_from checkpoint, write the pictures, exit
     # model
     model='tost-cifar',         # a vision preset of tost.py: tost-cifar, tost-cifar-tiny, tost-t, tost-s, tost-m
-    attn='tssa',                # 'tssa' (ToST) or 'softmax' (the baseline, everything else equal)
+    attn='tssa',                # tssa (ToST) or softmax (the baseline, everything else equal)
     lpi=False,                  # not in the paper: XCiT's local patch interaction (3x3 depthwise convs) per block
     drop_path=0.0,              # stochastic depth; if not set, the preset's (tost-s 0.05, tost-m 0.15)
     # optimisation: AdamW, linear warmup then cosine, per step
-    epochs=100,
+    epochs=100,                 # passes over the training images
     batch_size=128,             # images per step per process
     learning_rate=1e-3,         # peak
     min_lr=1e-5,                # at the end of the cosine
     weight_decay=0.05,          # matrices only (tost.param_groups)
-    beta1=0.9,
-    beta2=0.999,
+    beta1=0.9,                  # AdamW's first-moment decay
+    beta2=0.999,                # AdamW's second-moment decay
     grad_clip=1.0,              # max gradient norm; 0 disables
-    warmup_epochs=5.0,
-    label_smoothing=0.1,
+    warmup_epochs=5.0,          # linear warmup, then the cosine
+    label_smoothing=0.1,        # of the cross-entropy targets
     mixup=0.0,                  # Beta(alpha, alpha) of mixup; 0 disables (the paper's ImageNet recipe: 0.8)
     cutmix=0.0,                 # the same for cutmix (paper: 1.0); with both on, each step picks one
     max_steps=0,                # cap on steps per epoch, for smoke tests; 0: the whole epoch
@@ -104,7 +101,7 @@ DEFAULTS = dict(
     device='auto',              # auto, cpu, cuda, cuda:N, mps
     dtype='auto',               # auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16, float32
     compile=False,              # torch.compile the model
-    seed=1337,
+    seed=1337,                  # model init, augmentation and the data order follow from it
 )
 PAPER_SHAPES = ('tost-t', 'tost-s', 'tost-m')  # 224px / patch 16 in the paper
 MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'eval_only', 'overwrite')  # not resumed
@@ -116,10 +113,7 @@ MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'eval_only
 def load_images(data_dir, name, device):
     """(meta, train x, train y, test x, test y): images (N, C, H, W) uint8 and labels (N,) int64, on device."""
     folder = os.path.join(data_dir, name)
-    try:
-        meta = load_meta(folder)
-    except DataError as e:
-        raise UsageError(' '.join(str(e).split())) from None
+    meta = load_meta(folder)
     if meta.get('kind') != 'images':
         raise UsageError(f"{folder} holds a {meta.get('kind')} dataset, not images; train it with train_gpt.py")
     arrays = []
@@ -212,10 +206,10 @@ def eval_shard(n, rank, world_size):
 # model and checkpoints
 
 
-def checkpoint_path(config):
-    init = config['init_from']
-    return {'resume': os.path.join(config['out_dir'], 'ckpt.pt'),
-            'best': os.path.join(config['out_dir'], 'best.pt')}.get(init, init)
+def checkpoint_path(cfg):
+    init = cfg['init_from']
+    return {'resume': os.path.join(cfg['out_dir'], 'ckpt.pt'),
+            'best': os.path.join(cfg['out_dir'], 'best.pt')}.get(init, init)
 
 
 def check_vit_checkpoint(ckpt, path):
@@ -227,36 +221,36 @@ def check_vit_checkpoint(ckpt, path):
     raise UsageError(f"{path} is not a train_vit.py checkpoint (no kind='vit' with model and model_args)")
 
 
-def model_config(config, set_keys, meta, image_shape, ckpt=None, path=None):
+def model_config(cfg, set_keys, meta, image_shape, ckpt=None, path=None):
     """The ViTConfig: the preset with the dataset's classes and image size, or the checkpoint's own."""
     C, H, W = image_shape
     if ckpt is not None:
         args = dict(ckpt['model_args'])
         for key, ck in (('model', ckpt.get('config', {}).get('model')), ('attn', args.get('attn')),
                         ('lpi', args.get('lpi', False))):
-            if key in set_keys and ck is not None and config[key] != ck:
-                raise UsageError(f"--{key}={config[key]} but {path} holds a {key}={ck} model")
+            if key in set_keys and ck is not None and cfg[key] != ck:
+                raise UsageError(f"--{key}={cfg[key]} but {path} holds a {key}={ck} model")
         if args.get('num_classes') != meta['num_classes']:
-            raise UsageError(f"{path} has {args.get('num_classes')} classes but {config['dataset']} has "
-                             f"{meta['num_classes']}; use a checkpoint trained on {config['dataset']}")
+            raise UsageError(f"{path} has {args.get('num_classes')} classes but {cfg['dataset']} has "
+                             f"{meta['num_classes']}; use a checkpoint trained on {cfg['dataset']}")
         if args.get('in_chans') != C:
-            raise UsageError(f"{path} takes {args.get('in_chans')}-channel images, {config['dataset']} has {C}")
+            raise UsageError(f"{path} takes {args.get('in_chans')}-channel images, {cfg['dataset']} has {C}")
     else:
-        spec = tost.PRESETS.get(config['model'])
+        spec = tost.PRESETS.get(cfg['model'])
         if spec is None or spec['kind'] != 'vit':
             names = [k for k, v in tost.PRESETS.items() if v['kind'] == 'vit']
-            raise UsageError(f"--model={config['model']} is not a vision preset; choose one of {', '.join(names)}")
-        if config['attn'] not in tost.ATTN_KINDS:
-            raise UsageError(f"--attn={config['attn']}: choose one of {', '.join(tost.ATTN_KINDS)}")
-        args = asdict(tost.preset(config['model']))
-        if config['model'] in PAPER_SHAPES and H <= 64:
+            raise UsageError(f"--model={cfg['model']} is not a vision preset; choose one of {', '.join(names)}")
+        if cfg['attn'] not in tost.ATTN_KINDS:
+            raise UsageError(f"--attn={cfg['attn']}: choose one of {', '.join(tost.ATTN_KINDS)}")
+        args = asdict(tost.preset(cfg['model']))
+        if cfg['model'] in PAPER_SHAPES and H <= 64:
             args['patch_size'] = 4                              # 32px: an 8x8 grid (224px / 16 is 14x14)
-        args.update(num_classes=meta['num_classes'], in_chans=C, attn=config['attn'], lpi=config['lpi'])
+        args.update(num_classes=meta['num_classes'], in_chans=C, attn=cfg['attn'], lpi=cfg['lpi'])
         if 'drop_path' in set_keys:
-            args['drop_path'] = config['drop_path']
+            args['drop_path'] = cfg['drop_path']
     p = args['patch_size']
     if H % p or W % p:
-        raise UsageError(f"{config['dataset']} has {H}x{W} images, which {p}x{p} patches do not tile; "
+        raise UsageError(f"{cfg['dataset']} has {H}x{W} images, which {p}x{p} patches do not tile; "
                          f"this model needs image sides that are multiples of {p}")
     args['img_size'] = H
     try:
@@ -324,117 +318,44 @@ def compression_chart(values, n_images, width=32):
     return lines
 
 
-def write_png(path, array):
-    """Write a uint8 image, (H, W) grey or (H, W, 3) RGB, as a PNG with the standard library only.
-    A PNG is the 8-byte signature, then chunks of (length, type, data, CRC-32 of type + data):
-    IHDR (width, height, bit depth 8, colour type 0 = grey or 2 = RGB, no interlace), IDAT (the rows,
-    each led by filter byte 0 = 'none', zlib-compressed as one stream) and an empty IEND."""
-    a = array.detach().cpu().numpy() if torch.is_tensor(array) else np.asarray(array)
-    if a.dtype != np.uint8 or not (a.ndim == 2 or (a.ndim == 3 and a.shape[2] == 3)) or 0 in a.shape:
-        raise ValueError(f"write_png wants a non-empty (H, W) or (H, W, 3) uint8 array, got {a.dtype} {a.shape}")
-    H, W = a.shape[:2]
-    rows = np.concatenate([np.zeros((H, 1), np.uint8), a.reshape(H, -1)], axis=1)   # filter byte, then pixels
-
-    def chunk(tag, data):
-        return struct.pack('>I', len(data)) + tag + data + struct.pack('>I', zlib.crc32(tag + data))
-
-    header = struct.pack('>IIBBBBB', W, H, 8, 0 if a.ndim == 2 else 2, 0, 0, 0)
-    with open(path, 'wb') as f:
-        f.write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) + chunk(b'IDAT', zlib.compress(rows.tobytes(), 6))
-                + chunk(b'IEND', b''))
-
-
-VIRIDIS = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], np.float64)
-HEAD_COLORS = np.array([[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189],
-                        [140, 86, 75], [227, 119, 194], [127, 127, 127], [188, 189, 34], [23, 190, 207]], np.uint8)
-
-
-def colorize(maps):
-    """(..., H, W) floats -> (..., H, W, 3) uint8 through a viridis-like map; one scale for all the maps
-    given (a row of heads), so heads can be compared: dark is the smallest value, yellow the largest."""
-    m = maps.astype(np.float64)
-    t = (m - m.min()) / max(m.max() - m.min(), 1e-12) * (len(VIRIDIS) - 1)
-    i = np.clip(np.floor(t).astype(int), 0, len(VIRIDIS) - 2)
-    frac = (t - i)[..., None]
-    return np.round(VIRIDIS[i] * (1 - frac) + VIRIDIS[i + 1] * frac).astype(np.uint8)
-
-
-def picture(image, cls_attn, pi, tile=128, gap=4):
-    """One grid: top row the image and the CLS attention per head; bottom row (TSSA only) the head with
-    the largest membership for each patch, then Pi per head. image (C, H, W) uint8, maps (heads, Hp, Wp)."""
-    C, H, W = image.shape
-    s = max(1, tile // H)
-    img = image.permute(1, 2, 0).numpy()
-    img = np.repeat(img, 3, axis=2) if C == 1 else img[..., :3]
-    up = lambda a, k: a.repeat(k, axis=0).repeat(k, axis=1)                  # nearest-neighbour upscale
-    k = s * H // cls_attn.shape[1]
-    rows = [[up(img, s)] + list(up(t, k) for t in colorize(cls_attn.numpy()))]
-    if pi is not None:
-        owner = HEAD_COLORS[pi.argmax(0).numpy() % len(HEAD_COLORS)]
-        rows.append([up(owner, k)] + list(up(t, k) for t in colorize(pi.numpy())))
-    th, tw = s * H, s * W
-    ncol = max(len(r) for r in rows)
-    canvas = np.full((len(rows) * (th + gap) + gap, ncol * (tw + gap) + gap, 3), 255, np.uint8)
-    for r, row in enumerate(rows):
-        for c, t in enumerate(row):
-            y0, x0 = gap + r * (th + gap), gap + c * (tw + gap)
-            canvas[y0:y0 + th, x0:x0 + tw] = t
-    return canvas
-
-
 @torch.no_grad()
-def look_inside(model, x, y, norm, config, meta, n_tssa):
+def look_inside(model, x, y, norm, cfg, meta, n_tssa):
     """Per-layer compression of the fixed test batch, and the PNGs. Runs on the master only, in float32.
     Returns (list of R^var_c per TSSA layer, lines to print)."""
-    n = max(config['compression_images'], config['viz_images'])
+    n = max(cfg['compression_images'], cfg['viz_images'])
     if n == 0:
         return [], []
     was_training = model.training
     model.eval()
-    out = model.inspect(norm(x[:n]), layer=config['viz_layer'] if n_tssa else -1)
-    v = min(config['viz_images'], len(x))
+    out = model.inspect(norm(x[:n]), layer=cfg['viz_layer'] if n_tssa else -1)
+    v = min(cfg['viz_images'], len(x))
     pred = model(norm(x[:v])).argmax(-1).tolist() if v else []
     model.train(was_training)
     lines, comp = [], []
-    if out['compression'] and config['compression_images']:
-        m = config['compression_images']
+    if out['compression'] and cfg['compression_images']:
+        m = cfg['compression_images']
         comp = [c[:m].float().mean().item() for c in out['compression']]
         lines += compression_chart(comp, min(m, len(x)))
     if v:
-        folder = os.path.join(config['out_dir'], 'viz')
-        os.makedirs(folder, exist_ok=True)
+        folder = os.path.join(cfg['out_dir'], 'viz')
         classes = meta.get('classes') or [str(i) for i in range(meta['num_classes'])]
-        names = []
-        for i in range(v):
-            pi = None if out['pi'] is None else out['pi'][i].cpu()
-            write_png(os.path.join(folder, f'test{i:04d}.png'), picture(x[i].cpu(), out['cls_attn'][i].cpu(), pi))
-            names.append(f"{i}: {classes[y[i]]}" + ("" if pred[i] == y[i] else f" (predicted {classes[pred[i]]})"))
-        layer = f", Pi of TSSA layer {config['viz_layer'] % n_tssa}" if n_tssa else ""
+        names = [f"{i}: {classes[y[i]]}" + ("" if pred[i] == y[i] else f" (predicted {classes[pred[i]]})")
+                 for i in range(v)]
+        try:
+            import plot                                        # matplotlib: an old environment may lack it
+            os.makedirs(folder, exist_ok=True)
+            for i in range(v):
+                plot.vision_maps(os.path.join(folder, f'test{i:04d}.png'), x[i].cpu(), out['cls_attn'][i].cpu(),
+                                 None if out['pi'] is None else out['pi'][i].cpu(), names[i])
+        except Exception as e:                                 # a picture never stops training
+            lines.append(f"could not draw the maps ({type(e).__name__}: {e}); training goes on")
+            return comp, lines
+        layer = f", Pi of TSSA layer {cfg['viz_layer'] % n_tssa}" if n_tssa else ""
         lines.append(f"wrote {v} PNG{'s' * (v > 1)} to {folder} (CLS attention{layer}): " + ", ".join(names))
     return comp, lines
 
 # -----------------------------------------------------------------------------
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if print_help_if_asked(argv, __doc__, DEFAULTS):
-        return None
-    config, set_keys = parse_overrides(argv, DEFAULTS)
-    check_config(config)
-    dist = setup_distributed(config['device'])
-    try:
-        return run(config, set_keys, dist)
-    except Stop as e:
-        e.exit(dist.master)
-    finally:
-        cleanup_distributed(dist)
-
-
-def resume_hint(config, set_keys):
-    """'resume with: python train_vit.py --init_from=resume ...': the checkpoint restores all but these keys."""
-    keys = [k for k in ('out_dir', 'device', 'dtype', 'compile') if k in set_keys and config[k] != DEFAULTS[k]]
-    return "resume with: " + resume_command('train_vit.py', {'init_from': 'resume', **{k: config[k] for k in keys}})
+# the run: set-up, one training step, evaluation and checkpoint, interrupt, summary
 
 
 def step_seed(seed, epoch, step, rank):
@@ -443,219 +364,271 @@ def step_seed(seed, epoch, step, rank):
     return int(np.random.SeedSequence([seed, epoch, step, rank]).generate_state(1)[0])
 
 
-def run(config, set_keys, dist):
-    device, master = dist.device, dist.master
-    device_type = device.split(':')[0]
-    dtype = resolve_dtype(config['dtype'], device)
+class Trainer:
+    def __init__(self, cfg, set_keys, dist):
+        """Set-up: the checkpoint to start from, the data on the device, the model and optimizer."""
+        self.dist, self.device = dist, dist.device
+        self.dtype = resolve_dtype(cfg['dtype'], self.device)
+        ckpt = path = None
+        if cfg['init_from'] != 'scratch':
+            path = checkpoint_path(cfg)
+            ckpt = load_checkpoint(path, map_location=self.device)
+            check_vit_checkpoint(ckpt, path)
+        if cfg['init_from'] == 'resume' and isinstance(ckpt.get('config'), dict):   # it goes on as it was
+            old = ckpt['config']
+            cfg = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in cfg.items()}
+        elif not cfg['eval_only']:  # a new run: it must not replace another run's checkpoints
+            if path and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
+                raise UsageError(f"training from {path} would overwrite the checkpoints beside it; "
+                                 f"pick another --out_dir (or --init_from=resume to go on)")
+            check_out_dir([os.path.join(cfg['out_dir'], f) for f in ('ckpt.pt', 'best.pt')], cfg['overwrite'],
+                          dist.master)
+        self.cfg, self.set_keys, self.path, self.ckpt_epoch = cfg, set_keys, path, ckpt and ckpt.get('epoch')
+        seed_everything(cfg['seed'], dist.rank)
+        self.meta, self.x_train, self.y_train, self.x_test, self.y_test = load_images(cfg['data_dir'], cfg['dataset'],
+                                                                                      self.device)
+        self.norm = normalizer(self.meta, self.device)
+        self.vit_config = model_config(cfg, set_keys, self.meta, tuple(self.x_train.shape[1:]), ckpt, path)
+        self.n_tssa = self.vit_config.n_layer if self.vit_config.attn == 'tssa' else 0
+        if self.n_tssa and not -self.n_tssa <= cfg['viz_layer'] < self.n_tssa:
+            raise UsageError(f"--viz_layer={cfg['viz_layer']}: the model has {self.n_tssa} TSSA layers "
+                             f"(0..{self.n_tssa - 1}, or -1 for the last)")
+        self.raw_model = tost.ViT(self.vit_config).to(self.device)
+        if ckpt is not None:
+            try:
+                self.raw_model.load_state_dict(strip_compile_prefix(ckpt['model']))
+            except RuntimeError as e:
+                raise UsageError(f"{path} does not fit its own model_args ({str(e).splitlines()[0]})") from None
+        if not cfg['eval_only']:
+            self._build_optimizer(ckpt)
 
-    # a checkpoint to start from; on resume the run goes on as it was: its config, then this command line's keys
-    ckpt = path = None
-    if config['init_from'] != 'scratch':
-        path = checkpoint_path(config)
-        ckpt = load_checkpoint(path, map_location=device)
-        check_vit_checkpoint(ckpt, path)
-    if config['init_from'] == 'resume' and isinstance(ckpt.get('config'), dict):
-        old = ckpt['config']
-        config = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in config.items()}
-    elif not config['eval_only']:  # a new run: it must not replace another run's checkpoints
-        if path and os.path.abspath(os.path.dirname(path)) == os.path.abspath(config['out_dir']):
-            raise UsageError(f"training from {path} would overwrite the checkpoints beside it; "
-                             f"pick another --out_dir (or --init_from=resume to go on)")
-        check_out_dir([os.path.join(config['out_dir'], f) for f in ('ckpt.pt', 'best.pt')], config['overwrite'],
-                      master)
-    seed_everything(config['seed'], dist.rank)
+    def _build_optimizer(self, ckpt):
+        cfg, dist = self.cfg, self.dist
+        self.optimizer = self.raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
+                                                             (cfg['beta1'], cfg['beta2']), self.device.split(':')[0])
+        self.scaler = make_grad_scaler(self.device, self.dtype)
+        n_train, bs = len(self.x_train), cfg['batch_size']
+        self.steps_per_epoch = -(-(-(-n_train // dist.world_size)) // bs)   # ceil(ceil(n / ranks) / batch)
+        if cfg['max_steps']:
+            self.steps_per_epoch = min(self.steps_per_epoch, cfg['max_steps'])
+        self.start_epoch, self.start_step, self.best_acc, self.loss_carry, self.elapsed = 0, 0, 0.0, 0.0, 0.0
+        self.ckpt_at = None                                          # (epoch, step) of the checkpoint on disk
+        if cfg['init_from'] == 'resume':
+            missing = [k for k in ('optimizer', 'epoch', 'best_acc') if k not in ckpt]
+            if missing:
+                raise UsageError(f"{self.path} cannot be resumed: it has no {', '.join(missing)}")
+            self.optimizer.load_state_dict(ckpt['optimizer'])
+            if ckpt.get('scaler'):
+                self.scaler.load_state_dict(ckpt['scaler'])
+            self.start_epoch, self.best_acc = int(ckpt['epoch']), float(ckpt['best_acc'])
+            self.start_step, self.loss_carry = int(ckpt.get('step', 0)), float(ckpt.get('epoch_loss_sum', 0.0))
+            self.elapsed, self.ckpt_at = float(ckpt.get('elapsed_s', 0.0)), (self.start_epoch, self.start_step)
+        # a checkpoint inside an epoch of another size (other batch or process count): redo that epoch
+        self.redo = self.start_step and (ckpt.get('steps_per_epoch'), ckpt.get('world_size')) != \
+            (self.steps_per_epoch, dist.world_size)
+        cfg['drop_path'] = self.vit_config.drop_path  # what the model uses, in the saved config
+        model = torch.compile(self.raw_model) if cfg['compile'] else self.raw_model
+        self.model = DDP(model, device_ids=[dist.local_rank] if self.device.startswith('cuda') else None) \
+            if dist.ddp else model
+        self.epoch, self.step_in_epoch = self.start_epoch, self.start_step
 
-    # data, on the device
-    meta, x_train, y_train, x_test, y_test = load_images(config['data_dir'], config['dataset'], device)
-    norm = normalizer(meta, device)
+    def describe(self, log):
+        c, cfg, dist = self.vit_config, self.cfg, self.dist
+        log.print(f"{cfg['model']} ({c.attn}{' + lpi' if c.lpi else ''}, {c.n_layer} layers, {c.n_embd} wide, "
+                  f"{(c.img_size // c.patch_size) ** 2} tokens): {self.raw_model.get_num_params() / 1e6:.2f}M params | "
+                  f"{cfg['dataset']}: {len(self.x_train)} train / {len(self.x_test)} test images, "
+                  f"{self.meta['num_classes']} classes | {dist.world_size} x {self.device} {self.dtype} | "
+                  f"{self.steps_per_epoch} steps of {dist.world_size} x {cfg['batch_size']} per epoch")
+        log.record({'kind': 'config', **cfg, 'attn': c.attn, 'lpi': c.lpi, 'params': self.raw_model.get_num_params()})
+        if cfg['init_from'] == 'resume':
+            log.print(f"resuming {self.path} after {self.where(self.start_epoch, self.start_step)} (best test "
+                      f"accuracy {self.best_acc:.4f})")
+        if self.redo:
+            log.print(f"note: the checkpoint stopped inside epoch {self.start_epoch + 1} with {self.start_step} "
+                      f"steps of another size; this run redoes that epoch from its start")
+            self.start_step = self.step_in_epoch = 0
+            self.loss_carry = 0.0
 
-    # model: fresh from a preset, or the checkpoint's shape and weights
-    vit_config = model_config(config, set_keys, meta, tuple(x_train.shape[1:]), ckpt, path)
-    n_tssa = vit_config.n_layer if vit_config.attn == 'tssa' else 0
-    if n_tssa and not -n_tssa <= config['viz_layer'] < n_tssa:
-        raise UsageError(f"--viz_layer={config['viz_layer']}: the model has {n_tssa} TSSA layers "
-                         f"(0..{n_tssa - 1}, or -1 for the last)")
-    raw_model = tost.ViT(vit_config).to(device)
-    if ckpt is not None:
-        try:
-            raw_model.load_state_dict(strip_compile_prefix(ckpt['model']))
-        except RuntimeError as e:
-            raise UsageError(f"{path} does not fit its own model_args ({str(e).splitlines()[0]})") from None
+    def where(self, epoch, step):
+        return f"epoch {epoch}" if step == 0 else f"epoch {epoch} + {step}/{self.steps_per_epoch} steps"
 
-    if config['eval_only']:
-        acc, loss, count = evaluate(raw_model, x_test, y_test, norm, config['batch_size'], device, dtype, dist)
-        if master:
-            with RunLog(config['out_dir'], filename='eval.jsonl', fresh=False) as log:
-                comp, lines = look_inside(raw_model, x_test, y_test, norm, config, meta, n_tssa)
-                print(f"{path} (epoch {ckpt.get('epoch')}): test accuracy {acc:.4f} ({round(acc * count)}/{count}), "
-                      f"test loss {loss:.4f}", flush=True)
+    # --- one training step ------------------------------------------------------------------------------
+
+    def step(self, epoch, step, shard):
+        """One optimizer step on this rank's next batch_size images, augmented on the device."""
+        cfg, C = self.cfg, self.meta['num_classes']
+        torch.manual_seed(step_seed(cfg['seed'], epoch, step, self.dist.rank))
+        spe = self.steps_per_epoch
+        lr = cosine_lr(epoch * spe + step, cfg['learning_rate'], cfg['min_lr'], cfg['warmup_epochs'] * spe,
+                       cfg['epochs'] * spe)
+        for group in self.optimizer.param_groups:
+            group['lr'] = lr
+        idx = shard[step * cfg['batch_size']:(step + 1) * cfg['batch_size']]
+        x, y = self.norm(random_crop_flip(self.x_train[idx])), self.y_train[idx]
+        smoothing = cfg['label_smoothing']
+        if cfg['mixup'] > 0 or cfg['cutmix'] > 0:      # soft targets: the smoothing is in them
+            x, y = mix(x, soft_targets(y, C, smoothing), cfg['mixup'], cfg['cutmix'])
+            smoothing = 0.0
+        loss = train_step(self.model, [lambda: (x, y)],
+                          lambda model, x, y: F.cross_entropy(model(x).float(), y, label_smoothing=smoothing),
+                          self.optimizer, self.scaler, cfg['grad_clip'], autocast(self.device, self.dtype),
+                          self.dist.ddp)
+        return loss, lr, len(idx)
+
+    # --- evaluation and checkpoint ----------------------------------------------------------------------
+
+    def end_of_epoch(self, log, epoch, loss_sum, lr):
+        """Mean train loss over all ranks, test accuracy, pictures, the log row and the checkpoints."""
+        cfg, dist = self.cfg, self.dist
+        last = epoch + 1 == cfg['epochs']
+        if dist.ddp:
+            torch.distributed.all_reduce(loss_sum)
+        train_loss = loss_sum.item() / (self.steps_per_epoch * dist.world_size)
+        row = {'epoch': epoch + 1, 'step': (epoch + 1) * self.steps_per_epoch, 'lr': lr, 'train_loss': train_loss}
+        improved = False
+        if (epoch + 1) % cfg['eval_interval'] == 0 or last:
+            acc, test_loss, count = evaluate(self.raw_model, self.x_test, self.y_test, self.norm, cfg['batch_size'],
+                                             self.device, self.dtype, dist)
+            improved, self.best_acc = acc > self.best_acc, max(self.best_acc, acc)
+            row.update(test_loss=test_loss, test_acc=acc, best_acc=self.best_acc, test_images=count)
+            if dist.master:
+                comp, lines = look_inside(self.raw_model, self.x_test, self.y_test, self.norm, cfg, self.meta,
+                                          self.n_tssa)
+                if comp:                    # R^var_c per TSSA layer (none with softmax attention)
+                    row['compression'] = comp
+                log.print(f"epoch {epoch + 1}/{cfg['epochs']}: train loss {train_loss:.4f}, test loss "
+                          f"{test_loss:.4f}, test acc {acc:.4f} (best {self.best_acc:.4f}), "
+                          f"{human_time(time.time() - self.t_start)} so far")
                 for line in lines:
-                    print(line, flush=True)
-                log.record({'checkpoint': path, 'epoch': ckpt.get('epoch'), 'test_acc': acc, 'test_loss': loss,
-                            'test_images': count, **({'compression': comp} if comp else {})})
-        return acc
+                    log.print(line)
+                if sys.stdout.isatty():  # keep test_acc in the live table (a plain log has the line above)
+                    log.show({'epoch': epoch + 1, 'test_acc': acc, 'best_acc': self.best_acc})
+        else:
+            log.print(f"epoch {epoch + 1}/{cfg['epochs']}: train loss {train_loss:.4f}")
+        row['time_s'] = self.elapsed_s()
+        log.record(row)
+        if 'test_acc' in row:
+            log.draw()
+        self.save(epoch + 1, 0, 0.0, improved)
 
-    # optimizer, schedule, where to start
-    optimizer = raw_model.configure_optimizers(config['weight_decay'], config['learning_rate'],
-                                               (config['beta1'], config['beta2']), device_type)
-    scaler = make_grad_scaler(device, dtype)
-    n_train, bs, epochs = len(x_train), config['batch_size'], config['epochs']
-    steps_per_epoch = -(-(-(-n_train // dist.world_size)) // bs)           # ceil(ceil(n / ranks) / batch)
-    if config['max_steps']:
-        steps_per_epoch = min(steps_per_epoch, config['max_steps'])
-    start_epoch, start_step, best_acc, loss_carry = 0, 0, 0.0, 0.0
-    if config['init_from'] == 'resume':
-        missing = [k for k in ('optimizer', 'epoch', 'best_acc') if k not in ckpt]
-        if missing:
-            raise UsageError(f"{path} cannot be resumed: it has no {', '.join(missing)}")
-        optimizer.load_state_dict(ckpt['optimizer'])
-        if ckpt.get('scaler'):
-            scaler.load_state_dict(ckpt['scaler'])
-        start_epoch, best_acc = int(ckpt['epoch']), float(ckpt['best_acc'])
-        start_step, loss_carry = int(ckpt.get('step', 0)), float(ckpt.get('epoch_loss_sum', 0.0))
-    ckpt_at = (start_epoch, start_step) if config['init_from'] == 'resume' else None   # (epoch, step) on disk
-    redo = start_step and (ckpt.get('steps_per_epoch'), ckpt.get('world_size')) != (steps_per_epoch, dist.world_size)
-    ckpt = None                                                              # free the memory
-    config['drop_path'] = vit_config.drop_path  # what the model uses, in the saved config
-    model = torch.compile(raw_model) if config['compile'] else raw_model
-    if dist.ddp:
-        model = DDP(model, device_ids=[dist.local_rank] if device_type == 'cuda' else None)
+    def elapsed_s(self):
+        """Seconds of this run so far, the runs it resumed included."""
+        return round(self.elapsed + time.time() - self.t_start, 2)
 
-    warmup, total = config['warmup_epochs'] * steps_per_epoch, epochs * steps_per_epoch
-    C = meta['num_classes']
-    mixing = config['mixup'] > 0 or config['cutmix'] > 0
+    def save(self, epoch, step, loss_sum, improved=False):
+        """ckpt.pt (and best.pt if improved) after `epoch` whole epochs and `step` steps of the next (rank 0)."""
+        if self.dist.master:
+            state = {'model': self.raw_model.state_dict(), 'optimizer': self.optimizer.state_dict(),
+                     'scaler': self.scaler.state_dict(), 'model_args': asdict(self.vit_config), 'kind': 'vit',
+                     'epoch': epoch, 'step': step, 'epoch_loss_sum': loss_sum, 'steps_per_epoch': self.steps_per_epoch,
+                     'world_size': self.dist.world_size, 'best_acc': self.best_acc, 'config': dict(self.cfg),
+                     'meta': self.meta, 'elapsed_s': self.elapsed_s()}
+            atomic_save(state, os.path.join(self.cfg['out_dir'], 'ckpt.pt'))
+            if improved:
+                atomic_save(state, os.path.join(self.cfg['out_dir'], 'best.pt'))
+        self.ckpt_at = (epoch, step)
 
-    def save(epoch, step, loss_sum, improved=False):
-        """ckpt.pt (and best.pt if improved) after `epoch` whole epochs and `step` steps of the next."""
-        state = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
-                 'scaler': scaler.state_dict(), 'model_args': asdict(vit_config), 'kind': 'vit',
-                 'epoch': epoch, 'step': step, 'epoch_loss_sum': loss_sum, 'steps_per_epoch': steps_per_epoch,
-                 'world_size': dist.world_size, 'best_acc': best_acc, 'config': dict(config), 'meta': meta}
-        atomic_save(state, os.path.join(config['out_dir'], 'ckpt.pt'))
-        if improved:
-            atomic_save(state, os.path.join(config['out_dir'], 'best.pt'))
+    # --- interrupt --------------------------------------------------------------------------------------
 
-    def where(epoch, step):
-        return f"epoch {epoch}" if step == 0 else f"epoch {epoch} + {step}/{steps_per_epoch} steps"
+    def resume_hint(self):
+        return resume_command('train_vit.py', self.cfg, self.set_keys, DEFAULTS)
 
-    def interrupted(signal_name, epoch, step, loss_sum):
-        """Ctrl-C or SIGTERM at a step boundary: save here (master), then a Stop that says how to go on."""
-        how, resume = f"interrupted ({signal_name}) at {where(epoch, step)}", f"\n{resume_hint(config, set_keys)}"
-        if (epoch, step) == ckpt_at and not redo:
-            msg = f"{how}; {config['out_dir']}/ckpt.pt is there already{resume}"
-        elif (epoch, step) == (start_epoch, start_step):
+    def interrupted(self, signal_name, epoch, step, loss_sum):
+        """Ctrl-C or SIGTERM at a step boundary: save here (rank 0), then a Stop that says how to go on."""
+        how, resume = f"interrupted ({signal_name}) at {self.where(epoch, step)}", f"\n{self.resume_hint()}"
+        if (epoch, step) == self.ckpt_at and not self.redo:
+            msg = f"{how}; {self.cfg['out_dir']}/ckpt.pt is there already{resume}"
+        elif (epoch, step) == (self.start_epoch, self.start_step):
             msg = f"{how}, before the first step: nothing to save"
         else:
-            if dist.ddp:
+            if self.dist.ddp:
                 torch.distributed.all_reduce(loss_sum)
-            if master:
-                save(epoch, step, loss_sum.item())
-            msg = f"{how}: saved {config['out_dir']}/ckpt.pt{resume}"
-        if dist.ddp:
+            self.save(epoch, step, loss_sum.item())
+            msg = f"{how}: saved {self.cfg['out_dir']}/ckpt.pt{resume}"
+        if self.dist.ddp:
             torch.distributed.barrier()  # the other ranks wait while rank 0 writes
         return Stop(msg, 130)
 
-    with RunLog(config['out_dir'], enabled=master, total=epochs, unit='epoch', resume_from=start_epoch,
-                fresh=config['init_from'] != 'resume') as log:  # closed on Ctrl-C too: the terminal is left clean
-        c = vit_config
-        log.print(f"{config['model']} ({c.attn}{' + lpi' if c.lpi else ''}, {c.n_layer} layers, {c.n_embd} wide, "
-                  f"{(c.img_size // c.patch_size) ** 2} tokens): {raw_model.get_num_params() / 1e6:.2f}M params | "
-                  f"{config['dataset']}: {n_train} train / {len(x_test)} test images, {C} classes | "
-                  f"{dist.world_size} x {device} {dtype} | {steps_per_epoch} steps of {dist.world_size} x {bs} "
-                  f"per epoch")
-        if config['init_from'] == 'resume':
-            log.print(f"resuming {path} after {where(start_epoch, start_step)} (best test accuracy {best_acc:.4f})")
-        if redo:
-            log.print(f"note: the checkpoint stopped inside epoch {start_epoch + 1} with {ckpt_at[1]} steps of "
-                      f"another size; this run redoes that epoch from its start")
-            start_step, loss_carry = 0, 0.0
-        if start_epoch >= epochs:
-            log.print(f"nothing to do: the checkpoint has {start_epoch} of --epochs={epochs} epochs; raise --epochs")
-            return best_acc
+    def stopped_now(self):
+        """A second Ctrl-C: out at once, without saving."""
+        saved = f"{self.cfg['out_dir']}/ckpt.pt is from {self.where(*self.ckpt_at)}" if self.ckpt_at else \
+            "no checkpoint yet"
+        hint = f"\n{self.resume_hint()}" if self.ckpt_at else ""
+        return Stop(f"interrupted at {self.where(self.epoch, self.step_in_epoch)}, not saved; {saved}{hint}", 130)
 
-        # the loop
-        t_start = time.time()
-        epoch, step = start_epoch, start_step
+    # --- the loop and the summary -----------------------------------------------------------------------
+
+    def train(self, log):
+        cfg, dist = self.cfg, self.dist
+        self.t_start = time.time()
         try:
             with GracefulStop(dist) as stop:
-                for epoch in range(start_epoch, epochs):
-                    shard = train_shard(n_train, config['seed'], epoch, dist.rank, dist.world_size).to(device)
-                    first = start_step if epoch == start_epoch else 0
+                for self.epoch in range(self.start_epoch, cfg['epochs']):
+                    shard = train_shard(len(self.x_train), cfg['seed'], self.epoch, dist.rank, dist.world_size)
+                    shard = shard.to(self.device)
+                    first = self.start_step if self.epoch == self.start_epoch else 0
                     # this rank's share of the loss summed so far this epoch (a resumed epoch brings its sum)
-                    loss_sum = torch.full((), loss_carry / dist.world_size if first else 0.0, device=device)
+                    loss_sum = torch.full((), self.loss_carry / dist.world_size if first else 0.0, device=self.device)
                     t0, seen, steps = time.time(), 0, 0
-                    model.train()
-                    for step in range(first, steps_per_epoch):
+                    self.model.train()
+                    for self.step_in_epoch in range(first, self.steps_per_epoch):
                         if stop.requested():           # Ctrl-C or SIGTERM on any rank: all stop at this step
-                            raise interrupted(stop.signal or 'on another rank', epoch, step, loss_sum)
-                        torch.manual_seed(step_seed(config['seed'], epoch, step, dist.rank))
-                        it = epoch * steps_per_epoch + step
-                        lr = cosine_lr(it, config['learning_rate'], config['min_lr'], warmup, total)
-                        for group in optimizer.param_groups:
-                            group['lr'] = lr
-                        idx = shard[step * bs:(step + 1) * bs]
-                        x, y = norm(random_crop_flip(x_train[idx])), y_train[idx]
-                        if mixing:
-                            x, y = mix(x, soft_targets(y, C, config['label_smoothing']), config['mixup'],
-                                       config['cutmix'])
-                        with autocast(device, dtype):
-                            logits = model(x)
-                        loss = F.cross_entropy(logits.float(), y,
-                                               label_smoothing=0.0 if mixing else config['label_smoothing'])
-                        scaler.scale(loss).backward()
-                        if config['grad_clip']:
-                            scaler.unscale_(optimizer)
-                            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), config['grad_clip'])
-                        scaler.step(optimizer)
-                        scaler.update()
-                        optimizer.zero_grad(set_to_none=True)
-                        loss_sum += loss.detach()
-                        seen, steps = seen + len(idx) * dist.world_size, steps + 1
-                        if (step + 1) % config['log_interval'] == 0 or step + 1 == steps_per_epoch:
-                            lossf = loss.item()                                  # waits for the device
-                            dt = time.time() - t0
-                            log.show({'epoch': round(epoch + (step + 1) / steps_per_epoch, 3), 'loss': lossf,
-                                      'lr': lr, 'img_per_s': seen / dt, 'ms_per_step': 1000 * dt / steps})
+                            raise self.interrupted(stop.signal or 'on another rank', self.epoch, self.step_in_epoch,
+                                                   loss_sum)
+                        loss, lr, n = self.step(self.epoch, self.step_in_epoch, shard)
+                        loss_sum += loss
+                        seen, steps = seen + n * dist.world_size, steps + 1
+                        if (self.step_in_epoch + 1) % cfg['log_interval'] == 0 or \
+                                self.step_in_epoch + 1 == self.steps_per_epoch:
+                            dt = time.time() - t0                        # loss.item() below waits for the device
+                            log.show({'epoch': round(self.epoch + (self.step_in_epoch + 1) / self.steps_per_epoch, 3),
+                                      'loss': loss.item(), 'lr': lr, 'img_per_s': seen / dt,
+                                      'ms_per_step': 1000 * dt / steps})
                             t0, seen, steps = time.time(), 0, 0
-
-                    # end of epoch: mean train loss over all ranks, test accuracy, pictures, checkpoints
-                    if dist.ddp:
-                        torch.distributed.all_reduce(loss_sum)
-                    train_loss = loss_sum.item() / (steps_per_epoch * dist.world_size)
-                    last = epoch + 1 == epochs
-                    row = {'epoch': epoch + 1, 'step': (epoch + 1) * steps_per_epoch, 'lr': lr,
-                           'train_loss': train_loss}
-                    if (epoch + 1) % config['eval_interval'] == 0 or last:
-                        acc, test_loss, count = evaluate(raw_model, x_test, y_test, norm, bs, device, dtype, dist)
-                        improved = acc > best_acc
-                        best_acc = max(best_acc, acc)
-                        row.update(test_loss=test_loss, test_acc=acc, best_acc=best_acc, test_images=count)
-                        if master:
-                            comp, lines = look_inside(raw_model, x_test, y_test, norm, config, meta, n_tssa)
-                            if comp:                    # R^var_c per TSSA layer (none with softmax attention)
-                                row['compression'] = comp
-                            log.print(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}, test loss "
-                                      f"{test_loss:.4f}, test acc {acc:.4f} (best {best_acc:.4f}), "
-                                      f"{human_time(time.time() - t_start)} so far")
-                            for line in lines:
-                                log.print(line)
-                            if sys.stdout.isatty():  # keep test_acc in the live table (a plain log has the line above)
-                                log.show({'epoch': epoch + 1, 'test_acc': acc, 'best_acc': best_acc})
-                    else:
-                        improved = False
-                        log.print(f"epoch {epoch + 1}/{epochs}: train loss {train_loss:.4f}")
-                    row['time_s'] = round(time.time() - t_start, 2)
-                    log.record(row)
-                    if master:
-                        save(epoch + 1, 0, 0.0, improved)
-                    ckpt_at = (epoch + 1, 0)
+                    self.end_of_epoch(log, self.epoch, loss_sum, lr)
         except KeyboardInterrupt:                                            # a second Ctrl-C: out now
-            saved = f"{config['out_dir']}/ckpt.pt is from {where(*ckpt_at)}" if ckpt_at else "no checkpoint yet"
-            raise Stop(f"interrupted at {where(epoch, step)}, not saved; {saved}"
-                       + (f"\n{resume_hint(config, set_keys)}" if ckpt_at else ""), 130) from None
-        log.print(f"done: best test accuracy {best_acc:.4f} in {human_time(time.time() - t_start)}; "
-                  f"checkpoints in {config['out_dir']}")
-        return best_acc
+            raise self.stopped_now() from None
+
+    def evaluate_only(self):
+        """--eval_only: the checkpoint's test accuracy, its per-layer compression and its pictures."""
+        cfg, dist = self.cfg, self.dist
+        acc, loss, count = evaluate(self.raw_model, self.x_test, self.y_test, self.norm, cfg['batch_size'],
+                                    self.device, self.dtype, dist)
+        if dist.master:
+            with RunLog(cfg['out_dir'], filename='eval.jsonl', fresh=False) as log:
+                comp, lines = look_inside(self.raw_model, self.x_test, self.y_test, self.norm, cfg, self.meta,
+                                          self.n_tssa)
+                print(f"{self.path} (epoch {self.ckpt_epoch}): test accuracy {acc:.4f} ({round(acc * count)}/{count}), "
+                      f"test loss {loss:.4f}", flush=True)
+                for line in lines:
+                    print(line, flush=True)
+                log.record({'checkpoint': self.path, 'epoch': self.ckpt_epoch, 'test_acc': acc, 'test_loss': loss,
+                            'test_images': count, **({'compression': comp} if comp else {})})
+        return acc
+
+
+def train(cfg, set_keys, dist):
+    run = Trainer(cfg, set_keys, dist)
+    if run.cfg['eval_only']:
+        return run.evaluate_only()
+    cfg = run.cfg
+    with RunLog(cfg['out_dir'], enabled=dist.master, total=cfg['epochs'], unit='epoch', resume_from=run.start_epoch,
+                fresh=cfg['init_from'] != 'resume') as log:  # closed on Ctrl-C too: the terminal is left clean
+        run.describe(log)
+        if run.start_epoch >= cfg['epochs']:
+            log.print(f"nothing to do: the checkpoint has {run.start_epoch} of --epochs={cfg['epochs']} epochs; "
+                      f"raise --epochs")
+            return run.best_acc
+        run.train(log)
+        log.print(f"done: best test accuracy {run.best_acc:.4f} in {human_time(time.time() - run.t_start)}; "
+                  f"checkpoints in {cfg['out_dir']}")
+    return run.best_acc
+
+
+def main(argv=None):
+    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
+    check_config(cfg)
+    return launch(train, cfg, set_keys)
 
 
 if __name__ == '__main__':

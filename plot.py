@@ -1,0 +1,177 @@
+"""
+Figures, drawn with matplotlib (the Agg backend: files, never a window, also over ssh and in CI).
+
+    python plot.py out out-shift out-softmax              # several runs' loss curves on one figure
+    python plot.py out docs/demo-log.jsonl --x=seconds    # your demo beside the reference run, in seconds
+
+A run is a folder train_gpt.py or train_vit.py wrote (its log.jsonl), or a log.jsonl itself. Language
+runs are drawn as train and val loss against tokens seen (or seconds), vision runs as test accuracy
+against epochs. Each run is labelled with its folder and its model, read from its own log. The trainers
+also keep <out_dir>/loss.png up to date with the same drawing of their own run.
+
+The same model has the same colour and line style in every figure here (the styles survive a grey-scale
+print): see STYLES.
+"""
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import numpy as np  # noqa: E402
+
+from options import UsageError, parse, run_main  # noqa: E402
+
+# model -> (colour, line style, marker); colours from the colour-blind-safe tab10, styles for grey-scale
+STYLES = {
+    'ToST': ('#1f77b4', '-', 'o'),
+    'ToST + shift': ('#2ca02c', '--', 's'),
+    'softmax': ('#d62728', ':', '^'),
+    'softmax + shift': ('#ff7f0e', '-.', 'v'),
+    'hybrid': ('#9467bd', (0, (5, 1, 1, 1)), 'D'),
+    'hybrid + shift': ('#8c564b', (0, (3, 1, 1, 1, 1, 1)), 'P'),
+}
+OTHER = [('#7f7f7f', '-', 'x'), ('#e377c2', '--', '*'), ('#17becf', ':', 'h'), ('#bcbd22', '-.', '+')]
+
+
+def model_name(cfg):
+    """'ToST', 'ToST + shift', 'softmax', 'hybrid + shift', ... from a run's config (or a study row)."""
+    attn = cfg.get('attn', 'tssa')
+    name = 'ToST' if attn == 'tssa' else attn
+    if cfg.get('softmax_layers'):
+        name = 'hybrid'
+    if cfg.get('token_shift'):
+        name += ' + shift'
+    if cfg.get('lpi'):
+        name += ' + lpi'
+    return name
+
+
+def style(name, i=0):
+    return STYLES.get(name) or OTHER[i % len(OTHER)]
+
+
+def save(fig, path, dpi=100):
+    """Write the figure as PNG through a temp file and a rename, so a reader never sees half a file."""
+    tmp = f"{path}.tmp-{os.getpid()}.png"
+    try:
+        fig.savefig(tmp, dpi=dpi)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+# -----------------------------------------------------------------------------
+# learning curves
+
+
+def read_run(path):
+    """A run's log: (label, config, rows). path is a run folder or a .jsonl log. A UsageError if neither."""
+    log = path if path.endswith('.jsonl') else os.path.join(path, 'log.jsonl')
+    if not os.path.isfile(log):
+        raise UsageError(f"{path} is not a run: no {log} (train_gpt.py and train_vit.py write one)")
+    rows = []
+    with open(log) as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue                                   # a line being written right now
+    cfg = next((r for r in reversed(rows) if r.get('kind') == 'config'), {})
+    folder, base = os.path.split(os.path.abspath(log))
+    name = os.path.basename(folder) if base == 'log.jsonl' else base.removesuffix('.jsonl')
+    return f"{name}: {model_name(cfg)}" if cfg else name, cfg, [r for r in rows if r.get('kind') != 'config']
+
+
+def learning_curves(runs, path, x='tokens', title=None):
+    """Language runs: train loss (thin) and val loss (points) against tokens seen or seconds; vision runs:
+    test accuracy against epochs. runs: [(label, cfg, rows)], as read_run gives them."""
+    vision = any('epoch' in r for _, _, rows in runs for r in rows)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, (label, cfg, rows) in enumerate(runs):
+        color, line, marker = style(model_name(cfg) if cfg else '', i) if cfg else OTHER[i % len(OTHER)]
+        if vision:
+            pts = [(r['epoch'], r['test_acc']) for r in rows if r.get('test_acc') is not None]
+            if pts:
+                ax.plot(*zip(*pts), color=color, linestyle=line, marker=marker, markersize=4, label=label)
+            continue
+        key = 'tokens' if x == 'tokens' else 'elapsed_s'
+        train = [(r[key], r['train_loss']) for r in rows if r.get('kind') == 'train' and r.get(key) is not None]
+        val = [(r[key], r['val_loss']) for r in rows if r.get('kind') == 'eval' and r.get(key) is not None
+               and r.get('val_loss') is not None]
+        if train:
+            ax.plot(*zip(*train), color=color, linestyle=line, linewidth=0.8, alpha=0.45)
+        if val:
+            ax.plot(*zip(*val), color=color, linestyle=line, marker=marker, markersize=4, label=f"{label}, val")
+        elif train:
+            ax.plot([], [], color=color, linestyle=line, label=f"{label} (no eval yet)")
+    if vision:
+        ax.set_xlabel('epoch')
+        ax.set_ylabel('test accuracy')
+    else:
+        ax.set_xlabel('tokens seen' if x == 'tokens' else 'seconds of training')
+        ax.set_ylabel('loss (nats per token); thin: train')
+    ax.set_title(title or ('test accuracy' if vision else 'learning curves'), fontsize=10)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    save(fig, path)
+
+# -----------------------------------------------------------------------------
+# vision: what the model looks at
+
+
+def vision_maps(path, image, cls_attn, pi, title):
+    """One test image: top row the image and the CLS token's class attention per head; bottom row (TSSA
+    models) the head with the largest membership at each patch, then the memberships Pi per head. One
+    colour scale per row (viridis: dark low, yellow high), so heads can be compared.
+    image (C, H, W) uint8; cls_attn, pi (heads, Hp, Wp) floats, pi may be None."""
+    rows = [cls_attn] + ([pi] if pi is not None else [])
+    heads = cls_attn.shape[0]
+    fig, axes = plt.subplots(len(rows), 1 + heads, figsize=(1.5 * (1 + heads), 1.6 * len(rows) + 0.3),
+                             squeeze=False)
+    img = np.asarray(image).transpose(1, 2, 0)
+    axes[0, 0].imshow(img[..., 0] if img.shape[2] == 1 else img[..., :3], cmap='gray' if img.shape[2] == 1 else None)
+    axes[0, 0].set_title(title, fontsize=8)
+    for r, maps in enumerate(rows):
+        maps = np.asarray(maps, dtype=np.float64)
+        for k in range(heads):
+            axes[r, 1 + k].imshow(maps[k], cmap='viridis', vmin=maps.min(), vmax=maps.max())
+            axes[r, 1 + k].set_title(f"{'CLS attention' if r == 0 else 'Pi'}, head {k}", fontsize=7,
+                                     color='black' if r == 0 else plt.get_cmap('tab10')(k % 10))
+    if pi is not None:
+        axes[1, 0].imshow(np.asarray(pi).argmax(0), cmap='tab10', vmin=0, vmax=9)
+        axes[1, 0].set_title('head with the\nlargest Pi', fontsize=7)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.tight_layout()
+    save(fig, path)
+
+# -----------------------------------------------------------------------------
+
+DEFAULTS = dict(
+    runs=[],                     # run folders or log.jsonl files, given as bare words
+    x='tokens',                  # the x axis of language runs: tokens (seen) or seconds (of training)
+    out='runs.png',              # where the figure goes
+    title='',                    # the figure's title; default: learning curves
+)
+
+
+def main(argv=None):
+    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='runs')
+    folders = cfg['runs']
+    if not folders:
+        raise UsageError("give one or more run folders (or log.jsonl files), e.g. python plot.py out out-softmax")
+    if cfg['x'] not in ('tokens', 'seconds'):
+        raise UsageError(f"--x expects tokens or seconds, got {cfg['x']!r}")
+    learning_curves([read_run(f) for f in folders], cfg['out'], cfg['x'], cfg['title'] or None)
+    print(f"wrote {cfg['out']}")
+
+
+if __name__ == '__main__':
+    run_main(main)
