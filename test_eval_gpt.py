@@ -9,6 +9,7 @@ predicts its input token again); results are appended to the run log; bad input 
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -243,6 +244,12 @@ def test_bad_input(data_dir, tmp_path, capsys):
     code, err = exits(base + ['--datasets=wikitext2,bytes_text'], capsys)  # checked before any work
     one_line_error(err, 'uses tokenizer bytes (256 ids)', 'trained with gpt2 (257 ids)', '--tokenizer=gpt2')
     assert not os.path.exists(os.path.join(out, 'log.jsonl'))
+    short = data_dir / 'short'                                       # a val.bin cut short after it was prepared
+    shutil.copytree(data_dir / 'wikitext2', short)
+    with open(short / 'val.bin', 'r+b') as f:
+        f.truncate(100)
+    code, err = exits(base + ['--datasets=short'], capsys)
+    one_line_error(err, 'val.bin has 50 tokens, not the', 'its meta.json says', 'python prepare_data.py wikitext2 --force')
 
     with open(os.path.join(out, 'ckpt.pt'), 'wb') as f:
         f.write(b'not a checkpoint')

@@ -324,6 +324,22 @@ def test_wikitext2_raw_file_and_zip(tmp_path, tiny, capsys):
     assert 'sha256 differs from the official wikitext-2-raw-v1.zip' in err
 
 
+def test_test_sets_take_the_unpacked_folder(tmp_path, tiny):
+    """What users have after unpacking the downloads: wikitext-2-raw/ and PTB's simple-examples/data/."""
+    (tmp_path / 'wikitext-2-raw').mkdir()
+    (tmp_path / 'wikitext-2-raw' / 'wiki.test.raw').write_text(WIKI, encoding='utf-8')
+    (tmp_path / 'wikitext-2-raw' / 'wiki.train.raw').write_text(' = Other = \n', encoding='utf-8')
+    (tmp_path / 'simple-examples' / 'data').mkdir(parents=True)
+    (tmp_path / 'simple-examples' / 'data' / 'ptb.test.txt').write_text(PTB)
+    out = prepare('wikitext2', tmp_path / 'data', input=str(tmp_path / 'wikitext-2-raw'))
+    assert read_bin(os.path.join(out, 'val.bin')).tolist() == tiny.encode_ordinary(WIKI)
+    out = prepare('ptb', tmp_path / 'data', input=str(tmp_path / 'simple-examples'))
+    assert read_bin(os.path.join(out, 'val.bin')).tolist() == tiny.encode_ordinary(PTB)
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(UsageError, match='empty is a folder without ptb.test.txt in it'):
+        prepare('ptb', tmp_path / 'data', input=str(tmp_path / 'empty'), name='ptb2')
+
+
 def test_ptb_kept_as_published(tmp_path, tiny):
     (tmp_path / 'ptb.test.txt').write_text(PTB)
     out = prepare('ptb', tmp_path / 'data', input=str(tmp_path / 'ptb.test.txt'))

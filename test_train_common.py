@@ -364,4 +364,17 @@ def test_runlog_live_table_on_a_terminal(tmp_path, monkeypatch):
     for text in ("iter 20/1000", "3.2500", "1.0e-04", "2.7500", "val_loss", "[rank 0] evaluating", "eta"):
         assert text in out
 
-# -----------------------------------------------------------------------------
+
+def test_runlog_live_table_fits_80_columns(tmp_path):
+    """Every column a language run shows (MFU, both eval losses, six-digit tokens/s) on one line of 80."""
+    from rich.console import Console
+    log = tc.RunLog(str(tmp_path), total=600_000, tty=True)
+    log._console = Console(file=io.StringIO(), force_terminal=True, width=80)
+    log.show(dict(iter=123_456, loss=2.3412, lr=6e-4, tok_per_s=123_456.7, ms_per_iter=1234.5, mfu=0.4321))
+    log.show(dict(iter=124_000, train_loss=2.3412, val_loss=2.3456))
+    log.close()
+    screen = Console(file=io.StringIO(), width=80, record=True)
+    screen.print(log._frame("iter 124000", 124_000, "3h02m"))
+    lines = screen.export_text().splitlines()
+    assert len(lines) == 3, lines                                   # bar, labels, values: nothing wrapped
+    assert all(len(line) <= 80 for line in lines) and "val_loss" in lines[1] and "43.2%" in lines[2]

@@ -16,6 +16,7 @@ exit and no traceback.
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -632,6 +633,18 @@ def test_cli_bad_input(data_dir, tmp_path, trained):
     r = run_cli('train_gpt.py', *tiny(data_dir, out + '2', '--block_size=5000'))  # the val split has ~4k tokens
     one_line_error(r.stderr, 'block_size 5000 is larger than the data', 'val tokens')
 
+    open(out + '-file', 'w').close()                                  # an out_dir that is a file
+    r = run_cli('train_gpt.py', *tiny(data_dir, out + '-file'))
+    one_line_error(r.stderr, f'--out_dir={out}-file is a file, not a folder')
+
+    bad = os.path.join(str(tmp_path), 'odd')                           # a train.bin cut in the middle of a token
+    shutil.copytree(os.path.join(data_dir, 'tiny'), os.path.join(bad, 'tiny'))
+    with open(os.path.join(bad, 'tiny', 'train.bin'), 'ab') as f:
+        f.write(b'x')
+    r = run_cli('train_gpt.py', *tiny(bad, out + '-odd'))
+    one_line_error(r.stderr, 'train.bin has', 'bytes, not the 2 x', 'its meta.json says', '--force')
+    assert not os.path.exists(out + '-odd')                            # nothing written: no empty log
+
     src, _ = trained  # resume: the model's position embedding has 32 rows, its shape is fixed
     r = run_cli('train_gpt.py', '--init_from=resume', f'--out_dir={src}', f'--data_dir={data_dir}', '--block_size=64')
     one_line_error(r.stderr, 'block_size=64 is larger than the checkpoint', '32')
@@ -750,6 +763,13 @@ def test_sample_bad_input(trained, tmp_path):
     assert r.returncode == 2
     one_line_error(r.stderr.decode(), 'bytes tokenizer cannot encode the prompt')
 
+    r = run_cli('sample.py', f'--out_dir={out}', '--temperature=-1')
+    one_line_error(r.stderr, '--temperature must be >= 0, got -1.0')
+    (tmp_path / 'text').mkdir()
+    (tmp_path / 'text' / 'ckpt.pt').write_text('just some words\n')
+    r = run_cli('sample.py', f'--out_dir={tmp_path / "text"}')
+    one_line_error(r.stderr, 'is not a checkpoint', 'torch.save writes a zip archive', "b'just'")
+
     r = run_cli('sample.py', f'--out_dir={out}', f'--start=FILE:{tmp_path}/missing.txt')
     one_line_error(r.stderr, 'cannot read the prompt file', 'missing.txt')
 
@@ -787,3 +807,22 @@ def test_token_shift_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(data
     with pytest.raises(train_common.UsageError, match='token_shift'):     # the model's shape is fixed on resume
         train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=8', '--token_shift=false'])
     sample.main([f'--out_dir={out}', '--start=def', '--num_samples=1', '--max_new_tokens=5', '--device=cpu'])
+
+
+def test_resume_with_nothing_to_do_says_so_and_time_carries_on(data_dir, tmp_path, capsys):
+    out = str(tmp_path / 'out')
+    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=2'))
+    before = open(os.path.join(out, 'log.jsonl')).read()
+    capsys.readouterr()
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=3'])
+    printed = capsys.readouterr().out
+    assert printed.strip() == (f'nothing to do: {out}/ckpt.pt is at iter 4 and --max_iters is 3; pass a larger '
+                               f'--max_iters to train on')
+    assert open(os.path.join(out, 'log.jsonl')).read() == before and weights(out)['iter_num'] == 4
+    time.sleep(0.5)                                                  # a gap the resumed clock must not count
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6'])
+    rows = read_log(out)
+    elapsed = [r['elapsed_s'] for r in rows]
+    assert [r['iter'] for r in rows if r['kind'] == 'train'] == [1, 2, 3, 4, 5, 6]
+    assert elapsed == sorted(elapsed) and elapsed[-1] < elapsed[3] + 0.5 + 5   # goes on from the checkpoint's
+    assert rows[-1]['tokens'] == 6 * 4 * 32 and weights(out)['tokens'] == 6 * 4 * 32

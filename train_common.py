@@ -537,17 +537,21 @@ class RunLog:
             print(f"{head}: {line}" if head else line, flush=True)
             return
         self._last.update({label: t for label, t, _ in items})
-        top = Table.grid(padding=(0, 2))
-        bar = [ProgressBar(total=self.total, completed=count, width=40)] if self.total and head else []
-        top.add_row(head + (f"/{self.total}" if self.total and head else ""), *bar, f"eta {eta or '?'}")
-        table = Table(box=None, padding=(0, 2))
-        for label in self._last:
-            table.add_column(label, justify="right")
-        table.add_row(*self._last.values())
         if self._live is None:  # no refresh thread: redraw on show() only
             self._live = Live(console=self._console, auto_refresh=False)
             self._live.start()
-        self._live.update(Group(top, table), refresh=True)
+        self._live.update(self._frame(head, count, eta), refresh=True)
+
+    def _frame(self, head, count, eta):
+        """The live display: a progress bar, then every column seen so far; within 80 columns."""
+        top = Table.grid(padding=(0, 2))
+        bar = [ProgressBar(total=self.total, completed=count, width=30)] if self.total and head else []
+        top.add_row(head + (f"/{self.total}" if self.total and head else ""), *bar, f"eta {eta or '?'}")
+        table = Table(box=None, padding=(0, 1), pad_edge=False)
+        for label in self._last:
+            table.add_column(label, justify="right")
+        table.add_row(*self._last.values())
+        return Group(top, table)
 
     def print(self, msg: str) -> None:
         """A line of text above the live display (or plain, without a terminal)."""
