@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tost
+import tost_fast
 from tost import GPT, GPTConfig, ViT, ViTConfig, TSSA, CausalTSSA, SoftmaxAttention, preset
 
 torch.set_num_threads(2)
@@ -28,13 +29,13 @@ def randomize(module, scale=0.3, seed=0):
 # the objective and the white-box gradient step
 
 def exact_compression(Z, Pi, alpha):
-    """R_c(Z, Pi) = 1/2 sum_k (n_k/n) logdet(I + alpha/n_k Z diag(pi_k) Z^T), tokens as rows of Z."""
+    """R_c(Z, Pi) = 1/2 sum_k (n_k/n) logdet(I + alpha/n_k Z diag(pi_k) Z^T), tokens as rows of Z, Pi (B, K, n)."""
     B, n, d = Z.shape
     out = torch.zeros(B, dtype=Z.dtype)
     for b in range(B):
-        for k in range(Pi.shape[2]):
-            n_k = Pi[b, :, k].sum()
-            M = Z[b].T @ torch.diag(Pi[b, :, k]) @ Z[b]
+        for k in range(Pi.shape[1]):
+            n_k = Pi[b, k].sum()
+            M = Z[b].T @ torch.diag(Pi[b, k]) @ Z[b]
             out[b] += 0.5 * (n_k / n) * torch.logdet(torch.eye(d, dtype=Z.dtype) + alpha / n_k * M)
     return out
 
@@ -43,7 +44,7 @@ def test_variational_bound_upper_bounds_compression_and_is_tight_in_the_eigenbas
     torch.manual_seed(0)
     B, n, d, K, alpha = 2, 20, 6, 3, 2.5
     Z = torch.randn(B, n, d, dtype=torch.float64)
-    Pi = torch.softmax(torch.randn(B, n, K, dtype=torch.float64), dim=-1)
+    Pi = torch.softmax(torch.randn(B, K, n, dtype=torch.float64), dim=1)   # (B, K, n), sums to 1 over K
     exact = exact_compression(Z, Pi, alpha)
     # any orthogonal U_k (square, so the bound applies): R^var_c >= R_c, strictly for a random basis
     U = torch.linalg.qr(torch.randn(K, d, d, dtype=torch.float64))[0]
@@ -51,7 +52,7 @@ def test_variational_bound_upper_bounds_compression_and_is_tight_in_the_eigenbas
     assert (bound > exact + 1e-6).all()
     # U_k = eigenvectors of Z diag(pi_k) Z^T (per batch item): equality
     for b in range(B):
-        Ue = torch.stack([torch.linalg.eigh(Z[b].T @ torch.diag(Pi[b, :, k]) @ Z[b])[1] for k in range(K)])
+        Ue = torch.stack([torch.linalg.eigh(Z[b].T @ torch.diag(Pi[b, k]) @ Z[b])[1] for k in range(K)])
         tight = tost.variational_compression(Z[b:b + 1], Pi[b:b + 1], Ue, alpha)
         torch.testing.assert_close(tight, exact[b:b + 1], rtol=1e-12, atol=1e-12)
 
@@ -64,7 +65,7 @@ def test_whitebox_tssa_is_minus_tau_times_the_gradient_of_the_variational_object
     Z = torch.randn(B, n, d, dtype=torch.float64, requires_grad=True)
     out = layer(Z)
     # Pi as the layer computed it, held fixed
-    Pi = layer.memberships(layer.split_heads(layer.c_attn(Z))).detach().transpose(1, 2)   # (B, n, K)
+    Pi = layer.memberships(layer.split_heads(layer.c_attn(Z))).detach()   # (B, K, n)
     R = tost.variational_compression(Z, Pi, layer.U(), alpha).sum()
     (grad,) = torch.autograd.grad(R, Z)
     assert (out + tau * grad).abs().max().item() < 1e-10
@@ -77,7 +78,7 @@ def test_a_small_whitebox_step_lowers_the_objective():
     layer = randomize(TSSA(d, K, whitebox=True, alpha=alpha, tau=0.05).double(), seed=1)
     Z = torch.randn(B, n, d, dtype=torch.float64)
     with torch.no_grad():
-        Pi = layer.memberships(layer.split_heads(layer.c_attn(Z))).transpose(1, 2)
+        Pi = layer.memberships(layer.split_heads(layer.c_attn(Z)))
         before = tost.variational_compression(Z, Pi, layer.U(), alpha)
         after = tost.variational_compression(Z + layer(Z), Pi, layer.U(), alpha)
     assert (after < before).all(), (before, after)
@@ -525,7 +526,7 @@ def test_fast_causal_core_equals_readable_form_values_and_gradients(chunk, monke
     """float64, several chunks of `chunk` tokens and a partial last one (40 = 16 + 16 + 8), batch 2."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(16, 4, block_size=40).double())
-    monkeypatch.setattr(tost, 'CHUNK', chunk * 2 * 16)              # elements: tokens x batch x width
+    monkeypatch.setattr(tost_fast, 'CHUNK', chunk * 2 * 16)         # elements: tokens x batch x width
     x = torch.randn(2, 40, 16, dtype=torch.float64)
     g = torch.randn(2, 40, 16, dtype=torch.float64)
     for a, b in zip(_outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)):
@@ -537,7 +538,7 @@ def test_fast_causal_core_without_grad_equals_readable_form(chunk, monkeypatch):
     """Under no_grad the core reuses one chunk's scratch (nothing kept for a backward): same outputs."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(16, 4, block_size=40).double())
-    monkeypatch.setattr(tost, 'CHUNK', chunk * 2 * 16)
+    monkeypatch.setattr(tost_fast, 'CHUNK', chunk * 2 * 16)
     x = torch.randn(2, 40, 16, dtype=torch.float64)
     with torch.no_grad():
         fast = layer(x)
@@ -549,7 +550,7 @@ def test_fast_causal_core_clamps_like_the_readable_form(monkeypatch):
     """Q_t < 1e-12 (the first tokens of some coordinates tiny): the clamp's gradient, and the chunk after it."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(8, 2, block_size=24).double())
-    monkeypatch.setattr(tost, 'CHUNK', 5 * 8)                       # chunks of 5 tokens
+    monkeypatch.setattr(tost_fast, 'CHUNK', 5 * 8)                  # chunks of 5 tokens
     with torch.no_grad():
         layer.c_attn.weight[:3] *= 1e-9                          # three coordinates of head 0 stay below the clamp
     x = torch.randn(1, 24, 8, dtype=torch.float64)
@@ -565,7 +566,7 @@ def test_gradcheck_fast_causal_core():
     w = torch.randn(1, 7, 2, 3, dtype=torch.float64, requires_grad=True)      # (B, T, K, p)
     temp = torch.randn(2, dtype=torch.float64, requires_grad=True)
     pb = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: tost._CausalCore.apply(*a, 1e-8, 3), (w, temp, pb))
+    assert torch.autograd.gradcheck(lambda *a: tost_fast.CausalCore.apply(*a, 1e-8, 3), (w, temp, pb))
 
 
 def test_an_explicit_alpha_is_not_lost_to_the_fast_core():
@@ -586,7 +587,7 @@ def test_an_explicit_alpha_is_not_lost_to_the_fast_core():
 def test_fast_vision_core_equals_readable_form_values_and_gradients(images_per_chunk, monkeypatch):
     torch.manual_seed(0)
     layer = randomize(TSSA(16, 4, bias=True).double())
-    monkeypatch.setattr(tost, 'CHUNK', images_per_chunk * 9 * 16)
+    monkeypatch.setattr(tost_fast, 'CHUNK', images_per_chunk * 9 * 16)
     x = torch.randn(5, 9, 16, dtype=torch.float64)
     x[1] *= 1e-14                                              # image 1: every column below the clamp
     with torch.no_grad():
@@ -600,7 +601,7 @@ def test_gradcheck_fast_vision_core():
     torch.manual_seed(0)
     w = torch.randn(3, 5, 2, 3, dtype=torch.float64, requires_grad=True)      # (B, n, K, p)
     temp = torch.randn(2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: tost._TSSACore.apply(*a, 1e-8, 2), (w, temp))
+    assert torch.autograd.gradcheck(lambda *a: tost_fast.TSSACore.apply(*a, 1e-8, 2), (w, temp))
 
 
 def _rel(a, b):
