@@ -84,6 +84,68 @@ def test_a_small_whitebox_step_lowers_the_objective():
     assert (after < before).all(), (before, after)
 
 
+def test_a_whitebox_step_shrinks_the_weak_directions_of_a_group_most():
+    """TSSA's docstring: with [U_1 .. U_K] orthogonal, the step multiplies coordinate i of token j (in head k's
+    coordinates) by 1 - tau pi_jk D_ki / n, and D_ki is largest where the group's second moment s_ki/n_k is
+    smallest. Measured on the layer's output: per token and group, the factor grows with the coordinate's second
+    moment (strong directions kept, weak ones shrunk); per group, the weakest coordinate keeps a smaller
+    fraction of its second moment than the strongest."""
+    torch.manual_seed(0)
+    B, n, d, K, alpha, tau = 2, 64, 12, 3, 1.0, 4.0
+    layer = TSSA(d, K, whitebox=True, alpha=alpha, tau=tau).double()
+    with torch.no_grad():
+        layer.c_attn.weight.copy_(torch.linalg.qr(torch.randn(d, d, dtype=torch.float64))[0])
+        scale = torch.logspace(-1, 1, d, dtype=torch.float64)[torch.randperm(d)]
+        Z = (torch.randn(B, n, d, dtype=torch.float64) * scale) @ layer.c_attn.weight
+        w = layer.split_heads(layer.c_attn(Z))                            # (B, K, n, p)
+        Pi = layer.memberships(w)                                         # (B, K, n)
+        w_after = layer.split_heads(layer.c_attn(Z + layer(Z)))
+    moment = lambda w: (Pi[..., None] * w * w).sum(2) / Pi.sum(2)[..., None]   # (B, K, p)  s_k / n_k
+    m = moment(w)
+    D = alpha / (1 + alpha * m)
+    torch.testing.assert_close(w_after, w * (1 - tau / n * Pi[..., None] * D[:, :, None]), rtol=0, atol=1e-12)
+    factor = w_after / w                                                  # (B, K, n, p)
+    assert (factor < 1).all()
+    order = m.argsort(-1)[:, :, None].expand_as(factor)                   # coordinates, weakest first
+    assert (factor.gather(-1, order).diff(dim=-1) > 0).all()
+    kept = moment(w_after) / m
+    assert (kept.gather(-1, m.argmin(-1, keepdim=True)) < kept.gather(-1, m.argmax(-1, keepdim=True))).all()
+    assert (m.amax(-1) / m.amin(-1) > 10).all()                           # each group has weak and strong ones
+
+
+@pytest.mark.parametrize('fast', [True, False])
+def test_the_causal_step_is_minus_t_plus_1_times_the_gradient_of_its_prefix_objective(fast, monkeypatch):
+    """CausalTSSA's docstring. The output tied to the input projection (c_proj's weight = c_attn's transposed,
+    so the layer returns sum_k U_k y_tk), alpha = 1, nothing added to n_k (eps = 0). Pi_{<=t} = pi_0 .. pi_t as the
+    layer computes them, each from the tokens up to its own position, detached. Random temperatures and
+    position biases (they enter only Pi). For every t, in float64:
+        sum_k U_k y_tk = -(t+1) grad_{z_t} R^var_c(Z_{<=t}, Pi_{<=t}).
+    Memberships re-estimated at time t (every pi_j from Q_t) do not satisfy it: the test can fail."""
+    monkeypatch.setattr(TSSA, 'fast', fast)
+    torch.manual_seed(0)
+    B, T, d, K = 2, 12, 12, 3
+    layer = randomize(CausalTSSA(d, K, block_size=T).double())
+    layer.eps = 0.0
+    with torch.no_grad():
+        layer.c_proj.weight.copy_(layer.c_attn.weight.t())
+    assert layer.pos_bias.abs().max() > 0.3 and layer.temp.std() > 0.1
+    Z = torch.randn(B, T, d, dtype=torch.float64, requires_grad=True)
+    y = layer(Z)                                                          # (B, T, d)
+    w2 = layer.split_heads(layer.c_attn(Z)).square()                     # (B, K, T, p)
+    Q = torch.cumsum(w2, 2)
+    Pi = layer.memberships(w2, Q).detach()                               # (B, K, T)
+    for t in range(T):
+        R = tost.variational_compression(Z[:, :t + 1], Pi[:, :, :t + 1], layer.U(), alpha=1.0).sum()
+        (g,) = torch.autograd.grad(R, Z)
+        assert (y[:, t] + (t + 1) * g[:, t]).abs().max() < 1e-12, t
+        if t > 0:
+            Pi_now = layer.memberships(w2[:, :, :t + 1], Q[:, :, t:t + 1].expand(-1, -1, t + 1, -1)).detach()
+            R = tost.variational_compression(Z[:, :t + 1], Pi_now, layer.U(), alpha=1.0).sum()
+            (g,) = torch.autograd.grad(R, Z)
+            assert (y[:, t] + (t + 1) * g[:, t]).abs().max() > 1e-4, t
+    assert y.abs().amax(-1).min() > 1e-3                                  # no position is trivially zero
+
+
 # -----------------------------------------------------------------------------
 # the practical operators against slow, direct evaluations of the formulas
 
@@ -711,3 +773,4 @@ def test_generate_edge_cases():
     assert model.generate(torch.zeros(1, 1, dtype=torch.long), 4, top_k=0).shape == (1, 5)   # 0: all tokens
     with pytest.raises(ValueError, match='T >= 1'):
         model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
+
