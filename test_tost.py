@@ -2,7 +2,12 @@
 recurrent equals parallel, the cost is linear in the number of tokens. Tiny shapes, float64 where
 exactness matters. Run: python -m pytest -q"""
 
+import inspect
 import math
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -774,3 +779,23 @@ def test_generate_edge_cases():
     with pytest.raises(ValueError, match='T >= 1'):
         model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
 
+
+# -----------------------------------------------------------------------------
+# the book: the reading path the docstring names, and the lecture
+
+def test_the_module_docstring_names_the_first_read_path_by_its_lines():
+    """Each 'lines a-b ... (names)' row of tost.py's docstring spans exactly the named definitions."""
+    rows = re.findall(r'^\s*lines\s+(\d+)-(\d+)\s.*\((\w+(?:, \w+)*)\)$', tost.__doc__, re.M)
+    assert len(rows) == 5
+    for a, b, names in rows:
+        sources = [inspect.getsourcelines(getattr(tost, name)) for name in names.split(', ')]
+        spans = [(start, start + len(src) - 1) for src, start in sources]
+        assert (min(s for s, _ in spans), max(e for _, e in spans)) == (int(a), int(b)), (names, spans)
+
+
+def test_derivation_runs_and_every_claim_it_prints_holds():
+    """derivation.py asserts each number it prints (a few seconds)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, 'derivation.py'], cwd=here, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith('1. square orthogonal U_k') and '\n8. elements written' in r.stdout
