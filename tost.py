@@ -300,15 +300,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm block with layer-scale vectors g1, g2 (the paper's, after XCiT):
+    """Pre-LayerNorm block with layer-scale vectors g1, g2, as in the paper:
 
         x = x + g1 * attn(LN(x))
         x = x + g2 * MLP(LN(x))
 
     attn is chosen per block: 'tssa' (CausalTSSA if causal, else TSSA) or 'softmax' (the baseline).
-    The white-box layer is an exact step on R^var_c of its input. In a block its input is LN(x), its output
-    is scaled coordinate by coordinate by g1 (init 1e-5 in the language models) and added to x: the block
-    takes an approximate step on R^var_c of the normalised tokens, not an exact one.
+    The white-box layer is an exact step on R^var_c of its input (Pi held fixed). In a block its input is
+    LN(x), and its output is scaled coordinate by coordinate by g1 (init 1e-5 in the language models) and
+    added to x: the block takes an approximate step on R^var_c of the normalised tokens, not an exact one.
     Two options beyond the paper, off by default: token_shift (attn(shift(LN(x)))) and lpi (x = x + g3 *
     LPI(LN(x)) between the two lines, as XCiT places it; forward then needs the patch grid).
     """

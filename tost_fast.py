@@ -2,8 +2,8 @@
 The fast cores of tost.py's TSSA and CausalTSSA: the same numbers as their readable forward() lines, in
 fewer passes over memory. Nothing here is new math; read tost.py for that.
 
-Each readable forward() starts with one line that enters here when usable(layer) says so. Two things make
-these cores faster than autograd over the readable lines:
+Each readable forward() enters here by one line, when usable(layer) says so. Two things make these cores
+faster than autograd over the readable lines:
   * a hand-written backward: autograd keeps and re-reads about twice as many intermediate tensors;
   * on a CPU, chunks: the work is cut into pieces of about CHUNK elements, so that the dozen tensors a
     piece uses stay in cache instead of streaming through memory once per line.
