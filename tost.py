@@ -707,9 +707,9 @@ class ViT(nn.Module):
         """What the model does on images x, for figures:
           'pi':          (B, K, Hp, Wp) memberships Pi of TSSA block `layer` (one map per head),
           'cls_attn':    (B, H, Hp, Wp) the last class-attention block's CLS attention over patches,
-          'compression': list of R^var_c per TSSA block (B,): the block's output tokens (after its TSSA and
-                         MLP), seen through that block's LayerNorm and projections, with the memberships
-                         the block computed from its input (alpha = 1).
+          'compression': list of R^var_c per TSSA block (B,): the block's output tokens (after its TSSA, LPI
+                         if any, and MLP), seen through that block's LayerNorm and projections, with the
+                         memberships the block computed from its input (alpha = 1).
         """
         x, (Hp, Wp) = self._tokens(x)
         B = x.shape[0]
