@@ -2,13 +2,19 @@
 recurrent equals parallel, the cost is linear in the number of tokens. Tiny shapes, float64 where
 exactness matters. Run: python -m pytest -q"""
 
+import inspect
 import math
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tost
+import tost_fast
 from tost import GPT, GPTConfig, ViT, ViTConfig, TSSA, CausalTSSA, SoftmaxAttention, preset
 
 torch.set_num_threads(2)
@@ -28,13 +34,13 @@ def randomize(module, scale=0.3, seed=0):
 # the objective and the white-box gradient step
 
 def exact_compression(Z, Pi, alpha):
-    """R_c(Z, Pi) = 1/2 sum_k (n_k/n) logdet(I + alpha/n_k Z diag(pi_k) Z^T), tokens as rows of Z."""
+    """R_c(Z, Pi) = 1/2 sum_k (n_k/n) logdet(I + alpha/n_k Z diag(pi_k) Z^T), tokens as rows of Z, Pi (B, K, n)."""
     B, n, d = Z.shape
     out = torch.zeros(B, dtype=Z.dtype)
     for b in range(B):
-        for k in range(Pi.shape[2]):
-            n_k = Pi[b, :, k].sum()
-            M = Z[b].T @ torch.diag(Pi[b, :, k]) @ Z[b]
+        for k in range(Pi.shape[1]):
+            n_k = Pi[b, k].sum()
+            M = Z[b].T @ torch.diag(Pi[b, k]) @ Z[b]
             out[b] += 0.5 * (n_k / n) * torch.logdet(torch.eye(d, dtype=Z.dtype) + alpha / n_k * M)
     return out
 
@@ -43,7 +49,7 @@ def test_variational_bound_upper_bounds_compression_and_is_tight_in_the_eigenbas
     torch.manual_seed(0)
     B, n, d, K, alpha = 2, 20, 6, 3, 2.5
     Z = torch.randn(B, n, d, dtype=torch.float64)
-    Pi = torch.softmax(torch.randn(B, n, K, dtype=torch.float64), dim=-1)
+    Pi = torch.softmax(torch.randn(B, K, n, dtype=torch.float64), dim=1)   # (B, K, n), sums to 1 over K
     exact = exact_compression(Z, Pi, alpha)
     # any orthogonal U_k (square, so the bound applies): R^var_c >= R_c, strictly for a random basis
     U = torch.linalg.qr(torch.randn(K, d, d, dtype=torch.float64))[0]
@@ -51,7 +57,7 @@ def test_variational_bound_upper_bounds_compression_and_is_tight_in_the_eigenbas
     assert (bound > exact + 1e-6).all()
     # U_k = eigenvectors of Z diag(pi_k) Z^T (per batch item): equality
     for b in range(B):
-        Ue = torch.stack([torch.linalg.eigh(Z[b].T @ torch.diag(Pi[b, :, k]) @ Z[b])[1] for k in range(K)])
+        Ue = torch.stack([torch.linalg.eigh(Z[b].T @ torch.diag(Pi[b, k]) @ Z[b])[1] for k in range(K)])
         tight = tost.variational_compression(Z[b:b + 1], Pi[b:b + 1], Ue, alpha)
         torch.testing.assert_close(tight, exact[b:b + 1], rtol=1e-12, atol=1e-12)
 
@@ -64,7 +70,7 @@ def test_whitebox_tssa_is_minus_tau_times_the_gradient_of_the_variational_object
     Z = torch.randn(B, n, d, dtype=torch.float64, requires_grad=True)
     out = layer(Z)
     # Pi as the layer computed it, held fixed
-    Pi = layer.memberships(layer.split_heads(layer.c_attn(Z))).detach().transpose(1, 2)   # (B, n, K)
+    Pi = layer.memberships(layer.split_heads(layer.c_attn(Z))).detach()   # (B, K, n)
     R = tost.variational_compression(Z, Pi, layer.U(), alpha).sum()
     (grad,) = torch.autograd.grad(R, Z)
     assert (out + tau * grad).abs().max().item() < 1e-10
@@ -77,10 +83,72 @@ def test_a_small_whitebox_step_lowers_the_objective():
     layer = randomize(TSSA(d, K, whitebox=True, alpha=alpha, tau=0.05).double(), seed=1)
     Z = torch.randn(B, n, d, dtype=torch.float64)
     with torch.no_grad():
-        Pi = layer.memberships(layer.split_heads(layer.c_attn(Z))).transpose(1, 2)
+        Pi = layer.memberships(layer.split_heads(layer.c_attn(Z)))
         before = tost.variational_compression(Z, Pi, layer.U(), alpha)
         after = tost.variational_compression(Z + layer(Z), Pi, layer.U(), alpha)
     assert (after < before).all(), (before, after)
+
+
+def test_a_whitebox_step_shrinks_the_weak_directions_of_a_group_most():
+    """TSSA's docstring: with [U_1 .. U_K] orthogonal, the step multiplies coordinate i of token j (in head k's
+    coordinates) by 1 - tau pi_jk D_ki / n, and D_ki is largest where the group's second moment s_ki/n_k is
+    smallest. Measured on the layer's output: per token and group, the factor grows with the coordinate's second
+    moment (strong directions kept, weak ones shrunk); per group, the weakest coordinate keeps a smaller
+    fraction of its second moment than the strongest."""
+    torch.manual_seed(0)
+    B, n, d, K, alpha, tau = 2, 64, 12, 3, 1.0, 4.0
+    layer = TSSA(d, K, whitebox=True, alpha=alpha, tau=tau).double()
+    with torch.no_grad():
+        layer.c_attn.weight.copy_(torch.linalg.qr(torch.randn(d, d, dtype=torch.float64))[0])
+        scale = torch.logspace(-1, 1, d, dtype=torch.float64)[torch.randperm(d)]
+        Z = (torch.randn(B, n, d, dtype=torch.float64) * scale) @ layer.c_attn.weight
+        w = layer.split_heads(layer.c_attn(Z))                            # (B, K, n, p)
+        Pi = layer.memberships(w)                                         # (B, K, n)
+        w_after = layer.split_heads(layer.c_attn(Z + layer(Z)))
+    moment = lambda w: (Pi[..., None] * w * w).sum(2) / Pi.sum(2)[..., None]   # (B, K, p)  s_k / n_k
+    m = moment(w)
+    D = alpha / (1 + alpha * m)
+    torch.testing.assert_close(w_after, w * (1 - tau / n * Pi[..., None] * D[:, :, None]), rtol=0, atol=1e-12)
+    factor = w_after / w                                                  # (B, K, n, p)
+    assert (factor < 1).all()
+    order = m.argsort(-1)[:, :, None].expand_as(factor)                   # coordinates, weakest first
+    assert (factor.gather(-1, order).diff(dim=-1) > 0).all()
+    kept = moment(w_after) / m
+    assert (kept.gather(-1, m.argmin(-1, keepdim=True)) < kept.gather(-1, m.argmax(-1, keepdim=True))).all()
+    assert (m.amax(-1) / m.amin(-1) > 10).all()                           # each group has weak and strong ones
+
+
+@pytest.mark.parametrize('fast', [True, False])
+def test_the_causal_step_is_minus_t_plus_1_times_the_gradient_of_its_prefix_objective(fast, monkeypatch):
+    """CausalTSSA's docstring. The output tied to the input projection (c_proj's weight = c_attn's transposed,
+    so the layer returns sum_k U_k y_tk), alpha = 1, nothing added to n_k (eps = 0). Pi_{<=t} = pi_0 .. pi_t as the
+    layer computes them, each from the tokens up to its own position, detached. Random temperatures and
+    position biases (they enter only Pi). For every t, in float64:
+        sum_k U_k y_tk = -(t+1) grad_{z_t} R^var_c(Z_{<=t}, Pi_{<=t}).
+    Memberships re-estimated at time t (every pi_j from Q_t) do not satisfy it: the test can fail."""
+    monkeypatch.setattr(TSSA, 'fast', fast)
+    torch.manual_seed(0)
+    B, T, d, K = 2, 12, 12, 3
+    layer = randomize(CausalTSSA(d, K, block_size=T).double())
+    layer.eps = 0.0
+    with torch.no_grad():
+        layer.c_proj.weight.copy_(layer.c_attn.weight.t())
+    assert layer.pos_bias.abs().max() > 0.3 and layer.temp.std() > 0.1
+    Z = torch.randn(B, T, d, dtype=torch.float64, requires_grad=True)
+    y = layer(Z)                                                          # (B, T, d)
+    w2 = layer.split_heads(layer.c_attn(Z)).square()                     # (B, K, T, p)
+    Q = torch.cumsum(w2, 2)
+    Pi = layer.memberships(w2, Q).detach()                               # (B, K, T)
+    for t in range(T):
+        R = tost.variational_compression(Z[:, :t + 1], Pi[:, :, :t + 1], layer.U(), alpha=1.0).sum()
+        (g,) = torch.autograd.grad(R, Z)
+        assert (y[:, t] + (t + 1) * g[:, t]).abs().max() < 1e-12, t
+        if t > 0:
+            Pi_now = layer.memberships(w2[:, :, :t + 1], Q[:, :, t:t + 1].expand(-1, -1, t + 1, -1)).detach()
+            R = tost.variational_compression(Z[:, :t + 1], Pi_now, layer.U(), alpha=1.0).sum()
+            (g,) = torch.autograd.grad(R, Z)
+            assert (y[:, t] + (t + 1) * g[:, t]).abs().max() > 1e-4, t
+    assert y.abs().amax(-1).min() > 1e-3                                  # no position is trivially zero
 
 
 # -----------------------------------------------------------------------------
@@ -525,7 +593,7 @@ def test_fast_causal_core_equals_readable_form_values_and_gradients(chunk, monke
     """float64, several chunks of `chunk` tokens and a partial last one (40 = 16 + 16 + 8), batch 2."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(16, 4, block_size=40).double())
-    monkeypatch.setattr(tost, 'CHUNK', chunk * 2 * 16)              # elements: tokens x batch x width
+    monkeypatch.setattr(tost_fast, 'CHUNK', chunk * 2 * 16)         # elements: tokens x batch x width
     x = torch.randn(2, 40, 16, dtype=torch.float64)
     g = torch.randn(2, 40, 16, dtype=torch.float64)
     for a, b in zip(_outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)):
@@ -537,7 +605,7 @@ def test_fast_causal_core_without_grad_equals_readable_form(chunk, monkeypatch):
     """Under no_grad the core reuses one chunk's scratch (nothing kept for a backward): same outputs."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(16, 4, block_size=40).double())
-    monkeypatch.setattr(tost, 'CHUNK', chunk * 2 * 16)
+    monkeypatch.setattr(tost_fast, 'CHUNK', chunk * 2 * 16)
     x = torch.randn(2, 40, 16, dtype=torch.float64)
     with torch.no_grad():
         fast = layer(x)
@@ -549,7 +617,7 @@ def test_fast_causal_core_clamps_like_the_readable_form(monkeypatch):
     """Q_t < 1e-12 (the first tokens of some coordinates tiny): the clamp's gradient, and the chunk after it."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(8, 2, block_size=24).double())
-    monkeypatch.setattr(tost, 'CHUNK', 5 * 8)                       # chunks of 5 tokens
+    monkeypatch.setattr(tost_fast, 'CHUNK', 5 * 8)                  # chunks of 5 tokens
     with torch.no_grad():
         layer.c_attn.weight[:3] *= 1e-9                          # three coordinates of head 0 stay below the clamp
     x = torch.randn(1, 24, 8, dtype=torch.float64)
@@ -565,7 +633,7 @@ def test_gradcheck_fast_causal_core():
     w = torch.randn(1, 7, 2, 3, dtype=torch.float64, requires_grad=True)      # (B, T, K, p)
     temp = torch.randn(2, dtype=torch.float64, requires_grad=True)
     pb = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: tost._CausalCore.apply(*a, 1e-8, 3), (w, temp, pb))
+    assert torch.autograd.gradcheck(lambda *a: tost_fast.CausalCore.apply(*a, 1e-8, 3), (w, temp, pb))
 
 
 def test_an_explicit_alpha_is_not_lost_to_the_fast_core():
@@ -586,7 +654,7 @@ def test_an_explicit_alpha_is_not_lost_to_the_fast_core():
 def test_fast_vision_core_equals_readable_form_values_and_gradients(images_per_chunk, monkeypatch):
     torch.manual_seed(0)
     layer = randomize(TSSA(16, 4, bias=True).double())
-    monkeypatch.setattr(tost, 'CHUNK', images_per_chunk * 9 * 16)
+    monkeypatch.setattr(tost_fast, 'CHUNK', images_per_chunk * 9 * 16)
     x = torch.randn(5, 9, 16, dtype=torch.float64)
     x[1] *= 1e-14                                              # image 1: every column below the clamp
     with torch.no_grad():
@@ -600,7 +668,7 @@ def test_gradcheck_fast_vision_core():
     torch.manual_seed(0)
     w = torch.randn(3, 5, 2, 3, dtype=torch.float64, requires_grad=True)      # (B, n, K, p)
     temp = torch.randn(2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: tost._TSSACore.apply(*a, 1e-8, 2), (w, temp))
+    assert torch.autograd.gradcheck(lambda *a: tost_fast.TSSACore.apply(*a, 1e-8, 2), (w, temp))
 
 
 def _rel(a, b):
@@ -710,3 +778,24 @@ def test_generate_edge_cases():
     assert model.generate(torch.zeros(1, 1, dtype=torch.long), 4, top_k=0).shape == (1, 5)   # 0: all tokens
     with pytest.raises(ValueError, match='T >= 1'):
         model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
+
+
+# -----------------------------------------------------------------------------
+# the book: the reading path the docstring names, and the lecture
+
+def test_the_module_docstring_names_the_first_read_path_by_its_lines():
+    """Each 'lines a-b ... (names)' row of tost.py's docstring spans exactly the named definitions."""
+    rows = re.findall(r'^\s*lines\s+(\d+)-(\d+)\s.*\((\w+(?:, \w+)*)\)$', tost.__doc__, re.M)
+    assert len(rows) == 5
+    for a, b, names in rows:
+        sources = [inspect.getsourcelines(getattr(tost, name)) for name in names.split(', ')]
+        spans = [(start, start + len(src) - 1) for src, start in sources]
+        assert (min(s for s, _ in spans), max(e for _, e in spans)) == (int(a), int(b)), (names, spans)
+
+
+def test_derivation_runs_and_every_claim_it_prints_holds():
+    """derivation.py asserts each number it prints (a few seconds)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, 'derivation.py'], cwd=here, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith('1. square orthogonal U_k') and '\n8. elements written' in r.stdout

@@ -4,22 +4,30 @@ The Token Statistics Transformer (ToST) in one file.
 Wu, Ding, Lu, Pai, Zhang, Wang, Yu, Ma, Haeffele. "Token Statistics Transformer: Linear-Time
 Attention via Variational Rate Reduction". ICLR 2025. arXiv:2412.17810.
 
-ToST replaces pairwise softmax attention by Token Statistics Self-Attention (TSSA): one step of
-gradient descent on a variational bound of the compression term of the rate-reduction objective.
-No token is compared with another; each head only shares the second moment of its projected tokens,
-so a layer costs O(n) time and memory in the number of tokens n.
+ToST replaces pairwise softmax attention by Token Statistics Self-Attention (TSSA): one step of gradient
+descent, with the memberships Pi held fixed, on the paper's variational form R^var_c of the compression
+term of rate reduction. No token is compared with another; each head shares only the second moments of
+its projected tokens, so a layer costs O(n) time and memory in the number of tokens n.
 
-What is here, top to bottom:
-  1. variational_compression: the objective R^var_c(Z, Pi | {U_k}) that TSSA descends.
-  2. TSSA: the non-causal operator (vision), with a white-box mode that is exactly -tau * grad R^var_c.
-  3. CausalTSSA: the causal operator (language), parallel form (prefix sums) and recurrent form
-     (a state of O(head_dim) numbers per head, so generation costs the same per token at any length).
-  4. SoftmaxAttention (PyTorch SDPA): the baseline, switchable with attn='softmax'.
-  5. MLP, Block, GPT (+ GPTConfig), ViT (+ ViTConfig), preset(), optimizer groups, FLOP counts.
+Notation (the paper's). Tokens z_1 .. z_n in R^d. K heads, also called groups; p = d / K. U_k in R^{d x p}
+projects onto head k: w_jk = U_k^T z_j. Memberships pi_jk >= 0, sum_k pi_jk = 1: how much token j belongs
+to group k. Per group, with squares taken coordinate by coordinate:
+    n_k = sum_j pi_jk                the group's size
+    s_k = sum_j pi_jk w_jk^2         p numbers, its pi-weighted sum of squares
+    s_k / n_k                        its second moment along each of its p coordinates
+In the code tokens are rows: x and Z are (B, n, d), w is (B, K, n, p), Pi is (B, K, n). Pi[:, k] is the
+paper's column pi_k (the paper's Pi is n x K). Comments end with tensor shapes.
 
-Notation follows the paper: Z = [z_1 .. z_n] tokens, K heads ("groups"), p = d / K head dim,
-U_k in R^{d x p} the projection of head k, Pi in R^{n x K} soft memberships of tokens in groups.
-Code is nanoGPT-shaped: tokens are rows, x has shape (B, n, d); comments end with tensor shapes.
+First read, in order (lines of this file, spanning the definitions named in brackets):
+  lines 47-79     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
+  lines 86-176    the white-box gradient step, then the practical operator (TSSA)
+  lines 183-281   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 288-372   the block, an approximate step on the normalised tokens (MLP, Block)
+  lines 379-543   the language model, and generation with the recurrent state (GPTConfig, GPT)
+Then the vision model (ViT), the softmax baseline, two options beyond the paper (TokenShift,
+LocalPatchInteraction), and utilities: presets, optimizer groups, FLOP counts.
+tost_fast.py holds the fused cores the forward passes run by default: the same numbers, faster.
+derivation.py is a runnable lecture: each step of the derivation, computed with this file, in float64.
 """
 
 import math
@@ -30,54 +38,55 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import tost_fast
+
 # -----------------------------------------------------------------------------
 # 1. The objective
 
 
 def variational_compression(Z, Pi, U, alpha=1.0):
-    """R^var_c(Z, Pi | {U_k}), the paper's variational form of the compression term, per batch item.
+    """R^var_c(Z, Pi | {U_k}): the paper's variational form of the compression term (its equation 4).
 
-        R^var_c = 1/2 sum_k (n_k / n) sum_i log(1 + alpha * s_ki / n_k)
-        s_ki    = sum_j pi_jk (u_ki^T z_j)^2        pi-weighted second moment of coordinate i of head k
-        n_k     = sum_j pi_jk                        "size" of group k
+        R^var_c = 1/2 sum_k (n_k / n) sum_i f(s_ki / n_k),    f(x) = log(1 + alpha x)
 
-    With square orthogonal U_k (d x d) it upper-bounds the compression term
-    R_c(Z, Pi) = 1/2 sum_k (n_k/n) logdet(I + alpha/n_k Z diag(pi_k) Z^T), with equality when U_k
-    diagonalises Z diag(pi_k) Z^T: the diagonal of U^T M U is majorised by the eigenvalues of M, and
-    sum_i log(1 + alpha x_i) is concave (tested both ways). ToST then takes U_k in R^{d x p}, p = d/K,
-    one low-dimensional subspace per group: the same formula over p coordinates, which is what the layers
-    descend; it is no longer a bound on the full-dimensional R_c.
-    alpha = d / eps^2 in the paper; the practical operator absorbs it into U (alpha = 1).
+    It stands in for the compression term of rate reduction,
 
-    Z: (B, n, d) tokens as rows.  Pi: (B, n, K) memberships (rows sum to 1).  U: (K, d, p).
-    Returns (B,).
+        R_c(Z, Pi) = 1/2 sum_k (n_k / n) logdet(I + alpha / n_k  Z diag(pi_k) Z^T),
+
+    where Z diag(pi_k) Z^T (tokens as columns) is group k's uncentred second-moment matrix. Is it a bound?
+      * U_k square orthogonal (d x d): yes, R^var_c >= R_c, with equality when U_k diagonalises
+        Z diag(pi_k) Z^T. (The diagonal of U^T M U is majorised by the eigenvalues of M, and f is concave.)
+      * U_k of size d x p with p < d, one small subspace per group, as ToST uses: in neither direction.
+        Random draws fall below R_c; a group whose tokens lie in its subspace, off its axes, is above.
+        R^var_c is then the objective the layers descend, not a bound on R_c.
+    derivation.py shows the three cases. alpha = d / eps^2 in the paper; the practical operator has
+    alpha = 1, absorbed into U.
+
+    Z: (B, n, d) tokens as rows.  Pi: (B, K, n), summing to 1 over K.  U: (K, d, p).  Returns (B,).
     """
-    w = torch.einsum('bnd,kdp->bknp', Z, U)                # (B, K, n, p)  u_ki^T z_j
+    w = torch.einsum('bnd,kdp->bknp', Z, U)                # (B, K, n, p)  w_jk = U_k^T z_j
     return compression_of_projections(w, Pi, alpha)
 
 
 def compression_of_projections(w, Pi, alpha=1.0):
-    """R^var_c from the projected tokens w = U_k^T z_j, (B, K, n, p), and Pi (B, n, K). Returns (B,)."""
+    """R^var_c from the projected tokens w (B, K, n, p) and Pi (B, K, n). Returns (B,)."""
+    if Pi.shape != w.shape[:3]:
+        raise ValueError(f"Pi must be (B, K, n) = {tuple(w.shape[:3])}, got {tuple(Pi.shape)}")
     n = w.shape[2]
-    s = torch.einsum('bnk,bknp->bkp', Pi, w * w)           # (B, K, p)     s_k
-    n_k = Pi.sum(dim=1)                                    # (B, K)
-    logs = torch.log1p(alpha * s / n_k.unsqueeze(-1))      # (B, K, p)     f(s_k / n_k)
+    s = torch.einsum('bkn,bknp->bkp', Pi, w * w)           # (B, K, p)  s_k = sum_j pi_jk w_jk^2
+    n_k = Pi.sum(dim=2)                                    # (B, K)     n_k = sum_j pi_jk
+    logs = torch.log1p(alpha * s / n_k.unsqueeze(-1))      # (B, K, p)  f(s_k / n_k)
     return 0.5 * ((n_k / n) * logs.sum(-1)).sum(-1)        # (B,)
 
 
 # -----------------------------------------------------------------------------
-# 2. TSSA: one gradient step on R^var_c, as an attention layer
-
-
-def _stat_dtype(t):
-    # statistics (sums over tokens) are taken in float32 when the activations are half precision
-    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
+# 2. TSSA: a gradient step on R^var_c is an attention layer
 
 
 class TSSA(nn.Module):
-    """Token Statistics Self-Attention, non-causal: the paper's operator and the released vision code's.
+    """Token Statistics Self-Attention, non-causal (the vision operator).
 
-    The gradient of R^var_c with respect to token z_j, with Pi held fixed, is
+    The white-box step. Hold Pi fixed. The gradient of R^var_c with respect to token z_j is
 
         grad_{z_j} R^var_c = 1/n sum_k pi_jk U_k D_k U_k^T z_j,    D_k = diag(f'(s_k / n_k)),
         f'(x) = alpha / (1 + alpha x),
@@ -86,17 +95,23 @@ class TSSA(nn.Module):
 
         TSSA(Z) = -tau/n sum_k U_k D_k U_k^T Z diag(pi_k).
 
-    Each token is projected into each head (w = U_k^T z), each coordinate is shrunk by D_k, which is
-    small where the group already has a large second moment (this is the compression), weighted by the
-    token's membership pi_jk, and mapped back. Only the statistics s_k (O(p) numbers per head) are shared.
+    whitebox=True computes exactly this: the output equals -tau * grad_Z R^var_c with Pi held fixed (the
+    layer computes Pi from Z; Pi's own dependence on Z is not part of the step). Tested.
 
-    The practical operator (the released one, default here) keeps this form and changes three things:
-      * alpha is absorbed into the projection (U -> sqrt(alpha) U turns f' into 1/(1+x)),
-      * tau/n is absorbed into a separately learned output projection c_proj (U_k no longer maps back),
-      * Pi is estimated from the tokens themselves (a softmax over heads, see memberships()).
-    whitebox=True undoes the first two: the output is tied to the input projection and scaled by
-    tau/n with an explicit alpha, so the layer equals -tau * grad_Z R^var_c exactly (tested).
+    Which directions shrink. Per token and head: project (w = U_k^T z_j), scale coordinate i by pi_jk D_ki,
+    map back with U_k, subtract tau/n of it. When the U_k together form an orthogonal d x d matrix, the
+    step multiplies coordinate i of token j by exactly 1 - tau pi_jk D_ki / n. D_ki = alpha / (1 + alpha
+    s_ki/n_k) is largest where the group's second moment s_ki/n_k is smallest: a group's weak directions
+    are shrunk most and its strong ones kept. That is the compression: each group is pulled towards its
+    dominant subspace (tested; derivation.py measures it). Only the statistics s_k are shared.
+
+    The practical operator (the released one; the default) keeps this form and changes three things:
+      1. alpha is absorbed into the projection: U -> sqrt(alpha) U turns f' into 1/(1 + x);
+      2. tau/n is absorbed into a separately learned output projection c_proj: U_k no longer maps back;
+      3. Pi is estimated from the tokens (memberships()), and 1e-8 is added to n_k.
     """
+
+    fast = True    # forward() runs tost_fast's fused core where it can (same numbers); False: the lines below
 
     def __init__(self, n_embd, n_head, bias=False, dropout=0.0, whitebox=False, alpha=1.0, tau=1.0):
         super().__init__()
@@ -130,45 +145,29 @@ class TSSA(nn.Module):
         return self.c_attn.weight.view(self.n_head, self.head_dim, d).transpose(1, 2)
 
     def memberships(self, w):
-        """Pi: how much of token j lives in each head's subspace, as the released code estimates it.
+        """Pi, estimated from the tokens. The paper's estimate (its equation 10) is a softmax over groups of
+        temp_k ||U_k^T z_j||^2. The released code, followed here, first normalises each coordinate over the
+        tokens, so that a head's score does not depend on the overall scale of its projection:
 
-        pi_jk = softmax_k( temp_k * sum_i w_jki^2 / sum_s w_ski^2 ): each coordinate is first normalised
-        over the tokens, so a head's score does not depend on the overall scale of its projection.
+            pi_jk = softmax_k( temp_k * sum_i w_jki^2 / sum_l w_lki^2 )
+
         w: (B, K, n, p) -> Pi: (B, K, n), summing to 1 over K.
         """
         w2 = w * w
         energy = w2 / w2.sum(dim=2, keepdim=True).clamp_min(1e-24)    # (B, K, n, p)  column-normalised
         return torch.softmax(self.temp * energy.sum(-1), dim=1)         # (B, K, n)
 
-    # Training and inference run a fast core (_TSSACore here, _CausalCore for CausalTSSA): the same numbers
-    # in fewer passes over memory, tested equal to the readable lines. fast = False, torch.compile (which
-    # fuses the readable lines itself), dropout in training, or the white-box mode run the readable lines.
-    fast = True
-
-    def _use_fast(self):
-        return self.fast and not self.whitebox and self.alpha == 1 and not torch.compiler.is_compiling() \
-            and not (self.training and self.attn_dropout.p > 0)
-
-    def _fast(self, x, core, *args):
-        """c_proj(core(c_attn(x))), the core seeing w as (B, n, K, p): a view of the projection, no copy."""
-        B, n, d = x.shape
-        w = self.c_attn(x)
-        wf = w.to(_stat_dtype(w)).view(B, n, self.n_head, self.head_dim)
-        args = [a.to(wf.dtype) if torch.is_tensor(a) else a for a in args]
-        y = core.apply(wf, self.temp.view(-1).to(wf.dtype), *args)
-        return self.resid_dropout(self.c_proj(y.view(B, n, d).to(w.dtype)))
-
     def forward(self, x):
+        if tost_fast.usable(self):                             # same numbers, faster: see tost_fast.py
+            return tost_fast.tssa(self, x)
         B, n, d = x.shape
-        if self._use_fast():
-            return self._fast(x, _TSSACore, self.eps, _chunk(x, B, n * d))
         w = self.split_heads(self.c_attn(x))                   # (B, K, n, p)  w_j = U_k^T z_j
         out_dtype = w.dtype
         w = w.to(_stat_dtype(w))
         Pi = self.memberships(w).unsqueeze(-1)                 # (B, K, n, 1)  pi_jk
-        n_k = Pi.sum(dim=2, keepdim=True) + self.eps           # (B, K, 1, 1)  n_k = <pi_k, 1>
-        s = (Pi * w * w).sum(dim=2, keepdim=True) / n_k        # (B, K, 1, p)  s_k / n_k: pi-weighted 2nd moment
-        D = self.alpha / (1 + self.alpha * s)                  # (B, K, 1, p)  D_k = f'(s_k / n_k)
+        n_k = Pi.sum(dim=2, keepdim=True) + self.eps           # (B, K, 1, 1)  n_k = sum_j pi_jk
+        s = (Pi * w * w).sum(dim=2, keepdim=True)              # (B, K, 1, p)  s_k = sum_j pi_jk w_j^2
+        D = self.alpha / (1 + self.alpha * (s / n_k))          # (B, K, 1, p)  D_k = f'(s_k / n_k)
         D = self.attn_dropout(D)
         y = -(Pi * w) * D                                      # (B, K, n, p)  minus: gradient *descent*
         y = self.merge_heads(y.to(out_dtype))                  # (B, n, d)
@@ -177,198 +176,44 @@ class TSSA(nn.Module):
         return self.resid_dropout(self.c_proj(y))              # (B, n, d)  learned map back, absorbs tau/n
 
 
-# A fast core on a CPU works on chunks of about this many elements (1 MB of float32 per tensor), so that
-# the dozen tensors a chunk uses stay in cache instead of streaming through memory once per line. On a GPU
-# it takes everything at once: there, kernel launches cost more than memory passes.
-CHUNK = 2 ** 18
-
-
-def _chunk(x, whole, unit):
-    """How many units (images, or tokens) a fast core takes at a time: `whole` off the CPU, else about CHUNK
-    elements' worth, at least one; a unit holds `unit` elements."""
-    return whole if x.device.type != 'cpu' else max(1, CHUNK // unit)
-
-
-class _TSSACore(torch.autograd.Function):
-    """TSSA.forward's practical operator (no dropout) with a hand-written backward, a chunk of images at a
-    time (each image's statistics are its own). Same numbers as the readable lines (tested), with about
-    half the passes over memory of autograd's version. w: (B, n, K, p); temp: (K,)."""
-
-    @staticmethod
-    def forward(ctx, w, temp, eps, chunk):
-        y = torch.empty_like(w)
-        stats = []
-        for a in range(0, w.shape[0], chunk):
-            wc = w[a:a + chunk]
-            w2 = wc * wc
-            col = w2.sum(1, keepdim=True).clamp_min_(1e-24)     # (b, 1, K, p)  sum_s w_s^2 per coordinate
-            e = (w2 / col).sum(-1)                               # (b, n, K)
-            Pi = torch.softmax(temp * e, -1)                     # (b, n, K)     pi_jk
-            n_k = Pi.sum(1, keepdim=True) + eps                  # (b, 1, K)
-            S = w2.mul_(Pi.unsqueeze(-1)).sum(1, keepdim=True)   # (b, 1, K, p)  s_k
-            D = 1 / (1 + S / n_k.unsqueeze(-1))                  # (b, 1, K, p)  D_k
-            torch.mul(wc, D, out=y[a:a + chunk]).mul_(-Pi.unsqueeze(-1))   # y = -pi w D
-            stats.append((col, e, Pi, n_k, S))
-        ctx.save_for_backward(w, temp, *(torch.cat(s) for s in zip(*stats)))
-        ctx.chunk = chunk
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        w, temp, cols, es, Pis, n_ks, Ss = ctx.saved_tensors
-        g = g.to(w.dtype)
-        gw, gtemp = torch.empty_like(w), torch.zeros_like(temp)
-        for a in range(0, w.shape[0], ctx.chunk):
-            c = slice(a, a + ctx.chunk)
-            wc, gc, col, e, Pi, n_k, S = w[c], g[c], cols[c], es[c], Pis[c], n_ks[c], Ss[c]
-            Pi4, n_k4 = Pi.unsqueeze(-1), n_k.unsqueeze(-1)
-            D = 1 / (1 + S / n_k4)
-            gww = gc * wc
-            gD = -(gww * Pi4).sum(1, keepdim=True)               # y = -pi w D
-            gPi = -gww.mul_(D).sum(-1)
-            gs = -gD * D * D                                     # D = 1 / (1 + s), s = S / n_k
-            gS = gs / n_k4
-            w2 = wc * wc
-            gPi += (w2 * gS).sum(-1) - (gs * S).sum(-1) / (n_k * n_k)   # via S = sum pi w^2, n_k = sum pi
-            dl = Pi * (gPi - (Pi * gPi).sum(-1, keepdim=True))   # softmax over heads
-            gtemp += (dl * e).sum((0, 1))
-            de = (dl * temp).unsqueeze(-1)                       # e = sum_i w^2 / col
-            gcol = (w2 * de).sum(1, keepdim=True).div_(col * col).neg_().masked_fill_(col <= 1e-24, 0)
-            gw2 = torch.addcdiv(gcol, de.expand_as(w2), col).addcmul_(Pi4, gS)
-            torch.mul(gc, D, out=gw[c]).mul_(-Pi4).addcmul_(wc, gw2, value=2)
-        return gw, gtemp, None, None
-
-
 # -----------------------------------------------------------------------------
-# 3. Causal TSSA: prefix statistics, parallel and recurrent
-
-
-def _check_length(n, block_size):
-    """A sequence of n tokens must fit the model's positions (learned embeddings, position biases)."""
-    if n > block_size:
-        raise ValueError(f"sequence of {n} tokens is longer than block_size ({block_size})")
+# 3. Causal TSSA: every sum over tokens becomes a prefix sum
 
 
 class TSSAState(NamedTuple):
-    """Everything a causal TSSA layer remembers of the past, per head: O(p) numbers, at any length."""
-    Q: torch.Tensor   # (B, K, p)  sum_{s<=t} w_s^2          (normaliser of the memberships)
-    A: torch.Tensor   # (B, K, p)  sum_{s<=t} pi_s w_s^2     (unnormalised second moment)
-    P: torch.Tensor   # (B, K)     sum_{s<=t} pi_s           (group size n_k so far)
+    """Everything a causal TSSA layer remembers of the past, per head: 2p + 1 numbers, at any length."""
+    Q: torch.Tensor   # (B, K, p)  sum_{j<=t} w_j^2          the memberships' normaliser
+    A: torch.Tensor   # (B, K, p)  sum_{j<=t} pi_j w_j^2     s_k of the prefix
+    P: torch.Tensor   # (B, K)     sum_{j<=t} pi_j           n_k of the prefix
     t: int            # tokens seen so far (the next token's position)
 
 
-class _CausalCore(torch.autograd.Function):
-    """CausalTSSA's training path: the formulas of CausalTSSA._parallel (no state, no dropout), computed
-    chunk by chunk, with a hand-written backward. Same numbers as _parallel (tested).
-
-    Why chunks: each line of _parallel is a pass over a (B, T, d) tensor, and past a few thousand tokens
-    those tensors outgrow the CPU's cache, so every pass runs at memory speed. Here the sequence is cut
-    into chunks whose passes stay in cache (see CHUNK). The prefix sums (Q, A, P) are carried from
-    one chunk to the next, as the recurrent state carries them from token to token; the backward walks
-    the chunks in reverse and carries the suffix sums of the adjoints (a prefix sum's adjoint is a suffix
-    sum). The forward keeps Q and A for the backward, which then needs no second pass of prefix sums.
-
-    Suffix sums are prefix sums of the flipped chunk, never total - prefix: the adjoint through Q_t is of
-    order 1/Q_t, huge at the first tokens when a coordinate starts near zero, and it cancels exactly
-    (R_t = w_t^2 / Q_t stays below 1). Taken as total - prefix, that cancellation leaves an error of
-    about eps / Q_0 at every later position: float32 gradients were off by up to 6% that way.
-    Layout: w is (B, T, K, p), the projection's output viewed per head, no copy.
-    """
-
-    @staticmethod
-    def forward(ctx, w, temp, pb, eps, chunk):
-        # w: (B, T, K, p) float32/64; temp: (K,); pb: (T, K) = p * b_{k,t}
-        B, T, K, p = w.shape
-        keep = any(ctx.needs_input_grad[:3])     # the backward needs every chunk's Q, A, D, Pi; else reuse one
-        L = T if keep else min(chunk, T)
-        y, (Qs, As, Ds) = torch.empty_like(w), (w.new_empty(B, L, K, p) for _ in range(3))
-        Pis, Pes, es = (w.new_empty(B, L, K) for _ in range(3))
-        Q, A, P = w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K)   # carries
-        for a in range(0, T, chunk):
-            c = slice(a, a + chunk)
-            at = c if keep else slice(0, min(chunk, T - a))         # where this chunk's intermediates go
-            wc = w[:, c]
-            w2 = wc * wc                                             # (B, C, K, p)
-            w2[:, :1] += Q                                           # carry in, then the prefix sum
-            Qc = torch.cumsum(w2, 1, out=Qs[:, at])                  # Q_t (saved unclamped)
-            torch.square(wc[:, :1], out=w2[:, :1])
-            e = torch.sum(w2 / Qc.clamp_min(1e-12), -1, out=es[:, at])  # sum_i w_t^2 / Q_t
-            Pi = torch.softmax(temp * (e + pb[c]), -1)               # (B, C, K)
-            Pis[:, at] = Pi
-            Pe = torch.cumsum(Pi, 1).add_(P)                         # sum_{s<=t} pi_s
-            Q, P = Qc[:, -1:], Pe[:, -1:].clone()
-            Pe = Pes[:, at].copy_(Pe.add_(eps)).unsqueeze(-1)
-            Pi = Pi.unsqueeze(-1)
-            w2.mul_(Pi)[:, :1] += A
-            Ac = torch.cumsum(w2, 1, out=As[:, at])                  # A_t = sum_{s<=t} pi_s w_s^2
-            A = Ac[:, -1:]
-            D = torch.div(Pe, Ac + Pe, out=Ds[:, at])                # D_t = 1 / (1 + A_t / Pe_t)
-            torch.mul(wc, D, out=y[:, c]).mul_(-Pi)                  # y_t = -Pi_t w_t D_t
-        if keep:
-            ctx.save_for_backward(w, temp, pb, Qs, As, Ds, Pis, Pes, es)
-        ctx.chunk = chunk
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        w, temp, pb, Qs, As, Ds, Pis, Pes, es = ctx.saved_tensors
-        B, T, K, p = w.shape
-        g = g.to(w.dtype)
-        gw, dls = torch.empty_like(w), w.new_empty(B, T, K)
-        SA, SQ, SP = w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K)   # suffix carries
-        for a in reversed(range(0, T, ctx.chunk)):
-            c = slice(a, a + ctx.chunk)
-            wc, Q, Ac, D, Pi, Pe = w[:, c], Qs[:, c], As[:, c], Ds[:, c], Pis[:, c], Pes[:, c]
-            Pi4, Pe4 = Pi.unsqueeze(-1), Pe.unsqueeze(-1)
-            gD = g[:, c] * D
-            GA = gD * wc
-            h = GA.sum(-1)                                           # (B, C, K)  sum_i g w D
-            GA.mul_(D).mul_(Pi4 / Pe4)                               # dL/dA_t = Pi g w D^2 / Pe
-            GP = (GA * Ac).sum(-1).div_(Pe).neg_()                   # dL/dPe_t = -sum_i dL/dA_t A_t / Pe_t
-            RA, RP = _suffix_sum(GA, SA), _suffix_sum(GP, SP)
-            SA, SP = RA[:, :1].clone(), RP[:, :1]
-            w2 = wc * wc
-            gPi = (RA * w2).sum(-1).add_(RP).sub_(h)                 # dL/dPi_t
-            dl = Pi * (gPi - (Pi * gPi).sum(-1, keepdim=True))       # softmax over heads
-            dls[:, c] = dl
-            de = (dl * temp).unsqueeze(-1)                           # dL/de_t
-            # e_t = sum_i w_t^2 / Q_t, Q_t = sum_{s<=t} w_s^2. The token's own w_t^2 enters both; together
-            # they give de_t Q_{t-1} / Q_t^2 (as de/Q_t - de w_t^2/Q_t^2 it would cancel at the first tokens).
-            # Where Q_t is clamped, R_t = w_t^2 / 1e-12 and Q_t passes nothing back.
-            Qc, clamped = Q.clamp_min(1e-12), Q <= 1e-12
-            Qprev = torch.cat([Qs[:, a - 1:a] if a else torch.zeros_like(Q[:, :1]), Q[:, :-1]], 1)
-            own = torch.where(clamped, Qc, Qprev).div_(Qc).div_(Qc)
-            gQ = w2.div_(Qc).div_(Qc).mul_(-de).masked_fill_(clamped, 0)   # via Q_t, for the later tokens
-            gw2 = RA.mul_(Pi4).addcmul_(de.expand_as(Qc), own)       # via A, and via the token's own R_t
-            SQc = _suffix_sum(gQ, SQ)
-            gw2[:, :-1] += SQc[:, 1:]                                # via Q_t' of the later tokens t' > t
-            gw2[:, -1:] += SQ
-            SQ = SQc[:, :1]
-            torch.addcmul(gD.mul_(-Pi4), wc, gw2, value=2, out=gw[:, c])   # direct path of y = -Pi w D, and w2 = w^2
-        gtemp = (dls * (es + pb)).sum((0, 1))
-        gpb = (dls * temp).sum(0)
-        return gw, gtemp, gpb, None, None
-
-
-def _suffix_sum(x, carry):
-    """sum_{t' >= t} x_t' over dim 1 (time) within a chunk, plus `carry`, the sum over the later chunks."""
-    f = torch.flip(x, [1])
-    f[:, :1] += carry
-    return torch.flip(f.cumsum_(1), [1])
-
-
 class CausalTSSA(TSSA):
-    """TSSA where every statistic is a prefix sum over s <= t (the released language model's operator).
+    """TSSA with every sum over tokens j replaced by the sum over j <= t (the released language operator):
 
-        Q_t  = sum_{s<=t} w_s^2                                         (clamped at >= 1e-12)
-        Pi_t = softmax_k( temp_k * sum_i [ w_ti^2 / Q_ti + b_{k,t} ] )  b: learned bias per head and position
-        s_t  = sum_{s<=t} Pi_s w_s^2 / ( sum_{s<=t} Pi_s + 1e-8 )
-        y_t  = -Pi_t w_t / (1 + s_t),   then c_proj
+        Q_t  = sum_{j<=t} w_j^2                                         (clamped at >= 1e-12)
+        pi_t = softmax_k( temp_k * sum_i [ w_ti^2 / Q_ti + b_{k,t} ] )  b: learned bias per head and position
+        A_t  = sum_{j<=t} pi_j w_j^2,   P_t = sum_{j<=t} pi_j           the prefix's s_k and n_k
+        y_t  = -pi_t w_t / (1 + A_t / (P_t + 1e-8)),   then c_proj
 
-    The output at t depends on tokens <= t only. At t = n-1 (and b = 0) Pi_t is TSSA's Pi; s_t is not,
-    because each earlier token entered it with the membership it had at its own time.
-    forward() computes all positions at once with cumsum; step() advances one token from a TSSAState
-    in O(p) per head. Both give the same numbers (tested). Sums run in float32 under bf16/fp16 autocast:
+    y_t depends on tokens <= t only. Each token j entered A_t with the membership pi_j it had at its own
+    time (from tokens <= j). At t = n-1 (and b = 0) pi_t is TSSA's; A_t is not.
+
+    What the causal step descends (tested; derivation.py shows it). Tie the output to the input projection
+    (c_proj's weight = c_attn's weight transposed: U_k maps back), take alpha = 1 and nothing added to n_k,
+    and let Pi_{<=t} be the memberships pi_0 .. pi_t, each as the layer computed it at its own time, held
+    fixed. Then for every position t, with y_tk head k's part of y_t,
+
+        sum_k U_k y_tk = -(t+1) grad_{z_t} R^var_c(Z_{<=t}, Pi_{<=t}).
+
+    Each token takes a gradient step on the objective of its own prefix, with respect to itself only (the
+    earlier tokens are not moved), of size t+1: a unit step on (t+1) R^var_c = 1/2 sum_k n_k sum_i
+    f(s_ki/n_k), the objective not divided by its number of tokens. temp and b enter only Pi, so this holds
+    for any values of them. The non-causal tau/n is one constant, which c_proj absorbs; c_proj acts the same
+    at every position, so it cannot absorb t+1: read as descent, the causal step grows along the sequence.
+
+    forward() computes all positions at once with cumsum; step() advances one token from a TSSAState in
+    O(p) per head. Both give the same numbers (tested). Sums run in float32 under bf16/fp16 autocast:
     a long prefix sum in bf16 loses the small late terms.
     """
 
@@ -382,39 +227,35 @@ class CausalTSSA(TSSA):
         z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)
         return TSSAState(z(batch_size, K, p), z(batch_size, K, p), z(batch_size, K), 0)
 
+    def memberships(self, w2, Q, t0=0):
+        """pi_t from the tokens up to t: TSSA's estimate with each sum over all tokens replaced by the prefix
+        sum Q_t. w2 = w^2 and Q: (B, K, T, p) at positions t0 .. t0+T-1 -> Pi: (B, K, T)."""
+        energy = (w2 / Q.clamp_min(1e-12)).sum(-1)            # (B, K, T)     sum_i w_ti^2 / Q_ti
+        # b_{k,t} is added to each of the p coordinates before the sum over i, hence p * b
+        logits = self.temp * (energy + self.head_dim * self.pos_bias[:, t0:t0 + w2.shape[2]])
+        return torch.softmax(logits, dim=1)                    # (B, K, T)     softmax over heads
+
     def forward(self, x, state: Optional[TSSAState] = None):
         """Parallel form. x: (B, T, d). Without a state: returns y (B, T, d), the training path.
-        With a state (from empty_state() or an earlier call): continues after it and returns (y, new_state)."""
-        if state is None and self._use_fast():
-            B, T, d = x.shape
-            _check_length(T, self.block_size)
-            pb = (self.head_dim * self.pos_bias[:, :T]).t()                     # (T, K)
-            return self._fast(x, _CausalCore, pb, self.eps, _chunk(x, T, B * d))
-        return self._parallel(x, state)
-
-    def _parallel(self, x, state: Optional[TSSAState] = None):
-        """The readable parallel form: each line one formula of the class docstring."""
+        With a state (from empty_state() or an earlier call): continues after it, returns (y, new_state)."""
         B, T, d = x.shape
         t0 = 0 if state is None else state.t
         _check_length(t0 + T, self.block_size)
-        K, p = self.n_head, self.head_dim
+        if state is None and tost_fast.usable(self):          # same numbers, faster: see tost_fast.py
+            return tost_fast.causal_tssa(self, x)
         w = self.split_heads(self.c_attn(x))                   # (B, K, T, p)  w_t = U_k^T z_t
         dt = _stat_dtype(w)
         w2 = w.to(dt).square()                                 # (B, K, T, p)
-        Q = torch.cumsum(w2, dim=2)                            # (B, K, T, p)  Q_t (prefix sum of w^2)
+        Q = torch.cumsum(w2, dim=2)                            # (B, K, T, p)  Q_t
         if state is not None:
             Q = Q + state.Q.unsqueeze(2)
-        energy = (w2 / Q.clamp_min(1e-12)).sum(-1)            # (B, K, T)     sum_i w_ti^2 / Q_ti
-        # b_{k,t} is added to each of the p coordinates before the sum over i, hence p * b
-        logits = self.temp * (energy + p * self.pos_bias[:, t0:t0 + T])
-        Pi = torch.softmax(logits, dim=1)                      # (B, K, T)     softmax over heads
-        A = torch.cumsum(Pi.unsqueeze(-1) * w2, dim=2)         # (B, K, T, p)  sum_{s<=t} pi_s w_s^2
-        P = torch.cumsum(Pi, dim=2)                            # (B, K, T)     sum_{s<=t} pi_s
+        Pi = self.memberships(w2, Q, t0)                       # (B, K, T)     pi_t
+        A = torch.cumsum(Pi.unsqueeze(-1) * w2, dim=2)         # (B, K, T, p)  A_t: s_k of tokens <= t
+        P = torch.cumsum(Pi, dim=2)                            # (B, K, T)     P_t: n_k of tokens <= t
         if state is not None:
             A = A + state.A.unsqueeze(2)
             P = P + state.P.unsqueeze(2)
-        s = A / (P.unsqueeze(-1) + self.eps)                   # (B, K, T, p)  s_t: prefix 2nd moment
-        D = self.attn_dropout(1 / (1 + s))                     # (B, K, T, p)  D = f'(s) with alpha absorbed
+        D = self.attn_dropout(1 / (1 + A / (P.unsqueeze(-1) + self.eps)))   # (B, K, T, p)  f'(A_t / P_t)
         y = -(Pi.unsqueeze(-1) * w.to(dt)) * D                 # (B, K, T, p)  descent step, weighted by pi_t
         y = self.resid_dropout(self.c_proj(self.merge_heads(y.to(w.dtype))))   # (B, T, d)
         if state is None:
@@ -423,7 +264,7 @@ class CausalTSSA(TSSA):
 
     def step(self, x, state: TSSAState):
         """Recurrent form: one token x (B, d) and the state after t tokens -> (y (B, d), state after t+1).
-        The same formulas as forward(), with each prefix sum advanced by one term. O(p) work per head."""
+        The same formulas as forward(), each prefix sum advanced by one term: O(p) work per head."""
         _check_length(state.t + 1, self.block_size)
         B, d = x.shape
         p = self.head_dim
@@ -435,66 +276,18 @@ class CausalTSSA(TSSA):
         Pi = torch.softmax(self.temp.squeeze(-1) * (energy + p * self.pos_bias[:, state.t]), dim=1)  # (B, K)
         A = state.A + Pi.unsqueeze(-1) * w2                    # (B, K, p)
         P = state.P + Pi                                       # (B, K)
-        s = A / (P.unsqueeze(-1) + self.eps)                   # (B, K, p)
-        y = -(Pi.unsqueeze(-1) * w.to(dt)) / (1 + s)           # (B, K, p)
+        y = -(Pi.unsqueeze(-1) * w.to(dt)) / (1 + A / (P.unsqueeze(-1) + self.eps))   # (B, K, p)
         y = self.c_proj(y.to(w.dtype).reshape(B, d))           # (B, d)
         return y, TSSAState(Q, A, P, state.t + 1)
 
 
 # -----------------------------------------------------------------------------
-# 4. Softmax attention (the baseline)
-
-
-class KVCache(NamedTuple):
-    k: torch.Tensor   # (B, H, t, p)
-    v: torch.Tensor   # (B, H, t, p)
-    t: int
-
-
-class SoftmaxAttention(nn.Module):
-    """Ordinary multi-head softmax attention through PyTorch SDPA (FlashAttention where available).
-    O(n^2) time, and for generation a KV cache that grows with the context."""
-
-    def __init__(self, n_embd, n_head, causal, bias=False, dropout=0.0):
-        super().__init__()
-        if n_embd % n_head != 0:
-            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-        self.n_head, self.head_dim, self.causal, self.dropout = n_head, n_embd // n_head, causal, dropout
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
-        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
-        self.resid_dropout = nn.Dropout(dropout)
-
-    def empty_state(self, batch_size, device=None, dtype=torch.float32):
-        z = torch.zeros(batch_size, self.n_head, 0, self.head_dim, device=device, dtype=dtype)
-        return KVCache(z, z, 0)
-
-    def forward(self, x, state: Optional[KVCache] = None):
-        B, T, d = x.shape
-        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-                   for t in self.c_attn(x).split(d, dim=2))    # (B, H, T, p) each
-        drop = self.dropout if self.training else 0.0
-        if state is None:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=self.causal)
-        else:
-            k = torch.cat([state.k.to(k.dtype), k], dim=2)   # (B, H, t0+T, p)
-            v = torch.cat([state.v.to(v.dtype), v], dim=2)
-            mask = None
-            if self.causal and T > 1:   # query i sits at position t0+i and sees keys 0 .. t0+i
-                mask = torch.ones(T, state.t + T, dtype=torch.bool, device=x.device).tril(diagonal=state.t)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
-        y = self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, d)))
-        return y if state is None else (y, KVCache(k, v, state.t + T))
-
-    def step(self, x, state: KVCache):
-        y, state = self.forward(x.unsqueeze(1), state)
-        return y.squeeze(1), state
-
-
-# -----------------------------------------------------------------------------
-# 5. MLP and block
+# 4. MLP and block
 
 
 class MLP(nn.Module):
+    """Linear(d, 4d), GELU, Linear(4d, d)."""
+
     def __init__(self, n_embd, bias=False, dropout=0.0, ratio=4):
         super().__init__()
         self.c_fc = nn.Linear(n_embd, ratio * n_embd, bias=bias)
@@ -506,85 +299,33 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
-class TokenShift(nn.Module):
-    """Not part of ToST's derivation; an option (GPTConfig.token_shift), off for the paper's model.
-
-        h_t <- h_t + mu * (h_{t-1} - h_t)        mu learned per channel, init 0.5; h_{-1} = 0
-
-    Causal TSSA sees the past only through prefix sums of second moments, with no recency: a layer cannot
-    tell which token came just before, and a model of local structure (bytes, code) needs exactly that.
-    Mixing each channel of the attention's input with the previous token's (RWKV's token shift) gives it
-    back at O(1) cost: the recurrent state grows by one vector per layer, h_{t-1}."""
-
-    def __init__(self, n_embd):
-        super().__init__()
-        self.mu = nn.Parameter(torch.full((n_embd,), 0.5))
-
-    def forward(self, h, last=None):        # h (B, T, d); last (B, d): h of the token before h[:, 0], or None
-        prev = torch.cat([torch.zeros_like(h[:, :1]) if last is None else last[:, None], h[:, :-1]], 1)
-        return h + self.mu * (prev - h), h[:, -1]
-
-
-class LocalPatchInteraction(nn.Module):
-    """XCiT's local patch interaction, the vision analogue of TokenShift (ViTConfig.lpi, off by default):
-    depthwise 3x3 convolution, GELU, BatchNorm, depthwise 3x3 convolution over the patch grid, so each
-    patch mixes with its 8 neighbours. Not part of ToST's derivation; the released code has it commented out."""
-
-    def __init__(self, n_embd):
-        super().__init__()
-        self.conv1 = nn.Conv2d(n_embd, n_embd, 3, padding=1, groups=n_embd)
-        self.act, self.bn = nn.GELU(), nn.BatchNorm2d(n_embd)
-        self.conv2 = nn.Conv2d(n_embd, n_embd, 3, padding=1, groups=n_embd)
-
-    def forward(self, x, grid):             # x (B, H*W, d), grid (H, W)
-        B, n, d = x.shape
-        x = x.transpose(1, 2).reshape(B, d, *grid)
-        x = self.conv2(self.bn(self.act(self.conv1(x))))
-        return x.reshape(B, d, n).transpose(1, 2)
-
-
-class ShiftState(NamedTuple):
-    """A block's recurrent state when it has a TokenShift: the attention's state and the last h."""
-    attn: object              # TSSAState or KVCache
-    last: torch.Tensor        # (B, d)
-
-    @property
-    def t(self):
-        return self.attn.t
-
-
-ATTN_KINDS = ('tssa', 'softmax')
-
-
-def make_attention(attn, n_embd, n_head, causal, block_size=None, bias=False, dropout=0.0):
-    if attn == 'tssa':
-        if causal:
-            return CausalTSSA(n_embd, n_head, block_size, bias=bias, dropout=dropout)
-        return TSSA(n_embd, n_head, bias=bias, dropout=dropout)
-    if attn == 'softmax':
-        return SoftmaxAttention(n_embd, n_head, causal, bias=bias, dropout=dropout)
-    raise ValueError(f"unknown attn {attn!r}; choose one of {', '.join(ATTN_KINDS)}")
-
-
-def drop_path(x, p, training):
-    """Stochastic depth: drop a whole residual branch for a random subset of the batch."""
-    if p == 0.0 or not training:
-        return x
-    keep = x.new_empty(x.shape[0], *([1] * (x.dim() - 1))).bernoulli_(1 - p)
-    return x * keep / (1 - p)
-
-
 class Block(nn.Module):
-    """Pre-LayerNorm block with layer-scale:  x = x + g1 * attn(LN(x));  x = x + g2 * MLP(LN(x)).
-    Options beyond the paper: token_shift (attn(shift(LN(x)))) and lpi (x = x + g3 * LPI(LN(x)) between
-    the two, as XCiT places it; the forward then needs the patch grid)."""
+    """Pre-LayerNorm block with layer-scale vectors g1, g2, as in the paper:
+
+        x = x + g1 * attn(LN(x))
+        x = x + g2 * MLP(LN(x))
+
+    attn is chosen per block: 'tssa' (CausalTSSA if causal, else TSSA) or 'softmax' (the baseline).
+    The white-box layer is an exact step on R^var_c of its input (Pi held fixed). In a block its input is
+    LN(x), and its output is scaled coordinate by coordinate by g1 (init 1e-5 in the language models) and
+    added to x: the block takes an approximate step on R^var_c of the normalised tokens, not an exact one.
+    Two options beyond the paper, off by default: token_shift (attn(shift(LN(x)))) and lpi (x = x + g3 *
+    LPI(LN(x)) between the two lines, as XCiT places it; forward then needs the patch grid).
+    """
 
     def __init__(self, n_embd, n_head, attn='tssa', causal=True, block_size=None, bias=False, dropout=0.0,
                  layerscale_init=1e-5, drop_path=0.0, token_shift=False, lpi=False):
         super().__init__()
+        if attn not in ATTN_KINDS:
+            raise ValueError(f"unknown attn {attn!r}; choose one of {', '.join(ATTN_KINDS)}")
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
         self.shift = TokenShift(n_embd) if token_shift else None
-        self.attn = make_attention(attn, n_embd, n_head, causal, block_size, bias, dropout)
+        if attn == 'softmax':
+            self.attn = SoftmaxAttention(n_embd, n_head, causal, bias=bias, dropout=dropout)
+        elif causal:
+            self.attn = CausalTSSA(n_embd, n_head, block_size, bias=bias, dropout=dropout)
+        else:
+            self.attn = TSSA(n_embd, n_head, bias=bias, dropout=dropout)
         self.lpi = None
         if lpi:
             self.ln_3, self.lpi = nn.LayerNorm(n_embd, bias=bias), LocalPatchInteraction(n_embd)
@@ -595,30 +336,25 @@ class Block(nn.Module):
         self.gamma_2 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
         self.drop_path = drop_path
 
-    def empty_state(self, batch_size, device=None):
-        st = self.attn.empty_state(batch_size, device)
-        return st if self.shift is None else ShiftState(st, torch.zeros(batch_size, self.ln_1.weight.numel(),
-                                                                         device=device))
+    def forward(self, x, state=None, grid=None):
+        """x: (B, T, d). With a state (generation): continues after it and returns (x, new state)."""
+        a, state = self._attend(self.ln_1(x), state)
+        x = x + drop_path(self.gamma_1 * a, self.drop_path, self.training)
+        if self.lpi is not None:
+            x = x + drop_path(self.gamma_3 * self.lpi(self.ln_3(x), grid), self.drop_path, self.training)
+        x = x + drop_path(self.gamma_2 * self.mlp(self.ln_2(x)), self.drop_path, self.training)
+        return x if state is None else (x, state)
 
     def _attend(self, h, state):
-        """The attention of h = LN(x) (shifted first if the block has a TokenShift), with or without a state."""
-        if self.shift is None:
-            return self.attn(h) if state is None else self.attn(h, state)
-        h, last = self.shift(h, None if state is None else state.last.to(h.dtype))
+        """attn(h) for h = LN(x), shifted first if the block has a TokenShift -> (a, new state or None)."""
+        if self.shift is not None:
+            h, last = self.shift(h, None if state is None else state.last.to(h.dtype))
         if state is None:
-            return self.attn(h)
+            return self.attn(h), None
+        if self.shift is None:
+            return self.attn(h, state)
         a, st = self.attn(h, state.attn)
         return a, ShiftState(st, last)
-
-    def forward(self, x, state=None, grid=None):
-        if state is None:
-            x = x + drop_path(self.gamma_1 * self._attend(self.ln_1(x), None), self.drop_path, self.training)
-            if self.lpi is not None:
-                x = x + drop_path(self.gamma_3 * self.lpi(self.ln_3(x), grid), self.drop_path, self.training)
-            return x + drop_path(self.gamma_2 * self.mlp(self.ln_2(x)), self.drop_path, self.training)
-        a, state = self._attend(self.ln_1(x), state)
-        x = x + self.gamma_1 * a
-        return x + self.gamma_2 * self.mlp(self.ln_2(x)), state
 
     def step(self, x, state):                                # x: (B, d), one token
         h = self.ln_1(x)
@@ -630,46 +366,14 @@ class Block(nn.Module):
         x = x + self.gamma_1 * a
         return x + self.gamma_2 * self.mlp(self.ln_2(x)), state
 
-
-# -----------------------------------------------------------------------------
-# Optimizer groups and FLOPs, shared by both models
-
-NO_DECAY_NAMES = ('temp', 'pos_bias', 'gamma_1', 'gamma_2', 'gamma_3', 'cls_token', 'mu')
-
-
-def param_groups(model, weight_decay):
-    """AdamW groups: matrices decay; biases, norms, layer-scale, temperatures and position biases do not."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if p.dim() < 2 or name.split('.')[-1] in NO_DECAY_NAMES:
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    return [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
-
-
-def make_optimizer(model, weight_decay, learning_rate, betas, device_type):
-    fused = device_type in ('cuda', 'cpu')       # one kernel for all parameters (3-5x faster steps on a CPU too)
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=learning_rate, betas=betas, fused=fused)
-
-
-# Elementwise FLOPs per coordinate per token of the TSSA core, counted from CausalTSSA.forward:
-# w^2, cumsum Q, w^2/Q, sum over i, pi*w^2, cumsum A, divide by P, 1+s, 1/(.), pi*w, times D.
-TSSA_CORE_FLOPS = 11
-
-
-def attention_core_flops(attn, n_layer, n_embd, T, causal):
-    """Forward FLOPs per token of the attention cores (excluding the projections, which are in 6N)."""
-    if attn == 'tssa':
-        return n_layer * TSSA_CORE_FLOPS * n_embd                # linear in T: no T here
-    # q k^T and att @ v: 2 matmuls of 2 * d * T FLOPs per token; a causal mask skips about half
-    return n_layer * 4 * n_embd * T * (0.5 if causal else 1.0)
+    def empty_state(self, batch_size, device=None):
+        st = self.attn.empty_state(batch_size, device)
+        return st if self.shift is None else ShiftState(st, torch.zeros(batch_size, self.ln_1.weight.numel(),
+                                                                         device=device))
 
 
 # -----------------------------------------------------------------------------
-# The language model
+# 5. The language model
 
 
 @dataclass
@@ -687,13 +391,6 @@ class GPTConfig:
 
     def __post_init__(self):
         _check_shape(self.n_embd, self.n_head, self.attn)
-
-
-def _check_shape(n_embd, n_head, attn):
-    if n_head <= 0 or n_embd % n_head != 0:
-        raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-    if attn not in ATTN_KINDS:
-        raise ValueError(f"unknown attn {attn!r}; choose one of {', '.join(ATTN_KINDS)}")
 
 
 class GPT(nn.Module):
@@ -847,7 +544,7 @@ class GPT(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# The vision model
+# 6. The vision model
 
 
 @dataclass
@@ -1010,9 +707,9 @@ class ViT(nn.Module):
         """What the model does on images x, for figures:
           'pi':          (B, K, Hp, Wp) memberships Pi of TSSA block `layer` (one map per head),
           'cls_attn':    (B, H, Hp, Wp) the last class-attention block's CLS attention over patches,
-          'compression': list of R^var_c per TSSA block (B,): the block's output tokens (after its TSSA and
-                         MLP), seen through that block's LayerNorm and projections, with the memberships
-                         the block computed from its input (alpha = 1).
+          'compression': list of R^var_c per TSSA block (B,): the block's output tokens (after its TSSA, LPI
+                         if any, and MLP), seen through that block's LayerNorm and projections, with the
+                         memberships the block computed from its input (alpha = 1).
         """
         x, (Hp, Wp) = self._tokens(x)
         B = x.shape[0]
@@ -1026,7 +723,7 @@ class ViT(nn.Module):
             x = block(x, grid=(Hp, Wp))
             if isinstance(a, TSSA):                          # the block's output, through its own LN and
                 w = a.split_heads(a.c_attn(block.ln_1(x)))  # projections (bias included, as the layer applies)
-                comp.append(compression_of_projections(w, Pi.transpose(1, 2).to(w.dtype)))
+                comp.append(compression_of_projections(w, Pi.to(w.dtype)))
         cls = self.cls_token.expand(B, -1, -1)
         att = None
         for block in self.cls_blocks:
@@ -1041,7 +738,106 @@ class ViT(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# Presets
+# 7. The softmax baseline, and two options beyond the paper
+
+
+class KVCache(NamedTuple):
+    k: torch.Tensor   # (B, H, t, p)
+    v: torch.Tensor   # (B, H, t, p)
+    t: int
+
+
+class SoftmaxAttention(nn.Module):
+    """Ordinary multi-head softmax attention through PyTorch SDPA (FlashAttention where available).
+    O(n^2) time, and for generation a KV cache that grows with the context."""
+
+    def __init__(self, n_embd, n_head, causal, bias=False, dropout=0.0):
+        super().__init__()
+        if n_embd % n_head != 0:
+            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        self.n_head, self.head_dim, self.causal, self.dropout = n_head, n_embd // n_head, causal, dropout
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def empty_state(self, batch_size, device=None, dtype=torch.float32):
+        z = torch.zeros(batch_size, self.n_head, 0, self.head_dim, device=device, dtype=dtype)
+        return KVCache(z, z, 0)
+
+    def forward(self, x, state: Optional[KVCache] = None):
+        B, T, d = x.shape
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+                   for t in self.c_attn(x).split(d, dim=2))    # (B, H, T, p) each
+        drop = self.dropout if self.training else 0.0
+        if state is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=self.causal)
+        else:
+            k = torch.cat([state.k.to(k.dtype), k], dim=2)   # (B, H, t0+T, p)
+            v = torch.cat([state.v.to(v.dtype), v], dim=2)
+            mask = None
+            if self.causal and T > 1:   # query i sits at position t0+i and sees keys 0 .. t0+i
+                mask = torch.ones(T, state.t + T, dtype=torch.bool, device=x.device).tril(diagonal=state.t)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+        y = self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, d)))
+        return y if state is None else (y, KVCache(k, v, state.t + T))
+
+    def step(self, x, state: KVCache):
+        y, state = self.forward(x.unsqueeze(1), state)
+        return y.squeeze(1), state
+
+
+class TokenShift(nn.Module):
+    """Not part of ToST's derivation; an option (GPTConfig.token_shift), off for the paper's model.
+
+        h_t <- h_t + mu * (h_{t-1} - h_t)        mu learned per channel, init 0.5; h_{-1} = 0
+
+    Causal TSSA sees the past only through prefix sums of second moments, with no recency: a layer cannot
+    tell which token came just before, and a model of local structure (bytes, code) needs exactly that.
+    Mixing each channel of the attention's input with the previous token's (RWKV's token shift) gives it
+    back at O(1) cost: the recurrent state grows by one vector per layer, h_{t-1}."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.mu = nn.Parameter(torch.full((n_embd,), 0.5))
+
+    def forward(self, h, last=None):        # h (B, T, d); last (B, d): h of the token before h[:, 0], or None
+        prev = torch.cat([torch.zeros_like(h[:, :1]) if last is None else last[:, None], h[:, :-1]], 1)
+        return h + self.mu * (prev - h), h[:, -1]
+
+
+class LocalPatchInteraction(nn.Module):
+    """XCiT's local patch interaction, the vision analogue of TokenShift (ViTConfig.lpi, off by default):
+    depthwise 3x3 convolution, GELU, BatchNorm, depthwise 3x3 convolution over the patch grid. Two 3x3
+    convolutions reach a 5x5 window: each patch mixes with its 24 nearest patches. Not part of ToST's
+    derivation; the released code has it written but commented out."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        self.conv1 = nn.Conv2d(n_embd, n_embd, 3, padding=1, groups=n_embd)
+        self.act, self.bn = nn.GELU(), nn.BatchNorm2d(n_embd)
+        self.conv2 = nn.Conv2d(n_embd, n_embd, 3, padding=1, groups=n_embd)
+
+    def forward(self, x, grid):             # x (B, H*W, d), grid (H, W)
+        B, n, d = x.shape
+        x = x.transpose(1, 2).reshape(B, d, *grid)
+        x = self.conv2(self.bn(self.act(self.conv1(x))))
+        return x.reshape(B, d, n).transpose(1, 2)
+
+
+class ShiftState(NamedTuple):
+    """A block's recurrent state when it has a TokenShift: the attention's state and the last h."""
+    attn: object              # TSSAState or KVCache
+    last: torch.Tensor        # (B, d)
+
+    @property
+    def t(self):
+        return self.attn.t
+
+
+# -----------------------------------------------------------------------------
+# 8. Utilities: presets, optimizer groups, FLOP counts, small checks
+
+ATTN_KINDS = ('tssa', 'softmax')
 
 PRESETS = {
     # language (the paper's ToST-Base/Medium/Large): GPT-2 shapes, context 1024, vocab 50304
@@ -1073,3 +869,63 @@ def preset(name, **overrides):
         raise ValueError(f"{name} has no field(s) {', '.join(sorted(bad))}; valid: {', '.join(sorted(valid))}")
     spec.update(overrides)
     return cls(**spec)
+
+
+NO_DECAY_NAMES = ('temp', 'pos_bias', 'gamma_1', 'gamma_2', 'gamma_3', 'cls_token', 'mu')
+
+
+def param_groups(model, weight_decay):
+    """AdamW groups: matrices decay; biases, norms, layer-scale, temperatures and position biases do not."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.dim() < 2 or name.split('.')[-1] in NO_DECAY_NAMES:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
+
+
+def make_optimizer(model, weight_decay, learning_rate, betas, device_type):
+    fused = device_type in ('cuda', 'cpu')       # one kernel for all parameters (3-5x faster steps on a CPU too)
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=learning_rate, betas=betas, fused=fused)
+
+
+# Elementwise FLOPs per coordinate per token of the TSSA core, counted from CausalTSSA.forward:
+# w^2, cumsum Q, w^2/Q, sum over i, pi*w^2, cumsum A, A/P, 1+(.), 1/(.), pi*w, times D.
+TSSA_CORE_FLOPS = 11
+
+
+def attention_core_flops(attn, n_layer, n_embd, T, causal):
+    """Forward FLOPs per token of the attention cores (excluding the projections, which are in 6N)."""
+    if attn == 'tssa':
+        return n_layer * TSSA_CORE_FLOPS * n_embd                # linear in T: no T here
+    # q k^T and att @ v: 2 matmuls of 2 * d * T FLOPs per token; a causal mask skips about half
+    return n_layer * 4 * n_embd * T * (0.5 if causal else 1.0)
+
+
+def drop_path(x, p, training):
+    """Stochastic depth: drop a whole residual branch for a random subset of the batch."""
+    if p == 0.0 or not training:
+        return x
+    keep = x.new_empty(x.shape[0], *([1] * (x.dim() - 1))).bernoulli_(1 - p)
+    return x * keep / (1 - p)
+
+
+def _stat_dtype(t):
+    # statistics (sums over tokens) are taken in float32 when the activations are half precision
+    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
+
+
+def _check_length(n, block_size):
+    """A sequence of n tokens must fit the model's positions (learned embeddings, position biases)."""
+    if n > block_size:
+        raise ValueError(f"sequence of {n} tokens is longer than block_size ({block_size})")
+
+
+def _check_shape(n_embd, n_head, attn):
+    if n_head <= 0 or n_embd % n_head != 0:
+        raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+    if attn not in ATTN_KINDS:
+        raise ValueError(f"unknown attn {attn!r}; choose one of {', '.join(ATTN_KINDS)}")
