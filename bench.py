@@ -21,6 +21,9 @@ Sections:
               softmax attention with a KV cache.
   training    tokens/s of a training step (forward, backward, AdamW), ToST vs softmax, block 1024 and 4096.
 
+With --json=PATH the numbers go to PATH, and beside it speed.png (operator: time and memory against
+tokens, log-log, with each fitted exponent) and generation.png (tokens/s against the context).
+
 Timing: the cases compared in a row run interleaved (a, b, a, b, ...) and each reports its median, so
 a ratio is measured under the same machine load. When the repeats of a case differ by more than 20%,
 a warning under the table says so: on a busy machine a ratio is only as good as that spread. Memory: on CUDA the peak of
@@ -42,6 +45,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+import plot
 import tost
 from options import UsageError, parse, run_main
 from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
@@ -440,6 +444,7 @@ def section_training(args, results):
 
 SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': section_model,
             'generation': section_generation, 'training': section_training}
+FIGURES = {'operator': ('speed.png', plot.speed), 'generation': ('generation.png', plot.generation)}  # beside --json
 
 
 DEFAULTS = dict(
@@ -470,11 +475,11 @@ def main(argv=None):
     if args.device.startswith('cuda'):
         torch.backends.cuda.matmul.allow_tf32 = True
     results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
-                   threads=torch.get_num_threads(),
+                   threads=torch.get_num_threads(), width=WIDTH, heads=HEADS,
                    gpu=torch.cuda.get_device_name() if args.device.startswith('cuda') else None)
     console.print(f"bench: {args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
                   + (f", {args.mode} mode" if args.mode != 'full' else ""))
-    return run_sections(args, SECTIONS, results, console)
+    return run_sections(args, SECTIONS, results, console, FIGURES)
 
 
 if __name__ == '__main__':

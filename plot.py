@@ -20,6 +20,7 @@ import matplotlib
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 from options import UsageError, parse, run_main  # noqa: E402
@@ -91,8 +92,11 @@ def learning_curves(runs, path, x='tokens', title=None):
     test accuracy against epochs. runs: [(label, cfg, rows)], as read_run gives them."""
     vision = any('epoch' in r for _, _, rows in runs for r in rows)
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    used = set()
     for i, (label, cfg, rows) in enumerate(runs):
-        color, line, marker = style(model_name(cfg) if cfg else '', i) if cfg else OTHER[i % len(OTHER)]
+        name = model_name(cfg) if cfg else None
+        color, line, marker = style(name) if name in STYLES and name not in used else OTHER[i % len(OTHER)]
+        used.add(name)
         if vision:
             pts = [(r['epoch'], r['test_acc']) for r in rows if r.get('test_acc') is not None]
             if pts:
@@ -120,6 +124,107 @@ def learning_curves(runs, path, x='tokens', title=None):
         ax.legend(fontsize=8)
     fig.tight_layout()
     save(fig, path)
+
+# -----------------------------------------------------------------------------
+# speed: bench.py's measurements
+
+OPS = {'causal_tssa': ('CausalTSSA', 'ToST', '-'), 'tssa': ('TSSA', 'ToST', '--'),
+       'sdpa_causal': ('causal SDPA', 'softmax', '-'), 'sdpa': ('SDPA', 'softmax', '--')}
+
+
+def speed(results, path):
+    """bench.py's operator section: forward+backward time and peak memory against tokens, log-log, each
+    operator's fitted exponent (time ~ n^k) in the legend. Linear is a slope of 1, quadratic of 2."""
+    rows, fits = results['operator'], results.get('operator_exponent', {})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for op, (label, model, line) in OPS.items():
+        pts = sorted((r['n'], r['fwdbwd_s'], r['fwdbwd_peak_mb']) for r in rows if r['op'] == op)
+        if not pts:
+            continue
+        n, t, mb = map(np.array, zip(*pts))
+        color, _, marker = style(model)
+        k = f", k = {fits[op]:.2f}" if op in fits else ""
+        left.plot(n, 1e3 * t, color=color, linestyle=line, marker=marker, label=f"{label}{k}")
+        if np.isfinite(mb).any():
+            right.plot(n, mb, color=color, linestyle=line, marker=marker, label=label)
+    ax_labels(left, 'tokens', 'forward + backward (ms)', 'time ~ n^k', log=True)
+    ax_labels(right, 'tokens', 'peak memory (MB)', 'memory, forward + backward', log=True)
+    fig.suptitle(f"one attention layer, width {results.get('width', 768)}: {describe(results)}", fontsize=9)
+    fig.tight_layout()
+    save(fig, path)
+
+
+GENERATION = {'recurrent': ('ToST, recurrent state', 'ToST'), 'shift_recurrent': ('ToST + shift', 'ToST + shift'),
+              'hybrid': ('hybrid: last layer softmax', 'hybrid'), 'softmax_kv': ('softmax, KV cache', 'softmax'),
+              'rerun': ('ToST, re-run the prefix', None)}
+
+
+def generation(results, path):
+    """bench.py's generation section: tokens/s of decoding against the context length."""
+    rows = results['generation']
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    keys = [k for k in GENERATION if k in rows[0]] + [k for k in rows[0] if k not in GENERATION and k != 'ctx']
+    for i, key in enumerate(keys):
+        label, model = GENERATION.get(key, (key, None))
+        color, line, marker = style(model) if model else OTHER[i % len(OTHER)]
+        ax.plot([r['ctx'] for r in rows], [r[key] for r in rows], color=color, linestyle=line, marker=marker,
+                label=label)
+    ax_labels(ax, 'context (tokens before the new one)', 'tokens / s', f"generation, batch 1: {describe(results)}",
+              log=True)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def describe(results):
+    """'cpu, float32, torch 2.13' from a bench or study result."""
+    return ', '.join(str(results[k]) for k in ('gpu', 'device', 'dtype') if results.get(k)) + \
+        f", torch {results.get('torch', '?')}"
+
+
+def ax_labels(ax, x, y, title, log=False):
+    if log:                                        # log-log; ticks as plain numbers at powers of 10 and 2
+        ax.set_xscale('log', base=2)
+        ax.set_yscale('log')
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.4g}"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which='both')
+    ax.legend(fontsize=8)
+
+# -----------------------------------------------------------------------------
+# capability map: study.py's tasks
+
+
+def capability_grid(rows, path, title='What each model learns: accuracy on held-out sequences'):
+    """study.py's tasks: a row per task and knob value, a column per model. The number is the accuracy;
+    the colour is how far above chance it is (0 at chance, 1 perfect), so a row's chance level reads the
+    same whatever it is."""
+    models = list(dict.fromkeys(r['model'] for r in rows))
+    cells = list(dict.fromkeys((r['task'], r['knob'], r['value'], r['chance']) for r in rows))
+    acc = {(r['task'], r['value'], r['model']): r['accuracy'] for r in rows}
+    grid = np.full((len(cells), len(models)), np.nan)
+    fig, ax = plt.subplots(figsize=(1.3 * len(models) + 3.2, 0.42 * len(cells) + 1.6))
+    for i, (task, knob, value, chance) in enumerate(cells):
+        for j, m in enumerate(models):
+            a = acc.get((task, value, m))
+            if a is None:
+                continue
+            grid[i, j] = (a - chance) / (1 - chance)
+            above = grid[i, j] > 0.5
+            ax.text(j, i, f"{a:.2f}" + ("" if a > chance + 0.02 else " ~"), ha='center', va='center', fontsize=9,
+                    color='black' if above else 'white')
+    im = ax.imshow(np.clip(grid, 0, 1), cmap='viridis', vmin=0, vmax=1, aspect='auto')
+    ax.set_xticks(range(len(models)), [m.replace('tssa', 'ToST').replace('+', ' + ') for m in models], fontsize=9)
+    ax.set_yticks(range(len(cells)), [f"{t}, {k} {v} (chance {c:.2f})" for t, k, v, c in cells], fontsize=8)
+    ax.tick_params(top=True, labeltop=True, bottom=False, labelbottom=False)
+    fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label('above chance', fontsize=8)
+    ax.set_title(f"{title}\ncolour: 0 at chance, 1 perfect; ~: at chance or below", fontsize=9)
+    fig.tight_layout()
+    save(fig, path)
+
 
 # -----------------------------------------------------------------------------
 # vision: what the model looks at

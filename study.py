@@ -8,7 +8,9 @@ Quality and capability, measured side by side: training runs of minutes each (be
     python study.py language,tasks --json=study.json
 
 Every model in a table gets the same budget (data, width, depth, optimizer, steps, schedule, seed); the
-budget is printed with each table. One seed per cell: differences of a few hundredths are noise.
+budget is printed with each table. One seed per cell: differences of a few hundredths are noise. With
+--json=PATH the results go to PATH, and beside it a figure per section: language.png (the runs' learning
+curves), vision.png (their test accuracy by epoch), tasks.png (the capability map as a grid).
 """
 
 import json
@@ -26,6 +28,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+import plot
 import tost
 from options import parse, run_main
 from train_common import cosine_lr, run_sections
@@ -153,7 +156,8 @@ def section_vision(args, results):
         run_script(['train_vit.py', *(f'--{k}={v}' for k, v in keys.items())], f'training {name}')
         evals = [r for r in read_log(out_dir) if r.get('test_acc') is not None]
         rows.append(dict(variant=name, **{k: extra.get(k) for k in ('attn', 'lpi')}, test_acc=evals[-1]['test_acc'],
-                         best_acc=max(r['test_acc'] for r in evals), seconds=round(time.time() - t0, 1)))
+                         best_acc=max(r['test_acc'] for r in evals), seconds=round(time.time() - t0, 1),
+                         out_dir=out_dir))
         console.print(f"  {name}: test accuracy {rows[-1]['test_acc']:.3f}", style="dim")
     results['vision'] = dict(budget=dict(budget, train_images=b['n_train'], test_images=b['n_test'],
                                          note='train_vit.py defaults with these overrides, seed 1337, one run each'),
@@ -369,6 +373,21 @@ def section_tasks(args, results):
 SECTIONS = {'language': section_language, 'vision': section_vision, 'tasks': section_tasks}
 
 
+def curves(section, title):
+    """A section's runs on one figure, each labelled with its row of the table."""
+    def draw(results, path):
+        runs = [(r['variant'], *plot.read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
+        plot.learning_curves(runs, path, title=title)
+    return draw
+
+
+FIGURES = {   # beside --json
+    'language': ('language.png', curves('language', 'the demo budget: python_stdlib bytes, one seed')),
+    'vision': ('vision.png', curves('vision', 'synthetic glyph images, tost-cifar-tiny, one seed')),
+    'tasks': ('tasks.png', lambda results, path: plot.capability_grid(results['tasks'], path)),
+}
+
+
 DEFAULTS = dict(
     sections='',              # comma-separated: language, vision, tasks (also the first bare word)
     quick=False,              # a smaller budget (see each section)
@@ -383,7 +402,7 @@ def main(argv=None):
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
-    return run_sections(args, SECTIONS, results, console)
+    return run_sections(args, SECTIONS, results, console, FIGURES)
 
 
 if __name__ == '__main__':

@@ -4,6 +4,7 @@ end to end at its smoke size. No accuracy is asserted: the table reports what tr
 
 import json
 
+import matplotlib.image
 import numpy as np
 import pytest
 import torch
@@ -152,6 +153,7 @@ def test_tasks_section_runs_end_to_end(tmp_path):
         assert 0 <= r['accuracy'] <= 1 and 0 < r['chance'] <= 1
         assert r['knob'] == TASK[r['task']].knob and r['value'] == TASK[r['task']].quick[0]
         assert r['steps'] == 2
+    assert matplotlib.image.imread(tmp_path / 'tasks.png').shape[1] > 600       # the grid, beside the JSON
     budget = res['tasks_budget']
     assert budget['seed'] == study.TASK_SEED and budget['model']['layerscale_init'] == 1.0
     assert set(budget['steps']) == set(TASK)
@@ -172,3 +174,5 @@ def test_language_and_vision_sections_run_end_to_end(tmp_path):
     vis = res['vision']['rows']
     assert [(r['variant'], bool(r['lpi'])) for r in vis] == [('ToST (paper)', False), ('ToST + lpi', True)]
     assert all(0 <= r['test_acc'] <= 1 for r in vis)
+    for name in ('language.png', 'vision.png'):                      # each section's runs on one figure
+        assert matplotlib.image.imread(tmp_path / name).shape[:2] == (420, 700)

@@ -403,9 +403,10 @@ def seed_everything(seed: int, rank: int = 0) -> int:
     torch.manual_seed(seed)
     return seed
 
-def run_sections(args, sections: dict, results: dict, console) -> dict:
+def run_sections(args, sections: dict, results: dict, console, figures: dict) -> dict:
     """bench.py's and study.py's main: run the sections named in args.sections (comma-separated) in order,
-    each adding its numbers to `results`, then write them to args.json (if given) through a temp file."""
+    each adding its numbers to `results`, then write them to args.json (if given) through a temp file, and
+    beside it the figures of the sections that ran: figures = {section: (file name, draw(results, path))}."""
     names = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in names if s not in sections]
     if unknown or not names:
@@ -419,6 +420,14 @@ def run_sections(args, sections: dict, results: dict, console) -> dict:
         with open(args.json + ".tmp", "w") as f:
             json.dump(results, f, indent=1)
         os.replace(args.json + ".tmp", args.json)
+        for name in names:
+            if name in figures:
+                path = os.path.join(os.path.dirname(os.path.abspath(args.json)), figures[name][0])
+                try:
+                    figures[name][1](results, path)
+                    console.print(f"wrote {path}")
+                except Exception as e:                   # the numbers are saved: a figure is not worth an error
+                    console.print(f"note: could not draw {path} ({type(e).__name__}: {e})", style="yellow")
     return results
 
 # -----------------------------------------------------------------------------

@@ -1,0 +1,101 @@
+"""Tests for plot.py: every figure the project draws, drawn from tiny inputs and read back (size, and not
+blank); the command on several runs, on a run with no evaluation yet, and on a folder that is not a run.
+Offline, seconds: python -m pytest -q test_plot.py"""
+import json
+import os
+import subprocess
+import sys
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+import plot
+import train_common
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_png(path, shape):
+    """The figure as an array, checked to have (height, width) = shape and more than a few colours."""
+    img = matplotlib.image.imread(path)
+    assert img.shape[:2] == shape, img.shape
+    assert len(np.unique(img[..., :3].reshape(-1, 3), axis=0)) > 20     # lines, text and markers: not blank
+    return img
+
+
+def write_run(folder, cfg, losses, evals=True):
+    """A log.jsonl as train_gpt.py writes it: a config row, a train row per iteration, an eval row every 2."""
+    os.makedirs(folder, exist_ok=True)
+    rows = [dict(kind='config', **cfg)]
+    for it, loss in enumerate(losses, 1):
+        rows.append(dict(iter=it, kind='train', train_loss=loss, tokens=128 * it, elapsed_s=0.1 * it))
+        if evals and it % 2 == 0:
+            rows.append(dict(iter=it, kind='eval', train_loss=loss, val_loss=loss + 0.1, tokens=128 * it,
+                             elapsed_s=0.1 * it))
+    with open(os.path.join(folder, 'log.jsonl'), 'w') as f:
+        f.writelines(json.dumps(r) + '\n' for r in rows)
+
+
+def test_several_runs_of_different_models_on_one_figure(tmp_path):
+    write_run(tmp_path / 'out', dict(attn='tssa', token_shift=False), [5.0, 4.0, 3.2, 2.9])
+    write_run(tmp_path / 'out-soft', dict(attn='softmax', token_shift=True), [5.0, 3.5, 2.8, 2.5])
+    write_run(tmp_path / 'new', dict(attn='tssa', softmax_layers=[-1]), [5.1, 4.5], evals=False)  # no eval yet
+    assert [plot.read_run(str(tmp_path / f))[0] for f in ('out', 'out-soft', 'new')] == \
+        ['out: ToST', 'out-soft: softmax + shift', 'new: hybrid']                   # labels from each run's own log
+    out = tmp_path / 'runs.png'
+    plot.main([str(tmp_path / 'out'), str(tmp_path / 'out-soft'), str(tmp_path / 'new'), f'--out={out}',
+               '--x=seconds'])
+    read_png(out, (420, 700))
+    plot.main([str(tmp_path / 'out' / 'log.jsonl'), f'--out={out}'])            # a log file is a run too
+    read_png(out, (420, 700))
+
+
+def test_a_folder_that_is_not_a_run_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(HERE, 'plot.py'), str(tmp_path)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count('\n') == 1 and 'Traceback' not in r.stderr
+    assert r.stderr.startswith(f'error: {tmp_path} is not a run: no {tmp_path}/log.jsonl')
+    r = subprocess.run([sys.executable, os.path.join(HERE, 'plot.py')], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and 'give one or more run folders' in r.stderr
+
+
+def test_speed_and_generation_figures(tmp_path):
+    ns = [256, 1024, 4096]
+    rows = [dict(n=n, op=op, fwd_s=c * n * 1e-6, fwdbwd_s=3 * c * n * 1e-6 * (n / 256) ** q,
+                 fwdbwd_peak_mb=n * 0.01 * (1 + q)) for n in ns
+            for op, c, q in (('causal_tssa', 1, 0), ('tssa', 1, 0), ('sdpa_causal', 2, 0.6), ('sdpa', 2, 0.8))]
+    results = dict(device='cpu', dtype='float32', torch='2.x', width=64, operator=rows,
+                   operator_exponent={'causal_tssa': 1.0, 'sdpa': 1.8},
+                   generation=[dict(ctx=c, recurrent=40.0, rerun=400 / c, shift_recurrent=39.0,
+                                    softmax_kv=40 - c / 200) for c in (16, 1024, 4096)])
+    plot.speed(results, tmp_path / 'speed.png')
+    read_png(tmp_path / 'speed.png', (400, 1000))
+    plot.generation(results, tmp_path / 'generation.png')
+    read_png(tmp_path / 'generation.png', (400, 650))
+
+
+def test_capability_grid(tmp_path):
+    models = ['tssa', 'tssa+shift', 'softmax', 'hybrid+shift']
+    rows = [dict(task=t, knob=k, value=v, model=m, accuracy=a, chance=c)
+            for t, k, v, c in (('recall', 'pairs', 4, 0.29), ('copy', 'length', 16, 1 / 32))
+            for m, a in zip(models, (0.2, 0.18, 1.0, 1.0))]
+    plot.capability_grid(rows, tmp_path / 'tasks.png')
+    img = read_png(tmp_path / 'tasks.png', (244, 840))
+    assert img.shape[1] > img.shape[0]                              # four model columns, two rows
+
+
+def test_a_figure_that_cannot_be_drawn_does_not_stop_the_run(tmp_path, monkeypatch, capsys):
+    log = train_common.RunLog(str(tmp_path))
+    log.record(dict(iter=1, kind='eval', train_loss=2.0, val_loss=2.1, tokens=10))
+    log.draw()
+    assert os.path.isfile(tmp_path / 'loss.png')
+
+    def broken(*a, **k):
+        raise OSError(28, 'No space left on device')
+    monkeypatch.setattr(plot, 'learning_curves', broken)
+    log.draw()
+    log.draw()                                                      # said once, then left alone
+    out = capsys.readouterr().out
+    assert out.count('could not draw loss.png') == 1 and 'No space left on device' in out and 'goes on' in out
+    log.close()
