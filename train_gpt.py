@@ -31,17 +31,11 @@ Two nodes of 8 GPUs: the same command on both, node_rank 0 on the master (whose 
 Progress goes to the terminal (a live table) and, one JSON object per log or eval step, to
 <out_dir>/log.jsonl; <out_dir>/loss.png is redrawn at each evaluation.
 
-Batches and processes. batch_size is sequences per micro-step per process; gradient_accumulation_steps
-is micro-steps per optimizer step in total, over all processes. One iteration is therefore
-gradient_accumulation_steps x batch_size x block_size tokens, however many processes share it. Its
-batch is drawn from a generator seeded by (seed, iteration) and cut into micro-batches; process r runs
-its consecutive share of them, and dropout is seeded per micro-step, so N processes compute what one
-process does (up to float rounding) and a resumed run sees the batches an unbroken one would. When the
-count does not divide among the processes, it is rounded up to the next multiple, and the run says so
-with the tokens per iteration: the demo's 1 becomes 2 on 2 processes and 3 on 3, owt-base's 40 becomes
-42 on 3. A rounded-up run takes bigger steps at the same learning rate. Resuming with another process
-count goes on from the same iteration and data order; the steps are the same if both counts divide
-gradient_accumulation_steps, else the new count's rounded-up batch is used from then on.
+Batches and processes: batch_size is sequences per micro-step per process; gradient_accumulation_steps is
+micro-steps per optimizer step over all processes, rounded up to a multiple of their number (the run says
+so). N processes compute what one does: the batch of an iteration is drawn from (seed, iteration), and
+dropout is seeded per micro-step, so a resumed run also sees what an unbroken one would. docs/training.md
+has the details.
 """
 import math
 import os

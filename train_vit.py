@@ -30,16 +30,12 @@ tost-cifar-tiny, and the paper's shapes tost-t / tost-s / tost-m. Those three ar
 everything else is the paper's shape. num_classes comes from the dataset. Note the paper's CIFAR
 numbers (95.5-97.5% on CIFAR-10) are fine-tuned from ImageNet; here the models train from scratch.
 
-What you get in out_dir:
-    ckpt.pt      the latest epoch (or the step Ctrl-C stopped at), for --init_from=resume; best.pt, the best
-                 test accuracy so far
-    log.jsonl    a line per epoch: epoch, step, lr, train_loss, test_loss, test_acc (a fraction), best_acc,
-                 test_images, time_s, and compression (a list, one value per TSSA layer): R^var_c (tost.py's objective)
-                 of each TSSA layer's output on the first compression_images test images. The paper reports
-                 it falling with depth: the layers compress. The terminal shows it as a bar per layer.
-    viz/         a PNG per test image: top row the image and the CLS token's class-attention map per head;
-                 bottom row the head that claims each patch (argmax of Pi), then Pi per head of TSSA layer
-                 viz_layer. Colours: viridis, dark is low and yellow high, one scale per row.
+What you get in out_dir: ckpt.pt (the latest epoch, or the step Ctrl-C stopped at) and best.pt (the best
+test accuracy so far); log.jsonl, a line per epoch (train and test loss, test accuracy, and `compression`:
+R^var_c, tost.py's objective, of each TSSA layer's output on the first compression_images test images,
+which the paper reports falling with depth; the terminal shows it as a bar per layer); loss.png (test
+accuracy by epoch); viz/, a figure per test image: the image and the CLS token's class attention per
+head, then the head that claims each patch (argmax of Pi) and Pi per head of TSSA layer viz_layer.
 
 Data stays on the device as uint8; augmentation (pad-4 random crop, horizontal flip, optional
 mixup/cutmix) runs there in torch, so the CPU does not feed the GPU.
