@@ -1,24 +1,26 @@
 """
-The commands that the --help texts (train_gpt.py, train_vit.py, sample.py, prepare_data.py, eval_gpt.py) and
-the README
-print, run as written, so that they cannot drift away from the code. Offline, in a temp folder, about a
-minute. Commands that would train for minutes get tiny sizes appended (a later --key=value wins; the
-command's own keys still parse and act). Commands that need the network, a GPU, several processes or
-hours are in SKIP with the reason. A command added to the docs fails test_every_documented_command_is_known
-until it is put in RUN or SKIP.
+The commands the README, the pages under docs/ and the scripts' --help texts show, run as written, so that
+they cannot drift away from the code. Offline, in a temp folder, about a minute. Commands that would train
+for minutes get tiny sizes appended (a later --key=value wins; the command's own keys still parse and act).
+Commands that need the network, a GPU, several processes or hours are in SKIP with the reason. A command
+added to the docs fails test_every_documented_command_is_known until it is put in RUN or SKIP.
 """
 import json
 import os
 import re
 import shlex
+import shutil
 import urllib.error
 
 import pytest
 import torch
 
+import bench
 import eval_gpt
+import plot
 import prepare_data
 import sample
+import study
 import tokenizer
 import train_common
 import train_gpt
@@ -41,9 +43,16 @@ RUN = [
     ('python train_gpt.py', TINY_GPT),
     ('python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000', LONGER),
     ('python train_gpt.py --init_from=resume', ()),                   # done: nothing to do, says so
+    ('python plot.py out docs/demo-log.jsonl', ()),
+    ('python plot.py out docs/demo-log.jsonl --out=compare.png', ()),
     ('python train_gpt.py --attn=softmax --out_dir=out-softmax', TINY_GPT),
     ('python train_gpt.py --token_shift=true --out_dir=out-shift', TINY_GPT),
+    ('python train_gpt.py --token_shift=true --softmax_layers=-1 --out_dir=out-hybrid', TINY_GPT),
+    ('python plot.py out out-shift out-hybrid', ()),
+    ('python plot.py out out-shift out-softmax', ()),
+    ('python plot.py out docs/demo-log.jsonl --x=seconds', ()),
     ('python sample.py --out_dir=out-shift --start="def " --seed=1 --temperature=0.8', SHORT),
+    ('python sample.py --out_dir=out-hybrid --start="def " --seed=1 --temperature=0.8', SHORT),
     ('python eval_gpt.py --datasets=python_stdlib', ('--batch_size=256',)),  # all 1.2M val bytes: big batches
     ('python sample.py', SHORT),
     ('python sample.py --start="def fibonacci(n):" --num_samples=1 --max_new_tokens=2000',
@@ -57,8 +66,10 @@ RUN = [
     ('python train_gpt.py --config=shakespeare', TINY_GPT),
     ('python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes --name=shakespeare_bytes', ()),
     ('python prepare_data.py text --input=notes/ --name=notes', ()),
+    ('python prepare_data.py text --input=my_notes/ --name=notes', ('--force',)),
+    ('python train_gpt.py --dataset=notes', TINY_GPT + ('--out_dir=out-notes',)),
     ('python prepare_data.py --help', ()),
-    ('python prepare_data.py cifar10 --archive=cifar-10-python.tar.gz', ()),    # the README's offline form
+    ('python prepare_data.py cifar10 --archive=cifar-10-python.tar.gz', ()),    # the offline form
     ('python prepare_data.py cifar100 --archive=cifar-100-python.tar.gz', ()),
     ('python train_vit.py --dataset=cifar10', TINY_VIT),
     ('python train_vit.py --dataset=cifar10 --attn=softmax --out_dir=out-vit-softmax', TINY_VIT),
@@ -101,9 +112,20 @@ SKIP = {
     'python study.py vision': 'a quarter of an hour; test_study.py runs its smoke mode',
     'python study.py tasks': 'half an hour; test_study.py runs its smoke mode',
     'python study.py tasks --quick': 'minutes; test_study.py runs its smoke mode',
+    'python bench.py --quick': 'a minute; test_bench.py runs its smoke mode',
+    'python bench.py --sections=operator,limit': 'minutes; test_bench.py runs its smoke mode',
+    'python bench.py --device=cuda --dtype=bfloat16 --json=bench.json': 'a GPU',
+    'python bench.py --device=cuda --dtype=bfloat16 --compile --sections=operator,model': 'a GPU',
+    'python study.py language,tasks --json=study.json': 'an hour; test_study.py runs its smoke mode',
+    'python derivation.py': 'test_tost.py runs it',
+    'python train_gpt.py --config=owt-base --attn=softmax --out_dir=out-owt-softmax': 'GPUs, days',
+    'python sample.py --out_dir=out-owt-base --start="The meaning of life" --num_samples=3 --max_new_tokens=200':
+        'an OpenWebText checkpoint; sampling is run above on the demo\'s',
 }
 SCRIPTS = {'train_gpt.py': train_gpt.main, 'train_vit.py': train_vit.main, 'sample.py': sample.main,
-           'prepare_data.py': prepare_data.main, 'eval_gpt.py': eval_gpt.main}
+           'prepare_data.py': prepare_data.main, 'eval_gpt.py': eval_gpt.main, 'plot.py': plot.main}
+HELP = (train_gpt, train_vit, sample, prepare_data, eval_gpt, plot, bench, study)   # their docstrings are --help
+DOCS = ['README.md'] + [f'docs/{f}' for f in sorted(os.listdir(os.path.join(REPO, 'docs'))) if f.endswith('.md')]
 
 
 def commands_in(line):
@@ -113,22 +135,21 @@ def commands_in(line):
 
 
 def documented():
-    """{command: where} for every command the help texts and the README show."""
+    """{command: where} for every command the help texts, the README and the docs pages show."""
     found = {}
-    for name, doc in (('train_gpt.py --help', train_gpt.__doc__), ('train_vit.py --help', train_vit.__doc__),
-                      ('sample.py --help', sample.__doc__), ('prepare_data.py --help', prepare_data.__doc__),
-                      ('eval_gpt.py --help', eval_gpt.__doc__)):
-        for line in doc.replace('\\\n', ' ').splitlines():    # join `\` continuations
+    for module in HELP:
+        for line in module.__doc__.replace('\\\n', ' ').splitlines():    # join `\` continuations
             if line.strip().startswith(('python ', 'torchrun ')):
-                found.update({re.sub(r'\s+', ' ', c): name for c in commands_in(line)})
-    with open(os.path.join(REPO, 'README.md')) as f:
-        readme = f.read()
-    for block in re.findall(r'```\n(.*?)```', readme, re.S):      # code blocks: commands, or what they print
-        for line in block.replace('\\\n', ' ').splitlines():
-            if line.startswith(('python', 'torchrun ', 'pip ', '. ')):
-                found.update({re.sub(r'\s+', ' ', c): 'README.md' for c in commands_in(line)})
-    for span in re.findall(r'`(python [^`]+)`', readme):          # inline commands in the prose
-        found[re.sub(r'\s+', ' ', span)] = 'README.md'
+                found.update({re.sub(r'\s+', ' ', c): f'{module.__name__}.py --help' for c in commands_in(line)})
+    for page in DOCS:
+        with open(os.path.join(REPO, page)) as f:
+            text = f.read()
+        for block in re.findall(r'```\n(.*?)```', text, re.S):      # code blocks: commands, or what they print
+            for line in block.replace('\\\n', ' ').splitlines():
+                if line.startswith(('python', 'torchrun ', 'pip ', '. ')):
+                    found.update({re.sub(r'\s+', ' ', c): page for c in commands_in(line)})
+        for span in re.findall(r'`(python [^`]+)`', text):          # inline commands in the prose
+            found[re.sub(r'\s+', ' ', span)] = page
     return found
 
 
@@ -168,6 +189,10 @@ def test_documented_commands_run_offline(tmp_path, monkeypatch, capsys):
     (tmp_path / 'notes').mkdir()
     (tmp_path / 'notes' / 'a.txt').write_text('Some notes of mine.\n' * 200)
     (tmp_path / 'prompt.txt').write_text('def main():\n')
+    (tmp_path / 'my_notes').mkdir()
+    (tmp_path / 'my_notes' / 'b.txt').write_text('Notes of my own, to train on.\n' * 200)
+    (tmp_path / 'docs').mkdir()
+    shutil.copy(os.path.join(REPO, 'docs', 'demo-log.jsonl'), tmp_path / 'docs')
     make_cifar(tmp_path / 'cifar-10-python.tar.gz', 'cifar10', n=12)
     make_cifar(tmp_path / 'cifar-100-python.tar.gz', 'cifar100', n=4)
     for cmd, extra in RUN:
