@@ -22,6 +22,7 @@ def test_smoke_mode_runs_every_section(tmp_path):
         assert row['fwd_s'] > 0 and row['fwdbwd_s'] > 0
     for row in res['generation']:
         assert row['recurrent'] > 0 and row['rerun'] > 0 and row['shift_recurrent'] > 0 and row['softmax_kv'] > 0
+        assert row['hybrid'] > 0
 
 
 def test_cpu_memory_probe_sees_activations():
