@@ -256,7 +256,9 @@ TASKS = [
 ]
 TASK_MODELS = {'tssa': dict(attn='tssa'), 'tssa+shift': dict(attn='tssa', token_shift=True),
                'softmax': dict(attn='softmax'), 'softmax+shift': dict(attn='softmax', token_shift=True),
-               'hybrid+shift': dict(attn='tssa', softmax_layers=(-1,), token_shift=True)}   # 1 softmax block of 2
+               # one softmax block of the two, the first: across init seeds it learned recall with 8 pairs more
+               # reliably than the last
+               'hybrid+shift': dict(attn='tssa', softmax_layers=(0,), token_shift=True)}
 # Shared by every model of every row. Layer-scale init 1.0: the GPT's default 1e-5 slows tiny models down.
 TASK_MODEL = dict(n_layer=2, n_head=4, n_embd=64, layerscale_init=1.0)
 TASK_OPT = dict(lr=1e-3, min_lr=1e-4, warmup=0.1, weight_decay=0.1, betas=(0.9, 0.98), clip=1.0,
