@@ -372,10 +372,11 @@ def section_generation(args, results):
     ctxs, new = SIZES[args.mode]['gen_ctx'], SIZES[args.mode]['gen_new']
     rows = []
     models = {}
-    for name, attn, shift in (('tssa', 'tssa', False), ('tssa_shift', 'tssa', True), ('softmax', 'softmax', False)):
+    for name, attn, extra in (('tssa', 'tssa', {}), ('tssa_shift', 'tssa', dict(token_shift=True)),
+                              ('softmax', 'softmax', {}),
+                              ('hybrid', 'tssa', dict(token_shift=True, softmax_layers=(-1,)))):   # last block softmax
         torch.manual_seed(0)
-        cfg = model_config(args.device, max(ctxs) + new + 1, attn, args.mode)
-        cfg.token_shift = shift
+        cfg = GPTConfig(**{**vars(model_config(args.device, max(ctxs) + new + 1, attn, args.mode)), **extra})
         models[name] = GPT(cfg).to(args.device).eval()
     for ctx in ctxs:
         idx = torch.randint(0, models['tssa'].config.vocab_size, (1, ctx), device=args.device)
@@ -402,22 +403,23 @@ def section_generation(args, results):
             return n_tokens / (time.perf_counter() - t0)
 
         with torch.no_grad(), autocast(args.device, args.dtype):
-            rates = {'recurrent': [], 'rerun': [], 'shift_recurrent': [], 'softmax_kv': []}
+            rates = {'recurrent': [], 'rerun': [], 'shift_recurrent': [], 'softmax_kv': [], 'hybrid': []}
             for _ in range(3):                                 # interleaved rounds, median
                 rates['recurrent'].append(decode(models['tssa']))
                 rates['rerun'].append(rerun(models['tssa']))
                 rates['shift_recurrent'].append(decode(models['tssa_shift']))
                 rates['softmax_kv'].append(decode(models['softmax']))
+                rates['hybrid'].append(decode(models['hybrid']))
         rows.append(dict(ctx=ctx, **{k: sorted(v)[1] for k, v in rates.items()}))
     results['generation'] = rows
     cfg = models['tssa'].config
     t = Table(title=f"Generation tokens/s, batch 1, GPT {cfg.n_layer}L/{cfg.n_embd}d, {args.device}")
     for c in ['context', 'TSSA recurrent', 'TSSA re-run prefix', 'recurrent / re-run', 'TSSA + shift recurrent',
-              'softmax + KV cache']:
+              'softmax + KV cache', 'hybrid + shift, last block softmax']:
         t.add_column(c, justify='right')
     for r in rows:
         t.add_row(str(r['ctx']), f"{r['recurrent']:.1f}", f"{r['rerun']:.2f}", f"{r['recurrent'] / r['rerun']:.0f}x",
-                  f"{r['shift_recurrent']:.1f}", f"{r['softmax_kv']:.1f}")
+                  f"{r['shift_recurrent']:.1f}", f"{r['softmax_kv']:.1f}", f"{r['hybrid']:.1f}")
     console.print(t)
     warn_if_noisy(results)
 

@@ -39,7 +39,7 @@ OTHER = [('#7f7f7f', '-', 'x'), ('#e377c2', '--', '*'), ('#17becf', ':', 'h'), (
 
 def model_name(cfg):
     """'ToST', 'ToST + shift', 'softmax', 'hybrid + shift', ... from a run's config (or a study row)."""
-    attn = cfg.get('attn', 'tssa')
+    attn = cfg.get('attn') or 'tssa'                # a study row holds None where the key is the default
     name = 'ToST' if attn == 'tssa' else attn
     if cfg.get('softmax_layers'):
         name = 'hybrid'

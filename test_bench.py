@@ -24,6 +24,7 @@ def test_smoke_mode_runs_every_section(tmp_path):
         assert row['fwd_s'] > 0 and row['fwdbwd_s'] > 0
     for row in res['generation']:
         assert row['recurrent'] > 0 and row['rerun'] > 0 and row['shift_recurrent'] > 0 and row['softmax_kv'] > 0
+        assert row['hybrid'] > 0
     for name, shape in (('speed.png', (400, 1000)), ('generation.png', (400, 650))):   # drawn beside the JSON
         assert matplotlib.image.imread(tmp_path / name).shape[:2] == shape
 

@@ -47,7 +47,7 @@ RUN = [
     ('python plot.py out docs/demo-log.jsonl --out=compare.png', ()),
     ('python train_gpt.py --attn=softmax --out_dir=out-softmax', TINY_GPT),
     ('python train_gpt.py --token_shift=true --out_dir=out-shift', TINY_GPT),
-    ('python train_gpt.py --token_shift=true --softmax_layers=-1 --out_dir=out-hybrid', TINY_GPT),
+    ('python train_gpt.py --softmax_layers=-1 --token_shift=true --out_dir=out-hybrid', TINY_GPT),
     ('python plot.py out out-shift out-hybrid', ()),
     ('python plot.py out out-shift out-softmax', ()),
     ('python plot.py out docs/demo-log.jsonl --x=seconds', ()),
@@ -202,6 +202,7 @@ def test_documented_commands_run_offline(tmp_path, monkeypatch, capsys):
     assert 'schedule decays to min_lr' not in out.out
     ckpt = train_common.load_checkpoint('out/ckpt.pt')
     assert ckpt['iter_num'] == 40 and ckpt['config']['lr_decay_iters'] == 40
+    assert train_common.load_checkpoint('out-hybrid/ckpt.pt')['model_args']['softmax_layers'] == [0]   # 1 block
     assert out.err.count('tokens/s (cpu') == sum(c.startswith('python sample.py') for c, _ in RUN)
     assert os.path.isfile('out-vit/best.pt') and os.path.isfile('out-vit-tiny/ckpt.pt')
     assert [r['epoch'] for r in map(json.loads, open('out-vit/log.jsonl')) if 'epoch' in r] == [1, 2]

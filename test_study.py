@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import plot
 import study
 
 pytestmark = pytest.mark.usefixtures('one_thread')
@@ -159,6 +160,15 @@ def test_tasks_section_runs_end_to_end(tmp_path):
     assert set(budget['steps']) == set(TASK)
 
 
+def test_the_task_map_has_a_hybrid_column_one_softmax_block_of_two_with_the_shift():
+    kinds = [k for k in study.TASK_MODELS if 'hybrid' in k]
+    assert kinds == ['hybrid+shift']
+    cfg = study.tost.GPTConfig(**study.TASK_MODEL, **study.TASK_MODELS['hybrid+shift'])
+    model = study.tost.GPT(cfg)
+    assert [type(b.attn).__name__ for b in model.transformer.h] == ['SoftmaxAttention', 'CausalTSSA']
+    assert cfg.token_shift and plot.model_name(vars(cfg)) == 'hybrid + shift'
+
+
 def test_language_and_vision_sections_run_end_to_end(tmp_path):
     """The smoke sizes, through the real scripts (train_gpt.py, sample.py, train_vit.py): each variant's key
     reaches its checkpoint, and the table's numbers come from the runs' logs."""
@@ -166,10 +176,12 @@ def test_language_and_vision_sections_run_end_to_end(tmp_path):
     res = study.main(['language,vision', '--smoke', f'--out_dir={tmp_path / "runs"}', f'--json={out}'])
     assert json.loads(out.read_text())['language']['rows'][0]['variant'] == 'ToST (paper)'
     lang = res['language']['rows']
-    assert [r['variant'] for r in lang] == ['ToST (paper)', 'ToST + token shift']
+    assert [r['variant'] for r in lang] == ['ToST (paper)', 'ToST + token shift', 'hybrid: last block softmax + shift']
+    assert [plot.model_name(r) for r in lang] == ['ToST', 'ToST + shift', 'hybrid + shift']
     for r in lang:
         ckpt = torch.load(f"{r['out_dir']}/ckpt.pt", weights_only=True)
         assert ckpt['model_args']['token_shift'] is bool(r['token_shift'])
+        assert ckpt['model_args']['softmax_layers'] == ([0] if r['softmax_layers'] else [])   # smoke: 1 block
         assert r['val_loss'] > 0 and r['tokens_per_sec'] > 0 and r['sample'].startswith('def ')
     vis = res['vision']['rows']
     assert [(r['variant'], bool(r['lpi'])) for r in vis] == [('ToST (paper)', False), ('ToST + lpi', True)]

@@ -243,11 +243,16 @@ def test_operator_is_causal(make):
         assert not torch.allclose(y[:, k:], y2[:, k:])     # the test is sensitive
 
 
+# the GPT's kinds of model: every block TSSA (the paper's), every block softmax, and hybrids
+KINDS = {'tssa': {}, 'softmax': dict(attn='softmax'), 'hybrid': dict(softmax_layers=(-1,)),
+         'hybrid-first': dict(softmax_layers=(0,))}
+
+
 @pytest.mark.parametrize('shift', [False, True])
-@pytest.mark.parametrize('attn', ['tssa', 'softmax'])
-def test_gpt_is_causal(attn, shift):
+@pytest.mark.parametrize('kind', KINDS)
+def test_gpt_is_causal(kind, shift):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=24, vocab_size=50, n_layer=2, n_head=2, n_embd=16, attn=attn,
+    model = GPT(GPTConfig(block_size=24, vocab_size=50, n_layer=2, n_head=2, n_embd=16, **KINDS[kind],
                           layerscale_init=1.0, token_shift=shift)).eval()
     idx = torch.randint(0, 50, (2, 24))
     logits, _ = model(idx, idx)
@@ -329,11 +334,11 @@ def reference_greedy(model, idx, max_new_tokens):
 
 
 @pytest.mark.parametrize('shift', [False, True])
-@pytest.mark.parametrize('attn', ['tssa', 'softmax'])
+@pytest.mark.parametrize('kind', KINDS)
 @pytest.mark.parametrize('prompt_len', [5, 20])
-def test_greedy_generate_equals_full_forward_rerun(attn, prompt_len, shift):
+def test_greedy_generate_equals_full_forward_rerun(kind, prompt_len, shift):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=16, vocab_size=40, n_layer=2, n_head=2, n_embd=16, attn=attn,
+    model = GPT(GPTConfig(block_size=16, vocab_size=40, n_layer=2, n_head=2, n_embd=16, **KINDS[kind],
                           layerscale_init=1.0, token_shift=shift)).double().eval()
     randomize(model, scale=0.5)
     idx = torch.randint(0, 40, (2, prompt_len))
@@ -344,13 +349,15 @@ def test_greedy_generate_equals_full_forward_rerun(attn, prompt_len, shift):
     assert len(set(got[0, prompt_len:].tolist())) > 1      # not a degenerate constant sequence
 
 
-@pytest.mark.parametrize('attn', ['tssa', 'softmax'])
-def test_token_shift_parallel_prefill_and_step_agree(attn):
-    """With token_shift the state also carries the last token's input: a full forward, a prefill split in two,
-    and token-by-token steps give the same logits (float64); the shift really acts (mu != 0 changes them)."""
+@pytest.mark.parametrize('shift', [False, True])
+@pytest.mark.parametrize('kind', KINDS)
+def test_parallel_prefill_and_step_agree(kind, shift):
+    """Each block keeps its own state (TSSAState, KVCache; with token_shift also the last token's input): a
+    full forward, a prefill split in two, and token-by-token steps give the same logits (float64); the
+    shift really acts (mu != 0 changes them)."""
     torch.manual_seed(0)
-    model = randomize(GPT(GPTConfig(block_size=32, vocab_size=40, n_layer=2, n_head=2, n_embd=16, attn=attn,
-                                    token_shift=True)).double().eval(), scale=0.5)
+    model = randomize(GPT(GPTConfig(block_size=32, vocab_size=40, n_layer=2, n_head=2, n_embd=16, **KINDS[kind],
+                                    token_shift=shift)).double().eval(), scale=0.5)
     idx = torch.randint(0, 40, (2, 30))
     with torch.no_grad():
         full = model(idx, idx)[0]
@@ -361,9 +368,10 @@ def test_token_shift_parallel_prefill_and_step_agree(attn):
         for t in range(20, 30):
             last, states = model.step(idx[:, t], states)
             torch.testing.assert_close(last, full[:, t], rtol=1e-10, atol=1e-12)
-        for block in model.transformer.h:
-            block.shift.mu.zero_()
-        assert not torch.allclose(model(idx, idx)[0], full)
+        if shift:
+            for block in model.transformer.h:
+                block.shift.mu.zero_()
+            assert not torch.allclose(model(idx, idx)[0], full)
 
 
 def test_token_shift_is_off_by_default_and_the_paper_model_unchanged():
@@ -374,6 +382,53 @@ def test_token_shift_is_off_by_default_and_the_paper_model_unchanged():
     assert set(shifted.state_dict()) - set(keys) == {'transformer.h.0.shift.mu'}
     assert not any('lpi' in k for k in ViT(ViTConfig(img_size=16, patch_size=4, n_layer=1, n_head=2,
                                                      n_embd=16)).state_dict())
+
+
+def test_softmax_layers_is_off_by_default_and_the_paper_model_unchanged():
+    """The default GPT is the paper's: every block causal TSSA. Model args without the key (an older checkpoint)
+    build the same model: the same state dict keys, the same weights for a seed, the same logits."""
+    args = dict(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16)
+    assert GPTConfig(**args).softmax_layers == ()
+    torch.manual_seed(0)
+    old = GPT(GPTConfig(**args)).eval()
+    torch.manual_seed(0)
+    new = GPT(GPTConfig(**args, softmax_layers=[])).eval()
+    assert all(type(b.attn) is CausalTSSA for b in old.transformer.h)
+    a, b = old.state_dict(), new.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    idx = torch.randint(0, 30, (2, 8))
+    assert torch.equal(old(idx, idx)[0], new(idx, idx)[0])
+    hybrid = GPT(GPTConfig(**args, softmax_layers=[1])).state_dict()   # block 1's attention: q, k, v, no temp
+    assert set(a) - set(hybrid) == {'transformer.h.1.attn.temp', 'transformer.h.1.attn.pos_bias'}
+    assert set(hybrid) <= set(a) and hybrid['transformer.h.1.attn.c_attn.weight'].shape == (48, 16)
+
+
+@pytest.mark.parametrize('shift', [False, True])
+def test_softmax_layers_pick_the_blocks_and_each_keeps_its_own_state(shift):
+    cfg = GPTConfig(block_size=16, vocab_size=30, n_layer=3, n_head=2, n_embd=16, softmax_layers=[-1, 0, 0],
+                    token_shift=shift)
+    assert cfg.softmax_layers == (0, 2)                         # -1 is the last block; repeats count once
+    model = GPT(cfg).eval()
+    assert [type(b.attn) for b in model.transformer.h] == [SoftmaxAttention, CausalTSSA, SoftmaxAttention]
+    idx = torch.randint(0, 30, (2, 5))
+    _, st5 = model.prefill(idx)
+    _, st6 = model.step(idx[:, 0], st5)
+    if shift:
+        assert all(type(s) is tost.ShiftState and s.last.shape == (2, 16) for s in st5 + st6)
+        st5, st6 = [s.attn for s in st5], [s.attn for s in st6]
+    assert [type(s) for s in st6] == [tost.KVCache, tost.TSSAState, tost.KVCache]
+    assert st6[0].k.shape[2] == 6 and st5[0].k.shape[2] == 5   # the KV cache grows with the context
+    assert st6[1].Q.shape == st5[1].Q.shape == (2, 2, 8)        # the TSSA state does not
+    assert [s.t for s in st6] == [6, 6, 6]
+
+
+def test_softmax_layers_mistakes():
+    args = dict(n_layer=2, n_head=2, n_embd=16)
+    for bad in [(2,), (-3,), (0, 5), ('1',)]:
+        with pytest.raises(ValueError, match=r'softmax_layers .* must be block indices from -2 to 1'):
+            GPTConfig(**args, softmax_layers=bad)
+    with pytest.raises(ValueError, match="with attn='softmax' every block is already"):
+        GPTConfig(**args, attn='softmax', softmax_layers=(0,))
 
 
 def test_sampling_is_reproducible_with_a_generator():
@@ -388,9 +443,9 @@ def test_sampling_is_reproducible_with_a_generator():
 # gradients
 
 @pytest.mark.parametrize('shift', [False, True])
-@pytest.mark.parametrize('attn', ['tssa', 'softmax'])
-def test_gradients_reach_every_parameter_gpt(attn, shift):
-    model = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, attn=attn, bias=True,
+@pytest.mark.parametrize('kind', KINDS)
+def test_gradients_reach_every_parameter_gpt(kind, shift):
+    model = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, **KINDS[kind], bias=True,
                           token_shift=shift))
     idx = torch.randint(0, 30, (2, 8))
     _, loss = model(idx, idx)
@@ -496,12 +551,14 @@ def test_the_counter_would_see_quadratic_work():
     assert b.total / a.total > 10
 
 
-def test_flops_per_token_is_constant_in_context_for_tssa_only():
+def test_flops_per_token_is_constant_in_context_for_tssa_blocks_only():
     cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=8192, vocab_size=64)
     m = GPT(GPTConfig(**cfg))
     assert m.flops_per_token(1024) == m.flops_per_token(8192) > 6 * m.get_num_params()
     ms = GPT(GPTConfig(attn='softmax', **cfg))
     assert ms.flops_per_token(8192) - ms.flops_per_token(1024) == 3 * 2 * 4 * 32 * (8192 - 1024) * 0.5
+    mh = GPT(GPTConfig(softmax_layers=(-1,), **cfg))          # a hybrid: one of the two blocks grows with T
+    assert mh.flops_per_token(8192) - mh.flops_per_token(1024) == 3 * 1 * 4 * 32 * (8192 - 1024) * 0.5
 
 
 # -----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import tiktoken
 import torch
 
 import options
+import plot
 import prepare_data
 import sample
 import tokenizer
@@ -140,7 +141,7 @@ def test_run_log_and_checkpoint_roundtrip(trained, data_dir):
     assert {'model', 'optimizer', 'model_args', 'iter_num', 'best_val_loss', 'config', 'meta'} <= set(ckpt)
     assert ckpt['iter_num'] == 12 and ckpt['meta']['tokenizer'] == 'bytes'
     assert ckpt['model_args'] == dict(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32, dropout=0.0,
-                                      bias=False, attn='tssa', token_shift=False)
+                                      bias=False, attn='tssa', token_shift=False, softmax_layers=[])
     assert ckpt['config']['max_iters'] == 12 and ckpt['config']['dataset'] == 'tiny'
     assert not any('_orig_mod' in k or k.startswith('module.') for k in ckpt['model'])
 
@@ -807,6 +808,41 @@ def test_token_shift_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(data
     with pytest.raises(train_common.UsageError, match='token_shift'):     # the model's shape is fixed on resume
         train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=8', '--token_shift=false'])
     sample.main([f'--out_dir={out}', '--start=def', '--num_samples=1', '--max_new_tokens=5', '--device=cpu'])
+
+
+def test_softmax_layers_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(data_dir, tmp_path, capsys):
+    out = str(tmp_path / 'hybrid')
+    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=2', '--n_layer=2', '--softmax_layers=-1',
+                        '--token_shift=true'))
+    assert 'attn=tssa (softmax in block 1) + token shift, 2 layers' in capsys.readouterr().out
+    ckpt = weights(out)                                              # weights_only=True reads the list
+    assert ckpt['model_args']['softmax_layers'] == [1] and ckpt['config']['softmax_layers'] == '-1'
+    assert ckpt['model']['transformer.h.1.attn.c_attn.weight'].shape == (96, 32)     # q, k, v: softmax
+    assert 'transformer.h.0.attn.temp' in ckpt['model'] and 'transformer.h.1.attn.temp' not in ckpt['model']
+    with open(os.path.join(out, 'log.jsonl')) as f:
+        config = json.loads(f.readline())
+    assert config['kind'] == 'config' and config['softmax_layers'] == [1]
+    assert plot.model_name(config) == 'hybrid + shift'
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6', '--softmax_layers=1'])  # = -1
+    assert weights(out)['iter_num'] == 6 and weights(out)['model_args']['softmax_layers'] == [1]
+    with pytest.raises(train_common.UsageError, match="--softmax_layers=0 does not match the checkpoint's model"):
+        train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=8', '--softmax_layers=0'])
+    sample.main([f'--out_dir={out}', '--start=def', '--num_samples=1', '--max_new_tokens=5', '--device=cpu'])
+
+
+def test_softmax_layers_mistakes():
+    check = lambda *a: train_gpt.check_config(*options.parse(list(a), train_gpt.DEFAULTS))
+    assert check('--softmax_layers=0,-1')['softmax_layers'] == '0,-1'
+    assert train_gpt.softmax_layers('0,-1', 4) == [0, 3] and train_gpt.softmax_layers('', 4) == []
+    for bad, words in [('4', 'a model of 4 blocks numbers them -4 to 3'), ('-5', 'numbers them -4 to 3'),
+                       ('last', 'expects block indices separated by commas')]:
+        with pytest.raises(train_common.UsageError, match=words):
+            check(f'--softmax_layers={bad}')
+    with pytest.raises(train_common.UsageError, match='with --attn=softmax every block is already'):
+        check('--attn=softmax', '--softmax_layers=0')
+    r = run_cli('train_gpt.py', '--softmax_layers=0,7')
+    one_line_error(r.stderr, '--softmax_layers=0,7: a model of 4 blocks')
+    assert r.returncode == 2
 
 
 def test_resume_with_nothing_to_do_says_so_and_time_carries_on(data_dir, tmp_path, capsys):

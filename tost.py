@@ -23,9 +23,9 @@ First read, in order (lines of this file, spanning the definitions named in brac
   lines 86-176    the white-box gradient step, then the practical operator (TSSA)
   lines 183-281   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
   lines 288-372   the block, an approximate step on the normalised tokens (MLP, Block)
-  lines 379-543   the language model, and generation with the recurrent state (GPTConfig, GPT)
-Then the vision model (ViT), the softmax baseline, two options beyond the paper (TokenShift,
-LocalPatchInteraction), and utilities: presets, optimizer groups, FLOP counts.
+  lines 379-557   the language model, and generation with the recurrent state (GPTConfig, GPT)
+Then the vision model (ViT), the softmax baseline, three options beyond the paper (TokenShift,
+LocalPatchInteraction, softmax_layers), and utilities: presets, optimizer groups, FLOP counts.
 tost_fast.py holds the fused cores the forward passes run by default: the same numbers, faster.
 derivation.py is a runnable lecture: each step of the derivation, computed with this file, in float64.
 """
@@ -388,14 +388,23 @@ class GPTConfig:
     attn: str = 'tssa'          # 'tssa' or 'softmax' (everything else equal)
     layerscale_init: float = 1e-5
     token_shift: bool = False   # not in the paper: mix each token with the previous one before attention
+    softmax_layers: tuple = ()  # not in the paper: these blocks (-1: the last) get softmax attention (section 7)
 
     def __post_init__(self):
         _check_shape(self.n_embd, self.n_head, self.attn)
+        n, layers = self.n_layer, self.softmax_layers
+        if any(not isinstance(i, int) or not -n <= i < n for i in layers):
+            raise ValueError(f"softmax_layers {list(layers)} must be block indices from {-n} to {n - 1}")
+        if layers and self.attn != 'tssa':
+            raise ValueError("softmax_layers makes chosen blocks of a ToST model softmax; with attn='softmax' "
+                             "every block is already")
+        self.softmax_layers = tuple(sorted({i % n for i in layers}))   # -1 -> n-1: one name per model
 
 
 class GPT(nn.Module):
     """nanoGPT's GPT-2 with causal TSSA in place of attention, as in the paper: learned absolute
-    positions, tied token embedding and LM head, GPT-2 init, pre-LN blocks with layer-scale."""
+    positions, tied token embedding and LM head, GPT-2 init, pre-LN blocks with layer-scale. Two options
+    beyond the paper (section 7), off by default: token_shift, and softmax_layers (a hybrid)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -404,8 +413,9 @@ class GPT(nn.Module):
             wte=nn.Embedding(c.vocab_size, c.n_embd),
             wpe=nn.Embedding(c.block_size, c.n_embd),
             drop=nn.Dropout(c.dropout),
-            h=nn.ModuleList([Block(c.n_embd, c.n_head, c.attn, True, c.block_size, c.bias, c.dropout,
-                                   c.layerscale_init, token_shift=c.token_shift) for _ in range(c.n_layer)]),
+            h=nn.ModuleList([Block(c.n_embd, c.n_head, 'softmax' if i in c.softmax_layers else c.attn, True,
+                                   c.block_size, c.bias, c.dropout, c.layerscale_init, token_shift=c.token_shift)
+                             for i in range(c.n_layer)]),
             ln_f=nn.LayerNorm(c.n_embd, bias=c.bias),
         ))
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
@@ -465,8 +475,9 @@ class GPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x[:, -1])), new_states
 
     def step(self, idx, states):
-        """One token per sequence, idx (B,), in O(1) time per token with TSSA (a growing KV cache with
-        softmax attention). Returns logits (B, vocab) and the new states."""
+        """One token per sequence, idx (B,), in O(1) time per token with TSSA (a growing KV cache in
+        softmax blocks). states: one per block, its own kind (TSSAState, KVCache, ShiftState around either).
+        Returns logits (B, vocab) and the new states."""
         t = states[0].t
         _check_length(t + 1, self.config.block_size)
         x = self.transformer.wte(idx) + self.transformer.wpe.weight[t]
@@ -479,7 +490,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
         """Yield new tokens (B,) one at a time. The prompt is prefilled in parallel, then each token costs
-        the same at any context length (TSSA's state does not grow).
+        the same at any context length (TSSA's state does not grow; a softmax block's KV cache does).
 
         The window rule: the model sees at most block_size tokens. A longer prompt is cropped to its last
         block_size tokens; when the context would grow past block_size, it restarts from its last
@@ -535,7 +546,10 @@ class GPT(nn.Module):
         softmax attention's O(d T) for it, overstating MFU at long contexts."""
         c = self.config
         T = c.block_size if T is None else T
-        return 6 * self.get_num_params() + 3 * attention_core_flops(c.attn, c.n_layer, c.n_embd, T, True)
+        k = len(c.softmax_layers)                               # a hybrid: each block counts its own core
+        cores = attention_core_flops(c.attn, c.n_layer - k, c.n_embd, T, True) + \
+            attention_core_flops('softmax', k, c.n_embd, T, True)
+        return 6 * self.get_num_params() + 3 * cores
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, T=None, peak_flops=312e12):
         """Model FLOPs utilisation: achieved FLOP/s over peak_flops (default A100 bf16, 312 TFLOP/s)."""
@@ -738,7 +752,7 @@ class ViT(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# 7. The softmax baseline, and two options beyond the paper
+# 7. The softmax baseline, and three options beyond the paper
 
 
 class KVCache(NamedTuple):
@@ -784,6 +798,15 @@ class SoftmaxAttention(nn.Module):
     def step(self, x, state: KVCache):
         y, state = self.forward(x.unsqueeze(1), state)
         return y.squeeze(1), state
+
+
+# A hybrid (GPTConfig.softmax_layers): not in the paper, off by default. The blocks it names get
+# SoftmaxAttention, the others causal TSSA; nothing else changes. Why: a TSSA layer keeps of the past only
+# prefix sums of second moments (TSSAState), a bag without order, so it cannot tie a key to the value after
+# it (recall) or copy a segment (study.py tasks). One softmax layer can look up any earlier token, and that
+# gives recall back. The price: that layer costs O(T) per token, and in generation its KV cache grows with
+# the context, so memory per token and the time of a step are no longer constant (bench.py generation).
+# Linear-time models with a fixed state answer recall the same way (Jamba, Zoology, Based, Samba).
 
 
 class TokenShift(nn.Module):

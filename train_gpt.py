@@ -9,6 +9,7 @@ takes and what loss to expect).
     python train_gpt.py                                   # the demo (same as --config=demo)
     python sample.py                                      # then read what it writes
     python train_gpt.py --attn=softmax --out_dir=out-softmax   # the GPT-2 baseline, everything else equal
+    python train_gpt.py --softmax_layers=-1 --token_shift=true --out_dir=out-hybrid   # last block softmax
     python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000   # train the run in out/ longer
     python train_gpt.py --config=shakespeare              # tiny shakespeare, gpt2 BPE (for a GPU; needs network once)
 
@@ -70,6 +71,7 @@ DEFAULTS = dict(
     bias=False,                  # biases in Linear and LayerNorm
     attn='tssa',                 # tssa (ToST) or softmax (GPT-2's attention), all else equal
     token_shift=False,           # not in the paper: mix each token with the previous one before attention
+    softmax_layers='',           # not in the paper: blocks given softmax attention, e.g. -1 (the last) or 0,3
     # AdamW, linear warmup then cosine decay
     learning_rate=6e-3,          # peak learning rate (high, for a small model and a short run)
     max_iters=1000,              # optimizer steps in total
@@ -125,7 +127,7 @@ PRESETS = {
 
 # datasets cheap enough to prepare on the fly; the others are a separate step (openwebtext takes hours)
 PREPARE_ON_THE_FLY = ('python_stdlib', 'shakespeare')
-MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias', 'attn', 'token_shift')  # fixed by a checkpoint
+MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias', 'attn', 'token_shift', 'softmax_layers')  # fixed on resume
 MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'overwrite')  # on resume: this command line's
 
 # -----------------------------------------------------------------------------
@@ -161,7 +163,24 @@ def check_config(cfg, set_keys):
         raise UsageError(f"--attn expects {' or '.join(tost.ATTN_KINDS)}, got {cfg['attn']!r}")
     if cfg['n_embd'] % cfg['n_head']:
         raise UsageError(f"--n_embd ({cfg['n_embd']}) must be a multiple of --n_head ({cfg['n_head']})")
+    if cfg['softmax_layers'] and cfg['attn'] != 'tssa':
+        raise UsageError("--softmax_layers makes chosen blocks of a ToST model softmax; with --attn=softmax "
+                         "every block is already")
+    if cfg['init_from'] == 'scratch':                         # on resume the checkpoint says how many blocks
+        softmax_layers(cfg['softmax_layers'], cfg['n_layer'])
     return cfg
+
+
+def softmax_layers(text, n):
+    """--softmax_layers as the sorted indices of the blocks it names in a model of n blocks ('-1' of 4 is [3])."""
+    try:
+        layers = [int(i) for i in str(text).split(',') if i.strip()]
+    except ValueError:
+        raise UsageError(f"--softmax_layers expects block indices separated by commas (-1 or 0,3), got {text!r}") \
+            from None
+    if any(not -n <= i < n for i in layers):
+        raise UsageError(f"--softmax_layers={text}: a model of {n} blocks numbers them {-n} to {n - 1}")
+    return sorted({i % n for i in layers})
 
 
 def resume_config(cfg, set_keys, ckpt, path):
@@ -172,10 +191,12 @@ def resume_config(cfg, set_keys, ckpt, path):
     missing = {'model', 'optimizer', 'model_args', 'iter_num', 'config', 'meta'} - set(ckpt)
     if missing:
         raise UsageError(f"{path} is not a train_gpt.py checkpoint (no {', '.join(sorted(missing))})")
-    old = ckpt['config']
+    old, n = ckpt['config'], ckpt['model_args']['n_layer']
     for key in MODEL_KEYS:
         had = old.get(key, DEFAULTS[key])                     # older checkpoints lack newer keys
-        if key in set_keys and cfg[key] != had:
+        same = cfg[key] == had if key != 'softmax_layers' else \
+            softmax_layers(cfg[key], n) == softmax_layers(had, n)   # -1 and 3 name one block of 4
+        if key in set_keys and not same:
             raise UsageError(f"--{key}={cfg[key]} does not match the checkpoint's model ({key}={had}); "
                              f"the model's shape is fixed on resume")
     merged = {k: (cfg[k] if k in set_keys or k in MACHINE_KEYS or k not in old else old[k]) for k in cfg}
@@ -308,6 +329,7 @@ class Trainer:
             vocab = 64 * math.ceil(self.meta['vocab_size'] / 64)  # bytes 256; gpt2's 50257 -> 50304, faster matmuls
             self.model_args = dict(block_size=self.T, vocab_size=vocab, dropout=cfg['dropout'],
                                    **{k: cfg[k] for k in MODEL_KEYS})
+            self.model_args['softmax_layers'] = softmax_layers(cfg['softmax_layers'], cfg['n_layer'])
             self.iter_num, self.best_val_loss, self.elapsed, self.tokens = 0, float('inf'), 0.0, 0
         else:
             self.model_args = dict(ckpt['model_args'], dropout=cfg['dropout'])
@@ -337,7 +359,8 @@ class Trainer:
     def describe(self):
         """What is about to run, in a few lines above the live table."""
         cfg, log, m = self.cfg, self.log, self.model_args
-        log.print(f"model: {self.raw_model.get_num_params() / 1e6:.2f}M params, attn={m['attn']}"
+        hybrid = f" (softmax in block {', '.join(map(str, m['softmax_layers']))})" if m.get('softmax_layers') else ''
+        log.print(f"model: {self.raw_model.get_num_params() / 1e6:.2f}M params, attn={m['attn']}{hybrid}"
                   f"{' + token shift' if m.get('token_shift') else ''}, {m['n_layer']} layers x {m['n_head']} heads "
                   f"x {m['n_embd']}, vocab {m['vocab_size']}, context {self.T}")
         log.print(f"data: {self.data_path}, {self.sizes['train']:,} train + {self.sizes['val']:,} val tokens "
