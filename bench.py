@@ -18,7 +18,7 @@ Sections:
               peak memory ratios, next to the paper's.
   generation  tokens/s of decoding at context 16, 1024, 4096: recurrent state, re-running the prefix
               for every token (what the released code does), the recurrent state with token_shift,
-              softmax attention with a KV cache.
+              softmax attention with a KV cache, and the hybrid (last block softmax, with the shift).
   training    tokens/s of a training step (forward, backward, AdamW), ToST vs softmax, block 1024 and 4096.
 
 With --json=PATH the numbers go to PATH, and beside it speed.png (operator: time and memory against

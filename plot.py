@@ -155,7 +155,8 @@ def speed(results, path):
 
 
 GENERATION = {'recurrent': ('ToST, recurrent state', 'ToST'), 'shift_recurrent': ('ToST + shift', 'ToST + shift'),
-              'hybrid': ('hybrid: last layer softmax', 'hybrid'), 'softmax_kv': ('softmax, KV cache', 'softmax'),
+              'hybrid': ('hybrid + shift: last block softmax', 'hybrid + shift'),
+              'softmax_kv': ('softmax, KV cache', 'softmax'),
               'rerun': ('ToST, re-run the prefix', None)}
 
 
