@@ -542,15 +542,34 @@ def test_mfu_is_shown_and_agrees_with_tokens_per_second(data_dir, tmp_path, monk
         assert r['tokens_per_sec'] == pytest.approx(4 * 32 / (r['ms_per_iter'] / 1000), rel=1e-9)
 
 
-def test_peak_flops_by_gpu_name(monkeypatch):
-    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'NVIDIA H100 80GB HBM3')
-    assert train_gpt.peak_flops('cuda:0', 'bfloat16') == 989e12
-    assert train_gpt.peak_flops('cuda:0', 'float32') == 989e12 / 2     # TF32
-    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'NVIDIA L40S')
-    assert train_gpt.peak_flops('cuda', 'bfloat16') == 362e12          # not L4's
-    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'Some Future GPU')
-    assert train_gpt.peak_flops('cuda', 'bfloat16') is None
+# what torch.cuda.get_device_name() returns on each, and the dense bfloat16 peak (None: no MFU)
+GPU_NAMES = [('NVIDIA H100 80GB HBM3', 989e12), ('NVIDIA H100 PCIe', 756e12), ('NVIDIA H100 NVL', 835e12),
+             ('NVIDIA H200', 989e12), ('NVIDIA A100-SXM4-80GB', 312e12), ('NVIDIA A100-SXM4-40GB', 312e12),
+             ('NVIDIA A100 80GB PCIe', 312e12), ('NVIDIA A100-PCIE-40GB', 312e12), ('NVIDIA L40S', 362e12),
+             ('NVIDIA L40', 181e12), ('NVIDIA L4', 121e12), ('NVIDIA A10', 125e12), ('NVIDIA A10G', None),
+             ('NVIDIA GeForce RTX 4090', 165e12), ('Tesla T4', None), ('Tesla V100-SXM2-16GB', None),
+             ('NVIDIA GeForce RTX 3090', None), ('Some Future GPU', None)]
+
+
+@pytest.mark.parametrize('name, bf16', GPU_NAMES)
+def test_peak_flops_by_the_whole_gpu_name(monkeypatch, name, bf16):
+    """The whole name decides: 'NVIDIA L40' is not an L4, nor 'H100 PCIe' an SXM. float32 runs as TF32 at
+    half the 16-bit rate from Ampere on; the T4 and V100 have float16 tensor cores only (bfloat16 is emulated)."""
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: name)
+    assert train_gpt.peak_flops('cuda:0', 'bfloat16') == bf16
+    if bf16:
+        assert train_gpt.peak_flops('cuda', 'float16') == bf16 and train_gpt.peak_flops('cuda', 'float32') == bf16 / 2
     assert train_gpt.peak_flops('cpu', 'float32') is None
+
+
+def test_peak_flops_before_ampere_is_for_float16():
+    names = dict(GPU_NAMES)
+    assert names['Tesla T4'] is None and names['Tesla V100-SXM2-16GB'] is None      # no bfloat16 figure
+    with pytest.MonkeyPatch.context() as mp:
+        for name, fp16, fp32 in (('Tesla T4', 65e12, 8.1e12), ('Tesla V100-SXM2-16GB', 125e12, 15.7e12),
+                                 ('Tesla V100-PCIE-32GB', 112e12, 14e12)):
+            mp.setattr(torch.cuda, 'get_device_name', lambda device=None, name=name: name)
+            assert (train_gpt.peak_flops('cuda', 'float16'), train_gpt.peak_flops('cuda', 'float32')) == (fp16, fp32)
 
 
 def test_a_row_holds_the_mean_loss_since_the_last_row_and_the_time_without_eval(data_dir, tmp_path, monkeypatch):

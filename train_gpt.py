@@ -45,6 +45,7 @@ gradient_accumulation_steps, else the new count's rounded-up batch is used from 
 """
 import math
 import os
+import re
 import sys
 import time
 
@@ -254,18 +255,44 @@ def micro_seed(seed, it, micro):
     return int(np.random.SeedSequence([seed, it, micro]).generate_state(1)[0])
 
 # -----------------------------------------------------------------------------
-# MFU: dense bf16 peak FLOP/s by GPU name; float32 runs as TF32, at half of it
+# MFU: the GPU's peak FLOP/s for this run's dtype, by the whole name torch.cuda.get_device_name() gives
 
-PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 70e12, 'L4': 121e12}
+
+def _tensor_core(half):
+    """Ampere and newer: bfloat16 and float16 at the same dense rate, float32 as TF32 at half of it."""
+    return dict(bfloat16=half, float16=half, float32=half / 2)
+
+
+# Dense (no sparsity) tensor-core figures from NVIDIA's datasheets, matched against the whole device name: a
+# substring would give the L40 the L4's figure and an H100 PCIe the SXM's. A GPU not listed gets no MFU rather
+# than a guess: among them the A10G (NVIDIA publishes no figure for it), the H800 and the Blackwell GPUs.
+PEAK_FLOPS = [
+    (r'NVIDIA H100 \d+GB HBM3', _tensor_core(989e12)),           # SXM5
+    (r'NVIDIA H100 PCIe', _tensor_core(756e12)),
+    (r'NVIDIA H100 NVL', _tensor_core(835e12)),
+    (r'NVIDIA H200', _tensor_core(989e12)),                      # SXM
+    (r'NVIDIA H200 NVL', _tensor_core(835e12)),
+    (r'NVIDIA GH200 \d+GB', _tensor_core(989e12)),
+    (r'NVIDIA A100[- ].*', _tensor_core(312e12)),                 # SXM4 and PCIe, 40 and 80 GB
+    (r'NVIDIA A10', _tensor_core(125e12)),
+    (r'NVIDIA L40S', _tensor_core(362e12)),
+    (r'NVIDIA L40', _tensor_core(181e12)),
+    (r'NVIDIA L4', _tensor_core(121e12)),
+    (r'NVIDIA GeForce RTX 4090', _tensor_core(165e12)),          # with float32 accumulation, as torch uses
+    # before Ampere: float16 tensor cores, no bfloat16 (emulated, no figure) and no TF32
+    (r'Tesla V100-SXM2-\d+GB', dict(float16=125e12, float32=15.7e12)),
+    (r'Tesla V100-PCIE-\d+GB', dict(float16=112e12, float32=14e12)),
+    (r'Tesla T4', dict(float16=65e12, float32=8.1e12)),
+]
 
 
 def peak_flops(device, dtype):
-    """The GPU's peak, or None (no MFU on a CPU, on MPS, or on a GPU not in the table)."""
+    """The GPU's peak for `dtype`, or None (no MFU on a CPU, on MPS, or on a GPU not in the table)."""
     if not device.startswith('cuda'):
         return None
     name = torch.cuda.get_device_name(device)
-    peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-    return None if peak is None else peak / (2 if dtype == 'float32' else 1)
+    peaks = next((p for pattern, p in PEAK_FLOPS if re.fullmatch(pattern, name.strip())), {})
+    return peaks.get(dtype)
 
 # -----------------------------------------------------------------------------
 # the run: set-up, one training step, evaluation and checkpoint, interrupt, summary
