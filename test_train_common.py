@@ -443,3 +443,36 @@ def test_runlog_live_table_fits_80_columns(tmp_path):
     assert len(lines) == 3, lines                                   # bar, labels, values: nothing wrapped
     assert all(len(line) <= 80 for line in lines) and "val_loss" in lines[1] and "43.2%" in lines[2]
 
+
+# -----------------------------------------------------------------------------
+# the training step under DDP
+
+
+def test_a_compiled_ddp_model_all_reduces_on_the_last_micro_step_only(tmp_path):
+    """torch.compile(DDP(model)), as the trainers build it: train_step's no_sync() reaches DDP through the compiled
+    wrapper, so 3 micro-steps all-reduce the gradients once (counted by a DDP comm hook, which DDP calls for each
+    bucket it all-reduces; a tiny model fills one), and the gradients are those of the model without DDP."""
+    import tost
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        cfg = tost.GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64)
+        plain, model = tost.GPT(cfg), tost.GPT(cfg)
+        model.load_state_dict(plain.state_dict())
+        ddp, reduced = torch.nn.parallel.DistributedDataParallel(model), []
+        ddp.register_comm_hook(None, lambda state, bucket: reduced.append(1) or allreduce_hook(state, bucket))
+        x = torch.randint(0, 64, (3, 2, 17))
+        batches = [lambda i=i: (x[i, :, :-1], x[i, :, 1:]) for i in range(3)]
+        grads = []
+        for m, is_ddp, params in ((torch.compile(ddp), True, model), (plain, False, plain)):
+            opt = torch.optim.SGD(params.parameters(), lr=0.0)
+            opt.register_step_pre_hook(lambda *_, params=params: grads.append([p.grad.clone()
+                                                                               for p in params.parameters()]))
+            tc.train_step(m, batches, lambda m, a, b: m(a, b)[1], opt, tc.make_grad_scaler("cpu", "float32"), 0.0,
+                          contextlib.nullcontext(), is_ddp)
+        assert len(reduced) == 1
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    finally:
+        torch.distributed.destroy_process_group()

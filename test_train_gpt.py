@@ -397,6 +397,25 @@ def test_torchrun_two_processes_on_the_defaults_match_one(data_dir, tmp_path):
         torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=1e-5, msg=k)
 
 
+def test_torchrun_two_processes_compiled_train_save_plain_weights_and_match_one(data_dir, tmp_path):
+    """--compile=true under torchrun: torch.compile(DDP(model)), evaluation through it too. Two processes train,
+    save weights without compile's or DDP's prefixes, and land where one uncompiled process does with the same
+    global batch (up to inductor's rounding)."""
+    one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
+    args = ('--max_iters=4', '--eval_interval=2', '--gradient_accumulation_steps=4')   # 2 micro-steps each
+    p = start('train_gpt.py', tiny(data_dir, two, *args, '--compile=true'), str(tmp_path), torchrun=2)
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 0, stdout[-2000:] + stderr[-2000:]
+    assert 'compile True' in stdout and stdout.count('done: 4 iters') == 1
+    train_gpt.main(tiny(data_dir, one, *args))
+    ck = weights(two)
+    assert set(ck['model']) == set(weights(one)['model'])           # plain keys, loadable by sample.py
+    tost.GPT(tost.GPTConfig(**ck['model_args'])).load_state_dict(ck['model'])
+    for a, b in zip(read_log(one), read_log(two)):
+        assert (a['iter'], a['kind']) == (b['iter'], b['kind']) and abs(a['train_loss'] - b['train_loss']) < 1e-4
+    assert same_run(weights(one), ck) < 0.01
+
+
 def rank_pid(torchrun, rank):
     """The pid of a torchrun worker, read from its environment."""
     for pid in os.listdir('/proc'):

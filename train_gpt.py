@@ -362,9 +362,11 @@ class Trainer:
             if ckpt.get('scaler'):
                 self.scaler.load_state_dict(ckpt['scaler'])
         self.compiled = cfg['compile'] == 'true' or (cfg['compile'] == 'auto' and device.startswith('cuda'))
-        model = torch.compile(self.raw_model) if self.compiled else self.raw_model
-        self.model = DDP(model, device_ids=[self.dist.local_rank] if device.startswith('cuda') else None) \
-            if self.dist.ddp else model
+        # DDP inside, the compiler outside (the order PyTorch documents): the compiled backward then starts each
+        # bucket's all-reduce as soon as its gradients are ready, instead of all of them after the whole backward
+        model = DDP(self.raw_model, device_ids=[self.dist.local_rank] if device.startswith('cuda') else None) \
+            if self.dist.ddp else self.raw_model
+        self.model = torch.compile(model) if self.compiled else model
         self.ctx = autocast(device, self.dtype)
 
     def describe(self):
