@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 
 import pytest
 import tiktoken
@@ -481,6 +482,47 @@ def test_no_gradient_sync_before_the_last_micro_step(data_dir, tmp_path, monkeyp
     train_gpt.main(tiny(data_dir, str(tmp_path / 'out'), '--max_iters=2', '--gradient_accumulation_steps=3'))
     assert len(entered) == 2 * 2
     assert not torch.distributed.is_initialized()  # main() left the process group
+
+
+def test_every_rank_waits_at_the_same_barrier_whoever_prepares_the_data(tmp_path, monkeypatch):
+    """A dataset prepared on the fly: local rank 0 prepares it while the others wait at a barrier. Every rank must
+    call the same collectives, whether meta.json was there when it looked or not (a rank that skipped the barrier
+    would pair its next collective with the others' barrier): here rank 0 finds nothing and prepares, rank 1 of
+    the same node and rank 2 (local rank 0 of another node, which shares the folder) find it written."""
+    corpus = tmp_path / 'in.txt'
+    corpus.write_text('some text to prepare, ' * 200)
+    real = prepare_data.prepare
+    monkeypatch.setattr(prepare_data, 'prepare', lambda name, data_dir: real('text', data_dir=data_dir,
+                                                                             input=str(corpus), name=name))
+    calls = []
+    for name in ('barrier', 'all_reduce', 'broadcast', 'all_gather', 'all_gather_object', 'broadcast_object_list'):
+        monkeypatch.setattr(torch.distributed, name, lambda *a, name=name, **k: calls[-1].append(name))
+    cfg = dict(train_gpt.DEFAULTS, dataset='python_stdlib', data_dir=str(tmp_path / 'data'), block_size=8)
+    for rank, local_rank in ((0, 0), (1, 1), (2, 0)):
+        calls.append([])
+        dist = train_common.Dist(True, rank, local_rank, 3, rank == 0, 'cpu')
+        assert train_gpt.open_dataset(cfg, dist)[2]['train'] > 8
+    assert os.path.isfile(tmp_path / 'data' / 'python_stdlib' / 'meta.json')
+    assert calls[0] == calls[1] == calls[2] == ['barrier']
+
+
+def test_the_training_step_lets_the_logits_go_before_the_backward(data_dir, tmp_path, monkeypatch):
+    """The logits (batch x block x vocab: 1.2 GB in bf16 at owt-base) are not needed by the backward; the loss's
+    log-softmax keeps what it needs. Nothing may hold them then: no name in the step, no tensor autograd saved
+    (a saved tensor, or a view of it, keeps it alive). A weak reference to them is dead when the backward starts."""
+    real, alive = tost.GPT.forward, []
+
+    def forward(self, idx, targets=None):
+        logits, loss = real(self, idx, targets)
+        if loss is not None and loss.requires_grad:          # a training step, not an evaluation
+            ref = weakref.ref(logits)
+            loss.register_hook(lambda grad: alive.append(ref() is not None))   # runs as the backward starts
+        return logits, loss
+    monkeypatch.setattr(tost.GPT, 'forward', forward)
+    for dtype in ('float32', 'bfloat16'):
+        train_gpt.main(tiny(data_dir, str(tmp_path / dtype), '--max_iters=2', '--eval_interval=100',
+                            '--gradient_accumulation_steps=2', f'--dtype={dtype}'))
+    assert alive == [False] * 8
 
 
 def test_accumulation_rounds_up_on_every_preset_for_1_to_4_processes():
