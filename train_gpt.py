@@ -478,7 +478,7 @@ class Trainer:
         if not (math.isfinite(losses['val']) and math.isfinite(losses['train'])):
             raise Stop(f"the eval loss is {losses['val']} at iter {self.iter_num}: training diverged; stopped "
                        f"without saving, {self.last_good()}; try a lower --learning_rate", 3)
-        saved = False
+        saved, elapsed = False, self.elapsed_s()  # read before the save: a resume goes on from the checkpoint's, later
         if losses['val'] < self.best_val_loss or cfg['always_save_checkpoint']:
             self.best_val_loss = min(self.best_val_loss, losses['val'])
             if self.iter_num > 0:
@@ -486,7 +486,7 @@ class Trainer:
                 saved = True
         self.log.record(dict(iter=self.iter_num, kind='eval', train_loss=losses['train'], val_loss=losses['val'],
                              lr=self.lr(self.iter_num), tokens_per_sec=self.tok_per_s, saved=saved,
-                             tokens=self.tokens, elapsed_s=self.elapsed_s()))
+                             tokens=self.tokens, elapsed_s=elapsed))
         self.log.show(dict(iter=self.iter_num, train_loss=losses['train'], val_loss=losses['val']))
         self.log.draw()
         self.t_log += time.time() - t_eval  # evaluation (and drawing) time is not training time
