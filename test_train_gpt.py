@@ -831,6 +831,23 @@ def test_sample_uses_one_thread_on_cpu_unless_told(trained):
         assert r.returncode == 0 and r.stderr.strip().endswith(f'tokens/s (cpu, {want})'), r.stderr
 
 
+def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
+    """--device=cuda:1: resolve_dtype asks the current GPU whether it has bfloat16, so cuda:1 is made the current
+    one first (mocked: no GPU here; the run stops at the question)."""
+    order = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: order.append(device))
+    monkeypatch.setattr(torch, 'set_float32_matmul_precision', lambda precision: None)
+
+    def asked(dtype, device):
+        order.append('resolve_dtype')
+        raise options.UsageError('stop here')
+    monkeypatch.setattr(sample, 'resolve_dtype', asked)
+    with pytest.raises(options.UsageError, match='stop here'):
+        sample.main(['--device=cuda:1'])
+    assert order == ['cuda:1', 'resolve_dtype']
+
+
 def test_sample_bad_input(trained, tmp_path):
     out, _ = trained
     r = run_cli('sample.py', f'--out_dir={tmp_path}')

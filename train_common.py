@@ -13,7 +13,8 @@ What is here, top to bottom:
   launch() (a trainer's main: process group in, Stop out as an exit code);
 - schedule: cosine_lr(), linear warmup then cosine decay, as in nanoGPT;
 - hardware: pick_device(), resolve_dtype(), autocast(), make_grad_scaler() (torch.amp, not the
-  deprecated torch.cuda.amp), setup_distributed() / cleanup_distributed() for torchrun, seed_everything();
+  deprecated torch.cuda.amp), setup_cuda() (the GPU asked for, TF32), setup_distributed() /
+  cleanup_distributed() for torchrun, seed_everything();
 - logging: RunLog, a JSON-lines file you can read while the run goes (`tail -f out/log.jsonl`) plus a
   live table on a terminal, or plain one-line prints when stdout is a file; human_time().
 
