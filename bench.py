@@ -482,7 +482,7 @@ def main(argv=None):
         SIZES['full'] = SIZES['cuda']
     WIDTH, HEADS, COMPILE = SIZES[args.mode]['width'], SIZES[args.mode]['heads'], args.compile
     if args.device.startswith('cuda'):
-        setup_cuda(args.device)     # as the trainers: this GPU is the current one (sync, memory), TF32 matmuls
+        setup_cuda(args.device)     # CUDA only, as the trainers: this GPU is the current one (sync, memory), TF32
     results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
                    threads=torch.get_num_threads(), compile=COMPILE,
                    gpu=torch.cuda.get_device_name() if args.device.startswith('cuda') else None)

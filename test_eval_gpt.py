@@ -141,7 +141,8 @@ def test_each_token_is_scored_once_and_lambada_reads_the_device_once(data_dir, t
     monkeypatch.setattr(torch.nn.functional, 'cross_entropy', lambda *a, **k: ce.append(1) or real_ce(*a, **k))
     for name in ('item', 'tolist', 'cpu', 'numpy', '__bool__', '__float__', '__int__'):
         real = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _real=real, **k: reads.append(1) or _real(self, *a, **k))
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _real=real, **k: reads.append(1) or _real(self, *a, **k))
     tokens = tokens_of(data_dir, 'wikitext2')
     _, _, n_windows = eval_gpt.split_loss(model, tokens, 32, 3, 'cpu', ctx, one)
     full = (len(tokens) - 1) // 32                          # full windows, 3 a batch; the short last one alone

@@ -218,9 +218,9 @@ def resolve_dtype(dtype: str, device: str) -> str:
 
 
 def _gpu_has_bf16() -> bool:
-    """Does the current GPU compute in bfloat16 (Ampere and newer)? Asked without emulation: torch's default
-    answer is also yes on a T4 or V100, which can hold bf16 tensors but compute them without tensor cores,
-    several times slower than float16."""
+    """CUDA only. Does the current GPU compute in bfloat16 (Ampere and newer)? Asked without emulation:
+    torch's default answer is also yes on a T4 or V100, which can hold bf16 tensors but compute them without
+    tensor cores, several times slower than float16."""
     try:
         return torch.cuda.is_bf16_supported(including_emulation=False)
     except TypeError:  # a torch without the argument: it asks the hardware only
