@@ -21,6 +21,7 @@ What is here, top to bottom:
 Everything runs on a CPU-only machine; the CUDA-only lines are few and marked.
 """
 import contextlib
+import gc
 import json
 import math
 import os
@@ -284,6 +285,8 @@ def setup_distributed(device_pref: str) -> Dist:
         dist = Dist(True, rank, local_rank, world_size, rank == 0, f"cuda:{local_rank}" if cuda else "cpu")
     else:
         dist = Dist(False, 0, 0, 1, True, pick_device(device_pref))
+    if dist.ddp:
+        import torch.distributed.nn  # noqa: F401  before the group exists: see cleanup_distributed
     if dist.device.startswith("cuda"):  # CUDA only
         setup_cuda(dist.device)
         if dist.ddp:
@@ -309,10 +312,17 @@ def setup_cuda(device: str) -> None:
 def cleanup_distributed(dist: Dist) -> None:
     """Leave the process group. Called from a `finally`: on a normal end every rank first waits for the others
     (rank 0 may still be writing files; a rank that tears gloo down early can abort the run). While an exception
-    is on its way out there is no barrier, since the other ranks may be stuck in a collective and never come."""
+    is on its way out there is no barrier, since the other ranks may be stuck in a collective and never come.
+
+    Then the group itself goes, its threads joined, while Python still runs: gloo's worker threads, left to the
+    interpreter's exit, can abort the process there ('terminate called without an active exception'). Two things
+    kept it after destroy_process_group: the trainer's DDP module, in reference cycles that only the collector
+    frees (hence gc.collect), and torch.distributed.nn, whose functions bind group.WORLD as a default argument
+    when imported (DDP imports it); setup_distributed imports it while there is no group yet."""
     if dist.ddp and torch.distributed.is_initialized():
         if sys.exc_info()[0] is None:
             torch.distributed.barrier()
+        gc.collect()
         torch.distributed.destroy_process_group()
 
 
