@@ -314,11 +314,13 @@ def cleanup_distributed(dist: Dist) -> None:
     (rank 0 may still be writing files; a rank that tears gloo down early can abort the run). While an exception
     is on its way out there is no barrier, since the other ranks may be stuck in a collective and never come.
 
-    Then the group itself goes, its threads joined, while Python still runs: gloo's worker threads, left to the
-    interpreter's exit, can abort the process there ('terminate called without an active exception'). Two things
-    kept it after destroy_process_group: the trainer's DDP module, in reference cycles that only the collector
-    frees (hence gc.collect), and torch.distributed.nn, whose functions bind group.WORLD as a default argument
-    when imported (DDP imports it); setup_distributed imports it while there is no group yet."""
+    Then the group itself goes, its threads joined, while Python still runs. Left running, a gloo worker may
+    still be freeing the barrier's work, and with it an earlier all-reduce's tensors, when the interpreter exits;
+    freeing a tensor Python knows needs Python's lock, which then ends the thread and aborts the finished run
+    ('terminate called without an active exception'). Two things kept the group after destroy_process_group:
+    the trainer's DDP module, in reference cycles that only the collector frees (hence gc.collect), and
+    torch.distributed.nn, whose functions bind group.WORLD as a default argument when imported (DDP imports
+    it); setup_distributed imports it while there is no group yet."""
     if dist.ddp and torch.distributed.is_initialized():
         if sys.exc_info()[0] is None:
             torch.distributed.barrier()
