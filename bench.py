@@ -49,14 +49,14 @@ import plot
 import tost
 from options import UsageError, parse, run_main
 from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
-from train_common import autocast, run_sections
+from train_common import autocast, run_sections, setup_cuda
 
 console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
 PAPER = {4096: (0.60, 0.41), 8192: (0.46, 0.24)}     # ToST-Base / GPT2-Base: time, memory
 
 
 def sync(device):
-    if device.startswith('cuda'):
+    if device.startswith('cuda'):       # CUDA only; main() made args.device the current GPU
         torch.cuda.synchronize()
 
 
@@ -106,14 +106,24 @@ SIZES = {
 SIZES['cuda'] = dict(SIZES['full'], op_n=[1024, 2048, 4096, 8192, 16384, 32768, 65536], op_tssa_only=[],
                      limit_n=[1024, 4096, 16384, 65536])
 WIDTH, HEADS = 768, 12      # set from SIZES in main()
-COMPILE = False             # --compile: torch.compile every layer and model measured
+COMPILE = False             # --compile: torch.compile the layers and models measured (see compiled())
 
 
 # -----------------------------------------------------------------------------
 # the cases: each builds its inputs once and returns a callable
 
 
-def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None):
+def compiled(module):
+    """torch.compile for one case, from a clean slate. Dynamo's caches are cleared first: otherwise every size
+    of a layer counts against one recompile limit, past which dynamo runs the layer eagerly (and a TSSA layer
+    takes its fast core) while the row says compiled. fullgraph: a graph break is an error, not a silently
+    eager piece. The case's warm-up run compiles it, so the timed runs do not include compiling."""
+    torch._dynamo.reset()
+    return torch.compile(module, fullgraph=True)
+
+
+def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None, compile=None):
+    """compile: None follows --compile."""
     torch.manual_seed(0)
     d, h = width or WIDTH, heads or HEADS
     layer = {'causal_tssa': lambda: CausalTSSA(d, h, block_size=n),
@@ -121,7 +131,7 @@ def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None):
              'sdpa_causal': lambda: SoftmaxAttention(d, h, causal=True),
              'sdpa': lambda: SoftmaxAttention(d, h, causal=False),
              'proj': lambda: Projections(d)}[kind]().to(device)
-    layer = torch.compile(layer) if COMPILE else layer
+    layer = compiled(layer) if (COMPILE if compile is None else compile) else layer
     x = torch.randn(batch, n, d, device=device, requires_grad=backward)
 
     def run():
@@ -158,7 +168,7 @@ def make_model_forward(attn, n, device, dtype, mode):
     torch.manual_seed(0)
     model = GPT(model_config(device, n, attn, mode)).to(device).eval()
     idx = torch.randint(0, model.config.vocab_size, (1, n), device=device)
-    forward = torch.compile(model) if COMPILE else model
+    forward = compiled(model) if COMPILE else model
 
     @torch.no_grad()
     def run():
@@ -172,10 +182,11 @@ def make_train_step(attn, n, device, dtype, mode, batch_size=1):
     model = GPT(model_config(device, n, attn, mode)).to(device)
     opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.split(':')[0])
     idx = torch.randint(0, model.config.vocab_size, (batch_size, n + 1), device=device)
+    forward = compiled(model) if COMPILE else model
 
     def run():
         with autocast(device, dtype):
-            _, loss = model(idx[:, :-1], idx[:, 1:])
+            _, loss = forward(idx[:, :-1], idx[:, 1:])
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -188,7 +199,7 @@ def make_train_step(attn, n, device, dtype, mode, batch_size=1):
 
 def measure_memory(spec, device):
     """Peak memory (MB) of one run of the case described by spec (a dict)."""
-    if device.startswith('cuda'):
+    if device.startswith('cuda'):                       # CUDA only; main() made args.device the current GPU
         run = build(spec, device)
         run()                                           # allocator warm-up
         torch.cuda.synchronize()
@@ -313,10 +324,10 @@ def section_limit(args, results):
     for B, n, d, h in shapes:
         reps = 5 if B * n <= 8192 else 3
         for backward in (False, True):
-            op = lambda kind: make_op(kind, n, args.device, args.dtype, backward, B, d, h)
-            cases = {'proj': op('proj'), 'tssa': op('tssa'), 'causal_fast': op('causal_tssa')}
-            for kind, f in (('tssa', op('tssa')), ('causal', op('causal_tssa'))):
-                def readable(f=f):                          # the same layer, its readable lines (autograd)
+            op = lambda kind, compile=False: make_op(kind, n, args.device, args.dtype, backward, B, d, h, compile)
+            cases = {'proj': op('proj'), 'tssa': op('tssa'), 'causal_fast': op('causal_tssa')}   # eager: fast cores
+            for kind, f in (('tssa', op('tssa', COMPILE)), ('causal', op('causal_tssa', COMPILE))):
+                def readable(f=f):                          # the same layer, its readable lines (--compile: compiled)
                     TSSA.fast = False
                     try:
                         f()
@@ -324,12 +335,15 @@ def section_limit(args, results):
                         TSSA.fast = True
                 cases[kind + '_readable'] = readable
             tm = interleaved(cases, reps, args.device, label=f"{B}x{n} {'fwd+bwd' if backward else 'fwd'} ")
-            rows.append(dict(batch=B, n=n, width=d, heads=h, backward=backward, **{k + '_s': v for k, v in tm.items()}))
+            rows.append(dict(batch=B, n=n, width=d, heads=h, backward=backward, readable_compiled=COMPILE,
+                             **{k + '_s': v for k, v in tm.items()}))
     results['limit'] = rows
+    readable = 'readable, compiled' if COMPILE else 'readable'
     t = Table(title="The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1); "
-                    "fast core vs the readable lines")
-    for c in ['batch x tokens, width', 'pass', 'projections ms', 'TSSA', 'TSSA (readable)', 'causal (fast core)',
-              'causal (readable)']:
+                    "the fast cores vs " + ("the readable lines compiled by torch.compile (the fast cores and the "
+                                            "projections run eagerly)" if COMPILE else "the readable lines"))
+    for c in ['batch x tokens, width', 'pass', 'projections ms', 'TSSA (fast core)', f'TSSA ({readable})',
+              'causal (fast core)', f'causal ({readable})']:
         t.add_column(c, justify='right')
     for r in rows:
         p = r['proj_s']
@@ -457,7 +471,7 @@ DEFAULTS = dict(
     sections='operator,limit,model,generation,training',   # which sections to run, comma-separated
     json='',              # also write the results to this file
     no_memory=False,      # skip the memory measurements
-    compile=False,        # torch.compile the layers and models (operator, limit, model sections)
+    compile=False,        # torch.compile the operator, model and training cases and the limit's readable lines
 )
 
 
@@ -475,12 +489,14 @@ def main(argv=None):
         SIZES['full'] = SIZES['cuda']
     WIDTH, HEADS, COMPILE = SIZES[args.mode]['width'], SIZES[args.mode]['heads'], args.compile
     if args.device.startswith('cuda'):
-        torch.backends.cuda.matmul.allow_tf32 = True
+        setup_cuda(args.device)     # CUDA only, as the trainers: this GPU is the current one (sync, memory), TF32
     results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
-                   threads=torch.get_num_threads(), width=WIDTH, heads=HEADS,
+                   threads=torch.get_num_threads(), width=WIDTH, heads=HEADS, compile=COMPILE,
                    gpu=torch.cuda.get_device_name() if args.device.startswith('cuda') else None)
     console.print(f"bench: {args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
-                  + (f", {args.mode} mode" if args.mode != 'full' else ""))
+                  + (f", {args.mode} mode" if args.mode != 'full' else "")
+                  + ("; compiled: the operator, model and training cases and the limit section's readable columns "
+                     "(the fast cores and generation run eagerly)" if COMPILE else ""))
     return run_sections(args, SECTIONS, results, console, FIGURES)
 
 

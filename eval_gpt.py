@@ -131,7 +131,7 @@ def split_loss(model, tokens, T, B, device, ctx, dist):
         x = _rows(tokens, starts, length).to(device)
         y = _rows(tokens, [s + 1 for s in starts], length).to(device)
         with ctx:
-            logits, _ = model(x, y)  # with targets the model returns logits at every position
+            logits = model.logits(x)  # every position's, and no mean loss: each token is scored here, once
         nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none')
         sums[group.start:group.stop] = nll.view(len(group), length).to(sums.dtype).sum(1)
     return math.fsum(_gather(sums, dist)) / (len(tokens) - 1), len(tokens) - 1, len(wins)
@@ -144,15 +144,17 @@ def last_word_accuracy(model, tokens, spans, T, B, device, ctx, dist):
     correct = torch.zeros(len(spans), dtype=sum_dtype(device), device=device)
     for group in _batches(len(spans), B, dist):
         rows = [(max(int(p), int(e) - 1 - T), int(s), int(e)) for p, s, e in spans[group.start:group.stop]]
-        x = torch.zeros(len(rows), max(e - 1 - a for a, _, e in rows), dtype=torch.long)  # right-padded
-        for i, (a, _, e) in enumerate(rows):
-            x[i, :e - 1 - a] = torch.from_numpy(tokens[a:e - 1].astype(np.int64))
-        x = x.to(device)
-        with ctx:
-            logits, _ = model(x, x)  # causal: the padding after a passage does not change its outputs
+        L = max(e - 1 - a for a, _, e in rows)
+        x = torch.zeros(len(rows), L, dtype=torch.long)        # the passages, right-padded
+        want = torch.full((len(rows), L), -1, dtype=torch.long)  # at position t: token t+1 if it is in the word
         for i, (a, s, e) in enumerate(rows):
-            guess = logits[i, s - 1 - a:e - 1 - a].argmax(-1).cpu()  # the prediction of tokens s .. e-1
-            correct[group.start + i] = float(torch.equal(guess, torch.from_numpy(tokens[s:e].astype(np.int64))))
+            x[i, :e - 1 - a] = torch.from_numpy(tokens[a:e - 1].astype(np.int64))
+            want[i, s - 1 - a:e - 1 - a] = torch.from_numpy(tokens[s:e].astype(np.int64))
+        x, want = x.to(device), want.to(device)
+        with ctx:
+            logits = model.logits(x)  # causal: the padding after a passage does not change its outputs
+        hit = (logits.argmax(-1) == want) | (want < 0)          # compared on the device: no wait per passage
+        correct[group.start:group.stop] = hit.all(1).to(correct.dtype)
     cut = int(sum(e - 1 - T > p for p, _, e in spans))
     return [c == 1.0 for c in _gather(correct, dist)], cut
 

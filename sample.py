@@ -24,7 +24,7 @@ import torch
 
 from options import UsageError, parse, run_main
 from tokenizer import get_tokenizer
-from train_common import autocast, load_gpt, pick_device, resolve_dtype
+from train_common import autocast, load_gpt, pick_device, resolve_dtype, setup_cuda
 
 DEFAULTS = dict(
     out_dir='out',          # the folder train_gpt.py saved ckpt.pt in
@@ -97,6 +97,8 @@ def main(argv=None):
         if cfg[key] < low:
             raise UsageError(f"--{key} must be >= {low}, got {cfg[key]}")
     device = pick_device(cfg['device'])
+    if device.startswith('cuda'):  # CUDA only: cuda:N becomes the current GPU, the one resolve_dtype asks
+        setup_cuda(device)
     dtype = resolve_dtype(cfg['dtype'], device)
     if device == 'cpu' and 'OMP_NUM_THREADS' not in os.environ:
         torch.set_num_threads(1)  # batch 1: faster with one thread (see the docstring)

@@ -7,8 +7,11 @@ import subprocess
 import sys
 
 import matplotlib.image
+import torch
+from torch._dynamo.utils import counters
 
 import bench
+import tost_fast
 
 
 def test_smoke_mode_runs_every_section(tmp_path):
@@ -36,3 +39,32 @@ def test_cpu_memory_probe_sees_activations():
     small, large = bench.measure_memory(spec(32768), 'cpu'), bench.measure_memory(spec(131072), 'cpu')
     assert small > 0 and not math.isnan(large)
     assert 3 < large / small < 6           # 4x tokens: roughly 4x memory, not 16x
+
+
+def test_every_compiled_case_runs_compiled(monkeypatch):
+    """--compile: each case compiles afresh. Otherwise the sizes of one layer add up against dynamo's recompile
+    limit (8; 1 here, to see it with two sizes), past which dynamo runs the layer eagerly: a TSSA layer then takes
+    its fast core, and the row says compiled. Here no fast core is entered, and each size made its own graph."""
+    monkeypatch.setattr(bench, 'COMPILE', True)
+    entered, real = [], tost_fast.causal_tssa
+    monkeypatch.setattr(tost_fast, 'causal_tssa', lambda *a: entered.append(1) or real(*a))
+    before = counters['stats']['unique_graphs']
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for n in (8, 16):
+            bench.make_op('causal_tssa', n, 'cpu', 'float32', False, width=16, heads=2)()
+    assert entered == [] and counters['stats']['unique_graphs'] - before == 2
+    bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2, compile=False)()
+    assert entered == [1]                                   # the eager case (the limit's fast column) takes it
+
+
+def test_the_device_asked_for_is_the_one_measured(monkeypatch):
+    """--device=cuda:1: synchronize() and the memory counters ask the current GPU, so main makes cuda:1 the
+    current one, once, as the trainers do (train_common.setup_cuda). Mocked: no GPU here."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: calls.append(device))
+    monkeypatch.setattr(torch, 'set_float32_matmul_precision', lambda p: calls.append(p))
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'a GPU')
+    monkeypatch.setattr(bench, 'run_sections', lambda args, sections, results, console: results)
+    assert bench.main(['--device=cuda:1', '--smoke', '--sections=operator'])['gpu'] == 'a GPU'
+    assert calls == ['cuda:1', 'high']

@@ -131,6 +131,28 @@ def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, at
     assert 'ToST-Base' in table[-3] and 'GPT-2 Base' in table[-3]
 
 
+def test_each_token_is_scored_once_and_lambada_reads_the_device_once(data_dir, tmp_path, monkeypatch):
+    """The model is asked for its logits, not for its mean loss beside them: that was a second cross-entropy over
+    batch x block x vocab (float32: 3 GB at batch 8 on GPT-2's vocabulary). LAMBADA needs no cross-entropy at all,
+    and compares the guesses on the device: one read at the end (the gather), not one per passage."""
+    model = save_model(str(tmp_path / 'out'), data_dir)
+    one, ctx = train_common.Dist(False, 0, 0, 1, True, 'cpu'), train_common.autocast('cpu', 'float32')
+    ce, reads, real_ce = [], [], torch.nn.functional.cross_entropy
+    monkeypatch.setattr(torch.nn.functional, 'cross_entropy', lambda *a, **k: ce.append(1) or real_ce(*a, **k))
+    for name in ('item', 'tolist', 'cpu', 'numpy', '__bool__', '__float__', '__int__'):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _real=real, **k: reads.append(1) or _real(self, *a, **k))
+    tokens = tokens_of(data_dir, 'wikitext2')
+    _, _, n_windows = eval_gpt.split_loss(model, tokens, 32, 3, 'cpu', ctx, one)
+    full = (len(tokens) - 1) // 32                          # full windows, 3 a batch; the short last one alone
+    assert n_windows == full + 1 and len(ce) == -(-full // 3) + 1      # one cross-entropy per batch
+    ce.clear(), reads.clear()
+    flags, _ = eval_gpt.last_word_accuracy(model, tokens_of(data_dir, 'lambada'),
+                                           np.load(data_dir / 'lambada' / 'val_targets.npy'), 32, 3, 'cpu', ctx, one)
+    assert len(flags) == len(PASSAGES) and ce == [] and len(reads) == 1
+
+
 def test_two_processes_give_the_same_numbers_as_one(data_dir, tmp_path):
     """Bit for bit. batch_size=2 gives an odd number of batches, so the processes do unequal shares, and
     the last window is a short one."""

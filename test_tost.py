@@ -670,6 +670,27 @@ def test_fast_causal_core_without_grad_equals_readable_form(chunk, monkeypatch):
         torch.testing.assert_close(fast, layer(x), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize('layer', [CausalTSSA(16, 4, block_size=40), TSSA(16, 4)], ids=['causal', 'vision'])
+def test_a_fast_core_under_no_grad_keeps_nothing_for_a_backward(layer, monkeypatch):
+    """Under no_grad (evaluation, generation) a core saves no tensors for a backward that will not come, and the
+    causal core's scratch is one chunk long, not the whole sequence (with grad: every chunk's, and saved). Its
+    parameter makes needs_input_grad say yes even under no_grad, so the core cannot ask that."""
+    saved, made = [], []
+    real_save, real_empty = torch.autograd.function.FunctionCtx.save_for_backward, torch.Tensor.new_empty
+    monkeypatch.setattr(torch.autograd.function.FunctionCtx, 'save_for_backward',
+                        lambda ctx, *t: saved.append(len(t)) or real_save(ctx, *t))
+    monkeypatch.setattr(torch.Tensor, 'new_empty', lambda self, *size, **k: made.append(size) or
+                        real_empty(self, *size, **k))
+    monkeypatch.setattr(tost_fast, 'CHUNK', 8 * 2 * 16)                # 8 tokens (causal), 2 images (vision)
+    x, causal = torch.randn(2, 40, 16), isinstance(layer, CausalTSSA)
+    with torch.no_grad():
+        layer(x)
+    assert saved == [] and (not causal or max(size[1] for size in made) == 8)
+    made.clear()
+    layer(x)
+    assert saved == [9 if causal else 7] and (not causal or max(size[1] for size in made) == 40)
+
+
 def test_fast_causal_core_clamps_like_the_readable_form(monkeypatch):
     """Q_t < 1e-12 (the first tokens of some coordinates tiny): the clamp's gradient, and the chunk after it."""
     torch.manual_seed(0)
@@ -690,7 +711,7 @@ def test_gradcheck_fast_causal_core():
     w = torch.randn(1, 7, 2, 3, dtype=torch.float64, requires_grad=True)      # (B, T, K, p)
     temp = torch.randn(2, dtype=torch.float64, requires_grad=True)
     pb = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: tost_fast.CausalCore.apply(*a, 1e-8, 3), (w, temp, pb))
+    assert torch.autograd.gradcheck(lambda *a: tost_fast.CausalCore.apply(*a, 1e-8, 3, True), (w, temp, pb))
 
 
 def test_an_explicit_alpha_is_not_lost_to_the_fast_core():
@@ -725,7 +746,7 @@ def test_gradcheck_fast_vision_core():
     torch.manual_seed(0)
     w = torch.randn(3, 5, 2, 3, dtype=torch.float64, requires_grad=True)      # (B, n, K, p)
     temp = torch.randn(2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: tost_fast.TSSACore.apply(*a, 1e-8, 2), (w, temp))
+    assert torch.autograd.gradcheck(lambda *a: tost_fast.TSSACore.apply(*a, 1e-8, 2, True), (w, temp))
 
 
 def _rel(a, b):

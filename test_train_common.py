@@ -1,5 +1,6 @@
 """Tests for train_common.py: safe checkpoints, stopping, the lr schedule, devices, the run log.
 Offline, CPU only, a few seconds: python -m pytest -q test_train_common.py"""
+import contextlib
 import io
 import json
 import math
@@ -103,9 +104,9 @@ def test_load_refuses_a_non_dict(tmp_path):
 
 def test_strip_compile_prefix():
     sd = {"_orig_mod.wte.weight": 1, "module._orig_mod.h.0.attn.w": 2, "module.lm_head.weight": 3,
-          "h.1._orig_mod.mlp.w": 4, "h.2.module.w": 5, "ln_f.weight": 6}
+          "h.1._orig_mod.mlp.w": 4, "h.2.module.w": 5, "ln_f.weight": 6, "_orig_mod.module.wpe.weight": 7}
     assert tc.strip_compile_prefix(sd) == {"wte.weight": 1, "h.0.attn.w": 2, "lm_head.weight": 3,
-                                           "h.1.mlp.w": 4, "h.2.module.w": 5, "ln_f.weight": 6}
+                                           "h.1.mlp.w": 4, "h.2.module.w": 5, "ln_f.weight": 6, "wpe.weight": 7}
 
 
 def test_strip_compile_prefix_loads_into_a_plain_model():
@@ -229,13 +230,34 @@ def test_resolve_dtype(monkeypatch):
     assert tc.resolve_dtype("float16", "cpu") == "float16"  # autocast and GradScaler run on CPU (torch 2.5+)
     with pytest.raises(UsageError, match="unknown dtype 'fp8'"):
         tc.resolve_dtype("fp8", "cpu")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert tc.resolve_dtype("auto", "cuda:1") == "bfloat16"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    assert tc.resolve_dtype("auto", "cuda") == "float16"
+
+
+def fake_gpu(monkeypatch, major, minor):
+    """torch.cuda answers as on a GPU of compute capability major.minor, down to the queries torch's own
+    is_bf16_supported() makes; that GPU can hold bfloat16 tensors (emulated before Ampere, as on a real one)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(major=major,
+                                                                                                 minor=minor))
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda device: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+
+
+@pytest.mark.parametrize("gpu, capability, want", [("T4", (7, 5), "float16"), ("V100", (7, 0), "float16"),
+                                                   ("A100", (8, 0), "bfloat16"), ("H100", (9, 0), "bfloat16")])
+def test_auto_dtype_is_bfloat16_only_where_the_gpu_computes_in_it(monkeypatch, gpu, capability, want):
+    """Before Ampere a GPU emulates bfloat16 (no tensor cores, several times slower) and torch's default
+    is_bf16_supported() says yes anyway; auto must take float16 with loss scaling there."""
+    fake_gpu(monkeypatch, *capability)
+    assert torch.cuda.is_bf16_supported()                     # the trap: true on every one of them
+    assert tc.resolve_dtype("auto", "cuda") == want
+    assert tc.make_grad_scaler("cuda", want).is_enabled() == (want == "float16")
     assert tc.resolve_dtype("float16", "cuda:0") == "float16"
-    with pytest.raises(UsageError, match="bfloat16"):
-        tc.resolve_dtype("bfloat16", "cuda")
+    if want == "float16":
+        with pytest.raises(UsageError, match="this GPU has no bfloat16"):
+            tc.resolve_dtype("bfloat16", "cuda")
+    else:
+        assert tc.resolve_dtype("bfloat16", "cuda:1") == "bfloat16"
 
 
 def test_autocast_and_grad_scaler_on_cpu():
@@ -258,6 +280,48 @@ def test_setup_distributed_single_process(monkeypatch):
     assert d == tc.Dist(ddp=False, rank=0, local_rank=0, world_size=1, master=True, device="cpu")
     assert not torch.distributed.is_initialized()
     tc.cleanup_distributed(d)  # a no-op, must not raise
+
+
+def test_the_gpu_asked_for_is_made_the_current_one_once(monkeypatch):
+    """--device=cuda:1: synchronize(), the memory counters and is_bf16_supported() ask the current GPU, so
+    cuda:1 must become it; TF32 on for float32 matmuls. On a CPU neither is touched."""
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda p: calls.append(("precision", p)))
+    assert tc.setup_distributed("cuda:1").device == "cuda:1"
+    assert calls == [("set_device", "cuda:1"), ("precision", "high")]
+    calls.clear()
+    tc.setup_distributed("cuda")                              # the current GPU: it stays the current one
+    assert calls == [("precision", "high")]
+    calls.clear()
+    tc.setup_distributed("cpu")
+    assert calls == []
+
+
+def test_a_compiled_step_runs_after_the_gpu_set_up():
+    """setup_cuda() turns TF32 on through the one API every admitted torch reads: afterwards the legacy flags and
+    the newer per-backend ones can all be read (the compiler reads some of them; after fp32_precision was set, a
+    read of allow_tf32 raises), and a compiled training step runs. In a fresh process: the setting is global."""
+    code = """
+import contextlib, torch, tost, train_common as tc
+torch.cuda.set_device = lambda device: None                    # no GPU here: the rest of the set-up is real
+tc.setup_cuda('cuda:0')
+model = tost.GPT(tost.GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64))
+opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
+x = torch.randint(0, 64, (2, 17))
+loss = tc.train_step(torch.compile(model), [lambda: (x[:, :-1], x[:, 1:])], lambda m, a, b: m(a, b)[1], opt,
+                     tc.make_grad_scaler('cpu', 'float32'), 1.0, contextlib.nullcontext(), False)
+b = torch.backends
+print(torch.get_float32_matmul_precision(), b.cuda.matmul.allow_tf32, b.cuda.matmul.fp32_precision,
+      b.cudnn.allow_tf32, b.cudnn.conv.fp32_precision, bool(torch.isfinite(loss)))
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["high", "True", "tf32", "True", "tf32", "True"]
 
 
 def test_setup_distributed_incomplete_env(monkeypatch):
@@ -378,3 +442,37 @@ def test_runlog_live_table_fits_80_columns(tmp_path):
     lines = screen.export_text().splitlines()
     assert len(lines) == 3, lines                                   # bar, labels, values: nothing wrapped
     assert all(len(line) <= 80 for line in lines) and "val_loss" in lines[1] and "43.2%" in lines[2]
+
+
+# -----------------------------------------------------------------------------
+# the training step under DDP
+
+
+def test_a_compiled_ddp_model_all_reduces_on_the_last_micro_step_only(tmp_path):
+    """torch.compile(DDP(model)), as the trainers build it: train_step's no_sync() reaches DDP through the compiled
+    wrapper, so 3 micro-steps all-reduce the gradients once (counted by a DDP comm hook, which DDP calls for each
+    bucket it all-reduces; a tiny model fills one), and the gradients are those of the model without DDP."""
+    import tost
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        cfg = tost.GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64)
+        plain, model = tost.GPT(cfg), tost.GPT(cfg)
+        model.load_state_dict(plain.state_dict())
+        ddp, reduced = torch.nn.parallel.DistributedDataParallel(model), []
+        ddp.register_comm_hook(None, lambda state, bucket: reduced.append(1) or allreduce_hook(state, bucket))
+        x = torch.randint(0, 64, (3, 2, 17))
+        batches = [lambda i=i: (x[i, :, :-1], x[i, :, 1:]) for i in range(3)]
+        grads = []
+        for m, is_ddp, params in ((torch.compile(ddp), True, model), (plain, False, plain)):
+            opt = torch.optim.SGD(params.parameters(), lr=0.0)
+            opt.register_step_pre_hook(lambda *_, params=params: grads.append([p.grad.clone()
+                                                                               for p in params.parameters()]))
+            tc.train_step(m, batches, lambda m, a, b: m(a, b)[1], opt, tc.make_grad_scaler("cpu", "float32"), 0.0,
+                          contextlib.nullcontext(), is_ddp)
+        assert len(reduced) == 1
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    finally:
+        torch.distributed.destroy_process_group()

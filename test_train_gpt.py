@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 
 import pytest
 import tiktoken
@@ -398,6 +399,37 @@ def test_torchrun_two_processes_on_the_defaults_match_one(data_dir, tmp_path):
         torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=1e-5, msg=k)
 
 
+# a worker that runs a script's main(), then names the threads its process still has
+THREADS_AFTER = """import importlib, os, sys
+importlib.import_module(sys.argv[1]).main(sys.argv[2:])
+names = sorted(open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task'))
+print('threads left:', ' '.join(names), flush=True)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir('/proc'), reason='reads the threads from /proc')
+def test_torchrun_two_processes_compiled_train_save_plain_weights_and_match_one(data_dir, tmp_path):
+    """--compile=true under torchrun: torch.compile(DDP(model)), evaluation through it too. Two processes train,
+    save weights without compile's or DDP's prefixes, and land where one uncompiled process does with the same
+    global batch (up to inductor's rounding). And they leave no gloo thread running into the interpreter's exit,
+    where such threads can abort a finished run (see train_common.cleanup_distributed)."""
+    one, two, worker = str(tmp_path / 'one'), str(tmp_path / 'two'), tmp_path / 'worker.py'
+    worker.write_text(THREADS_AFTER)
+    args = ('--max_iters=4', '--eval_interval=2', '--gradient_accumulation_steps=4')   # 2 micro-steps each
+    p = start(str(worker), ['train_gpt', *tiny(data_dir, two, *args, '--compile=true')], str(tmp_path), torchrun=2)
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 0, stdout[-2000:] + stderr[-2000:]
+    assert 'compile True' in stdout and stdout.count('done: 4 iters') == 1
+    assert stdout.count('threads left: python\n') == 2, stdout[-1000:]     # gloo's workers and loop are gone
+    train_gpt.main(tiny(data_dir, one, *args))
+    ck = weights(two)
+    assert set(ck['model']) == set(weights(one)['model'])           # plain keys, loadable by sample.py
+    tost.GPT(tost.GPTConfig(**ck['model_args'])).load_state_dict(ck['model'])
+    for a, b in zip(read_log(one), read_log(two)):
+        assert (a['iter'], a['kind']) == (b['iter'], b['kind']) and abs(a['train_loss'] - b['train_loss']) < 1e-4
+    assert same_run(weights(one), ck) < 0.01
+
+
 def rank_pid(torchrun, rank):
     """The pid of a torchrun worker, read from its environment."""
     for pid in os.listdir('/proc'):
@@ -463,6 +495,47 @@ def test_no_gradient_sync_before_the_last_micro_step(data_dir, tmp_path, monkeyp
     train_gpt.main(tiny(data_dir, str(tmp_path / 'out'), '--max_iters=2', '--gradient_accumulation_steps=3'))
     assert len(entered) == 2 * 2
     assert not torch.distributed.is_initialized()  # main() left the process group
+
+
+def test_every_rank_waits_at_the_same_barrier_whoever_prepares_the_data(tmp_path, monkeypatch):
+    """A dataset prepared on the fly: local rank 0 prepares it while the others wait at a barrier. Every rank must
+    call the same collectives, whether meta.json was there when it looked or not (a rank that skipped the barrier
+    would pair its next collective with the others' barrier): here rank 0 finds nothing and prepares, rank 1 of
+    the same node and rank 2 (local rank 0 of another node, which shares the folder) find it written."""
+    corpus = tmp_path / 'in.txt'
+    corpus.write_text('some text to prepare, ' * 200)
+    real = prepare_data.prepare
+    monkeypatch.setattr(prepare_data, 'prepare', lambda name, data_dir: real('text', data_dir=data_dir,
+                                                                             input=str(corpus), name=name))
+    calls = []
+    for name in ('barrier', 'all_reduce', 'broadcast', 'all_gather', 'all_gather_object', 'broadcast_object_list'):
+        monkeypatch.setattr(torch.distributed, name, lambda *a, name=name, **k: calls[-1].append(name))
+    cfg = dict(train_gpt.DEFAULTS, dataset='python_stdlib', data_dir=str(tmp_path / 'data'), block_size=8)
+    for rank, local_rank in ((0, 0), (1, 1), (2, 0)):
+        calls.append([])
+        dist = train_common.Dist(True, rank, local_rank, 3, rank == 0, 'cpu')
+        assert train_gpt.open_dataset(cfg, dist)[2]['train'] > 8
+    assert os.path.isfile(tmp_path / 'data' / 'python_stdlib' / 'meta.json')
+    assert calls[0] == calls[1] == calls[2] == ['barrier']
+
+
+def test_the_training_step_lets_the_logits_go_before_the_backward(data_dir, tmp_path, monkeypatch):
+    """The logits (batch x block x vocab: 1.2 GB in bf16 at owt-base) are not needed by the backward; the loss's
+    log-softmax keeps what it needs. Nothing may hold them then: no name in the step, no tensor autograd saved
+    (a saved tensor, or a view of it, keeps it alive). A weak reference to them is dead when the backward starts."""
+    real, alive = tost.GPT.forward, []
+
+    def forward(self, idx, targets=None):
+        logits, loss = real(self, idx, targets)
+        if loss is not None and loss.requires_grad:          # a training step, not an evaluation
+            ref = weakref.ref(logits)
+            loss.register_hook(lambda grad: alive.append(ref() is not None))   # runs as the backward starts
+        return logits, loss
+    monkeypatch.setattr(tost.GPT, 'forward', forward)
+    for dtype in ('float32', 'bfloat16'):
+        train_gpt.main(tiny(data_dir, str(tmp_path / dtype), '--max_iters=2', '--eval_interval=100',
+                            '--gradient_accumulation_steps=2', f'--dtype={dtype}'))
+    assert alive == [False] * 8
 
 
 def test_accumulation_rounds_up_on_every_preset_for_1_to_4_processes():
@@ -543,15 +616,34 @@ def test_mfu_is_shown_and_agrees_with_tokens_per_second(data_dir, tmp_path, monk
         assert r['tokens_per_sec'] == pytest.approx(4 * 32 / (r['ms_per_iter'] / 1000), rel=1e-9)
 
 
-def test_peak_flops_by_gpu_name(monkeypatch):
-    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'NVIDIA H100 80GB HBM3')
-    assert train_gpt.peak_flops('cuda:0', 'bfloat16') == 989e12
-    assert train_gpt.peak_flops('cuda:0', 'float32') == 989e12 / 2     # TF32
-    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'NVIDIA L40S')
-    assert train_gpt.peak_flops('cuda', 'bfloat16') == 362e12          # not L4's
-    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'Some Future GPU')
-    assert train_gpt.peak_flops('cuda', 'bfloat16') is None
+# what torch.cuda.get_device_name() returns on each, and the dense bfloat16 peak (None: no MFU)
+GPU_NAMES = [('NVIDIA H100 80GB HBM3', 989e12), ('NVIDIA H100 PCIe', 756e12), ('NVIDIA H100 NVL', 835e12),
+             ('NVIDIA H200', 989e12), ('NVIDIA A100-SXM4-80GB', 312e12), ('NVIDIA A100-SXM4-40GB', 312e12),
+             ('NVIDIA A100 80GB PCIe', 312e12), ('NVIDIA A100-PCIE-40GB', 312e12), ('NVIDIA L40S', 362e12),
+             ('NVIDIA L40', 181e12), ('NVIDIA L4', 121e12), ('NVIDIA A10', 125e12), ('NVIDIA A10G', None),
+             ('NVIDIA GeForce RTX 4090', 165e12), ('Tesla T4', None), ('Tesla V100-SXM2-16GB', None),
+             ('NVIDIA GeForce RTX 3090', None), ('Some Future GPU', None)]
+
+
+@pytest.mark.parametrize('name, bf16', GPU_NAMES)
+def test_peak_flops_by_the_whole_gpu_name(monkeypatch, name, bf16):
+    """The whole name decides: 'NVIDIA L40' is not an L4, nor 'H100 PCIe' an SXM. float32 runs as TF32 at
+    half the 16-bit rate from Ampere on; the T4 and V100 have float16 tensor cores only (bfloat16 is emulated)."""
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: name)
+    assert train_gpt.peak_flops('cuda:0', 'bfloat16') == bf16
+    if bf16:
+        assert train_gpt.peak_flops('cuda', 'float16') == bf16 and train_gpt.peak_flops('cuda', 'float32') == bf16 / 2
     assert train_gpt.peak_flops('cpu', 'float32') is None
+
+
+def test_peak_flops_before_ampere_is_for_float16():
+    names = dict(GPU_NAMES)
+    assert names['Tesla T4'] is None and names['Tesla V100-SXM2-16GB'] is None      # no bfloat16 figure
+    with pytest.MonkeyPatch.context() as mp:
+        for name, fp16, fp32 in (('Tesla T4', 65e12, 8.1e12), ('Tesla V100-SXM2-16GB', 125e12, 15.7e12),
+                                 ('Tesla V100-PCIE-32GB', 112e12, 14e12)):
+            mp.setattr(torch.cuda, 'get_device_name', lambda device=None, name=name: name)
+            assert (train_gpt.peak_flops('cuda', 'float16'), train_gpt.peak_flops('cuda', 'float32')) == (fp16, fp32)
 
 
 def test_a_row_holds_the_mean_loss_since_the_last_row_and_the_time_without_eval(data_dir, tmp_path, monkeypatch):
@@ -750,6 +842,23 @@ def test_sample_uses_one_thread_on_cpu_unless_told(trained):
                             '--max_new_tokens=3', '--device=cpu'], capture_output=True, text=True, timeout=120,
                            env=e if env is None else dict(e, OMP_NUM_THREADS=env))
         assert r.returncode == 0 and r.stderr.strip().endswith(f'tokens/s (cpu, {want})'), r.stderr
+
+
+def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
+    """--device=cuda:1: resolve_dtype asks the current GPU whether it has bfloat16, so cuda:1 is made the current
+    one first (mocked: no GPU here; the run stops at the question)."""
+    order = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: order.append(device))
+    monkeypatch.setattr(torch, 'set_float32_matmul_precision', lambda precision: None)
+
+    def asked(dtype, device):
+        order.append('resolve_dtype')
+        raise options.UsageError('stop here')
+    monkeypatch.setattr(sample, 'resolve_dtype', asked)
+    with pytest.raises(options.UsageError, match='stop here'):
+        sample.main(['--device=cuda:1'])
+    assert order == ['cuda:1', 'resolve_dtype']
 
 
 def test_sample_bad_input(trained, tmp_path):

@@ -3,6 +3,7 @@ Tests of train_vit.py on a tiny synthetic CIFAR-format dataset (no download): it
 exactly, two gloo processes agree with one, the pictures are drawn, and mistakes end in one line.
 Runs in about a minute on two busy CPU cores.
 """
+import ast
 import json
 import math
 import os
@@ -232,6 +233,24 @@ def test_compiled_run_saves_plain_weights_and_resumes_compiled(data, tmp_path):
     assert [r['epoch'] for r in runs['compiled']] == [1, 2]
     for a, b in zip(runs['compiled'], runs['eager']):
         assert abs(a['train_loss'] - b['train_loss']) < 1e-3 and abs(a['test_loss'] - b['test_loss']) < 1e-3
+
+
+def test_compiled_graphs_have_static_shapes_and_are_all_made_in_the_first_epoch(data, tmp_path, monkeypatch):
+    """64 images in batches of 24 (the last has 16) and 33 test images (24 + 9): a graph per batch size, for
+    training and for evaluation, each compiled in the first epoch and reused later, none of them a graph for every
+    size (which the compiler would make at the first smaller batch, and then use for the full batches too)."""
+    from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
+    torch._dynamo.reset()
+    clear_compilation_metrics()
+    made, real = [], train_vit.Trainer.end_of_epoch
+    monkeypatch.setattr(train_vit.Trainer, 'end_of_epoch', lambda self, *a: made.append(len(get_compilation_metrics()))
+                        or real(self, *a))
+    train_vit.main(base_args(data, str(tmp_path), '--epochs=2', '--batch_size=24', '--compile=true', '--viz_images=0',
+                             '--compression_images=0'))
+    graphs = [ast.literal_eval(m.graph_node_shapes) for m in get_compilation_metrics()]
+    assert made == [2, 4] and len(graphs) == 4          # epoch 1: training's two, then evaluation's two; then none
+    assert all(isinstance(n, int) for g in graphs for shape in g.values() for n in shape)   # no symbolic size
+    assert sorted(g['l_x_'][0] for g in graphs) == [9, 16, 24, 24]
 
 
 @pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])

@@ -23,7 +23,7 @@ First read, in order (lines of this file, spanning the definitions named in brac
   lines 86-176    the white-box gradient step, then the practical operator (TSSA)
   lines 183-281   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
   lines 288-372   the block, an approximate step on the normalised tokens (MLP, Block)
-  lines 379-557   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 379-563   the language model, and generation with the recurrent state (GPTConfig, GPT)
 Then the vision model (ViT), the softmax baseline, three options beyond the paper (TokenShift,
 LocalPatchInteraction, softmax_layers), and utilities: presets, optimizer groups, FLOP counts.
 tost_fast.py holds the fused cores the forward passes run by default: the same numbers, faster.
@@ -448,15 +448,21 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None):
         """idx (B, T) -> (logits, loss). Logits for every position when targets are given, else only for
         the last position (B, 1, vocab), as nanoGPT. targets == -1 are ignored."""
+        if targets is None:
+            return self.lm_head(self._hidden(idx)[:, [-1], :]), None
+        logits = self.logits(idx)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def logits(self, idx):
+        """idx (B, T) -> the logits at every position (B, T, vocab), no loss: for scoring each token apart."""
+        return self.lm_head(self._hidden(idx))
+
+    def _hidden(self, idx):
         x = self._embed(idx)
         for block in self.transformer.h:
             x = block(x)
-        x = self.transformer.ln_f(x)
-        if targets is None:
-            return self.lm_head(x[:, [-1], :]), None
-        logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return self.transformer.ln_f(x)
 
     # --- generation with the recurrent state -------------------------------------------------------
 

@@ -40,12 +40,16 @@ def usable(layer):
 
 
 def _run(layer, x, core, *args):
-    """c_proj(core(c_attn(x))), the core seeing w as (B, n, K, p)."""
+    """c_proj(core(c_attn(x))), the core seeing w as (B, n, K, p). The core keeps its intermediates for the
+    backward only if there will be one: decided here, since grad mode is always off inside a Function's
+    forward, and its needs_input_grad says yes under no_grad too (a view of a parameter requires grad)."""
     B, n, d = x.shape
     w = layer.c_attn(x)
     wf = w.to(_stat_dtype(w)).view(B, n, layer.n_head, layer.head_dim)
     args = [a.to(wf.dtype) if torch.is_tensor(a) else a for a in args]
-    y = core.apply(wf, layer.temp.view(-1).to(wf.dtype), *args)
+    temp = layer.temp.view(-1).to(wf.dtype)
+    keep = torch.is_grad_enabled() and any(torch.is_tensor(a) and a.requires_grad for a in (wf, temp, *args))
+    y = core.apply(wf, temp, *args, keep)
     return layer.resid_dropout(layer.c_proj(y.view(B, n, d).to(w.dtype)))
 
 
@@ -67,9 +71,9 @@ class TSSACore(torch.autograd.Function):
     statistics are its own). About half the passes over memory of autograd's version. w: (B, n, K, p)."""
 
     @staticmethod
-    def forward(ctx, w, temp, eps, chunk):
+    def forward(ctx, w, temp, eps, chunk, keep):
         y = torch.empty_like(w)
-        stats = []
+        stats = []                                               # for the backward, if keep
         for a in range(0, w.shape[0], chunk):
             wc = w[a:a + chunk]
             w2 = wc * wc
@@ -80,8 +84,10 @@ class TSSACore(torch.autograd.Function):
             S = w2.mul_(Pi.unsqueeze(-1)).sum(1, keepdim=True)   # (b, 1, K, p)  s_k
             D = 1 / (1 + S / n_k.unsqueeze(-1))                  # (b, 1, K, p)  D_k
             torch.mul(wc, D, out=y[a:a + chunk]).mul_(-Pi.unsqueeze(-1))   # y = -pi w D
-            stats.append((col, e, Pi, n_k, S))
-        ctx.save_for_backward(w, temp, *(torch.cat(s) for s in zip(*stats)))
+            if keep:
+                stats.append((col, e, Pi, n_k, S))
+        if keep:
+            ctx.save_for_backward(w, temp, *(torch.cat(s) for s in zip(*stats)))
         ctx.chunk = chunk
         return y
 
@@ -108,7 +114,7 @@ class TSSACore(torch.autograd.Function):
             gcol = (w2 * de).sum(1, keepdim=True).div_(col * col).neg_().masked_fill_(col <= 1e-24, 0)
             gw2 = torch.addcdiv(gcol, de.expand_as(w2), col).addcmul_(Pi4, gS)
             torch.mul(gc, D, out=gw[c]).mul_(-Pi4).addcmul_(wc, gw2, value=2)
-        return gw, gtemp, None, None
+        return gw, gtemp, None, None, None
 
 
 class CausalCore(torch.autograd.Function):
@@ -129,11 +135,10 @@ class CausalCore(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, w, temp, pb, eps, chunk):
+    def forward(ctx, w, temp, pb, eps, chunk, keep):
         # w: (B, T, K, p) float32/64; temp: (K,); pb: (T, K) = p * b_{k,t}
         B, T, K, p = w.shape
-        keep = any(ctx.needs_input_grad[:3])     # the backward needs every chunk's Q, A, D, Pi; else reuse one
-        L = T if keep else min(chunk, T)
+        L = T if keep else min(chunk, T)         # the backward needs every chunk's Q, A, D, Pi; else reuse one
         y, (Qs, As, Ds) = torch.empty_like(w), (w.new_empty(B, L, K, p) for _ in range(3))
         Pis, Pes, es = (w.new_empty(B, L, K) for _ in range(3))
         Q, A, P = w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K)   # carries
@@ -200,7 +205,7 @@ class CausalCore(torch.autograd.Function):
             torch.addcmul(gD.mul_(-Pi4), wc, gw2, value=2, out=gw[:, c])   # direct path of y = -Pi w D, and w2 = w^2
         gtemp = (dls * (es + pb)).sum((0, 1))
         gpb = (dls * temp).sum(0)
-        return gw, gtemp, gpb, None, None
+        return gw, gtemp, gpb, None, None, None
 
 
 def _suffix_sum(x, carry):

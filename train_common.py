@@ -13,13 +13,15 @@ What is here, top to bottom:
   launch() (a trainer's main: process group in, Stop out as an exit code);
 - schedule: cosine_lr(), linear warmup then cosine decay, as in nanoGPT;
 - hardware: pick_device(), resolve_dtype(), autocast(), make_grad_scaler() (torch.amp, not the
-  deprecated torch.cuda.amp), setup_distributed() / cleanup_distributed() for torchrun, seed_everything();
+  deprecated torch.cuda.amp), setup_cuda() (the GPU asked for, TF32), setup_distributed() /
+  cleanup_distributed() for torchrun, seed_everything();
 - logging: RunLog, a JSON-lines file you can read while the run goes (`tail -f out/log.jsonl`) plus a
   live table on a terminal, or plain one-line prints when stdout is a file; human_time().
 
 Everything runs on a CPU-only machine; the CUDA-only lines are few and marked.
 """
 import contextlib
+import gc
 import json
 import math
 import os
@@ -207,13 +209,23 @@ def resolve_dtype(dtype: str, device: str) -> str:
     kind = device.split(":")[0]
     if dtype == "auto":
         if kind == "cuda":
-            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+            return "bfloat16" if _gpu_has_bf16() else "float16"
         return "float32"
     if dtype not in ("bfloat16", "float16", "float32"):
         raise UsageError(f"unknown dtype {dtype!r}; use auto, bfloat16, float16 or float32")
-    if dtype == "bfloat16" and kind == "cuda" and not torch.cuda.is_bf16_supported():
+    if dtype == "bfloat16" and kind == "cuda" and not _gpu_has_bf16():
         raise UsageError("this GPU has no bfloat16; use float16 or float32")
     return dtype
+
+
+def _gpu_has_bf16() -> bool:
+    """CUDA only. Does the current GPU compute in bfloat16 (Ampere and newer)? Asked without emulation:
+    torch's default answer is also yes on a T4 or V100, which can hold bf16 tensors but compute them without
+    tensor cores, several times slower than float16."""
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # a torch without the argument: it asks the hardware only
+        return torch.cuda.is_bf16_supported()
 
 
 def autocast(device: str, dtype: str):
@@ -262,40 +274,57 @@ class Dist:
 
 def setup_distributed(device_pref: str) -> Dist:
     """Under torchrun (RANK in the environment) join the process group, one GPU per process;
-    otherwise one process on pick_device(device_pref). Turns on TF32 matmuls on cuda."""
+    otherwise one process on pick_device(device_pref). On a GPU, setup_cuda() first."""
     if "RANK" in os.environ:
         try:
             rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
             world_size = int(os.environ["WORLD_SIZE"])
         except (KeyError, ValueError) as e:
             raise UsageError(f"RANK is set but the torchrun environment is incomplete ({e}); use torchrun")
-        if pick_device(device_pref).startswith("cuda"):  # GPU only, with the TF32 lines below: not in the tests
-            device = f"cuda:{local_rank}"
-            torch.cuda.set_device(device)
-            torch.distributed.init_process_group(backend="nccl", device_id=torch.device(device))
-        else:  # gloo: cpu only (no DDP on mps)
-            device = "cpu"
-            torch.distributed.init_process_group(backend="gloo")
-        dist = Dist(True, rank, local_rank, world_size, rank == 0, device)
+        cuda = pick_device(device_pref).startswith("cuda")
+        dist = Dist(True, rank, local_rank, world_size, rank == 0, f"cuda:{local_rank}" if cuda else "cpu")
     else:
         dist = Dist(False, 0, 0, 1, True, pick_device(device_pref))
-    if dist.device.startswith("cuda"):  # TF32: ~same accuracy for training, much faster matmuls on Ampere+
-        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-            torch.backends.cuda.matmul.fp32_precision = "tf32"
-            torch.backends.cudnn.conv.fp32_precision = "tf32"
-        else:
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+    if dist.ddp:
+        import torch.distributed.nn  # noqa: F401  before the group exists: see cleanup_distributed
+    if dist.device.startswith("cuda"):  # CUDA only
+        setup_cuda(dist.device)
+        if dist.ddp:
+            torch.distributed.init_process_group(backend="nccl", device_id=torch.device(dist.device))
+    elif dist.ddp:  # gloo: cpu only (no DDP on mps)
+        torch.distributed.init_process_group(backend="gloo")
     return dist
+
+
+def setup_cuda(device: str) -> None:
+    """CUDA only, once per process. Make `device` the current GPU: synchronize(), the memory counters and
+    is_bf16_supported() ask the current one, so with --device=cuda:1 they would otherwise ask GPU 0 ('cuda'
+    alone means the current one). And let float32 matmuls use TF32: about the same accuracy for training, much
+    faster on Ampere and newer. TF32 is set by set_float32_matmul_precision, which every torch this project
+    admits reads, and which leaves both the legacy allow_tf32 flags and the newer fp32_precision readable
+    (setting fp32_precision makes a later read of the legacy flags raise, and some compilers read them).
+    cuDNN's convolutions use TF32 by default."""
+    if torch.device(device).index is not None:
+        torch.cuda.set_device(device)
+    torch.set_float32_matmul_precision("high")
 
 
 def cleanup_distributed(dist: Dist) -> None:
     """Leave the process group. Called from a `finally`: on a normal end every rank first waits for the others
     (rank 0 may still be writing files; a rank that tears gloo down early can abort the run). While an exception
-    is on its way out there is no barrier, since the other ranks may be stuck in a collective and never come."""
+    is on its way out there is no barrier, since the other ranks may be stuck in a collective and never come.
+
+    Then the group itself goes, its threads joined, while Python still runs. Left running, a gloo worker may
+    still be freeing the barrier's work, and with it an earlier all-reduce's tensors, when the interpreter exits;
+    freeing a tensor Python knows needs Python's lock, which then ends the thread and aborts the finished run
+    ('terminate called without an active exception'). Two things kept the group after destroy_process_group:
+    the trainer's DDP module, in reference cycles that only the collector frees (hence gc.collect), and
+    torch.distributed.nn, whose functions bind group.WORLD as a default argument when imported (DDP imports
+    it); setup_distributed imports it while there is no group yet."""
     if dist.ddp and torch.distributed.is_initialized():
         if sys.exc_info()[0] is None:
             torch.distributed.barrier()
+        gc.collect()
         torch.distributed.destroy_process_group()
 
 

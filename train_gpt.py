@@ -40,6 +40,7 @@ has the details.
 """
 import math
 import os
+import re
 import sys
 import time
 
@@ -269,18 +270,44 @@ def micro_seed(seed, it, micro):
     return int(np.random.SeedSequence([seed, it, micro]).generate_state(1)[0])
 
 # -----------------------------------------------------------------------------
-# MFU: dense bf16 peak FLOP/s by GPU name; float32 runs as TF32, at half of it
+# MFU: the GPU's peak FLOP/s for this run's dtype, by the whole name torch.cuda.get_device_name() gives
 
-PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'L40S': 362e12, 'A10G': 70e12, 'L4': 121e12}
+
+def _tensor_core(half):
+    """Ampere and newer: bfloat16 and float16 at the same dense rate, float32 as TF32 at half of it."""
+    return dict(bfloat16=half, float16=half, float32=half / 2)
+
+
+# Dense (no sparsity) tensor-core figures from NVIDIA's datasheets, matched against the whole device name: a
+# substring would give the L40 the L4's figure and an H100 PCIe the SXM's. A GPU not listed gets no MFU rather
+# than a guess: among them the A10G (NVIDIA publishes no figure for it), the H800 and the Blackwell GPUs.
+PEAK_FLOPS = [
+    (r'NVIDIA H100 \d+GB HBM3', _tensor_core(989e12)),           # SXM5
+    (r'NVIDIA H100 PCIe', _tensor_core(756e12)),
+    (r'NVIDIA H100 NVL', _tensor_core(835e12)),
+    (r'NVIDIA H200', _tensor_core(989e12)),                      # SXM
+    (r'NVIDIA H200 NVL', _tensor_core(835e12)),
+    (r'NVIDIA GH200 \d+GB', _tensor_core(989e12)),
+    (r'NVIDIA A100[- ].*', _tensor_core(312e12)),                 # SXM4 and PCIe, 40 and 80 GB
+    (r'NVIDIA A10', _tensor_core(125e12)),
+    (r'NVIDIA L40S', _tensor_core(362e12)),
+    (r'NVIDIA L40', _tensor_core(181e12)),
+    (r'NVIDIA L4', _tensor_core(121e12)),
+    (r'NVIDIA GeForce RTX 4090', _tensor_core(165e12)),          # with float32 accumulation, as torch uses
+    # before Ampere: float16 tensor cores, no bfloat16 (emulated, no figure) and no TF32
+    (r'Tesla V100-SXM2-\d+GB', dict(float16=125e12, float32=15.7e12)),
+    (r'Tesla V100-PCIE-\d+GB', dict(float16=112e12, float32=14e12)),
+    (r'Tesla T4', dict(float16=65e12, float32=8.1e12)),
+]
 
 
 def peak_flops(device, dtype):
-    """The GPU's peak, or None (no MFU on a CPU, on MPS, or on a GPU not in the table)."""
+    """The GPU's peak for `dtype`, or None (no MFU on a CPU, on MPS, or on a GPU not in the table)."""
     if not device.startswith('cuda'):
         return None
     name = torch.cuda.get_device_name(device)
-    peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-    return None if peak is None else peak / (2 if dtype == 'float32' else 1)
+    peaks = next((p for pattern, p in PEAK_FLOPS if re.fullmatch(pattern, name.strip())), {})
+    return peaks.get(dtype)
 
 # -----------------------------------------------------------------------------
 # the run: set-up, one training step, evaluation and checkpoint, interrupt, summary
@@ -351,9 +378,11 @@ class Trainer:
             if ckpt.get('scaler'):
                 self.scaler.load_state_dict(ckpt['scaler'])
         self.compiled = cfg['compile'] == 'true' or (cfg['compile'] == 'auto' and device.startswith('cuda'))
-        model = torch.compile(self.raw_model) if self.compiled else self.raw_model
-        self.model = DDP(model, device_ids=[self.dist.local_rank] if device.startswith('cuda') else None) \
-            if self.dist.ddp else model
+        # DDP inside, the compiler outside (the order PyTorch documents): the compiled backward then starts each
+        # bucket's all-reduce as soon as its gradients are ready, instead of all of them after the whole backward
+        model = DDP(self.raw_model, device_ids=[self.dist.local_rank] if device.startswith('cuda') else None) \
+            if self.dist.ddp else self.raw_model
+        self.model = torch.compile(model) if self.compiled else model
         self.ctx = autocast(device, self.dtype)
 
     def describe(self):
@@ -466,7 +495,7 @@ class Trainer:
         if not (math.isfinite(losses['val']) and math.isfinite(losses['train'])):
             raise Stop(f"the eval loss is {losses['val']} at iter {self.iter_num}: training diverged; stopped "
                        f"without saving, {self.last_good()}; try a lower --learning_rate", 3)
-        saved = False
+        saved, elapsed = False, self.elapsed_s()  # read before the save: a resume goes on from the checkpoint's, later
         if losses['val'] < self.best_val_loss or cfg['always_save_checkpoint']:
             self.best_val_loss = min(self.best_val_loss, losses['val'])
             if self.iter_num > 0:
@@ -474,7 +503,7 @@ class Trainer:
                 saved = True
         self.log.record(dict(iter=self.iter_num, kind='eval', train_loss=losses['train'], val_loss=losses['val'],
                              lr=self.lr(self.iter_num), tokens_per_sec=self.tok_per_s, saved=saved,
-                             tokens=self.tokens, elapsed_s=self.elapsed_s()))
+                             tokens=self.tokens, elapsed_s=elapsed))
         self.log.show(dict(iter=self.iter_num, train_loss=losses['train'], val_loss=losses['val']))
         self.log.draw()
         self.t_log += time.time() - t_eval  # evaluation (and drawing) time is not training time

@@ -354,6 +354,14 @@ def look_inside(model, x, y, norm, cfg, meta, n_tssa):
 # the run: set-up, one training step, evaluation and checkpoint, interrupt, summary
 
 
+def compile_model(model, compile):
+    """torch.compile (or the model itself). Static shapes: the last batch of an epoch or of the test set is
+    smaller, and gets its own graph, compiled once and reused in every epoch; the full batches keep theirs.
+    (By default the compiler would recompile at that batch into one graph for every batch size, which then
+    also serves the full batches, with kernels that do not know their size.)"""
+    return torch.compile(model, dynamic=False) if compile else model
+
+
 def step_seed(seed, epoch, step, rank):
     """Augmentation, mixup and drop-path draw from a generator seeded per step: a run stopped at any step
     resumes with the same random numbers."""
@@ -395,6 +403,9 @@ class Trainer:
                 self.raw_model.load_state_dict(strip_compile_prefix(ckpt['model']))
             except RuntimeError as e:
                 raise UsageError(f"{path} does not fit its own model_args ({str(e).splitlines()[0]})") from None
+        # evaluation without DDP: after a training step its forward broadcasts the BatchNorm buffers, a collective,
+        # and the ranks run different numbers of test batches (evaluate() broadcasts them once, on every rank)
+        self.eval_model = compile_model(self.raw_model, cfg['compile'])
         if not cfg['eval_only']:
             self._build_optimizer(ckpt)
 
@@ -423,9 +434,11 @@ class Trainer:
         self.redo = self.start_step and (ckpt.get('steps_per_epoch'), ckpt.get('world_size')) != \
             (self.steps_per_epoch, dist.world_size)
         cfg['drop_path'] = self.vit_config.drop_path  # what the model uses, in the saved config
-        model = torch.compile(self.raw_model) if cfg['compile'] else self.raw_model
-        self.model = DDP(model, device_ids=[dist.local_rank] if self.device.startswith('cuda') else None) \
-            if dist.ddp else model
+        # DDP inside, the compiler outside (the order PyTorch documents): the compiled backward then starts each
+        # bucket's all-reduce as soon as its gradients are ready, instead of all of them after the whole backward
+        model = DDP(self.raw_model, device_ids=[dist.local_rank] if self.device.startswith('cuda') else None) \
+            if dist.ddp else self.raw_model
+        self.model = compile_model(model, cfg['compile'])
         self.epoch, self.step_in_epoch = self.start_epoch, self.start_step
 
     def describe(self, log):
@@ -483,7 +496,7 @@ class Trainer:
         row = {'epoch': epoch + 1, 'step': (epoch + 1) * self.steps_per_epoch, 'lr': lr, 'train_loss': train_loss}
         improved = False
         if (epoch + 1) % cfg['eval_interval'] == 0 or last:
-            acc, test_loss, count = evaluate(self.raw_model, self.x_test, self.y_test, self.norm, cfg['batch_size'],
+            acc, test_loss, count = evaluate(self.eval_model, self.x_test, self.y_test, self.norm, cfg['batch_size'],
                                              self.device, self.dtype, dist)
             improved, self.best_acc = acc > self.best_acc, max(self.best_acc, acc)
             row.update(test_loss=test_loss, test_acc=acc, best_acc=self.best_acc, test_images=count)
@@ -588,7 +601,7 @@ class Trainer:
     def evaluate_only(self):
         """--eval_only: the checkpoint's test accuracy, its per-layer compression and its pictures."""
         cfg, dist = self.cfg, self.dist
-        acc, loss, count = evaluate(self.raw_model, self.x_test, self.y_test, self.norm, cfg['batch_size'],
+        acc, loss, count = evaluate(self.eval_model, self.x_test, self.y_test, self.norm, cfg['batch_size'],
                                     self.device, self.dtype, dist)
         if dist.master:
             with RunLog(cfg['out_dir'], filename='eval.jsonl', fresh=False) as log:
