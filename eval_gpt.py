@@ -186,7 +186,8 @@ def run(cfg, set_keys, dist):
     sets = [(n, *open_split(cfg['data_dir'], n, info['meta'], model.config.vocab_size, ckpt_path)) for n in names]
     ctx = autocast(device, dtype)
     args = info['model_args']
-    model_name = (f"{ckpt_path} (iter {info.get('iter_num')}, attn={args.get('attn', 'tssa')}, "
+    hybrid = f", softmax blocks {args['softmax_layers']}" if args.get('softmax_layers') else ''
+    model_name = (f"{ckpt_path} (iter {info.get('iter_num')}, attn={args.get('attn', 'tssa')}{hybrid}, "
                   f"{model.get_num_params() / 1e6:.2f}M params)")
     log = RunLog(cfg['out_dir'], enabled=master, fresh=False)  # append: the training log stays
     log.print(f"{model_name}: windows of {T} tokens, batch {B}, {dtype} on {device}, {dist.world_size} process(es)")
@@ -201,7 +202,8 @@ def run(cfg, set_keys, dist):
                 ppl = float('inf')
             r = dict(kind='zero_shot', dataset=name, dataset_kind=meta.get('dataset', name), loss=loss, ppl=ppl,
                      tokens=scored, windows=n_win, block_size=T, batch_size=B, tokenizer=meta['tokenizer'],
-                     ckpt=ckpt_path, iter=info.get('iter_num'), attn=args.get('attn', 'tssa'), dtype=dtype,
+                     ckpt=ckpt_path, iter=info.get('iter_num'), attn=args.get('attn', 'tssa'),
+                     softmax_layers=list(args.get('softmax_layers', ())), dtype=dtype,
                      device=device, processes=dist.world_size)
             if spans is not None:
                 correct, cut = last_word_accuracy(model, tokens, spans, T, B, device, ctx, dist)

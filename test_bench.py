@@ -65,6 +65,6 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'set_device', lambda device: calls.append(device))
     monkeypatch.setattr(torch, 'set_float32_matmul_precision', lambda p: calls.append(p))
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'a GPU')
-    monkeypatch.setattr(bench, 'run_sections', lambda args, sections, results, console: results)
+    monkeypatch.setattr(bench, 'run_sections', lambda args, sections, results, console, figures: results)
     assert bench.main(['--device=cuda:1', '--smoke', '--sections=operator'])['gpu'] == 'a GPU'
     assert calls == ['cuda:1', 'high']
