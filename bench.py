@@ -460,7 +460,6 @@ def section_training(args, results):
 
 SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': section_model,
             'generation': section_generation, 'training': section_training}
-FIGURES = {'operator': ('speed.png', plot.speed), 'generation': ('generation.png', plot.generation)}  # beside --json
 
 
 DEFAULTS = dict(
@@ -497,7 +496,7 @@ def main(argv=None):
                   + (f", {args.mode} mode" if args.mode != 'full' else "")
                   + ("; compiled: the operator, model and training cases and the limit section's readable columns "
                      "(the fast cores and generation run eagerly)" if COMPILE else ""))
-    return run_sections(args, SECTIONS, results, console, FIGURES)
+    return run_sections(args, SECTIONS, results, console, plot.FIGURES)
 
 
 if __name__ == '__main__':

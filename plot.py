@@ -3,8 +3,10 @@ Figures, drawn with matplotlib (the Agg backend: files, never a window, also ove
 
     python plot.py out out-shift out-softmax              # several runs' loss curves on one figure
     python plot.py out docs/demo-log.jsonl --x=seconds    # your demo beside the reference run, in seconds
+    python plot.py docs/bench.json docs/tasks.json        # the figures of bench.py / study.py results, again
 
-A run is a folder train_gpt.py or train_vit.py wrote (its log.jsonl), or a log.jsonl itself. Language
+A run is a folder train_gpt.py or train_vit.py wrote (its log.jsonl), or a log.jsonl itself; a .json file
+is the results of bench.py or study.py, whose figures are drawn again beside it. Language
 runs are drawn as train and val loss against tokens seen (or seconds), vision runs as test accuracy
 against epochs. Each run is labelled with its folder and its model, read from its own log. The trainers
 also keep <out_dir>/loss.png up to date with the same drawing of their own run.
@@ -147,8 +149,9 @@ def speed(results, path):
         left.plot(n, 1e3 * t, color=color, linestyle=line, marker=marker, label=f"{label}{k}")
         if np.isfinite(mb).any():
             right.plot(n, mb, color=color, linestyle=line, marker=marker, label=label)
-    ax_labels(left, 'tokens', 'forward + backward (ms)', 'time ~ n^k', log=True)
-    ax_labels(right, 'tokens', 'peak memory (MB)', 'memory, forward + backward', log=True)
+    sizes = [r['n'] for r in rows]
+    ax_labels(left, 'tokens', 'forward + backward (ms)', 'time ~ n^k', log=True, xticks=sizes)
+    ax_labels(right, 'tokens', 'peak memory (MB)', 'memory, forward + backward', log=True, xticks=sizes)
     fig.suptitle(f"one attention layer, width {results.get('width', 768)}: {describe(results)}", fontsize=9)
     fig.tight_layout()
     save(fig, path)
@@ -171,7 +174,7 @@ def generation(results, path):
         ax.plot([r['ctx'] for r in rows], [r[key] for r in rows], color=color, linestyle=line, marker=marker,
                 label=label)
     ax_labels(ax, 'context (tokens before the new one)', 'tokens / s', f"generation, batch 1: {describe(results)}",
-              log=True)
+              log=True, xticks=[r['ctx'] for r in rows])
     fig.tight_layout()
     save(fig, path)
 
@@ -182,11 +185,12 @@ def describe(results):
         f", torch {results.get('torch', '?')}"
 
 
-def ax_labels(ax, x, y, title, log=False):
-    if log:                                        # log-log; ticks as plain numbers at powers of 10 and 2
-        ax.set_xscale('log', base=2)
+def ax_labels(ax, x, y, title, log=False, xticks=()):
+    if log:                                        # log-log; x ticks at the measured sizes, as 256, 1k, 64k
+        ax.set_xscale('log')
         ax.set_yscale('log')
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.set_xticks(sorted(set(xticks)), [f"{v // 1024}k" if v >= 1024 else str(v) for v in sorted(set(xticks))])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.4g}"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel(x)
@@ -260,8 +264,38 @@ def vision_maps(path, image, cls_attn, pi, title):
 
 # -----------------------------------------------------------------------------
 
+def study_curves(section, title):
+    """A study section's runs on one figure, each labelled with its row of the table."""
+    def draw(results, path):
+        runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
+        learning_curves(runs, path, title=title)
+    return draw
+
+
+# the figure of each section of bench.py and study.py, drawn beside their --json (and by `plot.py FILE.json`)
+FIGURES = {
+    'operator': ('speed.png', speed),
+    'generation': ('generation.png', generation),
+    'language': ('language.png', study_curves('language', 'the demo budget: python_stdlib bytes, one seed')),
+    'vision': ('vision.png', study_curves('vision', 'synthetic glyph images, tost-cifar-tiny, one seed')),
+    'tasks': ('tasks.png', lambda results, path: capability_grid(results['tasks'], path)),
+}
+
+
+def draw_results(path):
+    """The figures of a bench.py or study.py results file, drawn again beside it. Returns their paths."""
+    with open(path) as f:
+        results = json.load(f)
+    out = []
+    for section, (name, draw) in FIGURES.items():
+        if section in results:
+            out.append(os.path.join(os.path.dirname(os.path.abspath(path)), name))
+            draw(results, out[-1])
+    return out
+
+
 DEFAULTS = dict(
-    runs=[],                     # run folders or log.jsonl files, given as bare words
+    runs=[],                     # run folders or log.jsonl files, or bench/study results (.json), as bare words
     x='tokens',                  # the x axis of language runs: tokens (seen) or seconds (of training)
     out='runs.png',              # where the figure goes
     title='',                    # the figure's title; default: learning curves
@@ -275,8 +309,16 @@ def main(argv=None):
         raise UsageError("give one or more run folders (or log.jsonl files), e.g. python plot.py out out-softmax")
     if cfg['x'] not in ('tokens', 'seconds'):
         raise UsageError(f"--x expects tokens or seconds, got {cfg['x']!r}")
-    learning_curves([read_run(f) for f in folders], cfg['out'], cfg['x'], cfg['title'] or None)
-    print(f"wrote {cfg['out']}")
+    results = [f for f in folders if f.endswith('.json')]
+    for f in results:                                  # bench.py / study.py results: their figures again
+        try:
+            print('\n'.join(f"wrote {p}" for p in draw_results(f)))
+        except (OSError, ValueError, KeyError) as e:
+            raise UsageError(f"cannot draw the figures of {f} ({type(e).__name__}: {e})") from None
+    runs = [f for f in folders if not f.endswith('.json')]
+    if runs:
+        learning_curves([read_run(f) for f in runs], cfg['out'], cfg['x'], cfg['title'] or None)
+        print(f"wrote {cfg['out']}")
 
 
 if __name__ == '__main__':

@@ -93,7 +93,7 @@ def section_language(args, results):
         sample = run_script(['sample.py', f'--out_dir={out_dir}', *SAMPLE], f'sampling {name}').stdout
         rows.append(dict(variant=name, **{k: extra.get(k) for k in ('attn', 'token_shift', 'softmax_layers', 'n_head')},
                          val_loss=val, tokens_per_sec=sum(speeds) / max(1, len(speeds)),
-                         sample=sample.strip(), out_dir=out_dir))
+                         sample=sample.strip(), out_dir=os.path.relpath(out_dir)))
         console.print(f"  {name}: val loss {val:.3f}", style="dim")
     results['language'] = dict(budget=dict(budget, note='train_gpt.py defaults (the demo) with these overrides, '
                                                          'seed 1337, one run each'), rows=rows)
@@ -162,7 +162,7 @@ def section_vision(args, results):
         evals = [r for r in read_log(out_dir) if r.get('test_acc') is not None]
         rows.append(dict(variant=name, **{k: extra.get(k) for k in ('attn', 'lpi')}, test_acc=evals[-1]['test_acc'],
                          best_acc=max(r['test_acc'] for r in evals), seconds=round(time.time() - t0, 1),
-                         out_dir=out_dir))
+                         out_dir=os.path.relpath(out_dir)))
         console.print(f"  {name}: test accuracy {rows[-1]['test_acc']:.3f}", style="dim")
     results['vision'] = dict(budget=dict(budget, train_images=b['n_train'], test_images=b['n_test'],
                                          note='train_vit.py defaults with these overrides, seed 1337, one run each'),
@@ -381,21 +381,6 @@ def section_tasks(args, results):
 SECTIONS = {'language': section_language, 'vision': section_vision, 'tasks': section_tasks}
 
 
-def curves(section, title):
-    """A section's runs on one figure, each labelled with its row of the table."""
-    def draw(results, path):
-        runs = [(r['variant'], *plot.read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
-        plot.learning_curves(runs, path, title=title)
-    return draw
-
-
-FIGURES = {   # beside --json
-    'language': ('language.png', curves('language', 'the demo budget: python_stdlib bytes, one seed')),
-    'vision': ('vision.png', curves('vision', 'synthetic glyph images, tost-cifar-tiny, one seed')),
-    'tasks': ('tasks.png', lambda results, path: plot.capability_grid(results['tasks'], path)),
-}
-
-
 DEFAULTS = dict(
     sections='',              # comma-separated: language, vision, tasks (also the first bare word)
     quick=False,              # a smaller budget (see each section)
@@ -410,7 +395,7 @@ def main(argv=None):
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
-    return run_sections(args, SECTIONS, results, console, FIGURES)
+    return run_sections(args, SECTIONS, results, console, plot.FIGURES)
 
 
 if __name__ == '__main__':

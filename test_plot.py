@@ -75,6 +75,21 @@ def test_speed_and_generation_figures(tmp_path):
     read_png(tmp_path / 'generation.png', (400, 650))
 
 
+def test_results_files_are_drawn_again_beside_themselves(tmp_path):
+    """python plot.py docs/bench.json docs/tasks.json: each section's figure, from the numbers alone."""
+    rows = [dict(n=n, op='causal_tssa', fwd_s=n * 1e-6, fwdbwd_s=3 * n * 1e-6, fwdbwd_peak_mb=n * 0.01)
+            for n in (256, 1024)]
+    (tmp_path / 'bench.json').write_text(json.dumps(dict(device='cpu', operator=rows, generation=[
+        dict(ctx=c, recurrent=40.0, softmax_kv=40 - c / 100) for c in (16, 1024)])))
+    (tmp_path / 'tasks.json').write_text(json.dumps(dict(tasks=[
+        dict(task='copy', knob='length', value=8, model=m, accuracy=a, chance=0.03)
+        for m, a in (('tssa', 0.3), ('softmax', 1.0))])))
+    plot.main([str(tmp_path / 'bench.json'), str(tmp_path / 'tasks.json')])
+    read_png(tmp_path / 'speed.png', (400, 1000))
+    read_png(tmp_path / 'generation.png', (400, 650))
+    assert matplotlib.image.imread(tmp_path / 'tasks.png').shape[1] > 400
+
+
 def test_capability_grid(tmp_path):
     models = ['tssa', 'tssa+shift', 'softmax', 'hybrid+shift']
     rows = [dict(task=t, knob=k, value=v, model=m, accuracy=a, chance=c)
