@@ -13,7 +13,7 @@ same text on the same device. Text is decoded with the tokenizer named in the ch
 says how fast it went, on stderr: tokens/s over all samples, the prompt not counted.
 
 On a CPU it generates with one thread (unless OMP_NUM_THREADS is set): one sequence is a chain of small
-matrix-vector products, and a second thread costs more to wake and wait for than it saves (docs/speed.md).
+matrix-vector products, too small to split: a second thread does not make it faster (docs/speed.md).
 """
 import codecs
 import os
@@ -101,7 +101,7 @@ def main(argv=None):
         setup_cuda(device)
     dtype = resolve_dtype(cfg['dtype'], device)
     if device == 'cpu' and 'OMP_NUM_THREADS' not in os.environ:
-        torch.set_num_threads(1)  # batch 1: faster with one thread (see the docstring)
+        torch.set_num_threads(1)  # batch 1: a second thread would not help (see the docstring)
     model, ckpt = load_gpt(os.path.join(cfg['out_dir'], 'ckpt.pt'), device, 'sample.py')
     tok = get_tokenizer(ckpt['meta']['tokenizer'])
 
