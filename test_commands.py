@@ -1,6 +1,6 @@
 """
 The commands the README, the pages under docs/ and the scripts' --help texts show, run as written, so that
-they cannot drift away from the code. Offline, in a temp folder, about a minute. Commands that would train
+they cannot drift away from the code. Offline, in a temp folder, in seconds. Commands that would train
 for minutes get tiny sizes appended (a later --key=value wins; the command's own keys still parse and act).
 Commands that need the network, a GPU, several processes or hours are in SKIP with the reason. A command
 added to the docs fails test_every_documented_command_is_known until it is put in RUN or SKIP.
@@ -51,6 +51,9 @@ RUN = [
     ('python plot.py out out-shift out-hybrid', ()),
     ('python plot.py out out-shift out-softmax', ()),
     ('python plot.py out docs/demo-log.jsonl --x=seconds', ()),
+    ('python plot.py docs/bench.json docs/tasks.json', ()),
+    ('python plot.py docs/bench.json', ()),
+    ('python plot.py docs/tasks.json', ()),
     ('python sample.py --out_dir=out-shift --start="def " --seed=1 --temperature=0.8', SHORT),
     ('python sample.py --out_dir=out-hybrid --start="def " --seed=1 --temperature=0.8', SHORT),
     ('python eval_gpt.py --datasets=python_stdlib', ('--batch_size=256',)),  # all 1.2M val bytes: big batches
@@ -73,6 +76,7 @@ RUN = [
     ('python prepare_data.py cifar100 --archive=cifar-100-python.tar.gz', ()),
     ('python train_vit.py --dataset=cifar10', TINY_VIT),
     ('python train_vit.py --dataset=cifar10 --attn=softmax --out_dir=out-vit-softmax', TINY_VIT),
+    ('python train_vit.py --dataset=cifar10 --lpi=true', TINY_VIT + ('--out_dir=out-vit-lpi',)),
     ('python train_vit.py --init_from=resume', ('--epochs=2',)),
     ('python train_vit.py --dataset=cifar10 --init_from=best --eval_only', ()),
     ('python train_vit.py --dataset=cifar10 --model=tost-cifar-tiny --epochs=3 --device=cpu --out_dir=out-vit-tiny',
@@ -112,12 +116,18 @@ SKIP = {
     'python study.py vision': 'a quarter of an hour; test_study.py runs its smoke mode',
     'python study.py tasks': 'half an hour; test_study.py runs its smoke mode',
     'python study.py tasks --quick': 'minutes; test_study.py runs its smoke mode',
+    'python bench.py --json=docs/bench.json': 'minutes; test_bench.py runs its smoke mode',
+    'python study.py language --json=docs/language.json': 'most of an hour; test_study.py runs its smoke mode',
+    'python study.py tasks --json=docs/tasks.json': 'half an hour; test_study.py runs its smoke mode',
+    'python study.py vision --json=docs/vision.json': 'a quarter of an hour; test_study.py runs its smoke mode',
     'python bench.py --quick': 'a minute; test_bench.py runs its smoke mode',
     'python bench.py --sections=operator,limit': 'minutes; test_bench.py runs its smoke mode',
     'python bench.py --device=cuda --dtype=bfloat16 --json=bench.json': 'a GPU',
     'python bench.py --device=cuda --dtype=bfloat16 --compile --sections=operator,model': 'a GPU',
     'python study.py language,tasks --json=study.json': 'an hour; test_study.py runs its smoke mode',
     'python derivation.py': 'test_tost.py runs it',
+    'python sample.py --out_dir=out-study/language-<run> --start="def " --seed=1 --temperature=0.8 '
+    '--max_new_tokens=160': 'a template (<run>: a row of the language study, which runs it for each row)',
     'python train_gpt.py --config=owt-base --attn=softmax --out_dir=out-owt-softmax': 'GPUs, days',
     'python sample.py --out_dir=out-owt-base --start="The meaning of life" --num_samples=3 --max_new_tokens=200':
         'an OpenWebText checkpoint; sampling is run above on the demo\'s',
@@ -192,7 +202,8 @@ def test_documented_commands_run_offline(tmp_path, monkeypatch, capsys):
     (tmp_path / 'my_notes').mkdir()
     (tmp_path / 'my_notes' / 'b.txt').write_text('Notes of my own, to train on.\n' * 200)
     (tmp_path / 'docs').mkdir()
-    shutil.copy(os.path.join(REPO, 'docs', 'demo-log.jsonl'), tmp_path / 'docs')
+    for f in ('demo-log.jsonl', 'bench.json', 'tasks.json'):            # what the docs' plot.py commands read
+        shutil.copy(os.path.join(REPO, 'docs', f), tmp_path / 'docs')
     make_cifar(tmp_path / 'cifar-10-python.tar.gz', 'cifar10', n=12)
     make_cifar(tmp_path / 'cifar-100-python.tar.gz', 'cifar100', n=4)
     for cmd, extra in RUN:
