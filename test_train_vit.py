@@ -223,26 +223,15 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data, tmp_p
     assert 'resume with: torchrun --standalone --nproc_per_node=2 ' in stderr and ck['world_size'] == 2
 
 
-def test_compiled_run_saves_plain_weights_and_resumes_compiled(data, tmp_path):
-    """--compile=true (inductor on CPU): one epoch, its checkpoint, a compiled resume for the second, close to
-    the same run uncompiled. The first compile takes about a minute."""
-    runs = {}
-    for name, extra in (('compiled', ['--compile=true']), ('eager', [])):
-        out = str(tmp_path / name)
-        train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=2', '--viz_images=0', *extra))
-        assert not any('_orig_mod' in k for k in torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['model'])
-        train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=2', *extra])
-        runs[name] = read_log(out)
-    assert [r['epoch'] for r in runs['compiled']] == [1, 2]
-    for a, b in zip(runs['compiled'], runs['eager']):
-        assert abs(a['train_loss'] - b['train_loss']) < 1e-3 and abs(a['test_loss'] - b['test_loss']) < 1e-3
-
-
-def test_compiled_graphs_have_static_shapes_and_are_all_made_in_the_first_epoch(data, tmp_path, monkeypatch):
-    """64 images in batches of 24 (the last has 16) and 33 test images (24 + 9): a graph per batch size, for
-    training and for evaluation, each compiled in the first epoch and reused later, none of them a graph for every
-    size (which the compiler would make at the first smaller batch, and then use for the full batches too)."""
+def test_compiled_run_has_static_graphs_made_in_the_first_epoch_saves_plain_weights_and_resumes(data, tmp_path,
+                                                                                               monkeypatch):
+    """--compile=true (inductor on CPU). 64 images in batches of 24 (the last has 16) and 33 test images (24 + 9):
+    a graph per batch size, for training and for evaluation, each compiled in the first epoch and reused in the
+    second, none of them a graph for every size (which the compiler would make at the first smaller batch, and then
+    use for the full batches too). The checkpoint holds plain weights, and a compiled resume for a third epoch
+    lands close to the same three epochs uncompiled. One model, of one TSSA block, is compiled once."""
     from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
+    monkeypatch.setitem(tost.PRESETS['tost-cifar-tiny'], 'n_layer', 1)     # a smaller graph compiles sooner
     torch._dynamo.reset()
     clear_compilation_metrics()
     # the graphs dynamo made from the model's frames (on a cold cache the compiler also logs entries of its own,
@@ -250,12 +239,23 @@ def test_compiled_graphs_have_static_shapes_and_are_all_made_in_the_first_epoch(
     frames = lambda: [m for m in get_compilation_metrics() if m.co_name is not None]
     made, real = [], train_vit.Trainer.end_of_epoch
     monkeypatch.setattr(train_vit.Trainer, 'end_of_epoch', lambda self, *a: made.append(len(frames())) or real(self, *a))
-    train_vit.main(base_args(data, str(tmp_path), '--epochs=2', '--batch_size=24', '--compile=true', '--viz_images=0',
-                             '--compression_images=0'))
-    graphs = [ast.literal_eval(m.graph_node_shapes) for m in frames()]
-    assert made == [2, 4] and len(graphs) == 4          # epoch 1: training's two, then evaluation's two; then none
-    assert all(isinstance(n, int) for g in graphs for shape in g.values() for n in shape)   # no symbolic size
-    assert sorted(g['l_x_'][0] for g in graphs) == [9, 16, 24, 24]
+    runs = {}
+    for name, extra in (('compiled', ['--compile=true']), ('eager', [])):
+        out = str(tmp_path / name)
+        train_vit.main(base_args(data, out, '--epochs=2', '--batch_size=24', '--viz_images=0',
+                                 '--compression_images=0', *extra))
+        if name == 'compiled':
+            graphs = [ast.literal_eval(m.graph_node_shapes) for m in frames()]
+            assert made == [2, 4] and len(graphs) == 4  # epoch 1: training's two, then evaluation's two; then none
+            assert all(isinstance(n, int) for g in graphs for shape in g.values() for n in shape)  # no symbolic size
+            assert sorted(g['l_x_'][0] for g in graphs) == [9, 16, 24, 24]
+            torch._dynamo.reset()                       # the resume starts afresh, as in a new process
+        assert not any('_orig_mod' in k for k in torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['model'])
+        train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=3', *extra])
+        runs[name] = read_log(out)
+    assert [r['epoch'] for r in runs['compiled']] == [1, 2, 3]
+    for a, b in zip(runs['compiled'], runs['eager'], strict=True):
+        assert abs(a['train_loss'] - b['train_loss']) < 1e-3 and abs(a['test_loss'] - b['test_loss']) < 1e-3
 
 
 @pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
