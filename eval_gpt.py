@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from options import UsageError, parse, run_main
-from tokenizer import load_meta
+from prepare_data import load_meta
 from train_common import RunLog, autocast, launch, load_gpt, resolve_dtype, sum_dtype
 
 DEFAULTS = dict(

@@ -20,7 +20,7 @@ What lands in <data_dir>/<name>/:
             val_targets.npy, (passages, 3) int64: passage start, last word start, last word end in val.bin)
     images: {train,test}_images.npy (N,3,32,32) uint8, {train,test}_labels.npy (N,) int64 + meta.json
 meta.json is written last: if it is there, the dataset is complete. It names the tokenizer, so
-training and sampling decode with tokenizer.get_tokenizer(load_meta(folder)['tokenizer']) and nothing
+training and sampling decode with get_tokenizer(load_meta(folder)['tokenizer']) and nothing
 else. train_gpt.py calls prepare(name, data_dir) itself when its dataset is missing and cheap to make.
 """
 import codecs, collections, contextlib, hashlib, itertools, json, os, pickle, re, shutil, signal, socket
@@ -30,7 +30,110 @@ from concurrent.futures.process import BrokenProcessPool
 import numpy as np
 
 from options import UsageError, parse
-from tokenizer import get_tokenizer, load_meta
+
+
+# -----------------------------------------------------------------------------
+# reading a dataset: its meta.json and the tokenizer it names (train_gpt, sample and eval_gpt import these)
+# Two tokenizers: 'bytes' (the 256 byte values of UTF-8 text, no download) and 'gpt2' (tiktoken's GPT-2
+# BPE, 50257 ids, whose vocabulary tiktoken downloads once and caches).
+
+class Tokenizer:
+    """name, vocab_size, eot (None for bytes), encode(str) -> list[int], decode(list[int]) -> str."""
+
+    def __init__(self, name, vocab_size, eot=None, enc=None):
+        self.name, self.vocab_size, self.eot, self._enc = name, vocab_size, eot, enc
+
+    def encode(self, s):
+        if self._enc is None:
+            return list(s.encode('utf-8'))
+        return self._enc.encode_ordinary(s)  # a literal '<|endoftext|>' in a document is just text
+
+    def encode_array(self, s):
+        """encode() as a uint16 array; the fast path for preparing data."""
+        if self._enc is None:
+            return np.frombuffer(s.encode('utf-8'), dtype=np.uint8).astype(np.uint16)
+        return np.array(self._enc.encode_ordinary(s), dtype=np.uint16)
+
+    def decode(self, ids):
+        # tensors and arrays welcome; ids past the vocab (a padded model head, 50304) are dropped
+        ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
+        if self._enc is None:  # a model can emit half a UTF-8 character: replace, never raise
+            return bytes(ids).decode('utf-8', errors='replace')
+        return self._enc.decode(ids, errors='replace')
+
+    def token_bytes(self, t):
+        """The raw bytes of one token; a token can end inside a UTF-8 character (for streamed output)."""
+        return bytes([int(t)]) if self._enc is None else self._enc.decode_single_token_bytes(int(t))
+
+    def __repr__(self):
+        return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eot={self.eot})"
+
+
+def _gpt2_encoding():
+    """tiktoken's GPT-2 BPE. Tests monkeypatch this to stay offline."""
+    try:
+        import tiktoken
+    except ImportError:
+        raise UsageError("the gpt2 tokenizer needs tiktoken: pip install tiktoken") from None
+    try:
+        return tiktoken.get_encoding('gpt2')
+    except Exception as e:  # it downloads the vocab once, then reads its cache
+        raise UsageError(f"could not load the GPT-2 vocab: tiktoken downloads it on first use and that failed "
+                         f"({type(e).__name__}, no network?); set TIKTOKEN_CACHE_DIR to a folder holding a cached "
+                         f"copy") from None
+
+
+def get_tokenizer(name, encoding=None):
+    """'bytes' or 'gpt2'; `encoding` injects a tiktoken Encoding in place of the real GPT-2 one."""
+    if name == 'bytes':
+        return Tokenizer('bytes', 256)
+    if name != 'gpt2':
+        raise UsageError(f"unknown tokenizer {name!r} (known: bytes, gpt2)")
+    enc = encoding if encoding is not None else _gpt2_encoding()
+    if enc.n_vocab > 2**16:  # ids go to vocab_size-1 and are stored as uint16
+        raise UsageError(f"vocab of {enc.n_vocab} does not fit uint16 token files (at most 65536)")
+    return Tokenizer('gpt2', enc.n_vocab, eot=enc.eot_token, enc=enc)
+
+
+def load_meta(folder, kind=None):
+    """The meta.json of a prepared dataset folder, checked to hold `kind` ('text' or 'images') if given.
+    Every mistake is one UsageError line that says how to prepare the dataset."""
+    path = os.path.join(folder, 'meta.json')
+    if not os.path.exists(path):
+        root, name = os.path.split(os.path.normpath(folder))
+        raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: "
+                         f"python prepare_data.py {name} --data_dir={root or '.'}")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except ValueError as e:
+        raise UsageError(f"{path} is not valid JSON ({e}); rebuild with --force") from None
+    if kind is not None and meta.get('kind') != kind:
+        raise UsageError(f"{folder} holds {meta.get('kind')} data, not {kind}")
+    return meta
+
+
+def read_tokens(folder, meta, split):
+    """A text dataset's split ('train' or 'val') as a read-only uint16 memmap, checked against meta.json."""
+    f = os.path.join(folder, f'{split}.bin')
+    want = meta.get(f'{split}_tokens')
+    n = os.path.getsize(f) // 2 if os.path.isfile(f) else -1
+    if n != want:
+        got = 'is missing' if n < 0 else f"has {n} tokens, not the {want} its meta.json says"
+        raise UsageError(f"{f} {got}; rebuild it: python prepare_data.py {meta.get('dataset', os.path.basename(folder))} "
+                         f"--data_dir={os.path.dirname(os.path.normpath(folder)) or '.'} --force")
+    return np.memmap(f, dtype=np.uint16, mode='r') if n else np.zeros(0, np.uint16)
+
+
+def read_images(folder, meta):
+    """An image dataset as numpy arrays: train images, train labels, test images, test labels
+    (images (N, C, H, W) uint8, labels (N,) int64), as prepare_data.py checked and wrote them."""
+    try:
+        return [np.load(os.path.join(folder, f'{split}_{what}.npy'))
+                for split in ('train', 'test') for what in ('images', 'labels')]
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: python prepare_data.py "
+                         f"{meta.get('dataset', os.path.basename(folder))} --force") from None
 
 
 def _warn(msg):

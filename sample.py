@@ -23,7 +23,7 @@ import time
 import torch
 
 from options import UsageError, parse, run_main
-from tokenizer import get_tokenizer
+from prepare_data import get_tokenizer
 from train_common import autocast, load_gpt, pick_device, resolve_dtype, setup_cuda
 
 DEFAULTS = dict(

@@ -53,7 +53,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tost
 from options import UsageError, parse, run_main
-from tokenizer import load_meta
+from prepare_data import load_meta
 from train_common import (GracefulStop, RunLog, Stop, atomic_save, autocast, check_out_dir, cosine_lr, human_time,
                           launch, load_checkpoint, make_grad_scaler, resolve_dtype, resume_command, seed_everything,
                           strip_compile_prefix, sum_dtype, train_step)

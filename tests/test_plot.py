@@ -13,7 +13,7 @@ import pytest
 import plot
 import train_common
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def read_png(path, shape):

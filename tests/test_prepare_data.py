@@ -11,12 +11,12 @@ import tiktoken
 
 import prepare_data as prep
 import options
-import tokenizer
+import prepare_data
 from options import UsageError
 from prepare_data import prepare
-from tokenizer import get_tokenizer, load_meta
+from prepare_data import get_tokenizer, load_meta
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
@@ -29,7 +29,7 @@ def tiny_encoding():
 def tiny(monkeypatch):
     """gpt2 means the tiny encoding for the length of a test: no download."""
     enc = tiny_encoding()
-    monkeypatch.setattr(tokenizer, '_gpt2_encoding', lambda: enc)
+    monkeypatch.setattr(prepare_data, '_gpt2_encoding', lambda: enc)
     return enc
 
 

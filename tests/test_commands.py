@@ -21,13 +21,12 @@ import plot
 import prepare_data
 import sample
 import study
-import tokenizer
 import train_common
 import train_gpt
 import train_vit
 from test_prepare_data import make_cifar
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 
 TINY_GPT = ('--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4', '--max_iters=20',
@@ -188,7 +187,7 @@ def offline(monkeypatch):
 
     def no_download(*a, **k):
         raise urllib.error.URLError('offline in this test')
-    monkeypatch.setattr(tokenizer, '_gpt2_encoding', no_vocab)
+    monkeypatch.setattr(prepare_data, '_gpt2_encoding', no_vocab)
     monkeypatch.setattr(prepare_data.urllib.request, 'urlopen', no_download)
 
 

@@ -31,12 +31,11 @@ import options
 import plot
 import prepare_data
 import sample
-import tokenizer
 import tost
 import train_common
 import train_gpt
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
 
 
@@ -784,7 +783,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, m
 
 
 def test_stream_decoder_holds_back_half_characters():
-    tok = tokenizer.get_tokenizer('bytes')
+    tok = prepare_data.get_tokenizer('bytes')
     text = 'déjà vu ✓ 😀 end'
     dec = sample.StreamDecoder(tok)
     pieces = [dec.push(b) for b in tok.encode(text)] + [dec.flush()]
@@ -795,7 +794,7 @@ def test_stream_decoder_holds_back_half_characters():
     ranks[b'j\xc3'] = 256  # 'j' and the first byte of 'à': a token that ends inside a character
     enc = tiktoken.Encoding(name='tiny', pat_str=r'\S+|\s+', mergeable_ranks=ranks,
                             special_tokens={'<|endoftext|>': 257})
-    bpe = tokenizer.get_tokenizer('gpt2', encoding=enc)
+    bpe = prepare_data.get_tokenizer('gpt2', encoding=enc)
     dec = sample.StreamDecoder(bpe)
     ids = bpe.encode(text)
     assert 256 in ids

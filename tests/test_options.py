@@ -9,7 +9,7 @@ import pytest
 import options
 from options import UsageError
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULTS = dict(out_dir="out", max_iters=5000, lr=6e-4, compile=True, init_from=None,
                 lr_decay_iters=5000, batch_size=12)

@@ -21,11 +21,11 @@ import torch
 import eval_gpt
 import options
 import prepare_data as prep
-import tokenizer
+import prepare_data
 import tost
 import train_common
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -52,7 +52,7 @@ def data_dir(tmp_path_factory):
     (d / 'wiki.test.raw').write_text(WIKI)
     (d / 'lambada_test.jsonl').write_text(''.join(json.dumps({'text': p}) + '\n' for p in PASSAGES))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(tokenizer, '_gpt2_encoding', lambda: encoding())
+        mp.setattr(prepare_data, '_gpt2_encoding', lambda: encoding())
         prep.prepare('wikitext2', d, input=str(d / 'wiki.test.raw'))
         prep.prepare('lambada', d, input=str(d / 'lambada_test.jsonl'))
     return d
@@ -61,7 +61,7 @@ def data_dir(tmp_path_factory):
 def save_model(out_dir, data_dir, attn='tssa', block_size=32, seed=0, n_embd=32, n_head=2, edit=None):
     """A random (or `edit`ed) GPT saved as train_gpt.py saves it, with the data's tokenizer in its meta."""
     torch.manual_seed(seed)
-    meta = tokenizer.load_meta(os.path.join(data_dir, 'wikitext2'))
+    meta = prepare_data.load_meta(os.path.join(data_dir, 'wikitext2'))
     args = dict(block_size=block_size, vocab_size=64 * -(-meta['vocab_size'] // 64), n_layer=2, n_head=n_head,
                 n_embd=n_embd, dropout=0.0, bias=False, attn=attn)
     model = tost.GPT(tost.GPTConfig(**args))
@@ -210,7 +210,7 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path):
     d.mkdir()
     (d / 'lambada_test.jsonl').write_text(''.join(json.dumps({'text': p}) + '\n' for p in passages))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(tokenizer, '_gpt2_encoding', lambda: enc)
+        mp.setattr(prepare_data, '_gpt2_encoding', lambda: enc)
         prep.prepare('lambada', d, input=str(d / 'lambada_test.jsonl'))
         prep.prepare('wikitext2', d, input=str(_write(tmp_path / 'wiki.test.raw', WIKI)))  # save_model reads its meta
     out = str(tmp_path / 'out')

@@ -17,7 +17,7 @@ import torch
 import train_common as tc
 from train_common import UsageError
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import tost
 import train_vit
 from train_common import UsageError, load_checkpoint
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = 3
 
 
