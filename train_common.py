@@ -58,33 +58,36 @@ def load_checkpoint(path, map_location="cpu"):
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        text = str(e)
-        if "Weights only load failed" in text:              # say what was refused, not torch's paragraph
-            m = re.search(r"GLOBAL ([\w.]+)", text)
-            reason = f"holds {m.group(1) if m else 'an object'}, which weights_only loading refuses"
-        else:
-            reason = "empty or truncated file" if isinstance(e, EOFError) else \
-                f"{type(e).__name__}: {text.strip().splitlines()[0][:100]}" if text.strip() else type(e).__name__
+        text, m = str(e), re.search(r"GLOBAL ([\w.]+)", str(e))
+        reason = f"holds {m.group(1) if m else 'an object'}, which weights_only loading refuses" if \
+            "Weights only load failed" in text else "empty or truncated file" if isinstance(e, EOFError) else \
+            f"{type(e).__name__}: {text.strip().splitlines()[0][:100]}" if text.strip() else type(e).__name__
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({reason})") from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({type(ckpt).__name__}, not a dict)")
     return ckpt
 
 
-def load_gpt(path, device, script):
-    """The GPT in a train_gpt.py checkpoint, in eval mode on `device`, and the checkpoint less its weights
-    and optimizer. `script` (who asks) is named when it is a vision checkpoint."""
+def load_gpt_checkpoint(path, map_location, script, needs=("model", "model_args", "meta")):
+    """A train_gpt.py checkpoint, refused in one line if it is missing, a vision one, or lacks `needs`."""
     folder = os.path.dirname(path) or "."
     if os.path.isfile(folder):
         raise UsageError(f"--out_dir={folder} is a file, not a folder: give the folder train_gpt.py saved ckpt.pt in")
     if not os.path.isfile(path):
         raise UsageError(f"no checkpoint at {path}; train one with: python train_gpt.py"
                          + ("" if folder == "out" else f" --out_dir={folder}"))
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, map_location)
     if ckpt.get("kind") == "vit":
-        raise UsageError(f"{path} is a vision checkpoint (train_vit.py); {script} works with train_gpt.py checkpoints")
-    if not {"model", "model_args", "meta"} <= set(ckpt):
-        raise UsageError(f"{path} is not a train_gpt.py checkpoint (it needs model, model_args and meta)")
+        raise UsageError(f"{path} is a vision checkpoint (train_vit.py), not a language model: {script} needs one "
+                         f"of train_gpt.py")
+    if set(needs) - set(ckpt):
+        raise UsageError(f"{path} is not a train_gpt.py checkpoint (no {', '.join(sorted(set(needs) - set(ckpt)))})")
+    return ckpt
+
+
+def load_gpt(path, device, script):
+    """The GPT of a train_gpt.py checkpoint in eval mode on `device`, and the checkpoint less its weights."""
+    ckpt = load_gpt_checkpoint(path, "cpu", script)
     try:
         model = tost.GPT(tost.GPTConfig(**ckpt["model_args"]))
         model.load_state_dict(ckpt.pop("model"))
@@ -96,8 +99,7 @@ def load_gpt(path, device, script):
 
 def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
     """Create --out_dir (every rank, so that every rank stops on a mistake). A fresh run must not replace
-    `checkpoints` another run made: refuse in one line naming both ways forward, or, with --overwrite,
-    delete them (rank 0) and say so."""
+    `checkpoints` of another run: refuse, naming both ways forward, or with --overwrite delete them (rank 0)."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
@@ -112,12 +114,7 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
         print(f"overwrite: deleted {' and '.join(found)}", flush=True)
 
 # -----------------------------------------------------------------------------
-# the checks a type cannot make, and the learning-rate schedule
-
-
-def human(seconds):
-    """A duration as H:MM:SS."""
-    return str(datetime.timedelta(seconds=round(seconds)))
+# values: the ranges a type cannot check, the schedule, durations
 
 
 def check_ranges(cfg, positive=(), nonnegative=()):
@@ -140,6 +137,10 @@ def cosine_lr(it, lr, min_lr, warmup_iters, decay_iters):
     ratio = (it - warmup_iters) / (decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
+
+def human(seconds):
+    return str(datetime.timedelta(seconds=round(seconds)))          # 190 -> '0:03:10'
+
 # -----------------------------------------------------------------------------
 # device and precision
 
@@ -161,8 +162,8 @@ def sum_dtype(device):
 
 
 def cpu_has_bf16():
-    """Does this CPU compute in bfloat16 natively (AVX-512 BF16, which CPUs with AMX also have)? On others,
-    ARM included, bfloat16 autocast is emulated and slower than float32."""
+    """Does this CPU compute in bfloat16 (AVX-512 BF16, which those with AMX have too)? Elsewhere, ARM
+    included, bfloat16 autocast is emulated and slower than float32."""
     return torch.cpu._is_avx512_bf16_supported()
 
 
@@ -175,16 +176,15 @@ def resolve_dtype(dtype, device, master=True):
     if dtype == "auto":
         if kind == "cuda":
             return ("bfloat16", "auto: this GPU computes in it") if gpu_bf16 else ("float16", "auto: no bfloat16 here")
-        if kind == "cpu" and cpu_has_bf16():
-            return "bfloat16", "auto: this CPU has bfloat16 instructions"
-        return "float32", "auto"
+        return ("bfloat16", "auto: this CPU has bfloat16 instructions") if kind == "cpu" and cpu_has_bf16() else \
+            ("float32", "auto")
     if dtype not in ("bfloat16", "float16", "float32"):
         raise UsageError(f"unknown dtype {dtype!r}; use auto, bfloat16, float16 or float32")
     if dtype == "bfloat16" and kind == "cuda" and not gpu_bf16:
         raise UsageError("this GPU has no bfloat16; use --dtype=float16 or float32")
     if dtype == "float16" and kind == "cpu" and master:
-        print("warning: float16 on a CPU is emulated, about 20x slower than float32; bfloat16 or float32 "
-              "run faster", file=sys.stderr, flush=True)
+        print("warning: float16 on a CPU is emulated, about 20x slower than float32; bfloat16 or float32 run "
+              "faster", file=sys.stderr, flush=True)
     return dtype, "as asked"
 
 
@@ -221,10 +221,10 @@ def setup_distributed(device_pref):
         cuda = pick_device(device_pref).startswith("cuda")
         dist = Dist(True, rank, local_rank, world, rank == 0, f"cuda:{local_rank}" if cuda else "cpu")
         import torch.distributed.nn  # noqa: F401  before the group exists: see cleanup_distributed
-    if dist.device.startswith("cuda"):                      # CUDA only
+    cuda = dist.device.startswith("cuda")
+    if cuda:
         setup_cuda(dist.device)
     if dist.ddp:                                            # gloo on a CPU (no DDP on MPS)
-        cuda = dist.device.startswith("cuda")
         torch.distributed.init_process_group(backend="nccl" if cuda else "gloo",
                                              device_id=torch.device(dist.device) if cuda else None)
     return dist
@@ -239,16 +239,23 @@ def setup_cuda(device):
 
 
 def cleanup_distributed(dist):
-    """Leave the process group, from a `finally`. On a normal end the ranks first wait for each other (not
-    while an exception leaves: the others may never come). Then the group goes while Python still runs,
-    its threads joined: a gloo thread left to the interpreter's exit can abort a finished run. The DDP
-    module's reference cycles (gc.collect) and torch.distributed.nn, if imported after the group was made,
-    would keep it alive."""
+    """Leave the process group, from a `finally`: on a normal end after the others (not while an exception
+    leaves: they may never come), and while Python still runs, for a gloo thread left to the interpreter's exit
+    can abort a finished run. DDP's reference cycles (gc.collect) and torch.distributed.nn imported after the
+    group was made would keep it alive."""
     if dist.ddp and torch.distributed.is_initialized():
         if sys.exc_info()[0] is None:
             torch.distributed.barrier()
         gc.collect()
         torch.distributed.destroy_process_group()
+
+
+def mean_loss(loss_sum, steps, dist):
+    """The loss summed over `steps` steps on each process, as their mean over all: a read that waits for the
+    device, which is why the loops read it only for a log row."""
+    if dist.ddp:
+        torch.distributed.all_reduce(loss_sum)
+    return loss_sum.item() / (steps * dist.world_size)
 
 
 class Stop(Exception):
@@ -328,10 +335,13 @@ class Checkpoint:
             torch.distributed.barrier()             # the other ranks wait while rank 0 writes
         return Stop(msg, 130)
 
-    def stopped_now(self, step):
-        """A second Ctrl-C: out at once, without saving."""
-        return Stop(f"interrupted at {self.unit} {step}, not saved; {self.last_good()}"
-                    f"{self.resume if self.step is not None else ''}", 130)
+    def stopped(self, e, step, advice):
+        """The loop's way out for a second Ctrl-C (at once, without saving) and for running out of memory
+        (`advice` says what to try); any other error goes on as it is."""
+        if isinstance(e, KeyboardInterrupt):
+            return Stop(f"interrupted at {self.unit} {step}, not saved; {self.last_good()}"
+                        f"{self.resume if self.step is not None else ''}", 130)
+        return Stop(f"out of memory at {self.unit} {step} {advice}", 2) if "out of memory" in str(e) else e
 
 
 class GracefulStop:
@@ -395,9 +405,7 @@ class RunLog:
 
     def __init__(self, out_dir, enabled=True, keep_until=None, key="iter"):
         self.path, self.file, self.drawn = os.path.join(out_dir, "log.jsonl"), None, True
-        if not enabled:
-            return
-        if keep_until is not None and os.path.isfile(self.path):
+        if enabled and keep_until is not None and os.path.isfile(self.path):
             with open(self.path) as f:
                 lines = f.readlines()
             keep = [line for line in lines if _upto(line, key, keep_until)]
@@ -405,12 +413,16 @@ class RunLog:
                 with open(self.path + ".tmp", "w") as f:
                     f.writelines(keep)
                 os.replace(self.path + ".tmp", self.path)
-        self.file = open(self.path, "w" if keep_until is None else "a")
+        if enabled:
+            self.file = open(self.path, "w" if keep_until is None else "a")
 
-    def record(self, row):
+    def record(self, row, line=None):
+        """Write a row, and print `line` if given."""
         if self.file:
             self.file.write(json.dumps(row) + "\n")
             self.file.flush()
+            if line:
+                print(line, flush=True)
 
     def draw(self):
         """Redraw loss.png (plot.learning_curves). A figure never stops a run: a failure is said once."""
@@ -429,6 +441,12 @@ class RunLog:
         if self.file:
             self.file.close()
             self.file = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _upto(line, key, last):

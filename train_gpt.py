@@ -1,10 +1,9 @@
 """
 Train a ToST language model: nanoGPT's train.py with causal TSSA in place of softmax attention.
 
-The first command needs nothing but this repo: it prepares the offline corpus (this Python's standard
-library source, 12 MB of bytes) if it is missing, trains a 0.7M-parameter model on 4M bytes, saves
-out/ckpt.pt and prints the val loss and the command to sample from it (see the README for how long it
-takes and what loss to expect).
+The demo needs nothing but this repo: it prepares the offline corpus (this Python's standard library source,
+12 MB of bytes) if it is missing, trains a 0.7M-parameter model on 4M bytes, saves out/ckpt.pt and says how
+to sample from it. docs/training.md has the details.
 
     python train_gpt.py                                   # the demo (same as --config=demo)
     python sample.py                                      # then read what it writes
@@ -16,23 +15,14 @@ takes and what loss to expect).
 A run from scratch refuses an out_dir that holds a checkpoint: add --init_from=resume to go on, or pass
 another --out_dir, or --overwrite=true. Ctrl-C (or SIGTERM) saves a checkpoint at the current step and
 prints the command that resumes it; a second Ctrl-C, a second later, stops at once without saving.
-
-The paper's runs (OpenWebText, prepare it first with `python prepare_data.py openwebtext`), one node:
+The paper's runs, on OpenWebText (python prepare_data.py openwebtext first), on one node of 8 GPUs, or two
+(the same command on both, node_rank 0 on the master; without InfiniBand, prefix both with NCCL_IB_DISABLE=1):
 
     torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base
-
-Two nodes of 8 GPUs: the same command on both, node_rank 0 on the master (whose address both use):
-
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \\
         train_gpt.py --config=owt-base
     torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \\
         train_gpt.py --config=owt-base
-    (without InfiniBand, prefix both with NCCL_IB_DISABLE=1)
-
-Progress is printed a line per log_interval iterations and written, one JSON object per log or eval step,
-to <out_dir>/log.jsonl; <out_dir>/loss.png is redrawn at each evaluation. batch_size is sequences per
-micro-step per process; gradient_accumulation_steps is micro-steps per optimizer step over all processes,
-rounded up to a multiple of their number. docs/training.md has the details.
 """
 import contextlib
 import math
@@ -48,8 +38,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import prepare_data
 import tost
 from options import UsageError, parse, run_main
-from train_common import (Checkpoint, GracefulStop, RunLog, Stop, autocast, check_ranges, cosine_lr, human, launch,
-                          load_checkpoint, make_out_dir, resolve_dtype, resume_command, sum_dtype)
+from train_common import (Checkpoint, GracefulStop, RunLog, autocast, check_ranges, cosine_lr, human, launch,
+                          load_gpt_checkpoint, make_out_dir, mean_loss, resolve_dtype, resume_command,
+                          sum_dtype)
 
 DEFAULTS = dict(
     config='demo',               # the preset this run started from (--config=NAME picks one)
@@ -94,11 +85,7 @@ DEFAULTS = dict(
 )
 
 
-def _shape(name):
-    """n_layer, n_head, n_embd of one of tost.py's language presets."""
-    c = tost.preset(name)
-    return dict(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd)
-
+_shape = lambda name: {k: getattr(tost.preset(name), k) for k in ('n_layer', 'n_head', 'n_embd')}   # a tost preset's
 
 # The paper's recipe: 480 x 1024 tokens per step = 12 x 1024 x 40 micro-steps
 # (which divides among 1, 2, 4, 5 or 8 GPUs); lr 6e-4 -> 6e-5, 2000 warmup, cosine to 600k, bf16.
@@ -133,26 +120,18 @@ MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'overwrite
 def gpt_config(args):
     """tost.GPTConfig(**args), softmax_layers given as text ('-1', '0,3') or a list; tost checks the shape."""
     text = args['softmax_layers']
-    if isinstance(text, str):
-        try:
-            args = dict(args, softmax_layers=[int(i) for i in text.split(',') if i.strip()])
-        except ValueError:
-            raise UsageError(f"--softmax_layers expects block indices separated by commas (-1 or 0,3), got {text!r}") \
-                from None
     try:
+        if isinstance(text, str):
+            args = dict(args, softmax_layers=[int(i) for i in text.split(',') if i.strip()])
         return tost.GPTConfig(**args)
     except (TypeError, ValueError) as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(f"--softmax_layers expects block indices separated by commas (-1 or 0,3), got {text!r}"
+                         if 'int()' in str(e) else str(e)) from None
 
 
 def resume_config(cfg, set_keys, ckpt, path):
     """The run goes on as it was: the checkpoint's config, then what this command line set. The model's
     shape cannot change; device, dtype, compile and out_dir are this machine's business."""
-    if ckpt.get('kind') == 'vit':
-        raise UsageError(f"{path} is a vision checkpoint (train_vit.py), not a language model")
-    missing = {'model', 'optimizer', 'model_args', 'iter_num', 'config', 'meta'} - set(ckpt)
-    if missing:
-        raise UsageError(f"{path} is not a train_gpt.py checkpoint (no {', '.join(sorted(missing))})")
     old, args = ckpt['config'], ckpt['model_args']
     for key in set(MODEL_KEYS) & set_keys:
         had, want = args.get(key, DEFAULTS[key]), cfg[key]            # older checkpoints lack the newer keys
@@ -165,8 +144,7 @@ def resume_config(cfg, set_keys, ckpt, path):
         raise UsageError(f"--block_size={cfg['block_size']} is larger than the checkpoint's model allows "
                          f"({args['block_size']}: its position embedding has that many rows)")
     merged = {k: cfg[k] if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k in cfg}
-    merged['config'] = old.get('config', cfg['config'])
-    return merged, set_keys | set(ckpt.get('set_keys', ()))
+    return dict(merged, config=old.get('config', cfg['config'])), set_keys | set(ckpt.get('set_keys', ()))
 
 # -----------------------------------------------------------------------------
 # data: random windows of the token files, drawn from generators seeded by (seed, stream, index)
@@ -285,10 +263,8 @@ def train(cfg, set_keys, dist):
     say = (lambda *a: print(*a, flush=True)) if dist.master else (lambda *a: None)   # rank 0 talks for all
     device, ckpt_path, ckpt = dist.device, os.path.join(cfg['out_dir'], 'ckpt.pt'), None
     if cfg['init_from'] == 'resume':
-        if not os.path.isfile(ckpt_path):
-            raise UsageError(f"no checkpoint at {ckpt_path} to resume from; start one with: "
-                             f"python train_gpt.py --out_dir={cfg['out_dir']}")
-        ckpt = load_checkpoint(ckpt_path, map_location=device)
+        ckpt = load_gpt_checkpoint(ckpt_path, device, 'train_gpt.py', needs=('model', 'optimizer', 'model_args',
+                                                                            'iter_num', 'config', 'meta'))
         cfg, set_keys = resume_config(cfg, set_keys, ckpt, ckpt_path)
     data_path, meta, sizes = open_dataset(cfg, dist)
     if ckpt and (ckpt['meta'].get('tokenizer'), ckpt['meta'].get('vocab_size')) != (meta['tokenizer'], meta['vocab_size']):
@@ -311,9 +287,8 @@ def train(cfg, set_keys, dist):
         iter_num, best_val_loss = ckpt['iter_num'], ckpt.get('best_val_loss', float('inf'))
         elapsed, tokens = ckpt.get('elapsed_s', 0.0), ckpt.get('tokens', ckpt['iter_num'] * tokens_per_iter)
     if iter_num >= max_iters:
-        say(f"nothing to do: {ckpt_path} is at iter {iter_num} and --max_iters is {max_iters}; pass a larger "
-            f"--max_iters to train on")
-        return dict(iter_num=iter_num, val_loss=None, best_val_loss=best_val_loss)
+        return say(f"nothing to do: {ckpt_path} is at iter {iter_num} and --max_iters is {max_iters}; pass a larger "
+                   f"--max_iters to train on")
     raw_model = tost.GPT(gpt_config(model_args))
     model_args['softmax_layers'] = list(raw_model.config.softmax_layers)   # '-1' of 4 blocks is [3]
     if ckpt:
@@ -337,7 +312,6 @@ def train(cfg, set_keys, dist):
     ctx, peak = autocast(device, dtype), peak_flops(device, dtype)
     lr_at = lambda it: cosine_lr(it, cfg['learning_rate'], cfg['min_lr'], cfg['warmup_iters'], cfg['lr_decay_iters'])
 
-    log = RunLog(cfg['out_dir'], dist.master, keep_until=None if ckpt is None else iter_num)   # on resume the later rows are redone
     m = model_args
     hybrid = f" (softmax in block {', '.join(map(str, m['softmax_layers']))})" if m['softmax_layers'] else ''
     say(f"model: {raw_model.get_num_params() / 1e6:.2f}M params, attn={m['attn']}{hybrid}"
@@ -349,8 +323,6 @@ def train(cfg, set_keys, dist):
             f"multiple of the {dist.world_size} processes: {tokens_per_iter:,} tokens per iter")
     say(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x {B} x {T}; "
         f"device {device}, {dtype} ({why}), compile {cfg['compile']}")
-    log.record({'kind': 'config', **cfg, **model_args, 'tokens_per_iter': tokens_per_iter,
-                'params': raw_model.get_num_params()})             # for plot.py: what this run is
     if ckpt:
         say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
     if max_iters > cfg['lr_decay_iters']:
@@ -366,8 +338,11 @@ def train(cfg, set_keys, dist):
                                   best_val_loss=best_val_loss, val_loss=val, config=cfg, set_keys=sorted(set_keys),
                                   meta=meta, elapsed_s=elapsed_s(), tokens=tokens)
     loss_sum, since_row, t_row = torch.zeros((), device=device), 0, time.time()
+    log = RunLog(cfg['out_dir'], dist.master, keep_until=None if ckpt is None else iter_num)  # later rows: redone
+    log.record({'kind': 'config', **cfg, **model_args, 'tokens_per_iter': tokens_per_iter,
+                'params': raw_model.get_num_params()})             # for plot.py: what this run is
     try:
-        with GracefulStop(dist) as stop:
+        with log, GracefulStop(dist) as stop:
             while True:
                 # evaluate (and save) every eval_interval iterations and at the end, not again right after a resume
                 if (iter_num % cfg['eval_interval'] == 0 or iter_num == max_iters) and iter_num != saved.step:
@@ -383,9 +358,8 @@ def train(cfg, set_keys, dist):
                         if iter_num > 0:
                             saved.save(state(val_loss), iter_num)
                             row['saved'] = True
-                    log.record(row)
-                    say(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {val_loss:.4f}"
-                        f"{', saved' if row['saved'] else ''}")
+                    log.record(row, f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {val_loss:.4f}"
+                                    f"{', saved' if row['saved'] else ''}")
                     log.draw()
                     t_row += time.time() - t_eval                  # evaluation is not training time
                 if iter_num >= max_iters:
@@ -418,31 +392,23 @@ def train(cfg, set_keys, dist):
                 optimizer.zero_grad(set_to_none=True)
                 iter_num, tokens, since_row, loss_sum = iter_num + 1, tokens + tokens_per_iter, since_row + 1, \
                     loss_sum + step_loss
-                # a log row: the mean loss since the last one. Reading it waits for the device, so only here.
+                # a log row: the mean loss since the last one (reading it waits for the device, so only here)
                 if iter_num % cfg['log_interval'] == 0 or iter_num == max_iters:
-                    if dist.ddp:
-                        torch.distributed.all_reduce(loss_sum)
-                    train_loss = loss_sum.item() / (since_row * dist.world_size)
-                    if not math.isfinite(train_loss):       # the weights in memory are lost; those on disk are fine
-                        raise saved.diverged('training loss', train_loss, iter_num)
+                    if not math.isfinite(train_loss := mean_loss(loss_sum, since_row, dist)):
+                        raise saved.diverged('training loss', train_loss, iter_num)   # the one on disk is fine
                     dt = (time.time() - t_row) / since_row
                     tok_per_s, mfu = tokens_per_iter / dt, peak and raw_model.estimate_mfu(B * accum, dt, T=T,
                                                                                            peak_flops=peak)
                     log.record(dict(iter=iter_num, kind='train', train_loss=train_loss, lr=lr, tokens_per_sec=tok_per_s,
-                                    ms_per_iter=1000 * dt, mfu=mfu, tokens=tokens, elapsed_s=elapsed_s()))
-                    say(f"iter {iter_num}: loss {train_loss:.4f}, lr {lr:.1e}, {tok_per_s:,.0f} tok/s, {1000 * dt:.1f} "
-                        f"ms/iter{f', mfu {100 * mfu:.1f}%' if mfu else ''}, eta {human((max_iters - iter_num) * dt)}")
+                                    ms_per_iter=1000 * dt, mfu=mfu, tokens=tokens, elapsed_s=elapsed_s()),
+                               f"iter {iter_num}: loss {train_loss:.4f}, lr {lr:.1e}, {tok_per_s:,.0f} tok/s, "
+                               f"{1000 * dt:.1f} ms/iter{f', mfu {100 * mfu:.1f}%' if mfu else ''}, "
+                               f"eta {human((max_iters - iter_num) * dt)}")
                     loss_sum, since_row, t_row = torch.zeros((), device=device), 0, time.time()
-    except KeyboardInterrupt:                       # a second Ctrl-C: out at once, without saving
-        raise saved.stopped_now(iter_num) from None
-    except RuntimeError as e:                       # torch.OutOfMemoryError, and MPS's
-        if 'out of memory' not in str(e):
-            raise
-        raise Stop(f"out of memory at iter {iter_num} with batch_size={B}, block_size={T} on {device}; try "
-                   f"--batch_size={max(1, B // 2)} --gradient_accumulation_steps={2 * accum_total} (same tokens "
-                   f"per step, half the memory)", 2) from None
-    finally:
-        log.close()
+    except (KeyboardInterrupt, RuntimeError) as e:  # a second Ctrl-C: out at once, without saving; out of memory
+        raise saved.stopped(e, iter_num, f"with batch_size={B}, block_size={T} on {device}; try --batch_size="
+                                         f"{max(1, B // 2)} --gradient_accumulation_steps={2 * accum_total} (the "
+                                         f"same tokens per step, half the memory)") from None
     say(f"done: {iter_num - start_iter} iters in {human(time.time() - t_start)}, at iter {iter_num}; val loss "
         f"{val_loss:.4f}; {f'{ckpt_path} is from iter {saved.step}' if saved.step is not None else 'no checkpoint saved'}")
     if saved.step is not None:

@@ -36,8 +36,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import prepare_data
 import tost
 from options import UsageError, parse, run_main
-from train_common import (Checkpoint, GracefulStop, RunLog, Stop, autocast, check_ranges, cosine_lr, human, launch,
-                          load_checkpoint, make_out_dir, resolve_dtype, resume_command, sum_dtype)
+from train_common import (Checkpoint, GracefulStop, RunLog, autocast, check_ranges, cosine_lr, human, launch,
+                          load_checkpoint, make_out_dir, mean_loss, resolve_dtype, resume_command,
+                          sum_dtype)
 
 DEFAULTS = dict(
     # data and I/O
@@ -242,9 +243,8 @@ def train(cfg, set_keys, dist):
         path = {'resume': ckpt_path, 'best': best_path}.get(cfg['init_from'], cfg['init_from'])
         ckpt = load_checkpoint(path, map_location=device)
         if ckpt.get('kind') != 'vit' or 'model' not in ckpt or not isinstance(ckpt.get('model_args'), dict):
-            lm = 'vocab_size' in (ckpt.get('model_args') or {})
-            raise UsageError(f"{path} is a language-model checkpoint; use sample.py / train_gpt.py" if lm else
-                             f"{path} is not a train_vit.py checkpoint (no kind='vit' with model and model_args)")
+            raise UsageError(f"{path} is a language-model checkpoint; use sample.py / train_gpt.py" if 'vocab_size' in
+                             (ckpt.get('model_args') or {}) else f"{path} is not a train_vit.py checkpoint")
         if cfg['init_from'] == 'resume':                               # it goes on as it was
             if 'optimizer' not in ckpt or 'step' not in ckpt:
                 raise UsageError(f"{path} cannot be resumed: it has no optimizer state or step")
@@ -318,11 +318,8 @@ def train(cfg, set_keys, dist):
         f"{cfg['dataset']}: {len(x_train)} train / {len(x_test)} test images, {meta['num_classes']} classes | "
         f"{dist.world_size} x {device} {dtype} ({why}) | {spe} steps of {dist.world_size} x {bs} per epoch")
     if step >= total:
-        say(f"nothing to do: the checkpoint is at step {step} (epoch {step / spe:g}) of --epochs={cfg['epochs']}; "
-            f"raise --epochs")
-        return best_acc
-    log = RunLog(cfg['out_dir'], dist.master, keep_until=None if ckpt is None else step, key='step')
-    log.record({'kind': 'config', **cfg, 'attn': config.attn, 'lpi': config.lpi, 'params': raw_model.get_num_params()})
+        return say(f"nothing to do: the checkpoint is at step {step} (epoch {step / spe:g}) of --epochs="
+                   f"{cfg['epochs']}; raise --epochs")
     if ckpt:
         say(f"resuming {path} at step {step} (epoch {step / spe:g}, best test accuracy {best_acc:.4f})")
 
@@ -334,8 +331,10 @@ def train(cfg, set_keys, dist):
                          model_args=asdict(config), kind='vit', step=step, epoch=step / spe, best_acc=best_acc,
                          config=cfg, meta=meta, elapsed_s=elapsed_s())
     loss_sum, since_row, t_row = torch.zeros((), device=device), 0, time.time()
+    log = RunLog(cfg['out_dir'], dist.master, keep_until=None if ckpt is None else step, key='step')
+    log.record({'kind': 'config', **cfg, 'attn': config.attn, 'lpi': config.lpi, 'params': raw_model.get_num_params()})
     try:
-        with GracefulStop(dist) as stop:
+        with log, GracefulStop(dist) as stop:
             while True:
                 epoch, i = divmod(step, spe)
                 # at an epoch's end: the test set (every eval_interval epochs and the last), pictures, checkpoints
@@ -369,6 +368,7 @@ def train(cfg, set_keys, dist):
                     group['lr'] = lr
                 idx = shard[i * bs:(i + 1) * bs]
                 x, y = norm(random_crop_flip(x_train[idx])), y_train[idx]
+                optimizer.zero_grad(set_to_none=True)
                 with ctx:
                     loss = F.cross_entropy(model(x).float(), y, label_smoothing=cfg['label_smoothing'])
                 scaler.scale(loss).backward()
@@ -377,35 +377,20 @@ def train(cfg, set_keys, dist):
                     torch.nn.utils.clip_grad_norm_(params, cfg['grad_clip'])
                 scaler.step(optimizer)
                 scaler.update()
-                optimizer.zero_grad(set_to_none=True)
                 step, since_row, loss_sum = step + 1, since_row + 1, loss_sum + loss.detach()
-                # a log row every log_interval steps and at each epoch's end: the mean loss since the last one.
-                # Reading it waits for the device, so only here.
+                # a log row every log_interval steps and at each epoch's end: the mean loss since the last one
                 if step % cfg['log_interval'] == 0 or step % spe == 0:
-                    if dist.ddp:
-                        torch.distributed.all_reduce(loss_sum)
-                    train_loss = loss_sum.item() / (since_row * dist.world_size)
-                    if not math.isfinite(train_loss):       # the weights in memory are lost; those on disk are fine
-                        raise saved.diverged('training loss', train_loss, step)
-                    dt = (time.time() - t_row) / since_row
-                    log.record(dict(kind='train', step=step, train_loss=train_loss, lr=lr,
-                                    img_per_s=len(idx) * dist.world_size / dt, ms_per_step=1000 * dt,
-                                    elapsed_s=elapsed_s()))
-                    say(f"step {step}/{total} (epoch {step / spe:.2f}): loss {train_loss:.4f}, lr {lr:.1e}, "
-                        f"{len(idx) * dist.world_size / dt:,.0f} img/s, {1000 * dt:.1f} ms/step, eta "
-                        f"{human((total - step) * dt)}")
+                    if not math.isfinite(train_loss := mean_loss(loss_sum, since_row, dist)):
+                        raise saved.diverged('training loss', train_loss, step)   # the one on disk is fine
+                    dt, images = (time.time() - t_row) / since_row, len(idx) * dist.world_size
+                    log.record(dict(kind='train', step=step, train_loss=train_loss, lr=lr, img_per_s=images / dt,
+                                    ms_per_step=1000 * dt, elapsed_s=elapsed_s()),
+                               f"step {step}/{total} (epoch {step / spe:.2f}): loss {train_loss:.4f}, lr {lr:.1e}, "
+                               f"{images / dt:,.0f} img/s, {1000 * dt:.1f} ms/step, eta {human((total - step) * dt)}")
                     loss_sum, since_row, t_row = torch.zeros((), device=device), 0, time.time()
-    except KeyboardInterrupt:                       # a second Ctrl-C: out at once, without saving
-        raise saved.stopped_now(step) from None
-    except RuntimeError as e:                       # torch.OutOfMemoryError, and MPS's
-        if 'out of memory' not in str(e):
-            raise
-        raise Stop(f"out of memory at step {step} with batch_size={bs} on {device}; try --batch_size={bs // 2}", 2) \
-            from None
-    finally:
-        log.close()
-    say(f"done: best test accuracy {best_acc:.4f} in {human(time.time() - t_start)}; "
-        f"checkpoints in {cfg['out_dir']}")
+    except (KeyboardInterrupt, RuntimeError) as e:  # a second Ctrl-C: out at once, without saving; out of memory
+        raise saved.stopped(e, step, f"with batch_size={bs} on {device}; try --batch_size={bs // 2}") from None
+    say(f"done: best test accuracy {best_acc:.4f} in {human(time.time() - t_start)}; checkpoints in {cfg['out_dir']}")
     return best_acc
 
 

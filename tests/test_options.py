@@ -207,6 +207,18 @@ def test_help_into_a_closed_pipe_ends_quietly(tmp_path):
     assert p.stderr.read() == "" and p.wait(timeout=60) == 141
 
 
+@pytest.mark.parametrize("script, command, key", [
+    ("train_gpt", "python train_gpt.py --config=shakespeare", "    min_lr=6e-3 / 10,            # floor of the cosine"),
+    ("train_vit", "python train_vit.py --dataset=cifar10", "    label_smoothing=0.1,        # of the cross-entropy")])
+def test_a_trainers_help_shows_its_commands_and_defaults_as_written(capsys, script, command, key):
+    module = __import__(script)
+    with pytest.raises(SystemExit) as e:
+        module.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and command in out and key in out
+    assert f"--master_port=29500 \\\n        {script}.py --" in out      # a two-line command stays two lines
+
+
 KEY = re.compile(r"^    (\w+)=.*?(#.*)?$")
 
 

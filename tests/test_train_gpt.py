@@ -804,15 +804,6 @@ def test_auto_dtype_on_a_cpu_and_the_header_says_why(data_dir, tmp_path, monkeyp
     assert weights(str(tmp_path))['config']['dtype'] == 'auto'
 
 
-def test_help_shows_the_commands_and_the_defaults(capsys):
-    with pytest.raises(SystemExit) as e:
-        train_gpt.main(['--help'])
-    out = capsys.readouterr().out
-    assert e.value.code == 0 and 'python train_gpt.py --config=shakespeare' in out
-    assert '--master_port=29500 \\\n        train_gpt.py --config=owt-base' in out    # two lines, as in the source
-    assert "    min_lr=6e-3 / 10,            # floor of the cosine" in out
-
-
 def test_out_of_memory_on_first_step(data_dir, tmp_path, monkeypatch, capsys):
     def oom(self, idx, targets=None):
         if self.training:

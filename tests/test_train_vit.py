@@ -437,15 +437,6 @@ def test_config_mistakes_in_process(data, tmp_path):
             train_vit.main(base_args(data, out, *extra))
 
 
-def test_help_prints_the_commands_and_keys(capsys):
-    with pytest.raises(SystemExit) as e:
-        train_vit.main(['--help'])
-    out = capsys.readouterr().out
-    assert e.value.code == 0 and 'python train_vit.py --dataset=cifar10' in out
-    assert '--master_port=29500 \\\n        train_vit.py --dataset=cifar100' in out   # two lines, as in the source
-    assert 'label_smoothing=0.1,        # of the cross-entropy targets' in out   # each key with its comment
-
-
 def test_lpi_is_a_key_recorded_in_the_checkpoint(data, tmp_path):
     out = str(tmp_path)
     train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=2', '--lpi=true'))
