@@ -1,11 +1,8 @@
 """
-Command-line options, the one convention of every script here (nanoGPT's configurator, checked).
-
-A script keeps its options in `DEFAULTS = dict(...)`, one key a line with a comment. On the command line
-each is `--key=value`, or `--flag` alone for a bool that should be true; the value must parse as the
-default's type (bool: true/false/yes/no/1/0). `--config=NAME` applies a preset first, wherever it sits,
-so the keys given beside it win. `--help` prints the docstring and the DEFAULTS block as written.
-A mistake is a UsageError: one line, `error: ...`, exit code 2, no traceback (see run_main).
+Command-line options, the one convention of every script here (nanoGPT's configurator, checked): a script's
+`DEFAULTS = dict(...)`, a key a line with a comment, set as `--key=value` (`--flag` alone: a bool, true) in the
+default's type. `--config=NAME` applies a preset first, wherever it sits. `--help` prints the docstring and the
+DEFAULTS block as written. A mistake is a UsageError: one line, `error: ...`, exit 2, no traceback.
 """
 import difflib
 import os
@@ -14,7 +11,7 @@ import sys
 
 
 class UsageError(Exception):
-    """A mistake the user can fix (a bad option, a missing file, a dataset not prepared): said in one line."""
+    """A mistake the user can fix (a bad option, a missing file, a dataset not prepared): one line."""
 
 
 def fail(msg, code=2):
@@ -23,8 +20,7 @@ def fail(msg, code=2):
 
 
 def run_main(main):
-    """Call main(); a UsageError becomes `error: ...` and exit 2, Ctrl-C exit 130, a closed pipe
-    (`--help | head`) a quiet exit."""
+    """main(): a UsageError is `error: ...`, exit 2; Ctrl-C exit 130; a closed pipe (`| head`) a quiet exit."""
     try:
         main()
     except UsageError as e:
@@ -50,25 +46,19 @@ def _value(key, raw, default):
 
 
 def parse(argv, defaults, doc="", source=None, presets=None, positional=None):
-    """argv applied to a copy of `defaults`: returns (config, set_keys), the keys the user or a preset set.
-    `doc` and `source` (the script's __doc__ and __file__) make --help. `presets`: the names --config takes.
-    `positional`: the key that bare words set (all of them if its default is a list, else the first)."""
+    """(config, set_keys): argv applied to a copy of `defaults`, and the keys it or a preset set. `doc`, `source`
+    (__doc__, __file__) make --help; `positional` is the key bare words set (all, if its default is a list)."""
     if {"-h", "--help"} & set(argv):
         print(help_text(doc, defaults, source, presets, positional), flush=True)
         sys.exit(0)
-    presets, pairs, bare = presets or {}, [], []
-    for arg in argv:
-        if positional and not arg.startswith("--"):
-            bare.append(arg)
-            continue
-        if not arg.startswith("--") or len(arg) == 2:
+    presets, pairs, many = presets or {}, [], positional and isinstance(defaults[positional], list)
+    bare = [a for a in argv if positional and not a.startswith("--")]
+    for arg in [a for a in argv if a not in bare] + ([] if many else bare[1:]):    # one word for a plain key
+        if not arg.startswith("--") or arg == "--":
             raise UsageError(f"unexpected argument {arg!r}; options look like --key=value")
         key, eq, raw = arg[2:].partition("=")
         pairs.append((key, raw if eq else None))
     if bare:
-        many = isinstance(defaults[positional], list)
-        if len(bare) > 1 and not many:
-            raise UsageError(f"unexpected argument {bare[1]!r}; options look like --key=value")
         pairs.insert(0, (positional, bare if many else bare[0]))
     config, set_keys = dict(defaults), set()
     for name in [raw for key, raw in pairs if key == "config" and presets]:       # presets first
@@ -91,14 +81,10 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None):
 
 
 def help_text(doc, defaults, source=None, presets=None, positional=None):
-    """The docstring, then the script's DEFAULTS block as written in its source (each key, its default and
-    its comment), or the keys alone without a source."""
+    """The docstring, then the DEFAULTS block as written in `source` (or the keys alone)."""
     text = open(source, encoding="utf-8").read() if source else ""
     block = re.search(r"^DEFAULTS = dict\(\n(.*?)^\)", text, re.M | re.S)
     table = block.group(1).rstrip() if block else "\n".join(f"    {k}={v!r}," for k, v in defaults.items())
-    head = "options, as --key=value (defaults shown)"
-    if presets:
-        head += f"; --config=NAME applies a preset first: {', '.join(presets)}"
-    if positional:
-        head += f"; bare words set {positional}"
-    return f"{doc.strip()}\n\n{head}:\n{table}"
+    head = "options, as --key=value (defaults shown)" + (f"; --config=NAME applies a preset first: "
+                                                         f"{', '.join(presets)}" if presets else "")
+    return f"{doc.strip()}\n\n{head}{f'; bare words set {positional}' if positional else ''}:\n{table}"

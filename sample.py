@@ -31,7 +31,7 @@ DEFAULTS = dict(
     top_k=200,              # sample among the k likeliest tokens only; 0 means all
     seed=1337,              # the same seed, the same text
     device='auto',          # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
-    dtype='auto',           # auto (bfloat16 where the GPU or CPU computes in it, else float16 on a GPU, float32)
+    dtype='auto',           # auto (bfloat16 on GPUs that compute in it, else float16; float32 on cpu), or a name
 )
 # No `compile` key: GPT.step keeps the position as a Python int in its state, and torch.compile recompiles
 # for every new value of it (tried: dynamic=True does not help), so a compiled step would be slower.
@@ -54,6 +54,7 @@ class StreamDecoder:
 
 
 def read_prompt(start):
+    """--start as text: itself, or the UTF-8 file FILE:path names."""
     if start.startswith('FILE:'):
         path = start[len('FILE:'):]
         try:
@@ -66,7 +67,7 @@ def read_prompt(start):
     return start
 
 
-def encode_prompt(tok, text, vocab_size, block_size):
+def encode_prompt(tok, text, block_size):
     """Token ids of the prompt: the last block_size of them, with a note on stderr if it was cut."""
     if text == '':  # nothing to condition on: the end-of-text token if there is one, else a newline
         return [tok.eot] if tok.eot is not None else tok.encode('\n')
@@ -75,9 +76,6 @@ def encode_prompt(tok, text, vocab_size, block_size):
     except Exception as e:  # a lone surrogate (undecodable bytes on the command line), ...
         raise UsageError(f"the {tok.name} tokenizer cannot encode the prompt ({type(e).__name__}: "
                          f"{str(e).splitlines()[0][:100]})") from None
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad:
-        raise UsageError(f"the prompt encodes to token {bad[0]}, outside the model's vocabulary of {vocab_size}")
     if len(ids) > block_size:
         kept = tok.decode(ids[-block_size:])
         preview = kept[:40] + ('...' if len(kept) > 40 else '')
@@ -93,14 +91,15 @@ def main(argv=None):
     device = pick_device(cfg['device'])
     if device.startswith('cuda'):  # CUDA only: cuda:N becomes the current GPU, the one resolve_dtype asks
         setup_cuda(device)
-    dtype, _ = resolve_dtype(cfg['dtype'], device)
+    # auto on a CPU is float32 here: bf16 autocast casts the weights for every token of a batch of one (slower)
+    dtype, _ = resolve_dtype('float32' if cfg['dtype'] == 'auto' and device == 'cpu' else cfg['dtype'], device)
     if device == 'cpu' and 'OMP_NUM_THREADS' not in os.environ:
         torch.set_num_threads(1)  # batch 1: a second thread would not help (see the docstring)
     model, ckpt = load_gpt(os.path.join(cfg['out_dir'], 'ckpt.pt'), device, 'sample.py')
     tok = get_tokenizer(ckpt['meta']['tokenizer'])
 
     prompt = read_prompt(cfg['start'])
-    ids = encode_prompt(tok, prompt, model.config.vocab_size, model.config.block_size)
+    ids = encode_prompt(tok, prompt, model.config.block_size)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg['seed'])
     torch.manual_seed(cfg['seed'])

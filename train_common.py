@@ -1,7 +1,6 @@
 """
 What the trainers, sample.py and eval_gpt.py share: checkpoints (atomic, loaded with weights_only), the
 learning-rate schedule, the device and dtype, processes under torchrun, Ctrl-C, and the run log.
-Everything runs on a CPU-only machine; the CUDA-only lines are few and marked.
 """
 import contextlib
 import datetime
@@ -15,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections import namedtuple
 
 import torch
 
@@ -27,8 +26,7 @@ from options import UsageError, fail
 
 
 def atomic_save(obj, path):
-    """torch.save to a temp file beside `path`, fsync, then rename over `path`: if anything fails (a full
-    disk, Ctrl-C) the old file is untouched and the temp file is gone."""
+    """torch.save to a temp file, fsync, rename over `path`: a failure (full disk, Ctrl-C) leaves the old file."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -47,8 +45,7 @@ def atomic_save(obj, path):
 
 
 def load_checkpoint(path, map_location="cpu"):
-    """torch.load with weights_only=True (tensors, dicts, lists, numbers, strings only: loading cannot run
-    code). Every failure is one UsageError line naming the path."""
+    """torch.load with weights_only=True (loading cannot run code); every failure one line naming the path."""
     if not os.path.isfile(path):
         raise UsageError(f"no checkpoint at {path}")
     with open(path, "rb") as f:
@@ -98,8 +95,8 @@ def load_gpt(path, device, script):
 
 
 def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
-    """Create --out_dir (every rank, so that every rank stops on a mistake). A fresh run must not replace
-    `checkpoints` of another run: refuse, naming both ways forward, or with --overwrite delete them (rank 0)."""
+    """Create --out_dir (on every rank: all stop on a mistake). A fresh run does not replace another's
+    `checkpoints`: it refuses, naming both ways forward, or with --overwrite deletes them."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
@@ -119,12 +116,9 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
 
 def check_ranges(cfg, positive=(), nonnegative=()):
     """One line for the first key out of its range (NaN is out of every range)."""
-    for key in positive:
-        if not cfg[key] > 0:
-            raise UsageError(f"--{key} must be positive, got {cfg[key]}")
-    for key in nonnegative:
-        if not cfg[key] >= 0:
-            raise UsageError(f"--{key} must be >= 0, got {cfg[key]}")
+    for keys, ok, what in ((positive, lambda v: v > 0, "positive"), (nonnegative, lambda v: v >= 0, ">= 0")):
+        for key in (k for k in keys if not ok(cfg[k])):
+            raise UsageError(f"--{key} must be {what}, got {cfg[key]}")
 
 
 def cosine_lr(it, lr, min_lr, warmup_iters, decay_iters):
@@ -162,15 +156,14 @@ def sum_dtype(device):
 
 
 def cpu_has_bf16():
-    """Does this CPU compute in bfloat16 (AVX-512 BF16, which those with AMX have too)? Elsewhere, ARM
-    included, bfloat16 autocast is emulated and slower than float32."""
+    """AVX-512 BF16 (AMX CPUs have it too). Elsewhere, ARM included, bf16 autocast is slower than float32."""
     return torch.cpu._is_avx512_bf16_supported()
 
 
 def resolve_dtype(dtype, device, master=True):
-    """--dtype as (name, why). 'auto' is bfloat16 where the hardware computes in it (a GPU from Ampere on, a
-    CPU with bf16 instructions), float16 on an older GPU, float32 elsewhere. The GPU is asked without
-    emulation: torch's default answer is yes on a T4 or V100 too, which are several times slower in bf16."""
+    """--dtype as (name, why): 'auto' is bfloat16 where the hardware computes in it (a GPU from Ampere on: asked
+    without emulation, which is slow on a T4 or V100; a CPU with bf16 instructions), float16 on older GPUs, else
+    float32."""
     kind = device.split(":")[0]
     gpu_bf16 = kind == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
     if dtype == "auto":
@@ -190,27 +183,20 @@ def resolve_dtype(dtype, device, master=True):
 
 def autocast(device, dtype):
     """The forward pass's context: mixed precision for bfloat16/float16, nothing at all for float32."""
-    if dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.split(":")[0], dtype=getattr(torch, dtype))
+    return contextlib.nullcontext() if dtype == "float32" else \
+        torch.autocast(device_type=device.split(":")[0], dtype=getattr(torch, dtype))
 
 # -----------------------------------------------------------------------------
 # processes
 
 
-@dataclass
-class Dist:
-    ddp: bool           # launched by torchrun
-    rank: int
-    local_rank: int     # rank within this node, picks the GPU
-    world_size: int
-    master: bool        # rank 0: the one that logs and saves
-    device: str
+# ddp: launched by torchrun; local_rank: the rank within the node, which picks the GPU; master: rank 0, which
+# logs and saves
+Dist = namedtuple("Dist", "ddp rank local_rank world_size master device")
 
 
 def setup_distributed(device_pref):
-    """Under torchrun (RANK is set) join the process group, one GPU per process; otherwise one process on
-    pick_device(device_pref). On a GPU, setup_cuda() first."""
+    """Under torchrun (RANK is set) join the process group, a GPU per process; else one process."""
     if "RANK" not in os.environ:
         dist = Dist(False, 0, 0, 1, True, pick_device(device_pref))
     else:
@@ -231,18 +217,15 @@ def setup_distributed(device_pref):
 
 
 def setup_cuda(device):
-    """CUDA only, once per process: `device` becomes the current GPU (which synchronize(), the memory counters
-    and is_bf16_supported() ask), and float32 matmuls may use TF32."""
+    """CUDA only: `device` becomes the current GPU (the one is_bf16_supported() asks); TF32 matmuls."""
     if torch.device(device).index is not None:
         torch.cuda.set_device(device)
     torch.set_float32_matmul_precision("high")
 
 
 def cleanup_distributed(dist):
-    """Leave the process group, from a `finally`: on a normal end after the others (not while an exception
-    leaves: they may never come), and while Python still runs, for a gloo thread left to the interpreter's exit
-    can abort a finished run. DDP's reference cycles (gc.collect) and torch.distributed.nn imported after the
-    group was made would keep it alive."""
+    """Leave the process group while Python runs (a gloo thread left to the exit can abort a finished run),
+    after the other ranks unless an exception is on its way out. DDP's cycles (gc) would keep the group."""
     if dist.ddp and torch.distributed.is_initialized():
         if sys.exc_info()[0] is None:
             torch.distributed.barrier()
@@ -251,16 +234,14 @@ def cleanup_distributed(dist):
 
 
 def mean_loss(loss_sum, steps, dist):
-    """The loss summed over `steps` steps on each process, as their mean over all: a read that waits for the
-    device, which is why the loops read it only for a log row."""
+    """The loss summed over `steps` steps on each process, as their mean: a read that waits for the device."""
     if dist.ddp:
         torch.distributed.all_reduce(loss_sum)
     return loss_sum.item() / (steps * dist.world_size)
 
 
 class Stop(Exception):
-    """The run ends here: code 130 (the user stopped it; the message says what was saved and how to resume)
-    or 1-3 (it cannot go on: one line, `error: ...`). The checkpoint on disk is kept either way."""
+    """The run ends here: code 130 (the user stopped it: what was saved, how to resume) or 1-3 (`error: ...`)."""
 
     def __init__(self, msg, code):
         super().__init__(msg)
@@ -268,8 +249,8 @@ class Stop(Exception):
 
 
 def launch(run, cfg, *args):
-    """The main of a script that runs under torchrun: check --out_dir, join the process group, run(cfg, *args,
-    dist), leave the group. A Stop becomes its exit code; a mistake every process finds is said once, by rank 0."""
+    """A main under torchrun: check --out_dir, join the group, run(cfg, *args, dist), leave. A Stop is its exit
+    code; a mistake every process finds is said once, by rank 0."""
     if not cfg["out_dir"].strip():
         raise UsageError("--out_dir is empty; name a folder for the checkpoints, e.g. --out_dir=out")
     if os.path.exists(cfg["out_dir"]) and not os.path.isdir(cfg["out_dir"]):
@@ -292,8 +273,8 @@ def launch(run, cfg, *args):
 
 
 class Checkpoint:
-    """The run's ckpt.pt and the step it holds (None: none yet). Rank 0 writes it, atomically; every rank notes
-    the step, so that all branch alike. And the lines that name it when the run stops."""
+    """The run's ckpt.pt and its step (None: none yet), which every rank notes (they branch on it alike) while
+    rank 0 writes; and what the run says when it stops."""
 
     def __init__(self, path, step, unit, dist, resume):
         self.path, self.step, self.unit, self.dist, self.resume = path, step, unit, dist, resume
@@ -317,8 +298,8 @@ class Checkpoint:
                     f"{self.last_good()}; try a lower --learning_rate or --grad_clip", 3)
 
     def interrupted(self, signal_name, step, where, state, finite, kept=None):
-        """Ctrl-C or SIGTERM at a step boundary: save there (rank 0) unless `kept` says why not, then the Stop
-        that says how to go on. state() makes what is saved; finite: the loss since the last row is."""
+        """Ctrl-C or SIGTERM: save here unless `kept` says why not, and say how to go on. state() is what
+        is saved; finite: is the loss since the last row."""
         how = f"interrupted ({signal_name}) at {where}"
         if step == self.step:
             msg = f"{how}; {self.path} is there already{self.resume}"
@@ -336,8 +317,7 @@ class Checkpoint:
         return Stop(msg, 130)
 
     def stopped(self, e, step, advice):
-        """The loop's way out for a second Ctrl-C (at once, without saving) and for running out of memory
-        (`advice` says what to try); any other error goes on as it is."""
+        """The loop's way out of a second Ctrl-C (at once, not saved) or out of memory (`advice`)."""
         if isinstance(e, KeyboardInterrupt):
             return Stop(f"interrupted at {self.unit} {step}, not saved; {self.last_good()}"
                         f"{self.resume if self.step is not None else ''}", 130)
@@ -345,15 +325,10 @@ class Checkpoint:
 
 
 class GracefulStop:
-    """
-    Ctrl-C (SIGINT) and SIGTERM (what a scheduler sends before it kills a job) end a run at a step boundary,
-    where the trainer saves. Inside `with GracefulStop(dist) as stop:` a signal only sets a flag, which the
-    loop asks with stop.requested() once per step, on every rank: under torchrun the flag is all-reduced (a
-    CPU tensor over gloo, no GPU sync), so all ranks stop at the same step even if one got the signal.
-    A second signal a second or more after the first raises KeyboardInterrupt: stop now, no save (a save
-    under way is abandoned by atomic_save). Two within a second are one: on Ctrl-C a torchrun worker gets
-    the terminal's SIGINT and torchrun's forward of it.
-    """
+    """Ctrl-C (SIGINT) and SIGTERM (a scheduler's) only set a flag, which the loop asks once a step: under
+    torchrun all-reduced (over gloo, no GPU sync), so every rank stops at the same step. A second signal a
+    second or more later raises KeyboardInterrupt: out now, no save. Two within a second are one (a torchrun
+    worker gets the terminal's SIGINT and torchrun's forward of it)."""
 
     def __init__(self, dist):
         self.dist, self.signal, self._first, self._old, self._group = dist, None, None, {}, None
@@ -399,9 +374,8 @@ def resume_command(script, cfg, set_keys, defaults):
 
 
 class RunLog:
-    """<out_dir>/log.jsonl, one JSON object a line, flushed (`tail -f` it), and <out_dir>/loss.png drawn from
-    it. A fresh run starts the file; a resumed one keeps the rows up to its checkpoint (`key` <= keep_until:
-    the rows after it are about to be written again) and appends. Off on ranks other than 0."""
+    """<out_dir>/log.jsonl, a JSON row a line (`tail -f` it), and loss.png drawn from it; rank 0 only. A
+    resumed run keeps the rows up to its checkpoint (`key` <= keep_until; the later ones come again)."""
 
     def __init__(self, out_dir, enabled=True, keep_until=None, key="iter"):
         self.path, self.file, self.drawn = os.path.join(out_dir, "log.jsonl"), None, True

@@ -49,7 +49,7 @@ DEFAULTS = dict(
     data_dir='data',             # where prepare_data.py puts datasets
     block_size=256,              # context length in tokens
     batch_size=16,               # sequences per micro-step, per process
-    gradient_accumulation_steps=1,  # micro-steps per optimizer step over all processes (see above)
+    gradient_accumulation_steps=1,  # micro-steps per optimizer step over all processes (rounded up to a multiple)
     # model (tost.GPT); the vocabulary comes from the data: 256 for bytes, 50304 for gpt2
     n_layer=4,                   # blocks
     n_head=4,                    # heads (TSSA's groups K)
@@ -267,9 +267,10 @@ def train(cfg, set_keys, dist):
                                                                             'iter_num', 'config', 'meta'))
         cfg, set_keys = resume_config(cfg, set_keys, ckpt, ckpt_path)
     data_path, meta, sizes = open_dataset(cfg, dist)
-    if ckpt and (ckpt['meta'].get('tokenizer'), ckpt['meta'].get('vocab_size')) != (meta['tokenizer'], meta['vocab_size']):
+    had = ckpt and (ckpt['meta'].get('tokenizer'), ckpt['meta'].get('vocab_size'))
+    if had and had != (meta['tokenizer'], meta['vocab_size']):
         raise UsageError(f"{data_path} uses tokenizer {meta['tokenizer']} ({meta['vocab_size']} ids), the checkpoint "
-                         f"was trained with {ckpt['meta'].get('tokenizer')} ({ckpt['meta'].get('vocab_size')} ids)")
+                         f"was trained with {had[0]} ({had[1]} ids)")
     make_out_dir(cfg['out_dir'], [ckpt_path], cfg['overwrite'], ckpt is None, dist.master)
     dtype, why = resolve_dtype(cfg['dtype'], device, dist.master)
     accum, accum_total = split_accumulation(cfg['gradient_accumulation_steps'], dist.world_size)
@@ -307,7 +308,8 @@ def train(cfg, set_keys, dist):
     params = [p for g in optimizer.param_groups for p in g['params']]   # clipped in this order
     # DDP inside, the compiler outside (PyTorch's order): the compiled backward then starts each bucket's
     # all-reduce as soon as its gradients are ready
-    model = DDP(raw_model, device_ids=[dist.local_rank] if device.startswith('cuda') else None) if dist.ddp else raw_model
+    model = DDP(raw_model, device_ids=[dist.local_rank] if device.startswith('cuda') else None) if dist.ddp else \
+        raw_model
     model = torch.compile(model) if cfg['compile'] else model
     ctx, peak = autocast(device, dtype), peak_flops(device, dtype)
     lr_at = lambda it: cosine_lr(it, cfg['learning_rate'], cfg['min_lr'], cfg['warmup_iters'], cfg['lr_decay_iters'])
@@ -409,8 +411,9 @@ def train(cfg, set_keys, dist):
         raise saved.stopped(e, iter_num, f"with batch_size={B}, block_size={T} on {device}; try --batch_size="
                                          f"{max(1, B // 2)} --gradient_accumulation_steps={2 * accum_total} (the "
                                          f"same tokens per step, half the memory)") from None
+    where = 'no checkpoint saved' if saved.step is None else f"{ckpt_path} is from iter {saved.step}"
     say(f"done: {iter_num - start_iter} iters in {human(time.time() - t_start)}, at iter {iter_num}; val loss "
-        f"{val_loss:.4f}; {f'{ckpt_path} is from iter {saved.step}' if saved.step is not None else 'no checkpoint saved'}")
+        f"{val_loss:.4f}; {where}")
     if saved.step is not None:
         say(f"sample from it: python sample.py{'' if cfg['out_dir'] == 'out' else ' --out_dir=' + cfg['out_dir']}")
     return dict(iter_num=iter_num, val_loss=val_loss, best_val_loss=best_val_loss)

@@ -135,9 +135,9 @@ def vit_config(cfg, set_keys, meta, ckpt=None, path=None):
             if key in set_keys and had is not None and cfg[key] != had:
                 raise UsageError(f"--{key}={cfg[key]} but {path} holds a {key}={had} model")
         if (args.get('num_classes'), args.get('in_chans')) != (meta['num_classes'], meta['channels']):
-            raise UsageError(f"{path} was trained on {args.get('num_classes')} classes of {args.get('in_chans')}-channel "
-                             f"images, {cfg['dataset']} has {meta['num_classes']} of {meta['channels']}-channel ones; "
-                             f"use a checkpoint trained on {cfg['dataset']}")
+            raise UsageError(f"{path} was trained on {args.get('num_classes')} classes of {args.get('in_chans')}"
+                             f"-channel images, {cfg['dataset']} has {meta['num_classes']} of {meta['channels']}"
+                             f"-channel ones; use a checkpoint trained on {cfg['dataset']}")
     else:
         if tost.PRESETS.get(cfg['model'], {}).get('kind') != 'vit':
             names = [k for k, v in tost.PRESETS.items() if v['kind'] == 'vit']
@@ -263,8 +263,9 @@ def train(cfg, set_keys, dist):
     x_train, y_train, x_test, y_test = (torch.from_numpy(a).to(device) for a in prepare_data.read_images(folder, meta))
     bs, per_rank = cfg['batch_size'], -(-len(x_train) // dist.world_size)
     if bs > per_rank and not cfg['eval_only']:
-        raise UsageError(f"--batch_size={bs} is more than the {per_rank} training images of each of the "
-                         f"{dist.world_size} process(es); use --batch_size={per_rank} or less")
+        say(f"note: --batch_size={bs} is more than the {per_rank} training images of each of the "
+            f"{dist.world_size} process(es): batches of {per_rank}")
+        bs = per_rank
     make_out_dir(cfg['out_dir'], [ckpt_path, best_path], cfg['overwrite'], ckpt is None, dist.master)
     dtype, why = resolve_dtype(cfg['dtype'], device, dist.master)
     mean, std = (torch.tensor(meta[k], device=device).view(1, -1, 1, 1) for k in ('mean', 'std'))
@@ -314,7 +315,8 @@ def train(cfg, set_keys, dist):
     ctx = autocast(device, dtype)
 
     say(f"{cfg['model']} ({config.attn}{' + lpi' if config.lpi else ''}, {config.n_layer} layers, {config.n_embd} "
-        f"wide, {(config.img_size // config.patch_size) ** 2} tokens): {raw_model.get_num_params() / 1e6:.2f}M params | "
+        f"wide, {(config.img_size // config.patch_size) ** 2} tokens): {raw_model.get_num_params() / 1e6:.2f}M params "
+        f"| "
         f"{cfg['dataset']}: {len(x_train)} train / {len(x_test)} test images, {meta['num_classes']} classes | "
         f"{dist.world_size} x {device} {dtype} ({why}) | {spe} steps of {dist.world_size} x {bs} per epoch")
     if step >= total:
@@ -357,8 +359,8 @@ def train(cfg, set_keys, dist):
                 if step >= total:
                     break
                 if stop.requested():              # Ctrl-C or SIGTERM on any rank: all stop here, at the same step
-                    raise saved.interrupted(stop.signal or 'on another rank', step, f"step {step} (epoch {step / spe:.2f})",
-                                            state, math.isfinite(loss_sum.item()))
+                    raise saved.interrupted(stop.signal or 'on another rank', step, f"step {step} (epoch "
+                                            f"{step / spe:.2f})", state, math.isfinite(loss_sum.item()))
                 # one optimizer step on this rank's next batch_size images, augmented on the device
                 if shard is None or i == 0:
                     shard = train_shard(len(x_train), cfg['seed'], epoch, dist.rank, dist.world_size).to(device)

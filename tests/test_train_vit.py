@@ -431,10 +431,17 @@ def test_config_mistakes_in_process(data, tmp_path):
                            (['--attn=linear'], "unknown attn 'linear'; choose one of tssa, softmax"),
                            (['--viz_layer=9'], 'the model has 4 TSSA layers'),
                            (['--batch_size=0'], '--batch_size must be positive'),
-                           (['--batch_size=100000'], '--batch_size=100000 is more than the 64 training images'),
                            (['--init_from=nowhere.pt'], 'no checkpoint at nowhere.pt')):
         with pytest.raises(UsageError, match=message.replace('(', r'\(')):
             train_vit.main(base_args(data, out, *extra))
+
+
+def test_a_batch_larger_than_the_data_is_the_data(data, tmp_path, capsys):
+    train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--batch_size=100000', '--viz_images=0'))
+    out = capsys.readouterr().out
+    assert 'note: --batch_size=100000 is more than the 64 training images of each of the 1 process(es): batches ' \
+        'of 64' in out and '| 1 steps of 1 x 64 per epoch' in out
+    assert [r['step'] for r in read_log(str(tmp_path), kind='eval')] == [1]
 
 
 def test_lpi_is_a_key_recorded_in_the_checkpoint(data, tmp_path):
