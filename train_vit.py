@@ -266,7 +266,9 @@ def train(cfg, set_keys, dist):
         say(f"note: --batch_size={bs} is more than the {per_rank} training images of each of the "
             f"{dist.world_size} process(es): batches of {per_rank}")
         bs = per_rank
-    make_out_dir(cfg['out_dir'], [ckpt_path, best_path], cfg['overwrite'], ckpt is None, dist.master)
+    resumed = cfg['init_from'] == 'resume'                      # else a new run (from scratch or from weights)
+    make_out_dir(cfg['out_dir'], [ckpt_path, best_path], cfg['overwrite'], not resumed and not cfg['eval_only'],
+                 dist.master)
     dtype, why = resolve_dtype(cfg['dtype'], device, dist.master)
     mean, std = (torch.tensor(meta[k], device=device).view(1, -1, 1, 1) for k in ('mean', 'std'))
     norm = lambda x: (x.float() / 255 - mean) / std                 # uint8 -> standardised per channel
@@ -299,7 +301,7 @@ def train(cfg, set_keys, dist):
                                                device.split(':')[0])
     scaler = torch.amp.GradScaler(device.split(':')[0], enabled=dtype == 'float16')   # fp16 only: bf16 has the range
     step, best_acc, elapsed = 0, 0.0, 0.0
-    if cfg['init_from'] == 'resume':
+    if resumed:
         optimizer.load_state_dict(ckpt['optimizer'])
         if ckpt.get('scaler'):                                     # a disabled scaler saves {}
             scaler.load_state_dict(ckpt['scaler'])
@@ -322,10 +324,10 @@ def train(cfg, set_keys, dist):
     if step >= total:
         return say(f"nothing to do: the checkpoint is at step {step} (epoch {step / spe:g}) of --epochs="
                    f"{cfg['epochs']}; raise --epochs")
-    if ckpt:
+    if resumed:
         say(f"resuming {path} at step {step} (epoch {step / spe:g}, best test accuracy {best_acc:.4f})")
 
-    saved = Checkpoint(ckpt_path, None if ckpt is None else step, 'step', dist,
+    saved = Checkpoint(ckpt_path, step if resumed else None, 'step', dist,
                        resume_command('train_vit.py', cfg, set_keys, DEFAULTS))
     t_start, shard = time.time(), None
     elapsed_s = lambda: round(elapsed + time.time() - t_start, 2)   # the runs it resumed included
@@ -333,7 +335,7 @@ def train(cfg, set_keys, dist):
                          model_args=asdict(config), kind='vit', step=step, epoch=step / spe, best_acc=best_acc,
                          config=cfg, meta=meta, elapsed_s=elapsed_s())
     loss_sum, since_row, t_row = torch.zeros((), device=device), 0, time.time()
-    log = RunLog(cfg['out_dir'], dist.master, keep_until=None if ckpt is None else step, key='step')
+    log = RunLog(cfg['out_dir'], dist.master, keep_until=step if resumed else None, key='step')
     log.record({'kind': 'config', **cfg, 'attn': config.attn, 'lpi': config.lpi, 'params': raw_model.get_num_params()})
     try:
         with log, GracefulStop(dist) as stop:

@@ -198,7 +198,8 @@ def test_help_is_the_docstring_and_the_defaults_as_written(tmp_path, capsys):
 
 def test_help_into_a_closed_pipe_ends_quietly(tmp_path):
     """`python train_gpt.py --help | head -3`: the reader is gone before the help is written."""
-    code = "import sys, options\nsys.stdin.readline()\noptions.run_main(lambda: options.parse(['--help'], {'a': 1}, 'x' * 100000))"
+    code = ("import sys, options\nsys.stdin.readline()\n"
+            "options.run_main(lambda: options.parse(['--help'], {'a': 1}, 'x' * 100000))")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=HERE, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     p.stdout.close()                                                 # the reader leaves first

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import tiktoken
@@ -72,6 +73,14 @@ def weights(out_dir):
 def run_cli(script, *args, cwd=REPO):
     return subprocess.run([sys.executable, os.path.join(REPO, script), *args], capture_output=True, text=True,
                           env=ENV, cwd=cwd, timeout=120)
+
+
+def in_process(capsys, main, *args):
+    """main(args) ended by run_main, as its script ends it: the exit code and what went to stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        options.run_main(lambda: main(list(args)))
+    return SimpleNamespace(code=e.value.code, err=capsys.readouterr().err)
 
 
 def exits(fn, *args):
@@ -734,50 +743,52 @@ def test_the_training_step_does_not_wait_for_the_device(data_dir, tmp_path, monk
 # bad input: one line, non-zero exit, no traceback
 
 
-def test_cli_bad_input(data_dir, tmp_path, trained):
+def test_cli_bad_input(data_dir, tmp_path, trained, capsys):
+    """The first as a user runs it, the others in this process, as run_main ends them."""
     out = str(tmp_path / 'out')
     r = run_cli('train_gpt.py', f'--data_dir={tmp_path}', '--dataset=openwebtext',  # hours: not made on the fly
                 f'--out_dir={out}-owt')     # not the default out/, where the README's demo leaves its checkpoint
     assert r.returncode == 2
     one_line_error(r.stderr, 'not a prepared dataset', f'python prepare_data.py openwebtext --data_dir={tmp_path}')
 
-    r = run_cli('train_gpt.py', '--learning_rat=1')
-    one_line_error(r.stderr, 'unknown option --learning_rat', 'valid keys', 'did you mean --learning_rate')
-    assert r.returncode == 2
-    r = run_cli('train_gpt.py', '--max_iters=ten')
-    one_line_error(r.stderr, '--max_iters expects int')
-    r = run_cli('train_gpt.py', '--attn=linear')
-    one_line_error(r.stderr, "unknown attn 'linear'", 'tssa, softmax')
+    r = in_process(capsys, train_gpt.main, '--learning_rat=1')
+    one_line_error(r.err, 'unknown option --learning_rat', 'valid keys', 'did you mean --learning_rate')
+    assert r.code == 2
+    r = in_process(capsys, train_gpt.main, '--max_iters=ten')
+    one_line_error(r.err, '--max_iters expects int')
+    r = in_process(capsys, train_gpt.main, '--attn=linear')
+    one_line_error(r.err, "unknown attn 'linear'", 'tssa, softmax')
 
-    r = run_cli('train_gpt.py', *tiny(data_dir, out, '--init_from=resume'))
-    one_line_error(r.stderr, f'no checkpoint at {out}', 'python train_gpt.py')
+    r = in_process(capsys, train_gpt.main, *tiny(data_dir, out, '--init_from=resume'))
+    one_line_error(r.err, f'no checkpoint at {out}', 'python train_gpt.py')
     os.makedirs(out)
     with open(os.path.join(out, 'ckpt.pt'), 'wb') as f:
         f.write(b'not a checkpoint at all')
-    r = run_cli('train_gpt.py', *tiny(data_dir, out, '--init_from=resume'))
-    one_line_error(r.stderr, 'is not a checkpoint', 'zip archive')
-    assert r.returncode == 2
+    r = in_process(capsys, train_gpt.main, *tiny(data_dir, out, '--init_from=resume'))
+    one_line_error(r.err, 'is not a checkpoint', 'zip archive')
+    assert r.code == 2
 
-    r = run_cli('train_gpt.py', *tiny(data_dir, out + '2', '--block_size=5000'))  # the val split has ~4k tokens
-    one_line_error(r.stderr, 'block_size 5000 is larger than the data', 'val tokens')
+    r = in_process(capsys, train_gpt.main, *tiny(data_dir, out + '2', '--block_size=5000'))  # val: ~4k tokens
+    one_line_error(r.err, 'block_size 5000 is larger than the data', 'val tokens')
 
     open(out + '-file', 'w').close()                                  # an out_dir that is a file
-    r = run_cli('train_gpt.py', *tiny(data_dir, out + '-file'))
-    one_line_error(r.stderr, f'--out_dir={out}-file is a file, not a folder')
+    r = in_process(capsys, train_gpt.main, *tiny(data_dir, out + '-file'))
+    one_line_error(r.err, f'--out_dir={out}-file is a file, not a folder')
 
     bad = os.path.join(str(tmp_path), 'cut')                           # a train.bin cut short after it was written
     shutil.copytree(os.path.join(data_dir, 'tiny'), os.path.join(bad, 'tiny'))
     with open(os.path.join(bad, 'tiny', 'train.bin'), 'r+b') as f:
         f.truncate(1000)
-    r = run_cli('train_gpt.py', *tiny(bad, out + '-cut'))
-    one_line_error(r.stderr, 'train.bin has 500 tokens, not the', 'its meta.json says', '--force')
+    r = in_process(capsys, train_gpt.main, *tiny(bad, out + '-cut'))
+    one_line_error(r.err, 'train.bin has 500 tokens, not the', 'its meta.json says', '--force')
     assert not os.path.exists(out + '-cut')                            # nothing written: no empty log
 
     src, _ = trained  # resume: the model's position embedding has 32 rows, its shape is fixed
-    r = run_cli('train_gpt.py', '--init_from=resume', f'--out_dir={src}', f'--data_dir={data_dir}', '--block_size=64')
-    one_line_error(r.stderr, 'block_size=64 is larger than the checkpoint', '32')
-    r = run_cli('train_gpt.py', '--init_from=resume', f'--out_dir={src}', f'--data_dir={data_dir}', '--n_layer=2')
-    one_line_error(r.stderr, "--n_layer=2 does not match the checkpoint's model")
+    resume = ('--init_from=resume', f'--out_dir={src}', f'--data_dir={data_dir}')
+    r = in_process(capsys, train_gpt.main, *resume, '--block_size=64')
+    one_line_error(r.err, 'block_size=64 is larger than the checkpoint', '32')
+    r = in_process(capsys, train_gpt.main, *resume, '--n_layer=2')
+    one_line_error(r.err, "--n_layer=2 does not match the checkpoint's model")
 
 
 def test_rough_edges_end_in_one_line(data_dir, tmp_path, capsys):
@@ -922,11 +933,11 @@ def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
     assert order == ['cuda:1', 'resolve_dtype']
 
 
-def test_sample_bad_input(trained, tmp_path):
+def test_sample_bad_input(trained, tmp_path, capsys):
     out, _ = trained
-    r = run_cli('sample.py', f'--out_dir={tmp_path}')
-    assert r.returncode == 2
-    one_line_error(r.stderr, f'no checkpoint at {tmp_path}', f'python train_gpt.py --out_dir={tmp_path}')
+    r = in_process(capsys, sample.main, f'--out_dir={tmp_path}')
+    assert r.code == 2
+    one_line_error(r.err, f'no checkpoint at {tmp_path}', f'python train_gpt.py --out_dir={tmp_path}')
 
     # a byte that is not UTF-8 on the command line arrives as a lone surrogate, which cannot be encoded
     r = subprocess.run([sys.executable, os.path.join(REPO, 'sample.py'), f'--out_dir={out}'.encode(),
@@ -935,18 +946,18 @@ def test_sample_bad_input(trained, tmp_path):
     one_line_error(r.stderr.decode(), 'bytes tokenizer cannot encode the prompt')
 
     for bad in ('-1', 'nan'):
-        r = run_cli('sample.py', f'--out_dir={out}', f'--temperature={bad}')
-        one_line_error(r.stderr, f'--temperature must be >= 0, got {float(bad)}')
-    r = run_cli('sample.py', f'--out_dir={out}/ckpt.pt')                # the checkpoint file, not its folder
-    one_line_error(r.stderr, f'--out_dir={out}/ckpt.pt is a file, not a folder')
-    assert 'python train_gpt.py' not in r.stderr                        # no training into that file
+        r = in_process(capsys, sample.main, f'--out_dir={out}', f'--temperature={bad}')
+        one_line_error(r.err, f'--temperature must be >= 0, got {float(bad)}')
+    r = in_process(capsys, sample.main, f"--out_dir={out}/ckpt.pt")     # the checkpoint file, not its folder
+    one_line_error(r.err, f'--out_dir={out}/ckpt.pt is a file, not a folder')
+    assert 'python train_gpt.py' not in r.err                        # no training into that file
     (tmp_path / 'text').mkdir()
     (tmp_path / 'text' / 'ckpt.pt').write_text('just some words\n')
-    r = run_cli('sample.py', f'--out_dir={tmp_path / "text"}')
-    one_line_error(r.stderr, 'is not a checkpoint', 'torch.save writes a zip archive', "b'just'")
+    r = in_process(capsys, sample.main, f'--out_dir={tmp_path / "text"}')
+    one_line_error(r.err, 'is not a checkpoint', 'torch.save writes a zip archive', "b'just'")
 
-    r = run_cli('sample.py', f'--out_dir={out}', f'--start=FILE:{tmp_path}/missing.txt')
-    one_line_error(r.stderr, 'cannot read the prompt file', 'missing.txt')
+    r = in_process(capsys, sample.main, f'--out_dir={out}', f'--start=FILE:{tmp_path}/missing.txt')
+    one_line_error(r.err, 'cannot read the prompt file', 'missing.txt')
 
     long = 'x = 1\n' * 20 + 'THE END'  # 127 bytes; the model takes 32
     r = run_cli('sample.py', f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5')

@@ -173,6 +173,12 @@ def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path):
     train_vit.main(base_args(data, str(out), '--epochs=1', '--max_steps=1', '--overwrite=true'))
     assert torch.load(out / 'ckpt.pt', weights_only=True)['epoch'] == 1
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
+    weights = [f'--init_from={trained}/best.pt', '--epochs=1', '--max_steps=2']   # a new run from trained weights
+    train_vit.main(base_args(data, str(tmp_path / 'tuned'), *weights))
+    assert torch.load(tmp_path / 'tuned' / 'ckpt.pt', weights_only=True)['step'] == 2          # from step 0
+    assert [r['step'] for r in read_log(tmp_path / 'tuned', kind='eval')] == [2]                # a log of its own
+    with pytest.raises(UsageError, match='ckpt.pt holds an earlier run'):
+        train_vit.main(base_args(data, str(tmp_path / 'tuned'), *weights))
 
 
 def test_checkpoint_format(trained):
