@@ -16,6 +16,7 @@ import threading
 import time
 from collections import namedtuple
 
+import numpy as np
 import torch
 
 import tost
@@ -130,6 +131,11 @@ def cosine_lr(it, lr, min_lr, warmup_iters, decay_iters):
         return min_lr
     ratio = (it - warmup_iters) / (decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def seed_of(*numbers):
+    """A seed drawn from a tuple of numbers (a run's seed, a step...): the same on any process, after any resume."""
+    return int(np.random.SeedSequence(numbers).generate_state(1)[0])
 
 
 def human(seconds):

@@ -40,7 +40,7 @@ import tost
 from options import UsageError, parse, run_main
 from train_common import (Checkpoint, GracefulStop, RunLog, autocast, check_ranges, cosine_lr, human, launch,
                           load_gpt_checkpoint, make_out_dir, mean_loss, resolve_dtype, resume_command,
-                          sum_dtype)
+                          seed_of, sum_dtype)
 
 DEFAULTS = dict(
     config='demo',               # the preset this run started from (--config=NAME picks one)
@@ -191,11 +191,6 @@ def split_accumulation(steps, world_size):
     process count, so that every process runs the same number."""
     per_process = -(-steps // world_size)
     return per_process, per_process * world_size
-
-
-def micro_seed(seed, it, micro):
-    """Dropout's seed for global micro-step `micro` of iteration `it`: the same whichever process runs it."""
-    return int(np.random.SeedSequence([seed, it, micro]).generate_state(1)[0])
 
 
 @torch.no_grad()
@@ -378,7 +373,7 @@ def train(cfg, set_keys, dist):
                 starts, step_loss = window_starts(seed, 0, iter_num, accum_total * B, sizes['train'], T), 0.0
                 for micro in range(accum):
                     g = dist.rank * accum + micro          # the global micro-step: rows g*B .. g*B+B-1 of the batch
-                    torch.manual_seed(micro_seed(seed, iter_num, g))   # dropout: the same on any process count
+                    torch.manual_seed(seed_of(seed, iter_num, g))      # dropout: the same on any process count
                     X, Y = read_batch(data_path, 'train', starts[g * B:g * B + B], T, device)
                     sync = not dist.ddp or micro == accum - 1          # no all-reduce until the last micro-step
                     with contextlib.nullcontext() if sync else model.no_sync():

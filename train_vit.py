@@ -28,7 +28,6 @@ import sys
 import time
 from dataclasses import asdict
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -38,7 +37,7 @@ import tost
 from options import UsageError, parse, run_main
 from train_common import (Checkpoint, GracefulStop, RunLog, autocast, check_ranges, cosine_lr, human, launch,
                           load_checkpoint, make_out_dir, mean_loss, resolve_dtype, resume_command,
-                          sum_dtype)
+                          seed_of, sum_dtype)
 
 DEFAULTS = dict(
     # data and I/O
@@ -116,11 +115,6 @@ def train_shard(n, seed, epoch, rank, world_size):
 def eval_shard(n, rank, world_size):
     """Contiguous slices of the test set, sizes differing by at most one: each image counted exactly once."""
     return torch.arange(n).tensor_split(world_size)[rank]
-
-
-def step_seed(seed, epoch, step, rank):
-    """Augmentation and drop-path draw from a generator seeded per step: a run resumes with the same numbers."""
-    return int(np.random.SeedSequence([seed, epoch, step, rank]).generate_state(1)[0])
 
 # -----------------------------------------------------------------------------
 # the model's config, from the preset or the checkpoint
@@ -366,7 +360,7 @@ def train(cfg, set_keys, dist):
                 # one optimizer step on this rank's next batch_size images, augmented on the device
                 if shard is None or i == 0:
                     shard = train_shard(len(x_train), cfg['seed'], epoch, dist.rank, dist.world_size).to(device)
-                torch.manual_seed(step_seed(cfg['seed'], epoch, i, dist.rank))
+                torch.manual_seed(seed_of(cfg['seed'], epoch, i, dist.rank))   # augmentation, drop-path: resumable
                 lr = cosine_lr(step, cfg['learning_rate'], cfg['min_lr'], cfg['warmup_epochs'] * spe, total)
                 for group in optimizer.param_groups:
                     group['lr'] = lr
