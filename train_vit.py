@@ -300,6 +300,8 @@ def train(cfg, set_keys, dist):
         if ckpt.get('scaler'):                                     # a disabled scaler saves {}
             scaler.load_state_dict(ckpt['scaler'])
         step, best_acc, elapsed = ckpt['step'], ckpt.get('best_acc', 0.0), ckpt.get('elapsed_s', 0.0)
+        if 'steps_per_epoch' in ckpt:                      # an earlier format: whole epochs, then steps into one
+            step += ckpt['epoch'] * ckpt['steps_per_epoch']
     params = [p for g in optimizer.param_groups for p in g['params']]   # clipped in this order
     spe = min(-(-per_rank // bs), cfg['max_steps'] or math.inf)     # steps per epoch
     total = cfg['epochs'] * spe

@@ -158,6 +158,17 @@ def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(dat
     assert [r['step'] for r in read_log(out, kind='train')] == [2, 4, 6, 8]        # each row once
 
 
+def test_a_checkpoint_of_the_earlier_format_resumes_at_its_step(data, trained, tmp_path):
+    """Earlier checkpoints counted whole epochs and the steps into the next one."""
+    ck = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
+    assert ck['step'] == 8
+    ck.update(epoch=1, step=3, steps_per_epoch=4)
+    torch.save(ck, tmp_path / 'ckpt.pt')
+    train_vit.main(['--init_from=resume', f'--out_dir={tmp_path}', '--epochs=3', '--max_steps=4'])
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['step'] == 12
+    assert [r['step'] for r in read_log(tmp_path, kind='train')] == [8, 10, 12]      # from step 7 on
+
+
 def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path):
     before = open(os.path.join(trained, 'best.pt'), 'rb').read()
     with pytest.raises(UsageError, match='ckpt.pt holds an earlier run.*--init_from=resume.*--out_dir.*--overwrite=true'):
