@@ -6,14 +6,10 @@ Sample from a model trained by train_gpt.py, printing each token as it comes.
     python sample.py --start=FILE:prompt.txt --temperature=0.7 --top_k=50 --seed=7
     python sample.py --out_dir=out-softmax --device=cpu      # any checkpoint, on any device
 
-Generation uses the recurrent form of causal TSSA: each layer carries a few numbers per head instead of a
-growing KV cache, so every new token costs the same; --max_new_tokens may exceed the model's block size
-(GPT.generate_stream re-reads the last half window when the context is full). The same --seed gives the
-same text on the same device. Text is decoded with the tokenizer named in the checkpoint. At the end it
-says how fast it went, on stderr: tokens/s over all samples, the prompt not counted.
-
-On a CPU it generates with one thread (unless OMP_NUM_THREADS is set): one sequence is a chain of small
-matrix-vector products, too small to split: a second thread does not make it faster (docs/speed.md).
+Generation uses the recurrent form of causal TSSA (a few numbers per head and layer, no KV cache), so
+every token costs the same and --max_new_tokens may exceed the block size. The same --seed gives the same
+text on the same device. At the end, on stderr: tokens/s over all samples. On a CPU it uses one thread
+unless OMP_NUM_THREADS is set: a second does not speed up a batch of one (docs/speed.md).
 """
 import codecs
 import os
@@ -24,7 +20,7 @@ import torch
 
 from options import UsageError, parse, run_main
 from prepare_data import get_tokenizer
-from train_common import autocast, load_gpt, pick_device, resolve_dtype, setup_cuda
+from train_common import autocast, check_ranges, load_gpt, pick_device, resolve_dtype, setup_cuda
 
 DEFAULTS = dict(
     out_dir='out',          # the folder train_gpt.py saved ckpt.pt in
@@ -35,7 +31,7 @@ DEFAULTS = dict(
     top_k=200,              # sample among the k likeliest tokens only; 0 means all
     seed=1337,              # the same seed, the same text
     device='auto',          # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
-    dtype='auto',           # auto (bfloat16 on GPUs that have it; float32 on cpu), or float32/bfloat16/float16
+    dtype='auto',           # auto (bfloat16 on GPUs that compute in it, else float16; float32 on cpu), or a name
 )
 # No `compile` key: GPT.step keeps the position as a Python int in its state, and torch.compile recompiles
 # for every new value of it (tried: dynamic=True does not help), so a compiled step would be slower.
@@ -58,6 +54,7 @@ class StreamDecoder:
 
 
 def read_prompt(start):
+    """--start as text: itself, or the UTF-8 file FILE:path names."""
     if start.startswith('FILE:'):
         path = start[len('FILE:'):]
         try:
@@ -70,7 +67,7 @@ def read_prompt(start):
     return start
 
 
-def encode_prompt(tok, text, vocab_size, block_size):
+def encode_prompt(tok, text, block_size):
     """Token ids of the prompt: the last block_size of them, with a note on stderr if it was cut."""
     if text == '':  # nothing to condition on: the end-of-text token if there is one, else a newline
         return [tok.eot] if tok.eot is not None else tok.encode('\n')
@@ -79,9 +76,6 @@ def encode_prompt(tok, text, vocab_size, block_size):
     except Exception as e:  # a lone surrogate (undecodable bytes on the command line), ...
         raise UsageError(f"the {tok.name} tokenizer cannot encode the prompt ({type(e).__name__}: "
                          f"{str(e).splitlines()[0][:100]})") from None
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad:
-        raise UsageError(f"the prompt encodes to token {bad[0]}, outside the model's vocabulary of {vocab_size}")
     if len(ids) > block_size:
         kept = tok.decode(ids[-block_size:])
         preview = kept[:40] + ('...' if len(kept) > 40 else '')
@@ -93,20 +87,19 @@ def encode_prompt(tok, text, vocab_size, block_size):
 
 def main(argv=None):
     cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
-    for key, low in (('num_samples', 1), ('max_new_tokens', 0), ('top_k', 0), ('temperature', 0)):
-        if cfg[key] < low:
-            raise UsageError(f"--{key} must be >= {low}, got {cfg[key]}")
+    check_ranges(cfg, positive=('num_samples',), nonnegative=('max_new_tokens', 'top_k', 'temperature'))
     device = pick_device(cfg['device'])
     if device.startswith('cuda'):  # CUDA only: cuda:N becomes the current GPU, the one resolve_dtype asks
         setup_cuda(device)
-    dtype = resolve_dtype(cfg['dtype'], device)
+    # auto on a CPU is float32 here: bf16 autocast casts the weights for every token of a batch of one (slower)
+    dtype, _ = resolve_dtype('float32' if cfg['dtype'] == 'auto' and device == 'cpu' else cfg['dtype'], device)
     if device == 'cpu' and 'OMP_NUM_THREADS' not in os.environ:
         torch.set_num_threads(1)  # batch 1: a second thread would not help (see the docstring)
     model, ckpt = load_gpt(os.path.join(cfg['out_dir'], 'ckpt.pt'), device, 'sample.py')
     tok = get_tokenizer(ckpt['meta']['tokenizer'])
 
     prompt = read_prompt(cfg['start'])
-    ids = encode_prompt(tok, prompt, model.config.vocab_size, model.config.block_size)
+    ids = encode_prompt(tok, prompt, model.config.block_size)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg['seed'])
     torch.manual_seed(cfg['seed'])
@@ -129,8 +122,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    try:
-        run_main(main)
-    except BrokenPipeError:  # `python sample.py | head`: the reader left, which is fine
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-        sys.exit(141)
+    run_main(main)

@@ -1,326 +1,237 @@
 """
-What the scripts that train or load models share, so that none carries a copy.
-
-What is here, top to bottom:
-- checkpoints: atomic_save() (a crash mid-save never eats the last good checkpoint), load_checkpoint()
-  (torch.load with weights_only=True, and one readable line when the file is missing or broken),
-  load_gpt() (the model in a train_gpt.py checkpoint, for sample.py and eval_gpt.py),
-  strip_compile_prefix() (drops the `_orig_mod.` / `module.` prefixes torch.compile and DDP add),
-  check_out_dir() (a run from scratch never silently replaces another run's checkpoints);
-- the training step: train_step(), micro-steps with gradient accumulation, clipping and the GradScaler;
-- stopping: Stop, GracefulStop (Ctrl-C and SIGTERM end the run at a step boundary, the same one on every
-  rank, so the trainer can save there), resume_command() (the line that tells the user how to go on),
-  launch() (a trainer's main: process group in, Stop out as an exit code);
-- schedule: cosine_lr(), linear warmup then cosine decay, as in nanoGPT;
-- hardware: pick_device(), resolve_dtype(), autocast(), make_grad_scaler() (torch.amp, not the
-  deprecated torch.cuda.amp), setup_cuda() (the GPU asked for, TF32), setup_distributed() /
-  cleanup_distributed() for torchrun, seed_everything();
-- logging: RunLog, a JSON-lines file you can read while the run goes (`tail -f out/log.jsonl`) plus a
-  live table on a terminal, or plain one-line prints when stdout is a file; human_time().
-
-Everything runs on a CPU-only machine; the CUDA-only lines are few and marked.
+What the trainers, sample.py and eval_gpt.py share: checkpoints (atomic, loaded with weights_only), the
+learning-rate schedule, the device and dtype, processes under torchrun, Ctrl-C, and the run log.
 """
 import contextlib
+import datetime
 import gc
 import json
 import math
 import os
-import random
 import re
 import shlex
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import NoReturn
+from collections import namedtuple
 
 import numpy as np
 import torch
-from rich.console import Console, Group
-from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
 
 import tost
 from options import UsageError, fail
 
 # -----------------------------------------------------------------------------
-# checkpoints
+# checkpoints and the output folder
 
 
-def _fsync_dir(dirname: str) -> None:
-    """Make a rename durable. Not possible everywhere (Windows cannot open a directory); then skip."""
-    with contextlib.suppress(OSError):
-        fd = os.open(dirname, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_save(obj, path: str) -> None:
-    """torch.save to a temp file next to `path`, fsync, then rename over `path`.
-    If anything fails (a full disk, Ctrl-C) the old file at `path` is untouched and the temp file is gone."""
-    path = os.fspath(path)
-    dirname = os.path.dirname(os.path.abspath(path))
-    os.makedirs(dirname, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"  # same dir, so os.replace is a rename on one filesystem
+def atomic_save(obj, path):
+    """torch.save to a temp file, fsync, rename over `path`: a failure (full disk, Ctrl-C) leaves the old file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:  # KeyboardInterrupt included
+    except BaseException:                                   # KeyboardInterrupt included
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
-    _fsync_dir(dirname)
+    with contextlib.suppress(OSError):                      # make the rename durable (not possible everywhere)
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
 
 
-def _short_reason(e: BaseException) -> str:
-    text = str(e)
-    if "Weights only load failed" in text:  # say what was refused, not torch's paragraph of advice
-        m = re.search(r"GLOBAL ([\w.]+)", text)
-        return f"holds {m.group(1) if m else 'an object'}, which weights_only loading refuses"
-    first = text.strip().split("\n")[0].split(". ")[0].strip()
-    reason = f"{type(e).__name__}: {first}" if first else type(e).__name__
-    if isinstance(e, EOFError):
-        reason = "empty or truncated file"
-    return reason if len(reason) <= 120 else reason[:117] + "..."
-
-
-def load_checkpoint(path: str, map_location="cpu") -> dict:
-    """torch.load with weights_only=True: tensors, dicts, lists, str, int, float, bool, None only,
-    so loading a checkpoint cannot run code. Every failure is a one-line UsageError naming the path."""
-    path = os.fspath(path)
+def load_checkpoint(path, map_location="cpu"):
+    """torch.load with weights_only=True (loading cannot run code); every failure one line naming the path."""
     if not os.path.isfile(path):
         raise UsageError(f"no checkpoint at {path}")
-    with open(path, 'rb') as f:
+    with open(path, "rb") as f:
         head = f.read(4)
-    if head and not head.startswith(b"PK"):  # torch.save writes a zip archive
+    if head and not head.startswith(b"PK"):
         raise UsageError(f"{path} is not a checkpoint: torch.save writes a zip archive, this file starts with {head!r}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        raise UsageError(f"checkpoint {path} is corrupt or unreadable ({_short_reason(e)})") from None
+        text, m = str(e), re.search(r"GLOBAL ([\w.]+)", str(e))
+        reason = f"holds {m.group(1) if m else 'an object'}, which weights_only loading refuses" if \
+            "Weights only load failed" in text else "empty or truncated file" if isinstance(e, EOFError) else \
+            f"{type(e).__name__}: {text.strip().splitlines()[0][:100]}" if text.strip() else type(e).__name__
+        raise UsageError(f"checkpoint {path} is corrupt or unreadable ({reason})") from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({type(ckpt).__name__}, not a dict)")
     return ckpt
 
 
-def strip_compile_prefix(state_dict) -> dict:
-    """Keys saved from torch.compile(model) read `_orig_mod.x`, from DDP `module.x`; give back plain `x`.
-    `_orig_mod` is dropped anywhere (a compiled submodule); `module.` only in front (a layer may be named so)."""
-    out = {}
-    for key, val in state_dict.items():
-        new = ".".join(p for p in key.split(".") if p != "_orig_mod")
-        while new.startswith("module."):
-            new = new[len("module."):]
-        if new in out:
-            raise ValueError(f"state dict keys collide after stripping prefixes: {key!r} -> {new!r}")
-        out[new] = val
-    return out
-
-
-def load_gpt(path: str, device: str, script: str):
-    """The GPT in a train_gpt.py checkpoint, in eval mode on `device`, and the checkpoint itself (without the
-    weights and optimizer). `script` names who asks, for the error when it is a vision checkpoint."""
+def load_gpt_checkpoint(path, map_location, script, needs=("model", "model_args", "meta")):
+    """A train_gpt.py checkpoint, refused in one line if it is missing, a vision one, or lacks `needs`."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isfile(folder):
+        raise UsageError(f"--out_dir={folder} is a file, not a folder: give the folder train_gpt.py saved ckpt.pt in")
     if not os.path.isfile(path):
         raise UsageError(f"no checkpoint at {path}; train one with: python train_gpt.py"
-                         + ("" if os.path.dirname(path) == "out" else f" --out_dir={os.path.dirname(path) or '.'}"))
-    ckpt = load_checkpoint(path)
+                         + ("" if folder == "out" else f" --out_dir={folder}"))
+    ckpt = load_checkpoint(path, map_location)
     if ckpt.get("kind") == "vit":
-        raise UsageError(f"{path} is a vision checkpoint (train_vit.py); {script} works with train_gpt.py checkpoints")
-    if not {"model", "model_args", "meta"} <= set(ckpt):
-        raise UsageError(f"{path} is not a train_gpt.py checkpoint (it needs model, model_args and meta)")
+        raise UsageError(f"{path} is a vision checkpoint (train_vit.py), not a language model: {script} needs one "
+                         f"of train_gpt.py")
+    if set(needs) - set(ckpt):
+        raise UsageError(f"{path} is not a train_gpt.py checkpoint (no {', '.join(sorted(set(needs) - set(ckpt)))})")
+    return ckpt
+
+
+def load_gpt(path, device, script):
+    """The GPT of a train_gpt.py checkpoint in eval mode on `device`, and the checkpoint less its weights."""
+    ckpt = load_gpt_checkpoint(path, "cpu", script)
     try:
         model = tost.GPT(tost.GPTConfig(**ckpt["model_args"]))
-        model.load_state_dict(strip_compile_prefix(ckpt.pop("model")))
+        model.load_state_dict(ckpt.pop("model"))
     except (TypeError, ValueError, RuntimeError) as e:
         raise UsageError(f"{path} does not hold a model this tost.py can load ({str(e).splitlines()[0]})") from None
     ckpt.pop("optimizer", None)
     return model.eval().to(device), ckpt
 
 
-def check_out_dir(paths: list[str], overwrite: bool, master: bool) -> None:
-    """A run from scratch must not replace checkpoints another run made. If any of `paths` exists: refuse
-    in one line naming both ways forward, or, with overwrite, delete them (master only) and say so."""
-    found = [p for p in paths if os.path.isfile(p)]
-    if not found:
-        return
-    if not overwrite:
+def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
+    """Create --out_dir (on every rank: all stop on a mistake). A fresh run does not replace another's
+    `checkpoints`: it refuses, naming both ways forward, or with --overwrite deletes them."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create --out_dir={out_dir} ({e.strerror}); choose a folder you can write to")
+    found = [p for p in checkpoints if os.path.isfile(p)] if fresh else []
+    if found and not overwrite:
         raise UsageError(f"{found[0]} holds an earlier run; go on with it: add --init_from=resume, or start "
                          f"afresh: another --out_dir, or --overwrite=true (deletes {' and '.join(found)})")
-    if master:
+    if found and master:
         for p in found:
             os.remove(p)
         print(f"overwrite: deleted {' and '.join(found)}", flush=True)
 
 # -----------------------------------------------------------------------------
-# learning-rate schedule
+# values: the ranges a type cannot check, the schedule, durations
 
 
-def cosine_lr(it: float, lr: float, min_lr: float, warmup_iters: float, decay_iters: float) -> float:
-    """Linear warmup to lr over warmup_iters (lr/warmup at it=0, lr at it=warmup-1), cosine from lr down
-    to min_lr at decay_iters, min_lr after. `it` may be fractional (e.g. epochs)."""
+def check_ranges(cfg, positive=(), nonnegative=()):
+    """One line for the first key out of its range (NaN is out of every range)."""
+    for keys, ok, what in ((positive, lambda v: v > 0, "positive"), (nonnegative, lambda v: v >= 0, ">= 0")):
+        for key in (k for k in keys if not ok(cfg[k])):
+            raise UsageError(f"--{key} must be {what}, got {cfg[key]}")
+
+
+def cosine_lr(it, lr, min_lr, warmup_iters, decay_iters):
+    """Linear warmup to lr over warmup_iters (lr/warmup at it=0, lr at warmup-1), then a cosine down to min_lr
+    at decay_iters, min_lr after, as in nanoGPT."""
     if it < warmup_iters:
-        return lr * min(1.0, (it + 1) / warmup_iters)  # clamp: a fractional it in (w-1, w) would overshoot
+        return lr * min(1.0, (it + 1) / warmup_iters)
     if it >= decay_iters:
         return min_lr
-    ratio = (it - warmup_iters) / (decay_iters - warmup_iters)  # 0 -> 1
-    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
-    return min_lr + coeff * (lr - min_lr)
+    ratio = (it - warmup_iters) / (decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def seed_of(*numbers):
+    """A seed drawn from a tuple of numbers (a run's seed, a step...): the same on any process, after any resume."""
+    return int(np.random.SeedSequence(numbers).generate_state(1)[0])
+
+
+def human(seconds):
+    return str(datetime.timedelta(seconds=round(seconds)))          # 190 -> '0:03:10'
 
 # -----------------------------------------------------------------------------
-# device, precision, processes
+# device and precision
 
 
-def _mps_available() -> bool:
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps and mps.is_available())
+def pick_device(pref="auto"):
+    """'auto' -> cuda, else mps, else cpu. An explicit choice is kept, but must exist on this machine."""
+    if pref == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", pref):
+        raise UsageError(f"unknown device {pref!r}; use auto, cpu, cuda, cuda:N or mps")
+    if pref != "cpu" and not (torch.backends.mps if pref == "mps" else torch.cuda).is_available():
+        raise UsageError(f"device {pref!r} requested but {'MPS' if pref == 'mps' else 'CUDA'} is not available here")
+    return pref
 
 
-def sum_dtype(device) -> torch.dtype:
+def sum_dtype(device):
     """The dtype for sums of many losses: float64, except on MPS, which has none."""
     return torch.float32 if str(device).startswith("mps") else torch.float64
 
 
-def pick_device(pref: str = "auto") -> str:
-    """'auto' -> cuda, else mps, else cpu. An explicit choice is kept, but must exist on this machine."""
-    if pref == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
-    if pref == "mps" and not _mps_available():
-        raise UsageError("device 'mps' requested but MPS is not available here")
-    if pref in ("cpu", "mps"):
-        return pref
-    if not re.fullmatch(r"cuda(:\d+)?", pref):
-        raise UsageError(f"unknown device {pref!r}; use auto, cpu, cuda, cuda:N or mps")
-    if not torch.cuda.is_available():
-        raise UsageError(f"device {pref!r} requested but CUDA is not available here")
-    return pref
+def cpu_has_bf16():
+    """AVX-512 BF16 (AMX CPUs have it too). Elsewhere, ARM included, bf16 autocast is slower than float32."""
+    return torch.cpu._is_avx512_bf16_supported()
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
-    """'auto' -> bfloat16 on a GPU that has it, float16 on an older GPU, float32 on cpu and mps. bfloat16 and
-    float16 (with the GradScaler) also run on a CPU, which is how the tests try the GPU paths, but slowly:
-    about 3x and 5x float32's time for the demo model. Returns the name, e.g. 'bfloat16'."""
+def resolve_dtype(dtype, device, master=True):
+    """--dtype as (name, why): 'auto' is bfloat16 where the hardware computes in it (a GPU from Ampere on: asked
+    without emulation, which is slow on a T4 or V100; a CPU with bf16 instructions), float16 on older GPUs, else
+    float32."""
     kind = device.split(":")[0]
+    gpu_bf16 = kind == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
     if dtype == "auto":
         if kind == "cuda":
-            return "bfloat16" if _gpu_has_bf16() else "float16"
-        return "float32"
+            return ("bfloat16", "auto: this GPU computes in it") if gpu_bf16 else ("float16", "auto: no bfloat16 here")
+        return ("bfloat16", "auto: this CPU has bfloat16 instructions") if kind == "cpu" and cpu_has_bf16() else \
+            ("float32", "auto")
     if dtype not in ("bfloat16", "float16", "float32"):
         raise UsageError(f"unknown dtype {dtype!r}; use auto, bfloat16, float16 or float32")
-    if dtype == "bfloat16" and kind == "cuda" and not _gpu_has_bf16():
-        raise UsageError("this GPU has no bfloat16; use float16 or float32")
-    return dtype
+    if dtype == "bfloat16" and kind == "cuda" and not gpu_bf16:
+        raise UsageError("this GPU has no bfloat16; use --dtype=float16 or float32")
+    if dtype == "float16" and kind == "cpu" and master:
+        print("warning: float16 on a CPU is emulated, about 20x slower than float32; bfloat16 or float32 run "
+              "faster", file=sys.stderr, flush=True)
+    return dtype, "as asked"
 
 
-def _gpu_has_bf16() -> bool:
-    """CUDA only. Does the current GPU compute in bfloat16 (Ampere and newer)? Asked without emulation:
-    torch's default answer is also yes on a T4 or V100, which can hold bf16 tensors but compute them without
-    tensor cores, several times slower than float16."""
-    try:
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    except TypeError:  # a torch without the argument: it asks the hardware only
-        return torch.cuda.is_bf16_supported()
+def autocast(device, dtype):
+    """The forward pass's context: mixed precision for bfloat16/float16, nothing at all for float32."""
+    return contextlib.nullcontext() if dtype == "float32" else \
+        torch.autocast(device_type=device.split(":")[0], dtype=getattr(torch, dtype))
+
+# -----------------------------------------------------------------------------
+# processes
 
 
-def autocast(device: str, dtype: str):
-    """The forward-pass context: mixed precision for bfloat16/float16, nothing at all for float32."""
-    if dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.split(":")[0], dtype=getattr(torch, dtype))
+# ddp: launched by torchrun; local_rank: the rank within the node, which picks the GPU; master: rank 0, which
+# logs and saves
+Dist = namedtuple("Dist", "ddp rank local_rank world_size master device")
 
 
-def make_grad_scaler(device: str, dtype: str):
-    """Loss scaling is needed only for float16 (bfloat16 has float32's range); disabled it is a no-op."""
-    return torch.amp.GradScaler(device.split(":")[0], enabled=(dtype == "float16"))
-
-
-def train_step(model, batches: list, loss_of, optimizer, scaler, grad_clip: float, ctx, ddp: bool):
-    """One optimizer step. batches: one callable per micro-step, giving its inputs; loss_of(model, *inputs) is
-    its loss. Gradients add up over the micro-steps (each loss divided by their number); under DDP they are
-    all-reduced on the last one only. Then unscale (fp16), clip the global norm (grad_clip > 0), step, zero.
-    Returns the mean loss as a tensor: reading it would wait for the device, so the caller reads it rarely."""
-    total = 0.0
-    for i, batch in enumerate(batches):
-        last = i == len(batches) - 1
-        with contextlib.nullcontext() if last or not ddp else model.no_sync():   # no all-reduce until the last
-            with ctx:
-                loss = loss_of(model, *batch()) / len(batches)    # nothing else of the forward is kept
-            scaler.scale(loss).backward()
-        total = total + loss.detach()
-    if grad_clip > 0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return total
-
-
-@dataclass
-class Dist:
-    ddp: bool  # launched by torchrun
-    rank: int
-    local_rank: int  # rank within this node, picks the GPU
-    world_size: int
-    master: bool  # rank 0: the one that logs and saves
-    device: str
-
-
-def setup_distributed(device_pref: str) -> Dist:
-    """Under torchrun (RANK in the environment) join the process group, one GPU per process;
-    otherwise one process on pick_device(device_pref). On a GPU, setup_cuda() first."""
-    if "RANK" in os.environ:
+def setup_distributed(device_pref):
+    """Under torchrun (RANK is set) join the process group, a GPU per process; else one process."""
+    if "RANK" not in os.environ:
+        dist = Dist(False, 0, 0, 1, True, pick_device(device_pref))
+    else:
         try:
-            rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-            world_size = int(os.environ["WORLD_SIZE"])
+            rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
         except (KeyError, ValueError) as e:
             raise UsageError(f"RANK is set but the torchrun environment is incomplete ({e}); use torchrun")
         cuda = pick_device(device_pref).startswith("cuda")
-        dist = Dist(True, rank, local_rank, world_size, rank == 0, f"cuda:{local_rank}" if cuda else "cpu")
-    else:
-        dist = Dist(False, 0, 0, 1, True, pick_device(device_pref))
-    if dist.ddp:
+        dist = Dist(True, rank, local_rank, world, rank == 0, f"cuda:{local_rank}" if cuda else "cpu")
         import torch.distributed.nn  # noqa: F401  before the group exists: see cleanup_distributed
-    if dist.device.startswith("cuda"):  # CUDA only
+    cuda = dist.device.startswith("cuda")
+    if cuda:
         setup_cuda(dist.device)
-        if dist.ddp:
-            torch.distributed.init_process_group(backend="nccl", device_id=torch.device(dist.device))
-    elif dist.ddp:  # gloo: cpu only (no DDP on mps)
-        torch.distributed.init_process_group(backend="gloo")
+    if dist.ddp:                                            # gloo on a CPU (no DDP on MPS)
+        torch.distributed.init_process_group(backend="nccl" if cuda else "gloo",
+                                             device_id=torch.device(dist.device) if cuda else None)
     return dist
 
 
-def setup_cuda(device: str) -> None:
-    """CUDA only, once per process. Make `device` the current GPU: synchronize(), the memory counters and
-    is_bf16_supported() ask the current one, so with --device=cuda:1 they would otherwise ask GPU 0 ('cuda'
-    alone means the current one). And let float32 matmuls use TF32: about the same accuracy for training, much
-    faster on Ampere and newer. TF32 is set by set_float32_matmul_precision, which every torch this project
-    admits reads, and which leaves both the legacy allow_tf32 flags and the newer fp32_precision readable
-    (setting fp32_precision makes a later read of the legacy flags raise, and some compilers read them).
-    cuDNN's convolutions use TF32 by default."""
+def setup_cuda(device):
+    """CUDA only: `device` becomes the current GPU (the one is_bf16_supported() asks); TF32 matmuls."""
     if torch.device(device).index is not None:
         torch.cuda.set_device(device)
     torch.set_float32_matmul_precision("high")
 
 
-def cleanup_distributed(dist: Dist) -> None:
-    """Leave the process group. Called from a `finally`: on a normal end every rank first waits for the others
-    (rank 0 may still be writing files; a rank that tears gloo down early can abort the run). While an exception
-    is on its way out there is no barrier, since the other ranks may be stuck in a collective and never come.
-
-    Then the group itself goes, its threads joined, while Python still runs. Left running, a gloo worker may
-    still be freeing the barrier's work, and with it an earlier all-reduce's tensors, when the interpreter exits;
-    freeing a tensor Python knows needs Python's lock, which then ends the thread and aborts the finished run
-    ('terminate called without an active exception'). Two things kept the group after destroy_process_group:
-    the trainer's DDP module, in reference cycles that only the collector frees (hence gc.collect), and
-    torch.distributed.nn, whose functions bind group.WORLD as a default argument when imported (DDP imports
-    it); setup_distributed imports it while there is no group yet."""
+def cleanup_distributed(dist):
+    """Leave the process group while Python runs (a gloo thread left to the exit can abort a finished run),
+    after the other ranks unless an exception is on its way out. DDP's cycles (gc) would keep the group."""
     if dist.ddp and torch.distributed.is_initialized():
         if sys.exc_info()[0] is None:
             torch.distributed.barrier()
@@ -328,56 +239,104 @@ def cleanup_distributed(dist: Dist) -> None:
         torch.distributed.destroy_process_group()
 
 
-class Stop(Exception):
-    """Training cannot go on (code 1-3: one line, `error: ...`) or the user stopped it (130: the lines say
-    where the run was saved and how to resume). The checkpoint on disk is kept either way."""
+def mean_loss(loss_sum, steps, dist):
+    """The loss summed over `steps` steps on each process, as their mean: a read that waits for the device."""
+    if dist.ddp:
+        torch.distributed.all_reduce(loss_sum)
+    return loss_sum.item() / (steps * dist.world_size)
 
-    def __init__(self, msg: str, code: int):
+
+class Stop(Exception):
+    """The run ends here: code 130 (the user stopped it: what was saved, how to resume) or 1-3 (`error: ...`)."""
+
+    def __init__(self, msg, code):
         super().__init__(msg)
         self.code = code
 
-    def exit(self, master: bool = True) -> NoReturn:
-        if master and self.code == 130:
-            print(self, file=sys.stderr, flush=True)
-        elif master:
-            fail(str(self), self.code)
-        sys.exit(self.code)
 
-
-def launch(train, cfg: dict, set_keys: set):
-    """A trainer's main: join the process group (under torchrun), train(cfg, set_keys, dist), leave the group.
-    A Stop becomes its exit code; a mistake found by every process is said once, by rank 0."""
+def launch(run, cfg, *args):
+    """A main under torchrun: check --out_dir, join the group, run(cfg, *args, dist), leave. A Stop is its exit
+    code; a mistake every process finds is said once, by rank 0."""
+    if not cfg["out_dir"].strip():
+        raise UsageError("--out_dir is empty; name a folder for the checkpoints, e.g. --out_dir=out")
     if os.path.exists(cfg["out_dir"]) and not os.path.isdir(cfg["out_dir"]):
         raise UsageError(f"--out_dir={cfg['out_dir']} is a file, not a folder")
     dist = setup_distributed(cfg["device"])
     try:
-        return train(cfg, set_keys, dist)
+        return run(cfg, *args, dist)
     except Stop as e:
-        e.exit(dist.master)
+        if dist.master and e.code == 130:
+            print(e, file=sys.stderr, flush=True)
+        elif dist.master:
+            fail(e, e.code)
+        sys.exit(e.code)
     except UsageError:
         if dist.master:
             raise
         sys.exit(2)
-    except KeyboardInterrupt:  # outside a training loop (which saves first): nothing of this run to save
-        if dist.master:
-            print("interrupted", file=sys.stderr, flush=True)
-        sys.exit(130)
     finally:
         cleanup_distributed(dist)
 
 
-class GracefulStop:
-    """
-    Ctrl-C (SIGINT) and SIGTERM (what a scheduler sends before it kills a job) end a run at a step boundary,
-    so that the trainer can save there. Inside `with GracefulStop(dist) as stop:` a signal only sets a flag,
-    and the loop asks stop.requested() once per step. Under torchrun the flag is all-reduced (a CPU tensor
-    over gloo, so no GPU sync), so every rank stops at the same step even if only one got the signal.
-    A second signal a second or more after the first raises KeyboardInterrupt at once: stop now, no save
-    (a save under way is abandoned by atomic_save, and the previous checkpoint stays). Two copies within a
-    second count as one: on Ctrl-C a torchrun worker gets the terminal's SIGINT and torchrun's forward of it.
-    """
+class Checkpoint:
+    """The run's ckpt.pt and its step (None: none yet), which every rank notes (they branch on it alike) while
+    rank 0 writes; and what the run says when it stops."""
 
-    def __init__(self, dist: Dist):
+    def __init__(self, path, step, unit, dist, resume):
+        self.path, self.step, self.unit, self.dist, self.resume = path, step, unit, dist, resume
+
+    def save(self, state, step, also=()):
+        if self.dist.master:
+            try:
+                for path in (self.path, *also):
+                    atomic_save(state, path)
+            except OSError as e:
+                kept = f"; the previous {self.path} is intact" if os.path.isfile(self.path) else ""
+                raise Stop(f"could not save {self.path} ({e.strerror or e}){kept}", 1) from None
+        self.step = step
+
+    def last_good(self):
+        return "no checkpoint was saved before it" if self.step is None else \
+            f"the last good checkpoint is {self.path} ({self.unit} {self.step})"
+
+    def diverged(self, what, value, step):
+        return Stop(f"the {what} is {value} at {self.unit} {step}: training diverged; stopped without saving, "
+                    f"{self.last_good()}; try a lower --learning_rate or --grad_clip", 3)
+
+    def interrupted(self, signal_name, step, where, state, finite, kept=None):
+        """Ctrl-C or SIGTERM: save here unless `kept` says why not, and say how to go on. state() is what
+        is saved; finite: is the loss since the last row."""
+        how = f"interrupted ({signal_name}) at {where}"
+        if step == self.step:
+            msg = f"{how}; {self.path} is there already{self.resume}"
+        elif step == 0:
+            msg = f"{how}, before the first step: nothing to save"
+        elif kept:
+            msg = f"{how}; not saved: {kept}{self.resume}"
+        elif not finite:
+            msg = f"{how}; not saved: the training loss is not finite (diverged); {self.last_good()}"
+        else:
+            self.save(state(), step)
+            msg = f"{how}: saved {self.path}{self.resume}"
+        if self.dist.ddp:
+            torch.distributed.barrier()             # the other ranks wait while rank 0 writes
+        return Stop(msg, 130)
+
+    def stopped(self, e, step, advice):
+        """The loop's way out of a second Ctrl-C (at once, not saved) or out of memory (`advice`)."""
+        if isinstance(e, KeyboardInterrupt):
+            return Stop(f"interrupted at {self.unit} {step}, not saved; {self.last_good()}"
+                        f"{self.resume if self.step is not None else ''}", 130)
+        return Stop(f"out of memory at {self.unit} {step} {advice}", 2) if "out of memory" in str(e) else e
+
+
+class GracefulStop:
+    """Ctrl-C (SIGINT) and SIGTERM (a scheduler's) only set a flag, which the loop asks once a step: under
+    torchrun all-reduced (over gloo, no GPU sync), so every rank stops at the same step. A second signal a
+    second or more later raises KeyboardInterrupt: out now, no save. Two within a second are one (a torchrun
+    worker gets the terminal's SIGINT and torchrun's forward of it)."""
+
+    def __init__(self, dist):
         self.dist, self.signal, self._first, self._old, self._group = dist, None, None, {}, None
 
     def _handler(self, signum, frame):
@@ -387,242 +346,93 @@ class GracefulStop:
             raise KeyboardInterrupt
 
     def __enter__(self):
-        if self.dist.ddp and torch.distributed.get_backend() != "gloo":  # nccl (GPU only): a gloo group for the flag
+        if self.dist.ddp and torch.distributed.get_backend() != "gloo":    # nccl: a gloo group for the flag
             self._group = torch.distributed.new_group(backend="gloo")
-        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handler)
+        if threading.current_thread() is threading.main_thread():          # signal handlers live there
+            self._old = {sig: signal.signal(sig, self._handler) for sig in (signal.SIGINT, signal.SIGTERM)}
         return self
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
 
-    def requested(self) -> bool:
-        """Did any rank get a signal? Call it on every rank at the same point of the loop."""
-        flag = self._first is not None
-        if self.dist.ddp:
-            t = torch.tensor([int(flag)])
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self._group)
-            flag = bool(t.item())  # a CPU tensor: no device sync
-        return flag
+    def requested(self):
+        if not self.dist.ddp:
+            return self._first is not None
+        flag = torch.tensor([int(self._first is not None)])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._group)
+        return bool(flag.item())
 
 
-def resume_command(script: str, cfg: dict, set_keys: set, defaults: dict) -> str:
-    """'resume with: python train_gpt.py --init_from=resume ...', for the user to copy: python or torchrun
-    (one node), the script as it was started, and the keys a checkpoint does not restore that this run set."""
+def resume_command(script, cfg, set_keys, defaults):
+    """'\nresume with: python train_gpt.py --init_from=resume ...', to copy: python or torchrun (one node), the
+    script as it was started, and the keys a checkpoint does not restore that this run set."""
     prog = sys.argv[0] if os.path.basename(sys.argv[0]) == script else script
     ws, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
-    if ws is None:
-        launcher = "python"
-    elif ws == local:
-        launcher = f"torchrun --standalone --nproc_per_node={ws}"
-    else:
-        launcher = "torchrun (your options, on every node)"
+    launcher = "python" if ws is None else f"torchrun --standalone --nproc_per_node={ws}" if ws == local else \
+        "torchrun (your options, on every node)"
     keys = [k for k in ("out_dir", "device", "dtype", "compile") if k in set_keys and cfg[k] != defaults[k]]
-    args = [f"--{k}={v}" for k, v in {"init_from": "resume", **{k: cfg[k] for k in keys}}.items()]
-    return "resume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args])
-
-
-def seed_everything(seed: int, rank: int = 0) -> int:
-    """Seed python, numpy and torch (all devices) with seed + rank, so ranks draw different batches."""
-    seed = seed + rank
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    return seed
-
-def run_sections(args, sections: dict, results: dict, console, figures: dict) -> dict:
-    """bench.py's and study.py's main: run the sections named in args.sections (comma-separated) in order,
-    each adding its numbers to `results`, then write them to args.json (if given) through a temp file, and
-    beside it the figures of the sections that ran: figures = {section: (file name, draw(results, path))}."""
-    names = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = [s for s in names if s not in sections]
-    if unknown or not names:
-        raise UsageError(f"unknown section(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(sections)}")
-    t0 = time.time()
-    for name in names:
-        sections[name](args, results)
-    results["seconds"] = round(time.time() - t0, 1)
-    console.print(f"done in {results['seconds']:.0f} s")
-    if args.json:
-        with open(args.json + ".tmp", "w") as f:
-            json.dump(results, f, indent=1)
-        os.replace(args.json + ".tmp", args.json)
-        for name in names:
-            if name in figures:
-                path = os.path.join(os.path.dirname(os.path.abspath(args.json)), figures[name][0])
-                try:
-                    figures[name][1](results, path)
-                    console.print(f"wrote {path}")
-                except Exception as e:                   # the numbers are saved: a figure is not worth an error
-                    console.print(f"note: could not draw {path} ({type(e).__name__}: {e})", style="yellow")
-    return results
+    args = ["--init_from=resume"] + [f"--{k}={str(cfg[k]).lower() if k == 'compile' else cfg[k]}" for k in keys]
+    return "\nresume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args])
 
 # -----------------------------------------------------------------------------
-# logging
-
-
-def human_time(seconds) -> str:
-    """45 -> '45s', 190 -> '3m10s', 3725 -> '1h02m'; '?' when unknown."""
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return "?"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    h, m = divmod(s // 60, 60)
-    return f"{h}h{m:02d}m"
-
-
-def _fmt(key: str, v) -> tuple[str, str, bool]:
-    """(label, value text, unit_after): 'tok_per_s' -> ('tok/s', '1234', True) reads '1234 tok/s'."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return key, str(v), False
-    if key.endswith("_per_s"):
-        return key[:-len("_per_s")] + "/s", f"{v:.0f}", True
-    if key.startswith("ms_per_"):
-        return "ms/" + key[len("ms_per_"):], f"{v:.1f}", True
-    if key == "mfu":  # a fraction of peak FLOPs, as nanoGPT's estimate_mfu returns
-        return key, f"{100 * v:.1f}%", False
-    if isinstance(v, int):
-        return key, str(v), False
-    if key == "lr" or key.endswith("_lr"):
-        return key, f"{v:.1e}", False
-    if "loss" in key:
-        return key, f"{v:.4f}", False
-    return key, f"{v:.4g}", False
-
-
-def _keep_row(line: str, unit: str, last: float) -> bool:
-    """Keep a log line on resume: its `unit` is at most `last` (or it has none). A torn line goes."""
-    try:
-        v = json.loads(line).get(unit)
-    except (ValueError, AttributeError):
-        return False
-    return not isinstance(v, (int, float)) or v <= last
+# the run log
 
 
 class RunLog:
-    """
-    What a run is doing, for people and for scripts. record() appends one JSON line to
-    <out_dir>/<filename> (flushed, so `tail -f` works); show() prints progress: a live table with a
-    progress bar and ETA on a terminal, or a line like
-        iter 100: loss 2.3412, lr 6.0e-04, 1234 tok/s, 52.1 ms/iter, mfu 1.2%, eta 3m10s
-    when stdout is a file. Keys: `unit` ('iter') is the counter; `*_per_s` are rates, `ms_per_*` times,
-    `mfu` a fraction. On non-master ranks (enabled=False) every method does nothing.
-    fresh=False appends (a resumed run); resume_from=N then first drops the rows whose `unit` is past N,
-    which the resumed run is about to write again.
-    """
+    """<out_dir>/log.jsonl, a JSON row a line (`tail -f` it), and loss.png drawn from it; rank 0 only. A
+    resumed run keeps the rows up to its checkpoint (`key` <= keep_until; the later ones come again)."""
 
-    def __init__(self, out_dir: str, enabled: bool = True, total: float | None = None, unit: str = "iter",
-                 filename: str = "log.jsonl", fresh: bool = True, tty: bool | None = None,
-                 resume_from: float | None = None):
-        self.enabled, self.total, self.unit = enabled, total, unit
-        self._file = self._live = self._console = None
-        self._start = None  # (time, counter) at the first show(), for the ETA
-        self._last = {}  # the live table keeps every column it has seen (val loss stays visible)
-        self._drawn = True  # False once a figure could not be drawn: it is said once, then left
-        if not enabled:
-            return
-        os.makedirs(out_dir, exist_ok=True)
-        self.path = os.path.join(out_dir, filename)
-        if not fresh and resume_from is not None and os.path.isfile(self.path):
+    def __init__(self, out_dir, enabled=True, keep_until=None, key="iter"):
+        self.path, self.file, self.drawn = os.path.join(out_dir, "log.jsonl"), None, True
+        if enabled and keep_until is not None and os.path.isfile(self.path):
             with open(self.path) as f:
-                rows = f.readlines()
-            keep = [r for r in rows if _keep_row(r, unit, resume_from)]
-            if len(keep) < len(rows):  # temp file, then rename: a crash here keeps the old log
+                lines = f.readlines()
+            keep = [line for line in lines if _upto(line, key, keep_until)]
+            if keep != lines:                                # temp file, then rename: a crash keeps the old log
                 with open(self.path + ".tmp", "w") as f:
                     f.writelines(keep)
                 os.replace(self.path + ".tmp", self.path)
-        self._file = open(self.path, "w" if fresh else "a")  # resume: append to the old log
-        if (sys.stdout.isatty() if tty is None else tty):
-            self._console = Console()
+        if enabled:
+            self.file = open(self.path, "w" if keep_until is None else "a")
 
-    def record(self, row: dict) -> None:
-        if not self.enabled:
-            return
-        plain = (int, float, str, bool, type(None))
-        for k, v in row.items():
-            if not (isinstance(v, plain) or isinstance(v, list) and all(isinstance(e, plain) for e in v)):
-                raise TypeError(f"RunLog.record: {k} is a {type(v).__name__}; pass plain numbers (.item()) "
-                                "or lists of them")
-        # NaN/inf are not JSON: write null, so strict readers (jq, a browser) still parse a diverged run
-        finite = lambda v: None if isinstance(v, float) and not math.isfinite(v) else v
-        row = {k: [finite(e) for e in v] if isinstance(v, list) else finite(v) for k, v in row.items()}
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+    def record(self, row, line=None):
+        """Write a row, and print `line` if given."""
+        if self.file:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+            if line:
+                print(line, flush=True)
 
-    def _eta(self, count) -> str | None:
-        if self.total is None or count is None:
-            return None
-        now = time.time()
-        if self._start is None:
-            self._start = (now, count)
-        t0, c0 = self._start
-        return human_time((self.total - count) * (now - t0) / (count - c0)) if count > c0 else None
-
-    def show(self, row: dict) -> None:
-        if not self.enabled:
-            return
-        count, eta = row.get(self.unit), self._eta(row.get(self.unit))
-        items = [_fmt(k, v) for k, v in row.items() if k != self.unit]
-        head = "" if count is None else f"{self.unit} {_fmt(self.unit, count)[1]}"
-        if self._console is None:  # not a terminal: one plain line, easy to grep
-            parts = [f"{t} {label}" if after else f"{label} {t}" for label, t, after in items]
-            line = ", ".join(parts + ([f"eta {eta}"] if eta else []))
-            print(f"{head}: {line}" if head else line, flush=True)
-            return
-        self._last.update({label: t for label, t, _ in items})
-        if self._live is None:  # no refresh thread: redraw on show() only
-            self._live = Live(console=self._console, auto_refresh=False)
-            self._live.start()
-        self._live.update(self._frame(head, count, eta), refresh=True)
-
-    def _frame(self, head, count, eta):
-        """The live display: a progress bar, then every column seen so far; within 80 columns."""
-        top = Table.grid(padding=(0, 2))
-        bar = [ProgressBar(total=self.total, completed=count, width=30)] if self.total and head else []
-        top.add_row(head + (f"/{self.total}" if self.total and head else ""), *bar, f"eta {eta or '?'}")
-        table = Table(box=None, padding=(0, 1), pad_edge=False)
-        for label in self._last:
-            table.add_column(label, justify="right")
-        table.add_row(*self._last.values())
-        return Group(top, table)
-
-    def print(self, msg: str) -> None:
-        """A line of text above the live display (or plain, without a terminal)."""
-        if not self.enabled:
-            return
-        if self._console is not None:
-            self._console.print(msg, markup=False, highlight=False)  # Live owns this console when active
-        else:
-            print(msg, flush=True)
-
-    def draw(self, filename: str = "loss.png") -> None:
-        """Redraw <out_dir>/loss.png from this log (plot.learning_curves). A figure never stops a run: if it
-        cannot be drawn (matplotlib missing, a full disk), that is said once and the run goes on."""
-        if not self.enabled or not self._drawn:
+    def draw(self):
+        """Redraw loss.png (plot.learning_curves). A figure never stops a run: a failure is said once."""
+        if not (self.file and self.drawn):
             return
         try:
             import plot
-            plot.learning_curves([plot.read_run(self.path)], os.path.join(os.path.dirname(self.path), filename),
-                                 title=f"{os.path.dirname(self.path)}: learning curves")
+            out = os.path.dirname(self.path)
+            plot.learning_curves([plot.read_run(self.path)], os.path.join(out, "loss.png"),
+                                 title=f"{out}: learning curves")
         except Exception as e:
-            self._drawn = False
-            self.print(f"note: could not draw {filename} ({type(e).__name__}: {e}); the run goes on without it")
+            self.drawn = False
+            print(f"note: could not draw loss.png ({type(e).__name__}: {e}); the run goes on without it", flush=True)
 
-    def close(self) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    def close(self):
+        if self.file:
+            self.file.close()
+            self.file = None
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _upto(line, key, last):
+    """Does a log line stay on resume? Its `key` is at most `last`, or it has none; a torn line goes."""
+    try:
+        v = json.loads(line).get(key)
+    except (ValueError, AttributeError):
+        return False
+    return not isinstance(v, (int, float)) or v <= last

@@ -109,7 +109,7 @@ def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, at
     with open(os.path.join(out, 'log.jsonl'), 'w') as f:  # a training log is there already
         f.write(json.dumps({'iter': 7, 'kind': 'eval', 'val_loss': 5.0}) + '\n')
     eval_gpt.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2,lambada', '--device=cpu',
-                   '--batch_size=3'])
+                   '--dtype=float32', '--batch_size=3'])
     log = read_log(out)
     assert log[0] == {'iter': 7, 'kind': 'eval', 'val_loss': 5.0}  # appended, not truncated
     assert [r['dataset'] for r in log[1:]] == ['wikitext2', 'lambada'] and all(r['kind'] == 'zero_shot' for r in log[1:])
@@ -153,6 +153,7 @@ def test_each_token_is_scored_once_and_lambada_reads_the_device_once(data_dir, t
     assert len(flags) == len(PASSAGES) and ce == [] and len(reads) == 1
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_same_numbers_as_one(data_dir, tmp_path):
     """Bit for bit. batch_size=2 gives an odd number of batches, so the processes do unequal shares, and
     the last window is a short one."""
@@ -271,7 +272,8 @@ def test_bad_input(data_dir, tmp_path, capsys):
     with open(short / 'val.bin', 'r+b') as f:
         f.truncate(100)
     code, err = exits(base + ['--datasets=short'], capsys)
-    one_line_error(err, 'val.bin has 50 tokens, not the', 'its meta.json says', 'python prepare_data.py wikitext2 --force')
+    one_line_error(err, 'val.bin has 50 tokens, not the', 'its meta.json says', 'python prepare_data.py wikitext2 --',
+                   '--force')
 
     with open(os.path.join(out, 'ckpt.pt'), 'wb') as f:
         f.write(b'not a checkpoint')

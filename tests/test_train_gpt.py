@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import tiktoken
@@ -56,7 +57,7 @@ def data_dir(tmp_path_factory):
 def tiny(data_dir, out_dir, *extra):
     return ['--dataset=tiny', f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--n_layer=1', '--n_head=2',
             '--n_embd=32', '--block_size=32', '--batch_size=4', '--eval_iters=2', '--log_interval=1',
-            '--device=cpu', '--compile=false', '--learning_rate=3e-3', *extra]
+            '--device=cpu', '--dtype=float32', '--learning_rate=3e-3', '--warmup_iters=1', *extra]
 
 
 def read_log(out_dir):
@@ -72,6 +73,14 @@ def weights(out_dir):
 def run_cli(script, *args, cwd=REPO):
     return subprocess.run([sys.executable, os.path.join(REPO, script), *args], capture_output=True, text=True,
                           env=ENV, cwd=cwd, timeout=120)
+
+
+def in_process(capsys, main, *args):
+    """main(args) ended by run_main, as its script ends it: the exit code and what went to stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        options.run_main(lambda: main(list(args)))
+    return SimpleNamespace(code=e.value.code, err=capsys.readouterr().err)
 
 
 def exits(fn, *args):
@@ -102,7 +111,7 @@ def trained(data_dir, tmp_path_factory):
 
 
 def test_presets_and_schedule_defaults():
-    parse = lambda *a: train_gpt.check_config(*options.parse(list(a), train_gpt.DEFAULTS, presets=train_gpt.PRESETS))
+    parse = lambda *a: options.parse(list(a), train_gpt.DEFAULTS, presets=train_gpt.PRESETS)[0]
     assert parse() == parse('--config=demo')
     assert {'demo', 'shakespeare', 'owt-base', 'owt-medium', 'owt-large'} <= set(train_gpt.PRESETS)
     for name in ('owt-base', 'owt-medium', 'owt-large'):  # the paper's recipe: 480 x 1024 tokens per step
@@ -113,8 +122,11 @@ def test_presets_and_schedule_defaults():
         shape = tost.preset(name.replace('owt', 'tost'))
         assert (c['n_layer'], c['n_head'], c['n_embd']) == (shape.n_layer, shape.n_head, shape.n_embd)
     assert parse('--config=owt-base')['weight_decay'] == 0.01 and parse('--config=owt-large')['weight_decay'] == 0.1
-    c = parse('--max_iters=1000', '--learning_rate=1e-3')  # the schedule follows max_iters unless set
-    assert (c['lr_decay_iters'], c['warmup_iters'], c['min_lr']) == (1000, 50, 1e-4)
+    d = train_gpt.DEFAULTS   # the demo's schedule, in DEFAULTS: nanoGPT's rules of thumb, exactly as they compute
+    assert (d['lr_decay_iters'], d['warmup_iters'], d['min_lr']) == (d['max_iters'], d['max_iters'] // 20,
+                                                                     d['learning_rate'] / 10)
+    c = parse('--max_iters=2000')                           # and it stays what it is: set it with max_iters
+    assert (c['lr_decay_iters'], c['warmup_iters'], c['min_lr']) == (1000, 50, d['min_lr'])
     c = parse('--max_iters=1000', '--lr_decay_iters=700', '--warmup_iters=7', '--min_lr=0')
     assert (c['lr_decay_iters'], c['warmup_iters'], c['min_lr']) == (700, 7, 0.0)
     d = tost.preset('tost-demo')  # the default model is the tost-demo shape
@@ -183,8 +195,10 @@ def test_interrupt_then_resume_equals_unbroken_run(data_dir, tmp_path, monkeypat
     assert weights(broken)['iter_num'] == 4  # the last eval saved at 4; iters 4 and 5 are lost
     monkeypatch.setattr(train_gpt, 'window_starts', real)
 
-    # resume with nothing but the out_dir: the schedule, the data order and the RNG come from the checkpoint
-    train_gpt.main(['--init_from=resume', f'--out_dir={broken}', f'--data_dir={data_dir}', '--device=cpu'])
+    # resume with nothing but the out_dir: the schedule, the data order and the RNG come from the checkpoint;
+    # the device and dtype are this machine's (auto may be bfloat16 here)
+    train_gpt.main(['--init_from=resume', f'--out_dir={broken}', f'--data_dir={data_dir}', '--device=cpu',
+                    '--dtype=float32'])
     a, b = weights(full), weights(broken)
     assert b['iter_num'] == a['iter_num'] == 8
     for k in a['model']:
@@ -231,7 +245,7 @@ def test_a_real_sigint_saves_at_the_step_and_resume_is_exact(data_dir, tmp_path,
     err = capsys.readouterr().err.splitlines()
     assert err == [f'interrupted (SIGINT) at iter 7: saved {broken}/ckpt.pt',
                    f'resume with: python train_gpt.py --init_from=resume --out_dir={broken} --device=cpu '
-                   f'--compile=false']
+                   f'--dtype=float32']
     assert weights(broken)['iter_num'] == 7 and weights(broken)['val_loss'] is None  # no eval at iter 7
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler         # the handler is given back
     monkeypatch.setattr(train_gpt, 'window_starts', real)
@@ -244,7 +258,7 @@ def same_run(ckpt_a, ckpt_b):
     """How far apart two runs' weights are, as a share of how far training moved them from the initial
     weights. Not elementwise: where a gradient is ~0, Adam's m / (sqrt(v) + eps) turns the last bit of a
     rounding difference (a fused kernel, inductor) into a whole step for that element."""
-    train_common.seed_everything(ckpt_a['config']['seed'])          # the trainer's initial weights
+    torch.manual_seed(ckpt_a['config']['seed'])                     # the trainer's initial weights
     init = tost.GPT(tost.GPTConfig(**ckpt_a['model_args'])).state_dict()
     flat = lambda sd: torch.cat([sd[k].flatten().double() for k in sorted(sd)])
     a, b = flat(ckpt_a['model']), flat(ckpt_b['model'])
@@ -375,6 +389,7 @@ def test_failed_save_keeps_the_previous_checkpoint(data_dir, tmp_path, monkeypat
 # several processes
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_on_the_defaults_match_one(data_dir, tmp_path):
     """2 processes with the default gradient_accumulation_steps=1 (no flag added) round it up to 2, say so,
     and compute what 1 process with 2 does, dropout included (it is seeded per micro-step), up to rounding."""
@@ -408,6 +423,7 @@ os.write(1, f'native threads left: {native}\\n'.encode())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir('/proc'), reason='reads the threads from /proc')
 def test_torchrun_two_processes_compiled_train_save_plain_weights_and_match_one(data_dir, tmp_path):
     """--compile=true under torchrun: torch.compile(DDP(model)), evaluation through it too. Two processes train,
@@ -445,6 +461,7 @@ def rank_pid(torchrun, rank):
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir('/proc'), reason='finds the worker through /proc')
 def test_torchrun_three_processes_sigterm_to_one_rank_stops_all_at_the_same_step(data_dir, tmp_path):
     """3 processes on the defaults (1 micro-step rounded up to 3); SIGTERM to rank 1 alone, as a scheduler might
@@ -466,6 +483,7 @@ def test_torchrun_three_processes_sigterm_to_one_rank_stops_all_at_the_same_step
     assert iters == list(range(1, it + 6))
 
 
+@pytest.mark.slow
 def test_torchrun_ctrl_c_reaches_every_process_twice_and_counts_once(data_dir, tmp_path):
     """Ctrl-C in a terminal signals torchrun and its workers, and torchrun forwards it to them again: each
     worker sees two SIGINTs within milliseconds. That is one Ctrl-C: the save happens, not an abort."""
@@ -496,6 +514,30 @@ def test_no_gradient_sync_before_the_last_micro_step(data_dir, tmp_path, monkeyp
     train_gpt.main(tiny(data_dir, str(tmp_path / 'out'), '--max_iters=2', '--gradient_accumulation_steps=3'))
     assert len(entered) == 2 * 2
     assert not torch.distributed.is_initialized()  # main() left the process group
+
+
+@pytest.mark.slow
+def test_a_compiled_ddp_model_all_reduces_on_the_last_micro_step_only(data_dir, tmp_path, monkeypatch):
+    """torch.compile(DDP(model)), as the trainer builds it: no_sync() reaches DDP through the compiled wrapper, so
+    3 micro-steps all-reduce the gradients once an iteration (counted by a DDP comm hook, which DDP calls for each
+    bucket it all-reduces; a tiny model fills one), and the run lands where the one without DDP does."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    torch.distributed.init_process_group('gloo', init_method=f'file://{tmp_path}/pg', rank=0, world_size=1)
+    monkeypatch.setattr(train_common, 'setup_distributed',
+                        lambda device: train_common.Dist(True, 0, 0, 1, True, 'cpu'))
+    reduced = []
+
+    class CountingDDP(train_gpt.DDP):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.register_comm_hook(None, lambda state, bucket: reduced.append(1) or allreduce_hook(state, bucket))
+    monkeypatch.setattr(train_gpt, 'DDP', CountingDDP)
+    args = ('--max_iters=2', '--eval_interval=100', '--gradient_accumulation_steps=3')
+    train_gpt.main(tiny(data_dir, str(tmp_path / 'ddp'), *args, '--compile=true'))
+    assert len(reduced) == 2 and not torch.distributed.is_initialized()
+    monkeypatch.undo()
+    train_gpt.main(tiny(data_dir, str(tmp_path / 'plain'), *args))
+    assert same_run(weights(str(tmp_path / 'plain')), weights(str(tmp_path / 'ddp'))) < 0.01
 
 
 def test_every_rank_waits_at_the_same_barrier_whoever_prepares_the_data(tmp_path, monkeypatch):
@@ -542,7 +584,7 @@ def test_the_training_step_lets_the_logits_go_before_the_backward(data_dir, tmp_
 def test_accumulation_rounds_up_on_every_preset_for_1_to_4_processes():
     for name in [None, *train_gpt.PRESETS]:
         argv = [] if name is None else [f'--config={name}']
-        cfg = train_gpt.check_config(*options.parse(argv, train_gpt.DEFAULTS, presets=train_gpt.PRESETS))
+        cfg = options.parse(argv, train_gpt.DEFAULTS, presets=train_gpt.PRESETS)[0]
         steps = cfg['gradient_accumulation_steps']
         for n in (1, 2, 3, 4):
             per, total = train_gpt.split_accumulation(steps, n)
@@ -555,15 +597,16 @@ def test_accumulation_rounds_up_on_every_preset_for_1_to_4_processes():
 # the GPU paths, run on CPU at tiny size
 
 
+@pytest.mark.slow
 def test_compiled_run_saves_plain_weights_and_resumes_compiled(data_dir, tmp_path):
     """--compile=true (inductor, on CPU here): a short run, its checkpoint, a compiled resume from it, all
     within float rounding of the same run without compile. The first compile takes about a minute."""
     out, eager = str(tmp_path / 'compiled'), str(tmp_path / 'eager')  # no dropout: inductor draws its own masks
     train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=2', '--compile=true'))
     assert not any('_orig_mod' in k for k in weights(out)['model'])
-    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--compile=true', '--max_iters=6'])
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--compile=true', '--max_iters=6', '--dtype=float32'])
     train_gpt.main(tiny(data_dir, eager, '--max_iters=4', '--eval_interval=2'))
-    train_gpt.main(['--init_from=resume', f'--out_dir={eager}', '--max_iters=6'])
+    train_gpt.main(['--init_from=resume', f'--out_dir={eager}', '--max_iters=6', '--dtype=float32'])
     assert weights(out)['iter_num'] == 6
     for a, b in zip(read_log(out), read_log(eager)):
         assert (a['iter'], a['kind']) == (b['iter'], b['kind']) and abs(a['train_loss'] - b['train_loss']) < 1e-4
@@ -700,50 +743,76 @@ def test_the_training_step_does_not_wait_for_the_device(data_dir, tmp_path, monk
 # bad input: one line, non-zero exit, no traceback
 
 
-def test_cli_bad_input(data_dir, tmp_path, trained):
+def test_cli_bad_input(data_dir, tmp_path, trained, capsys):
+    """The first as a user runs it, the others in this process, as run_main ends them."""
     out = str(tmp_path / 'out')
     r = run_cli('train_gpt.py', f'--data_dir={tmp_path}', '--dataset=openwebtext',  # hours: not made on the fly
                 f'--out_dir={out}-owt')     # not the default out/, where the README's demo leaves its checkpoint
     assert r.returncode == 2
     one_line_error(r.stderr, 'not a prepared dataset', f'python prepare_data.py openwebtext --data_dir={tmp_path}')
 
-    r = run_cli('train_gpt.py', '--learning_rat=1')
-    one_line_error(r.stderr, 'unknown option --learning_rat', 'valid keys', 'did you mean --learning_rate')
-    assert r.returncode == 2
-    r = run_cli('train_gpt.py', '--max_iters=ten')
-    one_line_error(r.stderr, '--max_iters expects int')
-    r = run_cli('train_gpt.py', '--attn=linear')
-    one_line_error(r.stderr, '--attn expects tssa or softmax')
+    r = in_process(capsys, train_gpt.main, '--learning_rat=1')
+    one_line_error(r.err, 'unknown option --learning_rat', 'valid keys', 'did you mean --learning_rate')
+    assert r.code == 2
+    r = in_process(capsys, train_gpt.main, '--max_iters=ten')
+    one_line_error(r.err, '--max_iters expects int')
+    r = in_process(capsys, train_gpt.main, '--attn=linear')
+    one_line_error(r.err, "unknown attn 'linear'", 'tssa, softmax')
 
-    r = run_cli('train_gpt.py', *tiny(data_dir, out, '--init_from=resume'))
-    one_line_error(r.stderr, f'no checkpoint at {out}', 'python train_gpt.py')
+    r = in_process(capsys, train_gpt.main, *tiny(data_dir, out, '--init_from=resume'))
+    one_line_error(r.err, f'no checkpoint at {out}', 'python train_gpt.py')
     os.makedirs(out)
     with open(os.path.join(out, 'ckpt.pt'), 'wb') as f:
         f.write(b'not a checkpoint at all')
-    r = run_cli('train_gpt.py', *tiny(data_dir, out, '--init_from=resume'))
-    one_line_error(r.stderr, 'is not a checkpoint', 'zip archive')
-    assert r.returncode == 2
+    r = in_process(capsys, train_gpt.main, *tiny(data_dir, out, '--init_from=resume'))
+    one_line_error(r.err, 'is not a checkpoint', 'zip archive')
+    assert r.code == 2
 
-    r = run_cli('train_gpt.py', *tiny(data_dir, out + '2', '--block_size=5000'))  # the val split has ~4k tokens
-    one_line_error(r.stderr, 'block_size 5000 is larger than the data', 'val tokens')
+    r = in_process(capsys, train_gpt.main, *tiny(data_dir, out + '2', '--block_size=5000'))  # val: ~4k tokens
+    one_line_error(r.err, 'block_size 5000 is larger than the data', 'val tokens')
 
     open(out + '-file', 'w').close()                                  # an out_dir that is a file
-    r = run_cli('train_gpt.py', *tiny(data_dir, out + '-file'))
-    one_line_error(r.stderr, f'--out_dir={out}-file is a file, not a folder')
+    r = in_process(capsys, train_gpt.main, *tiny(data_dir, out + '-file'))
+    one_line_error(r.err, f'--out_dir={out}-file is a file, not a folder')
 
-    bad = os.path.join(str(tmp_path), 'odd')                           # a train.bin cut in the middle of a token
+    bad = os.path.join(str(tmp_path), 'cut')                           # a train.bin cut short after it was written
     shutil.copytree(os.path.join(data_dir, 'tiny'), os.path.join(bad, 'tiny'))
-    with open(os.path.join(bad, 'tiny', 'train.bin'), 'ab') as f:
-        f.write(b'x')
-    r = run_cli('train_gpt.py', *tiny(bad, out + '-odd'))
-    one_line_error(r.stderr, 'train.bin has', 'bytes, not the 2 x', 'its meta.json says', '--force')
-    assert not os.path.exists(out + '-odd')                            # nothing written: no empty log
+    with open(os.path.join(bad, 'tiny', 'train.bin'), 'r+b') as f:
+        f.truncate(1000)
+    r = in_process(capsys, train_gpt.main, *tiny(bad, out + '-cut'))
+    one_line_error(r.err, 'train.bin has 500 tokens, not the', 'its meta.json says', '--force')
+    assert not os.path.exists(out + '-cut')                            # nothing written: no empty log
 
     src, _ = trained  # resume: the model's position embedding has 32 rows, its shape is fixed
-    r = run_cli('train_gpt.py', '--init_from=resume', f'--out_dir={src}', f'--data_dir={data_dir}', '--block_size=64')
-    one_line_error(r.stderr, 'block_size=64 is larger than the checkpoint', '32')
-    r = run_cli('train_gpt.py', '--init_from=resume', f'--out_dir={src}', f'--data_dir={data_dir}', '--n_layer=2')
-    one_line_error(r.stderr, "--n_layer=2 does not match the checkpoint's model")
+    resume = ('--init_from=resume', f'--out_dir={src}', f'--data_dir={data_dir}')
+    r = in_process(capsys, train_gpt.main, *resume, '--block_size=64')
+    one_line_error(r.err, 'block_size=64 is larger than the checkpoint', '32')
+    r = in_process(capsys, train_gpt.main, *resume, '--n_layer=2')
+    one_line_error(r.err, "--n_layer=2 does not match the checkpoint's model")
+
+
+def test_rough_edges_end_in_one_line(data_dir, tmp_path, capsys):
+    """Each before any work: nothing is prepared or written."""
+    readme = os.path.join(REPO, 'README.md')
+    for args, words in ((['--out_dir='], ['--out_dir is empty', '--out_dir=out']),
+                        (['--learning_rate=-1'], ['--learning_rate must be positive, got -1.0']),
+                        (['--learning_rate=nan'], ['--learning_rate must be positive, got nan']),
+                        ([f'--data_dir={readme}', f'--out_dir={tmp_path}/o'], [readme]),   # not prepared into it
+                        (tiny(data_dir, str(tmp_path / 'README.md' / 'out')), ['cannot create --out_dir='])):
+        if 'cannot' in words[0]:
+            (tmp_path / 'README.md').write_text('a file')
+        assert exits(train_gpt.main, args) == 2, args
+        one_line_error(capsys.readouterr().err, *words)
+    assert sorted(os.listdir(tmp_path)) == ['README.md']
+
+
+@pytest.mark.parametrize('native', [True, False])
+def test_auto_dtype_on_a_cpu_and_the_header_says_why(data_dir, tmp_path, monkeypatch, capsys, native):
+    monkeypatch.setattr(train_common, 'cpu_has_bf16', lambda: native)
+    train_gpt.main(tiny(data_dir, str(tmp_path), '--max_iters=1', '--dtype=auto'))
+    want = 'bfloat16 (auto: this CPU has bfloat16 instructions)' if native else 'float32 (auto)'
+    assert f'device cpu, {want}, compile False' in capsys.readouterr().out
+    assert weights(str(tmp_path))['config']['dtype'] == 'auto'
 
 
 def test_out_of_memory_on_first_step(data_dir, tmp_path, monkeypatch, capsys):
@@ -802,7 +871,9 @@ def test_stream_decoder_holds_back_half_characters():
     assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
 
 
-def test_sample_streams_what_generate_gives(trained, capsys):
+def test_sample_streams_what_generate_gives(trained, capsys, monkeypatch):
+    """In float32 on a CPU, also where it has bf16 instructions: bf16 autocast slows a batch of one down."""
+    monkeypatch.setattr(train_common, 'cpu_has_bf16', lambda: True)
     out, _ = trained
     ckpt = weights(out)
     model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
@@ -862,11 +933,11 @@ def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
     assert order == ['cuda:1', 'resolve_dtype']
 
 
-def test_sample_bad_input(trained, tmp_path):
+def test_sample_bad_input(trained, tmp_path, capsys):
     out, _ = trained
-    r = run_cli('sample.py', f'--out_dir={tmp_path}')
-    assert r.returncode == 2
-    one_line_error(r.stderr, f'no checkpoint at {tmp_path}', f'python train_gpt.py --out_dir={tmp_path}')
+    r = in_process(capsys, sample.main, f'--out_dir={tmp_path}')
+    assert r.code == 2
+    one_line_error(r.err, f'no checkpoint at {tmp_path}', f'python train_gpt.py --out_dir={tmp_path}')
 
     # a byte that is not UTF-8 on the command line arrives as a lone surrogate, which cannot be encoded
     r = subprocess.run([sys.executable, os.path.join(REPO, 'sample.py'), f'--out_dir={out}'.encode(),
@@ -874,15 +945,19 @@ def test_sample_bad_input(trained, tmp_path):
     assert r.returncode == 2
     one_line_error(r.stderr.decode(), 'bytes tokenizer cannot encode the prompt')
 
-    r = run_cli('sample.py', f'--out_dir={out}', '--temperature=-1')
-    one_line_error(r.stderr, '--temperature must be >= 0, got -1.0')
+    for bad in ('-1', 'nan'):
+        r = in_process(capsys, sample.main, f'--out_dir={out}', f'--temperature={bad}')
+        one_line_error(r.err, f'--temperature must be >= 0, got {float(bad)}')
+    r = in_process(capsys, sample.main, f"--out_dir={out}/ckpt.pt")     # the checkpoint file, not its folder
+    one_line_error(r.err, f'--out_dir={out}/ckpt.pt is a file, not a folder')
+    assert 'python train_gpt.py' not in r.err                        # no training into that file
     (tmp_path / 'text').mkdir()
     (tmp_path / 'text' / 'ckpt.pt').write_text('just some words\n')
-    r = run_cli('sample.py', f'--out_dir={tmp_path / "text"}')
-    one_line_error(r.stderr, 'is not a checkpoint', 'torch.save writes a zip archive', "b'just'")
+    r = in_process(capsys, sample.main, f'--out_dir={tmp_path / "text"}')
+    one_line_error(r.err, 'is not a checkpoint', 'torch.save writes a zip archive', "b'just'")
 
-    r = run_cli('sample.py', f'--out_dir={out}', f'--start=FILE:{tmp_path}/missing.txt')
-    one_line_error(r.stderr, 'cannot read the prompt file', 'missing.txt')
+    r = in_process(capsys, sample.main, f'--out_dir={out}', f'--start=FILE:{tmp_path}/missing.txt')
+    one_line_error(r.err, 'cannot read the prompt file', 'missing.txt')
 
     long = 'x = 1\n' * 20 + 'THE END'  # 127 bytes; the model takes 32
     r = run_cli('sample.py', f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5')
@@ -941,17 +1016,18 @@ def test_softmax_layers_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(d
 
 
 def test_softmax_layers_mistakes():
-    check = lambda *a: train_gpt.check_config(*options.parse(list(a), train_gpt.DEFAULTS))
-    assert check('--softmax_layers=0,-1')['softmax_layers'] == '0,-1'
-    assert train_gpt.softmax_layers('0,-1', 4) == [0, 3] and train_gpt.softmax_layers('', 4) == []
-    for bad, words in [('4', 'a model of 4 blocks numbers them -4 to 3'), ('-5', 'numbers them -4 to 3'),
-                       ('last', 'expects block indices separated by commas')]:
+    """Said before any work (no data prepared, no folder made), by tost.GPTConfig's own checks."""
+    args = dict(train_gpt.DEFAULTS, vocab_size=256)
+    args = {k: args[k] for k in ('block_size', 'vocab_size', *train_gpt.MODEL_KEYS)}
+    assert train_gpt.gpt_config(dict(args, softmax_layers='0,-1')).softmax_layers == (0, 3)
+    assert train_gpt.gpt_config(args).softmax_layers == ()
+    for bad, words in [('4', 'must be block indices from -4 to 3'), ('-5', 'from -4 to 3'),
+                       ('last', "--softmax_layers expects block indices separated by commas"),
+                       ('0 --attn=softmax', "with attn='softmax' every block is already")]:
         with pytest.raises(train_common.UsageError, match=words):
-            check(f'--softmax_layers={bad}')
-    with pytest.raises(train_common.UsageError, match='with --attn=softmax every block is already'):
-        check('--attn=softmax', '--softmax_layers=0')
-    r = run_cli('train_gpt.py', '--softmax_layers=0,7')
-    one_line_error(r.stderr, '--softmax_layers=0,7: a model of 4 blocks')
+            train_gpt.main(['--data_dir=/nonexistent', f'--softmax_layers={bad.split()[0]}', *bad.split()[1:]])
+    r = run_cli('train_gpt.py', '--softmax_layers=0,7', '--data_dir=/nonexistent')
+    one_line_error(r.stderr, 'softmax_layers [0, 7] must be block indices from -4 to 3')
     assert r.returncode == 2
 
 
