@@ -1,18 +1,17 @@
 """
 Figures, drawn with matplotlib (the Agg backend: files, never a window, also over ssh and in CI).
 
-    python plot.py out out-shift out-softmax              # several runs' loss curves on one figure
+    python plot.py out out-shift out-softmax              # several runs' loss curves on one figure: runs.png
     python plot.py out docs/demo-log.jsonl --x=seconds    # your demo beside the reference run, in seconds
-    python plot.py docs/bench.json docs/tasks.json        # the figures of bench.py / study.py results, again
+    python plot.py out-study/study.json                   # the figures of a bench or study --json, again
 
-A run is a folder train_gpt.py or train_vit.py wrote (its log.jsonl), or a log.jsonl itself; a .json file
-is the results of bench.py or study.py, whose figures are drawn again beside it. Language
-runs are drawn as train and val loss against tokens seen (or seconds), vision runs as test accuracy
-against epochs. Each run is labelled with its folder and its model, read from its own log. The trainers
-also keep <out_dir>/loss.png up to date with the same drawing of their own run.
-
-The same model has the same colour and line style in every figure here (the styles survive a grey-scale
-print): see STYLES.
+A run is a folder train_gpt.py or train_vit.py wrote (its log.jsonl), or a log.jsonl itself. Language runs
+are drawn as train and val loss against tokens seen (or seconds), vision runs as test accuracy against
+epochs, each labelled with its folder and its model, read from its own log; the figure goes to --out
+(runs.png in the current folder unless told; its suffix picks the format: .png, .pdf, .svg). A .json is the
+results of tools.bench or tools.study: its figures (speed.png, generation.png, language.png, vision.png,
+tasks.png) are drawn again beside it. The trainers keep <out_dir>/loss.png, their own run, the same way.
+The same model has the same colour and line style in every figure (the styles survive a grey-scale print).
 """
 import json
 import os
@@ -42,14 +41,8 @@ OTHER = [('#7f7f7f', '-', 'x'), ('#e377c2', '--', '*'), ('#17becf', ':', 'h'), (
 def model_name(cfg):
     """'ToST', 'ToST + shift', 'softmax', 'hybrid + shift', ... from a run's config (or a study row)."""
     attn = cfg.get('attn') or 'tssa'                # a study row holds None where the key is the default
-    name = 'ToST' if attn == 'tssa' else attn
-    if cfg.get('softmax_layers'):
-        name = 'hybrid'
-    if cfg.get('token_shift'):
-        name += ' + shift'
-    if cfg.get('lpi'):
-        name += ' + lpi'
-    return name
+    name = 'hybrid' if cfg.get('softmax_layers') else 'ToST' if attn == 'tssa' else attn
+    return name + ' + shift' * bool(cfg.get('token_shift')) + ' + lpi' * bool(cfg.get('lpi'))
 
 
 def style(name, i=0):
@@ -57,15 +50,13 @@ def style(name, i=0):
 
 
 def save(fig, path, dpi=100):
-    """Write the figure as PNG through a temp file and a rename, so a reader never sees half a file."""
-    tmp = f"{path}.tmp-{os.getpid()}.png"
+    """fig as a file (its suffix picks the format); a path that cannot be written is one line."""
     try:
-        fig.savefig(tmp, dpi=dpi)
-        os.replace(tmp, path)
+        fig.savefig(path, dpi=dpi)
+    except (OSError, ValueError) as e:                # no such folder, a folder, read-only; an unknown format
+        raise UsageError(f"cannot write the figure {path!r}: {e}") from None
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 # -----------------------------------------------------------------------------
 # learning curves
@@ -82,7 +73,8 @@ def read_run(path):
             try:
                 rows.append(json.loads(line))
             except ValueError:
-                continue                                   # a line being written right now
+                continue                                   # a line cut short: being written, or by a crash
+    rows = [r for r in rows if isinstance(r, dict)]
     cfg = next((r for r in reversed(rows) if r.get('kind') == 'config'), {})
     folder, base = os.path.split(os.path.abspath(log))
     name = os.path.basename(folder) if base == 'log.jsonl' else base.removesuffix('.jsonl')
@@ -90,37 +82,46 @@ def read_run(path):
 
 
 def learning_curves(runs, path, x='tokens', title=None):
-    """Language runs: train loss (thin) and val loss (points) against tokens seen or seconds; vision runs:
-    test accuracy against epochs. runs: [(label, cfg, rows)], as read_run gives them."""
-    vision = any('epoch' in r for _, _, rows in runs for r in rows)
+    """Language runs: train loss (thin) and val loss (points) against tokens seen or seconds, the y axis on
+    the losses after the first evaluation; vision runs: test accuracy against epochs. runs: [(label, cfg,
+    rows)], as read_run gives them. Language and vision runs in one call, or nothing to draw, is a UsageError."""
+    vision = [any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs]
+    if len(set(vision)) > 1:
+        which = lambda v: ', '.join(label for (label, _, _), is_v in zip(runs, vision) if is_v == v)
+        raise UsageError(f"{which(True)}: vision, {which(False)}: language; draw them in separate calls")
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    used = set()
+    used, drawn, later_vals = set(), [], []
     for i, (label, cfg, rows) in enumerate(runs):
         name = model_name(cfg) if cfg else None
         color, line, marker = style(name) if name in STYLES and name not in used else OTHER[i % len(OTHER)]
         used.add(name)
-        if vision:
-            pts = [(r['epoch'], r['test_acc']) for r in rows if r.get('test_acc') is not None]
-            if pts:
-                ax.plot(*zip(*pts), color=color, linestyle=line, marker=marker, markersize=4, label=label)
-            continue
         key = 'tokens' if x == 'tokens' else 'elapsed_s'
-        train = [(r[key], r['train_loss']) for r in rows if r.get('kind') == 'train' and r.get(key) is not None]
-        val = [(r[key], r['val_loss']) for r in rows if r.get('kind') == 'eval' and r.get(key) is not None
-               and r.get('val_loss') is not None]
+        if vision[0]:
+            val, train = [(r['epoch'], r['test_acc']) for r in rows if r.get('test_acc') is not None], []
+        else:
+            train = [(r[key], r['train_loss']) for r in rows if r.get('kind') == 'train' and r.get(key) is not None]
+            val = [(r[key], r['val_loss']) for r in rows if r.get('kind') == 'eval' and r.get(key) is not None
+                   and r.get('val_loss') is not None]
+            later_vals += [v for _, v in val[1:]]
+        drawn += train + val
         if train:
             ax.plot(*zip(*train), color=color, linestyle=line, linewidth=0.8, alpha=0.45)
         if val:
-            ax.plot(*zip(*val), color=color, linestyle=line, marker=marker, markersize=4, label=f"{label}, val")
+            ax.plot(*zip(*val), color=color, linestyle=line, marker=marker, markersize=4,
+                    label=label if vision[0] else f"{label}, val")
         elif train:
             ax.plot([], [], color=color, linestyle=line, label=f"{label} (no eval yet)")
-    if vision:
-        ax.set_xlabel('epoch')
-        ax.set_ylabel('test accuracy')
-    else:
-        ax.set_xlabel('tokens seen' if x == 'tokens' else 'seconds of training')
-        ax.set_ylabel('loss (nats per token); thin: train')
-    ax.set_title(title or ('test accuracy' if vision else 'learning curves'), fontsize=10)
+    if not drawn:
+        plt.close(fig)
+        raise UsageError(f"nothing to draw yet: {', '.join(label for label, _, _ in runs)} "
+                         f"{'has' if len(runs) == 1 else 'have'} no complete train or eval row")
+    if later_vals:                                     # the part after the first drop, with a margin
+        lo, hi = min(y for _, y in drawn), max(later_vals)
+        ax.set_ylim(lo - 0.1 * (hi - lo) - 0.01, hi + 0.15 * (hi - lo) + 0.01)
+    unit = 'byte' if all(cfg.get('vocab_size') == 256 for _, cfg, _ in runs) else 'token'
+    ax.set_xlabel('epoch' if vision[0] else 'tokens seen' if x == 'tokens' else 'seconds of training')
+    ax.set_ylabel('test accuracy' if vision[0] else f'loss (nats per {unit}); thin: train')
+    ax.set_title(title or ('test accuracy' if vision[0] else 'learning curves'), fontsize=10)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
@@ -128,15 +129,15 @@ def learning_curves(runs, path, x='tokens', title=None):
     save(fig, path)
 
 # -----------------------------------------------------------------------------
-# speed: bench.py's measurements
+# speed: tools.bench's measurements
 
 OPS = {'causal_tssa': ('CausalTSSA', 'ToST', '-'), 'tssa': ('TSSA', 'ToST', '--'),
        'sdpa_causal': ('causal SDPA', 'softmax', '-'), 'sdpa': ('SDPA', 'softmax', '--')}
 
 
 def speed(results, path):
-    """bench.py's operator section: forward+backward time and peak memory against tokens, log-log, each
-    operator's fitted exponent (time ~ n^k) in the legend. Linear is a slope of 1, quadratic of 2."""
+    """The operator section: forward+backward time and peak memory against tokens, log-log, each operator's
+    fitted exponent (time ~ n^k) in the legend. Linear is a slope of 1, quadratic of 2."""
     rows, fits = results['operator'], results.get('operator_exponent', {})
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for op, (label, model, line) in OPS.items():
@@ -159,12 +160,11 @@ def speed(results, path):
 
 GENERATION = {'recurrent': ('ToST, recurrent state', 'ToST'), 'shift_recurrent': ('ToST + shift', 'ToST + shift'),
               'hybrid': ('hybrid + shift: last block softmax', 'hybrid + shift'),
-              'softmax_kv': ('softmax, KV cache', 'softmax'),
-              'rerun': ('ToST, re-run the prefix', None)}
+              'softmax_kv': ('softmax, KV cache', 'softmax'), 'rerun': ('ToST, re-run the prefix', None)}
 
 
 def generation(results, path):
-    """bench.py's generation section: tokens/s of decoding against the context length."""
+    """The generation section: tokens/s of decoding against the context length."""
     rows = results['generation']
     fig, ax = plt.subplots(figsize=(6.5, 4))
     keys = [k for k in GENERATION if k in rows[0]] + [k for k in rows[0] if k not in GENERATION and k != 'ctx']
@@ -191,22 +191,22 @@ def ax_labels(ax, x, y, title, log=False, xticks=()):
         ax.set_yscale('log')
         ax.set_xticks(sorted(set(xticks)), [f"{v // 1024}k" if v >= 1024 else str(v) for v in sorted(set(xticks))])
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.4g}"))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which='both')
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
 
 # -----------------------------------------------------------------------------
-# capability map: study.py's tasks
+# capability map: tools.study's tasks
 
 
 def capability_grid(rows, path, title='What each model learns: accuracy on held-out sequences'):
-    """study.py's tasks: a row per task and knob value, a column per model. The number is the accuracy;
-    the colour is how far above chance it is (0 at chance, 1 perfect), so a row's chance level reads the
-    same whatever it is."""
+    """A row per task and knob value, a column per model. The number is the accuracy; the colour is how far
+    above chance it is (0 at chance, 1 perfect), so a row's chance level reads the same whatever it is."""
     models = list(dict.fromkeys(r['model'] for r in rows))
     cells = list(dict.fromkeys((r['task'], r['knob'], r['value'], r['chance']) for r in rows))
     acc = {(r['task'], r['value'], r['model']): r['accuracy'] for r in rows}
@@ -215,12 +215,10 @@ def capability_grid(rows, path, title='What each model learns: accuracy on held-
     for i, (task, knob, value, chance) in enumerate(cells):
         for j, m in enumerate(models):
             a = acc.get((task, value, m))
-            if a is None:
-                continue
-            grid[i, j] = (a - chance) / (1 - chance)
-            above = grid[i, j] > 0.5
-            ax.text(j, i, f"{a:.2f}" + ("" if a > chance + 0.02 else " ~"), ha='center', va='center', fontsize=9,
-                    color='black' if above else 'white')
+            if a is not None:
+                grid[i, j] = (a - chance) / (1 - chance)
+                ax.text(j, i, f"{a:.2f}" + ("" if a > chance + 0.02 else " ~"), ha='center', va='center', fontsize=9,
+                        color='black' if grid[i, j] > 0.5 else 'white')
     im = ax.imshow(np.clip(grid, 0, 1), cmap='viridis', vmin=0, vmax=1, aspect='auto')
     ax.set_xticks(range(len(models)), [m.replace('tssa', 'ToST').replace('+', ' + ') for m in models], fontsize=9)
     ax.set_yticks(range(len(cells)), [f"{t}, {k} {v} (chance {c:.2f})" for t, k, v, c in cells], fontsize=8)
@@ -229,7 +227,6 @@ def capability_grid(rows, path, title='What each model learns: accuracy on held-
     ax.set_title(f"{title}\ncolour: 0 at chance, 1 perfect; ~: at chance or below", fontsize=9)
     fig.tight_layout()
     save(fig, path)
-
 
 # -----------------------------------------------------------------------------
 # vision: what the model looks at
@@ -264,15 +261,16 @@ def vision_maps(path, image, cls_attn, pi, title):
 
 # -----------------------------------------------------------------------------
 
+
 def study_curves(section, title):
     """A study section's runs on one figure, each labelled with its row of the table."""
     def draw(results, path):
-        runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
-        learning_curves(runs, path, title=title)
+        learning_curves([(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']], path,
+                        title=title)
     return draw
 
 
-# the figure of each section of bench.py and study.py, drawn beside their --json (and by `plot.py FILE.json`)
+# the figure of each section of tools.bench and tools.study, drawn beside their --json (and by `plot.py FILE.json`)
 FIGURES = {
     'operator': ('speed.png', speed),
     'generation': ('generation.png', generation),
@@ -283,41 +281,43 @@ FIGURES = {
 
 
 def draw_results(path):
-    """The figures of a bench.py or study.py results file, drawn again beside it. Returns their paths."""
-    with open(path) as f:
-        results = json.load(f)
-    out = []
-    for section, (name, draw) in FIGURES.items():
-        if section in results:
-            out.append(os.path.join(os.path.dirname(os.path.abspath(path)), name))
-            draw(results, out[-1])
-    return out
+    """The figures of a bench or study results file, drawn again beside it. Returns their paths."""
+    try:
+        with open(path) as f:
+            results = json.load(f)
+        sections = [s for s in FIGURES if isinstance(results, dict) and s in results]
+        if not sections:
+            raise UsageError(f"{path} holds no results of tools.bench or tools.study (none of the sections "
+                             f"{', '.join(FIGURES)}); a run is a folder or its log.jsonl")
+        out = [os.path.join(os.path.dirname(os.path.abspath(path)), FIGURES[s][0]) for s in sections]
+        for s, p in zip(sections, out):
+            FIGURES[s][1](results, p)
+        return out
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"cannot draw the figures of {path} ({type(e).__name__}: {e})") from None
 
 
 DEFAULTS = dict(
     runs=[],                     # run folders or log.jsonl files, or bench/study results (.json), as bare words
     x='tokens',                  # the x axis of language runs: tokens (seen) or seconds (of training)
-    out='runs.png',              # where the figure goes
+    out='runs.png',              # where the runs' figure goes (.png, .pdf, .svg); a .json's go beside it
     title='',                    # the figure's title; default: learning curves
 )
 
 
 def main(argv=None):
     cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='runs')
-    folders = cfg['runs']
-    if not folders:
+    if not cfg['runs']:
         raise UsageError("give one or more run folders (or log.jsonl files), e.g. python plot.py out out-softmax")
     if cfg['x'] not in ('tokens', 'seconds'):
         raise UsageError(f"--x expects tokens or seconds, got {cfg['x']!r}")
-    results = [f for f in folders if f.endswith('.json')]
-    for f in results:                                  # bench.py / study.py results: their figures again
-        try:
-            print('\n'.join(f"wrote {p}" for p in draw_results(f)))
-        except (OSError, ValueError, KeyError) as e:
-            raise UsageError(f"cannot draw the figures of {f} ({type(e).__name__}: {e})") from None
-    runs = [f for f in folders if not f.endswith('.json')]
+    if not os.path.splitext(cfg['out'])[1]:               # matplotlib would add .png to a name without one
+        raise UsageError(f"--out={cfg['out']} needs a file name whose suffix is the format: .png, .pdf or .svg")
+    for f in [f for f in cfg['runs'] if f.endswith('.json')]:
+        print('\n'.join(f"wrote {p}" for p in draw_results(f)))
+    runs = [read_run(f) for f in cfg['runs'] if not f.endswith('.json')]
     if runs:
-        learning_curves([read_run(f) for f in runs], cfg['out'], cfg['x'], cfg['title'] or None)
+        learning_curves(runs, cfg['out'], cfg['x'], cfg['title'] or None)
         print(f"wrote {cfg['out']}")
 
 

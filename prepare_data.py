@@ -23,13 +23,14 @@ meta.json is written last: if it is there, the dataset is complete. It names the
 training and sampling decode with get_tokenizer(load_meta(folder)['tokenizer']) and nothing
 else. train_gpt.py calls prepare(name, data_dir) itself when its dataset is missing and cheap to make.
 """
-import codecs, collections, contextlib, hashlib, itertools, json, os, pickle, re, shutil, signal, socket
+import collections, contextlib, difflib, hashlib, itertools, json, os, pickle, re, shutil, signal, socket
 import sys, sysconfig, tarfile, time, urllib.request, zipfile, zlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 import numpy as np
+from rich import progress as rp
 
-from options import UsageError, parse
+from options import UsageError, fail, parse, run_main
 
 
 # -----------------------------------------------------------------------------
@@ -65,9 +66,6 @@ class Tokenizer:
         """The raw bytes of one token; a token can end inside a UTF-8 character (for streamed output)."""
         return bytes([int(t)]) if self._enc is None else self._enc.decode_single_token_bytes(int(t))
 
-    def __repr__(self):
-        return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eot={self.eot})"
-
 
 def _gpt2_encoding():
     """tiktoken's GPT-2 BPE. Tests monkeypatch this to stay offline."""
@@ -95,19 +93,42 @@ def get_tokenizer(name, encoding=None):
     return Tokenizer('gpt2', enc.n_vocab, eot=enc.eot_token, enc=enc)
 
 
+def _not_a_folder(path):
+    """The first part of `path` that exists but is not a folder (a file given as --data_dir), or None."""
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path if path and not os.path.isdir(path) else None
+
+
+def _recipe(folder, meta=None, force=False):
+    """The command that makes (or with force rebuilds) the dataset in `folder`: its builder's, or for any other
+    name the `text` one, with the closest built-in name."""
+    root, name = os.path.split(os.path.normpath(folder))
+    meta = meta or {}
+    built = meta.get('dataset') or (f"cifar{meta.get('num_classes')}" if meta.get('kind') == 'images' else name)
+    tail = f" --data_dir={root or '.'}{' --force' if force else ''}"
+    if built in DATASETS:
+        return f"python prepare_data.py {built}{f' --name={name}' if name != built else ''}{tail}"
+    close = difflib.get_close_matches(name, DATASETS, n=1)
+    return (f"python prepare_data.py text --input=PATH --name={name}{tail} (for text of your own"
+            f"{f'; or did you mean the built-in {close[0]}?' if close else ''})")
+
+
 def load_meta(folder, kind=None):
     """The meta.json of a prepared dataset folder, checked to hold `kind` ('text' or 'images') if given.
     Every mistake is one UsageError line that says how to prepare the dataset."""
     path = os.path.join(folder, 'meta.json')
     if not os.path.exists(path):
-        root, name = os.path.split(os.path.normpath(folder))
-        raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: "
-                         f"python prepare_data.py {name} --data_dir={root or '.'}")
+        bad = _not_a_folder(folder)
+        if bad:
+            raise UsageError(f"{folder} is not a prepared dataset: {bad} is a file, not a folder; "
+                             f"give --data_dir a folder (datasets live in <data_dir>/<name>/)")
+        raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {_recipe(folder)}")
     try:
         with open(path) as f:
             meta = json.load(f)
     except ValueError as e:
-        raise UsageError(f"{path} is not valid JSON ({e}); rebuild with --force") from None
+        raise UsageError(f"{path} is not valid JSON ({e}); rebuild it: {_recipe(folder, force=True)}") from None
     if kind is not None and meta.get('kind') != kind:
         raise UsageError(f"{folder} holds {meta.get('kind')} data, not {kind}")
     return meta
@@ -116,13 +137,12 @@ def load_meta(folder, kind=None):
 def read_tokens(folder, meta, split):
     """A text dataset's split ('train' or 'val') as a read-only uint16 memmap, checked against meta.json."""
     f = os.path.join(folder, f'{split}.bin')
-    want = meta.get(f'{split}_tokens')
-    n = os.path.getsize(f) // 2 if os.path.isfile(f) else -1
-    if n != want:
-        got = 'is missing' if n < 0 else f"has {n} tokens, not the {want} its meta.json says"
-        raise UsageError(f"{f} {got}; rebuild it: python prepare_data.py {meta.get('dataset', os.path.basename(folder))} "
-                         f"--data_dir={os.path.dirname(os.path.normpath(folder)) or '.'} --force")
-    return np.memmap(f, dtype=np.uint16, mode='r') if n else np.zeros(0, np.uint16)
+    size, want = os.path.getsize(f) if os.path.isfile(f) else -1, meta.get(f'{split}_tokens')
+    if size != 2 * (want if isinstance(want, int) else -1):
+        got = 'is missing' if size < 0 else f"has {size // 2} tokens" if size % 2 == 0 else f"has {size} bytes (odd)"
+        raise UsageError(f"{f} {got}, not the {want} tokens its meta.json says; rebuild it: "
+                         f"{_recipe(folder, meta, force=True)}")
+    return np.memmap(f, dtype=np.uint16, mode='r') if size else np.zeros(0, np.uint16)
 
 
 def read_images(folder, meta):
@@ -132,59 +152,25 @@ def read_images(folder, meta):
         return [np.load(os.path.join(folder, f'{split}_{what}.npy'))
                 for split in ('train', 'test') for what in ('images', 'labels')]
     except (OSError, ValueError) as e:
-        raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: python prepare_data.py "
-                         f"{meta.get('dataset', os.path.basename(folder))} --force") from None
+        raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: {_recipe(folder, meta, True)}") from None
 
 
 def _warn(msg):
     print(f"warning: {msg}", file=sys.stderr)
 
 # -----------------------------------------------------------------------------
-# progress, downloads, atomic files
+# progress, downloads, atomic files. A build writes into a staging folder; prepare() moves the files into
+# place when all are written, meta.json last, so files inside the stage need no temp names of their own.
 
-class _Bar:
-    """A rich bar on a terminal; in a log (nohup, sbatch) a plain line every 30 s with the ETA."""
-    EVERY = 30  # seconds between plain lines
 
-    def __init__(self, desc, total=None, unit='docs'):
-        self.desc, self.total, self.unit, self.done = desc, total, unit, 0
-        self.t0 = self.last = time.time()
-        self.rich = None
-        if sys.stdout.isatty():
-            from rich import progress as rp
-            count = [rp.DownloadColumn(), rp.TransferSpeedColumn()] if unit == 'B' else [rp.MofNCompleteColumn()]
-            self.rich = rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(), *count,
-                                    rp.TimeElapsedColumn(), rp.TimeRemainingColumn())
-            self.task = self.rich.add_task(desc, total=total)
-            self.rich.start()
-
-    def _fmt(self, n):
-        return f"{n / 1e6:.1f} MB" if self.unit == 'B' else f"{n:,} {self.unit}"
-
-    def advance(self, n=1):
-        self.done += n
-        now = time.time()
-        if now - self.last < (0.1 if self.rich else self.EVERY):
-            return  # called once per document: keep it cheap
-        self.last = now
-        if self.rich:
-            self.rich.update(self.task, completed=self.done)
-        else:
-            line = f"{self.desc}: {self._fmt(self.done)}"
-            if self.total:
-                eta = (now - self.t0) * (self.total - self.done) / max(self.done, 1)
-                line += f" of {self._fmt(self.total)} ({100 * self.done / self.total:.0f}%), eta {eta / 60:.1f} min"
-            print(line, flush=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.rich:
-            self.rich.update(self.task, completed=self.done)
-            self.rich.stop()
-        elif exc[0] is None:
-            print(f"{self.desc}: {self._fmt(self.done)} in {time.time() - self.t0:.1f}s", flush=True)
+@contextlib.contextmanager
+def _progress(desc, total=None, unit='docs'):
+    """A rich progress bar, yielding advance(n); where stdout is not a terminal rich prints it once, at the end."""
+    count = [rp.DownloadColumn(), rp.TransferSpeedColumn()] if unit == 'B' else [rp.MofNCompleteColumn()]
+    with rp.Progress(rp.TextColumn(desc), rp.BarColumn(), *count, rp.TimeElapsedColumn(),
+                     rp.TimeRemainingColumn()) as bar:
+        task = bar.add_task(desc, total=total)
+        yield lambda n: bar.advance(task, n)
 
 
 def _checksum(path, algo='md5'):
@@ -195,78 +181,35 @@ def _checksum(path, algo='md5'):
     return h.hexdigest()
 
 
-def _download(url, dest, hint, checksum=None, size=None):
-    """url -> dest via dest.part-<pid>, renamed only when complete (and matching size and checksum,
-    an (algorithm, hex digest) pair such as ('md5', 'c58f...'))."""
+def _download(url, dest, hint, checksum=None):
+    """url -> dest via dest.part-<pid>, renamed only when complete (and matching the checksum, an
+    (algorithm, hex digest) pair such as ('md5', 'c58f...'))."""
     ok = lambda path: checksum is None or _checksum(path, checksum[0]) == checksum[1]
-    if os.path.exists(dest) and ok(dest) and (size is None or os.path.getsize(dest) == size):
+    if os.path.exists(dest) and ok(dest):
         return dest  # fetched by an earlier run
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.part-{os.getpid()}"
     try:  # some hosts refuse urllib's default User-Agent
         req = urllib.request.Request(url, headers={'User-Agent': 'tost-prepare_data'})
         with urllib.request.urlopen(req, timeout=60) as r, open(tmp, 'wb') as f:
-            total = int(r.headers.get('Content-Length') or 0) or size
-            with _Bar(f"download {os.path.basename(dest)}", total, unit='B') as bar:
+            total = int(r.headers.get('Content-Length') or 0)
+            with _progress(f"download {os.path.basename(dest)}", total or None, unit='B') as advance:
                 while chunk := r.read(1 << 20):
                     f.write(chunk)
-                    bar.advance(len(chunk))
-        got = os.path.getsize(tmp)
-        if total and got != total:
-            raise UsageError(f"download of {url} stopped at {got} of {total} bytes; run again")
+                    advance(len(chunk))
+        if total and os.path.getsize(tmp) != total:
+            raise UsageError(f"download of {url} stopped at {os.path.getsize(tmp)} of {total} bytes; run again")
         if not ok(tmp):
             raise UsageError(f"download of {url} is corrupt ({checksum[0].upper()} mismatch); run again, or fetch it "
-                            f"by hand and pass {hint}")
+                             f"by hand and pass {hint}")
         os.replace(tmp, dest)
         return dest
     except OSError as e:  # URLError is an OSError: no network, DNS, HTTP 404, timeouts
-        reason = getattr(e, 'reason', e)
-        raise UsageError(f"could not download {url} ({reason}); fetch it by hand and pass {hint}") from None
+        raise UsageError(f"could not download {url} ({getattr(e, 'reason', e)}); fetch it by hand and pass {hint}") \
+            from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-
-
-def _save_npy(stage, name, arr):
-    """np.save to name.tmp, read it back, then rename."""
-    tmp = os.path.join(stage, name + '.tmp')
-    with open(tmp, 'wb') as f:
-        np.save(f, arr)
-    back = np.load(tmp, mmap_mode='r')
-    if back.shape != arr.shape or back.dtype != arr.dtype or not np.array_equal(back, arr):
-        raise UsageError(f"{name} did not read back as written (disk full?)")
-    del back
-    os.replace(tmp, os.path.join(stage, name))
-
-
-class _TokenWriter:
-    """Appends uint16 tokens to <path>.tmp in chunks, so the corpus never sits in memory."""
-    FLUSH = 1 << 24  # tokens held before a write (32 MB)
-
-    def __init__(self, path):
-        self.path, self.buf, self.held, self.count = path, [], 0, 0
-        self.f = open(path + '.tmp', 'wb')
-
-    def add(self, ids):
-        if len(ids):
-            self.buf.append(ids)
-            self.held += len(ids)
-            if self.held >= self.FLUSH:
-                self.flush()
-
-    def flush(self):
-        if self.buf:
-            np.concatenate(self.buf).astype(np.uint16, copy=False).tofile(self.f)
-            self.count, self.buf, self.held = self.count + self.held, [], 0
-
-    def close(self):
-        """Flush, check the size on disk, rename to the final name; returns the token count."""
-        self.flush()
-        self.f.close()
-        if os.path.getsize(self.path + '.tmp') != 2 * self.count:
-            raise UsageError(f"{self.path} is short on disk (disk full?)")
-        os.replace(self.path + '.tmp', self.path)
-        return self.count
 
 # -----------------------------------------------------------------------------
 # text: documents -> tokens -> train.bin / val.bin
@@ -306,44 +249,37 @@ def _split_chunk(job):
 _CHUNK = 128  # documents per job (~0.7 MB of OpenWebText); 4 jobs per worker in flight bound the memory
 
 
-def _batched(it, n):
-    it = iter(it)
-    while batch := list(itertools.islice(it, n)):
-        yield batch
-
-
 def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
-    """Streams docs (an iterator of str) through the tokenizer into stage/train.bin and stage/val.bin."""
-    train, val = _TokenWriter(os.path.join(stage, 'train.bin')), _TokenWriter(os.path.join(stage, 'val.bin'))
-    jobs = ((n * _CHUNK, texts) for n, texts in enumerate(_batched(docs, _CHUNK)))
-    try:
-        with _Bar(f"tokenize ({tok.name}, {workers} proc)", n_docs) as bar:
-            def consume(result):
-                train.add(result[0])
-                val.add(result[1])
-                bar.advance(result[2])
-            if workers <= 1:
-                _init_worker(tok, rule, eot, ignore_sigint=False)
-                for job in jobs:
-                    consume(_split_chunk(job))
-            else:  # results are taken in submission order, so the output is deterministic
-                ex = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tok, rule, eot))
-                try:
-                    inflight = collections.deque()
-                    for job in jobs:
-                        inflight.append(ex.submit(_split_chunk, job))
-                        if len(inflight) >= 4 * workers:
-                            consume(inflight.popleft().result())
-                    while inflight:
-                        consume(inflight.popleft().result())
-                except BrokenProcessPool:  # where multiprocessing.Pool would hang forever
-                    raise UsageError("a tokenizer process died (out of memory?); try fewer --workers") from None
-                finally:  # wait for the workers (they ignore ctrl-c and finish one job): an executor left
-                    ex.shutdown(wait=True, cancel_futures=True)  # running races the interpreter's exit
-        return train.close(), val.close()
-    finally:
-        train.f.close()
-        val.f.close()
+    """Streams docs (an iterable of str) through the tokenizer into stage/train.bin and stage/val.bin, never
+    holding the corpus in memory; returns the two token counts."""
+    docs, counts = iter(docs), [0, 0]
+    jobs = ((n * _CHUNK, texts) for n, texts in enumerate(iter(lambda: list(itertools.islice(docs, _CHUNK)), [])))
+    with open(os.path.join(stage, 'train.bin'), 'wb') as train, open(os.path.join(stage, 'val.bin'), 'wb') as val, \
+            _progress(f"tokenize ({tok.name}, {workers} proc)", n_docs) as advance:
+        def consume(result):
+            for i, (f, ids) in enumerate(((train, result[0]), (val, result[1]))):
+                ids.astype(np.uint16, copy=False).tofile(f)
+                counts[i] += len(ids)
+            advance(result[2])
+        if workers <= 1:
+            _init_worker(tok, rule, eot, ignore_sigint=False)
+            for job in jobs:
+                consume(_split_chunk(job))
+            return tuple(counts)
+        ex = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tok, rule, eot))
+        try:  # results are taken in submission order, so the output is deterministic
+            inflight = collections.deque()
+            for job in jobs:
+                inflight.append(ex.submit(_split_chunk, job))
+                if len(inflight) >= 4 * workers:
+                    consume(inflight.popleft().result())
+            while inflight:
+                consume(inflight.popleft().result())
+        except BrokenProcessPool:  # where multiprocessing.Pool would hang forever
+            raise UsageError("a tokenizer process died (out of memory?); try fewer --workers") from None
+        finally:  # wait for the workers (they ignore ctrl-c and finish one job): an executor left
+            ex.shutdown(wait=True, cancel_futures=True)  # running races the interpreter's exit
+    return tuple(counts)
 
 
 def _read_text(path):
@@ -356,7 +292,8 @@ def _read_text(path):
 
 
 def _files_under(path, exts=None):
-    """A file, or every file under a folder (recursive, sorted, hidden names skipped)."""
+    """A file, or every file under a folder (recursive, hidden names skipped), sorted by path component by
+    component: a/x.txt, a/y/z.txt, b.txt."""
     if not os.path.exists(path):
         raise UsageError(f"no such file or folder: {path}")
     if os.path.isfile(path):
@@ -365,12 +302,7 @@ def _files_under(path, exts=None):
     for d, dirs, names in os.walk(path):
         dirs[:] = [x for x in dirs if not x.startswith('.')]
         out += [os.path.join(d, n) for n in names if not n.startswith('.') and (exts is None or n.endswith(exts))]
-    return _sorted_paths(out, path)
-
-
-def _sorted_paths(paths, root):
-    """Sorted by relative path, component by component: a/x.txt, a/y/z.txt, b.txt."""
-    return sorted(paths, key=lambda p: os.path.relpath(p, root).split(os.sep))
+    return sorted(out, key=lambda p: os.path.relpath(p, path).split(os.sep))
 
 
 def _text_meta(tok, counts, source, rule, n_docs, eot):
@@ -396,11 +328,12 @@ def _build_tokenizer(o, default, offline='or prepare with --tokenizer=bytes'):
 
 
 def _text_dataset(stage, o, files, source, tok=None, rule=('tail', 10)):
+    """Each file one document; the last tenth of each is val."""
     if not files:
         raise UsageError(f"empty corpus: no files in {source}")
     tok = tok or _build_tokenizer(o, 'bytes')
     eot = len(files) > 1
-    counts = _tokenize(stage, (_read_text(f) for f in files), tok, rule, eot, o.get('workers', 1), len(files))
+    counts = _tokenize(stage, map(_read_text, files), tok, rule, eot, o.get('workers', 1), len(files))
     return _text_meta(tok, counts, source, rule, len(files), eot)
 
 
@@ -412,7 +345,7 @@ def _build_python_stdlib(stage, o):
         dirs[:] = [x for x in dirs if x not in skip]
         found += [os.path.join(d, n) for n in names if n.endswith('.py')]
     files, total = [], 0
-    for f in _sorted_paths(found, root):  # take files in sorted order until the cap
+    for f in sorted(found, key=lambda p: os.path.relpath(p, root).split(os.sep)):  # in order, until the cap
         if total + os.path.getsize(f) > cap:
             break
         files.append(f)
@@ -437,9 +370,15 @@ def _build_shakespeare(stage, o):
 
 
 def _build_text(stage, o):
-    path = o['input']
-    files = _files_under(path)
-    return _text_dataset(stage, o, files, f"{os.path.abspath(path)} ({len(files)} files)")
+    text, binary = [], []
+    for f in _files_under(o['input']):  # git's test: a NUL byte in the first 8 KB means binary
+        (binary if b'\0' in open(f, 'rb').read(8192) else text).append(f)
+    if binary and not text:
+        raise UsageError(f"{o['input']} holds no text: its {len(binary)} file(s) are binary (a NUL byte, e.g. "
+                         f"{binary[0]}); give --input text files (UTF-8)")
+    if binary:
+        _warn(f"skipped {len(binary)} binary file(s) (a NUL byte), e.g. {binary[0]}")
+    return _text_dataset(stage, o, text, f"{os.path.abspath(o['input'])} ({len(text)} files)")
 
 
 OWT_REPO = 'Skylion007/openwebtext'
@@ -450,7 +389,7 @@ def _pyarrow_parquet():
         import pyarrow.parquet as pq
     except ImportError:
         raise UsageError("reading parquet needs pyarrow: pip install pyarrow "
-                        "(or pass --input=FOLDER of .jsonl/.txt documents)") from None
+                         "(or pass --input=FOLDER of .jsonl/.txt documents)") from None
     return pq
 
 
@@ -501,11 +440,10 @@ def _owt_download(data_dir):
     except ImportError:
         raise UsageError(f"downloading OpenWebText needs huggingface_hub: pip install huggingface_hub; or pass {hint}") \
             from None
-    out = os.path.join(data_dir, 'downloads', 'openwebtext')
     for rev in ('main', 'refs/convert/parquet'):
         try:
             folder = snapshot_download(OWT_REPO, repo_type='dataset', revision=rev, allow_patterns=['*.parquet'],
-                                       local_dir=os.path.join(out, rev.replace('/', '_')))
+                                       local_dir=os.path.join(data_dir, 'downloads', 'openwebtext', rev.replace('/', '_')))
         except Exception as e:  # no network, no such revision, ...
             raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}); fetch its "
                              f"parquet files by hand and pass {hint}") from None
@@ -557,7 +495,10 @@ def _eval_source(o, name):
     """(bytes of the input, where it came from, whether it is the official file: True, False or None if
     we cannot tell). The official file is downloaded and checked unless --input is given."""
     spec = EVAL_SETS[name]
-    if 'input' in o:
+    if 'input' not in o:
+        dest = os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url']))
+        path, where, official = _download(spec['url'], dest, '--input=PATH', spec['checksum']), spec['url'], True
+    else:
         path, want = o['input'], os.path.basename(spec.get('member', spec['url']))
         if os.path.isdir(path):  # the unpacked download: wikitext-2-raw/, simple-examples/data/, ...
             found = [f for f in _files_under(path) if os.path.basename(f) == want]
@@ -566,23 +507,16 @@ def _eval_source(o, name):
             path = found[0]
         elif not os.path.isfile(path):
             raise UsageError(f"no such file or folder: {path}")
-        where, official = path, None
-    else:
-        dest = os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url']))
-        path = _download(spec['url'], dest, hint='--input=PATH', checksum=spec['checksum'])
-        where, official = spec['url'], True
-    if official is None and _checksum(path, spec['checksum'][0]) == spec['checksum'][1]:
-        official = True
-    elif official is None and os.path.basename(path) == os.path.basename(spec['url']):
-        official = False  # named as the published file, but not it; other names (wiki.test.raw): unknown
+        where = path  # named as the published file but not it: False; other names (wiki.test.raw): unknown
+        official = True if _checksum(path, spec['checksum'][0]) == spec['checksum'][1] else \
+            False if os.path.basename(path) == os.path.basename(spec['url']) else None
     if 'member' in spec and path.endswith('.zip'):
         try:
             with zipfile.ZipFile(path) as z:
                 names = [n for n in z.namelist() if n.endswith(os.path.basename(spec['member']))]
                 if not names:
                     raise UsageError(f"{path} holds no {spec['member']} (is it {os.path.basename(spec['url'])}?)")
-                where = f"{where}:{names[0]}"
-                return z.read(names[0]), where, official
+                return z.read(names[0]), f"{where}:{names[0]}", official
         except (zipfile.BadZipFile, zlib.error, OSError) as e:
             raise UsageError(f"{path} is not a readable zip archive ({e})") from None
     with open(path, 'rb') as f:
@@ -606,7 +540,7 @@ def _wikitext2_text(raw, where):
     text = _strict_utf8(raw, where, "WikiText-2's wiki.test.raw")
     if '<unk>' in text:
         raise UsageError(f"{where} holds <unk> tokens: it is the tokenized WikiText-2 (wiki.test.tokens); "
-                        f"use the raw version, wiki.test.raw from wikitext-2-raw-v1.zip")
+                         f"use the raw version, wiki.test.raw from wikitext-2-raw-v1.zip")
     if not re.search(r'^ = [^=].* = $', text, re.M):
         raise UsageError(f"{where} has no ' = Title = ' heading line: not WikiText's format")
     _check_count(text.count('\n'), 'wikitext2', where)
@@ -645,83 +579,58 @@ def _lambada_passages(raw, where):
     return out
 
 
-def _eval_meta(tok, n_val, source, official, name, **extra):
-    return dict(kind='text', dataset=name, tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
-                train_tokens=0, val_tokens=n_val, source=source, official_file=official,
-                split='val.bin is the official test split; no train split (evaluation only)', **extra)
-
-
 def _build_eval_set(stage, o, name):
     tok = get_tokenizer(o.get('tokenizer', 'gpt2'))  # fail on the tokenizer before any download
     raw, where, official = _eval_source(o, name)
-    train, val = _TokenWriter(os.path.join(stage, 'train.bin')), _TokenWriter(os.path.join(stage, 'val.bin'))
-    try:
-        if name != 'lambada':  # one document: no end-of-text token
-            text = _wikitext2_text(raw, where) if name == 'wikitext2' else _ptb_text(raw, where)
-            val.add(tok.encode_array(text))
-            extra = dict(documents=1, eot=None)
-        else:  # passage + end-of-text (a newline for bytes, which has none), and where each target sits
-            sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)
-            passages, spans, at = _lambada_passages(raw, where), [], 0
-            for context, target in passages:
-                c, t = tok.encode_array(context), tok.encode_array(target)
-                spans.append((at, at + len(c), at + len(c) + len(t)))
-                val.add(np.concatenate([c, t, sep]))
-                at += len(c) + len(t) + len(sep)
-            _save_npy(stage, LAMBADA_TARGETS, np.array(spans, dtype=np.int64))
-            extra = dict(documents=len(passages), examples=len(passages), targets=LAMBADA_TARGETS,
-                         eot=f"passages are separated by {sep.tolist()}",
-                         target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) in val.bin; "
-                                     "the target is the last word's tokens, with the space before it if there is one")
-        counts = train.close(), val.close()
-    finally:
-        train.f.close()
-        val.f.close()
+    if name == 'lambada':  # passage + end-of-text (a newline for bytes, which has none), and where each target sits
+        sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)
+        parts, spans, at = [], [], 0
+        for context, target in _lambada_passages(raw, where):
+            c, t = tok.encode_array(context), tok.encode_array(target)
+            spans.append((at, at + len(c), at + len(c) + len(t)))
+            parts += [c, t, sep]
+            at += len(c) + len(t) + len(sep)
+        np.save(os.path.join(stage, LAMBADA_TARGETS), np.array(spans, dtype=np.int64))
+        extra = dict(documents=len(spans), examples=len(spans), targets=LAMBADA_TARGETS,
+                     eot=f"passages are separated by {sep.tolist()}",
+                     target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) in val.bin; "
+                                 "the target is the last word's tokens, with the space before it if there is one")
+    else:  # one document: no end-of-text token
+        parts = [tok.encode_array(_wikitext2_text(raw, where) if name == 'wikitext2' else _ptb_text(raw, where))]
+        extra = dict(documents=1, eot=None)
+    val = np.concatenate(parts)
+    val.tofile(os.path.join(stage, 'val.bin'))
+    open(os.path.join(stage, 'train.bin'), 'wb').close()
     if official is False:  # it read as the right format: use it, but say so
         _warn(f"{o['input']}: {EVAL_SETS[name]['checksum'][0]} differs from the official "
               f"{os.path.basename(EVAL_SETS[name]['url'])}; using it")
-    return _eval_meta(tok, counts[1], where if 'input' in o else EVAL_SETS[name]['url'], official, name, **extra)
+    return dict(kind='text', dataset=name, tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
+                train_tokens=0, val_tokens=len(val), source=where if 'input' in o else EVAL_SETS[name]['url'],
+                official_file=official, split='val.bin is the official test split; no train split (evaluation only)',
+                **extra)
 
 # -----------------------------------------------------------------------------
 # images: CIFAR's python pickles -> npy
 
 CIFAR = {
-    'cifar10': dict(url='https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz',
-                    md5='c58f30108f718f92721af3b95e74349a',
+    'cifar10': dict(url='https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz', md5='c58f30108f718f92721af3b95e74349a',
                     top='cifar-10-batches-py', train=[f'data_batch_{i}' for i in range(1, 6)], test=['test_batch'],
                     meta='batches.meta', labels=b'labels', names=b'label_names', classes=10),
-    'cifar100': dict(url='https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz',
-                     md5='eb9058c3a382ffc7106e4002c42a8d85',
+    'cifar100': dict(url='https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz', md5='eb9058c3a382ffc7106e4002c42a8d85',
                      top='cifar-100-python', train=['train'], test=['test'],
                      meta='meta', labels=b'fine_labels', names=b'fine_label_names', classes=100),
 }
 
 
-def _safe_globals():
-    try:
-        from numpy._core.multiarray import _reconstruct, scalar
-        from numpy._core.numeric import _frombuffer
-    except ImportError:  # numpy 1.x
-        from numpy.core.multiarray import _reconstruct, scalar
-        from numpy.core.numeric import _frombuffer
-    ok = {('numpy', 'ndarray'): np.ndarray, ('numpy', 'dtype'): np.dtype, ('_codecs', 'encode'): codecs.encode}
-    for m in ('numpy.core.multiarray', 'numpy._core.multiarray'):
-        ok[m, '_reconstruct'], ok[m, 'scalar'] = _reconstruct, scalar
-    for m in ('numpy.core.numeric', 'numpy._core.numeric'):
-        ok[m, '_frombuffer'] = _frombuffer
-    return ok
-
-
 class _NumpyUnpickler(pickle.Unpickler):
     """Plain containers and numpy arrays only: a tampered archive cannot run code on load."""
-    allowed = None
+    ALLOWED = {('numpy', 'ndarray'), ('numpy', 'dtype'), ('_codecs', 'encode'), ('numpy.core.multiarray', 'scalar'),
+               ('numpy.core.multiarray', '_reconstruct'), ('numpy.core.numeric', '_frombuffer')}
 
     def find_class(self, module, name):
-        if _NumpyUnpickler.allowed is None:
-            _NumpyUnpickler.allowed = _safe_globals()
-        if (module, name) not in self.allowed:
+        if (module.replace('numpy._core', 'numpy.core'), name) not in self.ALLOWED:  # numpy 2 writes numpy._core
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-        return self.allowed[module, name]
+        return super().find_class(module, name)
 
 
 def _read_cifar(archive, spec, where):
@@ -765,8 +674,7 @@ def _read_cifar(archive, spec, where):
     if not isinstance(names, list) or len(names) != spec['classes']:
         raise UsageError(f"{where}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
     names = [n.decode('utf-8') if isinstance(n, bytes) else str(n) for n in names]
-    tr = [batch(b) for b in spec['train']]
-    te = [batch(b) for b in spec['test']]
+    tr, te = [batch(b) for b in spec['train']], [batch(b) for b in spec['test']]
     cat = lambda parts, j: np.concatenate([p[j] for p in parts])
     return cat(tr, 0), cat(tr, 1), cat(te, 0), cat(te, 1), names
 
@@ -800,8 +708,8 @@ def _build_cifar(stage, o, which):
         _warn(f"{archive}: MD5 differs from the official tarball ({spec['md5']}); its layout checks out, using it")
     xtr, xte = xtr.reshape(-1, 3, 32, 32), xte.reshape(-1, 3, 32, 32)  # CIFAR rows are R, G, B planes of 32x32
     for split, x, y in (('train', xtr, ytr), ('test', xte, yte)):
-        _save_npy(stage, f'{split}_images.npy', x)
-        _save_npy(stage, f'{split}_labels.npy', y)
+        np.save(os.path.join(stage, f'{split}_images.npy'), x)
+        np.save(os.path.join(stage, f'{split}_labels.npy'), y)
     mean, std = _channel_stats(xtr)
     return dict(kind='images', num_classes=spec['classes'], classes=names, image_size=32, channels=3,
                 mean=[round(float(v), 6) for v in mean], std=[round(float(v), 6) for v in std],
@@ -855,31 +763,14 @@ def _commit(stage, out, meta):
     os.replace(tmp, os.path.join(out, 'meta.json'))
 
 
-def _files_match(out):
-    """meta.json is there; are the files it describes there too, at the right sizes? (cheap: no reading)"""
-    meta = load_meta(out)
-    if meta.get('kind') == 'text':
-        want = {'train.bin': 2 * meta.get('train_tokens', -1), 'val.bin': 2 * meta.get('val_tokens', -1)}
-        if meta.get('targets'):  # lambada's last-word positions
-            want[meta['targets']] = None
-    else:
-        want = {f'{s}_{k}.npy': None for s in ('train', 'test') for k in ('images', 'labels')}
-    for f, size in want.items():
-        p = os.path.join(out, f)
-        if not os.path.exists(p) or (size is not None and os.path.getsize(p) != size):
-            _warn(f"{p} is missing or the wrong size for its meta.json; rebuilding {out}")
-            return False
-    return True
-
-
 def prepare(name, /, data_dir='data', **opts):
-    """Prepares dataset `name` under data_dir and returns its folder; a no-op if already complete.
-    opts are the command line's (input=, tokenizer=, force=True, ...); name= there is the folder name,
-    which is why the dataset name is positional-only.
+    """Prepares dataset `name` under data_dir and returns its folder; a no-op if already complete (--force
+    rebuilds it). opts are the command line's (input=, tokenizer=, force=True, ...); name= there is the folder
+    name, which is why the dataset name is positional-only.
     With torchrun, call it on one rank and barrier: two ranks would both build (safely, but twice)."""
     if name not in DATASETS:
-        raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}; for text of your own: "
-                         f"python prepare_data.py text --input=PATH --name={name})")
+        raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}); "
+                         f"{_recipe(os.path.join(data_dir, name))}")
     builder, takes = DATASETS[name]
     o = {k: v for k, v in opts.items() if v is not None}
     takes = takes | {'name', 'force'}
@@ -894,11 +785,14 @@ def prepare(name, /, data_dir='data', **opts):
     if out_name in ('', '.', '..', 'downloads') or os.sep in out_name or out_name.startswith('.'):
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
-    if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force') and _files_match(out):
+    if _not_a_folder(out):
+        raise UsageError(f"cannot prepare {out}: {_not_a_folder(out)} is a file, not a folder; give --data_dir a "
+                         f"folder (datasets live in <data_dir>/<name>/)")
+    if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
         if o.get('tokenizer') and meta.get('tokenizer') != o['tokenizer']:
             raise UsageError(f"{out} was prepared with tokenizer {meta.get('tokenizer')}, not {o['tokenizer']}; "
-                            f"pass --force to rebuild it, or --name=OTHER to keep both")
+                             f"pass --force to rebuild it, or --name=OTHER to keep both")
         print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); --force rebuilds it")
         return out
     new_root = not os.path.isdir(data_dir)
@@ -943,28 +837,22 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
+    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='dataset')
+    if not cfg['dataset']:
+        raise UsageError(f"give one dataset name (known: {', '.join(DATASETS)}); python prepare_data.py --help")
+    for key in ('max_mb', 'val_every'):
+        if cfg[key] <= 0:
+            raise UsageError(f"--{key} must be positive, got {cfg[key]}")
+    if cfg['workers'] < 0:
+        raise UsageError(f"--workers must be >= 0, got {cfg['workers']}")
     try:
-        cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
-                              positional='dataset')
-        if not cfg['dataset']:
-            raise UsageError(f"give one dataset name (known: {', '.join(DATASETS)}); python prepare_data.py --help")
-        for key in ('max_mb', 'val_every'):
-            if cfg[key] <= 0:
-                raise UsageError(f"--{key} must be positive, got {cfg[key]}")
-        if cfg['workers'] < 0:
-            raise UsageError(f"--workers must be >= 0, got {cfg['workers']}")
         prepare(cfg['dataset'], data_dir=cfg['data_dir'],
                 **{k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if k != 'workers' or cfg[k]})
-    except UsageError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
     except KeyboardInterrupt:
-        print("interrupted: partial files removed, the dataset folder is as it was", file=sys.stderr)
-        sys.exit(130)
+        fail("interrupted: partial files removed, the dataset folder is as it was", code=130)
     except OSError as e:  # disk full, permissions: the environment, not a bug
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
+        raise UsageError(e) from None
 
 
 if __name__ == '__main__':
-    main()
+    run_main(main)

@@ -1,38 +1,57 @@
-"""bench.py stays runnable: its smallest mode runs every section (timings are not asserted: the
-benchmark prints ratios, tests don't time things)."""
-
+"""tools/bench.py stays runnable: its smallest mode runs every section (timings are not asserted: the
+benchmark prints ratios, tests don't time things), the memory probe runs in its own process, and each case
+runs what its column says."""
 import json
 import math
+import os
+import re
 import subprocess
 import sys
 
 import matplotlib.image
+import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import bench
+import options
+import tost
 import tost_fast
+from tools import bench, study
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_smoke_mode_runs_every_section(tmp_path):
+def test_smoke_mode_runs_the_sections_without_compiling(tmp_path):
+    """Every section but the limit (which compiles), in this process, with the figures beside the JSON."""
     out = tmp_path / 'bench.json'
-    r = subprocess.run([sys.executable, 'bench.py', '--smoke', '--no_memory', f'--json={out}'],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    res = json.loads(out.read_text())
-    assert {'operator', 'operator_exponent', 'limit', 'model', 'generation', 'training'} <= set(res)
+    res = bench.main(['--smoke', '--no_memory', '--sections=operator,model,generation,training', f'--json={out}'])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+    assert {'operator', 'operator_exponent', 'model', 'generation', 'training'} <= set(res)
     ops = {(row['n'], row['op']) for row in res['operator']}
     assert (256, 'causal_tssa') in ops and (256, 'sdpa') not in ops     # the TSSA-only size
-    for row in res['operator']:
-        assert row['fwd_s'] > 0 and row['fwdbwd_s'] > 0
+    assert all(row['fwd_s'] > 0 and row['fwdbwd_s'] > 0 for row in res['operator'])
     for row in res['generation']:
-        assert row['recurrent'] > 0 and row['rerun'] > 0 and row['shift_recurrent'] > 0 and row['softmax_kv'] > 0
-        assert row['hybrid'] > 0
+        assert all(row[k] > 0 for k in ('recurrent', 'rerun', 'shift_recurrent', 'softmax_kv', 'hybrid'))
     for name, shape in (('speed.png', (400, 1000)), ('generation.png', (400, 650))):   # drawn beside the JSON
         assert matplotlib.image.imread(tmp_path / name).shape[:2] == shape
 
 
+@pytest.mark.slow
+def test_smoke_mode_runs_every_section(tmp_path):
+    """The command as documented, from the repo root: every section, the limit's compiled columns included."""
+    out = tmp_path / 'bench.json'
+    r = subprocess.run([sys.executable, '-m', 'tools.bench', '--smoke', '--no_memory', f'--json={out}'], cwd=REPO,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert {'operator', 'operator_exponent', 'limit', 'model', 'generation', 'training'} <= set(res)
+    assert len(res['limit']) == 4                                    # two shapes, forward and forward+backward
+    for row in res['limit']:
+        assert all(row[k] > 0 for k in bench.LIMIT)
+
+
 def test_cpu_memory_probe_sees_activations():
+    """Each case in a fresh process (python -c 'from tools import bench', run from the repo root)."""
     bench.WIDTH, bench.HEADS = 64, 4
     spec = lambda n: dict(kind='causal_tssa', n=n, dtype='float32', backward=True, mode='smoke')
     # large enough that a few MB of allocator noise do not matter (4096 tokens gave ratios from 6 to 21)
@@ -41,10 +60,28 @@ def test_cpu_memory_probe_sees_activations():
     assert 3 < large / small < 6           # 4x tokens: roughly 4x memory, not 16x
 
 
+def test_the_readable_column_runs_the_readable_lines(monkeypatch):
+    """The limit's causal columns: the fused core, and with readable=True the lines of tost.py (CausalTSSA.fast
+    off while the case runs, on again after, also when it fails)."""
+    entered, real = [], tost_fast.causal_tssa
+    monkeypatch.setattr(tost_fast, 'causal_tssa', lambda *a: entered.append(1) or real(*a))
+    for backward in (False, True):
+        bench.make_op('causal_tssa', 8, 'cpu', 'float32', backward, width=16, heads=2, readable=True)()
+    assert entered == [] and tost.CausalTSSA.fast is True
+    bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2)()
+    assert entered == [1]
+    run = bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2, readable=True)
+    monkeypatch.setattr(tost.CausalTSSA, 'forward', lambda self, x: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        run()
+    assert tost.CausalTSSA.fast is True
+
+
+@pytest.mark.slow
 def test_every_compiled_case_runs_compiled(monkeypatch):
     """--compile: each case compiles afresh. Otherwise the sizes of one layer add up against dynamo's recompile
-    limit (8; 1 here, to see it with two sizes), past which dynamo runs the layer eagerly: a TSSA layer then takes
-    its fast core, and the row says compiled. Here no fast core is entered, and each size made its own graph."""
+    limit (8; 1 here, to see it with two sizes), past which dynamo runs the layer eagerly: a causal layer then takes
+    its fused core, and the row says compiled. Here no fused core is entered, and each size made its own graph."""
     monkeypatch.setattr(bench, 'COMPILE', True)
     entered, real = [], tost_fast.causal_tssa
     monkeypatch.setattr(tost_fast, 'causal_tssa', lambda *a: entered.append(1) or real(*a))
@@ -54,7 +91,7 @@ def test_every_compiled_case_runs_compiled(monkeypatch):
             bench.make_op('causal_tssa', n, 'cpu', 'float32', False, width=16, heads=2)()
     assert entered == [] and counters['stats']['unique_graphs'] - before == 2
     bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2, compile=False)()
-    assert entered == [1]                                   # the eager case (the limit's fast column) takes it
+    assert entered == [1]                                   # the eager case (the limit's fused column) takes it
 
 
 def test_the_device_asked_for_is_the_one_measured(monkeypatch):
@@ -68,3 +105,27 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch):
     monkeypatch.setattr(bench, 'run_sections', lambda args, sections, results, console, figures: results)
     assert bench.main(['--device=cuda:1', '--smoke', '--sections=operator'])['gpu'] == 'a GPU'
     assert calls == ['cuda:1', 'high']
+
+
+@pytest.mark.parametrize('argv, words', [
+    (['--sections=operator,speed'], 'unknown section(s) speed; choose from operator, limit'),
+    (['--json=no/such/folder/bench.json'], '--json=no/such/folder/bench.json: cannot write a file there'),
+    (['--dtype=fp8'], "--dtype expects float32, bfloat16 or float16, got 'fp8'"),
+])
+def test_bad_input_is_one_line_before_any_work(monkeypatch, capsys, argv, words):
+    monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, 'operator': lambda args, results: 1 / 0})
+    with pytest.raises(SystemExit) as e:
+        options.run_main(lambda: bench.main(['--smoke', *argv]))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count('\n') == 1 and words in err, err
+
+
+KEY = re.compile(r"^    (\w+)=.*?(#.*)?$")
+
+
+@pytest.mark.parametrize('module', [bench, study])
+def test_every_key_is_documented_in_the_help(module):
+    """--help shows each key of the DEFAULTS table with a comment."""
+    text = options.help_text(module.__doc__, module.DEFAULTS, module.__file__)
+    rows = dict(m.groups() for m in map(KEY.match, text.split("options, as")[1].splitlines()) if m)
+    assert set(rows) == set(module.DEFAULTS) and all(rows.values()), rows

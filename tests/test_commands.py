@@ -15,16 +15,15 @@ import urllib.error
 import pytest
 import torch
 
-import bench
 import eval_gpt
 import plot
 import prepare_data
 import sample
-import study
 import train_common
 import train_gpt
 import train_vit
 from test_prepare_data import make_cifar
+from tools import bench, study
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
@@ -50,7 +49,7 @@ RUN = [
     ('python plot.py out out-shift out-hybrid', ()),
     ('python plot.py out out-shift out-softmax', ()),
     ('python plot.py out docs/demo-log.jsonl --x=seconds', ()),
-    ('python plot.py docs/bench.json docs/tasks.json', ()),
+    ('python plot.py out-study/study.json', ()),
     ('python plot.py docs/bench.json', ()),
     ('python plot.py docs/tasks.json', ()),
     ('python sample.py --out_dir=out-shift --start="def " --seed=1 --temperature=0.8', SHORT),
@@ -110,20 +109,21 @@ SKIP = {
     'train_vit.py --dataset=cifar100 --model=tost-s': 'two nodes',
     'torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
     'train_vit.py --dataset=cifar100 --model=tost-s': 'two nodes',
-    'python bench.py': 'minutes; test_bench.py runs its smoke mode',
-    'python study.py language': 'most of an hour; test_study.py runs its smoke mode',
-    'python study.py vision': 'a quarter of an hour; test_study.py runs its smoke mode',
-    'python study.py tasks': 'half an hour; test_study.py runs its smoke mode',
-    'python study.py tasks --quick': 'minutes; test_study.py runs its smoke mode',
-    'python bench.py --json=docs/bench.json': 'minutes; test_bench.py runs its smoke mode',
-    'python study.py language --json=docs/language.json': 'most of an hour; test_study.py runs its smoke mode',
-    'python study.py tasks --json=docs/tasks.json': 'half an hour; test_study.py runs its smoke mode',
-    'python study.py vision --json=docs/vision.json': 'a quarter of an hour; test_study.py runs its smoke mode',
-    'python bench.py --quick': 'a minute; test_bench.py runs its smoke mode',
-    'python bench.py --sections=operator,limit': 'minutes; test_bench.py runs its smoke mode',
-    'python bench.py --device=cuda --dtype=bfloat16 --json=bench.json': 'a GPU',
-    'python bench.py --device=cuda --dtype=bfloat16 --compile --sections=operator,model': 'a GPU',
-    'python study.py language,tasks --json=study.json': 'an hour; test_study.py runs its smoke mode',
+    'python -m tools.bench': 'minutes; test_bench.py runs its smoke mode',
+    'python -m tools.study language': 'most of an hour; test_study.py runs its smoke mode',
+    'python -m tools.study vision': 'a quarter of an hour; test_study.py runs its smoke mode',
+    'python -m tools.study tasks': 'half an hour; test_study.py runs its smoke mode',
+    'python -m tools.study tasks --quick': 'minutes; test_study.py runs its smoke mode',
+    'python -m tools.bench --json=docs/bench.json': 'minutes; test_bench.py runs its smoke mode',
+    'python -m tools.study language --json=docs/language.json': 'most of an hour; test_study.py runs its smoke mode',
+    'python -m tools.study tasks --json=docs/tasks.json': 'half an hour; test_study.py runs its smoke mode',
+    'python -m tools.study vision --json=docs/vision.json': 'a quarter of an hour; test_study.py runs its smoke mode',
+    'python -m tools.bench --quick': 'a minute; test_bench.py runs its smoke mode',
+    'python -m tools.bench --sections=operator,limit': 'minutes; test_bench.py runs its smoke mode',
+    'python -m tools.bench --device=cuda --dtype=bfloat16 --json=bench.json': 'a GPU',
+    'python -m tools.bench --device=cuda --dtype=bfloat16 --compile --sections=operator,model': 'a GPU',
+    'python -m tools.study language,tasks --json=study.json': 'an hour; test_study.py runs its smoke mode',
+    'python -m tools.study language,vision,tasks': 'more than an hour; test_study.py runs its smoke mode',
     'python derivation.py': 'test_tost.py runs it',
     'python sample.py --out_dir=out-study/language-<run> --start="def " --seed=1 --temperature=0.8 '
     '--max_new_tokens=160': 'a template (<run>: a row of the language study, which runs it for each row)',
@@ -149,7 +149,7 @@ def documented():
     for module in HELP:
         for line in module.__doc__.replace('\\\n', ' ').splitlines():    # join `\` continuations
             if line.strip().startswith(('python ', 'torchrun ')):
-                found.update({re.sub(r'\s+', ' ', c): f'{module.__name__}.py --help' for c in commands_in(line)})
+                found.update({re.sub(r'\s+', ' ', c): f'{os.path.relpath(module.__file__, REPO)} --help' for c in commands_in(line)})
     for page in DOCS:
         with open(os.path.join(REPO, page)) as f:
             text = f.read()
@@ -203,6 +203,8 @@ def test_documented_commands_run_offline(tmp_path, monkeypatch, capsys):
     (tmp_path / 'docs').mkdir()
     for f in ('demo-log.jsonl', 'bench.json', 'tasks.json'):            # what the docs' plot.py commands read
         shutil.copy(os.path.join(REPO, 'docs', f), tmp_path / 'docs')
+    (tmp_path / 'out-study').mkdir()
+    shutil.copy(os.path.join(REPO, 'docs', 'tasks.json'), tmp_path / 'out-study' / 'study.json')
     make_cifar(tmp_path / 'cifar-10-python.tar.gz', 'cifar10', n=12)
     make_cifar(tmp_path / 'cifar-100-python.tar.gz', 'cifar100', n=4)
     for cmd, extra in RUN:

@@ -1,6 +1,6 @@
 """Tests for plot.py: every figure the project draws, drawn from tiny inputs and read back (size, and not
-blank); the command on several runs, on a run with no evaluation yet, and on a folder that is not a run.
-Offline, seconds: python -m pytest -q test_plot.py"""
+blank); the command on several runs, on a run with no evaluation yet, and each input it cannot draw ending in
+one line. Offline, seconds: python -m pytest -q tests/test_plot.py"""
 import json
 import os
 import subprocess
@@ -10,8 +10,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+import options
 import plot
-import train_common
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,7 +76,7 @@ def test_speed_and_generation_figures(tmp_path):
 
 
 def test_results_files_are_drawn_again_beside_themselves(tmp_path):
-    """python plot.py docs/bench.json docs/tasks.json: each section's figure, from the numbers alone."""
+    """python plot.py bench.json tasks.json: each section's figure, from the numbers alone, beside the file."""
     rows = [dict(n=n, op='causal_tssa', fwd_s=n * 1e-6, fwdbwd_s=3 * n * 1e-6, fwdbwd_peak_mb=n * 0.01)
             for n in (256, 1024)]
     (tmp_path / 'bench.json').write_text(json.dumps(dict(device='cpu', operator=rows, generation=[
@@ -100,17 +100,65 @@ def test_capability_grid(tmp_path):
     assert img.shape[1] > img.shape[0]                              # four model columns, two rows
 
 
-def test_a_figure_that_cannot_be_drawn_does_not_stop_the_run(tmp_path, monkeypatch, capsys):
-    log = train_common.RunLog(str(tmp_path))
-    log.record(dict(iter=1, kind='eval', train_loss=2.0, val_loss=2.1, tokens=10))
-    log.draw()
-    assert os.path.isfile(tmp_path / 'loss.png')
+def test_the_loss_axis_shows_the_part_after_the_first_drop_in_the_runs_unit(tmp_path, monkeypatch):
+    """The demo's log: its y axis spans the losses after the first evaluation (the first rows' 5.2 is above
+    it), in nats per byte (a vocabulary of 256); a run with a larger vocabulary says nats per token."""
+    axes = []
+    monkeypatch.setattr(plot, 'save', lambda fig, path: axes.append(fig.axes[0]))
+    demo = plot.read_run(os.path.join(HERE, 'docs', 'demo-log.jsonl'))
+    plot.learning_curves([demo], 'x.png')
+    lo, hi = axes[-1].get_ylim()
+    vals = [r['val_loss'] for r in demo[2] if r.get('val_loss') is not None]
+    assert vals[0] > 5 and hi < vals[0] and max(vals[1:]) < hi < max(vals[1:]) + 0.1
+    train = min(r['train_loss'] for r in demo[2])
+    assert train - 0.1 < lo < train
+    assert axes[-1].get_ylabel() == 'loss (nats per byte); thin: train'
+    plot.learning_curves([(demo[0], dict(demo[1], vocab_size=50304), demo[2])], 'x.png')
+    assert axes[-1].get_ylabel() == 'loss (nats per token); thin: train'
 
-    def broken(*a, **k):
-        raise OSError(28, 'No space left on device')
-    monkeypatch.setattr(plot, 'learning_curves', broken)
-    log.draw()
-    log.draw()                                                      # said once, then left alone
-    out = capsys.readouterr().out
-    assert out.count('could not draw loss.png') == 1 and 'No space left on device' in out and 'goes on' in out
-    log.close()
+
+def test_a_log_cut_short_draws_what_is_complete(tmp_path, capsys):
+    write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0, 3.2, 2.9])
+    with open(tmp_path / 'out' / 'log.jsonl', 'a') as f:
+        f.write('{"iter": 5, "kind": "train", "train_lo')                 # killed while writing a row
+    label, cfg, rows = plot.read_run(str(tmp_path / 'out'))
+    assert len(rows) == 6 and cfg['attn'] == 'tssa'
+    plot.main([str(tmp_path / 'out'), f'--out={tmp_path / "a.png"}'])
+    read_png(tmp_path / 'a.png', (420, 700))
+    (tmp_path / 'new').mkdir()
+    (tmp_path / 'new' / 'log.jsonl').write_text('{"kind": "config", "attn": "tssa"}\n{"iter": 0, "ki')
+    code, err = plot_exits(capsys, str(tmp_path / 'new'))
+    assert code == 2 and err == ['error: nothing to draw yet: new: ToST has no complete train or eval row']
+
+
+def plot_exits(capsys, *argv):
+    """plot.py as the command runs it: (exit code, the lines on stderr)."""
+    with pytest.raises(SystemExit) as e:
+        options.run_main(lambda: plot.main(list(argv)))
+    return e.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
+    """A bad --out (no folder, a folder, no suffix, a format matplotlib does not write, a read-only place), a
+    language run with a vision run, and a .json that holds no results: each one line, exit 2, no file."""
+    write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
+    (tmp_path / 'vit').mkdir()
+    (tmp_path / 'vit' / 'log.jsonl').write_text(json.dumps(dict(kind='eval', step=4, epoch=1, test_acc=0.3)) + '\n')
+    (tmp_path / 'ro').mkdir()
+    os.chmod(tmp_path / 'ro', 0o500)
+    (tmp_path / 'other.json').write_text('{"loss": 1}')
+    run = str(tmp_path / 'out')
+    for argv, words in (([run, f'--out={tmp_path}/no/such/x.png'], 'No such file or directory'),
+                        ([run, f'--out={tmp_path}'], 'needs a file name whose suffix is the format'),
+                        ([run, '--out='], 'needs a file name whose suffix is the format'),
+                        ([run, f'--out={tmp_path}/x.txt'], "Format 'txt' is not supported"),
+                        ([run, str(tmp_path / 'vit')], 'vit: vision, out: ToST: language; draw them in separate'),
+                        ([str(tmp_path / 'other.json')], 'holds no results of tools.bench or tools.study')):
+        code, err = plot_exits(capsys, *argv)
+        assert code == 2 and len(err) == 1 and err[0].startswith('error:') and words in err[0], err
+    if os.geteuid() != 0:                                              # root writes anywhere
+        code, err = plot_exits(capsys, run, f'--out={tmp_path}/ro/x.png')
+        assert code == 2 and 'Permission denied' in err[0]
+    assert sorted(os.listdir(tmp_path)) == ['other.json', 'out', 'ro', 'vit'] and not os.listdir(tmp_path / 'ro')
+    plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
+    assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')

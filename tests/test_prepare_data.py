@@ -3,18 +3,17 @@ Tests for prepare_data.py. Offline and small: CIFAR tarballs are built here with
 layout, the gpt2 path uses a 257-token tiktoken Encoding, openwebtext reads a folder of jsonl/txt.
     python -m pytest -q test_prepare_data.py
 """
-import hashlib, io, json, os, pickle, signal, socket, subprocess, sys, sysconfig, tarfile, time, urllib.error
-import zipfile
+import contextlib, hashlib, io, json, os, pickle, signal, socket, subprocess, sys, sysconfig, tarfile, time
+import urllib.error, zipfile
 import numpy as np
 import pytest
 import tiktoken
 
-import prepare_data as prep
 import options
 import prepare_data
+import prepare_data as prep
 from options import UsageError
-from prepare_data import prepare
-from prepare_data import get_tokenizer, load_meta
+from prepare_data import get_tokenizer, load_meta, prepare, read_images, read_tokens
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -40,6 +39,16 @@ def read_bin(path):
 def cli(*args, cwd=None):
     return subprocess.run([sys.executable, os.path.join(REPO, 'prepare_data.py'), *args],
                           capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def main_exits(capsys, *argv):
+    """prepare_data.main as the command runs it: (exit code, the lines on stderr)."""
+    try:
+        options.run_main(lambda: prep.main(list(argv)))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err.strip().splitlines()
 
 
 def assert_clean_error(r, *words):
@@ -93,13 +102,60 @@ def test_vocab_must_fit_uint16():
         get_tokenizer('gpt2', encoding=Big())
 
 
-def test_load_meta_missing_names_the_command(tmp_path):
-    with pytest.raises(UsageError, match=r'python prepare_data.py shakespeare --data_dir='):
+def test_a_dataset_not_prepared_names_a_command_that_makes_it(tmp_path, capsys):
+    """A built-in name gets its own command; any other name the text command (run here as printed, with a
+    file for PATH), and the closest built-in name when there is one."""
+    with pytest.raises(UsageError, match=f'run: python prepare_data.py shakespeare --data_dir={tmp_path}$'):
         load_meta(tmp_path / 'shakespeare')
-    with pytest.raises(UsageError, match=r'python prepare_data.py notes --data_dir='):
+    for ask in (lambda: load_meta(tmp_path / 'shakespear'), lambda: prepare('shakespear', tmp_path)):
+        with pytest.raises(UsageError) as e:
+            ask()
+        assert f'python prepare_data.py text --input=PATH --name=shakespear --data_dir={tmp_path}' in str(e.value)
+        assert 'did you mean the built-in shakespeare?' in str(e.value)
+    with pytest.raises(UsageError) as e:
         load_meta(tmp_path / 'notes')
-    with pytest.raises(UsageError, match=r'python prepare_data.py text --input=PATH --name=notes\)'):
-        prepare('notes', tmp_path)
+    assert 'did you mean' not in str(e.value)
+    command = str(e.value).split('run: ')[1].split(' (')[0].replace('PATH', str(tmp_path / 'notes.txt'))
+    (tmp_path / 'notes.txt').write_text('my own notes. ' * 20)
+    assert main_exits(capsys, *command.split()[2:]) == (0, [])
+    assert load_meta(tmp_path / 'notes')['kind'] == 'text'
+
+
+def test_a_data_dir_that_is_a_file_is_one_line(tmp_path):
+    """--data_dir=README.md: said in one line, nothing prepared into it, whether reading or preparing."""
+    (tmp_path / 'README.md').write_text('a file')
+    for data_dir, folder in ((tmp_path / 'README.md', tmp_path / 'README.md'), (tmp_path / 'README.md' / 'sub', tmp_path / 'README.md')):
+        with pytest.raises(UsageError, match=f'{folder} is a file, not a folder; give --data_dir a folder'):
+            load_meta(data_dir / 'python_stdlib')
+        with pytest.raises(UsageError, match=f'{folder} is a file, not a folder; give --data_dir a folder'):
+            prepare('python_stdlib', data_dir, max_mb=0.01)
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'notes').write_text('a file where the dataset folder would go')
+    with pytest.raises(UsageError, match='notes is a file, not a folder'):
+        prepare('text', tmp_path / 'data', input=str(tmp_path / 'README.md'), name='notes')
+    assert sorted(os.listdir(tmp_path)) == ['README.md', 'data'] and os.listdir(tmp_path / 'data') == ['notes']
+
+
+def test_a_damaged_split_names_the_command_that_rebuilds_it(tmp_path, capsys):
+    """A train.bin cut short (or by one byte), a missing val.bin: one line each, whose command rebuilds it."""
+    (tmp_path / 'in.txt').write_text('hello there. ' * 20)
+    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), name='mine')
+    meta = load_meta(out)
+    with open(os.path.join(out, 'train.bin'), 'ab') as f:
+        f.write(b'x')                                                      # an odd number of bytes
+    with pytest.raises(UsageError, match=r'train.bin has 469 bytes \(odd\), not the 234 tokens its meta.json says; '
+                                         r'rebuild it: python prepare_data.py text --input=PATH --name=mine'):
+        read_tokens(out, meta, 'train')
+    os.remove(os.path.join(out, 'val.bin'))
+    with pytest.raises(UsageError, match='val.bin is missing, not the 26 tokens') as e:
+        read_tokens(out, meta, 'val')
+    command = str(e.value).split('rebuild it: ')[1].split(' (')[0].replace('PATH', str(tmp_path / 'in.txt'))
+    assert command.endswith('--force')
+    assert main_exits(capsys, *command.split()[2:]) == (0, [])
+    assert len(read_tokens(out, meta, 'train')) == 234 and len(read_tokens(out, meta, 'val')) == 26
+    (tmp_path / 'images').mkdir()
+    with pytest.raises(UsageError, match='rebuild it: python prepare_data.py cifar10 --name=images --data_dir='):
+        read_images(tmp_path / 'images', {'kind': 'images', 'num_classes': 10})
 
 # -----------------------------------------------------------------------------
 # text
@@ -146,6 +202,21 @@ def test_not_utf8_warns_with_file_name(tmp_path, capsys):
     assert 'warning:' in err and 'latin1.txt' in err and 'UTF-8' in err
     data = bytes(read_bin(os.path.join(out, 'train.bin')).astype(np.uint8))
     assert 'caf\ufffd au lait'.encode('utf-8') in data
+
+
+def test_text_skips_binary_files_and_refuses_a_folder_of_them(tmp_path, capsys):
+    (tmp_path / 'bin').mkdir()
+    for i in range(3):
+        (tmp_path / 'bin' / f'blob{i}.so').write_bytes(bytes(range(256)) * 4)
+    code, err = main_exits(capsys, 'text', f'--input={tmp_path / "bin"}', f'--data_dir={tmp_path / "data"}')
+    assert code == 2 and len(err) == 1 and 'holds no text: its 3 file(s) are binary' in err[0], err
+    assert not (tmp_path / 'data').exists()
+    (tmp_path / 'bin' / 'readme.txt').write_text('words, not bytes. ' * 30)
+    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'bin'))
+    err = capsys.readouterr().err
+    assert err.count('warning:') == 1 and 'skipped 3 binary file(s)' in err and 'blob0.so' in err
+    raw = ('words, not bytes. ' * 30).encode()
+    assert load_meta(out)['documents'] == 1 and load_meta(out)['train_tokens'] == len(raw) - len(raw) // 10
 
 
 def test_shakespeare_gpt2_from_local_copy(tmp_path, tiny):
@@ -205,8 +276,7 @@ def owt_folder(path):
 @pytest.mark.parametrize('workers', [1, 2])
 def test_openwebtext_local_pool_streaming(tmp_path, tiny, monkeypatch, workers):
     docs = owt_folder(tmp_path / 'owt')
-    monkeypatch.setattr(prep, '_CHUNK', 2)  # many small jobs in flight, a last one half full
-    monkeypatch.setattr(prep._TokenWriter, 'FLUSH', 7)  # many small writes
+    monkeypatch.setattr(prep, '_CHUNK', 2)  # many small jobs in flight and writes, a last one half full
     out = prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), workers=workers, val_every=4)
     train, val = [], []
     for i, d in enumerate(docs):
@@ -380,16 +450,6 @@ def test_lambada_bytes_separates_passages_with_newline(tmp_path):
     assert np.load(os.path.join(out, 'val_targets.npy')).tolist() == [[0, 7, 11], [12, 17, 21]]
 
 
-def test_missing_targets_file_is_rebuilt(tmp_path, tiny, capsys):
-    write_jsonl(tmp_path / 'l.jsonl', LAMBADA)
-    out = prepare('lambada', tmp_path / 'data', input=str(tmp_path / 'l.jsonl'))
-    want = np.load(os.path.join(out, 'val_targets.npy'))
-    os.remove(os.path.join(out, 'val_targets.npy'))
-    prepare('lambada', tmp_path / 'data', input=str(tmp_path / 'l.jsonl'))
-    assert 'rebuilding' in capsys.readouterr().err
-    assert np.array_equal(np.load(os.path.join(out, 'val_targets.npy')), want)
-
-
 @pytest.mark.parametrize('name,published', [('lambada', 'jsonl'), ('wikitext2', 'zip'), ('ptb', 'txt')])
 def test_eval_set_download_is_checked(tmp_path, tiny, monkeypatch, name, published):
     if published == 'zip':
@@ -439,10 +499,8 @@ def test_eval_set_bad_input_is_one_line(tmp_path, tiny, capsys, name, file, cont
             z.writestr(content.split(':', 1)[1], WIKI)
     elif content is not None:
         path.write_bytes(content)
-    with pytest.raises(SystemExit) as e:
-        prep.main([name, f'--input={path}', f'--data_dir={tmp_path / "data"}'])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1 and err[0].startswith('error:'), err
+    code, err = main_exits(capsys, name, f'--input={path}', f'--data_dir={tmp_path / "data"}')
+    assert code == 2 and len(err) == 1 and err[0].startswith('error:'), err
     assert all(w in err[0] for w in words), err[0]
     assert not (tmp_path / 'data').exists()  # nothing half-written, not even the data_dir
 
@@ -589,24 +647,18 @@ def test_no_network_says_what_to_fetch(tmp_path, monkeypatch):
 # reliability: interrupted runs, re-runs, --force
 
 
-def interrupt_after(monkeypatch, n):
-    calls, real = [0], prep._TokenWriter.add
-
-    def add(self, ids):
-        calls[0] += 1
-        if calls[0] > n:
-            raise KeyboardInterrupt
-        real(self, ids)
-    monkeypatch.setattr(prep._TokenWriter, 'add', add)
+def interrupt_after_writing(monkeypatch):
+    """Ctrl-C once the first tokens are on disk: where the progress bar would advance."""
+    def advance(n):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(prep, '_progress', lambda *a, **k: contextlib.nullcontext(advance))
 
 
 def test_interrupted_new_dataset_leaves_nothing(tmp_path, monkeypatch, capsys):
     (tmp_path / 'in.txt').write_text('some text to tokenize. ' * 50)
-    interrupt_after(monkeypatch, 1)  # after the first train chunk is in
-    with pytest.raises(SystemExit) as e:
-        prep.main(['text', f'--input={tmp_path / "in.txt"}', f'--data_dir={tmp_path / "data"}'])
-    assert e.value.code == 130
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    interrupt_after_writing(monkeypatch)
+    code, err = main_exits(capsys, 'text', f'--input={tmp_path / "in.txt"}', f'--data_dir={tmp_path / "data"}')
+    assert code == 130 and err == ['error: interrupted: partial files removed, the dataset folder is as it was']
     assert not (tmp_path / 'data').exists()  # no dataset, staging folder or .tmp, and the new data_dir is gone
 
 
@@ -615,7 +667,7 @@ def test_interrupted_force_keeps_old_dataset(tmp_path, monkeypatch):
     out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
     before = {f: open(os.path.join(out, f), 'rb').read() for f in os.listdir(out)}
     (tmp_path / 'in.txt').write_text('new and different text. ' * 50)
-    interrupt_after(monkeypatch, 1)
+    interrupt_after_writing(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), force=True)
     assert {f: open(os.path.join(out, f), 'rb').read() for f in os.listdir(out)} == before
@@ -677,16 +729,6 @@ def test_ctrl_c_during_pool_run(tmp_path):
     assert os.listdir(tmp_path / 'data') == []
 
 
-def test_missing_file_behind_meta_is_rebuilt(tmp_path, capsys):
-    (tmp_path / 'in.txt').write_text('hello there. ' * 20)
-    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
-    want = open(os.path.join(out, 'val.bin'), 'rb').read()
-    os.remove(os.path.join(out, 'val.bin'))
-    prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
-    assert 'rebuilding' in capsys.readouterr().err
-    assert open(os.path.join(out, 'val.bin'), 'rb').read() == want
-
-
 def test_stale_staging_folder_is_removed(tmp_path):
     p = subprocess.Popen([sys.executable, '-c', 'pass'])
     p.wait()  # a pid that is gone
@@ -705,7 +747,7 @@ def test_stale_staging_folder_is_removed(tmp_path):
 
 def test_cli_broken_archive(tmp_path):
     (tmp_path / 'junk.tar.gz').write_bytes(os.urandom(4096))
-    r = cli('cifar10', '--archive', str(tmp_path / 'junk.tar.gz'), f'--data_dir={tmp_path / "data"}')
+    r = cli('cifar10', f'--archive={tmp_path / "junk.tar.gz"}', f'--data_dir={tmp_path / "data"}')
     assert_clean_error(r, 'not a readable tar archive')
     assert not (tmp_path / 'data' / 'cifar10').exists()
 
@@ -716,7 +758,7 @@ def test_cli_missing_input(tmp_path):
 
 
 def test_cli_stdlib_and_noop(tmp_path):
-    r = cli('python_stdlib', '--max_mb', '0.05', '--data_dir', str(tmp_path))
+    r = cli('python_stdlib', '--max_mb=0.05', f'--data_dir={tmp_path}')
     assert r.returncode == 0 and 'prepared' in r.stdout, r.stderr
     assert load_meta(tmp_path / 'python_stdlib')['train_tokens'] > 0
     r = cli('python_stdlib', f'--data_dir={tmp_path}')
@@ -724,7 +766,9 @@ def test_cli_stdlib_and_noop(tmp_path):
 
 
 @pytest.mark.parametrize('argv,words', [
-    (['mnist'], ['unknown dataset', 'cifar10']),
+    (['mnist'], ['unknown dataset', 'cifar10', 'text --input=PATH --name=mnist']),
+    (['cifar1O'], ['unknown dataset', 'did you mean the built-in cifar10?']),
+    (['text', '--input', 'x.txt'], ["unexpected argument 'x.txt'", '--key=value']),     # the space form is gone
     (['text', '--input=x', '--batch_size=3'], ['unknown option --batch_size']),
     (['python_stdlib', '--max_mb=lots'], ['--max_mb expects float', 'lots']),
     (['python_stdlib', '--tokenizer=sentencepiece'], ['unknown tokenizer']),
@@ -733,17 +777,16 @@ def test_cli_stdlib_and_noop(tmp_path):
     ([], ['give one dataset name']),
 ])
 def test_cli_bad_arguments(tmp_path, capsys, argv, words):
-    with pytest.raises(SystemExit) as e:
-        prep.main(argv + [f'--data_dir={tmp_path}'])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1 and err[0].startswith('error:')
+    code, err = main_exits(capsys, *argv, f'--data_dir={tmp_path}')
+    assert code == 2 and len(err) == 1 and err[0].startswith('error:')
     assert all(w in err[0] for w in words), err[0]
 
 
 def test_cli_parsing_forms():
+    """The dataset as the first word or as --dataset, --key=value, and a bare --flag for a bool."""
     parse = lambda argv: options.parse(argv, prep.DEFAULTS, positional='dataset')
-    cfg, set_keys = parse(['text', '--input', 'a b.txt', '--force', '--max_mb=2.5'])
+    cfg, set_keys = parse(['text', '--input=a b.txt', '--force', '--max_mb=2.5'])
     assert (cfg['dataset'], cfg['input'], cfg['force'], cfg['max_mb']) == ('text', 'a b.txt', True, 2.5)
     assert set_keys == {'dataset', 'input', 'force', 'max_mb'}
-    cfg, set_keys = parse(['--data-dir=d', 'cifar10', '--force=false'])
+    cfg, set_keys = parse(['--data_dir=d', '--dataset=cifar10', '--force=false'])
     assert (cfg['dataset'], cfg['data_dir'], cfg['force']) == ('cifar10', 'd', False)

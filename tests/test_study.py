@@ -1,4 +1,4 @@
-"""study.py's tasks section: each generator asks what it says (every label follows from the input before
+"""tools/study.py's tasks section: each generator asks what it says (every label follows from the input before
 it, labels sit exactly at the answer positions), train and test sequences are disjoint, and the section runs
 end to end at its smoke size. No accuracy is asserted: the table reports what training gives."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import plot
-import study
+from tools import study
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -143,6 +143,7 @@ def test_the_loss_is_taken_at_the_labelled_positions_only():
     assert m.sum() == 16 * 2 and m[:, :8].sum() == 0                   # the two queries of each sequence
 
 
+@pytest.mark.slow
 def test_tasks_section_runs_end_to_end(tmp_path):
     out = tmp_path / 'study.json'
     study.main(['tasks', '--smoke', f'--json={out}'])
@@ -169,6 +170,7 @@ def test_the_task_map_has_a_hybrid_column_one_softmax_block_of_two_with_the_shif
     assert cfg.token_shift and plot.model_name(vars(cfg)) == 'hybrid + shift'
 
 
+@pytest.mark.slow
 def test_language_and_vision_sections_run_end_to_end(tmp_path):
     """The smoke sizes, through the real scripts (train_gpt.py, sample.py, train_vit.py): each variant's key
     reaches its checkpoint, and the table's numbers come from the runs' logs."""

@@ -1,18 +1,17 @@
 """
-Quality and capability, measured side by side: training runs of minutes each (bench.py measures speed).
+Quality and capability, side by side: training runs of minutes each (tools.bench measures speed). From the
+repo root:
 
-    python study.py language          # the demo budget: ToST, softmax, hybrids, each +- token shift; heads
-    python study.py vision            # ToST with and without XCiT's local patch interaction, synthetic images
-    python study.py tasks             # what ToST can and cannot do: synthetic tasks, ToST vs softmax vs hybrid
-    python study.py tasks --quick     # the same map at two knob values per task, under 10 minutes on 2 cores
-    python study.py language,tasks --json=study.json
+    python -m tools.study language          # the demo budget: ToST, softmax, hybrids, each +- token shift; heads
+    python -m tools.study vision            # ToST with and without XCiT's local patch interaction, synthetic images
+    python -m tools.study tasks             # what ToST can and cannot do: synthetic tasks, ToST vs softmax vs hybrid
+    python -m tools.study tasks --quick     # the same map at two knob values per task
+    python -m tools.study language,tasks --json=study.json
 
-Every model in a table gets the same budget (data, width, depth, optimizer, steps, schedule, seed); the
-budget is printed with each table. One seed per cell: differences of a few hundredths are noise. With
---json=PATH the results go to PATH, and beside it a figure per section: language.png (the runs' learning
-curves), vision.png (their test accuracy by epoch), tasks.png (the capability map as a grid).
+Every model in a table gets the same budget (data, width, depth, optimizer, steps, schedule, seed), printed
+with the table; one seed per cell. With --json=PATH the results go to PATH, and beside it a figure per
+section: language.png, vision.png (the runs' learning curves), tasks.png (the capability map).
 """
-
 import json
 import multiprocessing
 import os
@@ -25,32 +24,23 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from rich.console import Console
-from rich.table import Table
 
 import plot
 import tost
 from options import parse, run_main
-from train_common import cosine_lr, run_sections
+from tools.bench import console, run_sections, table
+from train_common import cosine_lr
 
-console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
-
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the scripts run from there
 
 
 def run_script(args, what):
-    """Run one of this repo's scripts (a list of arguments) in a subprocess; its output goes to a file."""
-    out = subprocess.run([sys.executable, *args], cwd=HERE, capture_output=True, text=True)
+    """Run one of the repo's scripts (a list of arguments) in a subprocess, its output captured."""
+    out = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True)
     if out.returncode != 0:
         tail = '\n'.join((out.stderr or out.stdout).strip().splitlines()[-5:])
         sys.exit(f"error: {what} failed ({' '.join(args)}):\n{tail}")
     return out
-
-
-def read_log(out_dir):
-    with open(os.path.join(out_dir, 'log.jsonl')) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 # -----------------------------------------------------------------------------
@@ -86,7 +76,7 @@ def section_language(args, results):
         out_dir = os.path.join(args.out_dir, 'language-' + run)
         keys = {**budget, **extra, 'out_dir': out_dir, 'overwrite': True}
         run_script(['train_gpt.py', *(f'--{k}={v}' for k, v in keys.items())], f'training {name}')
-        log = read_log(out_dir)
+        log = plot.read_run(out_dir)[2]
         val = [r['val_loss'] for r in log if r.get('kind') == 'eval'][-1]
         speeds = [r['tokens_per_sec'] for r in log if r.get('kind') == 'train' and r.get('tokens_per_sec')]
         speeds = speeds[1:] or speeds                          # the first row includes the warm-up
@@ -97,14 +87,10 @@ def section_language(args, results):
         console.print(f"  {name}: val loss {val:.3f}", style="dim")
     results['language'] = dict(budget=dict(budget, note='train_gpt.py defaults (the demo) with these overrides, '
                                                          'seed 1337, one run each'), rows=rows)
-    t = Table(title=f"Language, the demo budget{'' if not budget else ' with ' + str(budget)}: "
-                    "python_stdlib bytes, val loss in nats per byte (one seed)")
-    for c in ['model', 'val loss', 'vs ToST (paper)', 'train tokens/s']:
-        t.add_column(c, justify='right')
-    for r in rows:
-        t.add_row(r['variant'], f"{r['val_loss']:.3f}", f"{r['val_loss'] - rows[0]['val_loss']:+.3f}",
-                  f"{r['tokens_per_sec']:,.0f}")
-    console.print(t)
+    table(results, f"Language, the demo budget{'' if not budget else ' with ' + str(budget)}: python_stdlib bytes, "
+                   "val loss in nats per byte (one seed)", ['model', 'val loss', 'vs ToST (paper)', 'train tokens/s'],
+          [(r['variant'], f"{r['val_loss']:.3f}", f"{r['val_loss'] - rows[0]['val_loss']:+.3f}",
+            f"{r['tokens_per_sec']:,.0f}") for r in rows])
     for r in rows:
         console.print(f"{r['variant']}: {shlex.join(['python', 'sample.py', '--out_dir=' + r['out_dir'], *SAMPLE])}",
                       style="bold", markup=False, highlight=False)
@@ -133,7 +119,7 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
         np.save(os.path.join(folder, f'{split}_labels.npy'), y.astype(np.int64))
     meta = dict(name=os.path.basename(folder), kind='images', num_classes=classes,
                 classes=[f'glyph{i}' for i in range(classes)], image_size=size, channels=3, mean=[0.3] * 3,
-                std=[0.2] * 3, train_count=n_train, test_count=n_test, source='study.py: random glyphs on noise')
+                std=[0.2] * 3, train_count=n_train, test_count=n_test, source='tools.study: random glyphs on noise')
     with open(os.path.join(folder, 'meta.json'), 'w') as f:
         json.dump(meta, f)
 
@@ -159,7 +145,7 @@ def section_vision(args, results):
                 'overwrite': True, 'viz_images': 0, 'compression_images': 0}
         t0 = time.time()
         run_script(['train_vit.py', *(f'--{k}={v}' for k, v in keys.items())], f'training {name}')
-        evals = [r for r in read_log(out_dir) if r.get('test_acc') is not None]
+        evals = [r for r in plot.read_run(out_dir)[2] if r.get('test_acc') is not None]
         rows.append(dict(variant=name, **{k: extra.get(k) for k in ('attn', 'lpi')}, test_acc=evals[-1]['test_acc'],
                          best_acc=max(r['test_acc'] for r in evals), seconds=round(time.time() - t0, 1),
                          out_dir=os.path.relpath(out_dir)))
@@ -167,17 +153,14 @@ def section_vision(args, results):
     results['vision'] = dict(budget=dict(budget, train_images=b['n_train'], test_images=b['n_test'],
                                          note='train_vit.py defaults with these overrides, seed 1337, one run each'),
                              rows=rows)
-    t = Table(title=f"Vision: {b['n_train']} synthetic 32px images (10 glyph classes on noise), tost-cifar-tiny, "
-                    f"{budget['epochs']} epochs of batch {budget.get('batch_size', 128)}, one seed; chance 0.10")
-    for c in ['model', 'test accuracy (last epoch)', 'best', 'seconds']:
-        t.add_column(c, justify='right')
-    for r in rows:
-        t.add_row(r['variant'], f"{r['test_acc']:.3f}", f"{r['best_acc']:.3f}", f"{r['seconds']:.0f}")
-    console.print(t)
+    table(results, f"Vision: {b['n_train']} synthetic 32px images (10 glyph classes on noise), tost-cifar-tiny, "
+                   f"{budget['epochs']} epochs of batch {budget.get('batch_size', 128)}, one seed; chance 0.10",
+          ['model', 'test accuracy (last epoch)', 'best', 'seconds'],
+          [(r['variant'], f"{r['test_acc']:.3f}", f"{r['best_acc']:.3f}", f"{r['seconds']:.0f}") for r in rows])
 
 
 # -----------------------------------------------------------------------------
-# tasks: what ToST can and cannot do, on synthetic tasks (issue 15)
+# tasks: what ToST can and cannot do, on synthetic tasks
 #
 # A generator makes n sequences at one knob value: x, y, int64 arrays (n, T). y[b, t] is the label the model
 # must output at position t (GPT.forward's targets), -1 where nothing is asked; loss and accuracy are taken
@@ -364,14 +347,11 @@ def section_tasks(args, results):
                   f"{o['tokens']} // sequence length), fresh sequences every step; steps: " +
                   ', '.join(f'{k} {v}' for k, v in steps.items()) +
                   f"; {TASK_TEST[mode]} held-out test sequences per row; seed {TASK_SEED}, one run per cell")
-    t = Table(title="What ToST can and cannot do: accuracy on held-out sequences, at the labelled positions")
-    for c in ['task', 'knob', 'length', 'chance', *TASK_MODELS]:
-        t.add_column(c, justify='right')
-    for i in range(0, len(rows), len(TASK_MODELS)):
-        r = rows[i]
-        t.add_row(r['task'], f"{r['knob']} {r['value']}", str(r['seq_len']), f"{r['chance']:.2f}",
-                  *(f"{x['accuracy']:.2f}" for x in rows[i:i + len(TASK_MODELS)]))
-    console.print(t)
+    k = len(TASK_MODELS)
+    table(results, "What ToST can and cannot do: accuracy on held-out sequences, at the labelled positions",
+          ['task', 'knob', 'length', 'chance', *TASK_MODELS],
+          [(r['task'], f"{r['knob']} {r['value']}", r['seq_len'], f"{r['chance']:.2f}",
+            *(f"{x['accuracy']:.2f}" for x in rows[i:i + k])) for i, r in enumerate(rows) if i % k == 0])
 
 
 # -----------------------------------------------------------------------------
@@ -384,7 +364,7 @@ SECTIONS = {'language': section_language, 'vision': section_vision, 'tasks': sec
 DEFAULTS = dict(
     sections='',              # comma-separated: language, vision, tasks (also the first bare word)
     quick=False,              # a smaller budget (see each section)
-    smoke=False,              # tiny budget, seconds: checks that a section runs
+    smoke=False,              # a tiny budget: checks that a section runs
     json='',                  # also write the results to this file
     out_dir='out-study',      # the runs of the language and vision sections go here
 )

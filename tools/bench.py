@@ -1,0 +1,424 @@
+"""
+ToST against softmax attention, side by side, on whatever machine this runs on (docs/speed.md says what each
+section measures, and how). From the repo root:
+
+    python -m tools.bench                  # every section: operator, limit, model, generation, training
+    python -m tools.bench --quick          # small sizes
+    python -m tools.bench --device=cuda --dtype=bfloat16 --json=bench.json    # on a GPU: 1k to 64k tokens
+    python -m tools.bench --device=cuda --dtype=bfloat16 --compile --sections=operator,model
+    python -m tools.bench --sections=operator,limit
+
+The cases of a row run interleaved (a, b, a, b, ...) and each reports its median, with a warning when its
+repeats differ by more than 20%. --json=PATH writes the numbers, and beside them speed.png and generation.png.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+import plot
+import tost
+from options import UsageError, parse, run_main
+from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
+from train_common import autocast, setup_cuda
+
+console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
+PAPER = {4096: (0.60, 0.41), 8192: (0.46, 0.24)}     # ToST-Base / GPT2-Base: time, memory
+NOISE = 0.2      # repeated timings of one case further apart than this (max/min - 1): the machine is busy
+NOISY = []       # such cases, reported under the table they belong to
+# sizes per mode: full, quick (small), smoke (tiny: checks that every section runs)
+SIZES = {
+    'full':  dict(width=768, heads=12, op_n=[256, 1024, 4096, 8192, 16384], op_tssa_only=[65536], limit_n=[1024, 4096, 16384],
+                  model_n=[4096, 8192], gen_ctx=[16, 1024, 4096], gen_new=32, train_n=[1024, 4096]),
+    'quick': dict(width=768, heads=12, op_n=[256, 1024, 4096], op_tssa_only=[], limit_n=[1024, 4096],
+                  model_n=[1024, 2048], gen_ctx=[16, 1024], gen_new=16, train_n=[256, 1024]),
+    'smoke': dict(width=64, heads=4, op_n=[64, 128], op_tssa_only=[256], limit_n=[128],
+                  model_n=[64, 128], gen_ctx=[8, 64], gen_new=4, train_n=[64]),
+}
+# on a GPU the full run goes further: 1k to 64k tokens for every operator (flash attention holds 64k)
+SIZES['cuda'] = dict(SIZES['full'], op_n=[1024, 2048, 4096, 8192, 16384, 32768, 65536], op_tssa_only=[],
+                     limit_n=[1024, 4096, 16384, 65536])
+WIDTH, HEADS = 768, 12      # set from SIZES in main()
+COMPILE = False             # --compile: torch.compile the layers and models measured (see compiled())
+ms = lambda s: f"{s * 1e3:,.1f}" if s == s else "-"
+mb = lambda m: f"{m:,.0f}" if m == m else "-"
+
+
+def sync(device):
+    if device.startswith('cuda'):       # CUDA only; main() made args.device the current GPU
+        torch.cuda.synchronize()
+
+
+def interleaved(cases, reps, device, warmup=1, label=''):
+    """Median seconds of each callable in `cases` (a dict), run in interleaved rounds."""
+    for f in cases.values():
+        for _ in range(warmup):
+            f()
+    times = {k: [] for k in cases}
+    for _ in range(reps):
+        for k, f in cases.items():
+            sync(device)
+            t0 = time.perf_counter()
+            f()
+            sync(device)
+            times[k].append(time.perf_counter() - t0)
+    NOISY.extend(f"{label}{k} {ms(min(v))}..{ms(max(v))} ms" for k, v in times.items() if max(v) / min(v) - 1 > NOISE)
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
+def table(results, title, columns, rows):
+    """Print a section's table, then whether its repeated timings disagreed (on a busy machine a ratio can be off
+    by that much)."""
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c, justify='right')
+    for r in rows:
+        t.add_row(*map(str, r))
+    console.print(t)
+    if NOISY:
+        results.setdefault('noisy', []).extend(NOISY)
+        console.print(f"warning: repeated timings differed by more than {NOISE:.0%} in {len(NOISY)} case(s) "
+                      f"({'; '.join(NOISY[:3])}{'; ...' if len(NOISY) > 3 else ''}): the machine is busy, so "
+                      "these numbers are rough; rerun on an idle machine", style="yellow")
+        NOISY.clear()
+
+# -----------------------------------------------------------------------------
+# the cases: each builds its inputs once and returns a callable
+
+
+def compiled(module):
+    """torch.compile for one case, from a clean slate. Dynamo's caches are cleared first: otherwise every size
+    of a layer counts against one recompile limit, past which dynamo runs the layer eagerly (and a causal layer
+    takes its fused core) while the row says compiled. fullgraph: a graph break is an error, not a silently
+    eager piece. The case's warm-up run compiles it, so the timed runs do not include compiling."""
+    torch._dynamo.reset()
+    return torch.compile(module, fullgraph=True)
+
+
+def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None, compile=None, readable=False):
+    """One layer's forward (and backward) on random tokens. compile: None follows --compile; readable: the causal
+    layer runs its readable lines, not its fused core (CausalTSSA.fast off while it runs)."""
+    torch.manual_seed(0)
+    d, h = width or WIDTH, heads or HEADS
+    layer = {'causal_tssa': lambda: CausalTSSA(d, h, block_size=n), 'tssa': lambda: TSSA(d, h),
+             'sdpa_causal': lambda: SoftmaxAttention(d, h, causal=True),
+             'sdpa': lambda: SoftmaxAttention(d, h, causal=False),      # proj: a TSSA layer's two d x d matmuls alone
+             'proj': lambda: torch.nn.Sequential(*(torch.nn.Linear(d, d, bias=False) for _ in range(2)))}[kind]()
+    layer = layer.to(device)
+    layer = compiled(layer) if (COMPILE if compile is None else compile) else layer
+    x = torch.randn(batch, n, d, device=device, requires_grad=backward)
+
+    def run():
+        with autocast(device, dtype):
+            y = layer(x)
+        if backward:
+            y.float().sum().backward()
+    if readable:
+        fused = run
+
+        def run():
+            CausalTSSA.fast = False
+            try:
+                fused()
+            finally:
+                CausalTSSA.fast = True
+    return run if backward else torch.no_grad()(run)
+
+
+def model_config(device, block_size, attn, mode):
+    """ToST-Base on a GPU; on a CPU fewer layers (and in quick/smoke modes a narrower model)."""
+    if device.startswith('cuda') and mode == 'full':
+        return tost.preset('tost-base', block_size=block_size, attn=attn)
+    layers, heads, width = {'full': (4, 12, 768), 'quick': (2, 4, 256), 'smoke': (1, 2, 32)}[mode]
+    return GPTConfig(n_layer=layers, n_head=heads, n_embd=width, block_size=block_size,
+                     vocab_size=512 if mode == 'smoke' else 50304, attn=attn)
+
+
+def make_model(attn, n, device, dtype, mode, train=False):
+    """A GPT's forward on n random tokens, or (train) a training step: forward, backward, AdamW."""
+    torch.manual_seed(0)
+    model = GPT(model_config(device, n, attn, mode)).to(device).train(train)
+    opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.split(':')[0]) if train else None
+    idx = torch.randint(0, model.config.vocab_size, (1, n + train), device=device)
+    forward = compiled(model) if COMPILE else model
+
+    def run():
+        with torch.set_grad_enabled(train), autocast(device, dtype):
+            loss = forward(idx[:, :-1], idx[:, 1:])[1] if train else forward(idx)
+        if train:
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return run
+
+
+def build(spec, device):
+    if spec['kind'].startswith('model_'):
+        return make_model(spec['kind'][6:], spec['n'], device, spec['dtype'], spec['mode'])
+    return make_op(spec['kind'], spec['n'], device, spec['dtype'], spec['backward'])
+
+
+def measure_memory(spec, device):
+    """Peak memory (MB) of one run of the case described by spec (a dict): on CUDA the allocator's peak above
+    what was allocated before; on a CPU the peak resident memory of a fresh process (memory_child)."""
+    if device.startswith('cuda'):                       # CUDA only; main() made args.device the current GPU
+        run = build(spec, device)
+        run()                                           # allocator warm-up
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        run()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    code = f"from tools import bench; bench.memory_child({json.dumps(spec)!r}, {device!r})"
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # where tools/ is
+    return float(out.stdout.split()[-1]) if out.returncode == 0 else float('nan')
+
+
+def memory_child(spec, device):
+    """In a fresh process: one case's peak resident memory above what the process held before it, in MB."""
+    global WIDTH, HEADS
+    spec = json.loads(spec)
+    WIDTH, HEADS = SIZES[spec['mode']]['width'], SIZES[spec['mode']]['heads']
+    run = build(spec, device)
+    run()       # the first run allocates what every run needs (gradients, allocator caches); measure the second
+    status = lambda field: next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
+    base = status('VmRSS:')
+    with open('/proc/self/clear_refs', 'w') as f:   # reset the high-water mark to the current RSS
+        f.write('5')
+    run()
+    print((status('VmHWM:') - base) / 1024)
+
+# -----------------------------------------------------------------------------
+# sections: each adds its numbers to `results` and prints its table
+
+
+OPS = ['causal_tssa', 'tssa', 'sdpa_causal', 'sdpa']
+LIMIT = {'proj_s': ('proj', {}), 'tssa_s': ('tssa', {}), 'tssa_compiled_s': ('tssa', dict(compile=True)),
+         'causal_fast_s': ('causal_tssa', {}), 'causal_readable_s': ('causal_tssa', dict(readable=True)),
+         'causal_compiled_s': ('causal_tssa', dict(compile=True))}   # column: (layer, how it runs)
+
+
+def section_operator(args, results):
+    ns, extra = SIZES[args.mode]['op_n'], SIZES[args.mode]['op_tssa_only']
+    rows = []
+    for n in ns + extra:
+        kinds = ['causal_tssa', 'tssa'] + ([] if n in extra else ['sdpa_causal', 'sdpa'])
+        reps = 5 if n <= 1024 else (3 if n <= 4096 else 2)
+        fwd, fb = (interleaved({k: make_op(k, n, args.device, args.dtype, backward) for k in kinds}, reps, args.device,
+                               label=f"n={n} {'fwd+bwd' if backward else 'fwd'} ") for backward in (False, True))
+        mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, backward=True, mode=args.mode), args.device)
+               for k in kinds} if not args.no_memory else {}
+        rows += [dict(n=n, op=k, fwd_s=fwd[k], fwdbwd_s=fb[k], fwdbwd_peak_mb=mem.get(k, float('nan'))) for k in kinds]
+        console.print(f"  operator n={n} done", style="dim")
+    results['operator'] = rows
+    by = {(r['n'], r['op']): r for r in rows}
+
+    def ratios(r):                                     # softmax / TSSA at the same n: time, memory
+        if r['op'] not in ('sdpa_causal', 'sdpa'):
+            return '', ''
+        b = by[(r['n'], 'causal_tssa' if r['op'] == 'sdpa_causal' else 'tssa')]
+        return (f"{r['fwdbwd_s'] / b['fwdbwd_s']:.1f}x",
+                f"{r['fwdbwd_peak_mb'] / b['fwdbwd_peak_mb']:.1f}x" if b['fwdbwd_peak_mb'] > 0 else '-')
+    table(results, f"Operator: width {WIDTH}, {HEADS} heads, batch 1, {args.device}, {args.dtype} (ms; peak MB for "
+                   "forward+backward)",
+          ['n', 'op', 'fwd ms', 'fwd+bwd ms', 'peak MB', 'softmax/TSSA fwd+bwd', 'softmax/TSSA MB'],
+          [(r['n'], r['op'], ms(r['fwd_s']), ms(r['fwdbwd_s']), mb(r['fwdbwd_peak_mb']), *ratios(r)) for r in rows])
+    fit_n, fits = [n for n in ns if 1024 <= n <= 16384], {}
+    for op in OPS:                                     # least squares on log n, log t
+        pts = np.log([(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and r['n'] in fit_n])
+        if len(pts) >= 2:
+            fits[op] = float(np.polyfit(pts[:, 0], pts[:, 1], 1)[0])
+    results['operator_exponent'], results['operator_exponent_n'] = fits, fit_n
+    if fits:
+        console.print(f"time ~ n^k, forward+backward, least squares on n = {', '.join(map(str, fit_n))}: "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in fits.items()))
+        if len(fit_n) < 3:
+            console.print("  (two points: a rough slope; the full run fits 1024 .. 16384)", style="yellow")
+        if min(fits.get('causal_tssa', 1), fits.get('tssa', 1)) < 0.95:
+            console.print("  (an exponent below 1 is not a sub-linear layer: fixed per-call costs dominate these "
+                          "sizes, or the machine was busy)", style="yellow")
+
+
+def section_limit(args, results):
+    # (batch, tokens, width, heads): one long sequence at the operator table's width, and a CIFAR batch
+    # (tost-cifar: 128 images of 8 x 8 patches, width 192), where the projections are cheap and the core is not
+    shapes = [(1, n, WIDTH, HEADS) for n in SIZES[args.mode]['limit_n']]
+    shapes.append((4, 16, 64, 4) if args.mode == 'smoke' else (128, 64, 192, 4))
+    rows = []
+    for B, n, d, h in shapes:
+        for backward in (False, True):
+            cases = {k: make_op(kind, n, args.device, args.dtype, backward, B, d, h, **{'compile': False, **how})
+                     for k, (kind, how) in LIMIT.items()}
+            rows.append(dict(batch=B, n=n, width=d, heads=h, backward=backward, **interleaved(
+                cases, 5 if B * n <= 8192 else 3, args.device, label=f"{B}x{n} {'fwd+bwd' if backward else 'fwd'} ")))
+    results['limit'] = rows
+    table(results, "The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1); the "
+                   "causal layer's fused core vs its readable lines, eager and compiled by torch.compile",
+          ['batch x tokens, width', 'pass', 'projections ms', 'TSSA', 'TSSA (compiled)', 'causal (fused core)',
+           'causal (readable)', 'causal (readable, compiled)'],
+          [(f"{r['batch']} x {r['n']}, {r['width']}", 'fwd+bwd' if r['backward'] else 'fwd', ms(r['proj_s']),
+            *(f"{ms(r[k])} (+{r[k] / r['proj_s'] - 1:.2f}x)" for k in list(LIMIT)[1:])) for r in rows])
+
+
+def section_model(args, results):
+    ns = SIZES[args.mode]['model_n']
+    cfg = model_config(args.device, ns[0], 'tssa', args.mode)
+    rows = []
+    for n in ns:
+        tm = interleaved({a: make_model(a, n, args.device, args.dtype, args.mode) for a in ('tssa', 'softmax')},
+                         2 if args.mode == 'full' else 3, args.device, label=f"n={n} ")
+        mem = {a: measure_memory(dict(kind='model_' + a, n=n, dtype=args.dtype, mode=args.mode), args.device)
+               for a in ('tssa', 'softmax')} if not args.no_memory else {}
+        rows.append(dict(n=n, tssa_s=tm['tssa'], softmax_s=tm['softmax'],
+                         tssa_mb=mem.get('tssa', float('nan')), softmax_mb=mem.get('softmax', float('nan'))))
+    results['model'] = dict(config=dict(n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head), rows=rows)
+    paper = lambda n, i: f"{PAPER[n][i]:.2f}x" if n in PAPER else ''
+    table(results, f"Model forward: GPT {cfg.n_layer}L/{cfg.n_embd}d/{cfg.n_head}h, TSSA vs softmax, batch 1, "
+                   f"{args.device} (memory: activations above the weights)",
+          ['tokens', 'TSSA ms', 'softmax ms', 'time ratio', 'paper', 'TSSA MB', 'softmax MB', 'memory ratio', 'paper'],
+          [(r['n'], ms(r['tssa_s']), ms(r['softmax_s']), f"{r['tssa_s'] / r['softmax_s']:.2f}x", paper(r['n'], 0),
+            mb(r['tssa_mb']), mb(r['softmax_mb']),
+            f"{r['tssa_mb'] / r['softmax_mb']:.2f}x" if r['softmax_mb'] > 0 else '-', paper(r['n'], 1)) for r in rows])
+
+
+def section_generation(args, results):
+    ctxs, new = SIZES[args.mode]['gen_ctx'], SIZES[args.mode]['gen_new']
+    models = {}
+    for name, attn, extra in (('tssa', 'tssa', {}), ('tssa_shift', 'tssa', dict(token_shift=True)),
+                              ('softmax', 'softmax', {}),
+                              ('hybrid', 'tssa', dict(token_shift=True, softmax_layers=(-1,)))):   # last block softmax
+        torch.manual_seed(0)
+        cfg = GPTConfig(**{**vars(model_config(args.device, max(ctxs) + new + 1, attn, args.mode)), **extra})
+        models[name] = GPT(cfg).to(args.device).eval()
+
+
+    def decode(model, idx, states, n_tokens):           # from the prompt's state, one step per new token
+        def run():
+            s, tok = states, idx[:, -1]
+            for _ in range(n_tokens):
+                logits, s = model.step(tok, s)
+                tok = logits.argmax(-1)
+        return run
+
+    def rerun(model, idx, n_tokens):                    # the whole prefix again for each new token
+        def run():
+            ids = idx
+            for _ in range(n_tokens):
+                ids = torch.cat([ids, model(ids)[0][:, -1].argmax(-1, keepdim=True)], 1)
+        return run
+
+    rows, n_rerun = [], max(2, new // 8)
+    for ctx in ctxs:
+        idx = torch.randint(0, models['tssa'].config.vocab_size, (1, ctx), device=args.device)
+        with torch.no_grad(), autocast(args.device, args.dtype):
+            cases = {'recurrent': decode(models['tssa'], idx, models['tssa'].prefill(idx)[1], new),
+                     'rerun': rerun(models['tssa'], idx, n_rerun)}
+            for key, name in (('shift_recurrent', 'tssa_shift'), ('softmax_kv', 'softmax'), ('hybrid', 'hybrid')):
+                cases[key] = decode(models[name], idx, models[name].prefill(idx)[1], new)
+            tm = interleaved(cases, 3, args.device, warmup=0, label=f"context {ctx} ")   # 3 rounds, the median
+        rows.append(dict(ctx=ctx, **{k: (n_rerun if k == 'rerun' else new) / t for k, t in tm.items()}))
+    results['generation'] = rows
+    cfg = models['tssa'].config
+    table(results, f"Generation tokens/s, batch 1, GPT {cfg.n_layer}L/{cfg.n_embd}d, {args.device}",
+          ['context', 'TSSA recurrent', 'TSSA re-run prefix', 'recurrent / re-run', 'TSSA + shift recurrent',
+           'softmax + KV cache', 'hybrid + shift, last block softmax'],
+          [(r['ctx'], f"{r['recurrent']:.1f}", f"{r['rerun']:.2f}", f"{r['recurrent'] / r['rerun']:.0f}x",
+            f"{r['shift_recurrent']:.1f}", f"{r['softmax_kv']:.1f}", f"{r['hybrid']:.1f}") for r in rows])
+
+
+def section_training(args, results):
+    ns = SIZES[args.mode]['train_n']
+    rows = []
+    for n in ns:
+        tm = interleaved({a: make_model(a, n, args.device, args.dtype, args.mode, True) for a in ('tssa', 'softmax')},
+                         2 if args.mode == 'full' else 3, args.device, label=f"block {n} ")
+        rows.append(dict(block_size=n, tssa_tok_s=n / tm['tssa'], softmax_tok_s=n / tm['softmax']))
+    results['training'] = rows
+    cfg = model_config(args.device, ns[0], 'tssa', args.mode)
+    table(results, f"Training step tokens/s (forward, backward, AdamW), batch 1, GPT {cfg.n_layer}L/{cfg.n_embd}d, "
+                   f"{args.device}", ['block size', 'TSSA tok/s', 'softmax tok/s', 'TSSA / softmax'],
+          [(r['block_size'], f"{r['tssa_tok_s']:,.0f}", f"{r['softmax_tok_s']:,.0f}",
+            f"{r['tssa_tok_s'] / r['softmax_tok_s']:.2f}x") for r in rows])
+
+
+SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': section_model,
+            'generation': section_generation, 'training': section_training}
+
+
+def run_sections(args, sections, results, console, figures):
+    """The main loop of bench and study: run the sections named in args.sections (comma-separated) in order,
+    each adding its numbers to `results`, then write them to args.json (if given) and beside it the figures of
+    the sections that ran: figures = {section: (file name, draw(results, path))}. Returns results."""
+    names = [s.strip() for s in args.sections.split(',') if s.strip()]
+    unknown = [s for s in names if s not in sections]
+    if unknown or not names:
+        raise UsageError(f"unknown section(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(sections)}")
+    folder = os.path.dirname(os.path.abspath(args.json))
+    if args.json and (os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK)):
+        raise UsageError(f"--json={args.json}: cannot write a file there; give a file name in a folder that exists")
+    t0 = time.time()
+    for name in names:
+        sections[name](args, results)
+    results['seconds'] = round(time.time() - t0, 1)
+    console.print(f"done in {results['seconds']:.0f} s")
+    if args.json:
+        with open(args.json + '.tmp', 'w') as f:
+            json.dump(results, f, indent=1)
+        os.replace(args.json + '.tmp', args.json)
+        for name in [n for n in names if n in figures]:
+            path = os.path.join(os.path.dirname(os.path.abspath(args.json)), figures[name][0])
+            try:
+                figures[name][1](results, path)
+                console.print(f"wrote {path}")
+            except Exception as e:                   # the numbers are saved: a figure is not worth an error
+                console.print(f"note: could not draw {path} ({type(e).__name__}: {e})", style="yellow")
+    return results
+
+
+DEFAULTS = dict(
+    quick=False,          # small sizes
+    smoke=False,          # tiny sizes: checks that every section runs
+    device='auto',        # cpu, cuda, cuda:N; auto: cuda if there is one, else cpu
+    dtype='float32',      # float32, bfloat16 or float16
+    sections='operator,limit,model,generation,training',   # which sections to run, comma-separated
+    json='',              # also write the results to this file, and the figures beside it
+    no_memory=False,      # skip the memory measurements
+    compile=False,        # torch.compile the operator, model and training cases (the limit section compiles its own)
+)
+
+
+def main(argv=None):
+    global WIDTH, HEADS, COMPILE
+    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
+    args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
+    if args.device == 'auto':
+        args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    if args.dtype not in ('float32', 'bfloat16', 'float16'):
+        raise UsageError(f"--dtype expects float32, bfloat16 or float16, got {args.dtype!r}")
+    if args.device.startswith('cuda') and not torch.cuda.is_available():
+        raise UsageError(f"--device={args.device} but CUDA is not available here")
+    if args.mode == 'full' and args.device.startswith('cuda'):
+        SIZES['full'] = SIZES['cuda']
+    WIDTH, HEADS, COMPILE = SIZES[args.mode]['width'], SIZES[args.mode]['heads'], args.compile
+    if args.device.startswith('cuda'):
+        setup_cuda(args.device)     # CUDA only, as the trainers: this GPU is the current one (sync, memory), TF32
+    results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
+                   threads=torch.get_num_threads(), width=WIDTH, heads=HEADS, compile=COMPILE,
+                   gpu=torch.cuda.get_device_name() if args.device.startswith('cuda') else None)
+    console.print(f"bench: {args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+                  + (f", {args.mode} mode" if args.mode != 'full' else "")
+                  + ("; compiled: the operator, model and training cases" if COMPILE else ""))
+    return run_sections(args, SECTIONS, results, console, plot.FIGURES)
+
+
+if __name__ == '__main__':
+    run_main(main)
