@@ -4,30 +4,34 @@ The Token Statistics Transformer (ToST) in one file.
 Wu, Ding, Lu, Pai, Zhang, Wang, Yu, Ma, Haeffele. "Token Statistics Transformer: Linear-Time
 Attention via Variational Rate Reduction". ICLR 2025. arXiv:2412.17810.
 
-ToST replaces pairwise softmax attention by Token Statistics Self-Attention (TSSA): one step of gradient
-descent, with the memberships Pi held fixed, on the paper's variational form R^var_c of the compression
-term of rate reduction. No token is compared with another; each head shares only the second moments of
-its projected tokens, so a layer costs O(n) time and memory in the number of tokens n.
+The idea. Rate reduction scores tokens Z split softly into K groups by memberships Pi:
+    Delta R(Z, Pi) = R(Z) - R_c(Z, Pi),
+the coding rate R of all the tokens together minus R_c, the pi-weighted coding rates of the groups: a good
+representation expands the whole and compresses each group. Both are log-determinants of second-moment
+matrices. A gradient step on R_c (CRATE's attention, MSSA) couples every pair of tokens: O(n^2). ToST
+replaces R_c by a variational form R^var_c that sees the tokens only through per-group statistics; one
+gradient step on it, Pi held fixed, is Token Statistics Self-Attention (TSSA): O(n) time and memory in
+the number of tokens n. The MLP and the rest of the transformer are not derived from the objective.
 
 Notation (the paper's). Tokens z_1 .. z_n in R^d. K heads, also called groups; p = d / K. U_k in R^{d x p}
 projects onto head k: w_jk = U_k^T z_j. Memberships pi_jk >= 0, sum_k pi_jk = 1: how much token j belongs
 to group k. Per group, with squares taken coordinate by coordinate:
     n_k = sum_j pi_jk                the group's size
     s_k = sum_j pi_jk w_jk^2         p numbers, its pi-weighted sum of squares
-    s_k / n_k                        its second moment along each of its p coordinates
+    s_k / n_k                        its pi-weighted mean square along each of its p coordinates
 In the code tokens are rows: x and Z are (B, n, d), w is (B, K, n, p), Pi is (B, K, n). Pi[:, k] is the
 paper's column pi_k (the paper's Pi is n x K). Comments end with tensor shapes.
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
-  lines 47-79     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 86-176    the white-box gradient step, then the practical operator (TSSA)
-  lines 183-281   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 288-372   the block, an approximate step on the normalised tokens (MLP, Block)
-  lines 379-563   the language model, and generation with the recurrent state (GPTConfig, GPT)
-Then the vision model (ViT), the softmax baseline, three options beyond the paper (TokenShift,
-LocalPatchInteraction, softmax_layers), and utilities: presets, optimizer groups, FLOP counts.
-tost_fast.py holds the fused cores the forward passes run by default: the same numbers, faster.
-derivation.py is a runnable lecture: each step of the derivation, computed with this file, in float64.
+  lines 51-79     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
+  lines 86-175    the white-box gradient step, then the practical operator (TSSA)
+  lines 182-273   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 280-362   the block, an approximate step on the normalised tokens (MLP, Block)
+  lines 369-540   the language model, and generation with the recurrent state (GPTConfig, GPT)
+The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
+(TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
+derivation.py is the lecture: each step of the derivation computed with these lines, in float64.
+tost_fast.py holds a fused core for CausalTSSA's training path on a CPU: the same numbers, faster.
 """
 
 import math
@@ -45,22 +49,20 @@ import tost_fast
 
 
 def variational_compression(Z, Pi, U, alpha=1.0):
-    """R^var_c(Z, Pi | {U_k}): the paper's variational form of the compression term (its equation 4).
+    """R^var_c(Z, Pi | {U_k}): the paper's variational form (its equation 4) of the compression term
 
-        R^var_c = 1/2 sum_k (n_k / n) sum_i f(s_ki / n_k),    f(x) = log(1 + alpha x)
+        R_c(Z, Pi) = 1/2 sum_k (n_k / n) logdet(I + alpha / n_k  Z diag(pi_k) Z^T)      (tokens as columns)
 
-    It stands in for the compression term of rate reduction,
+    The log-determinant is a sum of f(eigenvalue) with f(x) = log(1 + alpha x); R^var_c replaces the
+    eigenvalues of each group's second-moment matrix by its diagonal in the basis U_k:
 
-        R_c(Z, Pi) = 1/2 sum_k (n_k / n) logdet(I + alpha / n_k  Z diag(pi_k) Z^T),
+        R^var_c = 1/2 sum_k (n_k / n) sum_i f(s_ki / n_k)
 
-    where Z diag(pi_k) Z^T (tokens as columns) is group k's uncentred second-moment matrix. Is it a bound?
-      * U_k square orthogonal (d x d): yes, R^var_c >= R_c, with equality when U_k diagonalises
-        Z diag(pi_k) Z^T. (The diagonal of U^T M U is majorised by the eigenvalues of M, and f is concave.)
-      * U_k of size d x p with p < d, one small subspace per group, as ToST uses: in neither direction.
-        Random draws fall below R_c; a group whose tokens lie in its subspace, off its axes, is above.
-        R^var_c is then the objective the layers descend, not a bound on R_c.
-    derivation.py shows the three cases. alpha = d / eps^2 in the paper; the practical operator has
-    alpha = 1, absorbed into U.
+    With U_k square and orthogonal it is an upper bound on R_c (f is concave, and the diagonal is majorised
+    by the eigenvalues), tight when U_k diagonalises the group's matrix. ToST's U_k are d x p with p < d:
+    that drops each group's d - p other terms, all >= 0, so R^var_c is then a bound in neither direction;
+    it is the objective the layers descend. alpha = d / eps^2 in the paper; the practical operator has
+    alpha = 1, absorbed into U. derivation.py computes each case.
 
     Z: (B, n, d) tokens as rows.  Pi: (B, K, n), summing to 1 over K.  U: (K, d, p).  Returns (B,).
     """
@@ -70,8 +72,6 @@ def variational_compression(Z, Pi, U, alpha=1.0):
 
 def compression_of_projections(w, Pi, alpha=1.0):
     """R^var_c from the projected tokens w (B, K, n, p) and Pi (B, K, n). Returns (B,)."""
-    if Pi.shape != w.shape[:3]:
-        raise ValueError(f"Pi must be (B, K, n) = {tuple(w.shape[:3])}, got {tuple(Pi.shape)}")
     n = w.shape[2]
     s = torch.einsum('bkn,bknp->bkp', Pi, w * w)           # (B, K, p)  s_k = sum_j pi_jk w_jk^2
     n_k = Pi.sum(dim=2)                                    # (B, K)     n_k = sum_j pi_jk
@@ -95,38 +95,36 @@ class TSSA(nn.Module):
 
         TSSA(Z) = -tau/n sum_k U_k D_k U_k^T Z diag(pi_k).
 
-    whitebox=True computes exactly this: the output equals -tau * grad_Z R^var_c with Pi held fixed (the
-    layer computes Pi from Z; Pi's own dependence on Z is not part of the step). Tested.
+    whitebox=True computes exactly this: -tau grad_Z R^var_c with Pi held fixed (the layer estimates Pi from
+    Z; Pi's own dependence on Z is not part of the step). Tokens interact only through the statistics of
+    each head: n_k, s_k and the p column norms that Pi uses, 2p + 1 numbers, whatever n is.
 
-    Which directions shrink. Per token and head: project (w = U_k^T z_j), scale coordinate i by pi_jk D_ki,
-    map back with U_k, subtract tau/n of it. When the U_k together form an orthogonal d x d matrix, the
-    step multiplies coordinate i of token j by exactly 1 - tau pi_jk D_ki / n. D_ki = alpha / (1 + alpha
-    s_ki/n_k) is largest where the group's second moment s_ki/n_k is smallest: a group's weak directions
-    are shrunk most and its strong ones kept. That is the compression: each group is pulled towards its
-    dominant subspace (tested; derivation.py measures it). Only the statistics s_k are shared.
+    Which directions shrink. When the U_k together form an orthogonal d x d matrix, the step multiplies
+    coordinate i of token j in head k by 1 - tau pi_jk D_ki / n, and D_ki = alpha / (1 + alpha s_ki/n_k) is
+    largest where the group's mean square s_ki/n_k is smallest: as a fraction, a group's weak directions
+    shrink most and its strong ones least. That is the compression: each group is pulled towards its
+    dominant subspace.
 
-    The practical operator (the released one; the default) keeps this form and changes three things:
-      1. alpha is absorbed into the projection: U -> sqrt(alpha) U turns f' into 1/(1 + x);
-      2. tau/n is absorbed into a separately learned output projection c_proj: U_k no longer maps back;
-      3. Pi is estimated from the tokens (memberships()), and 1e-8 is added to n_k.
+    The practical operator (the released one; the default) changes the white-box step in five ways:
+      1. alpha is absorbed into the projection (U -> sqrt(alpha) U turns f' into 1/(1 + x));
+      2. the map back is a separately learned c_proj instead of U_k: it absorbs tau/n, and with c_proj
+         tied to c_attn's transpose the layer is exactly -n grad R^var_c, but untied, as trained, it is
+         not a descent step on anything;
+      3. optional biases on both projections (the ViT has them);
+      4. dropout on D (attn_dropout; the paper's models use none);
+      5. a learned per-head temperature in Pi (memberships()), and 1e-8 added to n_k.
     """
-
-    fast = True    # forward() runs tost_fast's fused core where it can (same numbers); False: the lines below
 
     def __init__(self, n_embd, n_head, bias=False, dropout=0.0, whitebox=False, alpha=1.0, tau=1.0):
         super().__init__()
-        if n_embd % n_head != 0:
-            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
         if whitebox and bias:
             raise ValueError("white-box TSSA needs bias=False: U_k^T z is a linear map")
         self.n_head, self.head_dim = n_head, n_embd // n_head
         # one projection for all heads: rows k*p .. (k+1)*p of the weight are U_k^T (q = k = v in attention terms)
         self.c_attn = nn.Linear(n_embd, n_embd, bias=bias)
-        # per-head inverse temperature of the membership softmax, init 1 (no weight decay)
-        self.temp = nn.Parameter(torch.ones(n_head, 1))
+        self.temp = nn.Parameter(torch.ones(n_head, 1))        # per-head inverse temperature of Pi
         self.whitebox, self.alpha, self.tau = whitebox, alpha, tau
-        # the released code adds 1e-8 to n_k; the white-box form is the exact gradient, so it adds nothing
-        self.eps = 0.0 if whitebox else 1e-8
+        self.eps = 0.0 if whitebox else 1e-8                   # added to n_k; the exact gradient adds nothing
         self.c_proj = None if whitebox else nn.Linear(n_embd, n_embd, bias=bias)
         self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
@@ -145,12 +143,15 @@ class TSSA(nn.Module):
         return self.c_attn.weight.view(self.n_head, self.head_dim, d).transpose(1, 2)
 
     def memberships(self, w):
-        """Pi, estimated from the tokens. The paper's estimate (its equation 10) is a softmax over groups of
-        temp_k ||U_k^T z_j||^2. The released code, followed here, first normalises each coordinate over the
-        tokens, so that a head's score does not depend on the overall scale of its projection:
+        """Pi, estimated from the tokens: a softmax over the heads, so the heads compete for each token and
+        its memberships sum to 1 (rate reduction's soft partition). The paper scores token j for group k by
+        temp_k ||U_k^T z_j||^2 (its equation 10); the released code, followed here, first divides each
+        coordinate by its sum of squares over the tokens, so a head's score ignores its projection's scale:
 
             pi_jk = softmax_k( temp_k * sum_i w_jki^2 / sum_l w_lki^2 )
 
+        Each head's scores then sum to p over the n tokens, about p/n each, so Pi is near 1/K for long
+        inputs and sharpens only where a token carries much of a head's energy (derivation.py measures it).
         w: (B, K, n, p) -> Pi: (B, K, n), summing to 1 over K.
         """
         w2 = w * w
@@ -158,8 +159,6 @@ class TSSA(nn.Module):
         return torch.softmax(self.temp * energy.sum(-1), dim=1)         # (B, K, n)
 
     def forward(self, x):
-        if tost_fast.usable(self):                             # same numbers, faster: see tost_fast.py
-            return tost_fast.tssa(self, x)
         B, n, d = x.shape
         w = self.split_heads(self.c_attn(x))                   # (B, K, n, p)  w_j = U_k^T z_j
         out_dtype = w.dtype
@@ -182,7 +181,7 @@ class TSSA(nn.Module):
 
 class TSSAState(NamedTuple):
     """Everything a causal TSSA layer remembers of the past, per head: 2p + 1 numbers, at any length."""
-    Q: torch.Tensor   # (B, K, p)  sum_{j<=t} w_j^2          the memberships' normaliser
+    Q: torch.Tensor   # (B, K, p)  sum_{j<=t} w_j^2          Pi's normaliser
     A: torch.Tensor   # (B, K, p)  sum_{j<=t} pi_j w_j^2     s_k of the prefix
     P: torch.Tensor   # (B, K)     sum_{j<=t} pi_j           n_k of the prefix
     t: int            # tokens seen so far (the next token's position)
@@ -196,26 +195,23 @@ class CausalTSSA(TSSA):
         A_t  = sum_{j<=t} pi_j w_j^2,   P_t = sum_{j<=t} pi_j           the prefix's s_k and n_k
         y_t  = -pi_t w_t / (1 + A_t / (P_t + 1e-8)),   then c_proj
 
-    y_t depends on tokens <= t only. Each token j entered A_t with the membership pi_j it had at its own
-    time (from tokens <= j). At t = n-1 (and b = 0) pi_t is TSSA's; A_t is not.
+    y_t depends on tokens <= t only; each token j entered A_t with the membership it had at its own time.
 
-    What the causal step descends (tested; derivation.py shows it). Tie the output to the input projection
-    (c_proj's weight = c_attn's weight transposed: U_k maps back), take alpha = 1 and nothing added to n_k,
-    and let Pi_{<=t} be the memberships pi_0 .. pi_t, each as the layer computed it at its own time, held
-    fixed. Then for every position t, with y_tk head k's part of y_t,
+    What it descends. Tie c_proj to c_attn's transpose (U_k maps back), add nothing to n_k, and hold the
+    memberships pi_0 .. pi_t fixed as the layer computed them. Then at every position t
 
-        sum_k U_k y_tk = -(t+1) grad_{z_t} R^var_c(Z_{<=t}, Pi_{<=t}).
+        sum_k U_k y_tk = -(t+1) grad_{z_t} R^var_c(Z_{<=t}, Pi_{<=t}):
 
-    Each token takes a gradient step on the objective of its own prefix, with respect to itself only (the
-    earlier tokens are not moved), of size t+1: a unit step on (t+1) R^var_c = 1/2 sum_k n_k sum_i
-    f(s_ki/n_k), the objective not divided by its number of tokens. temp and b enter only Pi, so this holds
-    for any values of them. The non-causal tau/n is one constant, which c_proj absorbs; c_proj acts the same
-    at every position, so it cannot absorb t+1: read as descent, the causal step grows along the sequence.
+    each token takes a unit gradient step, with respect to itself, on (t+1) R^var_c of its own prefix, as
+    the non-causal layer tied is a unit step on n R^var_c. temp and b enter only Pi, so this holds for any.
 
     forward() computes all positions at once with cumsum; step() advances one token from a TSSAState in
-    O(p) per head. Both give the same numbers (tested). Sums run in float32 under bf16/fp16 autocast:
-    a long prefix sum in bf16 loses the small late terms.
+    O(p) per head: the same numbers. Sums run in float32 under bf16/fp16 autocast (a long prefix sum in
+    bf16 loses the small late terms). On a CPU the stateless training path runs tost_fast's fused core
+    unless CausalTSSA.fast is False: the same numbers in fewer passes over memory.
     """
+
+    fast = True
 
     def __init__(self, n_embd, n_head, block_size, bias=False, dropout=0.0):
         super().__init__(n_embd, n_head, bias=bias, dropout=dropout)
@@ -223,9 +219,9 @@ class CausalTSSA(TSSA):
         self.pos_bias = nn.Parameter(torch.zeros(n_head, block_size))   # b_{k,t}, init 0 (no weight decay)
 
     def empty_state(self, batch_size, device=None, dtype=torch.float32):
-        K, p = self.n_head, self.head_dim
         z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)
-        return TSSAState(z(batch_size, K, p), z(batch_size, K, p), z(batch_size, K), 0)
+        return TSSAState(z(batch_size, self.n_head, self.head_dim), z(batch_size, self.n_head, self.head_dim),
+                         z(batch_size, self.n_head), 0)
 
     def memberships(self, w2, Q, t0=0):
         """pi_t from the tokens up to t: TSSA's estimate with each sum over all tokens replaced by the prefix
@@ -238,10 +234,7 @@ class CausalTSSA(TSSA):
     def forward(self, x, state: Optional[TSSAState] = None):
         """Parallel form. x: (B, T, d). Without a state: returns y (B, T, d), the training path.
         With a state (from empty_state() or an earlier call): continues after it, returns (y, new_state)."""
-        B, T, d = x.shape
-        t0 = 0 if state is None else state.t
-        _check_length(t0 + T, self.block_size)
-        if state is None and tost_fast.usable(self):          # same numbers, faster: see tost_fast.py
+        if state is None and tost_fast.usable(self, x):
             return tost_fast.causal_tssa(self, x)
         w = self.split_heads(self.c_attn(x))                   # (B, K, T, p)  w_t = U_k^T z_t
         dt = _stat_dtype(w)
@@ -249,7 +242,7 @@ class CausalTSSA(TSSA):
         Q = torch.cumsum(w2, dim=2)                            # (B, K, T, p)  Q_t
         if state is not None:
             Q = Q + state.Q.unsqueeze(2)
-        Pi = self.memberships(w2, Q, t0)                       # (B, K, T)     pi_t
+        Pi = self.memberships(w2, Q, 0 if state is None else state.t)   # (B, K, T)  pi_t
         A = torch.cumsum(Pi.unsqueeze(-1) * w2, dim=2)         # (B, K, T, p)  A_t: s_k of tokens <= t
         P = torch.cumsum(Pi, dim=2)                            # (B, K, T)     P_t: n_k of tokens <= t
         if state is not None:
@@ -260,12 +253,11 @@ class CausalTSSA(TSSA):
         y = self.resid_dropout(self.c_proj(self.merge_heads(y.to(w.dtype))))   # (B, T, d)
         if state is None:
             return y
-        return y, TSSAState(Q[:, :, -1], A[:, :, -1], P[:, :, -1], t0 + T)
+        return y, TSSAState(Q[:, :, -1], A[:, :, -1], P[:, :, -1], state.t + x.shape[1])
 
     def step(self, x, state: TSSAState):
         """Recurrent form: one token x (B, d) and the state after t tokens -> (y (B, d), state after t+1).
         The same formulas as forward(), each prefix sum advanced by one term: O(p) work per head."""
-        _check_length(state.t + 1, self.block_size)
         B, d = x.shape
         p = self.head_dim
         w = self.c_attn(x).view(B, self.n_head, p)             # (B, K, p)
@@ -286,7 +278,8 @@ class CausalTSSA(TSSA):
 
 
 class MLP(nn.Module):
-    """Linear(d, 4d), GELU, Linear(4d, d)."""
+    """Linear(d, 4d), GELU, Linear(4d, d): the transformer's MLP, kept as is. It is not derived from the
+    objective (CRATE's block has a sparse-coding step there; ToST does not use it)."""
 
     def __init__(self, n_embd, bias=False, dropout=0.0, ratio=4):
         super().__init__()
@@ -300,24 +293,21 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm block with layer-scale vectors g1, g2, as in the paper:
+    """The paper's block: pre-LayerNorm, with layer-scale vectors g1, g2.
 
         x = x + g1 * attn(LN(x))
         x = x + g2 * MLP(LN(x))
 
-    attn is chosen per block: 'tssa' (CausalTSSA if causal, else TSSA) or 'softmax' (the baseline).
-    The white-box layer is an exact step on R^var_c of its input (Pi held fixed). In a block its input is
-    LN(x), and its output is scaled coordinate by coordinate by g1 (init 1e-5 in the language models) and
-    added to x: the block takes an approximate step on R^var_c of the normalised tokens, not an exact one.
-    Two options beyond the paper, off by default: token_shift (attn(shift(LN(x)))) and lpi (x = x + g3 *
-    LPI(LN(x)) between the two lines, as XCiT places it; forward then needs the patch grid).
+    attn is chosen per block: 'tssa' (CausalTSSA if causal, else TSSA) or 'softmax' (the baseline). The
+    white-box layer is an exact step on R^var_c of its input, Pi held fixed; here its input is LN(x) and
+    its output is scaled coordinate by coordinate by g1 before it is added to x, so the block takes an
+    approximate step on R^var_c of the normalised tokens (derivation.py measures how close). The options
+    beyond the paper (token_shift, lpi, drop_path) run in forward_with_options(), section 7.
     """
 
     def __init__(self, n_embd, n_head, attn='tssa', causal=True, block_size=None, bias=False, dropout=0.0,
                  layerscale_init=1e-5, drop_path=0.0, token_shift=False, lpi=False):
         super().__init__()
-        if attn not in ATTN_KINDS:
-            raise ValueError(f"unknown attn {attn!r}; choose one of {', '.join(ATTN_KINDS)}")
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
         self.shift = TokenShift(n_embd) if token_shift else None
         if attn == 'softmax':
@@ -336,27 +326,27 @@ class Block(nn.Module):
         self.gamma_2 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
         self.drop_path = drop_path
 
-    def forward(self, x, state=None, grid=None):
-        """x: (B, T, d). With a state (generation): continues after it and returns (x, new state)."""
-        a, state = self._attend(self.ln_1(x), state)
-        x = x + drop_path(self.gamma_1 * a, self.drop_path, self.training)
-        if self.lpi is not None:
-            x = x + drop_path(self.gamma_3 * self.lpi(self.ln_3(x), grid), self.drop_path, self.training)
-        x = x + drop_path(self.gamma_2 * self.mlp(self.ln_2(x)), self.drop_path, self.training)
-        return x if state is None else (x, state)
+    def forward(self, x, grid=None):
+        if self.shift is not None or self.lpi is not None or self.drop_path:
+            return forward_with_options(self, x, grid)
+        x = x + self.gamma_1 * self.attn(self.ln_1(x))
+        x = x + self.gamma_2 * self.mlp(self.ln_2(x))
+        return x
 
-    def _attend(self, h, state):
-        """attn(h) for h = LN(x), shifted first if the block has a TokenShift -> (a, new state or None)."""
-        if self.shift is not None:
-            h, last = self.shift(h, None if state is None else state.last.to(h.dtype))
-        if state is None:
-            return self.attn(h), None
+    # generation: the same two lines with the attention's recurrent state carried (TokenShift's too)
+
+    def prefill(self, x, state):                             # x: (B, T, d) after `state` -> (x, new state)
+        h = self.ln_1(x)
         if self.shift is None:
-            return self.attn(h, state)
-        a, st = self.attn(h, state.attn)
-        return a, ShiftState(st, last)
+            a, state = self.attn(h, state)
+        else:
+            h, last = self.shift(h, state.last.to(h.dtype))
+            a, st = self.attn(h, state.attn)
+            state = ShiftState(st, last)
+        x = x + self.gamma_1 * a
+        return x + self.gamma_2 * self.mlp(self.ln_2(x)), state
 
-    def step(self, x, state):                                # x: (B, d), one token
+    def step(self, x, state):                                # x: (B, d), one token -> (x, new state)
         h = self.ln_1(x)
         if self.shift is None:
             a, state = self.attn.step(h, state)
@@ -403,8 +393,7 @@ class GPTConfig:
 
 class GPT(nn.Module):
     """nanoGPT's GPT-2 with causal TSSA in place of attention, as in the paper: learned absolute
-    positions, tied token embedding and LM head, GPT-2 init, pre-LN blocks with layer-scale. Two options
-    beyond the paper (section 7), off by default: token_shift, and softmax_layers (a hybrid)."""
+    positions, tied token embedding and LM head, GPT-2 init, pre-LN blocks with layer-scale."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -426,12 +415,10 @@ class GPT(nn.Module):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
 
     def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                torch.nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            torch.nn.init.zeros_(module.bias)
 
     def get_num_params(self, non_embedding=True):
         """Parameter count; like nanoGPT, without the position embedding (the token embedding is the
@@ -440,8 +427,9 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def _embed(self, idx, t0=0):
-        B, T = idx.shape
-        _check_length(t0 + T, self.config.block_size)
+        T = idx.shape[1]
+        if t0 + T > self.config.block_size:
+            raise ValueError(f"sequence of {t0 + T} tokens is longer than block_size ({self.config.block_size})")
         pos = torch.arange(t0, t0 + T, dtype=torch.long, device=idx.device)
         return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))   # (B, T, d)
 
@@ -476,7 +464,7 @@ class GPT(nn.Module):
         x = self._embed(idx, states[0].t)
         new_states = []
         for block, st in zip(self.transformer.h, states):
-            x, st = block(x, st)
+            x, st = block.prefill(x, st)
             new_states.append(st)
         return self.lm_head(self.transformer.ln_f(x[:, -1])), new_states
 
@@ -484,9 +472,7 @@ class GPT(nn.Module):
         """One token per sequence, idx (B,), in O(1) time per token with TSSA (a growing KV cache in
         softmax blocks). states: one per block, its own kind (TSSAState, KVCache, ShiftState around either).
         Returns logits (B, vocab) and the new states."""
-        t = states[0].t
-        _check_length(t + 1, self.config.block_size)
-        x = self.transformer.wte(idx) + self.transformer.wpe.weight[t]
+        x = self._embed(idx[:, None], states[0].t)[:, 0]
         new_states = []
         for block, st in zip(self.transformer.h, states):
             x, st = block.step(x, st)
@@ -495,45 +481,37 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
-        """Yield new tokens (B,) one at a time. The prompt is prefilled in parallel, then each token costs
-        the same at any context length (TSSA's state does not grow; a softmax block's KV cache does).
-
-        The window rule: the model sees at most block_size tokens. A longer prompt is cropped to its last
-        block_size tokens; when the context would grow past block_size, it restarts from its last
-        block_size // 2 tokens (prefilled in parallel). That costs one prefill per block_size/2 tokens.
-        temperature=0 means greedy decoding; top_k None or 0 samples from every token. The model is put
-        in eval mode while generating (dropout would make the parallel prefill and the step disagree).
-        """
+        """Yield new tokens (B,) one at a time: the prompt prefilled in parallel, then one step per token at
+        the same cost at any context length (TSSA's state does not grow; a softmax block's KV cache does).
+        The model sees at most block_size tokens: a longer prompt is cropped to its last block_size, and a
+        full window restarts from its last half. temperature=0 is greedy; top_k None or 0 samples from
+        every token. Runs in eval mode (dropout would make the prefill and the steps disagree)."""
         if idx.dim() != 2 or idx.shape[1] == 0:
             raise ValueError(f"generate needs a prompt of shape (B, T) with T >= 1, got {tuple(idx.shape)}")
-        was_training = self.training
-        self.eval()                                             # prefill and step agree only without dropout
+        was_training, bs = self.training, self.config.block_size
+        self.eval()
         try:
-            yield from self._decode(idx, max_new_tokens, temperature, top_k, generator)
+            ctx = idx[:, -bs:]
+            logits, states = self.prefill(ctx)
+            for _ in range(max_new_tokens):
+                if temperature == 0:
+                    nxt = logits.argmax(dim=-1)
+                else:
+                    logits = logits / temperature
+                    if top_k:                                   # None or 0: sample from every token
+                        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                        logits = logits.masked_fill(logits < v[:, [-1]], -float('inf'))
+                    probs = F.softmax(logits.float(), dim=-1)
+                    nxt = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+                yield nxt
+                ctx = torch.cat([ctx, nxt[:, None]], dim=1)
+                if ctx.shape[1] > bs:                           # window full: restart from its last half
+                    ctx = ctx[:, -max(1, bs // 2):]
+                    logits, states = self.prefill(ctx)
+                else:
+                    logits, states = self.step(nxt, states)
         finally:
             self.train(was_training)
-
-    def _decode(self, idx, max_new_tokens, temperature, top_k, generator):
-        bs = self.config.block_size
-        ctx = idx[:, -bs:]
-        logits, states = self.prefill(ctx)
-        for _ in range(max_new_tokens):
-            if temperature == 0:
-                nxt = logits.argmax(dim=-1)
-            else:
-                logits = logits / temperature
-                if top_k:                                       # None or 0: sample from every token
-                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                    logits = logits.masked_fill(logits < v[:, [-1]], -float('inf'))
-                probs = F.softmax(logits.float(), dim=-1)
-                nxt = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
-            yield nxt
-            ctx = torch.cat([ctx, nxt[:, None]], dim=1)
-            if ctx.shape[1] > bs:                               # window full: restart from its last half
-                ctx = ctx[:, -max(1, bs // 2):]
-                logits, states = self.prefill(ctx)
-            else:
-                logits, states = self.step(nxt, states)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
@@ -547,9 +525,8 @@ class GPT(nn.Module):
         return make_optimizer(self, weight_decay, learning_rate, betas, device_type)
 
     def flops_per_token(self, T=None):
-        """Training FLOPs per token (forward + backward = 3x forward): 6N for the weight matmuls plus
-        the attention cores. For TSSA the core is O(d) per token: the released code counted
-        softmax attention's O(d T) for it, overstating MFU at long contexts."""
+        """Training FLOPs per token (forward + backward = 3x forward): 6N for the weight matmuls plus the
+        attention cores, O(d) per token for TSSA and O(d T) for softmax attention."""
         c = self.config
         T = c.block_size if T is None else T
         k = len(c.softmax_layers)                               # a hybrid: each block counts its own core
@@ -773,8 +750,6 @@ class SoftmaxAttention(nn.Module):
 
     def __init__(self, n_embd, n_head, causal, bias=False, dropout=0.0):
         super().__init__()
-        if n_embd % n_head != 0:
-            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
         self.n_head, self.head_dim, self.causal, self.dropout = n_head, n_embd // n_head, causal, dropout
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
@@ -806,13 +781,23 @@ class SoftmaxAttention(nn.Module):
         return y.squeeze(1), state
 
 
-# A hybrid (GPTConfig.softmax_layers): not in the paper, off by default. The blocks it names get
-# SoftmaxAttention, the others causal TSSA; nothing else changes. Why: a TSSA layer keeps of the past only
-# prefix sums of second moments (TSSAState), a bag without order, so it cannot tie a key to the value after
-# it (recall) or copy a segment (study.py tasks). One softmax layer can look up any earlier token, and that
-# gives recall back. The price: that layer costs O(T) per token, and in generation its KV cache grows with
-# the context, so memory per token and the time of a step are no longer constant (bench.py generation).
-# Linear-time models with a fixed state answer recall the same way (Jamba, Zoology, Based, Samba).
+# A hybrid (GPTConfig.softmax_layers, off by default): the blocks it names get SoftmaxAttention. A TSSA
+# layer keeps of the past only prefix sums of second moments, a bag without order, so it cannot tie a key to
+# the value after it (recall); one softmax layer can look up any earlier token. The price: that layer costs
+# O(T) per token, and its KV cache grows with the context (docs/quality.md measures both).
+
+
+def forward_with_options(block, x, grid=None):
+    """Block.forward with the options beyond the paper: x = x + g1 * attn(shift(LN(x))) (token_shift),
+    x = x + g3 * LPI(LN(x)) between the paper's two lines (lpi, as XCiT places it; needs the patch grid),
+    and stochastic depth on every branch (drop_path)."""
+    h = block.ln_1(x)
+    if block.shift is not None:
+        h, _ = block.shift(h)
+    x = x + drop_path(block.gamma_1 * block.attn(h), block.drop_path, block.training)
+    if block.lpi is not None:
+        x = x + drop_path(block.gamma_3 * block.lpi(block.ln_3(x), grid), block.drop_path, block.training)
+    return x + drop_path(block.gamma_2 * block.mlp(block.ln_2(x)), block.drop_path, block.training)
 
 
 class TokenShift(nn.Module):
@@ -820,10 +805,9 @@ class TokenShift(nn.Module):
 
         h_t <- h_t + mu * (h_{t-1} - h_t)        mu learned per channel, init 0.5; h_{-1} = 0
 
-    Causal TSSA sees the past only through prefix sums of second moments, with no recency: a layer cannot
-    tell which token came just before, and a model of local structure (bytes, code) needs exactly that.
-    Mixing each channel of the attention's input with the previous token's (RWKV's token shift) gives it
-    back at O(1) cost: the recurrent state grows by one vector per layer, h_{t-1}."""
+    Causal TSSA's prefix sums have no recency: a layer cannot tell which token came just before. Mixing
+    each channel with the previous token's (RWKV's token shift) gives that back at O(1) cost: the
+    recurrent state grows by one vector per layer, h_{t-1}."""
 
     def __init__(self, n_embd):
         super().__init__()
@@ -835,10 +819,9 @@ class TokenShift(nn.Module):
 
 
 class LocalPatchInteraction(nn.Module):
-    """XCiT's local patch interaction, the vision analogue of TokenShift (ViTConfig.lpi, off by default):
-    depthwise 3x3 convolution, GELU, BatchNorm, depthwise 3x3 convolution over the patch grid. Two 3x3
-    convolutions reach a 5x5 window: each patch mixes with its 24 nearest patches. Not part of ToST's
-    derivation; the released code has it written but commented out."""
+    """XCiT's local patch interaction (ViTConfig.lpi, off by default; not part of ToST's derivation):
+    depthwise 3x3 convolution, GELU, BatchNorm, depthwise 3x3 convolution over the patch grid, so each
+    patch mixes with the 24 nearest."""
 
     def __init__(self, n_embd):
         super().__init__()
@@ -864,7 +847,7 @@ class ShiftState(NamedTuple):
 
 
 # -----------------------------------------------------------------------------
-# 8. Utilities: presets, optimizer groups, FLOP counts, small checks
+# 8. Utilities: presets, optimizer groups, FLOP counts, checks
 
 ATTN_KINDS = ('tssa', 'softmax')
 
@@ -945,12 +928,6 @@ def drop_path(x, p, training):
 def _stat_dtype(t):
     # statistics (sums over tokens) are taken in float32 when the activations are half precision
     return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
-
-
-def _check_length(n, block_size):
-    """A sequence of n tokens must fit the model's positions (learned embeddings, position biases)."""
-    if n > block_size:
-        raise ValueError(f"sequence of {n} tokens is longer than block_size ({block_size})")
 
 
 def _check_shape(n_embd, n_head, attn):

@@ -1,29 +1,21 @@
 """
-The fast cores of tost.py's TSSA and CausalTSSA: the same numbers as their readable forward() lines, in
-fewer passes over memory. Nothing here is new math; read tost.py for that.
+A fused core for tost.py's CausalTSSA training path: the same numbers as its readable forward() lines,
+in fewer passes over memory. Nothing here is new math; read tost.py for that.
 
-Each readable forward() enters here by one line, when usable(layer) says so. Two things make these cores
-faster than autograd over the readable lines:
-  * a hand-written backward: autograd keeps and re-reads about twice as many intermediate tensors;
-  * on a CPU, chunks: the work is cut into pieces of about CHUNK elements, so that the dozen tensors a
-    piece uses stay in cache instead of streaming through memory once per line.
-test_tost.py proves them equal to the readable lines (values and every gradient, several chunk sizes,
-the clamped case, gradcheck, float32 against float64, bf16 autocast).
-
-Layout: w is the input projection's output viewed per head, (B, n, K, p), no copy. temp is (K,).
+Where it runs: CausalTSSA.forward enters here by one line when usable() says so, that is on a CPU, in
+eager mode, without a recurrent state and without active attention dropout, and CausalTSSA.fast is True.
+Everywhere else the readable lines run: under torch.compile (inductor fuses them itself) and on GPUs.
+docs/speed.md has the measurements that chose this. Two things make the core faster than autograd over
+the readable lines on a CPU: a hand-written backward (autograd keeps and re-reads about twice as many
+intermediate tensors), and chunks of about CHUNK elements, so that the dozen tensors a chunk uses stay in
+cache instead of streaming through memory once per line. test_tost.py proves it equal to the readable
+lines (values and every gradient, several chunk sizes, the clamped case, gradcheck, float32 against
+float64, bf16 autocast), and derivation.py shows it.
 """
 
 import torch
 
-# A core on a CPU works on chunks of about this many elements (1 MB of float32 per tensor). On a GPU it
-# takes everything at once: there, kernel launches cost more than memory passes.
-CHUNK = 2 ** 18
-
-
-def _chunk(x, whole, unit):
-    """How many units (images, or tokens) a core takes at a time: `whole` off the CPU, else about CHUNK
-    elements' worth, at least one; a unit holds `unit` elements."""
-    return whole if x.device.type != 'cpu' else max(1, CHUNK // unit)
+CHUNK = 2 ** 18      # elements per chunk (1 MB of float32 per tensor)
 
 
 def _stat_dtype(t):
@@ -31,90 +23,24 @@ def _stat_dtype(t):
     return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
 
 
-def usable(layer):
-    """Whether layer.forward may run a core: TSSA.fast is on, the layer is the practical operator with
-    alpha = 1 (the cores absorb alpha), no attention dropout is active in training, and torch.compile is
-    not tracing (inductor fuses the readable lines itself). Otherwise the readable lines run."""
-    return layer.fast and not layer.whitebox and layer.alpha == 1 and not torch.compiler.is_compiling() \
+def usable(layer, x):
+    """Whether CausalTSSA.forward(x) without a state may run the core (see the module docstring)."""
+    return layer.fast and x.device.type == 'cpu' and not torch.compiler.is_compiling() \
         and not (layer.training and layer.attn_dropout.p > 0)
 
 
-def _run(layer, x, core, *args):
-    """c_proj(core(c_attn(x))), the core seeing w as (B, n, K, p). The core keeps its intermediates for the
-    backward only if there will be one: decided here, since grad mode is always off inside a Function's
-    forward, and its needs_input_grad says yes under no_grad too (a view of a parameter requires grad)."""
-    B, n, d = x.shape
-    w = layer.c_attn(x)
-    wf = w.to(_stat_dtype(w)).view(B, n, layer.n_head, layer.head_dim)
-    args = [a.to(wf.dtype) if torch.is_tensor(a) else a for a in args]
-    temp = layer.temp.view(-1).to(wf.dtype)
-    keep = torch.is_grad_enabled() and any(torch.is_tensor(a) and a.requires_grad for a in (wf, temp, *args))
-    y = core.apply(wf, temp, *args, keep)
-    return layer.resid_dropout(layer.c_proj(y.view(B, n, d).to(w.dtype)))
-
-
-def tssa(layer, x):
-    """TSSA.forward (practical operator, no attention dropout). x: (B, n, d) -> (B, n, d)."""
-    B, n, d = x.shape
-    return _run(layer, x, TSSACore, layer.eps, _chunk(x, B, n * d))
-
-
 def causal_tssa(layer, x):
-    """CausalTSSA.forward without a state (the training path). x: (B, T, d) -> (B, T, d)."""
+    """c_proj(core(c_attn(x))): CausalTSSA.forward without a state. x: (B, T, d) -> (B, T, d).
+    The core keeps its intermediates for a backward only if there will be one: decided here, since grad
+    mode is always off inside a Function's forward."""
     B, T, d = x.shape
-    pb = (layer.head_dim * layer.pos_bias[:, :T]).t()                     # (T, K)  p * b_{k,t}
-    return _run(layer, x, CausalCore, pb, layer.eps, _chunk(x, T, B * d))
-
-
-class TSSACore(torch.autograd.Function):
-    """TSSA's practical operator with a hand-written backward, a chunk of images at a time (each image's
-    statistics are its own). About half the passes over memory of autograd's version. w: (B, n, K, p)."""
-
-    @staticmethod
-    def forward(ctx, w, temp, eps, chunk, keep):
-        y = torch.empty_like(w)
-        stats = []                                               # for the backward, if keep
-        for a in range(0, w.shape[0], chunk):
-            wc = w[a:a + chunk]
-            w2 = wc * wc
-            col = w2.sum(1, keepdim=True).clamp_min_(1e-24)     # (b, 1, K, p)  sum_j w_j^2 per coordinate
-            e = (w2 / col).sum(-1)                               # (b, n, K)
-            Pi = torch.softmax(temp * e, -1)                     # (b, n, K)     pi_jk
-            n_k = Pi.sum(1, keepdim=True) + eps                  # (b, 1, K)
-            S = w2.mul_(Pi.unsqueeze(-1)).sum(1, keepdim=True)   # (b, 1, K, p)  s_k
-            D = 1 / (1 + S / n_k.unsqueeze(-1))                  # (b, 1, K, p)  D_k
-            torch.mul(wc, D, out=y[a:a + chunk]).mul_(-Pi.unsqueeze(-1))   # y = -pi w D
-            if keep:
-                stats.append((col, e, Pi, n_k, S))
-        if keep:
-            ctx.save_for_backward(w, temp, *(torch.cat(s) for s in zip(*stats)))
-        ctx.chunk = chunk
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        w, temp, cols, es, Pis, n_ks, Ss = ctx.saved_tensors
-        g = g.to(w.dtype)
-        gw, gtemp = torch.empty_like(w), torch.zeros_like(temp)
-        for a in range(0, w.shape[0], ctx.chunk):
-            c = slice(a, a + ctx.chunk)
-            wc, gc, col, e, Pi, n_k, S = w[c], g[c], cols[c], es[c], Pis[c], n_ks[c], Ss[c]
-            Pi4, n_k4 = Pi.unsqueeze(-1), n_k.unsqueeze(-1)
-            D = 1 / (1 + S / n_k4)
-            gww = gc * wc
-            gD = -(gww * Pi4).sum(1, keepdim=True)               # y = -pi w D
-            gPi = -gww.mul_(D).sum(-1)
-            gs = -gD * D * D                                     # D = 1 / (1 + m), m = S / n_k
-            gS = gs / n_k4
-            w2 = wc * wc
-            gPi += (w2 * gS).sum(-1) - (gs * S).sum(-1) / (n_k * n_k)   # via S = sum pi w^2, n_k = sum pi
-            dl = Pi * (gPi - (Pi * gPi).sum(-1, keepdim=True))   # softmax over heads
-            gtemp += (dl * e).sum((0, 1))
-            de = (dl * temp).unsqueeze(-1)                       # e = sum_i w^2 / col
-            gcol = (w2 * de).sum(1, keepdim=True).div_(col * col).neg_().masked_fill_(col <= 1e-24, 0)
-            gw2 = torch.addcdiv(gcol, de.expand_as(w2), col).addcmul_(Pi4, gS)
-            torch.mul(gc, D, out=gw[c]).mul_(-Pi4).addcmul_(wc, gw2, value=2)
-        return gw, gtemp, None, None, None
+    w = layer.c_attn(x)
+    wf = w.to(_stat_dtype(w)).view(B, T, layer.n_head, layer.head_dim)    # (B, T, K, p), no copy
+    temp = layer.temp.view(-1).to(wf.dtype)                               # (K,)
+    pb = (layer.head_dim * layer.pos_bias[:, :T]).t().to(wf.dtype)        # (T, K)  p * b_{k,t}
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in (wf, temp, pb))
+    y = CausalCore.apply(wf, temp, pb, layer.eps, max(1, CHUNK // (B * d)), keep)
+    return layer.resid_dropout(layer.c_proj(y.view(B, T, d).to(w.dtype)))
 
 
 class CausalCore(torch.autograd.Function):
