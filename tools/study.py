@@ -375,7 +375,7 @@ def main(argv=None):
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
-    return run_sections(args, SECTIONS, results, console, plot.FIGURES)
+    return run_sections(args, SECTIONS, results)
 
 
 if __name__ == '__main__':
