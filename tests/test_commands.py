@@ -50,8 +50,8 @@ RUN = [
     ('python plot.py out out-shift out-softmax', ()),
     ('python plot.py out docs/demo-log.jsonl --x=seconds', ()),
     ('python plot.py out-study/study.json', ()),
-    ('python plot.py docs/bench.json', ()),
-    ('python plot.py docs/tasks.json', ()),
+    ('python plot.py docs/bench.json --out_dir=docs', ()),
+    ('python plot.py docs/tasks.json --out_dir=docs', ()),
     ('python sample.py --out_dir=out-shift --start="def " --seed=1 --temperature=0.8', SHORT),
     ('python sample.py --out_dir=out-hybrid --start="def " --seed=1 --temperature=0.8', SHORT),
     ('python eval_gpt.py --datasets=python_stdlib', ('--batch_size=256',)),  # all 1.2M val bytes: big batches
