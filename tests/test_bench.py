@@ -50,6 +50,7 @@ def test_smoke_mode_runs_every_section(tmp_path):
         assert all(row[k] > 0 for k in bench.LIMIT)
 
 
+@pytest.mark.slow
 def test_cpu_memory_probe_sees_activations():
     """Each case in a fresh process (python -c 'from tools import bench', run from the repo root)."""
     bench.WIDTH, bench.HEADS = 64, 4
