@@ -5,24 +5,21 @@ Figures, drawn with matplotlib (the Agg backend: files, never a window, also ove
     python plot.py out docs/demo-log.jsonl --x=seconds    # your demo beside the reference run, in seconds
     python plot.py out-study/study.json                   # the figures of a bench or study --json, again
 
-A run is a folder train_gpt.py or train_vit.py wrote (its log.jsonl), or a log.jsonl itself. Language runs
+A run is a folder train_gpt.py or train_vit.py wrote (its log.jsonl), or a log.jsonl itself: language runs
 are drawn as train and val loss against tokens seen (or seconds), vision runs as test accuracy against
-epochs, each labelled with its folder and its model, read from its own log; the figure goes to --out
-(runs.png in the current folder unless told; its suffix picks the format: .png, .pdf, .svg). A .json is the
-results of tools.bench or tools.study: its figures (speed.png, generation.png, language.png, vision.png,
-tasks.png) are drawn again beside it. The trainers keep <out_dir>/loss.png, their own run, the same way.
+epochs, each labelled with its folder and its model. Their figure goes to --out: runs.png in the current
+folder unless told (its suffix picks the format: .png, .pdf, .svg). A .json is the results of tools.bench
+or tools.study: its figures (speed.png, generation.png, language.png, vision.png, tasks.png) go to
+--out_dir, the current folder unless told (tools.bench and tools.study draw them beside their --json).
 The same model has the same colour and line style in every figure (the styles survive a grey-scale print).
 """
-import json
-import os
-import sys
+import contextlib, json, os, sys
 
 import matplotlib
-
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator  # noqa: E402
 
 from options import UsageError, parse, run_main  # noqa: E402
 
@@ -45,13 +42,10 @@ def model_name(cfg):
     return name + ' + shift' * bool(cfg.get('token_shift')) + ' + lpi' * bool(cfg.get('lpi'))
 
 
-def style(name, i=0):
-    return STYLES.get(name) or OTHER[i % len(OTHER)]
-
-
 def save(fig, path, dpi=100):
-    """fig as a file (its suffix picks the format); a path that cannot be written is one line."""
+    """fig, laid out, as a file (its suffix picks the format); a path that cannot be written is one line."""
     try:
+        fig.tight_layout()
         fig.savefig(path, dpi=dpi)
     except (OSError, ValueError) as e:                # no such folder, a folder, read-only; an unknown format
         raise UsageError(f"cannot write the figure {path!r}: {e}") from None
@@ -67,18 +61,17 @@ def read_run(path):
     log = path if path.endswith('.jsonl') else os.path.join(path, 'log.jsonl')
     if not os.path.isfile(log):
         raise UsageError(f"{path} is not a run: no {log} (train_gpt.py and train_vit.py write one)")
-    rows = []
-    with open(log) as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue                                   # a line cut short: being written, or by a crash
-    rows = [r for r in rows if isinstance(r, dict)]
+    with open(log) as f:                               # a line cut short (being written, or by a crash) is left out
+        rows = [r for r in map(_json, f) if isinstance(r, dict)]
     cfg = next((r for r in reversed(rows) if r.get('kind') == 'config'), {})
     folder, base = os.path.split(os.path.abspath(log))
     name = os.path.basename(folder) if base == 'log.jsonl' else base.removesuffix('.jsonl')
     return f"{name}: {model_name(cfg)}" if cfg else name, cfg, [r for r in rows if r.get('kind') != 'config']
+
+
+def _json(line):
+    with contextlib.suppress(ValueError):
+        return json.loads(line)
 
 
 def learning_curves(runs, path, x='tokens', title=None):
@@ -89,21 +82,21 @@ def learning_curves(runs, path, x='tokens', title=None):
     if len(set(vision)) > 1:
         which = lambda v: ', '.join(label for (label, _, _), is_v in zip(runs, vision) if is_v == v)
         raise UsageError(f"{which(True)}: vision, {which(False)}: language; draw them in separate calls")
+    key = 'tokens' if x == 'tokens' else 'elapsed_s'
+    pts = lambda rows, kind, y: [(r[key], r[y]) for r in rows if r.get('kind') == kind and r.get(key) is not None
+                                 and r.get(y) is not None]
+    series = [([], [(r['epoch'], r['test_acc']) for r in rows if r.get('test_acc') is not None]) if vision[0] else
+              (pts(rows, 'train', 'train_loss'), pts(rows, 'eval', 'val_loss')) for _, _, rows in runs]
+    drawn = [p for train, val in series for p in train + val]
+    if not drawn:
+        raise UsageError(f"nothing to draw yet: {', '.join(label for label, _, _ in runs)} "
+                         f"{'has' if len(runs) == 1 else 'have'} no complete train or eval row")
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    used, drawn, later_vals = set(), [], []
-    for i, (label, cfg, rows) in enumerate(runs):
+    used = set()
+    for i, ((label, cfg, _), (train, val)) in enumerate(zip(runs, series)):
         name = model_name(cfg) if cfg else None
-        color, line, marker = style(name) if name in STYLES and name not in used else OTHER[i % len(OTHER)]
+        color, line, marker = STYLES[name] if name in STYLES and name not in used else OTHER[i % len(OTHER)]
         used.add(name)
-        key = 'tokens' if x == 'tokens' else 'elapsed_s'
-        if vision[0]:
-            val, train = [(r['epoch'], r['test_acc']) for r in rows if r.get('test_acc') is not None], []
-        else:
-            train = [(r[key], r['train_loss']) for r in rows if r.get('kind') == 'train' and r.get(key) is not None]
-            val = [(r[key], r['val_loss']) for r in rows if r.get('kind') == 'eval' and r.get(key) is not None
-                   and r.get('val_loss') is not None]
-            later_vals += [v for _, v in val[1:]]
-        drawn += train + val
         if train:
             ax.plot(*zip(*train), color=color, linestyle=line, linewidth=0.8, alpha=0.45)
         if val:
@@ -111,21 +104,14 @@ def learning_curves(runs, path, x='tokens', title=None):
                     label=label if vision[0] else f"{label}, val")
         elif train:
             ax.plot([], [], color=color, linestyle=line, label=f"{label} (no eval yet)")
-    if not drawn:
-        plt.close(fig)
-        raise UsageError(f"nothing to draw yet: {', '.join(label for label, _, _ in runs)} "
-                         f"{'has' if len(runs) == 1 else 'have'} no complete train or eval row")
-    if later_vals:                                     # the part after the first drop, with a margin
-        lo, hi = min(y for _, y in drawn), max(later_vals)
+    later = [] if vision[0] else [y for _, val in series for _, y in val[1:]]
+    if later:                                          # the part after the first drop, with a margin
+        lo, hi = min(y for _, y in drawn), max(later)
         ax.set_ylim(lo - 0.1 * (hi - lo) - 0.01, hi + 0.15 * (hi - lo) + 0.01)
     unit = 'byte' if all(cfg.get('vocab_size') == 256 for _, cfg, _ in runs) else 'token'
-    ax.set_xlabel('epoch' if vision[0] else 'tokens seen' if x == 'tokens' else 'seconds of training')
-    ax.set_ylabel('test accuracy' if vision[0] else f'loss (nats per {unit}); thin: train')
-    ax.set_title(title or ('test accuracy' if vision[0] else 'learning curves'), fontsize=10)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax_labels(ax, 'epoch' if vision[0] else 'tokens seen' if x == 'tokens' else 'seconds of training',
+              'test accuracy' if vision[0] else f'loss (nats per {unit}); thin: train',
+              title or ('test accuracy' if vision[0] else 'learning curves'))
     save(fig, path)
 
 # -----------------------------------------------------------------------------
@@ -145,7 +131,7 @@ def speed(results, path):
         if not pts:
             continue
         n, t, mb = map(np.array, zip(*pts))
-        color, _, marker = style(model)
+        color, _, marker = STYLES[model]
         k = f", k = {fits[op]:.2f}" if op in fits else ""
         left.plot(n, 1e3 * t, color=color, linestyle=line, marker=marker, label=f"{label}{k}")
         if np.isfinite(mb).any():
@@ -154,7 +140,6 @@ def speed(results, path):
     ax_labels(left, 'tokens', 'forward + backward (ms)', 'time ~ n^k', log=True, xticks=sizes)
     ax_labels(right, 'tokens', 'peak memory (MB)', 'memory, forward + backward', log=True, xticks=sizes)
     fig.suptitle(f"one attention layer, width {results.get('width', 768)}: {describe(results)}", fontsize=9)
-    fig.tight_layout()
     save(fig, path)
 
 
@@ -170,12 +155,11 @@ def generation(results, path):
     keys = [k for k in GENERATION if k in rows[0]] + [k for k in rows[0] if k not in GENERATION and k != 'ctx']
     for i, key in enumerate(keys):
         label, model = GENERATION.get(key, (key, None))
-        color, line, marker = style(model) if model else OTHER[i % len(OTHER)]
+        color, line, marker = STYLES[model] if model else OTHER[i % len(OTHER)]
         ax.plot([r['ctx'] for r in rows], [r[key] for r in rows], color=color, linestyle=line, marker=marker,
                 label=label)
     ax_labels(ax, 'context (tokens before the new one)', 'tokens / s', f"generation, batch 1: {describe(results)}",
               log=True, xticks=[r['ctx'] for r in rows])
-    fig.tight_layout()
     save(fig, path)
 
 
@@ -187,14 +171,12 @@ def describe(results):
 
 def ax_labels(ax, x, y, title, log=False, xticks=()):
     if log:                                        # log-log; x ticks at the measured sizes, as 256, 1k, 64k
-        ax.set_xscale('log')
-        ax.set_yscale('log')
+        ax.set(xscale='log', yscale='log')
         ax.set_xticks(sorted(set(xticks)), [f"{v // 1024}k" if v >= 1024 else str(v) for v in sorted(set(xticks))])
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set(xlabel=x, ylabel=y)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which='both')
     if ax.get_legend_handles_labels()[0]:
@@ -225,7 +207,6 @@ def capability_grid(rows, path, title='What each model learns: accuracy on held-
     ax.tick_params(top=True, labeltop=True, bottom=False, labelbottom=False)
     fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label('above chance', fontsize=8)
     ax.set_title(f"{title}\ncolour: 0 at chance, 1 perfect; ~: at chance or below", fontsize=9)
-    fig.tight_layout()
     save(fig, path)
 
 # -----------------------------------------------------------------------------
@@ -254,9 +235,7 @@ def vision_maps(path, image, cls_attn, pi, title):
         axes[1, 0].imshow(np.asarray(pi).argmax(0), cmap='tab10', vmin=0, vmax=9)
         axes[1, 0].set_title('head with the\nlargest Pi', fontsize=7)
     for ax in axes.flat:
-        ax.set_xticks([])
-        ax.set_yticks([])
-    fig.tight_layout()
+        ax.set(xticks=[], yticks=[])
     save(fig, path)
 
 # -----------------------------------------------------------------------------
@@ -264,13 +243,11 @@ def vision_maps(path, image, cls_attn, pi, title):
 
 def study_curves(section, title):
     """A study section's runs on one figure, each labelled with its row of the table."""
-    def draw(results, path):
-        learning_curves([(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']], path,
-                        title=title)
-    return draw
+    return lambda results, path: learning_curves(
+        [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']], path, title=title)
 
 
-# the figure of each section of tools.bench and tools.study, drawn beside their --json (and by `plot.py FILE.json`)
+# the figure of each section of tools.bench and tools.study, drawn from their results (a .json)
 FIGURES = {
     'operator': ('speed.png', speed),
     'generation': ('generation.png', generation),
@@ -280,8 +257,8 @@ FIGURES = {
 }
 
 
-def draw_results(path):
-    """The figures of a bench or study results file, drawn again beside it. Returns their paths."""
+def draw_results(path, folder):
+    """The figures of a bench or study results file, drawn into `folder`. Returns their paths."""
     try:
         with open(path) as f:
             results = json.load(f)
@@ -289,7 +266,7 @@ def draw_results(path):
         if not sections:
             raise UsageError(f"{path} holds no results of tools.bench or tools.study (none of the sections "
                              f"{', '.join(FIGURES)}); a run is a folder or its log.jsonl")
-        out = [os.path.join(os.path.dirname(os.path.abspath(path)), FIGURES[s][0]) for s in sections]
+        out = [os.path.join(folder, FIGURES[s][0]) for s in sections]
         for s, p in zip(sections, out):
             FIGURES[s][1](results, p)
         return out
@@ -300,7 +277,8 @@ def draw_results(path):
 DEFAULTS = dict(
     runs=[],                     # run folders or log.jsonl files, or bench/study results (.json), as bare words
     x='tokens',                  # the x axis of language runs: tokens (seen) or seconds (of training)
-    out='runs.png',              # where the runs' figure goes (.png, .pdf, .svg); a .json's go beside it
+    out='runs.png',              # where the runs' figure goes (.png, .pdf, .svg): ./runs.png unless told
+    out_dir='.',                 # where a .json's figures go (speed.png, ...): the current folder unless told
     title='',                    # the figure's title; default: learning curves
 )
 
@@ -313,8 +291,10 @@ def main(argv=None):
         raise UsageError(f"--x expects tokens or seconds, got {cfg['x']!r}")
     if not os.path.splitext(cfg['out'])[1]:               # matplotlib would add .png to a name without one
         raise UsageError(f"--out={cfg['out']} needs a file name whose suffix is the format: .png, .pdf or .svg")
+    if not os.path.isdir(cfg['out_dir'] or '.'):
+        raise UsageError(f"--out_dir={cfg['out_dir']} is not a folder; give one that exists")
     for f in [f for f in cfg['runs'] if f.endswith('.json')]:
-        print('\n'.join(f"wrote {p}" for p in draw_results(f)))
+        print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'] or '.')))
     runs = [read_run(f) for f in cfg['runs'] if not f.endswith('.json')]
     if runs:
         learning_curves(runs, cfg['out'], cfg['x'], cfg['title'] or None)

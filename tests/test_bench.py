@@ -50,10 +50,11 @@ def test_smoke_mode_runs_every_section(tmp_path):
         assert all(row[k] > 0 for k in bench.LIMIT)
 
 
+@pytest.mark.slow
 def test_cpu_memory_probe_sees_activations():
     """Each case in a fresh process (python -c 'from tools import bench', run from the repo root)."""
     bench.WIDTH, bench.HEADS = 64, 4
-    spec = lambda n: dict(kind='causal_tssa', n=n, dtype='float32', backward=True, mode='smoke')
+    spec = lambda n: dict(kind='causal_tssa', n=n, dtype='float32', mode='smoke')
     # large enough that a few MB of allocator noise do not matter (4096 tokens gave ratios from 6 to 21)
     small, large = bench.measure_memory(spec(32768), 'cpu'), bench.measure_memory(spec(131072), 'cpu')
     assert small > 0 and not math.isnan(large)
@@ -102,7 +103,7 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'set_device', lambda device: calls.append(device))
     monkeypatch.setattr(torch, 'set_float32_matmul_precision', lambda p: calls.append(p))
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'a GPU')
-    monkeypatch.setattr(bench, 'run_sections', lambda args, sections, results, console, figures: results)
+    monkeypatch.setattr(bench, 'run_sections', lambda args, sections, results: results)
     assert bench.main(['--device=cuda:1', '--smoke', '--sections=operator'])['gpu'] == 'a GPU'
     assert calls == ['cuda:1', 'high']
 

@@ -37,7 +37,7 @@ TINY_VIT = ('--model=tost-cifar-tiny', '--epochs=1', '--max_steps=2', '--batch_s
 
 # (command as documented, what is appended), run in this order in one folder
 RUN = [
-    ('python prepare_data.py python_stdlib', ()),
+    ('python prepare_data.py python_stdlib', ('--max_mb=2',)),      # eval_gpt.py reads all of val.bin
     ('python train_gpt.py', TINY_GPT),
     ('python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000', LONGER),
     ('python train_gpt.py --init_from=resume', ()),                   # done: nothing to do, says so
@@ -50,11 +50,11 @@ RUN = [
     ('python plot.py out out-shift out-softmax', ()),
     ('python plot.py out docs/demo-log.jsonl --x=seconds', ()),
     ('python plot.py out-study/study.json', ()),
-    ('python plot.py docs/bench.json', ()),
-    ('python plot.py docs/tasks.json', ()),
+    ('python plot.py docs/bench.json --out_dir=docs', ()),
+    ('python plot.py docs/tasks.json --out_dir=docs', ()),
     ('python sample.py --out_dir=out-shift --start="def " --seed=1 --temperature=0.8', SHORT),
     ('python sample.py --out_dir=out-hybrid --start="def " --seed=1 --temperature=0.8', SHORT),
-    ('python eval_gpt.py --datasets=python_stdlib', ('--batch_size=256',)),  # all 1.2M val bytes: big batches
+    ('python eval_gpt.py --datasets=python_stdlib', ('--batch_size=256',)),  # all of val.bin: big batches
     ('python sample.py', SHORT),
     ('python sample.py --start="def fibonacci(n):" --num_samples=1 --max_new_tokens=2000',
      ('--max_new_tokens=100',)),                                    # still past block_size (32)
@@ -70,6 +70,8 @@ RUN = [
     ('python prepare_data.py text --input=my_notes/ --name=notes', ('--force',)),
     ('python train_gpt.py --dataset=notes', TINY_GPT + ('--out_dir=out-notes',)),
     ('python prepare_data.py --help', ()),
+]
+RUN_VISION = [   # the same, for the ViT, in a folder of its own
     ('python prepare_data.py cifar10 --archive=cifar-10-python.tar.gz', ()),    # the offline form
     ('python prepare_data.py cifar100 --archive=cifar-100-python.tar.gz', ()),
     ('python train_vit.py --dataset=cifar10', TINY_VIT),
@@ -163,7 +165,7 @@ def documented():
 
 
 def test_every_documented_command_is_known():
-    docs, run = documented(), {c for c, _ in RUN}
+    docs, run = documented(), {c for c, _ in RUN + RUN_VISION}
     unknown = {c: where for c, where in docs.items() if c not in run and c not in SKIP}
     assert not unknown, f"commands in the docs that no test runs (add them to RUN or SKIP): {unknown}"
     stale = set(SKIP) - set(docs)
@@ -205,8 +207,6 @@ def test_documented_commands_run_offline(tmp_path, monkeypatch, capsys):
         shutil.copy(os.path.join(REPO, 'docs', f), tmp_path / 'docs')
     (tmp_path / 'out-study').mkdir()
     shutil.copy(os.path.join(REPO, 'docs', 'tasks.json'), tmp_path / 'out-study' / 'study.json')
-    make_cifar(tmp_path / 'cifar-10-python.tar.gz', 'cifar10', n=12)
-    make_cifar(tmp_path / 'cifar-100-python.tar.gz', 'cifar100', n=4)
     for cmd, extra in RUN:
         run(cmd, extra)
     out = capsys.readouterr()
@@ -216,6 +216,15 @@ def test_documented_commands_run_offline(tmp_path, monkeypatch, capsys):
     assert ckpt['iter_num'] == 40 and ckpt['config']['lr_decay_iters'] == 40
     assert train_common.load_checkpoint('out-hybrid/ckpt.pt')['model_args']['softmax_layers'] == [0]   # 1 block
     assert out.err.count('tokens/s (cpu') == sum(c.startswith('python sample.py') for c, _ in RUN)
+
+
+def test_documented_vision_commands_run_offline(tmp_path, monkeypatch):
+    offline(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    make_cifar(tmp_path / 'cifar-10-python.tar.gz', 'cifar10', n=12)
+    make_cifar(tmp_path / 'cifar-100-python.tar.gz', 'cifar100', n=4)
+    for cmd, extra in RUN_VISION:
+        run(cmd, extra)
     assert os.path.isfile('out-vit/best.pt') and os.path.isfile('out-vit-tiny/ckpt.pt')
     assert [r['epoch'] for r in map(json.loads, open('out-vit/log.jsonl')) if 'epoch' in r] == [1, 2]
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import matplotlib.figure
 import matplotlib.image
 import numpy as np
 import pytest
@@ -75,19 +76,36 @@ def test_speed_and_generation_figures(tmp_path):
     read_png(tmp_path / 'generation.png', (400, 650))
 
 
-def test_results_files_are_drawn_again_beside_themselves(tmp_path):
-    """python plot.py bench.json tasks.json: each section's figure, from the numbers alone, beside the file."""
+def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeypatch):
+    """python plot.py docs/bench.json docs/tasks.json: each section's figure, from the numbers alone, in the
+    current folder (the figures beside the file, tracked ones in docs/, are rewritten only with --out_dir)."""
     rows = [dict(n=n, op='causal_tssa', fwd_s=n * 1e-6, fwdbwd_s=3 * n * 1e-6, fwdbwd_peak_mb=n * 0.01)
             for n in (256, 1024)]
-    (tmp_path / 'bench.json').write_text(json.dumps(dict(device='cpu', operator=rows, generation=[
+    (tmp_path / 'docs').mkdir()
+    (tmp_path / 'docs' / 'bench.json').write_text(json.dumps(dict(device='cpu', operator=rows, generation=[
         dict(ctx=c, recurrent=40.0, softmax_kv=40 - c / 100) for c in (16, 1024)])))
-    (tmp_path / 'tasks.json').write_text(json.dumps(dict(tasks=[
+    (tmp_path / 'docs' / 'tasks.json').write_text(json.dumps(dict(tasks=[
         dict(task='copy', knob='length', value=8, model=m, accuracy=a, chance=0.03)
         for m, a in (('tssa', 0.3), ('softmax', 1.0))])))
-    plot.main([str(tmp_path / 'bench.json'), str(tmp_path / 'tasks.json')])
+    (tmp_path / 'docs' / 'speed.png').write_bytes(b'tracked')
+    monkeypatch.chdir(tmp_path)
+    plot.main(['docs/bench.json', 'docs/tasks.json'])
     read_png(tmp_path / 'speed.png', (400, 1000))
     read_png(tmp_path / 'generation.png', (400, 650))
     assert matplotlib.image.imread(tmp_path / 'tasks.png').shape[1] > 400
+    assert (tmp_path / 'docs' / 'speed.png').read_bytes() == b'tracked'
+    assert sorted(os.listdir(tmp_path / 'docs')) == ['bench.json', 'speed.png', 'tasks.json']
+    plot.main(['docs/bench.json', '--out_dir=docs'])                  # asked: redrawn beside it
+    read_png(tmp_path / 'docs' / 'speed.png', (400, 1000))
+    read_png(tmp_path / 'docs' / 'generation.png', (400, 650))
+
+
+def test_the_help_says_where_the_figures_go(capsys):
+    with pytest.raises(SystemExit):
+        plot.main(['--help'])
+    text = ' '.join(capsys.readouterr().out.split())
+    assert 'runs.png in the current folder unless told' in text and "./runs.png unless told" in text
+    assert 'go to --out_dir, the current folder unless told' in text
 
 
 def test_capability_grid(tmp_path):
@@ -138,7 +156,7 @@ def plot_exits(capsys, *argv):
     return e.value.code, capsys.readouterr().err.strip().splitlines()
 
 
-def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
+def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
     """A bad --out (no folder, a folder, no suffix, a format matplotlib does not write, a read-only place), a
     language run with a vision run, and a .json that holds no results: each one line, exit 2, no file."""
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
@@ -153,12 +171,17 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
                         ([run, '--out='], 'needs a file name whose suffix is the format'),
                         ([run, f'--out={tmp_path}/x.txt'], "Format 'txt' is not supported"),
                         ([run, str(tmp_path / 'vit')], 'vit: vision, out: ToST: language; draw them in separate'),
-                        ([str(tmp_path / 'other.json')], 'holds no results of tools.bench or tools.study')):
+                        ([str(tmp_path / 'other.json')], 'holds no results of tools.bench or tools.study'),
+                        ([str(tmp_path / 'other.json'), f'--out_dir={tmp_path}/no'], '--out_dir=' f'{tmp_path}/no is not a folder')):
         code, err = plot_exits(capsys, *argv)
         assert code == 2 and len(err) == 1 and err[0].startswith('error:') and words in err[0], err
-    if os.geteuid() != 0:                                              # root writes anywhere
+    with monkeypatch.context() as m:
+        if os.geteuid() == 0:                       # root writes anywhere: a read-only filesystem, as savefig meets it
+            def read_only(*a, **k):
+                raise OSError(30, 'Read-only file system')
+            m.setattr(matplotlib.figure.Figure, 'savefig', read_only)
         code, err = plot_exits(capsys, run, f'--out={tmp_path}/ro/x.png')
-        assert code == 2 and 'Permission denied' in err[0]
+        assert code == 2 and len(err) == 1 and ('Permission denied' in err[0] or 'Read-only' in err[0]), err
     assert sorted(os.listdir(tmp_path)) == ['other.json', 'out', 'ro', 'vit'] and not os.listdir(tmp_path / 'ro')
     plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')

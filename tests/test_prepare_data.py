@@ -121,9 +121,11 @@ def test_a_dataset_not_prepared_names_a_command_that_makes_it(tmp_path, capsys):
     assert load_meta(tmp_path / 'notes')['kind'] == 'text'
 
 
-def test_a_data_dir_that_is_a_file_is_one_line(tmp_path):
+def test_a_data_dir_that_is_a_file_is_one_line(tmp_path, capsys):
     """--data_dir=README.md: said in one line, nothing prepared into it, whether reading or preparing."""
     (tmp_path / 'README.md').write_text('a file')
+    code, err = main_exits(capsys, 'python_stdlib', f'--data_dir={tmp_path / "README.md"}')
+    assert code == 2 and len(err) == 1 and 'README.md is a file, not a folder; give --data_dir a folder' in err[0]
     for data_dir, folder in ((tmp_path / 'README.md', tmp_path / 'README.md'), (tmp_path / 'README.md' / 'sub', tmp_path / 'README.md')):
         with pytest.raises(UsageError, match=f'{folder} is a file, not a folder; give --data_dir a folder'):
             load_meta(data_dir / 'python_stdlib')

@@ -11,17 +11,13 @@ section measures, and how). From the repo root:
 The cases of a row run interleaved (a, b, a, b, ...) and each reports its median, with a warning when its
 repeats differ by more than 20%. --json=PATH writes the numbers, and beside them speed.png and generation.png.
 """
-import json
-import os
-import subprocess
-import sys
-import time
+import json, os, subprocess, sys, time
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 import plot
 import tost
@@ -51,9 +47,7 @@ ms = lambda s: f"{s * 1e3:,.1f}" if s == s else "-"
 mb = lambda m: f"{m:,.0f}" if m == m else "-"
 
 
-def sync(device):
-    if device.startswith('cuda'):       # CUDA only; main() made args.device the current GPU
-        torch.cuda.synchronize()
+sync = lambda device: device.startswith('cuda') and torch.cuda.synchronize()   # main() made it the current GPU
 
 
 def interleaved(cases, reps, device, warmup=1, label=''):
@@ -76,9 +70,7 @@ def interleaved(cases, reps, device, warmup=1, label=''):
 def table(results, title, columns, rows):
     """Print a section's table, then whether its repeated timings disagreed (on a busy machine a ratio can be off
     by that much)."""
-    t = Table(title=title)
-    for c in columns:
-        t.add_column(c, justify='right')
+    t = Table(*(Column(c, justify='right') for c in columns), title=title)
     for r in rows:
         t.add_row(*map(str, r))
     console.print(t)
@@ -94,10 +86,9 @@ def table(results, title, columns, rows):
 
 
 def compiled(module):
-    """torch.compile for one case, from a clean slate. Dynamo's caches are cleared first: otherwise every size
-    of a layer counts against one recompile limit, past which dynamo runs the layer eagerly (and a causal layer
-    takes its fused core) while the row says compiled. fullgraph: a graph break is an error, not a silently
-    eager piece. The case's warm-up run compiles it, so the timed runs do not include compiling."""
+    """torch.compile for one case, from a clean slate: otherwise every size of a layer counts against one
+    recompile limit, past which dynamo runs it eagerly while the row says compiled. fullgraph: a graph break is
+    an error. The case's warm-up run compiles it, so the timed runs do not include compiling."""
     torch._dynamo.reset()
     return torch.compile(module, fullgraph=True)
 
@@ -116,19 +107,15 @@ def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None, c
     x = torch.randn(batch, n, d, device=device, requires_grad=backward)
 
     def run():
-        with autocast(device, dtype):
-            y = layer(x)
-        if backward:
-            y.float().sum().backward()
-    if readable:
-        fused = run
-
-        def run():
-            CausalTSSA.fast = False
-            try:
-                fused()
-            finally:
-                CausalTSSA.fast = True
+        fast = CausalTSSA.fast
+        CausalTSSA.fast = fast and not readable
+        try:
+            with autocast(device, dtype):
+                y = layer(x)
+            if backward:
+                y.float().sum().backward()
+        finally:
+            CausalTSSA.fast = fast
     return run if backward else torch.no_grad()(run)
 
 
@@ -162,12 +149,12 @@ def make_model(attn, n, device, dtype, mode, train=False):
 def build(spec, device):
     if spec['kind'].startswith('model_'):
         return make_model(spec['kind'][6:], spec['n'], device, spec['dtype'], spec['mode'])
-    return make_op(spec['kind'], spec['n'], device, spec['dtype'], spec['backward'])
+    return make_op(spec['kind'], spec['n'], device, spec['dtype'], True)
 
 
 def measure_memory(spec, device):
-    """Peak memory (MB) of one run of the case described by spec (a dict): on CUDA the allocator's peak above
-    what was allocated before; on a CPU the peak resident memory of a fresh process (memory_child)."""
+    """Peak memory (MB) of one run of the case spec (a dict; layers: forward and backward): on CUDA the
+    allocator's peak above what was allocated before; on a CPU the peak resident memory of a fresh process."""
     if device.startswith('cuda'):                       # CUDA only; main() made args.device the current GPU
         run = build(spec, device)
         run()                                           # allocator warm-up
@@ -215,7 +202,7 @@ def section_operator(args, results):
         reps = 5 if n <= 1024 else (3 if n <= 4096 else 2)
         fwd, fb = (interleaved({k: make_op(k, n, args.device, args.dtype, backward) for k in kinds}, reps, args.device,
                                label=f"n={n} {'fwd+bwd' if backward else 'fwd'} ") for backward in (False, True))
-        mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, backward=True, mode=args.mode), args.device)
+        mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, mode=args.mode), args.device)
                for k in kinds} if not args.no_memory else {}
         rows += [dict(n=n, op=k, fwd_s=fwd[k], fwdbwd_s=fb[k], fwdbwd_peak_mb=mem.get(k, float('nan'))) for k in kinds]
         console.print(f"  operator n={n} done", style="dim")
@@ -223,11 +210,11 @@ def section_operator(args, results):
     by = {(r['n'], r['op']): r for r in rows}
 
     def ratios(r):                                     # softmax / TSSA at the same n: time, memory
-        if r['op'] not in ('sdpa_causal', 'sdpa'):
+        b = by.get((r['n'], {'sdpa_causal': 'causal_tssa', 'sdpa': 'tssa'}.get(r['op'])))
+        if b is None:
             return '', ''
-        b = by[(r['n'], 'causal_tssa' if r['op'] == 'sdpa_causal' else 'tssa')]
-        return (f"{r['fwdbwd_s'] / b['fwdbwd_s']:.1f}x",
-                f"{r['fwdbwd_peak_mb'] / b['fwdbwd_peak_mb']:.1f}x" if b['fwdbwd_peak_mb'] > 0 else '-')
+        mem = f"{r['fwdbwd_peak_mb'] / b['fwdbwd_peak_mb']:.1f}x" if b['fwdbwd_peak_mb'] > 0 else '-'
+        return f"{r['fwdbwd_s'] / b['fwdbwd_s']:.1f}x", mem
     table(results, f"Operator: width {WIDTH}, {HEADS} heads, batch 1, {args.device}, {args.dtype} (ms; peak MB for "
                    "forward+backward)",
           ['n', 'op', 'fwd ms', 'fwd+bwd ms', 'peak MB', 'softmax/TSSA fwd+bwd', 'softmax/TSSA MB'],
@@ -300,7 +287,6 @@ def section_generation(args, results):
         cfg = GPTConfig(**{**vars(model_config(args.device, max(ctxs) + new + 1, attn, args.mode)), **extra})
         models[name] = GPT(cfg).to(args.device).eval()
 
-
     def decode(model, idx, states, n_tokens):           # from the prompt's state, one step per new token
         def run():
             s, tok = states, idx[:, -1]
@@ -354,10 +340,10 @@ SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': secti
             'generation': section_generation, 'training': section_training}
 
 
-def run_sections(args, sections, results, console, figures):
+def run_sections(args, sections, results):
     """The main loop of bench and study: run the sections named in args.sections (comma-separated) in order,
     each adding its numbers to `results`, then write them to args.json (if given) and beside it the figures of
-    the sections that ran: figures = {section: (file name, draw(results, path))}. Returns results."""
+    the sections that ran (plot.FIGURES). Returns results."""
     names = [s.strip() for s in args.sections.split(',') if s.strip()]
     unknown = [s for s in names if s not in sections]
     if unknown or not names:
@@ -374,13 +360,11 @@ def run_sections(args, sections, results, console, figures):
         with open(args.json + '.tmp', 'w') as f:
             json.dump(results, f, indent=1)
         os.replace(args.json + '.tmp', args.json)
-        for name in [n for n in names if n in figures]:
-            path = os.path.join(os.path.dirname(os.path.abspath(args.json)), figures[name][0])
-            try:
-                figures[name][1](results, path)
-                console.print(f"wrote {path}")
-            except Exception as e:                   # the numbers are saved: a figure is not worth an error
-                console.print(f"note: could not draw {path} ({type(e).__name__}: {e})", style="yellow")
+        try:
+            if set(names) & set(plot.FIGURES):
+                console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(args.json, os.path.dirname(os.path.abspath(args.json)))))
+        except Exception as e:                   # the numbers are saved: a figure is not worth an error
+            console.print(f"note: could not draw the figures ({type(e).__name__}: {e})", style="yellow")
     return results
 
 
@@ -417,7 +401,7 @@ def main(argv=None):
     console.print(f"bench: {args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
                   + (f", {args.mode} mode" if args.mode != 'full' else "")
                   + ("; compiled: the operator, model and training cases" if COMPILE else ""))
-    return run_sections(args, SECTIONS, results, console, plot.FIGURES)
+    return run_sections(args, SECTIONS, results)
 
 
 if __name__ == '__main__':

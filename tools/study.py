@@ -12,15 +12,8 @@ Every model in a table gets the same budget (data, width, depth, optimizer, step
 with the table; one seed per cell. With --json=PATH the results go to PATH, and beside it a figure per
 section: language.png, vision.png (the runs' learning curves), tasks.png (the capability map).
 """
-import json
-import multiprocessing
-import os
-import shlex
-import subprocess
-import sys
-import time
+import collections, json, multiprocessing, os, shlex, subprocess, sys, time
 from types import SimpleNamespace
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -58,12 +51,8 @@ LANGUAGE = [   # (run name, label, train_gpt.py overrides); the first is the pap
     ('tost-8-heads', 'ToST, 8 heads', {'n_head': 8}),
     ('tost-16-heads', 'ToST, 16 heads', {'n_head': 16}),
 ]
-LANGUAGE_BUDGET = {   # overrides of train_gpt.py's defaults (the demo: 1000 steps of 16 x 256 bytes)
-    'full': {},
-    'quick': {'max_iters': 200},
-    'smoke': {'max_iters': 4, 'eval_iters': 1, 'eval_interval': 4, 'batch_size': 2, 'block_size': 32,
-              'n_layer': 1},
-}
+LANGUAGE_BUDGET = {'full': {}, 'quick': {'max_iters': 200},   # overrides of train_gpt.py's defaults (the demo)
+                   'smoke': dict(max_iters=4, eval_iters=1, eval_interval=4, batch_size=2, block_size=32, n_layer=1)}
 SMOKE_LANGUAGE = ('tost', 'tost-shift', 'hybrid-last-shift')   # the rows --smoke runs
 SAMPLE = ['--start=def ', '--seed=1', '--temperature=0.8', '--max_new_tokens=160', '--num_samples=1']
 
@@ -168,12 +157,9 @@ def section_vision(args, results):
 
 
 def gen_recall(rng, n, pairs, keys=32):
-    """Multi-query associative recall after Zoology (Arora et al. 2023, arXiv 2312.04927): k_1 v_1 .. k_N v_N,
-    then queries: the keys of a random subset of ceil(N/2) pairs, in random order, each followed by its value
-    (the last one's value is what the model must say, so it is not an input). Keys are tokens 0..31, values
-    32..63, distinct within a sequence. Labelled: the value, at each query key. T = 2N + 2 ceil(N/2) - 1.
-    Zoology asks every key, with random filler tokens between the queries; asking half of them leaves less
-    to guess by elimination (see recall_chance) and keeps the sequences short."""
+    """Multi-query associative recall after Zoology (arXiv 2312.04927; docs/capabilities.md): k_1 v_1 .. k_N v_N,
+    then the keys of ceil(N/2) random pairs, in random order, each followed by its value (but the last).
+    Keys are tokens 0..31, values 32..63, distinct within a sequence. Labelled: the value, at each query key."""
     k = rng.random((n, keys)).argsort(1)[:, :pairs]               # (n, N) distinct keys
     v = rng.random((n, keys)).argsort(1)[:, :pairs] + keys        # (n, N) distinct values
     q = rng.random((n, pairs)).argsort(1)[:, :(pairs + 1) // 2]   # (n, Q) the pairs asked, in random order
@@ -218,15 +204,9 @@ def gen_mode(rng, n, symbols, T=48, warmup=8):
     return x, y
 
 
-class Task(NamedTuple):
-    name: str
-    knob: str
-    gen: object           # gen(rng, n, value) -> x, y
-    vocab: int
-    chance: object        # chance(value): the accuracy of a guess that misses what the task tests
-    full: tuple           # knob values of the full run
-    quick: tuple          # and of --quick
-    steps: tuple          # training steps: (full, quick)
+# gen(rng, n, value) -> x, y; chance(value): the accuracy of a guess that misses what the task tests; full,
+# quick: the knob values of the full run and of --quick; steps: training steps (full, quick)
+Task = collections.namedtuple('Task', 'name knob gen vocab chance full quick steps')
 
 
 def recall_chance(pairs):
@@ -254,8 +234,7 @@ TASK_TEST = {'full': 1024, 'quick': 512, 'smoke': 8}   # held-out sequences per 
 TASK_SEED = 1
 
 
-def task_steps(task, mode):
-    return {'full': task.steps[0], 'quick': task.steps[1], 'smoke': 2}[mode]
+task_steps = lambda task, mode: {'full': task.steps[0], 'quick': task.steps[1], 'smoke': 2}[mode]
 
 
 def row_hash(x):
@@ -354,10 +333,6 @@ def section_tasks(args, results):
             *(f"{x['accuracy']:.2f}" for x in rows[i:i + k])) for i, r in enumerate(rows) if i % k == 0])
 
 
-# -----------------------------------------------------------------------------
-# sections
-
-
 SECTIONS = {'language': section_language, 'vision': section_vision, 'tasks': section_tasks}
 
 
@@ -375,7 +350,7 @@ def main(argv=None):
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
-    return run_sections(args, SECTIONS, results, console, plot.FIGURES)
+    return run_sections(args, SECTIONS, results)
 
 
 if __name__ == '__main__':
