@@ -23,11 +23,11 @@ In the code tokens are rows: x and Z are (B, n, d), w is (B, K, n, p), Pi is (B,
 paper's column pi_k (the paper's Pi is n x K). Comments end with tensor shapes.
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
-  lines 51-79     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 86-175    the white-box gradient step, then the practical operator (TSSA)
-  lines 182-273   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 280-362   the block, an approximate step on the normalised tokens (MLP, Block)
-  lines 369-540   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 51-78     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
+  lines 85-174    the white-box gradient step, then the practical operator (TSSA)
+  lines 181-272   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 279-361   the block, an approximate step on the normalised tokens (MLP, Block)
+  lines 368-540   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64.
@@ -49,20 +49,19 @@ import tost_fast
 
 
 def variational_compression(Z, Pi, U, alpha=1.0):
-    """R^var_c(Z, Pi | {U_k}): the paper's variational form (its equation 4) of the compression term
+    """R^var_c(Z, Pi | {U_k}), the paper's equation 4: the compression term of rate reduction,
 
-        R_c(Z, Pi) = 1/2 sum_k (n_k / n) logdet(I + alpha / n_k  Z diag(pi_k) Z^T)      (tokens as columns)
+        R_c(Z, Pi) = 1/2 sum_k (n_k / n) logdet(I + alpha / n_k  Z diag(pi_k) Z^T)      (tokens as columns),
 
-    The log-determinant is a sum of f(eigenvalue) with f(x) = log(1 + alpha x); R^var_c replaces the
-    eigenvalues of each group's second-moment matrix by its diagonal in the basis U_k:
+    with each log-determinant, a sum of f(eigenvalue) with f(x) = log(1 + alpha x), taken on the diagonal
+    of the group's second-moment matrix in the basis U_k instead of its eigenvalues:
 
         R^var_c = 1/2 sum_k (n_k / n) sum_i f(s_ki / n_k)
 
-    With U_k square and orthogonal it is an upper bound on R_c (f is concave, and the diagonal is majorised
-    by the eigenvalues), tight when U_k diagonalises the group's matrix. ToST's U_k are d x p with p < d:
-    that drops each group's d - p other terms, all >= 0, so R^var_c is then a bound in neither direction;
-    it is the objective the layers descend. alpha = d / eps^2 in the paper; the practical operator has
-    alpha = 1, absorbed into U. derivation.py computes each case.
+    An upper bound on R_c for square orthogonal U_k (f is concave; the diagonal is majorised by the
+    eigenvalues), tight in the eigenbasis. ToST's U_k are d x p, p < d: that drops d - p terms >= 0 per
+    group, and R^var_c is then a bound in neither direction, the objective the layers descend. alpha =
+    d / eps^2 in the paper; the practical operator has alpha = 1, absorbed into U.
 
     Z: (B, n, d) tokens as rows.  Pi: (B, K, n), summing to 1 over K.  U: (K, d, p).  Returns (B,).
     """
@@ -526,12 +525,13 @@ class GPT(nn.Module):
 
     def flops_per_token(self, T=None):
         """Training FLOPs per token (forward + backward = 3x forward): 6N for the weight matmuls plus the
-        attention cores, O(d) per token for TSSA and O(d T) for softmax attention."""
+        attention cores. A TSSA core does 11 elementwise operations per coordinate and token (w^2, cumsum Q,
+        w^2/Q, sum over i, pi w^2, cumsum A, A/P, 1 + ., 1/., pi w, times D): no T. A softmax core does
+        q k^T and att @ v, 2 x 2 d T per token, half of it masked."""
         c = self.config
         T = c.block_size if T is None else T
-        k = len(c.softmax_layers)                               # a hybrid: each block counts its own core
-        cores = attention_core_flops(c.attn, c.n_layer - k, c.n_embd, T, True) + \
-            attention_core_flops('softmax', k, c.n_embd, T, True)
+        soft = c.n_layer if c.attn == 'softmax' else len(c.softmax_layers)
+        cores = (c.n_layer - soft) * 11 * c.n_embd + soft * 2 * c.n_embd * T
         return 6 * self.get_num_params() + 3 * cores
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, T=None, peak_flops=312e12):
@@ -888,33 +888,15 @@ NO_DECAY_NAMES = ('temp', 'pos_bias', 'gamma_1', 'gamma_2', 'gamma_3', 'cls_toke
 
 def param_groups(model, weight_decay):
     """AdamW groups: matrices decay; biases, norms, layer-scale, temperatures and position biases do not."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if p.dim() < 2 or name.split('.')[-1] in NO_DECAY_NAMES:
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    return [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    exempt = lambda name, p: p.dim() < 2 or name.split(".")[-1] in NO_DECAY_NAMES
+    return [{'params': [p for n, p in params if not exempt(n, p)], 'weight_decay': weight_decay},
+            {'params': [p for n, p in params if exempt(n, p)], 'weight_decay': 0.0}]
 
 
 def make_optimizer(model, weight_decay, learning_rate, betas, device_type):
     fused = device_type in ('cuda', 'cpu')       # one kernel for all parameters (3-5x faster steps on a CPU too)
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=learning_rate, betas=betas, fused=fused)
-
-
-# Elementwise FLOPs per coordinate per token of the TSSA core, counted from CausalTSSA.forward:
-# w^2, cumsum Q, w^2/Q, sum over i, pi*w^2, cumsum A, A/P, 1+(.), 1/(.), pi*w, times D.
-TSSA_CORE_FLOPS = 11
-
-
-def attention_core_flops(attn, n_layer, n_embd, T, causal):
-    """Forward FLOPs per token of the attention cores (excluding the projections, which are in 6N)."""
-    if attn == 'tssa':
-        return n_layer * TSSA_CORE_FLOPS * n_embd                # linear in T: no T here
-    # q k^T and att @ v: 2 matmuls of 2 * d * T FLOPs per token; a causal mask skips about half
-    return n_layer * 4 * n_embd * T * (0.5 if causal else 1.0)
 
 
 def drop_path(x, p, training):
