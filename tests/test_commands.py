@@ -88,6 +88,7 @@ SKIP = {
     '. .venv/bin/activate': 'the set-up; .ci/run does it',
     'pip install torch==2.13.0 -r requirements.txt': 'the set-up; .ci/run does it',
     'python -m pytest -q': 'this test suite',
+    'python -m pytest -q -m slow': 'this test suite, its slow part (.ci/run runs it)',
     'python prepare_data.py shakespeare': NET,
     'python prepare_data.py openwebtext': NET,
     'python prepare_data.py cifar10': NET + '; its --archive form is run',
