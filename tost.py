@@ -207,7 +207,7 @@ class CausalTSSA(TSSA):
     forward() computes all positions at once with cumsum; step() advances one token from a TSSAState in
     O(p) per head: the same numbers. Sums run in float32 under bf16/fp16 autocast (a long prefix sum in
     bf16 loses the small late terms). On a CPU the stateless training path runs tost_fast's fused core
-    unless CausalTSSA.fast is False: the same numbers in fewer passes over memory.
+    unless CausalTSSA.fast is False: the same numbers to rounding, in fewer passes over memory.
     """
 
     fast = True
@@ -782,7 +782,7 @@ class SoftmaxAttention(nn.Module):
 
 
 # A hybrid (GPTConfig.softmax_layers, off by default): the blocks it names get SoftmaxAttention. A TSSA
-# layer keeps of the past only prefix sums of second moments, a bag without order, so it cannot tie a key to
+# layer keeps of the past only prefix sums of squares, a bag without order, so it cannot tie a key to
 # the value after it (recall); one softmax layer can look up any earlier token. The price: that layer costs
 # O(T) per token, and its KV cache grows with the context (docs/quality.md measures both).
 

@@ -1,6 +1,6 @@
 """
-A fused core for tost.py's CausalTSSA training path: the same numbers as its readable forward() lines,
-in fewer passes over memory. Nothing here is new math; read tost.py for that.
+A fused core for tost.py's CausalTSSA training path: the numbers of its readable forward() lines, equal to
+rounding (float64: within 1e-12), in fewer passes over memory. Nothing here is new math; read tost.py for that.
 
 Where it runs: CausalTSSA.forward enters here by one line when usable() says so, that is on a CPU, in
 eager mode, without a recurrent state and without active attention dropout, and CausalTSSA.fast is True.
