@@ -31,7 +31,7 @@ NOISE = 0.2      # repeated timings of one case further apart than this (max/min
 NOISY = []       # such cases, reported under the table they belong to
 # sizes per mode: full, quick (small), smoke (tiny: checks that every section runs)
 SIZES = {
-    'full':  dict(width=768, heads=12, op_n=[256, 1024, 4096, 8192, 16384], op_tssa_only=[65536], limit_n=[1024, 4096, 16384],
+    'full':  dict(width=768, heads=12, op_n=[256, 1024, 4096, 8192, 16384], op_tssa_only=[65536], limit_n=[256, 1024, 4096, 16384],
                   model_n=[4096, 8192], gen_ctx=[16, 1024, 4096], gen_new=32, train_n=[1024, 4096]),
     'quick': dict(width=768, heads=12, op_n=[256, 1024, 4096], op_tssa_only=[], limit_n=[1024, 4096],
                   model_n=[1024, 2048], gen_ctx=[16, 1024], gen_new=16, train_n=[256, 1024]),
@@ -149,7 +149,8 @@ def make_model(attn, n, device, dtype, mode, train=False):
 def build(spec, device):
     if spec['kind'].startswith('model_'):
         return make_model(spec['kind'][6:], spec['n'], device, spec['dtype'], spec['mode'])
-    return make_op(spec['kind'], spec['n'], device, spec['dtype'], True)
+    return make_op(spec['kind'], spec['n'], device, spec['dtype'], True, spec.get('batch', 1), spec.get('width'),
+                   spec.get('heads'), **spec.get('how', {}))
 
 
 def measure_memory(spec, device):
@@ -247,13 +248,18 @@ def section_limit(args, results):
                      for k, (kind, how) in LIMIT.items()}
             rows.append(dict(batch=B, n=n, width=d, heads=h, backward=backward, **interleaved(
                 cases, 5 if B * n <= 8192 else 3, args.device, label=f"{B}x{n} {'fwd+bwd' if backward else 'fwd'} ")))
+            if backward and not args.no_memory:      # peak MB of forward+backward, each case in a fresh process
+                rows[-1].update({k[:-2] + '_mb': measure_memory(dict(kind=kind, n=n, dtype=args.dtype, mode=args.mode,
+                                batch=B, width=d, heads=h, how={'compile': False, **how}), args.device)
+                                 for k, (kind, how) in LIMIT.items()})
     results['limit'] = rows
     table(results, "The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1); the "
                    "causal layer's fused core vs its readable lines, eager and compiled by torch.compile",
           ['batch x tokens, width', 'pass', 'projections ms', 'TSSA', 'TSSA (compiled)', 'causal (fused core)',
            'causal (readable)', 'causal (readable, compiled)'],
           [(f"{r['batch']} x {r['n']}, {r['width']}", 'fwd+bwd' if r['backward'] else 'fwd', ms(r['proj_s']),
-            *(f"{ms(r[k])} (+{r[k] / r['proj_s'] - 1:.2f}x)" for k in list(LIMIT)[1:])) for r in rows])
+            *(f"{ms(r[k])} (+{r[k] / r['proj_s'] - 1:.2f}x)" + (f", {mb(r[k[:-2] + '_mb'])} MB" if k[:-2] + '_mb' in r
+              else '') for k in list(LIMIT)[1:])) for r in rows])
 
 
 def section_model(args, results):
