@@ -504,13 +504,13 @@ def test_no_gradient_sync_before_the_last_micro_step(data_dir, tmp_path, monkeyp
     torch.distributed.init_process_group('gloo', init_method=f'file://{tmp_path}/pg', rank=0, world_size=1)
     ddp = train_common.Dist(ddp=True, rank=0, local_rank=0, world_size=1, master=True, device='cpu')
     monkeypatch.setattr(train_common, 'setup_distributed', lambda device: ddp)
-    real, entered = train_gpt.DDP.no_sync, []
+    real, entered = train_common.DDP.no_sync, []
 
     def counting_no_sync(self):
         entered.append(1)
         return real(self)
 
-    monkeypatch.setattr(train_gpt.DDP, 'no_sync', counting_no_sync)
+    monkeypatch.setattr(train_common.DDP, 'no_sync', counting_no_sync)
     train_gpt.main(tiny(data_dir, str(tmp_path / 'out'), '--max_iters=2', '--gradient_accumulation_steps=3'))
     assert len(entered) == 2 * 2
     assert not torch.distributed.is_initialized()  # main() left the process group
@@ -527,11 +527,11 @@ def test_a_compiled_ddp_model_all_reduces_on_the_last_micro_step_only(data_dir, 
                         lambda device: train_common.Dist(True, 0, 0, 1, True, 'cpu'))
     reduced = []
 
-    class CountingDDP(train_gpt.DDP):
+    class CountingDDP(train_common.DDP):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             self.register_comm_hook(None, lambda state, bucket: reduced.append(1) or allreduce_hook(state, bucket))
-    monkeypatch.setattr(train_gpt, 'DDP', CountingDDP)
+    monkeypatch.setattr(train_common, 'DDP', CountingDDP)
     args = ('--max_iters=2', '--eval_interval=100', '--gradient_accumulation_steps=3')
     train_gpt.main(tiny(data_dir, str(tmp_path / 'ddp'), *args, '--compile=true'))
     assert len(reduced) == 2 and not torch.distributed.is_initialized()
@@ -979,7 +979,7 @@ def test_a_vision_checkpoint_is_named_as_such(data_dir, tmp_path):
     one_line_error(r.stderr, 'is a vision checkpoint', 'train_vit.py')
     r = run_cli('train_gpt.py', *tiny(data_dir, str(out), '--init_from=resume'))
     assert r.returncode == 2
-    one_line_error(r.stderr, 'is a vision checkpoint', 'not a language model')
+    one_line_error(r.stderr, 'is a vision checkpoint', 'not a language-model one')
 
 
 def test_token_shift_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(data_dir, tmp_path):
