@@ -63,9 +63,8 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
         m, text = re.search(r"GLOBAL ([\w.]+)", str(e)), (str(e).strip().splitlines() or [""])[0][:100]
-        reason = f"holds {m.group(1) if m else 'an object'}, which weights_only loading refuses" if \
-            "Weights only load failed" in str(e) else "empty or truncated file" if isinstance(e, EOFError) else \
-            f"{type(e).__name__}: {text}" if text else type(e).__name__
+        reason = f"holds {m.group(1)}, which weights_only loading refuses" if m else "empty or truncated file" if \
+            isinstance(e, EOFError) else f"{type(e).__name__}: {text}"
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({reason})") from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({type(ckpt).__name__}, not a dict)")
@@ -193,21 +192,16 @@ def sum_dtype(device):
     return torch.float32 if str(device).startswith("mps") else torch.float64
 
 
-def cpu_has_bf16():
-    """AVX-512 BF16 (AMX CPUs have it too). Elsewhere, ARM included, bf16 autocast is slower than float32."""
-    return torch.cpu._is_avx512_bf16_supported()
-
-
 def resolve_dtype(dtype, device, master=True):
     """--dtype as (name, why): 'auto' is bfloat16 where the hardware computes in it (Ampere on, not emulated; a CPU
-    with bf16 instructions), float16 on older GPUs, else float32."""
+    with AVX-512 BF16: elsewhere, ARM included, bf16 autocast is slower), float16 on older GPUs, else float32."""
     kind = device.split(":")[0]
     gpu_bf16 = kind == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
     if dtype == "auto" and kind == "cuda":
         return ("bfloat16", "auto: this GPU computes in it") if gpu_bf16 else ("float16", "auto: no bfloat16 here")
     if dtype == "auto":
-        return ("bfloat16", "auto: this CPU has bfloat16 instructions") if kind == "cpu" and cpu_has_bf16() else \
-            ("float32", "auto")
+        return ("bfloat16", "auto: this CPU has bfloat16 instructions") if kind == "cpu" and \
+            torch.cpu._is_avx512_bf16_supported() else ("float32", "auto")
     if dtype not in ("bfloat16", "float16", "float32"):
         raise UsageError(f"unknown dtype {dtype!r}; use auto, bfloat16, float16 or float32")
     if dtype == "bfloat16" and kind == "cuda" and not gpu_bf16:
@@ -303,13 +297,11 @@ def launch(run, cfg, *args):
 
 
 class Run:
-    """A run's files and how it stops. `saved`: the step of out_dir/ckpt.pt (None: none yet), which every rank
-    notes (they branch on it alike) while rank 0 writes. log.jsonl, a JSON row a line (`tail -f` it), and
-    loss.png drawn from it, on rank 0; a resumed run keeps the rows up to its checkpoint (the later ones come
-    again). Inside `with`, Ctrl-C and SIGTERM only set a flag, which the loop asks once a step (under torchrun
-    all-reduced over gloo: every rank stops at the same step). A second signal a second or more later raises
-    KeyboardInterrupt: out now, no save. Two within a second are one (a torchrun worker gets the terminal's
-    SIGINT and torchrun's forward of it)."""
+    """A training run's files and how it stops. `saved`: the step of out_dir/ckpt.pt (None: none yet), noted by
+    every rank while rank 0 writes. log.jsonl, a JSON row a line, and loss.png, by rank 0; a resume keeps the rows
+    up to its checkpoint. Inside `with`, Ctrl-C and SIGTERM set a flag the loop asks once a step (all-reduced: all
+    ranks stop at the same step); a second signal a second later raises KeyboardInterrupt (out now, no save), two
+    within a second are one (a torchrun worker gets the terminal's SIGINT and torchrun's forward of it)."""
 
     def __init__(self, out_dir, saved, unit, dist, resume):
         self.path, self.log = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
@@ -416,8 +408,8 @@ def _upto(line, key, last):
 
 
 def resume_command(script, cfg, set_keys, defaults):
-    """'\nresume with: python train_gpt.py --init_from=resume ...', to copy: python or torchrun (one node), the
-    script as it was started, and the keys a checkpoint does not restore that this run set."""
+    """'\nresume with: python train_gpt.py --init_from=resume ...': the launcher, the script as it was started, and
+    the keys this run set that a checkpoint does not restore."""
     prog = sys.argv[0] if os.path.basename(sys.argv[0]) == script else script
     ws, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
     launcher = "python" if ws is None else f"torchrun --standalone --nproc_per_node={ws}" if ws == local else \

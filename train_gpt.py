@@ -1,9 +1,7 @@
 """
-Train a ToST language model: nanoGPT's train.py with causal TSSA in place of softmax attention.
-
-The demo needs nothing but this repo: it prepares the offline corpus (this Python's standard library source,
-12 MB of bytes) if it is missing, trains a 0.7M-parameter model on 4M bytes, saves out/ckpt.pt and says how
-to sample from it. docs/training.md has the details.
+Train a ToST language model: nanoGPT's train.py with causal TSSA in place of softmax attention (docs/training.md).
+The demo needs nothing but this repo: it prepares the offline corpus (this Python's standard library source) if it
+is missing, trains a 0.7M-parameter model on 4M bytes, saves out/ckpt.pt and says how to sample from it.
 
     python train_gpt.py                                   # the demo (same as --config=demo)
     python sample.py                                      # then read what it writes
@@ -12,9 +10,8 @@ to sample from it. docs/training.md has the details.
     python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000   # train the run in out/ longer
     python train_gpt.py --config=shakespeare              # tiny shakespeare, gpt2 BPE (for a GPU; needs network once)
 
-A run from scratch refuses an out_dir that holds a checkpoint: add --init_from=resume to go on, or pass
-another --out_dir, or --overwrite=true. Ctrl-C (or SIGTERM) saves a checkpoint at the current step and
-prints the command that resumes it; a second Ctrl-C, a second later, stops at once without saving.
+A new run refuses an out_dir that holds a checkpoint (--init_from=resume, another --out_dir, or --overwrite=true).
+Ctrl-C or SIGTERM saves at the current step and prints the resume command; a second Ctrl-C stops without saving.
 The paper's runs, on OpenWebText (python prepare_data.py openwebtext first), on one node of 8 GPUs, or two
 (the same command on both, node_rank 0 on the master; without InfiniBand, prefix both with NCCL_IB_DISABLE=1):
 
@@ -343,10 +340,9 @@ def train(cfg, set_keys, dist):
                 if iter_num >= max_iters:
                     break
                 if run.requested():              # Ctrl-C or SIGTERM on any rank: all stop here, at the same step
-                    kept = None if cfg['always_save_checkpoint'] or run.saved is None else \
+                    kept = run.saved is not None and not cfg['always_save_checkpoint'] and \
                         "always_save_checkpoint=False keeps the best model so far"
-                    raise run.interrupted(iter_num, f"iter {iter_num}", state,
-                                            math.isfinite(loss_sum.item()), kept)
+                    raise run.interrupted(iter_num, f"iter {iter_num}", state, math.isfinite(loss_sum.item()), kept)
                 # one optimizer step: accum micro-steps on each process, DDP averages the gradients on the last
                 lr = lr_at(iter_num)
                 for group in optimizer.param_groups:

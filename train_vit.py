@@ -293,8 +293,7 @@ def train(cfg, set_keys, dist):
 
     say(f"{cfg['model']} ({config.attn}{' + lpi' if config.lpi else ''}, {config.n_layer} layers, {config.n_embd} "
         f"wide, {(config.img_size // config.patch_size) ** 2} tokens): {raw_model.get_num_params() / 1e6:.2f}M params "
-        f"| "
-        f"{cfg['dataset']}: {len(x_train)} train / {len(x_test)} test images, {meta['num_classes']} classes | "
+        f"| {cfg['dataset']}: {len(x_train)} train / {len(x_test)} test images, {meta['num_classes']} classes | "
         f"{dist.world_size} x {device} {dtype} ({why}) | {spe} steps of {dist.world_size} x {bs} per epoch")
     if step >= total:
         return say(f"nothing to do: the checkpoint is at step {step} (epoch {step / spe:g}) of --epochs="

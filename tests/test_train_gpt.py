@@ -808,7 +808,7 @@ def test_rough_edges_end_in_one_line(data_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize('native', [True, False])
 def test_auto_dtype_on_a_cpu_and_the_header_says_why(data_dir, tmp_path, monkeypatch, capsys, native):
-    monkeypatch.setattr(train_common, 'cpu_has_bf16', lambda: native)
+    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: native)
     train_gpt.main(tiny(data_dir, str(tmp_path), '--max_iters=1', '--dtype=auto'))
     want = 'bfloat16 (auto: this CPU has bfloat16 instructions)' if native else 'float32 (auto)'
     assert f'device cpu, {want}, compile False' in capsys.readouterr().out
@@ -873,7 +873,7 @@ def test_stream_decoder_holds_back_half_characters():
 
 def test_sample_streams_what_generate_gives(trained, capsys, monkeypatch):
     """In float32 on a CPU, also where it has bf16 instructions: bf16 autocast slows a batch of one down."""
-    monkeypatch.setattr(train_common, 'cpu_has_bf16', lambda: True)
+    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
     out, _ = trained
     ckpt = weights(out)
     model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
