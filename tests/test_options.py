@@ -205,6 +205,16 @@ def test_help_into_a_closed_pipe_ends_quietly(tmp_path):
     assert p.stderr.read() == "" and p.wait(timeout=60) == 141
 
 
+def test_a_trainers_help_into_head_ends_quietly():
+    """`python train_gpt.py --help | head -3` (and train_vit.py's): the reader leaves before the script writes."""
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, f"{script}.py"), "--help"], cwd=HERE, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1"))
+             for script in ("train_gpt", "train_vit")]
+    for p in procs:
+        p.stdout.close()
+    assert [(p.wait(timeout=120), p.stderr.read()) for p in procs] == [(141, ""), (141, "")]
+
+
 @pytest.mark.parametrize("script, command, key", [
     ("train_gpt", "python train_gpt.py --config=shakespeare", "    min_lr=6e-3 / 10,            # floor of the cosine"),
     ("train_vit", "python train_vit.py --dataset=cifar10", "    label_smoothing=0.1,        # of the cross-entropy")])
