@@ -8,6 +8,7 @@ docs/evaluation.md says exactly what is measured.
     python eval_gpt.py --datasets=python_stdlib            # any prepared text dataset's val split
     torchrun --standalone --nproc_per_node=8 eval_gpt.py --out_dir=out-owt-base   # the same numbers, faster
 """
+import json
 import math
 import os
 import sys
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 
 from options import UsageError, parse, run_main
 import prepare_data
-from train_common import RunLog, autocast, check_ranges, launch, load_gpt, resolve_dtype, sum_dtype
+from train_common import autocast, check_ranges, launch, load_gpt, resolve_dtype, sum_dtype
 
 DEFAULTS = dict(
     out_dir='out',               # the checkpoint is out_dir/ckpt.pt; results are appended to out_dir/log.jsonl
@@ -145,7 +146,7 @@ def run(cfg, dist):
     device = dist.device
     dtype, _ = resolve_dtype(cfg['dtype'], device, dist.master)
     ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
-    model, info = load_gpt(ckpt_path, device, 'eval_gpt.py')
+    model, info = load_gpt(ckpt_path, device)
     T, B = cfg['block_size'] or model.config.block_size, cfg['batch_size']
     if T > model.config.block_size:
         raise UsageError(f"--block_size={T} is larger than the model's context ({model.config.block_size})")
@@ -155,7 +156,6 @@ def run(cfg, dist):
     hybrid = f", softmax blocks {args['softmax_layers']}" if args.get('softmax_layers') else ''
     model_name = (f"{ckpt_path} (iter {info.get('iter_num')}, attn={args.get('attn', 'tssa')}{hybrid}, "
                   f"{model.get_num_params() / 1e6:.2f}M params)")
-    log = RunLog(cfg['out_dir'], dist.master, keep_until=math.inf)     # appended: the training log stays
     say(f"{model_name}: windows of {T} tokens, batch {B}, {dtype} on {device}, {dist.world_size} process(es)")
     results = []
     for name, meta, tokens, spans in sets:
@@ -172,11 +172,12 @@ def run(cfg, dist):
             r.update(last_word_acc=sum(correct) / len(correct), last_word_correct=sum(correct),
                      passages=len(correct), passages_cut=cut)
         r['elapsed_s'] = round(time.time() - t0, 2)
-        log.record(r)
+        if dist.master:                                              # appended: the training log stays
+            with open(os.path.join(cfg['out_dir'], 'log.jsonl'), 'a') as f:
+                f.write(json.dumps(r) + '\n')
         acc = f", last-word accuracy {100 * r['last_word_acc']:.2f}%" if spans is not None else ''
         say(f"{name}: loss {loss:.4f} (ppl {ppl:.2f}) over {scored:,} tokens{acc}, {r['elapsed_s']}s")
         results.append(r)
-    log.close()
     say(table(results, model_name))
     return results
 

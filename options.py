@@ -1,9 +1,6 @@
-"""
-Command-line options, the one convention of every script here (nanoGPT's configurator, checked): a script's
-`DEFAULTS = dict(...)`, a key a line with a comment, set as `--key=value` (`--flag` alone: a bool, true) in the
-default's type. `--config=NAME` applies a preset first, wherever it sits. `--help` prints the docstring and the
-DEFAULTS block as written. A mistake is a UsageError: one line, `error: ...`, exit 2, no traceback.
-"""
+"""Command-line options, as nanoGPT's configurator but checked: a script's `DEFAULTS = dict(...)`, a key a line with
+a comment, set as `--key=value` (a bool's `--key` alone: true) in the default's type; `--config=NAME` applies a
+preset first. `--help` prints the docstring and the DEFAULTS block as written. A mistake: `error: ...`, exit 2."""
 import difflib
 import os
 import re
@@ -32,13 +29,10 @@ def run_main(main):
         sys.exit(141)
 
 
-BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-
-
 def _value(key, raw, default):
     try:
         if isinstance(default, bool):               # before int: bool is a subclass of int
-            return BOOLS[raw.lower()]
+            return {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}[raw.lower()]
         return [raw] if isinstance(default, list) else type(default)(raw)
     except (KeyError, ValueError):
         kind = "bool (true/false)" if isinstance(default, bool) else type(default).__name__
@@ -58,21 +52,19 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None):
             raise UsageError(f"unexpected argument {arg!r}; options look like --key=value")
         key, eq, raw = arg[2:].partition("=")
         pairs.append((key, raw if eq else None))
-    if bare:
-        pairs.insert(0, (positional, bare if many else bare[0]))
     config, set_keys = dict(defaults), set()
     for name in [raw for key, raw in pairs if key == "config" and presets]:       # presets first
         if name not in presets:
             raise UsageError(f"unknown config {name!r}; presets: {', '.join(presets)}")
         config.update(presets[name], **({"config": name} if "config" in defaults else {}))
         set_keys.update(presets[name])
-    for key, raw in pairs:
+    for key, raw in ([(positional, bare if many else bare[0])] if bare else []) + pairs:
         if key == "config" and presets:
             continue
         if key not in defaults:
             close = difflib.get_close_matches(key, list(defaults), n=1)
-            hint = f"; did you mean --{close[0]}?" if close else ""
-            raise UsageError(f"unknown option --{key}; valid keys: {', '.join(defaults)}{hint}")
+            raise UsageError(f"unknown option --{key}; valid keys: {', '.join(defaults)}"
+                             f"{f'; did you mean --{close[0]}?' if close else ''}")
         if raw is None and not isinstance(defaults[key], bool):
             raise UsageError(f"--{key} needs a value, e.g. --{key}={defaults[key]}")
         config[key] = True if raw is None else raw if isinstance(raw, list) else _value(key, raw, defaults[key])
@@ -80,11 +72,9 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None):
     return config, set_keys
 
 
-def help_text(doc, defaults, source=None, presets=None, positional=None):
-    """The docstring, then the DEFAULTS block as written in `source` (or the keys alone)."""
-    text = open(source, encoding="utf-8").read() if source else ""
-    block = re.search(r"^DEFAULTS = dict\(\n(.*?)^\)", text, re.M | re.S)
-    table = block.group(1).rstrip() if block else "\n".join(f"    {k}={v!r}," for k, v in defaults.items())
+def help_text(doc, defaults, source, presets=None, positional=None):
+    """The docstring, then the DEFAULTS block as written in `source`."""
+    table = re.search(r"^DEFAULTS = dict\(\n(.*?)^\)", open(source, encoding="utf-8").read(), re.M | re.S).group(1)
     head = "options, as --key=value (defaults shown)" + (f"; --config=NAME applies a preset first: "
                                                          f"{', '.join(presets)}" if presets else "")
-    return f"{doc.strip()}\n\n{head}{f'; bare words set {positional}' if positional else ''}:\n{table}"
+    return f"{doc.strip()}\n\n{head}{f'; bare words set {positional}' if positional else ''}:\n{table.rstrip()}"

@@ -20,7 +20,7 @@ import torch
 
 from options import UsageError, parse, run_main
 from prepare_data import get_tokenizer
-from train_common import autocast, check_ranges, load_gpt, pick_device, resolve_dtype, setup_cuda
+from train_common import autocast, check_out_dir, check_ranges, load_gpt, pick_device, resolve_dtype, setup_cuda
 
 DEFAULTS = dict(
     out_dir='out',          # the folder train_gpt.py saved ckpt.pt in
@@ -88,6 +88,7 @@ def encode_prompt(tok, text, block_size):
 def main(argv=None):
     cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
     check_ranges(cfg, positive=('num_samples',), nonnegative=('max_new_tokens', 'top_k', 'temperature'))
+    check_out_dir(cfg['out_dir'])
     device = pick_device(cfg['device'])
     if device.startswith('cuda'):  # CUDA only: cuda:N becomes the current GPU, the one resolve_dtype asks
         setup_cuda(device)
@@ -95,7 +96,7 @@ def main(argv=None):
     dtype, _ = resolve_dtype('float32' if cfg['dtype'] == 'auto' and device == 'cpu' else cfg['dtype'], device)
     if device == 'cpu' and 'OMP_NUM_THREADS' not in os.environ:
         torch.set_num_threads(1)  # batch 1: a second thread would not help (see the docstring)
-    model, ckpt = load_gpt(os.path.join(cfg['out_dir'], 'ckpt.pt'), device, 'sample.py')
+    model, ckpt = load_gpt(os.path.join(cfg['out_dir'], 'ckpt.pt'), device)
     tok = get_tokenizer(ckpt['meta']['tokenizer'])
 
     prompt = read_prompt(cfg['start'])

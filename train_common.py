@@ -18,12 +18,14 @@ from collections import namedtuple
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tost
 from options import UsageError, fail
 
 # -----------------------------------------------------------------------------
 # checkpoints and the output folder
+TRAINERS = {"gpt": ("train_gpt.py", "out", "language-model"), "vit": ("train_vit.py", "out-vit", "vision")}
 
 
 def atomic_save(obj, path):
@@ -45,10 +47,14 @@ def atomic_save(obj, path):
         os.close(fd)
 
 
-def load_checkpoint(path, map_location="cpu"):
-    """torch.load with weights_only=True (loading cannot run code); every failure one line naming the path."""
+def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
+    """torch.load with weights_only=True (loading cannot run code). One line naming the path if the file is
+    missing or unreadable, or, given `kind` ('gpt' or 'vit'), is another trainer's or lacks the keys `needs`."""
+    script, out, name = TRAINERS.get(kind, (None, None, None))
     if not os.path.isfile(path):
-        raise UsageError(f"no checkpoint at {path}")
+        folder = os.path.dirname(path) or "."
+        raise UsageError(f"no checkpoint at {path}" + (kind and f"; train one with: python {script}" +
+                                                       ("" if folder == out else f" --out_dir={folder}") or ""))
     with open(path, "rb") as f:
         head = f.read(4)
     if head and not head.startswith(b"PK"):
@@ -56,48 +62,53 @@ def load_checkpoint(path, map_location="cpu"):
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        text, m = str(e), re.search(r"GLOBAL ([\w.]+)", str(e))
-        reason = f"holds {m.group(1) if m else 'an object'}, which weights_only loading refuses" if \
-            "Weights only load failed" in text else "empty or truncated file" if isinstance(e, EOFError) else \
-            f"{type(e).__name__}: {text.strip().splitlines()[0][:100]}" if text.strip() else type(e).__name__
+        m, text = re.search(r"GLOBAL ([\w.]+)", str(e)), (str(e).strip().splitlines() or [""])[0][:100]
+        reason = f"holds {m.group(1)}, which weights_only loading refuses" if m else "empty or truncated file" if \
+            isinstance(e, EOFError) else f"{type(e).__name__}: {text}"
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({reason})") from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({type(ckpt).__name__}, not a dict)")
+    args = ckpt.get("model_args")
+    found = None if not isinstance(args, dict) else "vit" if ckpt.get("kind") == "vit" else \
+        "gpt" if "vocab_size" in args else None
+    if kind and found and found != kind:
+        raise UsageError(f"{path} is a {TRAINERS[found][2]} checkpoint ({TRAINERS[found][0]}), not a {name} one")
+    if kind and (found is None or set(needs) - set(ckpt)):
+        raise UsageError(f"{path} is not a {script} checkpoint (no {', '.join(sorted(set(needs) - set(ckpt)))})")
     return ckpt
 
 
-def load_gpt_checkpoint(path, map_location, script, needs=("model", "model_args", "meta")):
-    """A train_gpt.py checkpoint, refused in one line if it is missing, a vision one, or lacks `needs`."""
-    folder = os.path.dirname(path) or "."
-    if os.path.isfile(folder):
-        raise UsageError(f"--out_dir={folder} is a file, not a folder: give the folder train_gpt.py saved ckpt.pt in")
-    if not os.path.isfile(path):
-        raise UsageError(f"no checkpoint at {path}; train one with: python train_gpt.py"
-                         + ("" if folder == "out" else f" --out_dir={folder}"))
-    ckpt = load_checkpoint(path, map_location)
-    if ckpt.get("kind") == "vit":
-        raise UsageError(f"{path} is a vision checkpoint (train_vit.py), not a language model: {script} needs one "
-                         f"of train_gpt.py")
-    if set(needs) - set(ckpt):
-        raise UsageError(f"{path} is not a train_gpt.py checkpoint (no {', '.join(sorted(set(needs) - set(ckpt)))})")
-    return ckpt
-
-
-def load_gpt(path, device, script):
-    """The GPT of a train_gpt.py checkpoint in eval mode on `device`, and the checkpoint less its weights."""
-    ckpt = load_gpt_checkpoint(path, "cpu", script)
+def load_weights(model, ckpt, path):
+    """ckpt's weights into model, or one line."""
     try:
-        model = tost.GPT(tost.GPTConfig(**ckpt["model_args"]))
-        model.load_state_dict(ckpt.pop("model"))
-    except (TypeError, ValueError, RuntimeError) as e:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise UsageError(f"{path} does not fit its own model_args ({str(e).splitlines()[0]})") from None
+    return model
+
+
+def load_gpt(path, device):
+    """The GPT of a train_gpt.py checkpoint in eval mode on `device`, and the checkpoint less its weights."""
+    ckpt = load_checkpoint(path, "cpu", "gpt", needs=("model", "model_args", "meta"))
+    try:
+        model = load_weights(tost.GPT(tost.GPTConfig(**ckpt["model_args"])), ckpt, path)
+    except (TypeError, ValueError) as e:
         raise UsageError(f"{path} does not hold a model this tost.py can load ({str(e).splitlines()[0]})") from None
+    del ckpt["model"]
     ckpt.pop("optimizer", None)
     return model.eval().to(device), ckpt
 
 
+def check_out_dir(out_dir):
+    """Where the value enters: --out_dir is not empty and not a file."""
+    if not out_dir.strip():
+        raise UsageError("--out_dir is empty; name a folder for the checkpoints, e.g. --out_dir=out")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UsageError(f"--out_dir={out_dir} is a file, not a folder")
+
+
 def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
-    """Create --out_dir (on every rank: all stop on a mistake). A fresh run does not replace another's
-    `checkpoints`: it refuses, naming both ways forward, or with --overwrite deletes them."""
+    """Create --out_dir on every rank. A fresh run refuses an earlier run's `checkpoints` (or deletes them)."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
@@ -112,7 +123,7 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
         print(f"overwrite: deleted {' and '.join(found)}", flush=True)
 
 # -----------------------------------------------------------------------------
-# values: the ranges a type cannot check, the schedule, durations
+# values, the optimizer, the schedule
 
 
 def check_ranges(cfg, positive=(), nonnegative=()):
@@ -122,9 +133,29 @@ def check_ranges(cfg, positive=(), nonnegative=()):
             raise UsageError(f"--{key} must be {what}, got {cfg[key]}")
 
 
+def optimizer_for(model, cfg, dtype, ckpt=None):
+    """AdamW, the GradScaler (float16 only: bfloat16 has the range), the parameters; as `ckpt` left them."""
+    kind = next(model.parameters()).device.type
+    optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]),
+                                           kind)
+    scaler = torch.amp.GradScaler(kind, enabled=dtype == "float16")
+    if ckpt:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        if ckpt.get("scaler"):                              # a disabled scaler saves {}
+            scaler.load_state_dict(ckpt["scaler"])
+    return optimizer, scaler, [p for g in optimizer.param_groups for p in g["params"]]
+
+
+def wrap(model, dist, compile):
+    """DDP inside, the compiler outside: the compiled backward starts each bucket's all-reduce when it is ready.
+    Static shapes: a smaller last batch gets a graph of its own."""
+    if dist.ddp:
+        model = DDP(model, device_ids=[dist.local_rank] if dist.device.startswith("cuda") else None)
+    return torch.compile(model, dynamic=False) if compile else model
+
+
 def cosine_lr(it, lr, min_lr, warmup_iters, decay_iters):
-    """Linear warmup to lr over warmup_iters (lr/warmup at it=0, lr at warmup-1), then a cosine down to min_lr
-    at decay_iters, min_lr after, as in nanoGPT."""
+    """Linear warmup to lr over warmup_iters (lr/warmup at it=0), then a cosine down to min_lr at decay_iters."""
     if it < warmup_iters:
         return lr * min(1.0, (it + 1) / warmup_iters)
     if it >= decay_iters:
@@ -142,7 +173,7 @@ def human(seconds):
     return str(datetime.timedelta(seconds=round(seconds)))          # 190 -> '0:03:10'
 
 # -----------------------------------------------------------------------------
-# device and precision
+# device, precision and processes
 
 
 def pick_device(pref="auto"):
@@ -161,22 +192,16 @@ def sum_dtype(device):
     return torch.float32 if str(device).startswith("mps") else torch.float64
 
 
-def cpu_has_bf16():
-    """AVX-512 BF16 (AMX CPUs have it too). Elsewhere, ARM included, bf16 autocast is slower than float32."""
-    return torch.cpu._is_avx512_bf16_supported()
-
-
 def resolve_dtype(dtype, device, master=True):
-    """--dtype as (name, why): 'auto' is bfloat16 where the hardware computes in it (a GPU from Ampere on: asked
-    without emulation, which is slow on a T4 or V100; a CPU with bf16 instructions), float16 on older GPUs, else
-    float32."""
+    """--dtype as (name, why): 'auto' is bfloat16 where the hardware computes in it (Ampere on, not emulated; a CPU
+    with AVX-512 BF16: elsewhere, ARM included, bf16 autocast is slower), float16 on older GPUs, else float32."""
     kind = device.split(":")[0]
     gpu_bf16 = kind == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+    if dtype == "auto" and kind == "cuda":
+        return ("bfloat16", "auto: this GPU computes in it") if gpu_bf16 else ("float16", "auto: no bfloat16 here")
     if dtype == "auto":
-        if kind == "cuda":
-            return ("bfloat16", "auto: this GPU computes in it") if gpu_bf16 else ("float16", "auto: no bfloat16 here")
-        return ("bfloat16", "auto: this CPU has bfloat16 instructions") if kind == "cpu" and cpu_has_bf16() else \
-            ("float32", "auto")
+        return ("bfloat16", "auto: this CPU has bfloat16 instructions") if kind == "cpu" and \
+            torch.cpu._is_avx512_bf16_supported() else ("float32", "auto")
     if dtype not in ("bfloat16", "float16", "float32"):
         raise UsageError(f"unknown dtype {dtype!r}; use auto, bfloat16, float16 or float32")
     if dtype == "bfloat16" and kind == "cuda" and not gpu_bf16:
@@ -192,31 +217,25 @@ def autocast(device, dtype):
     return contextlib.nullcontext() if dtype == "float32" else \
         torch.autocast(device_type=device.split(":")[0], dtype=getattr(torch, dtype))
 
-# -----------------------------------------------------------------------------
-# processes
 
-
-# ddp: launched by torchrun; local_rank: the rank within the node, which picks the GPU; master: rank 0, which
-# logs and saves
+# local_rank: the rank within the node, which picks the GPU; master: rank 0, which logs and saves
 Dist = namedtuple("Dist", "ddp rank local_rank world_size master device")
 
 
 def setup_distributed(device_pref):
-    """Under torchrun (RANK is set) join the process group, a GPU per process; else one process."""
-    if "RANK" not in os.environ:
-        dist = Dist(False, 0, 0, 1, True, pick_device(device_pref))
-    else:
-        try:
-            rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-        except (KeyError, ValueError) as e:
-            raise UsageError(f"RANK is set but the torchrun environment is incomplete ({e}); use torchrun")
-        cuda = pick_device(device_pref).startswith("cuda")
-        dist = Dist(True, rank, local_rank, world, rank == 0, f"cuda:{local_rank}" if cuda else "cpu")
-        import torch.distributed.nn  # noqa: F401  before the group exists: see cleanup_distributed
-    cuda = dist.device.startswith("cuda")
+    """Under torchrun (RANK is set) join the process group (nccl, or gloo on CPUs), a GPU per process."""
+    device, ddp = pick_device(device_pref), "RANK" in os.environ
+    try:
+        rank, local_rank, world = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else \
+            (0, 0, 1)
+    except (KeyError, ValueError) as e:
+        raise UsageError(f"RANK is set but the torchrun environment is incomplete ({e}); use torchrun")
+    cuda = device.startswith("cuda")
+    dist = Dist(ddp, rank, local_rank, world, rank == 0, device if not ddp else f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:
         setup_cuda(dist.device)
-    if dist.ddp:                                            # gloo on a CPU (no DDP on MPS)
+    if ddp:
+        import torch.distributed.nn  # noqa: F401  before the group exists: see cleanup_distributed
         torch.distributed.init_process_group(backend="nccl" if cuda else "gloo",
                                              device_id=torch.device(dist.device) if cuda else None)
     return dist
@@ -230,8 +249,8 @@ def setup_cuda(device):
 
 
 def cleanup_distributed(dist):
-    """Leave the process group while Python runs (a gloo thread left to the exit can abort a finished run),
-    after the other ranks unless an exception is on its way out. DDP's cycles (gc) would keep the group."""
+    """Leave the group before exit (a gloo thread left to it can abort a finished run), after the other ranks
+    unless an exception is on its way out; gc first: DDP's cycles would keep the group."""
     if dist.ddp and torch.distributed.is_initialized():
         if sys.exc_info()[0] is None:
             torch.distributed.barrier()
@@ -240,14 +259,14 @@ def cleanup_distributed(dist):
 
 
 def mean_loss(loss_sum, steps, dist):
-    """The loss summed over `steps` steps on each process, as their mean: a read that waits for the device."""
+    """The mean of the losses summed over `steps` steps on each process: a read that waits for the device."""
     if dist.ddp:
         torch.distributed.all_reduce(loss_sum)
     return loss_sum.item() / (steps * dist.world_size)
 
 
 class Stop(Exception):
-    """The run ends here: code 130 (the user stopped it: what was saved, how to resume) or 1-3 (`error: ...`)."""
+    """The run ends here: code 130 (stopped by the user: what was saved, how to resume) or 1-3 (`error: ...`)."""
 
     def __init__(self, msg, code):
         super().__init__(msg)
@@ -255,20 +274,16 @@ class Stop(Exception):
 
 
 def launch(run, cfg, *args):
-    """A main under torchrun: check --out_dir, join the group, run(cfg, *args, dist), leave. A Stop is its exit
-    code; a mistake every process finds is said once, by rank 0."""
-    if not cfg["out_dir"].strip():
-        raise UsageError("--out_dir is empty; name a folder for the checkpoints, e.g. --out_dir=out")
-    if os.path.exists(cfg["out_dir"]) and not os.path.isdir(cfg["out_dir"]):
-        raise UsageError(f"--out_dir={cfg['out_dir']} is a file, not a folder")
+    """run(cfg, *args, dist) in the process group. A Stop is its exit code; what every rank finds, rank 0 says."""
+    check_out_dir(cfg["out_dir"])
     dist = setup_distributed(cfg["device"])
     try:
         return run(cfg, *args, dist)
     except Stop as e:
-        if dist.master and e.code == 130:
-            print(e, file=sys.stderr, flush=True)
-        elif dist.master:
+        if dist.master and e.code != 130:
             fail(e, e.code)
+        if dist.master:
+            print(e, file=sys.stderr, flush=True)
         sys.exit(e.code)
     except UsageError:
         if dist.master:
@@ -277,67 +292,48 @@ def launch(run, cfg, *args):
     finally:
         cleanup_distributed(dist)
 
+# -----------------------------------------------------------------------------
+# the run: its checkpoint, Ctrl-C and SIGTERM, the command that resumes it, its log
 
-class Checkpoint:
-    """The run's ckpt.pt and its step (None: none yet), which every rank notes (they branch on it alike) while
-    rank 0 writes; and what the run says when it stops."""
 
-    def __init__(self, path, step, unit, dist, resume):
-        self.path, self.step, self.unit, self.dist, self.resume = path, step, unit, dist, resume
+class Run:
+    """A training run's files and how it stops. `saved`: the step of out_dir/ckpt.pt (None: none yet), noted by
+    every rank while rank 0 writes. log.jsonl, a JSON row a line, and loss.png, by rank 0; a resume keeps the rows
+    up to its checkpoint. Inside `with`, Ctrl-C and SIGTERM set a flag the loop asks once a step (all-reduced: all
+    ranks stop at the same step); a second signal a second later raises KeyboardInterrupt (out now, no save), two
+    within a second are one (a torchrun worker gets the terminal's SIGINT and torchrun's forward of it)."""
 
-    def save(self, state, step, also=()):
+    def __init__(self, out_dir, saved, unit, dist, resume):
+        self.path, self.log = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
+        self.saved, self.unit, self.dist, self.resume, self.drawn = saved, unit, dist, resume, True
+        self.signal, self._first, self._old, self._group = None, None, {}, None
+        if dist.master:
+            keep = []
+            if saved is not None and os.path.isfile(self.log):
+                with open(self.log) as f:
+                    keep = [line for line in f if _upto(line, unit, saved)]
+            with open(self.log + ".tmp", "w") as f:         # temp file, then rename: a crash keeps the old log
+                f.writelines(keep)
+            os.replace(self.log + ".tmp", self.log)
+
+    def record(self, row, line=None):
         if self.dist.master:
+            with open(self.log, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            if line:
+                print(line, flush=True)
+
+    def draw(self):
+        """Redraw loss.png (plot.learning_curves). A figure never stops a run: a failure is said once."""
+        if self.dist.master and self.drawn:
             try:
-                for path in (self.path, *also):
-                    atomic_save(state, path)
-            except OSError as e:
-                kept = f"; the previous {self.path} is intact" if os.path.isfile(self.path) else ""
-                raise Stop(f"could not save {self.path} ({e.strerror or e}){kept}", 1) from None
-        self.step = step
-
-    def last_good(self):
-        return "no checkpoint was saved before it" if self.step is None else \
-            f"the last good checkpoint is {self.path} ({self.unit} {self.step})"
-
-    def diverged(self, what, value, step):
-        return Stop(f"the {what} is {value} at {self.unit} {step}: training diverged; stopped without saving, "
-                    f"{self.last_good()}; try a lower --learning_rate or --grad_clip", 3)
-
-    def interrupted(self, signal_name, step, where, state, finite, kept=None):
-        """Ctrl-C or SIGTERM: save here unless `kept` says why not, and say how to go on. state() is what
-        is saved; finite: is the loss since the last row."""
-        how = f"interrupted ({signal_name}) at {where}"
-        if step == self.step:
-            msg = f"{how}; {self.path} is there already{self.resume}"
-        elif step == 0:
-            msg = f"{how}, before the first step: nothing to save"
-        elif kept:
-            msg = f"{how}; not saved: {kept}{self.resume}"
-        elif not finite:
-            msg = f"{how}; not saved: the training loss is not finite (diverged); {self.last_good()}"
-        else:
-            self.save(state(), step)
-            msg = f"{how}: saved {self.path}{self.resume}"
-        if self.dist.ddp:
-            torch.distributed.barrier()             # the other ranks wait while rank 0 writes
-        return Stop(msg, 130)
-
-    def stopped(self, e, step, advice):
-        """The loop's way out of a second Ctrl-C (at once, not saved) or out of memory (`advice`)."""
-        if isinstance(e, KeyboardInterrupt):
-            return Stop(f"interrupted at {self.unit} {step}, not saved; {self.last_good()}"
-                        f"{self.resume if self.step is not None else ''}", 130)
-        return Stop(f"out of memory at {self.unit} {step} {advice}", 2) if "out of memory" in str(e) else e
-
-
-class GracefulStop:
-    """Ctrl-C (SIGINT) and SIGTERM (a scheduler's) only set a flag, which the loop asks once a step: under
-    torchrun all-reduced (over gloo, no GPU sync), so every rank stops at the same step. A second signal a
-    second or more later raises KeyboardInterrupt: out now, no save. Two within a second are one (a torchrun
-    worker gets the terminal's SIGINT and torchrun's forward of it)."""
-
-    def __init__(self, dist):
-        self.dist, self.signal, self._first, self._old, self._group = dist, None, None, {}, None
+                import plot
+                out = os.path.dirname(self.log)
+                plot.learning_curves([plot.read_run(self.log)], os.path.join(out, "loss.png"),
+                                     title=f"{out}: learning curves")
+            except Exception as e:
+                self.drawn = False
+                print(f"note: could not draw loss.png ({type(e).__name__}: {e}); the run goes on without it", flush=True)
 
     def _handler(self, signum, frame):
         if self._first is None:
@@ -363,70 +359,43 @@ class GracefulStop:
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._group)
         return bool(flag.item())
 
+    def save(self, state, step, also=()):
+        if self.dist.master:
+            try:
+                for path in (self.path, *also):
+                    atomic_save(state, path)
+            except OSError as e:
+                kept = f"; the previous {self.path} is intact" if os.path.isfile(self.path) else ""
+                raise Stop(f"could not save {self.path} ({e.strerror or e}){kept}", 1) from None
+        self.saved = step
 
-def resume_command(script, cfg, set_keys, defaults):
-    """'\nresume with: python train_gpt.py --init_from=resume ...', to copy: python or torchrun (one node), the
-    script as it was started, and the keys a checkpoint does not restore that this run set."""
-    prog = sys.argv[0] if os.path.basename(sys.argv[0]) == script else script
-    ws, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
-    launcher = "python" if ws is None else f"torchrun --standalone --nproc_per_node={ws}" if ws == local else \
-        "torchrun (your options, on every node)"
-    keys = [k for k in ("out_dir", "device", "dtype", "compile") if k in set_keys and cfg[k] != defaults[k]]
-    args = ["--init_from=resume"] + [f"--{k}={str(cfg[k]).lower() if k == 'compile' else cfg[k]}" for k in keys]
-    return "\nresume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args])
+    def last_good(self):
+        return "no checkpoint was saved before it" if self.saved is None else \
+            f"the last good checkpoint is {self.path} ({self.unit} {self.saved})"
 
-# -----------------------------------------------------------------------------
-# the run log
+    def diverged(self, what, value, step):
+        return Stop(f"the {what} is {value} at {self.unit} {step}: training diverged; stopped without saving, "
+                    f"{self.last_good()}; try a lower --learning_rate or --grad_clip", 3)
 
+    def interrupted(self, step, where, state, finite, kept=None):
+        """Ctrl-C or SIGTERM: save here (unless saved, at step 0, kept, or not finite), say how to go on."""
+        why = kept or (None if finite else "the training loss is not finite (diverged)")
+        if step in (0, self.saved) or why:
+            msg = f"; {f'not saved: {why}; ' if why and step != self.saved else ''}{self.last_good()}"
+        else:
+            self.save(state(), step)
+            msg = f": saved {self.path}"
+        if self.dist.ddp:
+            torch.distributed.barrier()             # the other ranks wait while rank 0 writes
+        resume = self.resume if self.saved is not None and finite else ""
+        return Stop(f"interrupted ({self.signal or 'on another rank'}) at {where}{msg}{resume}", 130)
 
-class RunLog:
-    """<out_dir>/log.jsonl, a JSON row a line (`tail -f` it), and loss.png drawn from it; rank 0 only. A
-    resumed run keeps the rows up to its checkpoint (`key` <= keep_until; the later ones come again)."""
-
-    def __init__(self, out_dir, enabled=True, keep_until=None, key="iter"):
-        self.path, self.file, self.drawn = os.path.join(out_dir, "log.jsonl"), None, True
-        if enabled and keep_until is not None and os.path.isfile(self.path):
-            with open(self.path) as f:
-                lines = f.readlines()
-            keep = [line for line in lines if _upto(line, key, keep_until)]
-            if keep != lines:                                # temp file, then rename: a crash keeps the old log
-                with open(self.path + ".tmp", "w") as f:
-                    f.writelines(keep)
-                os.replace(self.path + ".tmp", self.path)
-        if enabled:
-            self.file = open(self.path, "w" if keep_until is None else "a")
-
-    def record(self, row, line=None):
-        """Write a row, and print `line` if given."""
-        if self.file:
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
-            if line:
-                print(line, flush=True)
-
-    def draw(self):
-        """Redraw loss.png (plot.learning_curves). A figure never stops a run: a failure is said once."""
-        if not (self.file and self.drawn):
-            return
-        try:
-            import plot
-            out = os.path.dirname(self.path)
-            plot.learning_curves([plot.read_run(self.path)], os.path.join(out, "loss.png"),
-                                 title=f"{out}: learning curves")
-        except Exception as e:
-            self.drawn = False
-            print(f"note: could not draw loss.png ({type(e).__name__}: {e}); the run goes on without it", flush=True)
-
-    def close(self):
-        if self.file:
-            self.file.close()
-            self.file = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    def stopped(self, e, step, advice):
+        """The loop's way out of a second Ctrl-C (at once, not saved) or out of memory (`advice`)."""
+        if isinstance(e, KeyboardInterrupt):
+            return Stop(f"interrupted at {self.unit} {step}, not saved; {self.last_good()}"
+                        f"{self.resume if self.saved is not None else ''}", 130)
+        return Stop(f"out of memory at {self.unit} {step} {advice}", 2) if "out of memory" in str(e) else e
 
 
 def _upto(line, key, last):
@@ -436,3 +405,15 @@ def _upto(line, key, last):
     except (ValueError, AttributeError):
         return False
     return not isinstance(v, (int, float)) or v <= last
+
+
+def resume_command(script, cfg, set_keys, defaults):
+    """'\nresume with: python train_gpt.py --init_from=resume ...': the launcher, the script as it was started, and
+    the keys this run set that a checkpoint does not restore."""
+    prog = sys.argv[0] if os.path.basename(sys.argv[0]) == script else script
+    ws, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
+    launcher = "python" if ws is None else f"torchrun --standalone --nproc_per_node={ws}" if ws == local else \
+        "torchrun (your options, on every node)"
+    keys = [k for k in ("out_dir", "device", "dtype", "compile") if k in set_keys and cfg[k] != defaults[k]]
+    args = ["--init_from=resume"] + [f"--{k}={str(cfg[k]).lower() if k == 'compile' else cfg[k]}" for k in keys]
+    return "\nresume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args])

@@ -1,9 +1,7 @@
 """
-Train a ToST language model: nanoGPT's train.py with causal TSSA in place of softmax attention.
-
-The demo needs nothing but this repo: it prepares the offline corpus (this Python's standard library source,
-12 MB of bytes) if it is missing, trains a 0.7M-parameter model on 4M bytes, saves out/ckpt.pt and says how
-to sample from it. docs/training.md has the details.
+Train a ToST language model: nanoGPT's train.py with causal TSSA in place of softmax attention (docs/training.md).
+The demo needs nothing but this repo: it prepares the offline corpus (this Python's standard library source) if it
+is missing, trains a 0.7M-parameter model on 4M bytes, saves out/ckpt.pt and says how to sample from it.
 
     python train_gpt.py                                   # the demo (same as --config=demo)
     python sample.py                                      # then read what it writes
@@ -12,9 +10,8 @@ to sample from it. docs/training.md has the details.
     python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000   # train the run in out/ longer
     python train_gpt.py --config=shakespeare              # tiny shakespeare, gpt2 BPE (for a GPU; needs network once)
 
-A run from scratch refuses an out_dir that holds a checkpoint: add --init_from=resume to go on, or pass
-another --out_dir, or --overwrite=true. Ctrl-C (or SIGTERM) saves a checkpoint at the current step and
-prints the command that resumes it; a second Ctrl-C, a second later, stops at once without saving.
+A new run refuses an out_dir that holds a checkpoint (--init_from=resume, another --out_dir, or --overwrite=true).
+Ctrl-C or SIGTERM saves at the current step and prints the resume command; a second Ctrl-C stops without saving.
 The paper's runs, on OpenWebText (python prepare_data.py openwebtext first), on one node of 8 GPUs, or two
 (the same command on both, node_rank 0 on the master; without InfiniBand, prefix both with NCCL_IB_DISABLE=1):
 
@@ -33,14 +30,13 @@ import time
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
 import tost
 from options import UsageError, parse, run_main
-from train_common import (Checkpoint, GracefulStop, RunLog, autocast, check_ranges, cosine_lr, human, launch,
-                          load_gpt_checkpoint, make_out_dir, mean_loss, resolve_dtype, resume_command,
-                          seed_of, sum_dtype)
+from train_common import (Run, autocast, check_ranges, cosine_lr, human, launch,
+                          load_checkpoint, load_weights, make_out_dir, mean_loss, optimizer_for, resolve_dtype,
+                          resume_command, seed_of, sum_dtype, wrap)
 
 DEFAULTS = dict(
     config='demo',               # the preset this run started from (--config=NAME picks one)
@@ -129,7 +125,7 @@ def gpt_config(args):
                          if 'int()' in str(e) else str(e)) from None
 
 
-def resume_config(cfg, set_keys, ckpt, path):
+def resume_config(cfg, set_keys, ckpt):
     """The run goes on as it was: the checkpoint's config, then what this command line set. The model's
     shape cannot change; device, dtype, compile and out_dir are this machine's business."""
     old, args = ckpt['config'], ckpt['model_args']
@@ -258,9 +254,8 @@ def train(cfg, set_keys, dist):
     say = (lambda *a: print(*a, flush=True)) if dist.master else (lambda *a: None)   # rank 0 talks for all
     device, ckpt_path, ckpt = dist.device, os.path.join(cfg['out_dir'], 'ckpt.pt'), None
     if cfg['init_from'] == 'resume':
-        ckpt = load_gpt_checkpoint(ckpt_path, device, 'train_gpt.py', needs=('model', 'optimizer', 'model_args',
-                                                                            'iter_num', 'config', 'meta'))
-        cfg, set_keys = resume_config(cfg, set_keys, ckpt, ckpt_path)
+        ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=('model', 'optimizer', 'iter_num', 'config', 'meta'))
+        cfg, set_keys = resume_config(cfg, set_keys, ckpt)
     data_path, meta, sizes = open_dataset(cfg, dist)
     had = ckpt and (ckpt['meta'].get('tokenizer'), ckpt['meta'].get('vocab_size'))
     if had and had != (meta['tokenizer'], meta['vocab_size']):
@@ -288,25 +283,9 @@ def train(cfg, set_keys, dist):
     raw_model = tost.GPT(gpt_config(model_args))
     model_args['softmax_layers'] = list(raw_model.config.softmax_layers)   # '-1' of 4 blocks is [3]
     if ckpt:
-        try:
-            raw_model.load_state_dict(ckpt['model'])
-        except RuntimeError as e:
-            raise UsageError(f"{ckpt_path} does not fit its own model_args ({str(e).splitlines()[0]})") from None
-    raw_model.to(device)
-    scaler = torch.amp.GradScaler(device.split(':')[0], enabled=dtype == 'float16')   # fp16 only: bf16 has the range
-    optimizer = raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'], (cfg['beta1'], cfg['beta2']),
-                                               device.split(':')[0])
-    if ckpt:
-        optimizer.load_state_dict(ckpt['optimizer'])
-        if ckpt.get('scaler'):                                     # a disabled scaler saves {}
-            scaler.load_state_dict(ckpt['scaler'])
-    params = [p for g in optimizer.param_groups for p in g['params']]   # clipped in this order
-    # DDP inside, the compiler outside (PyTorch's order): the compiled backward then starts each bucket's
-    # all-reduce as soon as its gradients are ready
-    model = DDP(raw_model, device_ids=[dist.local_rank] if device.startswith('cuda') else None) if dist.ddp else \
-        raw_model
-    model = torch.compile(model) if cfg['compile'] else model
-    ctx, peak = autocast(device, dtype), peak_flops(device, dtype)
+        load_weights(raw_model, ckpt, ckpt_path)
+    optimizer, scaler, params = optimizer_for(raw_model.to(device), cfg, dtype, ckpt)
+    model, ctx, peak = wrap(raw_model, dist, cfg['compile']), autocast(device, dtype), peak_flops(device, dtype)
     lr_at = lambda it: cosine_lr(it, cfg['learning_rate'], cfg['min_lr'], cfg['warmup_iters'], cfg['lr_decay_iters'])
 
     m = model_args
@@ -326,8 +305,8 @@ def train(cfg, set_keys, dist):
         say(f"note: the schedule decays to min_lr at iter {cfg['lr_decay_iters']} and stays there; set "
             f"--lr_decay_iters to stretch it")
 
-    saved = Checkpoint(ckpt_path, None if ckpt is None else iter_num, 'iter', dist,
-                       resume_command('train_gpt.py', cfg, set_keys, DEFAULTS))
+    run = Run(cfg['out_dir'], None if ckpt is None else iter_num, 'iter', dist,   # the log's later rows: redone
+              resume_command('train_gpt.py', cfg, set_keys, DEFAULTS))
     start_iter, t_start, val_loss, tok_per_s = iter_num, time.time(), None, None
     elapsed_s = lambda: round(elapsed + time.time() - t_start, 2)   # the runs it resumed included
     state = lambda val=None: dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
@@ -335,37 +314,35 @@ def train(cfg, set_keys, dist):
                                   best_val_loss=best_val_loss, val_loss=val, config=cfg, set_keys=sorted(set_keys),
                                   meta=meta, elapsed_s=elapsed_s(), tokens=tokens)
     loss_sum, since_row, t_row = torch.zeros((), device=device), 0, time.time()
-    log = RunLog(cfg['out_dir'], dist.master, keep_until=None if ckpt is None else iter_num)  # later rows: redone
-    log.record({'kind': 'config', **cfg, **model_args, 'tokens_per_iter': tokens_per_iter,
+    run.record({'kind': 'config', **cfg, **model_args, 'tokens_per_iter': tokens_per_iter,
                 'params': raw_model.get_num_params()})             # for plot.py: what this run is
     try:
-        with log, GracefulStop(dist) as stop:
+        with run:
             while True:
                 # evaluate (and save) every eval_interval iterations and at the end, not again right after a resume
-                if (iter_num % cfg['eval_interval'] == 0 or iter_num == max_iters) and iter_num != saved.step:
+                if (iter_num % cfg['eval_interval'] == 0 or iter_num == max_iters) and iter_num != run.saved:
                     t_eval, losses = time.time(), estimate_loss(model, data_path, sizes, cfg, ctx, dist)
                     val_loss, row = losses['val'], dict(iter=iter_num, kind='eval', train_loss=losses['train'],
                                                         val_loss=losses['val'], lr=lr_at(iter_num),
                                                         tokens_per_sec=tok_per_s, saved=False, tokens=tokens,
                                                         elapsed_s=elapsed_s())
                     if not (math.isfinite(val_loss) and math.isfinite(losses['train'])):
-                        raise saved.diverged('eval loss', val_loss, iter_num)
+                        raise run.diverged('eval loss', val_loss, iter_num)
                     if val_loss < best_val_loss or cfg['always_save_checkpoint']:
                         best_val_loss = min(best_val_loss, val_loss)
                         if iter_num > 0:
-                            saved.save(state(val_loss), iter_num)
+                            run.save(state(val_loss), iter_num)
                             row['saved'] = True
-                    log.record(row, f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {val_loss:.4f}"
+                    run.record(row, f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {val_loss:.4f}"
                                     f"{', saved' if row['saved'] else ''}")
-                    log.draw()
+                    run.draw()
                     t_row += time.time() - t_eval                  # evaluation is not training time
                 if iter_num >= max_iters:
                     break
-                if stop.requested():              # Ctrl-C or SIGTERM on any rank: all stop here, at the same step
-                    kept = None if cfg['always_save_checkpoint'] or saved.step is None else \
-                        f"always_save_checkpoint=False keeps {ckpt_path} as the best model so far (iter {saved.step})"
-                    raise saved.interrupted(stop.signal or 'on another rank', iter_num, f"iter {iter_num}", state,
-                                            math.isfinite(loss_sum.item()), kept)
+                if run.requested():              # Ctrl-C or SIGTERM on any rank: all stop here, at the same step
+                    kept = run.saved is not None and not cfg['always_save_checkpoint'] and \
+                        "always_save_checkpoint=False keeps the best model so far"
+                    raise run.interrupted(iter_num, f"iter {iter_num}", state, math.isfinite(loss_sum.item()), kept)
                 # one optimizer step: accum micro-steps on each process, DDP averages the gradients on the last
                 lr = lr_at(iter_num)
                 for group in optimizer.param_groups:
@@ -392,24 +369,24 @@ def train(cfg, set_keys, dist):
                 # a log row: the mean loss since the last one (reading it waits for the device, so only here)
                 if iter_num % cfg['log_interval'] == 0 or iter_num == max_iters:
                     if not math.isfinite(train_loss := mean_loss(loss_sum, since_row, dist)):
-                        raise saved.diverged('training loss', train_loss, iter_num)   # the one on disk is fine
+                        raise run.diverged('training loss', train_loss, iter_num)   # the one on disk is fine
                     dt = (time.time() - t_row) / since_row
                     tok_per_s, mfu = tokens_per_iter / dt, peak and raw_model.estimate_mfu(B * accum, dt, T=T,
                                                                                            peak_flops=peak)
-                    log.record(dict(iter=iter_num, kind='train', train_loss=train_loss, lr=lr, tokens_per_sec=tok_per_s,
+                    run.record(dict(iter=iter_num, kind='train', train_loss=train_loss, lr=lr, tokens_per_sec=tok_per_s,
                                     ms_per_iter=1000 * dt, mfu=mfu, tokens=tokens, elapsed_s=elapsed_s()),
                                f"iter {iter_num}: loss {train_loss:.4f}, lr {lr:.1e}, {tok_per_s:,.0f} tok/s, "
                                f"{1000 * dt:.1f} ms/iter{f', mfu {100 * mfu:.1f}%' if mfu else ''}, "
                                f"eta {human((max_iters - iter_num) * dt)}")
                     loss_sum, since_row, t_row = torch.zeros((), device=device), 0, time.time()
     except (KeyboardInterrupt, RuntimeError) as e:  # a second Ctrl-C: out at once, without saving; out of memory
-        raise saved.stopped(e, iter_num, f"with batch_size={B}, block_size={T} on {device}; try --batch_size="
+        raise run.stopped(e, iter_num, f"with batch_size={B}, block_size={T} on {device}; try --batch_size="
                                          f"{max(1, B // 2)} --gradient_accumulation_steps={2 * accum_total} (the "
                                          f"same tokens per step, half the memory)") from None
-    where = 'no checkpoint saved' if saved.step is None else f"{ckpt_path} is from iter {saved.step}"
+    where = 'no checkpoint saved' if run.saved is None else f"{ckpt_path} is from iter {run.saved}"
     say(f"done: {iter_num - start_iter} iters in {human(time.time() - t_start)}, at iter {iter_num}; val loss "
         f"{val_loss:.4f}; {where}")
-    if saved.step is not None:
+    if run.saved is not None:
         say(f"sample from it: python sample.py{'' if cfg['out_dir'] == 'out' else ' --out_dir=' + cfg['out_dir']}")
     return dict(iter_num=iter_num, val_loss=val_loss, best_val_loss=best_val_loss)
 

@@ -30,14 +30,13 @@ from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
 import tost
 from options import UsageError, parse, run_main
-from train_common import (Checkpoint, GracefulStop, RunLog, autocast, check_ranges, cosine_lr, human, launch,
-                          load_checkpoint, make_out_dir, mean_loss, resolve_dtype, resume_command,
-                          seed_of, sum_dtype)
+from train_common import (Run, autocast, check_ranges, cosine_lr, human, launch,
+                          load_checkpoint, load_weights, make_out_dir, mean_loss, optimizer_for, resolve_dtype,
+                          resume_command, seed_of, sum_dtype, wrap)
 
 DEFAULTS = dict(
     # data and I/O
@@ -235,13 +234,9 @@ def train(cfg, set_keys, dist):
     ckpt_path, best_path = os.path.join(cfg['out_dir'], 'ckpt.pt'), os.path.join(cfg['out_dir'], 'best.pt')
     if cfg['init_from'] != 'scratch':
         path = {'resume': ckpt_path, 'best': best_path}.get(cfg['init_from'], cfg['init_from'])
-        ckpt = load_checkpoint(path, map_location=device)
-        if ckpt.get('kind') != 'vit' or 'model' not in ckpt or not isinstance(ckpt.get('model_args'), dict):
-            raise UsageError(f"{path} is a language-model checkpoint; use sample.py / train_gpt.py" if 'vocab_size' in
-                             (ckpt.get('model_args') or {}) else f"{path} is not a train_vit.py checkpoint")
-        if cfg['init_from'] == 'resume':                               # it goes on as it was
-            if 'optimizer' not in ckpt or 'step' not in ckpt:
-                raise UsageError(f"{path} cannot be resumed: it has no optimizer state or step")
+        resume = ('optimizer', 'step') if cfg['init_from'] == 'resume' else ()
+        ckpt = load_checkpoint(path, device, 'vit', needs=('model', *resume))
+        if resume:                                                     # it goes on as it was
             old = ckpt.get('config', {})
             cfg = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in cfg.items()}
         elif not cfg['eval_only'] and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
@@ -270,16 +265,10 @@ def train(cfg, set_keys, dist):
     torch.manual_seed(cfg['seed'])                                  # every process starts from the same weights
     raw_model = tost.ViT(config).to(device)
     if ckpt:
-        try:
-            raw_model.load_state_dict(ckpt['model'])
-        except RuntimeError as e:
-            raise UsageError(f"{path} does not fit its own model_args ({str(e).splitlines()[0]})") from None
-    # Static shapes: the last, smaller batch of an epoch or of the test set gets its own graph, compiled once,
-    # rather than one graph for every size that then serves the full batches too, with kernels that do not
-    # know their size. Evaluation runs without DDP (its forward would broadcast the BatchNorm buffers, a
-    # collective, and the ranks run different numbers of test batches).
-    compile = lambda m: torch.compile(m, dynamic=False) if cfg['compile'] else m
-    eval_model = compile(raw_model)
+        load_weights(raw_model, ckpt, path)
+    # evaluation without DDP: its forward would broadcast the BatchNorm buffers (a collective), and the ranks run
+    # different numbers of test batches
+    eval_model = torch.compile(raw_model, dynamic=False) if cfg['compile'] else raw_model
     if cfg['eval_only']:
         acc, loss, count = evaluate(eval_model, x_test, y_test, norm, bs, device, dtype, dist)
         if dist.master:
@@ -291,31 +280,20 @@ def train(cfg, set_keys, dist):
                                     'test_images': count, **({'compression': comp} if comp else {})}) + '\n')
         return acc
 
-    optimizer = raw_model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'], (cfg['beta1'], cfg['beta2']),
-                                               device.split(':')[0])
-    scaler = torch.amp.GradScaler(device.split(':')[0], enabled=dtype == 'float16')   # fp16 only: bf16 has the range
+    optimizer, scaler, params = optimizer_for(raw_model, cfg, dtype, ckpt if resumed else None)
     step, best_acc, elapsed = 0, 0.0, 0.0
     if resumed:
-        optimizer.load_state_dict(ckpt['optimizer'])
-        if ckpt.get('scaler'):                                     # a disabled scaler saves {}
-            scaler.load_state_dict(ckpt['scaler'])
         step, best_acc, elapsed = ckpt['step'], ckpt.get('best_acc', 0.0), ckpt.get('elapsed_s', 0.0)
         if 'steps_per_epoch' in ckpt:                      # an earlier format: whole epochs, then steps into one
             step += ckpt['epoch'] * ckpt['steps_per_epoch']
-    params = [p for g in optimizer.param_groups for p in g['params']]   # clipped in this order
     spe = min(-(-per_rank // bs), cfg['max_steps'] or math.inf)     # steps per epoch
     total = cfg['epochs'] * spe
     cfg['drop_path'] = config.drop_path                             # what the model uses, in the saved config
-    # DDP inside, the compiler outside (PyTorch's order): the compiled backward then starts each bucket's
-    # all-reduce as soon as its gradients are ready
-    model = compile(DDP(raw_model, device_ids=[dist.local_rank] if device.startswith('cuda') else None)
-                    if dist.ddp else raw_model)
-    ctx = autocast(device, dtype)
+    model, ctx = wrap(raw_model, dist, cfg['compile']), autocast(device, dtype)
 
     say(f"{cfg['model']} ({config.attn}{' + lpi' if config.lpi else ''}, {config.n_layer} layers, {config.n_embd} "
         f"wide, {(config.img_size // config.patch_size) ** 2} tokens): {raw_model.get_num_params() / 1e6:.2f}M params "
-        f"| "
-        f"{cfg['dataset']}: {len(x_train)} train / {len(x_test)} test images, {meta['num_classes']} classes | "
+        f"| {cfg['dataset']}: {len(x_train)} train / {len(x_test)} test images, {meta['num_classes']} classes | "
         f"{dist.world_size} x {device} {dtype} ({why}) | {spe} steps of {dist.world_size} x {bs} per epoch")
     if step >= total:
         return say(f"nothing to do: the checkpoint is at step {step} (epoch {step / spe:g}) of --epochs="
@@ -323,22 +301,21 @@ def train(cfg, set_keys, dist):
     if resumed:
         say(f"resuming {path} at step {step} (epoch {step / spe:g}, best test accuracy {best_acc:.4f})")
 
-    saved = Checkpoint(ckpt_path, step if resumed else None, 'step', dist,
-                       resume_command('train_vit.py', cfg, set_keys, DEFAULTS))
+    run = Run(cfg['out_dir'], step if resumed else None, 'step', dist,
+              resume_command('train_vit.py', cfg, set_keys, DEFAULTS))
     t_start, shard = time.time(), None
     elapsed_s = lambda: round(elapsed + time.time() - t_start, 2)   # the runs it resumed included
     state = lambda: dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                          model_args=asdict(config), kind='vit', step=step, epoch=step / spe, best_acc=best_acc,
                          config=cfg, meta=meta, elapsed_s=elapsed_s())
     loss_sum, since_row, t_row = torch.zeros((), device=device), 0, time.time()
-    log = RunLog(cfg['out_dir'], dist.master, keep_until=step if resumed else None, key='step')
-    log.record({'kind': 'config', **cfg, 'attn': config.attn, 'lpi': config.lpi, 'params': raw_model.get_num_params()})
+    run.record({'kind': 'config', **cfg, 'attn': config.attn, 'lpi': config.lpi, 'params': raw_model.get_num_params()})
     try:
-        with log, GracefulStop(dist) as stop:
+        with run:
             while True:
                 epoch, i = divmod(step, spe)
                 # at an epoch's end: the test set (every eval_interval epochs and the last), pictures, checkpoints
-                if i == 0 and step > 0 and step != saved.step:
+                if i == 0 and step > 0 and step != run.saved:
                     improved = False
                     if epoch % cfg['eval_interval'] == 0 or step == total:
                         acc, test_loss, count = evaluate(eval_model, x_test, y_test, norm, bs, device, dtype, dist)
@@ -350,14 +327,14 @@ def train(cfg, set_keys, dist):
                             row.update({'compression': comp} if comp else {})   # per TSSA layer (none for softmax)
                             say('\n'.join([f"epoch {epoch}/{cfg['epochs']}: test loss {test_loss:.4f}, test acc "
                                            f"{acc:.4f} (best {best_acc:.4f})", *lines]))
-                        log.record(dict(row, elapsed_s=elapsed_s()))
-                        log.draw()
-                    saved.save(state(), step, also=[best_path] * improved)
+                        run.record(dict(row, elapsed_s=elapsed_s()))
+                        run.draw()
+                    run.save(state(), step, also=[best_path] * improved)
                     t_row = time.time()                     # evaluation is not training time
                 if step >= total:
                     break
-                if stop.requested():              # Ctrl-C or SIGTERM on any rank: all stop here, at the same step
-                    raise saved.interrupted(stop.signal or 'on another rank', step, f"step {step} (epoch "
+                if run.requested():              # Ctrl-C or SIGTERM on any rank: all stop here, at the same step
+                    raise run.interrupted(step, f"step {step} (epoch "
                                             f"{step / spe:.2f})", state, math.isfinite(loss_sum.item()))
                 # one optimizer step on this rank's next batch_size images, augmented on the device
                 if shard is None or i == 0:
@@ -381,15 +358,15 @@ def train(cfg, set_keys, dist):
                 # a log row every log_interval steps and at each epoch's end: the mean loss since the last one
                 if step % cfg['log_interval'] == 0 or step % spe == 0:
                     if not math.isfinite(train_loss := mean_loss(loss_sum, since_row, dist)):
-                        raise saved.diverged('training loss', train_loss, step)   # the one on disk is fine
+                        raise run.diverged('training loss', train_loss, step)   # the one on disk is fine
                     dt, images = (time.time() - t_row) / since_row, len(idx) * dist.world_size
-                    log.record(dict(kind='train', step=step, train_loss=train_loss, lr=lr, img_per_s=images / dt,
+                    run.record(dict(kind='train', step=step, train_loss=train_loss, lr=lr, img_per_s=images / dt,
                                     ms_per_step=1000 * dt, elapsed_s=elapsed_s()),
                                f"step {step}/{total} (epoch {step / spe:.2f}): loss {train_loss:.4f}, lr {lr:.1e}, "
                                f"{images / dt:,.0f} img/s, {1000 * dt:.1f} ms/step, eta {human((total - step) * dt)}")
                     loss_sum, since_row, t_row = torch.zeros((), device=device), 0, time.time()
     except (KeyboardInterrupt, RuntimeError) as e:  # a second Ctrl-C: out at once, without saving; out of memory
-        raise saved.stopped(e, step, f"with batch_size={bs} on {device}; try --batch_size={bs // 2}") from None
+        raise run.stopped(e, step, f"with batch_size={bs} on {device}; try --batch_size={bs // 2}") from None
     say(f"done: best test accuracy {best_acc:.4f} in {human(time.time() - t_start)}; checkpoints in {cfg['out_dir']}")
     return best_acc
 

@@ -1,7 +1,6 @@
 """Tests for train_common.py: safe checkpoints, stopping, the lr schedule, devices, the run log.
 Offline, CPU only, a few seconds: python -m pytest -q test_train_common.py"""
 import json
-import math
 import os
 import subprocess
 import sys
@@ -137,10 +136,10 @@ def test_an_out_dir_under_a_file_is_one_line(tmp_path):
 SINGLE = tc.Dist(ddp=False, rank=0, local_rank=0, world_size=1, master=True, device="cpu")
 
 
-def test_graceful_stop_turns_signals_into_a_flag(monkeypatch):
+def test_ctrl_c_and_sigterm_are_a_flag_inside_a_run(tmp_path, monkeypatch):
     import signal
     before = signal.getsignal(signal.SIGTERM)
-    with tc.GracefulStop(SINGLE) as stop:
+    with tc.Run(str(tmp_path), None, "iter", SINGLE, "") as stop:
         assert not stop.requested()
         os.kill(os.getpid(), signal.SIGTERM)  # would end the process without the handler
         assert stop.requested() and stop.signal == "SIGTERM"
@@ -341,40 +340,34 @@ def _lines(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
-def test_runlog_fresh_truncates_resume_keeps_the_rows_up_to_the_checkpoint(tmp_path):
-    log = tc.RunLog(str(tmp_path))
+def test_the_log_of_a_fresh_run_is_new_a_resumed_one_keeps_the_rows_up_to_its_checkpoint(tmp_path):
+    run = tc.Run(str(tmp_path), None, "iter", SINGLE, "")
     for i in range(1, 7):
-        log.record({"iter": i, "kind": "train"})
-    log.record({"note": "no counter: kept"})
-    log.close()
+        run.record({"iter": i, "kind": "train"})
+    run.record({"note": "no counter: kept"})
     with open(tmp_path / "log.jsonl", "a") as f:
         f.write('{"iter": 7, "kin')  # a line torn by a crash mid-write
-    log = tc.RunLog(str(tmp_path), keep_until=4)
-    log.record({"iter": 5, "kind": "train"})
-    log.close()
+    run = tc.Run(str(tmp_path), 4, "iter", SINGLE, "")
+    run.record({"iter": 5, "kind": "train"})
     assert _lines(tmp_path / "log.jsonl") == [{"iter": i, "kind": "train"} for i in range(1, 5)] + \
         [{"note": "no counter: kept"}, {"iter": 5, "kind": "train"}]
-    log = tc.RunLog(str(tmp_path), keep_until=math.inf, key="step")  # eval_gpt.py: append after it all
-    log.record({"step": 1})
-    log.close()
-    assert len(_lines(tmp_path / "log.jsonl")) == 7
-    log = tc.RunLog(str(tmp_path))                                    # a run from scratch: a new log
-    log.record({"iter": 3})
-    log.close()
+    run = tc.Run(str(tmp_path), 3, "step", SINGLE, "")                # a vision run counts steps
+    assert len(_lines(tmp_path / "log.jsonl")) == 6
+    run = tc.Run(str(tmp_path), None, "iter", SINGLE, "")             # a run from scratch: a new log
+    run.record({"iter": 3})
     assert _lines(tmp_path / "log.jsonl") == [{"iter": 3}]
 
 
-def test_runlog_disabled_does_nothing(tmp_path, capsys):
-    log = tc.RunLog(str(tmp_path), enabled=False)
-    log.record({"iter": 1, "loss": 1.0})
-    log.draw()
-    log.close()
+def test_only_rank_0_writes_the_log(tmp_path, capsys):
+    run = tc.Run(str(tmp_path), None, "iter", SINGLE._replace(rank=1, master=False), "")
+    run.record({"iter": 1, "loss": 1.0}, "iter 1: loss 1.0")
+    run.draw()
     assert os.listdir(tmp_path) == [] and capsys.readouterr().out == ""
 
 
 def test_a_figure_that_cannot_be_drawn_does_not_stop_the_run(tmp_path, monkeypatch, capsys):
     import plot
-    log = tc.RunLog(str(tmp_path))
+    log = tc.Run(str(tmp_path), None, "iter", SINGLE, "")
     log.record(dict(iter=1, kind='eval', train_loss=2.0, val_loss=2.1, tokens=10))
     log.draw()
     assert os.path.isfile(tmp_path / 'loss.png')
@@ -386,4 +379,3 @@ def test_a_figure_that_cannot_be_drawn_does_not_stop_the_run(tmp_path, monkeypat
     log.draw()                                                      # said once, then left alone
     out = capsys.readouterr().out
     assert out.count('could not draw loss.png') == 1 and 'No space left on device' in out and 'goes on' in out
-    log.close()

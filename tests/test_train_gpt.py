@@ -311,56 +311,53 @@ def logged_iter(out_dir):
         return 0
 
 
-def test_sigterm_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir, tmp_path):
+def test_sigterm_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir, tmp_path, capsys):
     out = str(tmp_path / 'out')
-    p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=200', '--eval_interval=1000'), str(tmp_path))
+    p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=100', '--eval_interval=1000'), str(tmp_path))
     wait_for(p, lambda: logged_iter(out) >= 3, 'iter 3')
     p.send_signal(signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 130, stderr
     it = weights(out)['iter_num']
-    assert stderr.splitlines()[0] == f'interrupted (SIGTERM) at iter {it}: saved {out}/ckpt.pt' and 3 <= it < 200
+    assert stderr.splitlines()[0] == f'interrupted (SIGTERM) at iter {it}: saved {out}/ckpt.pt' and 3 <= it < 100
     cmd = stderr.splitlines()[1].split('resume with: ')[1]
     assert cmd.startswith('python ') and 'Traceback' not in stderr
     assert [f for f in os.listdir(out) if '.tmp' in f] == []
-    r = subprocess.run([sys.executable] + shlex.split(cmd)[1:], cwd=str(tmp_path), env=ENV, capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert f'resuming from {out}/ckpt.pt at iter {it}' in r.stdout and weights(out)['iter_num'] == 200
+    assert shlex.split(cmd)[1] == os.path.join(REPO, 'train_gpt.py')   # the script as it was started
+    capsys.readouterr()
+    train_gpt.main(shlex.split(cmd)[2:])                         # the printed command (here, in this process)
+    assert f'resuming from {out}/ckpt.pt at iter {it}' in capsys.readouterr().out
+    assert weights(out)['iter_num'] == 100
     iters = [r['iter'] for r in read_log(out) if r['kind'] == 'train']
-    assert iters == list(range(1, 201))                          # each iteration once
+    assert iters == list(range(1, 101))                          # each iteration once
 
 
-SLOW_SAVE = '''
-import os, sys, time, torch, options, train_gpt
-real = torch.save
-def slow(obj, f, *a, **k):  # saves after iter 4 write a few bytes, then take 60 s
-    if obj['iter_num'] > 4:
-        f.write(b'half a checkpoint'); f.flush()
-        open(os.environ['SAVING_FLAG'], 'w').close()
-        time.sleep(60)
-    return real(obj, f, *a, **k)
-torch.save = slow
-options.run_main(lambda: train_gpt.main(sys.argv[1:]))
-'''
+def test_second_ctrl_c_during_the_save_keeps_the_previous_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
+    """Ctrl-C in iteration 5 (with the copy torchrun forwards at once: one Ctrl-C) saves at iter 6; a second
+    Ctrl-C a second later, while torch.save has written part of the file, stops at once: the checkpoint of iter
+    4 stays intact, and no temp file is left. Real signals to this process; the clock is moved on by hand."""
+    out, real_save, real_starts, clock = str(tmp_path / 'out'), torch.save, train_gpt.window_starts, [0.0]
+    monkeypatch.setattr(train_common.time, 'monotonic', lambda: clock[0])
 
+    def sigint_in_iter_5(seed, stream, index, *rest):
+        if stream == 0 and index == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_starts(seed, stream, index, *rest)
 
-def test_second_ctrl_c_during_the_save_keeps_the_previous_checkpoint(data_dir, tmp_path):
-    out, flag = str(tmp_path / 'out'), str(tmp_path / 'saving')
-    p = subprocess.Popen([sys.executable, '-c', SLOW_SAVE, *tiny(data_dir, out, '--max_iters=1000', '--eval_interval=4')],
-                         cwd=str(tmp_path), env=dict(ENV, SAVING_FLAG=flag), text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
-    wait_for(p, lambda: logged_iter(out) >= 5, 'iter 5')
-    p.send_signal(signal.SIGINT)
-    t = time.time()
-    p.send_signal(signal.SIGINT)                                 # a copy at once (torchrun's forward): one Ctrl-C
-    wait_for(p, lambda: os.path.exists(flag), 'the save')
-    time.sleep(max(0.0, t + 1.2 - time.time()))
-    p.send_signal(signal.SIGINT)                                 # the second Ctrl-C, a second later
-    _, stderr = p.communicate(timeout=60)
-    assert p.returncode == 130
-    lines = stderr.strip().splitlines()
-    assert lines[0].startswith('interrupted at iter ') and 'not saved' in lines[0], stderr
+    def slow_save(obj, f, *a, **k):
+        if obj['iter_num'] > 4:
+            f.write(b'half a checkpoint')
+            clock[0] += 1.2
+            os.kill(os.getpid(), signal.SIGINT)                   # the second Ctrl-C, a second later
+        return real_save(obj, f, *a, **k)
+    monkeypatch.setattr(train_gpt, 'window_starts', sigint_in_iter_5)
+    monkeypatch.setattr(torch, 'save', slow_save)
+    capsys.readouterr()
+    assert exits(train_gpt.main, tiny(data_dir, out, '--max_iters=1000', '--eval_interval=4')) == 130
+    monkeypatch.undo()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith('interrupted at iter 6, not saved;'), lines
     assert f'the last good checkpoint is {out}/ckpt.pt (iter 4)' in lines[0]
     assert weights(out)['iter_num'] == 4                         # the previous checkpoint, intact
     assert sorted(os.listdir(out)) == ['ckpt.pt', 'log.jsonl', 'loss.png']   # no temp file left
@@ -504,13 +501,13 @@ def test_no_gradient_sync_before_the_last_micro_step(data_dir, tmp_path, monkeyp
     torch.distributed.init_process_group('gloo', init_method=f'file://{tmp_path}/pg', rank=0, world_size=1)
     ddp = train_common.Dist(ddp=True, rank=0, local_rank=0, world_size=1, master=True, device='cpu')
     monkeypatch.setattr(train_common, 'setup_distributed', lambda device: ddp)
-    real, entered = train_gpt.DDP.no_sync, []
+    real, entered = train_common.DDP.no_sync, []
 
     def counting_no_sync(self):
         entered.append(1)
         return real(self)
 
-    monkeypatch.setattr(train_gpt.DDP, 'no_sync', counting_no_sync)
+    monkeypatch.setattr(train_common.DDP, 'no_sync', counting_no_sync)
     train_gpt.main(tiny(data_dir, str(tmp_path / 'out'), '--max_iters=2', '--gradient_accumulation_steps=3'))
     assert len(entered) == 2 * 2
     assert not torch.distributed.is_initialized()  # main() left the process group
@@ -527,11 +524,11 @@ def test_a_compiled_ddp_model_all_reduces_on_the_last_micro_step_only(data_dir, 
                         lambda device: train_common.Dist(True, 0, 0, 1, True, 'cpu'))
     reduced = []
 
-    class CountingDDP(train_gpt.DDP):
+    class CountingDDP(train_common.DDP):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             self.register_comm_hook(None, lambda state, bucket: reduced.append(1) or allreduce_hook(state, bucket))
-    monkeypatch.setattr(train_gpt, 'DDP', CountingDDP)
+    monkeypatch.setattr(train_common, 'DDP', CountingDDP)
     args = ('--max_iters=2', '--eval_interval=100', '--gradient_accumulation_steps=3')
     train_gpt.main(tiny(data_dir, str(tmp_path / 'ddp'), *args, '--compile=true'))
     assert len(reduced) == 2 and not torch.distributed.is_initialized()
@@ -808,7 +805,7 @@ def test_rough_edges_end_in_one_line(data_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize('native', [True, False])
 def test_auto_dtype_on_a_cpu_and_the_header_says_why(data_dir, tmp_path, monkeypatch, capsys, native):
-    monkeypatch.setattr(train_common, 'cpu_has_bf16', lambda: native)
+    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: native)
     train_gpt.main(tiny(data_dir, str(tmp_path), '--max_iters=1', '--dtype=auto'))
     want = 'bfloat16 (auto: this CPU has bfloat16 instructions)' if native else 'float32 (auto)'
     assert f'device cpu, {want}, compile False' in capsys.readouterr().out
@@ -873,7 +870,7 @@ def test_stream_decoder_holds_back_half_characters():
 
 def test_sample_streams_what_generate_gives(trained, capsys, monkeypatch):
     """In float32 on a CPU, also where it has bf16 instructions: bf16 autocast slows a batch of one down."""
-    monkeypatch.setattr(train_common, 'cpu_has_bf16', lambda: True)
+    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
     out, _ = trained
     ckpt = weights(out)
     model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
@@ -979,7 +976,7 @@ def test_a_vision_checkpoint_is_named_as_such(data_dir, tmp_path):
     one_line_error(r.stderr, 'is a vision checkpoint', 'train_vit.py')
     r = run_cli('train_gpt.py', *tiny(data_dir, str(out), '--init_from=resume'))
     assert r.returncode == 2
-    one_line_error(r.stderr, 'is a vision checkpoint', 'not a language model')
+    one_line_error(r.stderr, 'is a vision checkpoint', 'not a language-model one')
 
 
 def test_token_shift_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(data_dir, tmp_path):

@@ -246,7 +246,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data, tmp_p
     where = f"step {ck['step']} (epoch {ck['step'] / 2:.2f})"
     # where the signal lands at the end of an epoch, that epoch's checkpoint is already the one to resume from
     said = (f'interrupted (on another rank) at {where}: saved {out}/ckpt.pt',
-            f'interrupted (on another rank) at {where}; {out}/ckpt.pt is there already')
+            f'interrupted (on another rank) at {where}; the last good checkpoint is {out}/ckpt.pt')
     assert any(m in stderr for m in said), stderr[-3000:]
     assert 'resume with: torchrun --standalone --nproc_per_node=2 ' in stderr
 
@@ -417,7 +417,7 @@ def vit_checkpoint_with_10_classes(path):
     ('not prepared', ['--dataset=cifar10'], 'run: python prepare_data.py cifar10 --data_dir='),
     ('30x30 images', ['--dataset=synth30'], 'image size 30 is not divisible by patch_size 4'),
     ('text dataset', ['--dataset=text'], 'holds text data, not images'),
-    ('gpt checkpoint', ['--init_from=resume'], 'is a language-model checkpoint; use sample.py / train_gpt.py'),
+    ('gpt checkpoint', ['--init_from=resume'], 'is a language-model checkpoint (train_gpt.py), not a vision one'),
     ('class mismatch', ['--init_from=resume'], 'was trained on 10 classes of 3-channel images, synth has 3'),
     ('unknown key', ['--batchsize=3'], 'unknown option --batchsize'),
     ('wrong type', ['--epochs=two'], "--epochs expects int, got 'two'"),
