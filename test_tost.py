@@ -20,6 +20,12 @@ from tost import GPT, GPTConfig, ViT, ViTConfig, TSSA, CausalTSSA, SoftmaxAttent
 torch.set_num_threads(2)
 
 
+@pytest.fixture(autouse=True)
+def fused_core_at_any_size(monkeypatch):
+    """The fused core runs from tost_fast.MIN_ELEMENTS numbers up; these tests use it at tiny sizes too."""
+    monkeypatch.setattr(tost_fast, 'MIN_ELEMENTS', 0)
+
+
 def randomize(module, scale=0.3, seed=0):
     """Give every parameter random values, so tests don't pass because of a special init (temp = 1,
     position bias = 0, tiny layer-scale)."""
@@ -510,6 +516,19 @@ def test_fast_causal_core_clamps_like_the_readable_form(monkeypatch):
     g = torch.randn(1, 24, 8, dtype=torch.float64)
     for a, b in zip(_outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_the_fused_core_runs_on_large_inputs_only(monkeypatch):
+    """With the default MIN_ELEMENTS a small input runs the readable lines and a large one the fused core."""
+    monkeypatch.undo()
+    calls, real = [], tost_fast.CausalCore.apply
+    monkeypatch.setattr(tost_fast.CausalCore, 'apply', lambda *a: calls.append(a[0].shape) or real(*a))
+    layer = CausalTSSA(64, 4, block_size=8192)
+    with torch.no_grad():
+        layer(torch.randn(1, 1024, 64))                                  # 2^16 numbers
+        assert calls == []
+        layer(torch.randn(1, 8192, 64))                                  # 2^19
+    assert calls == [(1, 8192, 4, 16)]
 
 
 def test_gradcheck_fast_causal_core():

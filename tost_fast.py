@@ -3,9 +3,9 @@ A fused core for tost.py's CausalTSSA training path: the numbers of its readable
 rounding (float64: within 1e-12), in fewer passes over memory. Nothing here is new math; read tost.py for that.
 
 Where it runs: CausalTSSA.forward enters here by one line when usable() says so, that is on a CPU, in
-eager mode, without a recurrent state and without active attention dropout, and CausalTSSA.fast is True.
-Everywhere else the readable lines run: under torch.compile (inductor fuses them itself) and on GPUs.
-docs/speed.md has the measurements that chose this. Two things make the core faster than autograd over
+eager mode, without a recurrent state and without active attention dropout, on at least MIN_ELEMENTS
+numbers, and CausalTSSA.fast is True. Everywhere else the readable lines run: under torch.compile (inductor
+fuses them itself), on GPUs, and on small inputs. docs/speed.md has the measurements that chose this. Two things make the core faster than autograd over
 the readable lines on a CPU: a hand-written backward (autograd keeps and re-reads about twice as many
 intermediate tensors), and chunks of about CHUNK elements, so that the dozen tensors a chunk uses stay in
 cache instead of streaming through memory once per line. test_tost.py proves it equal to the readable
@@ -16,6 +16,7 @@ float64, bf16 autocast), and derivation.py shows it.
 import torch
 
 CHUNK = 2 ** 18      # elements per chunk (1 MB of float32 per tensor)
+MIN_ELEMENTS = 2 ** 19   # smaller inputs (B x T x d) run as fast or faster on the readable lines
 
 
 def _stat_dtype(t):
@@ -26,7 +27,7 @@ def _stat_dtype(t):
 def usable(layer, x):
     """Whether CausalTSSA.forward(x) without a state may run the core (see the module docstring)."""
     return layer.fast and x.device.type == 'cpu' and not torch.compiler.is_compiling() \
-        and not (layer.training and layer.attn_dropout.p > 0)
+        and not (layer.training and layer.attn_dropout.p > 0) and x.numel() >= MIN_ELEMENTS
 
 
 def causal_tssa(layer, x):

@@ -62,15 +62,18 @@ def test_cpu_memory_probe_sees_activations():
 
 
 def test_the_readable_column_runs_the_readable_lines(monkeypatch):
-    """The limit's causal columns: the fused core, and with readable=True the lines of tost.py (CausalTSSA.fast
-    off while the case runs, on again after, also when it fails)."""
+    """The limit's causal columns: with fused=True the fused core at any size (tost_fast.MIN_ELEMENTS 0 while
+    the case runs), with readable=True the lines of tost.py (CausalTSSA.fast off while the case runs, on again
+    after, also when it fails)."""
     entered, real = [], tost_fast.causal_tssa
     monkeypatch.setattr(tost_fast, 'causal_tssa', lambda *a: entered.append(1) or real(*a))
     for backward in (False, True):
         bench.make_op('causal_tssa', 8, 'cpu', 'float32', backward, width=16, heads=2, readable=True)()
     assert entered == [] and tost.CausalTSSA.fast is True
-    bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2)()
-    assert entered == [1]
+    bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2)()       # tiny: the default path
+    assert entered == []                                                                 # is the readable one
+    bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2, fused=True)()
+    assert entered == [1] and tost_fast.MIN_ELEMENTS == 2 ** 19
     run = bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2, readable=True)
     monkeypatch.setattr(tost.CausalTSSA, 'forward', lambda self, x: 1 / 0)
     with pytest.raises(ZeroDivisionError):

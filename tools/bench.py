@@ -21,6 +21,7 @@ from rich.table import Column, Table
 
 import plot
 import tost
+import tost_fast
 from options import UsageError, parse, run_main
 from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
 from train_common import autocast, setup_cuda
@@ -93,9 +94,10 @@ def compiled(module):
     return torch.compile(module, fullgraph=True)
 
 
-def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None, compile=None, readable=False):
+def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None, compile=None, readable=False,
+            fused=False):
     """One layer's forward (and backward) on random tokens. compile: None follows --compile; readable: the causal
-    layer runs its readable lines, not its fused core (CausalTSSA.fast off while it runs)."""
+    layer runs its readable lines (CausalTSSA.fast off while it runs); fused: its fused core at any size."""
     torch.manual_seed(0)
     d, h = width or WIDTH, heads or HEADS
     layer = {'causal_tssa': lambda: CausalTSSA(d, h, block_size=n), 'tssa': lambda: TSSA(d, h),
@@ -107,15 +109,15 @@ def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None, c
     x = torch.randn(batch, n, d, device=device, requires_grad=backward)
 
     def run():
-        fast = CausalTSSA.fast
-        CausalTSSA.fast = fast and not readable
+        fast, least = CausalTSSA.fast, tost_fast.MIN_ELEMENTS
+        CausalTSSA.fast, tost_fast.MIN_ELEMENTS = fast and not readable, 0 if fused else least
         try:
             with autocast(device, dtype):
                 y = layer(x)
             if backward:
                 y.float().sum().backward()
         finally:
-            CausalTSSA.fast = fast
+            CausalTSSA.fast, tost_fast.MIN_ELEMENTS = fast, least
     return run if backward else torch.no_grad()(run)
 
 
@@ -191,7 +193,7 @@ def memory_child(spec, device):
 
 OPS = ['causal_tssa', 'tssa', 'sdpa_causal', 'sdpa']
 LIMIT = {'proj_s': ('proj', {}), 'tssa_s': ('tssa', {}), 'tssa_compiled_s': ('tssa', dict(compile=True)),
-         'causal_fast_s': ('causal_tssa', {}), 'causal_readable_s': ('causal_tssa', dict(readable=True)),
+         'causal_fast_s': ('causal_tssa', dict(fused=True)), 'causal_readable_s': ('causal_tssa', dict(readable=True)),
          'causal_compiled_s': ('causal_tssa', dict(compile=True))}   # column: (layer, how it runs)
 
 
