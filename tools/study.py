@@ -63,7 +63,7 @@ def section_language(args, results):
     rows = []
     for run, name, extra in variants:
         out_dir = os.path.join(args.out_dir, 'language-' + run)
-        keys = {**budget, **extra, 'out_dir': out_dir, 'overwrite': True}
+        keys = {'dtype': 'float32', **budget, **extra, 'out_dir': out_dir, 'overwrite': True}   # as measured
         run_script(['train_gpt.py', *(f'--{k}={v}' for k, v in keys.items())], f'training {name}')
         log = plot.read_run(out_dir)[2]
         val = [r['val_loss'] for r in log if r.get('kind') == 'eval'][-1]
@@ -130,7 +130,7 @@ def section_vision(args, results):
     rows = []
     for run, name, extra in VISION[:2] if args.mode == 'smoke' else VISION:
         out_dir = os.path.join(args.out_dir, 'vision-' + run)
-        keys = {**budget, **extra, 'dataset': 'glyphs', 'data_dir': data_dir, 'out_dir': out_dir,
+        keys = {'dtype': 'float32', **budget, **extra, 'dataset': 'glyphs', 'data_dir': data_dir, 'out_dir': out_dir,
                 'overwrite': True, 'viz_images': 0, 'compression_images': 0}
         t0 = time.time()
         run_script(['train_vit.py', *(f'--{k}={v}' for k, v in keys.items())], f'training {name}')
