@@ -123,6 +123,7 @@ SKIP = {
     'python -m tools.study vision --json=docs/vision.json': 'a quarter of an hour; test_study.py runs its smoke mode',
     'python -m tools.bench --quick': 'a minute; test_bench.py runs its smoke mode',
     'python -m tools.bench --sections=operator,limit': 'minutes; test_bench.py runs its smoke mode',
+    'python -m tools.bench --sections=limit': 'minutes; test_bench.py runs its smoke mode',
     'python -m tools.bench --device=cuda --dtype=bfloat16 --json=bench.json': 'a GPU',
     'python -m tools.bench --device=cuda --dtype=bfloat16 --compile --sections=operator,model': 'a GPU',
     'python -m tools.study language,tasks --json=study.json': 'an hour; test_study.py runs its smoke mode',
