@@ -404,15 +404,6 @@ def test_param_groups_exempt_biases_norms_layerscale_temperature_and_position_bi
     assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
 
 
-def test_vit_inspect_gives_maps_and_per_layer_compression():
-    model = ViT(preset('tost-cifar-tiny')).eval()
-    out = model.inspect(torch.randn(2, 3, 32, 32), layer=1)
-    assert out['pi'].shape == (2, 4, 8, 8)
-    torch.testing.assert_close(out['pi'].sum(1), torch.ones(2, 8, 8))     # memberships sum to 1 over heads
-    assert out['cls_attn'].shape == (2, 4, 8, 8)
-    assert len(out['compression']) == 4 and all(c.shape == (2,) and (c > 0).all() for c in out['compression'])
-
-
 # -----------------------------------------------------------------------------
 # mistakes fail at the boundary with a clear message
 

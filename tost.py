@@ -699,37 +699,6 @@ class ViT(nn.Module):
             cls, _ = block(cls, x)
         return self.head(self.norm(cls[:, 0]))
 
-    @torch.no_grad()
-    def inspect(self, x, layer=-1):
-        """What the model does on images x, for figures:
-          'pi':          (B, K, Hp, Wp) memberships Pi of TSSA block `layer` (one map per head),
-          'cls_attn':    (B, H, Hp, Wp) the last class-attention block's CLS attention over patches,
-          'compression': list of R^var_c per TSSA block (B,): the block's output tokens (after its TSSA, LPI
-                         if any, and MLP), seen through that block's LayerNorm and projections, with the
-                         memberships the block computed from its input (alpha = 1).
-        """
-        x, (Hp, Wp) = self._tokens(x)
-        B = x.shape[0]
-        pis, comp = [], []
-        for block in self.blocks:
-            a = block.attn
-            if isinstance(a, TSSA):
-                w = a.split_heads(a.c_attn(block.ln_1(x)))
-                Pi = a.memberships(w.to(_stat_dtype(w)))                     # (B, K, n)
-                pis.append(Pi)
-            x = block(x, grid=(Hp, Wp))
-            if isinstance(a, TSSA):                          # the block's output, through its own LN and
-                w = a.split_heads(a.c_attn(block.ln_1(x)))  # projections (bias included, as the layer applies)
-                comp.append(compression_of_projections(w, Pi.to(w.dtype)))
-        cls = self.cls_token.expand(B, -1, -1)
-        att = None
-        for block in self.cls_blocks:
-            cls, att = block(cls, x)
-        out = {'compression': comp,
-               'cls_attn': None if att is None else att[:, :, 1:].reshape(B, -1, Hp, Wp)}
-        out['pi'] = pis[layer].reshape(B, -1, Hp, Wp) if pis else None
-        return out
-
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         return make_optimizer(self, weight_decay, learning_rate, betas, device_type)
 

@@ -189,6 +189,38 @@ def compression_chart(values, n_images, width=32):
 
 
 @torch.no_grad()
+def inspect(model, x, layer=-1):
+    """What a ViT does on images x, for the figures and the compression chart:
+      'pi':          (B, K, Hp, Wp) memberships Pi of TSSA block `layer` (one map per head),
+      'cls_attn':    (B, H, Hp, Wp) the last class-attention block's CLS attention over patches,
+      'compression': list of R^var_c per TSSA block (B,): the block's output tokens (after its TSSA, LPI
+                     if any, and MLP), seen through that block's LayerNorm and projections, with the
+                     memberships the block computed from its input (alpha = 1).
+    """
+    x, (Hp, Wp) = model._tokens(x)
+    B = x.shape[0]
+    pis, comp = [], []
+    for block in model.blocks:
+        a = block.attn
+        if isinstance(a, tost.TSSA):
+            w = a.split_heads(a.c_attn(block.ln_1(x)))
+            Pi = a.memberships(w.to(tost._stat_dtype(w)))     # (B, K, n)
+            pis.append(Pi)
+        x = block(x, grid=(Hp, Wp))
+        if isinstance(a, tost.TSSA):                          # the block's output, through its own LN and
+            w = a.split_heads(a.c_attn(block.ln_1(x)))        # projections (bias included, as the layer applies)
+            comp.append(tost.compression_of_projections(w, Pi.to(w.dtype)))
+    cls = model.cls_token.expand(B, -1, -1)
+    att = None
+    for block in model.cls_blocks:
+        cls, att = block(cls, x)
+    out = {'compression': comp,
+           'cls_attn': None if att is None else att[:, :, 1:].reshape(B, -1, Hp, Wp)}
+    out['pi'] = pis[layer].reshape(B, -1, Hp, Wp) if pis else None
+    return out
+
+
+@torch.no_grad()
 def look_inside(model, x, y, norm, cfg, meta, n_tssa):
     """Per-layer compression of the first test images, and the PNGs. Rank 0 only, in float32.
     Returns (list of R^var_c per TSSA layer, lines to print)."""
@@ -197,7 +229,7 @@ def look_inside(model, x, y, norm, cfg, meta, n_tssa):
         return [], []
     was_training = model.training
     model.eval()
-    out = model.inspect(norm(x[:n]), layer=cfg['viz_layer'] if n_tssa else -1)
+    out = inspect(model, norm(x[:n]), layer=cfg['viz_layer'] if n_tssa else -1)
     v = min(cfg['viz_images'], len(x))
     pred = model(norm(x[:v])).argmax(-1).tolist() if v else []
     model.train(was_training)

@@ -466,3 +466,12 @@ def test_lpi_is_a_key_recorded_in_the_checkpoint(data, tmp_path):
     train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=2', '--lpi=true'))
     ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
     assert ckpt['model_args']['lpi'] is True and any('.lpi.' in k for k in ckpt['model'])
+
+
+def test_vit_inspect_gives_maps_and_per_layer_compression():
+    model = tost.ViT(tost.preset('tost-cifar-tiny')).eval()
+    out = train_vit.inspect(model, torch.randn(2, 3, 32, 32), layer=1)
+    assert out['pi'].shape == (2, 4, 8, 8)
+    torch.testing.assert_close(out['pi'].sum(1), torch.ones(2, 8, 8))     # memberships sum to 1 over heads
+    assert out['cls_attn'].shape == (2, 4, 8, 8)
+    assert len(out['compression']) == 4 and all(c.shape == (2,) and (c > 0).all() for c in out['compression'])
