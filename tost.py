@@ -206,8 +206,8 @@ class CausalTSSA(TSSA):
 
     forward() computes all positions at once with cumsum; step() advances one token from a TSSAState in
     O(p) per head: the same numbers. Sums run in float32 under bf16/fp16 autocast (a long prefix sum in
-    bf16 loses the small late terms). On a CPU the stateless training path runs tost_fast's fused core
-    unless CausalTSSA.fast is False: the same numbers to rounding, in fewer passes over memory.
+    bf16 loses the small late terms). On a CPU the stateless path runs tost_fast's fused core on inputs of
+    2^19 numbers or more unless CausalTSSA.fast is False: the same numbers to rounding, fewer memory passes.
     """
 
     fast = True
