@@ -10,13 +10,9 @@ Train and evaluate ToST vision models on CIFAR-10/100, and look at what they lea
 
 As train_gpt.py: a new run refuses an out_dir that holds checkpoints (--init_from=resume, another --out_dir,
 or --overwrite=true); Ctrl-C or SIGTERM saves ckpt.pt at the current step and prints the resume command.
-batch_size is per process. One node of 4 GPUs, then two nodes of 8, the first at 10.0.0.1:
+batch_size is per process. On 4 GPUs (several nodes: as train_gpt.py --help shows):
 
     torchrun --standalone --nproc_per_node=4 train_vit.py --dataset=cifar100 --model=tost-s
-    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \
-        train_vit.py --dataset=cifar100 --model=tost-s
-    torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \
-        train_vit.py --dataset=cifar100 --model=tost-s
 
 out_dir gets ckpt.pt (the last epoch, or the step Ctrl-C stopped at), best.pt (the best test accuracy),
 log.jsonl, loss.png (test accuracy by epoch) and viz/ (a figure per test image: CLS attention, Pi).
@@ -84,8 +80,7 @@ MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'eval_only
 
 def random_crop_flip(x, pad=4):
     """x (B, C, H, W) uint8 -> the same shape: zero-pad by `pad`, cut an H x W window at a random offset per
-    image, mirror half of them. One gather, no loop over images: the window's rows and columns are index
-    vectors per image, and the flip just reads the columns right to left."""
+    image, mirror half of them. One gather: rows and columns are index vectors per image; a flip reads them reversed."""
     B, C, H, W = x.shape
     dev = x.device
     xp = F.pad(x, (pad, pad, pad, pad))                                      # (B, C, H+2p, W+2p), black border
@@ -100,10 +95,8 @@ def random_crop_flip(x, pad=4):
 
 
 def train_shard(n, seed, epoch, rank, world_size):
-    """This rank's indices for one epoch. All ranks draw the same permutation (seeded by seed and epoch)
-    and take every world_size-th entry from their rank on; the permutation is padded with its own start
-    to a multiple of world_size, so the ranks hold the same count (DDP needs equal steps) and together
-    cover every image."""
+    """This rank's indices for one epoch: every world_size-th entry of a permutation seeded by (seed, epoch), padded
+    with its own start to a multiple of world_size: equal counts (DDP needs equal steps) that cover every image."""
     g = torch.Generator().manual_seed(seed * 100003 + epoch)
     perm = torch.randperm(n, generator=g)
     per_rank = -(-n // world_size)
