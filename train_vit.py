@@ -10,9 +10,13 @@ Train and evaluate ToST vision models on CIFAR-10/100, and look at what they lea
 
 As train_gpt.py: a new run refuses an out_dir that holds checkpoints (--init_from=resume, another --out_dir,
 or --overwrite=true); Ctrl-C or SIGTERM saves ckpt.pt at the current step and prints the resume command.
-batch_size is per process. On 4 GPUs (several nodes: as train_gpt.py --help shows):
+batch_size is per process. One node of 4 GPUs, then two nodes of 8, the first at 10.0.0.1:
 
     torchrun --standalone --nproc_per_node=4 train_vit.py --dataset=cifar100 --model=tost-s
+    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \
+        train_vit.py --dataset=cifar100 --model=tost-s
+    torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \
+        train_vit.py --dataset=cifar100 --model=tost-s
 
 out_dir gets ckpt.pt (the last epoch, or the step Ctrl-C stopped at), best.pt (the best test accuracy),
 log.jsonl, loss.png (test accuracy by epoch) and viz/ (a figure per test image: CLS attention, Pi).
@@ -81,8 +85,7 @@ MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'eval_only
 def random_crop_flip(x, pad=4):
     """x (B, C, H, W) uint8 -> the same shape: zero-pad by `pad`, cut an H x W window at a random offset per
     image, mirror half of them. One gather: rows and columns are index vectors per image; a flip reads them reversed."""
-    B, C, H, W = x.shape
-    dev = x.device
+    (B, C, H, W), dev = x.shape, x.device
     xp = F.pad(x, (pad, pad, pad, pad))                                      # (B, C, H+2p, W+2p), black border
     oy, ox = torch.randint(0, 2 * pad + 1, (2, B, 1), device=dev)           # (B, 1) offsets
     rows = oy + torch.arange(H, device=dev)                                  # (B, H)
@@ -188,12 +191,11 @@ def look_inside(model, x, y, norm, cfg, meta, n_tssa):
     n = max(cfg['compression_images'], cfg['viz_images'])
     if n == 0:
         return [], []
-    was_training = model.training
-    model.eval()
+    model.eval()                                # called in training mode: it goes back to it
     out = model.inspect(norm(x[:n]), layer=cfg['viz_layer'] if n_tssa else -1)
     v = min(cfg['viz_images'], len(x))
     pred = model(norm(x[:v])).argmax(-1).tolist() if v else []
-    model.train(was_training)
+    model.train()
     lines, comp = [], []
     if out['compression'] and cfg['compression_images']:
         m = cfg['compression_images']
