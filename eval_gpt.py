@@ -35,26 +35,6 @@ DEFAULTS = dict(
 PAPER = {'openwebtext': (3.20, 2.84), 'lambada': (4.98, 4.32), 'wikitext2': (4.77, 4.13), 'ptb': (6.39, 5.75)}
 
 # -----------------------------------------------------------------------------
-# the checkpoint and the data
-
-
-def open_split(data_dir, name, ckpt_meta, model_vocab, ckpt_path):
-    """A prepared text dataset's val split: (its meta, its tokens as a uint16 memmap, LAMBADA's passages
-    (start, word start, word end) or None). Its tokenizer must be the checkpoint's."""
-    path = os.path.join(data_dir, name)
-    meta = prepare_data.load_meta(path, 'text')
-    want, got = (ckpt_meta.get('tokenizer'), ckpt_meta.get('vocab_size')), (meta['tokenizer'], meta['vocab_size'])
-    if got != want:
-        raise UsageError(f"{path} uses tokenizer {got[0]} ({got[1]} ids), the checkpoint {ckpt_path} was trained with "
-                         f"{want[0]} ({want[1]} ids); prepare it with --tokenizer={want[0]} --name=OTHER")
-    if meta['vocab_size'] > model_vocab:
-        raise UsageError(f"{path} has {meta['vocab_size']} token ids, the model's output layer only {model_vocab}")
-    tokens = prepare_data.read_tokens(path, meta, 'val')
-    if len(tokens) < 2:
-        raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
-    return meta, tokens, np.load(os.path.join(path, meta['targets'])) if meta.get('targets') else None
-
-# -----------------------------------------------------------------------------
 # the two measurements
 
 
@@ -137,8 +117,22 @@ def run(cfg, dist):
     T, B = cfg['block_size'] or model.config.block_size, cfg['batch_size']
     if T > model.config.block_size:
         raise UsageError(f"--block_size={T} is larger than the model's context ({model.config.block_size})")
-    names = [n.strip() for n in cfg['datasets'].split(',') if n.strip()]
-    sets = [(n, *open_split(cfg['data_dir'], n, info['meta'], model.config.vocab_size, ckpt_path)) for n in names]
+    want, sets = (info['meta'].get('tokenizer'), info['meta'].get('vocab_size')), []
+    for name in [n.strip() for n in cfg['datasets'].split(',') if n.strip()]:   # each val split, checked first
+        path = os.path.join(cfg['data_dir'], name)
+        meta = prepare_data.load_meta(path, 'text')
+        if (meta['tokenizer'], meta['vocab_size']) != want:
+            raise UsageError(f"{path} uses tokenizer {meta['tokenizer']} ({meta['vocab_size']} ids), the checkpoint "
+                             f"{ckpt_path} was trained with {want[0]} ({want[1]} ids); prepare it with "
+                             f"--tokenizer={want[0]} --name=OTHER")
+        if meta['vocab_size'] > model.config.vocab_size:
+            raise UsageError(f"{path} has {meta['vocab_size']} token ids, the model's output layer only "
+                             f"{model.config.vocab_size}")
+        tokens = prepare_data.read_tokens(path, meta, 'val')
+        if len(tokens) < 2:
+            raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
+        spans = np.load(os.path.join(path, meta['targets'])) if meta.get('targets') else None   # LAMBADA's passages
+        sets.append((name, meta, tokens, spans))
     ctx, args = autocast(device, dtype), info['model_args']
     hybrid = f", softmax blocks {args['softmax_layers']}" if args.get('softmax_layers') else ''
     model_name = (f"{ckpt_path} (iter {info.get('iter_num')}, attn={args.get('attn', 'tssa')}{hybrid}, "
