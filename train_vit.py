@@ -226,12 +226,12 @@ def look_inside(model, x, y, norm, cfg, meta, n_tssa):
 def train(cfg, set_keys, dist):
     say = (lambda *a: print(*a, flush=True)) if dist.master else (lambda *a: None)   # rank 0 talks for all
     device, ckpt, path = dist.device, None, None
+    resumed = cfg['init_from'] == 'resume'                      # else a new run (from scratch or from weights)
     ckpt_path, best_path = os.path.join(cfg['out_dir'], 'ckpt.pt'), os.path.join(cfg['out_dir'], 'best.pt')
     if cfg['init_from'] != 'scratch':
         path = {'resume': ckpt_path, 'best': best_path}.get(cfg['init_from'], cfg['init_from'])
-        resume = ('optimizer', 'step') if cfg['init_from'] == 'resume' else ()
-        ckpt = load_checkpoint(path, device, 'vit', needs=('model', *resume))
-        if resume:                                                     # it goes on as it was
+        ckpt = load_checkpoint(path, device, 'vit', needs=('model', 'optimizer', 'step') if resumed else ('model',))
+        if resumed:                                                    # it goes on as it was
             old = ckpt.get('config', {})
             cfg = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in cfg.items()}
         elif not cfg['eval_only'] and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
@@ -250,7 +250,6 @@ def train(cfg, set_keys, dist):
         say(f"note: --batch_size={bs} is more than the {per_rank} training images of each of the "
             f"{dist.world_size} process(es): batches of {per_rank}")
         bs = per_rank
-    resumed = cfg['init_from'] == 'resume'                      # else a new run (from scratch or from weights)
     make_out_dir(cfg['out_dir'], [ckpt_path, best_path], cfg['overwrite'], not resumed and not cfg['eval_only'],
                  dist.master)
     dtype, why = resolve_dtype(cfg['dtype'], device, dist.master)
