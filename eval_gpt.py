@@ -1,7 +1,6 @@
 """
-Zero-shot evaluation of a train_gpt.py checkpoint, as in the paper's Table 4 (left): the loss in nats per
-token on the test sets of OpenWebText, LAMBADA, WikiText-2 and PTB, and LAMBADA's last-word accuracy.
-docs/evaluation.md says exactly what is measured.
+Zero-shot evaluation of a train_gpt.py checkpoint, as the paper's Table 4 (left): loss in nats per token on the test
+sets of OpenWebText, LAMBADA, WikiText-2 and PTB, and LAMBADA's last-word accuracy (what exactly: docs/evaluation.md).
 
     python prepare_data.py lambada && python prepare_data.py wikitext2 && python prepare_data.py ptb
     python eval_gpt.py --out_dir=out-owt-base              # the paper's four sets: a table, and log.jsonl
@@ -34,27 +33,6 @@ DEFAULTS = dict(
 
 # The paper's Table 4 (left) and the release's README: zero-shot loss, nats per GPT-2 token
 PAPER = {'openwebtext': (3.20, 2.84), 'lambada': (4.98, 4.32), 'wikitext2': (4.77, 4.13), 'ptb': (6.39, 5.75)}
-PAPER_MODELS = ('ToST-Base', 'GPT-2 Base')
-
-# -----------------------------------------------------------------------------
-# the checkpoint and the data
-
-
-def open_split(data_dir, name, ckpt_meta, model_vocab, ckpt_path):
-    """A prepared text dataset's val split: (its meta, its tokens as a uint16 memmap, LAMBADA's passages
-    (start, word start, word end) or None). Its tokenizer must be the checkpoint's."""
-    path = os.path.join(data_dir, name)
-    meta = prepare_data.load_meta(path, 'text')
-    want, got = (ckpt_meta.get('tokenizer'), ckpt_meta.get('vocab_size')), (meta['tokenizer'], meta['vocab_size'])
-    if got != want:
-        raise UsageError(f"{path} uses tokenizer {got[0]} ({got[1]} ids), the checkpoint {ckpt_path} was trained with "
-                         f"{want[0]} ({want[1]} ids); prepare it with --tokenizer={want[0]} --name=OTHER")
-    if meta['vocab_size'] > model_vocab:
-        raise UsageError(f"{path} has {meta['vocab_size']} token ids, the model's output layer only {model_vocab}")
-    tokens = prepare_data.read_tokens(path, meta, 'val')
-    if len(tokens) < 2:
-        raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
-    return meta, tokens, np.load(os.path.join(path, meta['targets'])) if meta.get('targets') else None
 
 # -----------------------------------------------------------------------------
 # the two measurements
@@ -73,34 +51,25 @@ def _batches(n_items, B, dist, cut=None):
     return [g for j, g in enumerate(groups) if j % dist.world_size == dist.rank]
 
 
-def _gather(x, dist):
-    """x holds this process's entries and zeros elsewhere; afterwards every process holds all entries."""
-    if dist.ddp:
-        torch.distributed.all_reduce(x)  # each entry is set on one process: a sum with zeros, exact
-    return x.tolist()
-
-
-def _rows(tokens, starts, length):
-    return torch.from_numpy(np.stack([tokens[s:s + length] for s in starts]).astype(np.int64))
-
-
 @torch.no_grad()
 def split_loss(model, tokens, T, B, device, ctx, dist):
     """Mean loss in nats over tokens 1 .. n-1 of `tokens`, each once (docs/evaluation.md). The same number on
     any process count: batch j runs on process j mod N, and every process adds the windows' sums in order. Returns
     (loss, number of tokens scored, number of windows)."""
     wins = windows(len(tokens), T)
+    rows = lambda starts, length: torch.from_numpy(np.stack([tokens[s:s + length] for s in starts]).astype(np.int64))
     sums = torch.zeros(len(wins), dtype=sum_dtype(device), device=device)
     full = sum(1 for _, length in wins if length == T)  # only the last window can be shorter
     for group in _batches(len(wins), B, dist, cut=full):
         starts, length = [wins[i][0] for i in group], wins[group[0]][1]
-        x = _rows(tokens, starts, length).to(device)
-        y = _rows(tokens, [s + 1 for s in starts], length).to(device)
+        x, y = rows(starts, length).to(device), rows([s + 1 for s in starts], length).to(device)
         with ctx:
             logits = model.logits(x)  # every position's, and no mean loss: each token is scored here, once
         nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none')
         sums[group.start:group.stop] = nll.view(len(group), length).to(sums.dtype).sum(1)
-    return math.fsum(_gather(sums, dist)) / (len(tokens) - 1), len(tokens) - 1, len(wins)
+    if dist.ddp:
+        torch.distributed.all_reduce(sums)  # each entry is set on one process: a sum with zeros, exact
+    return math.fsum(sums.tolist()) / (len(tokens) - 1), len(tokens) - 1, len(wins)
 
 
 @torch.no_grad()
@@ -122,16 +91,14 @@ def last_word_accuracy(model, tokens, spans, T, B, device, ctx, dist):
             logits = model.logits(x)  # causal: the padding after a passage does not change its outputs
         hit = (logits.argmax(-1) == want) | (want < 0)          # compared on the device: no wait per passage
         correct[group.start:group.stop] = hit.all(1).to(correct.dtype)
-    cut = int(sum(e - 1 - T > p for p, _, e in spans))
-    return [c == 1.0 for c in _gather(correct, dist)], cut
-
-# -----------------------------------------------------------------------------
-
+    if dist.ddp:
+        torch.distributed.all_reduce(correct)  # as in split_loss
+    return [c == 1.0 for c in correct.tolist()], int(sum(e - 1 - T > p for p, _, e in spans))
 
 def table(results, model_name):
     """The results in the paper's layout: one row per dataset, loss in nats per token, beside the paper's."""
     head = f"{'dataset':<14}{'tokens':>12}{'loss':>9}{'ppl':>10}{'LAMBADA acc':>14}   " + \
-           ''.join(f"{m:>12}" for m in PAPER_MODELS) + "  (paper)"
+           ''.join(f"{m:>12}" for m in ('ToST-Base', 'GPT-2 Base')) + "  (paper)"
     lines = [f"zero-shot loss of {model_name}, nats per token", head]
     for r in results:
         acc = f"{100 * r['last_word_acc']:.2f}%" if 'last_word_acc' in r else ''
@@ -150,8 +117,22 @@ def run(cfg, dist):
     T, B = cfg['block_size'] or model.config.block_size, cfg['batch_size']
     if T > model.config.block_size:
         raise UsageError(f"--block_size={T} is larger than the model's context ({model.config.block_size})")
-    names = [n.strip() for n in cfg['datasets'].split(',') if n.strip()]
-    sets = [(n, *open_split(cfg['data_dir'], n, info['meta'], model.config.vocab_size, ckpt_path)) for n in names]
+    want, sets = (info['meta'].get('tokenizer'), info['meta'].get('vocab_size')), []
+    for name in [n.strip() for n in cfg['datasets'].split(',') if n.strip()]:   # each val split, checked first
+        path = os.path.join(cfg['data_dir'], name)
+        meta = prepare_data.load_meta(path, 'text')
+        if (meta['tokenizer'], meta['vocab_size']) != want:
+            raise UsageError(f"{path} uses tokenizer {meta['tokenizer']} ({meta['vocab_size']} ids), the checkpoint "
+                             f"{ckpt_path} was trained with {want[0]} ({want[1]} ids); prepare it with "
+                             f"--tokenizer={want[0]} --name=OTHER")
+        if meta['vocab_size'] > model.config.vocab_size:
+            raise UsageError(f"{path} has {meta['vocab_size']} token ids, the model's output layer only "
+                             f"{model.config.vocab_size}")
+        tokens = prepare_data.read_tokens(path, meta, 'val')
+        if len(tokens) < 2:
+            raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
+        spans = np.load(os.path.join(path, meta['targets'])) if meta.get('targets') else None   # LAMBADA's passages
+        sets.append((name, meta, tokens, spans))
     ctx, args = autocast(device, dtype), info['model_args']
     hybrid = f", softmax blocks {args['softmax_layers']}" if args.get('softmax_layers') else ''
     model_name = (f"{ckpt_path} (iter {info.get('iter_num')}, attn={args.get('attn', 'tssa')}{hybrid}, "

@@ -1,7 +1,5 @@
-"""
-What the trainers, sample.py and eval_gpt.py share: checkpoints (atomic, loaded with weights_only), the
-learning-rate schedule, the device and dtype, processes under torchrun, Ctrl-C, and the run log.
-"""
+"""What the trainers, sample.py and eval_gpt.py share: checkpoints (atomic, loaded with weights_only), the
+learning-rate schedule, the device and dtype, processes under torchrun, Ctrl-C, and the run log."""
 import contextlib
 import datetime
 import gc
@@ -147,8 +145,7 @@ def optimizer_for(model, cfg, dtype, ckpt=None):
 
 
 def wrap(model, dist, compile):
-    """DDP inside, the compiler outside: the compiled backward starts each bucket's all-reduce when it is ready.
-    Static shapes: a smaller last batch gets a graph of its own."""
+    """DDP inside, the compiler outside (its backward starts each bucket's all-reduce when ready); static shapes."""
     if dist.ddp:
         model = DDP(model, device_ids=[dist.local_rank] if dist.device.startswith("cuda") else None)
     return torch.compile(model, dynamic=False) if compile else model
@@ -249,8 +246,8 @@ def setup_cuda(device):
 
 
 def cleanup_distributed(dist):
-    """Leave the group before exit (a gloo thread left to it can abort a finished run), after the other ranks
-    unless an exception is on its way out; gc first: DDP's cycles would keep the group."""
+    """Leave the group (a gloo thread left to exit can abort a finished run): after the other ranks unless an
+    exception is on its way out; gc first, as DDP's cycles would keep the group."""
     if dist.ddp and torch.distributed.is_initialized():
         if sys.exc_info()[0] is None:
             torch.distributed.barrier()

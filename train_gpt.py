@@ -183,8 +183,7 @@ def read_batch(path, split, starts, block_size, device):
 
 
 def split_accumulation(steps, world_size):
-    """(micro-steps per process, in total): gradient_accumulation_steps rounded up to a multiple of the
-    process count, so that every process runs the same number."""
+    """(per process, in total): the micro-steps rounded up to a multiple of the process count (the same on each)."""
     per_process = -(-steps // world_size)
     return per_process, per_process * world_size
 
@@ -210,12 +209,7 @@ def estimate_loss(model, path, sizes, cfg, ctx, dist):
 # -----------------------------------------------------------------------------
 # MFU: the GPU's peak FLOP/s for this run's dtype, by the whole name torch.cuda.get_device_name() gives
 
-
-def _tensor_core(half):
-    """Ampere and newer: bfloat16 and float16 at the same dense rate, float32 as TF32 at half of it."""
-    return dict(bfloat16=half, float16=half, float32=half / 2)
-
-
+_tensor_core = lambda half: dict(bfloat16=half, float16=half, float32=half / 2)   # Ampere on: TF32 at half the rate
 # Dense (no sparsity) tensor-core figures from NVIDIA's datasheets, matched against the whole device name: a
 # substring would give the L40 the L4's figure and an H100 PCIe the SXM's. A GPU not listed gets no MFU rather
 # than a guess: among them the A10G (NVIDIA publishes no figure for it), the H800 and the Blackwell GPUs.

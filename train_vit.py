@@ -84,10 +84,8 @@ MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'eval_only
 
 def random_crop_flip(x, pad=4):
     """x (B, C, H, W) uint8 -> the same shape: zero-pad by `pad`, cut an H x W window at a random offset per
-    image, mirror half of them. One gather, no loop over images: the window's rows and columns are index
-    vectors per image, and the flip just reads the columns right to left."""
-    B, C, H, W = x.shape
-    dev = x.device
+    image, mirror half of them. One gather: rows and columns are index vectors per image; a flip reads them reversed."""
+    (B, C, H, W), dev = x.shape, x.device
     xp = F.pad(x, (pad, pad, pad, pad))                                      # (B, C, H+2p, W+2p), black border
     oy, ox = torch.randint(0, 2 * pad + 1, (2, B, 1), device=dev)           # (B, 1) offsets
     rows = oy + torch.arange(H, device=dev)                                  # (B, H)
@@ -100,10 +98,8 @@ def random_crop_flip(x, pad=4):
 
 
 def train_shard(n, seed, epoch, rank, world_size):
-    """This rank's indices for one epoch. All ranks draw the same permutation (seeded by seed and epoch)
-    and take every world_size-th entry from their rank on; the permutation is padded with its own start
-    to a multiple of world_size, so the ranks hold the same count (DDP needs equal steps) and together
-    cover every image."""
+    """This rank's indices for one epoch: every world_size-th entry of a permutation seeded by (seed, epoch), padded
+    with its own start to a multiple of world_size: equal counts (DDP needs equal steps) that cover every image."""
     g = torch.Generator().manual_seed(seed * 100003 + epoch)
     perm = torch.randperm(n, generator=g)
     per_rank = -(-n // world_size)
@@ -227,12 +223,11 @@ def look_inside(model, x, y, norm, cfg, meta, n_tssa):
     n = max(cfg['compression_images'], cfg['viz_images'])
     if n == 0:
         return [], []
-    was_training = model.training
-    model.eval()
+    model.eval()                                # called in training mode: it goes back to it
     out = inspect(model, norm(x[:n]), layer=cfg['viz_layer'] if n_tssa else -1)
     v = min(cfg['viz_images'], len(x))
     pred = model(norm(x[:v])).argmax(-1).tolist() if v else []
-    model.train(was_training)
+    model.train()
     lines, comp = [], []
     if out['compression'] and cfg['compression_images']:
         m = cfg['compression_images']
@@ -263,12 +258,12 @@ def look_inside(model, x, y, norm, cfg, meta, n_tssa):
 def train(cfg, set_keys, dist):
     say = (lambda *a: print(*a, flush=True)) if dist.master else (lambda *a: None)   # rank 0 talks for all
     device, ckpt, path = dist.device, None, None
+    resumed = cfg['init_from'] == 'resume'                      # else a new run (from scratch or from weights)
     ckpt_path, best_path = os.path.join(cfg['out_dir'], 'ckpt.pt'), os.path.join(cfg['out_dir'], 'best.pt')
     if cfg['init_from'] != 'scratch':
         path = {'resume': ckpt_path, 'best': best_path}.get(cfg['init_from'], cfg['init_from'])
-        resume = ('optimizer', 'step') if cfg['init_from'] == 'resume' else ()
-        ckpt = load_checkpoint(path, device, 'vit', needs=('model', *resume))
-        if resume:                                                     # it goes on as it was
+        ckpt = load_checkpoint(path, device, 'vit', needs=('model', 'optimizer', 'step') if resumed else ('model',))
+        if resumed:                                                    # it goes on as it was
             old = ckpt.get('config', {})
             cfg = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in cfg.items()}
         elif not cfg['eval_only'] and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
@@ -287,7 +282,6 @@ def train(cfg, set_keys, dist):
         say(f"note: --batch_size={bs} is more than the {per_rank} training images of each of the "
             f"{dist.world_size} process(es): batches of {per_rank}")
         bs = per_rank
-    resumed = cfg['init_from'] == 'resume'                      # else a new run (from scratch or from weights)
     make_out_dir(cfg['out_dir'], [ckpt_path, best_path], cfg['overwrite'], not resumed and not cfg['eval_only'],
                  dist.master)
     dtype, why = resolve_dtype(cfg['dtype'], device, dist.master)
