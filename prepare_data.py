@@ -207,36 +207,30 @@ _job = None  # (tokenizer, split rule, append eot) in each worker process
 _CHUNK = 128  # documents per job (~0.7 MB of OpenWebText); 4 jobs per worker in flight bound the memory
 
 
-def _init_worker(tok, rule, eot, ignore_sigint=True):
+def _init_worker(tok, rule, eot):
     global _job
     _job = (tok, rule, eot)
-    if ignore_sigint:  # ctrl-c is the parent's job: it stops the pool and cleans up
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _split_doc(i, text):
-    """Document i -> (train ids, val ids): ('every', k) sends every kth document to val, ('tail', k) the last
-    1/k of each; with eot, documents stay separated in both streams."""
-    tok, (kind, k), eot = _job
-    ids = tok.encode_array(text)
-    cut = (0 if i % k == k - 1 else len(ids)) if kind == 'every' else len(ids) - len(ids) // k
-    parts = (ids[:cut], ids[cut:])
-    if eot and tok.eot is not None:
-        parts = tuple(np.append(p, np.uint16(tok.eot)) if len(p) else p for p in parts)
-    return parts
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ctrl-c is the parent's job: it stops the pool and cleans up
 
 
 def _split_chunk(job):
-    """(index of the first document, texts) -> (train ids, val ids, #docs), joined over the chunk: one message
-    per chunk, not per document, or the pool spends its time pickling small arrays."""
-    first, texts = job
-    parts = [_split_doc(first + j, t) for j, t in enumerate(texts)]
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), len(texts)
+    """(index of the first document, texts) -> (train ids, val ids, #docs), joined over the chunk (one message
+    per chunk: pickling small arrays would cost more than tokenizing). ('every', k) sends every kth document
+    to val, ('tail', k) the last 1/k of each; with eot, documents stay separated in both streams."""
+    (first, texts), (tok, (kind, k), eot) = job, _job
+    train, val = [], []
+    for i, text in enumerate(texts, first):
+        ids = tok.encode_array(text)
+        cut = (0 if i % k == k - 1 else len(ids)) if kind == 'every' else len(ids) - len(ids) // k
+        for out, p in ((train, ids[:cut]), (val, ids[cut:])):
+            out.append(np.append(p, np.uint16(tok.eot)) if eot and tok.eot is not None and len(p) else p)
+    return np.concatenate(train), np.concatenate(val), len(texts)
 
 
 def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
     """Streams docs (an iterable of str) through the tokenizer into stage/train.bin and stage/val.bin, never
     holding the corpus in memory; returns the two token counts."""
+    global _job
     docs, counts = iter(docs), [0, 0]
     jobs = ((n * _CHUNK, texts) for n, texts in enumerate(iter(lambda: list(itertools.islice(docs, _CHUNK)), [])))
     with open(os.path.join(stage, 'train.bin'), 'wb') as train, open(os.path.join(stage, 'val.bin'), 'wb') as val, \
@@ -247,7 +241,7 @@ def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
                 counts[i] += len(ids)
             advance(result[2])
         if workers <= 1:
-            _init_worker(tok, rule, eot, ignore_sigint=False)
+            _job = (tok, rule, eot)
             for job in jobs:
                 consume(_split_chunk(job))
             return tuple(counts)

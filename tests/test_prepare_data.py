@@ -291,18 +291,18 @@ def test_openwebtext_local_pool_streaming(tmp_path, tiny, monkeypatch, workers):
     assert 'every 4th document' in meta['split'] and '256' in meta['eot']
 
 
-_real_split_doc = prep._split_doc
+_real_split_chunk = prep._split_chunk
 
 
-def die_on_doc_7(i, text):
-    if i == 7:
+def die_on_doc_7(job):
+    if job[0] <= 7 < job[0] + len(job[1]):
         os._exit(1)  # as the OOM killer would
-    return _real_split_doc(i, text)
+    return _real_split_chunk(job)
 
 
 def test_dead_worker_is_an_error_not_a_hang(tmp_path, tiny, monkeypatch):
     owt_folder(tmp_path / 'owt')
-    monkeypatch.setattr(prep, '_split_doc', die_on_doc_7)
+    monkeypatch.setattr(prep, '_split_chunk', die_on_doc_7)
     monkeypatch.setattr(prep, '_CHUNK', 2)
     with pytest.raises(UsageError, match='process died'):
         prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), workers=2)

@@ -46,8 +46,6 @@ WIDTH, HEADS = 768, 12      # set from SIZES in main()
 COMPILE = False             # --compile: torch.compile the layers and models measured (see compiled())
 ms = lambda s: f"{s * 1e3:,.1f}" if s == s else "-"
 mb = lambda m: f"{m:,.0f}" if m == m else "-"
-
-
 sync = lambda device: device.startswith('cuda') and torch.cuda.synchronize()   # main() made it the current GPU
 
 
