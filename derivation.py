@@ -386,8 +386,8 @@ err_split = (torch.cat([y_a, y_b], 1) - y_par).abs().max()
 err_model = max((torch.stack(steps, 1) - full).abs().max(), (by_hand[:, 9:23] - full).abs().max())
 numbers = sum(v[0, 0].numel() for v in state[:3])
 print(f'10. 40 recurrent steps vs the parallel form: max |difference| {err_steps:.1e}; split at 15 with the state '
-      f'carried: {err_split:.1e};\n    a GPT prefilled with 10 tokens then stepped, and by hand: {err_model:.1e}; the state holds '
-      f'{numbers} numbers per head (p = 4) after any number of tokens')
+      f'carried: {err_split:.1e};\n    a GPT prefilled with 10 tokens then stepped, and by hand: {err_model:.1e}; '
+      f'the state holds {numbers} numbers per head (p = 4) after any number of tokens')
 assert max(err_steps, err_split, err_model) < 1e-12 and numbers == 2 * 4 + 1 and state.t == 40
 
 

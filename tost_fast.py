@@ -5,12 +5,13 @@ rounding (float64: within 1e-12), in fewer passes over memory. Nothing here is n
 Where it runs: CausalTSSA.forward enters here by one line when usable() says so, that is on a CPU, in
 eager mode, without a recurrent state and without active attention dropout, on at least MIN_ELEMENTS
 numbers, and CausalTSSA.fast is True. Everywhere else the readable lines run: under torch.compile (inductor
-fuses them itself), on GPUs, and on small inputs. docs/speed.md has the measurements that chose this. Two things make the core faster than autograd over
-the readable lines on a CPU: a hand-written backward (autograd keeps and re-reads about twice as many
-intermediate tensors), and chunks of about CHUNK elements, so that the dozen tensors a chunk uses stay in
-cache instead of streaming through memory once per line. test_tost.py proves it equal to the readable
-lines (values and every gradient, several chunk sizes, the clamped case, gradcheck, float32 against
-float64, bf16 autocast), and derivation.py shows it.
+fuses them itself), on GPUs, and on small inputs. docs/speed.md has the measurements that chose this.
+
+Two things make the core faster than autograd over the readable lines on a CPU: a hand-written backward
+(autograd keeps and re-reads about twice as many intermediate tensors), and chunks of about CHUNK elements,
+so that the dozen tensors a chunk uses stay in cache instead of streaming through memory once per line.
+test_tost.py proves it equal to the readable lines (values and every gradient, several chunk sizes, the
+clamped case, gradcheck, float32 against float64, bf16 autocast), and derivation.py shows it.
 """
 
 import torch

@@ -11,7 +11,11 @@ section measures, and how). From the repo root:
 The cases of a row run interleaved (a, b, a, b, ...) and each reports its median, with a warning when its
 repeats differ by more than 20%. --json=PATH writes the numbers, and beside them speed.png and generation.png.
 """
-import json, os, subprocess, sys, time
+import json
+import os
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -32,8 +36,9 @@ NOISE = 0.2      # repeated timings of one case further apart than this (max/min
 NOISY = []       # such cases, reported under the table they belong to
 # sizes per mode: full, quick (small), smoke (tiny: checks that every section runs)
 SIZES = {
-    'full':  dict(width=768, heads=12, op_n=[256, 1024, 4096, 8192, 16384], op_tssa_only=[65536], limit_n=[256, 1024, 4096, 16384],
-                  model_n=[4096, 8192], gen_ctx=[16, 1024, 4096], gen_new=32, train_n=[1024, 4096]),
+    'full':  dict(width=768, heads=12, op_n=[256, 1024, 4096, 8192, 16384], op_tssa_only=[65536],
+                  limit_n=[256, 1024, 4096, 16384], model_n=[4096, 8192], gen_ctx=[16, 1024, 4096], gen_new=32,
+                  train_n=[1024, 4096]),
     'quick': dict(width=768, heads=12, op_n=[256, 1024, 4096], op_tssa_only=[], limit_n=[1024, 4096],
                   model_n=[1024, 2048], gen_ctx=[16, 1024], gen_new=16, train_n=[256, 1024]),
     'smoke': dict(width=64, heads=4, op_n=[64, 128], op_tssa_only=[256], limit_n=[128],
@@ -46,7 +51,11 @@ WIDTH, HEADS = 768, 12      # set from SIZES in main()
 COMPILE = False             # --compile: torch.compile the layers and models measured (see compiled())
 ms = lambda s: f"{s * 1e3:,.1f}" if s == s else "-"
 mb = lambda m: f"{m:,.0f}" if m == m else "-"
-sync = lambda device: device.startswith('cuda') and torch.cuda.synchronize()   # main() made it the current GPU
+
+
+def sync(device):
+    if device.startswith('cuda'):       # CUDA only; main() made args.device the current GPU
+        torch.cuda.synchronize()
 
 
 def interleaved(cases, reps, device, warmup=1, label=''):
@@ -251,7 +260,7 @@ def section_limit(args, results):
             if backward and not args.no_memory:      # peak MB of forward+backward, each case in a fresh process
                 rows[-1].update({k[:-2] + '_mb': measure_memory(dict(kind=kind, n=n, dtype=args.dtype, mode=args.mode,
                                 batch=B, width=d, heads=h, how={'compile': False, **how}), args.device)
-                                 for k, (kind, how) in LIMIT.items()})
+                                 for k, (kind, how) in list(LIMIT.items())[1:]})   # the layers, not 'proj'
     results['limit'] = rows
     table(results, "The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1); the "
                    "causal layer's fused core vs its readable lines, eager and compiled by torch.compile",
@@ -368,7 +377,8 @@ def run_sections(args, sections, results):
         os.replace(args.json + '.tmp', args.json)
         try:
             if set(names) & set(plot.FIGURES):
-                console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(args.json, os.path.dirname(os.path.abspath(args.json)))))
+                folder = os.path.dirname(os.path.abspath(args.json))
+                console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(args.json, folder)))
         except Exception as e:                   # the numbers are saved: a figure is not worth an error
             console.print(f"note: could not draw the figures ({type(e).__name__}: {e})", style="yellow")
     return results
