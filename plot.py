@@ -42,11 +42,11 @@ def model_name(cfg):
     return name + ' + shift' * bool(cfg.get('token_shift')) + ' + lpi' * bool(cfg.get('lpi'))
 
 
-def save(fig, path, dpi=100):
+def save(fig, path):
     """fig, laid out, as a file (its suffix picks the format); a path that cannot be written is one line."""
     try:
         fig.tight_layout()
-        fig.savefig(path, dpi=dpi)
+        fig.savefig(path, dpi=100)
     except (OSError, ValueError) as e:                # no such folder, a folder, read-only; an unknown format
         raise UsageError(f"cannot write the figure {path!r}: {e}") from None
     finally:
