@@ -44,9 +44,9 @@ def windows(n_tokens, T):
     return [(s, min(T, n_tokens - 1 - s)) for s in range(0, n_tokens - 1, T)]
 
 
-def _batches(n_items, B, dist, cut=None):
+def _batches(n_items, B, dist, cut=0):
     """Batches of item indices, in order, B at a time (and a new batch at `cut`), and this process's share."""
-    edges = sorted({*range(0, n_items, B), *([cut] if cut is not None and cut < n_items else [])})
+    edges = sorted({*range(0, n_items, B), cut} - {n_items})
     groups = [range(a, b) for a, b in zip(edges, edges[1:] + [n_items])]
     return [g for j, g in enumerate(groups) if j % dist.world_size == dist.rank]
 

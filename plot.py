@@ -42,11 +42,11 @@ def model_name(cfg):
     return name + ' + shift' * bool(cfg.get('token_shift')) + ' + lpi' * bool(cfg.get('lpi'))
 
 
-def save(fig, path, dpi=100):
+def save(fig, path):
     """fig, laid out, as a file (its suffix picks the format); a path that cannot be written is one line."""
     try:
         fig.tight_layout()
-        fig.savefig(path, dpi=dpi)
+        fig.savefig(path, dpi=100)
     except (OSError, ValueError) as e:                # no such folder, a folder, read-only; an unknown format
         raise UsageError(f"cannot write the figure {path!r}: {e}") from None
     finally:
@@ -61,17 +61,16 @@ def read_run(path):
     log = path if path.endswith('.jsonl') else os.path.join(path, 'log.jsonl')
     if not os.path.isfile(log):
         raise UsageError(f"{path} is not a run: no {log} (train_gpt.py and train_vit.py write one)")
-    with open(log) as f:                               # a line cut short (being written, or by a crash) is left out
-        rows = [r for r in map(_json, f) if isinstance(r, dict)]
+    rows = []
+    with open(log) as f:
+        for line in f:
+            with contextlib.suppress(ValueError):      # a line cut short (being written, or by a crash) is left out
+                rows.append(json.loads(line))
+    rows = [r for r in rows if isinstance(r, dict)]
     cfg = next((r for r in reversed(rows) if r.get('kind') == 'config'), {})
     folder, base = os.path.split(os.path.abspath(log))
     name = os.path.basename(folder) if base == 'log.jsonl' else base.removesuffix('.jsonl')
     return f"{name}: {model_name(cfg)}" if cfg else name, cfg, [r for r in rows if r.get('kind') != 'config']
-
-
-def _json(line):
-    with contextlib.suppress(ValueError):
-        return json.loads(line)
 
 
 def learning_curves(runs, path, x='tokens', title=None):
@@ -234,8 +233,7 @@ def vision_maps(path, image, cls_attn, pi, title):
     if pi is not None:
         axes[1, 0].imshow(np.asarray(pi).argmax(0), cmap='tab10', vmin=0, vmax=9)
         axes[1, 0].set_title('head with the\nlargest Pi', fontsize=7)
-    for ax in axes.flat:
-        ax.set(xticks=[], yticks=[])
+    plt.setp(axes, xticks=[], yticks=[])
     save(fig, path)
 
 # -----------------------------------------------------------------------------
@@ -297,7 +295,7 @@ def main(argv=None):
         print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'] or '.')))
     runs = [read_run(f) for f in cfg['runs'] if not f.endswith('.json')]
     if runs:
-        learning_curves(runs, cfg['out'], cfg['x'], cfg['title'] or None)
+        learning_curves(runs, cfg['out'], cfg['x'], cfg['title'])
         print(f"wrote {cfg['out']}")
 
 

@@ -37,40 +37,31 @@ DEFAULTS = dict(
 # for every new value of it (tried: dynamic=True does not help), so a compiled step would be slower.
 
 
-class StreamDecoder:
-    """Tokens in, text out, as soon as it is complete. A token may end inside a multi-byte UTF-8 character
-    (any byte-level model can emit half of an 'é'); the incremental decoder holds those bytes back until
-    the character is complete, so the streamed text equals decoding all tokens at once."""
-
-    def __init__(self, tok):
-        self.tok = tok
-        self.utf8 = codecs.getincrementaldecoder('utf-8')(errors='replace')
-
-    def push(self, t):
-        return self.utf8.decode(self.tok.token_bytes(t))
-
-    def flush(self):
-        return self.utf8.decode(b'', final=True)
+def decode_stream(tok, ids):
+    """The text of tokens `ids`, piece by piece as soon as it is complete. A token may end inside a multi-byte
+    UTF-8 character (any byte-level model can emit half of an 'é'); the incremental decoder holds those bytes
+    back until the character is complete, so the streamed text equals decoding all tokens at once."""
+    utf8 = codecs.getincrementaldecoder('utf-8')(errors='replace')
+    for t in ids:
+        yield utf8.decode(tok.token_bytes(t))
+    yield utf8.decode(b'', final=True)
 
 
-def read_prompt(start):
-    """--start as text: itself, or the UTF-8 file FILE:path names."""
+def read_prompt(start, tok, block_size):
+    """--start (itself, or the UTF-8 file FILE:path names) as (text, token ids): the ids the last block_size of
+    them, with a note on stderr if it was cut."""
+    text = start
     if start.startswith('FILE:'):
         path = start[len('FILE:'):]
         try:
             with open(path, encoding='utf-8') as f:
-                return f.read()
+                text = f.read()
         except OSError as e:
             raise UsageError(f"cannot read the prompt file {path} ({e.strerror or e})") from None
         except UnicodeDecodeError as e:
             raise UsageError(f"the prompt file {path} is not UTF-8 text (byte {e.start})") from None
-    return start
-
-
-def encode_prompt(tok, text, block_size):
-    """Token ids of the prompt: the last block_size of them, with a note on stderr if it was cut."""
     if text == '':  # nothing to condition on: the end-of-text token if there is one, else a newline
-        return [tok.eot] if tok.eot is not None else tok.encode('\n')
+        return text, [tok.eot] if tok.eot is not None else tok.encode('\n')
     try:
         ids = tok.encode(text)
     except Exception as e:  # a lone surrogate (undecodable bytes on the command line), ...
@@ -81,8 +72,7 @@ def encode_prompt(tok, text, block_size):
         preview = kept[:40] + ('...' if len(kept) > 40 else '')
         print(f"note: the prompt is {len(ids)} tokens and the model sees at most {block_size}: kept the last "
               f"{block_size}, from {preview!r}", file=sys.stderr, flush=True)
-        ids = ids[-block_size:]
-    return ids
+    return text, ids[-block_size:]
 
 
 def main(argv=None):
@@ -99,24 +89,22 @@ def main(argv=None):
     model, ckpt = load_gpt(os.path.join(cfg['out_dir'], 'ckpt.pt'), device)
     tok = get_tokenizer(ckpt['meta']['tokenizer'])
 
-    prompt = read_prompt(cfg['start'])
-    ids = encode_prompt(tok, prompt, model.config.block_size)
+    prompt, ids = read_prompt(cfg['start'], tok, model.config.block_size)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg['seed'])
     torch.manual_seed(cfg['seed'])
-    top_k = cfg['top_k'] or None
-    out, n_tokens, t0 = sys.stdout, 0, time.perf_counter()
+    t0 = time.perf_counter()
     with torch.no_grad(), autocast(device, dtype):
         for _ in range(cfg['num_samples']):
-            out.write(prompt)
-            decoder = StreamDecoder(tok)
-            for nxt in model.generate_stream(idx, cfg['max_new_tokens'], cfg['temperature'], top_k, generator):
-                out.write(decoder.push(int(nxt[0])))  # int(): the token is needed here anyway, to print it
-                out.flush()
-                n_tokens += 1
-            out.write(decoder.flush() + '\n---------------\n')
-            out.flush()
-    dt = time.perf_counter() - t0
+            sys.stdout.write(prompt)
+            # top_k 0 samples from every token; int(): the token is needed here anyway, to print it
+            new = model.generate_stream(idx, cfg['max_new_tokens'], cfg['temperature'], cfg['top_k'], generator)
+            for piece in decode_stream(tok, (int(t[0]) for t in new)):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write('\n---------------\n')
+            sys.stdout.flush()
+    dt, n_tokens = time.perf_counter() - t0, cfg['num_samples'] * cfg['max_new_tokens']   # generate_stream yields all
     threads = f", {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}" if device == 'cpu' else ''
     print(f"{n_tokens} tokens in {dt:.1f}s: {n_tokens / dt:.1f} tokens/s ({device}{threads})", file=sys.stderr,
           flush=True)

@@ -851,8 +851,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, m
 def test_stream_decoder_holds_back_half_characters():
     tok = prepare_data.get_tokenizer('bytes')
     text = 'déjà vu ✓ 😀 end'
-    dec = sample.StreamDecoder(tok)
-    pieces = [dec.push(b) for b in tok.encode(text)] + [dec.flush()]
+    pieces = list(sample.decode_stream(tok, tok.encode(text)))   # a piece per token, then the rest
     assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
     assert pieces[1] == '' and pieces[2] == 'é'  # 'é' is two bytes: nothing after the first, all after the second
     # BPE: tokens are byte strings that may also split a character (a tiny offline stand-in for GPT-2's)
@@ -861,10 +860,9 @@ def test_stream_decoder_holds_back_half_characters():
     enc = tiktoken.Encoding(name='tiny', pat_str=r'\S+|\s+', mergeable_ranks=ranks,
                             special_tokens={'<|endoftext|>': 257})
     bpe = prepare_data.get_tokenizer('gpt2', encoding=enc)
-    dec = sample.StreamDecoder(bpe)
     ids = bpe.encode(text)
     assert 256 in ids
-    pieces = [dec.push(t) for t in ids] + [dec.flush()]
+    pieces = list(sample.decode_stream(bpe, ids))
     assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
 
 
