@@ -1,25 +1,16 @@
 """
-Train a ToST language model: nanoGPT's train.py with causal TSSA in place of softmax attention (docs/training.md).
-The demo needs nothing but this repo: it prepares the offline corpus (this Python's standard library source) if it
-is missing, trains a 0.7M-parameter model on 4M bytes, saves out/ckpt.pt and says how to sample from it.
+Train a ToST language model: nanoGPT's train.py with causal TSSA in place of softmax attention. The demo needs
+nothing but this repo: it prepares the offline corpus (this Python's standard library source) if it is missing,
+trains a 0.7M-parameter model on 4M bytes, saves out/ckpt.pt and says how to sample from it.
 
     python train_gpt.py                                   # the demo (same as --config=demo)
-    python sample.py                                      # then read what it writes
     python train_gpt.py --attn=softmax --out_dir=out-softmax   # the GPT-2 baseline, everything else equal
     python train_gpt.py --softmax_layers=-1 --token_shift=true --out_dir=out-hybrid   # last block softmax
     python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000   # train the run in out/ longer
-    python train_gpt.py --config=shakespeare              # tiny shakespeare, gpt2 BPE (for a GPU; needs network once)
+    torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base   # the paper's run (docs/training.md)
 
 A new run refuses an out_dir that holds a checkpoint (--init_from=resume, another --out_dir, or --overwrite=true).
 Ctrl-C or SIGTERM saves at the current step and prints the resume command; a second Ctrl-C stops without saving.
-The paper's runs, on OpenWebText (python prepare_data.py openwebtext first), on one node of 8 GPUs, or two
-(the same command on both, node_rank 0 on the master; without InfiniBand, prefix both with NCCL_IB_DISABLE=1):
-
-    torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base
-    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \\
-        train_gpt.py --config=owt-base
-    torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \\
-        train_gpt.py --config=owt-base
 """
 import contextlib
 import math

@@ -104,8 +104,6 @@ SKIP = {
     'torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base': '8 GPUs, days',
     'torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
     'train_gpt.py --config=owt-base': 'two nodes',
-    'torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
-    'train_gpt.py --config=owt-base': 'two nodes',
     'torchrun --standalone --nproc_per_node=4 train_vit.py --dataset=cifar100 --model=tost-s':
         '4 GPUs; torchrun with 2 and 3 CPU processes is tested in test_train_vit.py',
     'torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
