@@ -1,23 +1,16 @@
 """
-Turns raw data into what train_gpt.py and train_vit.py read. One entry point, no dataset library. From the
+Turns raw data into what train_gpt.py and train_vit.py read (docs/training.md, docs/evaluation.md). From the
 repo root:
 
     python prepare_data.py python_stdlib        # offline default: this Python's stdlib source, bytes, seconds
     python prepare_data.py shakespeare          # tiny shakespeare (1 MB download), gpt2 BPE
-    python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes --name=shakespeare_bytes
     python prepare_data.py text --input=notes/ --name=notes      # a text file, or a folder of them
-    python prepare_data.py openwebtext          # ~9B gpt2 tokens, 17 GB train.bin, every core, hours
     python prepare_data.py openwebtext --input=owt/              # local .parquet / .jsonl / .txt files
-    python prepare_data.py wikitext2            # zero-shot test sets for eval_gpt.py, gpt2 BPE, checksummed:
-    python prepare_data.py ptb                  #   WikiText-2, PTB and LAMBADA (the test split, as val.bin)
-    python prepare_data.py lambada --input=lambada_test.jsonl   # offline: the published file (see EVAL_SETS)
-    python prepare_data.py cifar10              # 163 MB download, MD5-checked
-    python prepare_data.py cifar100 --archive=cifar-100-python.tar.gz   # a tarball fetched by hand
+    python prepare_data.py lambada --input=lambada_test.jsonl    # test sets for eval_gpt.py; also wikitext2, ptb
+    python prepare_data.py cifar10              # 163 MB download, MD5-checked; also cifar100; offline: --archive=PATH
 
-<data_dir>/<name>/ gets text as train.bin and val.bin (raw uint16 token ids: np.memmap them; a test set has
-an empty train.bin, and lambada val_targets.npy: rows of passage start, last word start, last word end in
-val.bin), images as {train,test}_images.npy (N,3,32,32) uint8 and {train,test}_labels.npy (N,) int64, and
-meta.json, written last (if it is there, the dataset is complete). It names the tokenizer:
+<data_dir>/<name>/ gets train.bin and val.bin (raw uint16 token ids; a test set's train.bin is empty), or
+{train,test}_{images,labels}.npy, and meta.json, written last: if it is there, the dataset is complete.
 get_tokenizer(load_meta(folder)['tokenizer']) decodes. train_gpt.py calls prepare() when a cheap dataset is missing.
 """
 import collections, contextlib, difflib, hashlib, io, itertools, json, os, pickle, re, shutil, signal, socket
