@@ -278,14 +278,11 @@ def _files_under(path, exts=None, skip=()):
 
 
 def _build_tokenizer(o, default, offline='or prepare with --tokenizer=bytes'):
-    """get_tokenizer for a build; without network, the gpt2 error ends with what works offline."""
-    name = o.get('tokenizer', default)
+    """get_tokenizer for a build; a gpt2 error (no network, no tiktoken) ends with what works offline."""
     try:
-        return get_tokenizer(name)
+        return get_tokenizer(o.get('tokenizer', default))
     except UsageError as e:
-        if name != 'gpt2':
-            raise
-        raise UsageError(f"{e}; {offline}") from None
+        raise UsageError(f"{e}; {offline}" if o.get('tokenizer', default) == 'gpt2' else e) from None
 
 
 def _text_dataset(stage, o, texts, n_docs, source, tok, rule=('tail', 10), eot=None):
@@ -524,7 +521,8 @@ def _build_eval_set(stage, o, name):
     val.tofile(os.path.join(stage, 'val.bin'))
     open(os.path.join(stage, 'train.bin'), 'wb').close()
     if official is False:  # it read as the right format: use it, but say so
-        _warn(f"{o['input']}: {spec['checksum'][0]} differs from the official {os.path.basename(spec['url'])}; using it")
+        _warn(f"{o['input']}: {spec['checksum'][0]} differs from the official {os.path.basename(spec['url'])}; "
+              f"using it")
     return dict(kind='text', dataset=name, tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
                 train_tokens=0, val_tokens=len(val), source=where if 'input' in o else spec['url'],
                 official_file=official, split='val.bin is the official test split; no train split (evaluation only)',
@@ -599,15 +597,11 @@ def _read_cifar(archive, spec, where):
 
 def _build_cifar(stage, o, which):
     spec = CIFAR[which]
-    if 'archive' in o:
-        archive = o['archive']
-        if not os.path.isfile(archive):
-            raise UsageError(f"no such file: {archive}")
-        md5_ok = _checksum(archive) == spec['md5']
-    else:
-        archive = _download(spec['url'], os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url'])),
-                            hint='--archive=PATH', checksum=('md5', spec['md5']))
-        md5_ok = True
+    if 'archive' in o and not os.path.isfile(o['archive']):
+        raise UsageError(f"no such file: {o['archive']}")
+    dest = os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url']))
+    archive = o.get('archive') or _download(spec['url'], dest, hint='--archive=PATH', checksum=('md5', spec['md5']))
+    md5_ok = 'archive' not in o or _checksum(archive) == spec['md5']  # a download is checked already
     where = archive if md5_ok else f"{archive} (whose MD5 differs from the official {os.path.basename(spec['url'])})"
     xtr, ytr, xte, yte, names = _read_cifar(archive, spec, where)
     if not md5_ok:  # a repacked copy is fine if the layout checks passed
