@@ -36,11 +36,9 @@ class Tokenizer:
     def encode(self, s):  # a literal '<|endoftext|>' in a document is just text
         return list(s.encode('utf-8')) if self._enc is None else self._enc.encode_ordinary(s)
 
-    def encode_array(self, s):
-        """encode() as a uint16 array; the fast path for preparing data."""
-        if self._enc is None:
-            return np.frombuffer(s.encode('utf-8'), dtype=np.uint8).astype(np.uint16)
-        return np.array(self._enc.encode_ordinary(s), dtype=np.uint16)
+    def encode_array(self, s):  # encode() as a uint16 array, for preparing data: bytes skip the list of ints
+        ids = np.frombuffer(s.encode('utf-8'), dtype=np.uint8) if self._enc is None else self._enc.encode_ordinary(s)
+        return np.array(ids, dtype=np.uint16)
 
     def decode(self, ids):
         """Tensors and arrays welcome; ids past the vocab (a padded model head) are dropped, and half a UTF-8
