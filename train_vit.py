@@ -205,7 +205,7 @@ def look_inside(model, x, y, norm, cfg, meta, n_tssa):
     pred = model(norm(x[:v])).argmax(-1).tolist() if v else []
     model.train()
     comp = [c[:m].float().mean().item() for c in out['compression']] if m else []
-    row, lines = {'compression': comp} if comp else {}, compression_chart(comp, min(m, len(x))) if comp else []
+    row, lines = ({'compression': comp}, compression_chart(comp, min(m, len(x)))) if comp else ({}, [])
     if v:
         folder = os.path.join(cfg['out_dir'], 'viz')
         classes = meta.get('classes') or [str(i) for i in range(meta['num_classes'])]
@@ -229,18 +229,17 @@ def look_inside(model, x, y, norm, cfg, meta, n_tssa):
 
 def train(cfg, set_keys, dist):
     say = (lambda *a: print(*a, flush=True)) if dist.master else (lambda *a: None)   # rank 0 talks for all
-    device, ckpt, path = dist.device, None, None
-    resumed = cfg['init_from'] == 'resume'                      # else a new run (from scratch or from weights)
+    device, resumed = dist.device, cfg['init_from'] == 'resume'   # else a new run (from scratch or from weights)
     ckpt_path, best_path = os.path.join(cfg['out_dir'], 'ckpt.pt'), os.path.join(cfg['out_dir'], 'best.pt')
-    if cfg['init_from'] != 'scratch':
-        path = {'resume': ckpt_path, 'best': best_path}.get(cfg['init_from'], cfg['init_from'])
-        ckpt = load_checkpoint(path, device, 'vit', needs=('model', 'optimizer', 'step') if resumed else ('model',))
-        if resumed:                                                    # it goes on as it was
-            old = ckpt.get('config', {})
-            cfg = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in cfg.items()}
-        elif not cfg['eval_only'] and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
-            raise UsageError(f"training from {path} would overwrite the checkpoints beside it; pick another --out_dir "
-                             f"(or --init_from=resume to go on)")
+    path = {'scratch': None, 'resume': ckpt_path, 'best': best_path}.get(cfg['init_from'], cfg['init_from'])
+    needs = ('model', 'optimizer', 'step') if resumed else ('model',)
+    ckpt = path and load_checkpoint(path, device, 'vit', needs=needs)              # None from scratch
+    if resumed:                                                        # it goes on as it was
+        old = ckpt.get('config', {})
+        cfg = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in cfg.items()}
+    elif path and not cfg['eval_only'] and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
+        raise UsageError(f"training from {path} would overwrite the checkpoints beside it; pick another --out_dir "
+                         f"(or --init_from=resume to go on)")
     folder = os.path.join(cfg['data_dir'], cfg['dataset'])
     meta = prepare_data.load_meta(folder, 'images')
     config = vit_config(cfg, set_keys, meta, ckpt, path)
