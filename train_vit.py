@@ -92,11 +92,9 @@ def random_crop_flip(x, pad=4):
 def train_shard(n, seed, epoch, rank, world_size):
     """This rank's indices for one epoch: every world_size-th entry of a permutation seeded by (seed, epoch), padded
     with its own start to a multiple of world_size: equal counts (DDP needs equal steps) that cover every image."""
-    g = torch.Generator().manual_seed(seed * 100003 + epoch)
-    perm = torch.randperm(n, generator=g)
-    per_rank = -(-n // world_size)
-    perm = torch.cat([perm, perm[:per_rank * world_size - n]])
-    return perm[rank::world_size]                                            # (per_rank,)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+    perm = torch.cat([perm, perm[:(-n) % world_size]])                      # up to a multiple of world_size
+    return perm[rank::world_size]                                            # (ceil(n / world_size),)
 
 # -----------------------------------------------------------------------------
 # the model's config, from the preset or the checkpoint
@@ -269,12 +267,12 @@ def train(cfg, set_keys, dist):
     if cfg['eval_only']:
         acc, loss, count = evaluate(eval_model, x_test, y_test, norm, bs, device, dtype, dist)
         if dist.master:
-            comp, lines = look_inside(raw_model, x_test, y_test, norm, cfg, meta, n_tssa)
+            compression, lines = look_inside(raw_model, x_test, y_test, norm, cfg, meta, n_tssa)
             say('\n'.join([f"{path} (epoch {ckpt.get('epoch', 0):g}): test accuracy {acc:.4f} ({round(acc * count)}/"
                            f"{count}), test loss {loss:.4f}", *lines]))
             with open(os.path.join(cfg['out_dir'], 'eval.jsonl'), 'a') as f:
                 f.write(json.dumps({'checkpoint': path, 'epoch': ckpt.get('epoch'), 'test_acc': acc, 'test_loss': loss,
-                                    'test_images': count, **comp}) + '\n')
+                                    'test_images': count, **compression}) + '\n')
         return acc
 
     optimizer, scaler, params = optimizer_for(raw_model, cfg, dtype, ckpt if resumed else None)
@@ -318,11 +316,12 @@ def train(cfg, set_keys, dist):
                         acc, test_loss, count = evaluate(eval_model, x_test, y_test, norm, bs, device, dtype, dist)
                         improved, best_acc = acc > best_acc, max(best_acc, acc)
                         if dist.master:                     # compression per TSSA layer (none for softmax), pictures
-                            comp, lines = look_inside(raw_model, x_test, y_test, norm, cfg, meta, n_tssa)
+                            compression, lines = look_inside(raw_model, x_test, y_test, norm, cfg, meta, n_tssa)
                             say('\n'.join([f"epoch {epoch}/{cfg['epochs']}: test loss {test_loss:.4f}, test acc "
                                            f"{acc:.4f} (best {best_acc:.4f})", *lines]))
                             run.record(dict(kind='eval', step=step, epoch=epoch, test_loss=test_loss, test_acc=acc,
-                                            best_acc=best_acc, test_images=count, **comp, elapsed_s=elapsed_s()))
+                                            best_acc=best_acc, test_images=count, **compression,
+                                            elapsed_s=elapsed_s()))
                         run.draw()
                     run.save(state(), step, also=[best_path] * improved)
                     t_row = time.time()                     # evaluation is not training time
