@@ -8,18 +8,14 @@ Train and evaluate ToST vision models on CIFAR-10/100, and look at what they lea
     python train_vit.py --dataset=cifar10 --init_from=best --eval_only                # accuracy of out-vit/best.pt
     python train_vit.py --dataset=cifar10 --model=tost-cifar-tiny --epochs=3 --device=cpu --out_dir=out-vit-tiny
 
-As train_gpt.py: a new run refuses an out_dir that holds checkpoints (--init_from=resume, another --out_dir,
-or --overwrite=true); Ctrl-C or SIGTERM saves ckpt.pt at the current step and prints the resume command.
-batch_size is per process. One node of 4 GPUs, then two nodes of 8, the first at 10.0.0.1:
+Ctrl-C or SIGTERM saves ckpt.pt at the current step and prints the resume command. batch_size is per process.
+One node of 4 GPUs, then two nodes of 8, the first at 10.0.0.1:
 
     torchrun --standalone --nproc_per_node=4 train_vit.py --dataset=cifar100 --model=tost-s
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \
         train_vit.py --dataset=cifar100 --model=tost-s
     torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \
         train_vit.py --dataset=cifar100 --model=tost-s
-
-out_dir gets ckpt.pt (the last epoch, or the step Ctrl-C stopped at), best.pt (the best test accuracy),
-log.jsonl, loss.png (test accuracy by epoch) and viz/ (a figure per test image: CLS attention, Pi).
 """
 import json
 import math
@@ -42,7 +38,7 @@ DEFAULTS = dict(
     # data and I/O
     dataset='cifar10',          # a folder under data_dir made by prepare_data.py (cifar10, cifar100)
     data_dir='data',            # where prepare_data.py puts datasets
-    out_dir='out-vit',          # ckpt.pt, best.pt, log.jsonl, viz/
+    out_dir='out-vit',          # ckpt.pt, best.pt (best test accuracy), log.jsonl, loss.png, viz/ (figures)
     init_from='scratch',        # scratch, resume (out_dir/ckpt.pt), best (out_dir/best.pt: --eval_only) or a .pt
     overwrite=False,            # a new run into an out_dir that holds ckpt.pt/best.pt: delete them (else refuse)
     eval_only=False,            # evaluate the init_from checkpoint, write the pictures, exit
@@ -75,7 +71,6 @@ DEFAULTS = dict(
     compile=False,              # torch.compile the model
     seed=1337,                  # model init, augmentation and the data order follow from it
 )
-PAPER_SHAPES = ('tost-t', 'tost-s', 'tost-m')  # 224px / patch 16 in the paper
 MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'eval_only', 'overwrite')  # not resumed
 
 # -----------------------------------------------------------------------------
@@ -86,30 +81,20 @@ def random_crop_flip(x, pad=4):
     """x (B, C, H, W) uint8 -> the same shape: zero-pad by `pad`, cut an H x W window at a random offset per
     image, mirror half of them. One gather: rows and columns are index vectors per image; a flip reads them reversed."""
     (B, C, H, W), dev = x.shape, x.device
-    xp = F.pad(x, (pad, pad, pad, pad))                                      # (B, C, H+2p, W+2p), black border
     oy, ox = torch.randint(0, 2 * pad + 1, (2, B, 1), device=dev)           # (B, 1) offsets
     rows = oy + torch.arange(H, device=dev)                                  # (B, H)
     cols = ox + torch.arange(W, device=dev)                                  # (B, W)
-    flip = torch.rand(B, 1, device=dev) < 0.5
-    cols = torch.where(flip, cols.flip(1), cols)                             # horizontal flip
-    b = torch.arange(B, device=dev).view(B, 1, 1, 1)
-    c = torch.arange(C, device=dev).view(1, C, 1, 1)
-    return xp[b, c, rows.view(B, 1, H, 1), cols.view(B, 1, 1, W)]            # (B, C, H, W)
+    cols = torch.where(torch.rand(B, 1, device=dev) < 0.5, cols.flip(1), cols)   # a horizontal flip for half
+    b, c = torch.arange(B, device=dev).view(B, 1, 1, 1), torch.arange(C, device=dev).view(1, C, 1, 1)
+    return F.pad(x, (pad,) * 4)[b, c, rows.view(B, 1, H, 1), cols.view(B, 1, 1, W)]   # black border, (B, C, H, W)
 
 
 def train_shard(n, seed, epoch, rank, world_size):
     """This rank's indices for one epoch: every world_size-th entry of a permutation seeded by (seed, epoch), padded
     with its own start to a multiple of world_size: equal counts (DDP needs equal steps) that cover every image."""
-    g = torch.Generator().manual_seed(seed * 100003 + epoch)
-    perm = torch.randperm(n, generator=g)
-    per_rank = -(-n // world_size)
-    perm = torch.cat([perm, perm[:per_rank * world_size - n]])
-    return perm[rank::world_size]                                            # (per_rank,)
-
-
-def eval_shard(n, rank, world_size):
-    """Contiguous slices of the test set, sizes differing by at most one: each image counted exactly once."""
-    return torch.arange(n).tensor_split(world_size)[rank]
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+    perm = torch.cat([perm, perm[:(-n) % world_size]])                      # up to a multiple of world_size
+    return perm[rank::world_size]                                            # (ceil(n / world_size),)
 
 # -----------------------------------------------------------------------------
 # the model's config, from the preset or the checkpoint
@@ -132,7 +117,7 @@ def vit_config(cfg, set_keys, meta, ckpt=None, path=None):
             names = [k for k, v in tost.PRESETS.items() if v['kind'] == 'vit']
             raise UsageError(f"--model={cfg['model']} is not a vision preset; choose one of {', '.join(names)}")
         args = asdict(tost.preset(cfg['model']))
-        if cfg['model'] in PAPER_SHAPES and meta['image_size'] <= 64:
+        if cfg['model'] in ('tost-t', 'tost-s', 'tost-m') and meta['image_size'] <= 64:   # the paper's, for 224px
             args['patch_size'] = 4                              # 32px: an 8x8 grid (224px / 16 is 14x14)
         args.update(num_classes=meta['num_classes'], in_chans=meta['channels'], attn=cfg['attn'], lpi=cfg['lpi'],
                     drop_path=cfg['drop_path'] if 'drop_path' in set_keys else args['drop_path'])
@@ -153,7 +138,7 @@ def evaluate(model, x, y, norm, batch_size, device, dtype, dist):
     if dist.ddp:  # BatchNorm running stats drift apart on each rank's last batches: use rank 0's, which it saves
         for buf in model.buffers():
             torch.distributed.broadcast(buf, 0)
-    idx = eval_shard(len(x), dist.rank, dist.world_size).to(x.device)
+    idx = torch.arange(len(x), device=x.device).tensor_split(dist.world_size)[dist.rank]   # each image once
     stats = torch.zeros(3, dtype=sum_dtype(device), device=device)    # correct, loss sum, count
     for i in range(0, len(idx), batch_size):
         b = idx[i:i + batch_size]
@@ -171,73 +156,59 @@ def evaluate(model, x, y, norm, batch_size, device, dtype, dist):
 
 def compression_chart(values, n_images, width=32):
     """A bar per TSSA layer, as lines of text: the paper's per-layer R^var_c figure in a terminal."""
-    blocks = ' ▏▎▍▌▋▊▉'
     top = max(values) or 1.0
     lines = [f"R^var_c of each TSSA layer's output, mean over {n_images} test images (the paper's falls with depth):"]
     for i, v in enumerate(values):
-        eighths = max(0, round(8 * width * v / top))
-        bar = '█' * (eighths // 8) + (blocks[eighths % 8] if eighths % 8 else '')
+        eighths = max(0, round(8 * width * v / top))                 # the bar's length in eighths of a character
+        bar = ('█' * (eighths // 8) + ' ▏▎▍▌▋▊▉'[eighths % 8]).rstrip()
         lines.append(f"  layer {i:2d}  {bar:<{width}}  {v:.4g}")
     if len(values) > 1 and values[0]:
-        change = 100 * (values[-1] / values[0] - 1)
-        lines.append(f"  first -> last: {values[0]:.4g} -> {values[-1]:.4g} ({change:+.1f}%)")
+        lines.append(f"  first -> last: {values[0]:.4g} -> {values[-1]:.4g} ({values[-1] / values[0] - 1:+.1%})")
     return lines
 
 
 @torch.no_grad()
 def inspect(model, x, layer=-1):
-    """What a ViT does on images x, for the figures and the compression chart:
-      'pi':          (B, K, Hp, Wp) memberships Pi of TSSA block `layer` (one map per head),
-      'cls_attn':    (B, H, Hp, Wp) the last class-attention block's CLS attention over patches,
-      'compression': list of R^var_c per TSSA block (B,): the block's output tokens (after its TSSA, LPI
-                     if any, and MLP), seen through that block's LayerNorm and projections, with the
-                     memberships the block computed from its input (alpha = 1).
-    """
+    """What a ViT does on images x, for the figures and the compression chart: 'pi' (B, K, Hp, Wp), the memberships
+    Pi of TSSA block `layer`; 'cls_attn' (B, H, Hp, Wp), the last class-attention block's CLS attention over the
+    patches; 'compression', R^var_c (B,) per TSSA block of the block's output tokens (after its TSSA, LPI if any,
+    and MLP) seen through its own LayerNorm and projections, with the memberships it computed from its input."""
     x, (Hp, Wp) = model._tokens(x)
-    B = x.shape[0]
-    pis, comp = [], []
+    B, pis, comp = x.shape[0], [], []
     for block in model.blocks:
         a = block.attn
         if isinstance(a, tost.TSSA):
             w = a.split_heads(a.c_attn(block.ln_1(x)))
-            Pi = a.memberships(w.to(tost._stat_dtype(w)))     # (B, K, n)
-            pis.append(Pi)
+            pis.append(a.memberships(w.to(tost._stat_dtype(w))))     # (B, K, n)
         x = block(x, grid=(Hp, Wp))
         if isinstance(a, tost.TSSA):                          # the block's output, through its own LN and
             w = a.split_heads(a.c_attn(block.ln_1(x)))        # projections (bias included, as the layer applies)
-            comp.append(tost.compression_of_projections(w, Pi.to(w.dtype)))
-    cls = model.cls_token.expand(B, -1, -1)
-    att = None
+            comp.append(tost.compression_of_projections(w, pis[-1].to(w.dtype)))     # alpha = 1
+    cls, att = model.cls_token.expand(B, -1, -1), None
     for block in model.cls_blocks:
         cls, att = block(cls, x)
-    out = {'compression': comp,
-           'cls_attn': None if att is None else att[:, :, 1:].reshape(B, -1, Hp, Wp)}
-    out['pi'] = pis[layer].reshape(B, -1, Hp, Wp) if pis else None
-    return out
+    return {'compression': comp, 'cls_attn': None if att is None else att[:, :, 1:].reshape(B, -1, Hp, Wp),
+            'pi': pis[layer].reshape(B, -1, Hp, Wp) if pis else None}
 
 
 @torch.no_grad()
 def look_inside(model, x, y, norm, cfg, meta, n_tssa):
-    """Per-layer compression of the first test images, and the PNGs. Rank 0 only, in float32.
-    Returns (list of R^var_c per TSSA layer, lines to print)."""
-    n = max(cfg['compression_images'], cfg['viz_images'])
-    if n == 0:
-        return [], []
+    """Per-layer compression of the first test images, and the PNGs; on rank 0, in float32. Returns (the log
+    row's 'compression': R^var_c per TSSA layer, if measured; lines to print)."""
+    m, v = cfg['compression_images'], min(cfg['viz_images'], len(x))     # images measured, images drawn
+    if m == v == 0:
+        return {}, []
     model.eval()                                # called in training mode: it goes back to it
-    out = inspect(model, norm(x[:n]), layer=cfg['viz_layer'] if n_tssa else -1)
-    v = min(cfg['viz_images'], len(x))
+    out = inspect(model, norm(x[:max(m, v)]), layer=cfg['viz_layer'])
     pred = model(norm(x[:v])).argmax(-1).tolist() if v else []
     model.train()
-    lines, comp = [], []
-    if out['compression'] and cfg['compression_images']:
-        m = cfg['compression_images']
-        comp = [c[:m].float().mean().item() for c in out['compression']]
-        lines += compression_chart(comp, min(m, len(x)))
+    comp = [c[:m].float().mean().item() for c in out['compression']] if m else []
+    row, lines = ({'compression': comp}, compression_chart(comp, min(m, len(x)))) if comp else ({}, [])
     if v:
         folder = os.path.join(cfg['out_dir'], 'viz')
         classes = meta.get('classes') or [str(i) for i in range(meta['num_classes'])]
-        names = [f"{i}: {classes[y[i]]}" + ("" if pred[i] == y[i] else f" (predicted {classes[pred[i]]})")
-                 for i in range(v)]
+        names = [f"{i}: {classes[t]}" + ("" if p == t else f" (predicted {classes[p]})")
+                 for i, (t, p) in enumerate(zip(y[:v].tolist(), pred))]
         try:
             import plot
             os.makedirs(folder, exist_ok=True)
@@ -245,11 +216,10 @@ def look_inside(model, x, y, norm, cfg, meta, n_tssa):
                 plot.vision_maps(os.path.join(folder, f'test{i:04d}.png'), x[i].cpu(), out['cls_attn'][i].cpu(),
                                  None if out['pi'] is None else out['pi'][i].cpu(), names[i])
         except Exception as e:                                 # a picture never stops training
-            lines.append(f"could not draw the maps ({type(e).__name__}: {e}); training goes on")
-            return comp, lines
+            return row, lines + [f"could not draw the maps ({type(e).__name__}: {e}); training goes on"]
         layer = f", Pi of TSSA layer {cfg['viz_layer'] % n_tssa}" if n_tssa else ""
         lines.append(f"wrote {v} PNG{'s' * (v > 1)} to {folder} (CLS attention{layer}): " + ", ".join(names))
-    return comp, lines
+    return row, lines
 
 # -----------------------------------------------------------------------------
 # the run
@@ -257,18 +227,17 @@ def look_inside(model, x, y, norm, cfg, meta, n_tssa):
 
 def train(cfg, set_keys, dist):
     say = (lambda *a: print(*a, flush=True)) if dist.master else (lambda *a: None)   # rank 0 talks for all
-    device, ckpt, path = dist.device, None, None
-    resumed = cfg['init_from'] == 'resume'                      # else a new run (from scratch or from weights)
+    device, resumed = dist.device, cfg['init_from'] == 'resume'   # else a new run (from scratch or from weights)
     ckpt_path, best_path = os.path.join(cfg['out_dir'], 'ckpt.pt'), os.path.join(cfg['out_dir'], 'best.pt')
-    if cfg['init_from'] != 'scratch':
-        path = {'resume': ckpt_path, 'best': best_path}.get(cfg['init_from'], cfg['init_from'])
-        ckpt = load_checkpoint(path, device, 'vit', needs=('model', 'optimizer', 'step') if resumed else ('model',))
-        if resumed:                                                    # it goes on as it was
-            old = ckpt.get('config', {})
-            cfg = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in cfg.items()}
-        elif not cfg['eval_only'] and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
-            raise UsageError(f"training from {path} would overwrite the checkpoints beside it; pick another --out_dir "
-                             f"(or --init_from=resume to go on)")
+    path = {'scratch': None, 'resume': ckpt_path, 'best': best_path}.get(cfg['init_from'], cfg['init_from'])
+    needs = ('model', 'optimizer', 'step') if resumed else ('model',)
+    ckpt = path and load_checkpoint(path, device, 'vit', needs=needs)              # None from scratch
+    if resumed:                                                        # it goes on as it was
+        old = ckpt.get('config', {})
+        cfg = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in cfg.items()}
+    elif path and not cfg['eval_only'] and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
+        raise UsageError(f"training from {path} would overwrite the checkpoints beside it; pick another --out_dir "
+                         f"(or --init_from=resume to go on)")
     folder = os.path.join(cfg['data_dir'], cfg['dataset'])
     meta = prepare_data.load_meta(folder, 'images')
     config = vit_config(cfg, set_keys, meta, ckpt, path)
@@ -298,12 +267,12 @@ def train(cfg, set_keys, dist):
     if cfg['eval_only']:
         acc, loss, count = evaluate(eval_model, x_test, y_test, norm, bs, device, dtype, dist)
         if dist.master:
-            comp, lines = look_inside(raw_model, x_test, y_test, norm, cfg, meta, n_tssa)
+            compression, lines = look_inside(raw_model, x_test, y_test, norm, cfg, meta, n_tssa)
             say('\n'.join([f"{path} (epoch {ckpt.get('epoch', 0):g}): test accuracy {acc:.4f} ({round(acc * count)}/"
                            f"{count}), test loss {loss:.4f}", *lines]))
             with open(os.path.join(cfg['out_dir'], 'eval.jsonl'), 'a') as f:
                 f.write(json.dumps({'checkpoint': path, 'epoch': ckpt.get('epoch'), 'test_acc': acc, 'test_loss': loss,
-                                    'test_images': count, **({'compression': comp} if comp else {})}) + '\n')
+                                    'test_images': count, **compression}) + '\n')
         return acc
 
     optimizer, scaler, params = optimizer_for(raw_model, cfg, dtype, ckpt if resumed else None)
@@ -346,14 +315,13 @@ def train(cfg, set_keys, dist):
                     if epoch % cfg['eval_interval'] == 0 or step == total:
                         acc, test_loss, count = evaluate(eval_model, x_test, y_test, norm, bs, device, dtype, dist)
                         improved, best_acc = acc > best_acc, max(best_acc, acc)
-                        row = dict(kind='eval', step=step, epoch=epoch, test_loss=test_loss, test_acc=acc,
-                                   best_acc=best_acc, test_images=count)
-                        if dist.master:
-                            comp, lines = look_inside(raw_model, x_test, y_test, norm, cfg, meta, n_tssa)
-                            row.update({'compression': comp} if comp else {})   # per TSSA layer (none for softmax)
+                        if dist.master:                     # compression per TSSA layer (none for softmax), pictures
+                            compression, lines = look_inside(raw_model, x_test, y_test, norm, cfg, meta, n_tssa)
                             say('\n'.join([f"epoch {epoch}/{cfg['epochs']}: test loss {test_loss:.4f}, test acc "
                                            f"{acc:.4f} (best {best_acc:.4f})", *lines]))
-                        run.record(dict(row, elapsed_s=elapsed_s()))
+                            run.record(dict(kind='eval', step=step, epoch=epoch, test_loss=test_loss, test_acc=acc,
+                                            best_acc=best_acc, test_images=count, **compression,
+                                            elapsed_s=elapsed_s()))
                         run.draw()
                     run.save(state(), step, also=[best_path] * improved)
                     t_row = time.time()                     # evaluation is not training time

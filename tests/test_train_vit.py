@@ -312,14 +312,13 @@ def test_the_training_step_does_not_wait_for_the_device(data, tmp_path, monkeypa
     assert counts[1] - counts[0] == 1, counts
 
 
-def test_shards_cover_the_epoch_and_the_test_set():
+def test_shards_cover_the_epoch():
+    """(The test set's shards: each image once, in test_three_gloo_processes_cover_the_test_set_and_agree_with_one.)"""
     for n, world in ((64, 2), (33, 2), (10, 4), (3, 4)):
         shards = [train_vit.train_shard(n, 7, 3, r, world) for r in range(world)]
         assert len({len(s) for s in shards}) == 1                  # equal steps on every rank
         assert set(torch.cat(shards).tolist()) == set(range(n))
         assert len(torch.cat(shards)) - n < world                  # padding only to even out the ranks
-        ev = torch.cat([train_vit.eval_shard(n, r, world) for r in range(world)])
-        assert ev.tolist() == list(range(n))                       # each test image exactly once
     assert not torch.equal(train_vit.train_shard(64, 7, 0, 0, 2), train_vit.train_shard(64, 7, 1, 0, 2))
     assert torch.equal(train_vit.train_shard(64, 7, 1, 0, 2), train_vit.train_shard(64, 7, 1, 0, 2))
 
