@@ -7,6 +7,7 @@ trains a 0.7M-parameter model on 4M bytes, saves out/ckpt.pt and says how to sam
     python train_gpt.py --attn=softmax --out_dir=out-softmax   # the GPT-2 baseline, everything else equal
     python train_gpt.py --softmax_layers=-1 --token_shift=true --out_dir=out-hybrid   # last block softmax
     python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000   # train the run in out/ longer
+    python train_gpt.py --config=shakespeare              # tiny shakespeare, gpt2 BPE (for a GPU; needs network once)
     torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base   # the paper's run (docs/training.md)
 
 A new run refuses an out_dir that holds a checkpoint (--init_from=resume, another --out_dir, or --overwrite=true).

@@ -224,7 +224,8 @@ def test_a_trainers_help_shows_its_commands_and_defaults_as_written(capsys, scri
         module.main(["--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and command in out and key in out
-    assert f"--master_port=29500 \\\n        {script}.py --" in out      # a two-line command stays two lines
+    if script == "train_vit":                                        # its two-node commands take two lines each
+        assert "--master_port=29500 \\\n        train_vit.py --" in out   # and stay two lines
 
 
 KEY = re.compile(r"^    (\w+)=.*?(#.*)?$")
