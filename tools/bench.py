@@ -45,9 +45,6 @@ SIZES = {
     'smoke': dict(width=64, heads=4, op_n=[64, 128], op_tssa_only=[256], limit_n=[128],
                   model_n=[64, 128], gen_ctx=[8, 64], gen_new=4, train_n=[64]),
 }
-# on a GPU the full run goes further: 1k to 64k tokens for every operator (flash attention holds 64k)
-SIZES['cuda'] = dict(SIZES['full'], op_n=[1024, 2048, 4096, 8192, 16384, 32768, 65536], op_tssa_only=[],
-                     limit_n=[1024, 4096, 16384, 65536])
 WIDTH, HEADS = 768, 12      # set from SIZES in main()
 COMPILE = False             # --compile: torch.compile the layers and models measured (see compiled())
 ms = lambda s: f"{s * 1e3:,.1f}" if s == s else "-"
@@ -61,9 +58,8 @@ def sync(device):
 
 def interleaved(cases, reps, device, warmup=1, label=''):
     """Median seconds of each callable in `cases` (a dict), run in interleaved rounds."""
-    for f in cases.values():
-        for _ in range(warmup):
-            f()
+    for f in list(cases.values()) * warmup:
+        f()
     times = {k: [] for k in cases}
     for _ in range(reps):
         for k, f in cases.items():
@@ -157,15 +153,12 @@ def make_model(attn, n, device, dtype, mode, train=False):
 def measure_memory(spec, device, child=False):
     """Peak MB of one run of the case spec (a dict; layers: forward and backward) above what was held before it:
     on CUDA the allocator's peak; on a CPU the peak resident memory of a fresh process (child: this is it)."""
-    global WIDTH, HEADS
     cuda = device.startswith('cuda')            # CUDA: main() made args.device the current GPU
     if not cuda and not child:
         code = f"from tools import bench; print(bench.measure_memory({spec!r}, {device!r}, child=True))"
         out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # where tools/ is
         return float(out.stdout.split()[-1]) if out.returncode == 0 else float('nan')
-    if child:
-        WIDTH, HEADS = SIZES[spec['mode']]['width'], SIZES[spec['mode']]['heads']
     if spec['kind'].startswith('model_'):
         run = make_model(spec['kind'][6:], spec['n'], device, spec['dtype'], spec['mode'])
     else:
@@ -191,7 +184,6 @@ def measure_memory(spec, device, child=False):
 # sections: each adds its numbers to `results` and prints its table
 
 
-OPS = ['causal_tssa', 'tssa', 'sdpa_causal', 'sdpa']
 LIMIT = {'proj_s': ('proj', {}), 'tssa_s': ('tssa', {}), 'tssa_compiled_s': ('tssa', dict(compile=True)),
          'causal_fast_s': ('causal_tssa', dict(fused=True)), 'causal_readable_s': ('causal_tssa', dict(readable=True)),
          'causal_compiled_s': ('causal_tssa', dict(compile=True))}   # column: (layer, how it runs)
@@ -205,8 +197,8 @@ def section_operator(args, results):
         reps = 5 if n <= 1024 else (3 if n <= 4096 else 2)
         fwd, fb = (interleaved({k: make_op(k, n, args.device, args.dtype, backward) for k in kinds}, reps, args.device,
                                label=f"n={n} {'fwd+bwd' if backward else 'fwd'} ") for backward in (False, True))
-        mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, mode=args.mode), args.device)
-               for k in kinds} if not args.no_memory else {}
+        mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, mode=args.mode, width=WIDTH, heads=HEADS),
+                                 args.device) for k in kinds} if not args.no_memory else {}
         rows += [dict(n=n, op=k, fwd_s=fwd[k], fwdbwd_s=fb[k], fwdbwd_peak_mb=mem.get(k, float('nan'))) for k in kinds]
         console.print(f"  operator n={n} done", style="dim")
     results['operator'] = rows
@@ -223,7 +215,7 @@ def section_operator(args, results):
           ['n', 'op', 'fwd ms', 'fwd+bwd ms', 'peak MB', 'softmax/TSSA fwd+bwd', 'softmax/TSSA MB'],
           [(r['n'], r['op'], ms(r['fwd_s']), ms(r['fwdbwd_s']), mb(r['fwdbwd_peak_mb']), *ratios(r)) for r in rows])
     fit_n, fits = [n for n in ns if 1024 <= n <= 16384], {}
-    for op in OPS:                                     # least squares on log n, log t
+    for op in ('causal_tssa', 'tssa', 'sdpa_causal', 'sdpa'):      # least squares on log n, log t
         pts = np.log([(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and r['n'] in fit_n])
         if len(pts) >= 2:
             fits[op] = float(np.polyfit(pts[:, 0], pts[:, 1], 1)[0])
@@ -389,8 +381,9 @@ def main(argv=None):
     cuda = args.device.startswith('cuda')
     if cuda and not torch.cuda.is_available():
         raise UsageError(f"--device={args.device} but CUDA is not available here")
-    if args.mode == 'full' and cuda:
-        SIZES['full'] = SIZES['cuda']
+    if args.mode == 'full' and cuda:    # 1k to 64k tokens for every operator (flash attention holds 64k)
+        SIZES['full'].update(op_n=[1024, 2048, 4096, 8192, 16384, 32768, 65536], op_tssa_only=[],
+                             limit_n=[1024, 4096, 16384, 65536])
     WIDTH, HEADS, COMPILE = SIZES[args.mode]['width'], SIZES[args.mode]['heads'], args.compile
     if cuda:
         setup_cuda(args.device)     # CUDA only, as the trainers: this GPU is the current one (sync, memory), TF32
