@@ -23,12 +23,11 @@ from options import parse, run_main
 from tools.bench import console, run_sections, table
 from train_common import cosine_lr
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the scripts run from there
-
 
 def run_script(args, what):
     """Run one of the repo's scripts (a list of arguments) in a subprocess, its output captured."""
-    out = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root
     if out.returncode != 0:
         tail = '\n'.join((out.stderr or out.stdout).strip().splitlines()[-5:])
         sys.exit(f"error: {what} failed ({' '.join(args)}):\n{tail}")
@@ -230,21 +229,15 @@ TASK_SEED = 1
 task_steps = lambda task, mode: {'full': task.steps[0], 'quick': task.steps[1], 'smoke': 2}[mode]
 
 
-def row_hash(x):
-    """A 64-bit hash per row: equal rows hash equal (sum_t x_t c_t mod 2^64, c_t fixed random odd numbers)."""
-    c = np.random.default_rng(0).integers(1, 2 ** 62, x.shape[1], dtype=np.uint64) | np.uint64(1)
-    return (x.astype(np.uint64) * c).sum(1)
-
-
 def task_train_batches(task, value, batch, steps, test_x):
     """The training stream, the same for every model: `steps` batches (x, y) of fresh sequences, minus any
-    whose hash is a test sequence's (so train and test are disjoint)."""
-    seen, rng = row_hash(test_x), np.random.default_rng([TASK_SEED, 1])
+    equal to a test sequence (so train and test are disjoint)."""
+    seen, rng = {r.tobytes() for r in test_x}, np.random.default_rng([TASK_SEED, 1])
     for a in range(0, steps, 64):                      # 64 batches generated at a time
         need, xs, ys = min(64, steps - a) * batch, [], []
         while need > 0:
             x, y = task.gen(rng, need, value)
-            keep = ~np.isin(row_hash(x), seen)
+            keep = np.array([r.tobytes() not in seen for r in x], dtype=bool)
             xs.append(x[keep][:need]), ys.append(y[keep][:need])
             need -= len(xs[-1])
         x, y = torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
