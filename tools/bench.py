@@ -151,19 +151,16 @@ def make_model(attn, n, device, dtype, mode, train=False):
 
 
 def measure_memory(spec, device, child=False):
-    """Peak MB of one run of the case spec (a dict; layers: forward and backward) above what was held before it:
-    on CUDA the allocator's peak; on a CPU the peak resident memory of a fresh process (child: this is it)."""
+    """Peak MB of one run of the case make_model(**spec) if spec has attn, else make_op(**spec) forward and backward,
+    above what was held before it: on CUDA the allocator's peak; on a CPU the peak resident memory of a fresh
+    process (child: this is it)."""
     cuda = device.startswith('cuda')            # CUDA: main() made args.device the current GPU
     if not cuda and not child:
         code = f"from tools import bench; print(bench.measure_memory({spec!r}, {device!r}, child=True))"
         out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # where tools/ is
         return float(out.stdout.split()[-1]) if out.returncode == 0 else float('nan')
-    if spec['kind'].startswith('model_'):
-        run = make_model(spec['kind'][6:], spec['n'], device, spec['dtype'], spec['mode'])
-    else:
-        run = make_op(spec['kind'], spec['n'], device, spec['dtype'], True, spec.get('batch', 1), spec.get('width'),
-                      spec.get('heads'), **spec.get('how', {}))
+    run = make_model(device=device, **spec) if 'attn' in spec else make_op(device=device, backward=True, **spec)
     run()       # the first run allocates what every run needs (gradients, allocator caches); measure the second
     status = lambda field: next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
     if cuda:
@@ -184,9 +181,11 @@ def measure_memory(spec, device, child=False):
 # sections: each adds its numbers to `results` and prints its table
 
 
-LIMIT = {'proj_s': ('proj', {}), 'tssa_s': ('tssa', {}), 'tssa_compiled_s': ('tssa', dict(compile=True)),
-         'causal_fast_s': ('causal_tssa', dict(fused=True)), 'causal_readable_s': ('causal_tssa', dict(readable=True)),
-         'causal_compiled_s': ('causal_tssa', dict(compile=True))}   # column: (layer, how it runs)
+LIMIT = {'proj_s': ('proj', dict(compile=False)), 'tssa_s': ('tssa', dict(compile=False)),   # column: (layer, how)
+         'tssa_compiled_s': ('tssa', dict(compile=True)),
+         'causal_fast_s': ('causal_tssa', dict(compile=False, fused=True)),
+         'causal_readable_s': ('causal_tssa', dict(compile=False, readable=True)),
+         'causal_compiled_s': ('causal_tssa', dict(compile=True))}
 
 
 def section_operator(args, results):
@@ -197,8 +196,8 @@ def section_operator(args, results):
         reps = 5 if n <= 1024 else (3 if n <= 4096 else 2)
         fwd, fb = (interleaved({k: make_op(k, n, args.device, args.dtype, backward) for k in kinds}, reps, args.device,
                                label=f"n={n} {'fwd+bwd' if backward else 'fwd'} ") for backward in (False, True))
-        mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, mode=args.mode, width=WIDTH, heads=HEADS),
-                                 args.device) for k in kinds} if not args.no_memory else {}
+        mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, width=WIDTH, heads=HEADS), args.device)
+               for k in kinds} if not args.no_memory else {}
         rows += [dict(n=n, op=k, fwd_s=fwd[k], fwdbwd_s=fb[k], fwdbwd_peak_mb=mem.get(k, float('nan'))) for k in kinds]
         console.print(f"  operator n={n} done", style="dim")
     results['operator'] = rows
@@ -238,14 +237,13 @@ def section_limit(args, results):
     rows = []
     for B, n, d, h in shapes:
         for backward in (False, True):
-            cases = {k: make_op(kind, n, args.device, args.dtype, backward, B, d, h, **{'compile': False, **how})
+            cases = {k: make_op(kind, n, args.device, args.dtype, backward, B, d, h, **how)
                      for k, (kind, how) in LIMIT.items()}
             rows.append(dict(batch=B, n=n, width=d, heads=h, backward=backward, **interleaved(
                 cases, 5 if B * n <= 8192 else 3, args.device, label=f"{B}x{n} {'fwd+bwd' if backward else 'fwd'} ")))
-            if backward and not args.no_memory:      # peak MB of forward+backward, each case in a fresh process
-                rows[-1].update({k[:-2] + '_mb': measure_memory(dict(kind=kind, n=n, dtype=args.dtype, mode=args.mode,
-                                batch=B, width=d, heads=h, how={'compile': False, **how}), args.device)
-                                 for k, (kind, how) in list(LIMIT.items())[1:]})   # the layers, not 'proj'
+            if backward and not args.no_memory:      # peak MB of forward+backward of the layers (not 'proj')
+                rows[-1].update({k[:-2] + '_mb': measure_memory(dict(kind=kind, n=n, dtype=args.dtype, batch=B,
+                                 width=d, heads=h, **how), args.device) for k, (kind, how) in list(LIMIT.items())[1:]})
     results['limit'] = rows
     table(results, "The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1); the "
                    "causal layer's fused core vs its readable lines, eager and compiled by torch.compile",
@@ -263,7 +261,7 @@ def section_model(args, results):
     for n in ns:
         tm = interleaved({a: make_model(a, n, args.device, args.dtype, args.mode) for a in ('tssa', 'softmax')},
                          2 if args.mode == 'full' else 3, args.device, label=f"n={n} ")
-        mem = {a: measure_memory(dict(kind='model_' + a, n=n, dtype=args.dtype, mode=args.mode), args.device)
+        mem = {a: measure_memory(dict(attn=a, n=n, dtype=args.dtype, mode=args.mode), args.device)
                for a in ('tssa', 'softmax')} if not args.no_memory else {}
         rows.append(dict(n=n, tssa_s=tm['tssa'], softmax_s=tm['softmax'],
                          tssa_mb=mem.get('tssa', float('nan')), softmax_mb=mem.get('softmax', float('nan'))))

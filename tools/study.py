@@ -99,9 +99,8 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
         x = rng.integers(0, 120, (n, 3, size, size))
         oy, ox = rng.integers(0, size - 5, (2, n))
         colour = rng.integers(150, 256, (n, 3))
-        for i in range(n):
-            patch = x[i, :, oy[i]:oy[i] + 5, ox[i]:ox[i] + 5]
-            x[i, :, oy[i]:oy[i] + 5, ox[i]:ox[i] + 5] = np.where(glyphs[y[i]], colour[i][:, None, None], patch)
+        for i in range(n):                              # the glyph's pixels take the image's colour
+            x[i, :, oy[i]:oy[i] + 5, ox[i]:ox[i] + 5][:, glyphs[y[i]]] = colour[i][:, None]
         np.save(os.path.join(folder, f'{split}_images.npy'), x.astype(np.uint8))
         np.save(os.path.join(folder, f'{split}_labels.npy'), y.astype(np.int64))
     meta = dict(name=os.path.basename(folder), kind='images', num_classes=classes,
