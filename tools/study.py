@@ -166,7 +166,8 @@ def gen_recall(rng, n, pairs, keys=32):
 
 
 def gen_copy(rng, n, length, symbols=32):
-    """A random segment s, a separator (token 32), s again. Labelled: each symbol of the repeat, a token early."""
+    """A random segment s, a separator (token 32), s again. Labelled: each symbol of the repeat, at the token
+    before it."""
     s = rng.integers(0, symbols, (n, length))
     x = np.concatenate([s, np.full((n, 1), symbols), s[:, :-1]], 1)
     y = np.full_like(x, -1)
