@@ -53,8 +53,7 @@ def test_smoke_mode_runs_every_section(tmp_path):
 @pytest.mark.slow
 def test_cpu_memory_probe_sees_activations():
     """Each case in a fresh process (python -c 'from tools import bench', run from the repo root)."""
-    bench.WIDTH, bench.HEADS = 64, 4
-    spec = lambda n: dict(kind='causal_tssa', n=n, dtype='float32', mode='smoke')
+    spec = lambda n: dict(kind='causal_tssa', n=n, dtype='float32', width=64, heads=4)
     # large enough that a few MB of allocator noise do not matter (4096 tokens gave ratios from 6 to 21)
     small, large = bench.measure_memory(spec(32768), 'cpu'), bench.measure_memory(spec(131072), 'cpu')
     assert small > 0 and not math.isnan(large)

@@ -1,6 +1,6 @@
 """
-ToST against softmax attention, side by side, on whatever machine this runs on (docs/speed.md says what each
-section measures, and how). From the repo root:
+ToST against softmax attention, side by side, on this machine (docs/speed.md says what each section measures,
+and how). From the repo root:
 
     python -m tools.bench                  # every section: operator, limit, model, generation, training
     python -m tools.bench --quick          # small sizes
@@ -8,14 +8,15 @@ section measures, and how). From the repo root:
     python -m tools.bench --device=cuda --dtype=bfloat16 --compile --sections=operator,model
     python -m tools.bench --sections=operator,limit
 
-The cases of a row run interleaved (a, b, a, b, ...) and each reports its median, with a warning when its
-repeats differ by more than 20%. --json=PATH writes the numbers, and beside them speed.png and generation.png.
+--json=PATH writes the numbers, and beside them speed.png and generation.png.
 """
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -44,9 +45,6 @@ SIZES = {
     'smoke': dict(width=64, heads=4, op_n=[64, 128], op_tssa_only=[256], limit_n=[128],
                   model_n=[64, 128], gen_ctx=[8, 64], gen_new=4, train_n=[64]),
 }
-# on a GPU the full run goes further: 1k to 64k tokens for every operator (flash attention holds 64k)
-SIZES['cuda'] = dict(SIZES['full'], op_n=[1024, 2048, 4096, 8192, 16384, 32768, 65536], op_tssa_only=[],
-                     limit_n=[1024, 4096, 16384, 65536])
 WIDTH, HEADS = 768, 12      # set from SIZES in main()
 COMPILE = False             # --compile: torch.compile the layers and models measured (see compiled())
 ms = lambda s: f"{s * 1e3:,.1f}" if s == s else "-"
@@ -60,9 +58,8 @@ def sync(device):
 
 def interleaved(cases, reps, device, warmup=1, label=''):
     """Median seconds of each callable in `cases` (a dict), run in interleaved rounds."""
-    for f in cases.values():
-        for _ in range(warmup):
-            f()
+    for f in list(cases.values()) * warmup:
+        f()
     times = {k: [] for k in cases}
     for _ in range(reps):
         for k, f in cases.items():
@@ -76,8 +73,7 @@ def interleaved(cases, reps, device, warmup=1, label=''):
 
 
 def table(results, title, columns, rows):
-    """Print a section's table, then whether its repeated timings disagreed (on a busy machine a ratio can be off
-    by that much)."""
+    """Print a section's table, then whether its repeated timings disagreed (then its ratios are rough too)."""
     t = Table(*(Column(c, justify='right') for c in columns), title=title)
     for r in rows:
         t.add_row(*map(str, r))
@@ -94,11 +90,10 @@ def table(results, title, columns, rows):
 
 
 def compiled(module):
-    """torch.compile for one case, from a clean slate: otherwise every size of a layer counts against one
-    recompile limit, past which dynamo runs it eagerly while the row says compiled. fullgraph: a graph break is
-    an error. The case's warm-up run compiles it, so the timed runs do not include compiling."""
+    """torch.compile from a clean slate: otherwise every size of a layer counts against one recompile limit, past
+    which dynamo runs it eagerly while the row says compiled. The warm-up run compiles, so timings do not."""
     torch._dynamo.reset()
-    return torch.compile(module, fullgraph=True)
+    return torch.compile(module, fullgraph=True)       # a graph break is an error
 
 
 def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None, compile=None, readable=False,
@@ -155,53 +150,42 @@ def make_model(attn, n, device, dtype, mode, train=False):
     return run
 
 
-def build(spec, device):
-    if spec['kind'].startswith('model_'):
-        return make_model(spec['kind'][6:], spec['n'], device, spec['dtype'], spec['mode'])
-    return make_op(spec['kind'], spec['n'], device, spec['dtype'], True, spec.get('batch', 1), spec.get('width'),
-                   spec.get('heads'), **spec.get('how', {}))
-
-
-def measure_memory(spec, device):
-    """Peak memory (MB) of one run of the case spec (a dict; layers: forward and backward): on CUDA the
-    allocator's peak above what was allocated before; on a CPU the peak resident memory of a fresh process."""
-    if device.startswith('cuda'):                       # CUDA only; main() made args.device the current GPU
-        run = build(spec, device)
-        run()                                           # allocator warm-up
+def measure_memory(spec, device, child=False):
+    """Peak MB of one run of the case make_model(**spec) if spec has attn, else make_op(**spec) forward and backward,
+    above what was held before it: on CUDA the allocator's peak; on a CPU the peak resident memory of a fresh
+    process (child: this is it)."""
+    cuda = device.startswith('cuda')            # CUDA: main() made args.device the current GPU
+    if not cuda and not child:
+        code = f"from tools import bench; print(bench.measure_memory({spec!r}, {device!r}, child=True))"
+        out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # where tools/ is
+        return float(out.stdout.split()[-1]) if out.returncode == 0 else float('nan')
+    run = make_model(device=device, **spec) if 'attn' in spec else make_op(device=device, backward=True, **spec)
+    run()       # the first run allocates what every run needs (gradients, allocator caches); measure the second
+    status = lambda field: next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
+    if cuda:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        run()
+    else:
+        base = status('VmRSS:')
+        with open('/proc/self/clear_refs', 'w') as f:   # reset the high-water mark to the current RSS
+            f.write('5')
+    run()
+    if cuda:
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
-    code = f"from tools import bench; bench.memory_child({json.dumps(spec)!r}, {device!r})"
-    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # where tools/ is
-    return float(out.stdout.split()[-1]) if out.returncode == 0 else float('nan')
-
-
-def memory_child(spec, device):
-    """In a fresh process: one case's peak resident memory above what the process held before it, in MB."""
-    global WIDTH, HEADS
-    spec = json.loads(spec)
-    WIDTH, HEADS = SIZES[spec['mode']]['width'], SIZES[spec['mode']]['heads']
-    run = build(spec, device)
-    run()       # the first run allocates what every run needs (gradients, allocator caches); measure the second
-    status = lambda field: next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
-    base = status('VmRSS:')
-    with open('/proc/self/clear_refs', 'w') as f:   # reset the high-water mark to the current RSS
-        f.write('5')
-    run()
-    print((status('VmHWM:') - base) / 1024)
+    return (status('VmHWM:') - base) / 1024
 
 # -----------------------------------------------------------------------------
 # sections: each adds its numbers to `results` and prints its table
 
 
-OPS = ['causal_tssa', 'tssa', 'sdpa_causal', 'sdpa']
-LIMIT = {'proj_s': ('proj', {}), 'tssa_s': ('tssa', {}), 'tssa_compiled_s': ('tssa', dict(compile=True)),
-         'causal_fast_s': ('causal_tssa', dict(fused=True)), 'causal_readable_s': ('causal_tssa', dict(readable=True)),
-         'causal_compiled_s': ('causal_tssa', dict(compile=True))}   # column: (layer, how it runs)
+LIMIT = {'proj_s': ('proj', dict(compile=False)), 'tssa_s': ('tssa', dict(compile=False)),   # column: (layer, how)
+         'tssa_compiled_s': ('tssa', dict(compile=True)),
+         'causal_fast_s': ('causal_tssa', dict(compile=False, fused=True)),
+         'causal_readable_s': ('causal_tssa', dict(compile=False, readable=True)),
+         'causal_compiled_s': ('causal_tssa', dict(compile=True))}
 
 
 def section_operator(args, results):
@@ -212,7 +196,7 @@ def section_operator(args, results):
         reps = 5 if n <= 1024 else (3 if n <= 4096 else 2)
         fwd, fb = (interleaved({k: make_op(k, n, args.device, args.dtype, backward) for k in kinds}, reps, args.device,
                                label=f"n={n} {'fwd+bwd' if backward else 'fwd'} ") for backward in (False, True))
-        mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, mode=args.mode), args.device)
+        mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, width=WIDTH, heads=HEADS), args.device)
                for k in kinds} if not args.no_memory else {}
         rows += [dict(n=n, op=k, fwd_s=fwd[k], fwdbwd_s=fb[k], fwdbwd_peak_mb=mem.get(k, float('nan'))) for k in kinds]
         console.print(f"  operator n={n} done", style="dim")
@@ -230,7 +214,7 @@ def section_operator(args, results):
           ['n', 'op', 'fwd ms', 'fwd+bwd ms', 'peak MB', 'softmax/TSSA fwd+bwd', 'softmax/TSSA MB'],
           [(r['n'], r['op'], ms(r['fwd_s']), ms(r['fwdbwd_s']), mb(r['fwdbwd_peak_mb']), *ratios(r)) for r in rows])
     fit_n, fits = [n for n in ns if 1024 <= n <= 16384], {}
-    for op in OPS:                                     # least squares on log n, log t
+    for op in ('causal_tssa', 'tssa', 'sdpa_causal', 'sdpa'):      # least squares on log n, log t
         pts = np.log([(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and r['n'] in fit_n])
         if len(pts) >= 2:
             fits[op] = float(np.polyfit(pts[:, 0], pts[:, 1], 1)[0])
@@ -253,14 +237,13 @@ def section_limit(args, results):
     rows = []
     for B, n, d, h in shapes:
         for backward in (False, True):
-            cases = {k: make_op(kind, n, args.device, args.dtype, backward, B, d, h, **{'compile': False, **how})
+            cases = {k: make_op(kind, n, args.device, args.dtype, backward, B, d, h, **how)
                      for k, (kind, how) in LIMIT.items()}
             rows.append(dict(batch=B, n=n, width=d, heads=h, backward=backward, **interleaved(
                 cases, 5 if B * n <= 8192 else 3, args.device, label=f"{B}x{n} {'fwd+bwd' if backward else 'fwd'} ")))
-            if backward and not args.no_memory:      # peak MB of forward+backward, each case in a fresh process
-                rows[-1].update({k[:-2] + '_mb': measure_memory(dict(kind=kind, n=n, dtype=args.dtype, mode=args.mode,
-                                batch=B, width=d, heads=h, how={'compile': False, **how}), args.device)
-                                 for k, (kind, how) in list(LIMIT.items())[1:]})   # the layers, not 'proj'
+            if backward and not args.no_memory:      # peak MB of forward+backward of the layers (not 'proj')
+                rows[-1].update({k[:-2] + '_mb': measure_memory(dict(kind=kind, n=n, dtype=args.dtype, batch=B,
+                                 width=d, heads=h, **how), args.device) for k, (kind, how) in list(LIMIT.items())[1:]})
     results['limit'] = rows
     table(results, "The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1); the "
                    "causal layer's fused core vs its readable lines, eager and compiled by torch.compile",
@@ -278,7 +261,7 @@ def section_model(args, results):
     for n in ns:
         tm = interleaved({a: make_model(a, n, args.device, args.dtype, args.mode) for a in ('tssa', 'softmax')},
                          2 if args.mode == 'full' else 3, args.device, label=f"n={n} ")
-        mem = {a: measure_memory(dict(kind='model_' + a, n=n, dtype=args.dtype, mode=args.mode), args.device)
+        mem = {a: measure_memory(dict(attn=a, n=n, dtype=args.dtype, mode=args.mode), args.device)
                for a in ('tssa', 'softmax')} if not args.no_memory else {}
         rows.append(dict(n=n, tssa_s=tm['tssa'], softmax_s=tm['softmax'],
                          tssa_mb=mem.get('tssa', float('nan')), softmax_mb=mem.get('softmax', float('nan'))))
@@ -293,43 +276,34 @@ def section_model(args, results):
 
 
 def section_generation(args, results):
+    def decode(model, tok, states, n_tokens):           # from the prompt's state, one step per new token
+        for _ in range(n_tokens):
+            logits, states = model.step(tok, states)
+            tok = logits.argmax(-1)
+
+    def rerun(model, ids, n_tokens):                    # the whole prefix again for each new token
+        for _ in range(n_tokens):
+            ids = torch.cat([ids, model(ids)[0][:, -1].argmax(-1, keepdim=True)], 1)
+
     ctxs, new = SIZES[args.mode]['gen_ctx'], SIZES[args.mode]['gen_new']
-    models = {}
-    for name, attn, extra in (('tssa', 'tssa', {}), ('tssa_shift', 'tssa', dict(token_shift=True)),
-                              ('softmax', 'softmax', {}),
-                              ('hybrid', 'tssa', dict(token_shift=True, softmax_layers=(-1,)))):   # last block softmax
+    models = {}                                         # case: its model, with the last block softmax in the hybrid
+    for key, attn, extra in (('recurrent', 'tssa', {}), ('shift_recurrent', 'tssa', dict(token_shift=True)),
+                             ('softmax_kv', 'softmax', {}),
+                             ('hybrid', 'tssa', dict(token_shift=True, softmax_layers=(-1,)))):
         torch.manual_seed(0)
-        cfg = GPTConfig(**{**vars(model_config(args.device, max(ctxs) + new + 1, attn, args.mode)), **extra})
-        models[name] = GPT(cfg).to(args.device).eval()
-
-    def decode(model, idx, states, n_tokens):           # from the prompt's state, one step per new token
-        def run():
-            s, tok = states, idx[:, -1]
-            for _ in range(n_tokens):
-                logits, s = model.step(tok, s)
-                tok = logits.argmax(-1)
-        return run
-
-    def rerun(model, idx, n_tokens):                    # the whole prefix again for each new token
-        def run():
-            ids = idx
-            for _ in range(n_tokens):
-                ids = torch.cat([ids, model(ids)[0][:, -1].argmax(-1, keepdim=True)], 1)
-        return run
-
-    rows, n_rerun = [], max(2, new // 8)
+        models[key] = GPT(replace(model_config(args.device, max(ctxs) + new + 1, attn, args.mode), **extra))
+        models[key].to(args.device).eval()
+    rows, n_rerun, tssa = [], max(2, new // 8), models['recurrent']
     for ctx in ctxs:
-        idx = torch.randint(0, models['tssa'].config.vocab_size, (1, ctx), device=args.device)
+        idx = torch.randint(0, tssa.config.vocab_size, (1, ctx), device=args.device)
         with torch.no_grad(), autocast(args.device, args.dtype):
-            cases = {'recurrent': decode(models['tssa'], idx, models['tssa'].prefill(idx)[1], new),
-                     'rerun': rerun(models['tssa'], idx, n_rerun)}
-            for key, name in (('shift_recurrent', 'tssa_shift'), ('softmax_kv', 'softmax'), ('hybrid', 'hybrid')):
-                cases[key] = decode(models[name], idx, models[name].prefill(idx)[1], new)
+            cases = {k: functools.partial(decode, m, idx[:, -1], m.prefill(idx)[1], new) for k, m in models.items()}
+            cases = {'recurrent': cases.pop('recurrent'), 'rerun': functools.partial(rerun, tssa, idx, n_rerun),
+                     **cases}                           # in the table's order
             tm = interleaved(cases, 3, args.device, warmup=0, label=f"context {ctx} ")   # 3 rounds, the median
         rows.append(dict(ctx=ctx, **{k: (n_rerun if k == 'rerun' else new) / t for k, t in tm.items()}))
     results['generation'] = rows
-    cfg = models['tssa'].config
-    table(results, f"Generation tokens/s, batch 1, GPT {cfg.n_layer}L/{cfg.n_embd}d, {args.device}",
+    table(results, f"Generation tokens/s, batch 1, GPT {tssa.config.n_layer}L/{tssa.config.n_embd}d, {args.device}",
           ['context', 'TSSA recurrent', 'TSSA re-run prefix', 'recurrent / re-run', 'TSSA + shift recurrent',
            'softmax + KV cache', 'hybrid + shift, last block softmax'],
           [(r['ctx'], f"{r['recurrent']:.1f}", f"{r['rerun']:.2f}", f"{r['recurrent'] / r['rerun']:.0f}x",
@@ -356,9 +330,8 @@ SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': secti
 
 
 def run_sections(args, sections, results):
-    """The main loop of bench and study: run the sections named in args.sections (comma-separated) in order,
-    each adding its numbers to `results`, then write them to args.json (if given) and beside it the figures of
-    the sections that ran (plot.FIGURES). Returns results."""
+    """Run the sections named in args.sections (comma-separated) in order, each adding its numbers to `results`,
+    then write them to args.json (if given) and beside it the figures of the sections that ran. Returns results."""
     names = [s.strip() for s in args.sections.split(',') if s.strip()]
     unknown = [s for s in names if s not in sections]
     if unknown or not names:
@@ -377,7 +350,6 @@ def run_sections(args, sections, results):
         os.replace(args.json + '.tmp', args.json)
         try:
             if set(names) & set(plot.FIGURES):
-                folder = os.path.dirname(os.path.abspath(args.json))
                 console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(args.json, folder)))
         except Exception as e:                   # the numbers are saved: a figure is not worth an error
             console.print(f"note: could not draw the figures ({type(e).__name__}: {e})", style="yellow")
@@ -404,16 +376,18 @@ def main(argv=None):
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if args.dtype not in ('float32', 'bfloat16', 'float16'):
         raise UsageError(f"--dtype expects float32, bfloat16 or float16, got {args.dtype!r}")
-    if args.device.startswith('cuda') and not torch.cuda.is_available():
+    cuda = args.device.startswith('cuda')
+    if cuda and not torch.cuda.is_available():
         raise UsageError(f"--device={args.device} but CUDA is not available here")
-    if args.mode == 'full' and args.device.startswith('cuda'):
-        SIZES['full'] = SIZES['cuda']
+    if args.mode == 'full' and cuda:    # 1k to 64k tokens for every operator (flash attention holds 64k)
+        SIZES['full'].update(op_n=[1024, 2048, 4096, 8192, 16384, 32768, 65536], op_tssa_only=[],
+                             limit_n=[1024, 4096, 16384, 65536])
     WIDTH, HEADS, COMPILE = SIZES[args.mode]['width'], SIZES[args.mode]['heads'], args.compile
-    if args.device.startswith('cuda'):
+    if cuda:
         setup_cuda(args.device)     # CUDA only, as the trainers: this GPU is the current one (sync, memory), TF32
     results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
                    threads=torch.get_num_threads(), width=WIDTH, heads=HEADS, compile=COMPILE,
-                   gpu=torch.cuda.get_device_name() if args.device.startswith('cuda') else None)
+                   gpu=torch.cuda.get_device_name() if cuda else None)
     console.print(f"bench: {args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
                   + (f", {args.mode} mode" if args.mode != 'full' else "")
                   + ("; compiled: the operator, model and training cases" if COMPILE else ""))

@@ -1,6 +1,6 @@
 """
-Quality and capability, side by side: training runs of minutes each (tools.bench measures speed). From the
-repo root:
+Quality and capability, side by side: training runs of minutes each (docs/quality.md, docs/capabilities.md).
+From the repo root:
 
     python -m tools.study language          # the demo budget: ToST, softmax, hybrids, each +- token shift; heads
     python -m tools.study vision            # ToST with and without XCiT's local patch interaction, synthetic images
@@ -8,9 +8,8 @@ repo root:
     python -m tools.study tasks --quick     # the same map at two knob values per task
     python -m tools.study language,tasks --json=study.json
 
-Every model in a table gets the same budget (data, width, depth, optimizer, steps, schedule, seed), printed
-with the table; one seed per cell. With --json=PATH the results go to PATH, and beside it a figure per
-section: language.png, vision.png (the runs' learning curves), tasks.png (the capability map).
+Every model in a table gets the same budget, printed with the table. --json=PATH writes the results, and
+beside them a figure per section: language.png, vision.png (learning curves), tasks.png (the capability map).
 """
 import collections, json, multiprocessing, os, shlex, subprocess, sys, time
 from types import SimpleNamespace
@@ -24,12 +23,11 @@ from options import parse, run_main
 from tools.bench import console, run_sections, table
 from train_common import cosine_lr
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the scripts run from there
-
 
 def run_script(args, what):
     """Run one of the repo's scripts (a list of arguments) in a subprocess, its output captured."""
-    out = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root
     if out.returncode != 0:
         tail = '\n'.join((out.stderr or out.stdout).strip().splitlines()[-5:])
         sys.exit(f"error: {what} failed ({' '.join(args)}):\n{tail}")
@@ -101,9 +99,8 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
         x = rng.integers(0, 120, (n, 3, size, size))
         oy, ox = rng.integers(0, size - 5, (2, n))
         colour = rng.integers(150, 256, (n, 3))
-        for i in range(n):
-            patch = x[i, :, oy[i]:oy[i] + 5, ox[i]:ox[i] + 5]
-            x[i, :, oy[i]:oy[i] + 5, ox[i]:ox[i] + 5] = np.where(glyphs[y[i]], colour[i][:, None, None], patch)
+        for i in range(n):                              # the glyph's pixels take the image's colour
+            x[i, :, oy[i]:oy[i] + 5, ox[i]:ox[i] + 5][:, glyphs[y[i]]] = colour[i][:, None]
         np.save(os.path.join(folder, f'{split}_images.npy'), x.astype(np.uint8))
         np.save(os.path.join(folder, f'{split}_labels.npy'), y.astype(np.int64))
     meta = dict(name=os.path.basename(folder), kind='images', num_classes=classes,
@@ -149,17 +146,15 @@ def section_vision(args, results):
 
 
 # -----------------------------------------------------------------------------
-# tasks: what ToST can and cannot do, on synthetic tasks
+# tasks: what ToST can and cannot do, on synthetic tasks (docs/capabilities.md)
 #
-# A generator makes n sequences at one knob value: x, y, int64 arrays (n, T). y[b, t] is the label the model
-# must output at position t (GPT.forward's targets), -1 where nothing is asked; loss and accuracy are taken
-# where y >= 0 only. Every label is a function of x[b, :t+1] (tested).
+# A generator makes n sequences at one knob value: x, y, int64 arrays (n, T); y[b, t] is the label at
+# position t (GPT.forward's targets), -1 where nothing is asked. Every label follows from x[b, :t+1] (tested).
 
 
 def gen_recall(rng, n, pairs, keys=32):
-    """Multi-query associative recall after Zoology (arXiv 2312.04927; docs/capabilities.md): k_1 v_1 .. k_N v_N,
-    then the keys of ceil(N/2) random pairs, in random order, each followed by its value (but the last).
-    Keys are tokens 0..31, values 32..63, distinct within a sequence. Labelled: the value, at each query key."""
+    """k_1 v_1 .. k_N v_N (keys 0..31, values 32..63), then the keys of ceil(N/2) random pairs, each followed by
+    its value (but the last). Labelled: the value, at each query key."""
     k = rng.random((n, keys)).argsort(1)[:, :pairs]               # (n, N) distinct keys
     v = rng.random((n, keys)).argsort(1)[:, :pairs] + keys        # (n, N) distinct values
     q = rng.random((n, pairs)).argsort(1)[:, :(pairs + 1) // 2]   # (n, Q) the pairs asked, in random order
@@ -171,8 +166,8 @@ def gen_recall(rng, n, pairs, keys=32):
 
 
 def gen_copy(rng, n, length, symbols=32):
-    """Copying (induction): a random segment s of `length` symbols, a separator (token 32), then s again.
-    Labelled: every symbol of the repeat, at the token before it. T = 2 * length."""
+    """A random segment s, a separator (token 32), s again. Labelled: each symbol of the repeat, at the token
+    before it."""
     s = rng.integers(0, symbols, (n, length))
     x = np.concatenate([s, np.full((n, 1), symbols), s[:, :-1]], 1)
     y = np.full_like(x, -1)
@@ -181,8 +176,7 @@ def gen_copy(rng, n, length, symbols=32):
 
 
 def gen_periodic(rng, n, period, symbols=32, T=32):
-    """A local task: P random symbols repeated, x_t = x_{t mod P}. Labelled: the next token, wherever it is
-    determined (t >= P - 1); it is the token P - 1 places back, so P = 2, 3 need the previous one or two."""
+    """P random symbols repeated. Labelled: the next token (the one P - 1 places back), from t = P - 1 on."""
     s = rng.integers(0, symbols, (n, period))
     x = s[:, np.arange(T + 1) % period]
     y = x[:, 1:].copy()
@@ -191,9 +185,8 @@ def gen_periodic(rng, n, period, symbols=32, T=32):
 
 
 def gen_mode(rng, n, symbols, T=48, warmup=8):
-    """A statistic: the most frequent symbol so far. Each sequence draws its own symbol frequencies
-    (Dirichlet(1)), then T symbols from them. Labelled: the mode of x_0..x_t, at t >= warmup - 1 where the
-    mode is unique."""
+    """T symbols from frequencies each sequence draws (Dirichlet(1)). Labelled: the most frequent symbol so far,
+    from t = warmup - 1 on, where it is unique."""
     cdf = rng.dirichlet(np.ones(symbols), n).cumsum(1)                           # (n, A)
     x = np.minimum((rng.random((n, T, 1)) > cdf[:, None]).sum(-1), symbols - 1)  # (n, T) inverse CDF
     counts = np.cumsum(np.eye(symbols, dtype=np.int64)[x], 1)                    # (n, T, A) counts so far
@@ -210,8 +203,7 @@ Task = collections.namedtuple('Task', 'name knob gen vocab chance full quick ste
 
 
 def recall_chance(pairs):
-    """A model that knows which values the pairs hold, and which ones earlier answers took, but not which
-    key each belongs to: query j (from 0) is right with probability 1 / (N - j)."""
+    """A guess among the values not answered yet: query j (from 0) is right with probability 1 / (N - j)."""
     return float(np.mean([1 / (pairs - j) for j in range((pairs + 1) // 2)]))
 
 
@@ -237,43 +229,19 @@ TASK_SEED = 1
 task_steps = lambda task, mode: {'full': task.steps[0], 'quick': task.steps[1], 'smoke': 2}[mode]
 
 
-def row_hash(x):
-    """A 64-bit hash per row: equal rows hash equal (sum_t x_t c_t mod 2^64, c_t fixed random odd numbers)."""
-    c = np.random.default_rng(0).integers(1, 2 ** 62, x.shape[1], dtype=np.uint64) | np.uint64(1)
-    return (x.astype(np.uint64) * c).sum(1)
-
-
-def task_test_set(task, value, n, seed=TASK_SEED):
-    return task.gen(np.random.default_rng([seed, 0]), n, value)
-
-
-def task_train_batches(task, value, batch, steps, test_x, seed=TASK_SEED):
-    """The training stream, the same for every model: fresh sequences, minus any whose hash is a test
-    sequence's (so train and test are disjoint). Yields `steps` batches (x, y) as torch tensors."""
-    seen, rng = row_hash(test_x), np.random.default_rng([seed, 1])
+def task_train_batches(task, value, batch, steps, test_x):
+    """The training stream, the same for every model: `steps` batches (x, y) of fresh sequences, minus any
+    equal to a test sequence (so train and test are disjoint)."""
+    seen, rng = {r.tobytes() for r in test_x}, np.random.default_rng([TASK_SEED, 1])
     for a in range(0, steps, 64):                      # 64 batches generated at a time
         need, xs, ys = min(64, steps - a) * batch, [], []
         while need > 0:
             x, y = task.gen(rng, need, value)
-            keep = ~np.isin(row_hash(x), seen)
+            keep = np.array([r.tobytes() not in seen for r in x], dtype=bool)
             xs.append(x[keep][:need]), ys.append(y[keep][:need])
             need -= len(xs[-1])
         x, y = torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
         yield from zip(x.split(batch), y.split(batch))
-
-
-def task_accuracy(model, x, y, batch=256):
-    """The fraction of labelled positions (y >= 0) where the model's top token is the label."""
-    model.eval()
-    right = total = 0
-    with torch.no_grad():
-        for xb, yb in zip(torch.from_numpy(x).split(batch), torch.from_numpy(y).split(batch)):
-            logits, _ = model(xb, yb)
-            m = yb >= 0
-            right += (logits.argmax(-1)[m] == yb[m]).sum().item()
-            total += m.sum().item()
-    model.train()
-    return right / total
 
 
 def task_run(job):
@@ -282,7 +250,7 @@ def task_run(job):
     task, o = next(t for t in TASKS if t.name == name), TASK_OPT
     torch.set_num_threads(1)
     t0 = time.time()
-    x_test, y_test = task_test_set(task, value, TASK_TEST[mode])
+    x_test, y_test = task.gen(np.random.default_rng([TASK_SEED, 0]), TASK_TEST[mode], value)   # held out
     steps, batch = task_steps(task, mode), max(1, o['tokens'] // x_test.shape[1])
     torch.manual_seed(TASK_SEED)
     cfg = tost.GPTConfig(block_size=x_test.shape[1], vocab_size=task.vocab, **TASK_MODEL, **TASK_MODELS[kind])
@@ -296,7 +264,12 @@ def task_run(job):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), o['clip'])
         opt.step()
-    return dict(task=name, knob=task.knob, value=value, model=kind, accuracy=task_accuracy(model, x_test, y_test),
+    model.eval()
+    x, y = torch.from_numpy(x_test), torch.from_numpy(y_test)
+    with torch.no_grad():                       # the top token at every position of the held-out sequences
+        pred = torch.cat([model(xb, yb)[0].argmax(-1) for xb, yb in zip(x.split(256), y.split(256))])
+    right = (pred == y)[y >= 0]                 # at the labelled positions
+    return dict(task=name, knob=task.knob, value=value, model=kind, accuracy=right.sum().item() / right.numel(),
                 chance=task.chance(value), train_loss=round(loss.item(), 4), steps=steps, batch=batch,
                 seq_len=x_test.shape[1], seconds=round(time.time() - t0, 1))
 
