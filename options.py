@@ -74,7 +74,8 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None):
 
 def help_text(doc, defaults, source, presets=None, positional=None):
     """The docstring, then the DEFAULTS block as written in `source`."""
-    table = re.search(r"^DEFAULTS = dict\(\n(.*?)^\)", open(source, encoding="utf-8").read(), re.M | re.S).group(1)
+    with open(source, encoding="utf-8") as f:
+        table = re.search(r"^DEFAULTS = dict\(\n(.*?)^\)", f.read(), re.M | re.S).group(1)
     head = "options, as --key=value (defaults shown)" + (f"; --config=NAME applies a preset first: "
                                                          f"{', '.join(presets)}" if presets else "")
     return f"{doc.strip()}\n\n{head}{f'; bare words set {positional}' if positional else ''}:\n{table.rstrip()}"

@@ -253,7 +253,8 @@ def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
 
 
 def _read_text(path):
-    raw = open(path, 'rb').read()
+    with open(path, 'rb') as f:
+        raw = f.read()
     try:
         return raw.decode('utf-8')
     except UnicodeDecodeError as e:
@@ -331,8 +332,9 @@ def _build_shakespeare(stage, o):
 
 def _build_text(stage, o):
     text, binary = [], []
-    for f in _files_under(o['input']):  # git's test: a NUL byte in the first 8 KB means binary
-        (binary if b'\0' in open(f, 'rb').read(8192) else text).append(f)
+    for path in _files_under(o['input']):
+        with open(path, 'rb') as f:  # git's test: a NUL byte in the first 8 KB means binary
+            (binary if b'\0' in f.read(8192) else text).append(path)
     if binary and not text:
         raise UsageError(f"{o['input']} holds no text: its {len(binary)} file(s) are binary (a NUL byte, e.g. "
                          f"{binary[0]}); give --input text files (UTF-8)")

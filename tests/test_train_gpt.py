@@ -448,9 +448,13 @@ def rank_pid(torchrun, rank):
     """The pid of a torchrun worker, read from its environment."""
     for pid in os.listdir('/proc'):
         try:
-            if not pid.isdigit() or int(open(f'/proc/{pid}/stat').read().split(') ')[1].split()[1]) != torchrun:
+            if not pid.isdigit():
                 continue
-            env = open(f'/proc/{pid}/environ', 'rb').read().split(b'\0')
+            with open(f'/proc/{pid}/stat') as f:
+                if int(f.read().split(') ')[1].split()[1]) != torchrun:
+                    continue
+            with open(f'/proc/{pid}/environ', 'rb') as f:
+                env = f.read().split(b'\0')
         except OSError:
             continue
         if f'RANK={rank}'.encode() in env:
