@@ -91,13 +91,15 @@ def _check_folder(folder, what):
 
 def _recipe(folder, meta=None, force=False):
     """The command that makes (with force: rebuilds) the dataset in `folder`: its builder's, or for any other
-    name the `text` one, with the closest built-in name."""
+    name CIFAR's (images) or the `text` one, with the closest built-in name."""
     root, name = os.path.split(os.path.normpath(folder))
     meta = meta or {}
-    built = meta.get('dataset') or (f"cifar{meta.get('num_classes')}" if meta.get('kind') == 'images' else name)
+    built = meta.get('dataset') or (f"cifar{meta['num_classes']}" if 'num_classes' in meta else name)
     tail = f" --data_dir={root or '.'}{' --force' if force else ''}"
     if built in DATASETS:
         return f"python prepare_data.py {built}{f' --name={name}' if name != built else ''}{tail}"
+    if meta.get('kind') == 'images':
+        return f"python prepare_data.py cifar10 --name={name}{tail} (or cifar100)"
     close = difflib.get_close_matches(name, DATASETS, n=1)
     return (f"python prepare_data.py text --input=PATH --name={name}{tail} (for text of your own"
             f"{f'; or did you mean the built-in {close[0]}?' if close else ''})")
@@ -109,14 +111,14 @@ def load_meta(folder, kind=None):
     path = os.path.join(folder, 'meta.json')
     if not os.path.exists(path):
         _check_folder(folder, f"{folder} is not a prepared dataset")
-        raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {_recipe(folder)}")
+        raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {_recipe(folder, {'kind': kind})}")
     try:
         with open(path) as f:
             meta = json.load(f)
     except ValueError as e:
         raise UsageError(f"{path} is not valid JSON ({e}); rebuild it: {_recipe(folder, force=True)}") from None
     if kind is not None and meta.get('kind') != kind:
-        raise UsageError(f"{folder} holds {meta.get('kind')} data, not {kind}")
+        raise UsageError(f"{folder} holds {meta.get('kind')} data, not {kind}; pick another --dataset or --data_dir")
     return meta
 
 
@@ -688,10 +690,14 @@ def prepare(name, /, data_dir='data', **opts):
         print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); --force rebuilds it")
         return out
     new_root = not os.path.isdir(data_dir)
-    os.makedirs(data_dir, exist_ok=True)
-    _remove_stale_stages(data_dir, out_name)
     stage, t0 = os.path.join(data_dir, f".{out_name}.partial-{socket.gethostname()}-{os.getpid()}"), time.time()
-    os.makedirs(stage)
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+        _remove_stale_stages(data_dir, out_name)
+        os.makedirs(stage)
+    except OSError as e:
+        raise UsageError(f"cannot write in --data_dir={data_dir} ({e.strerror}); choose a folder you can write "
+                         f"to") from None
     done = False
     try:  # everything is written in stage/; an exception or ctrl-c leaves out/ untouched
         meta = builder(stage, {**o, 'data_dir': data_dir})

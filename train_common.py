@@ -10,6 +10,7 @@ import re
 import shlex
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import namedtuple
@@ -102,15 +103,18 @@ def check_out_dir(out_dir):
     if not out_dir.strip():
         raise UsageError("--out_dir is empty; name a folder for the checkpoints, e.g. --out_dir=out")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UsageError(f"--out_dir={out_dir} is a file, not a folder")
+        raise UsageError(f"--out_dir={out_dir} is a file, not a folder; --out_dir names the folder of ckpt.pt")
 
 
 def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
     """Create --out_dir on every rank. A fresh run refuses an earlier run's `checkpoints` (or deletes them)."""
     try:
         os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):           # it exists; can this process write in it?
+            pass
     except OSError as e:
-        raise UsageError(f"cannot create --out_dir={out_dir} ({e.strerror}); choose a folder you can write to")
+        raise UsageError(f"cannot create --out_dir={out_dir} or write in it ({e.strerror}); choose a folder you "
+                         f"can write to")
     found = [p for p in checkpoints if os.path.isfile(p)] if fresh else []
     if found and not overwrite:
         raise UsageError(f"{found[0]} holds an earlier run; go on with it: add --init_from=resume, or start "

@@ -121,6 +121,27 @@ def test_a_dataset_not_prepared_names_a_command_that_makes_it(tmp_path, capsys):
     assert load_meta(tmp_path / 'notes')['kind'] == 'text'
 
 
+def test_an_image_dataset_not_prepared_names_cifar_and_text_where_images_are_wanted(tmp_path):
+    """train_vit.py asks for images: a name of its own gets CIFAR's command under that name, never the text one;
+    a text folder where images are wanted says what to change."""
+    with pytest.raises(UsageError, match=f'run: python prepare_data.py cifar10 --data_dir={tmp_path}$'):
+        load_meta(tmp_path / 'cifar10', 'images')
+    with pytest.raises(UsageError, match=f'run: python prepare_data.py cifar10 --name=cifar11 --data_dir={tmp_path} '
+                                         r'\(or cifar100\)$'):
+        load_meta(tmp_path / 'cifar11', 'images')
+    (tmp_path / 'notes.txt').write_text('my own notes. ' * 20)
+    prepare('text', tmp_path, input=str(tmp_path / 'notes.txt'))
+    with pytest.raises(UsageError, match='notes holds text data, not images; pick another --dataset or --data_dir'):
+        load_meta(tmp_path / 'notes', 'images')
+
+
+def test_a_data_dir_that_takes_no_files_is_one_line(capsys):
+    """/proc refuses a new folder even to root: one line naming --data_dir, before any work."""
+    code, err = main_exits(capsys, 'python_stdlib', '--data_dir=/proc')
+    assert code == 2 and err == ['error: cannot write in --data_dir=/proc (No such file or directory); choose a '
+                                 'folder you can write to']
+
+
 def test_a_data_dir_that_is_a_file_is_one_line(tmp_path, capsys):
     """--data_dir=README.md: said in one line, nothing prepared into it, whether reading or preparing."""
     (tmp_path / 'README.md').write_text('a file')

@@ -121,15 +121,28 @@ def test_an_out_dir_that_cannot_be_made_is_one_line(tmp_path, monkeypatch):
     def refuse(path, *a, **k):
         raise PermissionError(13, "Permission denied", path)
     monkeypatch.setattr(tc.os, "makedirs", refuse)
-    with pytest.raises(UsageError, match=r"cannot create --out_dir=.*locked/out \(Permission denied\); choose"):
+    with pytest.raises(UsageError, match=r"cannot create --out_dir=.*locked/out or write in it \(Permission denied\); choose"):
         tc.make_out_dir(str(tmp_path / "locked" / "out"), [], overwrite=False, fresh=True, master=True)
 
 
 def test_an_out_dir_under_a_file_is_one_line(tmp_path):
     """What a read-only place gives as well: os.makedirs raises OSError, said in one line."""
     (tmp_path / "file").write_text("x")
-    with pytest.raises(UsageError, match=r"cannot create --out_dir=.*file/out \(Not a directory\); choose a folder"):
+    with pytest.raises(UsageError, match=r"cannot create --out_dir=.*file/out or write in it \(Not a directory\); choose a"):
         tc.make_out_dir(str(tmp_path / "file" / "out"), [], overwrite=False, fresh=True, master=True)
+
+
+def test_an_out_dir_that_exists_but_takes_no_files_is_one_line(tmp_path, monkeypatch):
+    """A folder that is there but read-only (a read-only mount; /proc, which refuses even root) fails before any
+    work, in one line, not at the run log's first write."""
+    with pytest.raises(UsageError, match=r"cannot create --out_dir=/proc or write in it \(.*\); choose a folder"):
+        tc.make_out_dir("/proc", [], overwrite=False, fresh=True, master=True)
+
+    def read_only(*a, **k):
+        raise OSError(30, "Read-only file system")
+    monkeypatch.setattr(tc.tempfile, "TemporaryFile", read_only)
+    with pytest.raises(UsageError, match=r"--out_dir=.*mnt or write in it \(Read-only file system\); choose"):
+        tc.make_out_dir(str(tmp_path / "mnt"), [], overwrite=False, fresh=True, master=True)
 
 # -----------------------------------------------------------------------------
 # stopping
