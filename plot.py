@@ -48,7 +48,9 @@ def save(fig, path):
         fig.tight_layout()
         fig.savefig(path, dpi=100)
     except (OSError, ValueError) as e:                # no such folder, a folder, read-only; an unknown format
-        raise UsageError(f"cannot write the figure {path!r}: {e}") from None
+        folder = os.path.dirname(path) or '.'
+        fix = f"; create {folder} first" if not os.path.isdir(folder) else "; choose another --out"
+        raise UsageError(f"cannot write the figure {path!r}: {getattr(e, 'strerror', None) or e}{fix}") from None
     finally:
         plt.close(fig)
 
