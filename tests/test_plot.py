@@ -166,7 +166,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
     os.chmod(tmp_path / 'ro', 0o500)
     (tmp_path / 'other.json').write_text('{"loss": 1}')
     run = str(tmp_path / 'out')
-    for argv, words in (([run, f'--out={tmp_path}/no/such/x.png'], 'No such file or directory'),
+    for argv, words in (([run, f'--out={tmp_path}/no/such/x.png'], 'No such file or directory; create '),
                         ([run, f'--out={tmp_path}'], 'needs a file name whose suffix is the format'),
                         ([run, '--out='], 'needs a file name whose suffix is the format'),
                         ([run, f'--out={tmp_path}/x.txt'], "Format 'txt' is not supported"),
