@@ -95,6 +95,7 @@ def last_word_accuracy(model, tokens, spans, T, B, device, ctx, dist):
         torch.distributed.all_reduce(correct)  # as in split_loss
     return [c == 1.0 for c in correct.tolist()], int(sum(e - 1 - T > p for p, _, e in spans))
 
+
 def table(results, model_name):
     """The results in the paper's layout: one row per dataset, loss in nats per token, beside the paper's."""
     head = f"{'dataset':<14}{'tokens':>12}{'loss':>9}{'ppl':>10}{'LAMBADA acc':>14}   " + \
@@ -117,14 +118,10 @@ def run(cfg, dist):
     T, B = cfg['block_size'] or model.config.block_size, cfg['batch_size']
     if T > model.config.block_size:
         raise UsageError(f"--block_size={T} is larger than the model's context ({model.config.block_size})")
-    want, sets = (info['meta'].get('tokenizer'), info['meta'].get('vocab_size')), []
+    sets = []
     for name in [n.strip() for n in cfg['datasets'].split(',') if n.strip()]:   # each val split, checked first
         path = os.path.join(cfg['data_dir'], name)
-        meta = prepare_data.load_meta(path, 'text')
-        if (meta['tokenizer'], meta['vocab_size']) != want:
-            raise UsageError(f"{path} uses tokenizer {meta['tokenizer']} ({meta['vocab_size']} ids), the checkpoint "
-                             f"{ckpt_path} was trained with {want[0]} ({want[1]} ids); prepare it with "
-                             f"--tokenizer={want[0]} --name=OTHER")
+        meta = prepare_data.load_meta(path, 'text', info['meta'])          # the checkpoint's tokenizer
         if meta['vocab_size'] > model.config.vocab_size:
             raise UsageError(f"{path} has {meta['vocab_size']} token ids, the model's output layer only "
                              f"{model.config.vocab_size}")

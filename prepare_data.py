@@ -105,9 +105,10 @@ def _recipe(folder, meta=None, force=False):
             f"{f'; or did you mean the built-in {close[0]}?' if close else ''})")
 
 
-def load_meta(folder, kind=None):
-    """The meta.json of a prepared dataset folder, checked to hold `kind` ('text' or 'images') if given.
-    Every mistake is one UsageError line that says how to prepare the dataset."""
+def load_meta(folder, kind=None, model_meta=None):
+    """The meta.json of a prepared dataset folder, checked to hold `kind` ('text' or 'images') and to share the
+    tokenizer of `model_meta` (a checkpoint's meta) if given. Every mistake is one UsageError line that says how
+    to prepare the dataset."""
     path = os.path.join(folder, 'meta.json')
     if not os.path.exists(path):
         _check_folder(folder, f"{folder} is not a prepared dataset")
@@ -119,6 +120,11 @@ def load_meta(folder, kind=None):
         raise UsageError(f"{path} is not valid JSON ({e}); rebuild it: {_recipe(folder, force=True)}") from None
     if kind is not None and meta.get('kind') != kind:
         raise UsageError(f"{folder} holds {meta.get('kind')} data, not {kind}; pick another --dataset or --data_dir")
+    want = model_meta and (model_meta.get('tokenizer'), model_meta.get('vocab_size'))
+    if want and want != (meta.get('tokenizer'), meta.get('vocab_size')):
+        raise UsageError(f"{folder} uses tokenizer {meta.get('tokenizer')} ({meta.get('vocab_size')} ids), the "
+                         f"checkpoint was trained with {want[0]} ({want[1]} ids); prepare it with "
+                         f"--tokenizer={want[0]} --name=OTHER")
     return meta
 
 

@@ -138,9 +138,10 @@ def resume_config(cfg, set_keys, ckpt):
 # data: random windows of the token files, drawn from generators seeded by (seed, stream, index)
 
 
-def open_dataset(cfg, dist):
-    """The dataset folder, its meta.json and its splits' sizes in tokens. A cheap dataset is prepared here
-    first: local rank 0 prepares, and every rank meets at the same barrier."""
+def open_dataset(cfg, dist, model_meta=None):
+    """The dataset folder, its meta.json (checked to share the tokenizer of `model_meta`, a checkpoint's) and its
+    splits' sizes in tokens. A cheap dataset is prepared here first: local rank 0 prepares, and every rank meets
+    at the same barrier."""
     path = os.path.join(cfg['data_dir'], cfg['dataset'])
     if cfg['dataset'] in PREPARE_ON_THE_FLY:
         if dist.local_rank == 0 and not os.path.exists(os.path.join(path, 'meta.json')) and \
@@ -148,7 +149,7 @@ def open_dataset(cfg, dist):
             prepare_data.prepare(cfg['dataset'], data_dir=cfg['data_dir'])
         if dist.ddp:
             torch.distributed.barrier()
-    meta = prepare_data.load_meta(path, 'text')
+    meta = prepare_data.load_meta(path, 'text', model_meta)
     sizes = {split: len(prepare_data.read_tokens(path, meta, split)) for split in ('train', 'val')}
     for split, n in sizes.items():
         if n <= cfg['block_size']:
@@ -242,11 +243,7 @@ def train(cfg, set_keys, dist):
     if cfg['init_from'] == 'resume':
         ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=('model', 'optimizer', 'iter_num', 'config', 'meta'))
         cfg, set_keys = resume_config(cfg, set_keys, ckpt)
-    data_path, meta, sizes = open_dataset(cfg, dist)
-    had = ckpt and (ckpt['meta'].get('tokenizer'), ckpt['meta'].get('vocab_size'))
-    if had and had != (meta['tokenizer'], meta['vocab_size']):
-        raise UsageError(f"{data_path} uses tokenizer {meta['tokenizer']} ({meta['vocab_size']} ids), the checkpoint "
-                         f"was trained with {had[0]} ({had[1]} ids)")
+    data_path, meta, sizes = open_dataset(cfg, dist, ckpt and ckpt['meta'])
     make_out_dir(cfg['out_dir'], [ckpt_path], cfg['overwrite'], ckpt is None, dist.master)
     dtype, why = resolve_dtype(cfg['dtype'], device, dist.master)
     accum, accum_total = split_accumulation(cfg['gradient_accumulation_steps'], dist.world_size)

@@ -848,6 +848,21 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, m
     ckpt = weights(out)
     assert ckpt['iter_num'] == 2 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
 
+
+
+def test_a_resume_onto_data_of_another_tokenizer_is_one_line(data_dir, trained, tmp_path, capsys):
+    """The checkpoint's token ids mean nothing under another tokenizer: refused before any work, with the fix."""
+    other = tmp_path / 'data'
+    shutil.copytree(os.path.join(data_dir, 'tiny'), other / 'tiny')
+    meta = json.loads((other / 'tiny' / 'meta.json').read_text())
+    (other / 'tiny' / 'meta.json').write_text(json.dumps(dict(meta, tokenizer='gpt2', vocab_size=257)))
+    out = tmp_path / 'out'
+    shutil.copytree(trained[0], out)
+    assert exits(train_gpt.main, tiny(str(other), str(out), '--init_from=resume', '--max_iters=20')) == 2
+    one_line_error(capsys.readouterr().err, 'uses tokenizer gpt2 (257 ids)', 'trained with bytes (256 ids)',
+                   '--tokenizer=bytes')
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 12
+
 # -----------------------------------------------------------------------------
 # sample.py
 
