@@ -52,8 +52,9 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     script, out, name = TRAINERS.get(kind, (None, None, None))
     if not os.path.isfile(path):
         folder = os.path.dirname(path) or "."
-        raise UsageError(f"no checkpoint at {path}" + (kind and f"; train one with: python {script}" +
-                                                       ("" if folder == out else f" --out_dir={folder}") or ""))
+        where = "" if folder == out else f" --out_dir={folder}"
+        hint = f"; train one with: python {script}{where}" if kind else ""
+        raise UsageError(f"no checkpoint at {path}{hint}")
     with open(path, "rb") as f:
         head = f.read(4)
     if head and not head.startswith(b"PK"):
@@ -72,8 +73,9 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         "gpt" if "vocab_size" in args else None
     if kind and found and found != kind:
         raise UsageError(f"{path} is a {TRAINERS[found][2]} checkpoint ({TRAINERS[found][0]}), not a {name} one")
-    if kind and (found is None or set(needs) - set(ckpt)):
-        raise UsageError(f"{path} is not a {script} checkpoint (no {', '.join(sorted(set(needs) - set(ckpt)))})")
+    missing = sorted(set(needs) - set(ckpt)) or ([] if found else ["usable model_args"])
+    if kind and missing:
+        raise UsageError(f"{path} is not a {script} checkpoint (no {', '.join(missing)})")
     return ckpt
 
 
@@ -281,10 +283,10 @@ def launch(run, cfg, *args):
     try:
         return run(cfg, *args, dist)
     except Stop as e:
-        if dist.master and e.code != 130:
-            fail(e, e.code)
-        if dist.master:
+        if dist.master and e.code == 130:                  # stopped by the user: not an error
             print(e, file=sys.stderr, flush=True)
+        elif dist.master:
+            fail(e, e.code)
         sys.exit(e.code)
     except UsageError:
         if dist.master:

@@ -92,6 +92,14 @@ def test_load_refuses_arbitrary_objects(tmp_path, thing, name):
     assert path in str(e.value) and name in str(e.value) and "weights_only" in str(e.value)
 
 
+def test_load_names_what_a_checkpoint_of_no_known_kind_lacks(tmp_path):
+    """Every key asked for is there, but its model_args are no trainer's: the line says so, not "(no )"."""
+    path = str(tmp_path / "ckpt.pt")
+    torch.save(dict(model={}, optimizer={}, iter_num=3, config={}, meta={}, model_args={"x": 1}), path)
+    with pytest.raises(UsageError, match=r"is not a train_gpt.py checkpoint \(no usable model_args\)$"):
+        tc.load_checkpoint(path, "cpu", "gpt", needs=("model", "optimizer", "iter_num", "config", "meta"))
+
+
 def test_load_refuses_a_non_dict(tmp_path):
     path = str(tmp_path / "ckpt.pt")
     torch.save([1, 2], path)
