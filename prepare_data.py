@@ -378,7 +378,7 @@ def _owt_docs(files, count=False):
         if f.endswith('.parquet'):
             pf = _pyarrow_parquet().ParquetFile(f)
             if count:
-                yield from [1] * pf.metadata.num_rows
+                yield from itertools.repeat(1, pf.metadata.num_rows)
                 continue
             for batch in pf.iter_batches(batch_size=1024, columns=['text']):
                 yield from (t or '' for t in batch.column(0).to_pylist())  # a null text is an empty document

@@ -31,7 +31,7 @@ First read, in order (lines of this file, spanning the definitions named in brac
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64.
-tost_fast.py holds a fused core for CausalTSSA's training path on large inputs on a CPU: the same numbers to rounding, faster.
+tost_fast.py: a fused core for CausalTSSA's training on large inputs on a CPU, the same numbers to rounding, faster.
 """
 
 import math

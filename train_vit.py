@@ -328,8 +328,8 @@ def train(cfg, set_keys, dist):
                 if step >= total:
                     break
                 if run.requested():              # Ctrl-C or SIGTERM on any rank: all stop here, at the same step
-                    raise run.interrupted(step, f"step {step} (epoch "
-                                            f"{step / spe:.2f})", state, math.isfinite(loss_sum.item()))
+                    raise run.interrupted(step, f"step {step} (epoch {step / spe:.2f})", state,
+                                          math.isfinite(loss_sum.item()))
                 # one optimizer step on this rank's next batch_size images, augmented on the device
                 if shard is None or i == 0:
                     shard = train_shard(len(x_train), cfg['seed'], epoch, dist.rank, dist.world_size).to(device)
