@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import urllib.error
+from pathlib import Path
 
 import pytest
 import torch
@@ -226,7 +227,8 @@ def test_documented_vision_commands_run_offline(tmp_path, monkeypatch):
     for cmd, extra in RUN_VISION:
         run(cmd, extra)
     assert os.path.isfile('out-vit/best.pt') and os.path.isfile('out-vit-tiny/ckpt.pt')
-    assert [r['epoch'] for r in map(json.loads, open('out-vit/log.jsonl')) if 'epoch' in r] == [1, 2]
+    rows = map(json.loads, Path('out-vit/log.jsonl').read_text().splitlines())
+    assert [r['epoch'] for r in rows if 'epoch' in r] == [1, 2]
 
 
 def test_error_messages_name_commands_that_work(tmp_path, monkeypatch, capsys):
@@ -259,5 +261,6 @@ def test_error_messages_name_commands_that_work(tmp_path, monkeypatch, capsys):
     train_gpt.main(['--config=shakespeare', *TINY_GPT, '--overwrite=true', '--max_iters=5'])
     assert 'overwrite: deleted out-shakespeare/ckpt.pt' in capsys.readouterr().out
     assert train_common.load_checkpoint('out-shakespeare/ckpt.pt')['iter_num'] == 5
-    rows = [r for r in map(json.loads, open('out-shakespeare/log.jsonl')) if r['kind'] != 'config']
+    rows = [json.loads(line) for line in Path('out-shakespeare/log.jsonl').read_text().splitlines()]
+    rows = [r for r in rows if r['kind'] != 'config']
     assert rows[0]['iter'] == 0 and rows[-1]['iter'] == 5           # a fresh log

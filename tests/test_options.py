@@ -197,12 +197,12 @@ def test_help_into_a_closed_pipe_ends_quietly(tmp_path):
     """`python train_gpt.py --help | head -3`: the reader is gone before the help is written."""
     code = ("import sys, options\nsys.stdin.readline()\n"
             "options.run_main(lambda: options.parse(['--help'], {'a': 1}, 'x' * 100000, 'train_gpt.py'))")
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=HERE, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    p.stdout.close()                                                 # the reader leaves first
-    p.stdin.write("go\n")
-    p.stdin.close()
-    assert p.stderr.read() == "" and p.wait(timeout=60) == 141
+    with subprocess.Popen([sys.executable, "-c", code], cwd=HERE, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as p:
+        p.stdout.close()                                             # the reader leaves first
+        p.stdin.write("go\n")
+        p.stdin.close()
+        assert p.stderr.read() == "" and p.wait(timeout=60) == 141
 
 
 def test_a_trainers_help_into_head_ends_quietly():
@@ -212,7 +212,11 @@ def test_a_trainers_help_into_head_ends_quietly():
              for script in ("train_gpt", "train_vit")]
     for p in procs:
         p.stdout.close()
-    assert [(p.wait(timeout=120), p.stderr.read()) for p in procs] == [(141, ""), (141, "")]
+    ends = []
+    for p in procs:
+        with p:                                                      # closes its stderr after
+            ends.append((p.wait(timeout=120), p.stderr.read()))
+    assert ends == [(141, ""), (141, "")]
 
 
 @pytest.mark.parametrize("script, command, key", [

@@ -5,6 +5,7 @@ layout, the gpt2 path uses a 257-token tiktoken Encoding, openwebtext reads a fo
 """
 import contextlib, hashlib, io, json, os, pickle, signal, socket, subprocess, sys, sysconfig, tarfile, time
 import urllib.error, zipfile
+from pathlib import Path
 import numpy as np
 import pytest
 import tiktoken
@@ -267,7 +268,7 @@ def test_python_stdlib_small(tmp_path):
     files.sort(key=lambda p: p.split(os.sep))
     heads, tails, total = b'', b'', 0
     for f in files:
-        raw = open(os.path.join(root, f), 'rb').read()
+        raw = Path(root, f).read_bytes()
         if total + len(raw) > 0.3e6:
             break
         total += len(raw)
@@ -345,7 +346,7 @@ class _FakeParquet:
 
     class ParquetFile:
         def __init__(self, path):
-            self.texts = json.loads(open(path).read())['text']
+            self.texts = json.loads(Path(path).read_text())['text']
             self.metadata = type('Meta', (), {'num_rows': len(self.texts)})()
 
         def iter_batches(self, batch_size, columns):
@@ -688,12 +689,12 @@ def test_interrupted_new_dataset_leaves_nothing(tmp_path, monkeypatch, capsys):
 def test_interrupted_force_keeps_old_dataset(tmp_path, monkeypatch):
     (tmp_path / 'in.txt').write_text('old text. ' * 50)
     out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
-    before = {f: open(os.path.join(out, f), 'rb').read() for f in os.listdir(out)}
+    before = {f: Path(out, f).read_bytes() for f in os.listdir(out)}
     (tmp_path / 'in.txt').write_text('new and different text. ' * 50)
     interrupt_after_writing(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), force=True)
-    assert {f: open(os.path.join(out, f), 'rb').read() for f in os.listdir(out)} == before
+    assert {f: Path(out, f).read_bytes() for f in os.listdir(out)} == before
     assert os.listdir(tmp_path / 'data') == ['in']
 
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import weakref
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -1048,13 +1049,13 @@ def test_softmax_layers_mistakes():
 def test_resume_with_nothing_to_do_says_so_and_time_carries_on(data_dir, tmp_path, capsys):
     out = str(tmp_path / 'out')
     train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=2'))
-    before = open(os.path.join(out, 'log.jsonl')).read()
+    before = Path(out, 'log.jsonl').read_text()
     capsys.readouterr()
     train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=3'])
     printed = capsys.readouterr().out
     assert printed.strip() == (f'nothing to do: {out}/ckpt.pt is at iter 4 and --max_iters is 3; pass a larger '
                                f'--max_iters to train on')
-    assert open(os.path.join(out, 'log.jsonl')).read() == before and weights(out)['iter_num'] == 4
+    assert Path(out, 'log.jsonl').read_text() == before and weights(out)['iter_num'] == 4
     time.sleep(0.5)                                                  # a gap the resumed clock must not count
     train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6'])
     rows = read_log(out)

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,17 +171,17 @@ def test_a_checkpoint_of_the_earlier_format_resumes_at_its_step(data, trained, t
 
 
 def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path):
-    before = open(os.path.join(trained, 'best.pt'), 'rb').read()
+    before = Path(trained, 'best.pt').read_bytes()
     with pytest.raises(UsageError, match='ckpt.pt holds an earlier run.*--init_from=resume.*--out_dir.*--overwrite=true'):
         train_vit.main(base_args(data, trained, '--epochs=1'))
     for overwrite in ('false', 'true'):                               # training from best.pt would replace it
         with pytest.raises(UsageError, match='best.pt would overwrite the checkpoints beside it; pick another'):
             train_vit.main(base_args(data, trained, '--init_from=best', '--epochs=1', f'--overwrite={overwrite}'))
-    assert open(os.path.join(trained, 'best.pt'), 'rb').read() == before
+    assert Path(trained, 'best.pt').read_bytes() == before
     out = tmp_path / 'out'                                        # --overwrite=true: the old files go first
     out.mkdir()
     for f in ('ckpt.pt', 'best.pt'):
-        (out / f).write_bytes(open(os.path.join(trained, f), 'rb').read())
+        (out / f).write_bytes(Path(trained, f).read_bytes())
     train_vit.main(base_args(data, str(out), '--epochs=1', '--max_steps=1', '--overwrite=true'))
     assert torch.load(out / 'ckpt.pt', weights_only=True)['epoch'] == 1
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
@@ -203,13 +204,13 @@ def test_checkpoint_format(trained):
 
 
 def test_eval_only_prints_the_accuracy_of_the_checkpoint(data, trained, capsys):
-    before = open(os.path.join(trained, 'log.jsonl')).read()
+    before = Path(trained, 'log.jsonl').read_text()
     acc = train_vit.main(base_args(data, trained, '--init_from=resume', '--eval_only'))
     printed = capsys.readouterr().out
     logged = read_log(trained)[-1]['test_acc']
     assert acc == logged                                            # the same weights, the same test set
     assert f"test accuracy {logged:.4f} ({round(logged * 33)}/33)" in printed
-    assert open(os.path.join(trained, 'log.jsonl')).read() == before   # eval does not touch the training log
+    assert Path(trained, 'log.jsonl').read_text() == before   # eval does not touch the training log
     assert read_log(trained, 'eval.jsonl')[-1]['test_acc'] == acc
 
 
