@@ -145,7 +145,8 @@ def read_images(folder, meta):
         return [np.load(os.path.join(folder, f'{split}_{what}.npy'))
                 for split in ('train', 'test') for what in ('images', 'labels')]
     except (OSError, ValueError) as e:
-        raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: {_recipe(folder, meta, True)}") from None
+        raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: "
+                         f"{_recipe(folder, meta, force=True)}") from None
 
 
 _warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
@@ -398,12 +399,13 @@ def _owt_download(data_dir):
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise UsageError(f"downloading OpenWebText needs huggingface_hub: pip install huggingface_hub; or pass {hint}") \
-            from None
+        raise UsageError(f"downloading OpenWebText needs huggingface_hub: pip install huggingface_hub; "
+                         f"or pass {hint}") from None
     for rev in ('main', 'refs/convert/parquet'):
+        local = os.path.join(data_dir, 'downloads', 'openwebtext', rev.replace('/', '_'))
         try:
             folder = snapshot_download(OWT_REPO, repo_type='dataset', revision=rev, allow_patterns=['*.parquet'],
-                                       local_dir=os.path.join(data_dir, 'downloads', 'openwebtext', rev.replace('/', '_')))
+                                       local_dir=local)
         except Exception as e:  # no network, no such revision, ...
             raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}); fetch its "
                              f"parquet files by hand and pass {hint}") from None
@@ -540,11 +542,12 @@ def _build_eval_set(stage, o, name):
 # images: CIFAR's python pickles -> npy
 
 CIFAR = {
-    'cifar10': dict(url='https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz', md5='c58f30108f718f92721af3b95e74349a',
-                    top='cifar-10-batches-py', train=[f'data_batch_{i}' for i in range(1, 6)], test=['test_batch'],
-                    meta='batches.meta', labels=b'labels', names=b'label_names', classes=10),
-    'cifar100': dict(url='https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz', md5='eb9058c3a382ffc7106e4002c42a8d85',
-                     top='cifar-100-python', train=['train'], test=['test'],
+    'cifar10': dict(url='https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz',
+                    md5='c58f30108f718f92721af3b95e74349a', top='cifar-10-batches-py',
+                    train=[f'data_batch_{i}' for i in range(1, 6)], test=['test_batch'], meta='batches.meta',
+                    labels=b'labels', names=b'label_names', classes=10),
+    'cifar100': dict(url='https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz',
+                     md5='eb9058c3a382ffc7106e4002c42a8d85', top='cifar-100-python', train=['train'], test=['test'],
                      meta='meta', labels=b'fine_labels', names=b'fine_label_names', classes=100),
 }
 

@@ -92,7 +92,6 @@ def main(argv=None):
     prompt, ids = read_prompt(cfg['start'], tok, model.config.block_size)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg['seed'])
-    torch.manual_seed(cfg['seed'])
     t0 = time.perf_counter()
     with torch.no_grad(), autocast(device, dtype):
         for _ in range(cfg['num_samples']):

@@ -336,7 +336,8 @@ class Run:
                                      title=f"{out}: learning curves")
             except Exception as e:
                 self.drawn = False
-                print(f"note: could not draw loss.png ({type(e).__name__}: {e}); the run goes on without it", flush=True)
+                print(f"note: could not draw loss.png ({type(e).__name__}: {e}); the run goes on without it",
+                      flush=True)
 
     def _handler(self, signum, frame):
         if self._first is None:

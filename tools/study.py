@@ -111,7 +111,8 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
 
 
 VISION = [('tost', 'ToST (paper)', {}), ('tost-lpi', 'ToST + lpi', {'lpi': True}),
-          ('softmax', 'softmax', {'attn': 'softmax'}), ('softmax-lpi', 'softmax + lpi', {'attn': 'softmax', 'lpi': True})]
+          ('softmax', 'softmax', {'attn': 'softmax'}),
+          ('softmax-lpi', 'softmax + lpi', {'attn': 'softmax', 'lpi': True})]
 VISION_BUDGET = {   # images, and train_vit.py overrides
     'full': dict(n_train=6144, n_test=2048, keys=dict(epochs=6, batch_size=64)),
     'quick': dict(n_train=2048, n_test=1024, keys=dict(epochs=4, batch_size=64)),
