@@ -122,9 +122,6 @@ def run(cfg, dist):
     for name in [n.strip() for n in cfg['datasets'].split(',') if n.strip()]:   # each val split, checked first
         path = os.path.join(cfg['data_dir'], name)
         meta = prepare_data.load_meta(path, 'text', info['meta'])          # the checkpoint's tokenizer
-        if meta['vocab_size'] > model.config.vocab_size:
-            raise UsageError(f"{path} has {meta['vocab_size']} token ids, the model's output layer only "
-                             f"{model.config.vocab_size}")
         tokens = prepare_data.read_tokens(path, meta, 'val')
         if len(tokens) < 2:
             raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
