@@ -107,7 +107,7 @@ def vit_config(cfg, set_keys, meta, ckpt=None, path=None):
         for key, had in (('model', ckpt.get('config', {}).get('model')), ('attn', args.get('attn')),
                          ('lpi', args.get('lpi', False))):
             if key in set_keys and had is not None and cfg[key] != had:
-                raise UsageError(f"--{key}={cfg[key]} but {path} holds a {key}={had} model")
+                raise UsageError(f"--{key}={cfg[key]} but {path} holds a model with {key}={had}; drop --{key}")
         if (args.get('num_classes'), args.get('in_chans')) != (meta['num_classes'], meta['channels']):
             raise UsageError(f"{path} was trained on {args.get('num_classes')} classes of {args.get('in_chans')}"
                              f"-channel images, {cfg['dataset']} has {meta['num_classes']} of {meta['channels']}"
