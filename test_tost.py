@@ -421,6 +421,12 @@ def test_image_size_not_divisible_by_patch():
     model = ViT(preset('tost-cifar-tiny'))
     with pytest.raises(ValueError, match='30x30 is not divisible by patch_size 4'):
         model(torch.randn(1, 3, 30, 30))
+    with pytest.raises(ValueError, match=r'expected images of shape \(B, 3, H, W\), got \(1, 1, 32, 32\)'):
+        model(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match='patch_size must be a power of 2 >= 2, got 6'):
+        ViTConfig(img_size=36, patch_size=6)
+    with pytest.raises(ValueError, match=r'n_embd \(36\) must be divisible by patch_size/2 \(8\)'):
+        ViTConfig(img_size=32, patch_size=16, n_embd=36, n_head=4)
 
 
 def test_width_not_divisible_by_heads_and_unknown_attn():
@@ -432,6 +438,10 @@ def test_width_not_divisible_by_heads_and_unknown_attn():
         ViTConfig(attn='linear')
     with pytest.raises(ValueError, match="unknown preset 'tost-xl'"):
         preset('tost-xl')
+    with pytest.raises(ValueError, match='tost-base has no field.s. n_layers; valid: '):
+        preset('tost-base', n_layers=2)
+    with pytest.raises(ValueError, match='white-box TSSA needs bias=False'):
+        TSSA(16, 2, bias=True, whitebox=True)
 
 
 # -----------------------------------------------------------------------------

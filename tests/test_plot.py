@@ -170,6 +170,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
                         ([run, f'--out={tmp_path}'], 'needs a file name whose suffix is the format'),
                         ([run, '--out='], 'needs a file name whose suffix is the format'),
                         ([run, f'--out={tmp_path}/x.txt'], "Format 'txt' is not supported"),
+                        ([run, '--x=epochs'], "--x expects tokens or seconds, got 'epochs'"),
                         ([run, str(tmp_path / 'vit')], 'vit: vision, out: ToST: language; draw them in separate'),
                         ([str(tmp_path / 'other.json')], 'holds no results of tools.bench or tools.study'),
                         ([str(tmp_path / 'other.json'), f'--out_dir={tmp_path}/no'], '--out_dir=' f'{tmp_path}/no is not a folder')):

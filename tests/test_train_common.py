@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import tost
 import train_common as tc
 from train_common import UsageError
 
@@ -98,6 +99,18 @@ def test_load_names_what_a_checkpoint_of_no_known_kind_lacks(tmp_path):
     torch.save(dict(model={}, optimizer={}, iter_num=3, config={}, meta={}, model_args={"x": 1}), path)
     with pytest.raises(UsageError, match=r"is not a train_gpt.py checkpoint \(no usable model_args\)$"):
         tc.load_checkpoint(path, "cpu", "gpt", needs=("model", "optimizer", "iter_num", "config", "meta"))
+
+
+def test_load_gpt_names_a_checkpoint_whose_weights_or_args_do_not_fit(tmp_path):
+    args = dict(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=16)
+    weights = tost.GPT(tost.GPTConfig(**dict(args, n_embd=8))).state_dict()      # another width
+    path = str(tmp_path / "ckpt.pt")
+    torch.save(dict(model=weights, model_args=args, meta={}), path)
+    with pytest.raises(UsageError, match=r"ckpt.pt does not fit its own model_args \(Error"):
+        tc.load_gpt(path, "cpu")
+    torch.save(dict(model=weights, model_args=dict(args, n_layers=2), meta={}), path)
+    with pytest.raises(UsageError, match=r"ckpt.pt does not hold a model this tost.py can load \(.*n_layers"):
+        tc.load_gpt(path, "cpu")
 
 
 def test_load_refuses_a_non_dict(tmp_path):

@@ -850,6 +850,25 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, m
     assert ckpt['iter_num'] == 2 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
 
 
+def test_a_nan_eval_loss_stops_before_anything_is_saved(data_dir, tmp_path, monkeypatch, capsys):
+    real = tost.GPT.forward
+
+    def nan_in_eval(self, idx, targets=None):
+        logits, loss = real(self, idx, targets)
+        return logits, loss if self.training else loss * float('nan')
+
+    monkeypatch.setattr(tost.GPT, 'forward', nan_in_eval)
+    assert exits(train_gpt.main, tiny(data_dir, str(tmp_path), '--max_iters=4', '--eval_interval=2')) == 3
+    one_line_error(capsys.readouterr().err, 'the eval loss is nan at iter 0', 'no checkpoint was saved before it')
+    assert not os.path.exists(tmp_path / 'ckpt.pt')
+
+
+def test_a_schedule_shorter_than_the_run_is_noted(data_dir, tmp_path, capsys):
+    train_gpt.main(tiny(data_dir, str(tmp_path), '--max_iters=3', '--lr_decay_iters=2', '--eval_interval=3'))
+    assert 'note: the schedule decays to min_lr at iter 2 and stays there' in capsys.readouterr().out
+    assert [r['lr'] for r in read_log(str(tmp_path)) if r['kind'] == 'train'][-1] == train_gpt.DEFAULTS['min_lr']
+
+
 
 def test_a_resume_onto_data_of_another_tokenizer_is_one_line(data_dir, trained, tmp_path, capsys):
     """The checkpoint's token ids mean nothing under another tokenizer: refused before any work, with the fix."""
@@ -973,6 +992,9 @@ def test_sample_bad_input(trained, tmp_path, capsys):
 
     r = in_process(capsys, sample.main, f'--out_dir={out}', f'--start=FILE:{tmp_path}/missing.txt')
     one_line_error(r.err, 'cannot read the prompt file', 'missing.txt')
+    (tmp_path / 'latin1.txt').write_bytes('caf\xe9'.encode('latin-1'))
+    r = in_process(capsys, sample.main, f'--out_dir={out}', f'--start=FILE:{tmp_path}/latin1.txt')
+    one_line_error(r.err, 'latin1.txt is not UTF-8 text (byte 3)')
 
     long = 'x = 1\n' * 20 + 'THE END'  # 127 bytes; the model takes 32
     r = run_cli('sample.py', f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5')

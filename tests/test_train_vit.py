@@ -7,6 +7,7 @@ import ast
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+import options
 import tost
 import train_vit
 from train_common import UsageError, load_checkpoint
@@ -419,6 +421,7 @@ def vit_checkpoint_with_10_classes(path):
     ('text dataset', ['--dataset=text'], 'holds text data, not images'),
     ('gpt checkpoint', ['--init_from=resume'], 'is a language-model checkpoint (train_gpt.py), not a vision one'),
     ('class mismatch', ['--init_from=resume'], 'was trained on 10 classes of 3-channel images, synth has 3'),
+    ('attn mismatch', ['--init_from=resume', '--attn=softmax'], 'ckpt.pt holds a model with attn=tssa; drop --attn'),
     ('unknown key', ['--batchsize=3'], 'unknown option --batchsize'),
     ('wrong type', ['--epochs=two'], "--epochs expects int, got 'two'"),
 ])
@@ -429,7 +432,7 @@ def test_mistakes_end_in_one_line(data, tmp_path, case, extra, message):
     out.mkdir()
     if case == 'gpt checkpoint':
         gpt_checkpoint(out / 'ckpt.pt')
-    if case == 'class mismatch':
+    if case in ('class mismatch', 'attn mismatch'):
         vit_checkpoint_with_10_classes(out / 'ckpt.pt')
     args = base_args(data, str(out), '--epochs=1') + extra
     r = subprocess.run([sys.executable, os.path.join(HERE, 'train_vit.py'), *args], cwd=HERE,
@@ -451,6 +454,33 @@ def test_config_mistakes_in_process(data, tmp_path):
                            (['--init_from=nowhere.pt'], 'no checkpoint at nowhere.pt')):
         with pytest.raises(UsageError, match=message.replace('(', r'\(')):
             train_vit.main(base_args(data, out, *extra))
+
+
+def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch, capsys):
+    """NaN from step 7 on: the row at step 8 stops the run, exit 3, and ckpt.pt stays at step 4 (epoch 1)."""
+    out, real, calls = str(tmp_path), tost.ViT.forward, []
+
+    def nan_from_step_7(self, x):
+        logits = real(self, x)
+        if self.training:
+            calls.append(1)
+        return logits * float('nan') if len(calls) >= 7 and self.training else logits
+
+    monkeypatch.setattr(tost.ViT, 'forward', nan_from_step_7)
+    with pytest.raises(SystemExit) as e:
+        options.run_main(lambda: train_vit.main(base_args(data, out, '--epochs=2', '--viz_images=0')))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 3 and len(err) == 1, err
+    assert err[0].startswith('error: the training loss is nan at step 8: training diverged; stopped without '
+                             f'saving, the last good checkpoint is {out}/ckpt.pt (step 4)'), err
+    assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['step'] == 4
+
+
+def test_a_resume_past_its_epochs_has_nothing_to_do(trained, tmp_path, capsys):
+    shutil.copytree(trained, tmp_path / 'run')
+    train_vit.main(['--init_from=resume', f"--out_dir={tmp_path / 'run'}", '--device=cpu'])
+    assert 'nothing to do: the checkpoint is at step 8 (epoch 2) of --epochs=2; raise --epochs' in \
+        capsys.readouterr().out
 
 
 def test_a_batch_larger_than_the_data_is_the_data(data, tmp_path, capsys):
