@@ -165,6 +165,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / 'ro').mkdir()
     os.chmod(tmp_path / 'ro', 0o500)
     (tmp_path / 'other.json').write_text('{"loss": 1}')
+    (tmp_path / 'cut.json').write_text('{"operator": [{"n": 1024}]}')          # rows without their numbers
     run = str(tmp_path / 'out')
     for argv, words in (([run, f'--out={tmp_path}/no/such/x.png'], 'No such file or directory; create '),
                         ([run, f'--out={tmp_path}'], 'needs a file name whose suffix is the format'),
@@ -173,6 +174,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
                         ([run, '--x=epochs'], "--x expects tokens or seconds, got 'epochs'"),
                         ([run, str(tmp_path / 'vit')], 'vit: vision, out: ToST: language; draw them in separate'),
                         ([str(tmp_path / 'other.json')], 'holds no results of tools.bench or tools.study'),
+                        ([str(tmp_path / 'cut.json')], "cannot draw the figures of " f"{tmp_path}/cut.json (KeyError"),
                         ([str(tmp_path / 'other.json'), f'--out_dir={tmp_path}/no'], '--out_dir=' f'{tmp_path}/no is not a folder')):
         code, err = plot_exits(capsys, *argv)
         assert code == 2 and len(err) == 1 and err[0].startswith('error:') and words in err[0], err
@@ -183,6 +185,6 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
             m.setattr(matplotlib.figure.Figure, 'savefig', read_only)
         code, err = plot_exits(capsys, run, f'--out={tmp_path}/ro/x.png')
         assert code == 2 and len(err) == 1 and ('Permission denied' in err[0] or 'Read-only' in err[0]), err
-    assert sorted(os.listdir(tmp_path)) == ['other.json', 'out', 'ro', 'vit'] and not os.listdir(tmp_path / 'ro')
+    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'other.json', 'out', 'ro', 'vit'] and not os.listdir(tmp_path / 'ro')
     plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')

@@ -625,20 +625,47 @@ def test_cifar_pickle_cannot_run_code(tmp_path):
     assert not marker.exists()
 
 
-def test_cifar_labels_out_of_range(tmp_path):
-    make_cifar(tmp_path / 'c.tar.gz', 'cifar10')
-    with tarfile.open(tmp_path / 'c.tar.gz') as tf:  # rewrite one batch with label 10
-        members = {m.name: tf.extractfile(m).read() for m in tf}
-    d = pickle.loads(members['cifar-10-batches-py/data_batch_3'], encoding='bytes')
+def _label_10(d):
     d[b'labels'][0] = 10
-    members['cifar-10-batches-py/data_batch_3'] = pickle.dumps(d, protocol=2)
+
+
+@pytest.mark.parametrize('member, damage, words', [
+    ('data_batch_3', _label_10, r'data_batch_3 needs 4 labels in 0..9'),
+    ('data_batch_3', lambda d: d.pop(b'data'), r"data_batch_3 should be a dict with keys b'data' and b'labels'"),
+    ('test_batch', lambda d: d.update({b'data': d[b'data'][:, :100]}),
+     r'test_batch data should be an N x 3072 uint8 array, got \(4, 100\)'),
+    ('data_batch_1', lambda d: d.update({b'labels': ['cat'] * 4}), 'data_batch_1 labels are not integers'),
+    ('batches.meta', lambda d: d[b'label_names'].pop(), "batches.meta should list 10 names under b'label_names'"),
+])
+def test_cifar_damaged_batches_are_one_line(tmp_path, member, damage, words):
+    make_cifar(tmp_path / 'c.tar.gz', 'cifar10')
+    with tarfile.open(tmp_path / 'c.tar.gz') as tf:  # rewrite one member, damaged
+        members = {m.name: tf.extractfile(m).read() for m in tf}
+    d = pickle.loads(members[f'cifar-10-batches-py/{member}'], encoding='bytes')
+    damage(d)
+    members[f'cifar-10-batches-py/{member}'] = pickle.dumps(d, protocol=2)
     with tarfile.open(tmp_path / 'bad.tar', 'w') as tf:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
-    with pytest.raises(UsageError, match=r'data_batch_3 needs 4 labels in 0..9'):
+    with pytest.raises(UsageError, match=words):
         prepare('cifar10', tmp_path / 'data', archive=str(tmp_path / 'bad.tar'))
+
+
+def test_too_little_text_and_damaged_meta_are_one_line(tmp_path):
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(UsageError, match='empty corpus: no documents in'):
+        prepare('text', tmp_path / 'data', input=str(tmp_path / 'empty'))
+    with pytest.raises(UsageError, match='empty corpus: no .parquet, .jsonl or .txt files in'):
+        prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'empty'), tokenizer='bytes')
+    (tmp_path / 'one.txt').write_text('x')
+    with pytest.raises(UsageError, match=r'one.txt.*too little text for a train/val split \(1 train, 0 val'):
+        prepare('text', tmp_path / 'data', input=str(tmp_path / 'one.txt'))
+    (tmp_path / 'bad').mkdir()
+    (tmp_path / 'bad' / 'meta.json').write_text('{"kind": "text",')
+    with pytest.raises(UsageError, match=r'meta.json is not valid JSON .*; rebuild it: python prepare_data.py text'):
+        load_meta(str(tmp_path / 'bad'))
 
 
 def test_cifar_download_checks_md5(tmp_path, monkeypatch):
@@ -799,6 +826,10 @@ def test_cli_stdlib_and_noop(tmp_path):
     (['cifar10', '--tokenizer=gpt2'], ['does not take --tokenizer']),
     (['text'], ['--input=PATH']),
     ([], ['give one dataset name']),
+    (['python_stdlib', '--max_mb=0'], ['--max_mb must be positive, got 0.0']),
+    (['text', '--input=x', '--workers=-1'], ['--workers must be >= 0, got -1']),
+    (['text', '--input=x', '--name=..'], ['--name=.. is not usable as a folder name']),
+    (['cifar10', '--archive=nowhere.tar.gz'], ['no such file: nowhere.tar.gz']),
 ])
 def test_cli_bad_arguments(tmp_path, capsys, argv, words):
     code, err = main_exits(capsys, *argv, f'--data_dir={tmp_path}')

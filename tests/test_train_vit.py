@@ -476,6 +476,31 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, mon
     assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['step'] == 4
 
 
+def test_out_of_memory_is_one_line_with_advice(data, tmp_path, monkeypatch, capsys):
+    def oom(self, x):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(tost.ViT, 'forward', oom)
+    with pytest.raises(SystemExit) as e:
+        options.run_main(lambda: train_vit.main(base_args(data, str(tmp_path), '--epochs=1')))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err == ['error: out of memory at step 0 with batch_size=16 on cpu; try '
+                                         '--batch_size=8'], err
+
+
+def test_a_picture_that_cannot_be_drawn_does_not_stop_training(data, tmp_path, monkeypatch, capsys):
+    import plot
+
+    def broken(*args):
+        raise OSError(28, 'No space left on device')
+
+    monkeypatch.setattr(plot, 'vision_maps', broken)
+    assert train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--max_steps=1')) >= 0
+    assert 'could not draw the maps (OSError: [Errno 28] No space left on device); training goes on' in \
+        capsys.readouterr().out
+    assert os.path.isfile(tmp_path / 'ckpt.pt')
+
+
 def test_a_resume_past_its_epochs_has_nothing_to_do(trained, tmp_path, capsys):
     shutil.copytree(trained, tmp_path / 'run')
     train_vit.main(['--init_from=resume', f"--out_dir={tmp_path / 'run'}", '--device=cpu'])
