@@ -418,6 +418,6 @@ def resume_command(script, cfg, set_keys, defaults):
     ws, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
     launcher = "python" if ws is None else f"torchrun --standalone --nproc_per_node={ws}" if ws == local else \
         "torchrun (your options, on every node)"
-    keys = [k for k in ("out_dir", "device", "dtype", "compile") if k in set_keys and cfg[k] != defaults[k]]
+    keys = [k for k in ("out_dir", "device", "compile") if k in set_keys and cfg[k] != defaults[k]]
     args = ["--init_from=resume"] + [f"--{k}={str(cfg[k]).lower() if k == 'compile' else cfg[k]}" for k in keys]
     return "\nresume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args])

@@ -99,7 +99,7 @@ PRESETS = {
 # datasets cheap enough to prepare on the fly; the others are a separate step (openwebtext takes hours)
 PREPARE_ON_THE_FLY = ('python_stdlib', 'shakespeare')
 MODEL_KEYS = ('n_layer', 'n_head', 'n_embd', 'bias', 'attn', 'token_shift', 'softmax_layers')  # fixed on resume
-MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'overwrite')  # on resume: this command line's
+MACHINE_KEYS = ('device', 'compile', 'out_dir', 'init_from', 'overwrite')  # on resume: this command line's
 
 # -----------------------------------------------------------------------------
 # the model's config, and the run's on resume
@@ -119,7 +119,8 @@ def gpt_config(args):
 
 def resume_config(cfg, set_keys, ckpt):
     """The run goes on as it was: the checkpoint's config, then what this command line set. The model's
-    shape cannot change; device, dtype, compile and out_dir are this machine's business."""
+    shape cannot change; device, compile and out_dir are this machine's business (dtype is the run's: auto
+    chooses again here)."""
     old, args = ckpt['config'], ckpt['model_args']
     for key in set(MODEL_KEYS) & set_keys:
         had, want = args.get(key, DEFAULTS[key]), cfg[key]            # older checkpoints lack the newer keys

@@ -71,7 +71,7 @@ DEFAULTS = dict(
     compile=False,              # torch.compile the model
     seed=1337,                  # model init, augmentation and the data order follow from it
 )
-MACHINE_KEYS = ('device', 'dtype', 'compile', 'out_dir', 'init_from', 'eval_only', 'overwrite')  # not resumed
+MACHINE_KEYS = ('device', 'compile', 'out_dir', 'init_from', 'eval_only', 'overwrite')  # not resumed
 
 # -----------------------------------------------------------------------------
 # data: uint8 tensors on the device, augmented there

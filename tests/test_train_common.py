@@ -193,8 +193,8 @@ def test_resume_command(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr(sys, "argv", ["pytest"])
     defaults = dict(out_dir="out", device="auto", dtype="auto", compile="auto", max_iters=10)
-    cfg = dict(defaults, out_dir="my out", device="auto", max_iters=20)
-    assert tc.resume_command("train_gpt.py", cfg, {"out_dir", "device", "max_iters"}, defaults) == \
+    cfg = dict(defaults, out_dir="my out", device="auto", dtype="float32", max_iters=20)
+    assert tc.resume_command("train_gpt.py", cfg, {"out_dir", "device", "dtype", "max_iters"}, defaults) == \
         "\nresume with: python train_gpt.py --init_from=resume '--out_dir=my out'"   # the checkpoint has the rest
     monkeypatch.setattr(sys, "argv", ["../tost/train_gpt.py"])  # the script as the user started it
     monkeypatch.setenv("WORLD_SIZE", "4")

@@ -196,10 +196,9 @@ def test_interrupt_then_resume_equals_unbroken_run(data_dir, tmp_path, monkeypat
     assert weights(broken)['iter_num'] == 4  # the last eval saved at 4; iters 4 and 5 are lost
     monkeypatch.setattr(train_gpt, 'window_starts', real)
 
-    # resume with nothing but the out_dir: the schedule, the data order and the RNG come from the checkpoint;
-    # the device and dtype are this machine's (auto may be bfloat16 here)
-    train_gpt.main(['--init_from=resume', f'--out_dir={broken}', f'--data_dir={data_dir}', '--device=cpu',
-                    '--dtype=float32'])
+    # resume with nothing but the out_dir: the schedule, the data order, the RNG and the dtype (float32, where
+    # auto may be bfloat16) come from the checkpoint; the device is this machine's
+    train_gpt.main(['--init_from=resume', f'--out_dir={broken}', f'--data_dir={data_dir}', '--device=cpu'])
     a, b = weights(full), weights(broken)
     assert b['iter_num'] == a['iter_num'] == 8
     for k in a['model']:
@@ -245,8 +244,7 @@ def test_a_real_sigint_saves_at_the_step_and_resume_is_exact(data_dir, tmp_path,
     assert exits(train_gpt.main, tiny(data_dir, broken, *args)) == 130
     err = capsys.readouterr().err.splitlines()
     assert err == [f'interrupted (SIGINT) at iter 7: saved {broken}/ckpt.pt',
-                   f'resume with: python train_gpt.py --init_from=resume --out_dir={broken} --device=cpu '
-                   f'--dtype=float32']
+                   f'resume with: python train_gpt.py --init_from=resume --out_dir={broken} --device=cpu']
     assert weights(broken)['iter_num'] == 7 and weights(broken)['val_loss'] is None  # no eval at iter 7
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler         # the handler is given back
     monkeypatch.setattr(train_gpt, 'window_starts', real)

@@ -143,7 +143,7 @@ def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(dat
     assert e.value.code == 130
     err = capsys.readouterr().err.splitlines()
     assert err == [f'interrupted (SIGINT) at step 7 (epoch 1.75): saved {out}/ckpt.pt',
-                   f'resume with: python train_vit.py --init_from=resume --out_dir={out} --device=cpu --dtype=float32']
+                   f'resume with: python train_vit.py --init_from=resume --out_dir={out} --device=cpu']
     ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     assert (ck['step'], ck['epoch']) == (7, 1.75)
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
