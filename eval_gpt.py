@@ -126,6 +126,10 @@ def run(cfg, dist):
         if len(tokens) < 2:
             raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
         spans = np.load(os.path.join(path, meta['targets'])) if meta.get('targets') else None   # LAMBADA's passages
+        longest = 0 if spans is None or not len(spans) else int((spans[:, 2] - spans[:, 1]).max())
+        if longest > T:
+            raise UsageError(f"{path} has a target word of {longest} tokens, longer than --block_size={T}; use a "
+                             f"larger --block_size")
         sets.append((name, meta, tokens, spans))
     ctx, args = autocast(device, dtype), info['model_args']
     hybrid = f", softmax blocks {args['softmax_layers']}" if args.get('softmax_layers') else ''

@@ -50,6 +50,8 @@ class Tokenizer:
 
     def token_bytes(self, t):
         """The raw bytes of one token; a token can end inside a UTF-8 character (for streamed output)."""
+        if not 0 <= int(t) < self.vocab_size:                  # a padded model head's id: no token, as in decode()
+            return b''
         return bytes([int(t)]) if self._enc is None else self._enc.decode_single_token_bytes(int(t))
 
 

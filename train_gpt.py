@@ -378,14 +378,15 @@ def train(cfg, set_keys, dist):
 def main(argv=None):
     cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, PRESETS)
     check_ranges(cfg, positive=('block_size', 'batch_size', 'gradient_accumulation_steps', 'n_layer', 'n_head',
-                                'n_embd', 'eval_interval', 'eval_iters', 'log_interval', 'learning_rate'),
-                 nonnegative=('max_iters', 'warmup_iters', 'lr_decay_iters', 'seed', 'weight_decay', 'grad_clip',
+                                'n_embd', 'eval_interval', 'eval_iters', 'log_interval', 'learning_rate', 'max_iters'),
+                 nonnegative=('warmup_iters', 'lr_decay_iters', 'seed', 'weight_decay', 'grad_clip',
                               'min_lr'))
     if not 0 <= cfg['dropout'] < 1:
         raise UsageError(f"--dropout must be in [0, 1), got {cfg['dropout']}")
     if cfg['init_from'] not in ('scratch', 'resume'):
         raise UsageError(f"--init_from expects scratch or resume, got {cfg['init_from']!r}")
-    gpt_config(dict(block_size=cfg['block_size'], **{k: cfg[k] for k in MODEL_KEYS}))  # the shape, before any work
+    if cfg['init_from'] == 'scratch':                    # the shape, before any work (a resume's: its checkpoint's)
+        gpt_config(dict(block_size=cfg['block_size'], **{k: cfg[k] for k in MODEL_KEYS}))
     return launch(train, cfg, set_keys)
 
 

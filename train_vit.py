@@ -6,7 +6,8 @@ Train and evaluate ToST vision models on CIFAR-10/100, and look at what they lea
     python train_vit.py --dataset=cifar10 --attn=softmax --out_dir=out-vit-softmax    # the baseline, all else equal
     python train_vit.py --init_from=resume                 # go on from out-vit/ckpt.pt, e.g. after Ctrl-C
     python train_vit.py --dataset=cifar10 --init_from=best --eval_only                # accuracy of out-vit/best.pt
-    python train_vit.py --dataset=cifar10 --model=tost-cifar-tiny --epochs=3 --device=cpu --out_dir=out-vit-tiny
+    python train_vit.py --dataset=cifar10 --model=tost-cifar-tiny --epochs=3 --warmup_epochs=1 --device=cpu \
+        --out_dir=out-vit-tiny
 
 Ctrl-C or SIGTERM saves ckpt.pt at the current step and prints the resume command. batch_size is per process.
 One node of 4 GPUs, then two nodes of 8, the first at 10.0.0.1:
@@ -112,6 +113,8 @@ def vit_config(cfg, set_keys, meta, ckpt=None, path=None):
             raise UsageError(f"{path} was trained on {args.get('num_classes')} classes of {args.get('in_chans')}"
                              f"-channel images, {cfg['dataset']} has {meta['num_classes']} of {meta['channels']}"
                              f"-channel ones; use a checkpoint trained on {cfg['dataset']}")
+        if 'drop_path' in set_keys:                             # a regulariser, not the shape: it may change
+            args['drop_path'] = cfg['drop_path']
     else:
         if tost.PRESETS.get(cfg['model'], {}).get('kind') != 'vit':
             names = [k for k, v in tost.PRESETS.items() if v['kind'] == 'vit']
@@ -241,6 +244,8 @@ def train(cfg, set_keys, dist):
     folder = os.path.join(cfg['data_dir'], cfg['dataset'])
     meta = prepare_data.load_meta(folder, 'images')
     config = vit_config(cfg, set_keys, meta, ckpt, path)
+    if ckpt is not None:                                            # the run is the checkpoint's model, as it is
+        cfg.update(model=ckpt.get('config', {}).get('model', cfg['model']), attn=config.attn, lpi=config.lpi)
     n_tssa = config.n_layer if config.attn == 'tssa' else 0
     if n_tssa and not -n_tssa <= cfg['viz_layer'] < n_tssa:
         raise UsageError(f"--viz_layer={cfg['viz_layer']}: the model has {n_tssa} TSSA layers (0..{n_tssa - 1}, "
@@ -295,6 +300,9 @@ def train(cfg, set_keys, dist):
                    f"{cfg['epochs']}; raise --epochs")
     if resumed:
         say(f"resuming {path} at step {step} (epoch {step / spe:g}, best test accuracy {best_acc:.4f})")
+    if cfg['warmup_epochs'] >= cfg['epochs']:
+        say(f"note: the warmup ({cfg['warmup_epochs']:g} epochs) is as long as the run ({cfg['epochs']}): the learning "
+            f"rate never reaches --learning_rate; set --warmup_epochs lower")
 
     run = Run(cfg['out_dir'], step if resumed else None, 'step', dist,
               resume_command('train_vit.py', cfg, set_keys, DEFAULTS))

@@ -80,7 +80,8 @@ RUN_VISION = [   # the same, for the ViT, in a folder of its own
     ('python train_vit.py --dataset=cifar10 --lpi=true', TINY_VIT + ('--out_dir=out-vit-lpi',)),
     ('python train_vit.py --init_from=resume', ('--epochs=2',)),
     ('python train_vit.py --dataset=cifar10 --init_from=best --eval_only', ()),
-    ('python train_vit.py --dataset=cifar10 --model=tost-cifar-tiny --epochs=3 --device=cpu --out_dir=out-vit-tiny',
+    ('python train_vit.py --dataset=cifar10 --model=tost-cifar-tiny --epochs=3 --warmup_epochs=1 --device=cpu '
+     '--out_dir=out-vit-tiny',
      ('--epochs=1', '--max_steps=1', '--viz_images=0', '--compression_images=0')),
 ]
 NET = 'downloads (tested offline on local files in test_prepare_data.py)'

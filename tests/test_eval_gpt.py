@@ -195,7 +195,7 @@ def repeat_model(model):
         model.transformer.wte.weight.copy_(torch.eye(V, d) - 1 / d)  # tied: also the output layer
 
 
-def test_lambada_accuracy_where_the_answer_is_known(tmp_path):
+def test_lambada_accuracy_where_the_answer_is_known(tmp_path, capsys):
     merges = (b' z', b' zz', b' y', b' yy')  # ' zz' and ' yy' are one token each
     enc = encoding(merges)
     passages = {  # passage: whether greedy decoding gets its last word, for a model that repeats its input
@@ -230,6 +230,11 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path):
     r = read_log(out)[-1]
     assert (r['last_word_correct'], r['passages'], r['passages_cut']) == (3, 7, 1)
     assert r['last_word_acc'] == 3 / 7
+    capsys.readouterr()                                              # the preparation's warnings
+    code, err = exits([f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--device=cpu',
+                       '--block_size=1'], capsys)                    # ' zz', 'z' does not fit a window of 1
+    assert code == 2
+    one_line_error(err, 'has a target word of 2 tokens, longer than --block_size=1; use a larger --block_size')
 
 
 def _write(path, text):

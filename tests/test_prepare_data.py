@@ -73,6 +73,7 @@ def test_bytes_tokenizer():
     assert tok.decode(np.array([0xE2, 0x9C, 65])) == '\ufffdA'  # a cut-off character is replaced, not raised
     assert len(tok.decode(range(256))) > 0
     assert [tok.token_bytes(t) for t in tok.encode('é')] == [b'\xc3', b'\xa9']
+    assert tok.token_bytes(300) == b''  # an id from a padded head (bytes pad 256 to 256: none, but said once)
     with pytest.raises(UsageError, match='unknown tokenizer'):
         get_tokenizer('sentencepiece')
 
@@ -86,6 +87,7 @@ def test_gpt2_tokenizer_injected(tiny):
         tok.decode(list(range(257)))  # every id decodes
         assert tok.decode([104, 105, 50300]) == 'hi'  # an id from a padded head does not crash sampling
         assert b''.join(tok.token_bytes(t) for t in tok.encode('é')) == 'é'.encode()
+        assert tok.token_bytes(300) == b''  # streamed sampling of a padded head's id: nothing, not a KeyError
 
 
 def test_gpt2_without_network_says_so(monkeypatch):

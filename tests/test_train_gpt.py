@@ -1050,6 +1050,16 @@ def test_softmax_layers_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(d
     sample.main([f'--out_dir={out}', '--start=def', '--num_samples=1', '--max_new_tokens=5', '--device=cpu'])
 
 
+def test_a_resume_checks_its_options_against_the_checkpoint_not_the_defaults(data_dir, tmp_path, capsys):
+    """Block 4 of 5 is no block of the default 4: a resume that names it again is fine."""
+    out = str(tmp_path)
+    train_gpt.main(tiny(data_dir, out, '--max_iters=2', '--eval_interval=2', '--n_layer=5', '--softmax_layers=4'))
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=3', '--softmax_layers=4'])
+    assert weights(out)['iter_num'] == 3 and weights(out)['model_args']['softmax_layers'] == [4]
+    assert exits(train_gpt.main, tiny(data_dir, str(tmp_path / 'none'), '--max_iters=0')) == 2
+    one_line_error(capsys.readouterr().err, '--max_iters must be positive, got 0')
+
+
 def test_softmax_layers_mistakes():
     """Said before any work (no data prepared, no folder made), by tost.GPTConfig's own checks."""
     args = dict(train_gpt.DEFAULTS, vocab_size=256)

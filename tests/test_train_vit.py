@@ -501,6 +501,22 @@ def test_a_picture_that_cannot_be_drawn_does_not_stop_training(data, tmp_path, m
     assert os.path.isfile(tmp_path / 'ckpt.pt')
 
 
+def test_a_run_from_weights_is_that_model_and_takes_a_new_drop_path(data, trained, tmp_path, capsys):
+    """From best.pt with no --model: the log and checkpoint name the checkpoint's model (not the default
+    tost-cifar), --drop_path applies, and a warmup as long as the run is noted."""
+    out = str(tmp_path)
+    train_vit.main([f'--data_dir={data}', '--dataset=synth', f'--out_dir={out}', f"--init_from={trained}/best.pt",
+                    '--drop_path=0.3', '--epochs=1', '--max_steps=1', '--batch_size=16', '--device=cpu',
+                    '--viz_images=0', '--compression_images=0'])
+    printed = capsys.readouterr().out
+    assert 'tost-cifar-tiny (tssa, 4 layers' in printed
+    assert 'note: the warmup (5 epochs) is as long as the run (1): the learning rate never reaches' in printed
+    ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
+    assert ckpt['config']['model'] == 'tost-cifar-tiny' and ckpt['model_args']['drop_path'] == 0.3
+    assert ckpt['config']['drop_path'] == 0.3 and load_checkpoint(f'{trained}/best.pt')['model_args']['drop_path'] == 0.1
+    train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=2', '--model=tost-cifar-tiny'])
+
+
 def test_a_resume_past_its_epochs_has_nothing_to_do(trained, tmp_path, capsys):
     shutil.copytree(trained, tmp_path / 'run')
     train_vit.main(['--init_from=resume', f"--out_dir={tmp_path / 'run'}", '--device=cpu'])
