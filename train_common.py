@@ -356,21 +356,29 @@ class Run:
         for sig, old in self._old.items():
             signal.signal(sig, old)
 
-    def requested(self):
+    def anywhere(self, flag):
+        """Is `flag` true on any rank? Every rank asks at the same point of the loop."""
         if not self.dist.ddp:
-            return self._first is not None
-        flag = torch.tensor([int(self._first is not None)])
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._group)
-        return bool(flag.item())
+            return flag
+        t = torch.tensor([int(flag)])
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self._group)
+        return bool(t.item())
+
+    def requested(self):
+        return self.anywhere(self._first is not None)
 
     def save(self, state, step, also=()):
+        """Rank 0 writes while the others wait; if it cannot, every rank stops here (rank 0 says why)."""
+        failed = None
         if self.dist.master:
             try:
                 for path in (self.path, *also):
                     atomic_save(state, path)
             except OSError as e:
                 kept = f"; the previous {self.path} is intact" if os.path.isfile(self.path) else ""
-                raise Stop(f"could not save {self.path} ({e.strerror or e}){kept}", 1) from None
+                failed = f"could not save {self.path} ({e.strerror or e}){kept}"
+        if self.anywhere(failed is not None):
+            raise Stop(failed or "rank 0 could not save the checkpoint", 1)
         self.saved = step
 
     def last_good(self):
@@ -383,14 +391,13 @@ class Run:
 
     def interrupted(self, step, where, state, finite, kept=None):
         """Ctrl-C or SIGTERM: save here (unless saved, at step 0, kept, or not finite), say how to go on."""
+        finite = not self.anywhere(not finite)      # every rank decides alike whether to save
         why = kept or (None if finite else "the training loss is not finite (diverged)")
         if step in (0, self.saved) or why:
             msg = f"; {f'not saved: {why}; ' if why and step != self.saved else ''}{self.last_good()}"
         else:
             self.save(state(), step)
             msg = f": saved {self.path}"
-        if self.dist.ddp:
-            torch.distributed.barrier()             # the other ranks wait while rank 0 writes
         resume = self.resume if self.saved is not None and finite else ""
         return Stop(f"interrupted ({self.signal or 'on another rank'}) at {where}{msg}{resume}", 130)
 

@@ -484,6 +484,17 @@ def test_torchrun_three_processes_sigterm_to_one_rank_stops_all_at_the_same_step
 
 
 @pytest.mark.slow
+def test_torchrun_a_save_that_fails_on_rank_0_stops_every_rank_with_one_line(data_dir, tmp_path):
+    out = tmp_path / 'out'
+    (out / 'ckpt.pt' / 'x').mkdir(parents=True)                  # rank 0 cannot rename its file onto a folder
+    p = start('train_gpt.py', tiny(data_dir, str(out), '--max_iters=4', '--eval_interval=2'), str(tmp_path),
+              torchrun=2)
+    stdout, stderr = p.communicate(timeout=240)
+    assert p.returncode == 1 and stderr.count('error: could not save') == 1, stderr[-3000:]
+    assert f'error: could not save {out}/ckpt.pt (Is a directory)' in stderr and '[rank' not in stderr, stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_torchrun_ctrl_c_reaches_every_process_twice_and_counts_once(data_dir, tmp_path):
     """Ctrl-C in a terminal signals torchrun and its workers, and torchrun forwards it to them again: each
     worker sees two SIGINTs within milliseconds. That is one Ctrl-C: the save happens, not an abort."""
