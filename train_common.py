@@ -2,6 +2,7 @@
 learning-rate schedule, the device and dtype, processes under torchrun, Ctrl-C, and the run log."""
 import contextlib
 import datetime
+import fcntl
 import gc
 import json
 import math
@@ -108,8 +109,12 @@ def check_out_dir(out_dir):
         raise UsageError(f"--out_dir={out_dir} is a file, not a folder; --out_dir names the folder of ckpt.pt")
 
 
+_locks = []     # the out_dir lock rank 0 holds while its run writes there; launch() lets it go
+
+
 def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
-    """Create --out_dir on every rank. A fresh run refuses an earlier run's `checkpoints` (or deletes them)."""
+    """Create --out_dir on every rank; rank 0 locks it (one run at a time). A fresh run refuses an earlier run's
+    `checkpoints` (or deletes them)."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=out_dir):           # it exists; can this process write in it?
@@ -117,6 +122,15 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
     except OSError as e:
         raise UsageError(f"cannot create --out_dir={out_dir} or write in it ({e.strerror}); choose a folder you "
                          f"can write to")
+    if master:
+        _locks.append(open(os.path.join(out_dir, ".lock"), "w"))
+        try:
+            fcntl.flock(_locks[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"another run is writing in --out_dir={out_dir}; let it finish, or choose another "
+                             f"--out_dir") from None
+        except OSError:                                     # a filesystem without locks: unguarded, as before
+            pass
     found = [p for p in checkpoints if os.path.isfile(p)] if fresh else []
     if found and not overwrite:
         raise UsageError(f"{found[0]} holds an earlier run; go on with it: add --init_from=resume, or start "
@@ -294,6 +308,8 @@ def launch(run, cfg, *args):
         sys.exit(2)
     finally:
         cleanup_distributed(dist)
+        while _locks:
+            _locks.pop().close()
 
 # -----------------------------------------------------------------------------
 # the run: its checkpoint, Ctrl-C and SIGTERM, the command that resumes it, its log
@@ -342,6 +358,10 @@ class Run:
     def _handler(self, signum, frame):
         if self._first is None:
             self._first, self.signal = time.monotonic(), signal.Signals(signum).name
+            if self.dist.master:
+                with contextlib.suppress(RuntimeError):     # a write the signal cut into: skip the note
+                    print(f"{self.signal}: stopping after this {self.unit}; another one stops at once, without "
+                          f"saving", file=sys.stderr, flush=True)
         elif time.monotonic() - self._first >= 1.0:
             raise KeyboardInterrupt
 

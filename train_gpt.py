@@ -244,9 +244,9 @@ def train(cfg, set_keys, dist):
     if cfg['init_from'] == 'resume':
         ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=('model', 'optimizer', 'iter_num', 'config', 'meta'))
         cfg, set_keys = resume_config(cfg, set_keys, ckpt)
+    dtype, why = resolve_dtype(cfg['dtype'], device, dist.master)
     data_path, meta, sizes = open_dataset(cfg, dist, ckpt and ckpt['meta'])
     make_out_dir(cfg['out_dir'], [ckpt_path], cfg['overwrite'], ckpt is None, dist.master)
-    dtype, why = resolve_dtype(cfg['dtype'], device, dist.master)
     accum, accum_total = split_accumulation(cfg['gradient_accumulation_steps'], dist.world_size)
     B, T, seed, max_iters = cfg['batch_size'], cfg['block_size'], cfg['seed'], cfg['max_iters']
     tokens_per_iter = accum_total * B * T

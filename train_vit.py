@@ -256,9 +256,9 @@ def train(cfg, set_keys, dist):
         say(f"note: --batch_size={bs} is more than the {per_rank} training images of each of the "
             f"{dist.world_size} process(es): batches of {per_rank}")
         bs = per_rank
+    dtype, why = resolve_dtype(cfg['dtype'], device, dist.master)
     make_out_dir(cfg['out_dir'], [ckpt_path, best_path], cfg['overwrite'], not resumed and not cfg['eval_only'],
                  dist.master)
-    dtype, why = resolve_dtype(cfg['dtype'], device, dist.master)
     mean, std = (torch.tensor(meta[k], device=device).view(1, -1, 1, 1) for k in ('mean', 'std'))
     norm = lambda x: (x.float() / 255 - mean) / std                 # uint8 -> standardised per channel
 

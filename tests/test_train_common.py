@@ -120,20 +120,43 @@ def test_load_refuses_a_non_dict(tmp_path):
         tc.load_checkpoint(path)
 
 
+def test_one_run_at_a_time_in_an_out_dir(tmp_path):
+    """Rank 0 holds out_dir/.lock while its run writes there: a second run into the same folder is refused."""
+    out = str(tmp_path / "out")
+    tc.make_out_dir(out, [], overwrite=False, fresh=True, master=True)
+    with pytest.raises(UsageError, match=f"another run is writing in --out_dir={out}; let it finish, or choose"):
+        tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True)
+    tc.make_out_dir(out, [], overwrite=False, fresh=False, master=False)   # the other ranks of the same run
+    tc.launch(lambda cfg, dist: None, dict(out_dir=out, device="cpu"))     # launch lets go when its run ends
+    tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True)
+    code = ("import train_common as tc; tc.make_out_dir(%r, [], overwrite=False, fresh=False, master=True)" % out)
+    r = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "another run is writing in" in r.stderr              # another process
+    tc.launch(lambda cfg, dist: None, dict(out_dir=out, device="cpu"))
+
+
 def test_make_out_dir_refuses_or_deletes(tmp_path, capsys):
     out = tmp_path / "out"
     ckpt, best = str(out / "ckpt.pt"), str(out / "best.pt")
-    tc.make_out_dir(str(out), [ckpt, best], overwrite=False, fresh=True, master=True)  # nothing there: made
+
+    def make(**how):                                                 # one run after another: each lets go
+        try:
+            tc.make_out_dir(str(out), [ckpt, best], **how)
+        finally:
+            while tc._locks:
+                tc._locks.pop().close()
+
+    make(overwrite=False, fresh=True, master=True)  # nothing there: made
     assert out.is_dir()
     Path(best).write_bytes(b"weights")
-    tc.make_out_dir(str(out), [ckpt, best], overwrite=False, fresh=False, master=True)  # a resume: fine
+    make(overwrite=False, fresh=False, master=True)  # a resume: fine
     with pytest.raises(UsageError) as e:
-        tc.make_out_dir(str(out), [ckpt, best], overwrite=False, fresh=True, master=True)
+        make(overwrite=False, fresh=True, master=True)
     assert str(e.value).startswith(f"{best} holds an earlier run") and "\n" not in str(e.value)
     assert "--init_from=resume" in str(e.value) and "--out_dir" in str(e.value) and "--overwrite=true" in str(e.value)
-    tc.make_out_dir(str(out), [ckpt, best], overwrite=True, fresh=True, master=False)  # only the master deletes
+    make(overwrite=True, fresh=True, master=False)  # only the master deletes
     assert os.path.exists(best)
-    tc.make_out_dir(str(out), [ckpt, best], overwrite=True, fresh=True, master=True)
+    make(overwrite=True, fresh=True, master=True)
     assert not os.path.exists(best) and capsys.readouterr().out == f"overwrite: deleted {best}\n"
 
 

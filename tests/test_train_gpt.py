@@ -243,12 +243,13 @@ def test_a_real_sigint_saves_at_the_step_and_resume_is_exact(data_dir, tmp_path,
     capsys.readouterr()
     assert exits(train_gpt.main, tiny(data_dir, broken, *args)) == 130
     err = capsys.readouterr().err.splitlines()
-    assert err == [f'interrupted (SIGINT) at iter 7: saved {broken}/ckpt.pt',
+    assert err == ['SIGINT: stopping after this iter; another one stops at once, without saving',
+                   f'interrupted (SIGINT) at iter 7: saved {broken}/ckpt.pt',
                    f'resume with: python train_gpt.py --init_from=resume --out_dir={broken} --device=cpu']
     assert weights(broken)['iter_num'] == 7 and weights(broken)['val_loss'] is None  # no eval at iter 7
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler         # the handler is given back
     monkeypatch.setattr(train_gpt, 'window_starts', real)
-    train_gpt.main(shlex.split(err[1].split(': ', 1)[1])[2:])  # the printed command, as printed
+    train_gpt.main(shlex.split(err[2].split(': ', 1)[1])[2:])  # the printed command, as printed
     same_state(weights(full), weights(broken))
     assert [(r['iter'], r['kind']) for r in read_log(broken)] == [(r['iter'], r['kind']) for r in read_log(full)]
 
@@ -318,8 +319,9 @@ def test_sigterm_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir,
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 130, stderr
     it = weights(out)['iter_num']
-    assert stderr.splitlines()[0] == f'interrupted (SIGTERM) at iter {it}: saved {out}/ckpt.pt' and 3 <= it < 100
-    cmd = stderr.splitlines()[1].split('resume with: ')[1]
+    assert stderr.splitlines()[:2] == ['SIGTERM: stopping after this iter; another one stops at once, without saving',
+                                       f'interrupted (SIGTERM) at iter {it}: saved {out}/ckpt.pt'] and 3 <= it < 100
+    cmd = stderr.split('resume with: ')[1].splitlines()[0]
     assert cmd.startswith('python ') and 'Traceback' not in stderr
     assert [f for f in os.listdir(out) if '.tmp' in f] == []
     assert shlex.split(cmd)[1] == os.path.join(REPO, 'train_gpt.py')   # the script as it was started
@@ -356,10 +358,11 @@ def test_second_ctrl_c_during_the_save_keeps_the_previous_checkpoint(data_dir, t
     assert exits(train_gpt.main, tiny(data_dir, out, '--max_iters=1000', '--eval_interval=4')) == 130
     monkeypatch.undo()
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[0].startswith('interrupted at iter 6, not saved;'), lines
-    assert f'the last good checkpoint is {out}/ckpt.pt (iter 4)' in lines[0]
+    assert lines[0] == 'SIGINT: stopping after this iter; another one stops at once, without saving', lines
+    assert lines[1].startswith('interrupted at iter 6, not saved;'), lines
+    assert f'the last good checkpoint is {out}/ckpt.pt (iter 4)' in lines[1]
     assert weights(out)['iter_num'] == 4                         # the previous checkpoint, intact
-    assert sorted(os.listdir(out)) == ['ckpt.pt', 'log.jsonl', 'loss.png']   # no temp file left
+    assert sorted(os.listdir(out)) == ['.lock', 'ckpt.pt', 'log.jsonl', 'loss.png']   # no temp file left
 
 
 def test_failed_save_keeps_the_previous_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
@@ -379,7 +382,7 @@ def test_failed_save_keeps_the_previous_checkpoint(data_dir, tmp_path, monkeypat
     assert code == 1
     one_line_error(err, 'No space left on device', 'is intact')
     assert weights(out)['iter_num'] == 2  # still loads, and is the one from iter 2
-    assert sorted(os.listdir(out)) == ['ckpt.pt', 'log.jsonl', 'loss.png']  # no temp file left behind
+    assert sorted(os.listdir(out)) == ['.lock', 'ckpt.pt', 'log.jsonl', 'loss.png']  # no temp file left behind
 
 # -----------------------------------------------------------------------------
 # several processes

@@ -142,13 +142,14 @@ def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(dat
         train_vit.main(args)
     assert e.value.code == 130
     err = capsys.readouterr().err.splitlines()
-    assert err == [f'interrupted (SIGINT) at step 7 (epoch 1.75): saved {out}/ckpt.pt',
+    assert err == ['SIGINT: stopping after this step; another one stops at once, without saving',
+                   f'interrupted (SIGINT) at step 7 (epoch 1.75): saved {out}/ckpt.pt',
                    f'resume with: python train_vit.py --init_from=resume --out_dir={out} --device=cpu']
     ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     assert (ck['step'], ck['epoch']) == (7, 1.75)
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
     monkeypatch.setattr(train_vit, 'random_crop_flip', real)
-    train_vit.main(err[1].split()[4:])                             # the command as printed
+    train_vit.main(err[2].split()[4:])                             # the command as printed
     a = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
     b = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     assert (b['step'], b['epoch']) == (8, 2)
