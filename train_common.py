@@ -54,7 +54,7 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     if not os.path.isfile(path):
         folder = os.path.dirname(path) or "."
         where = "" if folder == out else f" --out_dir={folder}"
-        hint = f"; train one with: python {script}{where}" if kind else ""
+        hint = f"; train one with: python {script}{where}" if kind and os.path.basename(path) == "ckpt.pt" else ""
         raise UsageError(f"no checkpoint at {path}{hint}")
     with open(path, "rb") as f:
         head = f.read(4)
@@ -149,6 +149,13 @@ def check_ranges(cfg, positive=(), nonnegative=()):
     for keys, ok, what in ((positive, lambda v: v > 0, "positive"), (nonnegative, lambda v: v >= 0, ">= 0")):
         for key in (k for k in keys if not ok(cfg[k])):
             raise UsageError(f"--{key} must be {what}, got {cfg[key]}")
+
+
+def check_lr(cfg):
+    """A min_lr above learning_rate would make the cosine climb. Checked on the run's values (a resume's merged)."""
+    if cfg["min_lr"] > cfg["learning_rate"]:
+        raise UsageError(f"--min_lr={cfg['min_lr']:g} is above --learning_rate={cfg['learning_rate']:g}: the cosine "
+                         f"would climb; set --min_lr lower")
 
 
 def optimizer_for(model, cfg, dtype, ckpt=None):

@@ -26,7 +26,7 @@ import torch
 import prepare_data
 import tost
 from options import UsageError, parse, run_main
-from train_common import (Run, autocast, check_ranges, cosine_lr, human, launch,
+from train_common import (Run, autocast, check_lr, check_ranges, cosine_lr, human, launch,
                           load_checkpoint, load_weights, make_out_dir, mean_loss, optimizer_for, resolve_dtype,
                           resume_command, seed_of, sum_dtype, wrap)
 
@@ -244,6 +244,7 @@ def train(cfg, set_keys, dist):
     if cfg['init_from'] == 'resume':
         ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=('model', 'optimizer', 'iter_num', 'config', 'meta'))
         cfg, set_keys = resume_config(cfg, set_keys, ckpt)
+    check_lr(cfg)
     dtype, why = resolve_dtype(cfg['dtype'], device, dist.master)
     data_path, meta, sizes = open_dataset(cfg, dist, ckpt and ckpt['meta'])
     make_out_dir(cfg['out_dir'], [ckpt_path], cfg['overwrite'], ckpt is None, dist.master)
@@ -288,6 +289,9 @@ def train(cfg, set_keys, dist):
     if max_iters > cfg['lr_decay_iters']:
         say(f"note: the schedule decays to min_lr at iter {cfg['lr_decay_iters']} and stays there; set "
             f"--lr_decay_iters to stretch it")
+    if cfg['warmup_iters'] >= max_iters:
+        say(f"note: the warmup ({cfg['warmup_iters']} iters) is as long as the run: the learning rate never reaches "
+            f"--learning_rate; set --warmup_iters lower")
 
     run = Run(cfg['out_dir'], None if ckpt is None else iter_num, 'iter', dist,   # the log's later rows: redone
               resume_command('train_gpt.py', cfg, set_keys, DEFAULTS))

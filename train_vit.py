@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import prepare_data
 import tost
 from options import UsageError, parse, run_main
-from train_common import (Run, autocast, check_ranges, cosine_lr, human, launch,
+from train_common import (Run, autocast, check_lr, check_ranges, cosine_lr, human, launch,
                           load_checkpoint, load_weights, make_out_dir, mean_loss, optimizer_for, resolve_dtype,
                           resume_command, seed_of, sum_dtype, wrap)
 
@@ -241,6 +241,7 @@ def train(cfg, set_keys, dist):
     elif path and not cfg['eval_only'] and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
         raise UsageError(f"training from {path} would overwrite the checkpoints beside it; pick another --out_dir "
                          f"(or --init_from=resume to go on)")
+    check_lr(cfg)
     folder = os.path.join(cfg['data_dir'], cfg['dataset'])
     meta = prepare_data.load_meta(folder, 'images')
     config = vit_config(cfg, set_keys, meta, ckpt, path)

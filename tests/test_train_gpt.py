@@ -879,6 +879,8 @@ def test_a_schedule_shorter_than_the_run_is_noted(data_dir, tmp_path, capsys):
     train_gpt.main(tiny(data_dir, str(tmp_path), '--max_iters=3', '--lr_decay_iters=2', '--eval_interval=3'))
     assert 'note: the schedule decays to min_lr at iter 2 and stays there' in capsys.readouterr().out
     assert [r['lr'] for r in read_log(str(tmp_path)) if r['kind'] == 'train'][-1] == train_gpt.DEFAULTS['min_lr']
+    train_gpt.main(tiny(data_dir, str(tmp_path / 'warm'), '--max_iters=2', '--warmup_iters=5', '--eval_interval=2'))
+    assert 'note: the warmup (5 iters) is as long as the run: the learning rate never reaches' in capsys.readouterr().out
 
 
 
@@ -1072,6 +1074,12 @@ def test_a_resume_checks_its_options_against_the_checkpoint_not_the_defaults(dat
     assert weights(out)['iter_num'] == 3 and weights(out)['model_args']['softmax_layers'] == [4]
     assert exits(train_gpt.main, tiny(data_dir, str(tmp_path / 'none'), '--max_iters=0')) == 2
     one_line_error(capsys.readouterr().err, '--max_iters must be positive, got 0')
+    assert exits(train_gpt.main, tiny(data_dir, str(tmp_path / 'none'), '--min_lr=1')) == 2
+    one_line_error(capsys.readouterr().err, '--min_lr=1 is above --learning_rate=0.003: the cosine would climb')
+    # the resumed run's own values are checked, not the defaults: its min_lr is 6e-4, its learning_rate 3e-3
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=4', '--learning_rate=1e-3'])
+    assert exits(train_gpt.main, ['--init_from=resume', f'--out_dir={out}', '--max_iters=5', '--learning_rate=1e-4']) == 2
+    one_line_error(capsys.readouterr().err, '--min_lr=0.0006 is above --learning_rate=0.0001')
 
 
 def test_softmax_layers_mistakes():

@@ -419,7 +419,7 @@ def vit_checkpoint_with_10_classes(path):
 @pytest.mark.parametrize('case, extra, message', [
     ('not prepared', ['--dataset=cifar10'], 'run: python prepare_data.py cifar10 --data_dir='),
     ('30x30 images', ['--dataset=synth30'], 'image size 30 is not divisible by patch_size 4'),
-    ('text dataset', ['--dataset=text'], 'holds text data, not images'),
+    ('text dataset', ['--dataset=text'], 'holds text, not images; pick another dataset or --data_dir'),
     ('gpt checkpoint', ['--init_from=resume'], 'is a language-model checkpoint (train_gpt.py), not a vision one'),
     ('class mismatch', ['--init_from=resume'], 'was trained on 10 classes of 3-channel images, synth has 3'),
     ('attn mismatch', ['--init_from=resume', '--attn=softmax'], 'ckpt.pt holds a model with attn=tssa; drop --attn'),
@@ -452,6 +452,7 @@ def test_config_mistakes_in_process(data, tmp_path):
                            (['--attn=linear'], "unknown attn 'linear'; choose one of tssa, softmax"),
                            (['--viz_layer=9'], 'the model has 4 TSSA layers'),
                            (['--batch_size=0'], '--batch_size must be positive'),
+                           (['--min_lr=0.1'], '--min_lr=0.1 is above --learning_rate=0.001: the cosine would climb'),
                            (['--init_from=nowhere.pt'], 'no checkpoint at nowhere.pt')):
         with pytest.raises(UsageError, match=message.replace('(', r'\(')):
             train_vit.main(base_args(data, out, *extra))
