@@ -119,7 +119,7 @@ def run(cfg, dist):
     if T > model.config.block_size:
         raise UsageError(f"--block_size={T} is larger than the model's context ({model.config.block_size})")
     sets = []
-    for name in [n.strip() for n in cfg['datasets'].split(',') if n.strip()]:   # each val split, checked first
+    for name in dict.fromkeys(n.strip() for n in cfg['datasets'].split(',') if n.strip()):   # checked first
         path = os.path.join(cfg['data_dir'], name)
         meta = prepare_data.load_meta(path, 'text', info['meta'])          # the checkpoint's tokenizer
         tokens = prepare_data.read_tokens(path, meta, 'val')

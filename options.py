@@ -66,7 +66,8 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None):
             raise UsageError(f"unknown option --{key}; valid keys: {', '.join(defaults)}"
                              f"{f'; did you mean --{close[0]}?' if close else ''}")
         if raw is None and not isinstance(defaults[key], bool):
-            raise UsageError(f"--{key} needs a value, e.g. --{key}={defaults[key]}")
+            example = str(defaults[key]) if str(defaults[key]).isprintable() else repr(defaults[key])
+            raise UsageError(f"--{key} needs a value, e.g. --{key}={example}")
         config[key] = True if raw is None else raw if isinstance(raw, list) else _value(key, raw, defaults[key])
         set_keys.add(key)
     return config, set_keys

@@ -61,6 +61,9 @@ def save(fig, path):
 def read_run(path):
     """A run's log: (label, config, rows). path is a run folder or a .jsonl log. A UsageError if neither."""
     log = path if path.endswith('.jsonl') else os.path.join(path, 'log.jsonl')
+    if os.path.isfile(path) and log != path:
+        raise UsageError(f"{path} is not a run: give a run folder or its log.jsonl (train_gpt.py and train_vit.py "
+                         f"write one)")
     if not os.path.isfile(log):
         raise UsageError(f"{path} is not a run: no {log} (train_gpt.py and train_vit.py write one)")
     rows = []
@@ -284,16 +287,20 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='runs')
+    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='runs')
     if not cfg['runs']:
         raise UsageError("give one or more run folders (or log.jsonl files), e.g. python plot.py out out-softmax")
+    jsons = [f for f in cfg['runs'] if f.endswith('.json')]
+    if 'out_dir' in set_keys and not jsons or 'out' in set_keys and len(jsons) == len(cfg['runs']):
+        raise UsageError("--out names the runs' figure and --out_dir the folder of a .json's figures; "
+                         f"{'--out_dir' if not jsons else '--out'} has nothing to draw here")
     if cfg['x'] not in ('tokens', 'seconds'):
         raise UsageError(f"--x expects tokens or seconds, got {cfg['x']!r}")
     if not os.path.splitext(cfg['out'])[1]:               # matplotlib would add .png to a name without one
         raise UsageError(f"--out={cfg['out']} needs a file name whose suffix is the format: .png, .pdf or .svg")
     if not os.path.isdir(cfg['out_dir'] or '.'):
         raise UsageError(f"--out_dir={cfg['out_dir']} is not a folder; give one that exists")
-    for f in [f for f in cfg['runs'] if f.endswith('.json')]:
+    for f in jsons:
         print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'] or '.')))
     runs = [read_run(f) for f in cfg['runs'] if not f.endswith('.json')]
     if runs:

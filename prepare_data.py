@@ -121,7 +121,7 @@ def load_meta(folder, kind=None, model_meta=None):
     except ValueError as e:
         raise UsageError(f"{path} is not valid JSON ({e}); rebuild it: {_recipe(folder, force=True)}") from None
     if kind is not None and meta.get('kind') != kind:
-        raise UsageError(f"{folder} holds {meta.get('kind')} data, not {kind}; pick another --dataset or --data_dir")
+        raise UsageError(f"{folder} holds {meta.get('kind')}, not {kind}; pick another dataset or --data_dir")
     want = model_meta and (model_meta.get('tokenizer'), model_meta.get('vocab_size'))
     if want and want != (meta.get('tokenizer'), meta.get('vocab_size')):
         raise UsageError(f"{folder} uses tokenizer {meta.get('tokenizer')} ({meta.get('vocab_size')} ids), the "

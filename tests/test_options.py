@@ -102,6 +102,8 @@ def test_positional_argument_is_refused():
 
 
 def test_option_without_value_is_refused():
+    with pytest.raises(UsageError, match=r"--start needs a value, e.g. --start='\\n'$"):
+        options.parse(["--start"], {"start": "\n"})
     with pytest.raises(UsageError, match="--max_iters needs a value, e.g. --max_iters=5000"):
         parse("--max_iters")
 

@@ -57,6 +57,9 @@ def test_a_folder_that_is_not_a_run_is_one_line(tmp_path):
                        text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count('\n') == 1 and 'Traceback' not in r.stderr
     assert r.stderr.startswith(f'error: {tmp_path} is not a run: no {tmp_path}/log.jsonl')
+    (tmp_path / 'notes.md').write_text('# not a log')
+    with pytest.raises(options.UsageError, match='notes.md is not a run: give a run folder or its log.jsonl'):
+        plot.read_run(str(tmp_path / 'notes.md'))
     r = subprocess.run([sys.executable, os.path.join(HERE, 'plot.py')], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and 'give one or more run folders' in r.stderr
 
@@ -172,6 +175,8 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
                         ([run, '--out='], 'needs a file name whose suffix is the format'),
                         ([run, f'--out={tmp_path}/x.txt'], "Format 'txt' is not supported"),
                         ([run, '--x=epochs'], "--x expects tokens or seconds, got 'epochs'"),
+                        ([run, f'--out_dir={tmp_path}'], "; --out_dir has nothing to draw here"),
+                        ([str(tmp_path / 'other.json'), '--out=x.png'], "; --out has nothing to draw here"),
                         ([run, str(tmp_path / 'vit')], 'vit: vision, out: ToST: language; draw them in separate'),
                         ([str(tmp_path / 'other.json')], 'holds no results of tools.bench or tools.study'),
                         ([str(tmp_path / 'cut.json')], "cannot draw the figures of " f"{tmp_path}/cut.json (KeyError"),

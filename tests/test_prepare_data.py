@@ -134,7 +134,7 @@ def test_an_image_dataset_not_prepared_names_cifar_and_text_where_images_are_wan
         load_meta(tmp_path / 'cifar11', 'images')
     (tmp_path / 'notes.txt').write_text('my own notes. ' * 20)
     prepare('text', tmp_path, input=str(tmp_path / 'notes.txt'))
-    with pytest.raises(UsageError, match='notes holds text data, not images; pick another --dataset or --data_dir'):
+    with pytest.raises(UsageError, match='notes holds text, not images; pick another dataset or --data_dir'):
         load_meta(tmp_path / 'notes', 'images')
 
 

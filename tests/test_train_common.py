@@ -60,6 +60,11 @@ def test_load_missing_checkpoint(tmp_path):
     path = str(tmp_path / "nope.pt")
     with pytest.raises(UsageError, match=f"^no checkpoint at {path}$"):
         tc.load_checkpoint(path)
+    with pytest.raises(UsageError, match=f"^no checkpoint at {path}$"):     # a path by hand: no folder to train into
+        tc.load_checkpoint(path, kind="vit")
+    with pytest.raises(UsageError, match=f"^no checkpoint at {tmp_path}/ckpt.pt; train one with: python train_vit.py "
+                                         f"--out_dir={tmp_path}$"):
+        tc.load_checkpoint(str(tmp_path / "ckpt.pt"), kind="vit")
 
 
 @pytest.mark.parametrize("cut", [0, 20, 0.5])
