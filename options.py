@@ -23,6 +23,7 @@ def run_main(main):
     except UsageError as e:
         fail(str(e))
     except KeyboardInterrupt:
+        print(flush=True)                           # off the line of text it cut (sample.py's)
         fail("interrupted", code=130)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit

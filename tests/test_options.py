@@ -168,10 +168,12 @@ def test_run_main_turns_usage_error_into_exit_2_without_traceback():
 
 def test_run_main_turns_ctrl_c_into_exit_130(capsys):
     def main():
+        print("a sample cut short", end="")
         raise KeyboardInterrupt
     with pytest.raises(SystemExit) as e:
         options.run_main(main)
-    assert e.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
+    out, err = capsys.readouterr()
+    assert e.value.code == 130 and err == "error: interrupted\n" and out == "a sample cut short\n"   # own line
 
 
 HELPED = '''"""Doc."""
