@@ -98,7 +98,7 @@ def _recipe(folder, meta=None, force=False):
     meta = meta or {}
     built = meta.get('dataset') or (f"cifar{meta['num_classes']}" if 'num_classes' in meta else name)
     tail = f" --data_dir={root or '.'}{' --force' if force else ''}"
-    if built in DATASETS:
+    if built in DATASETS and built != 'text':
         return f"python prepare_data.py {built}{f' --name={name}' if name != built else ''}{tail}"
     if meta.get('kind') == 'images':
         return f"python prepare_data.py cifar10 --name={name}{tail} (or cifar100)"
@@ -505,10 +505,11 @@ def _build_eval_set(stage, o, name):
     if name == 'lambada':  # a passage is a line (a .jsonl line's "text"); the target is its last word
         sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)  # bytes: a newline
         parts, spans, at = [], [], 0
-        for n, line in enumerate(text.splitlines(), 1):
+        jsonl = where.endswith('.jsonl') or text.lstrip().startswith('{')   # by its name, or by what it holds
+        for n, line in enumerate(text.split('\n'), 1):             # '\n' only: a JSON string may hold U+2028
             if not line.strip():
                 continue
-            line = (_json_text(line, f'{where}:{n}') if where.endswith('.jsonl') else line).rstrip()
+            line = (_json_text(line, f'{where}:{n}') if jsonl else line).rstrip()
             m = re.search(r'(\s)(\S+)$', line)
             if m is None or not line[:m.start()].strip():
                 raise UsageError(f"{where}:{n} has no last word to predict after a context: not a LAMBADA passage")
@@ -695,6 +696,9 @@ def prepare(name, /, data_dir='data', **opts):
     _check_folder(out, f"cannot prepare {out}")
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
+        if meta.get('dataset', name) != name:
+            raise UsageError(f"{out} holds {meta['dataset']}, not {name}; pass --force to rebuild it, or --name=OTHER "
+                             f"to keep both")
         if o.get('tokenizer') and meta.get('tokenizer') != o['tokenizer']:
             raise UsageError(f"{out} was prepared with tokenizer {meta.get('tokenizer')}, not {o['tokenizer']}; "
                              f"pass --force to rebuild it, or --name=OTHER to keep both")
@@ -712,7 +716,7 @@ def prepare(name, /, data_dir='data', **opts):
     done = False
     try:  # everything is written in stage/; an exception or ctrl-c leaves out/ untouched
         meta = builder(stage, {**o, 'data_dir': data_dir})
-        _commit(stage, out, {'name': out_name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')})
+        _commit(stage, out, {'name': out_name, 'dataset': name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')})
         done = True
     finally:
         shutil.rmtree(stage, ignore_errors=True)

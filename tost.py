@@ -496,11 +496,11 @@ class GPT(nn.Module):
                 if temperature == 0:
                     nxt = logits.argmax(dim=-1)
                 else:
-                    logits = logits / temperature
+                    logits = logits.float() / temperature      # in float32: float16 overflows at a low one
                     if top_k:                                   # None or 0: sample from every token
                         v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                         logits = logits.masked_fill(logits < v[:, [-1]], -float('inf'))
-                    probs = F.softmax(logits.float(), dim=-1)
+                    probs = F.softmax(logits, dim=-1)
                     nxt = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
                 yield nxt
                 ctx = torch.cat([ctx, nxt[:, None]], dim=1)

@@ -469,6 +469,34 @@ def test_lambada_passages_and_targets(tmp_path, tiny, form):
     assert meta['train_tokens'] == 0 and os.path.getsize(os.path.join(out, 'train.bin')) == 0
 
 
+def test_lambada_json_by_content_and_a_passage_a_newline(tmp_path, tiny):
+    """JSON lines in a file not named .jsonl are still JSON, and a passage holding U+2028 (which JSON may carry
+    raw) stays one passage."""
+    texts = ['They walked to the old mill by the river bank', 'He said\u2028she left the key']
+    (tmp_path / 'lambada_test.json').write_text(''.join(json.dumps({'text': t}, ensure_ascii=False) + '\n'
+                                                        for t in texts))
+    out = prepare('lambada', tmp_path / 'data', input=str(tmp_path / 'lambada_test.json'))
+    val, spans, tok = read_bin(os.path.join(out, 'val.bin')), np.load(os.path.join(out, 'val_targets.npy')), \
+        get_tokenizer('gpt2')
+    assert [tok.decode(val[s:e]) for _, s, e in spans] == [' bank', ' key']
+
+
+def test_a_folder_of_another_dataset_is_not_taken_for_this_one(tmp_path, tiny):
+    (tmp_path / 'notes.txt').write_text('some notes of mine. ' * 40)
+    prepare('text', tmp_path / 'data', input=str(tmp_path / 'notes.txt'), name='lambada')
+    write_jsonl(tmp_path / 'lambada_test.jsonl', LAMBADA)
+    with pytest.raises(UsageError, match='data/lambada holds text, not lambada; pass --force to rebuild it, or '
+                                         '--name=OTHER to keep both'):
+        prepare('lambada', tmp_path / 'data', input=str(tmp_path / 'lambada_test.jsonl'))
+    owt_folder(tmp_path / 'owt')
+    out = prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), name='owt', tokenizer='bytes',
+                  val_every=4, workers=1)
+    assert load_meta(out)['dataset'] == 'openwebtext'                  # eval_gpt's label, whatever the folder
+    os.truncate(os.path.join(out, 'val.bin'), 2)
+    with pytest.raises(UsageError, match=r'rebuild it: python prepare_data.py openwebtext --name=owt --data_dir='):
+        read_tokens(out, load_meta(out), 'val')
+
+
 def test_lambada_bytes_separates_passages_with_newline(tmp_path):
     write_jsonl(tmp_path / 'l.jsonl', ['the cat sat', 'a dog ran'])
     out = prepare('lambada', tmp_path / 'data', input=str(tmp_path / 'l.jsonl'), tokenizer='bytes')
