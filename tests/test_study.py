@@ -56,6 +56,15 @@ def test_recall_labels_are_the_values_of_the_queried_keys(pairs):
         assert (xs[2 * pairs + 1::2] == ys[2 * pairs::2][:n_q - 1]).all()
 
 
+def test_mode_chance_is_the_current_tokens_accuracy():
+    """A model that mixes nothing still sees the current token, which is the mode more often than 1/A."""
+    rng = np.random.default_rng(7)
+    for symbols in (4, 16):
+        x, y = study.gen_mode(rng, 2048, symbols)
+        assert abs((x == y)[y >= 0].mean() - study.mode_chance(symbols)) < 0.02
+        assert study.mode_chance(symbols) > 2 / symbols
+
+
 def test_recall_chance_is_a_guess_among_the_values_not_yet_answered():
     """The chance level is what a model gets that knows the values of the pairs and which ones were answered
     already, but not which key each belongs to: simulate that guesser."""

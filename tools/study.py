@@ -208,11 +208,18 @@ def recall_chance(pairs):
     return float(np.mean([1 / (pairs - j) for j in range((pairs + 1) // 2)]))
 
 
+def mode_chance(symbols):
+    """The guess that sees no other token, the current one: drawn from the same frequencies, it is the mode far
+    more often than 1/A. Measured on 4096 sequences of a fixed seed."""
+    x, y = gen_mode(np.random.default_rng(0), 4096, symbols)
+    return float((x == y)[y >= 0].mean())
+
+
 TASKS = [
     Task('recall', 'pairs', gen_recall, 64, recall_chance, (2, 4, 8), (2, 4), (3000, 1200)),
     Task('copy', 'length', gen_copy, 33, lambda v: 1 / 32, (8, 16, 32), (8, 32), (600, 200)),
     Task('periodic', 'period', gen_periodic, 32, lambda v: 1 / 32, (2, 3, 4), (2, 4), (600, 200)),
-    Task('mode', 'symbols', gen_mode, 32, lambda v: 1 / v, (4, 8, 16), (4, 16), (1000, 200)),
+    Task('mode', 'symbols', gen_mode, 32, mode_chance, (4, 8, 16), (4, 16), (1000, 200)),
 ]
 TASK_MODELS = {'tssa': dict(attn='tssa'), 'tssa+shift': dict(attn='tssa', token_shift=True),
                'softmax': dict(attn='softmax'), 'softmax+shift': dict(attn='softmax', token_shift=True),
