@@ -329,15 +329,16 @@ class Run:
     ranks stop at the same step); a second signal a second later raises KeyboardInterrupt (out now, no save), two
     within a second are one (a torchrun worker gets the terminal's SIGINT and torchrun's forward of it)."""
 
-    def __init__(self, out_dir, saved, unit, dist, resume):
+    def __init__(self, out_dir, saved, unit, dist, resume, logged=None):
         self.path, self.log = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
         self.saved, self.unit, self.dist, self.resume, self.drawn = saved, unit, dist, resume, True
         self.signal, self._first, self._old, self._group = None, None, {}, None
+        logged = saved if logged is None else logged    # the log's last row to keep, in the log's own steps
         if dist.master:
             keep = []
-            if saved is not None and os.path.isfile(self.log):
+            if logged is not None and os.path.isfile(self.log):
                 with open(self.log) as f:
-                    keep = [line for line in f if _upto(line, unit, saved)]
+                    keep = [line for line in f if _upto(line, unit, logged)]
             with open(self.log + ".tmp", "w") as f:         # temp file, then rename: a crash keeps the old log
                 f.writelines(keep)
             os.replace(self.log + ".tmp", self.log)

@@ -239,8 +239,8 @@ def train(cfg, set_keys, dist):
         old = ckpt.get('config', {})
         cfg = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in cfg.items()}
     elif path and not cfg['eval_only'] and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
-        raise UsageError(f"training from {path} would overwrite the checkpoints beside it; pick another --out_dir "
-                         f"(or --init_from=resume to go on)")
+        raise UsageError(f"training from {path} would overwrite the checkpoints beside it; train into another "
+                         f"--out_dir with --init_from={path} (or go on with --init_from=resume)")
     check_lr(cfg)
     folder = os.path.join(cfg['data_dir'], cfg['dataset'])
     meta = prepare_data.load_meta(folder, 'images')
@@ -282,12 +282,11 @@ def train(cfg, set_keys, dist):
         return acc
 
     optimizer, scaler, params = optimizer_for(raw_model, cfg, dtype, ckpt if resumed else None)
-    step, best_acc, elapsed = 0, 0.0, 0.0
-    if resumed:
-        step, best_acc, elapsed = ckpt['step'], ckpt.get('best_acc', 0.0), ckpt.get('elapsed_s', 0.0)
-        if 'steps_per_epoch' in ckpt:                      # an earlier format: whole epochs, then steps into one
-            step += ckpt['epoch'] * ckpt['steps_per_epoch']
     spe = min(-(-per_rank // bs), cfg['max_steps'] or math.inf)     # steps per epoch
+    step, best_acc, elapsed = 0, -1.0, 0.0                          # best_acc -1: no test yet
+    if resumed:     # the epochs done, in this run's steps (another process count or batch size: another step)
+        done = ckpt['epoch'] + (ckpt['step'] / ckpt['steps_per_epoch'] if 'steps_per_epoch' in ckpt else 0)
+        step, best_acc, elapsed = round(done * spe), ckpt.get('best_acc', -1.0), ckpt.get('elapsed_s', 0.0)
     total = cfg['epochs'] * spe
     cfg['drop_path'] = config.drop_path                             # what the model uses, in the saved config
     model, ctx = wrap(raw_model, dist, cfg['compile']), autocast(device, dtype)
@@ -300,19 +299,20 @@ def train(cfg, set_keys, dist):
         return say(f"nothing to do: the checkpoint is at step {step} (epoch {step / spe:g}) of --epochs="
                    f"{cfg['epochs']}; raise --epochs")
     if resumed:
-        say(f"resuming {path} at step {step} (epoch {step / spe:g}, best test accuracy {best_acc:.4f})")
+        best = f"best test accuracy {best_acc:.4f}" if best_acc >= 0 else "no test yet"
+        say(f"resuming {path} at step {step} (epoch {step / spe:g}, {best})")
     if cfg['warmup_epochs'] >= cfg['epochs']:
         say(f"note: the warmup ({cfg['warmup_epochs']:g} epochs) is as long as the run ({cfg['epochs']}): the learning "
             f"rate never reaches --learning_rate; set --warmup_epochs lower")
 
-    run = Run(cfg['out_dir'], step if resumed else None, 'step', dist,
-              resume_command('train_vit.py', cfg, set_keys, DEFAULTS))
+    run = Run(cfg['out_dir'], step if resumed else None, 'step', dist,     # the log counts the steps it was run in
+              resume_command('train_vit.py', cfg, set_keys, DEFAULTS), logged=ckpt['step'] if resumed else None)
     t_start, shard = time.time(), None
     elapsed_s = lambda: round(elapsed + time.time() - t_start, 2)   # the runs it resumed included
     state = lambda: dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
                          model_args=asdict(config), kind='vit', step=step, epoch=step / spe, best_acc=best_acc,
                          config=cfg, meta=meta, elapsed_s=elapsed_s())
-    loss_sum, since_row, t_row = torch.zeros((), device=device), 0, time.time()
+    loss_sum, since_row, seen, t_row = torch.zeros((), device=device), 0, 0, time.time()
     run.record({'kind': 'config', **cfg, 'attn': config.attn, 'lpi': config.lpi, 'params': raw_model.get_num_params()})
     try:
         with run:
@@ -357,17 +357,18 @@ def train(cfg, set_keys, dist):
                     torch.nn.utils.clip_grad_norm_(params, cfg['grad_clip'])
                 scaler.step(optimizer)
                 scaler.update()
-                step, since_row, loss_sum = step + 1, since_row + 1, loss_sum + loss.detach()
+                step, since_row, seen, loss_sum = step + 1, since_row + 1, seen + len(idx), loss_sum + loss.detach()
                 # a log row every log_interval steps and at each epoch's end: the mean loss since the last one
                 if step % cfg['log_interval'] == 0 or step % spe == 0:
                     if not math.isfinite(train_loss := mean_loss(loss_sum, since_row, dist)):
                         raise run.diverged('training loss', train_loss, step)   # the one on disk is fine
-                    dt, images = (time.time() - t_row) / since_row, len(idx) * dist.world_size
-                    run.record(dict(kind='train', step=step, train_loss=train_loss, lr=lr, img_per_s=images / dt,
+                    dt = (time.time() - t_row) / since_row
+                    img_s = seen * dist.world_size / (dt * since_row)          # the images since the last row
+                    run.record(dict(kind='train', step=step, train_loss=train_loss, lr=lr, img_per_s=img_s,
                                     ms_per_step=1000 * dt, elapsed_s=elapsed_s()),
                                f"step {step}/{total} (epoch {step / spe:.2f}): loss {train_loss:.4f}, lr {lr:.1e}, "
-                               f"{images / dt:,.0f} img/s, {1000 * dt:.1f} ms/step, eta {human((total - step) * dt)}")
-                    loss_sum, since_row, t_row = torch.zeros((), device=device), 0, time.time()
+                               f"{img_s:,.0f} img/s, {1000 * dt:.1f} ms/step, eta {human((total - step) * dt)}")
+                    loss_sum, since_row, seen, t_row = torch.zeros((), device=device), 0, 0, time.time()
     except (KeyboardInterrupt, RuntimeError) as e:  # a second Ctrl-C: out at once, without saving; out of memory
         raise run.stopped(e, step, f"with batch_size={bs} on {device}; try --batch_size={bs // 2}") from None
     say(f"done: best test accuracy {best_acc:.4f} in {human(time.time() - t_start)}; checkpoints in {cfg['out_dir']}")

@@ -178,7 +178,7 @@ def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path):
     with pytest.raises(UsageError, match='ckpt.pt holds an earlier run.*--init_from=resume.*--out_dir.*--overwrite=true'):
         train_vit.main(base_args(data, trained, '--epochs=1'))
     for overwrite in ('false', 'true'):                               # training from best.pt would replace it
-        with pytest.raises(UsageError, match='best.pt would overwrite the checkpoints beside it; pick another'):
+        with pytest.raises(UsageError, match='best.pt would overwrite the checkpoints beside it; train into another --out_dir with --init_from='):
             train_vit.main(base_args(data, trained, '--init_from=best', '--epochs=1', f'--overwrite={overwrite}'))
     assert Path(trained, 'best.pt').read_bytes() == before
     out = tmp_path / 'out'                                        # --overwrite=true: the old files go first
@@ -517,6 +517,33 @@ def test_a_run_from_weights_is_that_model_and_takes_a_new_drop_path(data, traine
     assert ckpt['config']['model'] == 'tost-cifar-tiny' and ckpt['model_args']['drop_path'] == 0.3
     assert ckpt['config']['drop_path'] == 0.3 and load_checkpoint(f'{trained}/best.pt')['model_args']['drop_path'] == 0.1
     train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=2', '--model=tost-cifar-tiny'])
+
+
+def test_a_resume_with_another_batch_size_goes_on_at_the_same_epoch(data, tmp_path, capsys):
+    """Steps per epoch change with the batch size (or the process count): the resume goes on from the epochs
+    done, not from the old step count read in the new unit."""
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--epochs=1', '--viz_images=0'))                 # 4 steps of 16
+    train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=2', '--batch_size=32'])   # 2 steps of 32
+    assert f'resuming {out}/ckpt.pt at step 2 (epoch 1, best test accuracy' in capsys.readouterr().out
+    ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
+    assert (ckpt['step'], ckpt['epoch']) == (4, 2)
+    assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2]
+
+
+def test_images_per_second_count_the_images_of_the_row(data, tmp_path):
+    """64 images in batches of 24: 24, 24, 16. A row at the epoch's end covers 64 images in 3 steps."""
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--epochs=1', '--batch_size=24', '--log_interval=10', '--viz_images=0'))
+    row, = read_log(out, kind='train')
+    assert row['step'] == 3 and row['img_per_s'] * row['ms_per_step'] / 1000 == pytest.approx(64 / 3)
+
+
+def test_best_pt_is_written_even_when_the_accuracy_is_zero(data, tmp_path, monkeypatch):
+    monkeypatch.setattr(train_vit, 'evaluate', lambda *a: (0.0, 2.0, 33))
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=1', '--viz_images=0'))
+    assert load_checkpoint(os.path.join(out, 'best.pt'))['best_acc'] == 0.0
 
 
 def test_a_resume_past_its_epochs_has_nothing_to_do(trained, tmp_path, capsys):
