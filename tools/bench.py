@@ -57,7 +57,8 @@ def sync(device):
 
 
 def interleaved(cases, reps, device, warmup=1, label=''):
-    """Median seconds of each callable in `cases` (a dict), run in interleaved rounds."""
+    """Median seconds of each callable in `cases` (a dict), run in interleaved rounds (of an even count, the upper
+    middle one: of two, the slower)."""
     for f in list(cases.values()) * warmup:
         f()
     times = {k: [] for k in cases}
