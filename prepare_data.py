@@ -536,10 +536,9 @@ def _build_eval_set(stage, o, name):
     if official is False:  # it read as the right format: use it, but say so
         _warn(f"{o['input']}: {spec['checksum'][0]} differs from the official {os.path.basename(spec['url'])}; "
               f"using it")
-    return dict(kind='text', dataset=name, tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
-                train_tokens=0, val_tokens=len(val), source=where if 'input' in o else spec['url'],
-                official_file=official, split='val.bin is the official test split; no train split (evaluation only)',
-                **extra)
+    return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16', train_tokens=0,
+                val_tokens=len(val), source=where if 'input' in o else spec['url'], official_file=official,
+                split='val.bin is the official test split; no train split (evaluation only)', **extra)
 
 # -----------------------------------------------------------------------------
 # images: CIFAR's python pickles -> npy

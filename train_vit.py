@@ -245,8 +245,9 @@ def train(cfg, set_keys, dist):
     folder = os.path.join(cfg['data_dir'], cfg['dataset'])
     meta = prepare_data.load_meta(folder, 'images')
     config = vit_config(cfg, set_keys, meta, ckpt, path)
-    if ckpt is not None:                                            # the run is the checkpoint's model, as it is
-        cfg.update(model=ckpt.get('config', {}).get('model', cfg['model']), attn=config.attn, lpi=config.lpi)
+    cfg.update(attn=config.attn, lpi=config.lpi, drop_path=config.drop_path)   # what the model is, as saved
+    if ckpt is not None:                                            # a checkpoint's model, whatever the default
+        cfg['model'] = ckpt.get('config', {}).get('model', cfg['model'])
     n_tssa = config.n_layer if config.attn == 'tssa' else 0
     if n_tssa and not -n_tssa <= cfg['viz_layer'] < n_tssa:
         raise UsageError(f"--viz_layer={cfg['viz_layer']}: the model has {n_tssa} TSSA layers (0..{n_tssa - 1}, "
@@ -288,7 +289,6 @@ def train(cfg, set_keys, dist):
         done = ckpt['epoch'] + (ckpt['step'] / ckpt['steps_per_epoch'] if 'steps_per_epoch' in ckpt else 0)
         step, best_acc, elapsed = round(done * spe), ckpt.get('best_acc', -1.0), ckpt.get('elapsed_s', 0.0)
     total = cfg['epochs'] * spe
-    cfg['drop_path'] = config.drop_path                             # what the model uses, in the saved config
     model, ctx = wrap(raw_model, dist, cfg['compile']), autocast(device, dtype)
 
     say(f"{cfg['model']} ({config.attn}{' + lpi' if config.lpi else ''}, {config.n_layer} layers, {config.n_embd} "
@@ -313,7 +313,7 @@ def train(cfg, set_keys, dist):
                          model_args=asdict(config), kind='vit', step=step, epoch=step / spe, best_acc=best_acc,
                          config=cfg, meta=meta, elapsed_s=elapsed_s())
     loss_sum, since_row, seen, t_row = torch.zeros((), device=device), 0, 0, time.time()
-    run.record({'kind': 'config', **cfg, 'attn': config.attn, 'lpi': config.lpi, 'params': raw_model.get_num_params()})
+    run.record({'kind': 'config', **cfg, 'params': raw_model.get_num_params()})
     try:
         with run:
             while True:
@@ -362,8 +362,8 @@ def train(cfg, set_keys, dist):
                 if step % cfg['log_interval'] == 0 or step % spe == 0:
                     if not math.isfinite(train_loss := mean_loss(loss_sum, since_row, dist)):
                         raise run.diverged('training loss', train_loss, step)   # the one on disk is fine
-                    dt = (time.time() - t_row) / since_row
-                    img_s = seen * dist.world_size / (dt * since_row)          # the images since the last row
+                    secs = time.time() - t_row
+                    dt, img_s = secs / since_row, seen * dist.world_size / secs   # per step; the row's images
                     run.record(dict(kind='train', step=step, train_loss=train_loss, lr=lr, img_per_s=img_s,
                                     ms_per_step=1000 * dt, elapsed_s=elapsed_s()),
                                f"step {step}/{total} (epoch {step / spe:.2f}): loss {train_loss:.4f}, lr {lr:.1e}, "
