@@ -12,6 +12,7 @@ of Z (B, n, d); memberships Pi are (B, K, n) and sum to 1 over the K groups (hea
 # %% 0. Setup. The lecture runs the readable lines of tost.py (the fused core is off until section 13), and
 # computes everything it checks them against independently: the coding rates by log-determinants, the
 # operators by their formulas written out here.
+import contextlib
 import sys
 
 import torch
@@ -19,6 +20,13 @@ import torch.nn.functional as F
 
 import tost
 
+figure = sys.argv[1] if len(sys.argv) > 1 and 'ipykernel' not in sys.modules else 'derivation.png'
+if figure in ('-h', '--help'):
+    with contextlib.suppress(BrokenPipeError):                # `--help | head` may close the pipe first
+        print(__doc__.strip(), flush=True)
+    sys.exit()
+if not figure.endswith('.png'):
+    sys.exit(f'error: the figure is written as a PNG; give a path ending in .png, got {figure!r}')
 torch.set_default_dtype(torch.float64)
 tost.CausalTSSA.fast = False
 torch.manual_seed(0)
@@ -466,11 +474,8 @@ fig.tight_layout()
 if in_notebook:
     plt.show()
 else:
-    out = sys.argv[1] if len(sys.argv) > 1 else 'derivation.png'
-    if not out.endswith('.png'):
-        sys.exit(f'error: the figure is written as a PNG; give a path ending in .png, got {out!r}')
-    fig.savefig(out, dpi=90)
-    print(f'    figure: {out}')
+    fig.savefig(figure, dpi=90)
+    print(f'    figure: {figure}')
 
 # %% 13. The fused core. On a CPU the causal layer's training path runs tost_fast.CausalCore on large inputs
 # unless CausalTSSA.fast is False: chunked, with a hand-written backward. It gives the readable lines' numbers: float64

@@ -55,6 +55,21 @@ def test_operator_is_causal(make):
         assert not torch.allclose(y[:, k:], y2[:, k:])     # the test is sensitive
 
 
+def test_the_past_is_a_bag_but_for_each_tokens_own_membership():
+    """y_t sees the past only through sums over it: shuffling earlier tokens changes nothing when the
+    memberships do not depend on the tokens (temp = 0), and changes y_t only through them otherwise (each
+    pi_j is computed from its own prefix)."""
+    torch.manual_seed(0)
+    layer = randomize(CausalTSSA(16, 4, block_size=12).double())
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    shuffled = torch.cat([x[:, torch.randperm(11)], x[:, 11:]], 1)  # tokens 0..10 reordered, the last kept
+    changed = (layer(x) - layer(shuffled))[:, -1].abs().max()
+    with torch.no_grad():
+        layer.temp.zero_()                                   # Pi = 1/K for every token, whatever came before
+    torch.testing.assert_close(layer(shuffled)[:, -1], layer(x)[:, -1], rtol=1e-12, atol=1e-14)
+    assert changed > 1e-4                                    # with real memberships, order does enter
+
+
 # the GPT's kinds of model: every block TSSA (the paper's), every block softmax, and hybrids
 KINDS = {'tssa': {}, 'softmax': dict(attn='softmax'), 'hybrid': dict(softmax_layers=(-1,)),
          'hybrid-first': dict(softmax_layers=(0,))}
@@ -667,3 +682,6 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     assert (tmp_path / 'fig.png').read_bytes()[:4] == b'\x89PNG'
     r = subprocess.run([sys.executable, script, 'README.md'], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and r.stderr.startswith('error: ') and not (tmp_path / 'README.md').exists()
+    assert r.stdout == ''                                   # refused before the lecture runs
+    r = subprocess.run([sys.executable, script, '--help'], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("ToST's derivation as a lecture") and r.stderr == ''

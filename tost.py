@@ -751,9 +751,9 @@ class SoftmaxAttention(nn.Module):
 
 
 # A hybrid (GPTConfig.softmax_layers, off by default): the blocks it names get SoftmaxAttention. A TSSA
-# layer keeps of the past only prefix sums of squares, a bag without order, so it cannot tie a key to
-# the value after it (recall); one softmax layer can look up any earlier token. The price: that layer costs
-# O(T) per token, and its KV cache grows with the context (docs/quality.md measures both).
+# layer keeps of the past only prefix sums of squares, nearly a bag, so it cannot tie a key to the value
+# after it (recall); one softmax layer can look up any earlier token. The price: that layer costs O(T) per
+# token, and its KV cache grows with the context (docs/speed.md measures both).
 
 
 def forward_with_options(block, x, grid=None):
