@@ -751,7 +751,7 @@ def main(argv=None):
     if not cfg['dataset']:
         raise UsageError(f"give one dataset name (known: {', '.join(DATASETS)}); python prepare_data.py --help")
     for key in ('max_mb', 'val_every'):
-        if cfg[key] <= 0:
+        if not cfg[key] > 0:  # NaN too
             raise UsageError(f"--{key} must be positive, got {cfg[key]}")
     if cfg['workers'] < 0:
         raise UsageError(f"--workers must be >= 0, got {cfg['workers']}")

@@ -848,6 +848,7 @@ def test_cli_stdlib_and_noop(tmp_path):
     (['text'], ['--input=PATH']),
     ([], ['give one dataset name']),
     (['python_stdlib', '--max_mb=0'], ['--max_mb must be positive, got 0.0']),
+    (['python_stdlib', '--max_mb=nan'], ['--max_mb must be positive, got nan']),
     (['text', '--input=x', '--workers=-1'], ['--workers must be >= 0, got -1']),
     (['text', '--input=x', '--name=..'], ['--name=.. is not usable as a folder name']),
     (['text', '--input=nope.txt'], ['no such file or folder: nope.txt']),
