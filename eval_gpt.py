@@ -1,6 +1,5 @@
 """
-Zero-shot evaluation of a train_gpt.py checkpoint, as the paper's Table 4 (left): loss in nats per token on the test
-sets of OpenWebText, LAMBADA, WikiText-2 and PTB, and LAMBADA's last-word accuracy (what exactly: docs/evaluation.md).
+Zero-shot loss and LAMBADA accuracy of a train_gpt.py checkpoint, as the paper's Table 4 (left): docs/evaluation.md.
 
     python prepare_data.py lambada && python prepare_data.py wikitext2 && python prepare_data.py ptb
     python eval_gpt.py --out_dir=out-owt-base              # the paper's four sets: a table, and log.jsonl
@@ -47,8 +46,7 @@ def windows(n_tokens, T):
 def _batches(n_items, B, dist, cut=0):
     """Batches of item indices, in order, B at a time (and a new batch at `cut`), and this process's share."""
     edges = sorted({*range(0, n_items, B), cut} - {n_items})
-    groups = [range(a, b) for a, b in zip(edges, edges[1:] + [n_items])]
-    return [g for j, g in enumerate(groups) if j % dist.world_size == dist.rank]
+    return [range(a, b) for a, b in zip(edges, edges[1:] + [n_items])][dist.rank::dist.world_size]
 
 
 @torch.no_grad()
@@ -59,8 +57,7 @@ def split_loss(model, tokens, T, B, device, ctx, dist):
     wins = windows(len(tokens), T)
     rows = lambda starts, length: torch.from_numpy(np.stack([tokens[s:s + length] for s in starts]).astype(np.int64))
     sums = torch.zeros(len(wins), dtype=sum_dtype(device), device=device)
-    full = sum(1 for _, length in wins if length == T)  # only the last window can be shorter
-    for group in _batches(len(wins), B, dist, cut=full):
+    for group in _batches(len(wins), B, dist, cut=(len(tokens) - 1) // T):  # the full windows, then a shorter one
         starts, length = [wins[i][0] for i in group], wins[group[0]][1]
         x, y = rows(starts, length).to(device), rows([s + 1 for s in starts], length).to(device)
         with ctx:

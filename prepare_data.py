@@ -173,10 +173,11 @@ def _checksum(path, algo='md5'):
         return hashlib.new(algo, f.read()).hexdigest()  # the largest file checked is CIFAR-100's 169 MB
 
 
-def _download(url, dest, hint, checksum=None):
-    """url -> dest via dest.part-<pid>, renamed only when complete and matching checksum, an (algorithm, hex
-    digest) pair. A file already at dest that matches is not fetched again."""
+def _download(url, data_dir, hint, checksum=None, name=None):
+    """url -> data_dir/downloads/name (default: the url's) via a .part-<pid> file, renamed only when complete and
+    matching checksum, an (algorithm, hex digest) pair. A file already there that matches is not fetched again."""
     ok = lambda path: checksum is None or _checksum(path, checksum[0]) == checksum[1]
+    dest = os.path.join(data_dir, 'downloads', name or os.path.basename(url))
     if os.path.exists(dest) and ok(dest):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -225,7 +226,7 @@ def _split_chunk(job):
         ids = tok.encode_array(text)
         cut = (0 if i % k == k - 1 else len(ids)) if kind == 'every' else len(ids) - len(ids) // k
         for out, p in ((train, ids[:cut]), (val, ids[cut:])):
-            out.append(np.append(p, np.uint16(tok.eot)) if eot and tok.eot is not None and len(p) else p)
+            out.append(np.append(p, np.uint16(tok.eot)) if eot and len(p) else p)
     return np.concatenate(train), np.concatenate(val), len(texts)
 
 
@@ -238,9 +239,9 @@ def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
     with open(os.path.join(stage, 'train.bin'), 'wb') as train, open(os.path.join(stage, 'val.bin'), 'wb') as val, \
             _progress(f"tokenize ({tok.name}, {workers} proc)", n_docs) as advance:
         def consume(result):
-            for i, (f, ids) in enumerate(((train, result[0]), (val, result[1]))):
-                ids.astype(np.uint16, copy=False).tofile(f)
-                counts[i] += len(ids)
+            for i, f in enumerate((train, val)):
+                result[i].tofile(f)
+                counts[i] += len(result[i])
             advance(result[2])
         if workers <= 1:
             _job = (tok, rule, eot)
@@ -295,11 +296,11 @@ def _build_tokenizer(o, default, offline='or prepare with --tokenizer=bytes'):
         raise UsageError(f"{e}; {offline}" if o.get('tokenizer', default) == 'gpt2' else e) from None
 
 
-def _text_dataset(stage, o, texts, n_docs, source, tok, rule=('tail', 10), eot=None):
-    """texts (an iterable of n_docs strings) -> train.bin, val.bin; returns the meta. eot: default, if several."""
+def _text_dataset(stage, o, texts, n_docs, source, tok, rule=('tail', 10), eot=False):
+    """texts (an iterable of n_docs strings) -> train.bin, val.bin; returns the meta. eot: always, or if several."""
     if not n_docs:
         raise UsageError(f"empty corpus: no documents in {source}")
-    eot = n_docs > 1 if eot is None else eot
+    eot = (eot or n_docs > 1) and tok.eot is not None
     counts = _tokenize(stage, texts, tok, rule, eot, o.get('workers', 1), n_docs)
     if counts[0] == 0 or counts[1] == 0:
         raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, {counts[1]} val tokens)")
@@ -308,7 +309,7 @@ def _text_dataset(stage, o, texts, n_docs, source, tok, rule=('tail', 10), eot=N
              if kind == 'every' else f"the last 1/{k} of each document's tokens (rounded down) is val, the rest train")
     return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16', train_tokens=counts[0],
                 val_tokens=counts[1], source=source, split=split, documents=n_docs,
-                eot=(f"{tok.eot} appended after every document" if eot and tok.eot is not None else None))
+                eot=f"{tok.eot} appended after every document" if eot else None)
 
 
 def _files_dataset(stage, o, files, source, tok=None):
@@ -336,8 +337,7 @@ def _build_shakespeare(stage, o):
         f"offline, fetch {SHAKESPEARE_URL} by hand, then: python prepare_data.py shakespeare --input=input.txt "
         f"--tokenizer=bytes")
     tok = _build_tokenizer(o, 'gpt2', offline)  # fail on the tokenizer before any download
-    dest = os.path.join(o['data_dir'], 'downloads', 'tinyshakespeare.txt')
-    path = o.get('input') or _download(SHAKESPEARE_URL, dest, hint='--input=PATH')
+    path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH', name='tinyshakespeare.txt')
     return _files_dataset(stage, o, _files_under(path), path if 'input' in o else SHAKESPEARE_URL, tok)
 
 
@@ -454,8 +454,8 @@ def _eval_source(o, spec):
     """(bytes of the input, where it came from, whether it is the official file: True, False, or None if we
     cannot tell). The official file is downloaded and checked unless --input is given."""
     if 'input' not in o:
-        dest = os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url']))
-        path, where, official = _download(spec['url'], dest, '--input=PATH', spec['checksum']), spec['url'], True
+        where, official = spec['url'], True
+        path = _download(spec['url'], o['data_dir'], '--input=PATH', spec['checksum'])
     else:
         path, want = o['input'], os.path.basename(spec.get('member', spec['url']))
         if os.path.isdir(path):  # the unpacked download: wikitext-2-raw/, simple-examples/data/, ...
@@ -612,8 +612,7 @@ def _build_cifar(stage, o, which):
     spec = CIFAR[which]
     if 'archive' in o and not os.path.isfile(o['archive']):
         raise UsageError(f"no such file: {o['archive']}")
-    dest = os.path.join(o['data_dir'], 'downloads', os.path.basename(spec['url']))
-    archive = o.get('archive') or _download(spec['url'], dest, hint='--archive=PATH', checksum=('md5', spec['md5']))
+    archive = o.get('archive') or _download(spec['url'], o['data_dir'], '--archive=PATH', ('md5', spec['md5']))
     md5_ok = 'archive' not in o or _checksum(archive) == spec['md5']  # a download is checked already
     where = archive if md5_ok else f"{archive} (whose MD5 differs from the official {os.path.basename(spec['url'])})"
     xtr, ytr, xte, yte, names = _read_cifar(archive, spec, where)
@@ -752,7 +751,7 @@ def main(argv=None):
     if not cfg['dataset']:
         raise UsageError(f"give one dataset name (known: {', '.join(DATASETS)}); python prepare_data.py --help")
     for key in ('max_mb', 'val_every'):
-        if cfg[key] <= 0:
+        if not cfg[key] > 0:  # NaN too
             raise UsageError(f"--{key} must be positive, got {cfg[key]}")
     if cfg['workers'] < 0:
         raise UsageError(f"--workers must be >= 0, got {cfg['workers']}")
