@@ -257,6 +257,16 @@ def test_shakespeare_gpt2_from_local_copy(tmp_path, tiny):
     assert tok.decode(ids) == text  # one document: no eot, train then val is the whole text
 
 
+def test_python_stdlib_without_a_cap(tmp_path, monkeypatch):
+    root = tmp_path / 'lib'
+    (root / 'json').mkdir(parents=True)
+    (root / 'json' / 'a.py').write_text('x = 1\n' * 20)
+    (root / 'b.py').write_text('y = 2\n' * 30)
+    monkeypatch.setattr(sysconfig, 'get_paths', lambda: {'stdlib': str(root)})
+    meta = load_meta(prepare('python_stdlib', tmp_path / 'data', max_mb=float('inf')))
+    assert meta['documents'] == 2 and meta['train_tokens'] + meta['val_tokens'] == 6 * 50
+
+
 def test_python_stdlib_small(tmp_path):
     out = prepare('python_stdlib', tmp_path, max_mb=0.3)
     meta = load_meta(out)
