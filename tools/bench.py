@@ -277,13 +277,11 @@ def section_generation(args, results):
             ids = torch.cat([ids, model(ids)[0][:, -1].argmax(-1, keepdim=True)], 1)
 
     ctxs, new = SIZES[args.mode]['gen_ctx'], SIZES[args.mode]['gen_new']
-    models = {}                                         # case: its model, with the last block softmax in the hybrid
-    for key, attn, extra in (('recurrent', 'tssa', {}), ('shift_recurrent', 'tssa', dict(token_shift=True)),
-                             ('softmax_kv', 'softmax', {}),
-                             ('hybrid', 'tssa', dict(token_shift=True, softmax_layers=(-1,)))):
+    base, models = model_config(args.device, max(ctxs) + new + 1, 'tssa', args.mode), {}
+    for key, extra in (('recurrent', {}), ('shift_recurrent', dict(token_shift=True)),
+                       ('softmax_kv', dict(attn='softmax')), ('hybrid', dict(token_shift=True, softmax_layers=(-1,)))):
         torch.manual_seed(0)
-        models[key] = GPT(replace(model_config(args.device, max(ctxs) + new + 1, attn, args.mode), **extra))
-        models[key].to(args.device).eval()
+        models[key] = GPT(replace(base, **extra)).to(args.device).eval()
     rows, n_rerun, tssa = [], max(2, new // 8), models['recurrent']
     for ctx in ctxs:
         idx = torch.randint(0, tssa.config.vocab_size, (1, ctx), device=args.device)
