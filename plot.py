@@ -156,9 +156,8 @@ def generation(results, path):
     """The generation section: tokens/s of decoding against the context length."""
     rows = results['generation']
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    keys = [k for k in GENERATION if k in rows[0]] + [k for k in rows[0] if k not in GENERATION and k != 'ctx']
-    for i, key in enumerate(keys):
-        label, model = GENERATION.get(key, (key, None))
+    for i, key in enumerate(k for k in GENERATION if k in rows[0]):
+        label, model = GENERATION[key]
         color, line, marker = STYLES[model] if model else OTHER[i % len(OTHER)]
         ax.plot([r['ctx'] for r in rows], [r[key] for r in rows], color=color, linestyle=line, marker=marker,
                 label=label)

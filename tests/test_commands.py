@@ -14,7 +14,6 @@ import urllib.error
 from pathlib import Path
 
 import pytest
-import torch
 
 import eval_gpt
 import plot

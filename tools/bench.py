@@ -10,12 +10,7 @@ and how). From the repo root:
 
 --json=PATH writes the numbers, and beside them speed.png and generation.png.
 """
-import functools
-import json
-import os
-import subprocess
-import sys
-import time
+import functools, json, os, subprocess, sys, time
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -32,6 +27,7 @@ from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
 from train_common import autocast, setup_cuda
 
 console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # the repo root, where tools/ is
 PAPER = {4096: (0.60, 0.41), 8192: (0.46, 0.24)}     # ToST-Base / GPT2-Base: time, memory
 NOISE = 0.2      # repeated timings of one case further apart than this (max/min - 1): the machine is busy
 NOISY = []       # such cases, reported under the table they belong to
@@ -51,23 +47,19 @@ ms = lambda s: f"{s * 1e3:,.1f}" if s == s else "-"
 mb = lambda m: f"{m:,.0f}" if m == m else "-"
 
 
-def sync(device):
-    if device.startswith('cuda'):       # CUDA only; main() made args.device the current GPU
-        torch.cuda.synchronize()
-
-
 def interleaved(cases, reps, device, warmup=1, label=''):
     """Median seconds of each callable in `cases` (a dict), run in interleaved rounds (of an even count, the upper
     middle one: of two, the slower)."""
+    sync = torch.cuda.synchronize if device.startswith('cuda') else lambda: None   # the GPU main() made current
     for f in list(cases.values()) * warmup:
         f()
     times = {k: [] for k in cases}
     for _ in range(reps):
         for k, f in cases.items():
-            sync(device)
+            sync()
             t0 = time.perf_counter()
             f()
-            sync(device)
+            sync()
             times[k].append(time.perf_counter() - t0)
     NOISY.extend(f"{label}{k} {ms(min(v))}..{ms(max(v))} ms" for k, v in times.items() if max(v) / min(v) - 1 > NOISE)
     return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
@@ -158,24 +150,22 @@ def measure_memory(spec, device, child=False):
     cuda = device.startswith('cuda')            # CUDA: main() made args.device the current GPU
     if not cuda and not child:
         code = f"from tools import bench; print(bench.measure_memory({spec!r}, {device!r}, child=True))"
-        out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # where tools/ is
+        out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=REPO)
         return float(out.stdout.split()[-1]) if out.returncode == 0 else float('nan')
     run = make_model(device=device, **spec) if 'attn' in spec else make_op(device=device, backward=True, **spec)
     run()       # the first run allocates what every run needs (gradients, allocator caches); measure the second
-    status = lambda field: next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
     if cuda:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    else:
-        base = status('VmRSS:')
-        with open('/proc/self/clear_refs', 'w') as f:   # reset the high-water mark to the current RSS
-            f.write('5')
-    run()
-    if cuda:
+        run()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
+    status = lambda field: next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
+    base = status('VmRSS:')
+    with open('/proc/self/clear_refs', 'w') as f:   # reset the high-water mark to the current RSS
+        f.write('5')
+    run()
     return (status('VmHWM:') - base) / 1024
 
 # -----------------------------------------------------------------------------
@@ -287,13 +277,11 @@ def section_generation(args, results):
             ids = torch.cat([ids, model(ids)[0][:, -1].argmax(-1, keepdim=True)], 1)
 
     ctxs, new = SIZES[args.mode]['gen_ctx'], SIZES[args.mode]['gen_new']
-    models = {}                                         # case: its model, with the last block softmax in the hybrid
-    for key, attn, extra in (('recurrent', 'tssa', {}), ('shift_recurrent', 'tssa', dict(token_shift=True)),
-                             ('softmax_kv', 'softmax', {}),
-                             ('hybrid', 'tssa', dict(token_shift=True, softmax_layers=(-1,)))):
+    base, models = model_config(args.device, max(ctxs) + new + 1, 'tssa', args.mode), {}
+    for key, extra in (('recurrent', {}), ('shift_recurrent', dict(token_shift=True)),
+                       ('softmax_kv', dict(attn='softmax')), ('hybrid', dict(token_shift=True, softmax_layers=(-1,)))):
         torch.manual_seed(0)
-        models[key] = GPT(replace(model_config(args.device, max(ctxs) + new + 1, attn, args.mode), **extra))
-        models[key].to(args.device).eval()
+        models[key] = GPT(replace(base, **extra)).to(args.device).eval()
     rows, n_rerun, tssa = [], max(2, new // 8), models['recurrent']
     for ctx in ctxs:
         idx = torch.randint(0, tssa.config.vocab_size, (1, ctx), device=args.device)

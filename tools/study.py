@@ -20,14 +20,13 @@ import torch
 import plot
 import tost
 from options import parse, run_main
-from tools.bench import console, run_sections, table
+from tools.bench import REPO, console, run_sections, table
 from train_common import cosine_lr
 
 
 def run_script(args, what):
     """Run one of the repo's scripts (a list of arguments) in a subprocess, its output captured."""
-    out = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repo root
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
     if out.returncode != 0:
         tail = '\n'.join((out.stderr or out.stdout).strip().splitlines()[-5:])
         sys.exit(f"error: {what} failed ({' '.join(args)}):\n{tail}")
@@ -141,7 +140,7 @@ def section_vision(args, results):
                                          note='train_vit.py defaults with these overrides, seed 1337, one run each'),
                              rows=rows)
     table(results, f"Vision: {b['n_train']} synthetic 32px images (10 glyph classes on noise), tost-cifar-tiny, "
-                   f"{budget['epochs']} epochs of batch {budget.get('batch_size', 128)}, one seed; chance 0.10",
+                   f"{budget['epochs']} epochs of batch {budget['batch_size']}, one seed; chance 0.10",
           ['model', 'test accuracy (last epoch)', 'best', 'seconds'],
           [(r['variant'], f"{r['test_acc']:.3f}", f"{r['best_acc']:.3f}", f"{r['seconds']:.0f}") for r in rows])
 
