@@ -10,7 +10,12 @@ and how). From the repo root:
 
 --json=PATH writes the numbers, and beside them speed.png and generation.png.
 """
-import functools, json, os, subprocess, sys, time
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from types import SimpleNamespace
 
