@@ -10,7 +10,8 @@ are drawn as train and val loss against tokens seen (or seconds), vision runs as
 epochs, each labelled with its folder and its model. Their figure goes to --out: runs.png in the current
 folder unless told (its suffix picks the format: .png, .pdf, .svg). A .json is the results of tools.bench
 or tools.study: its figures (speed.png, generation.png, language.png, vision.png, tasks.png) go to
---out_dir, the current folder unless told (tools.bench and tools.study draw them beside their --json).
+--out_dir, the current folder unless told (tools.bench and tools.study draw them beside their --json);
+language.png and vision.png are drawn from the study's run folders, which the .json names.
 The same model has the same colour and line style in every figure (the styles survive a grey-scale print).
 """
 import contextlib, json, os, sys
