@@ -428,7 +428,7 @@ def test_torchrun_two_processes_compiled_train_save_plain_weights_and_match_one(
     """--compile=true under torchrun: torch.compile(DDP(model)), evaluation through it too. Two processes train,
     save weights without compile's or DDP's prefixes, and land where one uncompiled process does with the same
     global batch (up to inductor's rounding). And they leave no gloo thread running into the interpreter's exit,
-    where such threads can abort a finished run (see train_common.cleanup_distributed)."""
+    where such threads can abort a finished run (see train_common.launch)."""
     one, two, worker = str(tmp_path / 'one'), str(tmp_path / 'two'), tmp_path / 'worker.py'
     worker.write_text(THREADS_AFTER)
     args = ('--max_iters=4', '--eval_interval=2', '--gradient_accumulation_steps=4')   # 2 micro-steps each
@@ -811,6 +811,7 @@ def test_rough_edges_end_in_one_line(data_dir, tmp_path, capsys):
     for args, words in ((['--out_dir='], ['--out_dir is empty', '--out_dir=out']),
                         (['--learning_rate=-1'], ['--learning_rate must be positive, got -1.0']),
                         (['--learning_rate=nan'], ['--learning_rate must be positive, got nan']),
+                        (['--dropout=1'], ['--dropout must be in [0, 1), got 1.0']),
                         ([f'--data_dir={readme}', f'--out_dir={tmp_path}/o'], [readme]),   # not prepared into it
                         (tiny(data_dir, str(tmp_path / 'README.md' / 'out')), ['cannot create --out_dir='])):
         if 'cannot' in words[0]:
