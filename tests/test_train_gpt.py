@@ -1,17 +1,8 @@
 """
-Tests for train_gpt.py and sample.py: tiny end-to-end runs on CPU (a 1-layer, 32-wide model on this repo's
-tost.py as a byte corpus), offline, about a minute:  python -m pytest -q test_train_gpt.py
-
-What they prove: a run trains and its checkpoint loads back to the same val loss; Ctrl-C (a real SIGINT
-or SIGTERM, to this process, to a subprocess, to one torchrun worker or to torchrun's whole group) saves
-at the step boundary and `--init_from=resume`, as printed, ends with exactly the weights and optimizer
-state of an unbroken run and a log without duplicate rows; a second Ctrl-C during the save keeps the
-previous checkpoint; a failed save keeps the previous checkpoint; 2 processes under torchrun (gloo) on the
-defaults round the accumulation up and compute what 1 process does with the same global batch, 3 stop
-together when one rank gets SIGTERM; the GPU paths run on CPU (compile with a checkpoint and a resume,
-bf16, fp16 with the GradScaler, fused AdamW, MFU) and the step never reads the loss but for a log row;
-sampling streams the text generate() gives and repeats for a seed; bad input ends in one line, a non-zero
-exit and no traceback.
+Tests for train_gpt.py and sample.py: tiny end-to-end runs on CPU (a 1-layer, 32-wide model on a byte corpus),
+offline. Ctrl-C and SIGTERM are real signals, to this process, a subprocess, one torchrun worker or torchrun's
+group; several processes run under torchrun (gloo); the GPU paths (compile, bf16, fp16 with the GradScaler,
+fused AdamW, MFU) run on CPU; bad input ends in one line, a non-zero exit and no traceback.
 """
 import json
 import os
@@ -76,19 +67,17 @@ def run_cli(script, *args, cwd=REPO):
                           env=ENV, cwd=cwd, timeout=120)
 
 
-def in_process(capsys, main, *args):
-    """main(args) ended by run_main, as its script ends it: the exit code and what went to stderr."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        options.run_main(lambda: main(list(args)))
-    return SimpleNamespace(code=e.value.code, err=capsys.readouterr().err)
-
-
 def exits(fn, *args):
     """Run fn(*args) under run_main, as the script does; return the exit code (stderr is in capsys)."""
     with pytest.raises(SystemExit) as e:
         options.run_main(lambda: fn(*args))
     return e.value.code
+
+
+def in_process(capsys, main, *args):
+    """main(args) ended by run_main, as its script ends it: the exit code and what went to stderr."""
+    capsys.readouterr()
+    return SimpleNamespace(code=exits(main, list(args)), err=capsys.readouterr().err)
 
 
 def one_line_error(stderr, *words):
@@ -174,49 +163,23 @@ def test_run_log_and_checkpoint_roundtrip(trained, data_dir):
     assert ckpt['val_loss'] == evals[-1]['val_loss']
 
 
-def test_interrupt_then_resume_equals_unbroken_run(data_dir, tmp_path, monkeypatch, capsys):
-    args = ('--max_iters=8', '--eval_interval=4', '--dropout=0.1')  # dropout: the RNG must resume too
-    full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
-    train_gpt.main(tiny(data_dir, full, *args))
-
+def at_iter(monkeypatch, it, act):
+    """act() as iteration `it` draws its batch (train_gpt.window_starts, stream 0)."""
     real = train_gpt.window_starts
 
-    def ctrl_c_at_iter_6(seed, stream, index, *rest):
-        if stream == 0 and index == 6:
-            raise KeyboardInterrupt
+    def starts(seed, stream, index, *rest):
+        if stream == 0 and index == it:
+            act()
         return real(seed, stream, index, *rest)
+    monkeypatch.setattr(train_gpt, 'window_starts', starts)
 
-    monkeypatch.setattr(train_gpt, 'window_starts', ctrl_c_at_iter_6)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        train_gpt.main(tiny(data_dir, broken, *args))
-    assert e.value.code == 130
-    err = capsys.readouterr().err
-    assert 'resume with: python train_gpt.py --init_from=resume' in err and 'Traceback' not in err
-    assert weights(broken)['iter_num'] == 4  # the last eval saved at 4; iters 4 and 5 are lost
-    monkeypatch.setattr(train_gpt, 'window_starts', real)
 
-    # resume with nothing but the out_dir: the schedule, the data order, the RNG and the dtype (float32, where
-    # auto may be bfloat16) come from the checkpoint; the device is this machine's
-    train_gpt.main(['--init_from=resume', f'--out_dir={broken}', f'--data_dir={data_dir}', '--device=cpu'])
-    a, b = weights(full), weights(broken)
-    assert b['iter_num'] == a['iter_num'] == 8
-    for k in a['model']:
-        torch.testing.assert_close(b['model'][k], a['model'][k], rtol=0, atol=1e-6, msg=k)
-    sa, sb = a['optimizer']['state'], b['optimizer']['state']
-    assert sa.keys() == sb.keys()
-    for p in sa:
-        for k in ('exp_avg', 'exp_avg_sq', 'step'):
-            torch.testing.assert_close(sb[p][k], sa[p][k], rtol=0, atol=1e-6)
-    log = read_log(broken)
-    assert [(r['iter'], r['kind']) for r in log] == [(r['iter'], r['kind']) for r in read_log(full)]  # no duplicates
-    resumed = [r for r in log if r['kind'] == 'train' and r['iter'] > 4]  # the log goes on after the resume
-    assert [r['iter'] for r in resumed] == [5, 6, 7, 8]
-    lrs_full = {r['iter']: r['lr'] for r in read_log(full) if r['kind'] == 'train'}
-    assert all(abs(r['lr'] - lrs_full[r['iter']]) < 1e-12 for r in resumed)  # the same LR schedule
+def sigint():
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def same_state(a, b, atol=0.0):
+    assert a['model'].keys() == b['model'].keys()
     for k in a['model']:
         torch.testing.assert_close(b['model'][k], a['model'][k], rtol=0, atol=atol, msg=k)
     sa, sb = a['optimizer']['state'], b['optimizer']['state']
@@ -226,20 +189,39 @@ def same_state(a, b, atol=0.0):
             torch.testing.assert_close(sb[p][k], sa[p][k], rtol=0, atol=atol)
 
 
+def test_interrupt_then_resume_equals_unbroken_run(data_dir, tmp_path, monkeypatch, capsys):
+    args = ('--max_iters=8', '--eval_interval=4', '--dropout=0.1')  # dropout: the RNG must resume too
+    full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
+    train_gpt.main(tiny(data_dir, full, *args))
+    at_iter(monkeypatch, 6, lambda: signal.default_int_handler(signal.SIGINT, None))   # raises KeyboardInterrupt
+    capsys.readouterr()
+    assert exits(train_gpt.main, tiny(data_dir, broken, *args)) == 130
+    err = capsys.readouterr().err
+    assert 'resume with: python train_gpt.py --init_from=resume' in err and 'Traceback' not in err
+    assert weights(broken)['iter_num'] == 4  # the last eval saved at 4; iters 4 and 5 are lost
+    monkeypatch.undo()
+
+    # resume with nothing but the out_dir: the schedule, the data order, the RNG and the dtype (float32, where
+    # auto may be bfloat16) come from the checkpoint; the device is this machine's
+    train_gpt.main(['--init_from=resume', f'--out_dir={broken}', f'--data_dir={data_dir}', '--device=cpu'])
+    a, b = weights(full), weights(broken)
+    assert b['iter_num'] == a['iter_num'] == 8
+    same_state(a, b, atol=1e-6)
+    log = read_log(broken)
+    assert [(r['iter'], r['kind']) for r in log] == [(r['iter'], r['kind']) for r in read_log(full)]  # no duplicates
+    resumed = [r for r in log if r['kind'] == 'train' and r['iter'] > 4]  # the log goes on after the resume
+    assert [r['iter'] for r in resumed] == [5, 6, 7, 8]
+    lrs_full = {r['iter']: r['lr'] for r in read_log(full) if r['kind'] == 'train'}
+    assert all(abs(r['lr'] - lrs_full[r['iter']]) < 1e-12 for r in resumed)  # the same LR schedule
+
+
 def test_a_real_sigint_saves_at_the_step_and_resume_is_exact(data_dir, tmp_path, monkeypatch, capsys):
     """SIGINT sent to this very process in the middle of iteration 6: the loop finishes the step, saves at
     iter 7 (no eval there), exits 130 saying so; the resumed run ends bit-identical to an unbroken one."""
     args = ('--max_iters=10', '--eval_interval=5', '--dropout=0.1')
     full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
     train_gpt.main(tiny(data_dir, full, *args))
-    real = train_gpt.window_starts
-
-    def sigint_in_iter_6(seed, stream, index, *rest):
-        if stream == 0 and index == 6:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(seed, stream, index, *rest)
-
-    monkeypatch.setattr(train_gpt, 'window_starts', sigint_in_iter_6)
+    at_iter(monkeypatch, 6, sigint)
     capsys.readouterr()
     assert exits(train_gpt.main, tiny(data_dir, broken, *args)) == 130
     err = capsys.readouterr().err.splitlines()
@@ -248,7 +230,7 @@ def test_a_real_sigint_saves_at_the_step_and_resume_is_exact(data_dir, tmp_path,
                    f'resume with: python train_gpt.py --init_from=resume --out_dir={broken} --device=cpu']
     assert weights(broken)['iter_num'] == 7 and weights(broken)['val_loss'] is None  # no eval at iter 7
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler         # the handler is given back
-    monkeypatch.setattr(train_gpt, 'window_starts', real)
+    monkeypatch.undo()
     train_gpt.main(shlex.split(err[2].split(': ', 1)[1])[2:])  # the printed command, as printed
     same_state(weights(full), weights(broken))
     assert [(r['iter'], r['kind']) for r in read_log(broken)] == [(r['iter'], r['kind']) for r in read_log(full)]
@@ -269,14 +251,8 @@ def same_run(ckpt_a, ckpt_b):
 def test_ctrl_c_keeps_the_best_model_when_only_the_best_is_saved(data_dir, tmp_path, monkeypatch, capsys, earlier_best):
     """always_save_checkpoint=False (the shakespeare preset): ckpt.pt is the best model so far, and Ctrl-C
     keeps it; with no checkpoint yet, Ctrl-C saves as usual."""
-    out, real = str(tmp_path / 'out'), train_gpt.window_starts
-
-    def sigint_in_iter_3(seed, stream, index, *rest):
-        if stream == 0 and index == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(seed, stream, index, *rest)
-
-    monkeypatch.setattr(train_gpt, 'window_starts', sigint_in_iter_3)
+    out = str(tmp_path / 'out')
+    at_iter(monkeypatch, 3, sigint)
     interval = '--eval_interval=3' if earlier_best else '--eval_interval=100'
     assert exits(train_gpt.main, tiny(data_dir, out, '--max_iters=10', interval,
                                       '--always_save_checkpoint=false')) == 130
@@ -337,22 +313,20 @@ def test_second_ctrl_c_during_the_save_keeps_the_previous_checkpoint(data_dir, t
     """Ctrl-C in iteration 5 (with the copy torchrun forwards at once: one Ctrl-C) saves at iter 6; a second
     Ctrl-C a second later, while torch.save has written part of the file, stops at once: the checkpoint of iter
     4 stays intact, and no temp file is left. Real signals to this process; the clock is moved on by hand."""
-    out, real_save, real_starts, clock = str(tmp_path / 'out'), torch.save, train_gpt.window_starts, [0.0]
+    out, real_save, clock = str(tmp_path / 'out'), torch.save, [0.0]
     monkeypatch.setattr(train_common.time, 'monotonic', lambda: clock[0])
-
-    def sigint_in_iter_5(seed, stream, index, *rest):
-        if stream == 0 and index == 5:
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)
-        return real_starts(seed, stream, index, *rest)
 
     def slow_save(obj, f, *a, **k):
         if obj['iter_num'] > 4:
             f.write(b'half a checkpoint')
             clock[0] += 1.2
-            os.kill(os.getpid(), signal.SIGINT)                   # the second Ctrl-C, a second later
+            sigint()                                              # the second Ctrl-C, a second later
         return real_save(obj, f, *a, **k)
-    monkeypatch.setattr(train_gpt, 'window_starts', sigint_in_iter_5)
+
+    def two_sigints():                                            # the terminal's and torchrun's copy: one Ctrl-C
+        sigint()
+        sigint()
+    at_iter(monkeypatch, 5, two_sigints)
     monkeypatch.setattr(torch, 'save', slow_save)
     capsys.readouterr()
     assert exits(train_gpt.main, tiny(data_dir, out, '--max_iters=1000', '--eval_interval=4')) == 130
@@ -882,7 +856,6 @@ def test_a_schedule_shorter_than_the_run_is_noted(data_dir, tmp_path, capsys):
     assert [r['lr'] for r in read_log(str(tmp_path)) if r['kind'] == 'train'][-1] == train_gpt.DEFAULTS['min_lr']
     train_gpt.main(tiny(data_dir, str(tmp_path / 'warm'), '--max_iters=2', '--warmup_iters=5', '--eval_interval=2'))
     assert 'note: the warmup (5 iters) is as long as the run: the learning rate never reaches' in capsys.readouterr().out
-
 
 
 def test_a_resume_onto_data_of_another_tokenizer_is_one_line(data_dir, trained, tmp_path, capsys):

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-import options
 import tost
 import train_vit
+from test_train_gpt import exits, same_state, weights
 from train_common import UsageError, load_checkpoint
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,15 +110,9 @@ def test_resume_continues_at_the_next_epoch_with_identical_state(data, trained, 
     train_vit.main(args + ['--epochs=2', '--init_from=resume'])
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2]     # appended to, not restarted
     assert same_rows(read_log(out), read_log(trained))                    # every loss of the unbroken run
-    a = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
-    b = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    a, b = weights(trained), weights(out)
     assert b['epoch'] == a['epoch'] == 2 and b['kind'] == 'vit'
-    assert a['model'].keys() == b['model'].keys()
-    for k in a['model']:
-        assert torch.equal(a['model'][k], b['model'][k]), k
-    for sa, sb in zip(a['optimizer']['state'].values(), b['optimizer']['state'].values()):
-        for k in sa:
-            assert torch.equal(sa[k], sb[k]), k
+    same_state(a, b)                                                      # bit for bit
     assert os.path.isfile(os.path.join(out, 'best.pt'))
 
 
@@ -138,9 +132,7 @@ def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(dat
         return real(x, pad)
 
     monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_the_7th_step)
-    with pytest.raises(SystemExit) as e:
-        train_vit.main(args)
-    assert e.value.code == 130
+    assert exits(train_vit.main, args) == 130
     err = capsys.readouterr().err.splitlines()
     assert err == ['SIGINT: stopping after this step; another one stops at once, without saving',
                    f'interrupted (SIGINT) at step 7 (epoch 1.75): saved {out}/ckpt.pt',
@@ -150,14 +142,9 @@ def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(dat
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
     monkeypatch.setattr(train_vit, 'random_crop_flip', real)
     train_vit.main(err[2].split()[4:])                             # the command as printed
-    a = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
-    b = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    a, b = weights(trained), weights(out)
     assert (b['step'], b['epoch']) == (8, 2)
-    for k in a['model']:
-        assert torch.equal(a['model'][k], b['model'][k]), k
-    for sa, sb in zip(a['optimizer']['state'].values(), b['optimizer']['state'].values()):
-        for k in sa:
-            assert torch.equal(sa[k], sb[k]), k
+    same_state(a, b)                                               # bit for bit
     assert same_rows(read_log(out, kind='eval'), read_log(trained, kind='eval'))   # the test set sees the same model
     assert [r['step'] for r in read_log(out, kind='train')] == [2, 4, 6, 8]        # each row once
 
@@ -469,10 +456,9 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, mon
         return logits * float('nan') if len(calls) >= 7 and self.training else logits
 
     monkeypatch.setattr(tost.ViT, 'forward', nan_from_step_7)
-    with pytest.raises(SystemExit) as e:
-        options.run_main(lambda: train_vit.main(base_args(data, out, '--epochs=2', '--viz_images=0')))
+    assert exits(train_vit.main, base_args(data, out, '--epochs=2', '--viz_images=0')) == 3
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 3 and len(err) == 1, err
+    assert len(err) == 1, err
     assert err[0].startswith('error: the training loss is nan at step 8: training diverged; stopped without '
                              f'saving, the last good checkpoint is {out}/ckpt.pt (step 4)'), err
     assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['step'] == 4
@@ -483,10 +469,9 @@ def test_out_of_memory_is_one_line_with_advice(data, tmp_path, monkeypatch, caps
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     monkeypatch.setattr(tost.ViT, 'forward', oom)
-    with pytest.raises(SystemExit) as e:
-        options.run_main(lambda: train_vit.main(base_args(data, str(tmp_path), '--epochs=1')))
+    assert exits(train_vit.main, base_args(data, str(tmp_path), '--epochs=1')) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and err == ['error: out of memory at step 0 with batch_size=16 on cpu; try '
+    assert err == ['error: out of memory at step 0 with batch_size=16 on cpu; try '
                                          '--batch_size=8'], err
 
 
