@@ -9,8 +9,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +17,9 @@ import torch
 
 import tost
 import train_vit
-from test_train_gpt import exits, same_state, weights
+from test_train_gpt import count_syncs, exits, rank_pid, run_cli, same_state, start, wait_for, weights
 from train_common import UsageError, load_checkpoint
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = 3
 
 
@@ -209,13 +206,11 @@ def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_pa
     """torchrun with 3 processes, the defaults but for the tiny sizes: batch_size is per process, so nothing
     has to divide; 64 images / 3 ranks = 22 each (two repeated), 2 steps of 16."""
     out = str(tmp_path)
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=3',
-           os.path.join(HERE, 'train_vit.py'), *base_args(data, out, '--epochs=1')]
-    r = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert "3 x cpu" in r.stdout and "2 steps of 3 x 16 per epoch" in r.stdout
-    assert r.stdout.count('epoch 1/1: test loss') == 1              # rank 0 alone logs
+    p = start('train_vit.py', base_args(data, out, '--epochs=1'), out, torchrun=3)
+    stdout, stderr = p.communicate(timeout=240)
+    assert p.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    assert "3 x cpu" in stdout and "2 steps of 3 x 16 per epoch" in stdout
+    assert stdout.count('epoch 1/1: test loss') == 1                # rank 0 alone logs
     row = read_log(out)[-1]
     assert row['test_images'] == 33                                 # 11 + 11 + 11: every image once
     # one process on the saved weights gets the same accuracy: the all-reduce added the right counts
@@ -226,7 +221,6 @@ def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_pa
 @pytest.mark.skipif(not os.path.isdir('/proc'), reason='finds the worker through /proc')
 def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data, tmp_path):
     """A scheduler's SIGTERM to rank 1 alone: both ranks stop at the same step, and the checkpoint is there."""
-    from test_train_gpt import rank_pid, start, wait_for
     out = str(tmp_path)
     p = start('train_vit.py', base_args(data, out, '--epochs=1000', '--viz_images=0', '--compression_images=0',
                                         '--eval_interval=1000'), out, torchrun=2)
@@ -292,8 +286,7 @@ def test_mixed_precision_runs_on_cpu(data, tmp_path, dtype):
 
 def test_the_training_step_does_not_wait_for_the_device(data, tmp_path, monkeypatch):
     """The loss is read only for a progress line: 4 more steps with one more line, one more read."""
-    import test_train_gpt
-    calls = test_train_gpt.count_syncs(monkeypatch, {'train_vit.py', 'tost.py', 'train_common.py'})
+    calls = count_syncs(monkeypatch, {'train_vit.py', 'tost.py', 'train_common.py'})
     counts = []
     for steps in (4, 8):
         calls.clear()
@@ -422,9 +415,7 @@ def test_mistakes_end_in_one_line(data, tmp_path, case, extra, message):
         gpt_checkpoint(out / 'ckpt.pt')
     if case in ('class mismatch', 'attn mismatch'):
         vit_checkpoint_with_10_classes(out / 'ckpt.pt')
-    args = base_args(data, str(out), '--epochs=1') + extra
-    r = subprocess.run([sys.executable, os.path.join(HERE, 'train_vit.py'), *args], cwd=HERE,
-                       env=dict(os.environ, OMP_NUM_THREADS='1'), capture_output=True, text=True, timeout=120)
+    r = run_cli('train_vit.py', *base_args(data, str(out), '--epochs=1'), *extra)
     assert r.returncode == 2, r.stderr
     assert 'Traceback' not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith('error: ') and message in r.stderr, r.stderr
