@@ -52,10 +52,10 @@ def tiny(data_dir, out_dir, *extra):
             '--device=cpu', '--dtype=float32', '--learning_rate=3e-3', '--warmup_iters=1', *extra]
 
 
-def read_log(out_dir):
-    """The log's rows but the config rows (what each start of the run was; plot.py reads them)."""
-    with open(os.path.join(out_dir, 'log.jsonl')) as f:
-        return [r for r in map(json.loads, f) if r.get('kind') != 'config']
+def read_log(out_dir, name='log.jsonl', kind=None):
+    """The log's rows but the config rows (what each start of the run was; plot.py reads them), or those of `kind`."""
+    with open(os.path.join(out_dir, name)) as f:
+        return [r for r in map(json.loads, f) if r.get('kind') != 'config' and kind in (None, r.get('kind'))]
 
 
 def weights(out_dir):
@@ -211,7 +211,7 @@ def test_interrupt_then_resume_equals_unbroken_run(data_dir, tmp_path, monkeypat
     assert [(r['iter'], r['kind']) for r in log] == [(r['iter'], r['kind']) for r in read_log(full)]  # no duplicates
     resumed = [r for r in log if r['kind'] == 'train' and r['iter'] > 4]  # the log goes on after the resume
     assert [r['iter'] for r in resumed] == [5, 6, 7, 8]
-    lrs_full = {r['iter']: r['lr'] for r in read_log(full) if r['kind'] == 'train'}
+    lrs_full = {r['iter']: r['lr'] for r in read_log(full, kind='train')}
     assert all(abs(r['lr'] - lrs_full[r['iter']]) < 1e-12 for r in resumed)  # the same LR schedule
 
 
@@ -282,7 +282,7 @@ def wait_for(proc, cond, what, timeout=120):
 
 def logged_iter(out_dir):
     try:
-        return max((r['iter'] for r in read_log(out_dir) if r['kind'] == 'train'), default=0)
+        return max((r['iter'] for r in read_log(out_dir, kind='train')), default=0)
     except (OSError, ValueError):
         return 0
 
@@ -305,7 +305,7 @@ def test_sigterm_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir,
     train_gpt.main(shlex.split(cmd)[2:])                         # the printed command (here, in this process)
     assert f'resuming from {out}/ckpt.pt at iter {it}' in capsys.readouterr().out
     assert weights(out)['iter_num'] == 100
-    iters = [r['iter'] for r in read_log(out) if r['kind'] == 'train']
+    iters = [r['iter'] for r in read_log(out, kind='train')]
     assert iters == list(range(1, 101))                          # each iteration once
 
 
@@ -456,7 +456,7 @@ def test_torchrun_three_processes_sigterm_to_one_rank_stops_all_at_the_same_step
     assert 'resume with: torchrun --standalone --nproc_per_node=3 ' in stderr
     assert 3 <= it < 400 and logged_iter(out) == it
     train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--device=cpu', '--max_iters=' + str(it + 5)])
-    iters = [r['iter'] for r in read_log(out) if r['kind'] == 'train']
+    iters = [r['iter'] for r in read_log(out, kind='train')]
     assert iters == list(range(1, it + 6))
 
 
@@ -641,7 +641,7 @@ def test_mfu_is_shown_and_agrees_with_tokens_per_second(data_dir, tmp_path, monk
     train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=100'))
     assert 'mfu ' in capsys.readouterr().out
     model = tost.GPT(tost.GPTConfig(**weights(out)['model_args']))
-    rows = [r for r in read_log(out) if r['kind'] == 'train']
+    rows = read_log(out, kind='train')
     assert len(rows) == 4
     for r in rows:
         assert r['mfu'] == pytest.approx(model.flops_per_token(32) * r['tokens_per_sec'] / 1e9, rel=1e-9)
@@ -690,8 +690,8 @@ def test_a_row_holds_the_mean_loss_since_the_last_row_and_the_time_without_eval(
 
     monkeypatch.setattr(train_gpt, 'window_starts', slow_eval)
     train_gpt.main(tiny(data_dir, pairs, '--max_iters=4', '--eval_interval=2', '--log_interval=2'))
-    one = {r['iter']: r['train_loss'] for r in read_log(every) if r['kind'] == 'train'}
-    rows = [r for r in read_log(pairs) if r['kind'] == 'train']
+    one = {r['iter']: r['train_loss'] for r in read_log(every, kind='train')}
+    rows = read_log(pairs, kind='train')
     assert [r['iter'] for r in rows] == [2, 4]
     for r in rows:
         assert r['train_loss'] == pytest.approx((one[r['iter'] - 1] + one[r['iter']]) / 2, abs=1e-6)
@@ -853,7 +853,7 @@ def test_a_nan_eval_loss_stops_before_anything_is_saved(data_dir, tmp_path, monk
 def test_a_schedule_shorter_than_the_run_is_noted(data_dir, tmp_path, capsys):
     train_gpt.main(tiny(data_dir, str(tmp_path), '--max_iters=3', '--lr_decay_iters=2', '--eval_interval=3'))
     assert 'note: the schedule decays to min_lr at iter 2 and stays there' in capsys.readouterr().out
-    assert [r['lr'] for r in read_log(str(tmp_path)) if r['kind'] == 'train'][-1] == train_gpt.DEFAULTS['min_lr']
+    assert [r['lr'] for r in read_log(str(tmp_path), kind='train')][-1] == train_gpt.DEFAULTS['min_lr']
     train_gpt.main(tiny(data_dir, str(tmp_path / 'warm'), '--max_iters=2', '--warmup_iters=5', '--eval_interval=2'))
     assert 'note: the warmup (5 iters) is as long as the run: the learning rate never reaches' in capsys.readouterr().out
 

@@ -17,7 +17,7 @@ import torch
 
 import tost
 import train_vit
-from test_train_gpt import count_syncs, exits, rank_pid, run_cli, same_state, start, wait_for, weights
+from test_train_gpt import count_syncs, exits, rank_pid, read_log, run_cli, same_state, start, wait_for, weights
 from train_common import UsageError, load_checkpoint
 
 CLASSES = 3
@@ -47,12 +47,6 @@ def base_args(data_dir, out_dir, *extra):
     return [f'--data_dir={data_dir}', '--dataset=synth', f'--out_dir={out_dir}', '--model=tost-cifar-tiny',
             '--batch_size=16', '--warmup_epochs=0', '--device=cpu', '--log_interval=2',
             '--compression_images=16', '--viz_images=2', '--dtype=float32', *extra]
-
-
-def read_log(out_dir, name='log.jsonl', kind=None):
-    """The log's rows but the config rows (what each start of the run was; plot.py reads them), or those of `kind`."""
-    with open(os.path.join(out_dir, name)) as f:
-        return [r for r in map(json.loads, f) if r.get('kind') != 'config' and kind in (None, r.get('kind'))]
 
 
 def same_rows(a, b):
