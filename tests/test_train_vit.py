@@ -17,7 +17,8 @@ import torch
 
 import tost
 import train_vit
-from test_train_gpt import count_syncs, exits, rank_pid, read_log, run_cli, same_state, start, wait_for, weights
+from test_train_gpt import (count_syncs, exits, one_line_error, rank_pid, read_log, run_cli, same_state, start,
+                            wait_for, weights)
 from train_common import UsageError, load_checkpoint
 
 CLASSES = 3
@@ -442,10 +443,9 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, mon
 
     monkeypatch.setattr(tost.ViT, 'forward', nan_from_step_7)
     assert exits(train_vit.main, base_args(data, out, '--epochs=2', '--viz_images=0')) == 3
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    assert err[0].startswith('error: the training loss is nan at step 8: training diverged; stopped without '
-                             f'saving, the last good checkpoint is {out}/ckpt.pt (step 4)'), err
+    line = one_line_error(capsys.readouterr().err)
+    assert line.startswith('error: the training loss is nan at step 8: training diverged; stopped without '
+                           f'saving, the last good checkpoint is {out}/ckpt.pt (step 4)'), line
     assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['step'] == 4
 
 
@@ -456,8 +456,7 @@ def test_out_of_memory_is_one_line_with_advice(data, tmp_path, monkeypatch, caps
     monkeypatch.setattr(tost.ViT, 'forward', oom)
     assert exits(train_vit.main, base_args(data, str(tmp_path), '--epochs=1')) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ['error: out of memory at step 0 with batch_size=16 on cpu; try '
-                                         '--batch_size=8'], err
+    assert err == ['error: out of memory at step 0 with batch_size=16 on cpu; try --batch_size=8'], err
 
 
 def test_a_picture_that_cannot_be_drawn_does_not_stop_training(data, tmp_path, monkeypatch, capsys):
