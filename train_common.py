@@ -306,7 +306,7 @@ def launch(run, cfg, *args):
         sys.exit(2)
     finally:                        # leave the group: a gloo thread left to the exit can abort a finished run
         if dist.ddp and torch.distributed.is_initialized():
-            if sys.exc_info()[0] is None:               # after the other ranks, unless an exception is on its way
+            if sys.exc_info()[0] is None:       # after the other ranks, unless an exception is on its way out
                 torch.distributed.barrier()
             gc.collect()                                # DDP's cycles would keep the group
             torch.distributed.destroy_process_group()

@@ -1,5 +1,5 @@
 """Tests for options.py: the one way every script reads its command line, and its --help.
-Offline, a few seconds: python -m pytest -q test_options.py"""
+Offline, a few seconds: python -m pytest -q tests/test_options.py"""
 import os
 import re
 import subprocess

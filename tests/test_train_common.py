@@ -1,5 +1,5 @@
 """Tests for train_common.py: safe checkpoints, stopping, the lr schedule, devices, the run log.
-Offline, CPU only, a few seconds: python -m pytest -q test_train_common.py"""
+Offline, CPU only, a few seconds: python -m pytest -q tests/test_train_common.py"""
 import json
 import os
 import subprocess

@@ -62,9 +62,9 @@ def weights(out_dir):
     return train_common.load_checkpoint(os.path.join(out_dir, 'ckpt.pt'))
 
 
-def run_cli(script, *args, cwd=REPO):
+def run_cli(script, *args):
     return subprocess.run([sys.executable, os.path.join(REPO, script), *args], capture_output=True, text=True,
-                          env=ENV, cwd=cwd, timeout=120)
+                          env=ENV, cwd=REPO, timeout=120)
 
 
 def exits(fn, *args):
