@@ -95,14 +95,12 @@ def main(argv=None):
     t0 = time.perf_counter()
     with torch.no_grad(), autocast(device, dtype):
         for _ in range(cfg['num_samples']):
-            sys.stdout.write(prompt)
+            print(prompt, end='')
             # top_k 0 samples from every token; int(): the token is needed here anyway, to print it
             new = model.generate_stream(idx, cfg['max_new_tokens'], cfg['temperature'], cfg['top_k'], generator)
             for piece in decode_stream(tok, (int(t[0]) for t in new)):
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-            sys.stdout.write('\n---------------\n')
-            sys.stdout.flush()
+                print(piece, end='', flush=True)
+            print('\n---------------', flush=True)
     dt, n_tokens = time.perf_counter() - t0, cfg['num_samples'] * cfg['max_new_tokens']   # generate_stream yields all
     threads = f", {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}" if device == 'cpu' else ''
     print(f"{n_tokens} tokens in {dt:.1f}s: {n_tokens / dt:.1f} tokens/s ({device}{threads})", file=sys.stderr,

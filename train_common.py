@@ -144,9 +144,10 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
 # values, the optimizer, the schedule
 
 
-def check_ranges(cfg, positive=(), nonnegative=()):
+def check_ranges(cfg, positive=(), nonnegative=(), fraction=()):
     """One line for the first key out of its range (NaN is out of every range)."""
-    for keys, ok, what in ((positive, lambda v: v > 0, "positive"), (nonnegative, lambda v: v >= 0, ">= 0")):
+    for keys, ok, what in ((positive, lambda v: v > 0, "positive"), (nonnegative, lambda v: v >= 0, ">= 0"),
+                           (fraction, lambda v: 0 <= v < 1, "in [0, 1)")):
         for key in (k for k in keys if not ok(cfg[k])):
             raise UsageError(f"--{key} must be {what}, got {cfg[key]}")
 
@@ -259,7 +260,7 @@ def setup_distributed(device_pref):
     if cuda:
         setup_cuda(dist.device)
     if ddp:
-        import torch.distributed.nn  # noqa: F401  before the group exists: see cleanup_distributed
+        import torch.distributed.nn  # noqa: F401  before the group: it binds group.WORLD as a default (DDP imports it)
         torch.distributed.init_process_group(backend="nccl" if cuda else "gloo",
                                              device_id=torch.device(dist.device) if cuda else None)
     return dist
@@ -270,16 +271,6 @@ def setup_cuda(device):
     if torch.device(device).index is not None:
         torch.cuda.set_device(device)
     torch.set_float32_matmul_precision("high")
-
-
-def cleanup_distributed(dist):
-    """Leave the group (a gloo thread left to exit can abort a finished run): after the other ranks unless an
-    exception is on its way out; gc first, as DDP's cycles would keep the group."""
-    if dist.ddp and torch.distributed.is_initialized():
-        if sys.exc_info()[0] is None:
-            torch.distributed.barrier()
-        gc.collect()
-        torch.distributed.destroy_process_group()
 
 
 def mean_loss(loss_sum, steps, dist):
@@ -313,8 +304,12 @@ def launch(run, cfg, *args):
         if dist.master:
             raise
         sys.exit(2)
-    finally:
-        cleanup_distributed(dist)
+    finally:                        # leave the group: a gloo thread left to the exit can abort a finished run
+        if dist.ddp and torch.distributed.is_initialized():
+            if sys.exc_info()[0] is None:       # after the other ranks, unless an exception is on its way out
+                torch.distributed.barrier()
+            gc.collect()                                # DDP's cycles would keep the group
+            torch.distributed.destroy_process_group()
         while _locks:
             _locks.pop().close()
 

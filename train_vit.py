@@ -379,9 +379,7 @@ def main(argv=None):
     cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
     check_ranges(cfg, positive=('epochs', 'batch_size', 'learning_rate', 'eval_interval', 'log_interval'),
                  nonnegative=('min_lr', 'weight_decay', 'grad_clip', 'warmup_epochs', 'max_steps',
-                              'compression_images', 'viz_images', 'drop_path'))
-    if not 0 <= cfg['label_smoothing'] < 1:
-        raise UsageError(f"--label_smoothing must be in [0, 1), got {cfg['label_smoothing']}")
+                              'compression_images', 'viz_images', 'drop_path'), fraction=('label_smoothing',))
     if cfg['init_from'] not in ('scratch', 'resume', 'best') and not cfg['init_from'].endswith('.pt'):
         raise UsageError(f"--init_from={cfg['init_from']}: use scratch, resume, best or a path to a .pt file")
     if cfg['eval_only'] and cfg['init_from'] == 'scratch':

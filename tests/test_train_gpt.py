@@ -1,17 +1,8 @@
 """
-Tests for train_gpt.py and sample.py: tiny end-to-end runs on CPU (a 1-layer, 32-wide model on this repo's
-tost.py as a byte corpus), offline, about a minute:  python -m pytest -q test_train_gpt.py
-
-What they prove: a run trains and its checkpoint loads back to the same val loss; Ctrl-C (a real SIGINT
-or SIGTERM, to this process, to a subprocess, to one torchrun worker or to torchrun's whole group) saves
-at the step boundary and `--init_from=resume`, as printed, ends with exactly the weights and optimizer
-state of an unbroken run and a log without duplicate rows; a second Ctrl-C during the save keeps the
-previous checkpoint; a failed save keeps the previous checkpoint; 2 processes under torchrun (gloo) on the
-defaults round the accumulation up and compute what 1 process does with the same global batch, 3 stop
-together when one rank gets SIGTERM; the GPU paths run on CPU (compile with a checkpoint and a resume,
-bf16, fp16 with the GradScaler, fused AdamW, MFU) and the step never reads the loss but for a log row;
-sampling streams the text generate() gives and repeats for a seed; bad input ends in one line, a non-zero
-exit and no traceback.
+Tests for train_gpt.py and sample.py: tiny end-to-end runs on CPU (a 1-layer, 32-wide model on a byte corpus),
+offline. Ctrl-C and SIGTERM are real signals, to this process, a subprocess, one torchrun worker or torchrun's
+group; several processes run under torchrun (gloo); the GPU paths (compile, bf16, fp16 with the GradScaler,
+fused AdamW, MFU) run on CPU; bad input ends in one line, a non-zero exit and no traceback.
 """
 import json
 import os
@@ -61,27 +52,19 @@ def tiny(data_dir, out_dir, *extra):
             '--device=cpu', '--dtype=float32', '--learning_rate=3e-3', '--warmup_iters=1', *extra]
 
 
-def read_log(out_dir):
-    """The log's rows but the config rows (what each start of the run was; plot.py reads them)."""
-    with open(os.path.join(out_dir, 'log.jsonl')) as f:
-        return [r for r in map(json.loads, f) if r.get('kind') != 'config']
+def read_log(out_dir, name='log.jsonl', kind=None):
+    """The log's rows but the config rows (what each start of the run was; plot.py reads them), or those of `kind`."""
+    with open(os.path.join(out_dir, name)) as f:
+        return [r for r in map(json.loads, f) if r.get('kind') != 'config' and kind in (None, r.get('kind'))]
 
 
 def weights(out_dir):
     return train_common.load_checkpoint(os.path.join(out_dir, 'ckpt.pt'))
 
 
-def run_cli(script, *args, cwd=REPO):
+def run_cli(script, *args):
     return subprocess.run([sys.executable, os.path.join(REPO, script), *args], capture_output=True, text=True,
-                          env=ENV, cwd=cwd, timeout=120)
-
-
-def in_process(capsys, main, *args):
-    """main(args) ended by run_main, as its script ends it: the exit code and what went to stderr."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        options.run_main(lambda: main(list(args)))
-    return SimpleNamespace(code=e.value.code, err=capsys.readouterr().err)
+                          env=ENV, cwd=REPO, timeout=120)
 
 
 def exits(fn, *args):
@@ -89,6 +72,12 @@ def exits(fn, *args):
     with pytest.raises(SystemExit) as e:
         options.run_main(lambda: fn(*args))
     return e.value.code
+
+
+def in_process(capsys, main, *args):
+    """main(args) ended by run_main, as its script ends it: the exit code and what went to stderr."""
+    capsys.readouterr()
+    return SimpleNamespace(code=exits(main, list(args)), err=capsys.readouterr().err)
 
 
 def one_line_error(stderr, *words):
@@ -174,49 +163,23 @@ def test_run_log_and_checkpoint_roundtrip(trained, data_dir):
     assert ckpt['val_loss'] == evals[-1]['val_loss']
 
 
-def test_interrupt_then_resume_equals_unbroken_run(data_dir, tmp_path, monkeypatch, capsys):
-    args = ('--max_iters=8', '--eval_interval=4', '--dropout=0.1')  # dropout: the RNG must resume too
-    full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
-    train_gpt.main(tiny(data_dir, full, *args))
-
+def at_iter(monkeypatch, it, act):
+    """act() as iteration `it` draws its batch (train_gpt.window_starts, stream 0)."""
     real = train_gpt.window_starts
 
-    def ctrl_c_at_iter_6(seed, stream, index, *rest):
-        if stream == 0 and index == 6:
-            raise KeyboardInterrupt
+    def starts(seed, stream, index, *rest):
+        if stream == 0 and index == it:
+            act()
         return real(seed, stream, index, *rest)
+    monkeypatch.setattr(train_gpt, 'window_starts', starts)
 
-    monkeypatch.setattr(train_gpt, 'window_starts', ctrl_c_at_iter_6)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        train_gpt.main(tiny(data_dir, broken, *args))
-    assert e.value.code == 130
-    err = capsys.readouterr().err
-    assert 'resume with: python train_gpt.py --init_from=resume' in err and 'Traceback' not in err
-    assert weights(broken)['iter_num'] == 4  # the last eval saved at 4; iters 4 and 5 are lost
-    monkeypatch.setattr(train_gpt, 'window_starts', real)
 
-    # resume with nothing but the out_dir: the schedule, the data order, the RNG and the dtype (float32, where
-    # auto may be bfloat16) come from the checkpoint; the device is this machine's
-    train_gpt.main(['--init_from=resume', f'--out_dir={broken}', f'--data_dir={data_dir}', '--device=cpu'])
-    a, b = weights(full), weights(broken)
-    assert b['iter_num'] == a['iter_num'] == 8
-    for k in a['model']:
-        torch.testing.assert_close(b['model'][k], a['model'][k], rtol=0, atol=1e-6, msg=k)
-    sa, sb = a['optimizer']['state'], b['optimizer']['state']
-    assert sa.keys() == sb.keys()
-    for p in sa:
-        for k in ('exp_avg', 'exp_avg_sq', 'step'):
-            torch.testing.assert_close(sb[p][k], sa[p][k], rtol=0, atol=1e-6)
-    log = read_log(broken)
-    assert [(r['iter'], r['kind']) for r in log] == [(r['iter'], r['kind']) for r in read_log(full)]  # no duplicates
-    resumed = [r for r in log if r['kind'] == 'train' and r['iter'] > 4]  # the log goes on after the resume
-    assert [r['iter'] for r in resumed] == [5, 6, 7, 8]
-    lrs_full = {r['iter']: r['lr'] for r in read_log(full) if r['kind'] == 'train'}
-    assert all(abs(r['lr'] - lrs_full[r['iter']]) < 1e-12 for r in resumed)  # the same LR schedule
+def sigint():
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def same_state(a, b, atol=0.0):
+    assert a['model'].keys() == b['model'].keys()
     for k in a['model']:
         torch.testing.assert_close(b['model'][k], a['model'][k], rtol=0, atol=atol, msg=k)
     sa, sb = a['optimizer']['state'], b['optimizer']['state']
@@ -226,20 +189,39 @@ def same_state(a, b, atol=0.0):
             torch.testing.assert_close(sb[p][k], sa[p][k], rtol=0, atol=atol)
 
 
+def test_interrupt_then_resume_equals_unbroken_run(data_dir, tmp_path, monkeypatch, capsys):
+    args = ('--max_iters=8', '--eval_interval=4', '--dropout=0.1')  # dropout: the RNG must resume too
+    full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
+    train_gpt.main(tiny(data_dir, full, *args))
+    at_iter(monkeypatch, 6, lambda: signal.default_int_handler(signal.SIGINT, None))   # raises KeyboardInterrupt
+    capsys.readouterr()
+    assert exits(train_gpt.main, tiny(data_dir, broken, *args)) == 130
+    err = capsys.readouterr().err
+    assert 'resume with: python train_gpt.py --init_from=resume' in err and 'Traceback' not in err
+    assert weights(broken)['iter_num'] == 4  # the last eval saved at 4; iters 4 and 5 are lost
+    monkeypatch.undo()
+
+    # resume with nothing but the out_dir: the schedule, the data order, the RNG and the dtype (float32, where
+    # auto may be bfloat16) come from the checkpoint; the device is this machine's
+    train_gpt.main(['--init_from=resume', f'--out_dir={broken}', f'--data_dir={data_dir}', '--device=cpu'])
+    a, b = weights(full), weights(broken)
+    assert b['iter_num'] == a['iter_num'] == 8
+    same_state(a, b, atol=1e-6)
+    log = read_log(broken)
+    assert [(r['iter'], r['kind']) for r in log] == [(r['iter'], r['kind']) for r in read_log(full)]  # no duplicates
+    resumed = [r for r in log if r['kind'] == 'train' and r['iter'] > 4]  # the log goes on after the resume
+    assert [r['iter'] for r in resumed] == [5, 6, 7, 8]
+    lrs_full = {r['iter']: r['lr'] for r in read_log(full, kind='train')}
+    assert all(abs(r['lr'] - lrs_full[r['iter']]) < 1e-12 for r in resumed)  # the same LR schedule
+
+
 def test_a_real_sigint_saves_at_the_step_and_resume_is_exact(data_dir, tmp_path, monkeypatch, capsys):
     """SIGINT sent to this very process in the middle of iteration 6: the loop finishes the step, saves at
     iter 7 (no eval there), exits 130 saying so; the resumed run ends bit-identical to an unbroken one."""
     args = ('--max_iters=10', '--eval_interval=5', '--dropout=0.1')
     full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
     train_gpt.main(tiny(data_dir, full, *args))
-    real = train_gpt.window_starts
-
-    def sigint_in_iter_6(seed, stream, index, *rest):
-        if stream == 0 and index == 6:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(seed, stream, index, *rest)
-
-    monkeypatch.setattr(train_gpt, 'window_starts', sigint_in_iter_6)
+    at_iter(monkeypatch, 6, sigint)
     capsys.readouterr()
     assert exits(train_gpt.main, tiny(data_dir, broken, *args)) == 130
     err = capsys.readouterr().err.splitlines()
@@ -248,7 +230,7 @@ def test_a_real_sigint_saves_at_the_step_and_resume_is_exact(data_dir, tmp_path,
                    f'resume with: python train_gpt.py --init_from=resume --out_dir={broken} --device=cpu']
     assert weights(broken)['iter_num'] == 7 and weights(broken)['val_loss'] is None  # no eval at iter 7
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler         # the handler is given back
-    monkeypatch.setattr(train_gpt, 'window_starts', real)
+    monkeypatch.undo()
     train_gpt.main(shlex.split(err[2].split(': ', 1)[1])[2:])  # the printed command, as printed
     same_state(weights(full), weights(broken))
     assert [(r['iter'], r['kind']) for r in read_log(broken)] == [(r['iter'], r['kind']) for r in read_log(full)]
@@ -269,14 +251,8 @@ def same_run(ckpt_a, ckpt_b):
 def test_ctrl_c_keeps_the_best_model_when_only_the_best_is_saved(data_dir, tmp_path, monkeypatch, capsys, earlier_best):
     """always_save_checkpoint=False (the shakespeare preset): ckpt.pt is the best model so far, and Ctrl-C
     keeps it; with no checkpoint yet, Ctrl-C saves as usual."""
-    out, real = str(tmp_path / 'out'), train_gpt.window_starts
-
-    def sigint_in_iter_3(seed, stream, index, *rest):
-        if stream == 0 and index == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(seed, stream, index, *rest)
-
-    monkeypatch.setattr(train_gpt, 'window_starts', sigint_in_iter_3)
+    out = str(tmp_path / 'out')
+    at_iter(monkeypatch, 3, sigint)
     interval = '--eval_interval=3' if earlier_best else '--eval_interval=100'
     assert exits(train_gpt.main, tiny(data_dir, out, '--max_iters=10', interval,
                                       '--always_save_checkpoint=false')) == 130
@@ -306,7 +282,7 @@ def wait_for(proc, cond, what, timeout=120):
 
 def logged_iter(out_dir):
     try:
-        return max((r['iter'] for r in read_log(out_dir) if r['kind'] == 'train'), default=0)
+        return max((r['iter'] for r in read_log(out_dir, kind='train')), default=0)
     except (OSError, ValueError):
         return 0
 
@@ -329,7 +305,7 @@ def test_sigterm_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir,
     train_gpt.main(shlex.split(cmd)[2:])                         # the printed command (here, in this process)
     assert f'resuming from {out}/ckpt.pt at iter {it}' in capsys.readouterr().out
     assert weights(out)['iter_num'] == 100
-    iters = [r['iter'] for r in read_log(out) if r['kind'] == 'train']
+    iters = [r['iter'] for r in read_log(out, kind='train')]
     assert iters == list(range(1, 101))                          # each iteration once
 
 
@@ -337,22 +313,20 @@ def test_second_ctrl_c_during_the_save_keeps_the_previous_checkpoint(data_dir, t
     """Ctrl-C in iteration 5 (with the copy torchrun forwards at once: one Ctrl-C) saves at iter 6; a second
     Ctrl-C a second later, while torch.save has written part of the file, stops at once: the checkpoint of iter
     4 stays intact, and no temp file is left. Real signals to this process; the clock is moved on by hand."""
-    out, real_save, real_starts, clock = str(tmp_path / 'out'), torch.save, train_gpt.window_starts, [0.0]
+    out, real_save, clock = str(tmp_path / 'out'), torch.save, [0.0]
     monkeypatch.setattr(train_common.time, 'monotonic', lambda: clock[0])
-
-    def sigint_in_iter_5(seed, stream, index, *rest):
-        if stream == 0 and index == 5:
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)
-        return real_starts(seed, stream, index, *rest)
 
     def slow_save(obj, f, *a, **k):
         if obj['iter_num'] > 4:
             f.write(b'half a checkpoint')
             clock[0] += 1.2
-            os.kill(os.getpid(), signal.SIGINT)                   # the second Ctrl-C, a second later
+            sigint()                                              # the second Ctrl-C, a second later
         return real_save(obj, f, *a, **k)
-    monkeypatch.setattr(train_gpt, 'window_starts', sigint_in_iter_5)
+
+    def two_sigints():                                            # the terminal's and torchrun's copy: one Ctrl-C
+        sigint()
+        sigint()
+    at_iter(monkeypatch, 5, two_sigints)
     monkeypatch.setattr(torch, 'save', slow_save)
     capsys.readouterr()
     assert exits(train_gpt.main, tiny(data_dir, out, '--max_iters=1000', '--eval_interval=4')) == 130
@@ -428,7 +402,7 @@ def test_torchrun_two_processes_compiled_train_save_plain_weights_and_match_one(
     """--compile=true under torchrun: torch.compile(DDP(model)), evaluation through it too. Two processes train,
     save weights without compile's or DDP's prefixes, and land where one uncompiled process does with the same
     global batch (up to inductor's rounding). And they leave no gloo thread running into the interpreter's exit,
-    where such threads can abort a finished run (see train_common.cleanup_distributed)."""
+    where such threads can abort a finished run (see train_common.launch)."""
     one, two, worker = str(tmp_path / 'one'), str(tmp_path / 'two'), tmp_path / 'worker.py'
     worker.write_text(THREADS_AFTER)
     args = ('--max_iters=4', '--eval_interval=2', '--gradient_accumulation_steps=4')   # 2 micro-steps each
@@ -482,7 +456,7 @@ def test_torchrun_three_processes_sigterm_to_one_rank_stops_all_at_the_same_step
     assert 'resume with: torchrun --standalone --nproc_per_node=3 ' in stderr
     assert 3 <= it < 400 and logged_iter(out) == it
     train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--device=cpu', '--max_iters=' + str(it + 5)])
-    iters = [r['iter'] for r in read_log(out) if r['kind'] == 'train']
+    iters = [r['iter'] for r in read_log(out, kind='train')]
     assert iters == list(range(1, it + 6))
 
 
@@ -667,7 +641,7 @@ def test_mfu_is_shown_and_agrees_with_tokens_per_second(data_dir, tmp_path, monk
     train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=100'))
     assert 'mfu ' in capsys.readouterr().out
     model = tost.GPT(tost.GPTConfig(**weights(out)['model_args']))
-    rows = [r for r in read_log(out) if r['kind'] == 'train']
+    rows = read_log(out, kind='train')
     assert len(rows) == 4
     for r in rows:
         assert r['mfu'] == pytest.approx(model.flops_per_token(32) * r['tokens_per_sec'] / 1e9, rel=1e-9)
@@ -716,8 +690,8 @@ def test_a_row_holds_the_mean_loss_since_the_last_row_and_the_time_without_eval(
 
     monkeypatch.setattr(train_gpt, 'window_starts', slow_eval)
     train_gpt.main(tiny(data_dir, pairs, '--max_iters=4', '--eval_interval=2', '--log_interval=2'))
-    one = {r['iter']: r['train_loss'] for r in read_log(every) if r['kind'] == 'train'}
-    rows = [r for r in read_log(pairs) if r['kind'] == 'train']
+    one = {r['iter']: r['train_loss'] for r in read_log(every, kind='train')}
+    rows = read_log(pairs, kind='train')
     assert [r['iter'] for r in rows] == [2, 4]
     for r in rows:
         assert r['train_loss'] == pytest.approx((one[r['iter'] - 1] + one[r['iter']]) / 2, abs=1e-6)
@@ -811,6 +785,7 @@ def test_rough_edges_end_in_one_line(data_dir, tmp_path, capsys):
     for args, words in ((['--out_dir='], ['--out_dir is empty', '--out_dir=out']),
                         (['--learning_rate=-1'], ['--learning_rate must be positive, got -1.0']),
                         (['--learning_rate=nan'], ['--learning_rate must be positive, got nan']),
+                        (['--dropout=1'], ['--dropout must be in [0, 1), got 1.0']),
                         ([f'--data_dir={readme}', f'--out_dir={tmp_path}/o'], [readme]),   # not prepared into it
                         (tiny(data_dir, str(tmp_path / 'README.md' / 'out')), ['cannot create --out_dir='])):
         if 'cannot' in words[0]:
@@ -878,10 +853,9 @@ def test_a_nan_eval_loss_stops_before_anything_is_saved(data_dir, tmp_path, monk
 def test_a_schedule_shorter_than_the_run_is_noted(data_dir, tmp_path, capsys):
     train_gpt.main(tiny(data_dir, str(tmp_path), '--max_iters=3', '--lr_decay_iters=2', '--eval_interval=3'))
     assert 'note: the schedule decays to min_lr at iter 2 and stays there' in capsys.readouterr().out
-    assert [r['lr'] for r in read_log(str(tmp_path)) if r['kind'] == 'train'][-1] == train_gpt.DEFAULTS['min_lr']
+    assert [r['lr'] for r in read_log(str(tmp_path), kind='train')][-1] == train_gpt.DEFAULTS['min_lr']
     train_gpt.main(tiny(data_dir, str(tmp_path / 'warm'), '--max_iters=2', '--warmup_iters=5', '--eval_interval=2'))
     assert 'note: the warmup (5 iters) is as long as the run: the learning rate never reaches' in capsys.readouterr().out
-
 
 
 def test_a_resume_onto_data_of_another_tokenizer_is_one_line(data_dir, trained, tmp_path, capsys):

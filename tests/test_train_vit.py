@@ -9,20 +9,18 @@ import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-import options
 import tost
 import train_vit
+from test_train_gpt import (count_syncs, exits, one_line_error, rank_pid, read_log, run_cli, same_state, start,
+                            wait_for, weights)
 from train_common import UsageError, load_checkpoint
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = 3
 
 
@@ -50,12 +48,6 @@ def base_args(data_dir, out_dir, *extra):
     return [f'--data_dir={data_dir}', '--dataset=synth', f'--out_dir={out_dir}', '--model=tost-cifar-tiny',
             '--batch_size=16', '--warmup_epochs=0', '--device=cpu', '--log_interval=2',
             '--compression_images=16', '--viz_images=2', '--dtype=float32', *extra]
-
-
-def read_log(out_dir, name='log.jsonl', kind=None):
-    """The log's rows but the config rows (what each start of the run was; plot.py reads them), or those of `kind`."""
-    with open(os.path.join(out_dir, name)) as f:
-        return [r for r in map(json.loads, f) if r.get('kind') != 'config' and kind in (None, r.get('kind'))]
 
 
 def same_rows(a, b):
@@ -110,15 +102,9 @@ def test_resume_continues_at_the_next_epoch_with_identical_state(data, trained, 
     train_vit.main(args + ['--epochs=2', '--init_from=resume'])
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2]     # appended to, not restarted
     assert same_rows(read_log(out), read_log(trained))                    # every loss of the unbroken run
-    a = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
-    b = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    a, b = weights(trained), weights(out)
     assert b['epoch'] == a['epoch'] == 2 and b['kind'] == 'vit'
-    assert a['model'].keys() == b['model'].keys()
-    for k in a['model']:
-        assert torch.equal(a['model'][k], b['model'][k]), k
-    for sa, sb in zip(a['optimizer']['state'].values(), b['optimizer']['state'].values()):
-        for k in sa:
-            assert torch.equal(sa[k], sb[k]), k
+    same_state(a, b)                                                      # bit for bit
     assert os.path.isfile(os.path.join(out, 'best.pt'))
 
 
@@ -138,9 +124,7 @@ def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(dat
         return real(x, pad)
 
     monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_the_7th_step)
-    with pytest.raises(SystemExit) as e:
-        train_vit.main(args)
-    assert e.value.code == 130
+    assert exits(train_vit.main, args) == 130
     err = capsys.readouterr().err.splitlines()
     assert err == ['SIGINT: stopping after this step; another one stops at once, without saving',
                    f'interrupted (SIGINT) at step 7 (epoch 1.75): saved {out}/ckpt.pt',
@@ -150,14 +134,9 @@ def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(dat
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
     monkeypatch.setattr(train_vit, 'random_crop_flip', real)
     train_vit.main(err[2].split()[4:])                             # the command as printed
-    a = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
-    b = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    a, b = weights(trained), weights(out)
     assert (b['step'], b['epoch']) == (8, 2)
-    for k in a['model']:
-        assert torch.equal(a['model'][k], b['model'][k]), k
-    for sa, sb in zip(a['optimizer']['state'].values(), b['optimizer']['state'].values()):
-        for k in sa:
-            assert torch.equal(sa[k], sb[k]), k
+    same_state(a, b)                                               # bit for bit
     assert same_rows(read_log(out, kind='eval'), read_log(trained, kind='eval'))   # the test set sees the same model
     assert [r['step'] for r in read_log(out, kind='train')] == [2, 4, 6, 8]        # each row once
 
@@ -222,13 +201,11 @@ def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_pa
     """torchrun with 3 processes, the defaults but for the tiny sizes: batch_size is per process, so nothing
     has to divide; 64 images / 3 ranks = 22 each (two repeated), 2 steps of 16."""
     out = str(tmp_path)
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=3',
-           os.path.join(HERE, 'train_vit.py'), *base_args(data, out, '--epochs=1')]
-    r = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert "3 x cpu" in r.stdout and "2 steps of 3 x 16 per epoch" in r.stdout
-    assert r.stdout.count('epoch 1/1: test loss') == 1              # rank 0 alone logs
+    p = start('train_vit.py', base_args(data, out, '--epochs=1'), out, torchrun=3)
+    stdout, stderr = p.communicate(timeout=240)
+    assert p.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    assert "3 x cpu" in stdout and "2 steps of 3 x 16 per epoch" in stdout
+    assert stdout.count('epoch 1/1: test loss') == 1                # rank 0 alone logs
     row = read_log(out)[-1]
     assert row['test_images'] == 33                                 # 11 + 11 + 11: every image once
     # one process on the saved weights gets the same accuracy: the all-reduce added the right counts
@@ -239,7 +216,6 @@ def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_pa
 @pytest.mark.skipif(not os.path.isdir('/proc'), reason='finds the worker through /proc')
 def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data, tmp_path):
     """A scheduler's SIGTERM to rank 1 alone: both ranks stop at the same step, and the checkpoint is there."""
-    from test_train_gpt import rank_pid, start, wait_for
     out = str(tmp_path)
     p = start('train_vit.py', base_args(data, out, '--epochs=1000', '--viz_images=0', '--compression_images=0',
                                         '--eval_interval=1000'), out, torchrun=2)
@@ -305,8 +281,7 @@ def test_mixed_precision_runs_on_cpu(data, tmp_path, dtype):
 
 def test_the_training_step_does_not_wait_for_the_device(data, tmp_path, monkeypatch):
     """The loss is read only for a progress line: 4 more steps with one more line, one more read."""
-    import test_train_gpt
-    calls = test_train_gpt.count_syncs(monkeypatch, {'train_vit.py', 'tost.py', 'train_common.py'})
+    calls = count_syncs(monkeypatch, {'train_vit.py', 'tost.py', 'train_common.py'})
     counts = []
     for steps in (4, 8):
         calls.clear()
@@ -435,9 +410,7 @@ def test_mistakes_end_in_one_line(data, tmp_path, case, extra, message):
         gpt_checkpoint(out / 'ckpt.pt')
     if case in ('class mismatch', 'attn mismatch'):
         vit_checkpoint_with_10_classes(out / 'ckpt.pt')
-    args = base_args(data, str(out), '--epochs=1') + extra
-    r = subprocess.run([sys.executable, os.path.join(HERE, 'train_vit.py'), *args], cwd=HERE,
-                       env=dict(os.environ, OMP_NUM_THREADS='1'), capture_output=True, text=True, timeout=120)
+    r = run_cli('train_vit.py', *base_args(data, str(out), '--epochs=1'), *extra)
     assert r.returncode == 2, r.stderr
     assert 'Traceback' not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith('error: ') and message in r.stderr, r.stderr
@@ -469,12 +442,10 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, mon
         return logits * float('nan') if len(calls) >= 7 and self.training else logits
 
     monkeypatch.setattr(tost.ViT, 'forward', nan_from_step_7)
-    with pytest.raises(SystemExit) as e:
-        options.run_main(lambda: train_vit.main(base_args(data, out, '--epochs=2', '--viz_images=0')))
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 3 and len(err) == 1, err
-    assert err[0].startswith('error: the training loss is nan at step 8: training diverged; stopped without '
-                             f'saving, the last good checkpoint is {out}/ckpt.pt (step 4)'), err
+    assert exits(train_vit.main, base_args(data, out, '--epochs=2', '--viz_images=0')) == 3
+    line = one_line_error(capsys.readouterr().err)
+    assert line.startswith('error: the training loss is nan at step 8: training diverged; stopped without '
+                           f'saving, the last good checkpoint is {out}/ckpt.pt (step 4)'), line
     assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['step'] == 4
 
 
@@ -483,11 +454,9 @@ def test_out_of_memory_is_one_line_with_advice(data, tmp_path, monkeypatch, caps
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     monkeypatch.setattr(tost.ViT, 'forward', oom)
-    with pytest.raises(SystemExit) as e:
-        options.run_main(lambda: train_vit.main(base_args(data, str(tmp_path), '--epochs=1')))
+    assert exits(train_vit.main, base_args(data, str(tmp_path), '--epochs=1')) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and err == ['error: out of memory at step 0 with batch_size=16 on cpu; try '
-                                         '--batch_size=8'], err
+    assert err == ['error: out of memory at step 0 with batch_size=16 on cpu; try --batch_size=8'], err
 
 
 def test_a_picture_that_cannot_be_drawn_does_not_stop_training(data, tmp_path, monkeypatch, capsys):
