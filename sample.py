@@ -9,7 +9,7 @@ Sample from a model trained by train_gpt.py, printing each token as it comes.
 Generation uses the recurrent form of causal TSSA (a few numbers per head and layer, no KV cache), so
 every token costs the same and --max_new_tokens may exceed the block size. The same --seed gives the same
 text on the same device. At the end, on stderr: tokens/s over all samples. On a CPU it uses one thread
-unless OMP_NUM_THREADS is set: a second does not speed up a batch of one (docs/speed.md).
+unless OMP_NUM_THREADS is set: a second adds only about 5% to a batch of one (docs/speed.md).
 """
 import codecs
 import os

@@ -302,8 +302,8 @@ def train(cfg, set_keys, dist):
                                   best_val_loss=best_val_loss, val_loss=val, config=cfg, set_keys=sorted(set_keys),
                                   meta=meta, elapsed_s=elapsed_s(), tokens=tokens)
     loss_sum, since_row, t_row = torch.zeros((), device=device), 0, time.time()
-    run.record({'kind': 'config', **cfg, **model_args, 'tokens_per_iter': tokens_per_iter,
-                'params': raw_model.get_num_params()})             # for plot.py: what this run is
+    run.record({'kind': 'config', **cfg, **model_args, 'dtype': dtype, 'tokens_per_iter': tokens_per_iter,
+                'params': raw_model.get_num_params()})             # what this run is: the dtype it uses, auto resolved
     try:
         with run:
             while True:

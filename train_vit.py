@@ -313,7 +313,7 @@ def train(cfg, set_keys, dist):
                          model_args=asdict(config), kind='vit', step=step, epoch=step / spe, best_acc=best_acc,
                          config=cfg, meta=meta, elapsed_s=elapsed_s())
     loss_sum, since_row, seen, t_row = torch.zeros((), device=device), 0, 0, time.time()
-    run.record({'kind': 'config', **cfg, 'params': raw_model.get_num_params()})
+    run.record({'kind': 'config', **cfg, 'dtype': dtype, 'params': raw_model.get_num_params()})   # auto resolved
     try:
         with run:
             while True:

@@ -4,7 +4,6 @@ runs what its column says."""
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 
@@ -121,14 +120,3 @@ def test_bad_input_is_one_line_before_any_work(monkeypatch, capsys, argv, words)
         options.run_main(lambda: bench.main(['--smoke', *argv]))
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count('\n') == 1 and words in err, err
-
-
-KEY = re.compile(r"^    (\w+)=.*?(#.*)?$")
-
-
-@pytest.mark.parametrize('module', [bench, study])
-def test_every_key_is_documented_in_the_help(module):
-    """--help shows each key of the DEFAULTS table with a comment."""
-    text = options.help_text(module.__doc__, module.DEFAULTS, module.__file__)
-    rows = dict(m.groups() for m in map(KEY.match, text.split("options, as")[1].splitlines()) if m)
-    assert set(rows) == set(module.DEFAULTS) and all(rows.values()), rows

@@ -801,7 +801,9 @@ def test_auto_dtype_on_a_cpu_and_the_header_says_why(data_dir, tmp_path, monkeyp
     train_gpt.main(tiny(data_dir, str(tmp_path), '--max_iters=1', '--dtype=auto'))
     want = 'bfloat16 (auto: this CPU has bfloat16 instructions)' if native else 'float32 (auto)'
     assert f'device cpu, {want}, compile False' in capsys.readouterr().out
-    assert weights(str(tmp_path))['config']['dtype'] == 'auto'
+    assert weights(str(tmp_path))['config']['dtype'] == 'auto'                  # chosen again on a resume
+    with open(tmp_path / 'log.jsonl') as f:
+        assert json.loads(f.readline())['dtype'] == ('bfloat16' if native else 'float32')   # the log says which
 
 
 def test_out_of_memory_on_first_step(data_dir, tmp_path, monkeypatch, capsys):

@@ -268,6 +268,14 @@ def test_compiled_run_has_static_graphs_made_in_the_first_epoch_saves_plain_weig
         assert (a['kind'], a['step']) == (b['kind'], b['step']) and abs(a[loss] - b[loss]) < 1e-3
 
 
+def test_the_log_records_the_dtype_auto_chose(data, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: False)
+    train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--max_steps=1', '--viz_images=0', '--dtype=auto'))
+    with open(tmp_path / 'log.jsonl') as f:
+        assert json.loads(f.readline())['dtype'] == 'float32'
+    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['config']['dtype'] == 'auto'
+
+
 @pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
 def test_mixed_precision_runs_on_cpu(data, tmp_path, dtype):
     """bf16 autocast, and fp16 with the GradScaler (saved in the checkpoint), as on a GPU."""
