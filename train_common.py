@@ -4,6 +4,7 @@ import contextlib
 import datetime
 import fcntl
 import gc
+import importlib
 import json
 import math
 import os
@@ -53,7 +54,9 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     script, out, name = TRAINERS.get(kind, (None, None, None))
     if not os.path.isfile(path):
         folder = os.path.dirname(path) or "."
-        where = "" if folder == out else f" --out_dir={folder}"
+        presets = getattr(importlib.import_module(script[:-3]), "PRESETS", {}) if kind else {}
+        where = next((f" --config={n}" for n, p in presets.items() if p.get("out_dir") == folder), "" if folder == out
+                     else f" --out_dir={folder}")            # out-owt-base is --config=owt-base's folder
         hint = f"; train one with: python {script}{where}" if kind and os.path.basename(path) == "ckpt.pt" else ""
         raise UsageError(f"no checkpoint at {path}{hint}")
     with open(path, "rb") as f:

@@ -65,6 +65,9 @@ def test_load_missing_checkpoint(tmp_path):
     with pytest.raises(UsageError, match=f"^no checkpoint at {tmp_path}/ckpt.pt; train one with: python train_vit.py "
                                          f"--out_dir={tmp_path}$"):
         tc.load_checkpoint(str(tmp_path / "ckpt.pt"), kind="vit")
+    with pytest.raises(UsageError, match="^no checkpoint at out-owt-base/ckpt.pt; train one with: python train_gpt.py "
+                                         "--config=owt-base$"):                  # the preset's folder: its preset
+        tc.load_checkpoint("out-owt-base/ckpt.pt", kind="gpt")
 
 
 @pytest.mark.parametrize("cut", [0, 20, 0.5])
