@@ -13,6 +13,7 @@ of Z (B, n, d); memberships Pi are (B, K, n) and sum to 1 over the K groups (hea
 # computes everything it checks them against independently: the coding rates by log-determinants, the
 # operators by their formulas written out here.
 import contextlib
+import os
 import sys
 
 import torch
@@ -25,8 +26,8 @@ if figure in ('-h', '--help'):
     with contextlib.suppress(BrokenPipeError):                # `--help | head` may close the pipe first
         print(__doc__.strip(), flush=True)
     sys.exit()
-if not figure.endswith('.png'):
-    sys.exit(f'error: the figure is written as a PNG; give a path ending in .png, got {figure!r}')
+if not figure.endswith('.png') or not os.path.isdir(os.path.dirname(figure) or '.'):
+    sys.exit(f'error: the figure is a PNG file in a folder that exists; give such a path, got {figure!r}')
 torch.set_default_dtype(torch.float64)
 tost.CausalTSSA.fast = False
 torch.manual_seed(0)
@@ -432,8 +433,9 @@ for name, f in ops.items():
 # %% 12. Layers unrolled. The paper's reading: a stack of layers, each a step on the objective, compresses the
 # tokens layer after layer. Twelve white-box layers (alpha = 10, tau = 0.05 n) sharing the true subspaces U_k,
 # on 300 tokens from three planes in R^6, each group spread 1.0 along one axis of its plane and 0.5 along the
-# other, with noise 0.1; memberships re-estimated by each layer (temp 100: sharp). R^var_c falls at every
-# layer, and in its own plane each group is squeezed onto its strong axis: the weak axis loses far more.
+# other, with noise 0.1; memberships re-estimated by each layer (temp 100: at temp 1, Pi of 300 tokens would
+# be nearly uniform, section 6). R^var_c falls at every layer, and in its own plane each group is squeezed
+# onto its strong axis: the weak axis loses far more.
 import matplotlib                                                        # noqa: E402 (figures only from here)
 
 in_notebook = 'ipykernel' in sys.modules
@@ -492,7 +494,7 @@ def outputs_and_grads(layer, x, g, fast):
 
 import tost_fast                                                         # noqa: E402
 
-tost_fast.MIN_ELEMENTS = 0                       # it runs from 2^19 numbers up by default; these are 9,600
+min_elements, tost_fast.MIN_ELEMENTS = tost_fast.MIN_ELEMENTS, 0    # it runs from 2^19 numbers up; these are 9,600
 layer = randomize(tost.CausalTSSA(16, 4, block_size=300))
 x, g = torch.randn(2, 300, 16), torch.randn(2, 300, 16)
 err64 = max((a - b).abs().max() for a, b in zip(outputs_and_grads(layer, x, g, True),
@@ -505,4 +507,4 @@ err32 = max(rel(a, b) for a, b in zip(outputs_and_grads(layer, x.float(), g.floa
 print(f'13. fused core against the readable lines: float64 max |difference| {err64:.1e}; float32 against float64, '
       f'largest relative error {err32:.1e}')
 assert err64 < 1e-12 and err32 < 1e-6
-tost.CausalTSSA.fast = True
+tost.CausalTSSA.fast, tost_fast.MIN_ELEMENTS = True, min_elements               # as they were, for what runs next

@@ -268,6 +268,7 @@ def test_softmax_layers_mistakes():
             GPTConfig(**args, softmax_layers=bad)
     with pytest.raises(ValueError, match="with attn='softmax' every block is already"):
         GPTConfig(**args, attn='softmax', softmax_layers=(0,))
+    assert GPTConfig(**args, softmax_layers=-1).softmax_layers == (1,)     # one index, as the command line says
 
 
 def test_sampling_is_reproducible_with_a_generator():
@@ -440,6 +441,17 @@ def test_sequence_longer_than_block_size():
         model(torch.zeros(1, 9, dtype=torch.long))
     with pytest.raises(ValueError, match=r'block_size \(8\)'):
         model.step(torch.zeros(1, dtype=torch.long), model.prefill(torch.zeros(1, 8, dtype=torch.long))[1])
+    layer = CausalTSSA(16, 2, block_size=8)                  # the layer alone: its position bias has 8 entries
+    x, state = torch.randn(1, 6, 16), layer.empty_state(1)
+    with pytest.raises(ValueError, match=r'^position 8 is past block_size \(8\)$'):
+        layer(torch.randn(1, 9, 16))
+    with pytest.raises(ValueError, match=r'^position 11 is past block_size \(8\)$'):
+        layer(x, layer(x, state)[1])
+    with pytest.raises(ValueError, match=r'^position 8 is past block_size \(8\)$'):
+        layer.step(x[:, 0], layer(torch.randn(1, 8, 16), state)[1])
+    other = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16))
+    with pytest.raises(ValueError, match='zip'):             # states of a 1-block model for a 2-block one
+        other.step(torch.zeros(1, dtype=torch.long), model.prefill(torch.zeros(1, 4, dtype=torch.long))[1])
 
 
 def test_image_size_not_divisible_by_patch():
@@ -469,6 +481,11 @@ def test_width_not_divisible_by_heads_and_unknown_attn():
         preset('tost-base', n_layers=2)
     with pytest.raises(ValueError, match='white-box TSSA needs bias=False'):
         TSSA(16, 2, bias=True, whitebox=True)
+    for make in (lambda: TSSA(50, 4), lambda: CausalTSSA(50, 4, 8), lambda: SoftmaxAttention(50, 4, True)):
+        with pytest.raises(ValueError, match=r'n_embd \(50\) must be divisible by n_head \(4\)'):
+            make()                                           # the layers alone check too, when built
+    with pytest.raises(ValueError, match='causal TSSA needs block_size, its number of positions; got None'):
+        tost.Block(16, 2)                                    # causal by default
 
 
 # -----------------------------------------------------------------------------
@@ -565,6 +582,10 @@ def test_gradcheck_fast_causal_core():
     temp = torch.randn(2, dtype=torch.float64, requires_grad=True)
     pb = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda *a: tost_fast.CausalCore.apply(*a, 1e-8, 3, True), (w, temp, pb))
+    y = tost_fast.CausalCore.apply(w, temp, pb, 1e-8, 3, True)
+    (gw,) = torch.autograd.grad(y.square().sum(), w, create_graph=True)
+    with pytest.raises(RuntimeError, match='once_differentiable'):   # first order only: said, not wrong
+        gw.sum().backward()
 
 
 def _rel(a, b):
@@ -658,6 +679,9 @@ def test_generate_edge_cases():
     assert model.generate(torch.zeros(1, 1, dtype=torch.long), 4, top_k=0).shape == (1, 5)   # 0: all tokens
     with pytest.raises(ValueError, match='T >= 1'):
         model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
+    for bad in (dict(temperature=-1.0), dict(temperature=float('nan')), dict(top_k=-1)):
+        with pytest.raises(ValueError, match='temperature >= 0 and top_k >= 0'):
+            model.generate(torch.zeros(1, 1, dtype=torch.long), 3, **bad)
 
 
 # -----------------------------------------------------------------------------
@@ -683,5 +707,7 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     r = subprocess.run([sys.executable, script, 'README.md'], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and r.stderr.startswith('error: ') and not (tmp_path / 'README.md').exists()
     assert r.stdout == ''                                   # refused before the lecture runs
+    r = subprocess.run([sys.executable, script, 'no/such/fig.png'], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.startswith('error: ') and r.stdout == ''
     r = subprocess.run([sys.executable, script, '--help'], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("ToST's derivation as a lecture") and r.stderr == ''

@@ -24,10 +24,10 @@ paper's column pi_k (the paper's Pi is n x K). Comments end with tensor shapes.
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 51-78     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 85-174    the white-box gradient step, then the practical operator (TSSA)
-  lines 181-272   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 279-361   the block, an approximate step on the normalised tokens (MLP, Block)
-  lines 368-540   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 85-175    the white-box gradient step, then the practical operator (TSSA)
+  lines 182-281   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 288-370   the block, an approximate step on the normalised tokens (MLP, Block)
+  lines 377-552   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64.
@@ -116,6 +116,7 @@ class TSSA(nn.Module):
 
     def __init__(self, n_embd, n_head, bias=False, dropout=0.0, whitebox=False, alpha=1.0, tau=1.0):
         super().__init__()
+        _check_shape(n_embd, n_head, 'tssa')
         if whitebox and bias:
             raise ValueError("white-box TSSA needs bias=False: U_k^T z is a linear map")
         self.n_head, self.head_dim = n_head, n_embd // n_head
@@ -180,9 +181,9 @@ class TSSA(nn.Module):
 
 class TSSAState(NamedTuple):
     """Everything a causal TSSA layer remembers of the past, per head: 2p + 1 numbers, at any length."""
-    Q: torch.Tensor   # (B, K, p)  sum_{j<=t} w_j^2          Pi's normaliser
-    A: torch.Tensor   # (B, K, p)  sum_{j<=t} pi_j w_j^2     s_k of the prefix
-    P: torch.Tensor   # (B, K)     sum_{j<=t} pi_j           n_k of the prefix
+    Q: torch.Tensor   # (B, K, p)  sum_{j<t} w_j^2           Pi's normaliser
+    A: torch.Tensor   # (B, K, p)  sum_{j<t} pi_j w_j^2      s_k of the prefix
+    P: torch.Tensor   # (B, K)     sum_{j<t} pi_j            n_k of the prefix
     t: int            # tokens seen so far (the next token's position)
 
 
@@ -214,6 +215,8 @@ class CausalTSSA(TSSA):
 
     def __init__(self, n_embd, n_head, block_size, bias=False, dropout=0.0):
         super().__init__(n_embd, n_head, bias=bias, dropout=dropout)
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"causal TSSA needs block_size, its number of positions; got {block_size!r}")
         self.block_size = block_size
         self.pos_bias = nn.Parameter(torch.zeros(n_head, block_size))   # b_{k,t}, init 0 (no weight decay)
 
@@ -221,6 +224,10 @@ class CausalTSSA(TSSA):
         z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)
         return TSSAState(z(batch_size, self.n_head, self.head_dim), z(batch_size, self.n_head, self.head_dim),
                          z(batch_size, self.n_head), 0)
+
+    def check_positions(self, end):
+        if end > self.block_size:                              # b_{k,t} has one entry per position
+            raise ValueError(f"position {end - 1} is past block_size ({self.block_size})")
 
     def memberships(self, w2, Q, t0=0):
         """pi_t from the tokens up to t: TSSA's estimate with each sum over all tokens replaced by the prefix
@@ -233,6 +240,7 @@ class CausalTSSA(TSSA):
     def forward(self, x, state: Optional[TSSAState] = None):
         """Parallel form. x: (B, T, d). Without a state: returns y (B, T, d), the training path.
         With a state (from empty_state() or an earlier call): continues after it, returns (y, new_state)."""
+        self.check_positions((0 if state is None else state.t) + x.shape[1])
         if state is None and tost_fast.usable(self, x):
             return tost_fast.causal_tssa(self, x)
         w = self.split_heads(self.c_attn(x))                   # (B, K, T, p)  w_t = U_k^T z_t
@@ -259,6 +267,7 @@ class CausalTSSA(TSSA):
         The same formulas as forward(), each prefix sum advanced by one term: O(p) work per head."""
         B, d = x.shape
         p = self.head_dim
+        self.check_positions(state.t + 1)
         w = self.c_attn(x).view(B, self.n_head, p)             # (B, K, p)
         dt = _stat_dtype(w)
         w2 = w.to(dt).square()
@@ -382,6 +391,7 @@ class GPTConfig:
     def __post_init__(self):
         _check_shape(self.n_embd, self.n_head, self.attn)
         n, layers = self.n_layer, self.softmax_layers
+        layers = (layers,) if isinstance(layers, int) else layers   # -1 as on the command line
         if any(not isinstance(i, int) or not -n <= i < n for i in layers):
             raise ValueError(f"softmax_layers {list(layers)} must be block indices from {-n} to {n - 1}")
         if layers and self.attn != 'tssa':
@@ -462,7 +472,7 @@ class GPT(nn.Module):
         states = self.empty_state(idx.shape[0], idx.device) if states is None else states
         x = self._embed(idx, states[0].t)
         new_states = []
-        for block, st in zip(self.transformer.h, states):
+        for block, st in zip(self.transformer.h, states, strict=True):     # a state per block
             x, st = block.prefill(x, st)
             new_states.append(st)
         return self.lm_head(self.transformer.ln_f(x[:, -1])), new_states
@@ -473,7 +483,7 @@ class GPT(nn.Module):
         Returns logits (B, vocab) and the new states."""
         x = self._embed(idx[:, None], states[0].t)[:, 0]
         new_states = []
-        for block, st in zip(self.transformer.h, states):
+        for block, st in zip(self.transformer.h, states, strict=True):     # a state per block
             x, st = block.step(x, st)
             new_states.append(st)
         return self.lm_head(self.transformer.ln_f(x)), new_states
@@ -487,6 +497,8 @@ class GPT(nn.Module):
         every token. Runs in eval mode (dropout would make the prefill and the steps disagree)."""
         if idx.dim() != 2 or idx.shape[1] == 0:
             raise ValueError(f"generate needs a prompt of shape (B, T) with T >= 1, got {tuple(idx.shape)}")
+        if not temperature >= 0 or (top_k or 0) < 0:
+            raise ValueError(f"generate needs temperature >= 0 and top_k >= 0, got {temperature} and {top_k}")
         was_training, bs = self.training, self.config.block_size
         self.eval()
         try:
@@ -719,6 +731,7 @@ class SoftmaxAttention(nn.Module):
 
     def __init__(self, n_embd, n_head, causal, bias=False, dropout=0.0):
         super().__init__()
+        _check_shape(n_embd, n_head, 'softmax')
         self.n_head, self.head_dim, self.causal, self.dropout = n_head, n_embd // n_head, causal, dropout
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)

@@ -5,7 +5,8 @@ rounding (float64: within 1e-12), in fewer passes over memory. Nothing here is n
 Where it runs: CausalTSSA.forward enters here by one line when usable() says so, that is on a CPU, in
 eager mode, without a recurrent state and without active attention dropout, on at least MIN_ELEMENTS
 numbers, and CausalTSSA.fast is True. Everywhere else the readable lines run: under torch.compile (inductor
-fuses them itself), on GPUs, and on small inputs. docs/speed.md has the measurements that chose this.
+fuses them itself), on GPUs, and on small inputs. docs/speed.md has the measurements that chose this. Its
+backward is first order only: for a gradient of a gradient, set CausalTSSA.fast = False.
 
 Two things make the core faster than autograd over the readable lines on a CPU: a hand-written backward
 (autograd keeps and re-reads about twice as many intermediate tensors), and chunks of about CHUNK elements,
@@ -96,6 +97,7 @@ class CausalCore(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable     # a gradient of a gradient: set CausalTSSA.fast = False
     def backward(ctx, g):
         w, temp, pb, Qs, As, Ds, Pis, Pes, es = ctx.saved_tensors
         B, T, K, p = w.shape
