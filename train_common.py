@@ -212,6 +212,9 @@ def pick_device(pref="auto"):
         raise UsageError(f"unknown device {pref!r}; use auto, cpu, cuda, cuda:N or mps")
     if pref != "cpu" and not (torch.backends.mps if pref == "mps" else torch.cuda).is_available():
         raise UsageError(f"device {pref!r} requested but {'MPS' if pref == 'mps' else 'CUDA'} is not available here")
+    if (torch.device(pref).index or 0) >= (torch.cuda.device_count() if pref.startswith("cuda") else 1):
+        raise UsageError(f"device {pref!r} requested but this machine has {torch.cuda.device_count()} GPU(s), "
+                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     return pref
 
 

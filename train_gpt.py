@@ -213,7 +213,7 @@ PEAK_FLOPS = [
     (r'NVIDIA H100 NVL', _tensor_core(835e12)),
     (r'NVIDIA H200', _tensor_core(989e12)),                      # SXM
     (r'NVIDIA H200 NVL', _tensor_core(835e12)),
-    (r'NVIDIA GH200 \d+GB', _tensor_core(989e12)),
+    (r'NVIDIA GH200 .*', _tensor_core(989e12)),                  # 480GB, 144G HBM3e, ...: an H100's cores
     (r'NVIDIA A100[- ].*', _tensor_core(312e12)),                 # SXM4 and PCIe, 40 and 80 GB
     (r'NVIDIA A10', _tensor_core(125e12)),
     (r'NVIDIA L40S', _tensor_core(362e12)),
@@ -269,6 +269,7 @@ def train(cfg, set_keys, dist):
     model_args['softmax_layers'] = list(raw_model.config.softmax_layers)   # '-1' of 4 blocks is [3]
     if ckpt:
         load_weights(raw_model, ckpt, ckpt_path)
+        del ckpt['model']                                          # the model holds them: no second copy kept
     optimizer, scaler, params = optimizer_for(raw_model.to(device), cfg, dtype, ckpt)
     model, ctx, peak = wrap(raw_model, dist, cfg['compile']), autocast(device, dtype), peak_flops(device, dtype)
     lr_at = lambda it: cosine_lr(it, cfg['learning_rate'], cfg['min_lr'], cfg['warmup_iters'], cfg['lr_decay_iters'])

@@ -268,6 +268,7 @@ def train(cfg, set_keys, dist):
     raw_model = tost.ViT(config).to(device)
     if ckpt:
         load_weights(raw_model, ckpt, path)
+        del ckpt['model']                                          # the model holds them: no second copy kept
     # evaluation without DDP: its forward would broadcast the BatchNorm buffers (a collective), and the ranks run
     # different numbers of test batches
     eval_model = torch.compile(raw_model, dynamic=False) if cfg['compile'] else raw_model

@@ -11,6 +11,7 @@ import matplotlib.image
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from types import SimpleNamespace
 
 import options
 import tost
@@ -79,6 +80,23 @@ def test_the_readable_column_runs_the_readable_lines(monkeypatch):
     assert tost.CausalTSSA.fast is True
 
 
+def test_the_limit_has_no_fused_column_off_a_cpu(monkeypatch, capsys):
+    """The fused core runs on CPUs only: on a GPU its column would time the readable lines under its name."""
+    made = []
+    monkeypatch.setattr(bench, 'make_op', lambda kind, *a, **how: made.append(how) or (lambda: None))
+    monkeypatch.setattr(torch.cuda, 'synchronize', lambda: None)
+    monkeypatch.setattr(bench, 'NOISY', [])                     # empty cases time as noise: not for other tests
+    results = {}
+    bench.section_limit(argparse_like(device='cuda', mode='smoke'), results)
+    assert results['limit'] and all('causal_fast_s' not in r and 'causal_readable_s' in r for r in results['limit'])
+    assert not any(how.get('fused') for how in made)
+    assert ' - │' in capsys.readouterr().out                    # the column says it was not measured
+
+
+def argparse_like(**kw):
+    return SimpleNamespace(dtype='float32', no_memory=True, **kw)
+
+
 @pytest.mark.slow
 def test_every_compiled_case_runs_compiled(monkeypatch):
     """--compile: each case compiles afresh. Otherwise the sizes of one layer add up against dynamo's recompile
@@ -101,6 +119,7 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch):
     current one, once, as the trainers do (train_common.setup_cuda). Mocked: no GPU here."""
     calls = []
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     monkeypatch.setattr(torch.cuda, 'set_device', lambda device: calls.append(device))
     monkeypatch.setattr(torch, 'set_float32_matmul_precision', lambda p: calls.append(p))
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'a GPU')

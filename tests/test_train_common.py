@@ -277,6 +277,12 @@ def test_pick_device_refuses_missing_hardware(monkeypatch):
     for dev in ("cuda", "cuda:1", "mps"):
         with pytest.raises(UsageError, match="not available"):
             tc.pick_device(dev)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert tc.pick_device("cuda:1") == "cuda:1" and tc.pick_device("cuda") == "cuda"
+    with pytest.raises(UsageError, match=r"^device 'cuda:7' requested but this machine has 2 GPU\(s\), "
+                                         r"cuda:0 to cuda:1$"):
+        tc.pick_device("cuda:7")
 
 
 def test_loss_sums_are_float64_except_on_mps_which_has_none():
@@ -354,6 +360,7 @@ def test_the_gpu_asked_for_is_made_the_current_one_once(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
     monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda p: calls.append(("precision", p)))
     assert tc.setup_distributed("cuda:1").device == "cuda:1"

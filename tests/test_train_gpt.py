@@ -650,7 +650,8 @@ def test_mfu_is_shown_and_agrees_with_tokens_per_second(data_dir, tmp_path, monk
 
 # what torch.cuda.get_device_name() returns on each, and the dense bfloat16 peak (None: no MFU)
 GPU_NAMES = [('NVIDIA H100 80GB HBM3', 989e12), ('NVIDIA H100 PCIe', 756e12), ('NVIDIA H100 NVL', 835e12),
-             ('NVIDIA H200', 989e12), ('NVIDIA A100-SXM4-80GB', 312e12), ('NVIDIA A100-SXM4-40GB', 312e12),
+             ('NVIDIA H200', 989e12), ('NVIDIA GH200 480GB', 989e12), ('NVIDIA GH200 144G HBM3e', 989e12),
+             ('NVIDIA A100-SXM4-80GB', 312e12), ('NVIDIA A100-SXM4-40GB', 312e12),
              ('NVIDIA A100 80GB PCIe', 312e12), ('NVIDIA A100-PCIE-40GB', 312e12), ('NVIDIA L40S', 362e12),
              ('NVIDIA L40', 181e12), ('NVIDIA L4', 121e12), ('NVIDIA A10', 125e12), ('NVIDIA A10G', None),
              ('NVIDIA GeForce RTX 4090', 165e12), ('Tesla T4', None), ('Tesla V100-SXM2-16GB', None),
@@ -945,6 +946,7 @@ def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
     one first (mocked: no GPU here; the run stops at the question)."""
     order = []
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     monkeypatch.setattr(torch.cuda, 'set_device', lambda device: order.append(device))
     monkeypatch.setattr(torch, 'set_float32_matmul_precision', lambda precision: None)
 
@@ -1020,6 +1022,17 @@ def test_token_shift_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(data
     with pytest.raises(train_common.UsageError, match='token_shift'):     # the model's shape is fixed on resume
         train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=8', '--token_shift=false'])
     sample.main([f'--out_dir={out}', '--start=def', '--num_samples=1', '--max_new_tokens=5', '--device=cpu'])
+
+
+def test_a_resume_keeps_no_second_copy_of_the_weights(data_dir, tmp_path, monkeypatch):
+    """The checkpoint is loaded onto the device: its weights, once in the model, are let go (on a GPU they
+    would hold the model's memory twice for the whole run)."""
+    out, loaded = str(tmp_path), []
+    train_gpt.main(tiny(data_dir, out, '--max_iters=2'))
+    monkeypatch.setattr(train_gpt, 'load_checkpoint', lambda *a, **k: loaded.append(train_common.load_checkpoint(
+        *a, **k)) or loaded[-1])
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=4'])
+    assert len(loaded) == 1 and 'optimizer' in loaded[0] and 'model' not in loaded[0]
 
 
 def test_softmax_layers_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(data_dir, tmp_path, capsys):

@@ -268,6 +268,15 @@ def test_compiled_run_has_static_graphs_made_in_the_first_epoch_saves_plain_weig
         assert (a['kind'], a['step']) == (b['kind'], b['step']) and abs(a[loss] - b[loss]) < 1e-3
 
 
+def test_a_resume_keeps_no_second_copy_of_the_weights(data, tmp_path, monkeypatch):
+    out, loaded = str(tmp_path), []
+    train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=1', '--viz_images=0'))
+    monkeypatch.setattr(train_vit, 'load_checkpoint',
+                        lambda *a, **k: loaded.append(load_checkpoint(*a, **k)) or loaded[-1])
+    train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=2', '--max_steps=2', '--dtype=float32'])
+    assert len(loaded) == 1 and 'optimizer' in loaded[0] and 'model' not in loaded[0]
+
+
 def test_the_log_records_the_dtype_auto_chose(data, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: False)
     train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--max_steps=1', '--viz_images=0', '--dtype=auto'))
