@@ -664,11 +664,12 @@ def _commit(stage, out, meta):
         os.remove(os.path.join(out, 'meta.json'))
     for f in sorted(os.listdir(stage)):
         os.replace(os.path.join(stage, f), os.path.join(out, f))
-    with open(os.path.join(out, 'meta.json.tmp'), 'w') as f:
+    tmp = os.path.join(out, f"meta.json.tmp-{socket.gethostname()}-{os.getpid()}")   # two nodes may commit at once
+    with open(tmp, 'w') as f:
         f.write(json.dumps(meta, indent=2) + '\n')
         f.flush()
         os.fsync(f.fileno())
-    os.replace(os.path.join(out, 'meta.json.tmp'), os.path.join(out, 'meta.json'))
+    os.replace(tmp, os.path.join(out, 'meta.json'))
 
 
 def prepare(name, /, data_dir='data', **opts):

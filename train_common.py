@@ -306,9 +306,11 @@ def launch(run, cfg, *args):
         elif dist.master:
             fail(e, e.code)
         sys.exit(e.code)
-    except UsageError:
+    except UsageError as e:
         if dist.master:
             raise
+        if dist.local_rank == 0:    # each node's first process says it: an error only another node finds shows there
+            print(f"error: {' '.join(str(e).split())} (rank {dist.rank})", file=sys.stderr, flush=True)
         sys.exit(2)
     finally:                        # leave the group: a gloo thread left to the exit can abort a finished run
         if dist.ddp and torch.distributed.is_initialized():
@@ -334,12 +336,12 @@ class Run:
         self.path, self.log = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
         self.saved, self.unit, self.dist, self.resume, self.drawn = saved, unit, dist, resume, True
         self.signal, self._first, self._old, self._group = None, None, {}, None
-        logged = saved if logged is None else logged    # the log's last row to keep, in the log's own steps
+        key, last = logged or (unit, saved)             # the log keeps its rows with key <= last
         if dist.master:
             keep = []
-            if logged is not None and os.path.isfile(self.log):
+            if last is not None and os.path.isfile(self.log):
                 with open(self.log) as f:
-                    keep = [line for line in f if _upto(line, unit, logged)]
+                    keep = [line for line in f if _upto(line, key, last)]
             with open(self.log + ".tmp", "w") as f:         # temp file, then rename: a crash keeps the old log
                 f.writelines(keep)
             os.replace(self.log + ".tmp", self.log)
@@ -451,9 +453,16 @@ def resume_command(script, cfg, set_keys, defaults):
     """'\nresume with: python train_gpt.py --init_from=resume ...': the launcher, the script as it was started, and
     the keys this run set that a checkpoint does not restore."""
     prog = sys.argv[0] if os.path.basename(sys.argv[0]) == script else script
-    ws, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
-    launcher = "python" if ws is None else f"torchrun --standalone --nproc_per_node={ws}" if ws == local else \
-        "torchrun (your options, on every node)"
+    env, nodes = os.environ, ""
+    if "WORLD_SIZE" not in env:
+        launcher = "python"
+    elif env["WORLD_SIZE"] == env.get("LOCAL_WORLD_SIZE"):
+        launcher = f"torchrun --standalone --nproc_per_node={env['WORLD_SIZE']}"
+    else:                           # several nodes, started as docs/training.md does: this is node 0's command
+        launcher = (f"torchrun --nnodes={env.get('GROUP_WORLD_SIZE')} --node_rank=0 --nproc_per_node="
+                    f"{env.get('LOCAL_WORLD_SIZE')} --master_addr={env.get('MASTER_ADDR')} --master_port="
+                    f"{env.get('MASTER_PORT')}")
+        nodes = "\n(on node N, --node_rank=N)"
     keys = [k for k in ("out_dir", "device", "compile") if k in set_keys and cfg[k] != defaults[k]]
     args = ["--init_from=resume"] + [f"--{k}={str(cfg[k]).lower() if k == 'compile' else cfg[k]}" for k in keys]
-    return "\nresume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args])
+    return "\nresume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args]) + nodes

@@ -306,8 +306,8 @@ def train(cfg, set_keys, dist):
         say(f"note: the warmup ({cfg['warmup_epochs']:g} epochs) is as long as the run ({cfg['epochs']}): the learning "
             f"rate never reaches --learning_rate; set --warmup_epochs lower")
 
-    run = Run(cfg['out_dir'], step if resumed else None, 'step', dist,     # the log counts the steps it was run in
-              resume_command('train_vit.py', cfg, set_keys, DEFAULTS), logged=ckpt['step'] if resumed else None)
+    run = Run(cfg['out_dir'], step if resumed else None, 'step', dist,     # the log's rows up to the epochs done
+              resume_command('train_vit.py', cfg, set_keys, DEFAULTS), logged=resumed and ('epoch', done))
     t_start, shard = time.time(), None
     elapsed_s = lambda: round(elapsed + time.time() - t_start, 2)   # the runs it resumed included
     state = lambda: dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
@@ -365,8 +365,8 @@ def train(cfg, set_keys, dist):
                         raise run.diverged('training loss', train_loss, step)   # the one on disk is fine
                     secs = time.time() - t_row
                     dt, img_s = secs / since_row, seen * dist.world_size / secs   # per step; the row's images
-                    run.record(dict(kind='train', step=step, train_loss=train_loss, lr=lr, img_per_s=img_s,
-                                    ms_per_step=1000 * dt, elapsed_s=elapsed_s()),
+                    run.record(dict(kind='train', step=step, epoch=step / spe, train_loss=train_loss, lr=lr,
+                                    img_per_s=img_s, ms_per_step=1000 * dt, elapsed_s=elapsed_s()),
                                f"step {step}/{total} (epoch {step / spe:.2f}): loss {train_loss:.4f}, lr {lr:.1e}, "
                                f"{img_s:,.0f} img/s, {1000 * dt:.1f} ms/step, eta {human((total - step) * dt)}")
                     loss_sum, since_row, seen, t_row = torch.zeros((), device=device), 0, 0, time.time()

@@ -761,6 +761,29 @@ def test_interrupted_force_keeps_old_dataset(tmp_path, monkeypatch):
     assert os.listdir(tmp_path / 'data') == ['in']
 
 
+def test_two_nodes_commit_one_shared_folder_at_once(tmp_path, monkeypatch):
+    """Each node's first process may prepare a shared data_dir at the same moment: their meta.json temp files
+    have names of their own, so neither rename finds its file taken by the other."""
+    out, stages, pid, calls = tmp_path / 'd', [tmp_path / 's0', tmp_path / 's1'], os.getpid(), []
+    for s in stages:
+        s.mkdir()
+        (s / 'val.bin').write_bytes(b'ab')
+    real_fsync = os.fsync
+
+    def the_other_node_commits_now(fd):
+        real_fsync(fd)
+        if not calls:
+            calls.append(1)
+            monkeypatch.setattr(os, 'getpid', lambda: pid + 1)
+            prep._commit(str(stages[1]), str(out), {'by': 'other'})
+            monkeypatch.setattr(os, 'getpid', lambda: pid)
+
+    monkeypatch.setattr(os, 'fsync', the_other_node_commits_now)
+    prep._commit(str(stages[0]), str(out), {'by': 'this'})
+    assert json.loads((out / 'meta.json').read_text()) == {'by': 'this'}
+    assert sorted(os.listdir(out)) == ['meta.json', 'val.bin']
+
+
 def test_failure_while_committing_leaves_no_meta(tmp_path, monkeypatch):
     (tmp_path / 'in.txt').write_text('old text. ' * 50)
     out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))

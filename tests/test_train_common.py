@@ -232,6 +232,27 @@ def test_resume_command(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert tc.resume_command("train_gpt.py", defaults, set(), defaults) == \
         "\nresume with: torchrun --standalone --nproc_per_node=4 ../tost/train_gpt.py --init_from=resume"
+    for k, v in dict(WORLD_SIZE="16", LOCAL_WORLD_SIZE="8", GROUP_WORLD_SIZE="2", MASTER_ADDR="10.0.0.1",
+                     MASTER_PORT="29500").items():       # two nodes, as torchrun tells its workers
+        monkeypatch.setenv(k, v)
+    assert tc.resume_command("train_gpt.py", defaults, set(), defaults) == (
+        "\nresume with: torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 "
+        "--master_port=29500 ../tost/train_gpt.py --init_from=resume\n(on node N, --node_rank=N)")
+
+
+@pytest.mark.parametrize("rank, local_rank, says", [(2, 0, True), (3, 1, False)])
+def test_an_error_only_another_node_finds_is_said_there(monkeypatch, capsys, rank, local_rank, says):
+    """Rank 0 says what every rank finds; each other node's first process says its own (its terminal would
+    otherwise show nothing); the others exit quietly."""
+    monkeypatch.setattr(tc, "setup_distributed", lambda device: tc.Dist(True, rank, local_rank, 4, False, "cpu"))
+
+    def run(cfg, dist):
+        raise UsageError("no dataset at data/x")
+
+    with pytest.raises(SystemExit) as e:
+        tc.launch(run, dict(out_dir="out", device="cpu"))
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("error: no dataset at data/x (rank 2)\n" if says else "")
 
 # -----------------------------------------------------------------------------
 # schedule

@@ -517,6 +517,17 @@ def test_a_resume_with_another_batch_size_goes_on_at_the_same_epoch(data, tmp_pa
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2]
 
 
+def test_resumes_with_other_batch_sizes_keep_the_log_in_epochs(data, tmp_path):
+    """A step is another length after such a resume: the log keeps what came before the checkpoint by the
+    epochs done, which every row carries, not by step numbers of two different lengths."""
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--epochs=1', '--batch_size=8', '--viz_images=0'))   # 8 steps of 8
+    for epochs in (2, 3):                                                                 # then 2 steps of 32
+        train_vit.main(['--init_from=resume', f'--out_dir={out}', f'--epochs={epochs}', '--batch_size=32'])
+    assert [r['epoch'] for r in read_log(out, kind='train')] == [0.25, 0.5, 0.75, 1, 2, 3]
+    assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2, 3]
+
+
 def test_images_per_second_count_the_images_of_the_row(data, tmp_path):
     """64 images in batches of 24: 24, 24, 16. A row at the epoch's end covers 64 images in 3 steps."""
     out = str(tmp_path)
