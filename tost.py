@@ -565,7 +565,7 @@ class ViTConfig:
     n_layer: int = 12
     n_head: int = 4
     n_embd: int = 192
-    n_cls_layer: int = 2        # CaiT-style class-attention blocks after the TSSA blocks
+    n_cls_layer: int = 2        # XCiT's class-attention blocks after the TSSA blocks
     dropout: float = 0.0
     drop_path: float = 0.0
     bias: bool = True
@@ -614,8 +614,8 @@ class FourierPositions(nn.Module):
         self.proj = nn.Conv2d(2 * hidden, n_embd, kernel_size=1)
 
     def forward(self, B, H, W, device):
-        ys = torch.arange(1, H + 1, device=device, dtype=torch.float32) / H * 2 * math.pi   # (0, 2pi]
-        xs = torch.arange(1, W + 1, device=device, dtype=torch.float32) / W * 2 * math.pi
+        ys = torch.arange(1, H + 1, device=device, dtype=torch.float32) / (H + 1e-6) * 2 * math.pi   # (0, 2pi)
+        xs = torch.arange(1, W + 1, device=device, dtype=torch.float32) / (W + 1e-6) * 2 * math.pi
         j = torch.arange(self.hidden, device=device)
         freq = self.temperature ** (2 * (j // 2) / self.hidden)                           # (hidden,)
         def enc(c):                                            # (L,) -> (L, hidden): sin on even, cos on odd
@@ -646,6 +646,14 @@ class ClassAttention(nn.Module):
 
 
 class ClassBlock(nn.Module):
+    """XCiT's class-attention block, as the released models run it (tokens_norm): the attention passes the
+    normalised patch tokens through, and the second LayerNorm normalises every token, so the patch tokens
+    change too (they are the next block's keys and values), and the CLS token's residual is its normalised self:
+
+        cls, x   <-  cls + g1 * attn(LN1(cls, x)),  x + g1 * LN1(x)
+        cls, x   <-  LN2(cls, x)
+        cls, x   <-  cls + g2 * MLP(cls),  2 x"""
+
     def __init__(self, n_embd, n_head, bias=True, layerscale_init=1.0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
@@ -656,9 +664,11 @@ class ClassBlock(nn.Module):
         self.gamma_2 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
 
     def forward(self, cls, tokens):                             # cls (B, 1, d), tokens (B, n, d)
-        a, att = self.attn(self.ln_1(torch.cat([cls, tokens], dim=1)))
-        cls = cls + self.gamma_1 * a
-        return cls + self.gamma_2 * self.mlp(self.ln_2(cls)), att
+        h = self.ln_1(torch.cat([cls, tokens], dim=1))          # (B, 1+n, d)
+        a, att = self.attn(h)
+        h = self.ln_2(torch.cat([cls + self.gamma_1 * a, tokens + self.gamma_1 * h[:, 1:]], dim=1))
+        cls, tokens = h[:, :1], h[:, 1:]
+        return cls + self.gamma_2 * self.mlp(cls), 2 * tokens, att     # (B, 1, d), (B, n, d), (B, H, 1+n)
 
 
 class ViT(nn.Module):
@@ -672,8 +682,8 @@ class ViT(nn.Module):
         self.pos_embed = FourierPositions(c.n_embd)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList([Block(c.n_embd, c.n_head, c.attn, False, None, c.bias, c.dropout,
-                                           c.layerscale_init, c.drop_path * i / max(c.n_layer - 1, 1), lpi=c.lpi)
-                                     for i in range(c.n_layer)])
+                                           c.layerscale_init, c.drop_path, lpi=c.lpi)   # one rate in every block
+                                     for _ in range(c.n_layer)])
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
         self.cls_blocks = nn.ModuleList([ClassBlock(c.n_embd, c.n_head, c.bias, c.layerscale_init)
                                          for _ in range(c.n_cls_layer)])
@@ -681,6 +691,9 @@ class ViT(nn.Module):
         self.head = nn.Linear(c.n_embd, c.num_classes)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         self.apply(self._init_weights)
+        for m in self.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.eps = 1e-6                                    # the released vision models' (the GPT keeps 1e-5)
 
     def _init_weights(self, m):
         if isinstance(m, nn.Linear):
@@ -708,7 +721,7 @@ class ViT(nn.Module):
             x = block(x, grid=grid)
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         for block in self.cls_blocks:
-            cls, _ = block(cls, x)
+            cls, x, _ = block(cls, x)
         return self.head(self.norm(cls[:, 0]))
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):

@@ -176,9 +176,12 @@ def optimizer_for(model, cfg, dtype, ckpt=None):
 
 
 def wrap(model, dist, compile):
-    """DDP inside, the compiler outside (its backward starts each bucket's all-reduce when ready); static shapes."""
-    if dist.ddp:
-        model = DDP(model, device_ids=[dist.local_rank] if dist.device.startswith("cuda") else None)
+    """DDP inside, the compiler outside (its backward starts each bucket's all-reduce when ready); static shapes.
+    On GPUs, BatchNorm (the ViT's patch embedding) takes its statistics over every process's batch, as released."""
+    if dist.ddp and dist.device.startswith("cuda"):            # SyncBatchNorm runs on GPUs only
+        model = DDP(torch.nn.SyncBatchNorm.convert_sync_batchnorm(model), device_ids=[dist.local_rank])
+    elif dist.ddp:
+        model = DDP(model)
     return torch.compile(model, dynamic=False) if compile else model
 
 

@@ -189,7 +189,7 @@ def inspect(model, x, layer=-1):
             comp.append(tost.compression_of_projections(w, pis[-1].to(w.dtype)))     # alpha = 1
     cls, att = model.cls_token.expand(B, -1, -1), None
     for block in model.cls_blocks:
-        cls, att = block(cls, x)
+        cls, x, att = block(cls, x)
     return {'compression': comp, 'cls_attn': None if att is None else att[:, :, 1:].reshape(B, -1, Hp, Wp),
             'pi': pis[layer].reshape(B, -1, Hp, Wp) if pis else None}
 

@@ -240,6 +240,21 @@ def test_resume_command(monkeypatch):
         "--master_port=29500 ../tost/train_gpt.py --init_from=resume\n(on node N, --node_rank=N)")
 
 
+def test_batchnorm_is_synced_across_gpus_only(monkeypatch):
+    """The ViT's patch embedding normalises over every process's batch on GPUs, as the released models trained
+    (SyncBatchNorm runs on GPUs only); on CPUs each process keeps its own statistics."""
+    wrapped = []
+    monkeypatch.setattr(tc, "DDP", lambda model, device_ids=None: wrapped.append((model, device_ids)) or model)
+    for device, synced in (("cuda:1", True), ("cpu", False)):
+        vit = tost.ViT(tost.preset("tost-cifar-tiny"))
+        keys = list(vit.state_dict())
+        tc.wrap(vit, tc.Dist(True, 1, 1, 2, False, device), compile=False)
+        model, ids = wrapped[-1]
+        assert model is vit and ids == ([1] if synced else None)
+        assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in vit.modules()) == synced
+        assert list(vit.state_dict()) == keys                 # the checkpoint's names are kept
+
+
 @pytest.mark.parametrize("rank, local_rank, says", [(2, 0, True), (3, 1, False)])
 def test_an_error_only_another_node_finds_is_said_there(monkeypatch, capsys, rank, local_rank, says):
     """Rank 0 says what every rank finds; each other node's first process says its own (its terminal would
