@@ -494,7 +494,8 @@ def outputs_and_grads(layer, x, g, fast):
 
 import tost_fast                                                         # noqa: E402
 
-min_elements, tost_fast.MIN_ELEMENTS = tost_fast.MIN_ELEMENTS, 0    # it runs from 2^19 numbers up; these are 9,600
+min_elements = tost_fast.MIN_ELEMENTS          # it runs from 2^19 numbers up by default; these are 9,600
+tost_fast.MIN_ELEMENTS = 0
 layer = randomize(tost.CausalTSSA(16, 4, block_size=300))
 x, g = torch.randn(2, 300, 16), torch.randn(2, 300, 16)
 err64 = max((a - b).abs().max() for a, b in zip(outputs_and_grads(layer, x, g, True),
@@ -507,4 +508,5 @@ err32 = max(rel(a, b) for a, b in zip(outputs_and_grads(layer, x.float(), g.floa
 print(f'13. fused core against the readable lines: float64 max |difference| {err64:.1e}; float32 against float64, '
       f'largest relative error {err32:.1e}')
 assert err64 < 1e-12 and err32 < 1e-6
-tost.CausalTSSA.fast, tost_fast.MIN_ELEMENTS = True, min_elements               # as they were, for what runs next
+tost.CausalTSSA.fast = True                     # the library's defaults again, for whatever runs next
+tost_fast.MIN_ELEMENTS = min_elements

@@ -664,7 +664,7 @@ def _commit(stage, out, meta):
         os.remove(os.path.join(out, 'meta.json'))
     for f in sorted(os.listdir(stage)):
         os.replace(os.path.join(stage, f), os.path.join(out, f))
-    tmp = os.path.join(out, f"meta.json.tmp-{socket.gethostname()}-{os.getpid()}")   # two nodes may commit at once
+    tmp = os.path.join(stage, 'meta.json')      # the stage is this process's: two nodes may commit at once
     with open(tmp, 'w') as f:
         f.write(json.dumps(meta, indent=2) + '\n')
         f.flush()

@@ -450,24 +450,29 @@ def test_sequence_longer_than_block_size():
     with pytest.raises(ValueError, match=r'^position 8 is past block_size \(8\)$'):
         layer.step(x[:, 0], layer(torch.randn(1, 8, 16), state)[1])
     other = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16))
-    with pytest.raises(ValueError, match='zip'):             # states of a 1-block model for a 2-block one
-        other.step(torch.zeros(1, dtype=torch.long), model.prefill(torch.zeros(1, 4, dtype=torch.long))[1])
+    states = model.prefill(torch.zeros(1, 4, dtype=torch.long))[1]
+    for use in (lambda: other.step(torch.zeros(1, dtype=torch.long), states),
+                lambda: other.prefill(torch.zeros(1, 2, dtype=torch.long), states)):
+        with pytest.raises(ValueError, match='^1 states for a model of 2 blocks$'):   # another model's states
+            use()
 
 
 def test_the_vision_model_is_the_released_one():
-    """The class-attention block computes its docstring's three lines (XCiT's form with every token
-    re-normalised, as the released models run); one drop-path rate in every block; LayerNorm eps 1e-6."""
+    """The class-attention block is XCiT's as the released models run it, written here as XCiT writes it, on
+    the whole sequence (its attention hands back the normalised patch tokens, its second LayerNorm takes every
+    token: tokens_norm); one drop-path rate in every block; LayerNorm eps 1e-6."""
     torch.manual_seed(0)
     model = randomize(ViT(ViTConfig(img_size=32, patch_size=4, num_classes=10, n_layer=2, n_head=2, n_embd=16,
                                     drop_path=0.1)).double())
     block = model.cls_blocks[0]
     cls, x = torch.randn(2, 1, 16, dtype=torch.float64), torch.randn(2, 5, 16, dtype=torch.float64)
-    h = block.ln_1(torch.cat([cls, x], 1))
-    a, _ = block.attn(h)                                     # the CLS token's attention over all tokens
-    h2 = block.ln_2(torch.cat([cls + block.gamma_1 * a, x + block.gamma_1 * h[:, 1:]], 1))
+    seq = torch.cat([cls, x], 1)
+    h = block.ln_1(seq)
+    seq = seq + block.gamma_1 * torch.cat([block.attn(h)[0], h[:, 1:]], 1)
+    seq = block.ln_2(seq)
+    seq = seq + torch.cat([block.gamma_2 * block.mlp(seq[:, :1]), seq[:, 1:]], 1)
     got_cls, got_x, _ = block(cls, x)
-    torch.testing.assert_close(got_cls, h2[:, :1] + block.gamma_2 * block.mlp(h2[:, :1]))
-    torch.testing.assert_close(got_x, 2 * h2[:, 1:])
+    torch.testing.assert_close(torch.cat([got_cls, got_x], 1), seq)
     assert [b.drop_path for b in model.blocks] == [0.1, 0.1]
     assert {m.eps for m in model.modules() if isinstance(m, torch.nn.LayerNorm)} == {1e-6}
     assert {m.eps for m in GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16)).modules()

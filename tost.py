@@ -27,7 +27,7 @@ First read, in order (lines of this file, spanning the definitions named in brac
   lines 85-175    the white-box gradient step, then the practical operator (TSSA)
   lines 182-281   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
   lines 288-370   the block, an approximate step on the normalised tokens (MLP, Block)
-  lines 377-552   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 377-557   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64.
@@ -466,13 +466,18 @@ class GPT(nn.Module):
     def empty_state(self, batch_size, device=None):
         return [block.empty_state(batch_size, device) for block in self.transformer.h]
 
+    def _checked(self, states):
+        if len(states) != len(self.transformer.h):             # another model's states
+            raise ValueError(f"{len(states)} states for a model of {len(self.transformer.h)} blocks")
+        return states
+
     def prefill(self, idx, states=None):
         """Run a chunk of tokens in parallel after `states` (None: from the start).
         Returns logits of the last position (B, vocab) and the states after the chunk."""
-        states = self.empty_state(idx.shape[0], idx.device) if states is None else states
+        states = self.empty_state(idx.shape[0], idx.device) if states is None else self._checked(states)
         x = self._embed(idx, states[0].t)
         new_states = []
-        for block, st in zip(self.transformer.h, states, strict=True):     # a state per block
+        for block, st in zip(self.transformer.h, states):
             x, st = block.prefill(x, st)
             new_states.append(st)
         return self.lm_head(self.transformer.ln_f(x[:, -1])), new_states
@@ -481,9 +486,9 @@ class GPT(nn.Module):
         """One token per sequence, idx (B,), in O(1) time per token with TSSA (a growing KV cache in
         softmax blocks). states: one per block, its own kind (TSSAState, KVCache, ShiftState around either).
         Returns logits (B, vocab) and the new states."""
-        x = self._embed(idx[:, None], states[0].t)[:, 0]
+        x = self._embed(idx[:, None], self._checked(states)[0].t)[:, 0]
         new_states = []
-        for block, st in zip(self.transformer.h, states, strict=True):     # a state per block
+        for block, st in zip(self.transformer.h, states):
             x, st = block.step(x, st)
             new_states.append(st)
         return self.lm_head(self.transformer.ln_f(x)), new_states

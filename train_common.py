@@ -215,7 +215,7 @@ def pick_device(pref="auto"):
         raise UsageError(f"unknown device {pref!r}; use auto, cpu, cuda, cuda:N or mps")
     if pref != "cpu" and not (torch.backends.mps if pref == "mps" else torch.cuda).is_available():
         raise UsageError(f"device {pref!r} requested but {'MPS' if pref == 'mps' else 'CUDA'} is not available here")
-    if (torch.device(pref).index or 0) >= (torch.cuda.device_count() if pref.startswith("cuda") else 1):
+    if pref.startswith("cuda") and (torch.device(pref).index or 0) >= torch.cuda.device_count():
         raise UsageError(f"device {pref!r} requested but this machine has {torch.cuda.device_count()} GPU(s), "
                          f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     return pref
@@ -265,11 +265,14 @@ def setup_distributed(device_pref):
     except (KeyError, ValueError) as e:
         raise UsageError(f"RANK is set but the torchrun environment is incomplete ({e}); use torchrun")
     cuda = device.startswith("cuda")
+    if ddp and cuda and local_rank >= torch.cuda.device_count():
+        raise UsageError(f"process {local_rank} of this node has no GPU of its own: the node has "
+                         f"{torch.cuda.device_count()}; start at most that many (--nproc_per_node)")
     dist = Dist(ddp, rank, local_rank, world, rank == 0, device if not ddp else f"cuda:{local_rank}" if cuda else "cpu")
     if cuda:
         setup_cuda(dist.device)
     if ddp:
-        import torch.distributed.nn  # noqa: F401  before the group: it binds group.WORLD as a default (DDP imports it)
+        importlib.import_module("torch.distributed.nn")   # before the group: it binds group.WORLD as a default
         torch.distributed.init_process_group(backend="nccl" if cuda else "gloo",
                                              device_id=torch.device(dist.device) if cuda else None)
     return dist
@@ -313,7 +316,7 @@ def launch(run, cfg, *args):
         if dist.master:
             raise
         if dist.local_rank == 0:    # each node's first process says it: an error only another node finds shows there
-            print(f"error: {' '.join(str(e).split())} (rank {dist.rank})", file=sys.stderr, flush=True)
+            fail(f"{e} (rank {dist.rank})")
         sys.exit(2)
     finally:                        # leave the group: a gloo thread left to the exit can abort a finished run
         if dist.ddp and torch.distributed.is_initialized():
@@ -461,9 +464,11 @@ def resume_command(script, cfg, set_keys, defaults):
         launcher = "python"
     elif env["WORLD_SIZE"] == env.get("LOCAL_WORLD_SIZE"):
         launcher = f"torchrun --standalone --nproc_per_node={env['WORLD_SIZE']}"
+    elif "GROUP_WORLD_SIZE" not in env or "LOCAL_WORLD_SIZE" not in env:      # not torchrun: its own launcher
+        launcher = "torchrun (your options, on every node)"
     else:                           # several nodes, started as docs/training.md does: this is node 0's command
-        launcher = (f"torchrun --nnodes={env.get('GROUP_WORLD_SIZE')} --node_rank=0 --nproc_per_node="
-                    f"{env.get('LOCAL_WORLD_SIZE')} --master_addr={env.get('MASTER_ADDR')} --master_port="
+        launcher = (f"torchrun --nnodes={env['GROUP_WORLD_SIZE']} --node_rank=0 --nproc_per_node="
+                    f"{env['LOCAL_WORLD_SIZE']} --master_addr={env.get('MASTER_ADDR')} --master_port="
                     f"{env.get('MASTER_PORT')}")
         nodes = "\n(on node N, --node_rank=N)"
     keys = [k for k in ("out_dir", "device", "compile") if k in set_keys and cfg[k] != defaults[k]]

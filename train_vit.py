@@ -235,6 +235,9 @@ def train(cfg, set_keys, dist):
     path = {'scratch': None, 'resume': ckpt_path, 'best': best_path}.get(cfg['init_from'], cfg['init_from'])
     needs = ('model', 'optimizer', 'step') if resumed else ('model',)
     ckpt = path and load_checkpoint(path, device, 'vit', needs=needs)              # None from scratch
+    if ckpt and ckpt.get('format') != 2:            # format 2: the released vision model (XCiT's class blocks)
+        raise UsageError(f"{path} is from an earlier train_vit.py, whose model computed otherwise (CaiT's "
+                         f"class-attention blocks, LayerNorm eps 1e-5); train a new one")
     if resumed:                                                        # it goes on as it was
         old = ckpt.get('config', {})
         cfg = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in cfg.items()}
@@ -287,7 +290,7 @@ def train(cfg, set_keys, dist):
     spe = min(-(-per_rank // bs), cfg['max_steps'] or math.inf)     # steps per epoch
     step, best_acc, elapsed = 0, -1.0, 0.0                          # best_acc -1: no test yet
     if resumed:     # the epochs done, in this run's steps (another process count or batch size: another step)
-        done = ckpt['epoch'] + (ckpt['step'] / ckpt['steps_per_epoch'] if 'steps_per_epoch' in ckpt else 0)
+        done = ckpt['epoch']
         step, best_acc, elapsed = round(done * spe), ckpt.get('best_acc', -1.0), ckpt.get('elapsed_s', 0.0)
     total = cfg['epochs'] * spe
     model, ctx = wrap(raw_model, dist, cfg['compile']), autocast(device, dtype)
@@ -307,11 +310,11 @@ def train(cfg, set_keys, dist):
             f"rate never reaches --learning_rate; set --warmup_epochs lower")
 
     run = Run(cfg['out_dir'], step if resumed else None, 'step', dist,     # the log's rows up to the epochs done
-              resume_command('train_vit.py', cfg, set_keys, DEFAULTS), logged=resumed and ('epoch', done))
+              resume_command('train_vit.py', cfg, set_keys, DEFAULTS), logged=('epoch', done) if resumed else None)
     t_start, shard = time.time(), None
     elapsed_s = lambda: round(elapsed + time.time() - t_start, 2)   # the runs it resumed included
     state = lambda: dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                         model_args=asdict(config), kind='vit', step=step, epoch=step / spe, best_acc=best_acc,
+                         model_args=asdict(config), kind='vit', format=2, step=step, epoch=step / spe, best_acc=best_acc,
                          config=cfg, meta=meta, elapsed_s=elapsed_s())
     loss_sum, since_row, seen, t_row = torch.zeros((), device=device), 0, 0, time.time()
     run.record({'kind': 'config', **cfg, 'dtype': dtype, 'params': raw_model.get_num_params()})   # auto resolved
@@ -380,7 +383,7 @@ def main(argv=None):
     cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
     check_ranges(cfg, positive=('epochs', 'batch_size', 'learning_rate', 'eval_interval', 'log_interval'),
                  nonnegative=('min_lr', 'weight_decay', 'grad_clip', 'warmup_epochs', 'max_steps',
-                              'compression_images', 'viz_images', 'drop_path'), fraction=('label_smoothing',))
+                              'compression_images', 'viz_images'), fraction=('label_smoothing', 'drop_path'))
     if cfg['init_from'] not in ('scratch', 'resume', 'best') and not cfg['init_from'].endswith('.pt'):
         raise UsageError(f"--init_from={cfg['init_from']}: use scratch, resume, best or a path to a .pt file")
     if cfg['eval_only'] and cfg['init_from'] == 'scratch':

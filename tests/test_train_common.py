@@ -238,6 +238,9 @@ def test_resume_command(monkeypatch):
     assert tc.resume_command("train_gpt.py", defaults, set(), defaults) == (
         "\nresume with: torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 "
         "--master_port=29500 ../tost/train_gpt.py --init_from=resume\n(on node N, --node_rank=N)")
+    monkeypatch.delenv("GROUP_WORLD_SIZE")                   # another launcher than torchrun: no line to write
+    assert tc.resume_command("train_gpt.py", defaults, set(), defaults) == \
+        "\nresume with: torchrun (your options, on every node) ../tost/train_gpt.py --init_from=resume"
 
 
 def test_batchnorm_is_synced_across_gpus_only(monkeypatch):
@@ -319,6 +322,13 @@ def test_pick_device_refuses_missing_hardware(monkeypatch):
     with pytest.raises(UsageError, match=r"^device 'cuda:7' requested but this machine has 2 GPU\(s\), "
                                          r"cuda:0 to cuda:1$"):
         tc.pick_device("cuda:7")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert tc.pick_device("mps") == "mps"                    # the GPU count is CUDA's alone
+    for k, v in dict(RANK="2", LOCAL_RANK="2", WORLD_SIZE="3").items():      # torchrun --nproc_per_node=3
+        monkeypatch.setenv(k, v)
+    with pytest.raises(UsageError, match=r"^process 2 of this node has no GPU of its own: the node has 2; start "
+                                         r"at most that many \(--nproc_per_node\)$"):
+        tc.setup_distributed("cuda")
 
 
 def test_loss_sums_are_float64_except_on_mps_which_has_none():

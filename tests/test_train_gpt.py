@@ -454,7 +454,7 @@ def test_torchrun_three_processes_sigterm_to_one_rank_stops_all_at_the_same_step
     it = weights(out)['iter_num']
     assert f'interrupted (on another rank) at iter {it}: saved {out}/ckpt.pt' in stderr, stderr[-3000:]
     assert 'resume with: torchrun --standalone --nproc_per_node=3 ' in stderr
-    assert 3 <= it < 400 and logged_iter(out) == it
+    assert 3 <= it < 400 and logged_iter(out) == it and p.returncode == 1     # torchrun's code for it
     train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--device=cpu', '--max_iters=' + str(it + 5)])
     iters = [r['iter'] for r in read_log(out, kind='train')]
     assert iters == list(range(1, it + 6))
@@ -484,6 +484,7 @@ def test_torchrun_ctrl_c_reaches_every_process_twice_and_counts_once(data_dir, t
     it = weights(out)['iter_num']
     assert f'interrupted (SIGINT) at iter {it}: saved {out}/ckpt.pt' in stderr, stderr[-3000:]
     assert stderr.count('interrupted (') == 1 and 3 <= it < 400
+    assert p.returncode == 1                                    # the workers exit 130; torchrun reports it as 1
 
 
 def test_no_gradient_sync_before_the_last_micro_step(data_dir, tmp_path, monkeypatch):

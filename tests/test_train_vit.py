@@ -7,6 +7,7 @@ import ast
 import json
 import math
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -141,15 +142,18 @@ def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(dat
     assert [r['step'] for r in read_log(out, kind='train')] == [2, 4, 6, 8]        # each row once
 
 
-def test_a_checkpoint_of_the_earlier_format_resumes_at_its_step(data, trained, tmp_path):
-    """Earlier checkpoints counted whole epochs and the steps into the next one."""
+def test_a_checkpoint_of_an_earlier_model_is_refused(data, trained, tmp_path):
+    """Earlier checkpoints ran CaiT's class-attention blocks: their weights would load into a model that
+    computes otherwise, so they are refused, for a resume, an evaluation or new weights alike."""
     ck = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
-    assert ck['step'] == 8
-    ck.update(epoch=1, step=3, steps_per_epoch=4)
+    assert ck['format'] == 2
+    del ck['format']
     torch.save(ck, tmp_path / 'ckpt.pt')
-    train_vit.main(['--init_from=resume', f'--out_dir={tmp_path}', '--epochs=3', '--max_steps=4'])
-    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['step'] == 12
-    assert [r['step'] for r in read_log(tmp_path, kind='train')] == [8, 10, 12]      # from step 7 on
+    for args in (['--init_from=resume', f'--out_dir={tmp_path}', '--epochs=3'],
+                 ['--init_from=resume', f'--out_dir={tmp_path}', '--eval_only=true'],
+                 base_args(data, str(tmp_path / 'new'), f'--init_from={tmp_path}/ckpt.pt')):
+        with pytest.raises(UsageError, match=r'ckpt.pt is from an earlier train_vit.py, whose model computed'):
+            train_vit.main(args)
 
 
 def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path):
@@ -405,7 +409,7 @@ def vit_checkpoint_with_10_classes(path):
     assert cfg.num_classes == 10
     from dataclasses import asdict
     torch.save({'model': tost.ViT(cfg).state_dict(), 'optimizer': {}, 'model_args': asdict(cfg), 'kind': 'vit',
-                'step': 4, 'epoch': 1, 'best_acc': 0.5, 'config': {'model': 'tost-cifar-tiny'}, 'meta': {}}, path)
+                'format': 2, 'step': 4, 'epoch': 1, 'best_acc': 0.5, 'config': {'model': 'tost-cifar-tiny'}, 'meta': {}}, path)
 
 
 @pytest.mark.parametrize('case, extra, message', [
@@ -442,9 +446,10 @@ def test_config_mistakes_in_process(data, tmp_path):
                            (['--attn=linear'], "unknown attn 'linear'; choose one of tssa, softmax"),
                            (['--viz_layer=9'], 'the model has 4 TSSA layers'),
                            (['--batch_size=0'], '--batch_size must be positive'),
+                           (['--drop_path=1'], '--drop_path must be in [0, 1), got 1.0'),
                            (['--min_lr=0.1'], '--min_lr=0.1 is above --learning_rate=0.001: the cosine would climb'),
                            (['--init_from=nowhere.pt'], 'no checkpoint at nowhere.pt')):
-        with pytest.raises(UsageError, match=message.replace('(', r'\(')):
+        with pytest.raises(UsageError, match=re.escape(message)):
             train_vit.main(base_args(data, out, *extra))
 
 
