@@ -314,8 +314,8 @@ def train(cfg, set_keys, dist):
     t_start, shard = time.time(), None
     elapsed_s = lambda: round(elapsed + time.time() - t_start, 2)   # the runs it resumed included
     state = lambda: dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(), scaler=scaler.state_dict(),
-                         model_args=asdict(config), kind='vit', format=2, step=step, epoch=step / spe, best_acc=best_acc,
-                         config=cfg, meta=meta, elapsed_s=elapsed_s())
+                         model_args=asdict(config), kind='vit', format=2, step=step, epoch=step / spe,
+                         best_acc=best_acc, config=cfg, meta=meta, elapsed_s=elapsed_s())
     loss_sum, since_row, seen, t_row = torch.zeros((), device=device), 0, 0, time.time()
     run.record({'kind': 'config', **cfg, 'dtype': dtype, 'params': raw_model.get_num_params()})   # auto resolved
     try:
