@@ -100,6 +100,12 @@ def _states_close(a, b):
     assert a.t == b.t
 
 
+def test_prefix_sum_is_cumsum_along_any_dim():
+    x = torch.randn(2, 3, 5, 4).transpose(1, 2)             # not contiguous, as the layer's heads are
+    for dim in range(4):
+        assert torch.equal(tost.prefix_sum(x, dim), torch.cumsum(x, dim))
+
+
 @pytest.mark.parametrize('n', [1, 7, 65])
 def test_recurrent_equals_parallel(n):
     torch.manual_seed(n)

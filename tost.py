@@ -246,12 +246,12 @@ class CausalTSSA(TSSA):
         w = self.split_heads(self.c_attn(x))                   # (B, K, T, p)  w_t = U_k^T z_t
         dt = _stat_dtype(w)
         w2 = w.to(dt).square()                                 # (B, K, T, p)
-        Q = torch.cumsum(w2, dim=2)                            # (B, K, T, p)  Q_t
+        Q = prefix_sum(w2, dim=2)                              # (B, K, T, p)  Q_t
         if state is not None:
             Q = Q + state.Q.unsqueeze(2)
         Pi = self.memberships(w2, Q, 0 if state is None else state.t)   # (B, K, T)  pi_t
-        A = torch.cumsum(Pi.unsqueeze(-1) * w2, dim=2)         # (B, K, T, p)  A_t: s_k of tokens <= t
-        P = torch.cumsum(Pi, dim=2)                            # (B, K, T)     P_t: n_k of tokens <= t
+        A = prefix_sum(Pi.unsqueeze(-1) * w2, dim=2)           # (B, K, T, p)  A_t: s_k of tokens <= t
+        P = prefix_sum(Pi, dim=2)                              # (B, K, T)     P_t: n_k of tokens <= t
         if state is not None:
             A = A + state.A.unsqueeze(2)
             P = P + state.P.unsqueeze(2)
@@ -905,6 +905,12 @@ def drop_path(x, p, training):
         return x
     keep = x.new_empty(x.shape[0], *([1] * (x.dim() - 1))).bernoulli_(1 - p)
     return x * keep / (1 - p)
+
+
+def prefix_sum(x, dim):
+    """torch.cumsum(x, dim), computed with dim laid out innermost in memory: a GPU scans the innermost dimension
+    in parallel, an outer one serially in each column (6x slower at 8k tokens; docs/speed.md)."""
+    return torch.cumsum(x.transpose(dim, -1).contiguous(), -1).transpose(dim, -1)
 
 
 def _stat_dtype(t):

@@ -175,9 +175,18 @@ def optimizer_for(model, cfg, dtype, ckpt=None):
     return optimizer, scaler, [p for g in optimizer.param_groups for p in g["params"]]
 
 
+def compiles_causal(device):
+    """Whether torch.compile can build causal TSSA for `device`: before torch 2.13, inductor fails on a GPU at
+    code generation for its prefix sums (a split scan)."""
+    return not device.startswith("cuda") or tuple(int(v) for v in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 13)
+
+
 def wrap(model, dist, compile):
     """DDP inside, the compiler outside (its backward starts each bucket's all-reduce when ready); static shapes.
     On GPUs, BatchNorm (the ViT's patch embedding) takes its statistics over every process's batch, as released."""
+    if compile and not compiles_causal(dist.device) and any(isinstance(m, tost.CausalTSSA) for m in model.modules()):
+        raise UsageError(f"--compile=true: torch {torch.__version__} cannot compile causal TSSA for a GPU (an inductor "
+                         "bug, fixed in torch 2.13); upgrade torch or set --compile=false")
     if dist.ddp and dist.device.startswith("cuda"):            # SyncBatchNorm runs on GPUs only
         model = DDP(torch.nn.SyncBatchNorm.convert_sync_batchnorm(model), device_ids=[dist.local_rank])
     elif dist.ddp:

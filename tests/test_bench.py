@@ -80,8 +80,11 @@ def test_the_readable_column_runs_the_readable_lines(monkeypatch):
     assert tost.CausalTSSA.fast is True
 
 
-def test_the_limit_has_no_fused_column_off_a_cpu(monkeypatch, capsys):
-    """The fused core runs on CPUs only: on a GPU its column would time the readable lines under its name."""
+@pytest.mark.parametrize('version, compiled', [('2.13.0', True), ('2.12.1+cu128', False)])
+def test_the_limit_has_no_fused_column_off_a_cpu(monkeypatch, capsys, version, compiled):
+    """The fused core runs on CPUs only: on a GPU its column would time the readable lines under its name. Nor
+    is causal TSSA compiled for a GPU by a torch that fails at it (before 2.13), where --compile is one line."""
+    monkeypatch.setattr(torch, '__version__', version)
     made = []
     monkeypatch.setattr(bench, 'make_op', lambda kind, *a, **how: made.append(how) or (lambda: None))
     monkeypatch.setattr(torch.cuda, 'synchronize', lambda: None)
@@ -90,7 +93,12 @@ def test_the_limit_has_no_fused_column_off_a_cpu(monkeypatch, capsys):
     bench.section_limit(argparse_like(device='cuda', mode='smoke'), results)
     assert results['limit'] and all('causal_fast_s' not in r and 'causal_readable_s' in r for r in results['limit'])
     assert not any(how.get('fused') for how in made)
+    assert all(('causal_compiled_s' in r) == compiled for r in results['limit'])
     assert ' - │' in capsys.readouterr().out                    # the column says it was not measured
+    if not compiled:
+        monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+        with pytest.raises(options.UsageError, match=r'^--compile: torch 2\.12\.1\+cu128 cannot compile causal TSSA for a GPU'):
+            bench.main(['--device=cuda', '--compile', '--smoke'])
 
 
 def argparse_like(**kw):

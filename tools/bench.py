@@ -29,7 +29,7 @@ import tost
 import tost_fast
 from options import UsageError, parse, run_main
 from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
-from train_common import autocast, setup_cuda
+from train_common import autocast, compiles_causal, setup_cuda
 
 console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # the repo root, where tools/ is
@@ -230,7 +230,8 @@ def section_limit(args, results):
     # (tost-cifar: 128 images of 8 x 8 patches, width 192), where the projections are cheap and the core is not
     shapes = [(1, n, WIDTH, HEADS) for n in SIZES[args.mode]['limit_n']]
     shapes.append((4, 16, 64, 4) if args.mode == 'smoke' else (128, 64, 192, 4))
-    limit = {k: v for k, v in LIMIT.items() if args.device == 'cpu' or k != 'causal_fast_s'}   # a CPU-only core
+    limit = {k: v for k, v in LIMIT.items() if (args.device == 'cpu' or k != 'causal_fast_s')   # a CPU-only core
+             and (compiles_causal(args.device) or k != 'causal_compiled_s')}
     rows = []
     for B, n, d, h in shapes:
         for backward in (False, True):
@@ -378,6 +379,9 @@ def main(argv=None):
         SIZES['full'].update(op_n=[1024, 2048, 4096, 8192, 16384, 32768, 65536], op_tssa_only=[],
                              limit_n=[1024, 4096, 16384, 65536])
     WIDTH, HEADS, COMPILE = SIZES[args.mode]['width'], SIZES[args.mode]['heads'], args.compile
+    if COMPILE and not compiles_causal(args.device):
+        raise UsageError(f"--compile: torch {torch.__version__} cannot compile causal TSSA for a GPU (an inductor "
+                         "bug, fixed in torch 2.13); upgrade torch or leave out --compile")
     if cuda:
         setup_cuda(args.device)     # CUDA only, as the trainers: this GPU is the current one (sync, memory), TF32
     results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
