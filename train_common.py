@@ -181,12 +181,16 @@ def compiles_causal(device):
     return not device.startswith("cuda") or tuple(int(v) for v in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 13)
 
 
+def check_compile(device):
+    """--compile of causal TSSA: one line where it would fail, before any data is read or model built."""
+    if not compiles_causal(device):
+        raise UsageError(f"--compile: torch {torch.__version__} cannot compile causal TSSA for a GPU (an inductor bug, "
+                         "fixed in torch 2.13); upgrade torch or set --compile=false")
+
+
 def wrap(model, dist, compile):
     """DDP inside, the compiler outside (its backward starts each bucket's all-reduce when ready); static shapes.
     On GPUs, BatchNorm (the ViT's patch embedding) takes its statistics over every process's batch, as released."""
-    if compile and not compiles_causal(dist.device) and any(isinstance(m, tost.CausalTSSA) for m in model.modules()):
-        raise UsageError(f"--compile=true: torch {torch.__version__} cannot compile causal TSSA for a GPU (an inductor "
-                         "bug, fixed in torch 2.13); upgrade torch or set --compile=false")
     if dist.ddp and dist.device.startswith("cuda"):            # SyncBatchNorm runs on GPUs only
         model = DDP(torch.nn.SyncBatchNorm.convert_sync_batchnorm(model), device_ids=[dist.local_rank])
     elif dist.ddp:

@@ -26,7 +26,7 @@ import torch
 import prepare_data
 import tost
 from options import UsageError, parse, run_main
-from train_common import (Run, autocast, check_lr, check_ranges, cosine_lr, human, launch,
+from train_common import (Run, autocast, check_compile, check_lr, check_ranges, cosine_lr, human, launch,
                           load_checkpoint, load_weights, make_out_dir, mean_loss, optimizer_for, resolve_dtype,
                           resume_command, seed_of, sum_dtype, wrap)
 
@@ -245,6 +245,8 @@ def train(cfg, set_keys, dist):
         ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=('model', 'optimizer', 'iter_num', 'config', 'meta'))
         cfg, set_keys = resume_config(cfg, set_keys, ckpt)
     check_lr(cfg)
+    if cfg['compile'] and cfg['attn'] == 'tssa':
+        check_compile(device)
     dtype, why = resolve_dtype(cfg['dtype'], device, dist.master)
     data_path, meta, sizes = open_dataset(cfg, dist, ckpt and ckpt['meta'])
     make_out_dir(cfg['out_dir'], [ckpt_path], cfg['overwrite'], ckpt is None, dist.master)

@@ -80,6 +80,22 @@ def in_process(capsys, main, *args):
     return SimpleNamespace(code=exits(main, list(args)), err=capsys.readouterr().err)
 
 
+def test_compile_that_would_fail_on_a_gpu_is_refused_before_the_data(monkeypatch, tmp_path):
+    """torch before 2.13 on a GPU: --compile of a ToST model stops before the data is prepared (hours for
+    OpenWebText) or any folder is made; the softmax baseline, which has no prefix sums, goes on."""
+    monkeypatch.setattr(torch, '__version__', '2.12.1+cu128')
+    cfg = dict(train_gpt.DEFAULTS, compile=True, data_dir=str(tmp_path / 'data'), out_dir=str(tmp_path / 'out'))
+    gpu = train_common.Dist(False, 0, 0, 1, True, 'cuda')
+    with pytest.raises(options.UsageError, match=r'^--compile: torch 2\.12\.1\+cu128 cannot compile causal TSSA'):
+        train_gpt.train(cfg, {'compile'}, gpu)
+    assert not os.listdir(tmp_path)
+    def past_the_check(*args):
+        raise RuntimeError('past the check')
+    monkeypatch.setattr(train_gpt, 'resolve_dtype', past_the_check)
+    with pytest.raises(RuntimeError, match='past the check'):
+        train_gpt.train(dict(cfg, attn='softmax'), {'compile', 'attn'}, gpu)
+
+
 def one_line_error(stderr, *words):
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith('error: '), stderr

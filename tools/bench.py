@@ -29,7 +29,7 @@ import tost
 import tost_fast
 from options import UsageError, parse, run_main
 from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
-from train_common import autocast, compiles_causal, setup_cuda
+from train_common import autocast, check_compile, compiles_causal, setup_cuda
 
 console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # the repo root, where tools/ is
@@ -379,9 +379,8 @@ def main(argv=None):
         SIZES['full'].update(op_n=[1024, 2048, 4096, 8192, 16384, 32768, 65536], op_tssa_only=[],
                              limit_n=[1024, 4096, 16384, 65536])
     WIDTH, HEADS, COMPILE = SIZES[args.mode]['width'], SIZES[args.mode]['heads'], args.compile
-    if COMPILE and not compiles_causal(args.device):
-        raise UsageError(f"--compile: torch {torch.__version__} cannot compile causal TSSA for a GPU (an inductor "
-                         "bug, fixed in torch 2.13); upgrade torch or leave out --compile")
+    if COMPILE:
+        check_compile(args.device)
     if cuda:
         setup_cuda(args.device)     # CUDA only, as the trainers: this GPU is the current one (sync, memory), TF32
     results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
