@@ -17,6 +17,7 @@ import collections, contextlib, difflib, hashlib, io, itertools, json, os, pickl
 import sys, sysconfig, tarfile, time, urllib.request, zipfile, zlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 import numpy as np
 from rich import progress as rp
 
@@ -27,8 +28,7 @@ from options import UsageError, fail, parse, run_main
 # reading a dataset: its meta.json and the tokenizer it names (train_gpt, sample and eval_gpt import these)
 
 class Tokenizer:
-    """'bytes' (the 256 byte values of UTF-8, no download) or 'gpt2' (tiktoken's GPT-2 BPE, 50257 ids, whose
-    vocabulary tiktoken downloads once). eot is None for bytes."""
+    """'bytes' (UTF-8's 256 byte values, no download; eot None) or 'gpt2' (tiktoken's GPT-2 BPE, 50257 ids)."""
 
     def __init__(self, name, vocab_size, eot=None, enc=None):
         self.name, self.vocab_size, self.eot, self._enc = name, vocab_size, eot, enc
@@ -41,16 +41,16 @@ class Tokenizer:
         return np.array(ids, dtype=np.uint16)
 
     def decode(self, ids):
-        """Tensors and arrays welcome; ids past the vocab (a padded model head) are dropped, and half a UTF-8
-        character is replaced, never raised."""
+        """Tensors and arrays welcome; ids past the vocab (a padded model head) are dropped, half a UTF-8 character
+        is replaced."""
         ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
         if self._enc is None:
             return bytes(ids).decode('utf-8', errors='replace')
         return self._enc.decode(ids, errors='replace')
 
     def token_bytes(self, t):
-        """The raw bytes of one token; a token can end inside a UTF-8 character (for streamed output)."""
-        if not 0 <= int(t) < self.vocab_size:                  # a padded model head's id: no token, as in decode()
+        """One token's raw bytes, which may end inside a UTF-8 character (streamed output); b'' past the vocab."""
+        if not 0 <= int(t) < self.vocab_size:
             return b''
         return bytes([int(t)]) if self._enc is None else self._enc.decode_single_token_bytes(int(t))
 
@@ -83,10 +83,8 @@ def get_tokenizer(name, encoding=None):
 
 def _check_folder(folder, what):
     """A UsageError if a part of `folder` is a file (a file given as --data_dir)."""
-    path = folder
-    while path and not os.path.exists(path):
-        path = os.path.dirname(path)
-    if path and not os.path.isdir(path):
+    path = next((p for p in (Path(folder), *Path(folder).parents) if p.exists()), None)
+    if path and not path.is_dir():
         raise UsageError(f"{what}: {path} is a file, not a folder; give --data_dir a folder (datasets live in "
                          f"<data_dir>/<name>/)")
 
@@ -108,16 +106,14 @@ def _recipe(folder, meta=None, force=False):
 
 
 def load_meta(folder, kind=None, model_meta=None):
-    """The meta.json of a prepared dataset folder, checked to hold `kind` ('text' or 'images') and to share the
-    tokenizer of `model_meta` (a checkpoint's meta) if given. Every mistake is one UsageError line that says how
-    to prepare the dataset."""
+    """A dataset folder's meta.json, checked to hold `kind` ('text' or 'images') and to share the tokenizer of
+    `model_meta` (a checkpoint's meta) if given; a mistake is one UsageError line saying how to prepare it."""
     path = os.path.join(folder, 'meta.json')
     if not os.path.exists(path):
         _check_folder(folder, f"{folder} is not a prepared dataset")
         raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {_recipe(folder, {'kind': kind})}")
     try:
-        with open(path) as f:
-            meta = json.load(f)
+        meta = json.loads(Path(path).read_text())
     except ValueError as e:
         raise UsageError(f"{path} is not valid JSON ({e}); rebuild it: {_recipe(folder, force=True)}") from None
     if kind is not None and meta.get('kind') != kind:
@@ -154,8 +150,7 @@ def read_images(folder, meta):
 _warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
 
 # -----------------------------------------------------------------------------
-# progress, downloads. A build writes into a staging folder that prepare() moves into place when all is
-# written, meta.json last, so the files inside need no temp names of their own.
+# progress, downloads. Builds write into a staging folder that prepare() moves into place: no temp file names.
 
 
 @contextlib.contextmanager
@@ -169,13 +164,12 @@ def _progress(desc, total=None, unit='docs'):
 
 
 def _checksum(path, algo='md5'):
-    with open(path, 'rb') as f:
-        return hashlib.new(algo, f.read()).hexdigest()  # the largest file checked is CIFAR-100's 169 MB
+    return hashlib.new(algo, Path(path).read_bytes()).hexdigest()  # the largest file checked is CIFAR-100's 169 MB
 
 
 def _download(url, data_dir, hint, checksum=None, name=None):
-    """url -> data_dir/downloads/name (default: the url's) via a .part-<pid> file, renamed only when complete and
-    matching checksum, an (algorithm, hex digest) pair. A file already there that matches is not fetched again."""
+    """url -> data_dir/downloads/name (default: the url's) via a .part-<pid> file, renamed when complete and matching
+    checksum, an (algorithm, hex digest) pair. A matching file already there is not fetched again."""
     ok = lambda path: checksum is None or _checksum(path, checksum[0]) == checksum[1]
     dest = os.path.join(data_dir, 'downloads', name or os.path.basename(url))
     if os.path.exists(dest) and ok(dest):
@@ -231,8 +225,7 @@ def _split_chunk(job):
 
 
 def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
-    """Streams docs (an iterable of str) through the tokenizer into stage/train.bin and stage/val.bin, never
-    holding the corpus in memory; returns the two token counts."""
+    """Streams docs (an iterable of str), tokenized, into stage/train.bin and stage/val.bin; returns their lengths."""
     global _job
     docs, counts = iter(docs), [0, 0]
     jobs = ((n * _CHUNK, texts) for n, texts in enumerate(iter(lambda: list(itertools.islice(docs, _CHUNK)), [])))
@@ -265,8 +258,7 @@ def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
 
 
 def _read_text(path):
-    with open(path, 'rb') as f:
-        raw = f.read()
+    raw = Path(path).read_bytes()
     try:
         return raw.decode('utf-8')
     except UnicodeDecodeError as e:
@@ -275,8 +267,7 @@ def _read_text(path):
 
 
 def _files_under(path, exts=None, skip=()):
-    """A file, or every file under a folder (recursive; hidden names and folders in `skip` left out), sorted
-    by path component by component: a/x.txt, a/y/z.txt, b.txt."""
+    """A file, or the files under a folder (hidden names and `skip` folders left out) sorted by path components."""
     if not os.path.exists(path):
         raise UsageError(f"no such file or folder: {path}")
     if os.path.isfile(path):
@@ -375,8 +366,7 @@ def _json_text(line, where):
 
 
 def _owt_docs(files, count=False):
-    """Document texts (or with count, 1 per document): a parquet file's 'text' column, a .jsonl's
-    {"text": ...} per line, a .txt file whole."""
+    """The texts (with count, a 1 each) of a parquet's 'text' column, a .jsonl's {"text": ...} lines, a whole .txt."""
     for f in files:
         if f.endswith('.parquet'):
             pf = _pyarrow_parquet().ParquetFile(f)
@@ -458,13 +448,11 @@ def _eval_source(o, spec):
         path = _download(spec['url'], o['data_dir'], '--input=PATH', spec['checksum'])
     else:
         path, want = o['input'], os.path.basename(spec.get('member', spec['url']))
+        files = _files_under(path)  # or "no such file or folder"
         if os.path.isdir(path):  # the unpacked download: wikitext-2-raw/, simple-examples/data/, ...
-            found = [f for f in _files_under(path) if os.path.basename(f) == want]
-            if not found:
-                raise UsageError(f"{path} is a folder without {want} in it; pass the file itself with --input")
-            path = found[0]
-        elif not os.path.isfile(path):
-            raise UsageError(f"no such file or folder: {path}")
+            path = next((f for f in files if os.path.basename(f) == want), None)
+            if path is None:
+                raise UsageError(f"{o['input']} is a folder without {want} in it; pass the file itself with --input")
         where = path  # named as the published file but not it: False; other names (wiki.test.raw): unknown
         official = True if _checksum(path, spec['checksum'][0]) == spec['checksum'][1] else \
             False if os.path.basename(path) == os.path.basename(spec['url']) else None
@@ -477,8 +465,7 @@ def _eval_source(o, spec):
                 return z.read(names[0]), f"{where}:{names[0]}", official
         except (zipfile.BadZipFile, zlib.error, OSError) as e:
             raise UsageError(f"{path} is not a readable zip archive ({e})") from None
-    with open(path, 'rb') as f:
-        return f.read(), where, official
+    return Path(path).read_bytes(), where, official
 
 
 def _build_eval_set(stage, o, name):
@@ -504,7 +491,7 @@ def _build_eval_set(stage, o, name):
             raise UsageError(f"{where}: {why}; PTB as Mikolov preprocessed it is lower case with N for numbers")
     if name == 'lambada':  # a passage is a line (a .jsonl line's "text"); the target is its last word
         sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)  # bytes: a newline
-        parts, spans, at = [], [], 0
+        parts = []
         jsonl = where.endswith('.jsonl') or text.lstrip().startswith('{')   # by its name, or by what it holds
         for n, line in enumerate(text.split('\n'), 1):             # '\n' only: a JSON string may hold U+2028
             if not line.strip():
@@ -514,20 +501,18 @@ def _build_eval_set(stage, o, name):
             if m is None or not line[:m.start()].strip():
                 raise UsageError(f"{where}:{n} has no last word to predict after a context: not a LAMBADA passage")
             cut = m.start() if m.group(1) == ' ' else m.start(2)  # GPT-2's BPE attaches the space to the word
-            c, t = tok.encode_array(line[:cut]), tok.encode_array(line[cut:])
-            spans.append((at, at + len(c), at + len(c) + len(t)))
-            parts += [c, t, sep]
-            at += len(c) + len(t) + len(sep)
-        if not spans:
+            parts += [tok.encode_array(line[:cut]), tok.encode_array(line[cut:]), sep]
+        if not parts:
             raise UsageError(f"{where} holds no passages")
-        np.save(os.path.join(stage, LAMBADA_TARGETS), np.array(spans, dtype=np.int64))
-        extra = dict(documents=len(spans), examples=len(spans), targets=LAMBADA_TARGETS,
+        starts = np.cumsum([0] + [len(p) for p in parts[:-1]], dtype=np.int64)  # of each context, target, separator
+        np.save(os.path.join(stage, LAMBADA_TARGETS), starts.reshape(-1, 3))
+        count = len(parts) // 3
+        extra = dict(documents=count, examples=count, targets=LAMBADA_TARGETS,
                      eot=f"passages are separated by {sep.tolist()}",
                      target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) in val.bin; "
                                  "the target is the last word's tokens, with the space before it if there is one")
     else:  # one document: no end-of-text token
-        parts, extra = [tok.encode_array(text)], dict(documents=1, eot=None)
-    count = len(spans) if name == 'lambada' else text.count('\n')
+        parts, extra, count = [tok.encode_array(text)], dict(documents=1, eot=None), text.count('\n')
     if count != spec['count']:
         _warn(f"{where} has {count:,} {spec['unit']}; the official {name} test set has {spec['count']:,}")
     val = np.concatenate(parts)
@@ -686,9 +671,7 @@ def prepare(name, /, data_dir='data', **opts):
         raise UsageError(f"{name} does not take --{extra[0]} (it takes: {', '.join('--' + k for k in sorted(takes))})")
     if name == 'text' and not o.get('input'):
         raise UsageError("text needs --input=PATH (a text file or a folder of them)")
-    out_name = o.get('name') or name
-    if name == 'text' and 'name' not in o:  # notes.txt -> notes
-        out_name = os.path.splitext(os.path.basename(os.path.normpath(o['input'])))[0]
+    out_name = o.get('name') or (Path(o['input']).stem if name == 'text' else name)  # text: notes.txt -> notes
     if out_name in ('', '.', '..', 'downloads') or os.sep in out_name or out_name.startswith('.'):
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
@@ -712,15 +695,13 @@ def prepare(name, /, data_dir='data', **opts):
     except OSError as e:
         raise UsageError(f"cannot write in --data_dir={data_dir} ({e.strerror}); choose a folder you can write "
                          f"to") from None
-    done = False
     try:  # everything is written in stage/; an exception or ctrl-c leaves out/ untouched
         meta = builder(stage, {**o, 'data_dir': data_dir})
         _commit(stage, out, {'name': out_name, 'dataset': name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')})
-        done = True
-    finally:
+    finally:  # a failed first run leaves no empty data_dir behind (a done one holds out/: rmdir keeps it)
         shutil.rmtree(stage, ignore_errors=True)
-        for d in (os.path.join(data_dir, 'downloads'), data_dir) if not done and new_root else ():
-            with contextlib.suppress(OSError):  # a failed first run leaves no empty data_dir behind
+        for d in (os.path.join(data_dir, 'downloads'), data_dir) if new_root else ():
+            with contextlib.suppress(OSError):
                 os.rmdir(d)  # only if empty
     if meta['kind'] == 'images':
         what = f"{meta['train_count']:,} train + {meta['test_count']:,} test images, {meta['num_classes']} classes"
