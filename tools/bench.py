@@ -13,6 +13,7 @@ and how). From the repo root:
 import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -50,11 +51,11 @@ WIDTH, HEADS = 768, 12      # set from SIZES in main()
 COMPILE = False             # --compile: torch.compile the layers and models measured (see compiled())
 ms = lambda s: f"{s * 1e3:,.1f}" if s == s else "-"
 mb = lambda m: f"{m:,.0f}" if m == m else "-"
+ratio = lambda a, b, digits=2: f"{a / b:.{digits}f}x" if b > 0 else "-"     # '-': b not measured (NaN)
 
 
 def interleaved(cases, reps, device, warmup=1, label=''):
-    """Median seconds of each callable in `cases` (a dict), run in interleaved rounds (of an even count, the upper
-    middle one: of two, the slower)."""
+    """Median seconds of each callable in `cases` (a dict), run in interleaved rounds (of two, the slower)."""
     sync = torch.cuda.synchronize if device.startswith('cuda') else lambda: None   # the GPU main() made current
     for f in list(cases.values()) * warmup:
         f()
@@ -67,7 +68,7 @@ def interleaved(cases, reps, device, warmup=1, label=''):
             sync()
             times[k].append(time.perf_counter() - t0)
     NOISY.extend(f"{label}{k} {ms(min(v))}..{ms(max(v))} ms" for k, v in times.items() if max(v) / min(v) - 1 > NOISE)
-    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    return {k: statistics.median_high(v) for k, v in times.items()}
 
 
 def table(results, title, columns, rows):
@@ -149,9 +150,8 @@ def make_model(attn, n, device, dtype, mode, train=False):
 
 
 def measure_memory(spec, device, child=False):
-    """Peak MB of one run of the case make_model(**spec) if spec has attn, else make_op(**spec) forward and backward,
-    above what was held before it: on CUDA the allocator's peak; on a CPU the peak resident memory of a fresh
-    process (child: this is it)."""
+    """Peak MB above what was held before, of one run of make_model(**spec) if spec has attn, else make_op(**spec)
+    forward and backward: on CUDA the allocator's peak; on a CPU the peak RSS of a fresh process (child: this one)."""
     cuda = device.startswith('cuda')            # CUDA: main() made args.device the current GPU
     if not cuda and not child:
         code = f"from tools import bench; print(bench.measure_memory({spec!r}, {device!r}, child=True))"
@@ -173,6 +173,11 @@ def measure_memory(spec, device, child=False):
     run()
     return (status('VmHWM:') - base) / 1024
 
+
+def peak_mb(args, **spec):
+    """measure_memory(spec) in args.dtype on args.device, or NaN under --no_memory."""
+    return float('nan') if args.no_memory else measure_memory(dict(dtype=args.dtype, **spec), args.device)
+
 # -----------------------------------------------------------------------------
 # sections: each adds its numbers to `results` and prints its table
 
@@ -192,28 +197,23 @@ def section_operator(args, results):
         reps = 5 if n <= 1024 else (3 if n <= 4096 else 2)
         fwd, fb = (interleaved({k: make_op(k, n, args.device, args.dtype, backward) for k in kinds}, reps, args.device,
                                label=f"n={n} {'fwd+bwd' if backward else 'fwd'} ") for backward in (False, True))
-        mem = {k: measure_memory(dict(kind=k, n=n, dtype=args.dtype, width=WIDTH, heads=HEADS), args.device)
-               for k in kinds} if not args.no_memory else {}
-        rows += [dict(n=n, op=k, fwd_s=fwd[k], fwdbwd_s=fb[k], fwdbwd_peak_mb=mem.get(k, float('nan'))) for k in kinds]
+        rows += [dict(n=n, op=k, fwd_s=fwd[k], fwdbwd_s=fb[k],
+                      fwdbwd_peak_mb=peak_mb(args, kind=k, n=n, width=WIDTH, heads=HEADS)) for k in kinds]
         console.print(f"  operator n={n} done", style="dim")
     results['operator'] = rows
     by = {(r['n'], r['op']): r for r in rows}
 
     def ratios(r):                                     # softmax / TSSA at the same n: time, memory
         b = by.get((r['n'], {'sdpa_causal': 'causal_tssa', 'sdpa': 'tssa'}.get(r['op'])))
-        if b is None:
-            return '', ''
-        mem = f"{r['fwdbwd_peak_mb'] / b['fwdbwd_peak_mb']:.1f}x" if b['fwdbwd_peak_mb'] > 0 else '-'
-        return f"{r['fwdbwd_s'] / b['fwdbwd_s']:.1f}x", mem
+        return [ratio(r[k], b[k], 1) for k in ('fwdbwd_s', 'fwdbwd_peak_mb')] if b else ['', '']
     table(results, f"Operator: width {WIDTH}, {HEADS} heads, batch 1, {args.device}, {args.dtype} (ms; peak MB for "
                    "forward+backward)",
           ['n', 'op', 'fwd ms', 'fwd+bwd ms', 'peak MB', 'softmax/TSSA fwd+bwd', 'softmax/TSSA MB'],
           [(r['n'], r['op'], ms(r['fwd_s']), ms(r['fwdbwd_s']), mb(r['fwdbwd_peak_mb']), *ratios(r)) for r in rows])
-    fit_n, fits = [n for n in ns if 1024 <= n <= 16384], {}
-    for op in ('causal_tssa', 'tssa', 'sdpa_causal', 'sdpa'):      # least squares on log n, log t
-        pts = np.log([(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and r['n'] in fit_n])
-        if len(pts) >= 2:
-            fits[op] = float(np.polyfit(pts[:, 0], pts[:, 1], 1)[0])
+    fit_n = [n for n in ns if 1024 <= n <= 16384]                   # least squares on log n, log t
+    pts = {op: np.log([(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and r['n'] in fit_n])
+           for op in ('causal_tssa', 'tssa', 'sdpa_causal', 'sdpa')}
+    fits = {op: float(np.polyfit(p[:, 0], p[:, 1], 1)[0]) for op, p in pts.items() if len(p) >= 2}
     results['operator_exponent'], results['operator_exponent_n'] = fits, fit_n
     if fits:
         console.print(f"time ~ n^k, forward+backward, least squares on n = {', '.join(map(str, fit_n))}: "
@@ -234,14 +234,15 @@ def section_limit(args, results):
              and (compiles_causal(args.device) or k != 'causal_compiled_s')}
     rows = []
     for B, n, d, h in shapes:
+        specs = {k: dict(kind=kind, n=n, dtype=args.dtype, batch=B, width=d, heads=h, **how)
+                 for k, (kind, how) in limit.items()}
         for backward in (False, True):
-            cases = {k: make_op(kind, n, args.device, args.dtype, backward, B, d, h, **how)
-                     for k, (kind, how) in limit.items()}
+            cases = {k: make_op(device=args.device, backward=backward, **spec) for k, spec in specs.items()}
             rows.append(dict(batch=B, n=n, width=d, heads=h, backward=backward, **interleaved(
                 cases, 5 if B * n <= 8192 else 3, args.device, label=f"{B}x{n} {'fwd+bwd' if backward else 'fwd'} ")))
             if backward and not args.no_memory:      # peak MB of forward+backward of the layers (not 'proj')
-                rows[-1].update({k[:-2] + '_mb': measure_memory(dict(kind=kind, n=n, dtype=args.dtype, batch=B,
-                                 width=d, heads=h, **how), args.device) for k, (kind, how) in list(limit.items())[1:]})
+                rows[-1].update({k[:-2] + '_mb': measure_memory(spec, args.device) for k, spec in specs.items()
+                                 if k != 'proj_s'})
     results['limit'] = rows
     table(results, "The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1); the "
                    "causal layer's fused core vs its readable lines, eager and compiled by torch.compile",
@@ -259,18 +260,16 @@ def section_model(args, results):
     for n in ns:
         tm = interleaved({a: make_model(a, n, args.device, args.dtype, args.mode) for a in ('tssa', 'softmax')},
                          2 if args.mode == 'full' else 3, args.device, label=f"n={n} ")
-        mem = {a: measure_memory(dict(attn=a, n=n, dtype=args.dtype, mode=args.mode), args.device)
-               for a in ('tssa', 'softmax')} if not args.no_memory else {}
         rows.append(dict(n=n, tssa_s=tm['tssa'], softmax_s=tm['softmax'],
-                         tssa_mb=mem.get('tssa', float('nan')), softmax_mb=mem.get('softmax', float('nan'))))
+                         **{f'{a}_mb': peak_mb(args, attn=a, n=n, mode=args.mode) for a in ('tssa', 'softmax')}))
     results['model'] = dict(config=dict(n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head), rows=rows)
     paper = lambda n, i: f"{PAPER[n][i]:.2f}x" if n in PAPER else ''
     table(results, f"Model forward: GPT {cfg.n_layer}L/{cfg.n_embd}d/{cfg.n_head}h, TSSA vs softmax, batch 1, "
                    f"{args.device} (memory: activations above the weights)",
           ['tokens', 'TSSA ms', 'softmax ms', 'time ratio', 'paper', 'TSSA MB', 'softmax MB', 'memory ratio', 'paper'],
-          [(r['n'], ms(r['tssa_s']), ms(r['softmax_s']), f"{r['tssa_s'] / r['softmax_s']:.2f}x", paper(r['n'], 0),
-            mb(r['tssa_mb']), mb(r['softmax_mb']),
-            f"{r['tssa_mb'] / r['softmax_mb']:.2f}x" if r['softmax_mb'] > 0 else '-', paper(r['n'], 1)) for r in rows])
+          [(r['n'], ms(r['tssa_s']), ms(r['softmax_s']), ratio(r['tssa_s'], r['softmax_s']), paper(r['n'], 0),
+            mb(r['tssa_mb']), mb(r['softmax_mb']), ratio(r['tssa_mb'], r['softmax_mb']), paper(r['n'], 1))
+           for r in rows])
 
 
 def section_generation(args, results):
@@ -302,7 +301,7 @@ def section_generation(args, results):
     table(results, f"Generation tokens/s, batch 1, GPT {tssa.config.n_layer}L/{tssa.config.n_embd}d, {args.device}",
           ['context', 'TSSA recurrent', 'TSSA re-run prefix', 'recurrent / re-run', 'TSSA + shift recurrent',
            'softmax + KV cache', 'hybrid + shift, last block softmax'],
-          [(r['ctx'], f"{r['recurrent']:.1f}", f"{r['rerun']:.2f}", f"{r['recurrent'] / r['rerun']:.0f}x",
+          [(r['ctx'], f"{r['recurrent']:.1f}", f"{r['rerun']:.2f}", ratio(r['recurrent'], r['rerun'], 0),
             f"{r['shift_recurrent']:.1f}", f"{r['softmax_kv']:.1f}", f"{r['hybrid']:.1f}") for r in rows])
 
 
@@ -318,7 +317,7 @@ def section_training(args, results):
     table(results, f"Training step tokens/s (forward, backward, AdamW), batch 1, GPT {cfg.n_layer}L/{cfg.n_embd}d, "
                    f"{args.device}", ['block size', 'TSSA tok/s', 'softmax tok/s', 'TSSA / softmax'],
           [(r['block_size'], f"{r['tssa_tok_s']:,.0f}", f"{r['softmax_tok_s']:,.0f}",
-            f"{r['tssa_tok_s'] / r['softmax_tok_s']:.2f}x") for r in rows])
+            ratio(r['tssa_tok_s'], r['softmax_tok_s'])) for r in rows])
 
 
 SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': section_model,
@@ -326,8 +325,8 @@ SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': secti
 
 
 def run_sections(args, sections, results):
-    """Run the sections named in args.sections (comma-separated) in order, each adding its numbers to `results`,
-    then write them to args.json (if given) and beside it the figures of the sections that ran. Returns results."""
+    """Run args.sections (comma-separated) in order into `results` (returned), and write them to args.json (if
+    given) with the figures of the sections that ran beside it."""
     names = [s.strip() for s in args.sections.split(',') if s.strip()]
     unknown = [s for s in names if s not in sections]
     if unknown or not names:
