@@ -51,18 +51,16 @@ def _batches(n_items, B, dist, cut=0):
 
 @torch.no_grad()
 def split_loss(model, tokens, T, B, device, ctx, dist):
-    """Mean loss in nats over tokens 1 .. n-1 of `tokens`, each once (docs/evaluation.md). The same number on
-    any process count: batch j runs on process j mod N, and every process adds the windows' sums in order. Returns
-    (loss, number of tokens scored, number of windows)."""
+    """(mean loss in nats over tokens 1 .. n-1 of `tokens`, each once; tokens scored; windows): docs/evaluation.md.
+    The same on any process count: batch j runs on process j mod N, and the windows' sums are added in order."""
     wins = windows(len(tokens), T)
-    rows = lambda starts, length: torch.from_numpy(np.stack([tokens[s:s + length] for s in starts]).astype(np.int64))
     sums = torch.zeros(len(wins), dtype=sum_dtype(device), device=device)
     for group in _batches(len(wins), B, dist, cut=(len(tokens) - 1) // T):  # the full windows, then a shorter one
         starts, length = [wins[i][0] for i in group], wins[group[0]][1]
-        x, y = rows(starts, length).to(device), rows([s + 1 for s in starts], length).to(device)
+        xy = torch.from_numpy(np.stack([tokens[s:s + length + 1] for s in starts]).astype(np.int64)).to(device)
         with ctx:
-            logits = model.logits(x)  # every position's, and no mean loss: each token is scored here, once
-        nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none')
+            logits = model.logits(xy[:, :-1])  # every position's, and no mean loss: each token is scored here, once
+        nll = F.cross_entropy(logits.float().flatten(0, 1), xy[:, 1:].flatten(), reduction='none')
         sums[group.start:group.stop] = nll.view(len(group), length).to(sums.dtype).sum(1)
     if dist.ddp:
         torch.distributed.all_reduce(sums)  # each entry is set on one process: a sum with zeros, exact
@@ -71,19 +69,18 @@ def split_loss(model, tokens, T, B, device, ctx, dist):
 
 @torch.no_grad()
 def last_word_accuracy(model, tokens, spans, T, B, device, ctx, dist):
-    """Which passages greedy decoding gets right: at each token of the last word, the argmax given the context
-    and the word's earlier tokens is that token (lm-evaluation-harness's rule, docs/evaluation.md). Returns
-    (correct flags as a list of bools, number of passages cut to their last T tokens)."""
+    """(a bool per passage: the argmax at each token of its last word is that token, lm-evaluation-harness's rule;
+    the number of passages cut to their last T tokens). docs/evaluation.md."""
     correct = torch.zeros(len(spans), dtype=sum_dtype(device), device=device)
     for group in _batches(len(spans), B, dist):
         rows = [(max(int(p), int(e) - 1 - T), int(s), int(e)) for p, s, e in spans[group.start:group.stop]]
         L = max(e - 1 - a for a, _, e in rows)
-        x = torch.zeros(len(rows), L, dtype=torch.long)        # the passages, right-padded
-        want = torch.full((len(rows), L), -1, dtype=torch.long)  # at position t: token t+1 if it is in the word
+        x = np.zeros((len(rows), L), np.int64)            # the passages, right-padded
+        want = np.full((len(rows), L), -1, np.int64)      # at position t: token t+1 if it is in the word
         for i, (a, s, e) in enumerate(rows):
-            x[i, :e - 1 - a] = torch.from_numpy(tokens[a:e - 1].astype(np.int64))
-            want[i, s - 1 - a:e - 1 - a] = torch.from_numpy(tokens[s:e].astype(np.int64))
-        x, want = x.to(device), want.to(device)
+            x[i, :e - 1 - a] = tokens[a:e - 1]
+            want[i, s - 1 - a:e - 1 - a] = tokens[s:e]
+        x, want = torch.from_numpy(x).to(device), torch.from_numpy(want).to(device)
         with ctx:
             logits = model.logits(x)  # causal: the padding after a passage does not change its outputs
         hit = (logits.argmax(-1) == want) | (want < 0)          # compared on the device: no wait per passage
@@ -95,9 +92,9 @@ def last_word_accuracy(model, tokens, spans, T, B, device, ctx, dist):
 
 def table(results, model_name):
     """The results in the paper's layout: one row per dataset, loss in nats per token, beside the paper's."""
-    head = f"{'dataset':<14}{'tokens':>12}{'loss':>9}{'ppl':>10}{'LAMBADA acc':>14}   " + \
-           ''.join(f"{m:>12}" for m in ('ToST-Base', 'GPT-2 Base')) + "  (paper)"
-    lines = [f"zero-shot loss of {model_name}, nats per token", head]
+    lines = [f"zero-shot loss of {model_name}, nats per token",
+             f"{'dataset':<14}{'tokens':>12}{'loss':>9}{'ppl':>10}{'LAMBADA acc':>14}   "
+             f"{'ToST-Base':>12}{'GPT-2 Base':>12}  (paper)"]
     for r in results:
         acc = f"{100 * r['last_word_acc']:.2f}%" if 'last_word_acc' in r else ''
         paper = PAPER.get(r['dataset_kind']) if r['tokenizer'] == 'gpt2' else None
@@ -106,7 +103,7 @@ def table(results, model_name):
     return '\n'.join(lines)
 
 
-def run(cfg, dist):
+def run(cfg, names, dist):
     say = (lambda *a: print(*a, flush=True)) if dist.master else (lambda *a: None)   # rank 0 talks for all
     device = dist.device
     dtype, _ = resolve_dtype(cfg['dtype'], device, dist.master)
@@ -116,14 +113,14 @@ def run(cfg, dist):
     if T > model.config.block_size:
         raise UsageError(f"--block_size={T} is larger than the model's context ({model.config.block_size})")
     sets = []
-    for name in dict.fromkeys(n.strip() for n in cfg['datasets'].split(',') if n.strip()):   # checked first
+    for name in names:                                                 # checked before any is scored
         path = os.path.join(cfg['data_dir'], name)
         meta = prepare_data.load_meta(path, 'text', info['meta'])          # the checkpoint's tokenizer
         tokens = prepare_data.read_tokens(path, meta, 'val')
         if len(tokens) < 2:
             raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
         spans = np.load(os.path.join(path, meta['targets'])) if meta.get('targets') else None   # LAMBADA's passages
-        longest = 0 if spans is None or not len(spans) else int((spans[:, 2] - spans[:, 1]).max())
+        longest = 0 if spans is None else int((spans[:, 2] - spans[:, 1]).max(initial=0))
         if longest > T:
             raise UsageError(f"{path} has a target word of {longest} tokens, longer than --block_size={T}; use a "
                              f"larger --block_size")
@@ -160,10 +157,11 @@ def run(cfg, dist):
 
 def main(argv=None):
     cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
-    if not cfg['datasets'].strip(', '):
+    names = list(dict.fromkeys(n.strip() for n in cfg['datasets'].split(',') if n.strip()))   # once each, in order
+    if not names:
         raise UsageError("--datasets is empty; give dataset names under --data_dir, e.g. --datasets=wikitext2,ptb")
     check_ranges(cfg, positive=('batch_size',), nonnegative=('block_size',))
-    return launch(run, cfg)
+    return launch(run, cfg, names)
 
 
 if __name__ == '__main__':

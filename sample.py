@@ -33,14 +33,12 @@ DEFAULTS = dict(
     device='auto',          # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
     dtype='auto',           # auto (bfloat16 on GPUs that compute in it, else float16; float32 on cpu), or a name
 )
-# No `compile` key: GPT.step keeps the position as a Python int in its state, and torch.compile recompiles
-# for every new value of it (tried: dynamic=True does not help), so a compiled step would be slower.
+# No `compile` key: GPT.step keeps the position as a Python int, so torch.compile would recompile at every token.
 
 
 def decode_stream(tok, ids):
-    """The text of tokens `ids`, piece by piece as soon as it is complete. A token may end inside a multi-byte
-    UTF-8 character (any byte-level model can emit half of an 'é'); the incremental decoder holds those bytes
-    back until the character is complete, so the streamed text equals decoding all tokens at once."""
+    """The text of tokens `ids`, piece by piece: a token may end inside a UTF-8 character (half of an 'é'), whose
+    bytes the incremental decoder holds back, so the pieces join to the text of all tokens decoded at once."""
     utf8 = codecs.getincrementaldecoder('utf-8')(errors='replace')
     for t in ids:
         yield utf8.decode(tok.token_bytes(t))
@@ -48,11 +46,11 @@ def decode_stream(tok, ids):
 
 
 def read_prompt(start, tok, block_size):
-    """--start (itself, or the UTF-8 file FILE:path names) as (text, token ids): the ids the last block_size of
-    them, with a note on stderr if it was cut."""
+    """--start (itself, or the UTF-8 file FILE:path names) as (text, token ids), with a note on stderr if the
+    model will see only the last block_size of the ids (generate_stream crops them)."""
     text = start
     if start.startswith('FILE:'):
-        path = start[len('FILE:'):]
+        path = start.removeprefix('FILE:')
         try:
             with open(path, encoding='utf-8') as f:
                 text = f.read()
@@ -71,8 +69,8 @@ def read_prompt(start, tok, block_size):
         kept = tok.decode(ids[-block_size:])
         preview = kept[:40] + ('...' if len(kept) > 40 else '')
         print(f"note: the prompt is {len(ids)} tokens and the model sees at most {block_size}: kept the last "
-              f"{block_size}, from {preview!r}", file=sys.stderr, flush=True)
-    return text, ids[-block_size:]
+              f"{block_size}, from {preview!r}", file=sys.stderr)
+    return text, ids
 
 
 def main(argv=None):
@@ -93,18 +91,16 @@ def main(argv=None):
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg['seed'])
     t0 = time.perf_counter()
-    with torch.no_grad(), autocast(device, dtype):
+    with autocast(device, dtype):                                  # generate_stream is no_grad itself
         for _ in range(cfg['num_samples']):
             print(prompt, end='')
-            # top_k 0 samples from every token; int(): the token is needed here anyway, to print it
             new = model.generate_stream(idx, cfg['max_new_tokens'], cfg['temperature'], cfg['top_k'], generator)
             for piece in decode_stream(tok, (int(t[0]) for t in new)):
                 print(piece, end='', flush=True)
             print('\n---------------', flush=True)
     dt, n_tokens = time.perf_counter() - t0, cfg['num_samples'] * cfg['max_new_tokens']   # generate_stream yields all
     threads = f", {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}" if device == 'cpu' else ''
-    print(f"{n_tokens} tokens in {dt:.1f}s: {n_tokens / dt:.1f} tokens/s ({device}{threads})", file=sys.stderr,
-          flush=True)
+    print(f"{n_tokens} tokens in {dt:.1f}s: {n_tokens / dt:.1f} tokens/s ({device}{threads})", file=sys.stderr)
 
 
 if __name__ == '__main__':
