@@ -1,28 +1,26 @@
 """
-Figures, drawn with matplotlib (the Agg backend: files, never a window, also over ssh and in CI).
+Figures, drawn with matplotlib into files (never a window, so also over ssh and in CI).
 
     python plot.py out out-shift out-softmax              # several runs' loss curves on one figure: runs.png
     python plot.py out docs/demo-log.jsonl --x=seconds    # your demo beside the reference run, in seconds
     python plot.py out-study/study.json                   # the figures of a bench or study --json, again
 
-A run is a folder train_gpt.py or train_vit.py wrote (its log.jsonl), or a log.jsonl itself: language runs
-are drawn as train and val loss against tokens seen (or seconds), vision runs as test accuracy against
-epochs, each labelled with its folder and its model. Their figure goes to --out: runs.png in the current
-folder unless told (its suffix picks the format: .png, .pdf, .svg). A .json is the results of tools.bench
-or tools.study: its figures (speed.png, generation.png, language.png, vision.png, tasks.png) go to
---out_dir, the current folder unless told (tools.bench and tools.study draw them beside their --json);
-language.png and vision.png are drawn from the study's run folders, which the .json names.
+A run is a folder train_gpt.py or train_vit.py wrote, or its log.jsonl: language runs are drawn as train and
+val loss against tokens seen (or seconds), vision runs as test accuracy against epochs, each labelled with its
+folder and its model. Their figure goes to --out: runs.png in the current folder unless told (its suffix picks
+the format: .png, .pdf, .svg). A .json is the results of tools.bench or tools.study, which draw its figures
+beside it: here they (speed.png, generation.png, language.png, vision.png, tasks.png) go to --out_dir, the
+current folder unless told; language.png and vision.png are drawn from the run folders the .json names.
 The same model has the same colour and line style in every figure (the styles survive a grey-scale print).
 """
 import contextlib, json, os, sys
 
-import matplotlib
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator  # noqa: E402
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
-from options import UsageError, parse, run_main  # noqa: E402
+from options import UsageError, parse, run_main
 
 # model -> (colour, line style, marker); colours from the colour-blind-safe tab10, styles for grey-scale
 STYLES = {
@@ -50,10 +48,8 @@ def save(fig, path):
         fig.savefig(path, dpi=100)
     except (OSError, ValueError) as e:                # no such folder, a folder, read-only; an unknown format
         folder = os.path.dirname(path) or '.'
-        fix = f"; create {folder} first" if not os.path.isdir(folder) else "; choose another --out"
-        raise UsageError(f"cannot write the figure {path!r}: {getattr(e, 'strerror', None) or e}{fix}") from None
-    finally:
-        plt.close(fig)
+        fix = "choose another --out" if os.path.isdir(folder) else f"create {folder} first"
+        raise UsageError(f"cannot write the figure {path!r}: {getattr(e, 'strerror', None) or e}; {fix}") from None
 
 # -----------------------------------------------------------------------------
 # learning curves
@@ -62,11 +58,9 @@ def save(fig, path):
 def read_run(path):
     """A run's log: (label, config, rows). path is a run folder or a .jsonl log. A UsageError if neither."""
     log = path if path.endswith('.jsonl') else os.path.join(path, 'log.jsonl')
-    if os.path.isfile(path) and log != path:
-        raise UsageError(f"{path} is not a run: give a run folder or its log.jsonl (train_gpt.py and train_vit.py "
-                         f"write one)")
-    if not os.path.isfile(log):
-        raise UsageError(f"{path} is not a run: no {log} (train_gpt.py and train_vit.py write one)")
+    if not os.path.isfile(log):                        # a folder without its log, or a file that is not a log
+        why = "give a run folder or its log.jsonl" if os.path.isfile(path) else f"no {log}"
+        raise UsageError(f"{path} is not a run: {why} (train_gpt.py and train_vit.py write one)")
     rows = []
     with open(log) as f:
         for line in f:
@@ -83,20 +77,21 @@ def learning_curves(runs, path, x='tokens', title=None):
     """Language runs: train loss (thin) and val loss (points) against tokens seen or seconds, the y axis on
     the losses after the first evaluation; vision runs: test accuracy against epochs. runs: [(label, cfg,
     rows)], as read_run gives them. Language and vision runs in one call, or nothing to draw, is a UsageError."""
-    vision = [any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs]
-    if len(set(vision)) > 1:
-        which = lambda v: ', '.join(label for (label, _, _), is_v in zip(runs, vision) if is_v == v)
+    kinds = [any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs]
+    if len(set(kinds)) > 1:
+        which = lambda v: ', '.join(label for (label, _, _), is_v in zip(runs, kinds) if is_v == v)
         raise UsageError(f"{which(True)}: vision, {which(False)}: language; draw them in separate calls")
-    key = 'tokens' if x == 'tokens' else 'elapsed_s'
-    pts = lambda rows, kind, y: [(r[key], r[y]) for r in rows if r.get('kind') == kind and r.get(key) is not None
-                                 and r.get(y) is not None]
-    series = [([], [(r['epoch'], r['test_acc']) for r in rows if r.get('test_acc') is not None]) if vision[0] else
-              (pts(rows, 'train', 'train_loss'), pts(rows, 'eval', 'val_loss')) for _, _, rows in runs]
-    drawn = [p for train, val in series for p in train + val]
+    vision = kinds[0]
+    key = 'epoch' if vision else 'tokens' if x == 'tokens' else 'elapsed_s'
+    points = lambda rows, y, kind=None: [(r[key], r[y]) for r in rows if kind in (None, r.get('kind'))  # None: any
+                                         and None not in (r.get(key), r.get(y))]
+    series = [([], points(rows, 'test_acc')) if vision else
+              (points(rows, 'train_loss', 'train'), points(rows, 'val_loss', 'eval')) for _, _, rows in runs]
+    drawn = [y for train, val in series for _, y in train + val]
     if not drawn:
         raise UsageError(f"nothing to draw yet: {', '.join(label for label, _, _ in runs)} "
                          f"{'has' if len(runs) == 1 else 'have'} no complete train or eval row")
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax = Figure(figsize=(7, 4.2)).subplots()
     used = set()
     for i, ((label, cfg, _), (train, val)) in enumerate(zip(runs, series)):
         name = model_name(cfg) if cfg else None
@@ -106,18 +101,18 @@ def learning_curves(runs, path, x='tokens', title=None):
             ax.plot(*zip(*train), color=color, linestyle=line, linewidth=0.8, alpha=0.45)
         if val:
             ax.plot(*zip(*val), color=color, linestyle=line, marker=marker, markersize=4,
-                    label=label if vision[0] else f"{label}, val")
+                    label=label if vision else f"{label}, val")
         elif train:
             ax.plot([], [], color=color, linestyle=line, label=f"{label} (no eval yet)")
-    later = [] if vision[0] else [y for _, val in series for _, y in val[1:]]
-    if later:                                          # the part after the first drop, with a margin
-        lo, hi = min(y for _, y in drawn), max(later)
+    later = [y for _, val in series for _, y in val[1:]]
+    if later and not vision:                           # the part after the first drop, with a margin
+        lo, hi = min(drawn), max(later)
         ax.set_ylim(lo - 0.1 * (hi - lo) - 0.01, hi + 0.15 * (hi - lo) + 0.01)
     unit = 'byte' if all(cfg.get('vocab_size') == 256 for _, cfg, _ in runs) else 'token'
-    ax_labels(ax, 'epoch' if vision[0] else 'tokens seen' if x == 'tokens' else 'seconds of training',
-              'test accuracy' if vision[0] else f'loss (nats per {unit}); thin: train',
-              title or ('test accuracy' if vision[0] else 'learning curves'))
-    save(fig, path)
+    ax_labels(ax, 'epoch' if vision else 'tokens seen' if x == 'tokens' else 'seconds of training',
+              'test accuracy' if vision else f'loss (nats per {unit}); thin: train',
+              title or ('test accuracy' if vision else 'learning curves'))
+    save(ax.figure, path)
 
 # -----------------------------------------------------------------------------
 # speed: tools.bench's measurements
@@ -130,7 +125,7 @@ def speed(results, path):
     """The operator section: forward+backward time and peak memory against tokens, log-log, each operator's
     fitted exponent (time ~ n^k) in the legend. Linear is a slope of 1, quadratic of 2."""
     rows, fits = results['operator'], results.get('operator_exponent', {})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left, right = Figure(figsize=(10, 4)).subplots(1, 2)
     for op, (label, model, line) in OPS.items():
         pts = sorted((r['n'], r['fwdbwd_s'], r['fwdbwd_peak_mb']) for r in rows if r['op'] == op)
         if not pts:
@@ -144,8 +139,8 @@ def speed(results, path):
     sizes = [r['n'] for r in rows]
     ax_labels(left, 'tokens', 'forward + backward (ms)', 'time ~ n^k', log=True, xticks=sizes)
     ax_labels(right, 'tokens', 'peak memory (MB)', 'memory, forward + backward', log=True, xticks=sizes)
-    fig.suptitle(f"one attention layer, width {results.get('width', 768)}: {describe(results)}", fontsize=9)
-    save(fig, path)
+    left.figure.suptitle(f"one attention layer, width {results.get('width', 768)}: {describe(results)}", fontsize=9)
+    save(left.figure, path)
 
 
 GENERATION = {'recurrent': ('ToST, recurrent state', 'ToST'), 'shift_recurrent': ('ToST + shift', 'ToST + shift'),
@@ -156,7 +151,7 @@ GENERATION = {'recurrent': ('ToST, recurrent state', 'ToST'), 'shift_recurrent':
 def generation(results, path):
     """The generation section: tokens/s of decoding against the context length."""
     rows = results['generation']
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax = Figure(figsize=(6.5, 4)).subplots()
     for i, key in enumerate(k for k in GENERATION if k in rows[0]):
         label, model = GENERATION[key]
         color, line, marker = STYLES[model] if model else OTHER[i % len(OTHER)]
@@ -164,7 +159,7 @@ def generation(results, path):
                 label=label)
     ax_labels(ax, 'context (tokens before the new one)', 'tokens / s', f"generation, batch 1: {describe(results)}",
               log=True, xticks=[r['ctx'] for r in rows])
-    save(fig, path)
+    save(ax.figure, path)
 
 
 def describe(results):
@@ -190,14 +185,15 @@ def ax_labels(ax, x, y, title, log=False, xticks=()):
 # capability map: tools.study's tasks
 
 
-def capability_grid(rows, path, title='What each model learns: accuracy on held-out sequences'):
-    """A row per task and knob value, a column per model. The number is the accuracy; the colour is how far
-    above chance it is (0 at chance, 1 perfect), so a row's chance level reads the same whatever it is."""
+def capability_grid(results, path):
+    """tools.study's tasks: a row per task and knob value, a column per model. The number is the accuracy; the
+    colour is how far above chance it is (0 at chance, 1 perfect), so every row's chance level reads the same."""
+    rows = results['tasks']
     models = list(dict.fromkeys(r['model'] for r in rows))
     cells = list(dict.fromkeys((r['task'], r['knob'], r['value'], r['chance']) for r in rows))
     acc = {(r['task'], r['value'], r['model']): r['accuracy'] for r in rows}
     grid = np.full((len(cells), len(models)), np.nan)
-    fig, ax = plt.subplots(figsize=(1.3 * len(models) + 3.2, 0.42 * len(cells) + 1.6))
+    ax = Figure(figsize=(1.3 * len(models) + 3.2, 0.42 * len(cells) + 1.6)).subplots()
     for i, (task, knob, value, chance) in enumerate(cells):
         for j, m in enumerate(models):
             a = acc.get((task, value, m))
@@ -208,10 +204,11 @@ def capability_grid(rows, path, title='What each model learns: accuracy on held-
     im = ax.imshow(np.clip(grid, 0, 1), cmap='viridis', vmin=0, vmax=1, aspect='auto')
     ax.set_xticks(range(len(models)), [m.replace('tssa', 'ToST').replace('+', ' + ') for m in models], fontsize=9)
     ax.set_yticks(range(len(cells)), [f"{t}, {k} {v} (chance {c:.2f})" for t, k, v, c in cells], fontsize=8)
-    ax.tick_params(top=True, labeltop=True, bottom=False, labelbottom=False)
-    fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label('above chance', fontsize=8)
-    ax.set_title(f"{title}\ncolour: 0 at chance, 1 perfect; ~: at chance or below", fontsize=9)
-    save(fig, path)
+    ax.xaxis.tick_top()
+    ax.figure.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label('above chance', fontsize=8)
+    ax.set_title("What each model learns: accuracy on held-out sequences\n"
+                 "colour: 0 at chance, 1 perfect; ~: at chance or below", fontsize=9)
+    save(ax.figure, path)
 
 # -----------------------------------------------------------------------------
 # vision: what the model looks at
@@ -224,8 +221,8 @@ def vision_maps(path, image, cls_attn, pi, title):
     image (C, H, W) uint8; cls_attn, pi (heads, Hp, Wp) floats, pi may be None."""
     rows = [cls_attn] + ([pi] if pi is not None else [])
     heads = cls_attn.shape[0]
-    fig, axes = plt.subplots(len(rows), 1 + heads, figsize=(1.5 * (1 + heads), 1.6 * len(rows) + 0.3),
-                             squeeze=False)
+    axes = Figure(figsize=(1.5 * (1 + heads), 1.6 * len(rows) + 0.3)).subplots(
+        len(rows), 1 + heads, squeeze=False, subplot_kw=dict(xticks=[], yticks=[]))
     img = np.asarray(image).transpose(1, 2, 0)
     axes[0, 0].imshow(img[..., 0] if img.shape[2] == 1 else img[..., :3], cmap='gray' if img.shape[2] == 1 else None)
     axes[0, 0].set_title(title, fontsize=8)
@@ -234,12 +231,11 @@ def vision_maps(path, image, cls_attn, pi, title):
         for k in range(heads):
             axes[r, 1 + k].imshow(maps[k], cmap='viridis', vmin=maps.min(), vmax=maps.max())
             axes[r, 1 + k].set_title(f"{'CLS attention' if r == 0 else 'Pi'}, head {k}", fontsize=7,
-                                     color='black' if r == 0 else plt.get_cmap('tab10')(k % 10))
+                                     color='black' if r == 0 else colormaps['tab10'](k % 10))
     if pi is not None:
         axes[1, 0].imshow(np.asarray(pi).argmax(0), cmap='tab10', vmin=0, vmax=9)
         axes[1, 0].set_title('head with the\nlargest Pi', fontsize=7)
-    plt.setp(axes, xticks=[], yticks=[])
-    save(fig, path)
+    save(axes[0, 0].figure, path)
 
 # -----------------------------------------------------------------------------
 
@@ -256,7 +252,7 @@ FIGURES = {
     'generation': ('generation.png', generation),
     'language': ('language.png', study_curves('language', 'the demo budget: python_stdlib bytes, one seed')),
     'vision': ('vision.png', study_curves('vision', 'synthetic glyph images, tost-cifar-tiny, one seed')),
-    'tasks': ('tasks.png', lambda results, path: capability_grid(results['tasks'], path)),
+    'tasks': ('tasks.png', capability_grid),
 }
 
 
@@ -302,7 +298,7 @@ def main(argv=None):
         raise UsageError(f"--out_dir={cfg['out_dir']} is not a folder; give one that exists")
     for f in jsons:
         print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'] or '.')))
-    runs = [read_run(f) for f in cfg['runs'] if not f.endswith('.json')]
+    runs = [read_run(f) for f in cfg['runs'] if f not in jsons]
     if runs:
         learning_curves(runs, cfg['out'], cfg['x'], cfg['title'])
         print(f"wrote {cfg['out']}")

@@ -98,8 +98,8 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
         x = rng.integers(0, 120, (n, 3, size, size))
         oy, ox = rng.integers(0, size - 5, (2, n))
         colour = rng.integers(150, 256, (n, 3))
-        for i in range(n):                              # the glyph's pixels take the image's colour
-            x[i, :, oy[i]:oy[i] + 5, ox[i]:ox[i] + 5][:, glyphs[y[i]]] = colour[i][:, None]
+        i, r, c = np.nonzero(glyphs[y])                 # every glyph pixel: its image, its row and column in the glyph
+        x[i, :, oy[i] + r, ox[i] + c] = colour[i]       # takes its image's colour
         np.save(os.path.join(folder, f'{split}_images.npy'), x.astype(np.uint8))
         np.save(os.path.join(folder, f'{split}_labels.npy'), y.astype(np.int64))
     meta = dict(name=os.path.basename(folder), kind='images', num_classes=classes,
@@ -222,8 +222,7 @@ TASKS = [
 ]
 TASK_MODELS = {'tssa': dict(attn='tssa'), 'tssa+shift': dict(attn='tssa', token_shift=True),
                'softmax': dict(attn='softmax'), 'softmax+shift': dict(attn='softmax', token_shift=True),
-               # one softmax block of the two, the first: across init seeds it learned recall with 8 pairs more
-               # reliably than the last
+               # one softmax block of two, the first: over init seeds it learned 8-pair recall more reliably than last
                'hybrid+shift': dict(attn='tssa', softmax_layers=(0,), token_shift=True)}
 # Shared by every model of every row. Layer-scale init 1.0: the GPT's default 1e-5 slows tiny models down.
 TASK_MODEL = dict(n_layer=2, n_head=4, n_embd=64, layerscale_init=1.0)
