@@ -1006,7 +1006,8 @@ def test_sample_bad_input(trained, tmp_path, capsys):
     one_line_error(r.err, 'latin1.txt is not UTF-8 text (byte 3)')
 
     long = 'x = 1\n' * 20 + 'THE END'  # 127 bytes; the model takes 32
-    r = run_cli('sample.py', f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5')
+    r = run_cli('sample.py', f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5',
+                '--device=cpu')                                    # auto would pick a GPU where there is one
     assert r.returncode == 0, r.stderr
     note, speed = r.stderr.strip().splitlines()
     assert 'the prompt is 127 tokens' in note and 'kept the last 32' in note
@@ -1109,13 +1110,13 @@ def test_resume_with_nothing_to_do_says_so_and_time_carries_on(data_dir, tmp_pat
     train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=2'))
     before = Path(out, 'log.jsonl').read_text()
     capsys.readouterr()
-    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=3'])
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=3', '--device=cpu'])  # not resumed
     printed = capsys.readouterr().out
     assert printed.strip() == (f'nothing to do: {out}/ckpt.pt is at iter 4 and --max_iters is 3; pass a larger '
                                f'--max_iters to train on')
     assert Path(out, 'log.jsonl').read_text() == before and weights(out)['iter_num'] == 4
     time.sleep(0.5)                                                  # a gap the resumed clock must not count
-    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6'])
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6', '--device=cpu'])
     rows = read_log(out)
     elapsed = [r['elapsed_s'] for r in rows]
     assert [r['iter'] for r in rows if r['kind'] == 'train'] == [1, 2, 3, 4, 5, 6]
