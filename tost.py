@@ -909,7 +909,7 @@ def drop_path(x, p, training):
 
 def prefix_sum(x, dim):
     """torch.cumsum(x, dim), computed with dim laid out innermost in memory: a GPU scans the innermost dimension
-    in parallel, an outer one serially in each column (6x slower at 8k tokens; docs/speed.md)."""
+    in parallel, an outer one serially in each column (measured in docs/speed.md)."""
     return torch.cumsum(x.transpose(dim, -1).contiguous(), -1).transpose(dim, -1)
 
 
