@@ -17,7 +17,9 @@ def fail(msg, code=2):
 
 
 def run_main(main):
-    """main(): a UsageError is `error: ...`, exit 2; Ctrl-C exit 130; a closed pipe (`| head`) a quiet exit."""
+    """main(): a UsageError is `error: ...`, exit 2; Ctrl-C exit 130; a closed pipe (`| head`) a quiet exit; a
+    character stdout's encoding lacks (a sample in an ASCII terminal) is printed as '?'."""
+    sys.stdout.reconfigure(errors="replace")
     try:
         main()
     except UsageError as e:

@@ -176,6 +176,12 @@ def test_run_main_turns_ctrl_c_into_exit_130(capsys):
     assert e.value.code == 130 and err == "error: interrupted\n" and out == "a sample cut short\n"   # own line
 
 
+def test_run_main_prints_what_stdout_cannot_encode_as_a_question_mark():
+    r = subprocess.run([sys.executable, "-c", "import options; options.run_main(lambda: print('caf\\xe9'))"],
+                       cwd=HERE, capture_output=True, env={**os.environ, "PYTHONIOENCODING": "ascii"}, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"caf?\n", b"")
+
+
 HELPED = '''"""Doc."""
 DEFAULTS = dict(
     # data
