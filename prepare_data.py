@@ -100,7 +100,8 @@ def _recipe(folder, meta=None, force=False):
         return f"python prepare_data.py {built}{f' --name={name}' if name != built else ''}{tail}"
     if meta.get('kind') == 'images':
         return f"python prepare_data.py cifar10 --name={name}{tail} (or cifar100)"
-    close = difflib.get_close_matches(name, DATASETS, n=1)
+    known = [d for d in DATASETS if d != 'text' and not (meta.get('kind') == 'text' and d in CIFAR)]  # can be meant
+    close = difflib.get_close_matches(name, known, n=1)
     return (f"python prepare_data.py text --input=PATH --name={name}{tail} (for text of your own"
             f"{f'; or did you mean the built-in {close[0]}?' if close else ''})")
 

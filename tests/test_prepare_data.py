@@ -116,9 +116,10 @@ def test_a_dataset_not_prepared_names_a_command_that_makes_it(tmp_path, capsys):
             ask()
         assert f'python prepare_data.py text --input=PATH --name=shakespear --data_dir={tmp_path}' in str(e.value)
         assert 'did you mean the built-in shakespeare?' in str(e.value)
-    with pytest.raises(UsageError) as e:
-        load_meta(tmp_path / 'notes')
-    assert 'did you mean' not in str(e.value)
+    for name, kind in (('texts', None), ('cifar', 'text'), ('notes', None)):   # no command, no other kind of data
+        with pytest.raises(UsageError) as e:
+            load_meta(tmp_path / name, kind)
+        assert 'did you mean' not in str(e.value)
     command = str(e.value).split('run: ')[1].split(' (')[0].replace('PATH', str(tmp_path / 'notes.txt'))
     (tmp_path / 'notes.txt').write_text('my own notes. ' * 20)
     assert main_exits(capsys, *command.split()[2:]) == (0, [])
