@@ -387,7 +387,7 @@ def main(argv=None):
     check_ranges(cfg, positive=('block_size', 'batch_size', 'gradient_accumulation_steps', 'n_layer', 'n_head',
                                 'n_embd', 'eval_interval', 'eval_iters', 'log_interval', 'learning_rate', 'max_iters'),
                  nonnegative=('warmup_iters', 'lr_decay_iters', 'seed', 'weight_decay', 'grad_clip',
-                              'min_lr'), fraction=('dropout',))
+                              'min_lr'), fraction=('dropout', 'beta1', 'beta2'))
     if cfg['init_from'] not in ('scratch', 'resume'):
         raise UsageError(f"--init_from expects scratch or resume, got {cfg['init_from']!r}")
     if cfg['init_from'] == 'scratch':                    # the shape, before any work (a resume's: its checkpoint's)

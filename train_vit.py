@@ -382,8 +382,8 @@ def train(cfg, set_keys, dist):
 def main(argv=None):
     cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
     check_ranges(cfg, positive=('epochs', 'batch_size', 'learning_rate', 'eval_interval', 'log_interval'),
-                 nonnegative=('min_lr', 'weight_decay', 'grad_clip', 'warmup_epochs', 'max_steps',
-                              'compression_images', 'viz_images'), fraction=('label_smoothing', 'drop_path'))
+                 nonnegative=('min_lr', 'weight_decay', 'grad_clip', 'warmup_epochs', 'max_steps', 'compression_images',
+                              'viz_images'), fraction=('label_smoothing', 'drop_path', 'beta1', 'beta2'))
     if cfg['init_from'] not in ('scratch', 'resume', 'best') and not cfg['init_from'].endswith('.pt'):
         raise UsageError(f"--init_from={cfg['init_from']}: use scratch, resume, best or a path to a .pt file")
     if cfg['eval_only'] and cfg['init_from'] == 'scratch':

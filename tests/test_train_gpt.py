@@ -804,6 +804,7 @@ def test_rough_edges_end_in_one_line(data_dir, tmp_path, capsys):
                         (['--learning_rate=-1'], ['--learning_rate must be positive, got -1.0']),
                         (['--learning_rate=nan'], ['--learning_rate must be positive, got nan']),
                         (['--dropout=1'], ['--dropout must be in [0, 1), got 1.0']),
+                        (['--beta2=1'], ['--beta2 must be in [0, 1), got 1.0']),   # AdamW's rule
                         ([f'--data_dir={readme}', f'--out_dir={tmp_path}/o'], [readme]),   # not prepared into it
                         (tiny(data_dir, str(tmp_path / 'README.md' / 'out')), ['cannot create --out_dir='])):
         if 'cannot' in words[0]:

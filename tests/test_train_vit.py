@@ -447,6 +447,7 @@ def test_config_mistakes_in_process(data, tmp_path):
                            (['--viz_layer=9'], 'the model has 4 TSSA layers'),
                            (['--batch_size=0'], '--batch_size must be positive'),
                            (['--drop_path=1'], '--drop_path must be in [0, 1), got 1.0'),
+                           (['--beta1=-0.1'], '--beta1 must be in [0, 1), got -0.1'),
                            (['--min_lr=0.1'], '--min_lr=0.1 is above --learning_rate=0.001: the cosine would climb'),
                            (['--init_from=nowhere.pt'], 'no checkpoint at nowhere.pt')):
         with pytest.raises(UsageError, match=re.escape(message)):
