@@ -159,7 +159,7 @@ def check_lr(cfg):
     """A min_lr above learning_rate would make the cosine climb. Checked on the run's values (a resume's merged)."""
     if cfg["min_lr"] > cfg["learning_rate"]:
         raise UsageError(f"--min_lr={cfg['min_lr']:g} is above --learning_rate={cfg['learning_rate']:g}: the cosine "
-                         f"would climb; set --min_lr lower")
+                         f"would climb; set --min_lr lower, e.g. --min_lr={cfg['learning_rate'] / 10:g}")
 
 
 def optimizer_for(model, cfg, dtype, ckpt=None):

@@ -50,7 +50,7 @@ DEFAULTS = dict(
     # AdamW, linear warmup then cosine decay; the schedule does not follow max_iters: set them together
     learning_rate=6e-3,          # peak learning rate (high, for a small model and a short run)
     max_iters=1000,              # optimizer steps in total
-    min_lr=6e-3 / 10,            # floor of the cosine: learning_rate / 10, as nanoGPT
+    min_lr=6e-3 / 10,            # floor of the cosine (the default learning_rate / 10, as nanoGPT)
     warmup_iters=50,             # linear warmup
     lr_decay_iters=1000,         # the cosine reaches min_lr here (nanoGPT: = max_iters)
     weight_decay=0.1,            # on matrices only (tost.param_groups)

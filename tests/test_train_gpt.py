@@ -1083,7 +1083,8 @@ def test_a_resume_checks_its_options_against_the_checkpoint_not_the_defaults(dat
     assert exits(train_gpt.main, tiny(data_dir, str(tmp_path / 'none'), '--max_iters=0')) == 2
     one_line_error(capsys.readouterr().err, '--max_iters must be positive, got 0')
     assert exits(train_gpt.main, tiny(data_dir, str(tmp_path / 'none'), '--min_lr=1')) == 2
-    one_line_error(capsys.readouterr().err, '--min_lr=1 is above --learning_rate=0.003: the cosine would climb')
+    one_line_error(capsys.readouterr().err, '--min_lr=1 is above --learning_rate=0.003: the cosine would climb; '
+                                            'set --min_lr lower, e.g. --min_lr=0.0003')
     # the resumed run's own values are checked, not the defaults: its min_lr is 6e-4, its learning_rate 3e-3
     train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=4', '--learning_rate=1e-3'])
     assert exits(train_gpt.main, ['--init_from=resume', f'--out_dir={out}', '--max_iters=5', '--learning_rate=1e-4']) == 2
