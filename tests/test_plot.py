@@ -143,7 +143,8 @@ def plot_exits(capsys, *argv):
 
 def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
     """A bad --out (no folder, a folder, no suffix, a format matplotlib does not write, a read-only place), a
-    language run with a vision run, and a .json that holds no results: each one line, exit 2, no file."""
+    language run with a vision run, a .json that holds no results or names runs that are not here: each one line,
+    exit 2, no file."""
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
     (tmp_path / 'vit').mkdir()
     (tmp_path / 'vit' / 'log.jsonl').write_text(json.dumps(dict(kind='eval', step=4, epoch=1, test_acc=0.3)) + '\n')
@@ -151,6 +152,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
     os.chmod(tmp_path / 'ro', 0o500)
     (tmp_path / 'other.json').write_text('{"loss": 1}')
     (tmp_path / 'cut.json').write_text('{"operator": [{"n": 1024}]}')          # rows without their numbers
+    (tmp_path / 'study.json').write_text(json.dumps({'language': {'rows': [{'variant': 'ToST', 'out_dir': 'gone'}]}}))
     run = str(tmp_path / 'out')
     for argv, words in (([run, f'--out={tmp_path}/no/such/x.png'], 'No such file or directory; create '),
                         ([run, f'--out={tmp_path}'], 'needs a file name whose suffix is the format'),
@@ -162,6 +164,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
                         ([run, str(tmp_path / 'vit')], 'vit: vision, out: ToST: language; draw them in separate'),
                         ([str(tmp_path / 'other.json')], 'holds no results of tools.bench or tools.study'),
                         ([str(tmp_path / 'cut.json')], "cannot draw the figures of " f"{tmp_path}/cut.json (KeyError"),
+                        ([str(tmp_path / 'study.json')], 'runs python -m tools.study language trains; gone is not here'),
                         ([str(tmp_path / 'other.json'), f'--out_dir={tmp_path}/no'], '--out_dir=' f'{tmp_path}/no is not a folder')):
         code, err = plot_exits(capsys, *argv)
         assert code == 2 and len(err) == 1 and err[0].startswith('error:') and words in err[0], err
@@ -172,6 +175,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
             m.setattr(matplotlib.figure.Figure, 'savefig', read_only)
         code, err = plot_exits(capsys, run, f'--out={tmp_path}/ro/x.png')
         assert code == 2 and len(err) == 1 and ('Permission denied' in err[0] or 'Read-only' in err[0]), err
-    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'other.json', 'out', 'ro', 'vit'] and not os.listdir(tmp_path / 'ro')
+    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'other.json', 'out', 'ro', 'study.json', 'vit']
+    assert not os.listdir(tmp_path / 'ro')
     plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')
