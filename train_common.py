@@ -4,6 +4,7 @@ import contextlib
 import datetime
 import fcntl
 import gc
+import glob
 import importlib
 import json
 import math
@@ -134,6 +135,9 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
                              f"--out_dir") from None
         except OSError:                                     # a filesystem without locks: unguarded, as before
             pass
+        else:                                               # the folder is this run's: a save cut short by kill -9
+            for tmp in glob.glob(os.path.join(glob.escape(out_dir), "*.tmp-*")):    # left its temp file
+                os.remove(tmp)
     found = [p for p in checkpoints if os.path.isfile(p)] if fresh else []
     if found and not overwrite:
         raise UsageError(f"{found[0]} holds an earlier run; go on with it: add --init_from=resume, or start "

@@ -156,6 +156,11 @@ def test_make_out_dir_refuses_or_deletes(tmp_path, capsys):
 
     make(overwrite=False, fresh=True, master=True)  # nothing there: made
     assert out.is_dir()
+    (out / "ckpt.pt.tmp-99999").write_bytes(b"half a save")              # a save killed with -9
+    make(overwrite=False, fresh=False, master=False)                      # not the other ranks' to remove
+    assert sorted(os.listdir(out)) == [".lock", "ckpt.pt.tmp-99999"]
+    make(overwrite=False, fresh=False, master=True)                       # removed by the next run
+    assert sorted(os.listdir(out)) == [".lock"]
     Path(best).write_bytes(b"weights")
     make(overwrite=False, fresh=False, master=True)  # a resume: fine
     with pytest.raises(UsageError) as e:
