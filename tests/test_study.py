@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import options
 import plot
 from tools import study
 
@@ -199,3 +200,11 @@ def test_language_and_vision_sections_run_end_to_end(tmp_path):
     assert all(0 <= r['test_acc'] <= 1 for r in vis)
     for name in ('language.png', 'vision.png'):                      # each section's runs on one figure
         assert matplotlib.image.imread(tmp_path / name).shape[:2] == (420, 700)
+
+
+def test_an_empty_out_dir_is_one_line_before_any_run(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                                   # where the runs would go: nothing is written
+    with pytest.raises(SystemExit) as e:
+        options.run_main(lambda: study.main(['language', '--smoke', '--out_dir=']))
+    assert e.value.code == 2 and capsys.readouterr().err.startswith('error: --out_dir is empty')
+    assert not list(tmp_path.iterdir())

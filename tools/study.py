@@ -21,7 +21,7 @@ import plot
 import tost
 from options import parse, run_main
 from tools.bench import REPO, console, run_sections, table
-from train_common import cosine_lr
+from train_common import check_out_dir, cosine_lr
 
 
 def run_script(args, what):
@@ -326,6 +326,7 @@ DEFAULTS = dict(
 
 def main(argv=None):
     cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='sections')
+    check_out_dir(cfg['out_dir'])
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
