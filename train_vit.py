@@ -5,7 +5,7 @@ Train and evaluate ToST vision models on CIFAR-10/100, and look at what they lea
     python train_vit.py --dataset=cifar10              # tost-cifar from scratch, test top-1 after every epoch
     python train_vit.py --dataset=cifar10 --attn=softmax --out_dir=out-vit-softmax    # the baseline, all else equal
     python train_vit.py --init_from=resume                 # go on from out-vit/ckpt.pt, e.g. after Ctrl-C
-    python train_vit.py --dataset=cifar10 --init_from=best --eval_only                # accuracy of out-vit/best.pt
+    python train_vit.py --init_from=best --eval_only       # accuracy of out-vit/best.pt on its test set
     python train_vit.py --dataset=cifar10 --model=tost-cifar-tiny --epochs=3 --warmup_epochs=1 --device=cpu \
         --out_dir=out-vit-tiny
 
@@ -241,7 +241,9 @@ def train(cfg, set_keys, dist):
     if resumed:                                                        # it goes on as it was
         old = ckpt.get('config', {})
         cfg = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in cfg.items()}
-    elif path and not cfg['eval_only'] and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
+    elif cfg['eval_only']:                                          # tested on the data it learned from, unless told
+        cfg.update({k: v for k, v in ckpt.get('config', {}).items() if k in {'dataset', 'data_dir'} - set_keys})
+    elif path and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
         raise UsageError(f"training from {path} would overwrite the checkpoints beside it; train into another "
                          f"--out_dir with --init_from={path} (or go on with --init_from=resume)")
     check_lr(cfg)

@@ -198,6 +198,9 @@ def test_eval_only_prints_the_accuracy_of_the_checkpoint(data, trained, capsys):
     assert f"test accuracy {logged:.4f} ({round(logged * 33)}/33)" in printed
     assert Path(trained, 'log.jsonl').read_text() == before   # eval does not touch the training log
     assert read_log(trained, 'eval.jsonl')[-1]['test_acc'] == acc
+    best = train_vit.main([f'--out_dir={trained}', '--init_from=best', '--eval_only', '--device=cpu',
+                           '--viz_images=0'])                     # no --dataset or --data_dir: the checkpoint's
+    assert best == read_log(trained, 'eval.jsonl')[-1]['test_acc']
 
 
 @pytest.mark.slow
