@@ -244,12 +244,12 @@ def study_curves(section, title):
     """A study section's runs on one figure, each labelled with its row of the table, from the run folders the
     study trained (they are not committed beside docs/*.json: the study makes them)."""
     def draw(results, path):
-        missing = [r['out_dir'] for r in results[section]['rows'] if not os.path.isdir(r['out_dir'])]
-        if missing:
-            raise UsageError(f"{os.path.basename(path)} is drawn from the runs python -m tools.study {section} "
-                             f"trains; {missing[0]} is not here: run the study first")
-        learning_curves([(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']], path,
-                        title=title)
+        try:
+            runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
+        except UsageError as e:
+            raise UsageError(f"{e}; {os.path.basename(path)} is drawn from the runs python -m tools.study {section} "
+                             f"trains: run the study first") from None
+        learning_curves(runs, path, title=title)
     return draw
 
 

@@ -164,7 +164,9 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
                         ([run, str(tmp_path / 'vit')], 'vit: vision, out: ToST: language; draw them in separate'),
                         ([str(tmp_path / 'other.json')], 'holds no results of tools.bench or tools.study'),
                         ([str(tmp_path / 'cut.json')], "cannot draw the figures of " f"{tmp_path}/cut.json (KeyError"),
-                        ([str(tmp_path / 'study.json')], 'runs python -m tools.study language trains; gone is not here'),
+                        ([str(tmp_path / 'study.json')], 'gone is not a run: no gone/log.jsonl (train_gpt.py and '
+                                                         'train_vit.py write one); language.png is drawn from the runs '
+                                                         'python -m tools.study language trains: run the study first'),
                         ([str(tmp_path / 'other.json'), f'--out_dir={tmp_path}/no'], '--out_dir=' f'{tmp_path}/no is not a folder')):
         code, err = plot_exits(capsys, *argv)
         assert code == 2 and len(err) == 1 and err[0].startswith('error:') and words in err[0], err
