@@ -238,11 +238,9 @@ def train(cfg, set_keys, dist):
     if ckpt and ckpt.get('format') != 2:            # format 2: the released vision model (XCiT's class blocks)
         raise UsageError(f"{path} is from an earlier train_vit.py, whose model computed otherwise (CaiT's "
                          f"class-attention blocks, LayerNorm eps 1e-5); train a new one")
-    if resumed:                                                        # it goes on as it was
-        old = ckpt.get('config', {})
+    if resumed or cfg['eval_only']:    # a resume goes on as it was; an evaluation tests on the data it learned from
+        old = {k: v for k, v in ckpt.get('config', {}).items() if resumed or k in ('dataset', 'data_dir')}
         cfg = {k: v if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k, v in cfg.items()}
-    elif cfg['eval_only']:                                          # tested on the data it learned from, unless told
-        cfg.update({k: v for k, v in ckpt.get('config', {}).items() if k in {'dataset', 'data_dir'} - set_keys})
     elif path and os.path.abspath(os.path.dirname(path)) == os.path.abspath(cfg['out_dir']):
         raise UsageError(f"training from {path} would overwrite the checkpoints beside it; train into another "
                          f"--out_dir with --init_from={path} (or go on with --init_from=resume)")
