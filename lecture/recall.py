@@ -1,0 +1,113 @@
+"""
+The limitation, seen: associative recall, a tiny ToST against one softmax layer, on a CPU in a minute or two.
+
+    python -m lecture.recall                  # the full run: 4000 steps per model
+    python -m lecture.recall --steps=50       # a quick look (a short run shows nothing yet)
+    python -m lecture.recall --seconds=20     # at most 20 seconds of training per model
+
+The task. A sequence holds 8 key-value pairs, then one of its keys as a query; the model must name the value
+stored with that key. Keys and values are drawn without repeats from 16 each. Each pair is one token (its
+key and its value), so a lookup is a single step: the query must find the token whose key matches it and
+read the value off that token. One softmax layer can do exactly that, since it keeps every earlier token and
+weighs each by how well it matches the query. A causal TSSA layer keeps of the past only, per head, the sums
+Q, A and P of squared projections (tost.TSSAState): which keys and which values occurred, not which belongs
+to which. (With key and value as separate tokens even softmax attention needs two layers, one to copy each
+key onto its value; docs/capabilities.md measures that.)
+
+Chance is 1/8: a model that knows which 8 values occurred but not which key owns which. Accuracy is taken on
+1024 held-out sequences, as the argmax over the 16 value tokens at the query. Seeded and deterministic for a
+given --steps (--seconds stops by the clock, so its step counts vary).
+"""
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+import tost
+
+KEYS = 16
+VALUES = 16
+PAIRS = 8
+# The vocabulary: pair tokens (key, value) first, then one query token per key, then one answer per value.
+QUERY0 = KEYS * VALUES
+ANSWER0 = QUERY0 + KEYS
+VOCAB = ANSWER0 + VALUES
+# The models: (label, attention, layers). Every other setting is shared (see make_model).
+MODELS = (('ToST (TSSA)', 'tssa', 1), ('ToST (TSSA)', 'tssa', 2), ('softmax', 'softmax', 1))
+
+
+def batch(size, generator):
+    """size sequences of PAIRS pair tokens and a query: (size, PAIRS + 1) tokens, (size,) answer tokens."""
+    keys = torch.rand(size, KEYS, generator=generator).argsort(-1)[:, :PAIRS]       # distinct keys
+    values = torch.rand(size, VALUES, generator=generator).argsort(-1)[:, :PAIRS]   # distinct values
+    asked = torch.randint(0, PAIRS, (size, 1), generator=generator)                   # which pair is queried
+    query = QUERY0 + keys.gather(1, asked)
+    answer = ANSWER0 + values.gather(1, asked)[:, 0]
+    return torch.cat([keys * VALUES + values, query], 1), answer
+
+
+def make_model(attn, layers, seed):
+    """A GPT from tost.py: width 64, 4 heads, layer-scale 1.0 (the default 1e-5 slows tiny models down)."""
+    torch.manual_seed(seed)
+    config = tost.GPTConfig(block_size=PAIRS + 1, vocab_size=VOCAB, n_layer=layers, n_head=4, n_embd=64,
+                            attn=attn, layerscale_init=1.0)
+    return tost.GPT(config)
+
+
+def answer_logits(model, idx):
+    """The logits of the value tokens at the query position: (B, VALUES)."""
+    logits, _ = model(idx)                                   # without targets: the last position only
+    return logits[:, -1, ANSWER0:]
+
+
+def accuracy(model, test):
+    idx, answer = test
+    with torch.no_grad():
+        guess = answer_logits(model, idx).argmax(-1)
+    return (guess == answer - ANSWER0).double().mean().item()
+
+
+def train(model, steps, seconds, batch_size, seed):
+    """AdamW on fresh sequences every step, loss at the query only. Returns (steps taken, seconds)."""
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    start = time.perf_counter()
+    step = 0
+    while step < steps and (seconds is None or time.perf_counter() - start < seconds):
+        idx, answer = batch(batch_size, generator)
+        loss = F.cross_entropy(answer_logits(model, idx), answer - ANSWER0)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        step += 1
+    return step, time.perf_counter() - start
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument('--steps', type=int, default=4000, help="training steps per model (default 4000)")
+    parser.add_argument('--seconds', type=float, default=None, help='stop each model after this many seconds')
+    parser.add_argument('--batch', type=int, default=64, help='sequences per step (default 64)')
+    parser.add_argument('--seed', type=int, default=0, help='seeds the models, the data and the test set')
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.batch < 1 or (args.seconds is not None and args.seconds <= 0):
+        parser.error('--steps and --batch must be at least 1, --seconds above 0')
+    # Tiny models: one thread is steadier than two on a shared machine, and the result does not change.
+    torch.set_num_threads(1)
+    test = batch(1024, torch.Generator().manual_seed(10_000 + args.seed))
+    print(f'associative recall: {PAIRS} pairs of {KEYS} keys and {VALUES} values, one pair a token; '
+          f'chance {1 / PAIRS:.3f}')
+    header = f'{"model":12s} {"layers":>6s} {"params":>8s} {"steps":>6s} {"seconds":>8s} {"accuracy":>9s} {"chance":>7s}'
+    print(header)
+    for label, attn, layers in MODELS:
+        model = make_model(attn, layers, args.seed)
+        params = sum(p.numel() for p in model.parameters())
+        steps, seconds = train(model, args.steps, args.seconds, args.batch, args.seed)
+        print(f'{label:12s} {layers:6d} {params:8,d} {steps:6d} {seconds:8.1f} {accuracy(model, test):9.3f} '
+              f'{1 / PAIRS:7.3f}', flush=True)
+
+
+if __name__ == '__main__':
+    main()
