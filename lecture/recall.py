@@ -99,8 +99,8 @@ def main(argv=None):
     test = batch(1024, torch.Generator().manual_seed(10_000 + args.seed))
     print(f'associative recall: {PAIRS} pairs of {KEYS} keys and {VALUES} values, one pair a token; '
           f'chance {1 / PAIRS:.3f}')
-    header = f'{"model":12s} {"layers":>6s} {"params":>8s} {"steps":>6s} {"seconds":>8s} {"accuracy":>9s} {"chance":>7s}'
-    print(header)
+    print(f'{"model":12s} {"layers":>6s} {"params":>8s} {"steps":>6s} {"seconds":>8s} {"accuracy":>9s} '
+          f'{"chance":>7s}')
     for label, attn, layers in MODELS:
         model = make_model(attn, layers, args.seed)
         params = sum(p.numel() for p in model.parameters())
