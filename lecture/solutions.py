@@ -11,10 +11,12 @@ import torch
 
 
 def grad_variational(Z, Pi, U, alpha):
-    """1. R^var_c = 1/2 sum_k (n_k/n) sum_i f(s_ki / n_k), and s_ki depends on z_j through pi_jk (u_ki^T z_j)^2,
-    so d s_ki / d z_j = 2 pi_jk (u_ki^T z_j) u_ki. The chain rule gives, per group and coordinate,
+    """1. R^var_c = 1/2 sum_k (n_k/n) sum_i f(s_ki / n_k), and s_ki depends on z_j through the term
+    pi_jk (u_ki^T z_j)^2, so d s_ki / d z_j = 2 pi_jk (u_ki^T z_j) u_ki. The chain rule gives, per group and
+    coordinate,
 
-        1/2 * (n_k/n) * f'(s_ki/n_k) * (1/n_k) * 2 pi_jk (u_ki^T z_j) u_ki  =  1/n pi_jk f'(s_ki/n_k) (u_ki^T z_j) u_ki
+        1/2 (n_k/n) f'(s_ki/n_k) (1/n_k) 2 pi_jk (u_ki^T z_j) u_ki
+            =  1/n pi_jk f'(s_ki/n_k) (u_ki^T z_j) u_ki
 
     The 1/2 meets the 2 of the square; the group's weight n_k/n meets the 1/n_k inside f: what is left is 1/n.
     Summed over i and k: 1/n sum_k pi_jk U_k D_k U_k^T z_j, D_k = diag(f'(s_k/n_k)).
@@ -39,11 +41,12 @@ def duplication_factor():
 def projected_compression(Z, Pi, U, alpha):
     """3. (a) If every token of group k is in span(U_k), then M_k = U_k U_k^T M_k U_k U_k^T, and Sylvester's
     det(I_d + A B) = det(I_p + B A) with A = U_k, B = alpha/n_k U_k^T M_k U_k U_k^T gives
-    logdet(I_d + alpha/n_k M_k) = logdet(I_p + alpha/n_k U_k^T M_k U_k), since U_k^T U_k = I_p. So R^proj_c = R_c.
-    (b) U_k^T M_k U_k is p x p; in the basis I_p its diagonal is the p numbers s_k, and the square case (concave f,
-    the diagonal majorised by the eigenvalues) gives logdet(I_p + alpha/n_k U_k^T M_k U_k) <= sum_i f(s_ki/n_k).
-    Together: R_c = R^proj_c <= R^var_c. Without the hypothesis (a) fails: M_k has energy outside span(U_k),
-    which R_c counts and R^proj_c does not, so R^var_c may fall below R_c (as it usually does for random tokens).
+    logdet(I_d + alpha/n_k M_k) = logdet(I_p + alpha/n_k U_k^T M_k U_k), since U_k^T U_k = I_p. So
+    R^proj_c = R_c. (b) U_k^T M_k U_k is p x p; in the basis I_p its diagonal is the p numbers s_k, and the
+    square case (concave f, the diagonal majorised by the eigenvalues) gives
+    logdet(I_p + alpha/n_k U_k^T M_k U_k) <= sum_i f(s_ki/n_k). Together: R_c = R^proj_c <= R^var_c.
+    Without the hypothesis (a) fails: M_k has energy outside span(U_k), which R_c counts and R^proj_c does
+    not, so R^var_c may fall below R_c (as it usually does for random tokens).
     Where K p <= d enters: K orthonormal U_k with mutually orthogonal spans need K p dimensions.
     """
     n, p = Z.shape[1], U.shape[-1]
@@ -55,11 +58,11 @@ def projected_compression(Z, Pi, U, alpha):
 
 
 def causal_first_membership(temp, bias0, p):
-    """4. At t = 0 the prefix is the token itself: Q_0 = w_0^2, so w_0i^2 / Q_0i = 1 for each of the p coordinates
-    (whatever the token and the weights, as long as no w_0i is exactly 0). Every head scores
-    temp_k (p + p b_{k,0}), and pi_0 = softmax_k(p temp_k (1 + b_{k,0})). At initialisation temp_k = 1 and b = 0,
-    every head scores p, and pi_0 = 1/K exactly. Only the parameters move it: unequal temperatures, or the
-    position bias b_{k,0}; the first token's content never does.
+    """4. At t = 0 the prefix is the token itself: Q_0 = w_0^2, so w_0i^2 / Q_0i = 1 for each of the p
+    coordinates (whatever the token and the weights, as long as no w_0i is exactly 0). Every head scores
+    temp_k (p + p b_{k,0}), and pi_0 = softmax_k(p temp_k (1 + b_{k,0})). At initialisation temp_k = 1 and
+    b = 0, every head scores p, and pi_0 = 1/K exactly. Only the parameters move it: unequal temperatures,
+    or the position bias b_{k,0}; the first token's content never does.
     """
     return torch.softmax(p * temp * (1 + bias0), dim=0)
 
@@ -77,8 +80,9 @@ def tssa_forward(x, W, W_out, temp):
 
 
 def grad_compression(Z, Pi, alpha):
-    """6. d/dZ logdet(I + c Z^T diag(pi) Z) = 2 c diag(pi) Z (I + c Z^T diag(pi) Z)^{-1} (tokens as rows). With
-    c = alpha/n_k and the weight 1/2 n_k/n, group k contributes alpha/n diag(pi_k) Z (I + alpha/n_k M_k)^{-1}.
+    """6. d/dZ logdet(I + c Z^T diag(pi) Z) = 2 c diag(pi) Z (I + c Z^T diag(pi) Z)^{-1} (tokens as rows).
+    With c = alpha/n_k and the weight 1/2 n_k/n, group k contributes
+    alpha/n diag(pi_k) Z (I + alpha/n_k M_k)^{-1}.
     Work: M_k costs n d^2, its inverse d^3, applying it to every token n d^2; nothing is n x n. The
     quadratic cost of CRATE's attention comes from writing the inverse through the n x n Gram matrix
     (push-through identity) and approximating that by a softmax, not from the step itself.
@@ -91,19 +95,21 @@ def grad_compression(Z, Pi, alpha):
 
 
 def untied_prediction():
-    """7. Tied: the layer is -n grad R^var_c exactly (exercise 1 with alpha = 1: U_k maps back). Rescaled: head k's
-    part of the field is c_k times the gradient of group k's term, so the whole is the gradient of the sum of the
-    terms weighted by c_k (exercise 8): a step, but on a reweighted objective. Generic: the field is C g(Z) for
-    a matrix C that does not map heads back onto their own U_k; its Jacobian C Dg is not symmetric, and a field
-    whose Jacobian is not symmetric is the gradient of no function. What the paper measures for trained models
-    is that R^var_c still falls layer by layer, not that each layer is a step on it.
+    """7. Tied: the layer is -n grad R^var_c exactly (exercise 1 with alpha = 1: U_k maps back). Rescaled:
+    head k's part of the field is c_k times the gradient of group k's term, so the whole is the gradient of
+    the sum of the terms weighted by c_k (exercise 8): a step, but on a reweighted objective. Generic: the
+    field is C g(Z) for a matrix C that does not map heads back onto their own U_k; its Jacobian C Dg is not
+    symmetric, and a field whose Jacobian is not symmetric is the gradient of no function. What the paper
+    measures for trained models is that R^var_c still falls layer by layer, not that each layer is a step on
+    it.
     """
     return {'tied': 'exact', 'rescaled': 'reweighted', 'generic': 'none'}
 
 
 def reweighted_objective(Z, Pi, U, c):
-    """8. 1/2 sum_k c_k (n_k/n) sum_i log(1 + s_ki/n_k): R^var_c with group k's term weighted by c_k. The layer
-    maps head k back by c_k U_k, so head k's part is c_k times -n grad of group k's term (exercise 1)."""
+    """8. 1/2 sum_k c_k (n_k/n) sum_i log(1 + s_ki/n_k): R^var_c with group k's term weighted by c_k. The
+    layer maps head k back by c_k U_k, so head k's part is c_k times -n grad of group k's term (exercise
+    1). The gradient fixes the function up to a constant; at c_k = 1 it must be R^var_c itself."""
     n = Z.shape[1]
     w = torch.einsum('bnd,kdp->bknp', Z, U)                                # (B, K, n, p)
     n_k = Pi.sum(-1)                                                       # (B, K)
@@ -113,13 +119,15 @@ def reweighted_objective(Z, Pi, U, c):
 
 
 def reorder_change(layer, content, position, perm):
-    """9. Prediction: TSSA moves less, and less as T grows. y_t depends on the past only through prefix sums:
-    Q and P do not see the order at all, and A sees it through each pi_s and through the cross terms
-    2 (U^T content_s)(U^T position_s) inside w_s^2, a sum of T - 1 terms of random sign that grows like sqrt(T)
-    while the sums grow like T: a relative change near 1/sqrt(T). Softmax attention keeps each token whole:
-    its query weighs content_s + position_s by their match, so moving contents moves the output by a
-    fraction that does not shrink with T. (Without positions, softmax attention is exactly order-blind: a
-    bag of whole tokens. TSSA's bag holds only sums of squares, which is why it cannot recall.)
+    """9. Prediction: TSSA moves less, and less as T grows. Its y_t sees the past only through the prefix
+    sums Q, A and P. Were whole tokens moved (content and position together), Q would not change at all, and
+    A and P only through each pi_s, computed from its own prefix. Here the contents move and the positions
+    stay, so the sums change through the cross terms 2 (U^T content_s)(U^T position_s) inside each w_s^2:
+    T - 1 terms of random sign, whose sum grows like sqrt(T) while the sums grow like T, so the relative
+    change falls roughly like 1/sqrt(T). Softmax attention keeps each token whole and weighs content_s + position_s
+    by its match with the query, so moving contents moves its output by a fraction that does not shrink
+    with T. (Without positions, softmax attention is exactly order-blind too: a bag of whole tokens, from
+    which a query can pick one. TSSA's bag holds only sums of squares: it cannot recall, lecture/recall.py.)
     """
     moved = torch.cat([content[:, perm], content[:, -1:]], 1)              # the last token stays where it was
     with torch.no_grad():
@@ -143,10 +151,11 @@ def compression(Z, Pi, alpha):
 
 
 def delta_R_through_layers(Z, layer, layers, alpha):
-    """10. Prediction: it falls. Each white-box layer descends R^var_c, squeezing every group towards its strong
-    directions, and nothing in the stack expands the whole: R falls with R_c, and faster, since the tokens of all
-    groups shrink together. ToST unrolls only the compression half of rate reduction; in a real model the
-    LayerNorm (which restores each token's scale), the residual and the MLP stand where the expansion was.
+    """10. Prediction: it falls. Each white-box layer descends R^var_c, squeezing every group towards its
+    strong directions, and nothing in the stack expands the whole: the steps shrink the groups and with them
+    the whole, and R falls faster than R_c. ToST unrolls only the compression half of rate reduction; in a
+    real model the LayerNorm (which restores each token's scale), the residual and the MLP stand where the
+    expansion term was.
     """
     values = []
     with torch.no_grad():
