@@ -126,8 +126,9 @@ def reorder_change(layer, content, position, perm):
     T - 1 terms of random sign, whose sum grows like sqrt(T) while the sums grow like T, so the relative
     change falls roughly like 1/sqrt(T). Softmax attention keeps each token whole and weighs
     content_s + position_s by its match with the query, so moving contents moves its output by a fraction
-    that does not shrink with T. (Without positions, softmax attention is exactly order-blind too: a bag of whole tokens, from
-    which a query can pick one. TSSA's bag holds only sums of squares: it cannot recall, lecture/recall.py.)
+    that does not shrink with T. (Without positions, softmax attention is exactly order-blind too: a bag of
+    whole tokens, from which a query can pick one. TSSA's bag holds only sums of squares: it cannot recall,
+    lecture/recall.py.)
     """
     moved = torch.cat([content[:, perm], content[:, -1:]], 1)              # the last token stays where it was
     with torch.no_grad():
