@@ -458,7 +458,7 @@ def check_reweighted_objective(answer):
         Z = torch.randn(2, n, d)
         U = layer.U().detach()
         grad = gradient(lambda Z: answer(Z, Pi, U, c), Z)
-        what = f'the layer against -n grad of your objective, c = {c.tolist()}'
+        what = 'the layer against -n grad of your objective, c = ' + ', '.join(f'{v:.2f}' for v in c.tolist())
         expect_close(what, -n * grad, layer(Z).detach(), 1e-10)
     expect_close('your objective with every c_k = 1, against R^var_c', answer(Z, Pi, U, torch.ones(K)),
                  tost.variational_compression(Z, Pi, U), 1e-12)
@@ -492,7 +492,7 @@ def check_reorder_change(answer):
                 want = measure_reorder(layer, content, position, perm)
                 got = float(answer(layer, content, position, perm))
                 expect(abs(got - want) <= 1e-9,
-                       f'{kind}, T = {T}: your change {got!r}, measured {want:.6f}')
+                       f'{kind}, T = {T}: your change {got:.6f}, measured {want:.6f}')
                 changes.append(want)
             medians[kind, T] = torch.tensor(changes).median().item()
     expect(medians['TSSA', 256] < medians['softmax', 256] / 4, 'the check: TSSA is not nearly a bag here')

@@ -1,0 +1,286 @@
+"""The lecture's exercises and its recall experiment (lecture/): every check passes the solutions and fails a
+wrong answer of the kinds a student writes (a sign flipped, a 1/n lost, a matrix transposed, an n x n
+shortcut), the runner reports each exercise in one line, and the recall experiment runs and prints its
+table."""
+
+import pytest
+import torch
+
+from lecture import exercises as ex
+from lecture import recall
+from lecture import solutions as sol
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+CHECKS = {number: check for number, _, _, check in ex.EXERCISES}
+NAMES = {number: name for number, _, name, _ in ex.EXERCISES}
+
+
+def test_there_are_at_least_eight_exercises_numbered_in_order():
+    assert list(CHECKS) == list(range(1, len(CHECKS) + 1)) and len(CHECKS) >= 8
+
+
+@pytest.mark.parametrize('number', list(CHECKS))
+def test_the_solution_passes(number):
+    verdict, note = ex.run(CHECKS[number], getattr(sol, NAMES[number]))
+    assert verdict == 'pass', note
+
+
+@pytest.mark.parametrize('number', list(CHECKS))
+def test_the_unwritten_answer_is_not_attempted(number):
+    assert ex.run(CHECKS[number], getattr(ex, NAMES[number])) == ('not attempted', '')
+
+
+# Wrong answers, each close to the solution: what a student plausibly writes.
+
+def grad_sign_flipped(Z, Pi, U, alpha):
+    return -sol.grad_variational(Z, Pi, U, alpha)
+
+
+def grad_without_1_over_n(Z, Pi, U, alpha):
+    return Z.shape[1] * sol.grad_variational(Z, Pi, U, alpha)
+
+
+def grad_1_over_n_k(Z, Pi, U, alpha):
+    # 1/n_k in place of 1/n, group by group: the weight n_k/n forgotten.
+    n = Z.shape[1]
+    parts = [n / Pi[:, k].sum(-1)[:, None, None] * sol.grad_variational(Z, Pi[:, k:k + 1], U[k:k + 1], alpha)
+             for k in range(U.shape[0])]
+    return sum(parts)
+
+
+def grad_alpha_forgotten(Z, Pi, U, alpha):
+    return sol.grad_variational(Z, Pi, U, 1.0)
+
+
+def factor_one():
+    return 1.0
+
+
+def factor_two():
+    return 2.0
+
+
+def projected_in_all_of_R_d(Z, Pi, U, alpha):
+    # R_c itself: equal under the hypothesis, not otherwise.
+    return ex.compression(Z, Pi, alpha)
+
+
+def projected_without_group_weights(Z, Pi, U, alpha):
+    n_k = Pi.sum(-1)
+    w = torch.einsum('bnd,kdp->bknp', Z, U)
+    M = torch.einsum('bknp,bkn,bknq->bkpq', w, Pi, w)
+    return 0.5 * torch.logdet(torch.eye(U.shape[-1]) + alpha / n_k[..., None, None] * M).sum(-1)
+
+
+def pi0_always_uniform(temp, bias0, p):
+    return torch.full_like(temp, 1 / temp.shape[0])
+
+
+def pi0_without_p(temp, bias0, p):
+    return torch.softmax(temp * (1 + bias0), dim=0)
+
+
+def pi0_bias_outside_temperature(temp, bias0, p):
+    return torch.softmax(p * temp + p * bias0, dim=0)
+
+
+def tssa_W_transposed(x, W, W_out, temp):
+    return sol.tssa_forward(x, W.T, W_out, temp)
+
+
+def tssa_W_out_transposed(x, W, W_out, temp):
+    return sol.tssa_forward(x, W, W_out.T, temp)
+
+
+def tssa_softmax_over_tokens(x, W, W_out, temp):
+    B, n, d = x.shape
+    K = temp.shape[0]
+    w = (x @ W.T).view(B, n, K, d // K)
+    energy = (w * w / (w * w).sum(1, keepdim=True)).sum(-1)
+    Pi = torch.softmax(temp * energy, dim=1)[..., None]                    # over the tokens: wrong
+    s = (Pi * w * w).sum(1, keepdim=True) / (Pi.sum(1, keepdim=True) + 1e-8)
+    return (-Pi * w / (1 + s)).reshape(B, n, d) @ W_out.T
+
+
+def grad_rc_through_n_by_n(Z, Pi, alpha):
+    # The right numbers by the push-through identity, through an n x n matrix per group: quadratic in n.
+    n = Z.shape[1]
+    G = Z @ Z.transpose(1, 2)                                              # (B, n, n)
+    out = torch.zeros_like(Z)
+    for k in range(Pi.shape[1]):
+        pi = Pi[:, k]                                                      # (B, n)
+        c = alpha / pi.sum(-1)[:, None, None]
+        A = torch.linalg.inv(torch.eye(n) + c * G * pi[:, None, :])
+        out = out + alpha / n * pi[..., None] * (A @ Z)
+    return out
+
+
+def grad_rc_sign_flipped(Z, Pi, alpha):
+    return -sol.grad_compression(Z, Pi, alpha)
+
+
+def grad_rc_without_memberships(Z, Pi, alpha):
+    # every token stepped by every group's operator, the weight pi_jk forgotten
+    n, d = Z.shape[1:]
+    n_k = Pi.sum(-1)
+    M = torch.einsum('bnd,bkn,bne->bkde', Z, Pi, Z)
+    C = torch.linalg.inv(torch.eye(d) + alpha / n_k[..., None, None] * M)
+    return alpha / n * torch.einsum('bnd,bkde->bne', Z, C)
+
+
+def predict_generic_reweighted():
+    return {'tied': 'exact', 'rescaled': 'reweighted', 'generic': 'reweighted'}
+
+
+def predict_rescaled_exact():
+    return {'tied': 'exact', 'rescaled': 'exact', 'generic': 'none'}
+
+
+def objective_ignoring_c(Z, Pi, U, c):
+    return sol.reweighted_objective(Z, Pi, U, torch.ones_like(c))
+
+
+def objective_dividing_by_c(Z, Pi, U, c):
+    return sol.reweighted_objective(Z, Pi, U, 1 / c)
+
+
+def objective_plus_a_constant(Z, Pi, U, c):
+    # The right gradient everywhere; the function is pinned down only by its value at c = 1.
+    return sol.reweighted_objective(Z, Pi, U, c) + 1.0
+
+
+def reorder_with_positions(layer, content, position, perm):
+    # whole tokens moved, positions too
+    x = content + position
+    moved = torch.cat([x[:, perm], x[:, -1:]], 1)
+    with torch.no_grad():
+        y = layer(x)[0, -1]
+        y_moved = layer(moved)[0, -1]
+    return ((y_moved - y).norm() / y.norm()).item()
+
+
+def reorder_absolute(layer, content, position, perm):
+    moved = torch.cat([content[:, perm], content[:, -1:]], 1)
+    with torch.no_grad():
+        return (layer(moved + position)[0, -1] - layer(content + position)[0, -1]).norm().item()
+
+
+def delta_R_sign_flipped(Z, layer, layers, alpha):
+    return -sol.delta_R_through_layers(Z, layer, layers, alpha)
+
+
+def delta_R_with_the_first_memberships(Z, layer, layers, alpha):
+    # Pi estimated once, from the input, and held through every layer
+    with torch.no_grad():
+        Pi = layer.memberships(layer.split_heads(layer.c_attn(Z)))
+        values = []
+        for _ in range(layers + 1):
+            values.append(sol.coding_rate(Z, alpha) - sol.compression(Z, Pi, alpha))
+            Z = Z + layer(Z)
+    return torch.cat(values)
+
+
+WRONG = [
+    (1, grad_sign_flipped), (1, grad_without_1_over_n), (1, grad_1_over_n_k), (1, grad_alpha_forgotten),
+    (2, factor_one), (2, factor_two),
+    (3, projected_in_all_of_R_d), (3, projected_without_group_weights),
+    (4, pi0_always_uniform), (4, pi0_without_p), (4, pi0_bias_outside_temperature),
+    (5, tssa_W_transposed), (5, tssa_W_out_transposed), (5, tssa_softmax_over_tokens),
+    (6, grad_rc_through_n_by_n), (6, grad_rc_sign_flipped), (6, grad_rc_without_memberships),
+    (7, predict_generic_reweighted), (7, predict_rescaled_exact),
+    (8, objective_ignoring_c), (8, objective_dividing_by_c), (8, objective_plus_a_constant),
+    (9, reorder_with_positions), (9, reorder_absolute),
+    (10, delta_R_sign_flipped), (10, delta_R_with_the_first_memberships),
+]
+
+
+@pytest.mark.parametrize('number, wrong', WRONG, ids=[w.__name__ for _, w in WRONG])
+def test_a_wrong_answer_fails_its_check(number, wrong):
+    with pytest.raises(ex.Wrong):
+        CHECKS[number](wrong)
+
+
+def test_every_exercise_has_a_wrong_answer_that_fails():
+    assert {number for number, _ in WRONG} == set(CHECKS)
+
+
+def test_the_n_by_n_gradient_has_the_right_values():
+    # So exercise 6's check rejects it for its cost alone.
+    with ex.float64():
+        Z = torch.randn(2, 11, 4)
+        Pi = ex.random_memberships(2, 3, 11)
+        torch.testing.assert_close(grad_rc_through_n_by_n(Z, Pi, 1.5), sol.grad_compression(Z, Pi, 1.5))
+
+
+def test_the_runner_reports_each_exercise_in_one_line(capsys):
+    # Unwritten answers are not failures: a student runs this before writing any.
+    assert ex.main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(CHECKS) + 1 and all('not attempted' in line for line in lines[:-1])
+    assert ex.main(['--solutions', '2', '4']) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split('.')[0].strip() for line in lines[:-1]] == ['2', '4']
+    assert all(' pass' in line for line in lines[:-1])
+
+
+def test_the_runner_exits_1_on_a_wrong_answer(monkeypatch, capsys):
+    monkeypatch.setattr(sol, 'duplication_factor', factor_one)
+    assert ex.main(['--solutions', '2']) == 1
+    assert ' fail: ' in capsys.readouterr().out
+
+
+def test_an_answer_that_crashes_is_a_failure_not_a_traceback():
+    def crashes(Z, Pi, alpha):
+        return Z @ Z                                                       # shapes that do not match
+    verdict, note = ex.run(CHECKS[6], crashes)
+    assert verdict == 'fail' and '\n' not in note
+
+
+def test_an_unknown_exercise_is_refused_with_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        ex.main(['99'])
+    assert e.value.code == 2
+
+
+def rows(out):
+    """The recall table's model rows, as lists of columns without the seconds."""
+    lines = [line.split() for line in out.splitlines()]
+    table = [cols for cols in lines if cols and cols[0] in ('ToST', 'softmax')]
+    return [cols[:-3] + cols[-2:] for cols in table]
+
+
+def test_recall_runs_and_prints_its_table_deterministically(capsys):
+    recall.main(['--steps=2', '--batch=4'])
+    out = capsys.readouterr().out
+    assert 'accuracy' in out and 'chance' in out
+    first = rows(out)
+    assert [cols[0] for cols in first] == ['ToST', 'ToST', 'softmax']
+    assert all(cols[-3] == '2' for cols in first)                          # the steps column
+    recall.main(['--steps=2', '--batch=4'])
+    # Seeded: the same models, data and result (all but the seconds).
+    assert rows(capsys.readouterr().out) == first
+
+
+def test_recall_stops_by_the_clock():
+    model = recall.make_model('tssa', 1, 0)
+    steps, seconds = recall.train(model, 10**9, 0.2, 4, 0)
+    assert 1 <= steps < 10**9 and seconds >= 0.2
+
+
+@pytest.mark.parametrize('bad', [['--steps=0'], ['--batch=0'], ['--seconds=0'], ['--steps=x']])
+def test_recall_refuses_bad_options_with_exit_2(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        recall.main(bad)
+    assert e.value.code == 2
+
+
+def test_recall_sequences_hold_distinct_keys_and_the_query_names_one_of_them():
+    idx, answer = recall.batch(256, torch.Generator().manual_seed(0))
+    keys = idx[:, :-1] // recall.VALUES
+    values = idx[:, :-1] % recall.VALUES
+    asked = idx[:, -1] - recall.QUERY0
+    assert all(len(set(k.tolist())) == recall.PAIRS for k in keys)
+    assert all(len(set(v.tolist())) == recall.PAIRS for v in values)
+    where = (keys == asked[:, None]).float().argmax(1)
+    assert ((keys == asked[:, None]).sum(1) == 1).all()
+    assert torch.equal(values[torch.arange(256), where], answer - recall.ANSWER0)
