@@ -1,5 +1,5 @@
 """
-The limitation, seen: associative recall, a tiny ToST against one softmax layer, on a CPU in a minute or two.
+The limitation, seen: associative recall, a tiny ToST against one softmax layer, trained on a CPU in class.
 
     python -m lecture.recall                  # the full run: 4000 steps per model
     python -m lecture.recall --steps=50       # a quick look (a short run shows nothing yet)
@@ -10,13 +10,16 @@ stored with that key. Keys and values are drawn without repeats from 16 each. Ea
 key and its value), so a lookup is a single step: the query must find the token whose key matches it and
 read the value off that token. One softmax layer can do exactly that, since it keeps every earlier token and
 weighs each by how well it matches the query. A causal TSSA layer keeps of the past only, per head, the sums
-Q, A and P of squared projections (tost.TSSAState): which keys and which values occurred, not which belongs
-to which. (With key and value as separate tokens even softmax attention needs two layers, one to copy each
-key onto its value; docs/capabilities.md measures that.)
+Q, A and P of squared projections (tost.TSSAState), 2p + 1 numbers: in effect which keys and which values
+occurred. A square of a pair token's projection can hold a little of which value went with which key (a
+product of the key's and the value's features), but p numbers per head cannot hold 8 such bindings among
+256 possible pairs. (With key and value as separate tokens even softmax attention needs two layers, one to
+copy each key onto its value; docs/capabilities.md measures that.)
 
 Chance is 1/8: a model that knows which 8 values occurred but not which key owns which. Accuracy is taken on
 1024 held-out sequences, as the argmax over the 16 value tokens at the query. Seeded and deterministic for a
-given --steps (--seconds stops by the clock, so its step counts vary).
+given --steps (--seconds stops by the clock, so its step counts vary). The table prints the seconds each
+model trained, on the machine at hand.
 """
 
 import argparse
