@@ -384,9 +384,10 @@ def check_causal_first_membership(answer):
         with torch.no_grad():
             layer.temp.copy_(temp[:, None])
             layer.pos_bias[:, 0] = bias0
-        x = torch.randn(3, 5, K * p)
-        w2 = layer.split_heads(layer.c_attn(x)).square()                  # (B, K, T, p)
-        pi0 = layer.memberships(w2, torch.cumsum(w2, 2))[:, :, 0].detach()  # (B, K)
+        x = torch.randn(3, 1, K * p)
+        # After one token the state's P, the prefix sum of the memberships, is pi_0 itself.
+        _, state = layer(x, layer.empty_state(3, dtype=x.dtype))
+        pi0 = state.P.detach()                                             # (B, K)
         got = answer(layer.temp.detach()[:, 0], layer.pos_bias.detach()[:, 0], p)
         for b in range(3):
             expect_close(f'pi_0 ({name}), sequence {b}', got, pi0[b], 1e-12)
@@ -559,7 +560,14 @@ def main(argv=None):
     unknown = sorted(set(args.numbers) - set(known))
     if unknown:
         parser.error(f'no exercise {unknown[0]}; they are numbered {known[0]} to {known[-1]}')
-    answers = importlib.import_module('lecture.solutions') if args.solutions else sys.modules[__name__]
+    answers = sys.modules[__name__]
+    if args.solutions:
+        try:
+            answers = importlib.import_module('lecture.solutions')
+        except ModuleNotFoundError as e:
+            if e.name != 'lecture.solutions':
+                raise
+            parser.error('lecture/solutions.py is not here: try the exercises first, or ask your teacher')
     verdicts = []
     for number, title, name, check in EXERCISES:
         if args.numbers and number not in args.numbers:

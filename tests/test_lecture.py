@@ -3,6 +3,10 @@ wrong answer of the kinds a student writes (a sign flipped, a 1/n lost, a matrix
 shortcut), the runner reports each exercise in one line, and the recall experiment runs and prints its
 table."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -11,6 +15,7 @@ from lecture import recall
 from lecture import solutions as sol
 
 pytestmark = pytest.mark.usefixtures('one_thread')
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKS = {number: check for number, _, _, check in ex.EXERCISES}
 NAMES = {number: name for number, _, name, _ in ex.EXERCISES}
 
@@ -234,6 +239,21 @@ def test_an_answer_that_crashes_is_a_failure_not_a_traceback():
         return Z @ Z                                                       # shapes that do not match
     verdict, note = ex.run(CHECKS[6], crashes)
     assert verdict == 'fail' and '\n' not in note
+
+
+def test_the_command_runs_the_solutions_from_the_repository_root():
+    out = subprocess.run([sys.executable, '-m', 'lecture.exercises', '--solutions', '2'], cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and ' pass' in out.stdout
+
+
+def test_without_the_solutions_file_the_runner_says_so_in_one_line(monkeypatch, capsys):
+    def missing(name):
+        raise ModuleNotFoundError(f'No module named {name!r}', name=name)
+    monkeypatch.setattr(ex.importlib, 'import_module', missing)
+    with pytest.raises(SystemExit) as e:
+        ex.main(['--solutions'])
+    assert e.value.code == 2 and 'solutions.py' in capsys.readouterr().err
 
 
 def test_an_unknown_exercise_is_refused_with_exit_2(capsys):
