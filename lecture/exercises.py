@@ -300,7 +300,7 @@ def map_back(layer, kind, c=None):
 
 
 class CountElements(torch.overrides.TorchFunctionMode):
-    """Counts the elements every torch call returns: work counted, not timed (derivation.py section 11)."""
+    """Counts the elements every torch call returns: work counted, not timed, as derivation.py counts it."""
 
     def __init__(self):
         super().__init__()
@@ -443,6 +443,8 @@ def check_untied_prediction(answer):
             truth[kind] = 'exact'
         else:
             truth[kind] = 'reweighted' if asymmetry[kind] < 1e-10 else 'none'
+    # The tied layer must come out exact, or the check itself no longer holds Pi as it means to.
+    expect(truth['tied'] == 'exact', 'the check: the tied layer is not -n grad R^var_c (tost.TSSA changed?)')
     got = answer()
     expect(isinstance(got, dict) and set(got) == set(truth), f'expected a dict with the keys {sorted(truth)}')
     wrong = [f'{kind} is {truth[kind]!r}, not {got[kind]!r}' for kind in truth if got[kind] != truth[kind]]
