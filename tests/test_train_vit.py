@@ -1,7 +1,7 @@
 """
 Tests of train_vit.py on a tiny synthetic CIFAR-format dataset (no download): it learns, it resumes
-exactly, two gloo processes agree with one, the pictures are drawn, and mistakes end in one line.
-Runs in about a minute on two busy CPU cores.
+exactly, two gloo processes agree with one, the pictures are drawn, and mistakes end in one line that
+names the option or the path.
 """
 import ast
 import json
@@ -20,7 +20,8 @@ import tost
 import train_vit
 from test_train_gpt import (count_syncs, exits, one_line_error, rank_pid, read_log, run_cli, same_state, start,
                             wait_for, weights)
-from train_common import UsageError, load_checkpoint
+from options import UsageError
+from train_common import load_checkpoint
 
 CLASSES = 3
 
@@ -126,15 +127,12 @@ def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(dat
 
     monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_the_7th_step)
     assert exits(train_vit.main, args) == 130
-    err = capsys.readouterr().err.splitlines()
-    assert err == ['SIGINT: stopping after this step; another one stops at once, without saving',
-                   f'interrupted (SIGINT) at step 7 (epoch 1.75): saved {out}/ckpt.pt',
-                   f'resume with: python train_vit.py --init_from=resume --out_dir={out} --device=cpu']
+    command = capsys.readouterr().err.splitlines()[-1].split()      # the last line: the command that resumes
     ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     assert (ck['step'], ck['epoch']) == (7, 1.75)
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
     monkeypatch.setattr(train_vit, 'random_crop_flip', real)
-    train_vit.main(err[2].split()[4:])                             # the command as printed
+    train_vit.main(command[command.index('train_vit.py') + 1:])    # the command as printed
     a, b = weights(trained), weights(out)
     assert (b['step'], b['epoch']) == (8, 2)
     same_state(a, b)                                               # bit for bit
@@ -152,17 +150,15 @@ def test_a_checkpoint_of_an_earlier_model_is_refused(data, trained, tmp_path):
     for args in (['--init_from=resume', f'--out_dir={tmp_path}', '--epochs=3'],
                  ['--init_from=resume', f'--out_dir={tmp_path}', '--eval_only=true'],
                  base_args(data, str(tmp_path / 'new'), f'--init_from={tmp_path}/ckpt.pt')):
-        with pytest.raises(UsageError, match=r'ckpt.pt is from an earlier train_vit.py, whose model computed'):
+        with pytest.raises(UsageError, match=re.escape(f'{tmp_path}/ckpt.pt')):
             train_vit.main(args)
 
 
 def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path):
     before = Path(trained, 'best.pt').read_bytes()
-    with pytest.raises(UsageError, match='ckpt.pt holds an earlier run.*--init_from=resume.*--out_dir.*--overwrite=true'):
-        train_vit.main(base_args(data, trained, '--epochs=1'))
-    for overwrite in ('false', 'true'):                               # training from best.pt would replace it
-        with pytest.raises(UsageError, match='best.pt would overwrite the checkpoints beside it; train into another --out_dir with --init_from='):
-            train_vit.main(base_args(data, trained, '--init_from=best', '--epochs=1', f'--overwrite={overwrite}'))
+    for extra in ([], ['--init_from=best']):                          # from scratch, or from the best.pt there
+        with pytest.raises(UsageError, match=re.escape(f'{trained}/ckpt.pt')):
+            train_vit.main(base_args(data, trained, '--epochs=1', *extra))
     assert Path(trained, 'best.pt').read_bytes() == before
     out = tmp_path / 'out'                                        # --overwrite=true: the old files go first
     out.mkdir()
@@ -175,7 +171,7 @@ def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path):
     train_vit.main(base_args(data, str(tmp_path / 'tuned'), *weights))
     assert torch.load(tmp_path / 'tuned' / 'ckpt.pt', weights_only=True)['step'] == 2          # from step 0
     assert [r['step'] for r in read_log(tmp_path / 'tuned', kind='eval')] == [2]                # a log of its own
-    with pytest.raises(UsageError, match='ckpt.pt holds an earlier run'):
+    with pytest.raises(UsageError, match='ckpt.pt'):
         train_vit.main(base_args(data, str(tmp_path / 'tuned'), *weights))
 
 
@@ -189,18 +185,14 @@ def test_checkpoint_format(trained):
     assert best['best_acc'] == max(r['test_acc'] for r in read_log(trained, kind='eval'))
 
 
-def test_eval_only_prints_the_accuracy_of_the_checkpoint(data, trained, capsys):
+def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, trained):
     before = Path(trained, 'log.jsonl').read_text()
     acc = train_vit.main(base_args(data, trained, '--init_from=resume', '--eval_only'))
-    printed = capsys.readouterr().out
-    logged = read_log(trained)[-1]['test_acc']
-    assert acc == logged                                            # the same weights, the same test set
-    assert f"test accuracy {logged:.4f} ({round(logged * 33)}/33)" in printed
-    assert Path(trained, 'log.jsonl').read_text() == before   # eval does not touch the training log
-    assert read_log(trained, 'eval.jsonl')[-1]['test_acc'] == acc
+    assert acc == read_log(trained)[-1]['test_acc']                 # the same weights, the same test set
+    assert Path(trained, 'log.jsonl').read_text() == before         # eval does not touch the training log
     best = train_vit.main([f'--out_dir={trained}', '--init_from=best', '--eval_only', '--device=cpu',
                            '--viz_images=0'])                     # no --dataset or --data_dir: the checkpoint's
-    assert best == read_log(trained, 'eval.jsonl')[-1]['test_acc']
+    assert best == load_checkpoint(os.path.join(trained, 'best.pt'))['best_acc']
 
 
 @pytest.mark.slow
@@ -211,8 +203,8 @@ def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_pa
     p = start('train_vit.py', base_args(data, out, '--epochs=1'), out, torchrun=3)
     stdout, stderr = p.communicate(timeout=240)
     assert p.returncode == 0, stdout[-2000:] + stderr[-3000:]
-    assert "3 x cpu" in stdout and "2 steps of 3 x 16 per epoch" in stdout
-    assert stdout.count('epoch 1/1: test loss') == 1                # rank 0 alone logs
+    assert weights(out)['step'] == 2                                 # 22 images a rank, batches of 16
+    assert stdout.count('test acc') == 1                            # rank 0 alone talks
     row = read_log(out)[-1]
     assert row['test_images'] == 33                                 # 11 + 11 + 11: every image once
     # one process on the saved weights gets the same accuracy: the all-reduce added the right counts
@@ -230,12 +222,10 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data, tmp_p
     os.kill(rank_pid(p.pid, 1), signal.SIGTERM)
     _, stderr = p.communicate(timeout=240)
     ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
-    where = f"step {ck['step']} (epoch {ck['step'] / 2:.2f})"
-    # where the signal lands at the end of an epoch, that epoch's checkpoint is already the one to resume from
-    said = (f'interrupted (on another rank) at {where}: saved {out}/ckpt.pt',
-            f'interrupted (on another rank) at {where}; the last good checkpoint is {out}/ckpt.pt')
-    assert any(m in stderr for m in said), stderr[-3000:]
-    assert 'resume with: torchrun --standalone --nproc_per_node=2 ' in stderr
+    # the step rank 0 saved is the one it names; the command resumes both processes
+    assert f"step {ck['step']} " in stderr, stderr[-3000:]
+    assert any('torchrun --standalone --nproc_per_node=2 ' in line and '--init_from=resume' in line
+               for line in stderr.splitlines()), stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -393,10 +383,14 @@ def test_paper_shapes_get_cifar_patches_and_the_dataset_classes():
     assert c.drop_path == 0.2
 
 
-def test_compression_chart_has_a_bar_per_layer():
-    lines = train_vit.compression_chart([4.0, 3.0, 2.0], 16, width=8)
-    assert len(lines) == 5 and lines[1].count('█') == 8 and lines[3].count('█') == 4
-    assert '-50.0%' in lines[-1]
+def test_each_evaluation_charts_a_bar_per_tssa_layer(data, tmp_path, capsys):
+    train_vit.main(base_args(data, str(tmp_path), '--epochs=2', '--max_steps=1', '--viz_images=0'))
+    bars = [line for line in capsys.readouterr().out.splitlines() if '█' in line]
+    values = [r['compression'] for r in read_log(str(tmp_path), kind='eval')]
+    assert len(bars) == 8                                           # 4 layers, 2 evaluations
+    # the longest bar is the largest value's, and the bars' lengths follow the values
+    for chart, v in zip((bars[:4], bars[4:]), values):
+        assert [round(32 * x / max(v)) for x in v] == [line.count('█') for line in chart]
 
 
 # -----------------------------------------------------------------------------
@@ -412,20 +406,21 @@ def vit_checkpoint_with_10_classes(path):
     assert cfg.num_classes == 10
     from dataclasses import asdict
     torch.save({'model': tost.ViT(cfg).state_dict(), 'optimizer': {}, 'model_args': asdict(cfg), 'kind': 'vit',
-                'format': 2, 'step': 4, 'epoch': 1, 'best_acc': 0.5, 'config': {'model': 'tost-cifar-tiny'}, 'meta': {}}, path)
+                'format': 2, 'step': 4, 'epoch': 1, 'best_acc': 0.5, 'config': {'model': 'tost-cifar-tiny', 'attn': 'tssa', 'lpi': False},
+                'meta': {}}, path)
 
 
-@pytest.mark.parametrize('case, extra, message', [
-    ('not prepared', ['--dataset=cifar10'], 'run: python prepare_data.py cifar10 --data_dir='),
-    ('30x30 images', ['--dataset=synth30'], 'image size 30 is not divisible by patch_size 4'),
-    ('text dataset', ['--dataset=text'], 'holds text, not images; pick another dataset or --data_dir'),
-    ('gpt checkpoint', ['--init_from=resume'], 'is a language-model checkpoint (train_gpt.py), not a vision one'),
-    ('class mismatch', ['--init_from=resume'], 'was trained on 10 classes of 3-channel images, synth has 3'),
-    ('attn mismatch', ['--init_from=resume', '--attn=softmax'], 'ckpt.pt holds a model with attn=tssa; drop --attn'),
-    ('unknown key', ['--batchsize=3'], 'unknown option --batchsize'),
-    ('wrong type', ['--epochs=two'], "--epochs expects int, got 'two'"),
+@pytest.mark.parametrize('case, extra, named', [
+    ('not prepared', ['--dataset=cifar10'], 'prepare_data.py cifar10'),
+    ('30x30 images', ['--dataset=synth30'], 'synth30'),
+    ('text dataset', ['--dataset=text'], 'text'),
+    ('gpt checkpoint', ['--init_from=resume'], 'train_gpt.py'),
+    ('class mismatch', ['--init_from=resume'], 'synth'),
+    ('attn mismatch', ['--init_from=resume', '--attn=softmax'], '--attn'),
+    ('unknown key', ['--batchsize=3'], '--batchsize'),
+    ('wrong type', ['--epochs=two'], '--epochs'),
 ])
-def test_mistakes_end_in_one_line(data, tmp_path, case, extra, message):
+def test_mistakes_end_in_one_line(data, tmp_path, case, extra, named):
     make_dataset(data, 'synth30', size=30, n_train=4, n_test=4)
     make_dataset(data, 'text', kind='text', n_train=4, n_test=4)
     out = tmp_path / 'out'
@@ -436,25 +431,40 @@ def test_mistakes_end_in_one_line(data, tmp_path, case, extra, message):
         vit_checkpoint_with_10_classes(out / 'ckpt.pt')
     r = run_cli('train_vit.py', *base_args(data, str(out), '--epochs=1'), *extra)
     assert r.returncode == 2, r.stderr
-    assert 'Traceback' not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert r.stderr.startswith('error: ') and message in r.stderr, r.stderr
+    one_line_error(r.stderr, named)
     assert not os.path.exists(out / 'log.jsonl')                   # failed before anything was written
 
 
+def test_a_model_name_is_checked_before_the_data_is_asked_for(tmp_path):
+    """--model=nosuch where CIFAR-10 is not prepared: the name is the mistake said, not the download."""
+    r = run_cli('train_vit.py', '--model=nosuch', f'--data_dir={tmp_path}/data', f'--out_dir={tmp_path}/out')
+    assert r.returncode == 2
+    one_line_error(r.stderr, '--model')
+    assert not os.listdir(tmp_path)
+
+
 def test_config_mistakes_in_process(data, tmp_path):
-    """The checks that need no subprocess: same UsageError path as the command line."""
+    """The checks that need no subprocess: a UsageError naming the option (the handler makes it one line)."""
     out = str(tmp_path)
-    for extra, message in ((['--eval_only'], '--eval_only needs a checkpoint'),
-                           (['--model=tost-demo'], 'not a vision preset'),
-                           (['--attn=linear'], "unknown attn 'linear'; choose one of tssa, softmax"),
-                           (['--viz_layer=9'], 'the model has 4 TSSA layers'),
-                           (['--batch_size=0'], '--batch_size must be positive'),
-                           (['--drop_path=1'], '--drop_path must be in [0, 1), got 1.0'),
-                           (['--beta1=-0.1'], '--beta1 must be in [0, 1), got -0.1'),
-                           (['--min_lr=0.1'], '--min_lr=0.1 is above --learning_rate=0.001: the cosine would climb'),
-                           (['--init_from=nowhere.pt'], 'no checkpoint at nowhere.pt')):
-        with pytest.raises(UsageError, match=re.escape(message)):
+    for extra, named in ((['--eval_only'], '--eval_only'),
+                         (['--model=tost-demo'], '--model'),
+                         (['--attn=linear'], '--attn'),
+                         (['--viz_layer=9'], '--viz_layer'),
+                         (['--batch_size=0'], '--batch_size'),
+                         (['--drop_path=1'], '--drop_path'),
+                         (['--beta1=-0.1'], '--beta1'),
+                         (['--learning_rate=inf'], '--learning_rate'),
+                         (['--init_from=nowhere.pt'], 'nowhere.pt')):
+        with pytest.raises(UsageError, match=re.escape(named)):
             train_vit.main(base_args(data, out, *extra))
+    assert not os.listdir(out)
+
+
+def test_a_learning_rate_below_min_lr_is_the_floor_too(data, tmp_path):
+    """The cosine never climbs: --learning_rate=1e-6 under the default --min_lr=1e-5 stays at 1e-6."""
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--epochs=2', '--max_steps=2', '--viz_images=0', '--learning_rate=1e-6'))
+    assert {r['lr'] for r in read_log(out, kind='train')} == {1e-6}
 
 
 def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch, capsys):
@@ -469,9 +479,7 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, mon
 
     monkeypatch.setattr(tost.ViT, 'forward', nan_from_step_7)
     assert exits(train_vit.main, base_args(data, out, '--epochs=2', '--viz_images=0')) == 3
-    line = one_line_error(capsys.readouterr().err)
-    assert line.startswith('error: the training loss is nan at step 8: training diverged; stopped without '
-                           f'saving, the last good checkpoint is {out}/ckpt.pt (step 4)'), line
+    one_line_error(capsys.readouterr().err, 'step 8')
     assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['step'] == 4
 
 
@@ -481,8 +489,7 @@ def test_out_of_memory_is_one_line_with_advice(data, tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(tost.ViT, 'forward', oom)
     assert exits(train_vit.main, base_args(data, str(tmp_path), '--epochs=1')) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ['error: out of memory at step 0 with batch_size=16 on cpu; try --batch_size=8'], err
+    one_line_error(capsys.readouterr().err, '--batch_size=8')
 
 
 def test_a_picture_that_cannot_be_drawn_does_not_stop_training(data, tmp_path, monkeypatch, capsys):
@@ -493,34 +500,29 @@ def test_a_picture_that_cannot_be_drawn_does_not_stop_training(data, tmp_path, m
 
     monkeypatch.setattr(plot, 'vision_maps', broken)
     assert train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--max_steps=1')) >= 0
-    assert 'could not draw the maps (OSError: [Errno 28] No space left on device); training goes on' in \
-        capsys.readouterr().out
+    assert 'No space left on device' in capsys.readouterr().out
     assert os.path.isfile(tmp_path / 'ckpt.pt')
 
 
-def test_a_run_from_weights_is_that_model_and_takes_a_new_drop_path(data, trained, tmp_path, capsys):
-    """From best.pt with no --model: the log and checkpoint name the checkpoint's model (not the default
-    tost-cifar), --drop_path applies, and a warmup as long as the run is noted."""
+def test_a_run_from_weights_is_that_model_and_takes_a_new_drop_path(data, trained, tmp_path):
+    """From best.pt with no --model: the checkpoint names the checkpoint's model (not the default
+    tost-cifar), and --drop_path applies."""
     out = str(tmp_path)
     train_vit.main([f'--data_dir={data}', '--dataset=synth', f'--out_dir={out}', f"--init_from={trained}/best.pt",
                     '--drop_path=0.3', '--epochs=1', '--max_steps=1', '--batch_size=16', '--device=cpu',
                     '--viz_images=0', '--compression_images=0'])
-    printed = capsys.readouterr().out
-    assert 'tost-cifar-tiny (tssa, 4 layers' in printed
-    assert 'note: the warmup (5 epochs) is as long as the run (1): the learning rate never reaches' in printed
     ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
     assert ckpt['config']['model'] == 'tost-cifar-tiny' and ckpt['model_args']['drop_path'] == 0.3
     assert ckpt['config']['drop_path'] == 0.3 and load_checkpoint(f'{trained}/best.pt')['model_args']['drop_path'] == 0.1
     train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=2', '--model=tost-cifar-tiny'])
 
 
-def test_a_resume_with_another_batch_size_goes_on_at_the_same_epoch(data, tmp_path, capsys):
+def test_a_resume_with_another_batch_size_goes_on_at_the_same_epoch(data, tmp_path):
     """Steps per epoch change with the batch size (or the process count): the resume goes on from the epochs
     done, not from the old step count read in the new unit."""
     out = str(tmp_path)
     train_vit.main(base_args(data, out, '--epochs=1', '--viz_images=0'))                 # 4 steps of 16
     train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=2', '--batch_size=32'])   # 2 steps of 32
-    assert f'resuming {out}/ckpt.pt at step 2 (epoch 1, best test accuracy' in capsys.readouterr().out
     ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
     assert (ckpt['step'], ckpt['epoch']) == (4, 2)
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2]
@@ -552,18 +554,16 @@ def test_best_pt_is_written_even_when_the_accuracy_is_zero(data, tmp_path, monke
     assert load_checkpoint(os.path.join(out, 'best.pt'))['best_acc'] == 0.0
 
 
-def test_a_resume_past_its_epochs_has_nothing_to_do(trained, tmp_path, capsys):
-    shutil.copytree(trained, tmp_path / 'run')
-    train_vit.main(['--init_from=resume', f"--out_dir={tmp_path / 'run'}", '--device=cpu'])
-    assert 'nothing to do: the checkpoint is at step 8 (epoch 2) of --epochs=2; raise --epochs' in \
-        capsys.readouterr().out
+def test_a_resume_past_its_epochs_has_nothing_to_do(trained, tmp_path):
+    run = tmp_path / 'run'
+    shutil.copytree(trained, run)
+    train_vit.main(['--init_from=resume', f"--out_dir={run}", '--device=cpu'])
+    assert read_log(run) == read_log(trained)                        # no new row
+    assert (run / 'ckpt.pt').read_bytes() == Path(trained, 'ckpt.pt').read_bytes()
 
 
-def test_a_batch_larger_than_the_data_is_the_data(data, tmp_path, capsys):
+def test_a_batch_larger_than_the_data_is_the_data(data, tmp_path):
     train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--batch_size=100000', '--viz_images=0'))
-    out = capsys.readouterr().out
-    assert 'note: --batch_size=100000 is more than the 64 training images of each of the 1 process(es): batches ' \
-        'of 64' in out and '| 1 steps of 1 x 64 per epoch' in out
     assert [r['step'] for r in read_log(str(tmp_path), kind='eval')] == [1]
 
 
