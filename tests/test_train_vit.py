@@ -18,8 +18,8 @@ import torch
 
 import tost
 import train_vit
-from test_train_gpt import (count_syncs, exits, one_line_error, rank_pid, read_log, run_cli, same_state, start,
-                            wait_for, weights)
+from test_train_gpt import (count_syncs, exits, in_process, one_line_error, rank_pid, read_log, run_cli,
+                            same_state, start, wait_for, weights)
 from options import UsageError
 from train_common import load_checkpoint
 
@@ -420,7 +420,7 @@ def vit_checkpoint_with_10_classes(path):
     ('unknown key', ['--batchsize=3'], '--batchsize'),
     ('wrong type', ['--epochs=two'], '--epochs'),
 ])
-def test_mistakes_end_in_one_line(data, tmp_path, case, extra, named):
+def test_mistakes_end_in_one_line(data, tmp_path, capsys, case, extra, named):
     make_dataset(data, 'synth30', size=30, n_train=4, n_test=4)
     make_dataset(data, 'text', kind='text', n_train=4, n_test=4)
     out = tmp_path / 'out'
@@ -429,9 +429,9 @@ def test_mistakes_end_in_one_line(data, tmp_path, case, extra, named):
         gpt_checkpoint(out / 'ckpt.pt')
     if case in ('class mismatch', 'attn mismatch'):
         vit_checkpoint_with_10_classes(out / 'ckpt.pt')
-    r = run_cli('train_vit.py', *base_args(data, str(out), '--epochs=1'), *extra)
-    assert r.returncode == 2, r.stderr
-    one_line_error(r.stderr, named)
+    r = in_process(capsys, train_vit.main, *base_args(data, str(out), '--epochs=1'), *extra)
+    assert r.code == 2, r.err
+    one_line_error(r.err, named)
     assert not os.path.exists(out / 'log.jsonl')                   # failed before anything was written
 
 
