@@ -340,10 +340,10 @@ def main(argv=None):
     seed = cfg['seed']
     out_dir = cfg['out_dir']
 
-    shape = f"{config.attn}{' + lpi' if config.lpi else ''}, {config.n_layer} layers, {config.n_embd} wide"
-    say(f"{cfg['model']} ({shape}): {raw_model.get_num_params() / 1e6:.2f}M params | {len(x_train)} train, "
-        f"{len(x_test)} test images | {dist.world_size} x {device} {dtype} ({why}) | {steps_per_epoch} steps "
-        f"of {dist.world_size} x {batch_size} per epoch")
+    params = raw_model.get_num_params()
+    say(f"{cfg['model']}, {config.attn}{' + lpi' * config.lpi}: {params / 1e6:.2f}M parameters | "
+        f"{dist.world_size} x {device}, {dtype} ({why}) | {steps_per_epoch} steps of {dist.world_size} x "
+        f"{batch_size} images an epoch")
     if resume:
         say(f"resuming {path} at step {step} (epoch {step / steps_per_epoch:g} of {epochs})")
     if warmup >= total:
@@ -355,7 +355,7 @@ def main(argv=None):
     # The log keeps the rows up to the epochs done.
     if master:
         start_log(out_dir, 'epoch', ckpt['epoch'] if resume else None)
-        log_row(out_dir, {'kind': 'config', **cfg, 'dtype': dtype, 'params': raw_model.get_num_params()})
+        log_row(out_dir, {'kind': 'config', **cfg, 'dtype': dtype, 'params': params})
 
     # -------------------------------------------------------------------------
     # the loop: at each epoch's end the test set and the checkpoints, then a step, then a log row
