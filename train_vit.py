@@ -340,8 +340,8 @@ def main(argv=None):
     seed = cfg['seed']
     out_dir = cfg['out_dir']
 
-    params = raw_model.get_num_params()
-    say(f"{cfg['model']}, {config.attn}{' + lpi' * config.lpi}: {params / 1e6:.2f}M parameters | "
+    n_params = raw_model.get_num_params()
+    say(f"{cfg['model']}, {config.attn}{' + lpi' * config.lpi}: {n_params / 1e6:.2f}M parameters | "
         f"{dist.world_size} x {device}, {dtype} ({why}) | {steps_per_epoch} steps of {dist.world_size} x "
         f"{batch_size} images an epoch")
     if resume:
@@ -355,7 +355,7 @@ def main(argv=None):
     # The log keeps the rows up to the epochs done.
     if master:
         start_log(out_dir, 'epoch', ckpt['epoch'] if resume else None)
-        log_row(out_dir, {'kind': 'config', **cfg, 'dtype': dtype, 'params': params})
+        log_row(out_dir, {'kind': 'config', **cfg, 'dtype': dtype, 'params': n_params})
 
     # -------------------------------------------------------------------------
     # the loop: at each epoch's end the test set and the checkpoints, then a step, then a log row
