@@ -211,7 +211,7 @@ def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_pa
     stdout, stderr = p.communicate(timeout=240)
     assert p.returncode == 0, stdout[-2000:] + stderr[-3000:]
     assert weights(out)['step'] == 2                                 # 22 images a rank, batches of 16
-    assert stdout.count('test acc') == 1                            # rank 0 alone talks
+    assert stdout.count('test loss') == 1                           # rank 0 alone talks
     row = read_log(out)[-1]
     assert row['test_images'] == 33                                 # 11 + 11 + 11: every image once
     # one process on the saved weights gets the same accuracy: the all-reduce added the right counts
