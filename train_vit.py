@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 import readers
 import tost
-from options import UsageError, parse, say
+from options import UsageError, fail, parse, say
 from train_common import (any_rank, autocast, cosine_lr, draw_loss, human, load_checkpoint, load_weights,
                           log_row, make_out_dir, mean_loss, optimizer_for, resolve_dtype, resume_command,
                           save_checkpoint, seed_of, setup_distributed, start_log, stop_signals, teardown,
@@ -258,7 +258,9 @@ def main(argv=None):
     # -------------------------------------------------------------------------
     # a checkpoint: a resume goes on as it was, an evaluation tests on the data the model learned from
     # A resume holds its folder before it reads the checkpoint there: another run's folder is refused as such.
-    lock = make_out_dir(cfg['out_dir'], [], False, False, master) if resume else None
+    lock = None
+    if resume and os.path.isdir(cfg['out_dir']):
+        lock = make_out_dir(cfg['out_dir'], [], False, False, master)
     ckpt = None
     if path:
         ckpt = load_checkpoint(path, device, 'vit', needs=('model', 'optimizer', 'config'))
@@ -278,6 +280,11 @@ def main(argv=None):
     # The dtype is the run's: a resume's is its checkpoint's, unless set.
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
     ctx = autocast(device, dtype)
+    learning_rate = cfg['learning_rate']
+    # AdamW's decay multiplies the weights by 1 - lr x weight_decay a step: at 0 or below it erases them.
+    if learning_rate * cfg['weight_decay'] >= 1:
+        raise UsageError(f"--weight_decay={cfg['weight_decay']:g} times --learning_rate={learning_rate:g} is "
+                         f"1 or more: each step would erase the weights; 0.05 is usual")
 
     # -------------------------------------------------------------------------
     # data: every image on the device as uint8; the test images also standardized, once
@@ -330,7 +337,6 @@ def main(argv=None):
     step = round(ckpt['epoch'] * steps_per_epoch) if resume else 0
     best_acc = ckpt['best_acc'] if resume else -1.0
     model = wrap(raw_model, dist, cfg['compile'])
-    learning_rate = cfg['learning_rate']
     # A learning rate below --min_lr ends the cosine at itself: a schedule that never climbs.
     min_lr = min(cfg['min_lr'], learning_rate)
     grad_clip = cfg['grad_clip']
@@ -350,8 +356,7 @@ def main(argv=None):
         say(f"note: the warmup ({cfg['warmup_epochs']:g} epochs) is as long as the run ({epochs}): the "
             f"learning rate never reaches --learning_rate")
     # A new run holds its folder from here on (its checkpoint, if any, is read: --overwrite may delete it).
-    if not resume:
-        lock = make_out_dir(out_dir, [ckpt_path, best_path], cfg['overwrite'], True, master)
+    lock = lock or make_out_dir(out_dir, [ckpt_path, best_path], cfg['overwrite'], not resume, master)
     # The log keeps the rows up to the epochs done.
     if master:
         start_log(out_dir, 'epoch', ckpt['epoch'] if resume else None)
@@ -368,103 +373,97 @@ def main(argv=None):
     seen = 0
     t_start = time.time()
     t_row = t_start
-    try:
-        with stop_signals('step', master) as signals:
-            while True:
-                epoch, i = divmod(step, steps_per_epoch)
-                end_of_epoch = i == 0 and step > 0
-                improved = False
-                if end_of_epoch and step != saved and (epoch % eval_interval == 0 or step == total):
-                    acc, test_loss, count = evaluate(eval_model, x_test, y_test, batch_size, ctx, dist)
-                    improved = acc > best_acc
-                    best_acc = max(best_acc, acc)
-                    say(f"epoch {epoch}/{epochs}: test loss {test_loss:.4f}, test acc {acc:.4f} "
-                        f"(best {best_acc:.4f})")
-                    row = dict(kind='eval', step=step, epoch=epoch, test_loss=test_loss, test_acc=acc,
-                               best_acc=best_acc, test_images=count)
-                    # R^var_c of each TSSA layer (none for softmax), the pictures, the log row: rank 0's.
-                    if master:
-                        log_row(out_dir, dict(row, **look_inside(raw_model, *look)))
-                    drawing = master and drawing and draw_loss(out_dir)
-                # Saved at each epoch's end, and where a stop was asked.
-                if (end_of_epoch or stop) and step != saved:
-                    checkpoint = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
-                                      scaler=scaler.state_dict(), model_args=asdict(config), kind='vit',
-                                      format=2, step=step, epoch=step / steps_per_epoch,
-                                      best_acc=best_acc, config=cfg, meta=meta)
-                    save_checkpoint(checkpoint, [ckpt_path] + [best_path] * improved, dist)
-                    saved = step
-                    # Evaluating and saving is not training time.
-                    t_row = time.time()
-                if step >= total:
-                    break
-                if stop:
-                    if master:
-                        print(f"interrupted ({signals[0] if signals else 'on another rank'}) at step {step} "
-                              f"(epoch {step / steps_per_epoch:.2f}): saved {ckpt_path}", file=sys.stderr)
-                        print(resume_command('train_vit.py', cfg, set_keys, DEFAULTS), file=sys.stderr)
-                    teardown(dist)
-                    sys.exit(130)
-
-                # One optimizer step on this rank's next batch of images, augmented on the device.
-                if shard is None or i == 0:
-                    shard = train_shard(len(x_train), seed, epoch, dist.rank, dist.world_size).to(device)
-                # The augmentation and drop-path draw from a seed of the step: a resume draws them again.
-                torch.manual_seed(seed_of(seed, epoch, i, dist.rank))
-                lr = cosine_lr(step, learning_rate, min_lr, warmup, total)
-                for group in optimizer.param_groups:
-                    group['lr'] = lr
-                idx = shard[i * batch_size:(i + 1) * batch_size]
-                x = (random_crop_flip(x_train[idx]).float() / 255 - mean) / std
-                with ctx:
-                    logits = model(x)
-                loss = F.cross_entropy(logits.float(), y_train[idx], label_smoothing=label_smoothing)
-                scaler.scale(loss).backward()
-                if grad_clip > 0:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(params, grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                since_row += 1
-                seen += len(idx)
-                loss_sum += loss.detach()
-
-                # Ctrl-C or SIGTERM on any rank: every rank stops at the next turn, at the same step.
-                stop = any_rank(bool(signals), dist)
-                row_due = step % log_interval == 0 or step % steps_per_epoch == 0
-                if not row_due and not stop:
-                    continue
-                # The mean loss since the last row; a stop reads it too, not to save a model that diverged.
-                train_loss = mean_loss(loss_sum, since_row, dist)
-                if not math.isfinite(train_loss):
-                    if master:
-                        print(f"error: the training loss is {train_loss} at step {step}: training diverged; "
-                              f"stopped without saving over {ckpt_path} (step {saved}); try a lower "
-                              f"--learning_rate or --grad_clip", file=sys.stderr)
-                    teardown(dist)
-                    sys.exit(3)
-                if not row_due:
-                    continue
-                dt = (time.time() - t_row) / since_row
-                row = dict(kind='train', step=step, epoch=step / steps_per_epoch, train_loss=train_loss,
-                           lr=lr, img_per_s=seen * dist.world_size / (dt * since_row), ms_per_step=1000 * dt)
-                say(f"step {step}/{total} (epoch {row['epoch']:.2f}): loss {train_loss:.4f}, lr {lr:.1e}, "
-                    f"{row['img_per_s']:,.0f} img/s, {1000 * dt:.1f} ms/step, "
-                    f"eta {human((total - step) * dt)}")
+    with stop_signals('step', master) as signals:
+        while True:
+            epoch, i = divmod(step, steps_per_epoch)
+            end_of_epoch = i == 0 and step > 0
+            improved = False
+            if end_of_epoch and step != saved and (epoch % eval_interval == 0 or step == total):
+                acc, test_loss, count = evaluate(eval_model, x_test, y_test, batch_size, ctx, dist)
+                improved = acc > best_acc
+                best_acc = max(best_acc, acc)
+                say(f"epoch {epoch}/{epochs}: test loss {test_loss:.4f}, test acc {acc:.4f} "
+                    f"(best {best_acc:.4f})")
+                row = dict(kind='eval', step=step, epoch=epoch, test_loss=test_loss, test_acc=acc,
+                           best_acc=best_acc, test_images=count)
+                # R^var_c of each TSSA layer (none for softmax), the pictures, the log row: rank 0's.
                 if master:
-                    log_row(out_dir, row)
-                loss_sum = torch.zeros((), device=device)
-                since_row = 0
-                seen = 0
+                    log_row(out_dir, dict(row, **look_inside(raw_model, *look)))
+                drawing = master and drawing and draw_loss(out_dir)
+            # Saved at each epoch's end, and where a stop was asked.
+            if (end_of_epoch or stop) and step != saved:
+                checkpoint = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
+                                  scaler=scaler.state_dict(), model_args=asdict(config), kind='vit',
+                                  format=2, step=step, epoch=step / steps_per_epoch,
+                                  best_acc=best_acc, config=cfg, meta=meta)
+                save_checkpoint(checkpoint, [ckpt_path] + [best_path] * improved, dist)
+                saved = step
+                # Evaluating and saving is not training time.
                 t_row = time.time()
-    finally:
-        if lock:
-            lock.close()
+            if step >= total:
+                break
+            if stop:
+                if master:
+                    print(f"interrupted ({signals[0] if signals else 'on another rank'}) at step {step} "
+                          f"(epoch {step / steps_per_epoch:.2f}): saved {ckpt_path}", file=sys.stderr)
+                    print(resume_command('train_vit.py', cfg, set_keys, DEFAULTS), file=sys.stderr)
+                teardown(dist, lock)
+                sys.exit(130)
+
+            # One optimizer step on this rank's next batch of images, augmented on the device.
+            if shard is None or i == 0:
+                shard = train_shard(len(x_train), seed, epoch, dist.rank, dist.world_size).to(device)
+            # The augmentation and drop-path draw from a seed of the step: a resume draws them again.
+            torch.manual_seed(seed_of(seed, epoch, i, dist.rank))
+            lr = cosine_lr(step, learning_rate, min_lr, warmup, total)
+            for group in optimizer.param_groups:
+                group['lr'] = lr
+            idx = shard[i * batch_size:(i + 1) * batch_size]
+            x = (random_crop_flip(x_train[idx]).float() / 255 - mean) / std
+            with ctx:
+                logits = model(x)
+            loss = F.cross_entropy(logits.float(), y_train[idx], label_smoothing=label_smoothing)
+            scaler.scale(loss).backward()
+            if grad_clip > 0:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            since_row += 1
+            seen += len(idx)
+            loss_sum += loss.detach()
+
+            # Ctrl-C or SIGTERM on any rank: every rank stops at the next turn, at the same step.
+            stop = any_rank(bool(signals), dist)
+            row_due = step % log_interval == 0 or step % steps_per_epoch == 0
+            if not row_due and not stop:
+                continue
+            # The mean loss since the last row; a stop reads it too, not to save a model that diverged.
+            train_loss = mean_loss(loss_sum, since_row, dist)
+            if not math.isfinite(train_loss):
+                teardown(dist, lock)
+                fail(f"the training loss is {train_loss} at step {step}: training diverged; stopped without "
+                     f"saving (a checkpoint on disk is kept); try a lower --learning_rate or --weight_decay, "
+                     f"or --grad_clip", 3)
+            if not row_due:
+                continue
+            dt = (time.time() - t_row) / since_row
+            row = dict(kind='train', step=step, epoch=step / steps_per_epoch, train_loss=train_loss,
+                       lr=lr, img_per_s=seen * dist.world_size / (dt * since_row), ms_per_step=1000 * dt)
+            say(f"step {step}/{total} (epoch {row['epoch']:.2f}): loss {train_loss:.4f}, lr {lr:.1e}, "
+                f"{row['img_per_s']:,.0f} img/s, {1000 * dt:.1f} ms/step, "
+                f"eta {human((total - step) * dt)}")
+            if master:
+                log_row(out_dir, row)
+            loss_sum = torch.zeros((), device=device)
+            since_row = 0
+            seen = 0
+            t_row = time.time()
     say(f"done: best test accuracy {best_acc:.4f} in {human(time.time() - t_start)}; checkpoints in "
         f"{out_dir}")
-    teardown(dist)
+    teardown(dist, lock)
     return best_acc
 
 

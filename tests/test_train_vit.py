@@ -467,6 +467,7 @@ def test_config_mistakes_in_process(data, tmp_path):
                          (['--drop_path=1'], '--drop_path'),
                          (['--beta1=-0.1'], '--beta1'),
                          (['--learning_rate=inf'], '--learning_rate'),
+                         (['--weight_decay=1e30'], '--weight_decay'),
                          (['--init_from=nowhere.pt'], 'nowhere.pt')):
         with pytest.raises(UsageError, match=re.escape(named)):
             train_vit.main(base_args(data, out, *extra))
