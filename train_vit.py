@@ -93,18 +93,13 @@ MACHINE_KEYS = ('device', 'compile', 'out_dir', 'init_from', 'eval_only', 'overw
 
 def random_crop_flip(x, pad=4):
     """x (B, C, H, W) uint8 -> the same shape: zero-pad by `pad`, cut an H x W window at a random offset from
-    each image, mirror half of them. One gather on the device: a window's rows and columns are index vectors,
-    which a flip reads backwards."""
+    each image, mirror half of them. Every window of every image is a view; one gather picks an image's."""
     B, C, H, W = x.shape
-    shift = torch.randint(0, 2 * pad + 1, (2, B, 1, 1), device=x.device)
-    rows = shift[0] + torch.arange(H, device=x.device).view(H, 1)               # (B, H, 1)
-    cols = shift[1] + torch.arange(W, device=x.device)                          # (B, 1, W)
-    flip = torch.rand(B, 1, 1, device=x.device) < 0.5
-    cols = torch.where(flip, cols.flip(-1), cols)
-    batch = torch.arange(B, device=x.device).view(B, 1, 1)
-    # The three index tensors broadcast to (B, H, W), which comes first; the channels follow.
-    crops = F.pad(x, (pad,) * 4)[batch, :, rows, cols]                         # (B, H, W, C)
-    return crops.permute(0, 3, 1, 2)
+    windows = F.pad(x, (pad,) * 4).unfold(2, H, 1).unfold(3, W, 1)           # (B, C, 2pad+1, 2pad+1, H, W)
+    shift = torch.randint(0, 2 * pad + 1, (2, B), device=x.device)
+    crops = windows[torch.arange(B, device=x.device), :, shift[0], shift[1]]   # (B, C, H, W)
+    flip = torch.rand(B, 1, 1, 1, device=x.device) < 0.5
+    return torch.where(flip, crops.flip(-1), crops)
 
 
 def train_shard(n, seed, epoch, rank, world_size):
@@ -313,14 +308,13 @@ def main(argv=None):
     # ranks run different numbers of test batches.
     eval_model = torch.compile(raw_model, dynamic=False) if cfg['compile'] else raw_model
     batch_size = cfg['batch_size']
-    look = (x_test, test_images, y_test, cfg, meta['classes'])
 
     if eval_only:
         acc, test_loss, count = evaluate(eval_model, x_test, y_test, batch_size, ctx, dist)
         say(f"{path} (epoch {ckpt['epoch']:g}): test accuracy {acc:.4f} ({round(acc * count)}/{count}), "
             f"test loss {test_loss:.4f}")
         if master:
-            look_inside(raw_model, *look)
+            look_inside(raw_model, x_test, test_images, y_test, cfg, meta['classes'])
         teardown(dist)
         return acc
 
@@ -388,7 +382,8 @@ def main(argv=None):
                            best_acc=best_acc, test_images=count)
                 # R^var_c of each TSSA layer (none for softmax), the pictures, the log row: rank 0's.
                 if master:
-                    log_row(out_dir, dict(row, **look_inside(raw_model, *look)))
+                    row.update(look_inside(raw_model, x_test, test_images, y_test, cfg, meta['classes']))
+                    log_row(out_dir, row)
                 drawing = master and drawing and draw_loss(out_dir)
             # Saved at each epoch's end, and where a stop was asked.
             if (end_of_epoch or stop) and step != saved:
