@@ -18,8 +18,8 @@ import torch
 
 import tost
 import train_vit
-from test_train_gpt import (count_syncs, exits, in_process, one_line_error, rank_pid, read_log, run_cli,
-                            same_state, start, wait_for, weights)
+from test_train_gpt import (count_syncs, exits, in_process, one_line_error, rank_pid, read_log, same_state,
+                            start, wait_for, weights)
 from options import UsageError
 from train_common import load_checkpoint
 
@@ -82,7 +82,7 @@ def trained(data, tmp_path_factory):
     return out
 
 
-def test_a_few_steps_lower_the_loss(data, tmp_path):
+def test_a_few_steps_lower_the_loss(data, tmp_path, capsys):
     out = str(tmp_path)
     train_vit.main(base_args(data, out, '--epochs=3', '--max_steps=3'))
     steps, rows = read_log(out, kind='train'), read_log(out, kind='eval')
@@ -97,6 +97,9 @@ def test_a_few_steps_lower_the_loss(data, tmp_path):
     comp = [r['compression'] for r in rows]
     assert all(len(c) == 4 for c in comp)                      # one value per TSSA layer
     assert all(math.isfinite(v) and v > 0 for c in comp for v in c)
+    # and printed as a bar per layer: the longest is the largest value's, the others in proportion
+    bars = [line.count('█') for line in capsys.readouterr().out.splitlines() if '█' in line]
+    assert bars == [round(32 * v / max(c)) for c in comp for v in c]
 
 
 def test_resume_continues_at_the_next_epoch_with_identical_state(data, trained, tmp_path):
@@ -396,16 +399,6 @@ def test_paper_shapes_get_cifar_patches_and_the_dataset_classes():
     assert c.drop_path == 0.2
 
 
-def test_each_evaluation_charts_a_bar_per_tssa_layer(data, tmp_path, capsys):
-    train_vit.main(base_args(data, str(tmp_path), '--epochs=2', '--max_steps=1', '--viz_images=0'))
-    bars = [line for line in capsys.readouterr().out.splitlines() if '█' in line]
-    values = [r['compression'] for r in read_log(str(tmp_path), kind='eval')]
-    assert len(bars) == 8                                           # 4 layers, 2 evaluations
-    # the longest bar is the largest value's, and the bars' lengths follow the values
-    for chart, v in zip((bars[:4], bars[4:]), values):
-        assert [round(32 * x / max(v)) for x in v] == [line.count('█') for line in chart]
-
-
 # -----------------------------------------------------------------------------
 # mistakes: one line on stderr, exit 2, no traceback
 
@@ -448,18 +441,12 @@ def test_mistakes_end_in_one_line(data, tmp_path, capsys, case, extra, named):
     assert not os.path.exists(out / 'log.jsonl')                   # failed before anything was written
 
 
-def test_a_model_name_is_checked_before_the_data_is_asked_for(tmp_path):
-    """--model=nosuch where CIFAR-10 is not prepared: the name is the mistake said, not the download."""
-    r = run_cli('train_vit.py', '--model=nosuch', f'--data_dir={tmp_path}/data', f'--out_dir={tmp_path}/out')
-    assert r.returncode == 2
-    one_line_error(r.stderr, '--model')
-    assert not os.listdir(tmp_path)
-
-
 def test_config_mistakes_in_process(data, tmp_path):
-    """The checks that need no subprocess: a UsageError naming the option (the handler makes it one line)."""
+    """A UsageError naming the option (the handler makes it one line), before anything is written; a misspelt
+    --model before the data is read (here CIFAR-10, not prepared: no download is suggested)."""
     out = str(tmp_path)
     for extra, named in ((['--eval_only'], '--eval_only'),
+                         (['--model=nosuch', '--dataset=cifar10'], '--model'),
                          (['--model=tost-demo'], '--model'),
                          (['--attn=linear'], '--attn'),
                          (['--viz_layer=9'], '--viz_layer'),
