@@ -213,8 +213,8 @@ def look_inside(model, x, images, labels, cfg, classes):
     folder = os.path.join(cfg['out_dir'], 'viz')
     try:
         import plot
-        os.makedirs(folder, exist_ok=True)
         for i in range(v):
+            os.makedirs(folder, exist_ok=True)
             path = os.path.join(folder, f'test{i:04d}.png')
             title = f"{i}: {classes[labels[i]]}"
             plot.vision_maps(path, images[i].cpu(), seen['cls_attn'][i].cpu(), pis[i], title)
