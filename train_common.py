@@ -290,8 +290,11 @@ def setup_distributed(device_pref):
         setup_cuda(device)
     # Before the group: torch.distributed.nn binds group.WORLD as a default.
     importlib.import_module("torch.distributed.nn")
+    # The group wraps sys.excepthook to prefix its lines with [rankN]: options' one line stays as it is.
+    hook = sys.excepthook
     torch.distributed.init_process_group(backend="nccl" if cuda else "gloo",
                                          device_id=torch.device(device) if cuda else None)
+    sys.excepthook = hook
     flags = torch.distributed.new_group(backend="gloo") if cuda else None
     return Dist(True, rank, local_rank, world_size, rank == 0, device, flags)
 
