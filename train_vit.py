@@ -53,7 +53,7 @@ DEFAULTS = dict(
     epochs=100,                 # passes over the training images
     batch_size=128,             # images per step per process
     learning_rate=1e-3,         # peak
-    min_lr=1e-5,                # at the end of the cosine (or learning_rate, if lower)
+    min_lr_ratio=0.01,          # the cosine ends at learning_rate x this
     weight_decay=0.05,          # matrices only (tost.param_groups)
     beta1=0.9,                  # AdamW's first-moment decay
     beta2=0.999,                # AdamW's second-moment decay
@@ -76,9 +76,9 @@ DEFAULTS = dict(
 
 # What options.parse lets through, beside a finite number of the default's type.
 RANGES = dict(positive=('epochs', 'batch_size', 'learning_rate', 'eval_interval', 'log_interval'),
-              nonnegative=('min_lr', 'weight_decay', 'grad_clip', 'warmup_epochs', 'max_steps',
+              nonnegative=('weight_decay', 'grad_clip', 'warmup_epochs', 'max_steps',
                            'compression_images', 'viz_images'),
-              fraction=('label_smoothing', 'drop_path', 'beta1', 'beta2'),
+              fraction=('label_smoothing', 'drop_path', 'beta1', 'beta2', 'min_lr_ratio'),
               nonempty=('out_dir', 'dataset', 'data_dir'))
 
 # The names a key may take, checked with the ranges: a typo in --model is said before any data is asked for.
@@ -331,8 +331,7 @@ def main(argv=None):
     step = round(ckpt['epoch'] * steps_per_epoch) if resume else 0
     best_acc = ckpt['best_acc'] if resume else -1.0
     model = wrap(raw_model, dist, cfg['compile'])
-    # A learning rate below --min_lr ends the cosine at itself: a schedule that never climbs.
-    min_lr = min(cfg['min_lr'], learning_rate)
+    min_lr = learning_rate * cfg['min_lr_ratio']
     grad_clip = cfg['grad_clip']
     label_smoothing = cfg['label_smoothing']
     log_interval = cfg['log_interval']
