@@ -6,6 +6,7 @@ Zero-shot loss and LAMBADA accuracy of a train_gpt.py checkpoint, as the paper's
     python eval_gpt.py --datasets=python_stdlib            # any prepared text dataset's val split
     torchrun --standalone --nproc_per_node=8 eval_gpt.py --out_dir=out-owt-base   # the same numbers, faster
 """
+import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import json
 import math
 import os
@@ -16,9 +17,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from options import UsageError, parse, run_main
+from options import UsageError, parse
 import prepare_data
-from train_common import autocast, check_ranges, launch, load_gpt, resolve_dtype, sum_dtype
+from train_common import autocast, load_gpt, resolve_dtype, sum_dtype
+from train_legacy import check_ranges, launch
 
 DEFAULTS = dict(
     out_dir='out',               # the checkpoint is out_dir/ckpt.pt; results are appended to out_dir/log.jsonl
@@ -165,4 +167,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()

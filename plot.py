@@ -13,6 +13,7 @@ beside it: here they (speed.png, generation.png, language.png, vision.png, tasks
 current folder unless told; language.png and vision.png are drawn from the run folders the .json names.
 The same model has the same colour and line style in every figure (the styles survive a grey-scale print).
 """
+import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import contextlib, json, os, sys
 
 import numpy as np
@@ -20,7 +21,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
-from options import UsageError, parse, run_main
+from options import UsageError, parse
 
 # model -> (colour, line style, marker); colours from the colour-blind-safe tab10, styles for grey-scale
 STYLES = {
@@ -312,4 +313,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()

@@ -11,6 +11,7 @@ every token costs the same and --max_new_tokens may exceed the block size. The s
 text on the same device. At the end, on stderr: tokens/s over all samples. On a CPU it uses one thread
 unless OMP_NUM_THREADS is set: a second adds only about 5% to a batch of one (docs/speed.md).
 """
+import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import codecs
 import os
 import sys
@@ -18,9 +19,10 @@ import time
 
 import torch
 
-from options import UsageError, parse, run_main
+from options import UsageError, parse
 from prepare_data import get_tokenizer
-from train_common import autocast, check_out_dir, check_ranges, load_gpt, pick_device, resolve_dtype, setup_cuda
+from train_common import autocast, load_gpt, pick_device, resolve_dtype, setup_cuda
+from train_legacy import check_out_dir, check_ranges
 
 DEFAULTS = dict(
     out_dir='out',          # the folder train_gpt.py saved ckpt.pt in
@@ -104,4 +106,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()

@@ -11,6 +11,7 @@ From the repo root:
 Every model in a table gets the same budget, printed with the table. --json=PATH writes the results, and
 beside them a figure per section: language.png, vision.png (learning curves), tasks.png (the capability map).
 """
+import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import collections, json, multiprocessing, os, shlex, subprocess, sys, time
 from types import SimpleNamespace
 
@@ -19,9 +20,10 @@ import torch
 
 import plot
 import tost
-from options import parse, run_main
+from options import parse
 from tools.bench import REPO, console, run_sections, table
-from train_common import check_out_dir, cosine_lr
+from train_common import cosine_lr
+from train_legacy import check_out_dir
 
 
 def run_script(args, what):
@@ -334,4 +336,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()
