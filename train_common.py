@@ -300,8 +300,8 @@ def setup_distributed(device_pref):
 
 
 def teardown(dist, lock=None):
-    """Let go of the out_dir's `lock`, and leave the process group after the other ranks: a gloo thread left to
-    the interpreter's exit can abort a finished run. Every rank calls it at the same point."""
+    """Let go of the out_dir's `lock`, and leave the process group after the other ranks: a gloo thread left
+    to the interpreter's exit can abort a finished run. Every rank calls it at the same point."""
     if lock:
         lock.close()
     if dist.ddp and torch.distributed.is_initialized():

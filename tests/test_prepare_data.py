@@ -14,7 +14,8 @@ import options
 import prepare_data as prep
 import readers
 from options import UsageError
-from prepare_data import get_tokenizer, load_meta, prepare, read_images, read_tokens
+from prepare_data import prepare
+from readers import get_tokenizer, load_meta, read_images, read_tokens
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""

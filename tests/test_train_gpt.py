@@ -24,6 +24,7 @@ import torch
 import options
 import plot
 import prepare_data
+import readers
 import sample
 import tost
 import train_common
@@ -926,7 +927,7 @@ def test_a_resume_onto_data_of_another_tokenizer_is_one_line(data_dir, trained, 
 
 
 def test_stream_decoder_holds_back_half_characters():
-    tok = prepare_data.get_tokenizer('bytes')
+    tok = readers.get_tokenizer('bytes')
     text = 'déjà vu ✓ 😀 end'
     pieces = list(sample.decode_stream(tok, tok.encode(text)))   # a piece per token, then the rest
     assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
@@ -936,7 +937,7 @@ def test_stream_decoder_holds_back_half_characters():
     ranks[b'j\xc3'] = 256  # 'j' and the first byte of 'à': a token that ends inside a character
     enc = tiktoken.Encoding(name='tiny', pat_str=r'\S+|\s+', mergeable_ranks=ranks,
                             special_tokens={'<|endoftext|>': 257})
-    bpe = prepare_data.get_tokenizer('gpt2', encoding=enc)
+    bpe = readers.get_tokenizer('gpt2', encoding=enc)
     ids = bpe.encode(text)
     assert 256 in ids
     pieces = list(sample.decode_stream(bpe, ids))
