@@ -116,6 +116,14 @@ def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, at
     assert 'ToST-Base' in table[-3] and 'GPT-2 Base' in table[-3]
 
 
+def test_the_table_stays_aligned_for_a_long_dataset_name():
+    r = dict(tokens=1000, loss=2.5, ppl=12.18, dataset_kind='x', tokenizer='bytes')
+    names = ['a', 'a_dataset_name_longer_than_the_column_was']
+    lines = eval_gpt.table([dict(r, dataset=n) for n in names], 'model').splitlines()
+    ends = [lines[1].index('loss') + 4] + [line.index('2.5000') + 6 for line in lines[2:]]
+    assert len(ends) == 3 and len(set(ends)) == 1
+
+
 def test_each_token_is_scored_once_and_lambada_reads_the_device_once(data_dir, tmp_path, monkeypatch):
     """The model is asked for its logits, not for its mean loss beside them: that was a second cross-entropy over
     batch x block x vocab (float32: 3 GB at batch 8 on GPT-2's vocabulary). LAMBADA needs no cross-entropy at all,
@@ -129,12 +137,12 @@ def test_each_token_is_scored_once_and_lambada_reads_the_device_once(data_dir, t
         monkeypatch.setattr(torch.Tensor, name,
                             lambda self, *a, _real=real, **k: reads.append(1) or _real(self, *a, **k))
     tokens = tokens_of(data_dir, 'wikitext2')
-    _, _, n_windows = eval_gpt.split_loss(model, tokens, 32, 3, 'cpu', ctx, one)
+    _, _, n_windows = eval_gpt.split_loss(model, tokens, 32, 3, ctx, one)
     full = (len(tokens) - 1) // 32                          # full windows, 3 a batch; the short last one alone
     assert n_windows == full + 1 and len(ce) == -(-full // 3) + 1      # one cross-entropy per batch
     ce.clear(), reads.clear()
     flags, _ = eval_gpt.last_word_accuracy(model, tokens_of(data_dir, 'lambada'),
-                                           np.load(data_dir / 'lambada' / 'val_targets.npy'), 32, 3, 'cpu', ctx, one)
+                                           np.load(data_dir / 'lambada' / 'val_targets.npy'), 32, 3, ctx, one)
     assert len(flags) == len(PASSAGES) and ce == [] and len(reads) == 1
 
 
@@ -208,7 +216,7 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path, capsys):
     spans = np.load(d / 'lambada' / 'val_targets.npy')
     assert spans[5, 2] - spans[5, 0] > 17  # the long passage does not fit a window
     one = train_common.Dist(False, 0, 0, 1, True, 'cpu')
-    flags, cut = eval_gpt.last_word_accuracy(model, tokens_of(d, 'lambada'), spans, 16, 3, 'cpu',
+    flags, cut = eval_gpt.last_word_accuracy(model, tokens_of(d, 'lambada'), spans, 16, 3,
                                              train_common.autocast('cpu', 'float32'), one)
     assert flags == list(passages.values()) and cut == 1
 
