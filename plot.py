@@ -13,7 +13,10 @@ beside it: here they (speed.png, generation.png, language.png, vision.png, tasks
 current folder unless told; language.png and vision.png are drawn from the run folders the .json names.
 The same model has the same colour and line style in every figure (the styles survive a grey-scale print).
 """
-import contextlib, json, os, sys
+import contextlib
+import json
+import os
+import sys
 
 import numpy as np
 from matplotlib import colormaps
@@ -49,7 +52,8 @@ def save(fig, path):
     except (OSError, ValueError) as e:                # no such folder, a folder, read-only; an unknown format
         folder = os.path.dirname(path) or '.'
         fix = "choose another --out" if os.path.isdir(folder) else f"create {folder} first"
-        raise UsageError(f"cannot write the figure {path!r}: {getattr(e, 'strerror', None) or e}; {fix}") from None
+        why = getattr(e, 'strerror', None) or e
+        raise UsageError(f"cannot write the figure {path!r}: {why}; {fix}") from None
 
 # -----------------------------------------------------------------------------
 # learning curves
@@ -64,29 +68,37 @@ def read_run(path):
     rows = []
     with open(log) as f:
         for line in f:
-            with contextlib.suppress(ValueError):      # a line cut short (being written, or by a crash) is left out
+            # a line cut short (being written, or by a crash) is left out
+            with contextlib.suppress(ValueError):
                 rows.append(json.loads(line))
-    rows = [r for r in rows if isinstance(r, dict)]
-    cfg = next((r for r in reversed(rows) if r.get('kind') == 'config'), {})
+    configs = [r for r in rows if isinstance(r, dict) and r.get('kind') == 'config']
+    cfg = configs[-1] if configs else {}
     folder, base = os.path.split(os.path.abspath(log))
     name = os.path.basename(folder) if base == 'log.jsonl' else base.removesuffix('.jsonl')
-    return f"{name}: {model_name(cfg)}" if cfg else name, cfg, [r for r in rows if r.get('kind') != 'config']
+    rows = [r for r in rows if isinstance(r, dict) and r.get('kind') != 'config']
+    return f"{name}: {model_name(cfg)}" if cfg else name, cfg, rows
+
+
+def points(rows, x, y, kind=None):
+    """(x, y) of each row that has both (and is of `kind`, if given)."""
+    return [(r[x], r[y]) for r in rows if kind in (None, r.get('kind')) and None not in (r.get(x), r.get(y))]
 
 
 def learning_curves(runs, path, x='tokens', title=None):
     """Language runs: train loss (thin) and val loss (points) against tokens seen or seconds, the y axis on
     the losses after the first evaluation; vision runs: test accuracy against epochs. runs: [(label, cfg,
-    rows)], as read_run gives them. Language and vision runs in one call, or nothing to draw, is a UsageError."""
-    kinds = [any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs]
-    if len(set(kinds)) > 1:
-        which = lambda v: ', '.join(label for (label, _, _), is_v in zip(runs, kinds) if is_v == v)
-        raise UsageError(f"{which(True)}: vision, {which(False)}: language; draw them in separate calls")
-    vision = kinds[0]
+    rows)], as read_run gives them. Language and vision runs in one call, or nothing to draw: a UsageError."""
+    vision = [any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs]
+    if len(set(vision)) > 1:
+        kinds = [f"{label}: {'vision' if v else 'language'}" for (label, _, _), v in zip(runs, vision)]
+        raise UsageError(f"{', '.join(kinds)}; draw them in separate calls")
+    vision = vision[0]
     key = 'epoch' if vision else 'tokens' if x == 'tokens' else 'elapsed_s'
-    points = lambda rows, y, kind=None: [(r[key], r[y]) for r in rows if kind in (None, r.get('kind'))  # None: any
-                                         and None not in (r.get(key), r.get(y))]
-    series = [([], points(rows, 'test_acc')) if vision else
-              (points(rows, 'train_loss', 'train'), points(rows, 'val_loss', 'eval')) for _, _, rows in runs]
+    if vision:
+        series = [([], points(rows, key, 'test_acc')) for _, _, rows in runs]
+    else:
+        series = [(points(rows, key, 'train_loss', 'train'), points(rows, key, 'val_loss', 'eval'))
+                  for _, _, rows in runs]
     drawn = [y for train, val in series for _, y in train + val]
     if not drawn:
         raise UsageError(f"nothing to draw yet: {', '.join(label for label, _, _ in runs)} "
@@ -106,7 +118,8 @@ def learning_curves(runs, path, x='tokens', title=None):
             ax.plot([], [], color=color, linestyle=line, label=f"{label} (no eval yet)")
     later = [y for _, val in series for _, y in val[1:]]
     if later and not vision:                           # the part after the first drop, with a margin
-        lo, hi = min(drawn), max(later)
+        lo = min(drawn)
+        hi = max(later)
         ax.set_ylim(lo - 0.1 * (hi - lo) - 0.01, hi + 0.15 * (hi - lo) + 0.01)
     unit = 'byte' if all(cfg.get('vocab_size') == 256 for _, cfg, _ in runs) else 'token'
     ax_labels(ax, 'epoch' if vision else 'tokens seen' if x == 'tokens' else 'seconds of training',
@@ -139,26 +152,31 @@ def speed(results, path):
     sizes = [r['n'] for r in rows]
     ax_labels(left, 'tokens', 'forward + backward (ms)', 'time ~ n^k', log=True, xticks=sizes)
     ax_labels(right, 'tokens', 'peak memory (MB)', 'memory, forward + backward', log=True, xticks=sizes)
-    left.figure.suptitle(f"one attention layer, width {results.get('width', 768)}: {describe(results)}", fontsize=9)
+    width = results.get('width', 768)
+    left.figure.suptitle(f"one attention layer, width {width}: {describe(results)}", fontsize=9)
     save(left.figure, path)
 
 
-GENERATION = {'recurrent': ('ToST, recurrent state', 'ToST'), 'shift_recurrent': ('ToST + shift', 'ToST + shift'),
-              'hybrid': ('hybrid + shift: last block softmax', 'hybrid + shift'),
-              'softmax_kv': ('softmax, KV cache', 'softmax'), 'rerun': ('ToST, re-run the prefix', None)}
+GENERATION = {
+    'recurrent': ('ToST, recurrent state', 'ToST'),
+    'shift_recurrent': ('ToST + shift', 'ToST + shift'),
+    'hybrid': ('hybrid + shift: last block softmax', 'hybrid + shift'),
+    'softmax_kv': ('softmax, KV cache', 'softmax'),
+    'rerun': ('ToST, re-run the prefix', None),
+}
 
 
 def generation(results, path):
     """The generation section: tokens/s of decoding against the context length."""
     rows = results['generation']
+    ctx = [r['ctx'] for r in rows]
     ax = Figure(figsize=(6.5, 4)).subplots()
     for i, key in enumerate(k for k in GENERATION if k in rows[0]):
         label, model = GENERATION[key]
         color, line, marker = STYLES[model] if model else OTHER[i % len(OTHER)]
-        ax.plot([r['ctx'] for r in rows], [r[key] for r in rows], color=color, linestyle=line, marker=marker,
-                label=label)
-    ax_labels(ax, 'context (tokens before the new one)', 'tokens / s', f"generation, batch 1: {describe(results)}",
-              log=True, xticks=[r['ctx'] for r in rows])
+        ax.plot(ctx, [r[key] for r in rows], color=color, linestyle=line, marker=marker, label=label)
+    title = f"generation, batch 1: {describe(results)}"
+    ax_labels(ax, 'context (tokens before the new one)', 'tokens / s', title, log=True, xticks=ctx)
     save(ax.figure, path)
 
 
@@ -171,7 +189,8 @@ def describe(results):
 def ax_labels(ax, x, y, title, log=False, xticks=()):
     if log:                                        # log-log; x ticks at the measured sizes, as 256, 1k, 64k
         ax.set(xscale='log', yscale='log')
-        ax.set_xticks(sorted(set(xticks)), [f"{v // 1024}k" if v >= 1024 else str(v) for v in sorted(set(xticks))])
+        xticks = sorted(set(xticks))
+        ax.set_xticks(xticks, [f"{v // 1024}k" if v >= 1024 else str(v) for v in xticks])
         ax.xaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
@@ -186,8 +205,8 @@ def ax_labels(ax, x, y, title, log=False, xticks=()):
 
 
 def capability_grid(results, path):
-    """tools.study's tasks: a row per task and knob value, a column per model. The number is the accuracy; the
-    colour is how far above chance it is (0 at chance, 1 perfect), so every row's chance level reads the same."""
+    """tools.study's tasks: a row per task and knob value, a column per model. The number is the accuracy;
+    the colour is how far above chance it is (0 at chance, 1 perfect): every row's chance reads the same."""
     rows = results['tasks']
     models = list(dict.fromkeys(r['model'] for r in rows))
     cells = list(dict.fromkeys((r['task'], r['knob'], r['value'], r['chance']) for r in rows))
@@ -199,10 +218,12 @@ def capability_grid(results, path):
             a = acc.get((task, value, m))
             if a is not None:
                 grid[i, j] = (a - chance) / (1 - chance)
-                ax.text(j, i, f"{a:.2f}" + ("" if a > chance + 0.02 else " ~"), ha='center', va='center', fontsize=9,
-                        color='black' if grid[i, j] > 0.5 else 'white')
+                text = f"{a:.2f}" + ("" if a > chance + 0.02 else " ~")
+                color = 'black' if grid[i, j] > 0.5 else 'white'
+                ax.text(j, i, text, ha='center', va='center', fontsize=9, color=color)
     im = ax.imshow(np.clip(grid, 0, 1), cmap='viridis', vmin=0, vmax=1, aspect='auto')
-    ax.set_xticks(range(len(models)), [m.replace('tssa', 'ToST').replace('+', ' + ') for m in models], fontsize=9)
+    names = [m.replace('tssa', 'ToST').replace('+', ' + ') for m in models]
+    ax.set_xticks(range(len(models)), names, fontsize=9)
     ax.set_yticks(range(len(cells)), [f"{t}, {k} {v} (chance {c:.2f})" for t, k, v, c in cells], fontsize=8)
     ax.xaxis.tick_top()
     ax.figure.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label('above chance', fontsize=8)
@@ -223,8 +244,8 @@ def vision_maps(path, image, cls_attn, pi, title):
     heads = cls_attn.shape[0]
     axes = Figure(figsize=(1.5 * (1 + heads), 1.6 * len(rows) + 0.3)).subplots(
         len(rows), 1 + heads, squeeze=False, subplot_kw=dict(xticks=[], yticks=[]))
-    img = np.asarray(image).transpose(1, 2, 0)
-    axes[0, 0].imshow(img[..., 0] if img.shape[2] == 1 else img[..., :3], cmap='gray' if img.shape[2] == 1 else None)
+    # (H, W) for a grey image, (H, W, 3) in colour; the colour map applies only to a grey one
+    axes[0, 0].imshow(np.asarray(image).transpose(1, 2, 0).squeeze(), cmap='gray')
     axes[0, 0].set_title(title, fontsize=8)
     for r, maps in enumerate(rows):
         maps = np.asarray(maps, dtype=np.float64)
@@ -247,8 +268,8 @@ def study_curves(section, title):
         try:
             runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
         except UsageError as e:
-            raise UsageError(f"{e}; {os.path.basename(path)} is drawn from the runs python -m tools.study {section} "
-                             f"trains: run the study first") from None
+            raise UsageError(f"{e}; {os.path.basename(path)} is drawn from the runs python -m tools.study "
+                             f"{section} trains: run the study first") from None
         learning_curves(runs, path, title=title)
     return draw
 
@@ -281,7 +302,7 @@ def draw_results(path, folder):
 
 
 DEFAULTS = dict(
-    runs=[],                     # run folders or log.jsonl files, or bench/study results (.json), as bare words
+    runs=[],                     # bare words: run folders or log.jsonl files, or bench/study results (.json)
     x='tokens',                  # the x axis of language runs: tokens (seen) or seconds (of training)
     out='runs.png',              # where the runs' figure goes (.png, .pdf, .svg): ./runs.png unless told
     out_dir='.',                 # where a .json's figures go (speed.png, ...): the current folder unless told
@@ -290,9 +311,10 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='runs')
+    argv = sys.argv[1:] if argv is None else argv
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, positional='runs')
     if not cfg['runs']:
-        raise UsageError("give one or more run folders (or log.jsonl files), e.g. python plot.py out out-softmax")
+        raise UsageError("give one or more run folders (or log.jsonl files): python plot.py out out-softmax")
     jsons = [f for f in cfg['runs'] if f.endswith('.json')]
     if 'out_dir' in set_keys and not jsons or 'out' in set_keys and len(jsons) == len(cfg['runs']):
         raise UsageError("--out names the runs' figure and --out_dir the folder of a .json's figures; "
@@ -300,7 +322,7 @@ def main(argv=None):
     if cfg['x'] not in ('tokens', 'seconds'):
         raise UsageError(f"--x expects tokens or seconds, got {cfg['x']!r}")
     if not os.path.splitext(cfg['out'])[1]:               # matplotlib would add .png to a name without one
-        raise UsageError(f"--out={cfg['out']} needs a file name whose suffix is the format: .png, .pdf or .svg")
+        raise UsageError(f"--out={cfg['out']} needs a file name whose suffix is its format: .png, .pdf, .svg")
     if not os.path.isdir(cfg['out_dir'] or '.'):
         raise UsageError(f"--out_dir={cfg['out_dir']} is not a folder; give one that exists")
     for f in jsons:

@@ -154,22 +154,22 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / 'cut.json').write_text('{"operator": [{"n": 1024}]}')          # rows without their numbers
     (tmp_path / 'study.json').write_text(json.dumps({'language': {'rows': [{'variant': 'ToST', 'out_dir': 'gone'}]}}))
     run = str(tmp_path / 'out')
-    for argv, words in (([run, f'--out={tmp_path}/no/such/x.png'], 'No such file or directory; create '),
-                        ([run, f'--out={tmp_path}'], 'needs a file name whose suffix is the format'),
-                        ([run, '--out='], 'needs a file name whose suffix is the format'),
-                        ([run, f'--out={tmp_path}/x.txt'], "Format 'txt' is not supported"),
-                        ([run, '--x=epochs'], "--x expects tokens or seconds, got 'epochs'"),
-                        ([run, f'--out_dir={tmp_path}'], "; --out_dir has nothing to draw here"),
-                        ([str(tmp_path / 'other.json'), '--out=x.png'], "; --out has nothing to draw here"),
-                        ([run, str(tmp_path / 'vit')], 'vit: vision, out: ToST: language; draw them in separate'),
-                        ([str(tmp_path / 'other.json')], 'holds no results of tools.bench or tools.study'),
-                        ([str(tmp_path / 'cut.json')], "cannot draw the figures of " f"{tmp_path}/cut.json (KeyError"),
-                        ([str(tmp_path / 'study.json')], 'gone is not a run: no gone/log.jsonl (train_gpt.py and '
-                                                         'train_vit.py write one); language.png is drawn from the runs '
-                                                         'python -m tools.study language trains: run the study first'),
-                        ([str(tmp_path / 'other.json'), f'--out_dir={tmp_path}/no'], '--out_dir=' f'{tmp_path}/no is not a folder')):
+    other = str(tmp_path / 'other.json')
+    # each case: the command line, and what its one line names (the option or the path at fault)
+    for argv, names in (([run, f'--out={tmp_path}/no/such/x.png'], f'{tmp_path}/no/such'),
+                        ([run, f'--out={tmp_path}'], '--out'),
+                        ([run, '--out='], '--out'),
+                        ([run, f'--out={tmp_path}/x.txt'], 'x.txt'),
+                        ([run, '--x=epochs'], '--x'),
+                        ([run, f'--out_dir={tmp_path}'], '--out_dir'),
+                        ([other, '--out=x.png'], '--out'),
+                        ([run, str(tmp_path / 'vit')], 'vit'),
+                        ([other], 'other.json'),
+                        ([str(tmp_path / 'cut.json')], 'cut.json'),
+                        ([str(tmp_path / 'study.json')], 'gone'),
+                        ([other, f'--out_dir={tmp_path}/no'], f'{tmp_path}/no')):
         code, err = plot_exits(capsys, *argv)
-        assert code == 2 and len(err) == 1 and err[0].startswith('error:') and words in err[0], err
+        assert code == 2 and len(err) == 1 and err[0].startswith('error:') and names in err[0], err
     with monkeypatch.context() as m:
         if os.geteuid() == 0:                       # root writes anywhere: a read-only filesystem, as savefig meets it
             def read_only(*a, **k):
