@@ -136,14 +136,16 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch):
     assert calls == ['cuda:1', 'high']
 
 
-@pytest.mark.parametrize('argv, words', [
-    (['--sections=operator,speed'], 'unknown section(s) speed; choose from operator, limit'),
-    (['--json=no/such/folder/bench.json'], '--json=no/such/folder/bench.json: cannot write a file there'),
-    (['--dtype=fp8'], "--dtype expects float32, bfloat16 or float16, got 'fp8'"),
+@pytest.mark.parametrize('argv, names', [
+    (['--sections=operator,speed'], 'speed'),
+    (['--json=no/such/folder/bench.json'], 'no/such/folder/bench.json'),
+    (['--dtype=fp8'], 'fp8'),
+    (['--device=foo'], 'foo'),
+    (['--device=cuda:7'], 'cuda:7'),
 ])
-def test_bad_input_is_one_line_before_any_work(monkeypatch, capsys, argv, words):
+def test_bad_input_is_one_line_before_any_work(monkeypatch, capsys, argv, names):
     monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, 'operator': lambda args, results: 1 / 0})
     with pytest.raises(SystemExit) as e:
         options.run_main(lambda: bench.main(['--smoke', *argv]))
     err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count('\n') == 1 and words in err, err
+    assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('error: ') and names in err, err
