@@ -68,11 +68,13 @@ def tokens_of(data_dir, name):
     return np.fromfile(os.path.join(data_dir, name, 'val.bin'), dtype=np.uint16).astype(np.int64)
 
 
-def one_line_error(stderr, *words):
+def one_line_error(ended, *names):
+    """(exit code, stderr) of a mistake: exit 2, and one line naming each of `names` (an option, a path)."""
+    code, stderr = ended
     lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith('error: '), stderr
-    for w in words:
-        assert w in lines[0], lines[0]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith('error: '), stderr
+    for name in names:
+        assert name in lines[0], lines[0]
 
 # -----------------------------------------------------------------------------
 # the loss
@@ -225,10 +227,9 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path, capsys):
     assert (r['last_word_correct'], r['passages'], r['passages_cut']) == (3, 7, 1)
     assert r['last_word_acc'] == 3 / 7
     capsys.readouterr()                                              # the preparation's warnings
-    code, err = exits([f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--device=cpu',
-                       '--block_size=1'], capsys)                    # ' zz', 'z' does not fit a window of 1
-    assert code == 2
-    one_line_error(err, 'has a target word of 2 tokens, longer than --block_size=1; use a larger --block_size')
+    # ' zz', 'z' does not fit a window of 1
+    one_line_error(exits([f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--device=cpu',
+                          '--block_size=1'], capsys), '--block_size')
 
 
 # -----------------------------------------------------------------------------
@@ -241,41 +242,28 @@ def exits(argv, capsys):
     return e.value.code, capsys.readouterr().err
 
 
-def test_bad_input(data_dir, tmp_path, capsys):
+def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, capsys):
     out = str(tmp_path / 'out')
     base = [f'--out_dir={out}', f'--data_dir={data_dir}', '--device=cpu']
-    code, err = exits(base + ['--datasets=wikitext2'], capsys)
-    assert code == 2
-    one_line_error(err, f'no checkpoint at {out}/ckpt.pt', 'python train_gpt.py')
+    one_line_error(exits(base + ['--datasets=wikitext2'], capsys), f'{out}/ckpt.pt')
     save_model(out, data_dir)
-    code, err = exits(base, capsys)  # the default sets: openwebtext is not prepared here
-    one_line_error(err, 'not a prepared dataset', f'python prepare_data.py openwebtext --data_dir={data_dir}')
-    code, err = exits(base + ['--datasets=wikitext2', '--block_size=64'], capsys)
-    one_line_error(err, "--block_size=64 is larger than the model's context (32)")
-    code, err = exits(base + ['--datasets=wikitext2', '--batch_sise=4'], capsys)
-    one_line_error(err, 'unknown option --batch_sise', 'did you mean --batch_size')
-    code, err = exits(base + ['--datasets=,'], capsys)
-    one_line_error(err, '--datasets is empty')
-
+    one_line_error(exits(base, capsys), 'openwebtext')             # the default sets: not prepared here
+    one_line_error(exits(base + ['--datasets=wikitext2', '--block_size=64'], capsys), '--block_size')
+    one_line_error(exits(base + ['--datasets=wikitext2', '--batch_sise=4'], capsys), '--batch_sise')
+    one_line_error(exits(base + ['--datasets=,'], capsys), '--datasets')
     (data_dir / 'bytes_text.txt').write_text('some bytes to evaluate on, ' * 20)
     prep.prepare('text', data_dir, input=str(data_dir / 'bytes_text.txt'))
-    code, err = exits(base + ['--datasets=wikitext2,bytes_text'], capsys)  # checked before any work
-    one_line_error(err, 'uses tokenizer bytes (256 ids)', 'trained with gpt2 (257 ids)', '--tokenizer=gpt2')
-    assert not os.path.exists(os.path.join(out, 'log.jsonl'))
+    one_line_error(exits(base + ['--datasets=wikitext2,bytes_text'], capsys), 'bytes_text')
+    assert not os.path.exists(os.path.join(out, 'log.jsonl'))        # checked before any work
     short = data_dir / 'short'                                       # a val.bin cut short after it was prepared
     shutil.copytree(data_dir / 'wikitext2', short)
     with open(short / 'val.bin', 'r+b') as f:
         f.truncate(100)
-    code, err = exits(base + ['--datasets=short'], capsys)
-    one_line_error(err, 'val.bin has 50 tokens, not the', 'its meta.json says', 'python prepare_data.py wikitext2 --',
-                   '--force')
-
+    one_line_error(exits(base + ['--datasets=short'], capsys), f'{short}/val.bin')
     with open(os.path.join(out, 'ckpt.pt'), 'wb') as f:
         f.write(b'not a checkpoint')
     r = subprocess.run([sys.executable, os.path.join(REPO, 'eval_gpt.py'), *base, '--datasets=wikitext2'],
                        capture_output=True, text=True, env=ENV, timeout=120)
-    assert r.returncode == 2
-    one_line_error(r.stderr, 'is not a checkpoint', "starts with b'not ")
+    one_line_error((r.returncode, r.stderr), f'{out}/ckpt.pt')
     train_common.atomic_save({'kind': 'vit', 'model': {}, 'model_args': {}, 'meta': {}}, os.path.join(out, 'ckpt.pt'))
-    code, err = exits(base + ['--datasets=wikitext2'], capsys)
-    one_line_error(err, 'is a vision checkpoint')
+    one_line_error(exits(base + ['--datasets=wikitext2'], capsys), f'{out}/ckpt.pt')
