@@ -7,6 +7,7 @@ docs/evaluation.md.
     python eval_gpt.py --datasets=python_stdlib            # any prepared text dataset's val split
     torchrun --standalone --nproc_per_node=8 eval_gpt.py --out_dir=out-owt-base   # the same numbers, faster
 """
+import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import json
 import math
 import os
@@ -17,9 +18,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from options import UsageError, parse, run_main
-import prepare_data
-from train_common import autocast, check_ranges, launch, load_gpt, resolve_dtype, sum_dtype
+import readers
+from options import UsageError, parse
+from train_common import autocast, load_gpt, resolve_dtype, setup_distributed, sum_dtype, teardown
 
 DEFAULTS = dict(
     out_dir='out',               # the checkpoint is out_dir/ckpt.pt; results are appended to its log.jsonl
@@ -30,6 +31,7 @@ DEFAULTS = dict(
     device='auto',               # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
     dtype='auto',                # auto: bfloat16 where the device computes in it, else float16 (GPU), float32
 )
+RANGES = dict(positive=('batch_size',), nonnegative=('block_size',), nonempty=('out_dir', 'data_dir'))
 
 # The paper's Table 4 (left) and the release's README: zero-shot loss, nats per GPT-2 token
 PAPER = {'openwebtext': (3.20, 2.84), 'lambada': (4.98, 4.32), 'wikitext2': (4.77, 4.13), 'ptb': (6.39, 5.75)}
@@ -116,8 +118,8 @@ def read_sets(names, data_dir, model_meta, T):
     sets = []
     for name in names:
         path = os.path.join(data_dir, name)
-        meta = prepare_data.load_meta(path, 'text', model_meta)          # the checkpoint's tokenizer
-        tokens = prepare_data.read_tokens(path, meta, 'val')
+        meta = readers.load_meta(path, 'text', model_meta)          # the checkpoint's tokenizer
+        tokens = readers.read_tokens(path, meta, 'val')
         if len(tokens) < 2:
             raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
         spans = None
@@ -179,14 +181,16 @@ def run(cfg, names, dist):
 
 
 def main(argv=None):
-    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
+    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
     names = [n.strip() for n in cfg['datasets'].split(',') if n.strip()]
     names = list(dict.fromkeys(names))                                  # once each, in order
     if not names:
         raise UsageError("--datasets is empty; name datasets under --data_dir, e.g. --datasets=wikitext2,ptb")
-    check_ranges(cfg, positive=('batch_size',), nonnegative=('block_size',))
-    return launch(run, cfg, names)
+    dist = setup_distributed(cfg['device'])
+    results = run(cfg, names, dist)
+    teardown(dist)
+    return results
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()

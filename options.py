@@ -1,85 +1,262 @@
-"""Command-line options, as nanoGPT's configurator but checked: a script's `DEFAULTS = dict(...)`, a key a line with
-a comment, set as `--key=value` (a bool's `--key` alone: true) in the default's type; `--config=NAME` applies a
-preset first. `--help` prints the docstring and the DEFAULTS block as written. A mistake: `error: ...`, exit 2."""
+"""Command-line options, as nanoGPT's configurator but checked once, and how every script ends on a mistake.
+
+A script's `DEFAULTS = dict(...)` holds a key a line with a comment. `--key=value` sets a key in its default's type
+(a bool's `--key` alone: true); `--config=NAME` applies a preset first. Every number must be finite, and the
+script's RANGES table says which must also be positive, non-negative or a fraction in [0, 1). `--help` prints the
+docstring and each key with its default value and its comment.
+
+Importing this module, which every script does before torch, sets how a script ends when an exception reaches its
+top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path (and the
+option that gave it) and exit 2; Ctrl-C is exit 130, also while torch is still importing; a closed stdout
+(`| head`) ends quietly with 141. Any other exception is a bug and keeps its traceback.
+"""
+import atexit
 import difflib
+import math
 import os
 import re
 import sys
 
 
 class UsageError(Exception):
-    """A mistake the user can fix (a bad option, a missing file, a dataset not prepared): one line."""
+    """A mistake the user can fix (a bad option, a dataset not prepared): one line, exit 2."""
+
+
+def error_line(msg):
+    """`error: msg` on one line of stderr. Under torchrun the first process of each node says it (rank 0 for all
+    that every rank finds; another node's for what only it finds), the others keep quiet."""
+    rank = os.environ.get("RANK", "0")
+    where = "" if rank == "0" else f" (rank {rank})"
+    if rank == "0" or os.environ.get("LOCAL_RANK") == "0":
+        print(f"error: {' '.join(str(msg).split())}{where}", file=sys.stderr, flush=True)
 
 
 def fail(msg, code=2):
-    print(f"error: {' '.join(str(msg).split())}", file=sys.stderr, flush=True)
+    """`error: msg` on one line, then exit."""
+    error_line(msg)
     sys.exit(code)
 
 
+def quiet_stdout():
+    """Send what is still to come on stdout to nowhere, so that a closed pipe raises no second error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def say(*args):
+    """print, flushed, that survives a closed stdout: `python train_gpt.py | tee log` loses tee on the same Ctrl-C
+    that asks the run to save, and the save must not depend on it. From then on stdout goes nowhere."""
+    try:
+        print(*args, flush=True)
+    except OSError:
+        quiet_stdout()
+
+
+# The last options parsed: an OSError about a path under one of them names that option.
+parsed = {}
+
+
+def option_of(path):
+    """`--key=value` of the parsed option whose path holds `path` (the longest such), or ''."""
+    path = os.path.normpath(str(path))
+    found = ""
+    for key, value in parsed.items():
+        if not isinstance(value, str) or not value.strip():
+            continue
+        value = os.path.normpath(value)
+        if path == value or path.startswith(value.rstrip(os.sep) + os.sep):
+            found = max(found, f"--{key}={parsed[key]}", key=len)
+    return found
+
+
+def report(exc):
+    """Say in one line why `exc` ends the script, and return its exit code; None for a bug (a traceback)."""
+    if isinstance(exc, UsageError):
+        line = str(exc)
+        code = 2
+    elif isinstance(exc, KeyboardInterrupt):
+        # A line of text it cut (a sample) ends first.
+        say()
+        line = "interrupted"
+        code = 130
+    elif isinstance(exc, BrokenPipeError):
+        return 141
+    elif type(exc).__name__ == "OutOfMemoryError":
+        # torch's, named without importing torch. Half the micro-batch, twice the micro-steps: the same step.
+        line = f"out of memory ({str(exc).splitlines()[0][:100]})"
+        batch = parsed.get("batch_size")
+        if isinstance(batch, int):
+            line += f"; try --batch_size={max(1, batch // 2)}"
+        if isinstance(batch, int) and "gradient_accumulation_steps" in parsed:
+            line += f" --gradient_accumulation_steps={2 * parsed['gradient_accumulation_steps']} (the same tokens a step)"
+        code = 2
+    elif isinstance(exc, OSError) and exc.filename is not None:
+        option = option_of(exc.filename)
+        line = f"{exc.filename}{f' ({option})' if option else ''}: {exc.strerror or exc}"
+        code = 2
+    elif isinstance(exc, OSError):
+        # No path: a write that failed, such as stdout's into a full disk (`> /dev/full`).
+        line = f"{exc.strerror or exc}"
+        code = 2
+    else:
+        return None
+    error_line(line)
+    return code
+
+
 def run_main(main):
-    """main(): a UsageError is `error: ...`, exit 2; Ctrl-C exit 130; a closed pipe (`| head`) a quiet exit; a
-    character stdout's encoding lacks (a sample in an ASCII terminal) is printed as '?'."""
-    sys.stdout.reconfigure(errors="replace")
+    """main() ended as the handler ends a script, for a test that calls a script's main() in its own process: a
+    SystemExit with report()'s exit code."""
     try:
         main()
-    except UsageError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        print(flush=True)                           # off the line of text it cut (sample.py's)
-        fail("interrupted", code=130)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
-        sys.exit(141)
+    except (Exception, KeyboardInterrupt) as e:
+        code = report(e)
+        if code is None:
+            raise
+        raise SystemExit(code) from None
+
+
+# The exit code report() chose for the exception that ended the script.
+exit_code = []
+
+
+def excepthook(kind, exc, tb):
+    code = report(exc)
+    if code is None:
+        sys.__excepthook__(kind, exc, tb)
+    else:
+        exit_code.append(code)
+
+
+def exit_with_code():
+    """Registered first, so run last at exit: stdout flushed (a closed one ends quietly), then the code excepthook
+    chose (Python's own would be 1)."""
+    try:
+        sys.stdout.flush()
+    except OSError as e:
+        exit_code.append(report(e))
+    if exit_code:
+        os._exit(exit_code[0])
+
+
+sys.excepthook = excepthook
+atexit.register(exit_with_code)
+# A character the terminal's encoding lacks (a sample in an ASCII terminal) is printed as '?'.
+if hasattr(sys.stdout, "reconfigure"):
+    sys.stdout.reconfigure(errors="replace")
 
 
 def _value(key, raw, default):
     try:
-        if isinstance(default, bool):               # before int: bool is a subclass of int
+        if isinstance(default, bool):
             return {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}[raw.lower()]
-        return [raw] if isinstance(default, list) else type(default)(raw)
+        if isinstance(default, list):
+            return [raw]
+        return type(default)(raw)
     except (KeyError, ValueError):
         kind = "bool (true/false)" if isinstance(default, bool) else type(default).__name__
         raise UsageError(f"--{key} expects {kind}, got {raw!r}") from None
 
 
-def parse(argv, defaults, doc="", source=None, presets=None, positional=None):
-    """(config, set_keys): argv applied to a copy of `defaults`, and the keys it or a preset set. `doc`, `source`
-    (__doc__, __file__) make --help; `positional` is the key bare words set (all, if its default is a list)."""
+# What each range of a RANGES table lets through.
+RANGE_TESTS = {"positive": (lambda v: v > 0, "positive"),
+               "nonnegative": (lambda v: v >= 0, ">= 0"),
+               "fraction": (lambda v: 0 <= v < 1, "in [0, 1)"),
+               "nonempty": (lambda v: str(v).strip() != "", "given (not empty)")}
+
+
+def check_numbers(config, ranges):
+    """Every number finite, and each key of `ranges` ({range: keys}) in its range; NaN is in none."""
+    for key, value in config.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--{key} must be a finite number, got {value}")
+    for name, keys in ranges.items():
+        test, what = RANGE_TESTS[name]
+        for key in keys:
+            if not test(config[key]):
+                raise UsageError(f"--{key} must be {what}, got {config[key]}")
+
+
+def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None):
+    """(config, set_keys): argv applied to a copy of `defaults`, checked against `ranges`, and the keys it or a
+    preset set. `doc`, `source` (__doc__, __file__) make --help; `positional` is the key bare words set (all of
+    them, if its default is a list)."""
     if {"-h", "--help"} & set(argv):
         print(help_text(doc, defaults, source, presets, positional), flush=True)
         sys.exit(0)
-    presets, pairs, many = presets or {}, [], positional and isinstance(defaults[positional], list)
+    presets = presets or {}
+    many = positional and isinstance(defaults[positional], list)
     bare = [a for a in argv if positional and not a.startswith("--")]
-    for arg in [a for a in argv if a not in bare] + ([] if many else bare[1:]):    # one word for a plain key
+    flags = [a for a in argv if a not in bare]
+    # A plain positional key takes one word: a second is an unexpected argument.
+    if not many:
+        flags += bare[1:]
+    pairs = []
+    for arg in flags:
         if not arg.startswith("--") or arg == "--":
             raise UsageError(f"unexpected argument {arg!r}; options look like --key=value")
         key, eq, raw = arg[2:].partition("=")
         pairs.append((key, raw if eq else None))
-    config, set_keys = dict(defaults), set()
-    for name in [raw for key, raw in pairs if key == "config" and presets]:       # presets first
+    config = dict(defaults)
+    set_keys = set()
+    # Presets first, wherever they are on the line: the other options override them.
+    for key, name in pairs:
+        if key != "config" or not presets:
+            continue
         if name not in presets:
             raise UsageError(f"unknown config {name!r}; presets: {', '.join(presets)}")
-        config.update(presets[name], **({"config": name} if "config" in defaults else {}))
+        config.update(presets[name])
+        if "config" in defaults:
+            config["config"] = name
         set_keys.update(presets[name])
-    for key, raw in ([(positional, bare if many else bare[0])] if bare else []) + pairs:
+    if bare:
+        pairs.insert(0, (positional, bare if many else bare[0]))
+    for key, raw in pairs:
         if key == "config" and presets:
             continue
         if key not in defaults:
             close = difflib.get_close_matches(key, list(defaults), n=1)
-            raise UsageError(f"unknown option --{key}; valid keys: {', '.join(defaults)}"
-                             f"{f'; did you mean --{close[0]}?' if close else ''}")
+            hint = f"; did you mean --{close[0]}?" if close else ""
+            raise UsageError(f"unknown option --{key}; valid keys: {', '.join(defaults)}{hint}")
         if raw is None and not isinstance(defaults[key], bool):
-            example = str(defaults[key]) if str(defaults[key]).isprintable() else repr(defaults[key])
-            raise UsageError(f"--{key} needs a value, e.g. --{key}={example}")
-        config[key] = True if raw is None else raw if isinstance(raw, list) else _value(key, raw, defaults[key])
+            raise UsageError(f"--{key} needs a value, e.g. --{key}={shown(defaults[key])}")
+        if raw is None:
+            config[key] = True
+        elif isinstance(raw, list):
+            config[key] = raw
+        else:
+            config[key] = _value(key, raw, defaults[key])
         set_keys.add(key)
+    check_numbers(config, ranges or {})
+    parsed.clear()
+    parsed.update(config)
     return config, set_keys
 
 
+def shown(value):
+    """A value as one types it after --key= ('' for an empty text)."""
+    return repr(value) if value == "" or not str(value).isprintable() else str(value)
+
+
 def help_text(doc, defaults, source, presets=None, positional=None):
-    """The docstring, then the DEFAULTS block as written in `source`."""
+    """The docstring, then each key of the DEFAULTS block in `source` as --key=value with its comment, and the
+    block's comment lines (its sections) as they are."""
     with open(source, encoding="utf-8") as f:
-        table = re.search(r"^DEFAULTS = dict\(\n(.*?)^\)", f.read(), re.M | re.S).group(1)
-    head = "options, as --key=value (defaults shown)" + (f"; --config=NAME applies a preset first: "
-                                                         f"{', '.join(presets)}" if presets else "")
-    return f"{doc.strip()}\n\n{head}{f'; bare words set {positional}' if positional else ''}:\n{table.rstrip()}"
+        block = re.search(r"^DEFAULTS = dict\(\n(.*?)^\)", f.read(), re.M | re.S).group(1)
+    rows = []
+    for line in block.splitlines():
+        key = re.match(r"\s*(\w+)=", line)
+        comment = re.search(r"\s(#.*)$", line)
+        if key:
+            rows.append((f"--{key.group(1)}={shown(defaults[key.group(1)])}", comment.group(1) if comment else ""))
+        elif line.strip():
+            rows.append(("", line.strip()))
+    width = max(len(flag) for flag, _ in rows) + 2
+    head = "options, as --key=value (defaults shown)"
+    if presets:
+        head += f"; --config=NAME applies a preset first: {', '.join(presets)}"
+    if positional:
+        head += f"; bare words set {positional}"
+    table = "\n".join(f"  {flag:<{width}}{comment}".rstrip() if flag else f"  {comment}" for flag, comment in rows)
+    return f"{doc.strip()}\n\n{head}:\n{table}"

@@ -13,6 +13,7 @@ beside it: here they (speed.png, generation.png, language.png, vision.png, tasks
 current folder unless told; language.png and vision.png are drawn from the run folders the .json names.
 The same model has the same colour and line style in every figure (the styles survive a grey-scale print).
 """
+import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import contextlib
 import json
 import os
@@ -23,7 +24,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
-from options import UsageError, parse, run_main
+from options import UsageError, parse
 
 # model -> (colour, line style, marker); colours from the colour-blind-safe tab10, styles for grey-scale
 STYLES = {
@@ -45,15 +46,13 @@ def model_name(cfg):
 
 
 def save(fig, path):
-    """fig, laid out, as a file (its suffix picks the format); a path that cannot be written is one line."""
+    """fig, laid out, as a file (its suffix picks the format: an unknown one is a UsageError; a path that
+    cannot be written is options.py's handler's to name)."""
+    fig.tight_layout()
     try:
-        fig.tight_layout()
         fig.savefig(path, dpi=100)
-    except (OSError, ValueError) as e:                # no such folder, a folder, read-only; an unknown format
-        folder = os.path.dirname(path) or '.'
-        fix = "choose another --out" if os.path.isdir(folder) else f"create {folder} first"
-        why = getattr(e, 'strerror', None) or e
-        raise UsageError(f"cannot write the figure {path!r}: {why}; {fix}") from None
+    except ValueError as e:
+        raise UsageError(f"cannot write the figure {path}: {e}") from None
 
 # -----------------------------------------------------------------------------
 # learning curves
@@ -297,7 +296,7 @@ def draw_results(path, folder):
         for s, p in zip(sections, out):
             FIGURES[s][1](results, p)
         return out
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"cannot draw the figures of {path} ({type(e).__name__}: {e})") from None
 
 
@@ -323,8 +322,6 @@ def main(argv=None):
         raise UsageError(f"--x expects tokens or seconds, got {cfg['x']!r}")
     if not os.path.splitext(cfg['out'])[1]:               # matplotlib would add .png to a name without one
         raise UsageError(f"--out={cfg['out']} needs a file name whose suffix is its format: .png, .pdf, .svg")
-    if not os.path.isdir(cfg['out_dir'] or '.'):
-        raise UsageError(f"--out_dir={cfg['out_dir']} is not a folder; give one that exists")
     for f in jsons:
         print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'] or '.')))
     runs = [read_run(f) for f in cfg['runs'] if f not in jsons]
@@ -334,4 +331,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()

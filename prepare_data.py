@@ -11,8 +11,9 @@ repo root:
 
 <data_dir>/<name>/ gets train.bin and val.bin (raw uint16 token ids; a test set's train.bin is empty), or
 {train,test}_{images,labels}.npy, and meta.json, written last: if it is there, the dataset is complete.
-get_tokenizer(load_meta(folder)['tokenizer']) decodes. train_gpt.py calls prepare() when a cheap dataset is missing.
+readers.py reads them. train_gpt.py calls prepare() when a cheap dataset is missing.
 """
+import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import collections, contextlib, difflib, hashlib, io, itertools, json, os, pickle, re, shutil, signal, socket
 import sys, sysconfig, tarfile, time, urllib.request, zipfile, zlib
 from concurrent.futures import ProcessPoolExecutor
@@ -21,64 +22,8 @@ from pathlib import Path
 import numpy as np
 from rich import progress as rp
 
-from options import UsageError, fail, parse, run_main
-
-
-# -----------------------------------------------------------------------------
-# reading a dataset: its meta.json and the tokenizer it names (train_gpt, sample and eval_gpt import these)
-
-class Tokenizer:
-    """'bytes' (UTF-8's 256 byte values, no download; eot None) or 'gpt2' (tiktoken's GPT-2 BPE, 50257 ids)."""
-
-    def __init__(self, name, vocab_size, eot=None, enc=None):
-        self.name, self.vocab_size, self.eot, self._enc = name, vocab_size, eot, enc
-
-    def encode(self, s):  # a literal '<|endoftext|>' in a document is just text
-        return list(s.encode('utf-8')) if self._enc is None else self._enc.encode_ordinary(s)
-
-    def encode_array(self, s):  # encode() as a uint16 array, for preparing data: bytes skip the list of ints
-        ids = np.frombuffer(s.encode('utf-8'), dtype=np.uint8) if self._enc is None else self._enc.encode_ordinary(s)
-        return np.array(ids, dtype=np.uint16)
-
-    def decode(self, ids):
-        """Tensors and arrays welcome; ids past the vocab (a padded model head) are dropped, half a UTF-8 character
-        is replaced."""
-        ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
-        if self._enc is None:
-            return bytes(ids).decode('utf-8', errors='replace')
-        return self._enc.decode(ids, errors='replace')
-
-    def token_bytes(self, t):
-        """One token's raw bytes, which may end inside a UTF-8 character (streamed output); b'' past the vocab."""
-        if not 0 <= int(t) < self.vocab_size:
-            return b''
-        return bytes([int(t)]) if self._enc is None else self._enc.decode_single_token_bytes(int(t))
-
-
-def _gpt2_encoding():
-    """tiktoken's GPT-2 BPE. Tests monkeypatch this to stay offline."""
-    try:
-        import tiktoken
-    except ImportError:
-        raise UsageError("the gpt2 tokenizer needs tiktoken: pip install tiktoken") from None
-    try:
-        return tiktoken.get_encoding('gpt2')
-    except Exception as e:  # it downloads the vocab once, then reads its cache
-        raise UsageError(f"could not load the GPT-2 vocab: tiktoken downloads it on first use and that failed "
-                         f"({type(e).__name__}, no network?); set TIKTOKEN_CACHE_DIR to a folder holding a cached "
-                         f"copy") from None
-
-
-def get_tokenizer(name, encoding=None):
-    """'bytes' or 'gpt2'; `encoding` injects a tiktoken Encoding in place of the real GPT-2 one."""
-    if name == 'bytes':
-        return Tokenizer('bytes', 256)
-    if name != 'gpt2':
-        raise UsageError(f"unknown tokenizer {name!r} (known: bytes, gpt2)")
-    enc = encoding if encoding is not None else _gpt2_encoding()
-    if enc.n_vocab > 2**16:  # ids go to vocab_size-1 and are stored as uint16
-        raise UsageError(f"vocab of {enc.n_vocab} does not fit uint16 token files (at most 65536)")
-    return Tokenizer('gpt2', enc.n_vocab, eot=enc.eot_token, enc=enc)
+from options import UsageError, fail, parse
+from readers import get_tokenizer, load_meta, read_images, read_tokens  # noqa: F401 (read by others)
 
 
 def _check_folder(folder, what):
@@ -104,48 +49,6 @@ def _recipe(folder, meta=None, force=False):
     close = difflib.get_close_matches(name, known, n=1)
     return (f"python prepare_data.py text --input=PATH --name={name}{tail} (for text of your own"
             f"{f'; or did you mean the built-in {close[0]}?' if close else ''})")
-
-
-def load_meta(folder, kind=None, model_meta=None):
-    """A dataset folder's meta.json, checked to hold `kind` ('text' or 'images') and to share the tokenizer of
-    `model_meta` (a checkpoint's meta) if given; a mistake is one UsageError line saying how to prepare it."""
-    path = os.path.join(folder, 'meta.json')
-    if not os.path.exists(path):
-        _check_folder(folder, f"{folder} is not a prepared dataset")
-        raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {_recipe(folder, {'kind': kind})}")
-    try:
-        meta = json.loads(Path(path).read_text())
-    except ValueError as e:
-        raise UsageError(f"{path} is not valid JSON ({e}); rebuild it: {_recipe(folder, force=True)}") from None
-    if kind is not None and meta.get('kind') != kind:
-        raise UsageError(f"{folder} holds {meta.get('kind')}, not {kind}; pick another dataset or --data_dir")
-    want = model_meta and (model_meta.get('tokenizer'), model_meta.get('vocab_size'))
-    if want and want != (meta.get('tokenizer'), meta.get('vocab_size')):
-        raise UsageError(f"{folder} uses tokenizer {meta.get('tokenizer')} ({meta.get('vocab_size')} ids), the "
-                         f"checkpoint was trained with {want[0]} ({want[1]} ids); prepare it with "
-                         f"--tokenizer={want[0]} --name=OTHER")
-    return meta
-
-
-def read_tokens(folder, meta, split):
-    """A text dataset's split ('train' or 'val') as a read-only uint16 memmap, checked against meta.json."""
-    f = os.path.join(folder, f'{split}.bin')
-    size, want = os.path.getsize(f) if os.path.isfile(f) else -1, meta.get(f'{split}_tokens')
-    if size != 2 * (want if isinstance(want, int) else -1):
-        got = 'is missing' if size < 0 else f"has {size // 2} tokens" if size % 2 == 0 else f"has {size} bytes (odd)"
-        raise UsageError(f"{f} {got}, not the {want} tokens its meta.json says; rebuild it: "
-                         f"{_recipe(folder, meta, force=True)}")
-    return np.memmap(f, dtype=np.uint16, mode='r') if size else np.zeros(0, np.uint16)
-
-
-def read_images(folder, meta):
-    """An image dataset: train images, train labels, test images, test labels ((N, C, H, W) uint8, (N,) int64)."""
-    try:
-        return [np.load(os.path.join(folder, f'{split}_{what}.npy'))
-                for split in ('train', 'test') for what in ('images', 'labels')]
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: "
-                         f"{_recipe(folder, meta, force=True)}") from None
 
 
 _warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
@@ -748,4 +651,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()

@@ -12,6 +12,7 @@ text on the same device. At the end, on stderr: tokens/s over all samples. On a 
 unless OMP_NUM_THREADS is set: a second adds only about 5% to a batch of one (docs/speed.md). In a
 terminal, control characters other than newline and tab are shown as symbols (ESC as ␛), not obeyed.
 """
+import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import codecs
 import os
 import sys
@@ -19,10 +20,9 @@ import time
 
 import torch
 
-from options import UsageError, parse, run_main
-from prepare_data import get_tokenizer
-from train_common import autocast, check_out_dir, check_ranges, load_gpt, pick_device, resolve_dtype
-from train_common import setup_cuda
+from options import UsageError, parse
+from readers import get_tokenizer
+from train_common import autocast, load_gpt, pick_device, resolve_dtype, setup_cuda
 
 DEFAULTS = dict(
     out_dir='out',          # the folder train_gpt.py saved ckpt.pt in
@@ -36,6 +36,8 @@ DEFAULTS = dict(
     dtype='auto',           # auto: bfloat16 on GPUs that compute in it, else float16; float32 on a CPU
 )
 # No `compile` key: GPT.step keeps the position as a Python int, so torch.compile would recompile every token.
+RANGES = dict(positive=('num_samples',), nonnegative=('max_new_tokens', 'top_k', 'temperature'),
+              nonempty=('out_dir',))
 
 # A byte-level model can emit any byte. In a terminal a control character would act (an escape sequence moves
 # the cursor, recolours or retitles the window) instead of showing, so there each one but newline and tab is
@@ -62,11 +64,10 @@ def read_prompt(start, tok, block_size):
     text = start
     if start.startswith('FILE:'):
         path = start.removeprefix('FILE:')
+        # a file that cannot be read is the handler's to name (options.py)
         try:
             with open(path, encoding='utf-8') as f:
                 text = f.read()
-        except OSError as e:
-            raise UsageError(f"--start: cannot read the prompt file {path} ({e.strerror or e})") from None
         except UnicodeDecodeError as e:
             raise UsageError(f"--start: the prompt file {path} is not UTF-8 text (byte {e.start})") from None
     # nothing to condition on: the end-of-text token if there is one, else a newline
@@ -86,9 +87,7 @@ def read_prompt(start, tok, block_size):
 
 
 def main(argv=None):
-    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
-    check_ranges(cfg, positive=('num_samples',), nonnegative=('max_new_tokens', 'top_k', 'temperature'))
-    check_out_dir(cfg['out_dir'])
+    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
     device = pick_device(cfg['device'])
     # CUDA only: cuda:N becomes the current GPU, the one resolve_dtype asks
     if device.startswith('cuda'):
@@ -128,4 +127,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()

@@ -13,6 +13,7 @@ trains a 0.7M-parameter model on 4M bytes, saves out/ckpt.pt and says how to sam
 A new run refuses an out_dir that holds a checkpoint (--init_from=resume, another --out_dir, or --overwrite=true).
 Ctrl-C or SIGTERM saves at the current step and prints the resume command; a second Ctrl-C stops without saving.
 """
+import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import contextlib
 import math
 import os
@@ -23,12 +24,12 @@ import time
 import numpy as np
 import torch
 
-import prepare_data
+import readers
 import tost
-from options import UsageError, parse, run_main
-from train_common import (Run, autocast, check_compile, check_lr, check_ranges, cosine_lr, human, launch,
-                          load_checkpoint, load_weights, make_out_dir, mean_loss, optimizer_for, resolve_dtype,
-                          resume_command, seed_of, sum_dtype, wrap)
+from options import UsageError, parse
+from train_common import (autocast, check_compile, cosine_lr, human, load_checkpoint, load_weights, mean_loss,
+                          optimizer_for, resolve_dtype, resume_command, seed_of, sum_dtype, wrap)
+from train_legacy import Run, check_lr, launch, make_out_dir
 
 DEFAULTS = dict(
     config='demo',               # the preset this run started from (--config=NAME picks one)
@@ -71,6 +72,12 @@ DEFAULTS = dict(
     compile=False,               # torch.compile the model (the owt presets do)
     seed=1337,                   # model init, the batches and the eval set follow from it
 )
+
+# What options.parse lets through, beside a finite number of the default's type.
+RANGES = dict(positive=('block_size', 'batch_size', 'gradient_accumulation_steps', 'n_layer', 'n_head', 'n_embd',
+                        'eval_interval', 'eval_iters', 'log_interval', 'learning_rate', 'max_iters'),
+              nonnegative=('warmup_iters', 'lr_decay_iters', 'seed', 'weight_decay', 'grad_clip', 'min_lr'),
+              fraction=('dropout', 'beta1', 'beta2'), nonempty=('out_dir', 'dataset', 'data_dir'))
 
 
 _shape = lambda name: {k: getattr(tost.preset(name), k) for k in ('n_layer', 'n_head', 'n_embd')}   # a tost preset's
@@ -147,11 +154,12 @@ def open_dataset(cfg, dist, model_meta=None):
     if cfg['dataset'] in PREPARE_ON_THE_FLY:
         if dist.local_rank == 0 and not os.path.exists(os.path.join(path, 'meta.json')) and \
                 not os.path.isfile(cfg['data_dir']):               # a file: load_meta says so below
+            import prepare_data
             prepare_data.prepare(cfg['dataset'], data_dir=cfg['data_dir'])
         if dist.ddp:
             torch.distributed.barrier()
-    meta = prepare_data.load_meta(path, 'text', model_meta)
-    sizes = {split: len(prepare_data.read_tokens(path, meta, split)) for split in ('train', 'val')}
+    meta = readers.load_meta(path, 'text', model_meta)
+    sizes = {split: len(readers.read_tokens(path, meta, split)) for split in ('train', 'val')}
     for split, n in sizes.items():
         if n <= cfg['block_size']:
             raise UsageError(f"block_size {cfg['block_size']} is larger than the data: {path} has {n} {split} "
@@ -383,11 +391,7 @@ def train(cfg, set_keys, dist):
 
 
 def main(argv=None):
-    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, PRESETS)
-    check_ranges(cfg, positive=('block_size', 'batch_size', 'gradient_accumulation_steps', 'n_layer', 'n_head',
-                                'n_embd', 'eval_interval', 'eval_iters', 'log_interval', 'learning_rate', 'max_iters'),
-                 nonnegative=('warmup_iters', 'lr_decay_iters', 'seed', 'weight_decay', 'grad_clip',
-                              'min_lr'), fraction=('dropout', 'beta1', 'beta2'))
+    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, PRESETS, ranges=RANGES)
     if cfg['init_from'] not in ('scratch', 'resume'):
         raise UsageError(f"--init_from expects scratch or resume, got {cfg['init_from']!r}")
     if cfg['init_from'] == 'scratch':                    # the shape, before any work (a resume's: its checkpoint's)
@@ -396,4 +400,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()

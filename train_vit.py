@@ -18,6 +18,7 @@ One node of 4 GPUs, then two nodes of 8, the first at 10.0.0.1:
     torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \
         train_vit.py --dataset=cifar100 --model=tost-s
 """
+import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import json
 import math
 import os
@@ -30,10 +31,10 @@ import torch.nn.functional as F
 
 import prepare_data
 import tost
-from options import UsageError, parse, run_main
-from train_common import (Run, autocast, check_lr, check_ranges, cosine_lr, human, launch,
-                          load_checkpoint, load_weights, make_out_dir, mean_loss, optimizer_for, resolve_dtype,
-                          resume_command, seed_of, sum_dtype, wrap)
+from options import UsageError, parse
+from train_common import (autocast, cosine_lr, human, load_checkpoint, load_weights, mean_loss, optimizer_for,
+                          resolve_dtype, resume_command, seed_of, sum_dtype, wrap)
+from train_legacy import Run, check_lr, check_ranges, launch, make_out_dir
 
 DEFAULTS = dict(
     # data and I/O
@@ -392,4 +393,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()

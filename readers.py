@@ -1,0 +1,131 @@
+"""Reading a prepared dataset (prepare_data.py writes them): its meta.json, the tokenizer it names, its token
+files and its image files. The trainers, sample.py and eval_gpt.py import this, not prepare_data.py.
+
+A dataset folder holds train.bin and val.bin (raw uint16 token ids) or {train,test}_{images,labels}.npy, and
+meta.json, written last: if it is there, the dataset is complete. get_tokenizer(meta['tokenizer']) decodes.
+"""
+import json
+import os
+
+import numpy as np
+
+from options import UsageError
+
+
+class Tokenizer:
+    """'bytes' (UTF-8's 256 byte values, no download; eot None) or 'gpt2' (tiktoken's GPT-2 BPE, 50257 ids)."""
+
+    def __init__(self, name, vocab_size, eot=None, enc=None):
+        self.name = name
+        self.vocab_size = vocab_size
+        self.eot = eot
+        self.enc = enc
+
+    def encode(self, s):
+        """A literal '<|endoftext|>' in a document is just text."""
+        return list(s.encode("utf-8")) if self.enc is None else self.enc.encode_ordinary(s)
+
+    def encode_array(self, s):
+        """encode() as a uint16 array, for preparing data: bytes skip the list of ints."""
+        if self.enc is None:
+            return np.frombuffer(s.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+        return np.array(self.enc.encode_ordinary(s), dtype=np.uint16)
+
+    def decode(self, ids):
+        """Tensors and arrays welcome; ids past the vocab (a padded model head) are dropped, half a UTF-8 character
+        is replaced."""
+        ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
+        if self.enc is None:
+            return bytes(ids).decode("utf-8", errors="replace")
+        return self.enc.decode(ids, errors="replace")
+
+    def token_bytes(self, t):
+        """One token's raw bytes, which may end inside a UTF-8 character (streamed output); b'' past the vocab."""
+        if not 0 <= int(t) < self.vocab_size:
+            return b""
+        return bytes([int(t)]) if self.enc is None else self.enc.decode_single_token_bytes(int(t))
+
+
+def gpt2_encoding():
+    """tiktoken's GPT-2 BPE. Tests monkeypatch this to stay offline."""
+    try:
+        import tiktoken
+    except ImportError:
+        raise UsageError("the gpt2 tokenizer needs tiktoken: pip install tiktoken") from None
+    # It downloads the vocab once, then reads its cache.
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        raise UsageError(f"could not load the GPT-2 vocab: tiktoken downloads it on first use and that failed "
+                         f"({type(e).__name__}, no network?); set TIKTOKEN_CACHE_DIR to a folder holding a cached "
+                         f"copy") from None
+
+
+def get_tokenizer(name, encoding=None):
+    """'bytes' or 'gpt2'; `encoding` injects a tiktoken Encoding in place of the real GPT-2 one."""
+    if name == "bytes":
+        return Tokenizer("bytes", 256)
+    if name != "gpt2":
+        raise UsageError(f"unknown tokenizer {name!r} (known: bytes, gpt2)")
+    enc = encoding if encoding is not None else gpt2_encoding()
+    # Ids go to vocab_size - 1 and are stored as uint16.
+    if enc.n_vocab > 2**16:
+        raise UsageError(f"vocab of {enc.n_vocab} does not fit uint16 token files (at most 65536)")
+    return Tokenizer("gpt2", enc.n_vocab, eot=enc.eot_token, enc=enc)
+
+
+def recipe(folder, meta=None, force=False):
+    """The command that prepares (with force: rebuilds) the dataset in `folder`. Where its name is none of the
+    built-in datasets, prepare_data.py answers that command with the one to use."""
+    root, name = os.path.split(os.path.normpath(folder))
+    built = (meta or {}).get("dataset", name)
+    rename = f" --name={name}" if built != name else ""
+    return f"python prepare_data.py {built}{rename} --data_dir={root or '.'}{' --force' if force else ''}"
+
+
+def load_meta(folder, kind=None, model_meta=None):
+    """A dataset folder's meta.json, checked to hold `kind` ('text' or 'images') and to share the tokenizer of
+    `model_meta` (a checkpoint's meta) if given. A dataset not prepared is one line with the command that
+    prepares it; a --data_dir that is a file is the OSError handler's to name."""
+    path = os.path.join(folder, "meta.json")
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {recipe(folder)}") from None
+    try:
+        meta = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"{path} is not valid JSON ({e}); rebuild it: {recipe(folder, force=True)}") from None
+    if kind is not None and meta.get("kind") != kind:
+        raise UsageError(f"{folder} holds {meta.get('kind')}, not {kind}; pick another dataset or --data_dir")
+    want = model_meta and (model_meta.get("tokenizer"), model_meta.get("vocab_size"))
+    if want and want != (meta.get("tokenizer"), meta.get("vocab_size")):
+        raise UsageError(f"{folder} uses tokenizer {meta.get('tokenizer')} ({meta.get('vocab_size')} ids), the "
+                         f"checkpoint was trained with {want[0]} ({want[1]} ids); prepare it with "
+                         f"--tokenizer={want[0]} --name=OTHER")
+    return meta
+
+
+def read_tokens(folder, meta, split):
+    """A text dataset's split ('train' or 'val') as a read-only uint16 memmap, checked against meta.json."""
+    path = os.path.join(folder, f"{split}.bin")
+    size = os.path.getsize(path) if os.path.isfile(path) else -1
+    want = meta.get(f"{split}_tokens")
+    if size != 2 * (want if isinstance(want, int) else -1):
+        got = "is missing" if size < 0 else f"has {size // 2} tokens" if size % 2 == 0 else f"has {size} bytes (odd)"
+        raise UsageError(f"{path} {got}, not the {want} tokens its meta.json says; rebuild it: "
+                         f"{recipe(folder, meta, force=True)}")
+    # np.memmap refuses an empty file (a test set's train.bin).
+    if size == 0:
+        return np.zeros(0, np.uint16)
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+def read_images(folder, meta):
+    """An image dataset: train images, train labels, test images, test labels ((N, C, H, W) uint8, (N,) int64)."""
+    try:
+        return [np.load(os.path.join(folder, f"{split}_{what}.npy"))
+                for split in ("train", "test") for what in ("images", "labels")]
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: {recipe(folder, meta, True)}") from None
