@@ -113,27 +113,13 @@ def table(results, model_name):
     return '\n'.join(lines)
 
 
-def read_sets(names, data_dir, model_meta, T):
-    """(name, meta, val tokens, LAMBADA's spans or None) of each dataset, all checked before any is scored."""
-    sets = []
-    for name in names:
-        path = os.path.join(data_dir, name)
-        meta = readers.load_meta(path, 'text', model_meta)          # the checkpoint's tokenizer
-        tokens = readers.read_tokens(path, meta, 'val')
-        if len(tokens) < 2:
-            raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
-        spans = None
-        if meta.get('targets'):                                          # LAMBADA's passages
-            spans = np.load(os.path.join(path, meta['targets']))
-            longest = int((spans[:, 2] - spans[:, 1]).max(initial=0))
-            if longest > T:
-                raise UsageError(f"{path} has a target word of {longest} tokens, longer than "
-                                 f"--block_size={T}; use a larger --block_size")
-        sets.append((name, meta, tokens, spans))
-    return sets
-
-
-def run(cfg, names, dist):
+def main(argv=None):
+    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
+    # once each, in order
+    names = list(dict.fromkeys(n.strip() for n in cfg['datasets'].split(',') if n.strip()))
+    if not names:
+        raise UsageError("--datasets is empty; name datasets under --data_dir, e.g. --datasets=wikitext2,ptb")
+    dist = setup_distributed(cfg['device'])
     device = dist.device
     dtype, _ = resolve_dtype(cfg['dtype'], device, dist.master)
     ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
@@ -142,14 +128,29 @@ def run(cfg, names, dist):
     B = cfg['batch_size']
     if T > model.config.block_size:
         raise UsageError(f"--block_size={T} is larger than the model's context ({model.config.block_size})")
-    sets = read_sets(names, cfg['data_dir'], info['meta'], T)
+    # every dataset read and checked before any is scored, in the checkpoint's tokenizer
+    sets = []
+    for name in names:
+        path = os.path.join(cfg['data_dir'], name)
+        meta = readers.load_meta(path, 'text', info['meta'])
+        tokens = readers.read_tokens(path, meta, 'val')
+        if len(tokens) < 2:
+            raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
+        # LAMBADA's passages
+        spans = np.load(os.path.join(path, meta['targets'])) if meta.get('targets') else None
+        longest = 0 if spans is None else int((spans[:, 2] - spans[:, 1]).max(initial=0))
+        if longest > T:
+            raise UsageError(f"{path} has a target word of {longest} tokens, longer than --block_size={T}; "
+                             f"use a larger --block_size")
+        sets.append((name, meta, tokens, spans))
     ctx = autocast(device, dtype)
     args = info['model_args']
     attn = args.get('attn', 'tssa')
     hybrid = f", softmax blocks {args['softmax_layers']}" if args.get('softmax_layers') else ''
     model_name = (f"{ckpt_path} (iter {info.get('iter_num')}, attn={attn}{hybrid}, "
                   f"{model.get_num_params() / 1e6:.2f}M params)")
-    if dist.master:                                                      # rank 0 talks for all
+    # rank 0 talks for all
+    if dist.master:
         print(f"{model_name}: windows of {T} tokens, batch {B}, {dtype} on {device}, {dist.world_size} "
               f"process(es)", flush=True)
     results = []
@@ -170,26 +171,15 @@ def run(cfg, names, dist):
             acc = f", last-word accuracy {100 * r['last_word_acc']:.2f}%"
         r['elapsed_s'] = round(time.time() - t0, 2)
         results.append(r)
-        if dist.master:                                              # appended: the training log stays
+        # appended: the training log stays
+        if dist.master:
             with open(os.path.join(cfg['out_dir'], 'log.jsonl'), 'a') as f:
                 f.write(json.dumps(r) + '\n')
             print(f"{name}: loss {loss:.4f} (ppl {ppl:.2f}) over {scored:,} tokens{acc}, {r['elapsed_s']}s",
                   flush=True)
     if dist.master:
         print(table(results, model_name), flush=True)
-    return results
-
-
-def main(argv=None):
-    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
-    names = [n.strip() for n in cfg['datasets'].split(',') if n.strip()]
-    names = list(dict.fromkeys(names))                                  # once each, in order
-    if not names:
-        raise UsageError("--datasets is empty; name datasets under --data_dir, e.g. --datasets=wikitext2,ptb")
-    dist = setup_distributed(cfg['device'])
-    results = run(cfg, names, dist)
     teardown(dist)
-    return results
 
 
 if __name__ == '__main__':

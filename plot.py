@@ -21,6 +21,7 @@ import sys
 
 import numpy as np
 from matplotlib import colormaps
+from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
@@ -46,13 +47,10 @@ def model_name(cfg):
 
 
 def save(fig, path):
-    """fig, laid out, as a file (its suffix picks the format: an unknown one is a UsageError; a path that
-    cannot be written is options.py's handler's to name)."""
+    """fig, laid out, as a file; its suffix picks the format (main checks --out's). A path that cannot be
+    written is options.py's handler's to name, with its option."""
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100)
-    except ValueError as e:
-        raise UsageError(f"cannot write the figure {path}: {e}") from None
+    fig.savefig(path, dpi=100)
 
 # -----------------------------------------------------------------------------
 # learning curves
@@ -70,12 +68,11 @@ def read_run(path):
             # a line cut short (being written, or by a crash) is left out
             with contextlib.suppress(ValueError):
                 rows.append(json.loads(line))
-    configs = [r for r in rows if isinstance(r, dict) and r.get('kind') == 'config']
-    cfg = configs[-1] if configs else {}
+    rows = [r for r in rows if isinstance(r, dict)]
+    cfg = next((r for r in reversed(rows) if r.get('kind') == 'config'), {})
     folder, base = os.path.split(os.path.abspath(log))
     name = os.path.basename(folder) if base == 'log.jsonl' else base.removesuffix('.jsonl')
-    rows = [r for r in rows if isinstance(r, dict) and r.get('kind') != 'config']
-    return f"{name}: {model_name(cfg)}" if cfg else name, cfg, rows
+    return f"{name}: {model_name(cfg)}" if cfg else name, cfg, [r for r in rows if r.get('kind') != 'config']
 
 
 def points(rows, x, y, kind=None):
@@ -93,11 +90,9 @@ def learning_curves(runs, path, x='tokens', title=None):
         raise UsageError(f"{', '.join(kinds)}; draw them in separate calls")
     vision = vision[0]
     key = 'epoch' if vision else 'tokens' if x == 'tokens' else 'elapsed_s'
-    if vision:
-        series = [([], points(rows, key, 'test_acc')) for _, _, rows in runs]
-    else:
-        series = [(points(rows, key, 'train_loss', 'train'), points(rows, key, 'val_loss', 'eval'))
-                  for _, _, rows in runs]
+    # (train, val) points of each run: a vision run has its test accuracy, in its eval rows as val loss is
+    series = [([] if vision else points(rows, key, 'train_loss', 'train'),
+               points(rows, key, 'test_acc' if vision else 'val_loss', 'eval')) for _, _, rows in runs]
     drawn = [y for train, val in series for _, y in train + val]
     if not drawn:
         raise UsageError(f"nothing to draw yet: {', '.join(label for label, _, _ in runs)} "
@@ -310,8 +305,8 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, positional='runs')
+    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
+                          positional='runs')
     if not cfg['runs']:
         raise UsageError("give one or more run folders (or log.jsonl files): python plot.py out out-softmax")
     jsons = [f for f in cfg['runs'] if f.endswith('.json')]
@@ -320,7 +315,9 @@ def main(argv=None):
                          f"{'--out_dir' if not jsons else '--out'} has nothing to draw here")
     if cfg['x'] not in ('tokens', 'seconds'):
         raise UsageError(f"--x expects tokens or seconds, got {cfg['x']!r}")
-    if not os.path.splitext(cfg['out'])[1]:               # matplotlib would add .png to a name without one
+    # Checked before any drawing: matplotlib would add .png to a name without a suffix, and refuse one it
+    # does not know only when it saves.
+    if os.path.splitext(cfg['out'])[1][1:] not in FigureCanvasBase.get_supported_filetypes():
         raise UsageError(f"--out={cfg['out']} needs a file name whose suffix is its format: .png, .pdf, .svg")
     for f in jsons:
         print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'] or '.')))

@@ -93,10 +93,8 @@ def main(argv=None):
     if device.startswith('cuda'):
         setup_cuda(device)
     # auto on a CPU is float32: bf16 autocast casts the weights for every token of a batch of one (slower)
-    dtype = cfg['dtype']
-    if dtype == 'auto' and device == 'cpu':
-        dtype = 'float32'
-    dtype, _ = resolve_dtype(dtype, device)
+    dtype, _ = resolve_dtype('float32' if cfg['dtype'] == 'auto' and device == 'cpu' else cfg['dtype'],
+                             device)
     # batch 1: a second thread would not help (see the docstring)
     if device == 'cpu' and 'OMP_NUM_THREADS' not in os.environ:
         torch.set_num_threads(1)
@@ -119,9 +117,8 @@ def main(argv=None):
             print('\n---------------', flush=True)
     dt = time.perf_counter() - t0
     n_tokens = cfg['num_samples'] * cfg['max_new_tokens']
-    threads = ''
-    if device == 'cpu':
-        threads = f", {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}"
+    threads = (f", {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}"
+               if device == 'cpu' else '')
     print(f"{n_tokens} tokens in {dt:.1f}s: {n_tokens / dt:.1f} tokens/s ({device}{threads})",
           file=sys.stderr)
 

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import matplotlib.figure
 import matplotlib.image
 import numpy as np
 import pytest
@@ -132,15 +131,12 @@ def plot_exits(capsys, *argv):
     return e.value.code, capsys.readouterr().err.strip().splitlines()
 
 
-def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
-    """A bad --out (no folder, a folder, no suffix, a format matplotlib does not write, a read-only place), a
-    language run with a vision run, a .json that holds no results or names runs that are not here: each one line,
-    exit 2, no file."""
+def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
+    """A bad --out (no folder, no suffix, a format matplotlib does not write), a language run with a vision
+    run, a .json that holds no results or names runs that are not here: each one line, exit 2, no file."""
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
     (tmp_path / 'vit').mkdir()
     (tmp_path / 'vit' / 'log.jsonl').write_text(json.dumps(dict(kind='eval', step=4, epoch=1, test_acc=0.3)) + '\n')
-    (tmp_path / 'ro').mkdir()
-    os.chmod(tmp_path / 'ro', 0o500)
     (tmp_path / 'other.json').write_text('{"loss": 1}')
     (tmp_path / 'cut.json').write_text('{"operator": [{"n": 1024}]}')          # rows without their numbers
     (tmp_path / 'study.json').write_text(json.dumps({'language': {'rows': [{'variant': 'ToST', 'out_dir': 'gone'}]}}))
@@ -151,7 +147,6 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
     # each case: the command line, and what its one line names (the option or the path at fault)
     for argv, names in (([run, f'--out={tmp_path}/no/such/x.png'], f'{tmp_path}/no/such'),
                         ([run, f'--out={tmp_path}'], '--out'),
-                        ([run, '--out='], '--out'),
                         ([run, f'--out={tmp_path}/x.txt'], 'x.txt'),
                         ([run, '--x=epochs'], '--x'),
                         ([run, f'--out_dir={tmp_path}'], '--out_dir'),
@@ -163,14 +158,6 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
                         ([str(tmp_path / 'tasks.json'), f'--out_dir={tmp_path}/no'], f'--out_dir={tmp_path}/no')):
         code, err = plot_exits(capsys, *argv)
         assert code == 2 and len(err) == 1 and err[0].startswith('error:') and names in err[0], err
-    with monkeypatch.context() as m:
-        if os.geteuid() == 0:                       # root writes anywhere: a read-only filesystem, as savefig meets it
-            def read_only(self, path, **k):
-                raise OSError(30, 'Read-only file system', path)
-            m.setattr(matplotlib.figure.Figure, 'savefig', read_only)
-        code, err = plot_exits(capsys, run, f'--out={tmp_path}/ro/x.png')
-        assert code == 2 and len(err) == 1 and f'--out={tmp_path}/ro/x.png' in err[0], err
-    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'other.json', 'out', 'ro', 'study.json', 'tasks.json', 'vit']
-    assert not os.listdir(tmp_path / 'ro')
+    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'other.json', 'out', 'study.json', 'tasks.json', 'vit']
     plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')

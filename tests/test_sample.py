@@ -38,13 +38,6 @@ def out(tmp_path_factory):
     return str(folder)
 
 
-def model_of(out):
-    ckpt = train_common.load_checkpoint(os.path.join(out, 'ckpt.pt'))
-    model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
-    model.load_state_dict(ckpt['model'])
-    return model.eval()
-
-
 def run(*args, stdout=subprocess.PIPE):
     """sample.py as a command: (exit code, stdout, stderr)."""
     r = subprocess.run([sys.executable, os.path.join(REPO, 'sample.py'), *args], stdout=stdout,
@@ -88,7 +81,7 @@ def test_stream_decoder_holds_back_half_characters():
 def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
     """In float32 on a CPU, also where it has bf16 instructions: bf16 autocast slows a batch of one down."""
     monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
-    model = model_of(out)
+    model = train_common.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
     prompt = 'def f(x):'
     n = 80  # more than block_size (32): the recurrent state carries on
     sample.main([f'--out_dir={out}', f'--start={prompt}', '--num_samples=1', f'--max_new_tokens={n}',
@@ -156,13 +149,10 @@ def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
 
 
 def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, capsys):
+    """sample.py's own options (reading a checkpoint is train_common's, tested there)."""
     one_line(*exits(capsys, f'--out_dir={tmp_path}'), f'{tmp_path}/ckpt.pt')
     for bad in ('-1', 'nan', 'inf'):
         one_line(*exits(capsys, f'--out_dir={out}', f'--temperature={bad}'), '--temperature')
-    one_line(*exits(capsys, f'--out_dir={out}/ckpt.pt'), f'{out}/ckpt.pt')     # the file, not its folder
-    (tmp_path / 'text').mkdir()
-    (tmp_path / 'text' / 'ckpt.pt').write_text('just some words\n')
-    one_line(*exits(capsys, f'--out_dir={tmp_path / "text"}'), f'{tmp_path}/text/ckpt.pt')
     one_line(*exits(capsys, f'--out_dir={out}', f'--start=FILE:{tmp_path}/missing.txt'), 'missing.txt')
     (tmp_path / 'latin1.txt').write_bytes('caf\xe9'.encode('latin-1'))
     one_line(*exits(capsys, f'--out_dir={out}', f'--start=FILE:{tmp_path}/latin1.txt'), 'latin1.txt')

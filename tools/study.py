@@ -32,9 +32,14 @@ from tools.bench import REPO, console, run_sections, table
 from train_common import cosine_lr
 
 
+def run_flags(keys):
+    """A dict of options as a script's command line takes them."""
+    return [f'--{k}={v}' for k, v in keys.items()]
+
+
 def run_script(script, keys, what):
     """Run one of the repo's scripts with options `keys` (a dict) in a subprocess, its output captured."""
-    args = [script, *(f'--{k}={v}' for k, v in keys.items())]
+    args = [script, *run_flags(keys)]
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
     if out.returncode != 0:
         tail = '\n'.join((out.stderr or out.stdout).strip().splitlines()[-5:])
@@ -71,9 +76,7 @@ def section_language(args, results):
     # made here: a folder that cannot be is one line naming it (options.py's handler), not a failed run
     os.makedirs(args.out_dir, exist_ok=True)
     budget = LANGUAGE_BUDGET[args.mode]
-    variants = LANGUAGE
-    if args.mode == 'smoke':
-        variants = [v for v in LANGUAGE if v[0] in SMOKE_LANGUAGE]
+    variants = [v for v in LANGUAGE if v[0] in SMOKE_LANGUAGE] if args.mode == 'smoke' else LANGUAGE
     rows = []
     for run, name, extra in variants:
         out_dir = os.path.join(args.out_dir, 'language-' + run)
@@ -91,17 +94,16 @@ def section_language(args, results):
         row.update({k: extra.get(k) for k in ('attn', 'token_shift', 'softmax_layers', 'n_head')})
         rows.append(row)
         console.print(f"  {name}: val loss {val:.3f}", style="dim")
-    note = 'train_gpt.py defaults (the demo) with these overrides, seed 1337, one run each'
-    results['language'] = dict(budget=dict(budget, note=note), rows=rows)
-    title = (f"Language, the demo budget{' with ' + str(budget) if budget else ''}: python_stdlib bytes, "
-             f"val loss in nats per byte (one seed)")
-    table(results, title, ['model', 'val loss', 'vs ToST (paper)', 'train tokens/s'],
+    results['language'] = dict(rows=rows, budget=dict(
+        budget, note='train_gpt.py defaults (the demo) with these overrides, seed 1337, one run each'))
+    table(results, f"Language, the demo budget{' with ' + str(budget) if budget else ''}: python_stdlib "
+                   f"bytes, val loss in nats per byte (one seed)",
+          ['model', 'val loss', 'vs ToST (paper)', 'train tokens/s'],
           [(r['variant'], f"{r['val_loss']:.3f}", f"{r['val_loss'] - rows[0]['val_loss']:+.3f}",
             f"{r['tokens_per_sec']:,.0f}") for r in rows])
     for r in rows:
-        command = ['python', 'sample.py', '--out_dir=' + r['out_dir']]
-        command += [f'--{k}={v}' for k, v in SAMPLE.items()]
-        console.print(f"{r['variant']}: {shlex.join(command)}", style="bold", markup=False, highlight=False)
+        command = shlex.join(['python', 'sample.py', '--out_dir=' + r['out_dir'], *run_flags(SAMPLE)])
+        console.print(f"{r['variant']}: {command}", style="bold", markup=False, highlight=False)
         console.print(r['sample'].split('\n---------------')[0], markup=False, highlight=False)
 
 
@@ -160,14 +162,15 @@ def section_vision(args, results):
                          best_acc=max(evals), seconds=round(time.time() - t0, 1),
                          out_dir=os.path.relpath(out_dir)))
         console.print(f"  {name}: test accuracy {evals[-1]:.3f}", style="dim")
-    note = 'train_vit.py defaults with these overrides, seed 1337, one run each'
-    budget_row = dict(budget, train_images=b['n_train'], test_images=b['n_test'], note=note)
-    results['vision'] = dict(budget=budget_row, rows=rows)
-    title = (f"Vision: {b['n_train']} synthetic 32px images (10 glyph classes on noise), tost-cifar-tiny, "
-             f"{budget['epochs']} epochs of batch {budget['batch_size']}, one seed; chance 0.10")
-    cells = [(r['variant'], f"{r['test_acc']:.3f}", f"{r['best_acc']:.3f}", f"{r['seconds']:.0f}")
-             for r in rows]
-    table(results, title, ['model', 'test accuracy (last epoch)', 'best', 'seconds'], cells)
+    results['vision'] = dict(rows=rows, budget=dict(
+        budget, train_images=b['n_train'], test_images=b['n_test'],
+        note='train_vit.py defaults with these overrides, seed 1337, one run each'))
+    table(results, f"Vision: {b['n_train']} synthetic 32px images (10 glyph classes on noise), "
+                   f"tost-cifar-tiny, {budget['epochs']} epochs of batch {budget['batch_size']}, "
+                   f"one seed; chance 0.10",
+          ['model', 'test accuracy (last epoch)', 'best', 'seconds'],
+          [(r['variant'], f"{r['test_acc']:.3f}", f"{r['best_acc']:.3f}", f"{r['seconds']:.0f}")
+           for r in rows])
 
 
 # -----------------------------------------------------------------------------
@@ -372,8 +375,8 @@ RANGES = dict(nonempty=('out_dir',))
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, positional='sections', ranges=RANGES)
+    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='sections',
+                   ranges=RANGES)
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
