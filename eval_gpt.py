@@ -101,7 +101,7 @@ def last_word_accuracy(model, tokens, spans, T, B, ctx, dist):
 def table(results, model_name):
     """The results in the paper's layout: one row per dataset, loss in nats per token, beside the paper's.
     The first column is as wide as the longest dataset name, so a long name keeps the columns aligned."""
-    w = max([len('dataset')] + [len(r['dataset']) for r in results]) + 2
+    w = max(12, *(len(r['dataset']) for r in results)) + 2
     lines = [f"zero-shot loss of {model_name}, nats per token",
              f"{'dataset':<{w}}{'tokens':>12}{'loss':>9}{'ppl':>10}{'LAMBADA acc':>14}   "
              f"{'ToST-Base':>12}{'GPT-2 Base':>12}  (paper)"]

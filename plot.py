@@ -146,8 +146,8 @@ def speed(results, path):
     sizes = [r['n'] for r in rows]
     ax_labels(left, 'tokens', 'forward + backward (ms)', 'time ~ n^k', log=True, xticks=sizes)
     ax_labels(right, 'tokens', 'peak memory (MB)', 'memory, forward + backward', log=True, xticks=sizes)
-    width = results.get('width', 768)
-    left.figure.suptitle(f"one attention layer, width {width}: {describe(results)}", fontsize=9)
+    left.figure.suptitle(f"one attention layer, width {results.get('width', 768)}: {describe(results)}",
+                         fontsize=9)
     save(left.figure, path)
 
 
@@ -169,8 +169,8 @@ def generation(results, path):
         label, model = GENERATION[key]
         color, line, marker = STYLES[model] if model else OTHER[i % len(OTHER)]
         ax.plot(ctx, [r[key] for r in rows], color=color, linestyle=line, marker=marker, label=label)
-    title = f"generation, batch 1: {describe(results)}"
-    ax_labels(ax, 'context (tokens before the new one)', 'tokens / s', title, log=True, xticks=ctx)
+    ax_labels(ax, 'context (tokens before the new one)', 'tokens / s',
+              f"generation, batch 1: {describe(results)}", log=True, xticks=ctx)
     save(ax.figure, path)
 
 
@@ -212,12 +212,11 @@ def capability_grid(results, path):
             a = acc.get((task, value, m))
             if a is not None:
                 grid[i, j] = (a - chance) / (1 - chance)
-                text = f"{a:.2f}" + ("" if a > chance + 0.02 else " ~")
-                color = 'black' if grid[i, j] > 0.5 else 'white'
-                ax.text(j, i, text, ha='center', va='center', fontsize=9, color=color)
+                ax.text(j, i, f"{a:.2f}" + ("" if a > chance + 0.02 else " ~"), ha='center', va='center',
+                        fontsize=9, color='black' if grid[i, j] > 0.5 else 'white')
     im = ax.imshow(np.clip(grid, 0, 1), cmap='viridis', vmin=0, vmax=1, aspect='auto')
-    names = [m.replace('tssa', 'ToST').replace('+', ' + ') for m in models]
-    ax.set_xticks(range(len(models)), names, fontsize=9)
+    ax.set_xticks(range(len(models)), [m.replace('tssa', 'ToST').replace('+', ' + ') for m in models],
+                  fontsize=9)
     ax.set_yticks(range(len(cells)), [f"{t}, {k} {v} (chance {c:.2f})" for t, k, v, c in cells], fontsize=8)
     ax.xaxis.tick_top()
     ax.figure.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label('above chance', fontsize=8)

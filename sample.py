@@ -41,11 +41,10 @@ RANGES = dict(positive=('num_samples',), nonnegative=('max_new_tokens', 'top_k',
 
 # A byte-level model can emit any byte. In a terminal a control character would act (an escape sequence moves
 # the cursor, recolours or retitles the window) instead of showing, so there each one but newline and tab is
-# shown as its Unicode control picture (ESC as ␛); C1 controls as the replacement character. Piped into a file
-# or a program, the text is written as generated.
+# shown as its Unicode control picture (ESC as ␛), DEL and the C1 controls as the replacement character.
+# Piped into a file or a program, the text is written as generated.
 CONTROL_PICTURES = {c: 0x2400 + c for c in range(32) if chr(c) not in '\t\n'}
-CONTROL_PICTURES[0x7f] = 0x2421
-CONTROL_PICTURES.update(dict.fromkeys(range(0x80, 0xa0), 0xfffd))
+CONTROL_PICTURES.update(dict.fromkeys(range(0x7f, 0xa0), 0xfffd))    # DEL and the C1 controls
 
 
 def decode_stream(tok, ids):

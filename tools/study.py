@@ -89,10 +89,10 @@ def section_language(args, results):
         # the first row includes the warm-up
         speeds = speeds[1:] or speeds
         sample = run_script('sample.py', dict(out_dir=out_dir, **SAMPLE), f'sampling {name}').stdout
-        row = dict(variant=name, val_loss=val, tokens_per_sec=sum(speeds) / max(1, len(speeds)),
-                   sample=sample.strip(), out_dir=os.path.relpath(out_dir))
-        row.update({k: extra.get(k) for k in ('attn', 'token_shift', 'softmax_layers', 'n_head')})
-        rows.append(row)
+        recorded = {k: extra.get(k) for k in ('attn', 'token_shift', 'softmax_layers', 'n_head')}
+        rows.append(dict(variant=name, **recorded, val_loss=val,
+                         tokens_per_sec=sum(speeds) / max(1, len(speeds)), sample=sample.strip(),
+                         out_dir=os.path.relpath(out_dir)))
         console.print(f"  {name}: val loss {val:.3f}", style="dim")
     results['language'] = dict(rows=rows, budget=dict(
         budget, note='train_gpt.py defaults (the demo) with these overrides, seed 1337, one run each'))
