@@ -1,14 +1,14 @@
 """Command-line options, as nanoGPT's configurator but checked once, and how every script ends on a mistake.
 
-A script's `DEFAULTS = dict(...)` holds a key a line with a comment. `--key=value` sets a key in its default's type
-(a bool's `--key` alone: true); `--config=NAME` applies a preset first. Every number must be finite, and the
-script's RANGES table says which must also be positive, non-negative or a fraction in [0, 1). `--help` prints the
-docstring and each key with its default value and its comment.
+A script's `DEFAULTS = dict(...)` holds a key a line with a comment. `--key=value` sets a key in its default's
+type (a bool's `--key` alone: true); `--config=NAME` applies a preset first. Every number must be finite, and
+the script's RANGES table says which must also be positive, non-negative or a fraction in [0, 1). `--help`
+prints the docstring and each key with its default value and its comment.
 
-Importing this module, which every script does before torch, sets how a script ends when an exception reaches its
-top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path (and the
-option that gave it) and exit 2; Ctrl-C is exit 130, also while torch is still importing; a closed stdout
-(`| head`) ends quietly with 141. Any other exception is a bug and keeps its traceback.
+Importing this module, which every script does before torch, sets how a script ends when an exception reaches
+its top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path
+(and the option that gave it) and exit 2; Ctrl-C is exit 130, also while torch is still importing; a closed
+stdout (`| head`) ends quietly with 141. Any other exception is a bug and keeps its traceback.
 """
 import atexit
 import difflib
@@ -23,8 +23,8 @@ class UsageError(Exception):
 
 
 def error_line(msg):
-    """`error: msg` on one line of stderr. Under torchrun the first process of each node says it (rank 0 for all
-    that every rank finds; another node's for what only it finds), the others keep quiet."""
+    """`error: msg` on one line of stderr. Under torchrun the first process of each node says it (rank 0 for
+    all that every rank finds; another node's for what only it finds), the others keep quiet."""
     rank = os.environ.get("RANK", "0")
     where = "" if rank == "0" else f" (rank {rank})"
     if rank == "0" or os.environ.get("LOCAL_RANK") == "0":
@@ -45,8 +45,8 @@ def quiet_stdout():
 
 
 def say(*args):
-    """print, flushed, that survives a closed stdout: `python train_gpt.py | tee log` loses tee on the same Ctrl-C
-    that asks the run to save, and the save must not depend on it. From then on stdout goes nowhere."""
+    """print, flushed, that survives a closed stdout: `python train_gpt.py | tee log` loses tee on the same
+    Ctrl-C that asks the run to save, and the save must not depend on it. From then on stdout goes nowhere."""
     try:
         print(*args, flush=True)
     except OSError:
@@ -89,7 +89,8 @@ def report(exc):
         if isinstance(batch, int):
             line += f"; try --batch_size={max(1, batch // 2)}"
         if isinstance(batch, int) and "gradient_accumulation_steps" in parsed:
-            line += f" --gradient_accumulation_steps={2 * parsed['gradient_accumulation_steps']} (the same tokens a step)"
+            steps = 2 * parsed["gradient_accumulation_steps"]
+            line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"
         code = 2
     elif isinstance(exc, OSError) and exc.filename is not None:
         option = option_of(exc.filename)
@@ -106,8 +107,8 @@ def report(exc):
 
 
 def run_main(main):
-    """main() ended as the handler ends a script, for a test that calls a script's main() in its own process: a
-    SystemExit with report()'s exit code."""
+    """main() ended as the handler ends a script, for a test that calls a script's main() in its own process:
+    a SystemExit with report()'s exit code."""
     try:
         main()
     except (Exception, KeyboardInterrupt) as e:
@@ -130,8 +131,8 @@ def excepthook(kind, exc, tb):
 
 
 def exit_with_code():
-    """Registered first, so run last at exit: stdout flushed (a closed one ends quietly), then the code excepthook
-    chose (Python's own would be 1)."""
+    """Registered first, so run last at exit: stdout flushed (a closed one ends quietly), then the code
+    excepthook chose (Python's own would be 1)."""
     try:
         sys.stdout.flush()
     except OSError as e:
@@ -147,10 +148,13 @@ if hasattr(sys.stdout, "reconfigure"):
     sys.stdout.reconfigure(errors="replace")
 
 
+BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
 def _value(key, raw, default):
     try:
         if isinstance(default, bool):
-            return {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}[raw.lower()]
+            return BOOLS[raw.lower()]
         if isinstance(default, list):
             return [raw]
         return type(default)(raw)
@@ -179,9 +183,9 @@ def check_numbers(config, ranges):
 
 
 def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None):
-    """(config, set_keys): argv applied to a copy of `defaults`, checked against `ranges`, and the keys it or a
-    preset set. `doc`, `source` (__doc__, __file__) make --help; `positional` is the key bare words set (all of
-    them, if its default is a list)."""
+    """(config, set_keys): argv applied to a copy of `defaults`, checked against `ranges`, and the keys it or
+    a preset set. `doc`, `source` (__doc__, __file__) make --help; `positional` is the key bare words set (all
+    of them, if its default is a list)."""
     if {"-h", "--help"} & set(argv):
         print(help_text(doc, defaults, source, presets, positional), flush=True)
         sys.exit(0)
@@ -249,14 +253,15 @@ def help_text(doc, defaults, source, presets=None, positional=None):
         key = re.match(r"\s*(\w+)=", line)
         comment = re.search(r"\s(#.*)$", line)
         if key:
-            rows.append((f"--{key.group(1)}={shown(defaults[key.group(1)])}", comment.group(1) if comment else ""))
+            flag = f"--{key.group(1)}={shown(defaults[key.group(1)])}"
+            rows.append((flag, comment.group(1) if comment else ""))
         elif line.strip():
-            rows.append(("", line.strip()))
-    width = max(len(flag) for flag, _ in rows) + 2
+            rows.append((line.strip(), ""))
+    width = max(len(flag) for flag, comment in rows if comment) + 2
     head = "options, as --key=value (defaults shown)"
     if presets:
         head += f"; --config=NAME applies a preset first: {', '.join(presets)}"
     if positional:
         head += f"; bare words set {positional}"
-    table = "\n".join(f"  {flag:<{width}}{comment}".rstrip() if flag else f"  {comment}" for flag, comment in rows)
+    table = "\n".join(f"  {flag:<{width}}{comment}".rstrip() for flag, comment in rows)
     return f"{doc.strip()}\n\n{head}:\n{table}"

@@ -13,7 +13,8 @@ from options import UsageError
 
 
 class Tokenizer:
-    """'bytes' (UTF-8's 256 byte values, no download; eot None) or 'gpt2' (tiktoken's GPT-2 BPE, 50257 ids)."""
+    """'bytes' (UTF-8's 256 byte values, no download; eot None) or 'gpt2' (tiktoken's GPT-2 BPE, 50257
+    ids)."""
 
     def __init__(self, name, vocab_size, eot=None, enc=None):
         self.name = name
@@ -32,15 +33,16 @@ class Tokenizer:
         return np.array(self.enc.encode_ordinary(s), dtype=np.uint16)
 
     def decode(self, ids):
-        """Tensors and arrays welcome; ids past the vocab (a padded model head) are dropped, half a UTF-8 character
-        is replaced."""
+        """Tensors and arrays welcome; ids past the vocab (a padded model head) are dropped, half a UTF-8
+        character is replaced."""
         ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
         if self.enc is None:
             return bytes(ids).decode("utf-8", errors="replace")
         return self.enc.decode(ids, errors="replace")
 
     def token_bytes(self, t):
-        """One token's raw bytes, which may end inside a UTF-8 character (streamed output); b'' past the vocab."""
+        """One token's raw bytes, which may end inside a UTF-8 character (streamed output); b'' past the
+        vocab."""
         if not 0 <= int(t) < self.vocab_size:
             return b""
         return bytes([int(t)]) if self.enc is None else self.enc.decode_single_token_bytes(int(t))
@@ -56,9 +58,9 @@ def gpt2_encoding():
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:
-        raise UsageError(f"could not load the GPT-2 vocab: tiktoken downloads it on first use and that failed "
-                         f"({type(e).__name__}, no network?); set TIKTOKEN_CACHE_DIR to a folder holding a cached "
-                         f"copy") from None
+        raise UsageError(f"could not load the GPT-2 vocab: tiktoken downloads it on first use and that "
+                         f"failed ({type(e).__name__}, no network?); set TIKTOKEN_CACHE_DIR to a folder "
+                         f"holding a cached copy") from None
 
 
 def get_tokenizer(name, encoding=None):
@@ -92,17 +94,19 @@ def load_meta(folder, kind=None, model_meta=None):
         with open(path) as f:
             text = f.read()
     except FileNotFoundError:
-        raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {recipe(folder)}") from None
+        command = recipe(folder)
+        raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {command}") from None
     try:
         meta = json.loads(text)
     except ValueError as e:
-        raise UsageError(f"{path} is not valid JSON ({e}); rebuild it: {recipe(folder, force=True)}") from None
+        command = recipe(folder, force=True)
+        raise UsageError(f"{path} is not valid JSON ({e}); rebuild it: {command}") from None
     if kind is not None and meta.get("kind") != kind:
         raise UsageError(f"{folder} holds {meta.get('kind')}, not {kind}; pick another dataset or --data_dir")
     want = model_meta and (model_meta.get("tokenizer"), model_meta.get("vocab_size"))
     if want and want != (meta.get("tokenizer"), meta.get("vocab_size")):
-        raise UsageError(f"{folder} uses tokenizer {meta.get('tokenizer')} ({meta.get('vocab_size')} ids), the "
-                         f"checkpoint was trained with {want[0]} ({want[1]} ids); prepare it with "
+        raise UsageError(f"{folder} uses tokenizer {meta.get('tokenizer')} ({meta.get('vocab_size')} ids), "
+                         f"the checkpoint was trained with {want[0]} ({want[1]} ids); prepare it with "
                          f"--tokenizer={want[0]} --name=OTHER")
     return meta
 
@@ -113,7 +117,9 @@ def read_tokens(folder, meta, split):
     size = os.path.getsize(path) if os.path.isfile(path) else -1
     want = meta.get(f"{split}_tokens")
     if size != 2 * (want if isinstance(want, int) else -1):
-        got = "is missing" if size < 0 else f"has {size // 2} tokens" if size % 2 == 0 else f"has {size} bytes (odd)"
+        got = f"has {size // 2} tokens" if size % 2 == 0 else f"has {size} bytes (odd)"
+        if size < 0:
+            got = "is missing"
         raise UsageError(f"{path} {got}, not the {want} tokens its meta.json says; rebuild it: "
                          f"{recipe(folder, meta, force=True)}")
     # np.memmap refuses an empty file (a test set's train.bin).
@@ -123,9 +129,11 @@ def read_tokens(folder, meta, split):
 
 
 def read_images(folder, meta):
-    """An image dataset: train images, train labels, test images, test labels ((N, C, H, W) uint8, (N,) int64)."""
+    """An image dataset: train images, train labels, test images, test labels ((N, C, H, W) uint8, (N,)
+    int64)."""
     try:
         return [np.load(os.path.join(folder, f"{split}_{what}.npy"))
                 for split in ("train", "test") for what in ("images", "labels")]
     except (OSError, ValueError) as e:
-        raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: {recipe(folder, meta, True)}") from None
+        command = recipe(folder, meta, force=True)
+        raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: {command}") from None

@@ -1,6 +1,7 @@
-"""What the trainers, sample.py and eval_gpt.py share, as plain functions that keep no state: checkpoints (atomic,
-loaded with weights_only), the out_dir and its lock, the learning-rate schedule, the device and dtype, processes
-under torchrun, Ctrl-C and SIGTERM as a request to stop, and the run log (log.jsonl and loss.png)."""
+"""What the trainers, sample.py and eval_gpt.py share, as plain functions that keep no state: checkpoints
+(atomic, loaded with weights_only), the out_dir and its lock, the learning-rate schedule, the device and
+dtype, processes under torchrun, Ctrl-C and SIGTERM as a request to stop, and the run log (log.jsonl and
+loss.png)."""
 import contextlib
 import datetime
 import gc
@@ -37,8 +38,8 @@ TRAINERS = {"gpt": ("train_gpt.py", "language-model"), "vit": ("train_vit.py", "
 
 
 def atomic_save(obj, path):
-    """torch.save to a temp file, fsync, rename over `path`: a failure (full disk, Ctrl-C) leaves the old file.
-    An OSError names `path`."""
+    """torch.save to a temp file, fsync, rename over `path`: a failure (full disk, Ctrl-C) leaves the old
+    file. An OSError names `path`."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -61,7 +62,8 @@ def atomic_save(obj, path):
 
 def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     """torch.load with weights_only=True (loading cannot run code). One line naming the path if the file is
-    missing or not a checkpoint, or, given `kind` ('gpt' or 'vit'), is another trainer's or lacks the keys `needs`."""
+    missing or not a checkpoint, or, given `kind` ('gpt' or 'vit'), is another trainer's or lacks the keys
+    `needs`."""
     folder = os.path.dirname(path) or "."
     # A folder that is a file is the OSError handler's to name.
     if not os.path.exists(path) and not os.path.isfile(folder):
@@ -70,7 +72,8 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     with open(path, "rb") as f:
         head = f.read(4)
     if not head.startswith(b"PK"):
-        raise UsageError(f"{path} is not a checkpoint: torch.save writes a zip archive, this file starts with {head!r}")
+        raise UsageError(f"{path} is not a checkpoint: torch.save writes a zip archive, this file starts "
+                         f"with {head!r}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
@@ -81,13 +84,16 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({reason})") from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({type(ckpt).__name__}, not a dict)")
-    found = "vit" if ckpt.get("kind") == "vit" else "gpt" if "vocab_size" in ckpt.get("model_args", {}) else None
+    found = "gpt" if "vocab_size" in ckpt.get("model_args", {}) else None
+    if ckpt.get("kind") == "vit":
+        found = "vit"
     if kind and found and found != kind:
         raise UsageError(f"{path} is a {TRAINERS[found][1]} checkpoint ({TRAINERS[found][0]}), not a "
                          f"{TRAINERS[kind][1]} one")
     missing = sorted(set(needs) - set(ckpt))
     if kind and (missing or not found):
-        raise UsageError(f"{path} is not a {TRAINERS[kind][0]} checkpoint (no {', '.join(missing or ['model_args'])})")
+        lacks = ", ".join(missing or ["model_args"])
+        raise UsageError(f"{path} is not a {TRAINERS[kind][0]} checkpoint (no {lacks})")
     return ckpt
 
 
@@ -106,7 +112,8 @@ def load_gpt(path, device):
     try:
         model = tost.GPT(tost.GPTConfig(**ckpt["model_args"]))
     except (TypeError, ValueError) as e:
-        raise UsageError(f"{path} does not hold a model this tost.py can load ({str(e).splitlines()[0]})") from None
+        why = str(e).splitlines()[0]
+        raise UsageError(f"{path} does not hold a model this tost.py can load ({why})") from None
     load_weights(model, ckpt, path)
     del ckpt["model"]
     ckpt.pop("optimizer", None)
@@ -114,9 +121,9 @@ def load_gpt(path, device):
 
 
 def lock_out_dir(out_dir):
-    """Rank 0's hold on out_dir, an open file (kept by the caller while it writes there; closing lets go), so that
-    two runs never write in one folder; then a save that kill -9 cut short leaves no temp file. None where
-    fcntl is missing (Windows) or the filesystem has no locks: the folder is then unguarded."""
+    """Rank 0's hold on out_dir, an open file (kept by the caller while it writes there; closing lets go), so
+    that two runs never write in one folder; then a save that kill -9 cut short leaves no temp file. None
+    where fcntl is missing (Windows) or the filesystem has no locks: the folder is then unguarded."""
     lock = open(os.path.join(out_dir, ".lock"), "w")
     if fcntl is None:
         return None
@@ -133,8 +140,8 @@ def lock_out_dir(out_dir):
 
 
 def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
-    """Create out_dir on every rank and lock it on rank 0 (returned: keep it). A fresh run refuses an earlier run's
-    `checkpoints`, or with `overwrite` deletes them."""
+    """Create out_dir on every rank and lock it on rank 0 (returned: keep it). A fresh run refuses an earlier
+    run's `checkpoints`, or with `overwrite` deletes them."""
     os.makedirs(out_dir, exist_ok=True)
     found = [p for p in checkpoints if fresh and os.path.isfile(p)]
     if found and not overwrite:
@@ -165,7 +172,8 @@ def optimizer_for(model, cfg, dtype, ckpt=None):
 
 
 def cosine_lr(it, lr, min_lr, warmup_iters, decay_iters):
-    """Linear warmup to lr over warmup_iters (lr/warmup at it=0), then a cosine down to min_lr at decay_iters."""
+    """Linear warmup to lr over warmup_iters (lr/warmup at it=0), then a cosine down to min_lr at
+    decay_iters."""
     if it < warmup_iters:
         return lr * min(1.0, (it + 1) / warmup_iters)
     if it >= decay_iters:
@@ -175,7 +183,8 @@ def cosine_lr(it, lr, min_lr, warmup_iters, decay_iters):
 
 
 def seed_of(*numbers):
-    """A seed drawn from a tuple of numbers (a run's seed, a step...): the same on any process, after any resume."""
+    """A seed drawn from a tuple of numbers (a run's seed, a step...): the same on any process, after any
+    resume."""
     return int(np.random.SeedSequence(numbers).generate_state(1)[0])
 
 
@@ -197,8 +206,8 @@ def compiles_causal(device):
 def check_compile(device):
     """--compile of causal TSSA: one line where it would fail, before any data is read or model built."""
     if not compiles_causal(device):
-        raise UsageError(f"--compile: torch {torch.__version__} cannot compile causal TSSA for a GPU (an inductor "
-                         f"bug, fixed in torch 2.13); upgrade torch or set --compile=false")
+        raise UsageError(f"--compile: torch {torch.__version__} cannot compile causal TSSA for a GPU (an "
+                         f"inductor bug, fixed in torch 2.13); upgrade torch or set --compile=false")
 
 
 def pick_device(pref="auto"):
@@ -209,7 +218,7 @@ def pick_device(pref="auto"):
         raise UsageError(f"unknown device {pref!r}; use auto, cpu, cuda, cuda:N or mps")
     backend = torch.backends.mps if pref == "mps" else torch.cuda
     if pref != "cpu" and not backend.is_available():
-        raise UsageError(f"device {pref!r} requested but {'MPS' if pref == 'mps' else 'CUDA'} is not available here")
+        raise UsageError(f"device {pref!r} requested but {pref.split(':')[0].upper()} is not available here")
     count = torch.cuda.device_count()
     if pref.startswith("cuda") and (torch.device(pref).index or 0) >= count:
         raise UsageError(f"device {pref!r} requested but this machine has {count} GPU(s)")
@@ -222,12 +231,13 @@ def sum_dtype(device):
 
 
 def resolve_dtype(dtype, device, master=True):
-    """--dtype as (name, why): 'auto' is bfloat16 where the hardware computes in it (Ampere on, not emulated; a CPU
-    with AVX-512 BF16: elsewhere, ARM included, bf16 autocast is slower), float16 on older GPUs, else float32."""
+    """--dtype as (name, why): 'auto' is bfloat16 where the hardware computes in it (Ampere on, not emulated;
+    a CPU with AVX-512 BF16: elsewhere, ARM included, bf16 autocast is slower), float16 on older GPUs, else
+    float32."""
     kind = device.split(":")[0]
     gpu_bf16 = kind == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
     if dtype == "auto" and kind == "cuda":
-        return ("bfloat16", "auto: this GPU computes in it") if gpu_bf16 else ("float16", "auto: no bfloat16 here")
+        return ("bfloat16", "auto: this GPU computes in it") if gpu_bf16 else ("float16", "auto: no bfloat16")
     if dtype == "auto" and kind == "cpu" and torch.cpu._is_avx512_bf16_supported():
         return "bfloat16", "auto: this CPU has bfloat16 instructions"
     if dtype == "auto":
@@ -280,15 +290,20 @@ def setup_distributed(device_pref):
         setup_cuda(device)
     # Before the group: torch.distributed.nn binds group.WORLD as a default.
     importlib.import_module("torch.distributed.nn")
+    # The group wraps sys.excepthook to prefix its lines with [rankN]: options' one line stays as it is.
+    hook = sys.excepthook
     torch.distributed.init_process_group(backend="nccl" if cuda else "gloo",
                                          device_id=torch.device(device) if cuda else None)
+    sys.excepthook = hook
     flags = torch.distributed.new_group(backend="gloo") if cuda else None
     return Dist(True, rank, local_rank, world_size, rank == 0, device, flags)
 
 
-def teardown(dist):
-    """Leave the process group after the other ranks: a gloo thread left to the interpreter's exit can abort a
-    finished run. Every rank calls it at the same point."""
+def teardown(dist, lock=None):
+    """Let go of the out_dir's `lock`, and leave the process group after the other ranks: a gloo thread left to
+    the interpreter's exit can abort a finished run. Every rank calls it at the same point."""
+    if lock:
+        lock.close()
     if dist.ddp and torch.distributed.is_initialized():
         torch.distributed.barrier()
         # DDP's reference cycles would keep the group.
@@ -313,8 +328,9 @@ def mean_loss(loss_sum, steps, dist):
 
 
 def wrap(model, dist, compile):
-    """DDP inside, the compiler outside (its backward starts each bucket's all-reduce when ready); static shapes.
-    On GPUs, BatchNorm (the ViT's patch embedding) takes its statistics over every process's batch, as released."""
+    """DDP inside, the compiler outside (its backward starts each bucket's all-reduce when ready); static
+    shapes. On GPUs, BatchNorm (the ViT's patch embedding) takes its statistics over every process's batch, as
+    released."""
     if dist.ddp and dist.device.startswith("cuda"):
         model = DDP(torch.nn.SyncBatchNorm.convert_sync_batchnorm(model), device_ids=[dist.local_rank])
     elif dist.ddp:
@@ -340,9 +356,10 @@ def save_checkpoint(state, paths, dist):
 
 @contextlib.contextmanager
 def stop_signals(unit, master):
-    """Inside: Ctrl-C and SIGTERM append their name to the yielded list, which the loop reads once a step (through
-    any_rank: every rank stops at the same step). A second signal a second later raises KeyboardInterrupt (out now,
-    no save); two within a second are one (a torchrun worker gets the terminal's SIGINT and torchrun's copy)."""
+    """Inside: Ctrl-C and SIGTERM append their name to the yielded list, which the loop reads once a step
+    (through any_rank: every rank stops at the same step). A second signal a second later raises
+    KeyboardInterrupt (out now, no save); two within a second are one (a torchrun worker gets the terminal's
+    SIGINT and torchrun's copy)."""
     signals = []
     first = []
 
@@ -368,8 +385,8 @@ def stop_signals(unit, master):
 
 
 def resume_command(script, cfg, set_keys, defaults):
-    """'resume with: python train_gpt.py --init_from=resume ...': the launcher, the script as it was started, and
-    the keys this run set that a checkpoint does not restore."""
+    """'resume with: python train_gpt.py --init_from=resume ...': the launcher, the script as it was started,
+    and the keys this run set that a checkpoint does not restore."""
     prog = sys.argv[0] if os.path.basename(sys.argv[0]) == script else script
     env = os.environ
     nodes = ""
@@ -386,7 +403,9 @@ def resume_command(script, cfg, set_keys, defaults):
                     f"{env.get('MASTER_PORT')}")
         nodes = "\n(on node N, --node_rank=N)"
     keys = [k for k in ("out_dir", "device", "compile") if k in set_keys and cfg[k] != defaults[k]]
-    args = ["--init_from=resume"] + [f"--{k}={str(cfg[k]).lower() if k == 'compile' else cfg[k]}" for k in keys]
+    args = ["--init_from=resume"]
+    for key in keys:
+        args.append(f"--{key}={str(cfg[key]).lower() if key == 'compile' else cfg[key]}")
     return "resume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args]) + nodes
 
 # -----------------------------------------------------------------------------
@@ -394,8 +413,8 @@ def resume_command(script, cfg, set_keys, defaults):
 
 
 def start_log(out_dir, key, last):
-    """Begin out_dir/log.jsonl: a fresh run's is empty (`last` None), a resumed run keeps the rows whose `key` is
-    at most `last` (its checkpoint's step) and the rows without one; a torn line goes."""
+    """Begin out_dir/log.jsonl: a fresh run's is empty (`last` None), a resumed run keeps the rows whose `key`
+    is at most `last` (its checkpoint's step) and the rows without one; a torn line goes."""
     path = os.path.join(out_dir, "log.jsonl")
     keep = []
     if last is not None and os.path.isfile(path):
@@ -418,7 +437,8 @@ def log_row(out_dir, row):
 
 
 def draw_loss(out_dir):
-    """Redraw out_dir/loss.png from its log. A figure never stops a run: False, said once, if it cannot be drawn."""
+    """Redraw out_dir/loss.png from its log. A figure never stops a run: False, said once, if it cannot be
+    drawn."""
     try:
         import plot
         run = plot.read_run(os.path.join(out_dir, "log.jsonl"))
