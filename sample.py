@@ -105,7 +105,7 @@ def main(argv=None):
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg['seed'])
     t0 = time.perf_counter()
-    # generate_stream is no_grad itself; it yields all max_new_tokens
+    # generate_stream is no_grad itself
     with autocast(device, dtype):
         for _ in range(cfg['num_samples']):
             print(prompt.translate(shown), end='')
@@ -115,6 +115,7 @@ def main(argv=None):
                 print(piece.translate(shown), end='', flush=True)
             print('\n---------------', flush=True)
     dt = time.perf_counter() - t0
+    # generate_stream yields all max_new_tokens of each sample
     n_tokens = cfg['num_samples'] * cfg['max_new_tokens']
     threads = (f", {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}"
                if device == 'cpu' else '')
