@@ -90,7 +90,7 @@ def learning_curves(runs, path, x='tokens', title=None):
         raise UsageError(f"{', '.join(kinds)}; draw them in separate calls")
     vision = vision[0]
     key = 'epoch' if vision else 'tokens' if x == 'tokens' else 'elapsed_s'
-    # (train, val) points of each run, both from rows of their kind; a vision run's val points are test accuracy
+    # (train, val) points of each run, from rows of their kind; a vision run's val points are test accuracy
     series = [([] if vision else points(rows, key, 'train_loss', 'train'),
                points(rows, key, 'test_acc' if vision else 'val_loss', 'eval')) for _, _, rows in runs]
     drawn = [y for train, val in series for _, y in train + val]
