@@ -15,7 +15,7 @@ import tiktoken
 import torch
 
 import options
-import prepare_data
+import readers
 import sample
 import tost
 import train_common
@@ -38,30 +38,34 @@ def out(tmp_path_factory):
     return str(folder)
 
 
-def run(*args, stdout=subprocess.PIPE):
-    """sample.py as a command: (exit code, stdout, stderr)."""
-    r = subprocess.run([sys.executable, os.path.join(REPO, 'sample.py'), *args], stdout=stdout,
-                       stderr=subprocess.PIPE, env=ENV, timeout=120)
-    return r.returncode, r.stdout, r.stderr.decode(errors='replace')
+def start(*args, stdout=subprocess.PIPE):
+    """sample.py as a command, in a process group of its own as a terminal starts a job."""
+    return subprocess.Popen([sys.executable, os.path.join(REPO, 'sample.py'), *args], stdout=stdout,
+                            stderr=subprocess.PIPE, env=ENV, start_new_session=True)
+
+
+def ended(p):
+    """(exit code, lines on stderr) of a command start() started."""
+    err = p.communicate(timeout=120)[1].decode(errors='replace')
+    return p.returncode, err.strip().splitlines()
 
 
 def exits(capsys, *args):
-    """sample.main ended by run_main, as the command ends it: (exit code, the lines on stderr)."""
+    """(exit code, lines on stderr) of sample.main ended by run_main, as the command ends it."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         options.run_main(lambda: sample.main(list(args)))
     return e.value.code, capsys.readouterr().err.strip().splitlines()
 
 
-def one_line(code, err, *names):
-    """Exit 2, and one line naming each of `names` (an option, a path)."""
-    assert code == 2 and len(err) == 1 and err[0].startswith('error: '), err
-    for name in names:
-        assert name in err[0], err
+def one_line(ending, *names, code=2):
+    """The exit code, and one line naming each of `names` (an option, a path)."""
+    assert ending[0] == code and len(ending[1]) == 1 and ending[1][0].startswith('error: '), ending
+    assert all(name in ending[1][0] for name in names), ending
 
 
 def test_stream_decoder_holds_back_half_characters():
-    tok = prepare_data.get_tokenizer('bytes')
+    tok = readers.get_tokenizer('bytes')
     text = 'déjà vu ✓ 😀 end'
     pieces = list(sample.decode_stream(tok, tok.encode(text)))   # a piece per token, then the rest
     assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
@@ -71,7 +75,7 @@ def test_stream_decoder_holds_back_half_characters():
     ranks[b'j\xc3'] = 256  # 'j' and the first byte of 'à': a token that ends inside a character
     enc = tiktoken.Encoding(name='tiny', pat_str=r'\S+|\s+', mergeable_ranks=ranks,
                             special_tokens={'<|endoftext|>': 257})
-    bpe = prepare_data.get_tokenizer('gpt2', encoding=enc)
+    bpe = readers.get_tokenizer('gpt2', encoding=enc)
     ids = bpe.encode(text)
     assert 256 in ids
     pieces = list(sample.decode_stream(bpe, ids))
@@ -150,15 +154,14 @@ def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
 
 def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, capsys):
     """sample.py's own options (reading a checkpoint is train_common's, tested there)."""
-    one_line(*exits(capsys, f'--out_dir={tmp_path}'), f'{tmp_path}/ckpt.pt')
+    one_line(exits(capsys, f'--out_dir={tmp_path}'), f'{tmp_path}/ckpt.pt')
     for bad in ('-1', 'nan', 'inf'):
-        one_line(*exits(capsys, f'--out_dir={out}', f'--temperature={bad}'), '--temperature')
-    one_line(*exits(capsys, f'--out_dir={out}', f'--start=FILE:{tmp_path}/missing.txt'), 'missing.txt')
+        one_line(exits(capsys, f'--out_dir={out}', f'--temperature={bad}'), '--temperature')
+    one_line(exits(capsys, f'--out_dir={out}', f'--start=FILE:{tmp_path}/missing.txt'), 'missing.txt')
     (tmp_path / 'latin1.txt').write_bytes('caf\xe9'.encode('latin-1'))
-    one_line(*exits(capsys, f'--out_dir={out}', f'--start=FILE:{tmp_path}/latin1.txt'), 'latin1.txt')
+    one_line(exits(capsys, f'--out_dir={out}', f'--start=FILE:{tmp_path}/latin1.txt'), 'latin1.txt')
     # a byte that is not UTF-8 on the command line arrives as a lone surrogate, which cannot be encoded
-    code, _, err = run(f'--out_dir={out}'.encode(), b'--start=caf\xe9')
-    one_line(code, err.strip().splitlines(), '--start')
+    one_line(ended(start(f'--out_dir={out}'.encode(), b'--start=caf\xe9')), '--start')
 
 
 def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):
@@ -173,14 +176,10 @@ def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):
 def test_ctrl_c_into_a_pipe_whose_reader_it_killed_and_a_full_disk_are_one_line(out):
     """`python sample.py | tee log`, then Ctrl-C: the terminal sends SIGINT to both, so tee is gone when the
     interrupt's handler writes. `python sample.py > /dev/full`: stdout cannot be written at all."""
-    p = subprocess.Popen([sys.executable, os.path.join(REPO, 'sample.py'), f'--out_dir={out}',
-                          '--max_new_tokens=100000'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
-                         start_new_session=True)
+    p = start(f'--out_dir={out}', '--max_new_tokens=100000')
     p.stdout.read(200)                                  # it is generating
     os.killpg(p.pid, signal.SIGINT)
     p.stdout.close()                                    # the reader, gone with the same Ctrl-C
-    err = p.stderr.read().decode()
-    assert p.wait(timeout=60) == 130 and err.startswith('error: ') and err.count('\n') == 1, err
+    one_line(ended(p), code=130)
     with open('/dev/full', 'w') as full:
-        code, _, err = run(f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=5', stdout=full)
-    assert code == 2 and err.startswith('error: ') and err.count('\n') == 1, err
+        one_line(ended(start(f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=5', stdout=full)))
