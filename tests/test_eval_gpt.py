@@ -26,9 +26,10 @@ ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
 
 pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 
-WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i} , and not much @-@ else .\n \n'
-               for i in range(30))
-PASSAGES = [f'Passage {i} tells of {"many " * (i % 7)}things, and ends with the word word{i % 3}' for i in range(11)]
+WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i} , and not much @-@ else .'
+               f'\n \n' for i in range(30))
+PASSAGES = [f'Passage {i} tells of {"many " * (i % 7)}things, and ends with the word word{i % 3}'
+            for i in range(11)]
 
 
 @pytest.fixture(scope='module')
@@ -96,11 +97,13 @@ def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, at
     model = save_model(out, data_dir, attn=attn)
     with open(os.path.join(out, 'log.jsonl'), 'w') as f:  # a training log is there already
         f.write(json.dumps({'iter': 7, 'kind': 'eval', 'val_loss': 5.0}) + '\n')
-    eval_gpt.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2,lambada', '--device=cpu',
+    eval_gpt.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2,lambada',
+                   '--device=cpu',
                    '--dtype=float32', '--batch_size=3'])
     log = read_log(out)
     assert log[0] == {'iter': 7, 'kind': 'eval', 'val_loss': 5.0}  # appended, not truncated
-    assert [(r['dataset'], r['kind']) for r in log[1:]] == [('wikitext2', 'zero_shot'), ('lambada', 'zero_shot')]
+    assert [r['dataset'] for r in log[1:]] == ['wikitext2', 'lambada']
+    assert all(r['kind'] == 'zero_shot' for r in log[1:])
     for r in log[1:]:
         x = torch.from_numpy(tokens_of(data_dir, r['dataset']))
         total, count = 0.0, 0
@@ -128,20 +131,21 @@ def test_the_table_stays_aligned_for_a_long_dataset_name():
 
 
 def test_each_token_is_scored_once_and_lambada_reads_the_device_once(data_dir, tmp_path, monkeypatch):
-    """The model is asked for its logits, not for its mean loss beside them: that was a second cross-entropy over
-    batch x block x vocab (float32: 3 GB at batch 8 on GPT-2's vocabulary). LAMBADA needs no cross-entropy at all,
-    and compares the guesses on the device: one read at the end (the gather), not one per passage."""
+    """The model is asked for its logits, not for its mean loss beside them: that was a second cross-entropy
+    over batch x block x vocab (float32: 3 GB at batch 8 on GPT-2's vocabulary). LAMBADA needs none, and
+    compares the guesses on the device: one read at the end (the gather), not one per passage."""
     model = save_model(str(tmp_path / 'out'), data_dir)
     one, ctx = train_common.Dist(False, 0, 0, 1, True, 'cpu'), train_common.autocast('cpu', 'float32')
     ce, reads, real_ce = [], [], torch.nn.functional.cross_entropy
-    monkeypatch.setattr(torch.nn.functional, 'cross_entropy', lambda *a, **k: ce.append(1) or real_ce(*a, **k))
+    monkeypatch.setattr(torch.nn.functional, 'cross_entropy',
+                        lambda *a, **k: ce.append(1) or real_ce(*a, **k))
     for name in ('item', 'tolist', 'cpu', 'numpy', '__bool__', '__float__', '__int__'):
         real = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name,
                             lambda self, *a, _real=real, **k: reads.append(1) or _real(self, *a, **k))
     tokens = tokens_of(data_dir, 'wikitext2')
     _, _, n_windows = eval_gpt.split_loss(model, tokens, 32, 3, ctx, one)
-    full = (len(tokens) - 1) // 32                          # full windows, 3 a batch; the short last one alone
+    full = (len(tokens) - 1) // 32                  # full windows, 3 a batch; the short last one alone
     assert n_windows == full + 1 and len(ce) == -(-full // 3) + 1      # one cross-entropy per batch
     ce.clear(), reads.clear()
     flags, _ = eval_gpt.last_word_accuracy(model, tokens_of(data_dir, 'lambada'),
@@ -254,7 +258,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, capsys):
     (data_dir / 'bytes_text.txt').write_text('some bytes to evaluate on, ' * 20)
     prep.prepare('text', data_dir, input=str(data_dir / 'bytes_text.txt'))
     one_line_error(exits(base + ['--datasets=wikitext2,bytes_text'], capsys), 'bytes_text')
-    short = data_dir / 'short'                                       # a val.bin cut short after it was prepared
+    short = data_dir / 'short'                                   # a val.bin cut short after it was prepared
     shutil.copytree(data_dir / 'wikitext2', short)
     with open(short / 'val.bin', 'r+b') as f:
         f.truncate(100)

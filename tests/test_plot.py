@@ -40,9 +40,9 @@ def write_run(folder, cfg, losses, evals=True):
 def test_several_runs_of_different_models_on_one_figure(tmp_path):
     write_run(tmp_path / 'out', dict(attn='tssa', token_shift=False), [5.0, 4.0, 3.2, 2.9])
     write_run(tmp_path / 'out-soft', dict(attn='softmax', token_shift=True), [5.0, 3.5, 2.8, 2.5])
-    write_run(tmp_path / 'new', dict(attn='tssa', softmax_layers=[-1]), [5.1, 4.5], evals=False)  # no eval yet
-    assert [plot.read_run(str(tmp_path / f))[0] for f in ('out', 'out-soft', 'new')] == \
-        ['out: ToST', 'out-soft: softmax + shift', 'new: hybrid']                   # labels from each run's own log
+    write_run(tmp_path / 'new', dict(attn='tssa', softmax_layers=[-1]), [5.1, 4.5], evals=False)  # no eval
+    labels = [plot.read_run(str(tmp_path / f))[0] for f in ('out', 'out-soft', 'new')]
+    assert labels == ['out: ToST', 'out-soft: softmax + shift', 'new: hybrid']     # from each run's own log
     out = tmp_path / 'runs.png'
     plot.main([str(tmp_path / 'out'), str(tmp_path / 'out-soft'), str(tmp_path / 'new'), f'--out={out}',
                '--x=seconds'])
@@ -63,9 +63,9 @@ def test_a_folder_that_is_not_a_run_is_one_line(tmp_path, capsys):
 
 
 def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeypatch):
-    """python plot.py docs/bench.json docs/tasks.json: each section's figure, from the numbers alone (an operator
-    or a generation case missing is left out), in the current folder (the figures beside the file, tracked ones
-    in docs/, are rewritten only with --out_dir)."""
+    """python plot.py docs/bench.json docs/tasks.json: each section's figure, from the numbers alone (an
+    operator or a generation case missing is left out), in the current folder (the figures beside the file,
+    tracked ones in docs/, are rewritten only with --out_dir)."""
     rows = [dict(n=n, op=op, fwd_s=c * n * 1e-6, fwdbwd_s=3 * c * n * 1e-6 * (n / 256) ** q,
                  fwdbwd_peak_mb=n * 0.01 * (1 + q)) for n in (256, 1024, 4096)
             for op, c, q in (('causal_tssa', 1, 0), ('tssa', 1, 0), ('sdpa_causal', 2, 0.6))]
@@ -136,10 +136,11 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
     run, a .json that holds no results or names runs that are not here: each one line, exit 2, no file."""
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
     (tmp_path / 'vit').mkdir()
-    (tmp_path / 'vit' / 'log.jsonl').write_text(json.dumps(dict(kind='eval', step=4, epoch=1, test_acc=0.3)) + '\n')
+    (tmp_path / 'vit' / 'log.jsonl').write_text(json.dumps(dict(kind='eval', step=4, epoch=1, test_acc=0.3)))
     (tmp_path / 'other.json').write_text('{"loss": 1}')
     (tmp_path / 'cut.json').write_text('{"operator": [{"n": 1024}]}')          # rows without their numbers
-    (tmp_path / 'study.json').write_text(json.dumps({'language': {'rows': [{'variant': 'ToST', 'out_dir': 'gone'}]}}))
+    gone = {'variant': 'ToST', 'out_dir': 'gone'}
+    (tmp_path / 'study.json').write_text(json.dumps({'language': {'rows': [gone]}}))
     cell = dict(task='copy', knob='length', value=8, model='tssa', accuracy=0.5, chance=0.03)
     (tmp_path / 'tasks.json').write_text(json.dumps({'tasks': [cell]}))
     run = str(tmp_path / 'out')
@@ -155,9 +156,11 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
                         ([other], 'other.json'),
                         ([str(tmp_path / 'cut.json')], 'cut.json'),
                         ([str(tmp_path / 'study.json')], 'gone'),
-                        ([str(tmp_path / 'tasks.json'), f'--out_dir={tmp_path}/no'], f'--out_dir={tmp_path}/no')):
+                        ([str(tmp_path / 'tasks.json'), f'--out_dir={tmp_path}/no'],
+                         f'--out_dir={tmp_path}/no')):
         code, err = plot_exits(capsys, *argv)
         assert code == 2 and len(err) == 1 and err[0].startswith('error:') and names in err[0], err
-    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'other.json', 'out', 'study.json', 'tasks.json', 'vit']
+    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'other.json', 'out', 'study.json', 'tasks.json',
+                                            'vit']
     plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')

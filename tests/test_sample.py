@@ -69,7 +69,8 @@ def test_stream_decoder_holds_back_half_characters():
     text = 'déjà vu ✓ 😀 end'
     pieces = list(sample.decode_stream(tok, tok.encode(text)))   # a piece per token, then the rest
     assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
-    assert pieces[1] == '' and pieces[2] == 'é'  # 'é' is two bytes: nothing after the first, all after the second
+    # 'é' is two bytes: nothing after the first, all after the second
+    assert pieces[1] == '' and pieces[2] == 'é'
     # BPE: tokens are byte strings that may also split a character (a tiny offline stand-in for GPT-2's)
     ranks = {bytes([i]): i for i in range(256)}
     ranks[b'j\xc3'] = 256  # 'j' and the first byte of 'à': a token that ends inside a character
@@ -99,7 +100,8 @@ def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
     sample.main([f'--out_dir={out}', '--start=', '--num_samples=1', '--max_new_tokens=20', '--seed=7',
                  '--device=cpu', '--temperature=0'])
     want = model.generate(torch.tensor([[10]]), 20, temperature=0)
-    assert capsys.readouterr().out == bytes(want[0, 1:].tolist()).decode('utf-8', 'replace') + '\n---------------\n'
+    text = bytes(want[0, 1:].tolist()).decode('utf-8', 'replace')
+    assert capsys.readouterr().out == text + '\n---------------\n'
 
 
 def test_same_seed_same_text_and_one_thread_unless_told(out, capsys, monkeypatch):
@@ -119,8 +121,8 @@ def test_same_seed_same_text_and_one_thread_unless_told(out, capsys, monkeypatch
 
 
 def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monkeypatch):
-    """A byte-level model at a high temperature emits control bytes; the prompt here has some too. In a terminal
-    none reaches it but newline and tab; piped, the text is written as it is."""
+    """A byte-level model at a high temperature emits control bytes; the prompt here has some too. In a
+    terminal none reaches it but newline and tab; piped, the text is written as it is."""
     args = [f'--out_dir={out}', '--start=\x1b[2J\x07ding\r\n', '--num_samples=1', '--max_new_tokens=400',
             '--temperature=3', '--top_k=0', '--device=cpu']
     sample.main(args)
@@ -166,7 +168,8 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, capsys):
 
 def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):
     long = 'x = 1\n' * 20 + 'THE END'  # 127 bytes; the model takes 32
-    sample.main([f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5', '--device=cpu'])
+    sample.main([f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5',
+                 '--device=cpu'])
     printed = capsys.readouterr()
     note, speed = printed.err.strip().splitlines()
     assert '127' in note and '32' in note and 'THE END' in note and printed.out.startswith(long)
