@@ -131,7 +131,8 @@ OPS = {'causal_tssa': ('CausalTSSA', 'ToST', '-'), 'tssa': ('TSSA', 'ToST', '--'
 def speed(results, path):
     """The operator section: forward+backward time and peak memory against tokens, log-log, each operator's
     fitted exponent (time ~ n^k) in the legend. Linear is a slope of 1, quadratic of 2."""
-    rows, fits = results['operator'], results.get('operator_exponent', {})
+    rows = results['operator']
+    fits = results.get('operator_exponent', {})
     left, right = Figure(figsize=(10, 4)).subplots(1, 2)
     for op, (label, model, line) in OPS.items():
         pts = sorted((r['n'], r['fwdbwd_s'], r['fwdbwd_peak_mb']) for r in rows if r['op'] == op)

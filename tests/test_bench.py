@@ -66,7 +66,8 @@ def test_the_readable_column_runs_the_readable_lines(monkeypatch):
     """The limit's causal columns: with fused=True the fused core at any size (tost_fast.MIN_ELEMENTS 0 while
     the case runs), with readable=True the lines of tost.py (CausalTSSA.fast off while the case runs, on again
     after, also when it fails)."""
-    entered, real = [], tost_fast.causal_tssa
+    entered = []
+    real = tost_fast.causal_tssa
     monkeypatch.setattr(tost_fast, 'causal_tssa', lambda *a: entered.append(1) or real(*a))
     for backward in (False, True):
         bench.make_op('causal_tssa', 8, 'cpu', 'float32', backward, width=16, heads=2, readable=True)()
@@ -117,7 +118,8 @@ def test_every_compiled_case_runs_compiled(monkeypatch):
     layer then takes its fused core, and the row says compiled. Here no fused core is entered, and each size
     made its own graph."""
     monkeypatch.setattr(bench, 'COMPILE', True)
-    entered, real = [], tost_fast.causal_tssa
+    entered = []
+    real = tost_fast.causal_tssa
     monkeypatch.setattr(tost_fast, 'causal_tssa', lambda *a: entered.append(1) or real(*a))
     before = counters['stats']['unique_graphs']
     with torch._dynamo.config.patch(recompile_limit=1):

@@ -106,7 +106,8 @@ def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, at
     assert all(r['kind'] == 'zero_shot' for r in log[1:])
     for r in log[1:]:
         x = torch.from_numpy(tokens_of(data_dir, r['dataset']))
-        total, count = 0.0, 0
+        total = 0.0
+        count = 0
         with torch.no_grad():  # the reference: window by window, the model's own mean loss times its length
             for s in range(0, len(x) - 1, 32):
                 length = min(32, len(x) - 1 - s)
@@ -135,8 +136,11 @@ def test_each_token_is_scored_once_and_lambada_reads_the_device_once(data_dir, t
     over batch x block x vocab (float32: 3 GB at batch 8 on GPT-2's vocabulary). LAMBADA needs none, and
     compares the guesses on the device: one read at the end (the gather), not one per passage."""
     model = save_model(str(tmp_path / 'out'), data_dir)
-    one, ctx = train_common.Dist(False, 0, 0, 1, True, 'cpu'), train_common.autocast('cpu', 'float32')
-    ce, reads, real_ce = [], [], torch.nn.functional.cross_entropy
+    one = train_common.Dist(False, 0, 0, 1, True, 'cpu')
+    ctx = train_common.autocast('cpu', 'float32')
+    ce = []
+    reads = []
+    real_ce = torch.nn.functional.cross_entropy
     monkeypatch.setattr(torch.nn.functional, 'cross_entropy',
                         lambda *a, **k: ce.append(1) or real_ce(*a, **k))
     for name in ('item', 'tolist', 'cpu', 'numpy', '__bool__', '__float__', '__int__'):
@@ -147,7 +151,8 @@ def test_each_token_is_scored_once_and_lambada_reads_the_device_once(data_dir, t
     _, _, n_windows = eval_gpt.split_loss(model, tokens, 32, 3, ctx, one)
     full = (len(tokens) - 1) // 32                  # full windows, 3 a batch; the short last one alone
     assert n_windows == full + 1 and len(ce) == -(-full // 3) + 1      # one cross-entropy per batch
-    ce.clear(), reads.clear()
+    ce.clear()
+    reads.clear()
     flags, _ = eval_gpt.last_word_accuracy(model, tokens_of(data_dir, 'lambada'),
                                            np.load(data_dir / 'lambada' / 'val_targets.npy'), 32, 3, ctx, one)
     assert len(flags) == len(PASSAGES) and ce == [] and len(reads) == 1
@@ -170,7 +175,9 @@ def test_two_processes_give_the_same_numbers_as_one(data_dir, tmp_path):
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
     assert two.stdout.count('zero-shot loss of') == 1  # only rank 0 talks
     log = read_log(out)
-    a, b = log[:2], log[2:]  # the 1-process run's two lines, then the 2-process run's
+    # the 1-process run's two lines, then the 2-process run's
+    a = log[:2]
+    b = log[2:]
     n = len(tokens_of(data_dir, 'wikitext2')) - 1
     batches = -(-(n // 16) // 2) + 1  # full windows two at a time, then the short last window alone
     assert n % 16 and batches % 2  # a short last window, an odd number of batches
