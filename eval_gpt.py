@@ -108,8 +108,8 @@ def table(results, model_name):
     for r in results:
         acc = f"{100 * r['last_word_acc']:.2f}%" if 'last_word_acc' in r else ''
         paper = PAPER.get(r['dataset_kind'], ()) if r['tokenizer'] == 'gpt2' else ()
-        row = f"{r['dataset']:<{w}}{r['tokens']:>12,}{r['loss']:>9.4f}{r['ppl']:>10.2f}{acc:>14}   "
-        lines.append(row + ''.join(f"{v:>12.2f}" for v in paper))
+        lines.append(f"{r['dataset']:<{w}}{r['tokens']:>12,}{r['loss']:>9.4f}{r['ppl']:>10.2f}{acc:>14}   "
+                     + ''.join(f"{v:>12.2f}" for v in paper))
     return '\n'.join(lines)
 
 

@@ -177,8 +177,8 @@ def generation(results, path):
 
 def describe(results):
     """'cpu, float32, torch 2.13' from a bench or study result."""
-    parts = [str(results[k]) for k in ('gpu', 'device', 'dtype') if results.get(k)]
-    return ', '.join(parts + [f"torch {results.get('torch', '?')}"])
+    return ', '.join([str(results[k]) for k in ('gpu', 'device', 'dtype') if results.get(k)]
+                     + [f"torch {results.get('torch', '?')}"])
 
 
 def ax_labels(ax, x, y, title, log=False, xticks=()):

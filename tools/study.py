@@ -32,14 +32,9 @@ from tools.bench import REPO, console, run_sections, table
 from train_common import cosine_lr
 
 
-def run_flags(keys):
-    """A dict of options as a script's command line takes them."""
-    return [f'--{k}={v}' for k, v in keys.items()]
-
-
 def run_script(script, keys, what):
     """Run one of the repo's scripts with options `keys` (a dict) in a subprocess, its output captured."""
-    args = [script, *run_flags(keys)]
+    args = [script, *(f'--{k}={v}' for k, v in keys.items())]
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
     if out.returncode != 0:
         tail = '\n'.join((out.stderr or out.stdout).strip().splitlines()[-5:])
@@ -102,7 +97,8 @@ def section_language(args, results):
           [(r['variant'], f"{r['val_loss']:.3f}", f"{r['val_loss'] - rows[0]['val_loss']:+.3f}",
             f"{r['tokens_per_sec']:,.0f}") for r in rows])
     for r in rows:
-        command = shlex.join(['python', 'sample.py', '--out_dir=' + r['out_dir'], *run_flags(SAMPLE)])
+        command = shlex.join(['python', 'sample.py', '--out_dir=' + r['out_dir'],
+                              *(f'--{k}={v}' for k, v in SAMPLE.items())])
         console.print(f"{r['variant']}: {command}", style="bold", markup=False, highlight=False)
         console.print(r['sample'].split('\n---------------')[0], markup=False, highlight=False)
 
@@ -326,10 +322,9 @@ def task_run(job):
 
 def section_tasks(args, results):
     mode = args.mode
-    jobs = []
-    for t in TASKS:
-        values = t.quick[:1] if mode == 'smoke' else getattr(t, mode)
-        jobs += [(t.name, v, kind, mode) for v in values for kind in TASK_MODELS]
+    # every model at every knob value of every task; the smoke test takes each task's first quick value
+    jobs = [(t.name, v, kind, mode) for t in TASKS
+            for v in (t.quick[:1] if mode == 'smoke' else getattr(t, mode)) for kind in TASK_MODELS]
     o = TASK_OPT
     m = TASK_MODEL
     steps = {t.name: task_steps(t, mode) for t in TASKS}
