@@ -3,8 +3,6 @@ blank); the command on several runs, on a run with no evaluation yet, and each i
 one line. Offline, seconds: python -m pytest -q tests/test_plot.py"""
 import json
 import os
-import subprocess
-import sys
 
 import matplotlib.image
 import numpy as np
@@ -49,17 +47,6 @@ def test_several_runs_of_different_models_on_one_figure(tmp_path):
     read_png(out, (420, 700))
     plot.main([str(tmp_path / 'out' / 'log.jsonl'), f'--out={out}'])            # a log file is a run too
     read_png(out, (420, 700))
-
-
-def test_a_folder_that_is_not_a_run_is_one_line(tmp_path, capsys):
-    """Exit 2 and one line naming what is not a run (as a command, then in process); no runs at all too."""
-    r = subprocess.run([sys.executable, os.path.join(HERE, 'plot.py'), str(tmp_path)], capture_output=True,
-                       text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.count('\n') == 1 and r.stderr.startswith(f'error: {tmp_path}')
-    (tmp_path / 'notes.md').write_text('# not a log')
-    for args, name in (([str(tmp_path / 'notes.md')], 'notes.md'), ([], '')):
-        code, err = plot_exits(capsys, *args)
-        assert code == 2 and len(err) == 1 and err[0].startswith('error: ') and name in err[0], err
 
 
 def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeypatch):
@@ -132,8 +119,9 @@ def plot_exits(capsys, *argv):
 
 
 def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
-    """A bad --out (no folder, no suffix, a format matplotlib does not write), a language run with a vision
-    run, a .json that holds no results or names runs that are not here: each one line, exit 2, no file."""
+    """No run, or what is not one; a bad --out (no folder, no suffix, a format matplotlib does not write), a
+    language run with a vision run, a .json that holds no results or names runs that are not here: each one
+    line, exit 2, no file."""
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
     (tmp_path / 'vit').mkdir()
     (tmp_path / 'vit' / 'log.jsonl').write_text(json.dumps(dict(kind='eval', step=4, epoch=1, test_acc=0.3)))
@@ -143,10 +131,14 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
     (tmp_path / 'study.json').write_text(json.dumps({'language': {'rows': [gone]}}))
     cell = dict(task='copy', knob='length', value=8, model='tssa', accuracy=0.5, chance=0.03)
     (tmp_path / 'tasks.json').write_text(json.dumps({'tasks': [cell]}))
+    (tmp_path / 'notes.md').write_text('# not a log')
     run = str(tmp_path / 'out')
     other = str(tmp_path / 'other.json')
     # each case: the command line, and what its one line names (the option or the path at fault)
-    for argv, names in (([run, f'--out={tmp_path}/no/such/x.png'], f'{tmp_path}/no/such'),
+    for argv, names in (([], ''),                                   # no run at all
+                        ([str(tmp_path)], str(tmp_path)),           # a folder that is not a run
+                        ([str(tmp_path / 'notes.md')], 'notes.md'),
+                        ([run, f'--out={tmp_path}/no/such/x.png'], f'{tmp_path}/no/such'),
                         ([run, f'--out={tmp_path}'], '--out'),
                         ([run, f'--out={tmp_path}/x.txt'], 'x.txt'),
                         ([run, '--x=epochs'], '--x'),
@@ -160,7 +152,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
                          f'--out_dir={tmp_path}/no')):
         code, err = plot_exits(capsys, *argv)
         assert code == 2 and len(err) == 1 and err[0].startswith('error:') and names in err[0], err
-    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'other.json', 'out', 'study.json', 'tasks.json',
-                                            'vit']
+    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'notes.md', 'other.json', 'out', 'study.json',
+                                            'tasks.json', 'vit']
     plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')

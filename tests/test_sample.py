@@ -32,8 +32,7 @@ def out(tmp_path_factory):
     torch.manual_seed(0)
     config = tost.GPTConfig(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32)
     model = tost.GPT(config)
-    ckpt = dict(model=model.state_dict(), model_args=dataclasses.asdict(config), meta={'tokenizer': 'bytes'},
-                iter_num=0, config={})
+    ckpt = dict(model=model.state_dict(), model_args=dataclasses.asdict(config), meta={'tokenizer': 'bytes'})
     train_common.atomic_save(ckpt, str(folder / 'ckpt.pt'))
     return str(folder)
 
