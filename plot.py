@@ -14,10 +14,14 @@ current folder unless told; language.png and vision.png are drawn from the run f
 The same model has the same colour and line style in every figure (the styles survive a grey-scale print).
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
-import contextlib, json, os, sys
+import contextlib
+import json
+import os
+import sys
 
 import numpy as np
 from matplotlib import colormaps
+from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
@@ -43,14 +47,10 @@ def model_name(cfg):
 
 
 def save(fig, path):
-    """fig, laid out, as a file (its suffix picks the format); a path that cannot be written is one line."""
-    try:
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    except (OSError, ValueError) as e:                # no such folder, a folder, read-only; an unknown format
-        folder = os.path.dirname(path) or '.'
-        fix = "choose another --out" if os.path.isdir(folder) else f"create {folder} first"
-        raise UsageError(f"cannot write the figure {path!r}: {getattr(e, 'strerror', None) or e}; {fix}") from None
+    """fig, laid out, as a file; its suffix picks the format (main checks --out's). A path that cannot be
+    written is options.py's handler's to name, with its option."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 # -----------------------------------------------------------------------------
 # learning curves
@@ -65,7 +65,8 @@ def read_run(path):
     rows = []
     with open(log) as f:
         for line in f:
-            with contextlib.suppress(ValueError):      # a line cut short (being written, or by a crash) is left out
+            # a line cut short (being written, or by a crash) is left out
+            with contextlib.suppress(ValueError):
                 rows.append(json.loads(line))
     rows = [r for r in rows if isinstance(r, dict)]
     cfg = next((r for r in reversed(rows) if r.get('kind') == 'config'), {})
@@ -74,20 +75,24 @@ def read_run(path):
     return f"{name}: {model_name(cfg)}" if cfg else name, cfg, [r for r in rows if r.get('kind') != 'config']
 
 
+def points(rows, x, y, kind=None):
+    """(x, y) of each row that has both (and is of `kind`, if given)."""
+    return [(r[x], r[y]) for r in rows if kind in (None, r.get('kind')) and None not in (r.get(x), r.get(y))]
+
+
 def learning_curves(runs, path, x='tokens', title=None):
     """Language runs: train loss (thin) and val loss (points) against tokens seen or seconds, the y axis on
     the losses after the first evaluation; vision runs: test accuracy against epochs. runs: [(label, cfg,
-    rows)], as read_run gives them. Language and vision runs in one call, or nothing to draw, is a UsageError."""
-    kinds = [any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs]
-    if len(set(kinds)) > 1:
-        which = lambda v: ', '.join(label for (label, _, _), is_v in zip(runs, kinds) if is_v == v)
-        raise UsageError(f"{which(True)}: vision, {which(False)}: language; draw them in separate calls")
-    vision = kinds[0]
+    rows)], as read_run gives them. Language and vision runs in one call, or nothing to draw: a UsageError."""
+    vision = [any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs]
+    if len(set(vision)) > 1:
+        kinds = [f"{label}: {'vision' if v else 'language'}" for (label, _, _), v in zip(runs, vision)]
+        raise UsageError(f"{', '.join(kinds)}; draw them in separate calls")
+    vision = vision[0]
     key = 'epoch' if vision else 'tokens' if x == 'tokens' else 'elapsed_s'
-    points = lambda rows, y, kind=None: [(r[key], r[y]) for r in rows if kind in (None, r.get('kind'))  # None: any
-                                         and None not in (r.get(key), r.get(y))]
-    series = [([], points(rows, 'test_acc')) if vision else
-              (points(rows, 'train_loss', 'train'), points(rows, 'val_loss', 'eval')) for _, _, rows in runs]
+    # (train, val) points of each run, from rows of their kind; a vision run's val points are test accuracy
+    series = [([] if vision else points(rows, key, 'train_loss', 'train'),
+               points(rows, key, 'test_acc' if vision else 'val_loss', 'eval')) for _, _, rows in runs]
     drawn = [y for train, val in series for _, y in train + val]
     if not drawn:
         raise UsageError(f"nothing to draw yet: {', '.join(label for label, _, _ in runs)} "
@@ -107,7 +112,8 @@ def learning_curves(runs, path, x='tokens', title=None):
             ax.plot([], [], color=color, linestyle=line, label=f"{label} (no eval yet)")
     later = [y for _, val in series for _, y in val[1:]]
     if later and not vision:                           # the part after the first drop, with a margin
-        lo, hi = min(drawn), max(later)
+        lo = min(drawn)
+        hi = max(later)
         ax.set_ylim(lo - 0.1 * (hi - lo) - 0.01, hi + 0.15 * (hi - lo) + 0.01)
     unit = 'byte' if all(cfg.get('vocab_size') == 256 for _, cfg, _ in runs) else 'token'
     ax_labels(ax, 'epoch' if vision else 'tokens seen' if x == 'tokens' else 'seconds of training',
@@ -125,7 +131,8 @@ OPS = {'causal_tssa': ('CausalTSSA', 'ToST', '-'), 'tssa': ('TSSA', 'ToST', '--'
 def speed(results, path):
     """The operator section: forward+backward time and peak memory against tokens, log-log, each operator's
     fitted exponent (time ~ n^k) in the legend. Linear is a slope of 1, quadratic of 2."""
-    rows, fits = results['operator'], results.get('operator_exponent', {})
+    rows = results['operator']
+    fits = results.get('operator_exponent', {})
     left, right = Figure(figsize=(10, 4)).subplots(1, 2)
     for op, (label, model, line) in OPS.items():
         pts = sorted((r['n'], r['fwdbwd_s'], r['fwdbwd_peak_mb']) for r in rows if r['op'] == op)
@@ -140,39 +147,45 @@ def speed(results, path):
     sizes = [r['n'] for r in rows]
     ax_labels(left, 'tokens', 'forward + backward (ms)', 'time ~ n^k', log=True, xticks=sizes)
     ax_labels(right, 'tokens', 'peak memory (MB)', 'memory, forward + backward', log=True, xticks=sizes)
-    left.figure.suptitle(f"one attention layer, width {results.get('width', 768)}: {describe(results)}", fontsize=9)
+    left.figure.suptitle(f"one attention layer, width {results.get('width', 768)}: {describe(results)}",
+                         fontsize=9)
     save(left.figure, path)
 
 
-GENERATION = {'recurrent': ('ToST, recurrent state', 'ToST'), 'shift_recurrent': ('ToST + shift', 'ToST + shift'),
-              'hybrid': ('hybrid + shift: last block softmax', 'hybrid + shift'),
-              'softmax_kv': ('softmax, KV cache', 'softmax'), 'rerun': ('ToST, re-run the prefix', None)}
+GENERATION = {
+    'recurrent': ('ToST, recurrent state', 'ToST'),
+    'shift_recurrent': ('ToST + shift', 'ToST + shift'),
+    'hybrid': ('hybrid + shift: last block softmax', 'hybrid + shift'),
+    'softmax_kv': ('softmax, KV cache', 'softmax'),
+    'rerun': ('ToST, re-run the prefix', None),
+}
 
 
 def generation(results, path):
     """The generation section: tokens/s of decoding against the context length."""
     rows = results['generation']
+    ctx = [r['ctx'] for r in rows]
     ax = Figure(figsize=(6.5, 4)).subplots()
     for i, key in enumerate(k for k in GENERATION if k in rows[0]):
         label, model = GENERATION[key]
         color, line, marker = STYLES[model] if model else OTHER[i % len(OTHER)]
-        ax.plot([r['ctx'] for r in rows], [r[key] for r in rows], color=color, linestyle=line, marker=marker,
-                label=label)
-    ax_labels(ax, 'context (tokens before the new one)', 'tokens / s', f"generation, batch 1: {describe(results)}",
-              log=True, xticks=[r['ctx'] for r in rows])
+        ax.plot(ctx, [r[key] for r in rows], color=color, linestyle=line, marker=marker, label=label)
+    ax_labels(ax, 'context (tokens before the new one)', 'tokens / s',
+              f"generation, batch 1: {describe(results)}", log=True, xticks=ctx)
     save(ax.figure, path)
 
 
 def describe(results):
     """'cpu, float32, torch 2.13' from a bench or study result."""
-    return ', '.join(str(results[k]) for k in ('gpu', 'device', 'dtype') if results.get(k)) + \
-        f", torch {results.get('torch', '?')}"
+    return ', '.join([str(results[k]) for k in ('gpu', 'device', 'dtype') if results.get(k)]
+                     + [f"torch {results.get('torch', '?')}"])
 
 
 def ax_labels(ax, x, y, title, log=False, xticks=()):
     if log:                                        # log-log; x ticks at the measured sizes, as 256, 1k, 64k
         ax.set(xscale='log', yscale='log')
-        ax.set_xticks(sorted(set(xticks)), [f"{v // 1024}k" if v >= 1024 else str(v) for v in sorted(set(xticks))])
+        xticks = sorted(set(xticks))
+        ax.set_xticks(xticks, [f"{v // 1024}k" if v >= 1024 else str(v) for v in xticks])
         ax.xaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
@@ -187,8 +200,8 @@ def ax_labels(ax, x, y, title, log=False, xticks=()):
 
 
 def capability_grid(results, path):
-    """tools.study's tasks: a row per task and knob value, a column per model. The number is the accuracy; the
-    colour is how far above chance it is (0 at chance, 1 perfect), so every row's chance level reads the same."""
+    """tools.study's tasks: a row per task and knob value, a column per model. The number is the accuracy;
+    the colour is how far above chance it is (0 at chance, 1 perfect): every row's chance reads the same."""
     rows = results['tasks']
     models = list(dict.fromkeys(r['model'] for r in rows))
     cells = list(dict.fromkeys((r['task'], r['knob'], r['value'], r['chance']) for r in rows))
@@ -200,10 +213,11 @@ def capability_grid(results, path):
             a = acc.get((task, value, m))
             if a is not None:
                 grid[i, j] = (a - chance) / (1 - chance)
-                ax.text(j, i, f"{a:.2f}" + ("" if a > chance + 0.02 else " ~"), ha='center', va='center', fontsize=9,
-                        color='black' if grid[i, j] > 0.5 else 'white')
+                ax.text(j, i, f"{a:.2f}" + ("" if a > chance + 0.02 else " ~"), ha='center', va='center',
+                        fontsize=9, color='black' if grid[i, j] > 0.5 else 'white')
     im = ax.imshow(np.clip(grid, 0, 1), cmap='viridis', vmin=0, vmax=1, aspect='auto')
-    ax.set_xticks(range(len(models)), [m.replace('tssa', 'ToST').replace('+', ' + ') for m in models], fontsize=9)
+    ax.set_xticks(range(len(models)), [m.replace('tssa', 'ToST').replace('+', ' + ') for m in models],
+                  fontsize=9)
     ax.set_yticks(range(len(cells)), [f"{t}, {k} {v} (chance {c:.2f})" for t, k, v, c in cells], fontsize=8)
     ax.xaxis.tick_top()
     ax.figure.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label('above chance', fontsize=8)
@@ -224,8 +238,8 @@ def vision_maps(path, image, cls_attn, pi, title):
     heads = cls_attn.shape[0]
     axes = Figure(figsize=(1.5 * (1 + heads), 1.6 * len(rows) + 0.3)).subplots(
         len(rows), 1 + heads, squeeze=False, subplot_kw=dict(xticks=[], yticks=[]))
-    img = np.asarray(image).transpose(1, 2, 0)
-    axes[0, 0].imshow(img[..., 0] if img.shape[2] == 1 else img[..., :3], cmap='gray' if img.shape[2] == 1 else None)
+    # (H, W) for a grey image, (H, W, 3) in colour; the colour map applies only to a grey one
+    axes[0, 0].imshow(np.asarray(image).transpose(1, 2, 0).squeeze(), cmap='gray')
     axes[0, 0].set_title(title, fontsize=8)
     for r, maps in enumerate(rows):
         maps = np.asarray(maps, dtype=np.float64)
@@ -248,8 +262,8 @@ def study_curves(section, title):
         try:
             runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
         except UsageError as e:
-            raise UsageError(f"{e}; {os.path.basename(path)} is drawn from the runs python -m tools.study {section} "
-                             f"trains: run the study first") from None
+            raise UsageError(f"{e}; {os.path.basename(path)} is drawn from the runs python -m tools.study "
+                             f"{section} trains: run the study first") from None
         learning_curves(runs, path, title=title)
     return draw
 
@@ -277,12 +291,12 @@ def draw_results(path, folder):
         for s, p in zip(sections, out):
             FIGURES[s][1](results, p)
         return out
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"cannot draw the figures of {path} ({type(e).__name__}: {e})") from None
 
 
 DEFAULTS = dict(
-    runs=[],                     # run folders or log.jsonl files, or bench/study results (.json), as bare words
+    runs=[],                     # bare words: run folders or log.jsonl files, or bench/study results (.json)
     x='tokens',                  # the x axis of language runs: tokens (seen) or seconds (of training)
     out='runs.png',              # where the runs' figure goes (.png, .pdf, .svg): ./runs.png unless told
     out_dir='.',                 # where a .json's figures go (speed.png, ...): the current folder unless told
@@ -291,19 +305,20 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='runs')
+    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
+                          positional='runs')
     if not cfg['runs']:
-        raise UsageError("give one or more run folders (or log.jsonl files), e.g. python plot.py out out-softmax")
+        raise UsageError("give one or more run folders (or log.jsonl files): python plot.py out out-softmax")
     jsons = [f for f in cfg['runs'] if f.endswith('.json')]
     if 'out_dir' in set_keys and not jsons or 'out' in set_keys and len(jsons) == len(cfg['runs']):
         raise UsageError("--out names the runs' figure and --out_dir the folder of a .json's figures; "
                          f"{'--out_dir' if not jsons else '--out'} has nothing to draw here")
     if cfg['x'] not in ('tokens', 'seconds'):
         raise UsageError(f"--x expects tokens or seconds, got {cfg['x']!r}")
-    if not os.path.splitext(cfg['out'])[1]:               # matplotlib would add .png to a name without one
-        raise UsageError(f"--out={cfg['out']} needs a file name whose suffix is the format: .png, .pdf or .svg")
-    if not os.path.isdir(cfg['out_dir'] or '.'):
-        raise UsageError(f"--out_dir={cfg['out_dir']} is not a folder; give one that exists")
+    # Checked before any drawing: matplotlib would add .png to a name without a suffix, and refuse one it
+    # does not know only when it saves.
+    if os.path.splitext(cfg['out'])[1][1:] not in FigureCanvasBase.get_supported_filetypes():
+        raise UsageError(f"--out={cfg['out']} needs a file name whose suffix is its format: .png, .pdf, .svg")
     for f in jsons:
         print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'] or '.')))
     runs = [read_run(f) for f in cfg['runs'] if f not in jsons]

@@ -9,7 +9,8 @@ Sample from a model trained by train_gpt.py, printing each token as it comes.
 Generation uses the recurrent form of causal TSSA (a few numbers per head and layer, no KV cache), so
 every token costs the same and --max_new_tokens may exceed the block size. The same --seed gives the same
 text on the same device. At the end, on stderr: tokens/s over all samples. On a CPU it uses one thread
-unless OMP_NUM_THREADS is set: a second adds only about 5% to a batch of one (docs/speed.md).
+unless OMP_NUM_THREADS is set: a second adds only about 5% to a batch of one (docs/speed.md). In a
+terminal, control characters other than newline and tab are shown as symbols (ESC as ␛), not obeyed.
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import codecs
@@ -20,27 +21,36 @@ import time
 import torch
 
 from options import UsageError, parse
-from prepare_data import get_tokenizer
+from readers import get_tokenizer
 from train_common import autocast, load_gpt, pick_device, resolve_dtype, setup_cuda
-from train_legacy import check_out_dir, check_ranges
 
 DEFAULTS = dict(
     out_dir='out',          # the folder train_gpt.py saved ckpt.pt in
-    start='\n',             # the prompt: text, or FILE:path to read it from; '' means end-of-text (bytes: newline)
+    start='\n',             # the prompt: text, or FILE:path to read it from; '': end-of-text (bytes: newline)
     num_samples=3,          # samples, one after the other
     max_new_tokens=500,     # tokens to generate per sample (may exceed block_size)
     temperature=0.8,        # < 1 sharper, > 1 more random, 0 greedy (always the likeliest token)
     top_k=200,              # sample among the k likeliest tokens only; 0 means all
     seed=1337,              # the same seed, the same text
     device='auto',          # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
-    dtype='auto',           # auto (bfloat16 on GPUs that compute in it, else float16; float32 on cpu), or a name
+    dtype='auto',           # auto: bfloat16 on GPUs that compute in it, else float16; float32 on a CPU
 )
-# No `compile` key: GPT.step keeps the position as a Python int, so torch.compile would recompile at every token.
+# No `compile` key: GPT.step keeps the position as a Python int, so torch.compile would recompile every token.
+RANGES = dict(positive=('num_samples',), nonnegative=('max_new_tokens', 'top_k', 'temperature'),
+              nonempty=('out_dir',))
+
+# A byte-level model can emit any byte. In a terminal a control character would act (an escape sequence moves
+# the cursor, recolours or retitles the window) instead of showing, so there each one but newline and tab is
+# shown as its Unicode control picture (ESC as ␛), DEL and the C1 controls as the replacement character.
+# Piped into a file or a program, the text is written as generated.
+CONTROL_PICTURES = {c: 0x2400 + c for c in range(32) if chr(c) not in '\t\n'}
+CONTROL_PICTURES.update(dict.fromkeys(range(0x7f, 0xa0), 0xfffd))    # DEL and the C1 controls
 
 
 def decode_stream(tok, ids):
-    """The text of tokens `ids`, piece by piece: a token may end inside a UTF-8 character (half of an 'é'), whose
-    bytes the incremental decoder holds back, so the pieces join to the text of all tokens decoded at once."""
+    """The text of tokens `ids`, piece by piece: a token may end inside a UTF-8 character (half of an 'é'),
+    whose bytes the incremental decoder holds back, so the pieces join to the text of all tokens decoded at
+    once."""
     utf8 = codecs.getincrementaldecoder('utf-8')(errors='replace')
     for t in ids:
         yield utf8.decode(tok.token_bytes(t))
@@ -53,19 +63,19 @@ def read_prompt(start, tok, block_size):
     text = start
     if start.startswith('FILE:'):
         path = start.removeprefix('FILE:')
+        # a file that cannot be read is the handler's to name (options.py)
         try:
             with open(path, encoding='utf-8') as f:
                 text = f.read()
-        except OSError as e:
-            raise UsageError(f"cannot read the prompt file {path} ({e.strerror or e})") from None
         except UnicodeDecodeError as e:
-            raise UsageError(f"the prompt file {path} is not UTF-8 text (byte {e.start})") from None
-    if text == '':  # nothing to condition on: the end-of-text token if there is one, else a newline
+            raise UsageError(f"--start: the prompt file {path} is not UTF-8 text (byte {e.start})") from None
+    # nothing to condition on: the end-of-text token if there is one, else a newline
+    if text == '':
         return text, [tok.eot] if tok.eot is not None else tok.encode('\n')
     try:
         ids = tok.encode(text)
     except Exception as e:  # a lone surrogate (undecodable bytes on the command line), ...
-        raise UsageError(f"the {tok.name} tokenizer cannot encode the prompt ({type(e).__name__}: "
+        raise UsageError(f"--start: the {tok.name} tokenizer cannot encode the prompt ({type(e).__name__}: "
                          f"{str(e).splitlines()[0][:100]})") from None
     if len(ids) > block_size:
         kept = tok.decode(ids[-block_size:])
@@ -76,33 +86,41 @@ def read_prompt(start, tok, block_size):
 
 
 def main(argv=None):
-    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
-    check_ranges(cfg, positive=('num_samples',), nonnegative=('max_new_tokens', 'top_k', 'temperature'))
-    check_out_dir(cfg['out_dir'])
+    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
     device = pick_device(cfg['device'])
-    if device.startswith('cuda'):  # CUDA only: cuda:N becomes the current GPU, the one resolve_dtype asks
+    # CUDA only: cuda:N becomes the current GPU, the one resolve_dtype asks
+    if device.startswith('cuda'):
         setup_cuda(device)
-    # auto on a CPU is float32 here: bf16 autocast casts the weights for every token of a batch of one (slower)
-    dtype, _ = resolve_dtype('float32' if cfg['dtype'] == 'auto' and device == 'cpu' else cfg['dtype'], device)
+    # auto on a CPU is float32: bf16 autocast casts the weights for every token of a batch of one (slower)
+    dtype, _ = resolve_dtype('float32' if cfg['dtype'] == 'auto' and device == 'cpu' else cfg['dtype'],
+                             device)
+    # batch 1: a second thread would not help (see the docstring)
     if device == 'cpu' and 'OMP_NUM_THREADS' not in os.environ:
-        torch.set_num_threads(1)  # batch 1: a second thread would not help (see the docstring)
+        torch.set_num_threads(1)
     model, ckpt = load_gpt(os.path.join(cfg['out_dir'], 'ckpt.pt'), device)
     tok = get_tokenizer(ckpt['meta']['tokenizer'])
+    shown = CONTROL_PICTURES if sys.stdout.isatty() else {}
 
     prompt, ids = read_prompt(cfg['start'], tok, model.config.block_size)
     idx = torch.tensor([ids], dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(cfg['seed'])
     t0 = time.perf_counter()
-    with autocast(device, dtype):                                  # generate_stream is no_grad itself
+    # generate_stream is no_grad itself
+    with autocast(device, dtype):
         for _ in range(cfg['num_samples']):
-            print(prompt, end='')
-            new = model.generate_stream(idx, cfg['max_new_tokens'], cfg['temperature'], cfg['top_k'], generator)
+            print(prompt.translate(shown), end='')
+            new = model.generate_stream(idx, cfg['max_new_tokens'], cfg['temperature'], cfg['top_k'],
+                                        generator)
             for piece in decode_stream(tok, (int(t[0]) for t in new)):
-                print(piece, end='', flush=True)
+                print(piece.translate(shown), end='', flush=True)
             print('\n---------------', flush=True)
-    dt, n_tokens = time.perf_counter() - t0, cfg['num_samples'] * cfg['max_new_tokens']   # generate_stream yields all
-    threads = f", {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}" if device == 'cpu' else ''
-    print(f"{n_tokens} tokens in {dt:.1f}s: {n_tokens / dt:.1f} tokens/s ({device}{threads})", file=sys.stderr)
+    dt = time.perf_counter() - t0
+    # generate_stream yields all max_new_tokens of each sample
+    n_tokens = cfg['num_samples'] * cfg['max_new_tokens']
+    threads = (f", {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}"
+               if device == 'cpu' else '')
+    print(f"{n_tokens} tokens in {dt:.1f}s: {n_tokens / dt:.1f} tokens/s ({device}{threads})",
+          file=sys.stderr)
 
 
 if __name__ == '__main__':

@@ -26,9 +26,10 @@ ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
 
 pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 
-WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i} , and not much @-@ else .\n \n'
-               for i in range(30))
-PASSAGES = [f'Passage {i} tells of {"many " * (i % 7)}things, and ends with the word word{i % 3}' for i in range(11)]
+WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i} , and not much @-@ else .'
+               f'\n \n' for i in range(30))
+PASSAGES = [f'Passage {i} tells of {"many " * (i % 7)}things, and ends with the word word{i % 3}'
+            for i in range(11)]
 
 
 @pytest.fixture(scope='module')
@@ -69,11 +70,13 @@ def tokens_of(data_dir, name):
     return np.fromfile(os.path.join(data_dir, name, 'val.bin'), dtype=np.uint16).astype(np.int64)
 
 
-def one_line_error(stderr, *words):
+def one_line_error(ended, *names):
+    """(exit code, stderr) of a mistake: exit 2, and one line naming each of `names` (an option, a path)."""
+    code, stderr = ended
     lines = stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith('error: '), stderr
-    for w in words:
-        assert w in lines[0], lines[0]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith('error: '), stderr
+    for name in names:
+        assert name in lines[0], lines[0]
 
 # -----------------------------------------------------------------------------
 # the loss
@@ -94,14 +97,17 @@ def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, at
     model = save_model(out, data_dir, attn=attn)
     with open(os.path.join(out, 'log.jsonl'), 'w') as f:  # a training log is there already
         f.write(json.dumps({'iter': 7, 'kind': 'eval', 'val_loss': 5.0}) + '\n')
-    eval_gpt.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2,lambada', '--device=cpu',
+    eval_gpt.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2,lambada',
+                   '--device=cpu',
                    '--dtype=float32', '--batch_size=3'])
     log = read_log(out)
     assert log[0] == {'iter': 7, 'kind': 'eval', 'val_loss': 5.0}  # appended, not truncated
-    assert [(r['dataset'], r['kind']) for r in log[1:]] == [('wikitext2', 'zero_shot'), ('lambada', 'zero_shot')]
+    assert [r['dataset'] for r in log[1:]] == ['wikitext2', 'lambada']
+    assert all(r['kind'] == 'zero_shot' for r in log[1:])
     for r in log[1:]:
         x = torch.from_numpy(tokens_of(data_dir, r['dataset']))
-        total, count = 0.0, 0
+        total = 0.0
+        count = 0
         with torch.no_grad():  # the reference: window by window, the model's own mean loss times its length
             for s in range(0, len(x) - 1, 32):
                 length = min(32, len(x) - 1 - s)
@@ -117,25 +123,38 @@ def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, at
     assert 'ToST-Base' in table[-3] and 'GPT-2 Base' in table[-3]
 
 
+def test_the_table_stays_aligned_for_a_long_dataset_name():
+    r = dict(tokens=1000, loss=2.5, ppl=12.18, dataset_kind='x', tokenizer='bytes')
+    names = ['a', 'a_dataset_name_longer_than_the_column_was']
+    lines = eval_gpt.table([dict(r, dataset=n) for n in names], 'model').splitlines()
+    ends = [lines[1].index('loss') + 4] + [line.index('2.5000') + 6 for line in lines[2:]]
+    assert len(ends) == 3 and len(set(ends)) == 1
+
+
 def test_each_token_is_scored_once_and_lambada_reads_the_device_once(data_dir, tmp_path, monkeypatch):
-    """The model is asked for its logits, not for its mean loss beside them: that was a second cross-entropy over
-    batch x block x vocab (float32: 3 GB at batch 8 on GPT-2's vocabulary). LAMBADA needs no cross-entropy at all,
-    and compares the guesses on the device: one read at the end (the gather), not one per passage."""
+    """The model is asked for its logits, not for its mean loss beside them: that was a second cross-entropy
+    over batch x block x vocab (float32: 3 GB at batch 8 on GPT-2's vocabulary). LAMBADA needs none, and
+    compares the guesses on the device: one read at the end (the gather), not one per passage."""
     model = save_model(str(tmp_path / 'out'), data_dir)
-    one, ctx = train_common.Dist(False, 0, 0, 1, True, 'cpu'), train_common.autocast('cpu', 'float32')
-    ce, reads, real_ce = [], [], torch.nn.functional.cross_entropy
-    monkeypatch.setattr(torch.nn.functional, 'cross_entropy', lambda *a, **k: ce.append(1) or real_ce(*a, **k))
+    one = train_common.Dist(False, 0, 0, 1, True, 'cpu')
+    ctx = train_common.autocast('cpu', 'float32')
+    ce = []
+    reads = []
+    real_ce = torch.nn.functional.cross_entropy
+    monkeypatch.setattr(torch.nn.functional, 'cross_entropy',
+                        lambda *a, **k: ce.append(1) or real_ce(*a, **k))
     for name in ('item', 'tolist', 'cpu', 'numpy', '__bool__', '__float__', '__int__'):
         real = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name,
                             lambda self, *a, _real=real, **k: reads.append(1) or _real(self, *a, **k))
     tokens = tokens_of(data_dir, 'wikitext2')
-    _, _, n_windows = eval_gpt.split_loss(model, tokens, 32, 3, 'cpu', ctx, one)
-    full = (len(tokens) - 1) // 32                          # full windows, 3 a batch; the short last one alone
+    _, _, n_windows = eval_gpt.split_loss(model, tokens, 32, 3, ctx, one)
+    full = (len(tokens) - 1) // 32                  # full windows, 3 a batch; the short last one alone
     assert n_windows == full + 1 and len(ce) == -(-full // 3) + 1      # one cross-entropy per batch
-    ce.clear(), reads.clear()
+    ce.clear()
+    reads.clear()
     flags, _ = eval_gpt.last_word_accuracy(model, tokens_of(data_dir, 'lambada'),
-                                           np.load(data_dir / 'lambada' / 'val_targets.npy'), 32, 3, 'cpu', ctx, one)
+                                           np.load(data_dir / 'lambada' / 'val_targets.npy'), 32, 3, ctx, one)
     assert len(flags) == len(PASSAGES) and ce == [] and len(reads) == 1
 
 
@@ -156,7 +175,9 @@ def test_two_processes_give_the_same_numbers_as_one(data_dir, tmp_path):
     assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
     assert two.stdout.count('zero-shot loss of') == 1  # only rank 0 talks
     log = read_log(out)
-    a, b = log[:2], log[2:]  # the 1-process run's two lines, then the 2-process run's
+    # the 1-process run's two lines, then the 2-process run's
+    a = log[:2]
+    b = log[2:]
     n = len(tokens_of(data_dir, 'wikitext2')) - 1
     batches = -(-(n // 16) // 2) + 1  # full windows two at a time, then the short last window alone
     assert n % 16 and batches % 2  # a short last window, an odd number of batches
@@ -209,7 +230,7 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path, capsys):
     spans = np.load(d / 'lambada' / 'val_targets.npy')
     assert spans[5, 2] - spans[5, 0] > 17  # the long passage does not fit a window
     one = train_common.Dist(False, 0, 0, 1, True, 'cpu')
-    flags, cut = eval_gpt.last_word_accuracy(model, tokens_of(d, 'lambada'), spans, 16, 3, 'cpu',
+    flags, cut = eval_gpt.last_word_accuracy(model, tokens_of(d, 'lambada'), spans, 16, 3,
                                              train_common.autocast('cpu', 'float32'), one)
     assert flags == list(passages.values()) and cut == 1
 
@@ -218,10 +239,9 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path, capsys):
     assert (r['last_word_correct'], r['passages'], r['passages_cut']) == (3, 7, 1)
     assert r['last_word_acc'] == 3 / 7
     capsys.readouterr()                                              # the preparation's warnings
-    code, err = exits([f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--device=cpu',
-                       '--block_size=1'], capsys)                    # ' zz', 'z' does not fit a window of 1
-    assert code == 2
-    one_line_error(err, 'has a target word of 2 tokens, longer than --block_size=1; use a larger --block_size')
+    # ' zz', 'z' does not fit a window of 1
+    one_line_error(exits([f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--device=cpu',
+                          '--block_size=1'], capsys), '--block_size')
 
 
 # -----------------------------------------------------------------------------
@@ -234,41 +254,20 @@ def exits(argv, capsys):
     return e.value.code, capsys.readouterr().err
 
 
-def test_bad_input(data_dir, tmp_path, capsys):
+def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, capsys):
+    """eval_gpt's own checks, all before any work (reading a checkpoint is train_common's, tested there)."""
     out = str(tmp_path / 'out')
     base = [f'--out_dir={out}', f'--data_dir={data_dir}', '--device=cpu']
-    code, err = exits(base + ['--datasets=wikitext2'], capsys)
-    assert code == 2
-    one_line_error(err, f'no checkpoint at {out}/ckpt.pt', 'python train_gpt.py')
     save_model(out, data_dir)
-    code, err = exits(base, capsys)  # the default sets: openwebtext is not prepared here
-    one_line_error(err, 'not a prepared dataset', f'python prepare_data.py openwebtext --data_dir={data_dir}')
-    code, err = exits(base + ['--datasets=wikitext2', '--block_size=64'], capsys)
-    one_line_error(err, "--block_size=64 is larger than the model's context (32)")
-    code, err = exits(base + ['--datasets=wikitext2', '--batch_sise=4'], capsys)
-    one_line_error(err, 'unknown option --batch_sise', 'did you mean --batch_size')
-    code, err = exits(base + ['--datasets=,'], capsys)
-    one_line_error(err, '--datasets is empty')
-
+    one_line_error(exits(base, capsys), 'openwebtext')             # the default sets: not prepared here
+    one_line_error(exits(base + ['--datasets=wikitext2', '--block_size=64'], capsys), '--block_size')
+    one_line_error(exits(base + ['--datasets=,'], capsys), '--datasets')
     (data_dir / 'bytes_text.txt').write_text('some bytes to evaluate on, ' * 20)
     prep.prepare('text', data_dir, input=str(data_dir / 'bytes_text.txt'))
-    code, err = exits(base + ['--datasets=wikitext2,bytes_text'], capsys)  # checked before any work
-    one_line_error(err, 'uses tokenizer bytes (256 ids)', 'trained with gpt2 (257 ids)', '--tokenizer=gpt2')
-    assert not os.path.exists(os.path.join(out, 'log.jsonl'))
-    short = data_dir / 'short'                                       # a val.bin cut short after it was prepared
+    one_line_error(exits(base + ['--datasets=wikitext2,bytes_text'], capsys), 'bytes_text')
+    short = data_dir / 'short'                                   # a val.bin cut short after it was prepared
     shutil.copytree(data_dir / 'wikitext2', short)
     with open(short / 'val.bin', 'r+b') as f:
         f.truncate(100)
-    code, err = exits(base + ['--datasets=short'], capsys)
-    one_line_error(err, 'val.bin has 50 tokens, not the', 'its meta.json says', 'python prepare_data.py wikitext2 --',
-                   '--force')
-
-    with open(os.path.join(out, 'ckpt.pt'), 'wb') as f:
-        f.write(b'not a checkpoint')
-    r = subprocess.run([sys.executable, os.path.join(REPO, 'eval_gpt.py'), *base, '--datasets=wikitext2'],
-                       capture_output=True, text=True, env=ENV, timeout=120)
-    assert r.returncode == 2
-    one_line_error(r.stderr, 'is not a checkpoint', "starts with b'not ")
-    train_common.atomic_save({'kind': 'vit', 'model': {}, 'model_args': {}, 'meta': {}}, os.path.join(out, 'ckpt.pt'))
-    code, err = exits(base + ['--datasets=wikitext2'], capsys)
-    one_line_error(err, 'is a vision checkpoint')
+    one_line_error(exits(base + ['--datasets=short'], capsys), f'{short}/val.bin')
+    assert not os.path.exists(os.path.join(out, 'log.jsonl'))

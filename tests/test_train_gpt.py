@@ -18,7 +18,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import tiktoken
 import torch
 
 import options
@@ -921,130 +920,6 @@ def test_a_resume_onto_data_of_another_tokenizer_is_one_line(data_dir, trained, 
     one_line_error(capsys.readouterr().err, 'uses tokenizer gpt2 (257 ids)', 'trained with bytes (256 ids)',
                    '--tokenizer=bytes')
     assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 12
-
-# -----------------------------------------------------------------------------
-# sample.py
-
-
-def test_stream_decoder_holds_back_half_characters():
-    tok = readers.get_tokenizer('bytes')
-    text = 'déjà vu ✓ 😀 end'
-    pieces = list(sample.decode_stream(tok, tok.encode(text)))   # a piece per token, then the rest
-    assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
-    assert pieces[1] == '' and pieces[2] == 'é'  # 'é' is two bytes: nothing after the first, all after the second
-    # BPE: tokens are byte strings that may also split a character (a tiny offline stand-in for GPT-2's)
-    ranks = {bytes([i]): i for i in range(256)}
-    ranks[b'j\xc3'] = 256  # 'j' and the first byte of 'à': a token that ends inside a character
-    enc = tiktoken.Encoding(name='tiny', pat_str=r'\S+|\s+', mergeable_ranks=ranks,
-                            special_tokens={'<|endoftext|>': 257})
-    bpe = readers.get_tokenizer('gpt2', encoding=enc)
-    ids = bpe.encode(text)
-    assert 256 in ids
-    pieces = list(sample.decode_stream(bpe, ids))
-    assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
-
-
-def test_sample_streams_what_generate_gives(trained, capsys, monkeypatch):
-    """In float32 on a CPU, also where it has bf16 instructions: bf16 autocast slows a batch of one down."""
-    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
-    out, _ = trained
-    ckpt = weights(out)
-    model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
-    model.load_state_dict(ckpt['model'])
-    model.eval()
-    prompt = 'def f(x):'
-    n = 80  # more than block_size (32): the recurrent state carries on
-    sample.main([f'--out_dir={out}', f'--start={prompt}', '--num_samples=1', f'--max_new_tokens={n}',
-                 '--seed=7', '--device=cpu', '--top_k=50'])
-    got = capsys.readouterr().out
-    idx = torch.tensor([list(prompt.encode())])
-    want = model.generate(idx, n, temperature=0.8, top_k=50, generator=torch.Generator().manual_seed(7))
-    text = bytes(want[0].tolist()).decode('utf-8', errors='replace')
-    assert got == text + '\n---------------\n'
-
-    # an empty prompt starts from a newline (bytes have no end-of-text token), and prints nothing before
-    sample.main([f'--out_dir={out}', '--start=', '--num_samples=1', '--max_new_tokens=20', '--seed=7',
-                 '--device=cpu', '--temperature=0'])
-    want = model.generate(torch.tensor([[10]]), 20, temperature=0)
-    assert capsys.readouterr().out == bytes(want[0, 1:].tolist()).decode('utf-8', 'replace') + '\n---------------\n'
-
-
-def test_sample_same_seed_same_text(trained):
-    out, _ = trained
-    args = (f'--out_dir={out}', '--num_samples=2', '--max_new_tokens=40', '--device=cpu')
-    a, b, c = (run_cli('sample.py', *args, f'--seed={s}') for s in (3, 3, 4))
-    assert a.returncode == b.returncode == c.returncode == 0, a.stderr
-    assert a.stdout == b.stdout and a.stdout != c.stdout
-    assert a.stdout.count('---------------') == 2
-    assert a.stderr.startswith('80 tokens in ') and 'tokens/s (cpu, 1 thread)' in a.stderr  # 2 samples x 40
-
-
-def test_sample_uses_one_thread_on_cpu_unless_told(trained):
-    out, _ = trained
-    for env, want in ((None, '1 thread'), ('2', '2 threads')):
-        e = {k: v for k, v in ENV.items() if k != 'OMP_NUM_THREADS'}
-        r = subprocess.run([sys.executable, os.path.join(REPO, 'sample.py'), f'--out_dir={out}', '--num_samples=1',
-                            '--max_new_tokens=3', '--device=cpu'], capture_output=True, text=True, timeout=120,
-                           env=e if env is None else dict(e, OMP_NUM_THREADS=env))
-        assert r.returncode == 0 and r.stderr.strip().endswith(f'tokens/s (cpu, {want})'), r.stderr
-
-
-def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
-    """--device=cuda:1: resolve_dtype asks the current GPU whether it has bfloat16, so cuda:1 is made the current
-    one first (mocked: no GPU here; the run stops at the question)."""
-    order = []
-    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
-    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
-    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: order.append(device))
-    monkeypatch.setattr(torch, 'set_float32_matmul_precision', lambda precision: None)
-
-    def asked(dtype, device):
-        order.append('resolve_dtype')
-        raise options.UsageError('stop here')
-    monkeypatch.setattr(sample, 'resolve_dtype', asked)
-    with pytest.raises(options.UsageError, match='stop here'):
-        sample.main(['--device=cuda:1'])
-    assert order == ['cuda:1', 'resolve_dtype']
-
-
-def test_sample_bad_input(trained, tmp_path, capsys):
-    out, _ = trained
-    r = in_process(capsys, sample.main, f'--out_dir={tmp_path}')
-    assert r.code == 2
-    one_line_error(r.err, f'no checkpoint at {tmp_path}', f'python train_gpt.py --out_dir={tmp_path}')
-
-    # a byte that is not UTF-8 on the command line arrives as a lone surrogate, which cannot be encoded
-    r = subprocess.run([sys.executable, os.path.join(REPO, 'sample.py'), f'--out_dir={out}'.encode(),
-                        b'--start=caf\xe9'], capture_output=True, env=ENV, timeout=120)
-    assert r.returncode == 2
-    one_line_error(r.stderr.decode(), 'bytes tokenizer cannot encode the prompt')
-
-    for bad in ('-1', 'nan'):
-        r = in_process(capsys, sample.main, f'--out_dir={out}', f'--temperature={bad}')
-        one_line_error(r.err, '--temperature', bad)
-    r = in_process(capsys, sample.main, f"--out_dir={out}/ckpt.pt")     # the checkpoint file, not its folder
-    one_line_error(r.err, f'--out_dir={out}/ckpt.pt is a file, not a folder')
-    assert 'python train_gpt.py' not in r.err                        # no training into that file
-    (tmp_path / 'text').mkdir()
-    (tmp_path / 'text' / 'ckpt.pt').write_text('just some words\n')
-    r = in_process(capsys, sample.main, f'--out_dir={tmp_path / "text"}')
-    one_line_error(r.err, 'is not a checkpoint', 'torch.save writes a zip archive', "b'just'")
-
-    r = in_process(capsys, sample.main, f'--out_dir={out}', f'--start=FILE:{tmp_path}/missing.txt')
-    one_line_error(r.err, 'cannot read the prompt file', 'missing.txt')
-    (tmp_path / 'latin1.txt').write_bytes('caf\xe9'.encode('latin-1'))
-    r = in_process(capsys, sample.main, f'--out_dir={out}', f'--start=FILE:{tmp_path}/latin1.txt')
-    one_line_error(r.err, 'latin1.txt is not UTF-8 text (byte 3)')
-
-    long = 'x = 1\n' * 20 + 'THE END'  # 127 bytes; the model takes 32
-    r = run_cli('sample.py', f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5',
-                '--device=cpu')                                    # auto would pick a GPU where there is one
-    assert r.returncode == 0, r.stderr
-    note, speed = r.stderr.strip().splitlines()
-    assert 'the prompt is 127 tokens' in note and 'kept the last 32' in note
-    assert 'THE END' in note and r.stdout.startswith(long)
-    assert speed.startswith('5 tokens in ') and speed.endswith(' tokens/s (cpu, 1 thread)')  # OMP_NUM_THREADS=1
-
 
 def test_a_vision_checkpoint_is_named_as_such(data_dir, tmp_path):
     out = tmp_path / 'vit'

@@ -31,7 +31,7 @@ import tost
 import tost_fast
 from options import UsageError, parse
 from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
-from train_common import autocast, check_compile, compiles_causal, setup_cuda
+from train_common import autocast, check_compile, compiles_causal, pick_device, setup_cuda
 
 console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # the repo root, where tools/ is
@@ -370,11 +370,11 @@ def main(argv=None):
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     if args.device == 'auto':
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    # one line for a name that is no device, or a device this machine lacks
+    args.device = pick_device(args.device)
     if args.dtype not in ('float32', 'bfloat16', 'float16'):
         raise UsageError(f"--dtype expects float32, bfloat16 or float16, got {args.dtype!r}")
     cuda = args.device.startswith('cuda')
-    if cuda and not torch.cuda.is_available():
-        raise UsageError(f"--device={args.device} but CUDA is not available here")
     if args.mode == 'full' and cuda:    # 1k to 64k tokens for every operator (flash attention holds 64k)
         SIZES['full'].update(op_n=[1024, 2048, 4096, 8192, 16384, 32768, 65536], op_tssa_only=[],
                              limit_n=[1024, 4096, 16384, 65536])

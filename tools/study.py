@@ -2,9 +2,9 @@
 Quality and capability, side by side: training runs of minutes each (docs/quality.md, docs/capabilities.md).
 From the repo root:
 
-    python -m tools.study language          # the demo budget: ToST, softmax, hybrids, each +- token shift; heads
-    python -m tools.study vision            # ToST with and without XCiT's local patch interaction, synthetic images
-    python -m tools.study tasks             # what ToST can and cannot do: synthetic tasks, ToST vs softmax vs hybrid
+    python -m tools.study language          # the demo budget: ToST, softmax, hybrids, +- token shift; heads
+    python -m tools.study vision            # ToST +- XCiT's local patch interaction, on synthetic images
+    python -m tools.study tasks             # what ToST can and cannot do: ToST vs softmax vs hybrid
     python -m tools.study tasks --quick     # the same map at two knob values per task
     python -m tools.study language,tasks --json=study.json
 
@@ -12,7 +12,14 @@ Every model in a table gets the same budget, printed with the table. --json=PATH
 beside them a figure per section: language.png, vision.png (learning curves), tasks.png (the capability map).
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
-import collections, json, multiprocessing, os, shlex, subprocess, sys, time
+import collections
+import json
+import multiprocessing
+import os
+import shlex
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,11 +30,11 @@ import tost
 from options import parse
 from tools.bench import REPO, console, run_sections, table
 from train_common import cosine_lr
-from train_legacy import check_out_dir
 
 
-def run_script(args, what):
-    """Run one of the repo's scripts (a list of arguments) in a subprocess, its output captured."""
+def run_script(script, keys, what):
+    """Run one of the repo's scripts with options `keys` (a dict) in a subprocess, its output captured."""
+    args = [script, *(f'--{k}={v}' for k, v in keys.items())]
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
     if out.returncode != 0:
         tail = '\n'.join((out.stderr or out.stdout).strip().splitlines()[-5:])
@@ -44,44 +51,55 @@ LANGUAGE = [   # (run name, label, train_gpt.py overrides); the first is the pap
     ('softmax', 'softmax', {'attn': 'softmax'}),
     ('softmax-shift', 'softmax + token shift', {'attn': 'softmax', 'token_shift': True}),
     # hybrids (tost.py, GPTConfig.softmax_layers): one of the four blocks softmax, the others TSSA
-    ('hybrid-last-shift', 'hybrid: last block softmax + shift', {'softmax_layers': '-1', 'token_shift': True}),
+    ('hybrid-last-shift', 'hybrid: last block softmax + shift', dict(softmax_layers='-1', token_shift=True)),
     ('hybrid-last', 'hybrid: last block softmax', {'softmax_layers': '-1'}),
-    ('hybrid-first-shift', 'hybrid: first block softmax + shift', {'softmax_layers': '0', 'token_shift': True}),
+    ('hybrid-first-shift', 'hybrid: first block softmax + shift', dict(softmax_layers='0', token_shift=True)),
     ('tost-8-heads', 'ToST, 8 heads', {'n_head': 8}),
     ('tost-16-heads', 'ToST, 16 heads', {'n_head': 16}),
 ]
-LANGUAGE_BUDGET = {'full': {}, 'quick': {'max_iters': 200},   # overrides of train_gpt.py's defaults (the demo)
-                   'smoke': dict(max_iters=4, eval_iters=1, eval_interval=4, batch_size=2, block_size=32, n_layer=1)}
+# overrides of train_gpt.py's defaults (the demo)
+LANGUAGE_BUDGET = {
+    'full': {},
+    'quick': {'max_iters': 200},
+    'smoke': dict(max_iters=4, eval_iters=1, eval_interval=4, batch_size=2, block_size=32, n_layer=1),
+}
 SMOKE_LANGUAGE = ('tost', 'tost-shift', 'hybrid-last-shift')   # the rows --smoke runs
-SAMPLE = ['--start=def ', '--seed=1', '--temperature=0.8', '--max_new_tokens=160', '--num_samples=1']
+SAMPLE = dict(start='def ', seed=1, temperature=0.8, max_new_tokens=160, num_samples=1)
 
 
 def section_language(args, results):
+    # made here: a folder that cannot be is one line naming it (options.py's handler), not a failed run
+    os.makedirs(args.out_dir, exist_ok=True)
     budget = LANGUAGE_BUDGET[args.mode]
     variants = [v for v in LANGUAGE if v[0] in SMOKE_LANGUAGE] if args.mode == 'smoke' else LANGUAGE
     rows = []
     for run, name, extra in variants:
         out_dir = os.path.join(args.out_dir, 'language-' + run)
-        keys = {'dtype': 'float32', **budget, **extra, 'out_dir': out_dir, 'overwrite': True}   # as measured
-        run_script(['train_gpt.py', *(f'--{k}={v}' for k, v in keys.items())], f'training {name}')
+        # float32, as measured
+        keys = {'dtype': 'float32', **budget, **extra, 'out_dir': out_dir, 'overwrite': True}
+        run_script('train_gpt.py', keys, f'training {name}')
         log = plot.read_run(out_dir)[2]
         val = [r['val_loss'] for r in log if r.get('kind') == 'eval'][-1]
         speeds = [r['tokens_per_sec'] for r in log if r.get('kind') == 'train' and r.get('tokens_per_sec')]
-        speeds = speeds[1:] or speeds                          # the first row includes the warm-up
-        sample = run_script(['sample.py', f'--out_dir={out_dir}', *SAMPLE], f'sampling {name}').stdout
-        rows.append(dict(variant=name, **{k: extra.get(k) for k in ('attn', 'token_shift', 'softmax_layers', 'n_head')},
-                         val_loss=val, tokens_per_sec=sum(speeds) / max(1, len(speeds)),
-                         sample=sample.strip(), out_dir=os.path.relpath(out_dir)))
+        # the first row includes the warm-up
+        speeds = speeds[1:] or speeds
+        sample = run_script('sample.py', dict(out_dir=out_dir, **SAMPLE), f'sampling {name}').stdout
+        recorded = {k: extra.get(k) for k in ('attn', 'token_shift', 'softmax_layers', 'n_head')}
+        rows.append(dict(variant=name, **recorded, val_loss=val,
+                         tokens_per_sec=sum(speeds) / max(1, len(speeds)), sample=sample.strip(),
+                         out_dir=os.path.relpath(out_dir)))
         console.print(f"  {name}: val loss {val:.3f}", style="dim")
-    results['language'] = dict(budget=dict(budget, note='train_gpt.py defaults (the demo) with these overrides, '
-                                                         'seed 1337, one run each'), rows=rows)
-    table(results, f"Language, the demo budget{'' if not budget else ' with ' + str(budget)}: python_stdlib bytes, "
-                   "val loss in nats per byte (one seed)", ['model', 'val loss', 'vs ToST (paper)', 'train tokens/s'],
+    results['language'] = dict(rows=rows, budget=dict(
+        budget, note='train_gpt.py defaults (the demo) with these overrides, seed 1337, one run each'))
+    table(results, f"Language, the demo budget{' with ' + str(budget) if budget else ''}: python_stdlib "
+                   f"bytes, val loss in nats per byte (one seed)",
+          ['model', 'val loss', 'vs ToST (paper)', 'train tokens/s'],
           [(r['variant'], f"{r['val_loss']:.3f}", f"{r['val_loss'] - rows[0]['val_loss']:+.3f}",
             f"{r['tokens_per_sec']:,.0f}") for r in rows])
     for r in rows:
-        console.print(f"{r['variant']}: {shlex.join(['python', 'sample.py', '--out_dir=' + r['out_dir'], *SAMPLE])}",
-                      style="bold", markup=False, highlight=False)
+        command = shlex.join(['python', 'sample.py', '--out_dir=' + r['out_dir'],
+                              *(f'--{k}={v}' for k, v in SAMPLE.items())])
+        console.print(f"{r['variant']}: {command}", style="bold", markup=False, highlight=False)
         console.print(r['sample'].split('\n---------------')[0], markup=False, highlight=False)
 
 
@@ -100,13 +118,15 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
         x = rng.integers(0, 120, (n, 3, size, size))
         oy, ox = rng.integers(0, size - 5, (2, n))
         colour = rng.integers(150, 256, (n, 3))
-        i, r, c = np.nonzero(glyphs[y])                 # every glyph pixel: its image, its row and column in the glyph
-        x[i, :, oy[i] + r, ox[i] + c] = colour[i]       # takes its image's colour
+        # every glyph pixel (its image, its row and column in the glyph) takes its image's colour
+        i, r, c = np.nonzero(glyphs[y])
+        x[i, :, oy[i] + r, ox[i] + c] = colour[i]
         np.save(os.path.join(folder, f'{split}_images.npy'), x.astype(np.uint8))
         np.save(os.path.join(folder, f'{split}_labels.npy'), y.astype(np.int64))
     meta = dict(name=os.path.basename(folder), kind='images', num_classes=classes,
                 classes=[f'glyph{i}' for i in range(classes)], image_size=size, channels=3, mean=[0.3] * 3,
-                std=[0.2] * 3, train_count=n_train, test_count=n_test, source='tools.study: random glyphs on noise')
+                std=[0.2] * 3, train_count=n_train, test_count=n_test,
+                source='tools.study: random glyphs on noise')
     with open(os.path.join(folder, 'meta.json'), 'w') as f:
         json.dump(meta, f)
 
@@ -129,22 +149,24 @@ def section_vision(args, results):
     rows = []
     for run, name, extra in VISION[:2] if args.mode == 'smoke' else VISION:
         out_dir = os.path.join(args.out_dir, 'vision-' + run)
-        keys = {'dtype': 'float32', **budget, **extra, 'dataset': 'glyphs', 'data_dir': data_dir, 'out_dir': out_dir,
-                'overwrite': True, 'viz_images': 0, 'compression_images': 0}
+        keys = {'dtype': 'float32', **budget, **extra, 'dataset': 'glyphs', 'data_dir': data_dir,
+                'out_dir': out_dir, 'overwrite': True, 'viz_images': 0, 'compression_images': 0}
         t0 = time.time()
-        run_script(['train_vit.py', *(f'--{k}={v}' for k, v in keys.items())], f'training {name}')
-        evals = [r for r in plot.read_run(out_dir)[2] if r.get('test_acc') is not None]
-        rows.append(dict(variant=name, **{k: extra.get(k) for k in ('attn', 'lpi')}, test_acc=evals[-1]['test_acc'],
-                         best_acc=max(r['test_acc'] for r in evals), seconds=round(time.time() - t0, 1),
+        run_script('train_vit.py', keys, f'training {name}')
+        evals = [r['test_acc'] for r in plot.read_run(out_dir)[2] if r.get('test_acc') is not None]
+        rows.append(dict(variant=name, attn=extra.get('attn'), lpi=extra.get('lpi'), test_acc=evals[-1],
+                         best_acc=max(evals), seconds=round(time.time() - t0, 1),
                          out_dir=os.path.relpath(out_dir)))
-        console.print(f"  {name}: test accuracy {rows[-1]['test_acc']:.3f}", style="dim")
-    results['vision'] = dict(budget=dict(budget, train_images=b['n_train'], test_images=b['n_test'],
-                                         note='train_vit.py defaults with these overrides, seed 1337, one run each'),
-                             rows=rows)
-    table(results, f"Vision: {b['n_train']} synthetic 32px images (10 glyph classes on noise), tost-cifar-tiny, "
-                   f"{budget['epochs']} epochs of batch {budget['batch_size']}, one seed; chance 0.10",
+        console.print(f"  {name}: test accuracy {evals[-1]:.3f}", style="dim")
+    results['vision'] = dict(rows=rows, budget=dict(
+        budget, train_images=b['n_train'], test_images=b['n_test'],
+        note='train_vit.py defaults with these overrides, seed 1337, one run each'))
+    table(results, f"Vision: {b['n_train']} synthetic 32px images (10 glyph classes on noise), "
+                   f"tost-cifar-tiny, {budget['epochs']} epochs of batch {budget['batch_size']}, "
+                   f"one seed; chance 0.10",
           ['model', 'test accuracy (last epoch)', 'best', 'seconds'],
-          [(r['variant'], f"{r['test_acc']:.3f}", f"{r['best_acc']:.3f}", f"{r['seconds']:.0f}") for r in rows])
+          [(r['variant'], f"{r['test_acc']:.3f}", f"{r['best_acc']:.3f}", f"{r['seconds']:.0f}")
+           for r in rows])
 
 
 # -----------------------------------------------------------------------------
@@ -155,8 +177,8 @@ def section_vision(args, results):
 
 
 def gen_recall(rng, n, pairs, keys=32):
-    """k_1 v_1 .. k_N v_N (keys 0..31, values 32..63), then the keys of ceil(N/2) random pairs, each followed by
-    its value (but the last). Labelled: the value, at each query key."""
+    """k_1 v_1 .. k_N v_N (keys 0..31, values 32..63), then the keys of ceil(N/2) random pairs, each
+    followed by its value (but the last). Labelled: the value, at each query key."""
     k = rng.random((n, keys)).argsort(1)[:, :pairs]               # (n, N) distinct keys
     v = rng.random((n, keys)).argsort(1)[:, :pairs] + keys        # (n, N) distinct values
     q = rng.random((n, pairs)).argsort(1)[:, :(pairs + 1) // 2]   # (n, Q) the pairs asked, in random order
@@ -187,8 +209,8 @@ def gen_periodic(rng, n, period, symbols=32, T=32):
 
 
 def gen_mode(rng, n, symbols, T=48, warmup=8):
-    """T symbols from frequencies each sequence draws (Dirichlet(1)). Labelled: the most frequent symbol so far,
-    from t = warmup - 1 on, where it is unique."""
+    """T symbols from frequencies each sequence draws (Dirichlet(1)). Labelled: the most frequent symbol so
+    far, from t = warmup - 1 on, where it is unique."""
     cdf = rng.dirichlet(np.ones(symbols), n).cumsum(1)                           # (n, A)
     x = np.minimum((rng.random((n, T, 1)) > cdf[:, None]).sum(-1), symbols - 1)  # (n, T) inverse CDF
     counts = np.cumsum(np.eye(symbols, dtype=np.int64)[x], 1)                    # (n, T, A) counts so far
@@ -210,8 +232,8 @@ def recall_chance(pairs):
 
 
 def mode_chance(symbols):
-    """The guess that sees no other token, the current one: drawn from the same frequencies, it is the mode far
-    more often than 1/A. Measured on 4096 sequences of a fixed seed."""
+    """The guess that sees no other token, the current one: drawn from the same frequencies, it is the mode
+    far more often than 1/A. Measured on 4096 sequences of a fixed seed."""
     x, y = gen_mode(np.random.default_rng(0), 4096, symbols)
     return float((x == y)[y >= 0].mean())
 
@@ -222,10 +244,14 @@ TASKS = [
     Task('periodic', 'period', gen_periodic, 32, lambda v: 1 / 32, (2, 3, 4), (2, 4), (600, 200)),
     Task('mode', 'symbols', gen_mode, 32, mode_chance, (4, 8, 16), (4, 16), (1000, 200)),
 ]
-TASK_MODELS = {'tssa': dict(attn='tssa'), 'tssa+shift': dict(attn='tssa', token_shift=True),
-               'softmax': dict(attn='softmax'), 'softmax+shift': dict(attn='softmax', token_shift=True),
-               # one softmax block of two, the first: over init seeds it learned 8-pair recall more reliably than last
-               'hybrid+shift': dict(attn='tssa', softmax_layers=(0,), token_shift=True)}
+TASK_MODELS = {
+    'tssa': dict(attn='tssa'),
+    'tssa+shift': dict(attn='tssa', token_shift=True),
+    'softmax': dict(attn='softmax'),
+    'softmax+shift': dict(attn='softmax', token_shift=True),
+    # one softmax block of two, the first: over init seeds it learned 8-pair recall more often than the last
+    'hybrid+shift': dict(attn='tssa', softmax_layers=(0,), token_shift=True),
+}
 # Shared by every model of every row. Layer-scale init 1.0: the GPT's default 1e-5 slows tiny models down.
 TASK_MODEL = dict(n_layer=2, n_head=4, n_embd=64, layerscale_init=1.0)
 TASK_OPT = dict(lr=1e-3, min_lr=1e-4, warmup=0.1, weight_decay=0.1, betas=(0.9, 0.98), clip=1.0,
@@ -234,32 +260,42 @@ TASK_TEST = {'full': 1024, 'quick': 512, 'smoke': 8}   # held-out sequences per 
 TASK_SEED = 1
 
 
-task_steps = lambda task, mode: {'full': task.steps[0], 'quick': task.steps[1], 'smoke': 2}[mode]
+def task_steps(task, mode):
+    """The training steps of `task`: its full or quick count, or 2 for the smoke test."""
+    return {'full': task.steps[0], 'quick': task.steps[1]}.get(mode, 2)
 
 
 def task_train_batches(task, value, batch, steps, test_x):
     """The training stream, the same for every model: `steps` batches (x, y) of fresh sequences, minus any
     equal to a test sequence (so train and test are disjoint)."""
-    seen, rng = {r.tobytes() for r in test_x}, np.random.default_rng([TASK_SEED, 1])
+    seen = {r.tobytes() for r in test_x}
+    rng = np.random.default_rng([TASK_SEED, 1])
     for a in range(0, steps, 64):                      # 64 batches generated at a time
-        need, xs, ys = min(64, steps - a) * batch, [], []
+        need = min(64, steps - a) * batch
+        xs = []
+        ys = []
         while need > 0:
             x, y = task.gen(rng, need, value)
             keep = np.array([r.tobytes() not in seen for r in x], dtype=bool)
-            xs.append(x[keep][:need]), ys.append(y[keep][:need])
+            xs.append(x[keep][:need])
+            ys.append(y[keep][:need])
             need -= len(xs[-1])
-        x, y = torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
+        x = torch.from_numpy(np.concatenate(xs))
+        y = torch.from_numpy(np.concatenate(ys))
         yield from zip(x.split(batch), y.split(batch))
 
 
 def task_run(job):
-    """One cell of the table: train a tiny GPT on a task at one knob value; its accuracy on held-out sequences."""
+    """One cell of the table: train a tiny GPT on a task at one knob value; its accuracy on held-out
+    sequences."""
     name, value, kind, mode = job
-    task, o = next(t for t in TASKS if t.name == name), TASK_OPT
+    task = next(t for t in TASKS if t.name == name)
+    o = TASK_OPT
     torch.set_num_threads(1)
     t0 = time.time()
     x_test, y_test = task.gen(np.random.default_rng([TASK_SEED, 0]), TASK_TEST[mode], value)   # held out
-    steps, batch = task_steps(task, mode), max(1, o['tokens'] // x_test.shape[1])
+    steps = task_steps(task, mode)
+    batch = max(1, o['tokens'] // x_test.shape[1])
     torch.manual_seed(TASK_SEED)
     cfg = tost.GPTConfig(block_size=x_test.shape[1], vocab_size=task.vocab, **TASK_MODEL, **TASK_MODELS[kind])
     model = tost.GPT(cfg)
@@ -273,40 +309,46 @@ def task_run(job):
         torch.nn.utils.clip_grad_norm_(model.parameters(), o['clip'])
         opt.step()
     model.eval()
-    x, y = torch.from_numpy(x_test), torch.from_numpy(y_test)
+    x = torch.from_numpy(x_test)
+    y = torch.from_numpy(y_test)
     with torch.no_grad():                       # the top token at every position of the held-out sequences
         pred = torch.cat([model(xb, yb)[0].argmax(-1) for xb, yb in zip(x.split(256), y.split(256))])
     right = (pred == y)[y >= 0]                 # at the labelled positions
-    return dict(task=name, knob=task.knob, value=value, model=kind, accuracy=right.sum().item() / right.numel(),
-                chance=task.chance(value), train_loss=round(loss.item(), 4), steps=steps, batch=batch,
-                seq_len=x_test.shape[1], seconds=round(time.time() - t0, 1))
+    return dict(task=name, knob=task.knob, value=value, model=kind,
+                accuracy=right.sum().item() / right.numel(), chance=task.chance(value),
+                train_loss=round(loss.item(), 4), steps=steps, batch=batch, seq_len=x_test.shape[1],
+                seconds=round(time.time() - t0, 1))
 
 
 def section_tasks(args, results):
     mode = args.mode
-    values = lambda t: t.quick[:1] if mode == 'smoke' else getattr(t, mode)
-    jobs = [(t.name, v, kind, mode) for t in TASKS for v in values(t) for kind in TASK_MODELS]
-    o, m, steps = TASK_OPT, TASK_MODEL, {t.name: task_steps(t, mode) for t in TASKS}
+    # every model at every knob value of every task; the smoke test takes each task's first quick value
+    jobs = [(t.name, v, kind, mode) for t in TASKS
+            for v in (t.quick[:1] if mode == 'smoke' else getattr(t, mode)) for kind in TASK_MODELS]
+    o = TASK_OPT
+    m = TASK_MODEL
+    steps = {t.name: task_steps(t, mode) for t in TASKS}
     budget = dict(model=m, optimizer=dict(o, name='AdamW', schedule='linear warmup, cosine to min_lr'),
                   steps=steps, test_sequences=TASK_TEST[mode], seed=TASK_SEED)
     console.print(f"tasks: {len(jobs)} tiny GPTs, trained two at a time (two processes of one thread each)")
-    # A process per core: a tiny model's step is too small to split over two threads (the second mostly waits).
-    # spawn, not fork: a forked child of a process that already ran torch's thread pool can hang.
+    # A process per core: a tiny model's step is too small to split over two threads (the second mostly
+    # waits). spawn, not fork: a forked child of a process that already ran torch's thread pool can hang.
     rows = []
     with multiprocessing.get_context('spawn').Pool(2) as pool:
         for r in pool.imap_unordered(task_run, jobs):
             rows.append(r)
-            console.print(f"  {r['task']} {r['knob']} {r['value']}, {r['model']}: accuracy {r['accuracy']:.3f} "
-                          f"(chance {r['chance']:.3f}), {r['seconds']:.0f} s", style="dim")
+            console.print(f"  {r['task']} {r['knob']} {r['value']}, {r['model']}: accuracy "
+                          f"{r['accuracy']:.3f}, chance {r['chance']:.3f}, {r['seconds']:.0f} s", style="dim")
     rows.sort(key=lambda r: jobs.index((r['task'], r['value'], r['model'], mode)))
-    results['tasks'], results['tasks_budget'] = rows, budget
-    console.print(f"budget, the same for every model in a row: GPT {m['n_layer']} layers, width {m['n_embd']}, "
-                  f"{m['n_head']} heads, layer-scale init {m['layerscale_init']}; AdamW lr {o['lr']:g} "
-                  f"({o['warmup']:.0%} linear warmup, cosine to {o['min_lr']:g}), weight decay {o['weight_decay']}, "
-                  f"betas {o['betas']}, gradient clip {o['clip']}; {o['tokens']} tokens a step (batch = "
-                  f"{o['tokens']} // sequence length), fresh sequences every step; steps: " +
-                  ', '.join(f'{k} {v}' for k, v in steps.items()) +
-                  f"; {TASK_TEST[mode]} held-out test sequences per row; seed {TASK_SEED}, one run per cell")
+    results['tasks'] = rows
+    results['tasks_budget'] = budget
+    console.print(f"budget, the same for every model in a row: GPT {m['n_layer']} layers, width "
+                  f"{m['n_embd']}, {m['n_head']} heads, layer-scale init {m['layerscale_init']}; AdamW lr "
+                  f"{o['lr']:g} ({o['warmup']:.0%} linear warmup, cosine to {o['min_lr']:g}), weight decay "
+                  f"{o['weight_decay']}, betas {o['betas']}, gradient clip {o['clip']}; {o['tokens']} tokens "
+                  f"a step (batch = {o['tokens']} // sequence length), fresh sequences every step; steps: "
+                  f"{', '.join(f'{k} {v}' for k, v in steps.items())}; {TASK_TEST[mode]} held-out test "
+                  f"sequences per row; seed {TASK_SEED}, one run per cell")
     k = len(TASK_MODELS)
     table(results, "What ToST can and cannot do: accuracy on held-out sequences, at the labelled positions",
           ['task', 'knob', 'length', 'chance', *TASK_MODELS],
@@ -324,11 +366,12 @@ DEFAULTS = dict(
     json='',                  # also write the results to this file
     out_dir='out-study',      # the runs of the language and vision sections go here
 )
+RANGES = dict(nonempty=('out_dir',))
 
 
 def main(argv=None):
-    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='sections')
-    check_out_dir(cfg['out_dir'])
+    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='sections',
+                   ranges=RANGES)
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())

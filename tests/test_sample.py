@@ -1,0 +1,187 @@
+"""
+Tests for sample.py: a tiny random byte-level GPT saved as train_gpt.py saves it, sampled in process and as a
+command. What a mistake prints is checked by behaviour: exit 2, one line, the option or path it names.
+    python -m pytest -q tests/test_sample.py
+"""
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import unicodedata
+
+import pytest
+import tiktoken
+import torch
+
+import options
+import readers
+import sample
+import tost
+import train_common
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
+pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
+
+
+@pytest.fixture(scope='module')
+def out(tmp_path_factory):
+    """A folder holding ckpt.pt: a random 1-layer GPT over bytes, block size 32."""
+    folder = tmp_path_factory.mktemp('out')
+    torch.manual_seed(0)
+    config = tost.GPTConfig(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32)
+    model = tost.GPT(config)
+    ckpt = dict(model=model.state_dict(), model_args=dataclasses.asdict(config), meta={'tokenizer': 'bytes'})
+    train_common.atomic_save(ckpt, str(folder / 'ckpt.pt'))
+    return str(folder)
+
+
+def start(*args, stdout=subprocess.PIPE):
+    """sample.py as a command, in a process group of its own as a terminal starts a job."""
+    return subprocess.Popen([sys.executable, os.path.join(REPO, 'sample.py'), *args], stdout=stdout,
+                            stderr=subprocess.PIPE, env=ENV, start_new_session=True)
+
+
+def ended(p):
+    """(exit code, lines on stderr) of a command start() started."""
+    err = p.communicate(timeout=120)[1].decode(errors='replace')
+    return p.returncode, err.strip().splitlines()
+
+
+def exits(capsys, *args):
+    """(exit code, lines on stderr) of sample.main ended by run_main, as the command ends it."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        options.run_main(lambda: sample.main(list(args)))
+    return e.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def one_line(ending, *names, code=2):
+    """The exit code, and one line naming each of `names` (an option, a path)."""
+    assert ending[0] == code and len(ending[1]) == 1 and ending[1][0].startswith('error: '), ending
+    assert all(name in ending[1][0] for name in names), ending
+
+
+def test_stream_decoder_holds_back_half_characters():
+    tok = readers.get_tokenizer('bytes')
+    text = 'déjà vu ✓ 😀 end'
+    pieces = list(sample.decode_stream(tok, tok.encode(text)))   # a piece per token, then the rest
+    assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
+    # 'é' is two bytes: nothing after the first, all after the second
+    assert pieces[1] == '' and pieces[2] == 'é'
+    # BPE: tokens are byte strings that may also split a character (a tiny offline stand-in for GPT-2's)
+    ranks = {bytes([i]): i for i in range(256)}
+    ranks[b'j\xc3'] = 256  # 'j' and the first byte of 'à': a token that ends inside a character
+    enc = tiktoken.Encoding(name='tiny', pat_str=r'\S+|\s+', mergeable_ranks=ranks,
+                            special_tokens={'<|endoftext|>': 257})
+    bpe = readers.get_tokenizer('gpt2', encoding=enc)
+    ids = bpe.encode(text)
+    assert 256 in ids
+    pieces = list(sample.decode_stream(bpe, ids))
+    assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
+
+
+def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
+    """In float32 on a CPU, also where it has bf16 instructions: bf16 autocast slows a batch of one down."""
+    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
+    model = train_common.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
+    prompt = 'def f(x):'
+    n = 80  # more than block_size (32): the recurrent state carries on
+    sample.main([f'--out_dir={out}', f'--start={prompt}', '--num_samples=1', f'--max_new_tokens={n}',
+                 '--seed=7', '--device=cpu', '--top_k=50'])
+    idx = torch.tensor([list(prompt.encode())])
+    want = model.generate(idx, n, temperature=0.8, top_k=50, generator=torch.Generator().manual_seed(7))
+    text = bytes(want[0].tolist()).decode('utf-8', errors='replace')
+    assert capsys.readouterr().out == text + '\n---------------\n'
+
+    # an empty prompt starts from a newline (bytes have no end-of-text token), and prints nothing before
+    sample.main([f'--out_dir={out}', '--start=', '--num_samples=1', '--max_new_tokens=20', '--seed=7',
+                 '--device=cpu', '--temperature=0'])
+    want = model.generate(torch.tensor([[10]]), 20, temperature=0)
+    text = bytes(want[0, 1:].tolist()).decode('utf-8', 'replace')
+    assert capsys.readouterr().out == text + '\n---------------\n'
+
+
+def test_same_seed_same_text_and_one_thread_unless_told(out, capsys, monkeypatch):
+    args = [f'--out_dir={out}', '--num_samples=2', '--max_new_tokens=40', '--device=cpu']
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    texts = []
+    for seed in (3, 3, 4):
+        sample.main(args + [f'--seed={seed}'])
+        texts.append(capsys.readouterr())
+    assert texts[0].out == texts[1].out != texts[2].out and texts[0].out.count('\n---------------\n') == 2
+    assert torch.get_num_threads() == 1 and texts[0].err.strip().endswith('tokens/s (cpu, 1 thread)')
+    assert texts[0].err.startswith('80 tokens in ')                  # 2 samples x 40
+    monkeypatch.setenv('OMP_NUM_THREADS', '2')                      # told: its thread count is kept
+    torch.set_num_threads(2)
+    sample.main(args)
+    assert torch.get_num_threads() == 2 and capsys.readouterr().err.strip().endswith('(cpu, 2 threads)')
+
+
+def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monkeypatch):
+    """A byte-level model at a high temperature emits control bytes; the prompt here has some too. In a
+    terminal none reaches it but newline and tab; piped, the text is written as it is."""
+    args = [f'--out_dir={out}', '--start=\x1b[2J\x07ding\r\n', '--num_samples=1', '--max_new_tokens=400',
+            '--temperature=3', '--top_k=0', '--device=cpu']
+    sample.main(args)
+    piped = capsys.readouterr().out
+    assert piped.startswith('\x1b[2J\x07ding\r\n')
+    assert sum(unicodedata.category(c) == 'Cc' for c in piped) > 20   # the model emitted control characters
+    monkeypatch.setattr(sys.stdout, 'isatty', lambda: True)
+    sample.main(args)
+    shown = capsys.readouterr().out
+    assert shown.startswith('␛[2J␇ding␍\n')
+    assert not [c for c in shown if unicodedata.category(c) == 'Cc' and c not in '\n\t']
+
+
+def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
+    """--device=cuda:1: resolve_dtype asks the current GPU whether it has bfloat16, so cuda:1 is made the
+    current one first (mocked: no GPU here; the run stops at the question)."""
+    order = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: order.append(device))
+    monkeypatch.setattr(torch, 'set_float32_matmul_precision', lambda precision: None)
+
+    def asked(dtype, device):
+        order.append('resolve_dtype')
+        raise options.UsageError('stop here')
+    monkeypatch.setattr(sample, 'resolve_dtype', asked)
+    with pytest.raises(options.UsageError, match='stop here'):
+        sample.main(['--device=cuda:1'])
+    assert order == ['cuda:1', 'resolve_dtype']
+
+
+def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, capsys):
+    """sample.py's own options (reading a checkpoint is train_common's, tested there)."""
+    one_line(exits(capsys, f'--out_dir={tmp_path}'), f'{tmp_path}/ckpt.pt')
+    for bad in ('-1', 'nan', 'inf'):
+        one_line(exits(capsys, f'--out_dir={out}', f'--temperature={bad}'), '--temperature')
+    one_line(exits(capsys, f'--out_dir={out}', f'--start=FILE:{tmp_path}/missing.txt'), 'missing.txt')
+    (tmp_path / 'latin1.txt').write_bytes('caf\xe9'.encode('latin-1'))
+    one_line(exits(capsys, f'--out_dir={out}', f'--start=FILE:{tmp_path}/latin1.txt'), 'latin1.txt')
+    # a byte that is not UTF-8 on the command line arrives as a lone surrogate, which cannot be encoded
+    one_line(ended(start(f'--out_dir={out}'.encode(), b'--start=caf\xe9')), '--start')
+
+
+def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):
+    long = 'x = 1\n' * 20 + 'THE END'  # 127 bytes; the model takes 32
+    sample.main([f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5',
+                 '--device=cpu'])
+    printed = capsys.readouterr()
+    note, speed = printed.err.strip().splitlines()
+    assert '127' in note and '32' in note and 'THE END' in note and printed.out.startswith(long)
+    assert speed.startswith('5 tokens in ')
+
+
+def test_ctrl_c_into_a_pipe_whose_reader_it_killed_and_a_full_disk_are_one_line(out):
+    """`python sample.py | tee log`, then Ctrl-C: the terminal sends SIGINT to both, so tee is gone when the
+    interrupt's handler writes. `python sample.py > /dev/full`: stdout cannot be written at all."""
+    p = start(f'--out_dir={out}', '--max_new_tokens=100000')
+    p.stdout.read(200)                                  # it is generating
+    os.killpg(p.pid, signal.SIGINT)
+    p.stdout.close()                                    # the reader, gone with the same Ctrl-C
+    one_line(ended(p), code=130)
+    with open('/dev/full', 'w') as full:
+        one_line(ended(start(f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=5', stdout=full)))
