@@ -88,7 +88,7 @@ def _output(w_ptr, pi_ptr, y_ptr, ac_ptr, pc_ptr, T, K, P, NC, EPS: tl.constexpr
         Pe = tl.cumsum(pi, 0) + Ps + eps
         D = Pe[:, None] / (At + Pe[:, None])
         y = -pi[:, None] * w * D
-        tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=m)
+        _store(y_ptr + at, y, m)
         A += tl.sum(pw2, 0)
         Ps += tl.sum(pi, 0)
 
@@ -189,10 +189,21 @@ def _grad_w(w_ptr, g_ptr, pi_ptr, de_ptr, qc_ptr, ac_ptr, pc_ptr, gw_ptr, T, K, 
         later = tl.cumsum(gQn, 0, reverse=True) + SQ[None, :]
         gw2 = RA * pi[:, None] + de[:, None] * own + later
         gw = 2 * w * gw2 - pi[:, None] * g * D
-        tl.store(gw_ptr + at, gw.to(gw_ptr.dtype.element_ty), mask=m)
+        _store(gw_ptr + at, gw, m)
         gQ = tl.where(Qt <= tiny, 0, -de[:, None] * w2 / Qc / Qc)
         SQ += tl.sum(gQ, 0)
         SA += tl.sum(GA, 0)
+
+
+@triton.jit
+def _store(ptr, x, mask):
+    """Store x in ptr's dtype. To bf16 (under autocast) it is rounded to nearest even by hand, so that the
+    conversion is exact: the GPU rounds so too, but Triton's interpreter would truncate."""
+    if ptr.dtype.element_ty == tl.bfloat16:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))        # NaN stays NaN
+    tl.store(ptr, x, mask=mask)
 
 
 def _layout(w, chunk):

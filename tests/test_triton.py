@@ -1,0 +1,271 @@
+"""tost_triton.py's Triton core equals the readable lines of tost.py, and compiles for an H100 without
+register spills. Skipped where triton is not installed (CI installs it).
+
+Triton's interpreter runs the kernels on CPU tensors, but only if TRITON_INTERPRET=1 is set before triton is
+first imported, and it cannot then compile for a GPU in the same process. So the checks run in one worker
+process started with it set (the `interpreter` fixture: each test sends its check_* function there and gets
+its result or its AssertionError back), and neither this process nor the other tests see it. In the worker
+the CPU is a Triton device (tost_fast.TRITON), so every check enters the core by CausalTSSA.forward's one
+dispatch line, as CUDA does under TOST_TRITON=1."""
+import concurrent.futures
+import importlib.util
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.environ.get('TRITON_INTERPRET') == '1'   # this module, imported in the interpreter's worker
+pytestmark = pytest.mark.skipif(importlib.util.find_spec('triton') is None,
+                                reason='triton is not installed (pip install triton==3.9.0)')
+if WORKER:
+    import tost_fast
+    import tost_triton
+    from tost import CausalTSSA
+    tost_fast.TRITON = ('cpu',)
+    torch.set_num_threads(1)
+
+
+def _started():
+    return os.environ.get('TRITON_INTERPRET'), tost_fast.TRITON
+
+
+@pytest.fixture(scope='module')
+def interpreter():
+    """run(check, *args): check(*args) in the worker, which imported triton under its interpreter."""
+    os.environ['TRITON_INTERPRET'] = '1'
+    try:
+        pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'))
+        started = pool.submit(_started)        # the worker starts here, with the variable set
+    finally:
+        del os.environ['TRITON_INTERPRET']
+    assert started.result() == ('1', ('cpu',))
+    yield lambda check, *args: pool.submit(check, *args).result()
+    pool.shutdown()
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _outputs_and_grads(layer, x, g, fast):
+    """Output and every gradient (x, then each parameter) of layer(x) against the cotangent g; fast: the
+    Triton core (checked to have run), else the readable lines."""
+    layer.fast = fast
+    layer.zero_grad()
+    entered = []
+    real = tost_triton.causal_tssa
+    tost_triton.causal_tssa = lambda *a: entered.append(1) or real(*a)
+    try:
+        x = x.detach().clone().requires_grad_()
+        y = layer(x)
+        (y * g).sum().backward()
+    finally:
+        tost_triton.causal_tssa = real
+        layer.fast = True
+    assert len(entered) == fast, entered
+    return [y.detach(), x.grad] + [p.grad.clone() for p in layer.parameters()]
+
+
+def _layer(d, K, T, dtype=torch.float64):
+    """Parameters as a trained layer might have them: temperatures around 1, small position biases."""
+    torch.manual_seed(0)
+    layer = CausalTSSA(d, K, block_size=T).to(dtype)
+    with torch.no_grad():
+        layer.temp.uniform_(0.5, 1.5)
+        layer.pos_bias.normal_(0, 0.3)
+    return layer
+
+
+def _names(layer):
+    return ['y', 'x'] + [n for n, _ in layer.named_parameters()]
+
+
+def check_float64(B, T, d, K, chunk, clamp):
+    tost_triton.CHUNK = chunk
+    layer = _layer(d, K, T)
+    x = torch.randn(B, T, d, dtype=torch.float64)
+    g = torch.randn(B, T, d, dtype=torch.float64)
+    if clamp:
+        # Q_t < 1e-12 in three coordinates of head 0 for the first 7 tokens, across two chunks
+        with torch.no_grad():
+            layer.c_attn.weight[:3] *= 1e-9
+        x[:, :7] *= 1e-2
+        assert (torch.cumsum(layer.c_attn(x)[:, :, :3] ** 2, 1)[:, 6] < 1e-12).all()
+    core = _outputs_and_grads(layer, x, g, True)
+    readable = _outputs_and_grads(layer, x, g, False)
+    for name, a, b in zip(_names(layer), core, readable):
+        assert _rel(a, b) < 1e-12, (name, _rel(a, b))
+
+
+@pytest.mark.parametrize('B, T, d, K, chunk, clamp', [
+    (1, 37, 16, 4, 4, False),      # odd T: ten chunks, the last one of a single token
+    (2, 37, 16, 4, 16, False),     # three chunks, the last one partial
+    (2, 37, 16, 4, 64, False),     # one chunk longer than the sequence
+    (1, 45, 24, 4, 8, False),      # p = 6: the columns past p masked
+    (1, 24, 8, 2, 4, True),        # a coordinate clamped at Q = 0 for the first tokens, over two chunks
+])
+def test_float64_equals_the_readable_lines(interpreter, B, T, d, K, chunk, clamp):
+    """y and every gradient (input, c_attn, temp, c_proj, pos_bias) within 1e-12 (norm of the difference
+    over the norm of the readable lines')."""
+    interpreter(check_float64, B, T, d, K, chunk, clamp)
+
+
+def check_float32():
+    T = 256
+    tost_triton.CHUNK = 128
+    layer = _layer(64, 4, T)
+    x = torch.randn(1, T, 64)
+    g = torch.randn(1, T, 64)
+    ref = _outputs_and_grads(layer, x.double(), g.double(), False)
+    layer.float()
+    core = _outputs_and_grads(layer, x, g, True)
+    readable = _outputs_and_grads(layer, x, g, False)
+    assert core[0].dtype == torch.float32
+    for name, c, r, want in zip(_names(layer), core, readable, ref):
+        assert _rel(c, want) < 1e-5, (name, _rel(c, want))
+        assert _rel(c, want) <= 3 * _rel(r, want) + 1e-7, (name, _rel(c, want), _rel(r, want))
+
+
+def test_float32_is_as_exact_as_the_readable_lines(interpreter):
+    """float32 against float64: within 1e-5, and within 3x the readable lines' own float32 error."""
+    interpreter(check_float32)
+
+
+def check_bf16():
+    T = 256
+    tost_triton.CHUNK = 128
+    layer = _layer(64, 4, T)
+    x = torch.randn(1, T, 64, dtype=torch.float64)
+    g = torch.randn(1, T, 64, dtype=torch.float64)
+    ref = _outputs_and_grads(layer, x, g, False)
+    layer.float()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        core = _outputs_and_grads(layer, x.float(), g.float(), True)
+        readable = _outputs_and_grads(layer, x.float(), g.float(), False)
+    assert core[0].dtype == torch.bfloat16
+    for name, c, r, want in zip(_names(layer), core, readable, ref):
+        assert _rel(c, want) <= 1.1 * _rel(r, want), (name, _rel(c, want), _rel(r, want))
+
+
+def test_bf16_autocast_is_no_further_from_float64_than_the_readable_lines(interpreter):
+    """Under bf16 autocast the core loads w in bf16 and sums in float32: y and every gradient within 1.1x
+    the readable lines' distance from float64 (both are mostly the bf16 projections' rounding)."""
+    interpreter(check_bf16)
+
+
+def check_gradcheck():
+    torch.manual_seed(0)
+    w = torch.randn(1, 7, 2, 3, dtype=torch.float64, requires_grad=True)      # (B, T, K, p)
+    temp = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    pb = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
+
+    def core(*a):
+        return tost_triton.forward(*a, 1e-8, 4)[0]        # two chunks of 4 tokens
+    assert torch.autograd.gradcheck(core, (w, temp, pb), fast_mode=True)
+    (gw,) = torch.autograd.grad(core(w, temp, pb).square().sum(), w, create_graph=True)
+    try:
+        gw.sum().backward()
+    except RuntimeError:
+        return                                        # first order only: said, not wrong
+    raise AssertionError('a second-order backward ran through the first-order core')
+
+
+def test_gradcheck(interpreter):
+    interpreter(check_gradcheck)
+
+
+def check_compiled(backend):
+    T = 64
+    tost_triton.CHUNK = 32
+    layer = _layer(32, 4, T, torch.float32)
+    x = torch.randn(2, T, 32)
+    g = torch.randn(2, T, 32)
+    eager = _outputs_and_grads(layer, x, g, True)
+    torch._dynamo.reset()
+    layer.forward = torch.compile(layer.forward, backend=backend, fullgraph=True)
+    compiled = _outputs_and_grads(layer, x, g, True)
+    for name, c, e in zip(_names(layer), compiled, eager):
+        assert _rel(c, e) < 1e-6, (name, _rel(c, e))
+
+
+def test_compiled_equals_eager(interpreter):
+    """torch.compile, fullgraph (a graph break is an error), the core a custom op in the graph; aot_eager
+    traces forward and backward as inductor does, without compiling C++ (inductor: the slow test)."""
+    interpreter(check_compiled, 'aot_eager')
+
+
+@pytest.mark.slow
+def test_compiled_by_inductor_equals_eager(interpreter):
+    interpreter(check_compiled, 'inductor')
+
+
+# Each kernel's pointer arguments for an H100 under bf16 autocast (activations bf16, statistics float32).
+BF16 = '*bf16'
+F32 = '*fp32'
+KERNELS = {
+    '_energy': dict(w_ptr=BF16, e_ptr=F32, qc_ptr=F32),
+    '_output': dict(w_ptr=BF16, pi_ptr=F32, y_ptr=BF16, ac_ptr=F32, pc_ptr=F32),
+    '_grad_pi': dict(w_ptr=BF16, g_ptr=BF16, pi_ptr=F32, ac_ptr=F32, pc_ptr=F32, gpi_ptr=F32),
+    '_grad_w': dict(w_ptr=BF16, g_ptr=BF16, pi_ptr=F32, de_ptr=F32, qc_ptr=F32, ac_ptr=F32, pc_ptr=F32,
+                    gw_ptr=BF16),
+}
+
+
+def test_every_kernel_compiles_for_sm90_without_register_spills():
+    """Each kernel compiled for sm_90 here on the CPU (no GPU needed) at ToST-Base's head size p = 64, with
+    the chunk and warps it runs with, and assembled by the ptxas shipped in the triton wheel: `ptxas -v`
+    must report 0 bytes of spill stores and loads. Runs in this process: the interpreter is the worker's."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+    import tost_triton
+    ptxas = get_ptxas(90).path
+    for name, pointers in KERNELS.items():
+        fn = getattr(tost_triton, name)
+        constants = {'C': tost_triton.CHUNK, 'BP': 64}
+        if 'EPS' in fn.arg_names:
+            constants['EPS'] = 1e-8
+        signature = {a: 'constexpr' if a in constants else pointers.get(a, 'i32') for a in fn.arg_names}
+        kernel = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget('cuda', 90, 32),
+                                options=dict(num_warps=tost_triton.WARPS))
+        with tempfile.NamedTemporaryFile('w', suffix='.ptx') as f:
+            f.write(kernel.asm['ptx'])
+            f.flush()
+            out = subprocess.run([ptxas, '-v', '--gpu-name=sm_90a', f.name, '-o', os.devnull],
+                                 capture_output=True, text=True)
+        assert out.returncode == 0, (name, out.stderr)
+        spills = re.findall(r'(\d+) bytes spill stores, (\d+) bytes spill loads', out.stderr)
+        assert len(spills) == 1 and re.search(rf'Function properties for {name}\b', out.stderr), out.stderr
+        assert spills == [('0', '0')], (name, out.stderr)
+
+
+@pytest.mark.parametrize('flag, hide', [('yes', False), ('1', True)])
+def test_a_tost_triton_it_cannot_use_stops_in_one_line(monkeypatch, capsys, flag, hide):
+    """TOST_TRITON other than 0 or 1, or TOST_TRITON=1 where triton does not import: one line, exit 2, as tost
+    is imported (tost_fast reads it then), not a traceback at the first layer."""
+    import tost_fast
+    monkeypatch.setenv('TOST_TRITON', flag)
+    if hide:
+        monkeypatch.setitem(sys.modules, 'triton', None)
+        monkeypatch.delitem(sys.modules, 'tost_triton', raising=False)
+    with pytest.raises(SystemExit) as stop:
+        tost_fast._triton_devices()
+    out = capsys.readouterr()
+    assert stop.value.code == 2 and out.out == '' and len(out.err.splitlines()) == 1, out.err
+    assert 'TOST_TRITON' in out.err
+
+
+def test_tost_triton_turns_the_core_on_for_cuda_only(monkeypatch):
+    import tost_fast
+    assert tost_fast.TRITON == ()               # the tests run without TOST_TRITON
+    monkeypatch.setenv('TOST_TRITON', '1')
+    assert tost_fast._triton_devices() == ('cuda',)
+    monkeypatch.setenv('TOST_TRITON', '0')
+    assert tost_fast._triton_devices() == ()
