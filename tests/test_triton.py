@@ -234,7 +234,7 @@ def test_every_kernel_compiles_for_sm90_without_register_spills():
             constants['EPS'] = 1e-8
         signature = {a: 'constexpr' if a in constants else pointers.get(a, 'i32') for a in fn.arg_names}
         kernel = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget('cuda', 90, 32),
-                                options=dict(num_warps=tost_triton.WARPS))
+                                options=dict(num_warps=tost_triton.WARPS, enable_fp_fusion=True))
         with tempfile.NamedTemporaryFile('w', suffix='.ptx') as f:
             f.write(kernel.asm['ptx'])
             f.flush()
