@@ -9,6 +9,7 @@ the CPU is a Triton device (tost_fast.TRITON), so every check enters the core by
 dispatch line, as CUDA does under TOST_TRITON=1."""
 import concurrent.futures
 import importlib.util
+import json
 import multiprocessing
 import os
 import re
@@ -269,3 +270,39 @@ def test_tost_triton_turns_the_core_on_for_cuda_only(monkeypatch):
     assert tost_fast._triton_devices() == ('cuda',)
     monkeypatch.setenv('TOST_TRITON', '0')
     assert tost_fast._triton_devices() == ()
+
+
+def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(tmp_path):
+    """tools.gpu_check measures a GPU: without one (and without --smoke) it stops before anything runs."""
+    from options import UsageError
+    from tools import gpu_check
+    with pytest.raises(UsageError):
+        gpu_check.main(['--device=cpu', f'--json={tmp_path / "out.json"}'])
+    assert not (tmp_path / 'out.json').exists()
+
+
+def test_gpu_check_names_each_target_met_or_missed():
+    from tools import gpu_check
+    layer = [dict(batch=16, n=1024, readable_ms=5.0, triton_ms=0.4, sdpa_ms=0.5),
+             dict(batch=1, n=65536, readable_ms=15.0, triton_ms=60.0, sdpa_ms=54.0)]
+    training = [dict(batch=16, n=1024, tost_triton_tok_s=120.0, gpt2_tok_s=100.0)]
+    got = {t['target']: (round(t['measured'], 2), t['met'])
+           for t in gpu_check.targets(dict(layer=layer, training=training))}
+    assert sorted(got.values()) == [(0.9, False), (1.2, True), (1.25, True), (12.5, True)]
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_tiny_on_a_cpu(tmp_path):
+    """The GPU script's every step at tiny sizes, on the CPU under Triton's interpreter (its own process, as
+    the interpreter must be set before triton is imported): the JSON it writes, and its equality rows, where
+    the Triton core is as close to float64 as the readable lines."""
+    out = tmp_path / 'check.json'
+    run = subprocess.run([sys.executable, '-m', 'tools.gpu_check', '--smoke', f'--json={out}'], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    res = json.loads(out.read_text())
+    assert {'torch', 'triton', 'equality', 'layer', 'training', 'targets', 'profile'} <= set(res)
+    assert {r['dtype'] for r in res['equality']} == {'bfloat16', 'float32'}
+    assert all(r['triton'] <= 1.1 * r['readable'] for r in res['equality']), res['equality']
+    assert all(r['triton_ms'] > 0 and r['sdpa_ms'] > 0 for r in res['layer'])
+    assert all(r['tost_triton_tok_s'] > 0 for r in res['training'])
