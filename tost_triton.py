@@ -1,6 +1,6 @@
 """
 A Triton core for tost.py's CausalTSSA training path on GPUs: the numbers of its readable forward() lines,
-equal to rounding (float64: within 1e-12), in four kernels instead of about ninety. Nothing here is new
+equal to rounding (float64: within 1e-12), in eight kernels instead of about ninety. Nothing here is new
 math; read tost.py for that, and tost_fast.py for the CPU core this one mirrors.
 
 Where it runs: CausalTSSA.forward enters here by the same one line that enters the CPU core, when
@@ -8,191 +8,199 @@ tost_fast.usable() says so: on CUDA, without a recurrent state, without active a
 if the environment says TOST_TRITON=1 (opt-in: it has not yet been measured on a GPU; docs/speed.md says
 how to measure it). Its backward is first order only.
 
-The design. The heads meet only in Pi's softmax over K at each token; everything else is per head. So one
-program per (batch, head) walks the tokens in chunks of CHUNK, carrying the prefix sums Q, A, P from one
-chunk to the next as the recurrent state carries them from token to token, and the softmax over the few
-heads of each token runs in torch between two kernels:
-    _energy:     Q_t = sum_{j<=t} w_j^2 and e_t = sum_i w_ti^2 / Q_ti              -> e (B, T, K)
-    (torch)      Pi_t = softmax_k(temp_k (e_t + p b_{k,t}))
-    _output:     A_t, P_t and y_t = -Pi_t w_t / (1 + A_t / (P_t + eps))          -> y (B, T, K, p)
-The backward mirrors it: _grad_pi walks the chunks in reverse and gives dL/dPi of every head, torch takes
-the softmax's backward across the heads (and the gradients of temp and b), and _grad_w walks in reverse
-again for dL/dw. Each kernel recomputes the prefix sums of its chunk from the carries the forward kept at
-chunk starts (2p + 1 numbers per head per chunk), so nothing of size (B, T, d) is saved but w itself.
+The design. The tokens are cut into chunks of CHUNK, and one program takes one chunk of one head of one
+sequence, so a single long sequence still fills the GPU. A prefix sum over the tokens is then two passes:
+one kernel sums each chunk, torch sums the chunks before each chunk (a small (B, K, chunks, p) tensor), and
+the next kernel adds that to the prefix sum inside its chunk. The heads meet only in Pi's softmax over K at
+each token, which runs in torch between the kernels:
+    _sum_squares, _energy:      Q_t = sum_{j<=t} w_j^2 and e_t = sum_i w_ti^2 / Q_ti     -> e (B, T, K)
+    (torch)                     Pi_t = softmax_k(temp_k (e_t + p b_{k,t}))
+    _sum_memberships, _output:  A_t, P_t, y_t = -Pi_t w_t / (1 + A_t / (P_t + eps))     -> y (B, T, K, p)
+The backward mirrors it, with suffix sums (a prefix sum's adjoint): _sum_adjoints and _grad_pi give dL/dPi
+of every head; torch takes the softmax's backward across the heads (and the gradients of temp and b);
+_sum_q_adjoints and _grad_w give dL/dw. Each kernel recomputes what it needs inside its chunk from the
+sums of the other chunks the forward kept, so nothing of size (B, T, d) is saved but w itself.
 
 Activations are loaded in their own dtype (bf16 under autocast) and every sum runs in float32 (float64 when
 the activations are float64, for the tests). As in the CPU core, an exclusive or suffix sum is never formed
 as a total minus a prefix, nor as an inclusive sum minus the token's own term (tost_fast.CausalCore says
-why): Q_{t-1} and the sum over the later tokens t' > t are sums of the neighbouring tokens' terms, loaded
-one row shifted.
+why): the sums of the earlier or later chunks are prefix sums of the chunks' sums, and Q_{t-1} and the sum
+over the later tokens t' > t of a chunk are sums of the neighbouring tokens' terms, loaded one row shifted.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-CHUNK = 32      # tokens per chunk (a power of two); 64 spills registers in the backward on an H100 (p = 64)
+CHUNK = 32      # tokens per program (a power of two); 64 spills registers in _grad_w on an H100 (p = 64)
 WARPS = 8       # warps per program (with 4, _grad_w spills registers on an H100)
 TINY = tl.constexpr(1e-12)    # Q_t's clamp, as in tost.py
 
 
 @triton.jit
-def _energy(w_ptr, e_ptr, qc_ptr, T, K, P, NC, C: tl.constexpr, BP: tl.constexpr):
-    """e_t = sum_i w_ti^2 / max(Q_ti, TINY) for one (batch, head); keeps Q at each chunk's start."""
-    b = tl.program_id(0)
+def _tile(T, K, P, C: tl.constexpr, BP: tl.constexpr):
+    """This program's chunk c of head k of sequence b: its C tokens t, the offsets of its (C, BP) tile in a
+    (B, T, K, p) tensor (`at`), of its tokens in a (B, T, K) one (`tok`), of its row of p numbers in a
+    (B, K, NC, BP) tensor of per-chunk sums (`sums`) and of its one number in a (B, K, NC) one (`chunk`)."""
+    c = tl.program_id(0)
     k = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
     rows = tl.arange(0, C)
     cols = tl.arange(0, BP)
-    d = K * P
+    t = c * C + rows
+    inside = t < T
+    m = inside[:, None] & (cols < P)[None, :]
+    at = (b * T + t[:, None]) * (K * P) + k * P + cols[None, :]
+    tok = (b * T + t) * K + k
+    chunk = (b * K + k) * tl.num_programs(0) + c
+    return rows, t, inside, m, at, tok, chunk * BP + cols, chunk
+
+
+@triton.jit
+def _weights(w2, pi, ac_ptr, pc_ptr, sums, chunk, EPS: tl.constexpr, C: tl.constexpr):
+    """A_t, P_t + eps and D_t = (P_t + eps) / (A_t + P_t + eps) of the chunk's tokens, from the sums of the
+    earlier chunks (ac, pc)."""
+    At = tl.cumsum(pi[:, None] * w2, 0) + tl.load(ac_ptr + sums)[None, :]
+    Pe = tl.cumsum(pi, 0) + tl.load(pc_ptr + chunk) + tl.full([C], EPS, pi.dtype)
+    D = Pe[:, None] / (At + Pe[:, None])
+    return At, Pe, D
+
+
+@triton.jit
+def _sum_squares(w_ptr, tq_ptr, T, K, P, C: tl.constexpr, BP: tl.constexpr):
+    """Per chunk: sum_t w_t^2, p numbers."""
+    rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
+    w = tl.load(w_ptr + at, mask=m, other=0).to(tq_ptr.dtype.element_ty)
+    tl.store(tq_ptr + sums, tl.sum(w * w, 0))
+
+
+@triton.jit
+def _energy(w_ptr, qc_ptr, e_ptr, T, K, P, C: tl.constexpr, BP: tl.constexpr):
+    """e_t = sum_i w_ti^2 / max(Q_ti, TINY), Q_t from the earlier chunks' sum (qc) and this chunk's prefix."""
+    rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
     dt = e_ptr.dtype.element_ty
-    tiny = tl.full([1, BP], TINY, dt)
-    Q = tl.zeros([BP], dt)
-    for c in range(NC):
-        t = c * C + rows
-        inside = t < T
-        m = inside[:, None] & (cols < P)[None, :]
-        w = tl.load(w_ptr + b * T * d + t[:, None] * d + k * P + cols[None, :], mask=m, other=0).to(dt)
-        tl.store(qc_ptr + ((b * K + k) * NC + c) * BP + cols, Q)
-        w2 = w * w
-        Qt = tl.cumsum(w2, 0) + Q[None, :]
-        e = tl.sum(w2 / tl.maximum(Qt, tiny), 1)
-        tl.store(e_ptr + (b * T + t) * K + k, e, mask=inside)
-        Q += tl.sum(w2, 0)
+    w = tl.load(w_ptr + at, mask=m, other=0).to(dt)
+    w2 = w * w
+    Qt = tl.cumsum(w2, 0) + tl.load(qc_ptr + sums)[None, :]
+    e = tl.sum(w2 / tl.maximum(Qt, tl.full([1, BP], TINY, dt)), 1)
+    tl.store(e_ptr + tok, e, mask=inside)
 
 
 @triton.jit
-def _output(w_ptr, pi_ptr, y_ptr, ac_ptr, pc_ptr, T, K, P, NC, EPS: tl.constexpr, C: tl.constexpr,
+def _sum_memberships(w_ptr, pi_ptr, ta_ptr, tp_ptr, T, K, P, C: tl.constexpr, BP: tl.constexpr):
+    """Per chunk: sum_t Pi_t w_t^2 (p numbers) and sum_t Pi_t."""
+    rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
+    dt = pi_ptr.dtype.element_ty
+    w = tl.load(w_ptr + at, mask=m, other=0).to(dt)
+    pi = tl.load(pi_ptr + tok, mask=inside, other=0)
+    tl.store(ta_ptr + sums, tl.sum(pi[:, None] * (w * w), 0))
+    tl.store(tp_ptr + chunk, tl.sum(pi, 0))
+
+
+@triton.jit
+def _output(w_ptr, pi_ptr, ac_ptr, pc_ptr, y_ptr, T, K, P, EPS: tl.constexpr, C: tl.constexpr,
             BP: tl.constexpr):
-    """y_t = -Pi_t w_t D_t, D_t = (P_t + eps) / (A_t + P_t + eps), for one (batch, head); keeps A and P at
-    each chunk's start."""
-    b = tl.program_id(0)
-    k = tl.program_id(1)
-    rows = tl.arange(0, C)
-    cols = tl.arange(0, BP)
-    d = K * P
-    dt = pi_ptr.dtype.element_ty
-    eps = tl.full([C], EPS, dt)
-    A = tl.zeros([BP], dt)
-    Ps = tl.sum(tl.zeros([BP], dt), 0)
-    for c in range(NC):
-        t = c * C + rows
-        inside = t < T
-        m = inside[:, None] & (cols < P)[None, :]
-        at = b * T * d + t[:, None] * d + k * P + cols[None, :]
-        w = tl.load(w_ptr + at, mask=m, other=0).to(dt)
-        pi = tl.load(pi_ptr + (b * T + t) * K + k, mask=inside, other=0)
-        tl.store(ac_ptr + ((b * K + k) * NC + c) * BP + cols, A)
-        tl.store(pc_ptr + (b * K + k) * NC + c, Ps)
-        pw2 = pi[:, None] * (w * w)
-        At = tl.cumsum(pw2, 0) + A[None, :]
-        Pe = tl.cumsum(pi, 0) + Ps + eps
-        D = Pe[:, None] / (At + Pe[:, None])
-        y = -pi[:, None] * w * D
-        _store(y_ptr + at, y, m)
-        A += tl.sum(pw2, 0)
-        Ps += tl.sum(pi, 0)
+    """y_t = -Pi_t w_t D_t."""
+    rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
+    w = tl.load(w_ptr + at, mask=m, other=0).to(pi_ptr.dtype.element_ty)
+    pi = tl.load(pi_ptr + tok, mask=inside, other=0)
+    At, Pe, D = _weights(w * w, pi, ac_ptr, pc_ptr, sums, chunk, EPS, C)
+    _store(y_ptr + at, -pi[:, None] * w * D, m)
 
 
 @triton.jit
-def _grad_pi(w_ptr, g_ptr, pi_ptr, ac_ptr, pc_ptr, gpi_ptr, T, K, P, NC, EPS: tl.constexpr,
+def _adjoints(w_ptr, g_ptr, pi_ptr, ac_ptr, pc_ptr, T, K, P, EPS: tl.constexpr, C: tl.constexpr,
+              BP: tl.constexpr):
+    """The chunk's w, w^2, g, Pi, D and the adjoints of A_t and P_t:
+    dL/dA_t = Pi_t g_t w_t D_t^2 / Pe_t (p numbers), dL/dPe_t = -sum_i dL/dA_ti A_ti / Pe_t."""
+    rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
+    dt = pi_ptr.dtype.element_ty
+    w = tl.load(w_ptr + at, mask=m, other=0).to(dt)
+    g = tl.load(g_ptr + at, mask=m, other=0).to(dt)
+    pi = tl.load(pi_ptr + tok, mask=inside, other=0)
+    w2 = w * w
+    At, Pe, D = _weights(w2, pi, ac_ptr, pc_ptr, sums, chunk, EPS, C)
+    GA = g * w * D * D * (pi / Pe)[:, None]
+    GP = -tl.sum(GA * At, 1) / Pe
+    return w, w2, g, pi, D, GA, GP
+
+
+@triton.jit
+def _sum_adjoints(w_ptr, g_ptr, pi_ptr, ac_ptr, pc_ptr, tA_ptr, tP_ptr, T, K, P, EPS: tl.constexpr,
+                  C: tl.constexpr, BP: tl.constexpr):
+    """Per chunk: sum_t dL/dA_t (p numbers) and sum_t dL/dPe_t."""
+    rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
+    w, w2, g, pi, D, GA, GP = _adjoints(w_ptr, g_ptr, pi_ptr, ac_ptr, pc_ptr, T, K, P, EPS, C, BP)
+    tl.store(tA_ptr + sums, tl.sum(GA, 0))
+    tl.store(tP_ptr + chunk, tl.sum(GP, 0))
+
+
+@triton.jit
+def _grad_pi(w_ptr, g_ptr, pi_ptr, ac_ptr, pc_ptr, sa_ptr, sp_ptr, gpi_ptr, T, K, P, EPS: tl.constexpr,
              C: tl.constexpr, BP: tl.constexpr):
-    """dL/dPi_t for one (batch, head), the chunks in reverse: via y_t directly, via A_t' and P_t' of every
-    t' >= t (suffix sums of their adjoints, carried from the later chunks)."""
-    b = tl.program_id(0)
-    k = tl.program_id(1)
-    rows = tl.arange(0, C)
-    cols = tl.arange(0, BP)
-    d = K * P
-    dt = pi_ptr.dtype.element_ty
-    eps = tl.full([C], EPS, dt)
-    SA = tl.zeros([BP], dt)
-    SP = tl.sum(tl.zeros([BP], dt), 0)
-    for j in range(NC):
-        c = NC - 1 - j
-        t = c * C + rows
-        inside = t < T
-        m = inside[:, None] & (cols < P)[None, :]
-        at = b * T * d + t[:, None] * d + k * P + cols[None, :]
-        w = tl.load(w_ptr + at, mask=m, other=0).to(dt)
-        g = tl.load(g_ptr + at, mask=m, other=0).to(dt)
-        pi = tl.load(pi_ptr + (b * T + t) * K + k, mask=inside, other=0)
-        A = tl.load(ac_ptr + ((b * K + k) * NC + c) * BP + cols)
-        Ps = tl.load(pc_ptr + (b * K + k) * NC + c)
-        w2 = w * w
-        At = tl.cumsum(pi[:, None] * w2, 0) + A[None, :]
-        Pe = tl.cumsum(pi, 0) + Ps + eps
-        D = Pe[:, None] / (At + Pe[:, None])
-        gwD = g * w * D
-        # dL/dA_t = Pi g w D^2 / Pe_t;  dL/dPe_t = -sum_i dL/dA_t A_t / Pe_t
-        GA = gwD * D * (pi / Pe)[:, None]
-        GP = -tl.sum(GA * At, 1) / Pe
-        RA = tl.cumsum(GA, 0, reverse=True) + SA[None, :]
-        RP = tl.cumsum(GP, 0, reverse=True) + SP
-        gpi = tl.sum(RA * w2, 1) + RP - tl.sum(gwD, 1)
-        tl.store(gpi_ptr + (b * T + t) * K + k, gpi, mask=inside)
-        SA += tl.sum(GA, 0)
-        SP += tl.sum(GP, 0)
+    """dL/dPi_t: via y_t directly, and via A_t' and P_t' of every t' >= t (suffix sums of their adjoints:
+    this chunk's from its end, plus the later chunks' sums sa, sp)."""
+    rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
+    w, w2, g, pi, D, GA, GP = _adjoints(w_ptr, g_ptr, pi_ptr, ac_ptr, pc_ptr, T, K, P, EPS, C, BP)
+    RA = tl.cumsum(GA, 0, reverse=True) + tl.load(sa_ptr + sums)[None, :]
+    RP = tl.cumsum(GP, 0, reverse=True) + tl.load(sp_ptr + chunk)
+    gpi = tl.sum(RA * w2, 1) + RP - tl.sum(g * w * D, 1)
+    tl.store(gpi_ptr + tok, gpi, mask=inside)
 
 
 @triton.jit
-def _grad_w(w_ptr, g_ptr, pi_ptr, de_ptr, qc_ptr, ac_ptr, pc_ptr, gw_ptr, T, K, P, NC, EPS: tl.constexpr,
-            C: tl.constexpr, BP: tl.constexpr):
-    """dL/dw_t for one (batch, head), the chunks in reverse, given dL/de_t of every token (de)."""
-    b = tl.program_id(0)
-    k = tl.program_id(1)
-    rows = tl.arange(0, C)
-    cols = tl.arange(0, BP)
-    d = K * P
-    dt = pi_ptr.dtype.element_ty
-    eps = tl.full([C], EPS, dt)
+def _q_adjoints(w_ptr, de_ptr, qc_ptr, T, K, P, C: tl.constexpr, BP: tl.constexpr):
+    """The chunk's Q_t (clamped and not) and the adjoint of Q_t, -de_t w_t^2 / Q_t^2 (0 where clamped)."""
+    rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
+    dt = de_ptr.dtype.element_ty
+    w = tl.load(w_ptr + at, mask=m, other=0).to(dt)
+    de = tl.load(de_ptr + tok, mask=inside, other=0)
+    w2 = w * w
+    Q = tl.load(qc_ptr + sums)
+    Qt = tl.cumsum(w2, 0) + Q[None, :]
     tiny = tl.full([1, BP], TINY, dt)
-    SA = tl.zeros([BP], dt)
-    SQ = tl.zeros([BP], dt)
-    for j in range(NC):
-        c = NC - 1 - j
-        t = c * C + rows
-        inside = t < T
-        m = inside[:, None] & (cols < P)[None, :]
-        at = b * T * d + t[:, None] * d + k * P + cols[None, :]
-        w = tl.load(w_ptr + at, mask=m, other=0).to(dt)
-        g = tl.load(g_ptr + at, mask=m, other=0).to(dt)
-        pi = tl.load(pi_ptr + (b * T + t) * K + k, mask=inside, other=0)
-        de = tl.load(de_ptr + (b * T + t) * K + k, mask=inside, other=0)
-        Q = tl.load(qc_ptr + ((b * K + k) * NC + c) * BP + cols)
-        A = tl.load(ac_ptr + ((b * K + k) * NC + c) * BP + cols)
-        Ps = tl.load(pc_ptr + (b * K + k) * NC + c)
-        w2 = w * w
-        At = tl.cumsum(pi[:, None] * w2, 0) + A[None, :]
-        Pe = tl.cumsum(pi, 0) + Ps + eps
-        D = Pe[:, None] / (At + Pe[:, None])
-        GA = g * w * D * D * (pi / Pe)[:, None]
-        RA = tl.cumsum(GA, 0, reverse=True) + SA[None, :]
-        Qt = tl.cumsum(w2, 0) + Q[None, :]
-        Qc = tl.maximum(Qt, tiny)
-        # The token's own w_t^2 enters e_t twice, as w_t^2 / Q_t and through Q_t: together de_t Q_{t-1} / Q_t^2,
-        # with Q_{t-1} summed from the previous tokens (loaded one row back), never Q_t - w_t^2.
-        # Where Q_t is clamped, e_t = w_t^2 / TINY and Q_t passes nothing back.
-        mp = m & (rows > 0)[:, None]
-        wp = tl.load(w_ptr + at - d, mask=mp, other=0).to(dt)
-        Qp = tl.cumsum(wp * wp, 0) + Q[None, :]
-        own = tl.where(Qt <= tiny, Qc, Qp) / Qc / Qc
-        # via Q_t' of the later tokens t' > t of this chunk: their terms -de_t' w_t'^2 / Q_t'^2, loaded one
-        # row ahead and summed from the end (Q_t' = Q_t + w_t'^2 for t' = t + 1), plus the later chunks' SQ
-        nxt = (t + 1 < T) & (rows < C - 1)
-        mn = nxt[:, None] & (cols < P)[None, :]
-        wn = tl.load(w_ptr + at + d, mask=mn, other=0).to(dt)
-        den = tl.load(de_ptr + (b * T + t + 1) * K + k, mask=nxt, other=0)
-        wn2 = wn * wn
-        Qn = Qt + wn2
-        Qnc = tl.maximum(Qn, tiny)
-        gQn = tl.where(Qn <= tiny, 0, -den[:, None] * wn2 / Qnc / Qnc)
-        later = tl.cumsum(gQn, 0, reverse=True) + SQ[None, :]
-        gw2 = RA * pi[:, None] + de[:, None] * own + later
-        gw = 2 * w * gw2 - pi[:, None] * g * D
-        _store(gw_ptr + at, gw, m)
-        gQ = tl.where(Qt <= tiny, 0, -de[:, None] * w2 / Qc / Qc)
-        SQ += tl.sum(gQ, 0)
-        SA += tl.sum(GA, 0)
+    Qc = tl.maximum(Qt, tiny)
+    gQ = tl.where(Qt <= tiny, 0, -de[:, None] * w2 / Qc / Qc)
+    return Q, Qt, Qc, gQ
+
+
+@triton.jit
+def _sum_q_adjoints(w_ptr, de_ptr, qc_ptr, tq_ptr, T, K, P, C: tl.constexpr, BP: tl.constexpr):
+    """Per chunk: the sum of the adjoints of Q_t, p numbers."""
+    rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
+    Q, Qt, Qc, gQ = _q_adjoints(w_ptr, de_ptr, qc_ptr, T, K, P, C, BP)
+    tl.store(tq_ptr + sums, tl.sum(gQ, 0))
+
+
+@triton.jit
+def _grad_w(w_ptr, g_ptr, pi_ptr, de_ptr, qc_ptr, ac_ptr, pc_ptr, sa_ptr, sq_ptr, gw_ptr, T, K, P,
+            EPS: tl.constexpr, C: tl.constexpr, BP: tl.constexpr):
+    """dL/dw_t, given dL/de_t of every token (de) and the later chunks' sums of the adjoints (sa, sq)."""
+    rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
+    w, w2, g, pi, D, GA, GP = _adjoints(w_ptr, g_ptr, pi_ptr, ac_ptr, pc_ptr, T, K, P, EPS, C, BP)
+    RA = tl.cumsum(GA, 0, reverse=True) + tl.load(sa_ptr + sums)[None, :]
+    Q, Qt, Qc, gQ = _q_adjoints(w_ptr, de_ptr, qc_ptr, T, K, P, C, BP)
+    dt = pi_ptr.dtype.element_ty
+    de = tl.load(de_ptr + tok, mask=inside, other=0)
+    tiny = tl.full([1, BP], TINY, dt)
+    d = K * P
+    # The token's own w_t^2 enters e_t twice, as w_t^2 / Q_t and through Q_t: together de_t Q_{t-1} / Q_t^2,
+    # Q_{t-1} summed from the previous tokens (loaded one row back), never Q_t - w_t^2. Where Q_t is
+    # clamped, e_t = w_t^2 / TINY and Q_t passes nothing back.
+    wp = tl.load(w_ptr + at - d, mask=m & (rows > 0)[:, None], other=0).to(dt)
+    Qp = tl.cumsum(wp * wp, 0) + Q[None, :]
+    own = tl.where(Qt <= tiny, Qc, Qp) / Qc / Qc
+    # Via Q_t' of the later tokens t' > t: this chunk's terms loaded one row ahead (Q_{t+1} = Q_t + w_{t+1}^2)
+    # and summed from its end, plus the later chunks' sum sq.
+    ahead = (rows < C - 1) & (t + 1 < T)
+    wn = tl.load(w_ptr + at + d, mask=m & ahead[:, None], other=0).to(dt)
+    den = tl.load(de_ptr + tok + K, mask=ahead, other=0)
+    wn2 = wn * wn
+    Qn = Qt + wn2
+    Qnc = tl.maximum(Qn, tiny)
+    later = tl.cumsum(tl.where(Qn <= tiny, 0, -den[:, None] * wn2 / Qnc / Qnc), 0, reverse=True)
+    gw2 = RA * pi[:, None] + de[:, None] * own + later + tl.load(sq_ptr + sums)[None, :]
+    _store(gw_ptr + at, 2 * w * gw2 - pi[:, None] * g * D, m)
 
 
 @triton.jit
@@ -215,22 +223,41 @@ def _stat_dtype(w):
     return torch.float64 if w.dtype == torch.float64 else torch.float32
 
 
+def _before(x):
+    """Per chunk (dim 2), the sum of the earlier chunks' x: a prefix sum of the chunks before, never a total
+    minus a prefix."""
+    return torch.cat([torch.zeros_like(x[:, :, :1]), x[:, :, :-1].cumsum(2)], 2)
+
+
+def _after(x):
+    """Per chunk (dim 2), the sum of the later chunks' x, summed from the end."""
+    return torch.cat([x[:, :, 1:].flip(2).cumsum(2).flip(2), torch.zeros_like(x[:, :, :1])], 2)
+
+
 @torch.library.custom_op('tost::causal_tssa_forward', mutates_args=())
 def forward(w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, eps: float,
             chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                  torch.Tensor]:
     """w: (B, T, K, p) contiguous, any float dtype; temp: (K,), pb: (T, K) = p b_{k,t}, in the statistics'
-    dtype -> y (B, T, K, p) in w's dtype, and for the backward Pi and e (B, T, K) and the carries."""
+    dtype -> y (B, T, K, p) in w's dtype, and for the backward Pi and e (B, T, K) and the sums of the chunks
+    before each chunk: of w^2 (qc) and Pi w^2 (ac), (B, K, NC, BP), and of Pi (pc), (B, K, NC)."""
     B, T, K, P, NC, BP = _layout(w, chunk)
     dt = _stat_dtype(w)
+    grid = (NC, K, B)
+    shape = dict(C=chunk, BP=BP, num_warps=WARPS)
+    sums = w.new_empty(B, K, NC, BP, dtype=dt)
+    _sum_squares[grid](w, sums, T, K, P, **shape)
+    qc = _before(sums)
     e = w.new_empty(B, T, K, dtype=dt)
-    qc = w.new_empty(B, K, NC, BP, dtype=dt)
-    _energy[(B, K)](w, e, qc, T, K, P, NC, C=chunk, BP=BP, num_warps=WARPS)
+    _energy[grid](w, qc, e, T, K, P, **shape)
+    # the softmax over the heads: the only step that needs every head's e_t at a token
     pi = torch.softmax(temp * (e + pb), -1).contiguous()
+    sum_pi = w.new_empty(B, K, NC, dtype=dt)
+    _sum_memberships[grid](w, pi, sums, sum_pi, T, K, P, **shape)
+    ac = _before(sums)
+    pc = _before(sum_pi.unsqueeze(-1)).squeeze(-1)
     y = torch.empty_like(w)
-    ac = torch.empty_like(qc)
-    pc = w.new_empty(B, K, NC, dtype=dt)
-    _output[(B, K)](w, pi, y, ac, pc, T, K, P, NC, EPS=eps, C=chunk, BP=BP, num_warps=WARPS)
+    _output[grid](w, pi, ac, pc, y, T, K, P, EPS=eps, **shape)
     return y, pi, e, qc, ac, pc
 
 
@@ -238,9 +265,9 @@ def forward(w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, eps: float,
 def _(w, temp, pb, eps, chunk):
     B, T, K, P, NC, BP = _layout(w, chunk)
     dt = _stat_dtype(w)
-    stats = w.new_empty(B, K, NC, BP, dtype=dt)
-    return (torch.empty_like(w), w.new_empty(B, T, K, dtype=dt), w.new_empty(B, T, K, dtype=dt), stats,
-            torch.empty_like(stats), w.new_empty(B, K, NC, dtype=dt))
+    sums = w.new_empty(B, K, NC, BP, dtype=dt)
+    return (torch.empty_like(w), w.new_empty(B, T, K, dtype=dt), w.new_empty(B, T, K, dtype=dt), sums,
+            torch.empty_like(sums), w.new_empty(B, K, NC, dtype=dt))
 
 
 @torch.library.custom_op('tost::causal_tssa_backward', mutates_args=())
@@ -249,14 +276,23 @@ def backward(g: torch.Tensor, w: torch.Tensor, temp: torch.Tensor, pb: torch.Ten
              chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dL/dy -> dL/dw, dL/dtemp, dL/dpb."""
     B, T, K, P, NC, BP = _layout(w, chunk)
+    grid = (NC, K, B)
+    shape = dict(C=chunk, BP=BP, num_warps=WARPS)
     g = g.contiguous()
+    sums = torch.empty_like(qc)
+    sum_p = torch.empty_like(pc)
+    _sum_adjoints[grid](w, g, pi, ac, pc, sums, sum_p, T, K, P, EPS=eps, **shape)
+    sa = _after(sums)
+    sp = _after(sum_p.unsqueeze(-1)).squeeze(-1)
     gpi = torch.empty_like(e)
-    _grad_pi[(B, K)](w, g, pi, ac, pc, gpi, T, K, P, NC, EPS=eps, C=chunk, BP=BP, num_warps=WARPS)
+    _grad_pi[grid](w, g, pi, ac, pc, sa, sp, gpi, T, K, P, EPS=eps, **shape)
     # the softmax over the heads, backward: the only step that needs every head's dL/dPi at a token
     dl = pi * (gpi - (pi * gpi).sum(-1, keepdim=True))
     de = (dl * temp).contiguous()
+    _sum_q_adjoints[grid](w, de, qc, sums, T, K, P, **shape)
+    sq = _after(sums)
     gw = torch.empty_like(w)
-    _grad_w[(B, K)](w, g, pi, de, qc, ac, pc, gw, T, K, P, NC, EPS=eps, C=chunk, BP=BP, num_warps=WARPS)
+    _grad_w[grid](w, g, pi, de, qc, ac, pc, sa, sq, gw, T, K, P, EPS=eps, **shape)
     return gw, (dl * (e + pb)).sum((0, 1)), de.sum(0)
 
 
