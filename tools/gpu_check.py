@@ -1,8 +1,8 @@
 """
-The Triton core of causal TSSA (tost_triton.py) on one CUDA GPU, in one run of about three minutes: what
-docs/speed.md's section on it is rewritten from. From the repo root:
+The Triton core of causal TSSA (tost_triton.py) on one CUDA GPU, in one run sized to end well within 8
+minutes: what docs/speed.md's section on it is rewritten from. From the repo root:
 
-    python -m tools.gpu_check --json=gpu-check.json
+    python -m tools.gpu_check --json=docs/gpu-check.json
 
 1. equality: one layer (width 768, 12 heads) under bf16 autocast, and in float32, against the same layer in
    float64 on the GPU: y and every gradient, the Triton core against the readable lines;
@@ -150,7 +150,7 @@ def profile(bench, args, sizes):
 
 
 DEFAULTS = dict(
-    json='gpu-check.json',   # where the results go
+    json='gpu-check.json',   # where the results go (the docs' run: docs/gpu-check.json)
     smoke=False,             # tiny sizes; on a CPU under Triton's interpreter (tests only)
     device='auto',           # cuda, cuda:N; auto: cuda
 )
