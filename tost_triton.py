@@ -67,6 +67,16 @@ def _weights(w2, pi, ac_ptr, pc_ptr, sums, chunk, EPS: tl.constexpr, C: tl.const
 
 
 @triton.jit
+def _squares(w2, qc_ptr, sums, BP: tl.constexpr):
+    """Q_t of the chunk's tokens from the earlier chunks' sum Q (qc) and the chunk's own prefix sum; Q_t
+    clamped at TINY, and where it is."""
+    Q = tl.load(qc_ptr + sums)
+    Qt = tl.cumsum(w2, 0) + Q[None, :]
+    tiny = tl.full([1, BP], TINY, w2.dtype)
+    return Q, Qt, tl.maximum(Qt, tiny), Qt <= tiny
+
+
+@triton.jit
 def _sum_squares(w_ptr, tq_ptr, T, K, P, C: tl.constexpr, BP: tl.constexpr):
     """Per chunk: sum_t w_t^2, p numbers."""
     rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
@@ -76,14 +86,12 @@ def _sum_squares(w_ptr, tq_ptr, T, K, P, C: tl.constexpr, BP: tl.constexpr):
 
 @triton.jit
 def _energy(w_ptr, qc_ptr, e_ptr, T, K, P, C: tl.constexpr, BP: tl.constexpr):
-    """e_t = sum_i w_ti^2 / max(Q_ti, TINY), Q_t from the earlier chunks' sum (qc) and this chunk's prefix."""
+    """e_t = sum_i w_ti^2 / max(Q_ti, TINY)."""
     rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
-    dt = e_ptr.dtype.element_ty
-    w = tl.load(w_ptr + at, mask=m, other=0).to(dt)
+    w = tl.load(w_ptr + at, mask=m, other=0).to(e_ptr.dtype.element_ty)
     w2 = w * w
-    Qt = tl.cumsum(w2, 0) + tl.load(qc_ptr + sums)[None, :]
-    e = tl.sum(w2 / tl.maximum(Qt, tl.full([1, BP], TINY, dt)), 1)
-    tl.store(e_ptr + tok, e, mask=inside)
+    Q, Qt, Qc, clamped = _squares(w2, qc_ptr, sums, BP)
+    tl.store(e_ptr + tok, tl.sum(w2 / Qc, 1), mask=inside)
 
 
 @triton.jit
@@ -149,27 +157,14 @@ def _grad_pi(w_ptr, g_ptr, pi_ptr, ac_ptr, pc_ptr, sa_ptr, sp_ptr, gpi_ptr, T, K
 
 
 @triton.jit
-def _q_adjoints(w_ptr, de_ptr, qc_ptr, T, K, P, C: tl.constexpr, BP: tl.constexpr):
-    """The chunk's Q_t (clamped and not) and the adjoint of Q_t, -de_t w_t^2 / Q_t^2 (0 where clamped)."""
+def _sum_q_adjoints(w_ptr, de_ptr, qc_ptr, tq_ptr, T, K, P, C: tl.constexpr, BP: tl.constexpr):
+    """Per chunk: the sum of the adjoints of Q_t, -de_t w_t^2 / Q_t^2 (0 where clamped), p numbers."""
     rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
-    dt = de_ptr.dtype.element_ty
-    w = tl.load(w_ptr + at, mask=m, other=0).to(dt)
+    w = tl.load(w_ptr + at, mask=m, other=0).to(de_ptr.dtype.element_ty)
     de = tl.load(de_ptr + tok, mask=inside, other=0)
     w2 = w * w
-    Q = tl.load(qc_ptr + sums)
-    Qt = tl.cumsum(w2, 0) + Q[None, :]
-    tiny = tl.full([1, BP], TINY, dt)
-    Qc = tl.maximum(Qt, tiny)
-    gQ = tl.where(Qt <= tiny, 0, -de[:, None] * w2 / Qc / Qc)
-    return Q, Qt, Qc, gQ
-
-
-@triton.jit
-def _sum_q_adjoints(w_ptr, de_ptr, qc_ptr, tq_ptr, T, K, P, C: tl.constexpr, BP: tl.constexpr):
-    """Per chunk: the sum of the adjoints of Q_t, p numbers."""
-    rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
-    Q, Qt, Qc, gQ = _q_adjoints(w_ptr, de_ptr, qc_ptr, T, K, P, C, BP)
-    tl.store(tq_ptr + sums, tl.sum(gQ, 0))
+    Q, Qt, Qc, clamped = _squares(w2, qc_ptr, sums, BP)
+    tl.store(tq_ptr + sums, tl.sum(tl.where(clamped, 0, -de[:, None] * w2 / Qc / Qc), 0))
 
 
 @triton.jit
@@ -179,17 +174,16 @@ def _grad_w(w_ptr, g_ptr, pi_ptr, de_ptr, qc_ptr, ac_ptr, pc_ptr, sa_ptr, sq_ptr
     rows, t, inside, m, at, tok, sums, chunk = _tile(T, K, P, C, BP)
     w, w2, g, pi, D, GA, GP = _adjoints(w_ptr, g_ptr, pi_ptr, ac_ptr, pc_ptr, T, K, P, EPS, C, BP)
     RA = tl.cumsum(GA, 0, reverse=True) + tl.load(sa_ptr + sums)[None, :]
-    Q, Qt, Qc, gQ = _q_adjoints(w_ptr, de_ptr, qc_ptr, T, K, P, C, BP)
-    dt = pi_ptr.dtype.element_ty
+    Q, Qt, Qc, clamped = _squares(w2, qc_ptr, sums, BP)
     de = tl.load(de_ptr + tok, mask=inside, other=0)
-    tiny = tl.full([1, BP], TINY, dt)
+    dt = pi_ptr.dtype.element_ty
     d = K * P
     # The token's own w_t^2 enters e_t twice, as w_t^2 / Q_t and through Q_t: together de_t Q_{t-1} / Q_t^2,
     # Q_{t-1} summed from the previous tokens (loaded one row back), never Q_t - w_t^2. Where Q_t is
     # clamped, e_t = w_t^2 / TINY and Q_t passes nothing back.
     wp = tl.load(w_ptr + at - d, mask=m & (rows > 0)[:, None], other=0).to(dt)
     Qp = tl.cumsum(wp * wp, 0) + Q[None, :]
-    own = tl.where(Qt <= tiny, Qc, Qp) / Qc / Qc
+    own = tl.where(clamped, Qc, Qp) / Qc / Qc
     # Via Q_t' of the later tokens t' > t: this chunk's terms loaded one row ahead (Q_{t+1} = Q_t + w_{t+1}^2)
     # and summed from its end, plus the later chunks' sum sq.
     ahead = (rows < C - 1) & (t + 1 < T)
@@ -197,6 +191,7 @@ def _grad_w(w_ptr, g_ptr, pi_ptr, de_ptr, qc_ptr, ac_ptr, pc_ptr, sa_ptr, sq_ptr
     den = tl.load(de_ptr + tok + K, mask=ahead, other=0)
     wn2 = wn * wn
     Qn = Qt + wn2
+    tiny = tl.full([1, BP], TINY, dt)
     Qnc = tl.maximum(Qn, tiny)
     later = tl.cumsum(tl.where(Qn <= tiny, 0, -den[:, None] * wn2 / Qnc / Qnc), 0, reverse=True)
     gw2 = RA * pi[:, None] + de[:, None] * own + later + tl.load(sq_ptr + sums)[None, :]
