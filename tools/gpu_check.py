@@ -149,6 +149,14 @@ def profile(bench, args, sizes):
     return table
 
 
+def save(results, path, t0):
+    """Write what has been measured so far (after each part: a run cut short keeps its parts)."""
+    results['seconds'] = round(time.time() - t0, 1)
+    with open(path + '.tmp', 'w') as f:
+        json.dump(results, f, indent=1)
+    os.replace(path + '.tmp', path)
+
+
 DEFAULTS = dict(
     json='gpu-check.json',   # where the results go (the docs' run: docs/gpu-check.json)
     smoke=False,             # tiny sizes; on a CPU under Triton's interpreter (tests only)
@@ -197,7 +205,9 @@ def main(argv=None):
                 for r in results['equality'])
     print(f"equality: the Triton core's distance from float64 is at most {worst[0]:.2f}x the readable lines' "
           f"({worst[1]}, {worst[2]})", flush=True)
+    save(results, args.json, t0)
     results['layer'] = layer_times(bench, args, sizes)
+    save(results, args.json, t0)
     bench.table(results, f"One layer, forward+backward, {args.dtype} autocast, width {sizes['width']}, "
                          f"{sizes['heads']} heads (ms; peak MB)",
                 ['batch x tokens', 'readable', 'Triton core', 'causal SDPA', 'readable / Triton',
@@ -207,6 +217,7 @@ def main(argv=None):
                   bench.ratio(r['readable_ms'], r['triton_ms']), bench.ratio(r['sdpa_ms'], r['triton_ms']))
                  for r in results['layer']])
     results['training'] = training(bench, args, sizes)
+    save(results, args.json, t0)
     bench.table(results, "Training step tokens/s (forward, backward, AdamW), ToST-Base against GPT-2 small",
                 ['batch x block', 'ToST, Triton core', 'ToST, readable', 'GPT-2', 'Triton / GPT-2'],
                 [(f"{r['batch']} x {r['n']}",
@@ -218,10 +229,7 @@ def main(argv=None):
         print(f"target {t['target']}: {t['measured']:.2f}x, at least {t['at_least']}x: "
               f"{'met' if t['met'] else 'missed'}")
     results['profile'] = profile(bench, args, sizes)
-    results['seconds'] = round(time.time() - t0, 1)
-    with open(args.json + '.tmp', 'w') as f:
-        json.dump(results, f, indent=1)
-    os.replace(args.json + '.tmp', args.json)
+    save(results, args.json, t0)
     print(f"done in {results['seconds']:.0f} s; wrote {args.json}")
     return results
 
