@@ -61,7 +61,11 @@ def _outputs_and_grads(layer, x, g, fast):
     layer.zero_grad()
     entered = []
     real = tost_triton.causal_tssa
-    tost_triton.causal_tssa = lambda *a: entered.append(1) or real(*a)
+
+    def counted(*args):
+        entered.append(1)
+        return real(*args)
+    tost_triton.causal_tssa = counted
     try:
         x = x.detach().clone().requires_grad_()
         y = layer(x)
