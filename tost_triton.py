@@ -29,6 +29,7 @@ over the later tokens t' > t of a chunk are sums of the neighbouring tokens' ter
 """
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -219,14 +220,14 @@ def _stat_dtype(w):
 
 
 def _before(x):
-    """Per chunk (dim 2), the sum of the earlier chunks' x: a prefix sum of the chunks before, never a total
-    minus a prefix."""
-    return torch.cat([torch.zeros_like(x[:, :, :1]), x[:, :, :-1].cumsum(2)], 2)
+    """Per chunk (dim 2 of (B, K, NC, BP)), the sum of the earlier chunks' x: a prefix sum of the chunks
+    before, never a total minus a prefix."""
+    return F.pad(x[:, :, :-1].cumsum(2), (0, 0, 1, 0))
 
 
 def _after(x):
     """Per chunk (dim 2), the sum of the later chunks' x, summed from the end."""
-    return torch.cat([x[:, :, 1:].flip(2).cumsum(2).flip(2), torch.zeros_like(x[:, :, :1])], 2)
+    return F.pad(x[:, :, 1:].flip(2).cumsum(2).flip(2), (0, 0, 0, 1))
 
 
 @torch.library.custom_op('tost::causal_tssa_forward', mutates_args=())
@@ -250,7 +251,7 @@ def forward(w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, eps: float,
     sum_pi = w.new_empty(B, K, NC, dtype=dt)
     _sum_memberships[grid](w, pi, sums, sum_pi, T, K, P, **shape)
     ac = _before(sums)
-    pc = _before(sum_pi.unsqueeze(-1)).squeeze(-1)
+    pc = _before(sum_pi.unsqueeze(-1)).squeeze(-1).contiguous()
     y = torch.empty_like(w)
     _output[grid](w, pi, ac, pc, y, T, K, P, EPS=eps, **shape)
     return y, pi, e, qc, ac, pc
@@ -278,7 +279,7 @@ def backward(g: torch.Tensor, w: torch.Tensor, temp: torch.Tensor, pb: torch.Ten
     sum_p = torch.empty_like(pc)
     _sum_adjoints[grid](w, g, pi, ac, pc, sums, sum_p, T, K, P, EPS=eps, **shape)
     sa = _after(sums)
-    sp = _after(sum_p.unsqueeze(-1)).squeeze(-1)
+    sp = _after(sum_p.unsqueeze(-1)).squeeze(-1).contiguous()
     gpi = torch.empty_like(e)
     _grad_pi[grid](w, g, pi, ac, pc, sa, sp, gpi, T, K, P, EPS=eps, **shape)
     # the softmax over the heads, backward: the only step that needs every head's dL/dPi at a token
