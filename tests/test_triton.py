@@ -126,6 +126,7 @@ def check_float32():
     tost_triton.CHUNK = 128
     layer = _layer(64, 4, T)
     x = torch.randn(1, T, 64)
+    x[:, 0] *= 1e-3                   # Q_0 tiny: the adjoint through it, 1/Q_0, large, never subtracted
     g = torch.randn(1, T, 64)
     ref = _outputs_and_grads(layer, x.double(), g.double(), False)
     layer.float()
@@ -138,7 +139,8 @@ def check_float32():
 
 
 def test_float32_is_as_exact_as_the_readable_lines(interpreter):
-    """float32 against float64: within 1e-5, and within 3x the readable lines' own float32 error."""
+    """float32 against float64: within 1e-5, and within 3x the readable lines' own float32 error, where the
+    first token is tiny (an exclusive sum formed as total minus prefix would be off by 1e-4 here)."""
     interpreter(check_float32)
 
 
