@@ -231,6 +231,8 @@ def _stat_dtype(w):
     return torch.float64 if w.dtype == torch.float64 else torch.float32
 
 
+# Inductor's on-disk caches know a custom op by its name, not its code: an op whose outputs change shape
+# needs a new name, or a compiled graph from before is reused with the old shapes.
 @torch.library.custom_op('tost::causal_tssa_forward', mutates_args=())
 def forward(w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, eps: float,
             chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
