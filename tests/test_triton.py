@@ -308,5 +308,6 @@ def test_gpu_check_runs_tiny_on_a_cpu(tmp_path):
     assert {'torch', 'triton', 'equality', 'layer', 'training', 'targets', 'profile'} <= set(res)
     assert {r['dtype'] for r in res['equality']} == {'bfloat16', 'float32'}
     assert all(r['triton'] <= 1.1 * r['readable'] for r in res['equality']), res['equality']
+    assert res['equality_ok'] is True
     assert all(r['triton_ms'] > 0 and r['sdpa_ms'] > 0 for r in res['layer'])
     assert all(r['tost_triton_tok_s'] > 0 for r in res['training'])

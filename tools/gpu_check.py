@@ -203,8 +203,11 @@ def main(argv=None):
     results['equality'] = equality(bench, args.device, sizes)
     worst = max((r['triton'] / max(r['readable'], 1e-30), r['tensor'], r['dtype'])
                 for r in results['equality'])
+    # on a CPU the tests hold the core to 1.1x under bf16; the GPU's TF32 and reduction orders get some room
+    results['equality_ok'] = worst[0] <= 1.5
+    verdict = 'ok' if results['equality_ok'] else 'NOT EQUAL, see equality in the JSON'
     print(f"equality: the Triton core's distance from float64 is at most {worst[0]:.2f}x the readable lines' "
-          f"({worst[1]}, {worst[2]})", flush=True)
+          f"({worst[1]}, {worst[2]}): {verdict}", flush=True)
     save(results, args.json, t0)
     results['layer'] = layer_times(bench, args, sizes)
     save(results, args.json, t0)
