@@ -8,12 +8,18 @@ numbers, and CausalTSSA.fast is True. Everywhere else the readable lines run: un
 fuses them itself), on GPUs, and on small inputs. docs/speed.md has the measurements that chose this. Its
 backward is first order only: for a gradient of a gradient, set CausalTSSA.fast = False.
 
+On CUDA the same line enters tost_triton.py's Triton core instead, eager or compiled, if the environment
+says TOST_TRITON=1 (opt-in until a GPU run measures it faster than the readable lines; docs/speed.md).
+
 Two things make the core faster than autograd over the readable lines on a CPU: a hand-written backward
 (autograd keeps and re-reads about twice as many intermediate tensors), and chunks of about CHUNK elements,
 so that the dozen tensors a chunk uses stay in cache instead of streaming through memory once per line.
 test_tost.py proves it equal to the readable lines (values and every gradient, several chunk sizes, the
 clamped case, gradcheck, float32 against float64, bf16 autocast), and derivation.py shows it.
 """
+
+import os
+import sys
 
 import torch
 
@@ -26,16 +32,42 @@ def _stat_dtype(t):
     return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
 
 
+def _triton_devices():
+    """TOST_TRITON=1: ('cuda',), the devices whose training path runs the Triton core; unset or 0: none.
+    A value it cannot use stops the program here, in one line, rather than at the first layer."""
+    flag = os.environ.get('TOST_TRITON', '0')
+    why = None if flag in ('0', '1') else f"TOST_TRITON={flag}: expected 1 (the Triton core on CUDA) or 0"
+    if flag == '1':
+        try:
+            import tost_triton  # noqa: F401  (imported once here, so that causal_tssa only looks it up)
+        except ImportError as e:
+            why = f"TOST_TRITON=1 needs triton, which does not import here ({e}); pip install triton"
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        sys.exit(2)
+    return ('cuda',) if flag == '1' else ()
+
+
+TRITON = _triton_devices()
+
+
 def usable(layer, x):
-    """Whether CausalTSSA.forward(x) without a state may run the core (see the module docstring)."""
-    return layer.fast and x.device.type == 'cpu' and not torch.compiler.is_compiling() \
-        and not (layer.training and layer.attn_dropout.p > 0) and x.numel() >= MIN_ELEMENTS
+    """Whether CausalTSSA.forward(x) without a state may run a core (see the module docstring)."""
+    if not layer.fast or (layer.training and layer.attn_dropout.p > 0):
+        return False
+    if x.device.type in TRITON:
+        return True
+    return x.device.type == 'cpu' and not torch.compiler.is_compiling() and x.numel() >= MIN_ELEMENTS
 
 
 def causal_tssa(layer, x):
-    """c_proj(core(c_attn(x))): CausalTSSA.forward without a state. x: (B, T, d) -> (B, T, d).
+    """c_proj(core(c_attn(x))): CausalTSSA.forward without a state. x: (B, T, d) -> (B, T, d). On a device
+    in TRITON, the Triton core's.
     The core keeps its intermediates for a backward only if there will be one: decided here, since grad
     mode is always off inside a Function's forward."""
+    if x.device.type in TRITON:
+        import tost_triton
+        return tost_triton.causal_tssa(layer, x)
     B, T, d = x.shape
     w = layer.c_attn(x)
     wf = w.to(_stat_dtype(w)).view(B, T, layer.n_head, layer.head_dim)    # (B, T, K, p), no copy

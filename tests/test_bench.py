@@ -1,6 +1,7 @@
 """tools/bench.py stays runnable: its smallest mode runs every section (timings are not asserted: the
 benchmark prints ratios, tests don't time things), the memory probe runs in its own process, and each case
 runs what its column says."""
+import importlib.util
 import json
 import math
 import os
@@ -48,7 +49,7 @@ def test_smoke_mode_runs_every_section(tmp_path):
     assert {'operator', 'operator_exponent', 'limit', 'model', 'generation', 'training'} <= set(res)
     assert len(res['limit']) == 4                                # two shapes, forward and forward+backward
     for row in res['limit']:
-        assert all(row[k] > 0 for k in bench.LIMIT)
+        assert all(row[k] > 0 for k in bench.LIMIT if k != 'causal_triton_s') and 'causal_triton_s' not in row
 
 
 @pytest.mark.slow
@@ -83,6 +84,26 @@ def test_the_readable_column_runs_the_readable_lines(monkeypatch):
     assert tost.CausalTSSA.fast is True
 
 
+def test_the_triton_column_runs_the_triton_core_and_says_where_it_cannot(monkeypatch, capsys):
+    """triton=True: CausalTSSA.forward's dispatch line sends this device to the Triton core while the case
+    runs (tost_fast.TRITON), and puts it back after; a CPU's limit table says the column is not available."""
+    entered = []
+
+    def core(layer, x):                     # stands in for the core: tost_triton is tested in test_triton.py
+        entered.append(tost_fast.TRITON)
+        return layer.c_proj(x)
+    monkeypatch.setattr(tost_fast, 'causal_tssa', core)
+    bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2)()
+    assert entered == [] and tost_fast.TRITON == ()
+    bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2, triton=True)()
+    assert entered == [('cpu',)] and tost_fast.TRITON == ()
+    monkeypatch.setattr(bench, 'make_op', lambda kind, *a, **how: lambda: None)
+    monkeypatch.setattr(bench, 'NOISY', [])
+    bench.section_limit(argparse_like(device='cpu', mode='smoke'), {})
+    said = [line for line in capsys.readouterr().out.splitlines() if 'Triton core' in line and 'CUDA' in line]
+    assert len(said) == 1
+
+
 @pytest.mark.parametrize('version, compiled', [('2.13.0', True), ('2.12.1+cu128', False)])
 def test_the_limit_has_no_fused_column_off_a_cpu(monkeypatch, capsys, version, compiled):
     """The fused core runs on CPUs only: on a GPU its column would time the readable lines under its name.
@@ -98,6 +119,8 @@ def test_the_limit_has_no_fused_column_off_a_cpu(monkeypatch, capsys, version, c
     assert results['limit']
     assert all('causal_fast_s' not in r and 'causal_readable_s' in r for r in results['limit'])
     assert not any(how.get('fused') for how in made)
+    triton = importlib.util.find_spec('triton') is not None         # the Triton core's column: CUDA only
+    assert all(('causal_triton_s' in r) == triton for r in results['limit'])
     assert all(('causal_compiled_s' in r) == compiled for r in results['limit'])
     assert ' - │' in capsys.readouterr().out                    # the column says it was not measured
     if not compiled:

@@ -24,7 +24,7 @@ import train_common
 import train_gpt
 import train_vit
 from test_prepare_data import make_cifar
-from tools import bench, study
+from tools import bench, gpu_check, study
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
@@ -126,6 +126,8 @@ SKIP = {
     'python -m tools.bench --sections=limit': 'minutes; test_bench.py runs its smoke mode',
     'python -m tools.bench --device=cuda --dtype=bfloat16 --json=bench.json': 'a GPU',
     'python -m tools.bench --device=cuda --dtype=bfloat16 --compile --sections=operator,model': 'a GPU',
+    'python -m tools.bench --device=cuda --dtype=bfloat16 --sections=limit': 'a GPU',
+    'python -m tools.gpu_check --json=docs/gpu-check.json': 'a GPU; test_triton.py runs its --smoke form on a CPU',
     'python -m tools.study language,tasks --json=study.json': 'an hour; test_study.py runs its smoke mode',
     'python -m tools.study language,vision,tasks': 'more than an hour; test_study.py runs its smoke mode',
     'python derivation.py': 'test_tost.py runs it',
@@ -137,7 +139,7 @@ SKIP = {
 }
 SCRIPTS = {'train_gpt.py': train_gpt.main, 'train_vit.py': train_vit.main, 'sample.py': sample.main,
            'prepare_data.py': prepare_data.main, 'eval_gpt.py': eval_gpt.main, 'plot.py': plot.main}
-HELP = (train_gpt, train_vit, sample, prepare_data, eval_gpt, plot, bench, study)   # their docstrings are --help
+HELP = (train_gpt, train_vit, sample, prepare_data, eval_gpt, plot, bench, study, gpu_check)   # docstrings: --help
 DOCS = ['README.md'] + [f'docs/{f}' for f in sorted(os.listdir(os.path.join(REPO, 'docs'))) if f.endswith('.md')]
 
 

@@ -319,8 +319,8 @@ KEY = re.compile(r"^  --(\w+)=.*?(#.*)?$")
 def test_every_script_documents_every_key():
     """The help of each script shows each key with a comment: no key of any table goes unexplained."""
     import eval_gpt, plot, prepare_data, sample, train_gpt, train_vit
-    from tools import bench, study
-    for module in (eval_gpt, plot, prepare_data, sample, train_gpt, train_vit, bench, study):
+    from tools import bench, gpu_check, study
+    for module in (eval_gpt, plot, prepare_data, sample, train_gpt, train_vit, bench, study, gpu_check):
         text = options.help_text(module.__doc__, module.DEFAULTS, module.__file__)
         rows = dict(m.groups() for m in map(KEY.match, text.split("options, as")[1].splitlines()) if m)
         assert set(rows) == set(module.DEFAULTS), module.__name__

@@ -11,7 +11,9 @@ and how). From the repo root:
 --json=PATH writes the numbers, and beside them speed.png and generation.png.
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
+import contextlib
 import functools
+import importlib.util
 import json
 import os
 import statistics
@@ -96,10 +98,27 @@ def compiled(module):
     return torch.compile(module, fullgraph=True)       # a graph break is an error
 
 
+@contextlib.contextmanager
+def causal_path(device, readable=False, fused=False, triton=False):
+    """While a case runs, CausalTSSA takes the path it names: readable, its readable lines (CausalTSSA.fast
+    off); fused, the CPU core at any size (tost_fast.MIN_ELEMENTS 0); triton, the Triton core on this device
+    (as TOST_TRITON=1 does on CUDA). Each setting is put back after, also when the case fails."""
+    saved = CausalTSSA.fast, tost_fast.MIN_ELEMENTS, tost_fast.TRITON
+    CausalTSSA.fast = saved[0] and not readable
+    if fused:
+        tost_fast.MIN_ELEMENTS = 0
+    if triton:
+        tost_fast.TRITON = (torch.device(device).type,)
+    try:
+        yield
+    finally:
+        CausalTSSA.fast, tost_fast.MIN_ELEMENTS, tost_fast.TRITON = saved
+
+
 def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None, compile=None, readable=False,
-            fused=False):
-    """One layer's forward (and backward) on random tokens. compile: None follows --compile; readable: the causal
-    layer runs its readable lines (CausalTSSA.fast off while it runs); fused: its fused core at any size."""
+            fused=False, triton=False):
+    """One layer's forward (and backward) on random tokens. compile: None follows --compile; readable, fused
+    and triton: the causal layer's path (causal_path)."""
     torch.manual_seed(0)
     d, h = width or WIDTH, heads or HEADS
     layer = {'causal_tssa': lambda: CausalTSSA(d, h, block_size=n), 'tssa': lambda: TSSA(d, h),
@@ -111,15 +130,11 @@ def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None, c
     x = torch.randn(batch, n, d, device=device, requires_grad=backward)
 
     def run():
-        fast, least = CausalTSSA.fast, tost_fast.MIN_ELEMENTS
-        CausalTSSA.fast, tost_fast.MIN_ELEMENTS = fast and not readable, 0 if fused else least
-        try:
-            with autocast(device, dtype):
-                y = layer(x)
-            if backward:
+        with causal_path(device, readable, fused, triton), autocast(device, dtype):
+            y = layer(x)
+        if backward:
+            with causal_path(device, readable, fused, triton):
                 y.float().sum().backward()
-        finally:
-            CausalTSSA.fast, tost_fast.MIN_ELEMENTS = fast, least
     return run if backward else torch.no_grad()(run)
 
 
@@ -132,16 +147,17 @@ def model_config(device, block_size, attn, mode):
                      vocab_size=512 if mode == 'smoke' else 50304, attn=attn)
 
 
-def make_model(attn, n, device, dtype, mode, train=False):
-    """A GPT's forward on n random tokens, or (train) a training step: forward, backward, AdamW."""
+def make_model(attn, n, device, dtype, mode, train=False, batch=1, triton=False):
+    """A GPT's forward on `batch` sequences of n random tokens, or (train) a training step: forward, backward,
+    AdamW. triton: causal TSSA on the Triton core (causal_path)."""
     torch.manual_seed(0)
     model = GPT(model_config(device, n, attn, mode)).to(device).train(train)
     opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.split(':')[0]) if train else None
-    idx = torch.randint(0, model.config.vocab_size, (1, n + train), device=device)
+    idx = torch.randint(0, model.config.vocab_size, (batch, n + train), device=device)
     forward = compiled(model) if COMPILE else model
 
     def run():
-        with torch.set_grad_enabled(train), autocast(device, dtype):
+        with causal_path(device, triton=triton), torch.set_grad_enabled(train), autocast(device, dtype):
             loss = forward(idx[:, :-1], idx[:, 1:])[1] if train else forward(idx)
         if train:
             loss.backward()
@@ -187,7 +203,8 @@ LIMIT = {'proj_s': ('proj', dict(compile=False)), 'tssa_s': ('tssa', dict(compil
          'tssa_compiled_s': ('tssa', dict(compile=True)),
          'causal_fast_s': ('causal_tssa', dict(compile=False, fused=True)),
          'causal_readable_s': ('causal_tssa', dict(compile=False, readable=True)),
-         'causal_compiled_s': ('causal_tssa', dict(compile=True))}
+         'causal_compiled_s': ('causal_tssa', dict(compile=True)),
+         'causal_triton_s': ('causal_tssa', dict(compile=False, triton=True))}
 
 
 def section_operator(args, results):
@@ -232,7 +249,8 @@ def section_limit(args, results):
     shapes = [(1, n, WIDTH, HEADS) for n in SIZES[args.mode]['limit_n']]
     shapes.append((4, 16, 64, 4) if args.mode == 'smoke' else (128, 64, 192, 4))
     limit = {k: v for k, v in LIMIT.items() if (args.device == 'cpu' or k != 'causal_fast_s')   # a CPU-only core
-             and (compiles_causal(args.device) or k != 'causal_compiled_s')}
+             and (compiles_causal(args.device) or k != 'causal_compiled_s')
+             and (has_triton(args.device) or k != 'causal_triton_s')}
     rows = []
     for B, n, d, h in shapes:
         specs = {k: dict(kind=kind, n=n, dtype=args.dtype, batch=B, width=d, heads=h, **how)
@@ -246,12 +264,20 @@ def section_limit(args, results):
                                  if k != 'proj_s'})
     results['limit'] = rows
     table(results, "The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1); the "
-                   "causal layer's fused core vs its readable lines, eager and compiled by torch.compile",
+                   "causal layer's fused core vs its readable lines, eager and compiled by torch.compile, "
+                   "and its Triton core",
           ['batch x tokens, width', 'pass', 'projections ms', 'TSSA', 'TSSA (compiled)', 'causal (fused core)',
-           'causal (readable)', 'causal (readable, compiled)'],
+           'causal (readable)', 'causal (readable, compiled)', 'causal (Triton core)'],
           [(f"{r['batch']} x {r['n']}, {r['width']}", 'fwd+bwd' if r['backward'] else 'fwd', ms(r['proj_s']),
             *('-' if k not in r else f"{ms(r[k])} (+{r[k] / r['proj_s'] - 1:.2f}x)" + (
               f", {mb(r[k[:-2] + '_mb'])} MB" if k[:-2] + '_mb' in r else '') for k in list(LIMIT)[1:])) for r in rows])
+    if not has_triton(args.device):
+        console.print("causal (Triton core): not available here (it runs on CUDA, with triton installed)")
+
+
+def has_triton(device):
+    """Whether the Triton core can run on `device`: CUDA, with triton installed."""
+    return device.startswith('cuda') and importlib.util.find_spec('triton') is not None
 
 
 def section_model(args, results):

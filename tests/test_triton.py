@@ -1,0 +1,313 @@
+"""tost_triton.py's Triton core equals the readable lines of tost.py, and compiles for an H100 without
+register spills. Skipped where triton is not installed (CI installs it).
+
+Triton's interpreter runs the kernels on CPU tensors, but only if TRITON_INTERPRET=1 is set before triton is
+first imported, and it cannot then compile for a GPU in the same process. So the checks run in one worker
+process started with it set (the `interpreter` fixture: each test sends its check_* function there and gets
+its result or its AssertionError back), and neither this process nor the other tests see it. In the worker
+the CPU is a Triton device (tost_fast.TRITON), so every check enters the core by CausalTSSA.forward's one
+dispatch line, as CUDA does under TOST_TRITON=1."""
+import concurrent.futures
+import importlib.util
+import json
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.environ.get('TRITON_INTERPRET') == '1'   # this module, imported in the interpreter's worker
+pytestmark = pytest.mark.skipif(importlib.util.find_spec('triton') is None,
+                                reason='triton is not installed (pip install triton==3.9.0)')
+if WORKER:
+    import tost_fast
+    import tost_triton
+    from tost import CausalTSSA
+    tost_fast.TRITON = ('cpu',)
+    torch.set_num_threads(1)
+
+
+def _started():
+    return os.environ.get('TRITON_INTERPRET'), tost_fast.TRITON
+
+
+@pytest.fixture(scope='module')
+def interpreter():
+    """run(check, *args): check(*args) in the worker, which imported triton under its interpreter."""
+    os.environ['TRITON_INTERPRET'] = '1'
+    try:
+        pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'))
+        started = pool.submit(_started)        # the worker starts here, with the variable set
+    finally:
+        del os.environ['TRITON_INTERPRET']
+    assert started.result() == ('1', ('cpu',))
+    yield lambda check, *args: pool.submit(check, *args).result()
+    pool.shutdown()
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _outputs_and_grads(layer, x, g, fast):
+    """Output and every gradient (x, then each parameter) of layer(x) against the cotangent g; fast: the
+    Triton core (checked to have run), else the readable lines."""
+    layer.fast = fast
+    layer.zero_grad()
+    entered = []
+    real = tost_triton.causal_tssa
+
+    def counted(*args):
+        entered.append(1)
+        return real(*args)
+    tost_triton.causal_tssa = counted
+    try:
+        x = x.detach().clone().requires_grad_()
+        y = layer(x)
+        (y * g).sum().backward()
+    finally:
+        tost_triton.causal_tssa = real
+        layer.fast = True
+    assert len(entered) == fast, entered
+    return [y.detach(), x.grad] + [p.grad.clone() for p in layer.parameters()]
+
+
+def _layer(d, K, T, dtype=torch.float64):
+    """Parameters as a trained layer might have them: temperatures around 1, small position biases."""
+    torch.manual_seed(0)
+    layer = CausalTSSA(d, K, block_size=T).to(dtype)
+    with torch.no_grad():
+        layer.temp.uniform_(0.5, 1.5)
+        layer.pos_bias.normal_(0, 0.3)
+    return layer
+
+
+def _names(layer):
+    return ['y', 'x'] + [n for n, _ in layer.named_parameters()]
+
+
+def check_float64(B, T, d, K, chunk, clamp):
+    tost_triton.CHUNK = chunk
+    layer = _layer(d, K, T)
+    x = torch.randn(B, T, d, dtype=torch.float64)
+    g = torch.randn(B, T, d, dtype=torch.float64)
+    if clamp:
+        # Q_t < 1e-12 in three coordinates of head 0 for the first 7 tokens, across two chunks
+        with torch.no_grad():
+            layer.c_attn.weight[:3] *= 1e-9
+        x[:, :7] *= 1e-2
+        assert (torch.cumsum(layer.c_attn(x)[:, :, :3] ** 2, 1)[:, 6] < 1e-12).all()
+    core = _outputs_and_grads(layer, x, g, True)
+    readable = _outputs_and_grads(layer, x, g, False)
+    for name, a, b in zip(_names(layer), core, readable):
+        assert _rel(a, b) < 1e-12, (name, _rel(a, b))
+
+
+@pytest.mark.parametrize('B, T, d, K, chunk, clamp', [
+    (1, 13, 16, 4, 4, False),      # odd T: four chunks, the last one of a single token
+    (2, 21, 16, 4, 16, False),     # batch 2, two chunks, the last one partial
+    (2, 21, 16, 4, 64, False),     # one chunk longer than the sequence
+    (1, 45, 24, 4, 16, False),     # p = 6: the columns past p masked
+    (1, 24, 8, 2, 4, True),        # a coordinate clamped at Q = 0 for the first tokens, over two chunks
+])
+def test_float64_equals_the_readable_lines(interpreter, B, T, d, K, chunk, clamp):
+    """y and every gradient (input, c_attn, temp, c_proj, pos_bias) within 1e-12 (norm of the difference
+    over the norm of the readable lines')."""
+    interpreter(check_float64, B, T, d, K, chunk, clamp)
+
+
+def check_float32():
+    T = 256
+    tost_triton.CHUNK = 128
+    layer = _layer(64, 4, T)
+    x = torch.randn(1, T, 64)
+    x[:, 0] *= 1e-3                   # Q_0 tiny: the adjoint through it, 1/Q_0, large, never subtracted
+    g = torch.randn(1, T, 64)
+    ref = _outputs_and_grads(layer, x.double(), g.double(), False)
+    layer.float()
+    core = _outputs_and_grads(layer, x, g, True)
+    readable = _outputs_and_grads(layer, x, g, False)
+    assert core[0].dtype == torch.float32
+    for name, c, r, want in zip(_names(layer), core, readable, ref):
+        assert _rel(c, want) < 1e-5, (name, _rel(c, want))
+        assert _rel(c, want) <= 3 * _rel(r, want) + 1e-7, (name, _rel(c, want), _rel(r, want))
+
+
+def test_float32_is_as_exact_as_the_readable_lines(interpreter):
+    """float32 against float64: within 1e-5, and within 3x the readable lines' own float32 error, where the
+    first token is tiny (an exclusive sum formed as total minus prefix would be off by 1e-4 here)."""
+    interpreter(check_float32)
+
+
+def check_bf16():
+    T = 256
+    tost_triton.CHUNK = 128
+    layer = _layer(64, 4, T)
+    x = torch.randn(1, T, 64, dtype=torch.float64)
+    g = torch.randn(1, T, 64, dtype=torch.float64)
+    ref = _outputs_and_grads(layer, x, g, False)
+    layer.float()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        core = _outputs_and_grads(layer, x.float(), g.float(), True)
+        readable = _outputs_and_grads(layer, x.float(), g.float(), False)
+    assert core[0].dtype == torch.bfloat16
+    for name, c, r, want in zip(_names(layer), core, readable, ref):
+        assert _rel(c, want) <= 1.1 * _rel(r, want), (name, _rel(c, want), _rel(r, want))
+
+
+def test_bf16_autocast_is_no_further_from_float64_than_the_readable_lines(interpreter):
+    """Under bf16 autocast the core loads w in bf16 and sums in float32: y and every gradient within 1.1x
+    the readable lines' distance from float64 (both are mostly the bf16 projections' rounding)."""
+    interpreter(check_bf16)
+
+
+def check_gradcheck():
+    torch.manual_seed(0)
+    w = torch.randn(1, 6, 2, 3, dtype=torch.float64, requires_grad=True)      # (B, T, K, p)
+    temp = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    pb = torch.randn(6, 2, dtype=torch.float64, requires_grad=True)
+
+    def core(*a):
+        return tost_triton.forward(*a, 1e-8, 4)[0]        # two chunks of 4 tokens
+    assert torch.autograd.gradcheck(core, (w, temp, pb), fast_mode=True)
+    (gw,) = torch.autograd.grad(core(w, temp, pb).square().sum(), w, create_graph=True)
+    try:
+        gw.sum().backward()
+    except RuntimeError:
+        return                                        # first order only: said, not wrong
+    raise AssertionError('a second-order backward ran through the first-order core')
+
+
+def test_gradcheck(interpreter):
+    interpreter(check_gradcheck)
+
+
+def check_compiled(backend):
+    T = 64
+    tost_triton.CHUNK = 32
+    layer = _layer(32, 4, T, torch.float32)
+    x = torch.randn(2, T, 32)
+    g = torch.randn(2, T, 32)
+    eager = _outputs_and_grads(layer, x, g, True)
+    torch._dynamo.reset()
+    # inductor's caches key a graph by its ops, not by a custom op's code: a graph compiled before the core
+    # changed would be reused
+    torch._inductor.config.force_disable_caches = True
+    layer.forward = torch.compile(layer.forward, backend=backend, fullgraph=True)
+    compiled = _outputs_and_grads(layer, x, g, True)
+    for name, c, e in zip(_names(layer), compiled, eager):
+        assert _rel(c, e) < 1e-6, (name, _rel(c, e))
+
+
+def test_compiled_equals_eager(interpreter):
+    """torch.compile, fullgraph (a graph break is an error), the core a custom op in the graph; aot_eager
+    traces forward and backward as inductor does, without compiling C++ (inductor: the slow test)."""
+    interpreter(check_compiled, 'aot_eager')
+
+
+@pytest.mark.slow
+def test_compiled_by_inductor_equals_eager(interpreter):
+    interpreter(check_compiled, 'inductor')
+
+
+def test_every_kernel_compiles_for_sm90_without_register_spills():
+    """Each kernel (a jit function of tost_triton with T among its arguments and no return: the others are
+    its helpers) compiled for sm_90 here on the CPU, for bf16 activations and float32 statistics as under
+    autocast, at ToST-Base's head size p = 64 and with the chunk and warps it runs with, and assembled by the
+    ptxas shipped in the triton wheel: `ptxas -v` must report 0 bytes of spill stores and loads. In this
+    process: the interpreter is the worker's."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+    import tost_triton
+    kernels = [f for f in vars(tost_triton).values() if isinstance(f, triton.runtime.JITFunction)
+               and 'T' in f.arg_names and 'return' not in f.src]
+    assert len(kernels) == 8, [f.__name__ for f in kernels]
+    ptxas = get_ptxas(90).path
+    for fn in kernels:
+        constants = {'C': tost_triton.CHUNK, 'BP': 64}
+        if 'EPS' in fn.arg_names:
+            constants['EPS'] = 1e-8
+        activations = ('w_ptr', 'g_ptr', 'y_ptr', 'gw_ptr')
+        signature = {a: 'constexpr' if a in constants else '*bf16' if a in activations else
+                     '*fp32' if a.endswith('_ptr') else 'i32' for a in fn.arg_names}
+        kernel = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget('cuda', 90, 32),
+                                options=dict(num_warps=tost_triton.WARPS, enable_fp_fusion=True))
+        with tempfile.NamedTemporaryFile('w', suffix='.ptx') as f:
+            f.write(kernel.asm['ptx'])
+            f.flush()
+            out = subprocess.run([ptxas, '-v', '--gpu-name=sm_90a', f.name, '-o', os.devnull],
+                                 capture_output=True, text=True)
+        name = fn.__name__
+        assert out.returncode == 0, (name, out.stderr)
+        spills = re.findall(r'(\d+) bytes spill stores, (\d+) bytes spill loads', out.stderr)
+        assert len(spills) == 1 and re.search(rf'Function properties for {name}\b', out.stderr), out.stderr
+        assert spills == [('0', '0')], (name, out.stderr)
+
+
+@pytest.mark.parametrize('flag, hide', [('yes', False), ('1', True)])
+def test_a_tost_triton_it_cannot_use_stops_in_one_line(monkeypatch, capsys, flag, hide):
+    """TOST_TRITON other than 0 or 1, or TOST_TRITON=1 where triton does not import: one line, exit 2, as tost
+    is imported (tost_fast reads it then), not a traceback at the first layer."""
+    import tost_fast
+    monkeypatch.setenv('TOST_TRITON', flag)
+    if hide:
+        monkeypatch.setitem(sys.modules, 'triton', None)
+        monkeypatch.delitem(sys.modules, 'tost_triton', raising=False)
+    with pytest.raises(SystemExit) as stop:
+        tost_fast._triton_devices()
+    out = capsys.readouterr()
+    assert stop.value.code == 2 and out.out == '' and len(out.err.splitlines()) == 1, out.err
+    assert 'TOST_TRITON' in out.err
+
+
+def test_tost_triton_turns_the_core_on_for_cuda_only(monkeypatch):
+    import tost_fast
+    assert tost_fast.TRITON == ()               # the tests run without TOST_TRITON
+    monkeypatch.setenv('TOST_TRITON', '1')
+    assert tost_fast._triton_devices() == ('cuda',)
+    monkeypatch.setenv('TOST_TRITON', '0')
+    assert tost_fast._triton_devices() == ()
+
+
+def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(tmp_path):
+    """tools.gpu_check measures a GPU: without one (and without --smoke) it stops before anything runs."""
+    from options import UsageError
+    from tools import gpu_check
+    with pytest.raises(UsageError):
+        gpu_check.main(['--device=cpu', f'--json={tmp_path / "out.json"}'])
+    assert not (tmp_path / 'out.json').exists()
+
+
+def test_gpu_check_names_each_target_met_or_missed():
+    from tools import gpu_check
+    layer = [dict(batch=16, n=1024, readable_ms=5.0, triton_ms=0.4, sdpa_ms=0.5),
+             dict(batch=1, n=65536, readable_ms=15.0, triton_ms=60.0, sdpa_ms=54.0)]
+    training = [dict(batch=16, n=1024, tost_triton_tok_s=120.0, gpt2_tok_s=100.0)]
+    got = {t['target']: (round(t['measured'], 2), t['met'])
+           for t in gpu_check.targets(dict(layer=layer, training=training))}
+    assert sorted(got.values()) == [(0.9, False), (1.2, True), (1.25, True), (12.5, True)]
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_tiny_on_a_cpu(tmp_path):
+    """The GPU script's every step at tiny sizes, on the CPU under Triton's interpreter (its own process, as
+    the interpreter must be set before triton is imported): the JSON it writes, and its equality rows, where
+    the Triton core is as close to float64 as the readable lines."""
+    out = tmp_path / 'check.json'
+    run = subprocess.run([sys.executable, '-m', 'tools.gpu_check', '--smoke', f'--json={out}'], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    res = json.loads(out.read_text())
+    assert {'torch', 'triton', 'equality', 'layer', 'training', 'targets', 'profile'} <= set(res)
+    assert {r['dtype'] for r in res['equality']} == {'bfloat16', 'float32'}
+    assert all(r['triton'] <= 1.1 * r['readable'] for r in res['equality']), res['equality']
+    assert res['equality_ok'] is True
+    assert all(r['triton_ms'] > 0 and r['sdpa_ms'] > 0 for r in res['layer'])
+    assert all(r['tost_triton_tok_s'] > 0 for r in res['training'])
