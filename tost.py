@@ -229,7 +229,7 @@ class CausalTSSA(TSSA):
         if end > self.block_size:                              # b_{k,t} has one entry per position
             raise ValueError(f"position {end - 1} is past block_size ({self.block_size})")
 
-    def memberships(self, w2, Q, t0=0):
+    def prefix_memberships(self, w2, Q, t0=0):
         """pi_t from the tokens up to t: TSSA's estimate with each sum over all tokens replaced by the prefix
         sum Q_t. w2 = w^2 and Q: (B, K, T, p) at positions t0 .. t0+T-1 -> Pi: (B, K, T)."""
         energy = (w2 / Q.clamp_min(1e-12)).sum(-1)            # (B, K, T)     sum_i w_ti^2 / Q_ti
@@ -249,7 +249,7 @@ class CausalTSSA(TSSA):
         Q = prefix_sum(w2, dim=2)                              # (B, K, T, p)  Q_t
         if state is not None:
             Q = Q + state.Q.unsqueeze(2)
-        Pi = self.memberships(w2, Q, 0 if state is None else state.t)   # (B, K, T)  pi_t
+        Pi = self.prefix_memberships(w2, Q, 0 if state is None else state.t)   # (B, K, T)  pi_t
         A = prefix_sum(Pi.unsqueeze(-1) * w2, dim=2)           # (B, K, T, p)  A_t: s_k of tokens <= t
         P = prefix_sum(Pi, dim=2)                              # (B, K, T)     P_t: n_k of tokens <= t
         if state is not None:
