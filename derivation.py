@@ -9,10 +9,10 @@ outputs and figures, for reading without the project. Or open it as a notebook: 
 cell (VS Code runs them as they are; Jupyter opens the file after `pip install jupytext`).
 
 A 90-minute class: 0 why (5 min); 1-2 rate reduction and its exact step (15); 3-5 the variational form and
-the bridge from ReduNet (20); 6-8 the step is an attention layer, and its memberships (15); 9-12 the practical,
-block, causal and recurrent forms (15); 13-15 cost, unrolled layers, results and limits (15); 16 the exercises
-(lecture/exercises.py) and the recall experiment (`python -m lecture.recall`), in class or as homework. The
-appendix checks the software against the math: the GPT by hand, and the fused CPU core.
+the bridge from ReduNet (20); 6-8 the step is an attention layer, and its memberships (15); 9-12 the
+practical, block, causal and recurrent forms (15); 13-15 cost, unrolled layers, results and limits (15); 16
+the exercises (lecture/exercises.py) and the recall experiment (`python -m lecture.recall`), in class or as
+homework. The appendix checks the software against the math: the GPT by hand, and the fused CPU core.
 
 Notation, as in tost.py: tokens are the ROWS of Z (B, n, d). The paper writes them as columns, Z in R^{d x n},
 so its Z diag(pi_k) Z^T is our Z^T diag(pi_k) Z: the same d x d matrix. Memberships Pi are (B, K, n); Pi[:, k]
@@ -25,11 +25,12 @@ is the paper's column pi_k; they sum to 1 over the K groups (heads). U is (K, d,
 # values that grows with the context. ToST's attention costs O(n) and keeps a state of fixed size.
 #
 # It is not guessed; it is derived. "White box": each layer is one step of an optimisation algorithm on an
-# explicit objective, so every line of the layer has a meaning we can state and check. "Unrolled optimisation":
-# run L steps of the algorithm and call step l the network's layer l, each with its own learned parameters
-# (LISTA did this for sparse coding; ReduNet and CRATE for rate reduction). Here the objective is rate
-# reduction (section 1); its exact gradient step is ReduNet's layer (2); a variational form of the objective
-# (3-5) has a step that needs only per-group statistics, and that step is ToST's attention, TSSA (6).
+# explicit objective, so every line of the layer has a meaning we can state and check. "Unrolled
+# optimisation": run L steps of the algorithm and call step l the network's layer l, each with its own learned
+# parameters (LISTA did this for sparse coding; ReduNet and CRATE for rate reduction). Here the objective is
+# rate reduction (section 1); its exact gradient step is ReduNet's layer (2); a variational form of the
+# objective (3-5) has a step that needs only per-group statistics, and that step is ToST's attention, TSSA
+# (6).
 import contextlib
 import pathlib
 import sys
@@ -124,13 +125,13 @@ def grad(f, Z):
 
 # %% 1. Rate reduction. The coding rate R(Z) = 1/2 logdet(I + alpha/n Z^T Z) counts (up to constants) the bits
 # needed to code the tokens to precision eps, alpha = d/eps^2: it is large when the tokens spread over many
-# directions. Delta R = R(Z) - R_c(Z, Pi): expand the whole (R, all tokens together), compress each group (R_c,
-# each group's rate weighted by its share n_k/n). Both are sums over eigenvalues:
+# directions. Delta R = R(Z) - R_c(Z, Pi): expand the whole (R, all tokens together), compress each group
+# (R_c, each group's rate weighted by its share n_k/n). Both are sums over eigenvalues:
 #     logdet(I + alpha M) = sum_i f(lambda_i(M)),   f(x) = log(1 + alpha x),
 # f concave. For tokens from a mixture of subspaces, the true partition has a larger Delta R than a random
 # one, and Delta R >= 0 for every partition (log det is concave).
 alpha = 4.0
-U = orthogonal_heads(3, 2)                                               # K = 3 subspaces of dimension 2 in R^6
+U = orthogonal_heads(3, 2)                                               # K = 3 planes in R^6
 Z, Pi_true = subspace_mixture(60, U)
 Pi_rand = torch.softmax(3 * torch.randn(1, 3, 60), dim=1)
 dR_true = R(Z, alpha) - R_c(Z, Pi_true, alpha)
@@ -139,22 +140,25 @@ M = Z[0].T @ Z[0] / 60
 spectral = torch.log1p(alpha * torch.linalg.eigvalsh(M)).sum()
 err_spectral = (torch.logdet(torch.eye(6) + alpha * M) - spectral).abs()
 print(f'1. rate reduction, 60 tokens from 3 planes in R^6, alpha = {alpha:g}: R = {R(Z, alpha).item():.3f}; '
-      f'R_c = {R_c(Z, Pi_true, alpha).item():.3f} with the true groups,\n   {R_c(Z, Pi_rand, alpha).item():.3f} '
-      f'with random ones; Delta R = {dR_true.item():.3f} (true groups) > {dR_rand.item():.3f} (random) >= 0; '
+      f'R_c = {R_c(Z, Pi_true, alpha).item():.3f} with the true groups,\n'
+      f'   {R_c(Z, Pi_rand, alpha).item():.3f} with random ones; '
+      f'Delta R = {dR_true.item():.3f} (true groups) > {dR_rand.item():.3f} (random) >= 0; '
       f'|logdet - sum f(lambda)| = {err_spectral:.1e}')
 assert dR_true > dR_rand + 0.5 and dR_rand >= 0 and err_spectral < 1e-12
 
 # %% 2. The exact step on R_c, and what it costs. Differentiate through each group's d x d second moment
 # M_k = Z^T diag(pi_k) Z: with C_k = alpha (I + alpha/n_k M_k)^{-1},
-#     grad_{z_j} R_c = 1/n sum_k pi_jk C_k z_j          (the 1/n is (n_k/n) times the 1/n_k inside the log det)
-# A gradient step z_j <- z_j - tau grad_{z_j} R_c is ReduNet's compression layer; C_k is its operator for group k.
-# Computed this way it costs O(K (n d^2 + d^3)): M_k is n d^2 work, its inverse d^3. Linear in n, heavy in d.
-# The same gradient can be written with the n x n Gram matrix instead (the push-through identity
-# (I + c A^T A)^{-1} A^T = A^T (I + c A A^T)^{-1}): every pair of tokens then carries a weight, O(n^2). CRATE's
-# attention (MSSA) starts from that pairwise form and replaces the inverse by a softmax of similarities, O(n^2 d);
-# CRATE also descends a different compression term, sum_k R(U_k^T Z), with no memberships.
+#     grad_{z_j} R_c = 1/n sum_k pi_jk C_k z_j      (1/n: the weight n_k/n times the 1/n_k inside the log det)
+# A gradient step z_j <- z_j - tau grad_{z_j} R_c is ReduNet's compression layer; C_k is its operator for
+# group k. Computed this way it costs O(K (n d^2 + d^3)): M_k is n d^2 work, its inverse d^3. Linear in n,
+# heavy in d. The same gradient can be written with the n x n Gram matrix instead (the push-through identity
+# (I + c A^T A)^{-1} A^T = A^T (I + c A A^T)^{-1}): every pair of tokens then carries a weight, O(n^2).
+# CRATE's attention (MSSA) starts from that pairwise form and replaces the inverse by a softmax of
+# similarities, O(n^2 d); CRATE also descends a different compression term, sum_k R(U_k^T Z), with no
+# memberships.
 def exact_grad(Z, Pi, alpha):
-    """grad_Z R_c in its d x d form: 1/n sum_k diag(pi_k) Z C_k, C_k = alpha (I + alpha/n_k M_k)^{-1}. (B, n, d)."""
+    """grad_Z R_c in its d x d form, 1/n sum_k diag(pi_k) Z C_k with C_k = alpha (I + alpha/n_k M_k)^{-1}:
+    (B, n, d)."""
     n, d = Z.shape[1:]
     n_k = Pi.sum(-1)[..., None, None]                                    # (B, K, 1, 1)
     C = alpha * torch.linalg.inv(torch.eye(d) + alpha / n_k * moments(Z, Pi))   # (B, K, d, d)  ReduNet's C_k
@@ -162,7 +166,8 @@ def exact_grad(Z, Pi, alpha):
 
 
 def pairwise_grad(Z, Pi, alpha):
-    """The same gradient through n x n matrices: 1/n sum_k diag(pi_k) alpha (I + alpha/n_k Z Z^T diag(pi_k))^{-1} Z."""
+    """The same gradient through n x n matrices:
+    1/n sum_k diag(pi_k) alpha (I + alpha/n_k Z Z^T diag(pi_k))^{-1} Z, and those matrices' inverses."""
     n = Z.shape[1]
     n_k = Pi.sum(-1)[..., None, None]
     gram = Z @ Z.transpose(1, 2)                                         # (B, n, n)  every pair of tokens
@@ -194,11 +199,13 @@ Pi = torch.softmax(2 * torch.randn(B, K, n), dim=1)
 exact = R_c(Z, Pi, alpha)
 U_sq = torch.linalg.qr(torch.randn(K, d, d))[0]                         # K random orthogonal d x d
 above = tost.variational_compression(Z, Pi, U_sq, alpha)
-eigenbases = torch.linalg.eigh(moments(Z, Pi))[1]                        # (B, K, d, d)  each group's eigenvectors
-tight = torch.cat([tost.variational_compression(Z[b:b + 1], Pi[b:b + 1], eigenbases[b], alpha) for b in range(B)])
+eigenbases = torch.linalg.eigh(moments(Z, Pi))[1]                        # (B, K, d, d)  eigenvectors of M_k
+tight = torch.cat([tost.variational_compression(Z[b:b + 1], Pi[b:b + 1], eigenbases[b], alpha)
+                   for b in range(B)])
 print(f'3. square orthogonal U_k, four draws (columns)\n   R_c                        {show(exact)}\n'
       f'   R^var_c, random U_k        {show(above)}   all above R_c\n'
-      f'   R^var_c, U_k eigenvectors  {show(tight)}   equal: max |difference| {(tight - exact).abs().max():.1e}')
+      f'   R^var_c, U_k eigenvectors  {show(tight)}   equal: '
+      f'max |difference| {(tight - exact).abs().max():.1e}')
 assert (above > exact).all() and (tight - exact).abs().max() < 1e-12
 
 # What each objective sees of the other tokens: R_c sees each group's whole d x d second moment, R^var_c only
@@ -228,11 +235,12 @@ assert var_move < 1e-12 and exact_move > 1e-3
 # rotate U_k towards the data, rotate the data towards U_k.
 Zb, Pib = Z[:1], Pi[:1]
 V = eigenbases[0]                                                        # (K, d, d)
-s = torch.einsum('kdi,bnd->bkni', V, Zb).square().mul(Pib[..., None]).sum(2)   # (1, K, d)  s_k in the eigenbasis
+s = torch.einsum('kdi,bnd->bkni', V, Zb).square().mul(Pib[..., None]).sum(2)   # (1, K, d)  s_k, eigenbasis
 D = alpha / (1 + alpha * s / Pib.sum(-1)[..., None])                    # (1, K, d)  D_k = f'(s_k/n_k)
 C = alpha * torch.linalg.inv(torch.eye(d) + alpha / Pib.sum(-1)[0, :, None, None] * moments(Zb, Pib)[0])
 err_operator = (V @ torch.diag_embed(D[0]) @ V.transpose(1, 2) - C).abs().max()
-err_step = (grad(lambda z: tost.variational_compression(z, Pib, V, alpha), Zb) - exact_grad(Zb, Pib, alpha)).abs().max()
+g_var = grad(lambda z: tost.variational_compression(z, Pib, V, alpha), Zb)
+err_step = (g_var - exact_grad(Zb, Pib, alpha)).abs().max()
 # (b) with hard groups, rotate each group's tokens by Q_k = U_k V_k^T onto the fixed axes U_k (square here)
 Zm, Pim = subspace_mixture(60, orthogonal_heads(3, 2), noise=0.3)       # three noisy planes in R^6
 Vm = torch.linalg.eigh(moments(Zm, Pim))[1][0]                            # (K, d, d)
@@ -243,10 +251,11 @@ before = tost.variational_compression(Zm, Pim, U_fixed, alpha)
 after = tost.variational_compression(rotated, Pim, U_fixed, alpha)
 err_rotated = (after - R_c(Zm, Pim, alpha)).abs().max()
 err_invariant = (R_c(rotated, Pim, alpha) - R_c(Zm, Pim, alpha)).abs().max()
-print(f'4. (a) U_k = eigenbasis: max |U_k D_k U_k^T - C_k| {err_operator:.1e}; max |grad R^var_c - grad R_c| '
-      f'{err_step:.1e}\n   (b) fixed U_k, each group\'s tokens rotated onto them: R^var_c {before.item():.4f} -> '
-      f'{after.item():.4f} = R_c {R_c(Zm, Pim, alpha).item():.4f} (|difference| {err_rotated:.1e}; R_c moved by '
-      f'{err_invariant:.1e})')
+print(f'4. (a) U_k = eigenbasis: max |U_k D_k U_k^T - C_k| {err_operator:.1e}; '
+      f'max |grad R^var_c - grad R_c| {err_step:.1e}\n'
+      f'   (b) fixed U_k, each group\'s tokens rotated onto them: R^var_c {before.item():.4f} -> '
+      f'{after.item():.4f} = R_c {R_c(Zm, Pim, alpha).item():.4f}\n'
+      f'       (|difference| {err_rotated:.1e}; R_c moved by {err_invariant:.1e})')
 assert err_operator < 1e-12 and err_step < 1e-12 and err_rotated < 1e-12 and err_invariant < 1e-12
 assert before > after + 0.1
 
@@ -256,12 +265,14 @@ assert before > after + 0.1
 Z2d = torch.randn(1, 40, 2) * torch.tensor([2.0, 0.5]) @ torch.linalg.qr(torch.randn(2, 2))[0]
 ones = torch.ones(1, 1, 40)
 theta = torch.linspace(0, torch.pi, 181)
-rotations = torch.stack([torch.stack([theta.cos(), theta.sin()], -1), torch.stack([-theta.sin(), theta.cos()], -1)], -1)
-square = torch.stack([tost.variational_compression(Z2d, ones, Q[None], alpha) for Q in rotations])[:, 0]
-column = torch.stack([tost.variational_compression(Z2d, ones, Q[None, :, :1], alpha) for Q in rotations])[:, 0]
+first = torch.stack([theta.cos(), theta.sin()], -1)                      # (181, 2)  U(theta)'s first column
+second = torch.stack([-theta.sin(), theta.cos()], -1)
+rotations = torch.stack([first, second], -1)                              # (181, 2, 2)
+square = torch.cat([tost.variational_compression(Z2d, ones, Q[None], alpha) for Q in rotations])
+column = torch.cat([tost.variational_compression(Z2d, ones, Q[None, :, :1], alpha) for Q in rotations])
 rc = R_c(Z2d, ones, alpha).item()
-print(f'   one group in R^2, U rotated through 180 degrees: R^var_c in [{square.min():.4f}, {square.max():.4f}] '
-      f'>= R_c {rc:.4f}; one column of U: at most {column.max():.4f} < R_c')
+print(f'   one group in R^2, U rotated through 180 degrees: R^var_c in [{square.min():.4f}, '
+      f'{square.max():.4f}] >= R_c {rc:.4f};\n   one column of U: at most {column.max():.4f} < R_c')
 assert square.min() >= rc - 1e-12 and square.min() < rc + 1e-3 and column.max() < rc
 fig, ax = plots(1, 1, size=(6, 3.6))
 if fig:
@@ -280,7 +291,8 @@ if fig:
 # when U_k diagonalises the group inside its subspace. Below: the dropped terms, random draws (hypothesis
 # false), and draws where each group lies in its own U_k's span (hypothesis true).
 p, draws = d // K, 300
-dropped = tost.variational_compression(Z, Pi, U_sq, alpha) - tost.variational_compression(Z, Pi, U_sq[..., :p], alpha)
+kept_p = tost.variational_compression(Z, Pi, U_sq[..., :p], alpha)   # each U_k's first p columns
+dropped = tost.variational_compression(Z, Pi, U_sq, alpha) - kept_p
 s_rest = torch.einsum('bkn,bknp->bkp', Pi, torch.einsum('bnd,kdp->bknp', Z, U_sq[..., p:]) ** 2)
 terms = 0.5 * (Pi.sum(-1) / n)[..., None] * torch.log1p(alpha * s_rest / Pi.sum(-1)[..., None])
 Zs = torch.randn(draws, n, d)
@@ -288,24 +300,29 @@ Pis = torch.softmax(2 * torch.randn(draws, K, n), dim=1)
 Us = torch.linalg.qr(torch.randn(draws, K, d, d))[0][..., :p]           # (draws, K, d, p)
 below = int((tost.compression_of_projections(torch.einsum('bnd,bkdp->bknp', Zs, Us), Pis, alpha) <
              R_c(Zs, Pis, alpha)).sum())
-above = 0
-for _ in range(draws):
-    U = orthogonal_heads(K, p)
-    Z1, Pi1 = subspace_mixture(n, U, noise=0.0, rotate=True)             # each group inside span(U_k)
-    above += int(tost.variational_compression(Z1, Pi1, U, alpha) >= R_c(Z1, Pi1, alpha) - 1e-12)
-print(f'5. U_k of size {d} x {p}: dropped terms per draw {show(terms.sum((1, 2)))} (all >= 0; they account for '
-      f'the difference to {(terms.sum((1, 2)) - dropped).abs().max():.1e});\n   random tokens: R^var_c < R_c in '
-      f'{below} of {draws} draws; each group inside span(U_k) (the corollary): R^var_c >= R_c in {above} of {draws}')
+# each group inside span(U_k): token j of group j mod K is U_k c_j, its coordinates c_j along a random basis
+group = torch.arange(n) % K
+Us = torch.linalg.qr(torch.randn(draws, d, d))[0].view(draws, d, K, p).permute(0, 2, 1, 3)   # (., K, d, p)
+spread = torch.randn(draws, n, p) * torch.tensor([3.0, 0.3]) @ torch.linalg.qr(torch.randn(draws, p, p))[0]
+Zs = torch.einsum('bndp,bnp->bnd', Us[:, group], spread)
+Pis = F.one_hot(group, K).T.double().expand(draws, K, n)
+above = int((tost.compression_of_projections(torch.einsum('bnd,bkdp->bknp', Zs, Us), Pis, alpha) >=
+             R_c(Zs, Pis, alpha) - 1e-12).sum())
+print(f'5. U_k of size {d} x {p}: dropped terms, four draws {show(terms.sum((1, 2)))} (all >= 0; they '
+      f'account for the difference to {(terms.sum((1, 2)) - dropped).abs().max():.1e});\n'
+      f'   random tokens: R^var_c < R_c in {below} of {draws} draws; '
+      f'each group inside span(U_k) (the corollary): R^var_c >= R_c in {above} of {draws}')
 assert (terms >= 0).all() and (terms.sum((1, 2)) - dropped).abs().max() < 1e-12
 assert below == draws and above == draws
 
 # %% 6. The white-box layer is one gradient step (the paper's equations 5-7). Hold Pi fixed; then
-#     grad_{z_j} R^var_c = 1/n sum_k pi_jk U_k D_k U_k^T z_j,   D_k = diag(f'(s_k/n_k)) = diag(alpha/(1 + alpha s_k/n_k)),
-# and one gradient-descent step of size tau is TSSA(Z) = -tau grad_Z R^var_c, the layer z_j <- z_j + TSSA(Z)_j.
-# Read it as data flow: project each token into each head (w = U_k^T z_j), take each head's pi-weighted mean
-# square s_k/n_k (p numbers), turn it into the gains D_k = f'(s_k/n_k), scale w by D_k and by the token's
-# membership pi_jk, map back with U_k, times -tau/n. No token is compared with another: what they share is
-# per-head statistics. The gradient through Pi (Pi is estimated from Z) is not part of the step.
+#     grad_{z_j} R^var_c = 1/n sum_k pi_jk U_k D_k U_k^T z_j,   D_k = diag(f'(s_k/n_k)),
+#     f'(x) = alpha/(1 + alpha x),
+# and one gradient-descent step of size tau is TSSA(Z) = -tau grad_Z R^var_c, the layer z_j <- z_j +
+# TSSA(Z)_j. Read it as data flow: project each token into each head (w = U_k^T z_j), take each head's
+# pi-weighted mean square s_k/n_k (p numbers), turn it into the gains D_k = f'(s_k/n_k), scale w by D_k and by
+# the token's membership pi_jk, map back with U_k, times -tau/n. No token is compared with another: what they
+# share is per-head statistics. The gradient through Pi (Pi is estimated from Z) is not part of the step.
 B, n, d, K, alpha, tau = 2, 16, 12, 3, 2.0, 0.5
 layer = tost.TSSA(d, K, whitebox=True, alpha=alpha, tau=tau)
 Z = torch.randn(B, n, d, requires_grad=True)
@@ -319,32 +336,37 @@ layer.tau = 0.1
 with torch.no_grad():
     before = tost.variational_compression(Z, Pi, layer.U(), alpha)
     after = tost.variational_compression(Z + layer(Z), Pi, layer.U(), alpha)
-print(f'6. white-box step (entries of size {step.abs().max():.2f}): max |step + tau grad| {err:.1e} with Pi held '
-      f'fixed ({err_all:.3f} if the gradient also ran through Pi);\n   one step of tau = 0.1 lowers R^var_c, two '
-      f'inputs (columns): {show(before)}  ->  {show(after)}')
+print(f'6. white-box step (entries up to {step.abs().max():.2f}): max |step + tau grad| {err:.1e} with Pi '
+      f'held fixed ({err_all:.3f} if the gradient also ran through Pi);\n'
+      f'   one step of tau = 0.1 lowers R^var_c, two inputs (columns): {show(before)}  ->  {show(after)}')
 assert err < 1e-12 and err_all > 1e-3 and (after < before).all()
 fig, ax = plots(1, 1, size=(11, 2.6))
 if fig:
-    boxes = [('Z\n(n, d)', 'tokens'), ('w = U_k^T z_j\n(K, n, p)', 'project into each head'),
-             ('s_k / n_k\n(K, p)', 'pi-weighted mean square'), ('D_k = f\'(s_k/n_k)\n(K, p)', 'gain per coordinate'),
-             ('-pi_jk D_k w\n(K, n, p)', 'scale each token'), ('-tau/n sum_k U_k (.)\n(n, d)', 'map back, add to Z')]
+    boxes = [('Z\n(n, d)', 'tokens'),
+             ('w = U_k^T z_j\n(K, n, p)', 'project into each head'),
+             ('s_k / n_k\n(K, p)', 'pi-weighted mean square'),
+             ('D_k = f\'(s_k/n_k)\n(K, p)', 'gain per coordinate'),
+             ('-pi_jk D_k w\n(K, n, p)', 'scale each token'),
+             ('-tau/n sum_k U_k (.)\n(n, d)', 'map back, add to Z')]
     for i, (box, note) in enumerate(boxes):
-        ax.text(i * 1.8, 0, box, ha='center', va='center', fontsize=9, bbox=dict(boxstyle='round', fc='#e8eef8'))
+        style = dict(boxstyle='round', fc='#e8eef8')
+        ax.text(i * 1.8, 0, box, ha='center', va='center', fontsize=9, bbox=style)
         ax.text(i * 1.8, -0.55, note, ha='center', va='top', fontsize=8, color='#444')
         if i:
-            ax.annotate('', xy=(i * 1.8 - 0.75, 0), xytext=(i * 1.8 - 1.05, 0), arrowprops=dict(arrowstyle='->'))
+            ax.annotate('', xy=(i * 1.8 - 0.75, 0), xytext=(i * 1.8 - 1.05, 0),
+                        arrowprops=dict(arrowstyle='->'))
     ax.annotate('', xy=(4 * 1.8, 0.35), xytext=(1.8, 0.35),
                 arrowprops=dict(arrowstyle='->', connectionstyle='arc3,rad=-0.25', color='#888'))
-    ax.text(2.7 * 1.8, 0.95, 'w itself, token by token', ha='center', fontsize=8, color='#666')
+    ax.text(2.5 * 1.8, 1.05, 'w itself, token by token', ha='center', fontsize=8, color='#666')
     ax.set(xlim=(-0.9, 9.9), ylim=(-1.1, 1.3), title='TSSA: tokens meet only through 2p + 1 numbers per head')
     ax.axis('off')
     draw('dataflow', fig)
 
-# %% 7. Which directions a step shrinks. With [U_1 .. U_K] orthogonal, the step multiplies coordinate i of token
-# j in head k by 1 - tau pi_jk D_ki / n, and D_ki is largest where the group's mean square m_ki = s_ki/n_k is
-# smallest: as a FRACTION the weak directions shrink most, the strong ones least. In mean square the strong
-# ones lose more; in root-mean-square amplitude the loss goes as sqrt(m)/(1 + alpha m), largest near
-# m = 1/alpha, so neither the weakest nor the strongest loses the most amplitude. Each group is squeezed
+# %% 7. Which directions a step shrinks. With [U_1 .. U_K] orthogonal, the step multiplies coordinate i of
+# token j in head k by 1 - tau pi_jk D_ki / n, and D_ki is largest where the group's mean square m_ki =
+# s_ki/n_k is smallest: as a FRACTION the weak directions shrink most, the strong ones least. In mean square
+# the strong ones lose more; in root-mean-square amplitude the loss goes as sqrt(m)/(1 + alpha m), largest
+# near m = 1/alpha, so neither the weakest nor the strongest loses the most amplitude. Each group is squeezed
 # towards its dominant directions: that is the compression.
 B, n, d, K, alpha, tau = 1, 64, 12, 3, 1.0, 4.0
 layer = tost.TSSA(d, K, whitebox=True, alpha=alpha, tau=tau)
@@ -366,13 +388,14 @@ m = mean_square(w)
 m_after = mean_square(w_after)
 D = alpha / (1 + alpha * m)
 err = (w_after - w * (1 - tau / n * Pi[..., None] * D[:, :, None])).abs().max()
-order = m.argsort(-1)                                                    # each group's coordinates, weakest first
+order = m.argsort(-1)                                                    # each group's axes, weak first
 factor = (w_after / w).gather(-1, order[:, :, None].expand_as(w))
 kept = (m_after / m).gather(-1, order)
 lost = (m - m_after).gather(-1, order)
 rms_lost = (m.sqrt() - m_after.sqrt()).gather(-1, order)
-print(f'7. max |w_after - w (1 - tau pi D / n)| = {err:.1e}. Group 0, its coordinates from weakest to strongest:\n'
-      f'   mean square m = s/n_k  {show(m[0, 0, order[0, 0]])}\n   gain D = f\'(m)         {show(D[0, 0, order[0, 0]])}\n'
+print(f'7. max |w_after - w (1 - tau pi D / n)| = {err:.1e}. Group 0, its axes, weakest to strongest:\n'
+      f'   mean square m = s/n_k  {show(m[0, 0, order[0, 0]])}\n'
+      f'   gain D = f\'(m)         {show(D[0, 0, order[0, 0]])}\n'
       f'   fraction of m kept     {show(kept[0, 0])}\n   mean square lost       {show(lost[0, 0])}\n'
       f'   rms amplitude lost     {show(rms_lost[0, 0])}')
 assert err < 1e-12 and (factor.diff(dim=-1) > 0).all()                  # on every token, weakest shrunk most
@@ -380,12 +403,13 @@ assert (kept.diff(dim=-1) > 0).all() and (lost[..., -1] > lost[..., 0]).all()
 peak = rms_lost.argmax(-1)
 assert ((peak > 0) & (peak < d // K - 1)).all()                          # the amplitude lost peaks inside
 
-# %% 8. The memberships Pi: rate reduction's soft partition, estimated from the tokens. A softmax over the heads
-# (the paper's equation 10), so the heads compete for each token and its memberships sum to 1. The released
-# code first divides each projected coordinate by its sum of squares over the tokens (a column normalisation),
-# so each head's scores sum to p over the n tokens, about p/n each: at initialisation (temperature 1) Pi is
-# close to uniform when n >> p, and spread out when n is not much larger than p. Causally the sums run over the
-# prefix, so pi_t flattens as t grows; at t = 0 it is exactly 1/K (an exercise says why).
+# %% 8. The memberships Pi: rate reduction's soft partition, estimated from the tokens. A softmax over the
+# heads (the paper's equation 10), so the heads compete for each token and its memberships sum to 1. The
+# released code first divides each projected coordinate by its sum of squares over the tokens (a column
+# normalisation), so each head's scores sum to p over the n tokens, about p/n each: at initialisation
+# (temperature 1) Pi is close to uniform when n >> p, and spread out when n is not much larger than p.
+# Causally the sums run over the prefix, so pi_t flattens as t grows; at t = 0 it is exactly 1/K (an exercise
+# says why).
 def at_initialisation(d, K, n, causal):
     layer = tost.CausalTSSA(d, K, block_size=n) if causal else tost.TSSA(d, K)
     torch.nn.init.normal_(layer.c_attn.weight, std=0.02)                 # the models' initialisation
@@ -396,7 +420,7 @@ def at_initialisation(d, K, n, causal):
         return layer.memberships(w)
 
 
-Pi_vit = {n: at_initialisation(192, 4, n, False) for n in (16, 64, 196)}     # ViT-T: 192 wide, 4 heads, p = 48
+Pi_vit = {n: at_initialisation(192, 4, n, False) for n in (16, 64, 196)}     # ViT-T: d = 192, K = 4, p = 48
 Pi_gpt = at_initialisation(768, 12, 1024, True)                               # ToST-Base: 768 wide, 12 heads
 dev = {t: (Pi_gpt[0, :, t] - 1 / 12).abs().max().item() for t in (0, 10, 100, 1023)}
 sums = max((P.sum(1) - 1).abs().max() for P in [*Pi_vit.values(), Pi_gpt])
@@ -409,8 +433,8 @@ assert sums < 1e-12 and dev[0] == 0 and dev[10] > dev[100] > dev[1023]
 assert spread[16][0] < 0.1 and spread[16][1] > 0.5                      # n close to p: far from uniform
 assert 0.15 < spread[64][0] and spread[64][1] < 0.4 and 0.2 < spread[196][0] and spread[196][1] < 0.3
 
-# A trained layer's U_k are the groups' subspaces and its temperature is sharper. With U_k the true planes of a
-# mixture, temperature 1 leaves Pi nearly uniform; temperature 100 recovers the groups.
+# A trained layer's U_k are the groups' subspaces and its temperature is sharper. With U_k the true planes of
+# a mixture, temperature 1 leaves Pi nearly uniform; temperature 100 recovers the groups.
 U = orthogonal_heads(3, 2)
 Zm, Pim = subspace_mixture(90, U, scales=(1.0, 0.5), noise=0.1)
 layer = tost.TSSA(6, 3)
@@ -421,22 +445,22 @@ with torch.no_grad():
     layer.temp.fill_(100.0)
     Pi_100 = layer.memberships(w)
 right = (Pi_100.argmax(1) == Pim.argmax(1)).double().mean()
-print(f'   true planes as U_k, 90 tokens: Pi in [{Pi_1.min():.3f}, {Pi_1.max():.3f}] at temperature 1; at 100 the '
-      f'largest membership names the true group for {right:.0%} of tokens')
+print(f'   true planes as U_k, 90 tokens: Pi in [{Pi_1.min():.3f}, {Pi_1.max():.3f}] at temperature 1; '
+      f'at 100 the largest membership names the true group for {right:.0%} of tokens')
 assert Pi_1.max() < 0.5 and right > 0.9
 fig, axes = plots(1, 2, size=(12, 2.6))
 if fig:
     by_group = Pim[0].argmax(0).argsort()                                # tokens sorted by true group
     for ax, P, title in ((axes[0], Pi_1, 'temperature 1'), (axes[1], Pi_100, 'temperature 100')):
-        image = ax.imshow(P[0][:, by_group], aspect='auto', vmin=0, vmax=1, cmap='viridis', interpolation='nearest')
+        image = ax.imshow(P[0][:, by_group], aspect='auto', vmin=0, vmax=1, interpolation='nearest')
         ax.set(title=f'Pi, {title}', xlabel='token (sorted by true group)', ylabel='head k', yticks=range(3))
     fig.colorbar(image, ax=axes, label='pi_jk')
     draw('memberships', fig)
 
 
 # %% 9. The practical operator (what the models train). It keeps the step's form and changes it in six ways
-# (tost.TSSA's docstring lists them): alpha absorbed into U; a learned map back c_proj instead of U_k, which also
-# absorbs tau/n; optional biases; dropout on D; Pi with its column normalisation and a learned per-head
+# (tost.TSSA's docstring lists them): alpha absorbed into U; a learned map back c_proj instead of U_k, which
+# also absorbs tau/n; optional biases; dropout on D; Pi with its column normalisation and a learned per-head
 # temperature; 1e-8 added to n_k. First, its values: the formulas written out here against the layer, random
 # parameters, biases on (as the ViT has them).
 def practical_tssa(x, layer):
@@ -458,7 +482,8 @@ def randomize(module, scale=0.3):
 
 
 def tie(layer, head_scales=None):
-    """c_proj := c_attn's transpose (U_k maps back), head k's block times head_scales[k]; nothing added to n_k."""
+    """c_proj := c_attn's transpose (U_k maps back), head k's block times head_scales[k]; nothing added to
+    n_k."""
     layer.eps = 0.0
     scales = torch.ones(layer.n_head) if head_scales is None else head_scales
     with torch.no_grad():
@@ -484,14 +509,15 @@ for n_tokens in (n, 4 * n):
     Pi = tied.memberships(tied.split_heads(tied.c_attn(Z)))
     g = grad(lambda z: tost.variational_compression(z, Pi, tied.U()), Z)
     err_tied = max(err_tied, (tied(Z) + n_tokens * g).abs().max())
-print(f'9. practical TSSA against its formulas: max |difference| {err_values:.1e}; alpha = 3 into U: {err_alpha:.1e};\n'
-      f'   c_proj tied: max |y + n grad R^var_c| {err_tied:.1e} at n = {n} and n = {4 * n}: the step size is n, '
-      f'so a c_proj trained at one n takes other steps at another')
+print(f'9. practical TSSA against its formulas: max |difference| {err_values:.1e}; '
+      f'alpha = 3 into U: {err_alpha:.1e};\n'
+      f'   c_proj tied: max |y + n grad R^var_c| {err_tied:.1e} at n = {n} and n = {4 * n}: '
+      f'the step size is n, so a c_proj trained at one n takes other steps at another')
 assert err_values < 1e-12 and err_alpha < 1e-12 and err_tied < 1e-12
 
 # Untied, as trained. Head k's block of c_proj scaled by c_k > 0 is still exactly a step: on the reweighted
-# objective sum_k c_k R^var_c,k (head k's own term). A generic c_proj is not a step on any function: with Pi held
-# fixed, the layer's Jacobian would then be symmetric (a Hessian), and it is not. What the paper measures
+# objective sum_k c_k R^var_c,k (head k's own term). A generic c_proj is not a step on any function: with Pi
+# held fixed, the layer's Jacobian would then be symmetric (a Hessian), and it is not. What the paper measures
 # instead is that R^var_c still falls through a trained model's layers.
 scales = torch.tensor([0.5, 1.0, 2.0])
 rescaled = tost.TSSA(d, K)
@@ -502,7 +528,8 @@ Pi = rescaled.memberships(rescaled.split_heads(rescaled.c_attn(Z)))
 
 
 def reweighted(z):
-    return sum(scales[k] * tost.variational_compression(z, Pi[:, k:k + 1], rescaled.U()[k:k + 1]) for k in range(K))
+    U = rescaled.U()
+    return sum(scales[k] * tost.variational_compression(z, Pi[:, k:k + 1], U[k:k + 1]) for k in range(K))
 
 
 err_rescaled = (rescaled(Z) + n * grad(reweighted, Z)).abs().max()
@@ -520,24 +547,27 @@ def asymmetry(layer):
 
 generic = randomize(tost.TSSA(d, K))
 generic.c_attn.weight.data.copy_(tied.c_attn.weight)
-print(f'   per-head scales {scales.tolist()} on the tie: max |y + n grad sum_k c_k R^var_c,k| {err_rescaled:.1e}; '
-      f'Jacobian asymmetry ||J - J^T||/||J||:\n   tied {asymmetry(tied):.1e}, rescaled {asymmetry(rescaled):.1e}, '
-      f'generic c_proj {asymmetry(generic):.2f} (a gradient field has 0)')
-assert err_rescaled < 1e-12 and asymmetry(tied) < 1e-12 and asymmetry(rescaled) < 1e-12 and asymmetry(generic) > 0.3
+asymmetries = [asymmetry(tied), asymmetry(rescaled), asymmetry(generic)]
+print(f'   per-head scales {scales.tolist()} on the tie: '
+      f'max |y + n grad sum_k c_k R^var_c,k| {err_rescaled:.1e};\n'
+      f'   Jacobian asymmetry ||J - J^T||/||J||: tied {asymmetries[0]:.1e}, rescaled {asymmetries[1]:.1e}, '
+      f'generic c_proj {asymmetries[2]:.2f} (a gradient field has 0)')
+assert err_rescaled < 1e-12 and max(asymmetries[:2]) < 1e-12 and asymmetries[2] > 0.3
 
 
-# %% 10. The block. x = x + g1 * attn(LN(x)); x = x + g2 * MLP(LN(x)). The white-box step is exact on R^var_c of
-# its input LN(x); in the block its output is scaled coordinate by coordinate by the layer scale g1 and added to
-# x, not to LN(x). It is then no longer a gradient step on anything we wrote down, but it stays a DESCENT
-# DIRECTION for R^var_c(LN(x)): measured with the attention tied as in section 9 and random positive g1. The MLP
-# is the transformer's, not derived from the objective. First, the block's values against its two lines.
+# %% 10. The block. x = x + g1 * attn(LN(x)); x = x + g2 * MLP(LN(x)). The white-box step is exact on R^var_c
+# of its input LN(x); in the block its output is scaled coordinate by coordinate by the layer scale g1 and
+# added to x, not to LN(x). It is then no longer a gradient step on anything we wrote down, but it stays a
+# DESCENT DIRECTION for R^var_c(LN(x)): measured with the attention tied as in section 9 and random positive
+# g1. The MLP is the transformer's, not derived from the objective. First, the block's values against its two
+# lines.
 def block_formula(x, b):
     def ln(x, m):
         return F.layer_norm(x, (x.shape[-1],), m.weight, m.bias)
     x = x + b.gamma_1 * b.attn(ln(x, b.ln_1))
     h = ln(x, b.ln_2)
-    mlp = F.linear(F.gelu(F.linear(h, b.mlp.c_fc.weight, b.mlp.c_fc.bias)), b.mlp.c_proj.weight, b.mlp.c_proj.bias)
-    return x + b.gamma_2 * mlp
+    hidden = F.gelu(F.linear(h, b.mlp.c_fc.weight, b.mlp.c_fc.bias))
+    return x + b.gamma_2 * F.linear(hidden, b.mlp.c_proj.weight, b.mlp.c_proj.bias)
 
 
 block = randomize(tost.Block(d, K, causal=False, bias=True))
@@ -557,15 +587,16 @@ def objective(x):
 
 g = grad(objective, x)
 with torch.no_grad():
-    update = block.gamma_1 * block.attn(block.ln_1(x))                   # the block's first line, x -> x + update
+    update = block.gamma_1 * block.attn(block.ln_1(x))                   # the first line: x -> x + update
     cos = F.cosine_similarity(update.flatten(1), -g.flatten(1)).min()
     drop = objective(x) - objective(x + update)
     full = F.cosine_similarity((block(x) - x).flatten(1), -g.flatten(1))
     radial = F.cosine_similarity(update, block.ln_1(x), dim=-1).abs().mean()
 print(f'10. the block against its two lines: max |difference| {err_block:.1e}. Its attention line against '
-      f'-grad_x R^var_c(LN(x)),\n    two inputs: cosine >= {cos:.3f} (1 would be a gradient step); it lowers '
-      f'R^var_c(LN(x)) by {show(drop)}. Much of the update points\n    along the token itself (mean |cosine| with '
-      f'LN(x): {radial:.2f}), a change of scale LayerNorm removes. With the MLP too, cosine {show(full)}')
+      f'-grad_x R^var_c(LN(x)),\n    two inputs: cosine >= {cos:.3f} (1 would be a gradient step); '
+      f'it lowers R^var_c(LN(x)) by {show(drop)}.\n    Much of the update points along the token itself '
+      f'(mean |cosine| with LN(x): {radial:.2f}), a change of scale LayerNorm removes.\n'
+      f'    With the MLP too, cosine {show(full)}')
 assert err_block < 1e-12 and 0.3 < cos < 0.95 and (drop > 0).all() and radial > 0.3
 
 
@@ -613,15 +644,17 @@ for t in range(T):
     Pi_now = layer.prefix_memberships(w2[:, :, :t + 1], Q[:, :, t:t + 1].expand(-1, -1, t + 1, -1))
     g = grad(lambda z: tost.variational_compression(z[:, :t + 1], Pi_now, layer.U()), Z)
     errs_now.append((y[:, t] + (t + 1) * g[:, t]).abs().max().item())
-print(f'11. causal TSSA against its formulas: max |difference| {err_values:.1e}. Tied, at t = 0 .. {T - 1}: step '
-      f'size fitted along the gradient\n    {show(sizes)}\n    max |y_t + (t+1) grad_z_t R^var_c(Z_<=t, Pi_<=t)| = '
-      f'{max(errs):.1e}; with the memberships re-estimated at time t instead: {max(errs_now):.3f}')
+print(f'11. causal TSSA against its formulas: max |difference| {err_values:.1e}. Tied, at t = 0 .. {T - 1}: '
+      f'the step size fitted along the gradient\n    {show(sizes)}\n'
+      f'    max |y_t + (t+1) grad_z_t R^var_c(Z_<=t, Pi_<=t)| = {max(errs):.1e}; '
+      f'with the memberships re-estimated at time t instead: {max(errs_now):.3f}')
 assert err_values < 1e-12 and max(errs) < 1e-12 and max(errs_now) > 1e-3
 assert all(abs(s - (t + 1)) < 1e-9 for t, s in enumerate(sizes))
 
-# %% 12. The recurrent state. Prefix sums advance one token at a time: the state (Q, A, P) holds 2p + 1 numbers
-# per head at any length, so generating a token costs the same at any context length and no cache grows.
-# Steps from the state give the parallel outputs, and so does a forward split in two with the state carried.
+# %% 12. The recurrent state. Prefix sums advance one token at a time: the state (Q, A, P) holds 2p + 1
+# numbers per head at any length, so generating a token costs the same at any context length and no cache
+# grows. Steps from the state give the parallel outputs, and so does a forward split in two with the state
+# carried.
 layer = randomize(tost.CausalTSSA(16, 4, block_size=40))
 x = torch.randn(2, 40, 16)
 with torch.no_grad():
@@ -637,18 +670,19 @@ err_steps = (torch.stack(ys, 1) - y_par).abs().max()
 err_split = (torch.cat([y_a, y_b], 1) - y_par).abs().max()
 err_state = max((a - b).abs().max() for a, b in zip(state[:3], st[:3]))
 numbers = sum(v[0, 0].numel() for v in state[:3])
-print(f'12. 40 recurrent steps against the parallel form: max |difference| {err_steps:.1e}; split at 15 with the '
-      f'state carried: {err_split:.1e},\n    final states equal to {err_state:.1e}; the state holds {numbers} '
+print(f'12. 40 recurrent steps against the parallel form: max |difference| {err_steps:.1e}; '
+      f'split at 15 with the state carried: {err_split:.1e},\n'
+      f'    final states equal to {err_state:.1e}; the state holds {numbers} '
       f'numbers per head (p = 4) after any number of tokens')
 assert max(err_steps, err_split, err_state) < 1e-12 and numbers == 2 * 4 + 1 and state.t == 40
 
 
-# %% 13. Cost. Count the elements every torch call of a forward returns (a machine-independent proxy for memory
-# traffic and time; counted, not timed), at 4x the tokens and at 2x the width. The exact step in its d x d form
-# (section 2) does O(K(n d^2 + d^3)) arithmetic: linear in n, superlinear in d; its count grows less than 4x with
-# the tokens (its d x d statistics do not grow with n) and more than 2x with the width. Softmax attention is
-# O(n^2 d): 16x for 4x the tokens. TSSA is O(n d): 4x and 2x. ToST's saving over the exact step is in d (a
-# diagonal statistic instead of a covariance and its inverse); over softmax attention, in n.
+# %% 13. Cost. Count the elements every torch call of a forward returns (a machine-independent proxy for
+# memory traffic and time; counted, not timed), at 4x the tokens and at 2x the width. The exact step in its d
+# x d form (section 2) does O(K(n d^2 + d^3)) arithmetic: linear in n, superlinear in d; its count grows less
+# than 4x with the tokens (its d x d statistics do not grow with n) and more than 2x with the width. Softmax
+# attention is O(n^2 d): 16x for 4x the tokens. TSSA is O(n d): 4x and 2x. ToST's saving over the exact step
+# is in d (a diagonal statistic instead of a covariance and its inverse); over softmax attention, in n.
 class CountElements(torch.overrides.TorchFunctionMode):
     def __init__(self):
         super().__init__()
@@ -685,17 +719,18 @@ def causal(x, d):
     return tost.CausalTSSA(d, 4, block_size=x.shape[1])(x)
 
 
-ops = {'exact step (d x d)': exact_step, 'softmax attention': softmax_attention, 'TSSA': tssa, 'CausalTSSA': causal}
-print('13. elements returned by the calls of one forward at width d = 32, and their ratios for 4x the tokens and '
-      'for 2x the width:')
+ops = {'exact step (d x d)': exact_step, 'softmax attention': softmax_attention, 'TSSA': tssa,
+       'CausalTSSA': causal}
+print('13. elements returned by the calls of one forward at width d = 32, and their ratios for 4x the tokens '
+      'and for 2x the width:')
 curves = {}
 sizes = (256, 1024, 4096)
 for name, f in ops.items():
     curves[name] = [count(f, n, 32) for n in sizes]
     by_n = curves[name][2] / curves[name][1]
     by_d = count(f, 1024, 64) / curves[name][1]
-    print(f'    {name:19s} n = 1024: {curves[name][1]:>11,}   n = 4096: {curves[name][2]:>11,}   ratio {by_n:5.2f};'
-          f'   d = 64: ratio {by_d:5.2f}')
+    print(f'    {name:19s} n = 1024: {curves[name][1]:>11,}   n = 4096: {curves[name][2]:>11,}   '
+          f'ratio {by_n:5.2f};   d = 64: ratio {by_d:5.2f}')
     if name == 'softmax attention':
         assert by_n > 14 and by_d < 2.2
     elif name == 'exact step (d x d)':
@@ -710,16 +745,16 @@ if fig:
     ax.legend(fontsize=8)
     draw('cost', fig)
 
-# %% 14. Layers unrolled. A stack of white-box layers, each a step on the objective, compresses the tokens layer
-# after layer. Twelve layers (alpha = 10, tau = 0.05 n) sharing the true subspaces U_k, on 300 tokens from three
-# planes in R^6, each group spread 1.0 along one axis of its plane and 0.5 along the other, with noise 0.1;
-# memberships re-estimated by each layer at temperature 100 (at temperature 1 they would be nearly uniform,
-# section 8). R^var_c falls at every layer, and within its plane each group loses far more along its weak axis.
-# But ToST unrolls only the compression half of rate reduction: nothing here expands, so Delta R = R - R_c, the
-# objective of section 1, falls too, and sixty layers shrink the tokens towards zero. In a real model what
-# keeps the tokens apart is not derived from the objective: LayerNorm (each token rescaled before every layer),
-# the residual stream, the MLP, and training. Rescaling the tokens after each layer (LayerNorm without its
-# gains) slows the fall of Delta R but does not stop it.
+# %% 14. Layers unrolled. A stack of white-box layers, each a step on the objective, compresses the tokens
+# layer after layer. Twelve layers (alpha = 10, tau = 0.05 n) sharing the true subspaces U_k, on 300 tokens
+# from three planes in R^6, each group spread 1.0 along one axis of its plane and 0.5 along the other, with
+# noise 0.1; memberships re-estimated by each layer at temperature 100 (at temperature 1 they would be nearly
+# uniform, section 8). R^var_c falls at every layer, and within its plane each group loses far more along its
+# weak axis. But ToST unrolls only the compression half of rate reduction: nothing here expands, so Delta R =
+# R - R_c, the objective of section 1, falls too, and sixty layers shrink the tokens towards zero. In a real
+# model what keeps the tokens apart is not derived from the objective: LayerNorm (each token rescaled before
+# every layer), the residual stream, the MLP, and training. Rescaling the tokens after each layer (LayerNorm
+# without its gains) slows the fall of Delta R but does not stop it.
 n, K, p, alpha = 300, 3, 2, 10.0
 U = orthogonal_heads(K, p)
 Z, Pi_true = subspace_mixture(n, U, scales=(1.0, 0.5), noise=0.1)
@@ -758,10 +793,13 @@ dR_norm = torch.tensor([delta_R(Zl) for Zl in normalised])
 own = [torch.einsum('nd,ndp->np', Zl[0], U[group]) for Zl in history]  # (n, p) each token in its own plane
 kept = own[-1].square().sum(0) / own[0].square().sum(0)                  # (strong axis, weak axis)
 energy = sixty.square().sum(-1).mean()
-print(f'14. 12 white-box layers, after layers 0, 3, 6, 9, 12:\n    R^var_c                   {show(r_var[::3])}\n'
-      f'    Delta R = R - R_c          {show(dR[::3])}\n    Delta R, tokens rescaled   {show(dR_norm[::3])}\n'
-      f'    within its plane each group keeps {kept[0]:.3f} of its energy along the strong axis, {kept[1]:.4f} along '
-      f'the weak one;\n    after 60 layers the mean |z|^2 is {energy:.1e} (it was {Z.square().sum(-1).mean():.2f})')
+print(f'14. 12 white-box layers, after layers 0, 3, 6, 9, 12:\n'
+      f'    R^var_c                   {show(r_var[::3])}\n'
+      f'    Delta R = R - R_c          {show(dR[::3])}\n'
+      f'    Delta R, tokens rescaled   {show(dR_norm[::3])}\n'
+      f'    within its plane each group keeps {kept[0]:.3f} of its energy along the strong axis, '
+      f'{kept[1]:.4f} along the weak one;\n'
+      f'    after 60 layers the mean |z|^2 is {energy:.1e} (it was {Z.square().sum(-1).mean():.2f})')
 assert (r_var.diff() < 0).all() and kept[1] < 0.1 * kept[0] and dR[-1] < 0.5 * dR[0] and energy < 1e-6
 assert dR_norm[-1] < dR_norm[0] and dR_norm[-1] - dR_norm[0] > dR[-1] - dR[0]
 fig, axes = plots(1, 3, size=(13, 4))
@@ -774,36 +812,39 @@ if fig:
     for ax, v, title in ((axes[1], own[0], 'tokens before'), (axes[2], own[-1], 'after 12 layers')):
         for k in range(K):
             ax.scatter(v[group == k, 0], v[group == k, 1], s=6, label=f'group {k}')
-        ax.set(title=f'{title}, each in its own plane', xlabel='strong axis', ylabel='weak axis', aspect='equal')
+        ax.set(title=f'{title}, each in its own plane', xlabel='strong axis', ylabel='weak axis',
+               aspect='equal')
     axes[1].legend(loc='upper right', fontsize=8)
     axes[2].set(xlim=axes[1].get_xlim(), ylim=axes[1].get_ylim())     # the same scale before and after
     draw('unrolled', fig)
 
-# %% 15. Results and limitations, as the paper reports them (Wu et al., ICLR 2025, arXiv 2412.17810: Tables 1-4
-# and Figure 4; quoted, not computed here). Vision, ImageNet-1k top-1: ToST-T 67.3, ToST-S 77.9, ToST-M 80.3
-# (ViT-S 79.8, XCiT-S 80.5). Language, OpenWebText validation cross-entropy: ToST-Base (110M) 3.20 against
-# GPT-2 Base (124M) 2.84; ToST needs about three times the parameters (ToST-Medium 304M: 2.88) to match. Long
-# Range Arena: 59.90 on average (Transformer 59.24). Cost: at 4k tokens ToST-Base takes 0.60x GPT-2's time and
-# 0.41x its memory. The R^var_c of a trained ToST's layers falls with depth: the layers do compress.
-# Limitations. The past enters a causal layer only as prefix sums of squares, nearly a bag: a layer cannot tie
-# a key to the value after it, so tasks that look up one earlier token (associative recall) fail where one
-# softmax layer succeeds; `python -m lecture.recall` shows it in a minute or two on a CPU. The memberships are
-# nearly uniform at initialisation (section 8). The language model trails GPT-2 at equal size. Unrolled, the
-# objective only compresses (section 14). This repository's own measurements are in docs/quality.md and
-# docs/capabilities.md.
+# %% 15. Results and limitations. As the paper reports them (Wu et al., ICLR 2025, arXiv 2412.17810: Tables
+# 1-4 and Figure 4; quoted, not computed here). Vision, ImageNet-1k top-1: ToST-T 67.3, ToST-S 77.9, ToST-M
+# 80.3 (ViT-S 79.8, XCiT-S 80.5). Language, OpenWebText validation cross-entropy: ToST-Base (110M) 3.20
+# against GPT-2 Base (124M) 2.84; ToST needs about three times the parameters (ToST-Medium 304M: 2.88) to
+# match. Long Range Arena: 59.90 on average (Transformer 59.24). Cost: at 4k tokens ToST-Base takes 0.60x
+# GPT-2's time and 0.41x its memory. The R^var_c of a trained ToST's layers falls with depth: the layers do
+# compress. Limitations. The past enters a causal layer only as prefix sums of squares, nearly a bag: a layer
+# cannot tie a key to the value after it, so tasks that look up one earlier token (associative recall) fail
+# where one softmax layer succeeds; `python -m lecture.recall` shows it in a minute or two on a CPU. The
+# memberships are nearly uniform at initialisation (section 8). The language model trails GPT-2 at equal size.
+# Unrolled, the objective only compresses (section 14). This repository's own measurements are in
+# docs/quality.md and docs/capabilities.md.
 print('15. results and limitations: quoted from the paper in this cell\'s text (nothing to compute)')
 
-# %% 16. Exercises (lecture/exercises.py; each has a check your answer must pass, and the solutions are kept
-# apart in lecture/solutions.py): derive grad R^var_c and say where its 1/n comes from (sections 2, 6); prove
-# the corollary for K p <= d (section 5); say why the causal pi_0 is exactly 1/K (section 8); write TSSA from its
-# formula in ten lines and check it against tost.TSSA (section 6); compute the exact R_c gradient in O(n d^2)
-# (section 2); predict what untying c_proj does (section 9); show that the past is nearly a bag (section 11);
-# track Delta R through the layers (section 14). In class: `python -m lecture.recall` (section 15).
-print('16. exercises: lecture/exercises.py, solutions in lecture/solutions.py; experiment: python -m lecture.recall')
+# %% 16. Exercises. In lecture/exercises.py (each has a check your answer must pass, and the solutions are
+# kept apart in lecture/solutions.py): derive grad R^var_c and say where its 1/n comes from (sections 2, 6);
+# prove the corollary for K p <= d (section 5); say why the causal pi_0 is exactly 1/K (section 8); write TSSA
+# from its formula in ten lines and check it against tost.TSSA (section 6); compute the exact R_c gradient in
+# O(n d^2) (section 2); predict what untying c_proj does (section 9); show that the past is nearly a bag
+# (section 11); track Delta R through the layers (section 14). In class: `python -m lecture.recall` (section
+# 15).
+print('16. exercises: lecture/exercises.py, solutions in lecture/solutions.py; '
+      'the experiment: python -m lecture.recall')
 
 
-# %% A. Appendix: the GPT by hand. The whole language model written out from its lines (embeddings, each block's
-# two lines, the final LayerNorm, the head tied to the embedding), against GPT.forward's loss and its
+# %% A. Appendix: the GPT by hand. The whole language model written out from its lines (embeddings, each
+# block's two lines, the final LayerNorm, the head tied to the embedding), against GPT.forward's loss and its
 # last-position logits, GPT.logits, and a prefill followed by recurrent steps.
 model = randomize(tost.GPT(tost.GPTConfig(block_size=24, vocab_size=30, n_layer=2, n_head=2, n_embd=8)), 0.5)
 idx = torch.randint(0, 30, (2, 24))
@@ -822,12 +863,13 @@ with torch.no_grad():
     for t in range(10, 23):
         logits_t, states = model.step(idx[:, t], states)
         steps.append(logits_t)
-err_forward = max((logits - by_hand).abs().max(), (loss - loss_by_hand).abs(), (last[:, 0] - by_hand[:, -1]).abs().max())
+err_forward = max((logits - by_hand).abs().max(), (loss - loss_by_hand).abs(),
+                  (last[:, 0] - by_hand[:, -1]).abs().max())
 err_logits = (model.logits(idx) - by_hand).abs().max()
 err_steps = (torch.stack(steps, 1) - by_hand[:, 9:23]).abs().max()
-print(f'A. GPT by hand (loss {loss_by_hand:.4f}): GPT.forward logits, loss and last-position logits max '
-      f'|difference| {err_forward:.1e}; GPT.logits {err_logits:.1e};\n   prefill of 10 tokens, then 13 steps: '
-      f'{err_steps:.1e}')
+print(f'A. GPT by hand (loss {loss_by_hand:.4f}): GPT.forward logits, loss and last-position logits '
+      f'max |difference| {err_forward:.1e};\n   GPT.logits {err_logits:.1e}; '
+      f'prefill of 10 tokens, then 13 steps: {err_steps:.1e}')
 assert max(err_forward, err_logits, err_steps) < 1e-12 and no_loss is None and last.shape == (2, 1, 30)
 
 
@@ -866,8 +908,9 @@ def relative(a, b):
 
 
 err32 = max(relative(a, b) for a, b in zip(outputs_and_grads(layer, x.float(), g.float(), True), ref))
-print(f'B. fused core in 5 chunks against the readable lines: float64 max |difference| {err64:.1e} (values, '
-      f'values without autograd, every gradient);\n   float32 against float64, largest relative error {err32:.1e}')
+print(f'B. fused core in 5 chunks against the readable lines: float64 max |difference| {err64:.1e} '
+      f'(values, values without autograd, every gradient);\n'
+      f'   float32 against float64, largest relative error {err32:.1e}')
 assert err64 < 1e-12 and err32 < 1e-6
 tost.CausalTSSA.fast = True                      # the library's defaults again, for whatever runs next
 tost_fast.MIN_ELEMENTS = min_elements
