@@ -187,9 +187,9 @@ print(f'2. grad R_c against autograd: d x d form (ReduNet) max |difference| {err
       f'{err_pairs:.1e};\n   the n x n form couples {coupled} of {n * n} pairs of tokens in every group')
 assert err_exact < 1e-12 and err_pairs < 1e-12 and coupled == n * n
 
-# %% 3. The variational form (the paper's Theorem 1 and equation 4). For f concave with f(0) = 0, a symmetric
-# PSD matrix M and any orthogonal U: sum_i f(lambda_i(M)) <= sum_i f((U^T M U)_ii), with equality when U
-# diagonalises M (the diagonal of U^T M U is majorised by the eigenvalues). So, one U_k per group,
+# %% 3. The variational form (the paper's theorem and its equation 4). For f concave with f(0) = 0, a
+# symmetric PSD matrix M and any orthogonal U: sum_i f(lambda_i(M)) <= sum_i f((U^T M U)_ii), with equality
+# when U diagonalises M (the diagonal of U^T M U is majorised by the eigenvalues). So, one U_k per group,
 #     R^var_c(Z, Pi | U) = 1/2 sum_k (n_k/n) sum_i f(s_ki / n_k),   s_ki = sum_j pi_jk (u_ki^T z_j)^2,
 # puts each group's DIAGONAL in the basis U_k where R_c has its eigenvalues: with square orthogonal U_k,
 # R^var_c >= R_c, equal in each group's eigenbasis. The batch's four draws are the four columns.
@@ -315,7 +315,7 @@ print(f'5. U_k of size {d} x {p}: dropped terms, four draws {show(terms.sum((1, 
 assert (terms >= 0).all() and (terms.sum((1, 2)) - dropped).abs().max() < 1e-12
 assert below == draws and above == draws
 
-# %% 6. The white-box layer is one gradient step (the paper's equations 5-7). Hold Pi fixed; then
+# %% 6. The white-box layer is one gradient step (the paper's TSSA). Hold Pi fixed; then
 #     grad_{z_j} R^var_c = 1/n sum_k pi_jk U_k D_k U_k^T z_j,   D_k = diag(f'(s_k/n_k)),
 #     f'(x) = alpha/(1 + alpha x),
 # and one gradient-descent step of size tau is TSSA(Z) = -tau grad_Z R^var_c, the layer z_j <- z_j +
@@ -408,8 +408,8 @@ assert ((peak > 0) & (peak < d // K - 1)).all()                          # the a
 # released code first divides each projected coordinate by its sum of squares over the tokens (a column
 # normalisation), so each head's scores sum to p over the n tokens, about p/n each: at initialisation
 # (temperature 1) Pi is close to uniform when n >> p, and spread out when n is not much larger than p.
-# Causally the sums run over the prefix, so pi_t flattens as t grows; at t = 0 it is exactly 1/K (an exercise
-# says why).
+# Causally the sums run over the prefix, so pi_t flattens as t grows; at t = 0 it is exactly 1/K while the
+# position bias is 0, as at initialisation (an exercise says why).
 def at_initialisation(d, K, n, causal):
     layer = tost.CausalTSSA(d, K, block_size=n) if causal else tost.TSSA(d, K)
     torch.nn.init.normal_(layer.c_attn.weight, std=0.02)                 # the models' initialisation
@@ -516,9 +516,9 @@ print(f'9. practical TSSA against its formulas: max |difference| {err_values:.1e
 assert err_values < 1e-12 and err_alpha < 1e-12 and err_tied < 1e-12
 
 # Untied, as trained. Head k's block of c_proj scaled by c_k > 0 is still exactly a step: on the reweighted
-# objective sum_k c_k R^var_c,k (head k's own term). A generic c_proj is not a step on any function: with Pi
-# held fixed, the layer's Jacobian would then be symmetric (a Hessian), and it is not. What the paper measures
-# instead is that R^var_c still falls through a trained model's layers.
+# objective sum_k c_k R^var_c,k (head k's own term). A generic c_proj is not a step on any function: were the
+# layer (Pi held fixed) a gradient field, its Jacobian would be a Hessian, symmetric, and it is not. What the
+# paper measures instead is that R^var_c still falls through a trained model's layers.
 scales = torch.tensor([0.5, 1.0, 2.0])
 rescaled = tost.TSSA(d, K)
 rescaled.load_state_dict(tied.state_dict())
@@ -596,8 +596,8 @@ print(f'10. the block against its two lines: max |difference| {err_block:.1e}. I
       f'-grad_x R^var_c(LN(x)),\n    two inputs: cosine >= {cos:.3f} (1 would be a gradient step); '
       f'it lowers R^var_c(LN(x)) by {show(drop)}.\n    Much of the update points along the token itself '
       f'(mean |cosine| with LN(x): {radial:.2f}), a change of scale LayerNorm removes.\n'
-      f'    With the MLP too, cosine {show(full)}')
-assert err_block < 1e-12 and 0.3 < cos < 0.95 and (drop > 0).all() and radial > 0.3
+      f'    The whole block, its small MLP update included, has cosine {show(full)}')
+assert err_block < 1e-12 and 0.3 < cos < 0.95 and (drop > 0).all() and radial > 0.3 and (full > 0).all()
 
 
 # %% 11. The causal step: every sum over tokens becomes a prefix sum (tost.CausalTSSA). Its values against the
@@ -818,18 +818,19 @@ if fig:
     axes[2].set(xlim=axes[1].get_xlim(), ylim=axes[1].get_ylim())     # the same scale before and after
     draw('unrolled', fig)
 
-# %% 15. Results and limitations. As the paper reports them (Wu et al., ICLR 2025, arXiv 2412.17810: Tables
-# 1-4 and Figure 4; quoted, not computed here). Vision, ImageNet-1k top-1: ToST-T 67.3, ToST-S 77.9, ToST-M
-# 80.3 (ViT-S 79.8, XCiT-S 80.5). Language, OpenWebText validation cross-entropy: ToST-Base (110M) 3.20
-# against GPT-2 Base (124M) 2.84; ToST needs about three times the parameters (ToST-Medium 304M: 2.88) to
-# match. Long Range Arena: 59.90 on average (Transformer 59.24). Cost: at 4k tokens ToST-Base takes 0.60x
-# GPT-2's time and 0.41x its memory. The R^var_c of a trained ToST's layers falls with depth: the layers do
-# compress. Limitations. The past enters a causal layer only as prefix sums of squares, nearly a bag: a layer
-# cannot tie a key to the value after it, so tasks that look up one earlier token (associative recall) fail
-# where one softmax layer succeeds; `python -m lecture.recall` shows it in a minute or two on a CPU. The
-# memberships are nearly uniform at initialisation (section 8). The language model trails GPT-2 at equal size.
-# Unrolled, the objective only compresses (section 14). This repository's own measurements are in
-# docs/quality.md and docs/capabilities.md.
+# %% 15. Results and limitations. As the paper reports them (Wu et al., ICLR 2025, arXiv 2412.17810; quoted,
+# not computed here). Vision, ImageNet-1k top-1: ToST-T 67.3, ToST-S 77.9, ToST-M 80.3 (ViT-S 79.8, XCiT-S
+# 80.5). Language, OpenWebText validation cross-entropy: ToST-Base (110M) 3.20 against GPT-2 Base (124M) 2.84;
+# ToST-Medium (304M) reaches 2.88 and ToST-Large (655M) 2.72. Long Range Arena: 59.90 on average (Transformer
+# 59.24). Cost: at 4k tokens ToST-Base takes 0.60x GPT-2's time and 0.41x its memory. The R^var_c of a trained
+# ToST's layers falls with depth: the layers do compress.
+#
+# Limitations. The past enters a causal layer only as prefix sums of squares, nearly a bag: a layer cannot tie
+# a key to the value after it, so tasks that look up one earlier token (associative recall) fail where one
+# softmax layer succeeds; `python -m lecture.recall` shows it in a minute or two on a CPU. The memberships
+# are nearly uniform at initialisation (section 8). The language model trails GPT-2 at equal size. Unrolled,
+# the objective only compresses (section 14). This repository's own measurements are in docs/quality.md and
+# docs/capabilities.md.
 print('15. results and limitations: quoted from the paper in this cell\'s text (nothing to compute)')
 
 # %% 16. Exercises. In lecture/exercises.py (each has a check your answer must pass, and the solutions are

@@ -1,0 +1,28 @@
+"""tools/mutate_lecture.py edits what docs/tests.md says it edits: the model's math lines, each edit a valid line
+that changes the line. Running the edits takes half an hour; the tool is run by hand, not here."""
+
+import ast
+
+from tools import mutate_lecture
+
+
+def test_the_plan_edits_every_kind_of_model_line_and_each_edit_is_valid_python():
+    edits = mutate_lecture.plan()
+    lines = {(name, number) for name, _, number, _, _ in edits}
+    functions = {function for _, function, _, _, _ in edits}
+    assert len(lines) >= 60
+    assert {'GPT.forward', 'CausalTSSA.step', 'CausalCore.backward', 'variational_compression'} <= functions
+    for name, _, number, kind, new in edits:
+        with open(f'{mutate_lecture.ROOT}/{name}') as f:
+            source = f.readlines()
+        assert new != source[number - 1]
+        source[number - 1] = new
+        ast.parse(''.join(source))                          # a syntax error would 'catch' nothing real
+    assert {kind for *_, kind, _ in edits} == {'1%', 'sign/axis'}
+
+
+def test_a_scaled_line_keeps_its_comment_and_scales_the_first_value():
+    line = '        Q, P = Qc[:, -1:], Pe[:, -1:].clone()   # carries\n'
+    assert mutate_lecture.scaled(line) == '        Q, P = (Qc[:, -1:]) * 1.01, Pe[:, -1:].clone()  # carries\n'
+    assert mutate_lecture.scaled('        B, T, d = x.size()\n') is None
+    assert mutate_lecture.sign_or_axis('    y = -(Pi * w) * D   # minus\n') == '    y = +(Pi * w) * D   # minus\n'
