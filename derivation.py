@@ -60,7 +60,9 @@ torch.manual_seed(0)
 def draw(name, fig):
     """Show a figure in a notebook, or save it as DIR/lecture-<name>.png under --figures=DIR."""
     if in_notebook:
-        return fig
+        from IPython.display import display
+        display(fig)
+        return
     path = figures / f'lecture-{name}.png'
     fig.savefig(path, dpi=80)
     print(f'   figure: {path}')
@@ -681,7 +683,8 @@ assert max(err_steps, err_split, err_state) < 1e-12 and numbers == 2 * 4 + 1 and
 # memory traffic and time; counted, not timed), at 4x the tokens and at 2x the width. The exact step in its d
 # x d form (section 2) does O(K(n d^2 + d^3)) arithmetic: linear in n, superlinear in d; its count grows less
 # than 4x with the tokens (its d x d statistics do not grow with n) and more than 2x with the width. Softmax
-# attention is O(n^2 d): 16x for 4x the tokens. TSSA is O(n d): 4x and 2x. ToST's saving over the exact step
+# attention is O(n^2 d): 16x for 4x the tokens (its n x n matrix dominates the count, so 2x the width barely
+# moves it, though its arithmetic doubles). TSSA is O(n d): 4x and 2x. ToST's saving over the exact step
 # is in d (a diagonal statistic instead of a covariance and its inverse); over softmax attention, in n.
 class CountElements(torch.overrides.TorchFunctionMode):
     def __init__(self):

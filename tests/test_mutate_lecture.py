@@ -1,7 +1,7 @@
 """tools/mutate_lecture.py edits what docs/tests.md says it edits: the model's math lines, each edit a valid line
 that changes the line. Running the edits takes half an hour; the tool is run by hand, not here."""
 
-import ast
+import warnings
 
 from tools import mutate_lecture
 
@@ -17,7 +17,9 @@ def test_the_plan_edits_every_kind_of_model_line_and_each_edit_is_valid_python()
             source = f.readlines()
         assert new != source[number - 1]
         source[number - 1] = new
-        ast.parse(''.join(source))                          # a syntax error would 'catch' nothing real
+        with warnings.catch_warnings():                     # a broken edit would 'catch' nothing real
+            warnings.simplefilter('error')                  # (a float subscripted is only a SyntaxWarning)
+            compile(''.join(source), name, 'exec')
     assert {kind for *_, kind, _ in edits} == {'1%', 'sign/axis'}
 
 
@@ -25,4 +27,6 @@ def test_a_scaled_line_keeps_its_comment_and_scales_the_first_value():
     line = '        Q, P = Qc[:, -1:], Pe[:, -1:].clone()   # carries\n'
     assert mutate_lecture.scaled(line) == '        Q, P = (Qc[:, -1:]) * 1.01, Pe[:, -1:].clone()  # carries\n'
     assert mutate_lecture.scaled('        B, T, d = x.size()\n') is None
+    line = '            torch.square(wc[:, :1], out=w2[:, :1])\n'
+    assert mutate_lecture.scaled(line) == '            torch.square((wc[:, :1]) * 1.01, out=w2[:, :1])\n'
     assert mutate_lecture.sign_or_axis('    y = -(Pi * w) * D   # minus\n') == '    y = +(Pi * w) * D   # minus\n'

@@ -68,7 +68,7 @@ def main():
             exec(compile(code, str(LECTURE), 'exec'), namespace)
         print(f'{title[:40] or "preamble":40s} {time.perf_counter() - start:5.1f} s', file=sys.stderr)
         if not title:
-            page.append('# ' + namespace['__doc__'].strip().replace('\n\n', '\n\n', 1))
+            page.append('# ' + namespace['__doc__'].strip())
             continue
         number, _, first = title.partition('. ')
         page.append(f'\n## {number}. {first.partition(". ")[0]}\n')
@@ -84,7 +84,8 @@ def main():
         for path in figures:
             name = pathlib.Path(path).name
             page.append(f'\n![{name}]({name})')
-    (out / 'lecture.md').write_text('\n'.join(page) + '\n')
+    text = re.sub(r'\n{3,}', '\n\n', '\n'.join(page))              # one blank line between blocks
+    (out / 'lecture.md').write_text(text.strip() + '\n')
     print(f'wrote {out / "lecture.md"}', file=sys.stderr)
 
 

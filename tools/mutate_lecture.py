@@ -89,9 +89,11 @@ def scaled(line):
         parts = split_top_level(value)
         parts[0] = f'({parts[0].strip()}) * 1.01'
         return f'{indent}{head}{", ".join(p.strip() for p in parts)}{comment}\n'
-    match = re.match(r'^(torch\.\w+)\((\w+)(.*)$', body)    # a call writing into out=: scale its first argument
+    match = re.match(r'^(torch\.\w+)\((.*)$', body)         # a call writing into out=: scale its first argument
     if match:
-        return f'{indent}{match.group(1)}({match.group(2)} * 1.01{match.group(3)}{comment}\n'
+        args = split_top_level(match.group(2))
+        args[0] = f'({args[0].strip()}) * 1.01'
+        return f'{indent}{match.group(1)}({", ".join(a.strip() for a in args)}{comment}\n'
     return None
 
 
