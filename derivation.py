@@ -674,7 +674,7 @@ err_state = max((a - b).abs().max() for a, b in zip(state[:3], st[:3]))
 numbers = sum(v[0, 0].numel() for v in state[:3])
 print(f'12. 40 recurrent steps against the parallel form: max |difference| {err_steps:.1e}; '
       f'split at 15 with the state carried: {err_split:.1e},\n'
-      f'    final states equal to {err_state:.1e}; the state holds {numbers} '
+      f'    final states differ by at most {err_state:.1e}; the state holds {numbers} '
       f'numbers per head (p = 4) after any number of tokens')
 assert max(err_steps, err_split, err_state) < 1e-12 and numbers == 2 * 4 + 1 and state.t == 40
 

@@ -11,11 +11,11 @@ representation expands the whole and compresses each group. Both are log-determi
 matrices. The exact gradient step on R_c (ReduNet's compression layer) goes through each group's d x d
 second moment and its inverse: O(K (n d^2 + d^3)), linear in n but heavy in d. CRATE's attention (MSSA)
 descends a related term, sum_k R(U_k^T Z) without memberships, in a pairwise form whose n x n inverse it
-replaces by a softmax of similarities: O(n^2 d). ToST replaces R_c
-by a variational form R^var_c that sees the tokens only through a DIAGONAL statistic per group; one gradient
-step on it, Pi held fixed, is Token Statistics Self-Attention (TSSA): O(n d) time, O(d) extra memory. Its
-saving over the exact step is in d, over softmax attention in n. The MLP and the rest of the transformer are
-not derived from the objective, and only the compression half of rate reduction is unrolled.
+replaces by a softmax of similarities: O(n^2 d). ToST replaces R_c by a variational form R^var_c that sees
+the tokens only through a DIAGONAL statistic per group; one gradient step on it, Pi held fixed, is Token
+Statistics Self-Attention (TSSA): O(n d) time, O(d) extra memory. Its saving over the exact step is in d,
+over softmax attention in n. The MLP and the rest of the transformer are not derived from the objective,
+and only the compression half of rate reduction is unrolled.
 
 Notation (the paper's). Tokens z_1 .. z_n in R^d. K heads, also called groups; p = d / K. U_k in R^{d x p}
 projects onto head k: w_jk = U_k^T z_j. Memberships pi_jk >= 0, sum_k pi_jk = 1: how much token j belongs
@@ -218,10 +218,10 @@ class CausalTSSA(TSSA):
 
     prefix_memberships() is TSSA.memberships() with the sums over tokens taken over the prefix (its own
     arguments: the squares and their prefix sums, not w). forward() computes all positions at once with
-    cumsum; step() advances one token from a TSSAState in
-    O(p) per head: the same numbers. Sums run in float32 under bf16/fp16 autocast (a long prefix sum in
-    bf16 loses the small late terms). On a CPU the stateless path runs tost_fast's fused core on inputs of
-    2^19 numbers or more unless CausalTSSA.fast is False: the same numbers to rounding, fewer memory passes.
+    cumsum; step() advances one token from a TSSAState in O(p) per head: the same numbers. Sums run in
+    float32 under bf16/fp16 autocast (a long prefix sum in bf16 loses the small late terms). On a CPU the
+    stateless path runs tost_fast's fused core on inputs of 2^19 numbers or more unless CausalTSSA.fast is
+    False: the same numbers to rounding, fewer memory passes.
     """
 
     fast = True
