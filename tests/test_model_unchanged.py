@@ -65,6 +65,10 @@ def outputs_and_grads(module, inputs, run):
     return list(out) + grads + [p.grad for p in module.parameters() if p.grad is not None]
 
 
+def forward(module, x):
+    return [module(x)]
+
+
 def assert_identical(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b):
@@ -78,20 +82,22 @@ def test_objective_and_operators_compute_what_they_did(base, monkeypatch):
     Pi = torch.softmax(torch.randn(2, 3, 9, dtype=torch.float64), 1)
     U = torch.randn(3, 12, 4, dtype=torch.float64)
     for alpha in (1.0, 3.0):
-        assert torch.equal(tost.variational_compression(Z, Pi, U, alpha), old.variational_compression(Z, Pi, U, alpha))
+        value = tost.variational_compression(Z, Pi, U, alpha)
+        assert torch.equal(value, old.variational_compression(Z, Pi, U, alpha))
     x = torch.randn(2, 9, 12, dtype=torch.float64)
     for kwargs in (dict(bias=True), dict(whitebox=True, alpha=2.0, tau=0.5)):
-        new, ref = twins(lambda: tost.TSSA(12, 3, **kwargs).double(), lambda: old.TSSA(12, 3, **kwargs).double())
-        run = lambda m, x: [m(x)]
-        assert_identical(outputs_and_grads(new, [x], run), outputs_and_grads(ref, [x], run))
-    # the causal layer: readable lines, the state carried over a split, the recurrent steps, and the fused core
-    # with several chunks (so the carries between chunks run)
+        new, ref = twins(lambda: tost.TSSA(12, 3, **kwargs).double(),
+                         lambda: old.TSSA(12, 3, **kwargs).double())
+        assert_identical(outputs_and_grads(new, [x], forward), outputs_and_grads(ref, [x], forward))
+    # the causal layer: readable lines, the state carried over a split, the recurrent steps, and the fused
+    # core with several chunks (so the carries between chunks run)
     monkeypatch.setattr(tost_fast, 'MIN_ELEMENTS', 0)
     monkeypatch.setattr(old_fast, 'MIN_ELEMENTS', 0)
     monkeypatch.setattr(tost_fast, 'CHUNK', 2 * 30 * 12)
     monkeypatch.setattr(old_fast, 'CHUNK', 2 * 30 * 12)
     x = torch.randn(2, 100, 12, dtype=torch.float64)
-    new, ref = twins(lambda: tost.CausalTSSA(12, 3, 100).double(), lambda: old.CausalTSSA(12, 3, 100).double())
+    new, ref = twins(lambda: tost.CausalTSSA(12, 3, 100).double(),
+                     lambda: old.CausalTSSA(12, 3, 100).double())
 
     def split(m, x):
         a, st = m(x[:, :40], m.empty_state(2, dtype=x.dtype))
@@ -108,8 +114,7 @@ def test_objective_and_operators_compute_what_they_did(base, monkeypatch):
     for fast in (False, True):
         monkeypatch.setattr(tost.CausalTSSA, 'fast', fast)
         monkeypatch.setattr(old.CausalTSSA, 'fast', fast)
-        run = lambda m, x: [m(x)]
-        assert_identical(outputs_and_grads(new, [x], run), outputs_and_grads(ref, [x], run))
+        assert_identical(outputs_and_grads(new, [x], forward), outputs_and_grads(ref, [x], forward))
     assert_identical(outputs_and_grads(new, [x], split), outputs_and_grads(ref, [x], split))
     assert_identical(outputs_and_grads(new, [x], steps), outputs_and_grads(ref, [x], steps))
 
@@ -132,11 +137,11 @@ def test_models_compute_what_they_did(base, monkeypatch):
             stepped, _ = m.step(idx[:, 10], states)
             return [logits, loss, last, first, stepped]
 
-        assert_identical(outputs_and_grads(new, [idx, targets], run), outputs_and_grads(ref, [idx, targets], run))
+        inputs = [idx, targets]
+        assert_identical(outputs_and_grads(new, inputs, run), outputs_and_grads(ref, inputs, run))
     cfg = dict(img_size=16, patch_size=8, num_classes=5, n_layer=2, n_head=2, n_embd=16, n_cls_layer=1)
     new, ref = twins(lambda: tost.ViT(tost.ViTConfig(**cfg)), lambda: old.ViT(old.ViTConfig(**cfg)))
     new.eval()
     ref.eval()
     images = torch.randn(2, 3, 16, 16)
-    run = lambda m, x: [m(x)]
-    assert_identical(outputs_and_grads(new, [images], run), outputs_and_grads(ref, [images], run))
+    assert_identical(outputs_and_grads(new, [images], forward), outputs_and_grads(ref, [images], forward))

@@ -1,5 +1,5 @@
-"""tools/mutate_lecture.py edits what docs/tests.md says it edits: the model's math lines, each edit a valid line
-that changes the line. Running the edits takes half an hour; the tool is run by hand, not here."""
+"""tools/mutate_lecture.py edits what docs/tests.md says it edits: the model's math lines, each edit a valid
+line that changes the line. Running the edits takes a lecture run each: the tool is run by hand, not here."""
 
 import warnings
 
@@ -25,8 +25,10 @@ def test_the_plan_edits_every_kind_of_model_line_and_each_edit_is_valid_python()
 
 def test_a_scaled_line_keeps_its_comment_and_scales_the_first_value():
     line = '        Q, P = Qc[:, -1:], Pe[:, -1:].clone()   # carries\n'
-    assert mutate_lecture.scaled(line) == '        Q, P = (Qc[:, -1:]) * 1.01, Pe[:, -1:].clone()  # carries\n'
+    scaled = '        Q, P = (Qc[:, -1:]) * 1.01, Pe[:, -1:].clone()  # carries\n'
+    assert mutate_lecture.scaled(line) == scaled
     assert mutate_lecture.scaled('        B, T, d = x.size()\n') is None
     line = '            torch.square(wc[:, :1], out=w2[:, :1])\n'
     assert mutate_lecture.scaled(line) == '            torch.square((wc[:, :1]) * 1.01, out=w2[:, :1])\n'
-    assert mutate_lecture.sign_or_axis('    y = -(Pi * w) * D   # minus\n') == '    y = +(Pi * w) * D   # minus\n'
+    flipped = mutate_lecture.sign_or_axis('    y = -(Pi * w) * D   # minus\n')
+    assert flipped == '    y = +(Pi * w) * D   # minus\n'

@@ -1,5 +1,5 @@
 """
-Write the lecture as a page: derivation.py run cell by cell, each cell's text, code and output, and its figures.
+Write the lecture as a page: derivation.py run cell by cell, each cell's text, code, output and figures.
 
     python tools/lecture_page.py                 # writes docs/lecture.md and docs/lecture-*.png
     python tools/lecture_page.py --out=DIR       # into another folder
@@ -20,7 +20,7 @@ LECTURE = ROOT / 'derivation.py'
 
 
 def cells(source):
-    """The lecture split at its `# %%` lines: [(title line, comment lines, code)], the module docstring first."""
+    """The lecture split at its `# %%` lines: [(title line, comment lines, code)], the preamble first."""
     parts = re.split(r'^(?=# %%)', source, flags=re.M)
     out = [('', [], parts[0])]
     for part in parts[1:]:
@@ -31,7 +31,8 @@ def cells(source):
                 break
             comments.append(line)
         comments[0] = comments[0][len('# %%'):]
-        out.append((comments[0].strip(), [c[1:] for c in comments[1:]], '\n'.join(lines[len(comments):]).strip()))
+        code = '\n'.join(lines[len(comments):]).strip()
+        out.append((comments[0].strip(), [c[1:] for c in comments[1:]], code))
     return out
 
 

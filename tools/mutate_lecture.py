@@ -3,7 +3,7 @@ Does the lecture notice a wrong line? Edit one line of model math at a time, in 
 run derivation.py there: an edit it does not fail on is a line the lecture does not check.
 
     python -m tools.mutate_lecture --list           # the lines it edits, and how
-    python -m tools.mutate_lecture                  # every edit (about half an hour on two busy cores)
+    python -m tools.mutate_lecture                  # every edit, one run of the lecture each
     python -m tools.mutate_lecture tost.py:261      # the edits of one line
 
 The lines: every one-line statement in the bodies of the functions named in TARGETS (the objective, TSSA,
@@ -23,22 +23,23 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = {
-    'tost.py': ('variational_compression', 'compression_of_projections', 'TSSA.split_heads', 'TSSA.merge_heads',
-                'TSSA.U', 'TSSA.memberships', 'TSSA.forward', 'CausalTSSA.prefix_memberships',
-                'CausalTSSA.forward', 'CausalTSSA.step', 'MLP.forward', 'Block.forward', 'Block.prefill',
-                'Block.step', 'GPT._embed', 'GPT.forward', 'GPT.logits', 'GPT._hidden', 'GPT.prefill', 'GPT.step',
-                'prefix_sum'),
+    'tost.py': ('variational_compression', 'compression_of_projections', 'TSSA.split_heads',
+                'TSSA.merge_heads', 'TSSA.U', 'TSSA.memberships', 'TSSA.forward',
+                'CausalTSSA.prefix_memberships', 'CausalTSSA.forward', 'CausalTSSA.step', 'MLP.forward',
+                'Block.forward', 'Block.prefill', 'Block.step', 'GPT._embed', 'GPT.forward', 'GPT.logits',
+                'GPT._hidden', 'GPT.prefill', 'GPT.step', 'prefix_sum'),
     'tost_fast.py': ('causal_tssa', 'CausalCore.forward', 'CausalCore.backward', '_suffix_sum'),
 }
-# Lines that compute no model math: shapes, dtypes, lists, slices and buffers, checks, the options' branches.
-SKIP = ('.shape', '= []', '.append(', 'check_positions', 'ctx.', 'slice(', 'keep', 'L = T', 'p = self.head_dim',
-        '_stat_dtype(w)', '.dtype', 'forward_with_options', '_checked', 'shift', 'ShiftState', 'torch.empty_like',
-        'new_empty')
+# Lines that compute no model math: shapes, dtypes, lists, slices, empty and zero buffers, checks, the
+# options' branches.
+SKIP = ('.shape', '= []', '.append(', 'check_positions', 'ctx.', 'slice(', 'keep', 'L = T',
+        'p = self.head_dim', '_stat_dtype(w)', '.dtype', 'forward_with_options', '_checked', 'shift',
+        'ShiftState', 'torch.empty_like', 'new_empty', 'new_zeros')
 # A sign or an axis changed: the first of these found in the line's code is replaced, once.
-EDITS = (('dim=2', 'dim=1'), ('dim=1', 'dim=2'), ('dim=-1', 'dim=-2'), ('(-1)', '(-2)'), ('.sum(-1', '.sum(-2'),
-         ('sum(2', 'sum(1'), ('cumsum(w2, 1', 'cumsum(w2, 2'), (', -1)', ', -2)'),
-         ('.transpose(1, 2)', '.transpose(2, 1).flip(1)'), ('= -(', '= +('), ('.neg_()', ''), ('.sub_(h)', '.add_(h)'),
-         ('-Pi', 'Pi'), ('-de', 'de'), ('flip(x, [1])', 'flip(x, [2])'))
+EDITS = (('dim=2', 'dim=1'), ('dim=1', 'dim=2'), ('dim=-1', 'dim=-2'), ('(-1)', '(-2)'),
+         ('.sum(-1', '.sum(-2'), ('sum(2', 'sum(1'), ('cumsum(w2, 1', 'cumsum(w2, 2'), (', -1)', ', -2)'),
+         ('.transpose(1, 2)', '.transpose(2, 1).flip(1)'), ('= -(', '= +('), ('.neg_()', ''),
+         ('.sub_(h)', '.add_(h)'), ('-Pi', 'Pi'), ('-de', 'de'), ('flip(x, [1])', 'flip(x, [2])'))
 
 
 def target_lines(path, names):
@@ -89,8 +90,8 @@ def scaled(line):
         parts = split_top_level(value)
         parts[0] = f'({parts[0].strip()}) * 1.01'
         return f'{indent}{head}{", ".join(p.strip() for p in parts)}{comment}\n'
-    match = re.match(r'^(torch\.\w+)\((.*)$', body)         # a call writing into out=: scale its first argument
-    if match:
+    match = re.match(r'^(torch\.\w+)\((.*)$', body)
+    if match:                                               # a call writing into out=: its first argument
         args = split_top_level(match.group(2))
         args[0] = f'({args[0].strip()}) * 1.01'
         return f'{indent}{match.group(1)}({", ".join(a.strip() for a in args)}{comment}\n'
@@ -124,7 +125,8 @@ def plan():
 
 def lecture_fails(folder):
     """Whether derivation.py fails in folder, and its last line of error."""
-    r = subprocess.run([sys.executable, 'derivation.py'], cwd=folder, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, 'derivation.py'], cwd=folder, capture_output=True, text=True,
+                       timeout=600)
     last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''
     return r.returncode != 0, last[:100]
 
@@ -144,7 +146,8 @@ def main():
     missed = []
     with tempfile.TemporaryDirectory() as scratch:
         copy = os.path.join(scratch, 'repo')
-        shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns('.git', '__pycache__', 'out*', 'data', '.venv'))
+        ignore = shutil.ignore_patterns('.git', '__pycache__', 'out*', 'data', '.venv')
+        shutil.copytree(ROOT, copy, ignore=ignore)
         for name, function, number, kind, new in edits:
             with open(os.path.join(ROOT, name)) as f:
                 lines = f.readlines()
@@ -153,12 +156,13 @@ def main():
                 f.writelines(lines)
             failed, why = lecture_fails(copy)
             shutil.copy(os.path.join(ROOT, name), os.path.join(copy, name))
-            print(f'{"caught" if failed else "MISSED"} {name}:{number} {function} {kind}: {why or new.strip()}',
-                  flush=True)
+            verdict = 'caught' if failed else 'MISSED'
+            print(f'{verdict} {name}:{number} {function} {kind}: {why or new.strip()}', flush=True)
             if not failed:
                 missed.append((name, number))
     tried = {(e[0], e[2]) for e in edits}
-    print(f'{len(edits)} edits of {len(tried)} lines; lines with every edit caught: {len(tried - set(missed))}; '
+    caught = len(tried - set(missed))
+    print(f'{len(edits)} edits of {len(tried)} lines; lines with every edit caught: {caught}; '
           f'missed: {", ".join(f"{n}:{i}" for n, i in missed) or "none"}')
 
 
