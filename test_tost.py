@@ -729,16 +729,28 @@ def test_the_module_docstring_names_the_first_read_path_by_its_lines():
 
 
 def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
-    """derivation.py asserts each number it prints, and writes its figure where it is asked to."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'derivation.py')
-    r = subprocess.run([sys.executable, script, 'fig.png'], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    """derivation.py asserts each number it prints; tools/lecture_page.py writes it as a page with figures."""
+    root = os.path.dirname(os.path.abspath(__file__))
+
+    def run(script, *args):
+        return subprocess.run([sys.executable, os.path.join(root, script), *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+
+    r = run('derivation.py')
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.startswith('1. rate reduction') and '\n13. fused core' in r.stdout
-    assert (tmp_path / 'fig.png').read_bytes()[:4] == b'\x89PNG'
-    r = subprocess.run([sys.executable, script, 'README.md'], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 1 and r.stderr.startswith('error: ') and not (tmp_path / 'README.md').exists()
-    assert r.stdout == ''                                   # refused before the lecture runs
-    r = subprocess.run([sys.executable, script, 'no/such/fig.png'], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 1 and r.stderr.startswith('error: ') and r.stdout == ''
-    r = subprocess.run([sys.executable, script, '--help'], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.stdout.startswith('1. rate reduction')
+    assert '\nA. GPT by hand' in r.stdout and '\nB. fused core' in r.stdout
+    assert 'figure: ' not in r.stdout and not list(tmp_path.iterdir())      # figures only when asked for
+    r = run('tools/lecture_page.py', f'--out={tmp_path}')
+    assert r.returncode == 0, r.stdout + r.stderr
+    page = (tmp_path / 'lecture.md').read_text()
+    assert all(f'\n## {label}. ' in page for label in [*map(str, range(17)), 'A', 'B'])
+    drawn = re.findall(r'^!\[(lecture-\w+\.png)\]', page, re.M)
+    assert len(set(drawn)) == len(drawn) == 5
+    assert sorted(drawn) == sorted(p.name for p in tmp_path.glob('*.png'))
+    assert all((tmp_path / name).read_bytes()[:4] == b'\x89PNG' for name in drawn)
+    for bad in ('README.md', f'--figures={tmp_path}/no/such/folder'):
+        r = run('derivation.py', bad)
+        assert r.returncode == 2 and r.stderr.startswith('error: ') and r.stdout == ''   # refused at once
+    r = run('derivation.py', '--help')
     assert r.returncode == 0 and r.stdout.startswith("ToST's derivation as a lecture") and r.stderr == ''

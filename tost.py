@@ -8,10 +8,14 @@ The idea. Rate reduction scores tokens Z split softly into K groups by membershi
     Delta R(Z, Pi) = R(Z) - R_c(Z, Pi),
 the coding rate R of all the tokens together minus R_c, the pi-weighted coding rates of the groups: a good
 representation expands the whole and compresses each group. Both are log-determinants of second-moment
-matrices. A gradient step on R_c (CRATE's attention, MSSA) couples every pair of tokens: O(n^2). ToST
-replaces R_c by a variational form R^var_c that sees the tokens only through per-group statistics; one
-gradient step on it, Pi held fixed, is Token Statistics Self-Attention (TSSA): O(n) time and memory in
-the number of tokens n. The MLP and the rest of the transformer are not derived from the objective.
+matrices. The exact gradient step on R_c (ReduNet's compression layer) goes through each group's d x d
+second moment and its inverse: O(K (n d^2 + d^3)), linear in n but heavy in d. CRATE's attention (MSSA)
+descends a related term, sum_k R(U_k^T Z) without memberships, in a pairwise form whose n x n inverse it
+replaces by a softmax of similarities: O(n^2 d). ToST replaces R_c by a variational form R^var_c that sees
+the tokens only through a DIAGONAL statistic per group; one gradient step on it, Pi held fixed, is Token
+Statistics Self-Attention (TSSA): O(n d) time, O(d) extra memory. Its saving over the exact step is in d,
+over softmax attention in n. The MLP and the rest of the transformer are not derived from the objective,
+and only the compression half of rate reduction is unrolled.
 
 Notation (the paper's). Tokens z_1 .. z_n in R^d. K heads, also called groups; p = d / K. U_k in R^{d x p}
 projects onto head k: w_jk = U_k^T z_j. Memberships pi_jk >= 0, sum_k pi_jk = 1: how much token j belongs
@@ -19,18 +23,20 @@ to group k. Per group, with squares taken coordinate by coordinate:
     n_k = sum_j pi_jk                the group's size
     s_k = sum_j pi_jk w_jk^2         p numbers, its pi-weighted sum of squares
     s_k / n_k                        its pi-weighted mean square along each of its p coordinates
-In the code tokens are rows: x and Z are (B, n, d), w is (B, K, n, p), Pi is (B, K, n). Pi[:, k] is the
-paper's column pi_k (the paper's Pi is n x K). Comments end with tensor shapes.
+Tokens are ROWS, here and in every formula of this project: x and Z are (B, n, d), w is (B, K, n, p), Pi is
+(B, K, n). The paper writes tokens as columns, so its Z diag(pi_k) Z^T is our M_k = Z^T diag(pi_k) Z, the same
+d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). Comments end with tensor shapes.
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
-  lines 51-78     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 85-175    the white-box gradient step, then the practical operator (TSSA)
-  lines 182-281   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 288-370   the block, an approximate step on the normalised tokens (MLP, Block)
-  lines 377-557   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 57-85     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
+  lines 92-186    the white-box gradient step, then the practical operator (TSSA)
+  lines 193-294   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 301-384   the block, a descent direction on the normalised tokens (MLP, Block)
+  lines 391-571   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
-derivation.py is the lecture: each step of the derivation computed with these lines, in float64.
+derivation.py is the lecture: each step of the derivation computed with these lines, in float64
+(read with its outputs in docs/lecture.md).
 tost_fast.py: a fused core for CausalTSSA's training on large inputs on a CPU, the same numbers to rounding, faster.
 """
 
@@ -51,17 +57,18 @@ import tost_fast
 def variational_compression(Z, Pi, U, alpha=1.0):
     """R^var_c(Z, Pi | {U_k}), the paper's equation 4: the compression term of rate reduction,
 
-        R_c(Z, Pi) = 1/2 sum_k (n_k / n) logdet(I + alpha / n_k  Z diag(pi_k) Z^T)      (tokens as columns),
+        R_c(Z, Pi) = 1/2 sum_k (n_k / n) logdet(I + alpha / n_k  M_k),   M_k = Z^T diag(pi_k) Z,
 
-    with each log-determinant, a sum of f(eigenvalue) with f(x) = log(1 + alpha x), taken on the diagonal
-    of the group's second-moment matrix in the basis U_k instead of its eigenvalues:
+    with each log-determinant, logdet(I + c M) = sum_i f(lambda_i(M)) with f(x) = log(1 + c x), taken on the
+    diagonal of M_k in the basis U_k instead of on its eigenvalues:
 
         R^var_c = 1/2 sum_k (n_k / n) sum_i f(s_ki / n_k)
 
     An upper bound on R_c for square orthogonal U_k (f is concave; the diagonal is majorised by the
     eigenvalues), tight in the eigenbasis. ToST's U_k are d x p, p < d: that drops d - p terms >= 0 per
-    group, and R^var_c is then a bound in neither direction, the objective the layers descend. alpha =
-    d / eps^2 in the paper; the practical operator has alpha = 1, absorbed into U.
+    group, so for generic tokens R^var_c is a bound in neither direction; by the paper's corollary it is an
+    upper bound again when U_k has orthonormal columns and M_k lies inside span(U_k). It is the objective the
+    layers descend. alpha = d / eps^2 in the paper; the practical operator has alpha = 1, absorbed into U.
 
     Z: (B, n, d) tokens as rows.  Pi: (B, K, n), summing to 1 over K.  U: (K, d, p).  Returns (B,).
     """
@@ -92,7 +99,7 @@ class TSSA(nn.Module):
 
     and one gradient-descent step of size tau is the layer  z_j <- z_j + TSSA(Z)  with
 
-        TSSA(Z) = -tau/n sum_k U_k D_k U_k^T Z diag(pi_k).
+        TSSA(Z) = -tau/n sum_k diag(pi_k) Z U_k D_k U_k^T          (tokens as rows).
 
     whitebox=True computes exactly this: -tau grad_Z R^var_c with Pi held fixed (the layer estimates Pi from
     Z; Pi's own dependence on Z is not part of the step). Tokens interact only through the statistics of
@@ -104,14 +111,17 @@ class TSSA(nn.Module):
     shrink most and its strong ones least. That is the compression: each group is pulled towards its
     dominant subspace.
 
-    The practical operator (the released one; the default) changes the white-box step in five ways:
+    The practical operator (the released one; the default) changes the white-box step in six ways:
       1. alpha is absorbed into the projection (U -> sqrt(alpha) U turns f' into 1/(1 + x));
-      2. the map back is a separately learned c_proj instead of U_k: it absorbs tau/n, and with c_proj
-         tied to c_attn's transpose the layer is exactly -n grad R^var_c, but untied, as trained, it is
-         not a descent step on anything;
+      2. the map back is a separately learned c_proj instead of U_k. It absorbs tau/n, at the n it was
+         trained at only. Tied to c_attn's transpose, the layer is exactly -n grad R^var_c; with head k's
+         block of the tie scaled by c_k > 0, exactly a step on the reweighted sum_k c_k R^var_c,k; a generic
+         learned c_proj makes it a field that is the gradient of no function (derivation.py section 9);
       3. optional biases on both projections (the ViT has them);
       4. dropout on D (attn_dropout; the paper's models use none);
-      5. a learned per-head temperature in Pi (memberships()), and 1e-8 added to n_k.
+      5. Pi from each coordinate normalised over the tokens, with a learned per-head temperature
+         (memberships());
+      6. 1e-8 added to n_k.
     """
 
     def __init__(self, n_embd, n_head, bias=False, dropout=0.0, whitebox=False, alpha=1.0, tau=1.0):
@@ -150,8 +160,9 @@ class TSSA(nn.Module):
 
             pi_jk = softmax_k( temp_k * sum_i w_jki^2 / sum_l w_lki^2 )
 
-        Each head's scores then sum to p over the n tokens, about p/n each, so Pi is near 1/K for long
-        inputs and sharpens only where a token carries much of a head's energy (derivation.py measures it).
+        Each head's scores then sum to p over the n tokens, about p/n each, so at temperature 1 Pi is near
+        1/K when n >> p, and sharpens only where a token carries much of a head's energy (derivation.py
+        section 8).
         w: (B, K, n, p) -> Pi: (B, K, n), summing to 1 over K.
         """
         w2 = w * w
@@ -172,7 +183,7 @@ class TSSA(nn.Module):
         y = self.merge_heads(y.to(out_dtype))                  # (B, n, d)
         if self.whitebox:
             return (self.tau / n) * (y @ self.c_attn.weight)   # (B, n, d)  sum_k U_k (...): U_k maps back
-        return self.resid_dropout(self.c_proj(y))              # (B, n, d)  learned map back, absorbs tau/n
+        return self.resid_dropout(self.c_proj(y))              # (B, n, d)  learned map back (absorbs tau/n)
 
 
 # -----------------------------------------------------------------------------
@@ -205,10 +216,12 @@ class CausalTSSA(TSSA):
     each token takes a unit gradient step, with respect to itself, on (t+1) R^var_c of its own prefix, as
     the non-causal layer tied is a unit step on n R^var_c. temp and b enter only Pi, so this holds for any.
 
-    forward() computes all positions at once with cumsum; step() advances one token from a TSSAState in
-    O(p) per head: the same numbers. Sums run in float32 under bf16/fp16 autocast (a long prefix sum in
-    bf16 loses the small late terms). On a CPU the stateless path runs tost_fast's fused core on inputs of
-    2^19 numbers or more unless CausalTSSA.fast is False: the same numbers to rounding, fewer memory passes.
+    prefix_memberships() is TSSA.memberships() with the sums over tokens taken over the prefix (its own
+    arguments: the squares and their prefix sums, not w). forward() computes all positions at once with
+    cumsum; step() advances one token from a TSSAState in O(p) per head: the same numbers. Sums run in
+    float32 under bf16/fp16 autocast (a long prefix sum in bf16 loses the small late terms). On a CPU the
+    stateless path runs tost_fast's fused core on inputs of 2^19 numbers or more unless CausalTSSA.fast is
+    False: the same numbers to rounding, fewer memory passes.
     """
 
     fast = True
@@ -229,8 +242,8 @@ class CausalTSSA(TSSA):
         if end > self.block_size:                              # b_{k,t} has one entry per position
             raise ValueError(f"position {end - 1} is past block_size ({self.block_size})")
 
-    def memberships(self, w2, Q, t0=0):
-        """pi_t from the tokens up to t: TSSA's estimate with each sum over all tokens replaced by the prefix
+    def prefix_memberships(self, w2, Q, t0=0):
+        """pi_t from the tokens up to t: TSSA.memberships with each sum over all tokens replaced by the prefix
         sum Q_t. w2 = w^2 and Q: (B, K, T, p) at positions t0 .. t0+T-1 -> Pi: (B, K, T)."""
         energy = (w2 / Q.clamp_min(1e-12)).sum(-1)            # (B, K, T)     sum_i w_ti^2 / Q_ti
         # b_{k,t} is added to each of the p coordinates before the sum over i, hence p * b
@@ -249,7 +262,7 @@ class CausalTSSA(TSSA):
         Q = prefix_sum(w2, dim=2)                              # (B, K, T, p)  Q_t
         if state is not None:
             Q = Q + state.Q.unsqueeze(2)
-        Pi = self.memberships(w2, Q, 0 if state is None else state.t)   # (B, K, T)  pi_t
+        Pi = self.prefix_memberships(w2, Q, 0 if state is None else state.t)   # (B, K, T)  pi_t
         A = prefix_sum(Pi.unsqueeze(-1) * w2, dim=2)           # (B, K, T, p)  A_t: s_k of tokens <= t
         P = prefix_sum(Pi, dim=2)                              # (B, K, T)     P_t: n_k of tokens <= t
         if state is not None:
@@ -308,8 +321,9 @@ class Block(nn.Module):
 
     attn is chosen per block: 'tssa' (CausalTSSA if causal, else TSSA) or 'softmax' (the baseline). The
     white-box layer is an exact step on R^var_c of its input, Pi held fixed; here its input is LN(x) and
-    its output is scaled coordinate by coordinate by g1 before it is added to x, so the block takes an
-    approximate step on R^var_c of the normalised tokens (derivation.py measures how close). The options
+    its output is scaled coordinate by coordinate by g1 before it is added to x, not to LN(x). That is no
+    longer a gradient step, but it stays a descent direction for R^var_c of the normalised tokens
+    (derivation.py section 10 measures the angle). The options
     beyond the paper (token_shift, lpi, drop_path) run in forward_with_options(), section 7.
     """
 

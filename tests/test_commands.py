@@ -131,6 +131,12 @@ SKIP = {
     'python -m tools.study language,tasks --json=study.json': 'an hour; test_study.py runs its smoke mode',
     'python -m tools.study language,vision,tasks': 'more than an hour; test_study.py runs its smoke mode',
     'python derivation.py': 'test_tost.py runs it',
+    'python derivation.py --figures=docs': 'test_tost.py draws the figures into a temp folder',
+    'python derivation.py --figures=DIR': 'a template; test_tost.py runs it with a temp folder',
+    'python tools/lecture_page.py': 'test_tost.py runs it into a temp folder (here it would rewrite docs/)',
+    'python -m lecture.recall': 'a minute or two of training; tests/test_lecture.py covers lecture/',
+    'python -m tools.mutate_lecture': 'a lecture run per edit (150 edits); tests/test_mutate_lecture.py checks '
+                                      'what it edits',
     'python sample.py --out_dir=out-study/language-<run> --start="def " --seed=1 --temperature=0.8 '
     '--max_new_tokens=160': 'a template (<run>: a row of the language study, which runs it for each row)',
     'python train_gpt.py --config=owt-base --attn=softmax --out_dir=out-owt-softmax': 'GPUs, days',

@@ -1,0 +1,34 @@
+"""tools/mutate_lecture.py edits what docs/tests.md says it edits: the model's math lines, each edit a valid
+line that changes the line. Running the edits takes a lecture run each: the tool is run by hand, not here."""
+
+import warnings
+
+from tools import mutate_lecture
+
+
+def test_the_plan_edits_every_kind_of_model_line_and_each_edit_is_valid_python():
+    edits = mutate_lecture.plan()
+    lines = {(name, number) for name, _, number, _, _ in edits}
+    functions = {function for _, function, _, _, _ in edits}
+    assert len(lines) >= 60
+    assert {'GPT.forward', 'CausalTSSA.step', 'CausalCore.backward', 'variational_compression'} <= functions
+    for name, _, number, kind, new in edits:
+        with open(f'{mutate_lecture.ROOT}/{name}') as f:
+            source = f.readlines()
+        assert new != source[number - 1]
+        source[number - 1] = new
+        with warnings.catch_warnings():                     # a broken edit would 'catch' nothing real
+            warnings.simplefilter('error')                  # (a float subscripted is only a SyntaxWarning)
+            compile(''.join(source), name, 'exec')
+    assert {kind for *_, kind, _ in edits} == {'1%', 'sign/axis'}
+
+
+def test_a_scaled_line_keeps_its_comment_and_scales_the_first_value():
+    line = '        Q, P = Qc[:, -1:], Pe[:, -1:].clone()   # carries\n'
+    scaled = '        Q, P = (Qc[:, -1:]) * 1.01, Pe[:, -1:].clone()  # carries\n'
+    assert mutate_lecture.scaled(line) == scaled
+    assert mutate_lecture.scaled('        B, T, d = x.size()\n') is None
+    line = '            torch.square(wc[:, :1], out=w2[:, :1])\n'
+    assert mutate_lecture.scaled(line) == '            torch.square((wc[:, :1]) * 1.01, out=w2[:, :1])\n'
+    flipped = mutate_lecture.sign_or_axis('    y = -(Pi * w) * D   # minus\n')
+    assert flipped == '    y = +(Pi * w) * D   # minus\n'

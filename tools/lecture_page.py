@@ -1,0 +1,94 @@
+"""
+Write the lecture as a page: derivation.py run cell by cell, each cell's text, code, output and figures.
+
+    python tools/lecture_page.py                 # writes docs/lecture.md and docs/lecture-*.png
+    python tools/lecture_page.py --out=DIR       # into another folder
+
+The page is what a student without the project reads on GitHub; it is drawn by the lecture's own code, never
+by hand, so after changing derivation.py, run this again and commit both. It prints each cell's seconds.
+"""
+
+import contextlib
+import io
+import pathlib
+import re
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LECTURE = ROOT / 'derivation.py'
+
+
+def cells(source):
+    """The lecture split at its `# %%` lines: [(title line, comment lines, code)], the preamble first."""
+    parts = re.split(r'^(?=# %%)', source, flags=re.M)
+    out = [('', [], parts[0])]
+    for part in parts[1:]:
+        lines = part.splitlines()
+        comments = []
+        for line in lines:
+            if not line.startswith('#'):
+                break
+            comments.append(line)
+        comments[0] = comments[0][len('# %%'):]
+        code = '\n'.join(lines[len(comments):]).strip()
+        out.append((comments[0].strip(), [c[1:] for c in comments[1:]], code))
+    return out
+
+
+def prose(first, rest):
+    """Markdown from a cell's comments: lines indented by 4 or more spaces are formulas, set as code."""
+    blocks, formula = [], False
+    for line in [' ' + first] + rest:
+        is_formula = line.startswith('     ')
+        if is_formula != formula:
+            blocks.append('```' if is_formula else '```\n')
+            formula = is_formula
+        blocks.append(line[1:] if not is_formula else line[5:])
+    if formula:
+        blocks.append('```')
+    return '\n'.join(blocks).replace('\n\n\n', '\n\n')
+
+
+def main():
+    out = pathlib.Path('docs')
+    for arg in sys.argv[1:]:
+        if not arg.startswith('--out=') or not pathlib.Path(arg[len('--out='):]).is_dir():
+            print(f'error: {arg!r}: the one argument is --out=DIR, a folder that exists', file=sys.stderr)
+            sys.exit(2)
+        out = pathlib.Path(arg[len('--out='):])
+    source = LECTURE.read_text()
+    sys.path.insert(0, str(ROOT))
+    sys.argv = [str(LECTURE), f'--figures={out}']
+    namespace = {'__name__': '__main__', '__file__': str(LECTURE)}
+    page = ['<!-- Written by tools/lecture_page.py from derivation.py: edit those, not this page. -->']
+    for title, comments, code in cells(source):
+        buffer = io.StringIO()
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(buffer):
+            exec(compile(code, str(LECTURE), 'exec'), namespace)
+        print(f'{title[:40] or "preamble":40s} {time.perf_counter() - start:5.1f} s', file=sys.stderr)
+        if not title:
+            page.append('# ' + namespace['__doc__'].strip())
+            continue
+        number, _, first = title.partition('. ')
+        page.append(f'\n## {number}. {first.partition(". ")[0]}\n')
+        heading, _, rest = first.partition('. ')
+        page.append(prose(rest, comments))
+        if code:
+            page.append(f'\n<details><summary>code</summary>\n\n```python\n{code}\n```\n</details>\n')
+        text = buffer.getvalue()
+        figures = re.findall(r'^\s*figure: (.+)$', text, flags=re.M)
+        text = re.sub(r'^\s*figure: .+\n?', '', text, flags=re.M).rstrip()
+        if text:
+            page.append(f'```text\n{text}\n```')
+        for path in figures:
+            name = pathlib.Path(path).name
+            page.append(f'\n![{name}]({name})')
+    text = re.sub(r'\n{3,}', '\n\n', '\n'.join(page))              # one blank line between blocks
+    (out / 'lecture.md').write_text(text.strip() + '\n')
+    print(f'wrote {out / "lecture.md"}', file=sys.stderr)
+
+
+if __name__ == '__main__':
+    main()
