@@ -58,15 +58,13 @@ parsed = {}
 
 
 def option_of(path):
-    """`--key=value` of the parsed option whose path holds `path` (the longest such), or ''."""
+    """' (--key=value)' of the parsed option whose path holds `path` (the longest such), or ''."""
     path = os.path.normpath(str(path))
     found = ""
     for key, value in parsed.items():
-        if not isinstance(value, str) or not value.strip():
-            continue
-        value = os.path.normpath(value)
-        if path == value or path.startswith(value.rstrip(os.sep) + os.sep):
-            found = max(found, f"--{key}={parsed[key]}", key=len)
+        folder = isinstance(value, str) and value.strip() and os.path.normpath(value)
+        if folder and (path + os.sep).startswith(folder.rstrip(os.sep) + os.sep):
+            found = max(found, f" (--{key}={value})", key=len)
     return found
 
 
@@ -85,20 +83,17 @@ def report(exc):
     elif type(exc).__name__ == "OutOfMemoryError":
         # torch's, named without importing torch. Half the micro-batch, twice the micro-steps: the same step.
         line = f"out of memory ({str(exc).splitlines()[0][:100]})"
-        batch = parsed.get("batch_size")
-        if isinstance(batch, int):
-            line += f"; try --batch_size={max(1, batch // 2)}"
-        if isinstance(batch, int) and "gradient_accumulation_steps" in parsed:
+        if "batch_size" in parsed:
+            line += f"; try --batch_size={max(1, parsed['batch_size'] // 2)}"
+        if "gradient_accumulation_steps" in parsed:
             steps = 2 * parsed["gradient_accumulation_steps"]
             line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"
         code = 2
-    elif isinstance(exc, OSError) and exc.filename is not None:
-        option = option_of(exc.filename)
-        line = f"{exc.filename}{f' ({option})' if option else ''}: {exc.strerror or exc}"
-        code = 2
     elif isinstance(exc, OSError):
-        # No path: a write that failed, such as stdout's into a full disk (`> /dev/full`).
+        # A path is named with the option that gave it; a write without one (stdout into `/dev/full`) is not.
         line = f"{exc.strerror or exc}"
+        if exc.filename is not None:
+            line = f"{exc.filename}{option_of(exc.filename)}: {line}"
         code = 2
     else:
         return None
