@@ -336,25 +336,23 @@ def main(argv=None):
 
     # the model: fresh from the seed (the same weights on every process), or as the checkpoint left it
     torch.manual_seed(seed)
+    # A fresh run starts at 0; a resumed one where its checkpoint left it (older checkpoints lack some keys).
+    state = ckpt or {}
+    iter_num = state.get('iter_num', 0)
+    best_val_loss = state.get('best_val_loss', float('inf'))
+    elapsed = state.get('elapsed_s', 0.0)
+    tokens = state.get('tokens', iter_num * tokens_per_iter)
     if fresh:
         # The vocabulary rounded up to a multiple of 64: bytes 256, gpt2's 50257 -> 50304, faster matmuls.
         vocab = 64 * math.ceil(meta['vocab_size'] / 64)
         model_args = {k: cfg[k] for k in MODEL_KEYS}
         model_args.update(block_size=T, vocab_size=vocab, dropout=cfg['dropout'])
-        iter_num = 0
-        best_val_loss = float('inf')
-        elapsed = 0.0
-        tokens = 0
     else:
         model_args = dict(ckpt['model_args'], dropout=cfg['dropout'])
-        iter_num = ckpt['iter_num']
-        best_val_loss = ckpt.get('best_val_loss', float('inf'))
-        elapsed = ckpt.get('elapsed_s', 0.0)
-        tokens = ckpt.get('tokens', iter_num * tokens_per_iter)
-    if iter_num >= max_iters and master:
-        say(f"nothing to do: {ckpt_path} is at iter {iter_num} and --max_iters is {max_iters}; pass a larger "
-            f"--max_iters to train on")
     if iter_num >= max_iters:
+        if master:
+            say(f"nothing to do: {ckpt_path} is at iter {iter_num} and --max_iters is {max_iters}; pass a "
+                f"larger --max_iters to train on")
         teardown(dist, lock)
         return None
     raw_model = tost.GPT(gpt_config(model_args))
@@ -382,12 +380,11 @@ def main(argv=None):
             f"context {T}")
         say(f"data: {data_path}, {sizes['train']:,} train + {sizes['val']:,} val tokens "
             f"({meta['tokenizer']})")
+        say(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x "
+            f"{B} x {T}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
     if master and accum_total != asked:
         say(f"note: gradient_accumulation_steps={asked} rounded up to {accum_total}, a multiple of the "
             f"{dist.world_size} processes: {tokens_per_iter:,} tokens per iter")
-    if master:
-        say(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x "
-            f"{B} x {T}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
     if master and ckpt:
         say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
     if master and max_iters > lr_decay_iters:
@@ -423,6 +420,7 @@ def main(argv=None):
 
     with stop_signals('iter', master) as signals:
         while True:
+            lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters)
             # Evaluate (and save) every eval_interval iterations and at the end; not again right after a
             # resume.
             if (iter_num % eval_interval == 0 or iter_num == max_iters) and iter_num != saved:
@@ -432,7 +430,6 @@ def main(argv=None):
                 if not (math.isfinite(val_loss) and math.isfinite(losses['train'])):
                     teardown(dist, lock)
                     fail(diverged('eval loss', val_loss, iter_num, last_good(ckpt_path, saved)), 3)
-                lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters)
                 row = dict(iter=iter_num, kind='eval', train_loss=losses['train'], val_loss=val_loss, lr=lr,
                            tokens_per_sec=tok_per_s, saved=False, tokens=tokens,
                            elapsed_s=round(elapsed + time.time() - t_start, 2))
@@ -472,7 +469,6 @@ def main(argv=None):
                 sys.exit(130)
 
             # one optimizer step: accum micro-steps on each process, DDP averages the gradients on the last
-            lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters)
             for group in optimizer.param_groups:
                 group['lr'] = lr
             starts = window_starts(seed, 0, iter_num, accum_total * B, sizes['train'], T)
