@@ -239,24 +239,21 @@ def shown(value):
 
 
 def help_text(doc, defaults, source, presets=None, positional=None):
-    """The docstring, then each key of the DEFAULTS block in `source` as --key=value with its comment, and the
-    block's comment lines (its sections) as they are."""
+    """The docstring, then the DEFAULTS block in `source` line by line: each key as --key=value with its
+    comment, the block's comment lines (its sections) as they are."""
     with open(source, encoding="utf-8") as f:
         block = re.search(r"^DEFAULTS = dict\(\n(.*?)^\)", f.read(), re.M | re.S).group(1)
-    rows = []
-    for line in block.splitlines():
-        key = re.match(r"\s*(\w+)=", line)
-        comment = re.search(r"\s(#.*)$", line)
-        if key:
-            flag = f"--{key.group(1)}={shown(defaults[key.group(1)])}"
-            rows.append((flag, comment.group(1) if comment else ""))
-        elif line.strip():
-            rows.append((line.strip(), ""))
-    width = max(len(flag) for flag, comment in rows if comment) + 2
     head = "options, as --key=value (defaults shown)"
     if presets:
         head += f"; --config=NAME applies a preset first: {', '.join(presets)}"
     if positional:
         head += f"; bare words set {positional}"
-    table = "\n".join(f"  {flag:<{width}}{comment}".rstrip() for flag, comment in rows)
-    return f"{doc.strip()}\n\n{head}:\n{table}"
+    rows = [f"{doc.strip()}\n\n{head}:"]
+    width = 1 + max(len(f"--{key}={shown(value)}") for key, value in defaults.items())
+    for line in block.splitlines():
+        key = re.match(r"\s*(\w+)=.*?(\s#.*)?$", line)
+        if key:
+            line = f"--{key[1]}={shown(defaults[key[1]])}".ljust(width) + (key[2] or "")
+        if line.strip():
+            rows.append(f"  {line.strip()}")
+    return "\n".join(rows)
