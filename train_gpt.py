@@ -230,41 +230,44 @@ def estimate_loss(model, path, sizes, cfg, ctx, dist):
 # -----------------------------------------------------------------------------
 # MFU: the GPU's peak FLOP/s for this run's dtype, by the whole name torch.cuda.get_device_name() gives
 
-
-def tensor_core(half):
-    """Peaks from Ampere on: TF32 at half the 16-bit rate."""
-    return dict(bfloat16=half, float16=half, float32=half / 2)
-
-
-# Dense (no sparsity) tensor-core figures from NVIDIA's datasheets, matched against the whole device name: a
-# substring would give the L40 the L4's figure and an H100 PCIe the SXM's. A GPU not listed gets no MFU rather
-# than a guess: among them the A10G (NVIDIA publishes no figure for it), the H800 and the Blackwell GPUs.
-PEAK_FLOPS = [
-    (r'NVIDIA H100 \d+GB HBM3', tensor_core(989e12)),           # SXM5
-    (r'NVIDIA H100 PCIe', tensor_core(756e12)),
-    (r'NVIDIA H100 NVL', tensor_core(835e12)),
-    (r'NVIDIA H200', tensor_core(989e12)),                      # SXM
-    (r'NVIDIA H200 NVL', tensor_core(835e12)),
-    (r'NVIDIA GH200 .*', tensor_core(989e12)),                  # 480GB, 144G HBM3e, ...: an H100's cores
-    (r'NVIDIA A100[- ].*', tensor_core(312e12)),                 # SXM4 and PCIe, 40 and 80 GB
-    (r'NVIDIA A10', tensor_core(125e12)),
-    (r'NVIDIA L40S', tensor_core(362e12)),
-    (r'NVIDIA L40', tensor_core(181e12)),
-    (r'NVIDIA L4', tensor_core(121e12)),
-    (r'NVIDIA GeForce RTX 4090', tensor_core(165e12)),          # with float32 accumulation, as torch uses
-    # before Ampere: float16 tensor cores, no bfloat16 (emulated, no figure) and no TF32
-    (r'Tesla V100-SXM2-\d+GB', dict(float16=125e12, float32=15.7e12)),
-    (r'Tesla V100-PCIE-\d+GB', dict(float16=112e12, float32=14e12)),
-    (r'Tesla T4', dict(float16=65e12, float32=8.1e12)),
-]
+# Dense (no sparsity) 16-bit tensor-core figures from NVIDIA's datasheets, Ampere on (float32 runs as TF32, at
+# half the rate), matched against the whole device name: a substring would give the L40 the L4's figure and an
+# H100 PCIe the SXM's. A GPU not listed gets no MFU rather than a guess: among them the A10G (NVIDIA publishes
+# no figure for it), the H800 and the Blackwell GPUs.
+PEAK_FLOPS = {
+    r'NVIDIA H100 \d+GB HBM3': 989e12,          # SXM5
+    r'NVIDIA H100 PCIe': 756e12,
+    r'NVIDIA H100 NVL': 835e12,
+    r'NVIDIA H200': 989e12,                     # SXM
+    r'NVIDIA H200 NVL': 835e12,
+    r'NVIDIA GH200 .*': 989e12,                 # 480GB, 144G HBM3e, ...: an H100's cores
+    r'NVIDIA A100[- ].*': 312e12,               # SXM4 and PCIe, 40 and 80 GB
+    r'NVIDIA A10': 125e12,
+    r'NVIDIA L40S': 362e12,
+    r'NVIDIA L40': 181e12,
+    r'NVIDIA L4': 121e12,
+    r'NVIDIA GeForce RTX 4090': 165e12,         # with float32 accumulation, as torch uses
+}
+# Before Ampere: float16 tensor cores, no TF32 (float16's peak, float32's); bfloat16 is emulated: no figure.
+OLD_PEAK_FLOPS = {
+    r'Tesla V100-SXM2-\d+GB': (125e12, 15.7e12),
+    r'Tesla V100-PCIE-\d+GB': (112e12, 14e12),
+    r'Tesla T4': (65e12, 8.1e12),
+}
 
 
 def peak_flops(device, dtype):
-    """The GPU's peak for `dtype`, or None (no MFU on a CPU, on MPS, or on a GPU not in the table)."""
+    """The GPU's peak for `dtype`, or None (no MFU on a CPU, on MPS, or on a GPU not in the tables)."""
     if not device.startswith('cuda'):
         return None
     name = torch.cuda.get_device_name(device).strip()
-    return next((p for pattern, p in PEAK_FLOPS if re.fullmatch(pattern, name)), {}).get(dtype)
+    for pattern, peak in PEAK_FLOPS.items():
+        if re.fullmatch(pattern, name):
+            return peak / 2 if dtype == 'float32' else peak
+    for pattern, (half, single) in OLD_PEAK_FLOPS.items():
+        if re.fullmatch(pattern, name):
+            return dict(float16=half, float32=single).get(dtype)
+    return None
 
 def last_good(ckpt_path, saved):
     """What is on disk."""
