@@ -191,15 +191,14 @@ def window_starts(seed, stream, index, count, n_tokens, block_size):
 
 
 def read_batch(path, split, starts, block_size, device):
-    """Inputs x and targets y (shifted by one), (B, T) int64 each, on `device`. A fresh memmap each time: no
-    leak (nanoGPT)."""
+    """Inputs x and targets y (shifted by one), (B, T) int64 each, on `device`: views of one window of T + 1
+    tokens a row. A fresh memmap each time: no leak (nanoGPT)."""
     data = np.memmap(os.path.join(path, f'{split}.bin'), dtype=np.uint16, mode='r')
-    x = torch.from_numpy(np.stack([data[i:i + block_size] for i in starts]).astype(np.int64))
-    y = torch.from_numpy(np.stack([data[i + 1:i + 1 + block_size] for i in starts]).astype(np.int64))
+    rows = torch.from_numpy(np.stack([data[i:i + block_size + 1] for i in starts]).astype(np.int64))
     # CUDA only: pinned memory, so that the copy runs while the GPU works.
-    if device.startswith('cuda'):
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+    cuda = device.startswith('cuda')
+    rows = (rows.pin_memory() if cuda else rows).to(device, non_blocking=cuda)
+    return rows[:, :-1], rows[:, 1:]
 
 
 def split_accumulation(steps, world_size):
