@@ -153,7 +153,8 @@ def resume_config(cfg, set_keys, ckpt):
     if cfg['block_size'] > args['block_size'] and 'block_size' in set_keys:
         raise UsageError(f"--block_size={cfg['block_size']} is larger than the checkpoint's model allows "
                          f"({args['block_size']}: its position embedding has that many rows)")
-    old = dict(ckpt['config'], config=ckpt['config'].get('config', cfg['config']))
+    # A key the checkpoint's config lacks (an older run's) takes this command line's value.
+    old = ckpt['config']
     merged = {k: cfg[k] if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k in cfg}
     return merged, set_keys | set(ckpt.get('set_keys', ()))
 
