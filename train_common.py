@@ -402,10 +402,10 @@ def resume_command(script, cfg, set_keys, defaults):
                     f"{env['LOCAL_WORLD_SIZE']} --master_addr={env.get('MASTER_ADDR')} --master_port="
                     f"{env.get('MASTER_PORT')}")
         nodes = "\n(on node N, --node_rank=N)"
-    keys = [k for k in ("out_dir", "device", "compile") if k in set_keys and cfg[k] != defaults[k]]
     args = ["--init_from=resume"]
-    for key in keys:
-        args.append(f"--{key}={str(cfg[key]).lower() if key == 'compile' else cfg[key]}")
+    for key in ("out_dir", "device", "compile"):
+        if key in set_keys and cfg[key] != defaults[key]:
+            args.append(f"--{key}={str(cfg[key]).lower() if key == 'compile' else cfg[key]}")
     return "resume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args]) + nodes
 
 # -----------------------------------------------------------------------------
