@@ -433,19 +433,18 @@ def main(argv=None):
                 if not (math.isfinite(val_loss) and math.isfinite(losses['train'])):
                     teardown(dist, lock)
                     fail(diverged('eval loss', val_loss, iter_num, last_good(ckpt_path, saved)), 3)
+                save = (val_loss < best_val_loss or cfg['always_save_checkpoint']) and iter_num > 0
                 row = dict(iter=iter_num, kind='eval', train_loss=losses['train'], val_loss=val_loss, lr=lr,
-                           tokens_per_sec=tok_per_s, saved=False, tokens=tokens,
+                           tokens_per_sec=tok_per_s, saved=save, tokens=tokens,
                            elapsed_s=round(elapsed + time.time() - t_start, 2))
-                improved = val_loss < best_val_loss
                 best_val_loss = min(best_val_loss, val_loss)
-                if (improved or cfg['always_save_checkpoint']) and iter_num > 0:
+                if save:
                     save_checkpoint(checkpoint(val_loss), [ckpt_path], dist)
                     saved = iter_num
-                    row['saved'] = True
                 if master:
                     log_row(out_dir, row)
                     say(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {val_loss:.4f}"
-                        f"{', saved' if row['saved'] else ''}")
+                        f"{', saved' if save else ''}")
                     drawing = drawing and draw_loss(out_dir)
                 # Evaluation is not training time.
                 t_row += time.time() - t_eval
