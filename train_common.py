@@ -216,10 +216,10 @@ def pick_device(pref="auto"):
         return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", pref):
         raise UsageError(f"unknown device {pref!r}; use auto, cpu, cuda, cuda:N or mps")
-    backend = torch.backends.mps if pref == "mps" else torch.cuda
-    if pref != "cpu" and not backend.is_available():
-        raise UsageError(f"device {pref!r} requested but {pref.split(':')[0].upper()} is not available here")
-    count = torch.cuda.device_count()
+    if pref == "mps" and not torch.backends.mps.is_available():
+        raise UsageError("device 'mps' requested but MPS is not available here")
+    # CUDA not available (no driver, a broken one) is 0 GPUs.
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if pref.startswith("cuda") and (torch.device(pref).index or 0) >= count:
         raise UsageError(f"device {pref!r} requested but this machine has {count} GPU(s)")
     return pref
@@ -274,14 +274,14 @@ Dist = namedtuple("Dist", "ddp rank local_rank world_size master device flags", 
 def setup_distributed(device_pref):
     """Under torchrun (RANK is set) join the process group (nccl, or gloo on CPUs), a GPU per process."""
     device = pick_device(device_pref)
+    cuda = device.startswith("cuda")
     if "RANK" not in os.environ:
-        if device.startswith("cuda"):
+        if cuda:
             setup_cuda(device)
         return Dist(False, 0, 0, 1, True, device)
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
-    cuda = device.startswith("cuda")
     if cuda and local_rank >= torch.cuda.device_count():
         raise UsageError(f"process {local_rank} of this node has no GPU of its own: the node has "
                          f"{torch.cuda.device_count()}; start at most that many (--nproc_per_node)")
