@@ -58,15 +58,13 @@ parsed = {}
 
 
 def option_of(path):
-    """`--key=value` of the parsed option whose path holds `path` (the longest such), or ''."""
+    """' (--key=value)' of the parsed option whose path holds `path` (the longest such), or ''."""
     path = os.path.normpath(str(path))
     found = ""
     for key, value in parsed.items():
-        if not isinstance(value, str) or not value.strip():
-            continue
-        value = os.path.normpath(value)
-        if path == value or path.startswith(value.rstrip(os.sep) + os.sep):
-            found = max(found, f"--{key}={parsed[key]}", key=len)
+        folder = isinstance(value, str) and value.strip() and os.path.normpath(value)
+        if folder and (path + os.sep).startswith(folder.rstrip(os.sep) + os.sep):
+            found = max(found, f" (--{key}={value})", key=len)
     return found
 
 
@@ -85,20 +83,17 @@ def report(exc):
     elif type(exc).__name__ == "OutOfMemoryError":
         # torch's, named without importing torch. Half the micro-batch, twice the micro-steps: the same step.
         line = f"out of memory ({str(exc).splitlines()[0][:100]})"
-        batch = parsed.get("batch_size")
-        if isinstance(batch, int):
-            line += f"; try --batch_size={max(1, batch // 2)}"
-        if isinstance(batch, int) and "gradient_accumulation_steps" in parsed:
+        if "batch_size" in parsed:
+            line += f"; try --batch_size={max(1, parsed['batch_size'] // 2)}"
+        if "gradient_accumulation_steps" in parsed:
             steps = 2 * parsed["gradient_accumulation_steps"]
             line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"
         code = 2
-    elif isinstance(exc, OSError) and exc.filename is not None:
-        option = option_of(exc.filename)
-        line = f"{exc.filename}{f' ({option})' if option else ''}: {exc.strerror or exc}"
-        code = 2
     elif isinstance(exc, OSError):
-        # No path: a write that failed, such as stdout's into a full disk (`> /dev/full`).
+        # A path is named with the option that gave it; a write without one (stdout into `/dev/full`) is not.
         line = f"{exc.strerror or exc}"
+        if exc.filename is not None:
+            line = f"{exc.filename}{option_of(exc.filename)}: {line}"
         code = 2
     else:
         return None
@@ -244,24 +239,21 @@ def shown(value):
 
 
 def help_text(doc, defaults, source, presets=None, positional=None):
-    """The docstring, then each key of the DEFAULTS block in `source` as --key=value with its comment, and the
-    block's comment lines (its sections) as they are."""
+    """The docstring, then the DEFAULTS block in `source` line by line: each key as --key=value with its
+    comment, the block's comment lines (its sections) as they are."""
     with open(source, encoding="utf-8") as f:
         block = re.search(r"^DEFAULTS = dict\(\n(.*?)^\)", f.read(), re.M | re.S).group(1)
-    rows = []
-    for line in block.splitlines():
-        key = re.match(r"\s*(\w+)=", line)
-        comment = re.search(r"\s(#.*)$", line)
-        if key:
-            flag = f"--{key.group(1)}={shown(defaults[key.group(1)])}"
-            rows.append((flag, comment.group(1) if comment else ""))
-        elif line.strip():
-            rows.append((line.strip(), ""))
-    width = max(len(flag) for flag, comment in rows if comment) + 2
     head = "options, as --key=value (defaults shown)"
     if presets:
         head += f"; --config=NAME applies a preset first: {', '.join(presets)}"
     if positional:
         head += f"; bare words set {positional}"
-    table = "\n".join(f"  {flag:<{width}}{comment}".rstrip() for flag, comment in rows)
-    return f"{doc.strip()}\n\n{head}:\n{table}"
+    rows = [f"{doc.strip()}\n\n{head}:"]
+    width = 1 + max(len(f"--{key}={shown(value)}") for key, value in defaults.items())
+    for line in block.splitlines():
+        key = re.match(r"\s*(\w+)=.*?(\s#.*)?$", line)
+        if key:
+            line = f"--{key[1]}={shown(defaults[key[1]])}".ljust(width) + (key[2] or "")
+        if line.strip():
+            rows.append(f"  {line.strip()}")
+    return "\n".join(rows)

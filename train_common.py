@@ -216,10 +216,10 @@ def pick_device(pref="auto"):
         return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", pref):
         raise UsageError(f"unknown device {pref!r}; use auto, cpu, cuda, cuda:N or mps")
-    backend = torch.backends.mps if pref == "mps" else torch.cuda
-    if pref != "cpu" and not backend.is_available():
-        raise UsageError(f"device {pref!r} requested but {pref.split(':')[0].upper()} is not available here")
-    count = torch.cuda.device_count()
+    if pref == "mps" and not torch.backends.mps.is_available():
+        raise UsageError("device 'mps' requested but MPS is not available here")
+    # CUDA not available (no driver, a broken one) is 0 GPUs.
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if pref.startswith("cuda") and (torch.device(pref).index or 0) >= count:
         raise UsageError(f"device {pref!r} requested but this machine has {count} GPU(s)")
     return pref
@@ -274,14 +274,14 @@ Dist = namedtuple("Dist", "ddp rank local_rank world_size master device flags", 
 def setup_distributed(device_pref):
     """Under torchrun (RANK is set) join the process group (nccl, or gloo on CPUs), a GPU per process."""
     device = pick_device(device_pref)
+    cuda = device.startswith("cuda")
     if "RANK" not in os.environ:
-        if device.startswith("cuda"):
+        if cuda:
             setup_cuda(device)
         return Dist(False, 0, 0, 1, True, device)
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
-    cuda = device.startswith("cuda")
     if cuda and local_rank >= torch.cuda.device_count():
         raise UsageError(f"process {local_rank} of this node has no GPU of its own: the node has "
                          f"{torch.cuda.device_count()}; start at most that many (--nproc_per_node)")
@@ -402,10 +402,10 @@ def resume_command(script, cfg, set_keys, defaults):
                     f"{env['LOCAL_WORLD_SIZE']} --master_addr={env.get('MASTER_ADDR')} --master_port="
                     f"{env.get('MASTER_PORT')}")
         nodes = "\n(on node N, --node_rank=N)"
-    keys = [k for k in ("out_dir", "device", "compile") if k in set_keys and cfg[k] != defaults[k]]
     args = ["--init_from=resume"]
-    for key in keys:
-        args.append(f"--{key}={str(cfg[key]).lower() if key == 'compile' else cfg[key]}")
+    for key in ("out_dir", "device", "compile"):
+        if key in set_keys and cfg[key] != defaults[key]:
+            args.append(f"--{key}={str(cfg[key]).lower() if key == 'compile' else cfg[key]}")
     return "resume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args]) + nodes
 
 # -----------------------------------------------------------------------------

@@ -153,7 +153,8 @@ def resume_config(cfg, set_keys, ckpt):
     if cfg['block_size'] > args['block_size'] and 'block_size' in set_keys:
         raise UsageError(f"--block_size={cfg['block_size']} is larger than the checkpoint's model allows "
                          f"({args['block_size']}: its position embedding has that many rows)")
-    old = dict(ckpt['config'], config=ckpt['config'].get('config', cfg['config']))
+    # A key the checkpoint's config lacks (an older run's) takes this command line's value.
+    old = ckpt['config']
     merged = {k: cfg[k] if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k in cfg}
     return merged, set_keys | set(ckpt.get('set_keys', ()))
 
@@ -191,15 +192,14 @@ def window_starts(seed, stream, index, count, n_tokens, block_size):
 
 
 def read_batch(path, split, starts, block_size, device):
-    """Inputs x and targets y (shifted by one), (B, T) int64 each, on `device`. A fresh memmap each time: no
-    leak (nanoGPT)."""
+    """Inputs x and targets y (shifted by one), (B, T) int64 each, on `device`: views of one window of T + 1
+    tokens a row. A fresh memmap each time: no leak (nanoGPT)."""
     data = np.memmap(os.path.join(path, f'{split}.bin'), dtype=np.uint16, mode='r')
-    x = torch.from_numpy(np.stack([data[i:i + block_size] for i in starts]).astype(np.int64))
-    y = torch.from_numpy(np.stack([data[i + 1:i + 1 + block_size] for i in starts]).astype(np.int64))
+    rows = torch.from_numpy(np.stack([data[i:i + block_size + 1] for i in starts]).astype(np.int64))
     # CUDA only: pinned memory, so that the copy runs while the GPU works.
-    if device.startswith('cuda'):
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
+    cuda = device.startswith('cuda')
+    rows = (rows.pin_memory() if cuda else rows).to(device, non_blocking=cuda)
+    return rows[:, :-1], rows[:, 1:]
 
 
 def split_accumulation(steps, world_size):
@@ -230,41 +230,44 @@ def estimate_loss(model, path, sizes, cfg, ctx, dist):
 # -----------------------------------------------------------------------------
 # MFU: the GPU's peak FLOP/s for this run's dtype, by the whole name torch.cuda.get_device_name() gives
 
-
-def tensor_core(half):
-    """Peaks from Ampere on: TF32 at half the 16-bit rate."""
-    return dict(bfloat16=half, float16=half, float32=half / 2)
-
-
-# Dense (no sparsity) tensor-core figures from NVIDIA's datasheets, matched against the whole device name: a
-# substring would give the L40 the L4's figure and an H100 PCIe the SXM's. A GPU not listed gets no MFU rather
-# than a guess: among them the A10G (NVIDIA publishes no figure for it), the H800 and the Blackwell GPUs.
-PEAK_FLOPS = [
-    (r'NVIDIA H100 \d+GB HBM3', tensor_core(989e12)),           # SXM5
-    (r'NVIDIA H100 PCIe', tensor_core(756e12)),
-    (r'NVIDIA H100 NVL', tensor_core(835e12)),
-    (r'NVIDIA H200', tensor_core(989e12)),                      # SXM
-    (r'NVIDIA H200 NVL', tensor_core(835e12)),
-    (r'NVIDIA GH200 .*', tensor_core(989e12)),                  # 480GB, 144G HBM3e, ...: an H100's cores
-    (r'NVIDIA A100[- ].*', tensor_core(312e12)),                 # SXM4 and PCIe, 40 and 80 GB
-    (r'NVIDIA A10', tensor_core(125e12)),
-    (r'NVIDIA L40S', tensor_core(362e12)),
-    (r'NVIDIA L40', tensor_core(181e12)),
-    (r'NVIDIA L4', tensor_core(121e12)),
-    (r'NVIDIA GeForce RTX 4090', tensor_core(165e12)),          # with float32 accumulation, as torch uses
-    # before Ampere: float16 tensor cores, no bfloat16 (emulated, no figure) and no TF32
-    (r'Tesla V100-SXM2-\d+GB', dict(float16=125e12, float32=15.7e12)),
-    (r'Tesla V100-PCIE-\d+GB', dict(float16=112e12, float32=14e12)),
-    (r'Tesla T4', dict(float16=65e12, float32=8.1e12)),
-]
+# Dense (no sparsity) 16-bit tensor-core figures from NVIDIA's datasheets, Ampere on (float32 runs as TF32, at
+# half the rate), matched against the whole device name: a substring would give the L40 the L4's figure and an
+# H100 PCIe the SXM's. A GPU not listed gets no MFU rather than a guess: among them the A10G (NVIDIA publishes
+# no figure for it), the H800 and the Blackwell GPUs.
+PEAK_FLOPS = {
+    r'NVIDIA H100 \d+GB HBM3': 989e12,          # SXM5
+    r'NVIDIA H100 PCIe': 756e12,
+    r'NVIDIA H100 NVL': 835e12,
+    r'NVIDIA H200': 989e12,                     # SXM
+    r'NVIDIA H200 NVL': 835e12,
+    r'NVIDIA GH200 .*': 989e12,                 # 480GB, 144G HBM3e, ...: an H100's cores
+    r'NVIDIA A100[- ].*': 312e12,               # SXM4 and PCIe, 40 and 80 GB
+    r'NVIDIA A10': 125e12,
+    r'NVIDIA L40S': 362e12,
+    r'NVIDIA L40': 181e12,
+    r'NVIDIA L4': 121e12,
+    r'NVIDIA GeForce RTX 4090': 165e12,         # with float32 accumulation, as torch uses
+}
+# Before Ampere: float16 tensor cores, no TF32 (float16's peak, float32's); bfloat16 is emulated: no figure.
+OLD_PEAK_FLOPS = {
+    r'Tesla V100-SXM2-\d+GB': (125e12, 15.7e12),
+    r'Tesla V100-PCIE-\d+GB': (112e12, 14e12),
+    r'Tesla T4': (65e12, 8.1e12),
+}
 
 
 def peak_flops(device, dtype):
-    """The GPU's peak for `dtype`, or None (no MFU on a CPU, on MPS, or on a GPU not in the table)."""
+    """The GPU's peak for `dtype`, or None (no MFU on a CPU, on MPS, or on a GPU not in the tables)."""
     if not device.startswith('cuda'):
         return None
     name = torch.cuda.get_device_name(device).strip()
-    return next((p for pattern, p in PEAK_FLOPS if re.fullmatch(pattern, name)), {}).get(dtype)
+    for pattern, peak in PEAK_FLOPS.items():
+        if re.fullmatch(pattern, name):
+            return peak / 2 if dtype == 'float32' else peak
+    for pattern, (half, single) in OLD_PEAK_FLOPS.items():
+        if re.fullmatch(pattern, name):
+            return dict(float16=half, float32=single).get(dtype)
+    return None
 
 def last_good(ckpt_path, saved):
     """What is on disk."""
@@ -336,25 +339,23 @@ def main(argv=None):
 
     # the model: fresh from the seed (the same weights on every process), or as the checkpoint left it
     torch.manual_seed(seed)
+    # A fresh run starts at 0; a resumed one where its checkpoint left it (older checkpoints lack some keys).
+    state = ckpt or {}
+    iter_num = state.get('iter_num', 0)
+    best_val_loss = state.get('best_val_loss', float('inf'))
+    elapsed = state.get('elapsed_s', 0.0)
+    tokens = state.get('tokens', iter_num * tokens_per_iter)
     if fresh:
         # The vocabulary rounded up to a multiple of 64: bytes 256, gpt2's 50257 -> 50304, faster matmuls.
         vocab = 64 * math.ceil(meta['vocab_size'] / 64)
         model_args = {k: cfg[k] for k in MODEL_KEYS}
         model_args.update(block_size=T, vocab_size=vocab, dropout=cfg['dropout'])
-        iter_num = 0
-        best_val_loss = float('inf')
-        elapsed = 0.0
-        tokens = 0
     else:
         model_args = dict(ckpt['model_args'], dropout=cfg['dropout'])
-        iter_num = ckpt['iter_num']
-        best_val_loss = ckpt.get('best_val_loss', float('inf'))
-        elapsed = ckpt.get('elapsed_s', 0.0)
-        tokens = ckpt.get('tokens', iter_num * tokens_per_iter)
-    if iter_num >= max_iters and master:
-        say(f"nothing to do: {ckpt_path} is at iter {iter_num} and --max_iters is {max_iters}; pass a larger "
-            f"--max_iters to train on")
     if iter_num >= max_iters:
+        if master:
+            say(f"nothing to do: {ckpt_path} is at iter {iter_num} and --max_iters is {max_iters}; pass a "
+                f"larger --max_iters to train on")
         teardown(dist, lock)
         return None
     raw_model = tost.GPT(gpt_config(model_args))
@@ -382,12 +383,11 @@ def main(argv=None):
             f"context {T}")
         say(f"data: {data_path}, {sizes['train']:,} train + {sizes['val']:,} val tokens "
             f"({meta['tokenizer']})")
+        say(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x "
+            f"{B} x {T}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
     if master and accum_total != asked:
         say(f"note: gradient_accumulation_steps={asked} rounded up to {accum_total}, a multiple of the "
             f"{dist.world_size} processes: {tokens_per_iter:,} tokens per iter")
-    if master:
-        say(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x "
-            f"{B} x {T}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
     if master and ckpt:
         say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
     if master and max_iters > lr_decay_iters:
@@ -423,6 +423,7 @@ def main(argv=None):
 
     with stop_signals('iter', master) as signals:
         while True:
+            lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters)
             # Evaluate (and save) every eval_interval iterations and at the end; not again right after a
             # resume.
             if (iter_num % eval_interval == 0 or iter_num == max_iters) and iter_num != saved:
@@ -432,20 +433,18 @@ def main(argv=None):
                 if not (math.isfinite(val_loss) and math.isfinite(losses['train'])):
                     teardown(dist, lock)
                     fail(diverged('eval loss', val_loss, iter_num, last_good(ckpt_path, saved)), 3)
-                lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters)
+                save = (val_loss < best_val_loss or cfg['always_save_checkpoint']) and iter_num > 0
                 row = dict(iter=iter_num, kind='eval', train_loss=losses['train'], val_loss=val_loss, lr=lr,
-                           tokens_per_sec=tok_per_s, saved=False, tokens=tokens,
+                           tokens_per_sec=tok_per_s, saved=save, tokens=tokens,
                            elapsed_s=round(elapsed + time.time() - t_start, 2))
-                improved = val_loss < best_val_loss
                 best_val_loss = min(best_val_loss, val_loss)
-                if (improved or cfg['always_save_checkpoint']) and iter_num > 0:
+                if save:
                     save_checkpoint(checkpoint(val_loss), [ckpt_path], dist)
                     saved = iter_num
-                    row['saved'] = True
                 if master:
                     log_row(out_dir, row)
                     say(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {val_loss:.4f}"
-                        f"{', saved' if row['saved'] else ''}")
+                        f"{', saved' if save else ''}")
                     drawing = drawing and draw_loss(out_dir)
                 # Evaluation is not training time.
                 t_row += time.time() - t_eval
@@ -472,7 +471,6 @@ def main(argv=None):
                 sys.exit(130)
 
             # one optimizer step: accum micro-steps on each process, DDP averages the gradients on the last
-            lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters)
             for group in optimizer.param_groups:
                 group['lr'] = lr
             starts = window_starts(seed, 0, iter_num, accum_total * B, sizes['train'], T)
