@@ -134,6 +134,7 @@ SKIP = {
     'python derivation.py --figures=docs': 'test_tost.py draws the figures into a temp folder',
     'python derivation.py --figures=DIR': 'a template; test_tost.py runs it with a temp folder',
     'python tools/lecture_page.py': 'test_tost.py runs it into a temp folder (here it would rewrite docs/)',
+    'python -m lecture.exercises': 'tests/test_lecture.py runs it as a command, with and without --solutions',
     'python -m lecture.recall': 'a minute or two of training; tests/test_lecture.py covers lecture/',
     'python -m tools.mutate_lecture': 'a lecture run per edit (150 edits); tests/test_mutate_lecture.py checks '
                                       'what it edits',
