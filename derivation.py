@@ -12,8 +12,8 @@ A 90-minute class, its in-class exercises included (lecture/README.md): 0 why (5
 its exact step (10); 3-5 the variational form, the bridge from ReduNet and the corollary (15); 6-8 the step is
 an attention layer, which directions it shrinks, its memberships (20, of them about 8 for exercise 1 at the
 board); 9-12 the practical, block, causal and recurrent forms (20, of them about 8 for exercise 5 in pairs;
-start `python -m lecture.recall` at 11; skim 10 and 12); 13-15 cost, unrolled layers, results and limits
-(15, ending on the recall table); 5 spare. 16 lists the exercises left as homework. The appendix checks the
+start `python -m lecture.recall` at 11; skim 10 and 12); 13-15 cost, unrolled layers, results and limits (15,
+ending on the recall table); 5 spare. 16 lists the exercises; the others are homework. The appendix checks the
 software against the math (the GPT by hand, and the fused CPU core): reading, not class time.
 
 Notation, as in tost.py: tokens are the ROWS of Z (B, n, d). The paper writes them as columns, Z in R^{d x n},
@@ -847,11 +847,11 @@ print('15. results and limitations: quoted from the paper in this cell\'s text (
 
 # %% 16. Exercises. In lecture/exercises.py (each has a check your answer must pass, and the solutions are
 # kept apart in lecture/solutions.py): derive grad R^var_c and say where its 1/n comes from (sections 2, 6);
-# prove the corollary for K p <= d (section 5); say why the causal pi_0 is exactly 1/K (section 8); write TSSA
-# from its formula in ten lines and check it against tost.TSSA (section 6); compute the exact R_c gradient in
-# O(n d^2) (section 2); predict what untying c_proj does (section 9); show that the past is nearly a bag
-# (section 11); track Delta R through the layers (section 14). In class: `python -m lecture.recall` (section
-# 15).
+# prove the corollary, each group inside span(U_k) (section 5); say why the causal pi_0 is exactly 1/K
+# (section 8); write TSSA from its formula in ten lines and check it against tost.TSSA (section 6); compute
+# the exact R_c gradient in O(n d^2) (section 2); predict what untying c_proj does (section 9); show that the
+# past is nearly a bag (section 11); track Delta R through the layers (section 14).
+# In class: `python -m lecture.recall` (section 15).
 print('16. exercises: lecture/exercises.py, solutions in lecture/solutions.py; '
       'the experiment: python -m lecture.recall')
 

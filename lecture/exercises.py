@@ -342,7 +342,7 @@ def check_duplication_factor(answer):
     return f'measured {ratio:.6f}'
 
 
-@exercise(3, 'the corollary: R^var_c >= R_c when K p <= d', 'projected_compression')
+@exercise(3, 'the corollary: R^var_c >= R_c, groups in span(U_k)', 'projected_compression')
 def check_projected_compression(answer):
     above = 0
     for case in range(40):
@@ -520,7 +520,7 @@ def check_delta_R_through_layers(answer):
     layer = tost.TSSA(6, 3, whitebox=True, alpha=alpha, tau=0.05 * n)
     with torch.no_grad():
         layer.c_attn.weight.copy_(U.permute(0, 2, 1).reshape(6, 6))        # rows k p .. (k+1) p: U_k^T
-        # Sharp memberships, as derivation.py's section 12 has them (at temp 1 they would be nearly uniform).
+        # Sharp memberships, as derivation.py's section 14 has them (at temp 1 they would be nearly uniform).
         layer.temp.fill_(100.0)
         want = []
         Zl = Z
