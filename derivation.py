@@ -158,7 +158,7 @@ assert dR_true > dR_rand + 0.5 and dR_rand >= 0 and err_spectral < 1e-12
 # heavy in d. The same gradient can be written with the n x n Gram matrix instead (the push-through identity
 # (I + c A^T A)^{-1} A^T = A^T (I + c A A^T)^{-1}): every pair of tokens then carries a weight, O(n^2).
 # CRATE's attention (MSSA) starts from such a pairwise form, of a different compression term (sum_k
-# R(U_k^T Z), with no memberships), and replaces the inverse by a softmax of similarities: O(n^2 d).
+# R(Z U_k), with no memberships), and replaces the inverse by a softmax of similarities: O(n^2 d).
 def exact_grad(Z, Pi, alpha):
     """grad_Z R_c in its d x d form, 1/n sum_k diag(pi_k) Z C_k with C_k = alpha (I + alpha/n_k M_k)^{-1}:
     (B, n, d)."""
