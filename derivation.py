@@ -517,7 +517,7 @@ for n_tokens in (n, 4 * n):
     g = grad(lambda z: tost.variational_compression(z, Pi, tied.U()), Z)
     err_tied = max(err_tied, (tied(Z) + n_tokens * g).abs().max())
 print(f'9. practical TSSA against its formulas: max |difference| {err_values:.1e}; '
-      f'alpha = 3 into U: {err_alpha:.1e};\n'
+      f'alpha = 3 moved into U, max |difference| {err_alpha:.1e};\n'
       f'   c_proj tied: max |y + n grad R^var_c| {err_tied:.1e} at n = {n} and n = {4 * n}: '
       f'the step size is n, so a c_proj trained at one n takes other steps at another')
 assert err_values < 1e-12 and err_alpha < 1e-12 and err_tied < 1e-12
@@ -687,14 +687,15 @@ assert max(err_steps, err_split, err_state) < 1e-12 and numbers == 2 * 4 + 1 and
 
 
 # %% 13. Cost. Count the elements every torch call of a forward returns (a machine-independent proxy for
-# memory traffic and time; counted, not timed), at 4x the tokens and at 2x the width. The exact step in its d
-# x d form (section 2) does O(K(n d^2 + d^3)) arithmetic: linear in n, superlinear in d; its count grows less
-# than 4x with the tokens (its d x d statistics do not grow with n) and more than 2x with the width. Softmax
-# attention is O(n^2 d): 16x for 4x the tokens (its n x n matrix dominates the count, so 2x the width barely
-# moves it, though its arithmetic doubles). TSSA is O(n d) beyond its two d x d projections (w = U^T z and
-# the map back, O(n d^2) arithmetic as for any linear layer, n d elements each): 4x and 2x, counted. ToST's
-# saving over the exact step is in d (a diagonal statistic instead of K covariances and their inverses: n d^2
-# once for the projections, where the exact step pays K n d^2 + K d^3); over softmax attention, in n.
+# memory traffic, not for the arithmetic inside a call; counted, not timed), at 4x the tokens and at 2x the
+# width. The exact step in its d x d form (section 2) does O(K(n d^2 + d^3)) arithmetic: linear in n,
+# superlinear in d; its count grows less than 4x with the tokens (its d x d statistics do not grow with n) and
+# more than 2x with the width. Softmax attention is O(n^2 d): 16x for 4x the tokens (its n x n matrix
+# dominates the count, so 2x the width barely moves it, though its arithmetic doubles). TSSA is O(n d) beyond
+# its two d x d projections (w = U^T z and the map back, O(n d^2) arithmetic as for any linear layer, n d
+# elements each): 4x and 2x, counted. ToST's saving over the exact step is in d (a diagonal statistic instead
+# of K covariances and their inverses: n d^2 once for the projections, where the exact step pays K n d^2 + K
+# d^3); over softmax attention, in n.
 class CountElements(torch.overrides.TorchFunctionMode):
     def __init__(self):
         super().__init__()
