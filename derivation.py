@@ -364,7 +364,8 @@ if fig:
     ax.annotate('', xy=(4 * 1.8, 0.35), xytext=(1.8, 0.35),
                 arrowprops=dict(arrowstyle='->', connectionstyle='arc3,rad=-0.25', color='#888'))
     ax.text(2.5 * 1.8, 1.05, 'w itself, token by token', ha='center', fontsize=8, color='#666')
-    ax.set(xlim=(-0.9, 9.9), ylim=(-1.1, 1.3), title='TSSA: tokens meet only through 2p + 1 numbers per head')
+    ax.set(xlim=(-0.9, 9.9), ylim=(-1.1, 1.3), title='TSSA: tokens meet only through 2p + 1 numbers per head '
+                                                   '(n_k, s_k, and the p column norms of w that Pi uses)')
     ax.axis('off')
     draw('dataflow', fig)
 
@@ -818,7 +819,7 @@ assert dR_norm[-1] < dR_norm[0] and dR_norm[-1] - dR_norm[0] > dR[-1] - dR[0]
 fig, axes = plots(1, 3, size=(13, 4))
 if fig:
     axes[0].plot(r_var, 'o-', label='R^var_c')
-    axes[0].plot(dR, 's-', label='Delta R = R - R_c')
+    axes[0].plot(dR, 's-', label='Delta R = R - R_c, true groups')
     axes[0].plot(dR_norm, '^--', label='Delta R, tokens rescaled')
     axes[0].set(title='objectives, layer by layer', xlabel='layer', ylabel=f'alpha = {alpha:g}')
     axes[0].legend(fontsize=8)
