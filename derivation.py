@@ -130,7 +130,9 @@ def grad(f, Z):
 # %% 1. Rate reduction. The coding rate R(Z) = 1/2 logdet(I + alpha/n Z^T Z) counts (up to constants) the bits
 # needed to code the tokens to precision eps, alpha = d/eps^2: it is large when the tokens spread over many
 # directions. Delta R = R(Z) - R_c(Z, Pi): expand the whole (R, all tokens together), compress each group
-# (R_c, each group's rate weighted by its share n_k/n). Both are sums over eigenvalues:
+# (R_c, each group's rate weighted by its share n_k/n of the tokens):
+#     R_c(Z, Pi) = 1/2 sum_k (n_k/n) logdet(I + alpha/n_k M_k),   n_k = sum_j pi_jk,   M_k = Z^T diag(pi_k) Z
+# (M_k, d x d, is group k's pi-weighted second moment). Both are sums over eigenvalues:
 #     logdet(I + alpha M) = sum_i f(lambda_i(M)),   f(x) = log(1 + alpha x),
 # f concave. For tokens from a mixture of subspaces, the true partition has a larger Delta R than a random
 # one, and Delta R >= 0 for every partition (log det is concave).
