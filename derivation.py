@@ -841,9 +841,9 @@ if fig:
 # 59.24). Cost: at 4k tokens ToST-Base takes 0.60x GPT-2's time and 0.41x its memory. The R^var_c of a trained
 # ToST's layers falls with depth: the layers do compress.
 #
-# Limitations. The past enters a causal layer only as prefix sums of squares, nearly a bag: a layer cannot tie
-# a key to the value after it, so tasks that look up one earlier token (associative recall) fail where one
-# softmax layer succeeds; `python -m lecture.recall` shows it in a minute or two on a CPU. The memberships
+# Limitations. The past enters a causal layer only as prefix sums of squares, nearly a bag that keeps no
+# earlier token whole, so a task that looks one earlier token up (associative recall, even with each key and
+# its value in one token) fails where one softmax layer succeeds; `python -m lecture.recall` shows it in a minute or two on a CPU. The memberships
 # are nearly uniform at initialisation (section 8). The language model trails GPT-2 at equal size. Unrolled,
 # the objective only compresses (section 14). This repository's own measurements are in docs/quality.md and
 # docs/capabilities.md.
