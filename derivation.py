@@ -8,11 +8,13 @@ the lecture's figures into DIR; `python tools/lecture_page.py` writes docs/lectu
 outputs and figures, for reading without the project. Or open it as a notebook: each `# %%` line starts a
 cell (VS Code runs them as they are; Jupyter opens the file after `pip install jupytext`).
 
-A 90-minute class: 0 why (5 min); 1-2 rate reduction and its exact step (15); 3-5 the variational form and
-the bridge from ReduNet (20); 6-8 the step is an attention layer, and its memberships (15); 9-12 the
-practical, block, causal and recurrent forms (15); 13-15 cost, unrolled layers, results and limits (15); 16
-the exercises (lecture/exercises.py) and the recall experiment (`python -m lecture.recall`), in class or as
-homework. The appendix checks the software against the math: the GPT by hand, and the fused CPU core.
+A 90-minute class, its in-class exercises included (lecture/README.md): 0 why (5 min); 1-2 rate reduction and
+its exact step (10); 3-5 the variational form, the bridge from ReduNet and the corollary (15); 6-8 the step is
+an attention layer, which directions it shrinks, its memberships (20, of them about 8 for exercise 1 at the
+board); 9-12 the practical, block, causal and recurrent forms (20, of them about 8 for exercise 5 in pairs;
+start `python -m lecture.recall` at 11; skim 10 and 12); 13-15 cost, unrolled layers, results and limits (15,
+ending on the recall table); 5 spare. 16 lists the exercises; the others are homework. The appendix checks the
+software against the math (the GPT by hand, and the fused CPU core): reading, not class time.
 
 Notation, as in tost.py: tokens are the ROWS of Z (B, n, d). The paper writes them as columns, Z in R^{d x n},
 so its Z diag(pi_k) Z^T is our Z^T diag(pi_k) Z: the same d x d matrix. Memberships Pi are (B, K, n); Pi[:, k]
@@ -128,7 +130,9 @@ def grad(f, Z):
 # %% 1. Rate reduction. The coding rate R(Z) = 1/2 logdet(I + alpha/n Z^T Z) counts (up to constants) the bits
 # needed to code the tokens to precision eps, alpha = d/eps^2: it is large when the tokens spread over many
 # directions. Delta R = R(Z) - R_c(Z, Pi): expand the whole (R, all tokens together), compress each group
-# (R_c, each group's rate weighted by its share n_k/n). Both are sums over eigenvalues:
+# (R_c, each group's rate weighted by its share n_k/n of the tokens):
+#     R_c(Z, Pi) = 1/2 sum_k (n_k/n) logdet(I + alpha/n_k M_k),   n_k = sum_j pi_jk,   M_k = Z^T diag(pi_k) Z
+# (M_k, d x d, is group k's pi-weighted second moment). Both are sums over eigenvalues:
 #     logdet(I + alpha M) = sum_i f(lambda_i(M)),   f(x) = log(1 + alpha x),
 # f concave. For tokens from a mixture of subspaces, the true partition has a larger Delta R than a random
 # one, and Delta R >= 0 for every partition (log det is concave).
@@ -155,9 +159,8 @@ assert dR_true > dR_rand + 0.5 and dR_rand >= 0 and err_spectral < 1e-12
 # group k. Computed this way it costs O(K (n d^2 + d^3)): M_k is n d^2 work, its inverse d^3. Linear in n,
 # heavy in d. The same gradient can be written with the n x n Gram matrix instead (the push-through identity
 # (I + c A^T A)^{-1} A^T = A^T (I + c A A^T)^{-1}): every pair of tokens then carries a weight, O(n^2).
-# CRATE's attention (MSSA) starts from that pairwise form and replaces the inverse by a softmax of
-# similarities, O(n^2 d); CRATE also descends a different compression term, sum_k R(U_k^T Z), with no
-# memberships.
+# CRATE's attention (MSSA) starts from such a pairwise form, of a different compression term (sum_k
+# R(Z U_k), with no memberships), and replaces the inverse by a softmax of similarities: O(n^2 d).
 def exact_grad(Z, Pi, alpha):
     """grad_Z R_c in its d x d form, 1/n sum_k diag(pi_k) Z C_k with C_k = alpha (I + alpha/n_k M_k)^{-1}:
     (B, n, d)."""
@@ -228,9 +231,10 @@ print(f'   the other tokens reflected, statistics kept: token 0\'s gradient (lar
 assert var_move < 1e-12 and exact_move > 1e-3
 
 # %% 4. The bridge from ReduNet to ToST. (a) Put U_k at group k's eigenbasis: U_k D_k U_k^T, with the diagonal
-# D_k = diag(f'(s_k/n_k)), IS ReduNet's C_k (f' of an eigenvalue is alpha/(1 + alpha lambda)), so the step on
-# R^var_c is exactly the step on R_c. (b) Rotate the tokens instead of the basis: an orthogonal Q applied to
-# every token (z -> Q z, rows Z Q^T) leaves R_c unchanged and gives R^var_c(Z Q^T | U) = R^var_c(Z | Q^T U):
+# D_k = diag(f'(s_k/n_k)), IS ReduNet's C_k (in that basis s_k/n_k are the eigenvalues lambda of M_k/n_k, and
+# f'(lambda) = alpha/(1 + alpha lambda) is C_k's eigenvalue), so the step on R^var_c is exactly the step on
+# R_c. (b) Rotate the tokens instead of the basis: an orthogonal Q applied to every token (z -> Q z, rows
+# Z Q^T) leaves R_c unchanged and gives R^var_c(Z Q^T | U) = R^var_c(Z | Q^T U):
 # rotating a group's tokens onto fixed axes U_k tightens the bound exactly as rotating U_k onto the tokens
 # would. Finding the eigenbasis anew for every input costs d^3 per group; ToST freezes U_k into learned
 # parameters and lets the layers move the tokens towards them. That is the textbook's phrase: rather than
@@ -310,8 +314,10 @@ Zs = torch.einsum('bndp,bnp->bnd', Us[:, group], spread)
 Pis = F.one_hot(group, K).T.double().expand(draws, K, n)
 above = int((tost.compression_of_projections(torch.einsum('bnd,bkdp->bknp', Zs, Us), Pis, alpha) >=
              R_c(Zs, Pis, alpha) - 1e-12).sum())
-print(f'5. U_k of size {d} x {p}: dropped terms, four draws {show(terms.sum((1, 2)))} (all >= 0; they '
-      f'account for the difference to {(terms.sum((1, 2)) - dropped).abs().max():.1e});\n'
+print(f'5. U_k of size {d} x {p}, section 3\'s four draws: the dropped terms, summed '
+      f'{show(terms.sum((1, 2)))}\n'
+      f'   (each >= 0; they equal R^var_c with U_k square minus R^var_c with its first {p} columns, to '
+      f'{(terms.sum((1, 2)) - dropped).abs().max():.1e});\n'
       f'   random tokens: R^var_c < R_c in {below} of {draws} draws; '
       f'each group inside span(U_k) (the corollary): R^var_c >= R_c in {above} of {draws}')
 assert (terms >= 0).all() and (terms.sum((1, 2)) - dropped).abs().max() < 1e-12
@@ -360,7 +366,8 @@ if fig:
     ax.annotate('', xy=(4 * 1.8, 0.35), xytext=(1.8, 0.35),
                 arrowprops=dict(arrowstyle='->', connectionstyle='arc3,rad=-0.25', color='#888'))
     ax.text(2.5 * 1.8, 1.05, 'w itself, token by token', ha='center', fontsize=8, color='#666')
-    ax.set(xlim=(-0.9, 9.9), ylim=(-1.1, 1.3), title='TSSA: tokens meet only through 2p + 1 numbers per head')
+    ax.set(xlim=(-0.9, 9.9), ylim=(-1.1, 1.3), title='TSSA: tokens meet only through 2p + 1 numbers per head '
+                                                   '(n_k, s_k, and the p column norms of w that Pi uses)')
     ax.axis('off')
     draw('dataflow', fig)
 
@@ -435,8 +442,9 @@ assert sums < 1e-12 and dev[0] == 0 and dev[10] > dev[100] > dev[1023]
 assert spread[16][0] < 0.1 and spread[16][1] > 0.5                      # n close to p: far from uniform
 assert 0.15 < spread[64][0] and spread[64][1] < 0.4 and 0.2 < spread[196][0] and spread[196][1] < 0.3
 
-# A trained layer's U_k are the groups' subspaces and its temperature is sharper. With U_k the true planes of
-# a mixture, temperature 1 leaves Pi nearly uniform; temperature 100 recovers the groups.
+# What training would have to find: U_k the groups' subspaces, and a sharper temperature (set by hand here;
+# nothing below is a trained layer). With U_k the true planes of a mixture, temperature 1 leaves Pi nearly
+# uniform; temperature 100 recovers the groups.
 U = orthogonal_heads(3, 2)
 Zm, Pim = subspace_mixture(90, U, scales=(1.0, 0.5), noise=0.1)
 layer = tost.TSSA(6, 3)
@@ -462,9 +470,9 @@ if fig:
 
 # %% 9. The practical operator (what the models train). It keeps the step's form and changes it in six ways
 # (tost.TSSA's docstring lists them): alpha absorbed into U; a learned map back c_proj instead of U_k, which
-# also absorbs tau/n; optional biases; dropout on D; Pi with its column normalisation and a learned per-head
-# temperature; 1e-8 added to n_k. First, its values: the formulas written out here against the layer, random
-# parameters, biases on (as the ViT has them).
+# also absorbs tau/n (at one n only, below); optional biases; dropout on D; Pi with its column normalisation
+# and a learned per-head temperature; 1e-8 added to n_k. First, its values: the formulas written out here
+# against the layer, random parameters, biases on (as the ViT has them).
 def practical_tssa(x, layer):
     """The released non-causal operator, from its formulas (see tost.TSSA)."""
     K = layer.n_head
@@ -512,7 +520,7 @@ for n_tokens in (n, 4 * n):
     g = grad(lambda z: tost.variational_compression(z, Pi, tied.U()), Z)
     err_tied = max(err_tied, (tied(Z) + n_tokens * g).abs().max())
 print(f'9. practical TSSA against its formulas: max |difference| {err_values:.1e}; '
-      f'alpha = 3 into U: {err_alpha:.1e};\n'
+      f'alpha = 3 moved into U, max |difference| {err_alpha:.1e};\n'
       f'   c_proj tied: max |y + n grad R^var_c| {err_tied:.1e} at n = {n} and n = {4 * n}: '
       f'the step size is n, so a c_proj trained at one n takes other steps at another')
 assert err_values < 1e-12 and err_alpha < 1e-12 and err_tied < 1e-12
@@ -557,12 +565,12 @@ print(f'   per-head scales {scales.tolist()} on the tie: '
 assert err_rescaled < 1e-12 and max(asymmetries[:2]) < 1e-12 and asymmetries[2] > 0.3
 
 
-# %% 10. The block. x = x + g1 * attn(LN(x)); x = x + g2 * MLP(LN(x)). The white-box step is exact on R^var_c
-# of its input LN(x); in the block its output is scaled coordinate by coordinate by the layer scale g1 and
-# added to x, not to LN(x). It is then no longer a gradient step on anything we wrote down, but it stays a
-# DESCENT DIRECTION for R^var_c(LN(x)): measured with the attention tied as in section 9 and random positive
-# g1. The MLP is the transformer's, not derived from the objective. First, the block's values against its two
-# lines.
+# %% 10. The block. x = x + g1 * attn(LN(x)); x = x + g2 * MLP(LN(x)). The attention, tied as in section 9, is
+# exactly a step on R^var_c of its input LN(x); in the block its output is scaled coordinate by coordinate by
+# the layer scale g1 and added to x, not to LN(x). It is then no longer a gradient step on anything we wrote
+# down, but it stays a DESCENT DIRECTION for R^var_c(LN(x)): measured below, attention tied, random small
+# positive g1. The MLP is the transformer's, not derived from the objective. First, the block's values against
+# its two lines.
 def block_formula(x, b):
     def ln(x, m):
         return F.layer_norm(x, (x.shape[-1],), m.weight, m.bias)
@@ -591,14 +599,16 @@ g = grad(objective, x)
 with torch.no_grad():
     update = block.gamma_1 * block.attn(block.ln_1(x))                   # the first line: x -> x + update
     cos = F.cosine_similarity(update.flatten(1), -g.flatten(1)).min()
-    drop = objective(x) - objective(x + update)
+    value = objective(x)
+    drop = value - objective(x + update)
     full = F.cosine_similarity((block(x) - x).flatten(1), -g.flatten(1))
     radial = F.cosine_similarity(update, block.ln_1(x), dim=-1).abs().mean()
 print(f'10. the block against its two lines: max |difference| {err_block:.1e}. Its attention line against '
       f'-grad_x R^var_c(LN(x)),\n    two inputs: cosine >= {cos:.3f} (1 would be a gradient step); '
-      f'it lowers R^var_c(LN(x)) by {show(drop)}.\n    Much of the update points along the token itself '
-      f'(mean |cosine| with LN(x): {radial:.2f}), a change of scale LayerNorm removes.\n'
-      f'    The whole block, its small MLP update included, has cosine {show(full)}')
+      f'it lowers R^var_c(LN(x)) from {show(value)} by {show(drop)}.\n'
+      f'    Much of the update points along the token itself (mean |cosine| with LN(x): {radial:.2f}), '
+      f'a change of scale LayerNorm removes.\n'
+      f'    The whole block, its small MLP update included, has cosine {show(full)} with -grad')
 assert err_block < 1e-12 and 0.3 < cos < 0.95 and (drop > 0).all() and radial > 0.3 and (full > 0).all()
 
 
@@ -680,12 +690,16 @@ assert max(err_steps, err_split, err_state) < 1e-12 and numbers == 2 * 4 + 1 and
 
 
 # %% 13. Cost. Count the elements every torch call of a forward returns (a machine-independent proxy for
-# memory traffic and time; counted, not timed), at 4x the tokens and at 2x the width. The exact step in its d
-# x d form (section 2) does O(K(n d^2 + d^3)) arithmetic: linear in n, superlinear in d; its count grows less
-# than 4x with the tokens (its d x d statistics do not grow with n) and more than 2x with the width. Softmax
-# attention is O(n^2 d): 16x for 4x the tokens (its n x n matrix dominates the count, so 2x the width barely
-# moves it, though its arithmetic doubles). TSSA is O(n d): 4x and 2x. ToST's saving over the exact step
-# is in d (a diagonal statistic instead of a covariance and its inverse); over softmax attention, in n.
+# memory traffic, not for the arithmetic inside a call; counted, not timed), at 4x the tokens and at 2x the
+# width. The exact step in its d x d form (section 2) does O(K(n d^2 + d^3)) arithmetic: linear in n,
+# superlinear in d; its count grows less than 4x with the tokens (its d x d statistics do not grow with n) and
+# more than 2x with the width. Softmax attention is O(n^2 d): 16x for 4x the tokens (its n x n matrix
+# dominates the count, so 2x the width barely moves it, though its arithmetic doubles). TSSA is O(n d) beyond
+# its two d x d projections (w = U^T z and the map back, O(n d^2) arithmetic as for any linear layer, n d
+# elements each): 4x and 2x, counted. ToST's saving over the exact step is in d (a diagonal statistic instead
+# of K covariances and their inverses: n d^2 once for the projections, where the exact step pays K n d^2 + K
+# d^3); over softmax attention, in n. Read the figure's slopes, not its heights: the exact step's line sits
+# lowest because its n d^2 work per group happens inside calls that return only d x d results.
 class CountElements(torch.overrides.TorchFunctionMode):
     def __init__(self):
         super().__init__()
@@ -744,7 +758,10 @@ fig, ax = plots(1, 1, size=(6, 3.6))
 if fig:
     for name, counts in curves.items():
         ax.loglog(sizes, counts, 'o-', label=name)
-    ax.set(xlabel='tokens n', ylabel='elements returned (d = 32)', title='cost of one forward, counted')
+    ax.set(xlabel='tokens n', ylabel='elements returned (d = 32)',
+           title='elements one forward returns: the slopes, not the heights')
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.minorticks_off()
     ax.legend(fontsize=8)
     draw('cost', fig)
 
@@ -754,10 +771,10 @@ if fig:
 # noise 0.1; memberships re-estimated by each layer at temperature 100 (at temperature 1 they would be nearly
 # uniform, section 8). R^var_c falls at every layer, and within its plane each group loses far more along its
 # weak axis. But ToST unrolls only the compression half of rate reduction: nothing here expands, so Delta R =
-# R - R_c, the objective of section 1, falls too, and sixty layers shrink the tokens towards zero. In a real
-# model what keeps the tokens apart is not derived from the objective: LayerNorm (each token rescaled before
-# every layer), the residual stream, the MLP, and training. Rescaling the tokens after each layer (LayerNorm
-# without its gains) slows the fall of Delta R but does not stop it.
+# R - R_c (R_c with the true groups), the objective of section 1, falls too, and sixty layers shrink the
+# tokens towards zero. In a real model what keeps the tokens apart is not derived from the objective:
+# LayerNorm (each token rescaled before every layer), the residual stream, the MLP, and training. Rescaling
+# the tokens after each layer (LayerNorm without its gains) slows the fall of Delta R but does not stop it.
 n, K, p, alpha = 300, 3, 2, 10.0
 U = orthogonal_heads(K, p)
 Z, Pi_true = subspace_mixture(n, U, scales=(1.0, 0.5), noise=0.1)
@@ -796,9 +813,9 @@ dR_norm = torch.tensor([delta_R(Zl) for Zl in normalised])
 own = [torch.einsum('nd,ndp->np', Zl[0], U[group]) for Zl in history]  # (n, p) each token in its own plane
 kept = own[-1].square().sum(0) / own[0].square().sum(0)                  # (strong axis, weak axis)
 energy = sixty.square().sum(-1).mean()
-print(f'14. 12 white-box layers, after layers 0, 3, 6, 9, 12:\n'
-      f'    R^var_c                   {show(r_var[::3])}\n'
-      f'    Delta R = R - R_c          {show(dR[::3])}\n'
+print(f'14. 12 white-box layers; the input (layer 0) and after layers 3, 6, 9, 12:\n'
+      f'    R^var_c, Pi as estimated   {show(r_var[::3])}\n'
+      f'    Delta R, true groups       {show(dR[::3])}\n'
       f'    Delta R, tokens rescaled   {show(dR_norm[::3])}\n'
       f'    within its plane each group keeps {kept[0]:.3f} of its energy along the strong axis, '
       f'{kept[1]:.4f} along the weak one;\n'
@@ -808,7 +825,7 @@ assert dR_norm[-1] < dR_norm[0] and dR_norm[-1] - dR_norm[0] > dR[-1] - dR[0]
 fig, axes = plots(1, 3, size=(13, 4))
 if fig:
     axes[0].plot(r_var, 'o-', label='R^var_c')
-    axes[0].plot(dR, 's-', label='Delta R = R - R_c')
+    axes[0].plot(dR, 's-', label='Delta R = R - R_c, true groups')
     axes[0].plot(dR_norm, '^--', label='Delta R, tokens rescaled')
     axes[0].set(title='objectives, layer by layer', xlabel='layer', ylabel=f'alpha = {alpha:g}')
     axes[0].legend(fontsize=8)
@@ -828,9 +845,9 @@ if fig:
 # 59.24). Cost: at 4k tokens ToST-Base takes 0.60x GPT-2's time and 0.41x its memory. The R^var_c of a trained
 # ToST's layers falls with depth: the layers do compress.
 #
-# Limitations. The past enters a causal layer only as prefix sums of squares, nearly a bag: a layer cannot tie
-# a key to the value after it, so tasks that look up one earlier token (associative recall) fail where one
-# softmax layer succeeds; `python -m lecture.recall` shows it in a minute or two on a CPU. The memberships
+# Limitations. The past enters a causal layer only as prefix sums of squares, nearly a bag that keeps no
+# earlier token whole, so a task that looks one earlier token up (associative recall, even with each key and
+# its value in one token) fails where one softmax layer succeeds; `python -m lecture.recall` shows it in a minute or two on a CPU. The memberships
 # are nearly uniform at initialisation (section 8). The language model trails GPT-2 at equal size. Unrolled,
 # the objective only compresses (section 14). This repository's own measurements are in docs/quality.md and
 # docs/capabilities.md.
@@ -838,11 +855,11 @@ print('15. results and limitations: quoted from the paper in this cell\'s text (
 
 # %% 16. Exercises. In lecture/exercises.py (each has a check your answer must pass, and the solutions are
 # kept apart in lecture/solutions.py): derive grad R^var_c and say where its 1/n comes from (sections 2, 6);
-# prove the corollary for K p <= d (section 5); say why the causal pi_0 is exactly 1/K (section 8); write TSSA
-# from its formula in ten lines and check it against tost.TSSA (section 6); compute the exact R_c gradient in
-# O(n d^2) (section 2); predict what untying c_proj does (section 9); show that the past is nearly a bag
-# (section 11); track Delta R through the layers (section 14). In class: `python -m lecture.recall` (section
-# 15).
+# prove the corollary, each group inside span(U_k) (section 5); say why the causal pi_0 is exactly 1/K
+# (section 8); write TSSA from its formula in ten lines and check it against tost.TSSA (section 6); compute
+# the exact R_c gradient in O(n d^2) (section 2); predict what untying c_proj does (section 9); show that the
+# past is nearly a bag (section 11); track Delta R through the layers (section 14).
+# In class: `python -m lecture.recall` (section 15).
 print('16. exercises: lecture/exercises.py, solutions in lecture/solutions.py; '
       'the experiment: python -m lecture.recall')
 

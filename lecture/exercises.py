@@ -97,7 +97,7 @@ def causal_first_membership(temp, bias0, p):
 def tssa_forward(x, W, W_out, temp):
     """Exercise 5. TSSA from its formula, in about ten lines.
 
-    Write the practical operator (paper-notes section 5, tost.TSSA's forward without biases or dropout):
+    Write the practical operator (derivation.py section 9, tost.TSSA's forward without biases or dropout):
         w   = U_k^T z_j for every head, from one linear map W (rows k p .. (k+1) p of W are U_k^T)
         Pi  = softmax over the K heads of temp_k * sum_i w_ji^2 / sum_l w_li^2
         s_k = sum_j pi_jk w_j^2 / (n_k + 1e-8),   y_j = -pi_jk w_j / (1 + s_k),   output = W_out y
@@ -342,7 +342,7 @@ def check_duplication_factor(answer):
     return f'measured {ratio:.6f}'
 
 
-@exercise(3, 'the corollary: R^var_c >= R_c when K p <= d', 'projected_compression')
+@exercise(3, 'the corollary: R^var_c >= R_c, groups in span(U_k)', 'projected_compression')
 def check_projected_compression(answer):
     above = 0
     for case in range(40):
@@ -520,7 +520,7 @@ def check_delta_R_through_layers(answer):
     layer = tost.TSSA(6, 3, whitebox=True, alpha=alpha, tau=0.05 * n)
     with torch.no_grad():
         layer.c_attn.weight.copy_(U.permute(0, 2, 1).reshape(6, 6))        # rows k p .. (k+1) p: U_k^T
-        # Sharp memberships, as derivation.py's section 12 has them (at temp 1 they would be nearly uniform).
+        # Sharp memberships, as derivation.py's section 14 has them (at temp 1 they would be nearly uniform).
         layer.temp.fill_(100.0)
         want = []
         Zl = Z

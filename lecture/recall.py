@@ -12,8 +12,9 @@ read the value off that token. One softmax layer can do exactly that, since it k
 weighs each by how well it matches the query. A causal TSSA layer keeps of the past only, per head, the sums
 Q, A and P of squared projections (tost.TSSAState), 2p + 1 numbers: in effect which keys and which values
 occurred. A square of a pair token's projection can hold a little of which value went with which key (a
-product of the key's and the value's features), but p numbers per head cannot hold 8 such bindings among
-256 possible pairs. (With key and value as separate tokens even softmax attention needs two layers, one to
+product of the key's and the value's features), but summed into p numbers per head, and read at the query
+only through its memberships and the gains on its own projection, 8 such bindings among 256 possible pairs
+have little room. (With key and value as separate tokens even softmax attention needs two layers, one to
 copy each key onto its value; docs/capabilities.md measures that.)
 
 Chance is 1/8: a model that knows which 8 values occurred but not which key owns which. Accuracy is taken on

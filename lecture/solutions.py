@@ -34,7 +34,8 @@ def duplication_factor():
     """2. One half. With every token twice, s_k/n_k and n_k/n are unchanged, so D_k is too, and the formula of
     exercise 1 at z_j is the same except for its 1/n, now 1/(2n). Each token's share of the statistics is 1/n:
     a token moves the objective only by its part in the averages, and the more tokens, the smaller that part.
-    This is also why the practical operator's output is n times the gradient (its c_proj absorbs tau/n)."""
+    This is also why the practical operator, which has no 1/n, is -n times the gradient when tied: a c_proj
+    trained at one n absorbs tau/n at that n only."""
     return 0.5
 
 
@@ -47,7 +48,9 @@ def projected_compression(Z, Pi, U, alpha):
     logdet(I_p + alpha/n_k U_k^T M_k U_k) <= sum_i f(s_ki/n_k). Together: R_c = R^proj_c <= R^var_c.
     Without the hypothesis (a) fails: M_k has energy outside span(U_k), which R_c counts and R^proj_c does
     not, so R^var_c may fall below R_c (as it usually does for random tokens).
-    Where K p <= d enters: K orthonormal U_k with mutually orthogonal spans need K p dimensions.
+    K p <= d is the paper's setting (K mutually orthogonal p-dimensional spans fit in R^d only then, as the
+    blocks of ToST's one d x d projection do); the proof uses it nowhere: each group needs only
+    U_k^T U_k = I_p and its tokens in span(U_k).
     """
     n, p = Z.shape[1], U.shape[-1]
     w = torch.einsum('bnd,kdp->bknp', Z, U)                                # (B, K, n, p)
@@ -126,9 +129,9 @@ def reorder_change(layer, content, position, perm):
     T - 1 terms of random sign, whose sum grows like sqrt(T) while the sums grow like T, so the relative
     change falls roughly like 1/sqrt(T). Softmax attention keeps each token whole and weighs
     content_s + position_s by its match with the query, so moving contents moves its output by a fraction
-    that does not shrink with T. (Without positions, softmax attention is exactly order-blind too: a bag of
-    whole tokens, from which a query can pick one. TSSA's bag holds only sums of squares: it cannot recall,
-    lecture/recall.py.)
+    several times TSSA's that does not fall like 1/sqrt(T). (Without positions, softmax attention is exactly
+    order-blind too: a bag of whole tokens, from which a query can pick one. TSSA's bag holds only sums of
+    squares: it cannot recall, lecture/recall.py.)
     """
     moved = torch.cat([content[:, perm], content[:, -1:]], 1)              # the last token stays where it was
     with torch.no_grad():
