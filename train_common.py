@@ -143,11 +143,15 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
     """Create out_dir on every rank and lock it on rank 0 (returned: keep it). A fresh run refuses an earlier
     run's `checkpoints`, or with `overwrite` deletes them."""
     os.makedirs(out_dir, exist_ok=True)
+    # The lock first: a folder another run holds is refused as such, not with advice the lock would refuse.
+    lock = lock_out_dir(out_dir) if master else None
     found = [p for p in checkpoints if fresh and os.path.isfile(p)]
     if found and not overwrite:
+        # Let go of the folder at once (a caller that goes on in this process may take it again).
+        if lock:
+            lock.close()
         raise UsageError(f"{found[0]} holds an earlier run; go on with it: add --init_from=resume, or start "
                          f"afresh: another --out_dir, or --overwrite=true (deletes {' and '.join(found)})")
-    lock = lock_out_dir(out_dir) if master else None
     for p in found if master else ():
         os.remove(p)
         say(f"overwrite: deleted {p}")

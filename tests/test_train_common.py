@@ -135,6 +135,14 @@ def test_one_run_at_a_time_in_an_out_dir(tmp_path):
     code = f"import train_common as tc; tc.make_out_dir({out!r}, [], overwrite=False, fresh=False, master=True)"
     r = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "another run is writing in" in r.stderr              # another process
+    # The held folder now has a checkpoint: a fresh run is still refused as one into a held folder, not
+    # pointed to --init_from=resume or --overwrite=true, which the lock would refuse too.
+    ckpt = os.path.join(out, "ckpt.pt")
+    Path(ckpt).write_bytes(b"weights")
+    for overwrite in (False, True):
+        with pytest.raises(UsageError, match="another run is writing in"):
+            tc.make_out_dir(out, [ckpt], overwrite=overwrite, fresh=True, master=True)
+    assert os.path.exists(ckpt)
     lock.close()                                                                         # the run lets go
     tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True).close()
 
