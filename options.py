@@ -80,8 +80,9 @@ def report(exc):
         code = 130
     elif isinstance(exc, BrokenPipeError):
         return 141
-    elif type(exc).__name__ == "OutOfMemoryError":
-        # torch's, named without importing torch. Half the micro-batch, twice the micro-steps: the same step.
+    elif type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(exc):
+        # torch's, named without importing torch; on a CPU its allocator raises a RuntimeError that says so.
+        # Half the micro-batch, twice the micro-steps: the same step.
         line = f"out of memory ({str(exc).splitlines()[0][:100]})"
         if "batch_size" in parsed:
             line += f"; try --batch_size={max(1, parsed['batch_size'] // 2)}"

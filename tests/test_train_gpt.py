@@ -854,10 +854,14 @@ def test_auto_dtype_on_a_cpu_and_the_header_says_why(data_dir, tmp_path, monkeyp
         assert json.loads(f.readline())['dtype'] == ('bfloat16' if native else 'float32')   # the log says which
 
 
-def test_out_of_memory_on_first_step(data_dir, tmp_path, monkeypatch, capsys):
+# A GPU's out of memory, and a CPU's: its allocator raises a RuntimeError.
+@pytest.mark.parametrize('error', [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+                                   RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: "
+                                                "can't allocate memory: you tried to allocate 80000000000 bytes")])
+def test_out_of_memory_on_first_step(data_dir, tmp_path, monkeypatch, capsys, error):
     def oom(self, idx, targets=None):
         if self.training:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+            raise error
         return real(self, idx, targets)
 
     real = tost.GPT.forward
