@@ -162,7 +162,7 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
 
 
 def optimizer_for(model, cfg, dtype, ckpt=None):
-    """AdamW, the GradScaler (float16 only: bfloat16 has the range), the parameters; as `ckpt` left them."""
+    """AdamW and the GradScaler (float16 only: bfloat16 has the range), as `ckpt` left them."""
     kind = next(model.parameters()).device.type
     betas = (cfg["beta1"], cfg["beta2"])
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], betas, kind)
@@ -172,7 +172,19 @@ def optimizer_for(model, cfg, dtype, ckpt=None):
     # A disabled scaler saves {}.
     if ckpt and ckpt.get("scaler"):
         scaler.load_state_dict(ckpt["scaler"])
-    return optimizer, scaler, [p for g in optimizer.param_groups for p in g["params"]]
+    return optimizer, scaler
+
+
+def optimizer_step(optimizer, scaler, lr, grad_clip):
+    """One AdamW step at `lr` on the gradients accumulated, their global norm clipped at grad_clip (0: not)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def cosine_lr(it, lr, min_lr, warmup_iters, decay_iters):
@@ -190,6 +202,38 @@ def seed_of(*numbers):
     """A seed drawn from a tuple of numbers (a run's seed, a step...): the same on any process, after any
     resume."""
     return int(np.random.SeedSequence(numbers).generate_state(1)[0])
+
+
+def backward_bytes(model, T, ctx):
+    """(fixed, per token): the bytes the autograd graph of a GPT keeps for its backward, from two probes of one
+    sequence each, of up to 256 tokens. Linear in the tokens for TSSA and for softmax attention's fused kernels;
+    the weights' copies under autocast are the fixed part."""
+    device = next(model.parameters()).device
+    n = min(T, 256)
+    lengths = (max(1, n // 2), n)
+    kept = []
+    for n in lengths:
+        storages = {}
+
+        def keep(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        x = torch.zeros(1, n, dtype=torch.long, device=device)
+        with ctx, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            model(x, x)
+        kept.append(sum(storages.values()))
+    per_token = (kept[1] - kept[0]) / max(1, lengths[1] - lengths[0])
+    return kept[0] - per_token * lengths[0], per_token
+
+
+def memory_bytes(device):
+    """This machine's memory (a GPU's own), or None where it cannot be told."""
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(device)[1]
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
 
 
 def human(seconds):

@@ -28,10 +28,10 @@ import torch
 import readers
 import tost
 from options import UsageError, fail, parse, say
-from train_common import (any_rank, autocast, check_compile, cosine_lr, draw_loss, human, load_checkpoint,
-                          load_weights, log_row, make_out_dir, mean_loss, optimizer_for, resolve_dtype,
-                          resume_command, save_checkpoint, seed_of, setup_distributed, start_log,
-                          stop_signals, sum_dtype, teardown, wrap)
+from train_common import (any_rank, autocast, backward_bytes, check_compile, cosine_lr, draw_loss, human,
+                          load_checkpoint, load_weights, log_row, make_out_dir, mean_loss, memory_bytes,
+                          optimizer_for, optimizer_step, resolve_dtype, resume_command, save_checkpoint,
+                          seed_of, setup_distributed, start_log, stop_signals, sum_dtype, teardown, wrap)
 
 DEFAULTS = dict(
     config='demo',               # the preset this run started from (--config=NAME picks one)
@@ -367,7 +367,7 @@ def main(argv=None):
         del ckpt['model']
 
     # the optimizer (as the checkpoint left it), then DDP and the compiler around the model
-    optimizer, scaler, params = optimizer_for(raw_model.to(device), cfg, dtype, ckpt)
+    optimizer, scaler = optimizer_for(raw_model.to(device), cfg, dtype, ckpt)
     model = wrap(raw_model, dist, cfg['compile'])
     ctx = autocast(device, dtype)
     peak = peak_flops(device, dtype)
@@ -385,6 +385,16 @@ def main(argv=None):
             f"({meta['tokenizer']})")
         say(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x "
             f"{B} x {T}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
+    # What a micro-step keeps for its backward, said before it is tried: a long context can need more memory
+    # than the machine has.
+    if master:
+        fixed, per_token = backward_bytes(raw_model, T, ctx)
+        need = fixed + per_token * B * T
+        have = memory_bytes(device)
+        say(f"memory: about {need / 1e9:.2f} GB kept for the backward of a micro-step of {B} x {T} tokens")
+    if master and have and need > have:
+        say(f"note: that is more than the {have / 1e9:.0f} GB of this {device}; expect to run out of memory; "
+            f"try a smaller --batch_size (more --gradient_accumulation_steps) or --block_size")
     if master and accum_total != asked:
         say(f"note: gradient_accumulation_steps={asked} rounded up to {accum_total}, a multiple of the "
             f"{dist.world_size} processes: {tokens_per_iter:,} tokens per iter")
@@ -471,8 +481,6 @@ def main(argv=None):
                 sys.exit(130)
 
             # one optimizer step: accum micro-steps on each process, DDP averages the gradients on the last
-            for group in optimizer.param_groups:
-                group['lr'] = lr
             starts = window_starts(seed, 0, iter_num, accum_total * B, sizes['train'], T)
             step_loss = 0.0
             for micro in range(accum):
@@ -489,12 +497,7 @@ def main(argv=None):
                         loss = model(X, Y)[1] / accum
                     scaler.scale(loss).backward()
                 step_loss = step_loss + loss.detach()
-            if grad_clip > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(optimizer, scaler, lr, grad_clip)
             iter_num += 1
             tokens += tokens_per_iter
             since_row += 1

@@ -32,9 +32,9 @@ import readers
 import tost
 from options import UsageError, fail, parse, say
 from train_common import (any_rank, autocast, cosine_lr, draw_loss, human, load_checkpoint, load_weights,
-                          log_row, make_out_dir, mean_loss, optimizer_for, resolve_dtype, resume_command,
-                          save_checkpoint, seed_of, setup_distributed, start_log, stop_signals, teardown,
-                          wrap)
+                          log_row, make_out_dir, mean_loss, optimizer_for, optimizer_step, resolve_dtype,
+                          resume_command, save_checkpoint, seed_of, setup_distributed, start_log,
+                          stop_signals, teardown, wrap)
 
 DEFAULTS = dict(
     # data and I/O
@@ -320,7 +320,7 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # the optimizer, the schedule in steps, compile and DDP
-    optimizer, scaler, params = optimizer_for(raw_model, cfg, dtype, ckpt if resume else None)
+    optimizer, scaler = optimizer_for(raw_model, cfg, dtype, ckpt if resume else None)
     epochs = cfg['epochs']
     per_rank = -(-len(x_train) // dist.world_size)
     steps_per_epoch = min(-(-per_rank // batch_size), cfg['max_steps'] or math.inf)
@@ -410,20 +410,13 @@ def main(argv=None):
             # The augmentation and drop-path draw from a seed of the step: a resume draws them again.
             torch.manual_seed(seed_of(seed, epoch, i, dist.rank))
             lr = cosine_lr(step, learning_rate, min_lr, warmup, total)
-            for group in optimizer.param_groups:
-                group['lr'] = lr
             idx = shard[i * batch_size:(i + 1) * batch_size]
             x = (random_crop_flip(x_train[idx]).float() / 255 - mean) / std
             with ctx:
                 logits = model(x)
             loss = F.cross_entropy(logits.float(), y_train[idx], label_smoothing=label_smoothing)
             scaler.scale(loss).backward()
-            if grad_clip > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(params, grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(optimizer, scaler, lr, grad_clip)
             step += 1
             since_row += 1
             seen += len(idx)
