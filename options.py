@@ -58,12 +58,14 @@ parsed = {}
 
 
 def option_of(path):
-    """' (--key=value)' of the parsed option whose path holds `path` (the longest such), or ''."""
+    """' (--key=value)' of the parsed option that gave `path`: the longest whose value is a folder above it or
+    ends in ':path' (sample.py's --start=FILE:path), or ''."""
     path = os.path.normpath(str(path))
     found = ""
     for key, value in parsed.items():
         folder = isinstance(value, str) and value.strip() and os.path.normpath(value)
-        if folder and (path + os.sep).startswith(folder.rstrip(os.sep) + os.sep):
+        below = folder and (path + os.sep).startswith(folder.rstrip(os.sep) + os.sep)
+        if below or folder and folder.endswith(":" + path):
             found = max(found, f" (--{key}={value})", key=len)
     return found
 
