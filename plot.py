@@ -57,11 +57,9 @@ def save(fig, path):
 
 
 def read_run(path):
-    """A run's log: (label, config, rows). path is a run folder or a .jsonl log. A UsageError if neither."""
+    """A run's log: (label, config, rows). path is a run folder or a .jsonl log; where neither, opening it
+    raises the OSError options.py's handler names the path with."""
     log = path if path.endswith('.jsonl') else os.path.join(path, 'log.jsonl')
-    if not os.path.isfile(log):                        # a folder without its log, or a file that is not a log
-        why = "give a run folder or its log.jsonl" if os.path.isfile(path) else f"no {log}"
-        raise UsageError(f"{path} is not a run: {why} (train_gpt.py and train_vit.py write one)")
     rows = []
     with open(log) as f:
         for line in f:
@@ -261,9 +259,9 @@ def study_curves(section, title):
     def draw(results, path):
         try:
             runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
-        except UsageError as e:
-            raise UsageError(f"{e}; {os.path.basename(path)} is drawn from the runs python -m tools.study "
-                             f"{section} trains: run the study first") from None
+        except OSError as e:
+            raise UsageError(f"{e.filename}: {e.strerror}; {os.path.basename(path)} is drawn from the runs "
+                             f"python -m tools.study {section} trains: run the study first") from None
         learning_curves(runs, path, title=title)
     return draw
 
