@@ -82,11 +82,11 @@ def learning_curves(runs, path, x='tokens', title=None):
     """Language runs: train loss (thin) and val loss (points) against tokens seen or seconds, the y axis on
     the losses after the first evaluation; vision runs: test accuracy against epochs. runs: [(label, cfg,
     rows)], as read_run gives them. Language and vision runs in one call, or nothing to draw: a UsageError."""
-    vision = [any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs]
-    if len(set(vision)) > 1:
-        kinds = [f"{label}: {'vision' if v else 'language'}" for (label, _, _), v in zip(runs, vision)]
-        raise UsageError(f"{', '.join(kinds)}; draw them in separate calls")
-    vision = vision[0]
+    vision = {any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs}
+    if len(vision) > 1:
+        raise UsageError(f"{', '.join(label for label, _, _ in runs)}: language and vision runs together; draw "
+                         f"them in separate calls")
+    vision = vision.pop()
     key = 'epoch' if vision else 'tokens' if x == 'tokens' else 'elapsed_s'
     # (train, val) points of each run, from rows of their kind; a vision run's val points are test accuracy
     series = [([] if vision else points(rows, key, 'train_loss', 'train'),
