@@ -255,13 +255,10 @@ def vision_maps(path, image, cls_attn, pi, title):
 
 def study_curves(section, title):
     """A study section's runs on one figure, each labelled with its row of the table, from the run folders the
-    study trained (they are not committed beside docs/*.json: the study makes them)."""
+    study trained (they are not committed beside docs/*.json: the study makes them; where they are not here,
+    the OSError names the first log missing)."""
     def draw(results, path):
-        try:
-            runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
-        except OSError as e:
-            raise UsageError(f"{e.filename}: {e.strerror}; {os.path.basename(path)} is drawn from the runs "
-                             f"python -m tools.study {section} trains: run the study first") from None
+        runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
         learning_curves(runs, path, title=title)
     return draw
 
