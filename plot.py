@@ -84,8 +84,8 @@ def learning_curves(runs, path, x='tokens', title=None):
     rows)], as read_run gives them. Language and vision runs in one call, or nothing to draw: a UsageError."""
     vision = {any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs}
     if len(vision) > 1:
-        raise UsageError(f"{', '.join(label for label, _, _ in runs)}: language and vision runs together; draw "
-                         f"them in separate calls")
+        labels = ', '.join(label for label, _, _ in runs)
+        raise UsageError(f"{labels}: language and vision runs together; draw them in separate calls")
     vision = vision.pop()
     key = 'epoch' if vision else 'tokens' if x == 'tokens' else 'elapsed_s'
     # (train, val) points of each run, from rows of their kind; a vision run's val points are test accuracy

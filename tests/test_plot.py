@@ -115,9 +115,9 @@ def plot_exits(capsys, *argv):
 
 
 def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
-    """No run, or what is not one, or one with no complete row yet; a bad --out (no folder, no suffix, a format
-    matplotlib does not write), a language run with a vision run, a .json that holds no results or names runs
-    that are not here: each one line, exit 2, no file."""
+    """No run, or what is not one, or one with no complete row yet; a bad --out (no folder, no suffix, a
+    format matplotlib does not write), a language run with a vision run, a .json that holds no results or
+    names runs that are not here: each one line, exit 2, no file."""
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
     (tmp_path / 'new').mkdir()
     (tmp_path / 'new' / 'log.jsonl').write_text('{"kind": "config", "attn": "tssa"}\n{"iter": 0, "ki')
