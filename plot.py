@@ -57,11 +57,9 @@ def save(fig, path):
 
 
 def read_run(path):
-    """A run's log: (label, config, rows). path is a run folder or a .jsonl log. A UsageError if neither."""
+    """A run's log: (label, config, rows). path is a run folder or a .jsonl log; where neither, opening it
+    raises the OSError options.py's handler names the path with."""
     log = path if path.endswith('.jsonl') else os.path.join(path, 'log.jsonl')
-    if not os.path.isfile(log):                        # a folder without its log, or a file that is not a log
-        why = "give a run folder or its log.jsonl" if os.path.isfile(path) else f"no {log}"
-        raise UsageError(f"{path} is not a run: {why} (train_gpt.py and train_vit.py write one)")
     rows = []
     with open(log) as f:
         for line in f:
@@ -84,11 +82,11 @@ def learning_curves(runs, path, x='tokens', title=None):
     """Language runs: train loss (thin) and val loss (points) against tokens seen or seconds, the y axis on
     the losses after the first evaluation; vision runs: test accuracy against epochs. runs: [(label, cfg,
     rows)], as read_run gives them. Language and vision runs in one call, or nothing to draw: a UsageError."""
-    vision = [any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs]
-    if len(set(vision)) > 1:
-        kinds = [f"{label}: {'vision' if v else 'language'}" for (label, _, _), v in zip(runs, vision)]
-        raise UsageError(f"{', '.join(kinds)}; draw them in separate calls")
-    vision = vision[0]
+    vision = {any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs}
+    if len(vision) > 1:
+        labels = ', '.join(label for label, _, _ in runs)
+        raise UsageError(f"{labels}: language and vision runs together; draw them in separate calls")
+    vision = vision.pop()
     key = 'epoch' if vision else 'tokens' if x == 'tokens' else 'elapsed_s'
     # (train, val) points of each run, from rows of their kind; a vision run's val points are test accuracy
     series = [([] if vision else points(rows, key, 'train_loss', 'train'),
@@ -257,13 +255,10 @@ def vision_maps(path, image, cls_attn, pi, title):
 
 def study_curves(section, title):
     """A study section's runs on one figure, each labelled with its row of the table, from the run folders the
-    study trained (they are not committed beside docs/*.json: the study makes them)."""
+    study trained (they are not committed beside docs/*.json: the study makes them; where they are not here,
+    the OSError names the first log missing)."""
     def draw(results, path):
-        try:
-            runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
-        except UsageError as e:
-            raise UsageError(f"{e}; {os.path.basename(path)} is drawn from the runs python -m tools.study "
-                             f"{section} trains: run the study first") from None
+        runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
         learning_curves(runs, path, title=title)
     return draw
 

@@ -241,18 +241,14 @@ def randomize(module, scale=0.3):
     return module
 
 
-def coding_rate(Z, alpha):
-    """R(Z) = 1/2 logdet(I + alpha/n Z^T Z), tokens as rows. (B,)."""
-    n, d = Z.shape[1:]
-    return 0.5 * torch.logdet(torch.eye(d) + alpha / n * Z.transpose(1, 2) @ Z)
-
-
 def compression(Z, Pi, alpha):
-    """R_c(Z, Pi) = 1/2 sum_k (n_k/n) logdet(I + alpha/n_k Z^T diag(pi_k) Z), from log-determinants. (B,)."""
-    n, d = Z.shape[1:]
+    """R_c(Z, Pi) = 1/2 sum_k (n_k/n) sum_i log(1 + alpha/n_k lambda_i(M_k)), M_k = Z^T diag(pi_k) Z: from the
+    eigenvalues of M_k, not from log-determinants as derivation.py has it. (B,). One group holding every token
+    (Pi all ones, (B, 1, n)) gives the coding rate R(Z) of all n tokens."""
+    n = Z.shape[1]
     n_k = Pi.sum(-1)                                                       # (B, K)
-    M = torch.einsum('bnd,bkn,bne->bkde', Z, Pi, Z)                        # (B, K, d, d)
-    return 0.5 * (n_k / n * torch.logdet(torch.eye(d) + alpha / n_k[..., None, None] * M)).sum(-1)
+    eigenvalues = torch.linalg.eigvalsh(torch.einsum('bnd,bkn,bne->bkde', Z, Pi, Z))     # (B, K, d)
+    return 0.5 * (n_k / n * torch.log1p(alpha / n_k[..., None] * eigenvalues).sum(-1)).sum(-1)
 
 
 def gradient(objective, Z):
@@ -301,16 +297,12 @@ def map_back(layer, kind, c=None):
 
 class CountElements(torch.overrides.TorchFunctionMode):
     """Counts the elements every torch call returns: work counted, not timed, as derivation.py counts it."""
-
-    def __init__(self):
-        super().__init__()
-        self.total = 0
+    total = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.total += t.numel()
+        returned = out if isinstance(out, (tuple, list)) else [out]
+        self.total += sum(t.numel() for t in returned if isinstance(t, torch.Tensor))
         return out
 
 
@@ -526,7 +518,7 @@ def check_delta_R_through_layers(answer):
         Zl = Z
         for _ in range(layers + 1):
             Pi = layer.memberships(layer.split_heads(layer.c_attn(Zl)))
-            want.append(coding_rate(Zl, alpha) - compression(Zl, Pi, alpha))
+            want.append(compression(Zl, torch.ones(1, 1, n), alpha) - compression(Zl, Pi, alpha))
             Zl = Zl + layer(Zl)
         want = torch.cat(want)
         got = answer(Z, layer, layers, alpha)

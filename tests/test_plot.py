@@ -92,12 +92,12 @@ def test_the_loss_axis_shows_the_part_after_the_first_drop_in_the_runs_unit(tmp_
     assert vals[0] > 5 and hi < vals[0] and max(vals[1:]) < hi < max(vals[1:]) + 0.1
     train = min(r['train_loss'] for r in demo[2])
     assert train - 0.1 < lo < train
-    assert axes[-1].get_ylabel() == 'loss (nats per byte); thin: train'
+    assert 'per byte' in axes[-1].get_ylabel()
     plot.learning_curves([(demo[0], dict(demo[1], vocab_size=50304), demo[2])], 'x.png')
-    assert axes[-1].get_ylabel() == 'loss (nats per token); thin: train'
+    assert 'per token' in axes[-1].get_ylabel()
 
 
-def test_a_log_cut_short_draws_what_is_complete(tmp_path, capsys):
+def test_a_log_cut_short_draws_what_is_complete(tmp_path):
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0, 3.2, 2.9])
     with open(tmp_path / 'out' / 'log.jsonl', 'a') as f:
         f.write('{"iter": 5, "kind": "train", "train_lo')                 # killed while writing a row
@@ -105,10 +105,6 @@ def test_a_log_cut_short_draws_what_is_complete(tmp_path, capsys):
     assert len(rows) == 6 and cfg['attn'] == 'tssa'
     plot.main([str(tmp_path / 'out'), f'--out={tmp_path / "a.png"}'])
     read_png(tmp_path / 'a.png', (420, 700))
-    (tmp_path / 'new').mkdir()
-    (tmp_path / 'new' / 'log.jsonl').write_text('{"kind": "config", "attn": "tssa"}\n{"iter": 0, "ki')
-    code, err = plot_exits(capsys, str(tmp_path / 'new'))
-    assert code == 2 and err == ['error: nothing to draw yet: new: ToST has no complete train or eval row']
 
 
 def plot_exits(capsys, *argv):
@@ -119,10 +115,12 @@ def plot_exits(capsys, *argv):
 
 
 def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
-    """No run, or what is not one; a bad --out (no folder, no suffix, a format matplotlib does not write), a
-    language run with a vision run, a .json that holds no results or names runs that are not here: each one
-    line, exit 2, no file."""
+    """No run, or what is not one, or one with no complete row yet; a bad --out (no folder, no suffix, a
+    format matplotlib does not write), a language run with a vision run, a .json that holds no results or
+    names runs that are not here: each one line, exit 2, no file."""
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
+    (tmp_path / 'new').mkdir()
+    (tmp_path / 'new' / 'log.jsonl').write_text('{"kind": "config", "attn": "tssa"}\n{"iter": 0, "ki')
     (tmp_path / 'vit').mkdir()
     (tmp_path / 'vit' / 'log.jsonl').write_text(json.dumps(dict(kind='eval', step=4, epoch=1, test_acc=0.3)))
     (tmp_path / 'other.json').write_text('{"loss": 1}')
@@ -138,6 +136,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
     for argv, names in (([], ''),                                   # no run at all
                         ([str(tmp_path)], str(tmp_path)),           # a folder that is not a run
                         ([str(tmp_path / 'notes.md')], 'notes.md'),
+                        ([str(tmp_path / 'new')], 'new'),
                         ([run, f'--out={tmp_path}/no/such/x.png'], f'{tmp_path}/no/such'),
                         ([run, f'--out={tmp_path}'], '--out'),
                         ([run, f'--out={tmp_path}/x.txt'], 'x.txt'),
@@ -152,7 +151,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
                          f'--out_dir={tmp_path}/no')):
         code, err = plot_exits(capsys, *argv)
         assert code == 2 and len(err) == 1 and err[0].startswith('error:') and names in err[0], err
-    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'notes.md', 'other.json', 'out', 'study.json',
+    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'new', 'notes.md', 'other.json', 'out', 'study.json',
                                             'tasks.json', 'vit']
     plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')

@@ -28,13 +28,13 @@ pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 @pytest.fixture(scope='module')
 def out(tmp_path_factory):
     """A folder holding ckpt.pt: a random 1-layer GPT over bytes, block size 32."""
-    folder = tmp_path_factory.mktemp('out')
     torch.manual_seed(0)
-    config = tost.GPTConfig(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32)
-    model = tost.GPT(config)
-    ckpt = dict(model=model.state_dict(), model_args=dataclasses.asdict(config), meta={'tokenizer': 'bytes'})
-    train_common.atomic_save(ckpt, str(folder / 'ckpt.pt'))
-    return str(folder)
+    model = tost.GPT(tost.GPTConfig(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32))
+    path = tmp_path_factory.mktemp('out') / 'ckpt.pt'
+    args = dataclasses.asdict(model.config)
+    train_common.atomic_save(dict(model=model.state_dict(), model_args=args, meta={'tokenizer': 'bytes'}),
+                             str(path))
+    return str(path.parent)
 
 
 def start(*args, stdout=subprocess.PIPE):

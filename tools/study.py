@@ -182,7 +182,8 @@ def gen_recall(rng, n, pairs, keys=32):
     k = rng.random((n, keys)).argsort(1)[:, :pairs]               # (n, N) distinct keys
     v = rng.random((n, keys)).argsort(1)[:, :pairs] + keys        # (n, N) distinct values
     q = rng.random((n, pairs)).argsort(1)[:, :(pairs + 1) // 2]   # (n, Q) the pairs asked, in random order
-    qk, qv = np.take_along_axis(k, q, 1), np.take_along_axis(v, q, 1)
+    qk = np.take_along_axis(k, q, 1)
+    qv = np.take_along_axis(v, q, 1)
     x = np.concatenate([np.stack([k, v], 2).reshape(n, -1), np.stack([qk, qv], 2).reshape(n, -1)], 1)
     y = np.full_like(x, -1)
     y[:, 2 * pairs::2] = qv
@@ -277,8 +278,8 @@ def task_train_batches(task, value, batch, steps, test_x):
         while need > 0:
             x, y = task.gen(rng, need, value)
             keep = np.array([r.tobytes() not in seen for r in x], dtype=bool)
-            xs.append(x[keep][:need])
-            ys.append(y[keep][:need])
+            xs.append(x[keep])
+            ys.append(y[keep])
             need -= len(xs[-1])
         x = torch.from_numpy(np.concatenate(xs))
         y = torch.from_numpy(np.concatenate(ys))
@@ -309,10 +310,9 @@ def task_run(job):
         torch.nn.utils.clip_grad_norm_(model.parameters(), o['clip'])
         opt.step()
     model.eval()
-    x = torch.from_numpy(x_test)
     y = torch.from_numpy(y_test)
     with torch.no_grad():                       # the top token at every position of the held-out sequences
-        pred = torch.cat([model(xb, yb)[0].argmax(-1) for xb, yb in zip(x.split(256), y.split(256))])
+        pred = torch.cat([model.logits(x).argmax(-1) for x in torch.from_numpy(x_test).split(256)])
     right = (pred == y)[y >= 0]                 # at the labelled positions
     return dict(task=name, knob=task.knob, value=value, model=kind,
                 accuracy=right.sum().item() / right.numel(), chance=task.chance(value),
