@@ -235,8 +235,9 @@ def main(argv=None):
             raise UsageError(f"--{key}={cfg[key]} is not one of {', '.join(names)}")
     eval_only = cfg['eval_only']
     resume = cfg['init_from'] == 'resume' and not eval_only
-    ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
-    best_path = os.path.join(cfg['out_dir'], 'best.pt')
+    out_dir = cfg['out_dir']
+    ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    best_path = os.path.join(out_dir, 'best.pt')
     named = {'scratch': None, 'resume': ckpt_path, 'best': best_path}
     path = named.get(cfg['init_from'], cfg['init_from'])
     if eval_only and not path:
@@ -254,8 +255,8 @@ def main(argv=None):
     # a checkpoint: a resume goes on as it was, an evaluation tests on the data the model learned from
     # A resume holds its folder before it reads the checkpoint there: another run's folder is refused as such.
     lock = None
-    if resume and os.path.isdir(cfg['out_dir']):
-        lock = make_out_dir(cfg['out_dir'], [], False, False, master)
+    if resume and os.path.isdir(out_dir):
+        lock = make_out_dir(out_dir, [], False, False, master)
     ckpt = None
     if path:
         ckpt = load_checkpoint(path, device, 'vit', needs=('model', 'optimizer', 'config'))
@@ -337,7 +338,6 @@ def main(argv=None):
     log_interval = cfg['log_interval']
     eval_interval = cfg['eval_interval']
     seed = cfg['seed']
-    out_dir = cfg['out_dir']
 
     n_params = raw_model.get_num_params()
     say(f"{cfg['model']}, {config.attn}{' + lpi' * config.lpi}: {n_params / 1e6:.2f}M parameters | "
