@@ -24,37 +24,12 @@ from pathlib import Path
 import numpy as np
 from rich import progress as rp
 
-from options import UsageError, fail, parse
+from options import UsageError, parse
 from readers import get_tokenizer, load_meta, read_images, read_tokens  # noqa: F401 (read by others)
 
 
-def _check_folder(folder, what):
-    """A UsageError if a part of `folder` is a file (a file given as --data_dir)."""
-    path = next((p for p in (Path(folder), *Path(folder).parents) if p.exists()), None)
-    if path and not path.is_dir():
-        raise UsageError(f"{what}: {path} is a file, not a folder; give --data_dir a folder "
-                         f"(datasets live in <data_dir>/<name>/)")
-
-
-def _recipe(folder, meta=None, force=False):
-    """The command that makes (with force: rebuilds) the dataset in `folder`: its builder's, or for any other
-    name CIFAR's (images) or the `text` one, with the closest built-in name."""
-    root, name = os.path.split(os.path.normpath(folder))
-    meta = meta or {}
-    built = meta.get('dataset') or (f"cifar{meta['num_classes']}" if 'num_classes' in meta else name)
-    tail = f" --data_dir={root or '.'}{' --force' if force else ''}"
-    if built in DATASETS and built != 'text':
-        return f"python prepare_data.py {built}{f' --name={name}' if name != built else ''}{tail}"
-    if meta.get('kind') == 'images':
-        return f"python prepare_data.py cifar10 --name={name}{tail} (or cifar100)"
-    # the names that can be meant
-    known = [d for d in DATASETS if d != 'text' and not (meta.get('kind') == 'text' and d in CIFAR)]
-    close = difflib.get_close_matches(name, known, n=1)
-    return (f"python prepare_data.py text --input=PATH --name={name}{tail} (for text of your own"
-            f"{f'; or did you mean the built-in {close[0]}?' if close else ''})")
-
-
-_warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
+def _warn(msg):
+    print(f"warning: {msg}", file=sys.stderr)
 
 # -----------------------------------------------------------------------------
 # progress, downloads. Builds write into a staging folder that prepare() moves into place: no temp file names.
@@ -71,17 +46,17 @@ def _progress(desc, total=None, unit='docs'):
         yield lambda n: bar.advance(task, n)
 
 
-def _checksum(path, algo='md5'):
-    # the largest file checked is CIFAR-100's 169 MB
-    return hashlib.new(algo, Path(path).read_bytes()).hexdigest()
+def _matches(path, checksum):
+    """Whether the file's (algorithm, hex digest) is `checksum` (None: any file). The largest is CIFAR-100's
+    169 MB."""
+    return checksum is None or hashlib.new(checksum[0], Path(path).read_bytes()).hexdigest() == checksum[1]
 
 
 def _download(url, data_dir, hint, checksum=None, name=None):
     """url -> data_dir/downloads/name (default: the url's) via a .part-<pid> file, renamed when complete and
     matching checksum, an (algorithm, hex digest) pair. A matching file already there is not fetched again."""
-    ok = lambda path: checksum is None or _checksum(path, checksum[0]) == checksum[1]
     dest = os.path.join(data_dir, 'downloads', name or os.path.basename(url))
-    if os.path.exists(dest) and ok(dest):
+    if os.path.exists(dest) and _matches(dest, checksum):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.part-{os.getpid()}"
@@ -95,7 +70,7 @@ def _download(url, data_dir, hint, checksum=None, name=None):
         if total and os.path.getsize(tmp) != total:
             raise UsageError(
                 f"download of {url} stopped at {os.path.getsize(tmp)} of {total} bytes; run again")
-        if not ok(tmp):
+        if not _matches(tmp, checksum):
             raise UsageError(f"download of {url} is corrupt ({checksum[0].upper()} mismatch); run again, "
                              f"or fetch it by hand and pass {hint}")
         os.replace(tmp, dest)
@@ -383,7 +358,7 @@ def _eval_source(o, spec):
                 raise UsageError(
                     f"{o['input']} is a folder without {want} in it; pass the file itself with --input")
         where = path  # named as the published file but not it: False; other names (wiki.test.raw): unknown
-        official = (True if _checksum(path, spec['checksum'][0]) == spec['checksum'][1] else
+        official = (True if _matches(path, spec['checksum']) else
                     False if os.path.basename(path) == os.path.basename(spec['url']) else None)
     if 'member' in spec and path.endswith('.zip'):
         try:
@@ -542,7 +517,8 @@ def _build_cifar(stage, o, which):
         raise UsageError(f"no such file: {o['archive']}")
     archive = o.get('archive') or _download(spec['url'], o['data_dir'], '--archive=PATH',
                                             ('md5', spec['md5']))
-    md5_ok = 'archive' not in o or _checksum(archive) == spec['md5']  # a download is checked already
+    # A download is checked already.
+    md5_ok = 'archive' not in o or _matches(archive, ('md5', spec['md5']))
     where = (archive if md5_ok
              else f"{archive} (whose MD5 differs from the official {os.path.basename(spec['url'])})")
     xtr, ytr, xte, yte, names = _read_cifar(archive, spec, where)
@@ -609,10 +585,14 @@ def prepare(name, /, data_dir='data', **opts):
     rebuilds it). opts are the command line's (input=, tokenizer=, ...); name= there is the folder's name.
     With torchrun, call it on one rank and barrier: two ranks would both build (safely, but twice)."""
     if name not in DATASETS:
-        raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}); "
-                         f"{_recipe(os.path.join(data_dir, name))}")
+        # A name of one's own is text of one's own; a near miss of a built-in name is a typo.
+        close = difflib.get_close_matches(name, [d for d in DATASETS if d != 'text'], n=1)
+        raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}); for text of your own: "
+                         f"python prepare_data.py text --input=PATH --name={name} --data_dir={data_dir}"
+                         f"{f'; or did you mean {close[0]}?' if close else ''}")
     builder, takes = DATASETS[name]
-    o, takes = {k: v for k, v in opts.items() if v is not None}, takes | {'name', 'force'}
+    o = {k: v for k, v in opts.items() if v is not None}
+    takes = takes | {'name', 'force'}
     extra = sorted(set(o) - takes)
     if extra:
         raise UsageError(
@@ -624,15 +604,14 @@ def prepare(name, /, data_dir='data', **opts):
     if out_name in ('', '.', '..', 'downloads') or os.sep in out_name or out_name.startswith('.'):
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
-    _check_folder(out, f"cannot prepare {out}")
+    # A file where the folder goes would fail only after the build.
+    if os.path.isfile(out):
+        raise UsageError(f"{out} is a file, not a dataset folder; pass --name=OTHER")
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
-        if meta.get('dataset', name) != name:
-            raise UsageError(f"{out} holds {meta['dataset']}, not {name}; pass --force to rebuild it, "
-                             f"or --name=OTHER to keep both")
-        if o.get('tokenizer') and meta.get('tokenizer') != o['tokenizer']:
-            raise UsageError(f"{out} was prepared with tokenizer {meta.get('tokenizer')}, "
-                             f"not {o['tokenizer']}; pass --force to rebuild it, "
+        if (meta.get('dataset', name), o.get('tokenizer', meta.get('tokenizer'))) != (name, meta.get('tokenizer')):
+            raise UsageError(f"{out} holds {meta.get('dataset')} ({meta.get('tokenizer')}), not {name} "
+                             f"({o.get('tokenizer', 'its default tokenizer')}); pass --force to rebuild it, "
                              f"or --name=OTHER to keep both")
         print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); "
               f"--force rebuilds it")
@@ -640,30 +619,23 @@ def prepare(name, /, data_dir='data', **opts):
     new_root = not os.path.isdir(data_dir)
     stage = os.path.join(data_dir, f".{out_name}.partial-{socket.gethostname()}-{os.getpid()}")
     t0 = time.time()
+    # Everything is written in stage/: an exception or Ctrl-C leaves out/ untouched, and options.py's handler
+    # names the path of an OSError (a data_dir that is a file, not writable, a full disk).
     try:
         os.makedirs(data_dir, exist_ok=True)
         _remove_stale_stages(data_dir, out_name)
         os.makedirs(stage)
-    except OSError as e:
-        raise UsageError(f"cannot write in --data_dir={data_dir} ({e.strerror}); "
-                         f"choose a folder you can write to") from None
-    try:  # everything is written in stage/; an exception or ctrl-c leaves out/ untouched
         meta = builder(stage, {**o, 'data_dir': data_dir})
         _commit(stage, out, {'name': out_name, 'dataset': name, **meta,
                              'prepared': time.strftime('%Y-%m-%d %H:%M:%S')})
-    finally:  # a failed first run leaves no empty data_dir behind (a done one holds out/: rmdir keeps it)
+    finally:
         shutil.rmtree(stage, ignore_errors=True)
+        # A failed first run leaves no empty data_dir behind (a done one holds out/, which rmdir keeps).
         for d in (os.path.join(data_dir, 'downloads'), data_dir) if new_root else ():
             with contextlib.suppress(OSError):
-                os.rmdir(d)  # only if empty
-    if meta['kind'] == 'images':
-        what = (f"{meta['train_count']:,} train + {meta['test_count']:,} test images, "
-                f"{meta['num_classes']} classes")
-    elif meta['train_tokens']:
-        what = f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens ({meta['tokenizer']})"
-    else:
-        what = f"{meta['val_tokens']:,} val tokens (the test split, {meta['tokenizer']})"
-    print(f"prepared {out}: {what} in {time.time() - t0:.1f}s")
+                os.rmdir(d)
+    counts = ', '.join(f"{v:,} {k.replace('_', ' ')}" for k, v in meta.items() if k.endswith(('_tokens', '_count')))
+    print(f"prepared {out}: {counts} ({meta.get('tokenizer', 'images')}) in {time.time() - t0:.1f}s")
     return out
 
 # -----------------------------------------------------------------------------
@@ -682,24 +654,16 @@ DEFAULTS = dict(
 )
 
 
+# What options.py's parse lets through.
+RANGES = {'nonempty': ['dataset'], 'positive': ['max_mb', 'val_every'], 'nonnegative': ['workers']}
+
+
 def main(argv=None):
     cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
-                          positional='dataset')
-    if not cfg['dataset']:
-        raise UsageError(
-            f"give one dataset name (known: {', '.join(DATASETS)}); python prepare_data.py --help")
-    for key in ('max_mb', 'val_every'):
-        if not cfg[key] > 0:  # NaN too
-            raise UsageError(f"--{key} must be positive, got {cfg[key]}")
-    if cfg['workers'] < 0:
-        raise UsageError(f"--workers must be >= 0, got {cfg['workers']}")
-    try:
-        prepare(cfg['dataset'], data_dir=cfg['data_dir'],
-                **{k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if k != 'workers' or cfg[k]})
-    except KeyboardInterrupt:
-        fail("interrupted: partial files removed, the dataset folder is as it was", code=130)
-    except OSError as e:  # disk full, permissions: the environment, not a bug
-        raise UsageError(e) from None
+                          positional='dataset', ranges=RANGES)
+    # --workers=0 is the dataset's default.
+    opts = {k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if k != 'workers' or cfg[k]}
+    prepare(cfg['dataset'], data_dir=cfg['data_dir'], **opts)
 
 
 if __name__ == '__main__':
