@@ -485,21 +485,19 @@ def _read_cifar(archive, spec, where):
         raise UsageError(f"{where} does not have the {spec['top']} layout: missing {', '.join(missing)}")
 
     def batch(b):
-        d, key = got[f"{spec['top']}/{b}"], spec['labels']
-        if not isinstance(d, dict) or b'data' not in d or key not in d:
-            raise UsageError(f"{where}: {b} should be a dict with keys b'data' and {key!r}")
-        x = d[b'data']
-        if (not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072
-                or not len(x)):
-            raise UsageError(f"{where}: {b} data should be an N x 3072 uint8 array, "
-                             f"got {getattr(x, 'shape', type(x))}")
+        d = got[f"{spec['top']}/{b}"]
         try:
-            y = np.asarray(d[key], dtype=np.int64)
-        except (TypeError, ValueError):
-            raise UsageError(f"{where}: {b} labels are not integers") from None
-        if y.shape != (len(x),) or (len(y) and (y.min() < 0 or y.max() >= spec['classes'])):
-            raise UsageError(f"{where}: {b} needs {len(x)} labels in 0..{spec['classes'] - 1}")
-        return x.reshape(-1, 3, 32, 32), y  # CIFAR rows are R, G, B planes of 32x32
+            x = d[b'data']
+            y = np.asarray(d[spec['labels']], dtype=np.int64)
+            ok = (x.dtype == np.uint8 and x.shape[1:] == (3072,) and len(x) > 0 and y.shape == (len(x),)
+                  and 0 <= y.min() and y.max() < spec['classes'])
+        except (TypeError, KeyError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            raise UsageError(f"{where}: {b} should hold an N x 3072 uint8 array under b'data' and N labels in "
+                             f"0..{spec['classes'] - 1} under {spec['labels']!r}")
+        # CIFAR rows are R, G, B planes of 32x32.
+        return x.reshape(-1, 3, 32, 32), y
 
     meta = got[f"{spec['top']}/{spec['meta']}"]
     names = meta.get(spec['names']) if isinstance(meta, dict) else None
@@ -507,8 +505,9 @@ def _read_cifar(archive, spec, where):
         raise UsageError(
             f"{where}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
     names = [n.decode('utf-8') if isinstance(n, bytes) else str(n) for n in names]
-    cat = lambda bs: [np.concatenate(a) for a in zip(*map(batch, bs))]
-    return *cat(spec['train']), *cat(spec['test']), names
+    train = [np.concatenate(a) for a in zip(*map(batch, spec['train']))]
+    test = [np.concatenate(a) for a in zip(*map(batch, spec['test']))]
+    return *train, *test, names
 
 
 def _build_cifar(stage, o, which):
