@@ -158,8 +158,8 @@ def _read_text(path):
 def _files_under(path, exts=None, skip=()):
     """A file, or the files under a folder (hidden names and `skip` folders left out)
     sorted by path components."""
-    if not os.path.exists(path):
-        raise UsageError(f"no such file or folder: {path}")
+    # A missing path raises here, and options.py's handler names it with its option.
+    os.stat(path)
     if os.path.isfile(path):
         return [path]
     out = []
@@ -464,7 +464,7 @@ class _NumpyUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _read_cifar(archive, spec, where):
+def _read_cifar(archive, spec):
     """Loads and strictly checks the batches; returns (train x, train y, test x, test y, class names)."""
     need, got = {f"{spec['top']}/{b}" for b in spec['train'] + spec['test'] + [spec['meta']]}, {}
     try:
@@ -477,12 +477,12 @@ def _read_cifar(archive, spec, where):
                         got[name] = _NumpyUnpickler(io.BytesIO(data), encoding='bytes').load()
                     except Exception as e:  # junk bytes can fail in many ways inside pickle
                         raise UsageError(
-                            f"{where}: {name} is not a CIFAR pickle ({type(e).__name__}: {e})") from None
+                            f"{archive}: {name} is not a CIFAR pickle ({type(e).__name__}: {e})") from None
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
-        raise UsageError(f"{where} is not a readable tar archive ({e})") from None
+        raise UsageError(f"{archive} is not a readable tar archive ({e})") from None
     missing = sorted(need - set(got))
     if missing:
-        raise UsageError(f"{where} does not have the {spec['top']} layout: missing {', '.join(missing)}")
+        raise UsageError(f"{archive} does not have the {spec['top']} layout: missing {', '.join(missing)}")
 
     def batch(b):
         d = got[f"{spec['top']}/{b}"]
@@ -494,7 +494,7 @@ def _read_cifar(archive, spec, where):
         except (TypeError, KeyError, ValueError, AttributeError):
             ok = False
         if not ok:
-            raise UsageError(f"{where}: {b} should hold an N x 3072 uint8 array under b'data' and N labels in "
+            raise UsageError(f"{archive}: {b} should hold an N x 3072 uint8 array under b'data' and N labels in "
                              f"0..{spec['classes'] - 1} under {spec['labels']!r}")
         # CIFAR rows are R, G, B planes of 32x32.
         return x.reshape(-1, 3, 32, 32), y
@@ -503,7 +503,7 @@ def _read_cifar(archive, spec, where):
     names = meta.get(spec['names']) if isinstance(meta, dict) else None
     if not isinstance(names, list) or len(names) != spec['classes']:
         raise UsageError(
-            f"{where}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
+            f"{archive}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
     names = [n.decode('utf-8') if isinstance(n, bytes) else str(n) for n in names]
     train = [np.concatenate(a) for a in zip(*map(batch, spec['train']))]
     test = [np.concatenate(a) for a in zip(*map(batch, spec['test']))]
@@ -512,16 +512,13 @@ def _read_cifar(archive, spec, where):
 
 def _build_cifar(stage, o, which):
     spec = CIFAR[which]
-    if 'archive' in o and not os.path.isfile(o['archive']):
-        raise UsageError(f"no such file: {o['archive']}")
     archive = o.get('archive') or _download(spec['url'], o['data_dir'], '--archive=PATH',
                                             ('md5', spec['md5']))
-    # A download is checked already.
+    # A download is checked already; a missing --archive is the OSError handler's to name.
     md5_ok = 'archive' not in o or _matches(archive, ('md5', spec['md5']))
-    where = (archive if md5_ok
-             else f"{archive} (whose MD5 differs from the official {os.path.basename(spec['url'])})")
-    xtr, ytr, xte, yte, names = _read_cifar(archive, spec, where)
-    if not md5_ok:  # a repacked copy is fine if the layout checks passed
+    xtr, ytr, xte, yte, names = _read_cifar(archive, spec)
+    # A repacked copy is fine if the layout checks passed.
+    if not md5_ok:
         _warn(f"{archive}: MD5 differs from the official tarball ({spec['md5']}); "
               f"its layout checks out, using it")
     for split, x, y in (('train', xtr, ytr), ('test', xte, yte)):
