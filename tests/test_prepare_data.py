@@ -240,8 +240,7 @@ def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(tmp_path, monkeypatc
 
 
 def test_the_default_dataset_as_a_command(tmp_path):
-    """The real command, in a process of its own: this Python's stdlib, then a second run that does nothing, then
-    a mistake: exit 2, one line, no traceback."""
+    """The real command, in a process of its own: this Python's stdlib, then a second run that does nothing."""
     def cli(*args):
         return subprocess.run([sys.executable, os.path.join(REPO, 'prepare_data.py'), *args, f'--data_dir={tmp_path}'],
                               capture_output=True, text=True, timeout=60)
@@ -251,9 +250,7 @@ def test_the_default_dataset_as_a_command(tmp_path):
     assert meta['documents'] > 1 and meta['train_tokens'] > 0
     stamp = os.stat(tmp_path / 'python_stdlib' / 'train.bin').st_mtime_ns
     r = cli('python_stdlib')
-    assert r.returncode == 0 and str(tmp_path / 'python_stdlib') in r.stdout and os.stat(tmp_path / 'python_stdlib' / 'train.bin').st_mtime_ns == stamp
-    r = cli('cifar10', f'--archive={tmp_path / "nowhere.tar.gz"}')
-    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and 'nowhere.tar.gz' in r.stderr, r.stderr
+    assert r.returncode == 0 and os.stat(tmp_path / 'python_stdlib' / 'train.bin').st_mtime_ns == stamp
 
 # -----------------------------------------------------------------------------
 # openwebtext: local documents, worker pool, streaming writer
@@ -492,6 +489,11 @@ def test_a_download_is_checked(tmp_path, tiny, monkeypatch, name):
     meta = load_meta(prepare(name, tmp_path / 'data'))
     assert meta['source'] == urls[-1] and meta.get('official_file', meta.get('md5_matches_official')) is True
     assert os.listdir(tmp_path / 'data' / 'downloads') == [os.path.basename(urls[-1])]
+    # A damaged copy in downloads/ is fetched again, a good one is not.
+    (tmp_path / 'data' / 'downloads' / os.path.basename(urls[-1])).write_bytes(b'junk')
+    prepare(name, tmp_path / 'data', force=True)
+    prepare(name, tmp_path / 'data', force=True)
+    assert len(urls) == 3
 
 
 def test_a_download_cut_short_is_refused(tmp_path, monkeypatch):
@@ -628,34 +630,27 @@ def test_interrupted_new_dataset_leaves_nothing(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / 'data').exists()
 
 
-@pytest.mark.parametrize('failure', ['interrupt', 'disk full'])
-def test_a_failed_rebuild_never_leaves_a_dataset_that_looks_complete(tmp_path, monkeypatch, failure):
-    """Ctrl-C while --force rebuilds keeps the old dataset as it was; a failure while moving the new files in
-    leaves no meta.json (half old, half new), and the next run rebuilds it."""
+def test_a_failed_rebuild_never_leaves_a_dataset_that_looks_complete(tmp_path, monkeypatch):
+    """Ctrl-C while --force rebuilds keeps the old dataset as it was; a full disk while the new files move in
+    leaves no meta.json (half old, half new)."""
     write(tmp_path / 'in.txt', 'old text. ' * 50)
     out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
     before = {f: Path(out, f).read_bytes() for f in os.listdir(out)}
     write(tmp_path / 'in.txt', 'new and different text. ' * 50)
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        interrupt_after_writing(m)
+        prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), force=True)
+    assert {f: Path(out, f).read_bytes() for f in os.listdir(out)} == before
     real = os.replace
 
     def replace(src, dst):
-        if str(dst) == os.path.join(out, 'val.bin'):
+        if dst.endswith('val.bin'):
             raise OSError(28, 'No space left on device')
         real(src, dst)
-    if failure == 'interrupt':
-        interrupt_after_writing(monkeypatch)
-    else:
-        monkeypatch.setattr(prep.os, 'replace', replace)
-    with pytest.raises((KeyboardInterrupt, OSError)):
+    monkeypatch.setattr(prep.os, 'replace', replace)
+    with pytest.raises(OSError):
         prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), force=True)
-    assert os.listdir(tmp_path / 'data') == ['in']
-    if failure == 'interrupt':
-        assert {f: Path(out, f).read_bytes() for f in os.listdir(out)} == before
-        return
-    assert not os.path.exists(os.path.join(out, 'meta.json'))
-    monkeypatch.setattr(prep.os, 'replace', real)
-    prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
-    assert load_meta(out)['train_tokens'] == 1200 - 120
+    assert os.listdir(tmp_path / 'data') == ['in'] and sorted(os.listdir(out)) == ['train.bin', 'val.bin']
 
 
 def test_two_nodes_commit_one_shared_folder_at_once(tmp_path, monkeypatch):
