@@ -52,6 +52,12 @@ def tiny(monkeypatch):
     return enc
 
 
+@pytest.fixture(autouse=True)
+def in_a_folder_of_its_own(tmp_path, monkeypatch):
+    """Each test runs in a fresh folder, with relative paths as a user types them."""
+    monkeypatch.chdir(tmp_path)
+
+
 def read_bin(folder, split):
     return np.fromfile(os.path.join(folder, f'{split}.bin'), dtype=np.uint16)
 
@@ -127,10 +133,9 @@ def test_a_tokenizer_that_cannot_be_had_is_a_usage_error(monkeypatch, name, enco
         get_tokenizer(name, encoding=encoding)
 
 
-def test_a_dataset_not_prepared_names_a_command_that_makes_it(tmp_path, capsys, monkeypatch):
+def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys, monkeypatch):
     """readers names the command for the folder's name; run as printed, prepare_data.py makes a built-in dataset,
     and for any other name answers with the text command, which works with a file for PATH."""
-    monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError, match='python prepare_data.py shakespeare --data_dir=data$'):
         load_meta('data/shakespeare')
     with pytest.raises(UsageError) as e:
@@ -146,10 +151,9 @@ def test_a_dataset_not_prepared_names_a_command_that_makes_it(tmp_path, capsys, 
     assert one_error(capsys, 'cifar1O').count('cifar10') > one_error(capsys, 'zzzzzz').count('cifar10')
 
 
-def test_a_damaged_dataset_names_the_command_that_rebuilds_it(tmp_path, capsys, monkeypatch):
+def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys, monkeypatch):
     """A train.bin cut by one byte, a missing val.bin, a damaged image set: each names a command; run as
     printed, it rebuilds the dataset."""
-    monkeypatch.chdir(tmp_path)
     write('in.txt', 'hello there. ' * 20)
     out = prepare('text', 'data', input='in.txt', name='mine')
     meta = load_meta(out)
@@ -172,12 +176,12 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(tmp_path, capsys, 
 # text
 
 
-def test_text_file(tmp_path):
+def test_text_file():
     text = 'First Citizen:\nBefore we proceed any further, hear me speak. ✓\n' * 3
-    write(tmp_path / 'speech.txt', text)
-    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'speech.txt'))
+    write('speech.txt', text)
+    out = prepare('text', 'data', input='speech.txt')
     # --name defaults to the file's stem; no staging folder is left behind.
-    assert out == os.path.join(tmp_path / 'data', 'speech') and os.listdir(tmp_path / 'data') == ['speech']
+    assert out == os.path.join('data', 'speech') and os.listdir('data') == ['speech']
     raw = text.encode('utf-8')
     cut = len(raw) - len(raw) // 10
     assert (as_bytes(out, 'train'), as_bytes(out, 'val')) == (raw[:cut], raw[cut:])
@@ -186,11 +190,11 @@ def test_text_file(tmp_path):
     assert (meta['train_tokens'], meta['val_tokens']) == (cut, len(raw) - cut)
 
 
-def test_text_folder_sorted_recursive(tmp_path, tiny):
+def test_text_folder_sorted_recursive(tiny):
     docs = {'b.txt': 'bee bee', 'a/z.txt': 'zed zed zed', 'a/m/q.txt': 'queue', 'a-c.md': 'see', '.hidden': 'no'}
     for rel, s in docs.items():
-        write(tmp_path / 'notes' / rel, s * 5)
-    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'notes'), name='mynotes', tokenizer='gpt2')
+        write(f'notes/{rel}', s * 5)
+    out = prepare('text', 'data', input='notes', name='mynotes', tokenizer='gpt2')
     train = []
     val = []
     # Sorted by path components, hidden names skipped, end-of-text after each document's part in both streams.
@@ -203,20 +207,20 @@ def test_text_folder_sorted_recursive(tmp_path, tiny):
     assert load_meta(out)['documents'] == 4
 
 
-def test_text_warns_of_bytes_it_replaces_and_files_it_skips(tmp_path, capsys):
-    write(tmp_path / 'in' / 'latin1.txt', 'café au lait, '.encode('latin-1') * 10)
-    write(tmp_path / 'in' / 'blob.so', bytes(range(256)) * 4)
-    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'in'))
+def test_text_warns_of_bytes_it_replaces_and_files_it_skips(capsys):
+    write('in/latin1.txt', 'café au lait, '.encode('latin-1') * 10)
+    write('in/blob.so', bytes(range(256)) * 4)
+    out = prepare('text', 'data', input='in')
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and any('latin1.txt' in line for line in err) and any('blob.so' in line for line in err)
     assert load_meta(out)['documents'] == 1
     assert 'caf\ufffd au lait'.encode('utf-8') in as_bytes(out, 'train')
 
 
-def test_shakespeare_gpt2_from_local_copy(tmp_path, tiny):
+def test_shakespeare_gpt2_from_local_copy(tiny):
     text = 'ROMEO:\nBut, soft! what light through yonder window breaks?\n' * 4
-    write(tmp_path / 'input.txt', text)
-    out = prepare('shakespeare', tmp_path / 'data', input=str(tmp_path / 'input.txt'))
+    write('input.txt', text)
+    out = prepare('shakespeare', 'data', input='input.txt')
     # gpt2 is shakespeare's default, and the meta is enough to decode.
     tok = get_tokenizer(load_meta(out)['tokenizer'])
     assert tok.vocab_size == 257
@@ -225,53 +229,52 @@ def test_shakespeare_gpt2_from_local_copy(tmp_path, tiny):
 
 
 @pytest.mark.parametrize('max_mb, files', [(1e-4, ['a.py', 'json/b.py']), (float('inf'), ['a.py', 'json/b.py', 'z.py'])])
-def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(tmp_path, monkeypatch, max_mb, files):
+def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(monkeypatch, max_mb, files):
     """Sorted by path components, test folders, site-packages and caches skipped, until max_mb (100 bytes)."""
-    root = tmp_path / 'lib'
     sources = {'a.py': 'x = 1\n' * 10, 'json/b.py': 'y = 22\n' * 4, 'z.py': 'z = 3\n' * 10, 'a.txt': 'no',
                'test/t.py': 'no', 'site-packages/s.py': 'no', '__pycache__/c.py': 'no', 'idle_test/i.py': 'no'}
     for rel, s in sources.items():
-        write(root / rel, s)
-    monkeypatch.setattr(sysconfig, 'get_paths', lambda: {'stdlib': str(root)})
-    out = prepare('python_stdlib', tmp_path / 'data', max_mb=max_mb)
+        write(f'lib/{rel}', s)
+    monkeypatch.setattr(sysconfig, 'get_paths', lambda: {'stdlib': 'lib'})
+    out = prepare('python_stdlib', 'data', max_mb=max_mb)
     raws = [sources[f].encode() for f in files]
     assert as_bytes(out, 'train') == b''.join(r[:len(r) - len(r) // 10] for r in raws)
     assert as_bytes(out, 'val') == b''.join(r[len(r) - len(r) // 10:] for r in raws)
 
 
-def test_the_default_dataset_as_a_command(tmp_path):
+def test_the_default_dataset_as_a_command():
     """The real command, in a process of its own: this Python's stdlib, then a second run that does nothing."""
     def cli(*args):
-        return subprocess.run([sys.executable, os.path.join(REPO, 'prepare_data.py'), *args, f'--data_dir={tmp_path}'],
+        return subprocess.run([sys.executable, os.path.join(REPO, 'prepare_data.py'), *args, '--data_dir=.'],
                               capture_output=True, text=True, timeout=60)
     r = cli('--dataset=python_stdlib', '--max_mb=0.05')
-    assert r.returncode == 0 and str(tmp_path / 'python_stdlib') in r.stdout, r.stderr
-    meta = load_meta(tmp_path / 'python_stdlib')
+    assert r.returncode == 0 and 'python_stdlib' in r.stdout, r.stderr
+    meta = load_meta('python_stdlib')
     assert meta['documents'] > 1 and meta['train_tokens'] > 0
-    stamp = os.stat(tmp_path / 'python_stdlib' / 'train.bin').st_mtime_ns
+    stamp = os.stat('python_stdlib/train.bin').st_mtime_ns
     r = cli('python_stdlib')
-    assert r.returncode == 0 and os.stat(tmp_path / 'python_stdlib' / 'train.bin').st_mtime_ns == stamp
+    assert r.returncode == 0 and os.stat('python_stdlib/train.bin').st_mtime_ns == stamp
 
 # -----------------------------------------------------------------------------
 # openwebtext: local documents, worker pool, streaming writer
 
 
-def owt_folder(path):
+def owt_folder():
     docs = [f'document {i}: ' + 'words and more words. ' * (i % 4 + 1) for i in range(12)]
     docs[5] = 'a literal <|endoftext|> inside a document is text'
-    write(path / 'a.jsonl', ''.join(json.dumps({'text': d, 'url': 'x'}) + '\n\n' for d in docs[:5]))
-    write(path / 'b.txt', docs[5])
-    write(path / 'sub' / 'c.jsonl', ''.join(json.dumps({'text': d}) + '\n' for d in docs[6:]))
-    write(path / 'ignored.csv', 'not,a,document')
+    write('owt/a.jsonl', ''.join(json.dumps({'text': d, 'url': 'x'}) + '\n\n' for d in docs[:5]))
+    write('owt/b.txt', docs[5])
+    write('owt/sub/c.jsonl', ''.join(json.dumps({'text': d}) + '\n' for d in docs[6:]))
+    write('owt/ignored.csv', 'not,a,document')
     return docs
 
 
 @pytest.mark.parametrize('workers', [1, 2])
-def test_openwebtext_local_pool_streaming(tmp_path, tiny, monkeypatch, workers):
-    docs = owt_folder(tmp_path / 'owt')
+def test_openwebtext_local_pool_streaming(tiny, monkeypatch, workers):
+    docs = owt_folder()
     # Many small jobs in flight, the last one half full.
     monkeypatch.setattr(prep, '_CHUNK', 2)
-    out = prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), workers=workers, val_every=4,
+    out = prepare('openwebtext', 'data', input='owt', workers=workers, val_every=4,
                   name='owt')
     train = []
     val = []
@@ -289,14 +292,14 @@ def die_on_doc_7(job, real=prep._split_chunk):
     return real(job)
 
 
-def test_dead_worker_is_an_error_not_a_hang(tmp_path, tiny, monkeypatch):
-    owt_folder(tmp_path / 'owt')
+def test_dead_worker_is_an_error_not_a_hang(tiny, monkeypatch):
+    owt_folder()
     monkeypatch.setattr(prep, '_split_chunk', die_on_doc_7)
     monkeypatch.setattr(prep, '_CHUNK', 2)
     with pytest.raises(UsageError):
-        prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), workers=2)
+        prepare('openwebtext', 'data', input='owt', workers=2)
     # The data_dir this run created is removed again.
-    assert not (tmp_path / 'data').exists()
+    assert not os.path.exists('data')
 
 
 class FakeParquet:
@@ -313,13 +316,13 @@ class FakeParquet:
                 yield SimpleNamespace(column=lambda j, c=column: c)
 
 
-def test_openwebtext_parquet(tmp_path, tiny, monkeypatch):
+def test_openwebtext_parquet(tiny, monkeypatch):
     """Files of one 'text' column; a null text is an empty document."""
     monkeypatch.setattr(prep, '_pyarrow_parquet', lambda: FakeParquet)
     docs = [f'parquet doc {i} ' * 3 for i in range(9)] + [None]
-    write(tmp_path / 'owt' / 'train-0.parquet', json.dumps(docs[:4]))
-    write(tmp_path / 'owt' / 'train-1.parquet', json.dumps(docs[4:]))
-    out = prepare('openwebtext', tmp_path / 'data', input=str(tmp_path / 'owt'), workers=2, val_every=3)
+    write('owt/train-0.parquet', json.dumps(docs[:4]))
+    write('owt/train-1.parquet', json.dumps(docs[4:]))
+    out = prepare('openwebtext', 'data', input='owt', workers=2, val_every=3)
     assert read_bin(out, 'train').tolist() == [t for i, d in enumerate(docs) if i % 3 != 2
                                                for t in (tiny.encode_ordinary(d) + [256] if d else [])]
 
@@ -357,10 +360,9 @@ def zipped(members):
     ('ptb', {'ptb.test.txt': PTB}, 'ptb.test.txt'),
     ('ptb', {'simple-examples/data/ptb.test.txt': PTB, 'simple-examples/data/ptb.train.txt': 'no'}, 'simple-examples'),
 ])
-def test_test_sets_are_kept_as_published(tmp_path, tiny, capsys, monkeypatch, name, files, given):
+def test_test_sets_are_kept_as_published(tiny, capsys, monkeypatch, name, files, given):
     """The test split's text exactly as it is, from the file, its zip or the unpacked folder, as val; train is
     empty. A file of the wrong size or checksum is used, with a warning naming it."""
-    monkeypatch.chdir(tmp_path)
     for rel, content in files.items():
         write(rel, content)
     out = prepare(name, 'data', input=given)
@@ -373,14 +375,14 @@ def test_test_sets_are_kept_as_published(tmp_path, tiny, capsys, monkeypatch, na
 
 
 @pytest.mark.parametrize('file', ['lambada_test.jsonl', 'lambada_test.json', 'lambada_test_plain_text.txt'])
-def test_lambada_passages_and_targets(tmp_path, tiny, file):
+def test_lambada_passages_and_targets(tiny, file):
     """A passage a line ('\n' only), as JSON (known by name or content) or plain text; the target is its last
     word with the space before it, and each passage ends with end-of-text."""
     plain = file.endswith('.txt')
     passages = [t.replace('\n', ' ') for t in LAMBADA] if plain else LAMBADA
     # The original release: trailing spaces, blank lines between passages.
-    write(tmp_path / file, ''.join(t + ' \n\n' for t in passages) if plain else jsonl(LAMBADA))
-    out = prepare('lambada', tmp_path / 'data', input=str(tmp_path / file))
+    write(file, ''.join(t + ' \n\n' for t in passages) if plain else jsonl(LAMBADA))
+    out = prepare('lambada', 'data', input=file)
     val = read_bin(out, 'val')
     spans = np.load(os.path.join(out, 'val_targets.npy'))
     assert spans.dtype == np.int64 and spans.shape == (3, 3)
@@ -395,9 +397,9 @@ def test_lambada_passages_and_targets(tmp_path, tiny, file):
     assert (meta['examples'], meta['train_tokens']) == (3, 0)
 
 
-def test_lambada_bytes_separates_passages_with_newline(tmp_path):
-    write(tmp_path / 'l.jsonl', jsonl(['the cat sat', 'a dog ran']))
-    out = prepare('lambada', tmp_path / 'data', input=str(tmp_path / 'l.jsonl'), tokenizer='bytes')
+def test_lambada_bytes_separates_passages_with_newline():
+    write('l.jsonl', jsonl(['the cat sat', 'a dog ran']))
+    out = prepare('lambada', 'data', input='l.jsonl', tokenizer='bytes')
     assert as_bytes(out, 'val') == b'the cat sat\na dog ran\n'
     assert np.load(os.path.join(out, 'val_targets.npy')).tolist() == [[0, 7, 11], [12, 17, 21]]
 
@@ -438,9 +440,9 @@ def make_cifar(path, which, n=4, skip=(), protocol=2, edit=None):
 
 
 @pytest.mark.parametrize('which,protocol', [('cifar10', 2), ('cifar100', 5)])
-def test_cifar_roundtrip(tmp_path, capsys, which, protocol):
-    members = make_cifar(tmp_path / 'c.tar.gz', which, protocol=protocol)
-    out = prepare(which, tmp_path / 'data', archive=str(tmp_path / 'c.tar.gz'))
+def test_cifar_roundtrip(capsys, which, protocol):
+    members = make_cifar('c.tar.gz', which, protocol=protocol)
+    out = prepare(which, 'data', archive='c.tar.gz')
     # Not the official tarball: a warning naming it, not an error.
     assert 'c.tar.gz' in capsys.readouterr().err
     meta = load_meta(out)
@@ -472,36 +474,36 @@ def served(blob, urls):
 
 
 @pytest.mark.parametrize('name', ['lambada', 'cifar10'])
-def test_a_download_is_checked(tmp_path, tiny, monkeypatch, name):
+def test_a_download_is_checked(tiny, monkeypatch, name):
     """A download whose checksum differs from the published one is refused and leaves nothing; one that matches
     is kept in downloads/ and used."""
-    make_cifar(tmp_path / 'c.tar.gz', 'cifar10')
-    blob = (tmp_path / 'c.tar.gz').read_bytes() if name == 'cifar10' else jsonl(LAMBADA).encode()
+    make_cifar('c.tar.gz', 'cifar10')
+    blob = Path('c.tar.gz').read_bytes() if name == 'cifar10' else jsonl(LAMBADA).encode()
     urls = []
     monkeypatch.setattr(prep.urllib.request, 'urlopen', served(blob, urls))
     with pytest.raises(UsageError):
-        prepare(name, tmp_path / 'data')
-    assert not (tmp_path / 'data').exists()
+        prepare(name, 'data')
+    assert not os.path.exists('data')
     if name == 'cifar10':
         monkeypatch.setitem(prep.CIFAR[name], 'md5', hashlib.md5(blob).hexdigest())
     else:
         monkeypatch.setitem(prep.EVAL_SETS[name], 'checksum', ('sha256', hashlib.sha256(blob).hexdigest()))
-    meta = load_meta(prepare(name, tmp_path / 'data'))
+    meta = load_meta(prepare(name, 'data'))
     assert meta['source'] == urls[-1] and meta.get('official_file', meta.get('md5_matches_official')) is True
-    assert os.listdir(tmp_path / 'data' / 'downloads') == [os.path.basename(urls[-1])]
+    assert os.listdir('data/downloads') == [os.path.basename(urls[-1])]
     # A damaged copy in downloads/ is fetched again, a good one is not.
-    (tmp_path / 'data' / 'downloads' / os.path.basename(urls[-1])).write_bytes(b'junk')
-    prepare(name, tmp_path / 'data', force=True)
-    prepare(name, tmp_path / 'data', force=True)
+    write(f'data/downloads/{os.path.basename(urls[-1])}', b'junk')
+    prepare(name, 'data', force=True)
+    prepare(name, 'data', force=True)
     assert len(urls) == 3
 
 
-def test_a_download_cut_short_is_refused(tmp_path, monkeypatch):
+def test_a_download_cut_short_is_refused(monkeypatch):
     monkeypatch.setattr(prep.urllib.request, 'urlopen', lambda req, timeout=None: type(
         'Short', (io.BytesIO,), {'headers': {'Content-Length': '99'}})(b'ROMEO: but soft'))
     with pytest.raises(UsageError):
-        prepare('shakespeare', tmp_path / 'data', tokenizer='bytes')
-    assert not (tmp_path / 'data').exists()
+        prepare('shakespeare', 'data', tokenizer='bytes')
+    assert not os.path.exists('data')
 
 # -----------------------------------------------------------------------------
 # bad input: one line, exit 2, naming what is wrong, nothing written
@@ -567,8 +569,7 @@ BAD = [  # (dataset and options, what the line names, files to write)
 
 
 @pytest.mark.parametrize('argv, names, files', BAD)
-def test_bad_input_is_one_line_naming_it_and_writes_nothing(tmp_path, tiny, capsys, monkeypatch, argv, names, files):
-    monkeypatch.chdir(tmp_path)
+def test_bad_input_is_one_line_naming_it_and_writes_nothing(tiny, capsys, monkeypatch, argv, names, files):
     monkeypatch.setattr(prep.urllib.request, 'urlopen', offline)
     # As if pyarrow were not installed.
     monkeypatch.setitem(sys.modules, 'pyarrow.parquet', None)
@@ -578,10 +579,9 @@ def test_bad_input_is_one_line_naming_it_and_writes_nothing(tmp_path, tiny, caps
     assert not os.path.exists('data') and not os.path.exists('pwned')
 
 
-def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys, monkeypatch):
     """A file given as --data_dir (or above it), a file where the dataset's folder goes, /proc (which refuses a
     new folder even to root): one line naming it, nothing written."""
-    monkeypatch.chdir(tmp_path)
     write('README.md', 'a file')
     write('data/notes', 'a file where the dataset folder would go')
     for data_dir, name in (('README.md', 'python_stdlib'), ('README.md/sub', 'python_stdlib'), ('/proc', 'python_stdlib'),
@@ -597,10 +597,9 @@ def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(tmp_pat
 # reliability: re-runs, --force, interrupted runs, two nodes
 
 
-def test_rerun_is_noop_and_force_rebuilds(tmp_path, tiny, capsys, monkeypatch):
+def test_rerun_is_noop_and_force_rebuilds(tiny, capsys, monkeypatch):
     """A second run keeps the dataset; a different tokenizer or dataset for the folder is refused without --force,
     and --force rebuilds it."""
-    monkeypatch.chdir(tmp_path)
     write('in.txt', 'version one. ' * 40)
     assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
     before = {f: Path('data/in', f).read_bytes() for f in os.listdir('data/in')}
@@ -621,25 +620,25 @@ def interrupt_after_writing(monkeypatch):
     monkeypatch.setattr(prep, '_progress', lambda *a, **k: contextlib.nullcontext(advance))
 
 
-def test_interrupted_new_dataset_leaves_nothing(tmp_path, monkeypatch, capsys):
-    write(tmp_path / 'in.txt', 'some text to tokenize. ' * 50)
+def test_interrupted_new_dataset_leaves_nothing(monkeypatch, capsys):
+    write('in.txt', 'some text to tokenize. ' * 50)
     interrupt_after_writing(monkeypatch)
-    code, err = main_exits(capsys, 'text', f'--input={tmp_path / "in.txt"}', f'--data_dir={tmp_path / "data"}')
+    code, err = main_exits(capsys, 'text', '--input=in.txt', '--data_dir=data')
     assert code == 130 and len(err) == 1
     # No dataset, no staging folder, and the data_dir this run made is gone.
-    assert not (tmp_path / 'data').exists()
+    assert not os.path.exists('data')
 
 
-def test_a_failed_rebuild_never_leaves_a_dataset_that_looks_complete(tmp_path, monkeypatch):
+def test_a_failed_rebuild_never_leaves_a_dataset_that_looks_complete(monkeypatch):
     """Ctrl-C while --force rebuilds keeps the old dataset as it was; a full disk while the new files move in
     leaves no meta.json (half old, half new)."""
-    write(tmp_path / 'in.txt', 'old text. ' * 50)
-    out = prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
+    write('in.txt', 'old text. ' * 50)
+    out = prepare('text', 'data', input='in.txt')
     before = {f: Path(out, f).read_bytes() for f in os.listdir(out)}
-    write(tmp_path / 'in.txt', 'new and different text. ' * 50)
+    write('in.txt', 'new and different text. ' * 50)
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
         interrupt_after_writing(m)
-        prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), force=True)
+        prepare('text', 'data', input='in.txt', force=True)
     assert {f: Path(out, f).read_bytes() for f in os.listdir(out)} == before
     real = os.replace
 
@@ -649,18 +648,17 @@ def test_a_failed_rebuild_never_leaves_a_dataset_that_looks_complete(tmp_path, m
         real(src, dst)
     monkeypatch.setattr(prep.os, 'replace', replace)
     with pytest.raises(OSError):
-        prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'), force=True)
-    assert os.listdir(tmp_path / 'data') == ['in'] and sorted(os.listdir(out)) == ['train.bin', 'val.bin']
+        prepare('text', 'data', input='in.txt', force=True)
+    assert os.listdir('data') == ['in'] and sorted(os.listdir(out)) == ['train.bin', 'val.bin']
 
 
-def test_two_nodes_commit_one_shared_folder_at_once(tmp_path, monkeypatch):
+def test_two_nodes_commit_one_shared_folder_at_once(monkeypatch):
     """Each node's first process may prepare a shared data_dir at the same moment: their meta.json temp files
     have names of their own, so neither rename finds its file taken by the other."""
-    out = tmp_path / 'd'
     pid = os.getpid()
     calls = []
     for s in ('s0', 's1'):
-        write(tmp_path / s / 'val.bin', b'ab')
+        write(f'{s}/val.bin', b'ab')
     real_fsync = os.fsync
 
     def the_other_node_commits_now(fd):
@@ -668,42 +666,40 @@ def test_two_nodes_commit_one_shared_folder_at_once(tmp_path, monkeypatch):
         if not calls:
             calls.append(1)
             monkeypatch.setattr(os, 'getpid', lambda: pid + 1)
-            prep._commit(str(tmp_path / 's1'), str(out), {'by': 'other'})
+            prep._commit('s1', 'd', {'by': 'other'})
             monkeypatch.setattr(os, 'getpid', lambda: pid)
 
     monkeypatch.setattr(os, 'fsync', the_other_node_commits_now)
-    prep._commit(str(tmp_path / 's0'), str(out), {'by': 'this'})
-    assert json.loads((out / 'meta.json').read_text()) == {'by': 'this'}
-    assert sorted(os.listdir(out)) == ['meta.json', 'val.bin']
+    prep._commit('s0', 'd', {'by': 'this'})
+    assert json.loads(Path('d/meta.json').read_text()) == {'by': 'this'}
+    assert sorted(os.listdir('d')) == ['meta.json', 'val.bin']
 
 
-def test_ctrl_c_during_pool_run(tmp_path):
+def test_ctrl_c_during_pool_run():
     """A real SIGINT to the whole process group, as a terminal's ctrl-c sends: exit 130, one line, no debris."""
-    write(tmp_path / 'owt' / 'a.jsonl', (json.dumps({'text': 'a document ' * 5}) + '\n') * 400_000)
-    (tmp_path / 'data').mkdir()
+    write('owt/a.jsonl', (json.dumps({'text': 'a document ' * 5}) + '\n') * 400_000)
+    Path('data').mkdir()
     p = subprocess.Popen([sys.executable, os.path.join(REPO, 'prepare_data.py'), 'openwebtext', '--tokenizer=bytes',
-                          '--workers=2', f'--input={tmp_path / "owt"}', f'--data_dir={tmp_path / "data"}'],
+                          '--workers=2', '--input=owt', '--data_dir=data'],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 30
     # Wait for the staging folder: the build has started.
-    while not os.listdir(tmp_path / 'data') and time.time() < deadline:
+    while not os.listdir('data') and time.time() < deadline:
         time.sleep(0.02)
     time.sleep(0.5)
     os.killpg(p.pid, signal.SIGINT)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 130 and len(err.strip().splitlines()) == 1, (out, err)
-    assert os.listdir(tmp_path / 'data') == []
+    assert os.listdir('data') == []
 
 
-def test_stale_staging_folder_is_removed(tmp_path):
+def test_stale_staging_folder_is_removed():
     p = subprocess.Popen([sys.executable, '-c', 'pass'])
     # A pid that is gone.
     p.wait()
-    stale = tmp_path / 'data' / f'.in.partial-{socket.gethostname()}-{p.pid}'
-    write(stale / 'train.bin', b'\0' * 10)
+    write(f'data/.in.partial-{socket.gethostname()}-{p.pid}/train.bin', b'\0' * 10)
     # Another host's may be alive there: kept.
-    other_host = tmp_path / 'data' / f'.in.partial-elsewhere-{p.pid}'
-    other_host.mkdir()
-    write(tmp_path / 'in.txt', 'hello there. ' * 20)
-    prepare('text', tmp_path / 'data', input=str(tmp_path / 'in.txt'))
-    assert sorted(os.listdir(tmp_path / 'data')) == [other_host.name, 'in']
+    write(f'data/.in.partial-elsewhere-{p.pid}', None)
+    write('in.txt', 'hello there. ' * 20)
+    prepare('text', 'data', input='in.txt')
+    assert sorted(os.listdir('data')) == [f'.in.partial-elsewhere-{p.pid}', 'in']
