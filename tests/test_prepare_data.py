@@ -58,12 +58,15 @@ def in_a_folder_of_its_own(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def read_bin(folder, split):
-    return np.fromfile(os.path.join(folder, f'{split}.bin'), dtype=np.uint16)
+def ids(folder, split):
+    """A split's token ids, read as the trainers read them: checked against meta.json's count."""
+    return read_tokens(folder, load_meta(folder), split).tolist()
 
 
-def as_bytes(folder, split):
-    return bytes(read_bin(folder, split).astype(np.uint8))
+def tail_split(seq):
+    """The last tenth of a document, rounded down, is val."""
+    cut = len(seq) - len(seq) // 10
+    return seq[:cut], seq[cut:]
 
 
 def main_exits(capsys, *argv):
@@ -179,15 +182,11 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys, monkeypatc
 def test_text_file():
     text = 'First Citizen:\nBefore we proceed any further, hear me speak. ✓\n' * 3
     write('speech.txt', text)
-    out = prepare('text', 'data', input='speech.txt')
     # --name defaults to the file's stem; no staging folder is left behind.
-    assert out == os.path.join('data', 'speech') and os.listdir('data') == ['speech']
-    raw = text.encode('utf-8')
-    cut = len(raw) - len(raw) // 10
-    assert (as_bytes(out, 'train'), as_bytes(out, 'val')) == (raw[:cut], raw[cut:])
-    meta = load_meta(out)
-    assert (meta['kind'], meta['tokenizer'], meta['vocab_size'], meta['name']) == ('text', 'bytes', 256, 'speech')
-    assert (meta['train_tokens'], meta['val_tokens']) == (cut, len(raw) - cut)
+    assert prepare('text', 'data', input='speech.txt') == os.path.join('data', 'speech')
+    assert os.listdir('data') == ['speech']
+    assert (ids('data/speech', 'train'), ids('data/speech', 'val')) == tail_split(list(text.encode()))
+    assert load_meta('data/speech')['tokenizer'] == 'bytes'
 
 
 def test_text_folder_sorted_recursive(tiny):
@@ -199,12 +198,10 @@ def test_text_folder_sorted_recursive(tiny):
     val = []
     # Sorted by path components, hidden names skipped, end-of-text after each document's part in both streams.
     for rel in ['a/m/q.txt', 'a/z.txt', 'a-c.md', 'b.txt']:
-        ids = tiny.encode_ordinary(docs[rel] * 5)
-        cut = len(ids) - len(ids) // 10
-        train += ids[:cut] + [256]
-        val += ids[cut:] + [256] if ids[cut:] else []
-    assert (read_bin(out, 'train').tolist(), read_bin(out, 'val').tolist()) == (train, val)
-    assert load_meta(out)['documents'] == 4
+        head, tail = tail_split(tiny.encode_ordinary(docs[rel] * 5))
+        train += head + [256]
+        val += tail + [256] if tail else []
+    assert (ids(out, 'train'), ids(out, 'val')) == (train, val)
 
 
 def test_text_warns_of_bytes_it_replaces_and_files_it_skips(capsys):
@@ -214,7 +211,7 @@ def test_text_warns_of_bytes_it_replaces_and_files_it_skips(capsys):
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and any('latin1.txt' in line for line in err) and any('blob.so' in line for line in err)
     assert load_meta(out)['documents'] == 1
-    assert 'caf\ufffd au lait'.encode('utf-8') in as_bytes(out, 'train')
+    assert 'caf\ufffd au lait'.encode('utf-8') in bytes(ids(out, 'train'))
 
 
 def test_shakespeare_gpt2_from_local_copy(tiny):
@@ -225,7 +222,7 @@ def test_shakespeare_gpt2_from_local_copy(tiny):
     tok = get_tokenizer(load_meta(out)['tokenizer'])
     assert tok.vocab_size == 257
     # One document: no end-of-text, train then val is the whole text.
-    assert tok.decode(np.concatenate([read_bin(out, 'train'), read_bin(out, 'val')])) == text
+    assert tok.decode(ids(out, 'train') + ids(out, 'val')) == text
 
 
 @pytest.mark.parametrize('max_mb, files', [(1e-4, ['a.py', 'json/b.py']), (float('inf'), ['a.py', 'json/b.py', 'z.py'])])
@@ -237,9 +234,8 @@ def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(monkeypatch, max_mb,
         write(f'lib/{rel}', s)
     monkeypatch.setattr(sysconfig, 'get_paths', lambda: {'stdlib': 'lib'})
     out = prepare('python_stdlib', 'data', max_mb=max_mb)
-    raws = [sources[f].encode() for f in files]
-    assert as_bytes(out, 'train') == b''.join(r[:len(r) - len(r) // 10] for r in raws)
-    assert as_bytes(out, 'val') == b''.join(r[len(r) - len(r) // 10:] for r in raws)
+    parts = [tail_split(list(sources[f].encode())) for f in files]
+    assert (ids(out, 'train'), ids(out, 'val')) == tuple(sum(p, []) for p in zip(*parts))
 
 
 def test_the_default_dataset_as_a_command():
@@ -274,15 +270,13 @@ def test_openwebtext_local_pool_streaming(tiny, monkeypatch, workers):
     docs = owt_folder()
     # Many small jobs in flight, the last one half full.
     monkeypatch.setattr(prep, '_CHUNK', 2)
-    out = prepare('openwebtext', 'data', input='owt', workers=workers, val_every=4,
-                  name='owt')
+    out = prepare('openwebtext', 'data', input='owt', workers=workers, val_every=4, name='owt')
     train = []
     val = []
     for i, d in enumerate(docs):
         (val if i % 4 == 3 else train).extend(tiny.encode_ordinary(d) + [256])
-    assert (read_bin(out, 'train').tolist(), read_bin(out, 'val').tolist()) == (train, val)
-    meta = load_meta(out)
-    assert (meta['dataset'], meta['documents'], meta['train_tokens']) == ('openwebtext', 12, len(train))
+    assert (ids(out, 'train'), ids(out, 'val')) == (train, val)
+    assert (load_meta(out)['dataset'], load_meta(out)['documents']) == ('openwebtext', 12)
 
 
 def die_on_doc_7(job, real=prep._split_chunk):
@@ -323,7 +317,7 @@ def test_openwebtext_parquet(tiny, monkeypatch):
     write('owt/train-0.parquet', json.dumps(docs[:4]))
     write('owt/train-1.parquet', json.dumps(docs[4:]))
     out = prepare('openwebtext', 'data', input='owt', workers=2, val_every=3)
-    assert read_bin(out, 'train').tolist() == [t for i, d in enumerate(docs) if i % 3 != 2
+    assert ids(out, 'train') == [t for i, d in enumerate(docs) if i % 3 != 2
                                                for t in (tiny.encode_ordinary(d) + [256] if d else [])]
 
 # -----------------------------------------------------------------------------
@@ -366,10 +360,8 @@ def test_test_sets_are_kept_as_published(tiny, capsys, monkeypatch, name, files,
     for rel, content in files.items():
         write(rel, content)
     out = prepare(name, 'data', input=given)
-    assert read_bin(out, 'val').tolist() == tiny.encode_ordinary(WIKI if name == 'wikitext2' else PTB)
-    meta = load_meta(out)
-    assert (meta['dataset'], meta['train_tokens'], os.path.getsize(os.path.join(out, 'train.bin'))) == (name, 0, 0)
-    assert meta['official_file'] is not True
+    assert (ids(out, 'train'), ids(out, 'val')) == ([], tiny.encode_ordinary(WIKI if name == 'wikitext2' else PTB))
+    assert load_meta(out)['official_file'] is not True
     err = capsys.readouterr().err.splitlines()
     assert err and all(line.startswith('warning:') and given in line for line in err), err
 
@@ -383,7 +375,7 @@ def test_lambada_passages_and_targets(tiny, file):
     # The original release: trailing spaces, blank lines between passages.
     write(file, ''.join(t + ' \n\n' for t in passages) if plain else jsonl(LAMBADA))
     out = prepare('lambada', 'data', input=file)
-    val = read_bin(out, 'val')
+    val = ids(out, 'val')
     spans = np.load(os.path.join(out, 'val_targets.npy'))
     assert spans.dtype == np.int64 and spans.shape == (3, 3)
     tok = get_tokenizer('gpt2')
@@ -392,15 +384,13 @@ def test_lambada_passages_and_targets(tiny, file):
         assert tok.decode(val[p:s]) + tok.decode(val[s:e]) == text and tok.decode(val[s:e]) == word
         assert val[e] == 256 and p == len(stream)
         stream += tok.encode(text[:len(text) - len(word)]) + tok.encode(word) + [256]
-    assert val.tolist() == stream
-    meta = load_meta(out)
-    assert (meta['examples'], meta['train_tokens']) == (3, 0)
+    assert (val, ids(out, 'train'), load_meta(out)['examples']) == (stream, [], 3)
 
 
 def test_lambada_bytes_separates_passages_with_newline():
     write('l.jsonl', jsonl(['the cat sat', 'a dog ran']))
     out = prepare('lambada', 'data', input='l.jsonl', tokenizer='bytes')
-    assert as_bytes(out, 'val') == b'the cat sat\na dog ran\n'
+    assert bytes(ids(out, 'val')) == b'the cat sat\na dog ran\n'
     assert np.load(os.path.join(out, 'val_targets.npy')).tolist() == [[0, 7, 11], [12, 17, 21]]
 
 # -----------------------------------------------------------------------------
@@ -609,8 +599,7 @@ def test_rerun_is_noop_and_force_rebuilds(tiny, capsys, monkeypatch):
         assert 'data/in' in one_error(capsys, *argv)
     assert {f: Path('data/in', f).read_bytes() for f in os.listdir('data/in')} == before
     assert main_exits(capsys, 'text', '--input=in.txt', '--force') == (0, [])
-    raw = ('version two, longer. ' * 40).encode()
-    assert as_bytes('data/in', 'train') == raw[:len(raw) - len(raw) // 10]
+    assert ids('data/in', 'train') == tail_split(list(b'version two, longer. ' * 40))[0]
 
 
 def interrupt_after_writing(monkeypatch):
