@@ -412,8 +412,8 @@ def write_tar(path, members, mode='w'):
 
 
 def make_cifar(path, which, n=4, skip=(), protocol=2, edit=None):
-    """Writes a CIFAR-format tar.gz of random images, edit=(member, {key: value}) applied; returns {member: its
-    dict}."""
+    """Writes a CIFAR-format tar.gz of random images, edit=(member, {key: value}) applied; returns the images and
+    labels of its train batches, then its test batch, as they should come out."""
     top, train, test, meta_name, k = LAYOUT[which]
     rng = np.random.default_rng(0)
     labels = b'labels' if which == 'cifar10' else b'fine_labels'
@@ -421,33 +421,31 @@ def make_cifar(path, which, n=4, skip=(), protocol=2, edit=None):
     members = {b: {b'data': rng.integers(0, 256, (n, 3072), dtype=np.uint8), labels: rng.integers(0, k, n).tolist(),
                    b'coarse_labels': [0] * n, b'filenames': [b'img.png'] * n} for b in train + test}
     members[meta_name] = {labels.replace(b'labels', b'label_names'): [f'class_{i}'.encode() for i in range(k)]}
+    # Rows are R, G, B planes.
+    images = np.concatenate([members[b][b'data'] for b in train + test]).reshape(-1, 3, 32, 32)
+    ids = np.concatenate([members[b][labels] for b in train + test])
     if edit:
         members[edit[0]].update(edit[1])
     # Not in batch order, on purpose.
     write_tar(path, {f'{top}/{b}': pickle.dumps(members[b], protocol=protocol)
                      for b in reversed(list(members)) if b not in skip}, 'w:gz')
-    return members
+    return images, ids
 
 
 @pytest.mark.parametrize('which,protocol', [('cifar10', 2), ('cifar100', 5)])
 def test_cifar_roundtrip(capsys, which, protocol):
-    members = make_cifar('c.tar.gz', which, protocol=protocol)
+    images, labels = make_cifar('c.tar.gz', which, protocol=protocol)
     out = prepare(which, 'data', archive='c.tar.gz')
     # Not the official tarball: a warning naming it, not an error.
     assert 'c.tar.gz' in capsys.readouterr().err
     meta = load_meta(out)
-    top, train, test, _, k = LAYOUT[which]
-    labels = b'labels' if which == 'cifar10' else b'fine_labels'
-    images, ids = (np.concatenate([np.asarray(members[b][key]) for b in train + test]) for key in (b'data', labels))
     got = read_images(out, meta)
-    # Rows are R, G, B planes.
-    np.testing.assert_array_equal(np.concatenate(got[::2]), images.reshape(-1, 3, 32, 32))
-    np.testing.assert_array_equal(np.concatenate(got[1::2]), ids)
-    assert [len(a) for a in got] == [4 * len(train)] * 2 + [4] * 2 and (got[0].dtype, got[1].dtype) == (np.uint8, np.int64)
-    assert (meta['num_classes'], meta['classes'][-1]) == (k, f'class_{k - 1}')
-    x = got[0] / 255
-    np.testing.assert_allclose(meta['mean'], x.mean(axis=(0, 2, 3)), atol=1e-6)
-    np.testing.assert_allclose(meta['std'], x.std(axis=(0, 2, 3)), atol=1e-6)
+    assert [len(a) for a in got] == [len(images) - 4] * 2 + [4] * 2
+    np.testing.assert_array_equal(np.concatenate(got[::2]), images)
+    np.testing.assert_array_equal(np.concatenate(got[1::2]), labels)
+    assert (got[0].dtype, got[1].dtype, meta['classes'][-1]) == (np.uint8, np.int64, f'class_{LAYOUT[which][-1] - 1}')
+    np.testing.assert_allclose(meta['mean'], (got[0] / 255).mean(axis=(0, 2, 3)), atol=1e-6)
+    np.testing.assert_allclose(meta['std'], (got[0] / 255).std(axis=(0, 2, 3)), atol=1e-6)
 
 # -----------------------------------------------------------------------------
 # downloads, served from memory
@@ -587,21 +585,6 @@ def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys,
 # reliability: re-runs, --force, interrupted runs, two nodes
 
 
-def test_rerun_is_noop_and_force_rebuilds(tiny, capsys, monkeypatch):
-    """A second run keeps the dataset; a different tokenizer or dataset for the folder is refused without --force,
-    and --force rebuilds it."""
-    write('in.txt', 'version one. ' * 40)
-    assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
-    before = {f: Path('data/in', f).read_bytes() for f in os.listdir('data/in')}
-    write('in.txt', 'version two, longer. ' * 40)
-    assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
-    for argv in (['text', '--input=in.txt', '--tokenizer=gpt2'], ['lambada', '--input=in.txt', '--name=in']):
-        assert 'data/in' in one_error(capsys, *argv)
-    assert {f: Path('data/in', f).read_bytes() for f in os.listdir('data/in')} == before
-    assert main_exits(capsys, 'text', '--input=in.txt', '--force') == (0, [])
-    assert ids('data/in', 'train') == tail_split(list(b'version two, longer. ' * 40))[0]
-
-
 def interrupt_after_writing(monkeypatch):
     """Ctrl-C once the first tokens are on disk: where the progress bar would advance."""
     def advance(n):
@@ -618,27 +601,33 @@ def test_interrupted_new_dataset_leaves_nothing(monkeypatch, capsys):
     assert not os.path.exists('data')
 
 
-def test_a_failed_rebuild_never_leaves_a_dataset_that_looks_complete(monkeypatch):
-    """Ctrl-C while --force rebuilds keeps the old dataset as it was; a full disk while the new files move in
-    leaves no meta.json (half old, half new)."""
-    write('in.txt', 'old text. ' * 50)
-    out = prepare('text', 'data', input='in.txt')
-    before = {f: Path(out, f).read_bytes() for f in os.listdir(out)}
-    write('in.txt', 'new and different text. ' * 50)
+def full_disk_at_val_bin(src, dst, real=os.replace):
+    if dst.endswith('val.bin'):
+        raise OSError(28, 'No space left on device')
+    real(src, dst)
+
+
+def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monkeypatch):
+    """A second run keeps the dataset; another tokenizer or dataset for its folder is refused without --force;
+    Ctrl-C while --force rebuilds keeps the old dataset as it was; a full disk while the new files move in leaves
+    no meta.json (half old, half new), and the next run rebuilds it."""
+    write('in.txt', 'version one. ' * 40)
+    assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
+    before = {f: Path('data/in', f).read_bytes() for f in os.listdir('data/in')}
+    write('in.txt', 'version two, longer. ' * 40)
+    assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
+    for argv in (['text', '--input=in.txt', '--tokenizer=gpt2'], ['lambada', '--input=in.txt', '--name=in']):
+        assert 'data/in' in one_error(capsys, *argv)
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
         interrupt_after_writing(m)
         prepare('text', 'data', input='in.txt', force=True)
-    assert {f: Path(out, f).read_bytes() for f in os.listdir(out)} == before
-    real = os.replace
-
-    def replace(src, dst):
-        if dst.endswith('val.bin'):
-            raise OSError(28, 'No space left on device')
-        real(src, dst)
-    monkeypatch.setattr(prep.os, 'replace', replace)
-    with pytest.raises(OSError):
+    assert {f: Path('data/in', f).read_bytes() for f in os.listdir('data/in')} == before
+    with monkeypatch.context() as m, pytest.raises(OSError):
+        m.setattr(prep.os, 'replace', full_disk_at_val_bin)
         prepare('text', 'data', input='in.txt', force=True)
-    assert os.listdir('data') == ['in'] and sorted(os.listdir(out)) == ['train.bin', 'val.bin']
+    assert os.listdir('data') == ['in'] and sorted(os.listdir('data/in')) == ['train.bin', 'val.bin']
+    assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
+    assert ids('data/in', 'train') == tail_split(list(b'version two, longer. ' * 40))[0]
 
 
 def test_two_nodes_commit_one_shared_folder_at_once(monkeypatch):
