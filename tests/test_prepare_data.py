@@ -451,9 +451,10 @@ def test_cifar_roundtrip(capsys, which, protocol):
 # downloads, served from memory
 
 
-def served(blob, urls):
+def served(blob, urls, length=None):
+    """urlopen serving blob, said to be `length` bytes long, and noting the urls asked for."""
     class Response(io.BytesIO):
-        headers = {'Content-Length': str(len(blob))}
+        headers = {'Content-Length': str(length or len(blob))}
 
     def urlopen(req, timeout=None):
         urls.append(req.full_url)
@@ -487,8 +488,7 @@ def test_a_download_is_checked(tiny, monkeypatch, name):
 
 
 def test_a_download_cut_short_is_refused(monkeypatch):
-    monkeypatch.setattr(prep.urllib.request, 'urlopen', lambda req, timeout=None: type(
-        'Short', (io.BytesIO,), {'headers': {'Content-Length': '99'}})(b'ROMEO: but soft'))
+    monkeypatch.setattr(prep.urllib.request, 'urlopen', served(b'ROMEO: but soft', [], length=99))
     with pytest.raises(UsageError):
         prepare('shakespeare', 'data', tokenizer='bytes')
     assert not os.path.exists('data')
@@ -508,8 +508,14 @@ def offline(req, timeout=None):
     raise urllib.error.URLError('[Errno -2] Name or service not known')
 
 
-def cifar(**kw):
-    return lambda path: make_cifar(path, **{'which': 'cifar10', **kw})
+def given(argv, file, content, names=None):
+    """A row of BAD: argv ending in --input= or --archive= a file holding content; the line names the file."""
+    return f'{argv}={file}', names or file, {file: content}
+
+
+def cifar(names, **kw):
+    """A row of BAD: a CIFAR-10 archive made with make_cifar's keywords."""
+    return given('cifar10 --archive', 'c.tgz', lambda path: make_cifar(path, **{'which': 'cifar10', **kw}), names)
 
 
 BINARY = bytes(range(256)) * 4
@@ -529,30 +535,30 @@ BAD = [  # (dataset and options, what the line names, files to write)
     ('shakespeare --tokenizer=bytes', '--input', {}),
     ('lambada --tokenizer=bytes', '--input', {}),
     ('text --input=bin', 'bin', {'bin/blob.so': BINARY}),
-    ('text --input=empty', 'empty', {'empty': None}),
-    ('text --input=one.txt', 'one.txt', {'one.txt': 'x'}),
+    given('text --input', 'empty', None),
+    given('text --input', 'one.txt', 'x'),
     ('openwebtext --input=empty --tokenizer=bytes', 'empty', {'empty': None}),
     ('openwebtext --input=owt', 'x.jsonl:2', {'owt/x.jsonl': '{"text": "fine"}\n{"body": "no text"}\n'}),
     ('openwebtext --input=owt', 'pyarrow', {'owt/train-0.parquet': b'PAR1'}),
-    ('wikitext2 --input=wiki.test.raw', 'wiki.test.raw', {'wiki.test.raw': WIKI.encode().replace(b'\xc5\x8d', b'\xf6')}),
-    ('wikitext2 --input=wiki.test.tokens', 'wiki.test.tokens', {'wiki.test.tokens': WIKI.replace('III', '<unk>')}),
-    ('wikitext2 --input=wiki.test.raw', 'wiki.test.raw', {'wiki.test.raw': ' a wiki article\n without a heading\n'}),
-    ('wikitext2 --input=w.zip', 'w.zip', {'w.zip': BINARY}),
-    ('wikitext2 --input=w.zip', 'w.zip', {'w.zip': zipped({'wikitext-2/wiki.test.tokens': WIKI})}),
-    ('ptb --input=ptb.test.txt', 'ptb.test.txt', {'ptb.test.txt': WIKI}),
-    ('ptb --input=ptb.test.txt', 'ptb.test.txt', {'ptb.test.txt': '\n\n'}),
-    ('ptb --input=empty', 'empty', {'empty': None}),
-    ('lambada --input=l.jsonl', 'l.jsonl:2', {'l.jsonl': '{"text": "a fine passage"}\n{"body": "no text"}\n'}),
-    ('lambada --input=l.jsonl', 'l.jsonl:2', {'l.jsonl': '{"text": "a fine passage"}\n{"text": "   alone"}\n'}),
-    ('lambada --input=l.txt', 'l.txt', {'l.txt': '\n\n'}),
-    ('cifar10 --archive=c.tgz', 'c.tgz', {'c.tgz': BINARY}),
-    ('cifar10 --archive=c.tgz', 'test_batch', {'c.tgz': cifar(skip=('test_batch',))}),
-    ('cifar10 --archive=c.tgz', 'c.tgz', {'c.tgz': cifar(which='cifar100')}),
-    ('cifar10 --archive=c.tgz', 'data_batch_1', {'c.tgz': cifar(edit=('data_batch_1', {b'data': Evil()}))}),
-    ('cifar10 --archive=c.tgz', 'data_batch_3', {'c.tgz': cifar(edit=('data_batch_3', {b'labels': [10] * 4}))}),
-    ('cifar10 --archive=c.tgz', 'data_batch_2', {'c.tgz': cifar(edit=('data_batch_2', {b'labels': ['cat'] * 4}))}),
-    ('cifar10 --archive=c.tgz', 'test_batch', {'c.tgz': cifar(edit=('test_batch', {b'data': np.ones((4, 100), np.uint8)}))}),
-    ('cifar10 --archive=c.tgz', 'batches.meta', {'c.tgz': cifar(edit=('batches.meta', {b'label_names': [b'x']}))}),
+    given('wikitext2 --input', 'wiki.test.raw', WIKI.encode().replace(b'\xc5\x8d', b'\xf6')),
+    given('wikitext2 --input', 'wiki.test.tokens', WIKI.replace('III', '<unk>')),
+    given('wikitext2 --input', 'wiki.test.raw', ' a wiki article\n without a heading\n'),
+    given('wikitext2 --input', 'w.zip', BINARY),
+    given('wikitext2 --input', 'w.zip', zipped({'wikitext-2/wiki.test.tokens': WIKI})),
+    given('ptb --input', 'ptb.test.txt', WIKI),
+    given('ptb --input', 'ptb.test.txt', '\n\n'),
+    given('ptb --input', 'empty', None),
+    given('lambada --input', 'l.jsonl', '{"text": "a fine passage"}\n{"body": "no text"}\n', 'l.jsonl:2'),
+    given('lambada --input', 'l.jsonl', '{"text": "a fine passage"}\n{"text": "   alone"}\n', 'l.jsonl:2'),
+    given('lambada --input', 'l.txt', '\n\n'),
+    given('cifar10 --archive', 'c.tgz', BINARY),
+    cifar('test_batch', skip=('test_batch',)),
+    cifar('c.tgz', which='cifar100'),
+    cifar('data_batch_1', edit=('data_batch_1', {b'data': Evil()})),
+    cifar('data_batch_3', edit=('data_batch_3', {b'labels': [10] * 4})),
+    cifar('data_batch_2', edit=('data_batch_2', {b'labels': ['cat'] * 4})),
+    cifar('test_batch', edit=('test_batch', {b'data': np.ones((4, 100), np.uint8)})),
+    cifar('batches.meta', edit=('batches.meta', {b'label_names': [b'x']})),
 ]
 
 
