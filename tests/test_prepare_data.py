@@ -406,7 +406,7 @@ def make_cifar(path, which, n=4, skip=(), protocol=2, edit=None):
     labels = b'labels' if which == 'cifar10' else b'fine_labels'
     # CIFAR-100's coarse labels must not be taken for the fine ones.
     members = {b: {b'data': rng.integers(0, 256, (n, 3072), dtype=np.uint8), labels: rng.integers(0, k, n).tolist(),
-                   b'coarse_labels': [0] * n, b'filenames': [b'img.png'] * n} for b in train + test}
+                   b'coarse_labels': [0] * n} for b in train + test}
     members[meta_name] = {labels.replace(b'labels', b'label_names'): [f'class_{i}'.encode() for i in range(k)]}
     # Rows are R, G, B planes.
     images = np.concatenate([members[b][b'data'] for b in train + test]).reshape(-1, 3, 32, 32)
@@ -560,17 +560,13 @@ def test_bad_input_is_one_line_naming_it_and_writes_nothing(tiny, capsys, monkey
     assert not os.path.exists('data') and not os.path.exists('pwned')
 
 
-def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys, monkeypatch):
+def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys):
     """A file given as --data_dir (or above it), a file where the dataset's folder goes, /proc (which refuses a
     new folder even to root): one line naming it, nothing written."""
     write('README.md', 'a file')
     write('data/notes', 'a file where the dataset folder would go')
-    for data_dir, name in (('README.md', 'python_stdlib'), ('README.md/sub', 'python_stdlib'), ('/proc', 'python_stdlib'),
-                           ('data', 'notes')):
+    for data_dir, name in (('README.md', 'x'), ('README.md/sub', 'x'), ('/proc', 'x'), ('data', 'notes')):
         assert data_dir in one_error(capsys, 'text', '--input=README.md', f'--name={name}', f'--data_dir={data_dir}')
-        with pytest.raises(SystemExit, match='2'):
-            options.run_main(lambda: load_meta(os.path.join(data_dir, name)))
-        assert data_dir in capsys.readouterr().err
     assert sorted(os.listdir()) == ['README.md', 'data'] and os.listdir('data') == ['notes']
     assert Path('data/notes').read_text() == 'a file where the dataset folder would go'
 
@@ -583,15 +579,6 @@ def interrupt_after_writing(monkeypatch):
     def advance(n):
         raise KeyboardInterrupt
     monkeypatch.setattr(prep, '_progress', lambda *a, **k: contextlib.nullcontext(advance))
-
-
-def test_interrupted_new_dataset_leaves_nothing(monkeypatch, capsys):
-    write('in.txt', 'some text to tokenize. ' * 50)
-    interrupt_after_writing(monkeypatch)
-    code, err = main_exits(capsys, 'text', '--input=in.txt', '--data_dir=data')
-    assert code == 130 and len(err) == 1
-    # No dataset, no staging folder, and the data_dir this run made is gone.
-    assert not os.path.exists('data')
 
 
 def full_disk_at_val_bin(src, dst, real=os.replace):
@@ -626,19 +613,14 @@ def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monke
 def test_two_nodes_commit_one_shared_folder_at_once(monkeypatch):
     """Each node's first process may prepare a shared data_dir at the same moment: their meta.json temp files
     have names of their own, so neither rename finds its file taken by the other."""
-    pid = os.getpid()
-    calls = []
     for s in ('s0', 's1'):
         write(f'{s}/val.bin', b'ab')
     real_fsync = os.fsync
 
     def the_other_node_commits_now(fd):
         real_fsync(fd)
-        if not calls:
-            calls.append(1)
-            monkeypatch.setattr(os, 'getpid', lambda: pid + 1)
-            prep._commit('s1', 'd', {'by': 'other'})
-            monkeypatch.setattr(os, 'getpid', lambda: pid)
+        monkeypatch.setattr(os, 'fsync', real_fsync)
+        prep._commit('s1', 'd', {'by': 'other'})
 
     monkeypatch.setattr(os, 'fsync', the_other_node_commits_now)
     prep._commit('s0', 'd', {'by': 'this'})
@@ -647,21 +629,21 @@ def test_two_nodes_commit_one_shared_folder_at_once(monkeypatch):
 
 
 def test_ctrl_c_during_pool_run():
-    """A real SIGINT to the whole process group, as a terminal's ctrl-c sends: exit 130, one line, no debris."""
+    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends: exit 130, one line, nothing left."""
     write('owt/a.jsonl', (json.dumps({'text': 'a document ' * 5}) + '\n') * 400_000)
-    Path('data').mkdir()
     p = subprocess.Popen([sys.executable, os.path.join(REPO, 'prepare_data.py'), 'openwebtext', '--tokenizer=bytes',
                           '--workers=2', '--input=owt', '--data_dir=data'],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 30
     # Wait for the staging folder: the build has started.
-    while not os.listdir('data') and time.time() < deadline:
+    while not (os.path.isdir('data') and os.listdir('data')) and time.time() < deadline:
         time.sleep(0.02)
     time.sleep(0.5)
     os.killpg(p.pid, signal.SIGINT)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 130 and len(err.strip().splitlines()) == 1, (out, err)
-    assert os.listdir('data') == []
+    # No dataset, no staging folder, and the data_dir this run made is gone.
+    assert not os.path.exists('data')
 
 
 def test_stale_staging_folder_is_removed():
