@@ -88,12 +88,10 @@ def _download(url, data_dir, hint, checksum=None, name=None):
             with _progress(f"download {os.path.basename(dest)}", total or None, unit='B') as advance:
                 while chunk := r.read(1 << 20):
                     advance(f.write(chunk))
-        if total and os.path.getsize(tmp) != total:
-            raise UsageError(
-                f"download of {url} stopped at {os.path.getsize(tmp)} of {total} bytes; run again")
-        if not _matches(tmp, checksum):
-            raise UsageError(f"download of {url} is corrupt ({checksum[0].upper()} mismatch); run again, "
-                             f"or fetch it by hand and pass {hint}")
+        # A connection that closes early ends the read without an error: the length tells.
+        if total and os.path.getsize(tmp) != total or not _matches(tmp, checksum):
+            raise UsageError(f"download of {url} is incomplete or corrupt; run again, or fetch it by hand and "
+                             f"pass {hint}")
         os.replace(tmp, dest)
         return dest
     # No network, DNS, HTTP 404, timeouts: URLError is an OSError.
