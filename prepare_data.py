@@ -20,6 +20,7 @@ import options
 import collections
 import contextlib
 import difflib
+import functools
 import hashlib
 import io
 import itertools
@@ -602,8 +603,8 @@ DATASETS = {
     'shakespeare': (_build_shakespeare, {'tokenizer', 'input', 'workers'}),
     'text': (_build_text, {'tokenizer', 'input', 'workers'}),
     'openwebtext': (_build_openwebtext, {'tokenizer', 'input', 'workers', 'val_every'}),
-    **{n: (lambda stage, o, n=n: _build_eval_set(stage, o, n), {'tokenizer', 'input'}) for n in EVAL_SETS},
-    **{n: (lambda stage, o, n=n: _build_cifar(stage, o, n), {'archive'}) for n in CIFAR},
+    **{n: (functools.partial(_build_eval_set, name=n), {'tokenizer', 'input'}) for n in EVAL_SETS},
+    **{n: (functools.partial(_build_cifar, which=n), {'archive'}) for n in CIFAR},
 }
 
 
