@@ -15,46 +15,42 @@ repo root:
 {train,test}_{images,labels}.npy, and meta.json, written last: if it is there, the dataset is complete.
 readers.py reads them. train_gpt.py calls prepare() when a cheap dataset is missing.
 """
-import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
-import collections, contextlib, difflib, hashlib, io, itertools, json, os, pickle, re, shutil, signal, socket
-import sys, sysconfig, tarfile, time, urllib.request, zipfile, zlib
+# First: its handler ends a Ctrl-C while torch imports (exit 130, no traceback).
+import options
+import collections
+import contextlib
+import difflib
+import functools
+import hashlib
+import io
+import itertools
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import socket
+import sys
+import sysconfig
+import tarfile
+import time
+import urllib.request
+import zipfile
+import zlib
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+
 import numpy as np
 from rich import progress as rp
 
-from options import UsageError, fail, parse
-from readers import get_tokenizer, load_meta, read_images, read_tokens  # noqa: F401 (read by others)
+from options import UsageError, parse
+from readers import get_tokenizer, load_meta
 
 
-def _check_folder(folder, what):
-    """A UsageError if a part of `folder` is a file (a file given as --data_dir)."""
-    path = next((p for p in (Path(folder), *Path(folder).parents) if p.exists()), None)
-    if path and not path.is_dir():
-        raise UsageError(f"{what}: {path} is a file, not a folder; give --data_dir a folder "
-                         f"(datasets live in <data_dir>/<name>/)")
-
-
-def _recipe(folder, meta=None, force=False):
-    """The command that makes (with force: rebuilds) the dataset in `folder`: its builder's, or for any other
-    name CIFAR's (images) or the `text` one, with the closest built-in name."""
-    root, name = os.path.split(os.path.normpath(folder))
-    meta = meta or {}
-    built = meta.get('dataset') or (f"cifar{meta['num_classes']}" if 'num_classes' in meta else name)
-    tail = f" --data_dir={root or '.'}{' --force' if force else ''}"
-    if built in DATASETS and built != 'text':
-        return f"python prepare_data.py {built}{f' --name={name}' if name != built else ''}{tail}"
-    if meta.get('kind') == 'images':
-        return f"python prepare_data.py cifar10 --name={name}{tail} (or cifar100)"
-    # the names that can be meant
-    known = [d for d in DATASETS if d != 'text' and not (meta.get('kind') == 'text' and d in CIFAR)]
-    close = difflib.get_close_matches(name, known, n=1)
-    return (f"python prepare_data.py text --input=PATH --name={name}{tail} (for text of your own"
-            f"{f'; or did you mean the built-in {close[0]}?' if close else ''})")
-
-
-_warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)
+def _warn(msg):
+    print(f"warning: {msg}", file=sys.stderr)
 
 # -----------------------------------------------------------------------------
 # progress, downloads. Builds write into a staging folder that prepare() moves into place: no temp file names.
@@ -71,36 +67,36 @@ def _progress(desc, total=None, unit='docs'):
         yield lambda n: bar.advance(task, n)
 
 
-def _checksum(path, algo='md5'):
-    # the largest file checked is CIFAR-100's 169 MB
-    return hashlib.new(algo, Path(path).read_bytes()).hexdigest()
+def _matches(path, checksum):
+    """Whether the file's (algorithm, hex digest) is `checksum` (None: any file). The largest is CIFAR-100's
+    169 MB."""
+    return checksum is None or hashlib.new(checksum[0], Path(path).read_bytes()).hexdigest() == checksum[1]
 
 
 def _download(url, data_dir, hint, checksum=None, name=None):
     """url -> data_dir/downloads/name (default: the url's) via a .part-<pid> file, renamed when complete and
     matching checksum, an (algorithm, hex digest) pair. A matching file already there is not fetched again."""
-    ok = lambda path: checksum is None or _checksum(path, checksum[0]) == checksum[1]
     dest = os.path.join(data_dir, 'downloads', name or os.path.basename(url))
-    if os.path.exists(dest) and ok(dest):
+    if os.path.exists(dest) and _matches(dest, checksum):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.part-{os.getpid()}"
-    try:  # some hosts refuse urllib's default User-Agent
+    # Some hosts refuse urllib's default User-Agent.
+    try:
         req = urllib.request.Request(url, headers={'User-Agent': 'tost-prepare_data'})
         with urllib.request.urlopen(req, timeout=60) as r, open(tmp, 'wb') as f:
             total = int(r.headers.get('Content-Length') or 0)
             with _progress(f"download {os.path.basename(dest)}", total or None, unit='B') as advance:
                 while chunk := r.read(1 << 20):
                     advance(f.write(chunk))
-        if total and os.path.getsize(tmp) != total:
-            raise UsageError(
-                f"download of {url} stopped at {os.path.getsize(tmp)} of {total} bytes; run again")
-        if not ok(tmp):
-            raise UsageError(f"download of {url} is corrupt ({checksum[0].upper()} mismatch); run again, "
-                             f"or fetch it by hand and pass {hint}")
+        # A connection that closes early ends the read without an error: the length tells.
+        if total and os.path.getsize(tmp) != total or not _matches(tmp, checksum):
+            raise UsageError(f"download of {url} is incomplete or corrupt; run again, or fetch it by hand and "
+                             f"pass {hint}")
         os.replace(tmp, dest)
         return dest
-    except OSError as e:  # URLError is an OSError: no network, DNS, HTTP 404, timeouts
+    # No network, DNS, HTTP 404, timeouts: URLError is an OSError.
+    except OSError as e:
         raise UsageError(f"could not download {url} ({getattr(e, 'reason', e)}); "
                          f"fetch it by hand and pass {hint}") from None
     finally:
@@ -110,14 +106,16 @@ def _download(url, data_dir, hint, checksum=None, name=None):
 # -----------------------------------------------------------------------------
 # text: documents -> tokens -> train.bin / val.bin
 
-_job = None  # (tokenizer, split rule, append eot) in each worker process
-_CHUNK = 128  # documents per job (~0.7 MB of OpenWebText); 4 jobs per worker in flight bound the memory
+# (tokenizer, split rule, append eot) in each worker process.
+_job = None
+# Documents per job (~0.7 MB of OpenWebText); 4 jobs per worker in flight bound the memory.
+_CHUNK = 128
 
 
 def _init_worker(tok, rule, eot):
     global _job
     _job = (tok, rule, eot)
-    # ctrl-c is the parent's job: it stops the pool and cleans up
+    # Ctrl-C is the parent's job: it stops the pool and cleans up.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -125,8 +123,10 @@ def _split_chunk(job):
     """(index of the first document, texts) -> (train ids, val ids, #docs), joined over the chunk (one message
     per chunk: pickling small arrays would cost more than tokenizing). ('every', k) sends every kth document
     to val, ('tail', k) the last 1/k of each; with eot, documents stay separated in both streams."""
-    (first, texts), (tok, (kind, k), eot) = job, _job
-    train, val = [], []
+    first, texts = job
+    tok, (kind, k), eot = _job
+    train = []
+    val = []
     for i, text in enumerate(texts, first):
         ids = tok.encode_array(text)
         cut = (0 if i % k == k - 1 else len(ids)) if kind == 'every' else len(ids) - len(ids) // k
@@ -139,7 +139,8 @@ def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
     """Streams docs (an iterable of str), tokenized, into stage/train.bin and stage/val.bin;
     returns their lengths."""
     global _job
-    docs, counts = iter(docs), [0, 0]
+    docs = iter(docs)
+    counts = [0, 0]
     jobs = ((n * _CHUNK, texts)
             for n, texts in enumerate(iter(lambda: list(itertools.islice(docs, _CHUNK)), [])))
     with (open(os.path.join(stage, 'train.bin'), 'wb') as train,
@@ -156,7 +157,8 @@ def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
                 consume(_split_chunk(job))
             return tuple(counts)
         ex = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tok, rule, eot))
-        try:  # results are taken in submission order, so the output is deterministic
+        # Results are taken in submission order, so the output is deterministic.
+        try:
             inflight = collections.deque()
             for job in jobs:
                 inflight.append(ex.submit(_split_chunk, job))
@@ -164,10 +166,13 @@ def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
                     consume(inflight.popleft().result())
             while inflight:
                 consume(inflight.popleft().result())
-        except BrokenProcessPool:  # where multiprocessing.Pool would hang forever
+        # A worker killed (the OOM killer) breaks the pool, where multiprocessing.Pool would hang forever.
+        except BrokenProcessPool:
             raise UsageError("a tokenizer process died (out of memory?); try fewer --workers") from None
-        finally:  # wait for the workers (they ignore ctrl-c and finish one job): an executor left
-            ex.shutdown(wait=True, cancel_futures=True)  # running races the interpreter's exit
+        finally:
+            # Wait for the workers (they ignore Ctrl-C and finish one job): an executor left running races the
+            # interpreter's exit.
+            ex.shutdown(wait=True, cancel_futures=True)
     return tuple(counts)
 
 
@@ -183,8 +188,8 @@ def _read_text(path):
 def _files_under(path, exts=None, skip=()):
     """A file, or the files under a folder (hidden names and `skip` folders left out)
     sorted by path components."""
-    if not os.path.exists(path):
-        raise UsageError(f"no such file or folder: {path}")
+    # A missing path raises here, and options.py's handler names it with its option.
+    os.stat(path)
     if os.path.isfile(path):
         return [path]
     out = []
@@ -229,11 +234,14 @@ def _files_dataset(stage, o, files, source, tok=None):
 
 
 def _build_python_stdlib(stage, o):
-    root, cap = sysconfig.get_paths()['stdlib'], o.get('max_mb', 16) * 1e6      # inf: every file
+    root = sysconfig.get_paths()['stdlib']
+    # max_mb=inf (from prepare(), not the command line) takes every file.
+    cap = o.get('max_mb', 16) * 1e6
     found = _files_under(root, ('.py',),
                          skip={'site-packages', 'dist-packages', '__pycache__', 'test', 'tests', 'idle_test'})
     sizes = np.cumsum([os.path.getsize(f) for f in found])
-    files = found[:int(np.searchsorted(sizes, cap, side='right'))]  # in order, until the cap
+    # In order, until the cap.
+    files = found[:int(np.searchsorted(sizes, cap, side='right'))]
     src = (f"python {sys.version.split()[0]} standard library at {root}: "
            f"{len(files)} of {len(found)} .py files, "
            f"{(sizes[len(files) - 1] if files else 0) / 1e6:.1f} MB, sorted by path, "
@@ -248,16 +256,19 @@ def _build_shakespeare(stage, o):
     offline = 'or prepare with --tokenizer=bytes' if 'input' in o else (
         f"offline, fetch {SHAKESPEARE_URL} by hand, then: "
         f"python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes")
-    tok = _build_tokenizer(o, 'gpt2', offline)  # fail on the tokenizer before any download
+    # Fail on the tokenizer before any download.
+    tok = _build_tokenizer(o, 'gpt2', offline)
     path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH',
                                        name='tinyshakespeare.txt')
     return _files_dataset(stage, o, _files_under(path), path if 'input' in o else SHAKESPEARE_URL, tok)
 
 
 def _build_text(stage, o):
-    text, binary = [], []
+    text = []
+    binary = []
     for path in _files_under(o['input']):
-        with open(path, 'rb') as f:  # git's test: a NUL byte in the first 8 KB means binary
+        # Git's test: a NUL byte in the first 8 KB means binary.
+        with open(path, 'rb') as f:
             (binary if b'\0' in f.read(8192) else text).append(path)
     if binary and not text:
         raise UsageError(f"{o['input']} holds no text: its {len(binary)} file(s) are binary "
@@ -298,7 +309,8 @@ def _owt_docs(files, count=False):
                 yield from itertools.repeat(1, pf.metadata.num_rows)
                 continue
             for batch in pf.iter_batches(batch_size=1024, columns=['text']):
-                yield from (t or '' for t in batch.column(0).to_pylist())  # a null text is an empty document
+                # A null text is an empty document.
+                yield from (t or '' for t in batch.column(0).to_pylist())
         elif f.endswith('.jsonl'):
             with open(f, encoding='utf-8', errors='replace') as fh:
                 yield from (1 if count else _json_text(line, f'{f}:{n}') for n, line in enumerate(fh, 1)
@@ -310,7 +322,8 @@ def _owt_docs(files, count=False):
 def _owt_download(data_dir):
     """The dataset's parquet files, fetched by huggingface_hub (which resumes, caches and verifies them): the
     repo's own, else the hub's parquet conversion of it."""
-    _pyarrow_parquet()  # fail before downloading 13 GB we cannot read
+    # Fail before downloading 13 GB we cannot read.
+    _pyarrow_parquet()
     hint = '--input=owt/ (a folder of its .parquet, .jsonl or .txt files)'
     try:
         from huggingface_hub import snapshot_download
@@ -322,7 +335,8 @@ def _owt_download(data_dir):
         try:
             folder = snapshot_download(OWT_REPO, repo_type='dataset', revision=rev,
                                        allow_patterns=['*.parquet'], local_dir=local)
-        except Exception as e:  # no network, no such revision, ...
+        # No network, no such revision, and whatever else the hub raises.
+        except Exception as e:
             raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}); fetch its "
                              f"parquet files by hand and pass {hint}") from None
         files = [f for f in _files_under(folder, ('.parquet',)) if 'train' in os.path.basename(f)]
@@ -333,11 +347,14 @@ def _owt_download(data_dir):
 
 
 def _build_openwebtext(stage, o):
-    tok = _build_tokenizer(o, 'gpt2')  # fail on the tokenizer before any download
+    # Fail on the tokenizer before any download.
+    tok = _build_tokenizer(o, 'gpt2')
     if 'input' in o:
-        files, source = _files_under(o['input'], ('.parquet', '.jsonl', '.txt')), os.path.abspath(o['input'])
+        files = _files_under(o['input'], ('.parquet', '.jsonl', '.txt'))
+        source = os.path.abspath(o['input'])
     else:
-        files, source = _owt_download(o['data_dir']), f"https://huggingface.co/datasets/{OWT_REPO} (parquet)"
+        files = _owt_download(o['data_dir'])
+        source = f"https://huggingface.co/datasets/{OWT_REPO} (parquet)"
     if not files:
         raise UsageError(f"empty corpus: no .parquet, .jsonl or .txt files in {source}")
     return _text_dataset(stage, {'workers': os.cpu_count() or 1, **o}, _owt_docs(files),
@@ -372,18 +389,22 @@ def _eval_source(o, spec):
     """(bytes of the input, where it came from, whether it is the official file: True, False, or None if we
     cannot tell). The official file is downloaded and checked unless --input is given."""
     if 'input' not in o:
-        where, official = spec['url'], True
+        where = spec['url']
+        official = True
         path = _download(spec['url'], o['data_dir'], '--input=PATH', spec['checksum'])
     else:
-        path, want = o['input'], os.path.basename(spec.get('member', spec['url']))
-        files = _files_under(path)  # or "no such file or folder"
-        if os.path.isdir(path):  # the unpacked download: wikitext-2-raw/, simple-examples/data/, ...
+        path = o['input']
+        want = os.path.basename(spec.get('member', spec['url']))
+        files = _files_under(path)
+        # The unpacked download: wikitext-2-raw/, simple-examples/data/, ...
+        if os.path.isdir(path):
             path = next((f for f in files if os.path.basename(f) == want), None)
             if path is None:
                 raise UsageError(
                     f"{o['input']} is a folder without {want} in it; pass the file itself with --input")
-        where = path  # named as the published file but not it: False; other names (wiki.test.raw): unknown
-        official = (True if _checksum(path, spec['checksum'][0]) == spec['checksum'][1] else
+        # Named as the published file but not it: False; other names (wiki.test.raw): unknown.
+        where = path
+        official = (True if _matches(path, spec['checksum']) else
                     False if os.path.basename(path) == os.path.basename(spec['url']) else None)
     if 'member' in spec and path.endswith('.zip'):
         try:
@@ -403,7 +424,8 @@ def _build_eval_set(stage, o, name):
     followed by end-of-text, and where each target sits),
     with a warning if its size is not the official one."""
     spec = EVAL_SETS[name]
-    tok = get_tokenizer(o.get('tokenizer', 'gpt2'))  # fail on the tokenizer before any download
+    # Fail on the tokenizer before any download.
+    tok = get_tokenizer(o.get('tokenizer', 'gpt2'))
     raw, where, official = _eval_source(o, spec)
     try:
         text = raw.decode('utf-8')
@@ -416,17 +438,21 @@ def _build_eval_set(stage, o, name):
         raise UsageError(f"{where} has no ' = Title = ' heading line: not WikiText's format")
     if name == 'ptb':
         words = text.split()
-        bad = next((w for w in words if w != 'N' and w != w.lower()), None)  # N: Mikolov's token for numbers
+        # N: Mikolov's token for numbers.
+        bad = next((w for w in words if w != 'N' and w != w.lower()), None)
         if not words or bad is not None:
             why = f"the word {bad!r} has capitals" if words else "it is empty"
             raise UsageError(
                 f"{where}: {why}; PTB as Mikolov preprocessed it is lower case with N for numbers")
-    if name == 'lambada':  # a passage is a line (a .jsonl line's "text"); the target is its last word
-        # the separator: end-of-text, or a newline for bytes (which has none)
+    # A passage is a line (a .jsonl line's "text"); the target is its last word.
+    if name == 'lambada':
+        # The separator: end-of-text, or a newline for bytes (which has none).
         sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)
         parts = []
-        jsonl = where.endswith('.jsonl') or text.lstrip().startswith('{')   # by its name, or by what it holds
-        for n, line in enumerate(text.split('\n'), 1):             # '\n' only: a JSON string may hold U+2028
+        # By its name, or by what it holds.
+        jsonl = where.endswith('.jsonl') or text.lstrip().startswith('{')
+        # '\n' only: a JSON string may hold U+2028.
+        for n, line in enumerate(text.split('\n'), 1):
             if not line.strip():
                 continue
             line = (_json_text(line, f'{where}:{n}') if jsonl else line).rstrip()
@@ -434,11 +460,12 @@ def _build_eval_set(stage, o, name):
             if m is None or not line[:m.start()].strip():
                 raise UsageError(
                     f"{where}:{n} has no last word to predict after a context: not a LAMBADA passage")
-            cut = m.start() if m.group(1) == ' ' else m.start(2)  # GPT-2's BPE attaches the space to the word
+            # GPT-2's BPE attaches the space to the word.
+            cut = m.start() if m.group(1) == ' ' else m.start(2)
             parts += [tok.encode_array(line[:cut]), tok.encode_array(line[cut:]), sep]
         if not parts:
             raise UsageError(f"{where} holds no passages")
-        # the start of each context, target, separator
+        # The start of each context, target and separator.
         starts = np.cumsum([0] + [len(p) for p in parts[:-1]], dtype=np.int64)
         np.save(os.path.join(stage, LAMBADA_TARGETS), starts.reshape(-1, 3))
         count = len(parts) // 3
@@ -447,18 +474,22 @@ def _build_eval_set(stage, o, name):
                      target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) "
                                  "in val.bin; the target is the last word's tokens, with the space before it "
                                  "if there is one")
-    else:  # one document: no end-of-text token
-        parts, extra, count = [tok.encode_array(text)], dict(documents=1, eot=None), text.count('\n')
+    # One document: no end-of-text token.
+    else:
+        parts = [tok.encode_array(text)]
+        extra = dict(documents=1, eot=None)
+        count = text.count('\n')
     if count != spec['count']:
         _warn(f"{where} has {count:,} {spec['unit']}; the official {name} test set has {spec['count']:,}")
     val = np.concatenate(parts)
     val.tofile(os.path.join(stage, 'val.bin'))
     open(os.path.join(stage, 'train.bin'), 'wb').close()
-    if official is False:  # it read as the right format: use it, but say so
+    # A file named as the published one but not it read as the right format: use it, but say so.
+    if official is False:
         _warn(f"{o['input']}: {spec['checksum'][0]} differs from the official "
               f"{os.path.basename(spec['url'])}; using it")
     return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16', train_tokens=0,
-                val_tokens=len(val), source=where if 'input' in o else spec['url'], official_file=official,
+                val_tokens=len(val), source=where, official_file=official,
                 split='val.bin is the official test split; no train split (evaluation only)', **extra)
 
 # -----------------------------------------------------------------------------
@@ -483,76 +514,77 @@ class _NumpyUnpickler(pickle.Unpickler):
                ('numpy.core.numeric', '_frombuffer')}
 
     def find_class(self, module, name):
-        # numpy 2 writes numpy._core
+        # numpy 2 writes numpy._core.
         if (module.replace('numpy._core', 'numpy.core'), name) not in self.ALLOWED:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
         return super().find_class(module, name)
 
 
-def _read_cifar(archive, spec, where):
+def _read_cifar(archive, spec):
     """Loads and strictly checks the batches; returns (train x, train y, test x, test y, class names)."""
-    need, got = {f"{spec['top']}/{b}" for b in spec['train'] + spec['test'] + [spec['meta']]}, {}
+    need = {f"{spec['top']}/{b}" for b in spec['train'] + spec['test'] + [spec['meta']]}
+    got = {}
     try:
         with tarfile.open(archive, 'r:*') as tf:
-            for m in tf:  # one pass in archive order: a .tar.gz cannot seek backwards cheaply
+            # One pass in archive order: a .tar.gz cannot seek backwards cheaply.
+            for m in tf:
                 name = os.path.normpath(m.name)
                 if name in need and m.isfile():
-                    data = tf.extractfile(m).read()  # a broken archive fails here, junk inside it below
+                    # A broken archive fails here, junk inside it below.
+                    data = tf.extractfile(m).read()
                     try:
                         got[name] = _NumpyUnpickler(io.BytesIO(data), encoding='bytes').load()
-                    except Exception as e:  # junk bytes can fail in many ways inside pickle
+                    # Junk bytes can fail in many ways inside pickle.
+                    except Exception as e:
                         raise UsageError(
-                            f"{where}: {name} is not a CIFAR pickle ({type(e).__name__}: {e})") from None
+                            f"{archive}: {name} is not a CIFAR pickle ({type(e).__name__}: {e})") from None
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
-        raise UsageError(f"{where} is not a readable tar archive ({e})") from None
+        raise UsageError(f"{archive} is not a readable tar archive ({e})") from None
     missing = sorted(need - set(got))
     if missing:
-        raise UsageError(f"{where} does not have the {spec['top']} layout: missing {', '.join(missing)}")
+        raise UsageError(f"{archive} does not have the {spec['top']} layout: missing {', '.join(missing)}")
 
     def batch(b):
-        d, key = got[f"{spec['top']}/{b}"], spec['labels']
-        if not isinstance(d, dict) or b'data' not in d or key not in d:
-            raise UsageError(f"{where}: {b} should be a dict with keys b'data' and {key!r}")
-        x = d[b'data']
-        if (not isinstance(x, np.ndarray) or x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072
-                or not len(x)):
-            raise UsageError(f"{where}: {b} data should be an N x 3072 uint8 array, "
-                             f"got {getattr(x, 'shape', type(x))}")
+        d = got[f"{spec['top']}/{b}"]
         try:
-            y = np.asarray(d[key], dtype=np.int64)
-        except (TypeError, ValueError):
-            raise UsageError(f"{where}: {b} labels are not integers") from None
-        if y.shape != (len(x),) or (len(y) and (y.min() < 0 or y.max() >= spec['classes'])):
-            raise UsageError(f"{where}: {b} needs {len(x)} labels in 0..{spec['classes'] - 1}")
-        return x.reshape(-1, 3, 32, 32), y  # CIFAR rows are R, G, B planes of 32x32
+            x = d[b'data']
+            y = np.asarray(d[spec['labels']], dtype=np.int64)
+            ok = (x.dtype == np.uint8 and x.shape[1:] == (3072,) and len(x) > 0 and y.shape == (len(x),)
+                  and 0 <= y.min() and y.max() < spec['classes'])
+        except (TypeError, KeyError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            raise UsageError(f"{archive}: {b} should hold an N x 3072 uint8 array under b'data' and N labels "
+                             f"in 0..{spec['classes'] - 1} under {spec['labels']!r}")
+        # CIFAR rows are R, G, B planes of 32x32.
+        return x.reshape(-1, 3, 32, 32), y
 
     meta = got[f"{spec['top']}/{spec['meta']}"]
     names = meta.get(spec['names']) if isinstance(meta, dict) else None
     if not isinstance(names, list) or len(names) != spec['classes']:
         raise UsageError(
-            f"{where}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
+            f"{archive}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
     names = [n.decode('utf-8') if isinstance(n, bytes) else str(n) for n in names]
-    cat = lambda bs: [np.concatenate(a) for a in zip(*map(batch, bs))]
-    return *cat(spec['train']), *cat(spec['test']), names
+    train = [np.concatenate(a) for a in zip(*map(batch, spec['train']))]
+    test = [np.concatenate(a) for a in zip(*map(batch, spec['test']))]
+    return *train, *test, names
 
 
 def _build_cifar(stage, o, which):
     spec = CIFAR[which]
-    if 'archive' in o and not os.path.isfile(o['archive']):
-        raise UsageError(f"no such file: {o['archive']}")
     archive = o.get('archive') or _download(spec['url'], o['data_dir'], '--archive=PATH',
                                             ('md5', spec['md5']))
-    md5_ok = 'archive' not in o or _checksum(archive) == spec['md5']  # a download is checked already
-    where = (archive if md5_ok
-             else f"{archive} (whose MD5 differs from the official {os.path.basename(spec['url'])})")
-    xtr, ytr, xte, yte, names = _read_cifar(archive, spec, where)
-    if not md5_ok:  # a repacked copy is fine if the layout checks passed
+    # A download is checked already; a missing --archive is the OSError handler's to name.
+    md5_ok = 'archive' not in o or _matches(archive, ('md5', spec['md5']))
+    xtr, ytr, xte, yte, names = _read_cifar(archive, spec)
+    # A repacked copy is fine if the layout checks passed.
+    if not md5_ok:
         _warn(f"{archive}: MD5 differs from the official tarball ({spec['md5']}); "
               f"its layout checks out, using it")
     for split, x, y in (('train', xtr, ytr), ('test', xte, yte)):
         np.save(os.path.join(stage, f'{split}_images.npy'), x)
         np.save(os.path.join(stage, f'{split}_labels.npy'), y)
-    # per-channel mean and std in 0..1, from each channel's histogram of the 256 values: no float copy
+    # The per-channel mean and std in 0..1, from each channel's histogram of the 256 values: no float copy.
     hist = np.stack([np.bincount(xtr[:, c].ravel(), minlength=256) for c in range(3)]) / (xtr[:, 0].size or 1)
     v = np.arange(256) / 255
     mean = hist @ v
@@ -565,13 +597,14 @@ def _build_cifar(stage, o, which):
 # -----------------------------------------------------------------------------
 # prepare(): stage, build, commit
 
-DATASETS = {  # name -> (builder, options it takes besides --name/--force/--data_dir)
+# name -> (builder, options it takes besides --name/--force/--data_dir).
+DATASETS = {
     'python_stdlib': (_build_python_stdlib, {'tokenizer', 'max_mb', 'workers'}),
     'shakespeare': (_build_shakespeare, {'tokenizer', 'input', 'workers'}),
     'text': (_build_text, {'tokenizer', 'input', 'workers'}),
     'openwebtext': (_build_openwebtext, {'tokenizer', 'input', 'workers', 'val_every'}),
-    **{n: (lambda stage, o, n=n: _build_eval_set(stage, o, n), {'tokenizer', 'input'}) for n in EVAL_SETS},
-    **{n: (lambda stage, o, n=n: _build_cifar(stage, o, n), {'archive'}) for n in CIFAR},
+    **{n: (functools.partial(_build_eval_set, name=n), {'tokenizer', 'input'}) for n in EVAL_SETS},
+    **{n: (functools.partial(_build_cifar, which=n), {'archive'}) for n in CIFAR},
 }
 
 
@@ -581,10 +614,12 @@ def _remove_stale_stages(data_dir, name):
     prefix = f".{name}.partial-{socket.gethostname()}-"
     for d in [d for d in os.listdir(data_dir) if d.startswith(prefix) and d[len(prefix):].isdigit()]:
         try:
-            os.kill(int(d[len(prefix):]), 0)  # signal 0: does that process still exist?
+            # Signal 0: does that process still exist?
+            os.kill(int(d[len(prefix):]), 0)
         except ProcessLookupError:
             shutil.rmtree(os.path.join(data_dir, d), ignore_errors=True)
-        except PermissionError:  # it does, as another user's
+        # It does, as another user's.
+        except PermissionError:
             pass
 
 
@@ -596,7 +631,8 @@ def _commit(stage, out, meta):
         os.remove(os.path.join(out, 'meta.json'))
     for f in sorted(os.listdir(stage)):
         os.replace(os.path.join(stage, f), os.path.join(out, f))
-    tmp = os.path.join(stage, 'meta.json')      # the stage is this process's: two nodes may commit at once
+    # The stage is this process's: two nodes may commit at once.
+    tmp = os.path.join(stage, 'meta.json')
     with open(tmp, 'w') as f:
         f.write(json.dumps(meta, indent=2) + '\n')
         f.flush()
@@ -609,30 +645,34 @@ def prepare(name, /, data_dir='data', **opts):
     rebuilds it). opts are the command line's (input=, tokenizer=, ...); name= there is the folder's name.
     With torchrun, call it on one rank and barrier: two ranks would both build (safely, but twice)."""
     if name not in DATASETS:
-        raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}); "
-                         f"{_recipe(os.path.join(data_dir, name))}")
+        # A name of one's own is text of one's own; a near miss of a built-in name is a typo.
+        close = difflib.get_close_matches(name, [d for d in DATASETS if d != 'text'], n=1)
+        raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}); for text of your own: "
+                         f"python prepare_data.py text --input=PATH --name={name} --data_dir={data_dir}"
+                         f"{f'; or did you mean {close[0]}?' if close else ''}")
     builder, takes = DATASETS[name]
-    o, takes = {k: v for k, v in opts.items() if v is not None}, takes | {'name', 'force'}
+    o = {k: v for k, v in opts.items() if v is not None}
+    takes = takes | {'name', 'force'}
     extra = sorted(set(o) - takes)
     if extra:
         raise UsageError(
             f"{name} does not take --{extra[0]} (it takes: {', '.join('--' + k for k in sorted(takes))})")
     if name == 'text' and not o.get('input'):
         raise UsageError("text needs --input=PATH (a text file or a folder of them)")
-    # text: notes.txt -> notes
+    # For text, notes.txt makes notes.
     out_name = o.get('name') or (Path(o['input']).stem if name == 'text' else name)
     if out_name in ('', '.', '..', 'downloads') or os.sep in out_name or out_name.startswith('.'):
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
-    _check_folder(out, f"cannot prepare {out}")
+    # A file where the folder goes would fail only after the build.
+    if os.path.isfile(out):
+        raise UsageError(f"{out} is a file, not a dataset folder; pass --name=OTHER")
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
-        if meta.get('dataset', name) != name:
-            raise UsageError(f"{out} holds {meta['dataset']}, not {name}; pass --force to rebuild it, "
-                             f"or --name=OTHER to keep both")
-        if o.get('tokenizer') and meta.get('tokenizer') != o['tokenizer']:
-            raise UsageError(f"{out} was prepared with tokenizer {meta.get('tokenizer')}, "
-                             f"not {o['tokenizer']}; pass --force to rebuild it, "
+        built = meta.get('tokenizer')
+        if (meta.get('dataset', name), o.get('tokenizer', built)) != (name, built):
+            raise UsageError(f"{out} holds {meta.get('dataset')} ({built}), not {name} "
+                             f"({o.get('tokenizer', 'its default tokenizer')}); pass --force to rebuild it, "
                              f"or --name=OTHER to keep both")
         print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); "
               f"--force rebuilds it")
@@ -640,30 +680,24 @@ def prepare(name, /, data_dir='data', **opts):
     new_root = not os.path.isdir(data_dir)
     stage = os.path.join(data_dir, f".{out_name}.partial-{socket.gethostname()}-{os.getpid()}")
     t0 = time.time()
+    # Everything is written in stage/: an exception or Ctrl-C leaves out/ untouched, and options.py's handler
+    # names the path of an OSError (a data_dir that is a file, not writable, a full disk).
     try:
         os.makedirs(data_dir, exist_ok=True)
         _remove_stale_stages(data_dir, out_name)
         os.makedirs(stage)
-    except OSError as e:
-        raise UsageError(f"cannot write in --data_dir={data_dir} ({e.strerror}); "
-                         f"choose a folder you can write to") from None
-    try:  # everything is written in stage/; an exception or ctrl-c leaves out/ untouched
         meta = builder(stage, {**o, 'data_dir': data_dir})
         _commit(stage, out, {'name': out_name, 'dataset': name, **meta,
                              'prepared': time.strftime('%Y-%m-%d %H:%M:%S')})
-    finally:  # a failed first run leaves no empty data_dir behind (a done one holds out/: rmdir keeps it)
+    finally:
         shutil.rmtree(stage, ignore_errors=True)
+        # A failed first run leaves no empty data_dir behind (a done one holds out/, which rmdir keeps).
         for d in (os.path.join(data_dir, 'downloads'), data_dir) if new_root else ():
             with contextlib.suppress(OSError):
-                os.rmdir(d)  # only if empty
-    if meta['kind'] == 'images':
-        what = (f"{meta['train_count']:,} train + {meta['test_count']:,} test images, "
-                f"{meta['num_classes']} classes")
-    elif meta['train_tokens']:
-        what = f"{meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens ({meta['tokenizer']})"
-    else:
-        what = f"{meta['val_tokens']:,} val tokens (the test split, {meta['tokenizer']})"
-    print(f"prepared {out}: {what} in {time.time() - t0:.1f}s")
+                os.rmdir(d)
+    sizes = [f"{v:,} {k.replace('_', ' ')}" for k, v in meta.items() if k.endswith(('_tokens', '_count'))]
+    kind = meta.get('tokenizer', 'images')
+    print(f"prepared {out}: {', '.join(sizes)} ({kind}) in {time.time() - t0:.1f}s")
     return out
 
 # -----------------------------------------------------------------------------
@@ -682,24 +716,16 @@ DEFAULTS = dict(
 )
 
 
+# What options.py's parse lets through.
+RANGES = {'nonempty': ['dataset'], 'positive': ['max_mb', 'val_every'], 'nonnegative': ['workers']}
+
+
 def main(argv=None):
     cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
-                          positional='dataset')
-    if not cfg['dataset']:
-        raise UsageError(
-            f"give one dataset name (known: {', '.join(DATASETS)}); python prepare_data.py --help")
-    for key in ('max_mb', 'val_every'):
-        if not cfg[key] > 0:  # NaN too
-            raise UsageError(f"--{key} must be positive, got {cfg[key]}")
-    if cfg['workers'] < 0:
-        raise UsageError(f"--workers must be >= 0, got {cfg['workers']}")
-    try:
-        prepare(cfg['dataset'], data_dir=cfg['data_dir'],
-                **{k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if k != 'workers' or cfg[k]})
-    except KeyboardInterrupt:
-        fail("interrupted: partial files removed, the dataset folder is as it was", code=130)
-    except OSError as e:  # disk full, permissions: the environment, not a bug
-        raise UsageError(e) from None
+                          positional='dataset', ranges=RANGES)
+    # --workers=0 is the dataset's default.
+    opts = {k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if k != 'workers' or cfg[k]}
+    prepare(cfg['dataset'], data_dir=cfg['data_dir'], **opts)
 
 
 if __name__ == '__main__':
