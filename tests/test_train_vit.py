@@ -18,8 +18,8 @@ import torch
 
 import tost
 import train_vit
-from test_train_gpt import (count_syncs, exits, in_process, one_line_error, rank_pid, read_log, same_state,
-                            start, wait_for, weights)
+from test_train_gpt import (count_syncs, rank_pid, read_log, resume_command, same_state, start, wait_for,
+                            weights)
 from options import UsageError
 from train_common import load_checkpoint
 
@@ -117,7 +117,7 @@ def test_resume_continues_at_the_next_epoch_with_identical_state(data, trained, 
 
 
 def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(data, trained, tmp_path,
-                                                                            monkeypatch, capsys):
+                                                                            monkeypatch, ends):
     """SIGINT to this process during step 7 (the third of epoch 2): ckpt.pt at step 7, exit 130 with the
     resume command; that command (nothing else: the settings come from the checkpoint) ends where the unbroken
     run did."""
@@ -132,13 +132,15 @@ def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(dat
         return real(x, pad)
 
     monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_the_7th_step)
-    assert exits(train_vit.main, args) == 130
-    command = capsys.readouterr().err.splitlines()[-1].split()      # the last line: the command that resumes
+    code, err = ends(train_vit.main, args)
+    command = resume_command(err)
+    assert code == 130 and command[:2] == ['python', 'train_vit.py']
     ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     assert (ck['step'], ck['epoch']) == (7, 1.75)
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
     monkeypatch.setattr(train_vit, 'random_crop_flip', real)
-    train_vit.main(command[command.index('train_vit.py') + 1:])    # the command as printed
+    # the command as printed
+    train_vit.main(command[2:])
     a, b = weights(trained), weights(out)
     assert (b['step'], b['epoch']) == (8, 2)
     same_state(a, b)                                               # bit for bit
@@ -235,8 +237,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data, tmp_p
     ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     # the step rank 0 saved is the one it names; the command resumes both processes
     assert f"step {ck['step']} " in stderr, stderr[-3000:]
-    assert any('torchrun --standalone --nproc_per_node=2 ' in line and '--init_from=resume' in line
-               for line in stderr.splitlines()), stderr[-3000:]
+    assert resume_command(stderr)[:3] == ['torchrun', '--standalone', '--nproc_per_node=2']
 
 
 @pytest.mark.slow
@@ -426,7 +427,7 @@ def vit_checkpoint_with_10_classes(path):
     ('unknown key', ['--batchsize=3'], '--batchsize'),
     ('wrong type', ['--epochs=two'], '--epochs'),
 ])
-def test_mistakes_end_in_one_line(data, tmp_path, capsys, case, extra, named):
+def test_mistakes_end_in_one_line(data, tmp_path, fails, case, extra, named):
     make_dataset(data, 'synth30', size=30, n_train=4, n_test=4)
     make_dataset(data, 'text', kind='text', n_train=4, n_test=4)
     out = tmp_path / 'out'
@@ -435,10 +436,9 @@ def test_mistakes_end_in_one_line(data, tmp_path, capsys, case, extra, named):
         gpt_checkpoint(out / 'ckpt.pt')
     if case in ('class mismatch', 'attn mismatch'):
         vit_checkpoint_with_10_classes(out / 'ckpt.pt')
-    r = in_process(capsys, train_vit.main, *base_args(data, str(out), '--epochs=1'), *extra)
-    assert r.code == 2, r.err
-    one_line_error(r.err, named)
-    assert not os.path.exists(out / 'log.jsonl')                   # failed before anything was written
+    fails(train_vit.main, base_args(data, str(out), '--epochs=1', *extra), named)
+    # failed before anything was written
+    assert not os.path.exists(out / 'log.jsonl')
 
 
 def test_config_mistakes_in_process(data, tmp_path):
@@ -461,7 +461,7 @@ def test_config_mistakes_in_process(data, tmp_path):
     assert not os.listdir(out)
 
 
-def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch, capsys):
+def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch, fails):
     """NaN from step 7 on: the row at step 8 stops the run, exit 3, and ckpt.pt stays at step 4 (epoch 1)."""
     out, real, calls = str(tmp_path), tost.ViT.forward, []
 
@@ -472,18 +472,16 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, mon
         return logits * float('nan') if len(calls) >= 7 and self.training else logits
 
     monkeypatch.setattr(tost.ViT, 'forward', nan_from_step_7)
-    assert exits(train_vit.main, base_args(data, out, '--epochs=2', '--viz_images=0')) == 3
-    one_line_error(capsys.readouterr().err, 'step 8')
+    fails(train_vit.main, base_args(data, out, '--epochs=2', '--viz_images=0'), code=3)
     assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['step'] == 4
 
 
-def test_out_of_memory_is_one_line_with_advice(data, tmp_path, monkeypatch, capsys):
+def test_out_of_memory_is_one_line_with_advice(data, tmp_path, monkeypatch, fails):
     def oom(self, x):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     monkeypatch.setattr(tost.ViT, 'forward', oom)
-    assert exits(train_vit.main, base_args(data, str(tmp_path), '--epochs=1')) == 2
-    one_line_error(capsys.readouterr().err, '--batch_size=8')
+    fails(train_vit.main, base_args(data, str(tmp_path), '--epochs=1'), '--batch_size=8')
 
 
 def test_a_picture_that_cannot_be_drawn_does_not_stop_training(data, tmp_path, monkeypatch, capsys):
