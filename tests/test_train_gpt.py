@@ -242,14 +242,18 @@ def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, tm
     assert numbers(read_log(broken)) == numbers(read_log(full))
 
 
+def flat(state):
+    return torch.cat([state[k].flatten().double() for k in sorted(state)])
+
+
 def same_run(ckpt_a, ckpt_b):
     """How far apart two runs' weights are, as a share of how far training moved them from the initial
     weights. Not elementwise: where a gradient is ~0, Adam's m / (sqrt(v) + eps) turns the last bit of a
     rounding difference (a fused kernel, inductor) into a whole step for that element."""
     torch.manual_seed(ckpt_a['config']['seed'])                     # the trainer's initial weights
     init = tost.GPT(tost.GPTConfig(**ckpt_a['model_args'])).state_dict()
-    flat = lambda sd: torch.cat([sd[k].flatten().double() for k in sorted(sd)])
-    a, b = flat(ckpt_a['model']), flat(ckpt_b['model'])
+    a = flat(ckpt_a['model'])
+    b = flat(ckpt_b['model'])
     return ((a - b).norm() / (a - flat(init)).norm()).item()
 
 
@@ -925,17 +929,6 @@ def test_a_schedule_shorter_than_the_run_is_noted(data_dir, tmp_path, capsys):
     assert 'warmup' in capsys.readouterr().out
 
 
-def test_token_shift_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(data_dir, tmp_path):
-    out = str(tmp_path / 'shift')
-    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=2', '--token_shift=true'))
-    ckpt = weights(out)
-    assert ckpt['model_args']['token_shift'] is True
-    assert any(k.endswith('shift.mu') for k in ckpt['model'])
-    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6'])
-    assert weights(out)['iter_num'] == 6 and weights(out)['model_args']['token_shift'] is True
-    sample.main([f'--out_dir={out}', '--start=def', '--num_samples=1', '--max_new_tokens=5', '--device=cpu'])
-
-
 def test_a_resume_keeps_no_second_copy_of_the_weights(data_dir, tmp_path, monkeypatch):
     """The checkpoint is loaded onto the device: its weights, once in the model, are let go (on a GPU they
     would hold the model's memory twice for the whole run)."""
@@ -951,13 +944,15 @@ def test_a_resume_keeps_no_second_copy_of_the_weights(data_dir, tmp_path, monkey
     assert len(loaded) == 1 and 'optimizer' in loaded[0] and 'model' not in loaded[0]
 
 
-def test_softmax_layers_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(data_dir, tmp_path):
+def test_softmax_layers_and_token_shift_are_keys_recorded_in_the_checkpoint_and_kept_on_resume(data_dir,
+                                                                                                tmp_path):
     out = str(tmp_path / 'hybrid')
     train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=2', '--n_layer=2',
                         '--softmax_layers=-1', '--token_shift=true'))
     # weights_only=True reads the list
     ckpt = weights(out)
     assert ckpt['model_args']['softmax_layers'] == [1] and ckpt['config']['softmax_layers'] == '-1'
+    assert ckpt['model_args']['token_shift'] is True and any(k.endswith('shift.mu') for k in ckpt['model'])
     # block 1's q, k, v: softmax
     assert ckpt['model']['transformer.h.1.attn.c_attn.weight'].shape == (96, 32)
     assert 'transformer.h.0.attn.temp' in ckpt['model'] and 'transformer.h.1.attn.temp' not in ckpt['model']
@@ -967,7 +962,9 @@ def test_softmax_layers_is_a_key_recorded_in_the_checkpoint_and_kept_on_resume(d
     assert plot.model_name(config) == 'hybrid + shift'
     # 1 is -1 of 2 blocks
     train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6', '--softmax_layers=1'])
-    assert weights(out)['iter_num'] == 6 and weights(out)['model_args']['softmax_layers'] == [1]
+    ckpt = weights(out)
+    assert ckpt['iter_num'] == 6 and ckpt['model_args']['softmax_layers'] == [1]
+    assert ckpt['model_args']['token_shift'] is True
     sample.main([f'--out_dir={out}', '--start=def', '--num_samples=1', '--max_new_tokens=5', '--device=cpu'])
 
 
