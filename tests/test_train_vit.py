@@ -104,51 +104,45 @@ def test_a_few_steps_lower_the_loss(data, tmp_path, capsys):
     assert bars == [round(32 * v / max(c)) for c in comp for v in c]
 
 
-def test_resume_continues_at_the_next_epoch_with_identical_state(data, trained, tmp_path):
+@pytest.mark.parametrize('stop_at', [None, 7])
+def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tmp_path, monkeypatch, ends,
+                                                               stop_at):
+    """A run of 1 epoch, resumed for a second; or SIGINT to this process during step 7 (the third of epoch 2):
+    ckpt.pt at step 7, exit 130 with the command that resumes, which (nothing else: the settings come from
+    the checkpoint) goes on. Either ends where the unbroken run did: the same state bit for bit, the same
+    evaluations, each row once."""
     out = str(tmp_path)
-    args = base_args(data, out, *CONSTANT_LR)
-    train_vit.main(args + ['--epochs=1'])
-    assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['step'] == 4
-    train_vit.main(args + ['--epochs=2', '--init_from=resume'])
-    assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2]     # appended to, not restarted
-    assert same_rows(read_log(out), read_log(trained))                    # every loss of the unbroken run
-    a, b = weights(trained), weights(out)
-    assert b['epoch'] == a['epoch'] == 2 and b['kind'] == 'vit'
-    same_state(a, b)                                                      # bit for bit
-    assert os.path.isfile(os.path.join(out, 'best.pt'))
+    real = train_vit.random_crop_flip
+    calls = []
 
-
-def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(data, trained, tmp_path,
-                                                                            monkeypatch, ends):
-    """SIGINT to this process during step 7 (the third of epoch 2): ckpt.pt at step 7, exit 130 with the
-    resume command; that command (nothing else: the settings come from the checkpoint) ends where the unbroken
-    run did."""
-    out = str(tmp_path)
-    args = base_args(data, out, '--epochs=2', *CONSTANT_LR)
-    real, calls = train_vit.random_crop_flip, []
-
-    def sigint_at_the_7th_step(x, pad=4):
+    def sigint_at_step(x, pad=4):
         calls.append(1)
-        if len(calls) == 7:                                        # epoch 1 (0-based), step 2
+        if len(calls) == stop_at:
             os.kill(os.getpid(), signal.SIGINT)
         return real(x, pad)
 
-    monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_the_7th_step)
-    code, err = ends(train_vit.main, args)
-    command = resume_command(err)
-    assert code == 130 and command[:2] == ['python', 'train_vit.py']
-    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
-    assert (ck['step'], ck['epoch']) == (7, 1.75)
-    assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
-    monkeypatch.setattr(train_vit, 'random_crop_flip', real)
-    # the command as printed
-    train_vit.main(command[2:])
-    a, b = weights(trained), weights(out)
-    assert (b['step'], b['epoch']) == (8, 2)
-    same_state(a, b)                                               # bit for bit
-    # the test set sees the same model
+    if stop_at:
+        monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_step)
+        code, err = ends(train_vit.main, base_args(data, out, '--epochs=2', *CONSTANT_LR))
+        command = resume_command(err)
+        assert code == 130 and command[:2] == ['python', 'train_vit.py']
+        assert (weights(out)['step'], weights(out)['epoch']) == (7, 1.75)
+        assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
+        monkeypatch.undo()
+        train_vit.main(command[2:])
+    else:
+        train_vit.main(base_args(data, out, '--epochs=1', *CONSTANT_LR))
+        assert weights(out)['step'] == 4
+        train_vit.main(base_args(data, out, '--epochs=2', '--init_from=resume', *CONSTANT_LR))
+        # every loss of the unbroken run
+        assert same_rows(read_log(out), read_log(trained))
+    a = weights(trained)
+    b = weights(out)
+    assert (b['step'], b['epoch'], b['kind']) == (8, 2, 'vit')
+    same_state(a, b)
     assert same_rows(read_log(out, kind='eval'), read_log(trained, kind='eval'))
-    assert [r['step'] for r in read_log(out, kind='train')] == [2, 4, 6, 8]        # each row once
+    assert [r['step'] for r in read_log(out, kind='train')] == [2, 4, 6, 8]
+    assert os.path.isfile(os.path.join(out, 'best.pt'))
 
 
 def test_a_checkpoint_of_an_earlier_model_is_refused(data, trained, tmp_path):
