@@ -73,6 +73,7 @@ def data(tmp_path_factory):
     make_dataset(root)
     make_dataset(root, 'synth30', size=30, n_train=4, n_test=4)
     make_dataset(root, 'text', kind='text', n_train=4, n_test=4)
+    make_dataset(root, 'synth5', classes=5, n_train=4, n_test=4)
     return root
 
 
@@ -405,23 +406,15 @@ def gpt_checkpoint(path):
                 'model_args': dict(n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=256)}, path)
 
 
-def vit_checkpoint_with_10_classes(path):
-    cfg = tost.preset('tost-cifar-tiny', img_size=16)
-    assert cfg.num_classes == 10
-    from dataclasses import asdict
-    config = {'model': 'tost-cifar-tiny', 'attn': 'tssa', 'lpi': False}
-    torch.save({'model': tost.ViT(cfg).state_dict(), 'optimizer': {}, 'model_args': asdict(cfg),
-                'kind': 'vit', 'format': 2, 'step': 4, 'epoch': 1, 'best_acc': 0.5, 'config': config}, path)
-
-
-# (the checkpoint in out_dir, the arguments, what the one line names); a misspelt --model is named before the
-# data is read (here CIFAR-10, not prepared: no download is suggested)
+# (the checkpoint in out_dir: a train_gpt.py one or the trained one of 3 classes; the arguments; what the one
+# line names); a misspelt --model is named before the data is read (here CIFAR-10, not prepared: no download
+# is suggested)
 MISTAKES = [(None, ['--dataset=cifar10'], 'prepare_data.py cifar10'),
             (None, ['--dataset=synth30'], 'synth30'),
             (None, ['--dataset=text'], 'text'),
-            (gpt_checkpoint, ['--init_from=resume'], 'train_gpt.py'),
-            (vit_checkpoint_with_10_classes, ['--init_from=resume'], 'synth'),
-            (vit_checkpoint_with_10_classes, ['--init_from=resume', '--attn=softmax'], '--attn'),
+            ('gpt', ['--init_from=resume'], 'train_gpt.py'),
+            ('vit', ['--init_from=resume', '--dataset=synth5'], 'synth5'),
+            ('vit', ['--init_from=resume', '--attn=softmax'], '--attn'),
             (None, ['--batchsize=3'], '--batchsize'),
             (None, ['--epochs=two'], '--epochs'),
             (None, ['--eval_only'], '--eval_only'),
@@ -438,11 +431,14 @@ MISTAKES = [(None, ['--dataset=cifar10'], 'prepare_data.py cifar10'),
 
 
 @pytest.mark.parametrize('checkpoint, extra, named', MISTAKES)
-def test_mistakes_end_in_one_line_before_anything_is_written(data, tmp_path, fails, checkpoint, extra, named):
+def test_mistakes_end_in_one_line_before_anything_is_written(data, trained, tmp_path, fails, checkpoint,
+                                                             extra, named):
     out = tmp_path / 'out'
     out.mkdir()
-    if checkpoint:
-        checkpoint(out / 'ckpt.pt')
+    if checkpoint == 'gpt':
+        gpt_checkpoint(out / 'ckpt.pt')
+    if checkpoint == 'vit':
+        shutil.copy(os.path.join(trained, 'ckpt.pt'), out)
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
     fails(train_vit.main, base_args(data, str(out), '--epochs=1', *extra), named)
     # the checkpoint untouched, nothing else written but a resume's lock
