@@ -1,9 +1,12 @@
 """Shared by the test files: pytest finds this file by name."""
 
+import gc
 import signal
 
 import pytest
 import torch
+
+import options
 
 # Started in the background of a non-interactive shell (`cmd &`, nohup), pytest inherits SIGINT ignored, and
 # so would every process the tests start: the Ctrl-C tests need Python's usual handler, here and in them.
@@ -20,3 +23,35 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def one_line(stderr, *names):
+    """A mistake's end as the user sees it: one line on stderr (so no traceback), naming each of `names`."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and all(name in lines[0] for name in names), stderr[-3000:]
+    return lines[0]
+
+
+@pytest.fixture
+def ends(capsys):
+    """ends(main, args): main(args) ended as its script ends it (options.run_main): (exit code, stderr). A run
+    an exception ended lets its out_dir's lock go with its frames, as its process would by ending."""
+    def ends(main, args):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            options.run_main(lambda: main(list(args)))
+        code = e.value.code
+        del e
+        gc.collect()
+        return code, capsys.readouterr().err
+    return ends
+
+
+@pytest.fixture
+def fails(ends):
+    """fails(main, args, *names, code=2): main(args) exits `code` with one line naming each of `names`."""
+    def fails(main, args, *names, code=2):
+        got, err = ends(main, args)
+        assert got == code, err[-3000:]
+        return one_line(err, *names)
+    return fails

@@ -13,6 +13,7 @@ import torch
 
 import tost
 import train_common as tc
+from conftest import one_line
 from train_common import UsageError
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,45 +27,39 @@ def _no_temp_files(d):
     return [f for f in os.listdir(d) if ".tmp-" in f] == []
 
 
-def test_atomic_save_roundtrip(tmp_path):
-    path = str(tmp_path / "ckpt.pt")
-    obj = {"model": {"w": torch.arange(6.0).view(2, 3)}, "iter_num": 7, "config": {"lr": 1e-3, "x": None}}
-    tc.atomic_save(obj, path)
-    got = tc.load_checkpoint(path)
-    assert torch.equal(got["model"]["w"], obj["model"]["w"])
-    assert got["iter_num"] == 7 and got["config"] == {"lr": 1e-3, "x": None}
-    assert _no_temp_files(tmp_path)
-
-
 @pytest.mark.parametrize("exc", [RuntimeError("disk full"), KeyboardInterrupt()])
-def test_atomic_save_failure_keeps_the_old_checkpoint(tmp_path, monkeypatch, exc):
+def test_atomic_save_roundtrips_and_a_failure_keeps_the_old_checkpoint(tmp_path, monkeypatch, exc):
     path = str(tmp_path / "ckpt.pt")
-    tc.atomic_save({"iter_num": 1, "w": torch.ones(3)}, path)
+    obj = {"model": {"w": torch.arange(6.0).view(2, 3)}, "iter_num": 1, "config": {"lr": 1e-3, "x": None}}
+    tc.atomic_save(obj, path)
     before = Path(path).read_bytes()
 
+    # some bytes reach the disk, then the failure
     def broken_save(obj, f, *a, **k):
-        f.write(b"PK\x03\x04 half a checkpoint")  # some bytes reach the disk, then the failure
+        f.write(b"PK\x03\x04 half a checkpoint")
         raise exc
 
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(type(exc)):
-        tc.atomic_save({"iter_num": 2, "w": torch.zeros(3)}, path)
+        tc.atomic_save({"iter_num": 2}, path)
     monkeypatch.undo()
     assert Path(path).read_bytes() == before
     got = tc.load_checkpoint(path)
-    assert got["iter_num"] == 1 and torch.equal(got["w"], torch.ones(3))
+    assert torch.equal(got["model"]["w"], obj["model"]["w"])
+    assert got["iter_num"] == 1 and got["config"] == {"lr": 1e-3, "x": None}
     assert _no_temp_files(tmp_path)
 
 
 def test_load_missing_checkpoint(tmp_path):
     path = str(tmp_path / "nope.pt")
-    with pytest.raises(UsageError, match=f"^no checkpoint at {path}$"):
+    with pytest.raises(UsageError, match=path):
         tc.load_checkpoint(path)
-    with pytest.raises(UsageError, match=f"^no checkpoint at {tmp_path}/ckpt.pt; train one with: python train_vit.py "
-                                         f"--out_dir={tmp_path}$"):
+    # a vision run's folder: the line names the trainer that makes one
+    with pytest.raises(UsageError, match=f"{tmp_path}/ckpt.pt.*train_vit.py"):
         tc.load_checkpoint(str(tmp_path / "ckpt.pt"), kind="vit")
+    # options' handler names the path: no hint to train
     (tmp_path / "file").write_text("x")
-    with pytest.raises(NotADirectoryError):                     # options' handler names the path: no hint to train
+    with pytest.raises(NotADirectoryError):
         tc.load_checkpoint(str(tmp_path / "file" / "ckpt.pt"), kind="gpt")
 
 
@@ -74,13 +69,12 @@ def test_load_truncated_checkpoint(tmp_path, cut):
     tc.atomic_save({"w": torch.randn(100, 100)}, path)
     data = Path(path).read_bytes()
     Path(path).write_bytes(data[:int(len(data) * cut) if isinstance(cut, float) else cut])
-    with pytest.raises(UsageError) as e:
+    with pytest.raises(UsageError, match=path):
         tc.load_checkpoint(path)
-    msg = str(e.value)
-    assert path in msg and "\n" not in msg and len(msg) < 250
 
 
-class Evil:  # unpickling this calls a function: the code execution weights_only exists to refuse
+# unpickling this calls a function: the code execution weights_only exists to refuse
+class Evil:
     def __reduce__(self):
         return (print, ("this ran while loading a checkpoint",))
 
@@ -89,61 +83,58 @@ class Plain:
     pass
 
 
-@pytest.mark.parametrize("thing, name", [(Plain(), "Plain"), (Evil(), "print")])
-def test_load_refuses_arbitrary_objects(tmp_path, thing, name):
+# every key asked for is there, but its model_args are no trainer's
+NO_KIND = dict(model={}, optimizer={}, iter_num=3, config={}, meta={}, model_args={"x": 1})
+
+
+@pytest.mark.parametrize("thing, name", [({"model": {}, "extra": Plain()}, "Plain"),
+                                         ({"model": {}, "extra": Evil()}, "print"),
+                                         ([1, 2], "list"), (NO_KIND, "model_args")])
+def test_load_refuses_what_is_not_a_checkpoint_naming_it(tmp_path, thing, name):
     path = str(tmp_path / "ckpt.pt")
-    torch.save({"model": {}, "extra": thing}, path)
+    torch.save(thing, path)
     with pytest.raises(UsageError) as e:
-        tc.load_checkpoint(path)
-    assert path in str(e.value) and name in str(e.value) and "weights_only" in str(e.value)
-
-
-def test_load_names_what_a_checkpoint_of_no_known_kind_lacks(tmp_path):
-    """Every key asked for is there, but its model_args are no trainer's: the line says so, not "(no )"."""
-    path = str(tmp_path / "ckpt.pt")
-    torch.save(dict(model={}, optimizer={}, iter_num=3, config={}, meta={}, model_args={"x": 1}), path)
-    with pytest.raises(UsageError, match=r"is not a train_gpt.py checkpoint \(no model_args\)$"):
         tc.load_checkpoint(path, "cpu", "gpt", needs=("model", "optimizer", "iter_num", "config", "meta"))
+    assert path in str(e.value) and name in str(e.value)
 
 
 def test_load_gpt_names_a_checkpoint_whose_weights_or_args_do_not_fit(tmp_path):
     args = dict(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=16)
-    weights = tost.GPT(tost.GPTConfig(**dict(args, n_embd=8))).state_dict()      # another width
+    # another width
+    weights = tost.GPT(tost.GPTConfig(**dict(args, n_embd=8))).state_dict()
     path = str(tmp_path / "ckpt.pt")
     torch.save(dict(model=weights, model_args=args, meta={}), path)
-    with pytest.raises(UsageError, match=r"ckpt.pt does not fit its own model_args \(Error"):
+    with pytest.raises(UsageError, match=path):
         tc.load_gpt(path, "cpu")
     torch.save(dict(model=weights, model_args=dict(args, n_layers=2), meta={}), path)
-    with pytest.raises(UsageError, match=r"ckpt.pt does not hold a model this tost.py can load \(.*n_layers"):
+    with pytest.raises(UsageError, match=f"{path}.*n_layers"):
         tc.load_gpt(path, "cpu")
-
-
-def test_load_refuses_a_non_dict(tmp_path):
-    path = str(tmp_path / "ckpt.pt")
-    torch.save([1, 2], path)
-    with pytest.raises(UsageError, match="not a dict"):
-        tc.load_checkpoint(path)
 
 
 def test_one_run_at_a_time_in_an_out_dir(tmp_path):
     """Rank 0 holds out_dir/.lock while its run writes there: a second run into the same folder is refused."""
     out = str(tmp_path / "out")
     lock = tc.make_out_dir(out, [], overwrite=False, fresh=True, master=True)
-    with pytest.raises(UsageError, match=f"another run is writing in --out_dir={out}"):
+    with pytest.raises(UsageError, match=f"--out_dir={out}"):
         tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True)
-    assert tc.make_out_dir(out, [], overwrite=False, fresh=False, master=False) is None   # the run's other ranks
-    code = f"import train_common as tc; tc.make_out_dir({out!r}, [], overwrite=False, fresh=False, master=True)"
+    # the run's other ranks
+    assert tc.make_out_dir(out, [], overwrite=False, fresh=False, master=False) is None
+    # another process
+    code = f"import train_common\ntrain_common.make_out_dir({out!r}, [], False, False, True)"
     r = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "another run is writing in" in r.stderr              # another process
+    assert r.returncode == 2
+    held = one_line(r.stderr, f"--out_dir={out}")
     # The held folder now has a checkpoint: a fresh run is still refused as one into a held folder, not
     # pointed to --init_from=resume or --overwrite=true, which the lock would refuse too.
     ckpt = os.path.join(out, "ckpt.pt")
     Path(ckpt).write_bytes(b"weights")
     for overwrite in (False, True):
-        with pytest.raises(UsageError, match="another run is writing in"):
+        with pytest.raises(UsageError) as e:
             tc.make_out_dir(out, [ckpt], overwrite=overwrite, fresh=True, master=True)
+        assert str(e.value) in held
     assert os.path.exists(ckpt)
-    lock.close()                                                                         # the run lets go
+    # the run lets go
+    lock.close()
     tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True).close()
 
 
@@ -151,35 +142,33 @@ def test_make_out_dir_refuses_or_deletes(tmp_path, capsys):
     out = tmp_path / "out"
     ckpt, best = str(out / "ckpt.pt"), str(out / "best.pt")
 
-    def make(**how):                                                 # one run after another: each lets go
+    # one run after another: each lets go
+    def make(**how):
         lock = tc.make_out_dir(str(out), [ckpt, best], **how)
         if lock:
             lock.close()
 
-    make(overwrite=False, fresh=True, master=True)  # nothing there: made
+    # nothing there: made
+    make(overwrite=False, fresh=True, master=True)
     assert out.is_dir()
-    (out / "ckpt.pt.tmp-99999").write_bytes(b"half a save")              # a save killed with -9
-    make(overwrite=False, fresh=False, master=False)                      # not the other ranks' to remove
-    assert sorted(os.listdir(out)) == [".lock", "ckpt.pt.tmp-99999"]
-    make(overwrite=False, fresh=False, master=True)                       # removed by the next run
-    assert sorted(os.listdir(out)) == [".lock"]
+    # a save killed with -9: not the other ranks' to remove, removed by the next run
+    (out / "ckpt.pt.tmp-99999").write_bytes(b"half a save")
+    make(overwrite=False, fresh=False, master=False)
+    assert "ckpt.pt.tmp-99999" in os.listdir(out)
+    make(overwrite=False, fresh=False, master=True)
+    assert "ckpt.pt.tmp-99999" not in os.listdir(out)
     Path(best).write_bytes(b"weights")
-    make(overwrite=False, fresh=False, master=True)  # a resume: fine
+    # a resume: fine
+    make(overwrite=False, fresh=False, master=True)
+    # a fresh run: refused, naming the checkpoint and both ways forward
     with pytest.raises(UsageError) as e:
         make(overwrite=False, fresh=True, master=True)
-    assert best in str(e.value) and "--init_from=resume" in str(e.value) and "--overwrite=true" in str(e.value)
-    make(overwrite=True, fresh=True, master=False)  # only the master deletes
+    assert all(name in str(e.value) for name in (best, "--init_from=resume", "--overwrite=true"))
+    # only the master deletes
+    make(overwrite=True, fresh=True, master=False)
     assert os.path.exists(best)
     make(overwrite=True, fresh=True, master=True)
     assert not os.path.exists(best) and best in capsys.readouterr().out
-
-
-def test_an_out_dir_under_a_file_is_an_os_error_naming_it(tmp_path):
-    """options' handler says it in one line, naming the path and the option."""
-    (tmp_path / "file").write_text("x")
-    with pytest.raises(OSError) as e:
-        tc.make_out_dir(str(tmp_path / "file" / "out"), [], overwrite=False, fresh=True, master=True)
-    assert str(tmp_path / "file") in e.value.filename
 
 
 # -----------------------------------------------------------------------------
@@ -194,30 +183,36 @@ def test_ctrl_c_and_sigterm_are_a_request_inside_stop_signals(monkeypatch, capsy
     before = signal.getsignal(signal.SIGTERM)
     with tc.stop_signals("iter", master=True) as signals:
         assert not tc.any_rank(bool(signals), SINGLE)
-        os.kill(os.getpid(), signal.SIGTERM)  # would end the process without the handler
+        # would end the process without the handler
+        os.kill(os.getpid(), signal.SIGTERM)
         assert tc.any_rank(bool(signals), SINGLE) and signals == ["SIGTERM"]
-        os.kill(os.getpid(), signal.SIGINT)  # a copy within a second: the same stop
+        # a copy within a second: the same stop
+        os.kill(os.getpid(), signal.SIGINT)
         assert signals == ["SIGTERM"]
         clock = time.monotonic() + 1.5
         monkeypatch.setattr(tc.time, "monotonic", lambda: clock)
-        with pytest.raises(KeyboardInterrupt):  # a second one, later: out now
+        # a second one, later: out now
+        with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
-    assert signal.getsignal(signal.SIGTERM) == before and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert len(capsys.readouterr().err.splitlines()) == 1                  # the note, once
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # the note, once
+    one_line(capsys.readouterr().err)
 
 
 def test_a_failed_save_is_an_os_error_naming_the_checkpoint_and_keeps_the_previous_one(tmp_path):
     path = tmp_path / "ckpt.pt"
     tc.save_checkpoint({"step": 1}, [str(path)], SINGLE)
-    (tmp_path / "ckpt.pt.tmp-1").mkdir()                     # the rename fails: ckpt.pt is a folder
+    # the rename fails: ckpt.pt is a folder
+    (tmp_path / "ckpt.pt.tmp-1").mkdir()
     os.rename(path, tmp_path / "kept.pt")
     path.mkdir()
     (path / "x").write_text("x")
     with pytest.raises(OSError) as e:
         tc.save_checkpoint({"step": 2}, [str(path)], SINGLE)
     assert e.value.filename == str(path)
-    assert _no_temp_files(tmp_path / "ckpt.pt") and sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt.pt.tmp-1",
-                                                                                    "kept.pt"]
+    assert _no_temp_files(tmp_path / "ckpt.pt")
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt.pt.tmp-1", "kept.pt"]
 
 
 @pytest.mark.parametrize("rank, local_rank, says", [("2", "0", True), ("3", "1", False)])
@@ -228,63 +223,56 @@ def test_an_error_only_another_node_finds_is_said_there(monkeypatch, capsys, ran
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     import options
     assert options.report(UsageError("no dataset at data/x")) == 2
-    assert capsys.readouterr().err == ("error: no dataset at data/x (rank 2)\n" if says else "")
+    err = capsys.readouterr().err
+    if says:
+        one_line(err, "no dataset at data/x", "rank 2")
+    else:
+        assert err == ""
 
 # -----------------------------------------------------------------------------
 # schedule
 
 
+def lr_at(it):
+    return tc.cosine_lr(it, 6e-4, 6e-5, 10, 110)
+
+
 def test_cosine_lr_shape():
-    lr, min_lr, warm, decay = 6e-4, 6e-5, 10, 110
-    f = lambda it: tc.cosine_lr(it, lr, min_lr, warm, decay)
-    assert f(0) == pytest.approx(lr / warm)  # first step: lr/warmup, not 0
-    assert f(4) == pytest.approx(lr * 5 / warm)
-    assert f(warm - 1) == pytest.approx(lr)  # warmup ends at the peak...
-    assert f(warm) == pytest.approx(lr)  # ...and cosine starts from it
-    assert f((warm + decay) / 2) == pytest.approx((lr + min_lr) / 2)  # cosine midpoint
-    assert f(decay) == pytest.approx(min_lr)
-    assert f(decay + 1) == min_lr and f(10 * decay) == min_lr
-    values = [f(it) for it in range(warm, decay + 1)]
-    assert all(a >= b for a, b in zip(values, values[1:]))  # monotone decay
-
-
-def test_cosine_lr_fractional_and_no_warmup():
-    f = lambda it: tc.cosine_lr(it, 1.0, 0.0, 5, 25)
-    assert f(2.5) == pytest.approx(3.5 / 5)
-    assert f(4.5) == 1.0  # clamped, not 5.5/5
-    assert f(15.0) == pytest.approx(0.5)
+    # the first step at lr/warmup, not 0; the warmup ends at the peak, and the cosine starts from it
+    assert [lr_at(it) for it in (0, 4, 9, 10)] == pytest.approx([6e-5, 3e-4, 6e-4, 6e-4])
+    # the cosine's midpoint, its floor, and after it
+    assert [lr_at(it) for it in (60, 110, 111, 1100)] == pytest.approx([3.3e-4, 6e-5, 6e-5, 6e-5])
+    assert lr_at(111) == lr_at(1100) == 6e-5
+    values = [lr_at(it) for it in range(10, 111)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+    # fractional iterations (clamped at the peak, not 5.5/5), and no warmup
+    fractional = [tc.cosine_lr(it, 1.0, 0.0, 5, 25) for it in (2.5, 4.5, 15.0)]
+    assert fractional == pytest.approx([3.5 / 5, 1.0, 0.5])
     assert tc.cosine_lr(0, 1.0, 0.1, 0, 10) == 1.0
 
 # -----------------------------------------------------------------------------
 # device and precision
 
 
-def test_pick_device_on_this_machine():
-    want = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    assert tc.pick_device() == want
-    assert tc.pick_device("cpu") == "cpu"
-    with pytest.raises(UsageError, match="unknown device 'gpu'"):
-        tc.pick_device("gpu")
-
-
 def test_pick_device_refuses_missing_hardware(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    assert tc.pick_device("auto") == "cpu"
-    for dev in ("cuda", "cuda:1", "mps"):                             # refused, named
-        with pytest.raises(UsageError, match=f"^device '{dev}' requested but "):
+    assert tc.pick_device() == tc.pick_device("auto") == tc.pick_device("cpu") == "cpu"
+    for dev in ("gpu", "cuda", "cuda:1", "mps"):
+        with pytest.raises(UsageError, match=f"'{dev}'"):
             tc.pick_device(dev)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert tc.pick_device("cuda:1") == "cuda:1" and tc.pick_device("cuda") == "cuda"
-    with pytest.raises(UsageError, match=r"^device 'cuda:7' requested but this machine has 2 GPU\(s\)$"):
+    assert tc.pick_device("cuda:1") == "cuda:1" and tc.pick_device("cuda") == tc.pick_device() == "cuda"
+    with pytest.raises(UsageError, match="'cuda:7'.* 2 "):
         tc.pick_device("cuda:7")
+    # the GPU count is CUDA's alone
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
-    assert tc.pick_device("mps") == "mps"                    # the GPU count is CUDA's alone
-    for k, v in dict(RANK="2", LOCAL_RANK="2", WORLD_SIZE="3").items():      # torchrun --nproc_per_node=3
+    assert tc.pick_device("mps") == "mps"
+    # torchrun --nproc_per_node=3 on a node of 2 GPUs
+    for k, v in dict(RANK="2", LOCAL_RANK="2", WORLD_SIZE="3").items():
         monkeypatch.setenv(k, v)
-    with pytest.raises(UsageError, match=r"^process 2 of this node has no GPU of its own: the node has 2; start "
-                                         r"at most that many \(--nproc_per_node\)$"):
+    with pytest.raises(UsageError, match="--nproc_per_node"):
         tc.setup_distributed("cuda")
 
 
@@ -296,24 +284,25 @@ def test_loss_sums_are_float64_except_on_mps_which_has_none():
 @pytest.mark.parametrize("native", [True, False])
 def test_resolve_dtype_on_a_cpu(monkeypatch, capsys, native):
     """auto: bfloat16 on a CPU that computes in it (asked of torch, mocked both ways here), float32 elsewhere;
-    the reason goes to the run's header. float16 on a CPU runs, with a one-line warning."""
+    with the reason for the run's header. float16 on a CPU runs, with a one-line warning."""
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
-    assert tc.resolve_dtype("auto", "cpu") == (("bfloat16", "auto: this CPU has bfloat16 instructions") if native
-                                              else ("float32", "auto"))
-    assert tc.resolve_dtype("auto", "mps") == ("float32", "auto")
-    assert tc.resolve_dtype("bfloat16", "cpu") == ("bfloat16", "as asked")
+    assert tc.resolve_dtype("auto", "cpu")[0] == ("bfloat16" if native else "float32")
+    assert tc.resolve_dtype("auto", "mps")[0] == "float32"
+    assert tc.resolve_dtype("bfloat16", "cpu")[0] == "bfloat16"
     assert tc.resolve_dtype("float32", "cpu")[0] == "float32" and capsys.readouterr().err == ""
     assert tc.resolve_dtype("float16", "cpu")[0] == "float16"
-    assert capsys.readouterr().err.startswith("warning: float16 on a CPU is emulated, about 20x slower")
-    tc.resolve_dtype("float16", "cpu", master=False)                  # said by rank 0 only
+    one_line(capsys.readouterr().err, "float16")
+    # said by rank 0 only
+    tc.resolve_dtype("float16", "cpu", master=False)
     assert capsys.readouterr().err == ""
-    with pytest.raises(UsageError, match="unknown dtype 'fp8'"):
+    with pytest.raises(UsageError, match="'fp8'"):
         tc.resolve_dtype("fp8", "cpu")
 
 
 def fake_gpu(monkeypatch, major, minor):
     """torch.cuda answers as on a GPU of compute capability major.minor, down to the queries torch's own
-    is_bf16_supported() makes; that GPU can hold bfloat16 tensors (emulated before Ampere, as on a real one)."""
+    is_bf16_supported() makes; that GPU can hold bfloat16 tensors (emulated before Ampere, as on a real
+    one)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(major=major,
@@ -323,7 +312,8 @@ def fake_gpu(monkeypatch, major, minor):
 
 
 @pytest.mark.parametrize("gpu, capability, want", [("T4", (7, 5), "float16"), ("V100", (7, 0), "float16"),
-                                                   ("A100", (8, 0), "bfloat16"), ("H100", (9, 0), "bfloat16")])
+                                                   ("A100", (8, 0), "bfloat16"),
+                                                   ("H100", (9, 0), "bfloat16")])
 def test_auto_dtype_is_bfloat16_only_where_the_gpu_computes_in_it(monkeypatch, gpu, capability, want):
     """Before Ampere a GPU emulates bfloat16 (no tensor cores, several times slower) and torch's default
     is_bf16_supported() says yes anyway; auto must take float16 with loss scaling there."""
@@ -332,7 +322,7 @@ def test_auto_dtype_is_bfloat16_only_where_the_gpu_computes_in_it(monkeypatch, g
     assert tc.resolve_dtype("auto", "cuda")[0] == want
     assert tc.resolve_dtype("float16", "cuda:0")[0] == "float16"
     if want == "float16":
-        with pytest.raises(UsageError, match="this GPU has no bfloat16"):
+        with pytest.raises(UsageError, match="bfloat16"):
             tc.resolve_dtype("bfloat16", "cuda")
     else:
         assert tc.resolve_dtype("bfloat16", "cuda:1")[0] == "bfloat16"
@@ -346,14 +336,6 @@ def test_autocast_on_cpu():
         assert (a @ b).dtype == torch.bfloat16
     with tc.autocast("cpu", "float16"):
         assert (a @ b).dtype == torch.float16
-
-
-def test_setup_distributed_single_process(monkeypatch):
-    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(k, raising=False)
-    d = tc.setup_distributed("cpu")
-    assert d == tc.Dist(ddp=False, rank=0, local_rank=0, world_size=1, master=True, device="cpu")
-    assert not torch.distributed.is_initialized()
 
 
 def test_the_gpu_asked_for_is_made_the_current_one_once(monkeypatch):
@@ -378,9 +360,10 @@ def test_the_gpu_asked_for_is_made_the_current_one_once(monkeypatch):
 
 @pytest.mark.slow
 def test_a_compiled_step_runs_after_the_gpu_set_up():
-    """setup_cuda() turns TF32 on through the one API every admitted torch reads: afterwards the legacy flags and
-    the newer per-backend ones can all be read (the compiler reads some of them; after fp32_precision was set, a
-    read of allow_tf32 raises), and a compiled training step runs. In a fresh process: the setting is global."""
+    """setup_cuda() turns TF32 on through the one API every admitted torch reads: afterwards the legacy flags
+    and the newer per-backend ones can all be read (the compiler reads some of them; after fp32_precision was
+    set, a read of allow_tf32 raises), and a compiled training step runs. In a fresh process: the setting is
+    global."""
     code = """
 import contextlib, torch, tost, train_common as tc
 torch.cuda.set_device = lambda device: None                    # no GPU here: the rest of the set-up is real
@@ -416,14 +399,17 @@ def test_the_log_of_a_fresh_run_is_new_a_resumed_one_keeps_the_rows_up_to_its_ch
         tc.log_row(out, {"iter": i, "kind": "train"})
     tc.log_row(out, {"note": "no counter: kept"})
     with open(tmp_path / "log.jsonl", "a") as f:
-        f.write('{"iter": 7, "kin')  # a line torn by a crash mid-write
+        # a line torn by a crash mid-write
+        f.write('{"iter": 7, "kin')
     tc.start_log(out, "iter", 4)
     tc.log_row(out, {"iter": 5, "kind": "train"})
-    assert _lines(tmp_path / "log.jsonl") == [{"iter": i, "kind": "train"} for i in range(1, 5)] + \
-        [{"note": "no counter: kept"}, {"iter": 5, "kind": "train"}]
-    tc.start_log(out, "step", 3)                                     # a vision run counts steps
+    kept = [{"iter": i, "kind": "train"} for i in range(1, 5)] + [{"note": "no counter: kept"}]
+    assert _lines(tmp_path / "log.jsonl") == kept + [{"iter": 5, "kind": "train"}]
+    # a vision run counts steps
+    tc.start_log(out, "step", 3)
     assert len(_lines(tmp_path / "log.jsonl")) == 6
-    tc.start_log(out, "iter", None)                                  # a run from scratch: a new log
+    # a run from scratch: a new log
+    tc.start_log(out, "iter", None)
     tc.log_row(out, {"iter": 3})
     assert _lines(tmp_path / "log.jsonl") == [{"iter": 3}]
 
@@ -439,5 +425,5 @@ def test_a_figure_that_cannot_be_drawn_does_not_stop_the_run(tmp_path, monkeypat
         raise OSError(28, 'No space left on device')
     monkeypatch.setattr(plot, 'learning_curves', broken)
     assert not tc.draw_loss(out)
-    out = capsys.readouterr().out
-    assert out.count('could not draw loss.png') == 1 and 'No space left on device' in out
+    # said once, naming the figure and why
+    one_line(capsys.readouterr().out, 'loss.png', 'No space left on device')

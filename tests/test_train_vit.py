@@ -18,8 +18,8 @@ import torch
 
 import tost
 import train_vit
-from test_train_gpt import (count_syncs, exits, in_process, one_line_error, rank_pid, read_log, same_state,
-                            start, wait_for, weights)
+from test_train_gpt import (count_syncs, rank_pid, read_log, resume_command, same_state, start, wait_for,
+                            weights)
 from options import UsageError
 from train_common import load_checkpoint
 
@@ -71,6 +71,9 @@ pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 def data(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('data'))
     make_dataset(root)
+    make_dataset(root, 'synth30', size=30, n_train=4, n_test=4)
+    make_dataset(root, 'text', kind='text', n_train=4, n_test=4)
+    make_dataset(root, 'synth5', classes=5, n_train=4, n_test=4)
     return root
 
 
@@ -102,49 +105,45 @@ def test_a_few_steps_lower_the_loss(data, tmp_path, capsys):
     assert bars == [round(32 * v / max(c)) for c in comp for v in c]
 
 
-def test_resume_continues_at_the_next_epoch_with_identical_state(data, trained, tmp_path):
+@pytest.mark.parametrize('stop_at', [None, 7])
+def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tmp_path, monkeypatch, ends,
+                                                               stop_at):
+    """A run of 1 epoch, resumed for a second; or SIGINT to this process during step 7 (the third of epoch 2):
+    ckpt.pt at step 7, exit 130 with the command that resumes, which (nothing else: the settings come from
+    the checkpoint) goes on. Either ends where the unbroken run did: the same state bit for bit, the same
+    evaluations, each row once."""
     out = str(tmp_path)
-    args = base_args(data, out, *CONSTANT_LR)
-    train_vit.main(args + ['--epochs=1'])
-    assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['step'] == 4
-    train_vit.main(args + ['--epochs=2', '--init_from=resume'])
-    assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2]     # appended to, not restarted
-    assert same_rows(read_log(out), read_log(trained))                    # every loss of the unbroken run
-    a, b = weights(trained), weights(out)
-    assert b['epoch'] == a['epoch'] == 2 and b['kind'] == 'vit'
-    same_state(a, b)                                                      # bit for bit
-    assert os.path.isfile(os.path.join(out, 'best.pt'))
+    real = train_vit.random_crop_flip
+    calls = []
 
-
-def test_a_real_sigint_mid_epoch_saves_there_and_the_printed_resume_is_exact(data, trained, tmp_path,
-                                                                            monkeypatch, capsys):
-    """SIGINT to this process during step 7 (the third of epoch 2): ckpt.pt at step 7, exit 130 with the
-    resume command; that command (nothing else: the settings come from the checkpoint) ends where the unbroken
-    run did."""
-    out = str(tmp_path)
-    args = base_args(data, out, '--epochs=2', *CONSTANT_LR)
-    real, calls = train_vit.random_crop_flip, []
-
-    def sigint_at_the_7th_step(x, pad=4):
+    def sigint_at_step(x, pad=4):
         calls.append(1)
-        if len(calls) == 7:                                        # epoch 1 (0-based), step 2
+        if len(calls) == stop_at:
             os.kill(os.getpid(), signal.SIGINT)
         return real(x, pad)
 
-    monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_the_7th_step)
-    assert exits(train_vit.main, args) == 130
-    command = capsys.readouterr().err.splitlines()[-1].split()      # the last line: the command that resumes
-    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
-    assert (ck['step'], ck['epoch']) == (7, 1.75)
-    assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
-    monkeypatch.setattr(train_vit, 'random_crop_flip', real)
-    train_vit.main(command[command.index('train_vit.py') + 1:])    # the command as printed
-    a, b = weights(trained), weights(out)
-    assert (b['step'], b['epoch']) == (8, 2)
-    same_state(a, b)                                               # bit for bit
-    # the test set sees the same model
+    if stop_at:
+        monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_step)
+        code, err = ends(train_vit.main, base_args(data, out, '--epochs=2', *CONSTANT_LR))
+        command = resume_command(err)
+        assert code == 130 and command[:2] == ['python', 'train_vit.py']
+        assert (weights(out)['step'], weights(out)['epoch']) == (7, 1.75)
+        assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
+        monkeypatch.undo()
+        train_vit.main(command[2:])
+    else:
+        train_vit.main(base_args(data, out, '--epochs=1', *CONSTANT_LR))
+        assert weights(out)['step'] == 4
+        train_vit.main(base_args(data, out, '--epochs=2', '--init_from=resume', *CONSTANT_LR))
+        # every loss of the unbroken run
+        assert same_rows(read_log(out), read_log(trained))
+    a = weights(trained)
+    b = weights(out)
+    assert (b['step'], b['epoch'], b['kind']) == (8, 2, 'vit')
+    same_state(a, b)
     assert same_rows(read_log(out, kind='eval'), read_log(trained, kind='eval'))
-    assert [r['step'] for r in read_log(out, kind='train')] == [2, 4, 6, 8]        # each row once
+    assert [r['step'] for r in read_log(out, kind='train')] == [2, 4, 6, 8]
+    assert os.path.isfile(os.path.join(out, 'best.pt'))
 
 
 def test_a_checkpoint_of_an_earlier_model_is_refused(data, trained, tmp_path):
@@ -235,8 +234,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data, tmp_p
     ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     # the step rank 0 saved is the one it names; the command resumes both processes
     assert f"step {ck['step']} " in stderr, stderr[-3000:]
-    assert any('torchrun --standalone --nproc_per_node=2 ' in line and '--init_from=resume' in line
-               for line in stderr.splitlines()), stderr[-3000:]
+    assert resume_command(stderr)[:3] == ['torchrun', '--standalone', '--nproc_per_node=2']
 
 
 @pytest.mark.slow
@@ -254,7 +252,8 @@ def test_compiled_run_has_static_graphs_made_in_the_first_epoch_saves_plain_weig
     clear_compilation_metrics()
     # the graphs dynamo made from the model's frames (on a cold cache the compiler also logs entries of its
     # own, with no frame and no shapes)
-    frames = lambda: [m for m in get_compilation_metrics() if m.co_name is not None]
+    def frames():
+        return [m for m in get_compilation_metrics() if m.co_name is not None]
     made, real = [], train_vit.evaluate
     monkeypatch.setattr(train_vit, 'evaluate', lambda *a: made.append(len(frames())) or real(*a))
     runs = {}
@@ -288,22 +287,18 @@ def test_a_resume_keeps_no_second_copy_of_the_weights(data, tmp_path, monkeypatc
     assert len(loaded) == 1 and 'optimizer' in loaded[0] and 'model' not in loaded[0]
 
 
-def test_the_log_records_the_dtype_auto_chose(data, tmp_path, monkeypatch):
+@pytest.mark.parametrize('dtype, computed', [('bfloat16', 'bfloat16'), ('float16', 'float16'),
+                                             ('auto', 'float32')])
+def test_mixed_precision_runs_on_cpu(data, tmp_path, monkeypatch, dtype, computed):
+    """bf16 autocast, and fp16 with the GradScaler (saved in the checkpoint), as on a GPU; auto, on a CPU
+    without bfloat16, float32. The log says what was computed in; the checkpoint keeps what was asked for."""
     monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: False)
-    args = base_args(data, str(tmp_path), '--epochs=1', '--max_steps=1', '--viz_images=0', '--dtype=auto')
-    train_vit.main(args)
-    with open(tmp_path / 'log.jsonl') as f:
-        assert json.loads(f.readline())['dtype'] == 'float32'
-    assert torch.load(tmp_path / 'ckpt.pt', weights_only=True)['config']['dtype'] == 'auto'
-
-
-@pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
-def test_mixed_precision_runs_on_cpu(data, tmp_path, dtype):
-    """bf16 autocast, and fp16 with the GradScaler (saved in the checkpoint), as on a GPU."""
     out = str(tmp_path)
     train_vit.main(base_args(data, out, '--epochs=2', '--max_steps=2', '--viz_images=0', f'--dtype={dtype}'))
-    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    ck = weights(out)
     assert ('scale' in ck['scaler']) == (dtype == 'float16') and ck['config']['dtype'] == dtype
+    with open(tmp_path / 'log.jsonl') as f:
+        assert json.loads(f.readline())['dtype'] == computed
     assert all(math.isfinite(r['train_loss']) for r in read_log(out, kind='train'))
     assert all(math.isfinite(r['test_loss']) for r in read_log(out, kind='eval'))
 
@@ -407,61 +402,46 @@ def gpt_checkpoint(path):
                 'model_args': dict(n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=256)}, path)
 
 
-def vit_checkpoint_with_10_classes(path):
-    cfg = tost.preset('tost-cifar-tiny', img_size=16)
-    assert cfg.num_classes == 10
-    from dataclasses import asdict
-    config = {'model': 'tost-cifar-tiny', 'attn': 'tssa', 'lpi': False}
-    torch.save({'model': tost.ViT(cfg).state_dict(), 'optimizer': {}, 'model_args': asdict(cfg),
-                'kind': 'vit', 'format': 2, 'step': 4, 'epoch': 1, 'best_acc': 0.5, 'config': config}, path)
+# (the checkpoint in out_dir: a train_gpt.py one or the trained one of 3 classes; the arguments; what the one
+# line names); a misspelt --model is named before the data is read (here CIFAR-10, not prepared: no download
+# is suggested)
+MISTAKES = [(None, ['--dataset=cifar10'], 'prepare_data.py cifar10'),
+            (None, ['--dataset=synth30'], 'synth30'),
+            (None, ['--dataset=text'], 'text'),
+            ('gpt', ['--init_from=resume'], 'train_gpt.py'),
+            ('vit', ['--init_from=resume', '--dataset=synth5'], 'synth5'),
+            ('vit', ['--init_from=resume', '--attn=softmax'], '--attn'),
+            (None, ['--batchsize=3'], '--batchsize'),
+            (None, ['--epochs=two'], '--epochs'),
+            (None, ['--eval_only'], '--eval_only'),
+            (None, ['--model=nosuch', '--dataset=cifar10'], '--model'),
+            (None, ['--model=tost-demo'], '--model'),
+            (None, ['--attn=linear'], '--attn'),
+            (None, ['--viz_layer=9'], '--viz_layer'),
+            (None, ['--batch_size=0'], '--batch_size'),
+            (None, ['--drop_path=1'], '--drop_path'),
+            (None, ['--beta1=-0.1'], '--beta1'),
+            (None, ['--learning_rate=inf'], '--learning_rate'),
+            (None, ['--weight_decay=1e30'], '--weight_decay'),
+            (None, ['--init_from=nowhere.pt'], 'nowhere.pt')]
 
 
-@pytest.mark.parametrize('case, extra, named', [
-    ('not prepared', ['--dataset=cifar10'], 'prepare_data.py cifar10'),
-    ('30x30 images', ['--dataset=synth30'], 'synth30'),
-    ('text dataset', ['--dataset=text'], 'text'),
-    ('gpt checkpoint', ['--init_from=resume'], 'train_gpt.py'),
-    ('class mismatch', ['--init_from=resume'], 'synth'),
-    ('attn mismatch', ['--init_from=resume', '--attn=softmax'], '--attn'),
-    ('unknown key', ['--batchsize=3'], '--batchsize'),
-    ('wrong type', ['--epochs=two'], '--epochs'),
-])
-def test_mistakes_end_in_one_line(data, tmp_path, capsys, case, extra, named):
-    make_dataset(data, 'synth30', size=30, n_train=4, n_test=4)
-    make_dataset(data, 'text', kind='text', n_train=4, n_test=4)
+@pytest.mark.parametrize('checkpoint, extra, named', MISTAKES)
+def test_mistakes_end_in_one_line_before_anything_is_written(data, trained, tmp_path, fails, checkpoint,
+                                                             extra, named):
     out = tmp_path / 'out'
     out.mkdir()
-    if case == 'gpt checkpoint':
+    if checkpoint == 'gpt':
         gpt_checkpoint(out / 'ckpt.pt')
-    if case in ('class mismatch', 'attn mismatch'):
-        vit_checkpoint_with_10_classes(out / 'ckpt.pt')
-    r = in_process(capsys, train_vit.main, *base_args(data, str(out), '--epochs=1'), *extra)
-    assert r.code == 2, r.err
-    one_line_error(r.err, named)
-    assert not os.path.exists(out / 'log.jsonl')                   # failed before anything was written
+    if checkpoint == 'vit':
+        shutil.copy(os.path.join(trained, 'ckpt.pt'), out)
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    fails(train_vit.main, base_args(data, str(out), '--epochs=1', *extra), named)
+    # the checkpoint untouched, nothing else written but a resume's lock
+    assert {f: (out / f).read_bytes() for f in os.listdir(out) if f != '.lock'} == before
 
 
-def test_config_mistakes_in_process(data, tmp_path):
-    """A UsageError naming the option (the handler makes it one line), before anything is written; a misspelt
-    --model before the data is read (here CIFAR-10, not prepared: no download is suggested)."""
-    out = str(tmp_path)
-    for extra, named in ((['--eval_only'], '--eval_only'),
-                         (['--model=nosuch', '--dataset=cifar10'], '--model'),
-                         (['--model=tost-demo'], '--model'),
-                         (['--attn=linear'], '--attn'),
-                         (['--viz_layer=9'], '--viz_layer'),
-                         (['--batch_size=0'], '--batch_size'),
-                         (['--drop_path=1'], '--drop_path'),
-                         (['--beta1=-0.1'], '--beta1'),
-                         (['--learning_rate=inf'], '--learning_rate'),
-                         (['--weight_decay=1e30'], '--weight_decay'),
-                         (['--init_from=nowhere.pt'], 'nowhere.pt')):
-        with pytest.raises(UsageError, match=re.escape(named)):
-            train_vit.main(base_args(data, out, *extra))
-    assert not os.listdir(out)
-
-
-def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch, capsys):
+def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch, fails):
     """NaN from step 7 on: the row at step 8 stops the run, exit 3, and ckpt.pt stays at step 4 (epoch 1)."""
     out, real, calls = str(tmp_path), tost.ViT.forward, []
 
@@ -472,18 +452,16 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, mon
         return logits * float('nan') if len(calls) >= 7 and self.training else logits
 
     monkeypatch.setattr(tost.ViT, 'forward', nan_from_step_7)
-    assert exits(train_vit.main, base_args(data, out, '--epochs=2', '--viz_images=0')) == 3
-    one_line_error(capsys.readouterr().err, 'step 8')
+    fails(train_vit.main, base_args(data, out, '--epochs=2', '--viz_images=0'), code=3)
     assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['step'] == 4
 
 
-def test_out_of_memory_is_one_line_with_advice(data, tmp_path, monkeypatch, capsys):
+def test_out_of_memory_is_one_line_with_advice(data, tmp_path, monkeypatch, fails):
     def oom(self, x):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     monkeypatch.setattr(tost.ViT, 'forward', oom)
-    assert exits(train_vit.main, base_args(data, str(tmp_path), '--epochs=1')) == 2
-    one_line_error(capsys.readouterr().err, '--batch_size=8')
+    fails(train_vit.main, base_args(data, str(tmp_path), '--epochs=1'), '--batch_size=8')
 
 
 def test_a_picture_that_cannot_be_drawn_does_not_stop_training(data, tmp_path, monkeypatch, capsys):
