@@ -254,3 +254,10 @@ def test_every_script_documents_every_key():
         rows = dict(m.groups() for m in map(KEY.match, text.splitlines()) if m)
         assert set(rows) == set(module.DEFAULTS), module.__name__
         assert all(rows.values()), (module.__name__, [k for k, v in rows.items() if not v])
+
+
+def test_a_path_given_as_file_colon_path_names_its_option():
+    """sample.py's --start=FILE:path: an error about that path names --start."""
+    options.parse(['--start=FILE:/nowhere/prompt.txt'], {'start': '\n', 'out_dir': 'out'})
+    assert options.option_of('/nowhere/prompt.txt') == ' (--start=FILE:/nowhere/prompt.txt)'
+    assert options.option_of('/elsewhere/prompt.txt') == ''

@@ -427,3 +427,31 @@ def test_a_figure_that_cannot_be_drawn_does_not_stop_the_run(tmp_path, monkeypat
     assert not tc.draw_loss(out)
     # said once, naming the figure and why
     one_line(capsys.readouterr().out, 'loss.png', 'No space left on device')
+
+
+# -----------------------------------------------------------------------------
+# what a micro-step keeps for its backward
+
+
+def kept_bytes(model, B, T):
+    """The bytes of the distinct storages the autograd graph of one (B, T) forward keeps."""
+    storages = {}
+
+    def keep(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.zeros(B, T, dtype=torch.long)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model(x, x)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("attn", ["tssa", "softmax"])
+def test_backward_bytes_predicts_a_longer_batch(attn):
+    """Two probes of one short sequence predict what a batch of long ones keeps (within 10%)."""
+    config = tost.GPTConfig(block_size=1024, vocab_size=64, n_layer=2, n_head=2, n_embd=32, attn=attn)
+    model = tost.GPT(config)
+    fixed, per_token = tc.backward_bytes(model, 1024, torch.autocast("cpu", enabled=False))
+    want = kept_bytes(model, 3, 1024)
+    assert abs(fixed + per_token * 3 * 1024 - want) < 0.1 * want

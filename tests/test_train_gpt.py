@@ -990,3 +990,31 @@ def test_resume_with_nothing_to_do_says_so_and_time_carries_on(data_dir, tmp_pat
     # it goes on from the checkpoint's
     assert elapsed == sorted(elapsed) and elapsed[-1] < elapsed[3] + 0.5 + 5
     assert rows[-1]['tokens'] == 6 * 4 * 32 and weights(out)['tokens'] == 6 * 4 * 32
+
+
+@pytest.mark.slow
+def test_the_demo_starts_as_the_reference_run_did(tmp_path):
+    """The demo's first 30 iterations give docs/demo-log.jsonl's losses: to 0.005 on a corpus of the
+    reference's size (this Python's standard library), to 0.1 on another Python's library."""
+    out_dir = tmp_path / 'out'
+    train_gpt.main([f'--data_dir={tmp_path}', f'--out_dir={out_dir}', '--max_iters=30'])
+    with open(os.path.join(REPO, 'docs', 'demo-log.jsonl')) as f:
+        reference = {(r['kind'], r['iter']): r for r in map(json.loads, f) if r.get('iter', 99) <= 30}
+    got = {(r['kind'], r['iter']): r for r in read_log(out_dir)}
+    with open(tmp_path / 'python_stdlib' / 'meta.json') as f:
+        tolerance = 0.005 if json.load(f)['train_tokens'] == 10_907_115 else 0.1
+    keys = [('eval', 0, 'val_loss'), ('eval', 0, 'train_loss')]
+    for kind, it, loss in keys + [('train', i, 'train_loss') for i in (10, 20, 30)]:
+        assert abs(got[kind, it][loss] - reference[kind, it][loss]) < tolerance, (kind, it, loss)
+
+
+def test_a_micro_step_larger_than_the_memory_is_said(data_dir, tmp_path, monkeypatch, capsys):
+    """Before the first step: on a machine said to hold less than the estimate, a note names the options that
+    shrink a micro-step; on one that holds more, none."""
+    monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 1)
+    train_gpt.main(tiny(data_dir, tmp_path, '--max_iters=1'))
+    notes = [line for line in capsys.readouterr().out.splitlines() if '--block_size' in line]
+    assert len(notes) == 1 and '--batch_size' in notes[0]
+    monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**12)
+    train_gpt.main(tiny(data_dir, tmp_path / 'roomy', '--max_iters=1'))
+    assert '--block_size' not in capsys.readouterr().out
