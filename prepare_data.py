@@ -91,8 +91,8 @@ def _download(url, data_dir, hint, checksum=None, name=None):
                     advance(f.write(chunk))
         # A connection that closes early ends the read without an error: the length tells.
         if total and os.path.getsize(tmp) != total or not _matches(tmp, checksum):
-            raise UsageError(f"download of {url} is incomplete or corrupt; run again, or fetch it by hand and "
-                             f"pass {hint}")
+            raise UsageError(f"download of {url} is incomplete or corrupt; run again, or fetch it by hand "
+                             f"and pass {hint}")
         os.replace(tmp, dest)
         return dest
     # No network, DNS, HTTP 404, timeouts: URLError is an OSError.
@@ -156,23 +156,35 @@ def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
             for job in jobs:
                 consume(_split_chunk(job))
             return tuple(counts)
+        # Ctrl-C is noted, and acted on between jobs: a KeyboardInterrupt raised inside the executor's own
+        # code can leave one of its locks held, and its shutdown then waits forever. Workers forked from here
+        # start with the same handler.
+        interrupted = []
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
         ex = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tok, rule, eot))
         # Results are taken in submission order, so the output is deterministic.
         try:
             inflight = collections.deque()
             for job in jobs:
+                if interrupted:
+                    break
                 inflight.append(ex.submit(_split_chunk, job))
                 if len(inflight) >= 4 * workers:
                     consume(inflight.popleft().result())
-            while inflight:
+            while inflight and not interrupted:
                 consume(inflight.popleft().result())
-        # A worker killed (the OOM killer) breaks the pool, where multiprocessing.Pool would hang forever.
+        # A worker killed (the OOM killer) breaks the pool, where multiprocessing.Pool would hang forever; a
+        # worker that Ctrl-C reached before it could ignore it (spawned, not forked) breaks it too.
         except BrokenProcessPool:
-            raise UsageError("a tokenizer process died (out of memory?); try fewer --workers") from None
+            if not interrupted:
+                raise UsageError("a tokenizer process died (out of memory?); try fewer --workers") from None
         finally:
             # Wait for the workers (they ignore Ctrl-C and finish one job): an executor left running races the
             # interpreter's exit.
             ex.shutdown(wait=True, cancel_futures=True)
+            signal.signal(signal.SIGINT, previous)
+        if interrupted:
+            raise KeyboardInterrupt
     return tuple(counts)
 
 
