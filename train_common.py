@@ -176,7 +176,8 @@ def optimizer_for(model, cfg, dtype, ckpt=None):
 
 
 def optimizer_step(optimizer, scaler, lr, grad_clip):
-    """One AdamW step at `lr` on the gradients accumulated, their global norm clipped at grad_clip (0: not)."""
+    """One AdamW step at `lr` on the gradients accumulated, their global norm clipped at grad_clip (0: not
+    clipped)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     if grad_clip > 0:
@@ -205,12 +206,10 @@ def seed_of(*numbers):
 
 
 def backward_bytes(model, T, ctx):
-    """(fixed, per token): the bytes the autograd graph of a GPT keeps for its backward, from two probes of one
-    sequence each, of up to 256 tokens. Linear in the tokens for TSSA and for softmax attention's fused kernels;
-    the weights' copies under autocast are the fixed part."""
-    device = next(model.parameters()).device
-    n = min(T, 256)
-    lengths = (max(1, n // 2), n)
+    """(fixed, per token): the bytes the autograd graph of a GPT keeps for its backward, from two probes of
+    one sequence of at most 256 tokens. Linear in the tokens for TSSA and for softmax attention's fused
+    kernels; the weights' copies under autocast are the fixed part."""
+    lengths = (max(1, min(T, 256) // 2), min(T, 256))
     kept = []
     for n in lengths:
         storages = {}
@@ -219,7 +218,7 @@ def backward_bytes(model, T, ctx):
             storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
             return t
 
-        x = torch.zeros(1, n, dtype=torch.long, device=device)
+        x = torch.zeros(1, n, dtype=torch.long, device=next(model.parameters()).device)
         with ctx, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
             model(x, x)
         kept.append(sum(storages.values()))
