@@ -392,9 +392,9 @@ def main(argv=None):
         need = fixed + per_token * B * T
         have = memory_bytes(device)
         say(f"memory: about {need / 1e9:.2f} GB kept for the backward of a micro-step of {B} x {T} tokens")
-    if master and have and need > have:
-        say(f"note: that is more than the {have / 1e9:.0f} GB of this {device}; expect to run out of memory; "
-            f"try a smaller --batch_size (more --gradient_accumulation_steps) or --block_size")
+        if have and need > have:
+            say(f"note: that is more than the {have / 1e9:.0f} GB of this {device}; expect to run out of "
+                f"memory; try a smaller --batch_size (more --gradient_accumulation_steps) or --block_size")
     if master and accum_total != asked:
         say(f"note: gradient_accumulation_steps={asked} rounded up to {accum_total}, a multiple of the "
             f"{dist.world_size} processes: {tokens_per_iter:,} tokens per iter")
