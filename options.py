@@ -7,14 +7,17 @@ prints the docstring and each key with its default value and its comment.
 
 Importing this module, which every script does before torch, sets how a script ends when an exception reaches
 its top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path
-(and the option that gave it) and exit 2; Ctrl-C is exit 130, also while torch is still importing; a closed
-stdout (`| head`) ends quietly with 141. Any other exception is a bug and keeps its traceback.
+(and the option that gave it) and exit 2; Ctrl-C is exit 130; a closed stdout (`| head`) ends quietly with
+141. Any other exception is a bug and keeps its traceback. Ctrl-C while torch imports can be lost, or abort
+the interpreter from inside torch's C++ code: a script of this repository that imports this module before
+torch holds Ctrl-C until it calls parse(), which lets it through (and the script ends there, exit 130).
 """
 import atexit
 import difflib
 import math
 import os
 import re
+import signal
 import sys
 
 
@@ -145,6 +148,12 @@ atexit.register(exit_with_code)
 if hasattr(sys.stdout, "reconfigure"):
     sys.stdout.reconfigure(errors="replace")
 
+# Ctrl-C held from here until parse() (see above); not in an interactive session or under pytest.
+script = getattr(sys.modules.get("__main__"), "__file__", None)
+ours = script and os.path.abspath(script).startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+if ours and "torch" not in sys.modules and hasattr(signal, "pthread_sigmask"):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
 
 BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
@@ -184,6 +193,9 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     """(config, set_keys): argv applied to a copy of `defaults`, checked against `ranges`, and the keys it or
     a preset set. `doc`, `source` (__doc__, __file__) make --help; `positional` is the key bare words set (all
     of them, if its default is a list)."""
+    # A Ctrl-C held while torch imported is raised here.
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if {"-h", "--help"} & set(argv):
         print(help_text(doc, defaults, source, presets, positional), flush=True)
         sys.exit(0)

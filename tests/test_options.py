@@ -261,3 +261,13 @@ def test_a_path_given_as_file_colon_path_names_its_option():
     options.parse(['--start=FILE:/nowhere/prompt.txt'], {'start': '\n', 'out_dir': 'out'})
     assert options.option_of('/nowhere/prompt.txt') == ' (--start=FILE:/nowhere/prompt.txt)'
     assert options.option_of('/elsewhere/prompt.txt') == ''
+
+
+def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
+    """A script of the repository: torch imports whole, then parse() ends the script, exit 130, one line."""
+    code = (f"import sys; sys.modules['__main__'].__file__ = {os.path.join(HERE, 'script.py')!r}\n"
+            "import options, os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport torch\n"
+            "print('torch loaded', flush=True)\noptions.parse([], {})\nprint('parsed')")
+    r = _python(code, stdout=subprocess.PIPE)
+    ended(r, 130)
+    assert r.stdout.splitlines()[0] == "torch loaded" and "parsed" not in r.stdout
