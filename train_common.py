@@ -50,8 +50,10 @@ def atomic_save(obj, path):
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        if isinstance(e, OSError):
-            raise OSError(e.errno, e.strerror, path) from None
+        # torch.save reports a failed write (a full disk) as a RuntimeError whose context is the OSError.
+        error = e if isinstance(e, OSError) else e.__context__
+        if isinstance(error, OSError):
+            raise OSError(error.errno, error.strerror, path) from None
         raise
     # Make the rename durable (not possible everywhere).
     with contextlib.suppress(OSError):
@@ -473,14 +475,24 @@ def start_log(out_dir, key, last):
                 if not isinstance(value, (int, float)) or value <= last:
                     keep.append(line)
     # A temp file, then a rename: a crash keeps the old log.
-    with open(path + ".tmp", "w") as f:
+    with naming(path), open(path + ".tmp", "w") as f:
         f.writelines(keep)
     os.replace(path + ".tmp", path)
 
 
 def log_row(out_dir, row):
-    with open(os.path.join(out_dir, "log.jsonl"), "a") as f:
+    path = os.path.join(out_dir, "log.jsonl")
+    with naming(path), open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+@contextlib.contextmanager
+def naming(path):
+    """An OSError inside names `path`: a write to a full disk fails without a file name."""
+    try:
+        yield
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from None
 
 
 def draw_loss(out_dir):

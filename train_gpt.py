@@ -391,7 +391,7 @@ def main(argv=None):
         fixed, per_token = backward_bytes(raw_model, T, ctx)
         need = fixed + per_token * B * T
         have = memory_bytes(device)
-        say(f"memory: about {need / 1e9:.2f} GB kept for the backward of a micro-step of {B} x {T} tokens")
+        say(f"memory: about {need / 1e9:.3g} GB kept for the backward of a micro-step of {B} x {T} tokens")
         if have and need > have:
             say(f"note: that is more than the {have / 1e9:.0f} GB of this {device}; expect to run out of "
                 f"memory; try a smaller --batch_size (more --gradient_accumulation_steps) or --block_size")

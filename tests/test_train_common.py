@@ -1,5 +1,6 @@
 """Tests for train_common.py: safe checkpoints, stopping, the lr schedule, devices, the run log.
 Offline, CPU only, a few seconds: python -m pytest -q tests/test_train_common.py"""
+import contextlib
 import json
 import os
 import subprocess
@@ -455,3 +456,34 @@ def test_backward_bytes_predicts_a_longer_batch(attn):
     fixed, per_token = tc.backward_bytes(model, 1024, torch.autocast("cpu", enabled=False))
     want = kept_bytes(model, 3, 1024)
     assert abs(fixed + per_token * 3 * 1024 - want) < 0.1 * want
+
+
+
+def no_space(*args):
+    raise OSError(28, "No space left on device")
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch):
+    """A write to a full disk fails without a file name (torch.save's as a RuntimeError around the OSError):
+    the checkpoint's and the log's OSError name their file, and the checkpoint before is kept."""
+    path = str(tmp_path / "ckpt.pt")
+    tc.atomic_save({"iter_num": 1}, path)
+
+    def full(*args):
+        try:
+            no_space()
+        except OSError:
+            raise RuntimeError("unexpected pos")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError) as e:
+        tc.atomic_save({"iter_num": 2}, path)
+    assert (e.value.errno, e.value.filename) == (28, path)
+    monkeypatch.undo()
+    assert tc.load_checkpoint(path) == {"iter_num": 1}
+    fake = contextlib.nullcontext(SimpleNamespace(write=no_space, writelines=no_space))
+    monkeypatch.setattr(tc, "open", lambda *args: fake, raising=False)
+    for write in (lambda: tc.log_row(str(tmp_path), {}), lambda: tc.start_log(str(tmp_path), "iter", None)):
+        with pytest.raises(OSError) as e:
+            write()
+        assert (e.value.errno, e.value.filename) == (28, str(tmp_path / "log.jsonl"))
