@@ -2,8 +2,8 @@
 
 A script's `DEFAULTS = dict(...)` holds a key a line with a comment. `--key=value` sets a key in its default's
 type (a bool's `--key` alone: true); `--config=NAME` applies a preset first. Every number must be finite, and
-the script's RANGES table says which must also be positive, non-negative or a fraction in [0, 1). `--help`
-prints the docstring and each key with its default value and its comment.
+the script's RANGES table says which must also be positive, non-negative, a fraction in [0, 1) or a seed in
+[0, 2**32). `--help` prints the docstring and each key with its default value and its comment.
 
 Importing this module, which every script does before torch, sets how a script ends when an exception reaches
 its top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path
@@ -174,7 +174,8 @@ def _value(key, raw, default):
 RANGE_TESTS = {"positive": (lambda v: v > 0, "positive"),
                "nonnegative": (lambda v: v >= 0, ">= 0"),
                "fraction": (lambda v: 0 <= v < 1, "in [0, 1)"),
-               "nonempty": (lambda v: str(v).strip() != "", "given (not empty)")}
+               "nonempty": (lambda v: str(v).strip() != "", "given (not empty)"),
+               "seed": (lambda v: 0 <= v < 2**32, "in [0, 2**32)")}
 
 
 def check_numbers(config, ranges):

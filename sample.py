@@ -37,7 +37,7 @@ DEFAULTS = dict(
 )
 # No `compile` key: GPT.step keeps the position as a Python int, so torch.compile would recompile every token.
 RANGES = dict(positive=('num_samples',), nonnegative=('max_new_tokens', 'top_k', 'temperature'),
-              nonempty=('out_dir',))
+              nonempty=('out_dir',), seed=('seed',))
 
 # A byte-level model can emit any byte. In a terminal a control character would act (an escape sequence moves
 # the cursor, recolours or retitles the window) instead of showing, so there each one but newline and tab is

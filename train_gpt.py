@@ -79,9 +79,10 @@ DEFAULTS = dict(
 RANGES = dict(positive=('block_size', 'batch_size', 'gradient_accumulation_steps', 'n_layer', 'n_head',
                         'n_embd', 'eval_interval', 'eval_iters', 'log_interval', 'learning_rate',
                         'max_iters'),
-              nonnegative=('warmup_iters', 'lr_decay_iters', 'seed', 'weight_decay', 'grad_clip'),
+              nonnegative=('warmup_iters', 'lr_decay_iters', 'weight_decay', 'grad_clip'),
               fraction=('dropout', 'beta1', 'beta2', 'min_lr_ratio'),
-              nonempty=('out_dir', 'dataset', 'data_dir'))
+              nonempty=('out_dir', 'dataset', 'data_dir'),
+              seed=('seed',))
 
 
 def shape(name):

@@ -79,7 +79,8 @@ RANGES = dict(positive=('epochs', 'batch_size', 'learning_rate', 'eval_interval'
               nonnegative=('weight_decay', 'grad_clip', 'warmup_epochs', 'max_steps',
                            'compression_images', 'viz_images'),
               fraction=('label_smoothing', 'drop_path', 'beta1', 'beta2', 'min_lr_ratio'),
-              nonempty=('out_dir', 'dataset', 'data_dir'))
+              nonempty=('out_dir', 'dataset', 'data_dir'),
+              seed=('seed',))
 
 # The names a key may take, checked with the ranges: a typo in --model is said before any data is asked for.
 CHOICES = dict(model=[name for name, p in tost.PRESETS.items() if p['kind'] == 'vit'], attn=tost.ATTN_KINDS)

@@ -1,5 +1,6 @@
 """Tests for options.py: the one way every script reads its command line, and its --help.
 Offline, a few seconds: python -m pytest -q tests/test_options.py"""
+import importlib
 import os
 import re
 import subprocess
@@ -204,6 +205,17 @@ def test_numbers_are_finite_and_in_the_range_the_table_gives():
     # any number, with no range given
     with pytest.raises(UsageError, match="--x"):
         options.parse(["--x=-inf"], dict(x=1.0))
+    # a seed: what every generator takes
+    seeds = dict(seed=("seed",))
+    assert options.parse(["--seed=4294967295"], dict(seed=1), ranges=seeds)[0]["seed"] == 2**32 - 1
+    for arg in ("--seed=-1", "--seed=4294967296"):
+        with pytest.raises(UsageError, match="--seed"):
+            options.parse([arg], dict(seed=1), ranges=seeds)
+
+
+@pytest.mark.parametrize("script", ["train_gpt", "train_vit", "sample"])
+def test_a_seed_no_generator_takes_is_refused(fails, script):
+    fails(importlib.import_module(script).main, ["--seed=18446744073709551616"], "--seed")
 
 
 HELPED = '''"""Doc."""
