@@ -33,7 +33,7 @@ is the paper's column pi_k; they sum to 1 over the K groups (heads). U is (K, d,
 # rate reduction (section 1); its exact gradient step is ReduNet's layer (2); a variational form of the
 # objective (3-5) has a step that needs only per-group statistics, and that step is ToST's attention, TSSA
 # (6).
-import contextlib
+import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends the lecture in one line
 import pathlib
 import sys
 
@@ -43,17 +43,16 @@ import torch.nn.functional as F
 import tost
 import tost_fast
 
-figures = None                                   # the folder for the figures, if one is asked for
+DEFAULTS = dict(
+    figures='',     # a folder for the lecture's figures (lecture-*.png), made if missing; empty: no figures
+)
+figures = None
 in_notebook = 'ipykernel' in sys.modules
-for arg in [] if in_notebook else sys.argv[1:]:
-    if arg in ('-h', '--help'):
-        with contextlib.suppress(BrokenPipeError):                # `--help | head` may close the pipe first
-            print(__doc__.strip(), flush=True)
-        sys.exit()
-    if not arg.startswith('--figures=') or not pathlib.Path(arg[len('--figures='):]).is_dir():
-        print(f'error: {arg!r}: the one argument is --figures=DIR, a folder that exists', file=sys.stderr)
-        sys.exit(2)
-    figures = pathlib.Path(arg[len('--figures='):])
+if not in_notebook:
+    cfg, _ = options.parse(sys.argv[1:], DEFAULTS, __doc__, __file__)
+    figures = pathlib.Path(cfg['figures']) if cfg['figures'] else None
+if figures:
+    figures.mkdir(parents=True, exist_ok=True)
 torch.set_default_dtype(torch.float64)
 tost.CausalTSSA.fast = False                     # the readable lines, until the appendix
 torch.manual_seed(0)

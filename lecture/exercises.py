@@ -20,7 +20,7 @@ n_k = sum_j pi_jk, s_k = sum_j pi_jk (U_k^T z_j)^2 (p numbers), f(x) = log(1 + a
     R^var_c    = 1/2 sum_k (n_k/n) sum_i f(s_ki / n_k)           tost.variational_compression
 """
 
-import argparse
+import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in one line
 import contextlib
 import functools
 import importlib
@@ -29,6 +29,7 @@ import sys
 import torch
 
 import tost
+from options import UsageError
 
 # -----------------------------------------------------------------------------
 # The exercises. Write each body; keep the names and arguments (the checks call them).
@@ -545,26 +546,32 @@ def run(check, answer):
     return 'pass', note
 
 
+DEFAULTS = dict(
+    numbers=[],         # the exercises to check, as bare words (3 5); none: all of them
+    solutions=False,    # check lecture/solutions.py instead of the answers in this file
+)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description='Check the answers to the exercises on ToST\'s derivation.')
-    parser.add_argument('numbers', nargs='*', type=int, help='exercises to check (default: all)')
-    parser.add_argument('--solutions', action='store_true', help='check lecture/solutions.py instead')
-    args = parser.parse_args(argv)
+    cfg, _ = options.parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
+                           positional='numbers')
     known = [number for number, *_ in EXERCISES]
-    unknown = sorted(set(args.numbers) - set(known))
+    numbers = [int(n) if n.isdigit() else n for n in cfg['numbers']]
+    unknown = [n for n in numbers if n not in known]
     if unknown:
-        parser.error(f'no exercise {unknown[0]}; they are numbered {known[0]} to {known[-1]}')
+        raise UsageError(f'no exercise {unknown[0]}; they are numbered {known[0]} to {known[-1]}')
     answers = sys.modules[__name__]
-    if args.solutions:
+    if cfg['solutions']:
         try:
             answers = importlib.import_module('lecture.solutions')
         except ModuleNotFoundError as e:
             if e.name != 'lecture.solutions':
                 raise
-            parser.error('lecture/solutions.py is not here: try the exercises first, or ask your teacher')
+            missing = 'lecture/solutions.py is not here: try the exercises first, or ask your teacher'
+            raise UsageError(missing) from None
     verdicts = []
     for number, title, name, check in EXERCISES:
-        if args.numbers and number not in args.numbers:
+        if numbers and number not in numbers:
             continue
         verdict, note = run(check, getattr(answers, name))
         verdicts.append(verdict)
@@ -572,7 +579,7 @@ def main(argv=None):
     counts = {v: verdicts.count(v) for v in ('pass', 'not attempted', 'fail')}
     print(', '.join(f'{count} {v}' for v, count in counts.items()))
     # A student's unwritten answers are not failures; the solutions must all be written.
-    failed = counts['fail'] or (args.solutions and counts['not attempted'])
+    failed = counts['fail'] or (cfg['solutions'] and counts['not attempted'])
     return 1 if failed else 0
 
 

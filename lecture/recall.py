@@ -23,7 +23,8 @@ given --steps (--seconds stops by the clock, so its step counts vary). The table
 model trained, on the machine at hand.
 """
 
-import argparse
+import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in one line
+import sys
 import time
 
 import torch
@@ -79,7 +80,7 @@ def train(model, steps, seconds, batch_size, seed):
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     start = time.perf_counter()
     step = 0
-    while step < steps and (seconds is None or time.perf_counter() - start < seconds):
+    while step < steps and (not seconds or time.perf_counter() - start < seconds):
         idx, answer = batch(batch_size, generator)
         loss = F.cross_entropy(answer_logits(model, idx), answer - ANSWER0)
         optimizer.zero_grad(set_to_none=True)
@@ -89,26 +90,28 @@ def train(model, steps, seconds, batch_size, seed):
     return step, time.perf_counter() - start
 
 
+DEFAULTS = dict(
+    steps=4000,         # training steps per model
+    seconds=0.0,        # stop each model after this many seconds of training; 0: no limit
+    batch=64,           # sequences per step
+    seed=0,             # seeds the models, the data and the test set
+)
+RANGES = dict(positive=('steps', 'batch'), nonnegative=('seconds',), seed=('seed',))
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument('--steps', type=int, default=4000, help="training steps per model (default 4000)")
-    parser.add_argument('--seconds', type=float, default=None, help='stop each model after this many seconds')
-    parser.add_argument('--batch', type=int, default=64, help='sequences per step (default 64)')
-    parser.add_argument('--seed', type=int, default=0, help='seeds the models, the data and the test set')
-    args = parser.parse_args(argv)
-    if args.steps < 1 or args.batch < 1 or (args.seconds is not None and args.seconds <= 0):
-        parser.error('--steps and --batch must be at least 1, --seconds above 0')
+    cfg, _ = options.parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
     # Tiny models: one thread is steadier than two on a shared machine, and the result does not change.
     torch.set_num_threads(1)
-    test = batch(1024, torch.Generator().manual_seed(10_000 + args.seed))
+    test = batch(1024, torch.Generator().manual_seed(10_000 + cfg['seed']))
     print(f'associative recall: {PAIRS} pairs of {KEYS} keys and {VALUES} values, one pair a token; '
           f'chance {1 / PAIRS:.3f}')
     print(f'{"model":12s} {"layers":>6s} {"params":>8s} {"steps":>6s} {"seconds":>8s} {"accuracy":>9s} '
           f'{"chance":>7s}')
     for label, attn, layers in MODELS:
-        model = make_model(attn, layers, args.seed)
+        model = make_model(attn, layers, cfg['seed'])
         params = sum(p.numel() for p in model.parameters())
-        steps, seconds = train(model, args.steps, args.seconds, args.batch, args.seed)
+        steps, seconds = train(model, cfg['steps'], cfg['seconds'], cfg['batch'], cfg['seed'])
         print(f'{label:12s} {layers:6d} {params:8,d} {steps:6d} {seconds:8.1f} {accuracy(model, test):9.3f} '
               f'{1 / PAIRS:7.3f}', flush=True)
 

@@ -174,19 +174,30 @@ def test_the_command_runs_the_solutions_from_the_repository_root():
     assert out.returncode == 0 and ' pass' in out.stdout
 
 
-BAD = [(ex.main, '99'), (ex.main, '--solutions'), (recall.main, '--steps=0'), (recall.main, '--batch=0'),
-       (recall.main, '--seconds=0'), (recall.main, '--steps=x')]
+BAD = [(ex.main, '99'), (ex.main, 'x'), (ex.main, '--solutions'), (recall.main, '--steps=0'),
+       (recall.main, '--batch=0'), (recall.main, '--seconds=-1'), (recall.main, '--steps=x')]
 
 
 @pytest.mark.parametrize('main, arg', BAD)
-def test_bad_input_exits_2_with_one_line(main, arg, monkeypatch, capsys):
+def test_bad_input_exits_2_with_one_line(main, arg, monkeypatch, fails):
     """An unknown exercise, the solutions file missing, a recall option out of range."""
     def missing(name):
         raise ModuleNotFoundError(f'No module named {name!r}', name=name)
     monkeypatch.setattr(ex.importlib, 'import_module', missing)
-    with pytest.raises(SystemExit) as e:
-        main([arg])
-    assert e.value.code == 2 and capsys.readouterr().err.count('error: ') == 1
+    fails(main, [arg])
+
+
+def test_the_lecture_ends_in_one_line_on_a_mistake_and_quietly_on_a_closed_pipe():
+    """A --figures that is a file: exit 2, one line naming it. A reader that leaves after the first line
+    (`| head -1`): exit 141, nothing on stderr."""
+    r = subprocess.run([sys.executable, 'derivation.py', '--figures=README.md'], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and '--figures' in r.stderr
+    p = subprocess.Popen([sys.executable, 'derivation.py'], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.readline()
+    p.stdout.close()
+    assert p.wait(timeout=120) == 141 and p.stderr.read() == ''
 
 
 def rows(out):
