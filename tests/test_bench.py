@@ -25,9 +25,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_smoke_mode_runs_the_sections_without_compiling(tmp_path):
     """Every section but the limit (which compiles), in this process, with the figures beside the JSON."""
     out = tmp_path / 'bench.json'
+    # Through a link: the numbers go where it points, and the link stays.
+    link = tmp_path / 'link.json'
+    link.symlink_to(out)
     res = bench.main(['--smoke', '--no_memory', '--sections=operator,model,generation,training',
-                      f'--json={out}'])
-    assert json.loads(out.read_text()) == json.loads(json.dumps(res))
+                      f'--json={link}'])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(res)) and link.is_symlink()
     assert {'operator', 'operator_exponent', 'model', 'generation', 'training'} <= set(res)
     ops = {(row['n'], row['op']) for row in res['operator']}
     assert (256, 'causal_tssa') in ops and (256, 'sdpa') not in ops     # the TSSA-only size
@@ -170,6 +173,7 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch):
 @pytest.mark.parametrize('argv, names', [
     (['--sections=operator,speed'], 'speed'),
     (['--json=no/such/folder/bench.json'], 'no/such/folder/bench.json'),
+    ([f'--json={os.devnull}'], os.devnull),
     (['--dtype=fp8'], 'fp8'),
     (['--device=foo'], 'foo'),
 ])

@@ -358,21 +358,25 @@ def run_sections(args, sections, results):
     unknown = [s for s in names if s not in sections]
     if unknown or not names:
         raise UsageError(f"unknown section(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(sections)}")
-    folder = os.path.dirname(os.path.abspath(args.json))
-    if args.json and (os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK)):
-        raise UsageError(f"--json={args.json}: cannot write a file there; give a file name in a folder that exists")
+    # Written where a link points (a rename would replace the link), and never over a folder or a device.
+    path = os.path.realpath(args.json)
+    folder = os.path.dirname(path)
+    special = os.path.exists(path) and not os.path.isfile(path)
+    if args.json and (special or not os.path.isdir(folder) or not os.access(folder, os.W_OK)):
+        raise UsageError(f"--json={args.json}: cannot write a file there; give a file name (not a folder or "
+                         f"a device) in a folder that exists and is writable")
     t0 = time.time()
     for name in names:
         sections[name](args, results)
     results['seconds'] = round(time.time() - t0, 1)
     console.print(f"done in {results['seconds']:.0f} s")
     if args.json:
-        with open(args.json + '.tmp', 'w') as f:
+        with open(path + '.tmp', 'w') as f:
             json.dump(results, f, indent=1)
-        os.replace(args.json + '.tmp', args.json)
+        os.replace(path + '.tmp', path)
         try:
             if set(names) & set(plot.FIGURES):
-                console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(args.json, folder)))
+                console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(path, folder)))
         except Exception as e:                   # the numbers are saved: a figure is not worth an error
             console.print(f"note: could not draw the figures ({type(e).__name__}: {e})", style="yellow")
     return results
