@@ -61,14 +61,15 @@ parsed = {}
 
 
 def option_of(path):
-    """' (--key=value)' of the parsed option that gave `path`: the longest whose value is a folder above it or
-    ends in ':path' (sample.py's --start=FILE:path), or ''."""
-    path = os.path.normpath(str(path))
+    """' (--key=value)' of the parsed option that gave `path`: the longest whose value is a folder above it
+    (relative or absolute, either way) or ends in ':path' (sample.py's --start=FILE:path), or ''."""
+    full = os.path.abspath(str(path))
     found = ""
     for key, value in parsed.items():
-        folder = isinstance(value, str) and value.strip() and os.path.normpath(value)
-        below = folder and (path + os.sep).startswith(folder.rstrip(os.sep) + os.sep)
-        if below or folder and folder.endswith(":" + path):
+        if not isinstance(value, str) or not value.strip():
+            continue
+        below = (full + os.sep).startswith(os.path.abspath(value).rstrip(os.sep) + os.sep)
+        if below or value.endswith(":" + str(path)):
             found = max(found, f" (--{key}={value})", key=len)
     return found
 

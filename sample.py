@@ -63,6 +63,8 @@ def read_prompt(start, tok, block_size):
     text = start
     if start.startswith('FILE:'):
         path = start.removeprefix('FILE:')
+        if not path:
+            raise UsageError("--start=FILE: needs the prompt file's path after FILE:")
         # a file that cannot be read is the handler's to name (options.py)
         try:
             with open(path, encoding='utf-8') as f:

@@ -69,7 +69,9 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     folder = os.path.dirname(path) or "."
     # A folder that is a file is the OSError handler's to name.
     if not os.path.exists(path) and not os.path.isfile(folder):
-        hint = f"; train one with: python {TRAINERS[kind][0]} --out_dir={folder}" if kind else ""
+        # The trainer writes ckpt.pt (and best.pt) in its --out_dir: a path by another name has no such folder.
+        ours = kind and os.path.basename(path) in ("ckpt.pt", "best.pt")
+        hint = f"; train one with: python {TRAINERS[kind][0]} --out_dir={folder}" if ours else ""
         raise UsageError(f"no checkpoint at {path}{hint}")
     with open(path, "rb") as f:
         head = f.read(4)

@@ -273,6 +273,11 @@ def test_a_path_given_as_file_colon_path_names_its_option():
     options.parse(['--start=FILE:/nowhere/prompt.txt'], {'start': '\n', 'out_dir': 'out'})
     assert options.option_of('/nowhere/prompt.txt') == ' (--start=FILE:/nowhere/prompt.txt)'
     assert options.option_of('/elsewhere/prompt.txt') == ''
+    # A relative option and an absolute path below it, and the other way round.
+    options.parse(['--out_dir=runs/a'], {'out_dir': 'out'})
+    assert options.option_of(os.path.abspath('runs/a/ckpt.pt')) == ' (--out_dir=runs/a)'
+    options.parse([f'--out_dir={os.path.abspath("runs/a")}'], {'out_dir': 'out'})
+    assert options.option_of('runs/a/ckpt.pt').startswith(' (--out_dir=')
 
 
 def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
