@@ -188,13 +188,13 @@ def check_numbers(config, ranges):
         test, what = RANGE_TESTS[name]
         for key in keys:
             if not test(config[key]):
-                raise UsageError(f"--{key} must be {what}, got {config[key]}")
+                raise UsageError(f"--{key} must be {what}, got {shown(config[key])}")
 
 
-def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None):
-    """(config, set_keys): argv applied to a copy of `defaults`, checked against `ranges`, and the keys it or
-    a preset set. `doc`, `source` (__doc__, __file__) make --help; `positional` is the key bare words set (all
-    of them, if its default is a list)."""
+def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None, choices=None):
+    """(config, set_keys): argv applied to a copy of `defaults`, checked against `ranges` and `choices` ({key:
+    the values it may take}), and the keys it or a preset set. `doc`, `source` (__doc__, __file__) make
+    --help; `positional` is the key bare words set (all of them, if its default is a list)."""
     # A Ctrl-C held while torch imported is raised here.
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -245,6 +245,9 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
             config[key] = _value(key, raw, defaults[key])
         set_keys.add(key)
     check_numbers(config, ranges or {})
+    for key, names in (choices or {}).items():
+        if config[key] not in names:
+            raise UsageError(f"--{key}={config[key]} is not one of {', '.join(shown(n) for n in names)}")
     parsed.clear()
     parsed.update(config)
     return config, set_keys

@@ -734,7 +734,7 @@ RANGES = {'nonempty': ['dataset'], 'positive': ['max_mb', 'val_every'], 'nonnega
 
 def main(argv=None):
     cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
-                          positional='dataset', ranges=RANGES)
+                          positional='dataset', ranges=RANGES, choices=dict(tokenizer=('', 'bytes', 'gpt2')))
     # --workers=0 is the dataset's default.
     opts = {k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if k != 'workers' or cfg[k]}
     prepare(cfg['dataset'], data_dir=cfg['data_dir'], **opts)

@@ -290,9 +290,8 @@ def diverged(what, value, iter_num, kept):
 def main(argv=None):
     # options: the defaults, a preset, this command line; checked against RANGES as they are parsed
     argv = sys.argv[1:] if argv is None else argv
-    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, PRESETS, ranges=RANGES)
-    if cfg['init_from'] not in ('scratch', 'resume'):
-        raise UsageError(f"--init_from expects scratch or resume, got {cfg['init_from']!r}")
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, PRESETS, ranges=RANGES,
+                          choices=dict(init_from=('scratch', 'resume')))
     fresh = cfg['init_from'] == 'scratch'
     # A fresh model's shape is checked before any work (a resumed one is its checkpoint's).
     if fresh:

@@ -230,10 +230,7 @@ def main(argv=None):
     # -------------------------------------------------------------------------
     # options: types, ranges and names from the tables above, checked before anything else
     argv = sys.argv[1:] if argv is None else argv
-    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
-    for key, names in CHOICES.items():
-        if cfg[key] not in names:
-            raise UsageError(f"--{key}={cfg[key]} is not one of {', '.join(names)}")
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES, choices=CHOICES)
     eval_only = cfg['eval_only']
     resume = cfg['init_from'] == 'resume' and not eval_only
     out_dir = cfg['out_dir']

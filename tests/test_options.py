@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import options
+import prepare_data
 from conftest import one_line
 from options import UsageError
 
@@ -211,6 +212,13 @@ def test_numbers_are_finite_and_in_the_range_the_table_gives():
     for arg in ("--seed=-1", "--seed=4294967296"):
         with pytest.raises(UsageError, match="--seed"):
             options.parse([arg], dict(seed=1), ranges=seeds)
+
+
+def test_a_value_outside_its_choices_is_refused_before_any_work(fails):
+    assert options.parse(["--kind=b"], dict(kind="a"), choices=dict(kind=("a", "b")))[0]["kind"] == "b"
+    with pytest.raises(UsageError, match="--kind"):
+        options.parse(["--kind=c"], dict(kind="a"), choices=dict(kind=("a", "b")))
+    fails(prepare_data.main, ["text", "--input=no/such/file.txt", "--tokenizer=sp"], "--tokenizer")
 
 
 @pytest.mark.parametrize("script", ["train_gpt", "train_vit", "sample"])
