@@ -340,7 +340,7 @@ def main(argv=None):
     n_params = raw_model.get_num_params()
     say(f"{cfg['model']}, {config.attn}{' + lpi' * config.lpi}: {n_params / 1e6:.2f}M parameters | "
         f"{dist.world_size} x {device}, {dtype} ({why}) | {steps_per_epoch} steps of {dist.world_size} x "
-        f"{batch_size} images an epoch")
+        f"{min(batch_size, per_rank)} images an epoch")
     if resume:
         say(f"resuming {path} at step {step} (epoch {step / steps_per_epoch:g} of {epochs})")
     if warmup >= total:

@@ -527,9 +527,12 @@ def test_a_resume_past_its_epochs_has_nothing_to_do(trained, tmp_path):
     assert (run / 'ckpt.pt').read_bytes() == Path(trained, 'ckpt.pt').read_bytes()
 
 
-def test_a_batch_larger_than_the_data_is_the_data(data, tmp_path):
+def test_a_batch_larger_than_the_data_is_the_data(data, tmp_path, capsys):
+    """One step an epoch, of every image, and the header says so."""
     train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--batch_size=100000', '--viz_images=0'))
     assert [r['step'] for r in read_log(str(tmp_path), kind='eval')] == [1]
+    out = capsys.readouterr().out
+    assert ' 64 images' in out and '100000' not in out
 
 
 def test_lpi_is_a_key_recorded_in_the_checkpoint(data, tmp_path):
