@@ -523,21 +523,23 @@ def cifar(names, **kw):
 
 BINARY = bytes(range(256)) * 4
 BAD = [  # (dataset and options, what the line names, files to write)
+    # options out of their range or choices
     ('mnist', 'mnist', {}),
     ('openwebtext --val_every=0', '--val_every', {}),
     ('text --input=x --workers=-1', '--workers', {}),
     ('python_stdlib --tokenizer=sentencepiece', 'sentencepiece', {}),
     ('cifar10 --tokenizer=gpt2', '--tokenizer', {}),
+    # an input missing, or not one the dataset can read
     ('text', '--input', {}),
     ('', 'dataset', {}),
     ('text --input=x --name=..', '--name', {}),
     ('text --input=nope.txt', 'nope.txt', {}),
+    ('text --input=bin', 'bin', {'bin/blob.so': BINARY}),
     ('cifar10 --archive=nowhere.tar.gz', 'nowhere.tar.gz', {}),
     # Offline: the option that takes a copy fetched by hand.
     ('cifar100', '--archive', {}),
     ('shakespeare --tokenizer=bytes', '--input', {}),
     ('lambada --tokenizer=bytes', '--input', {}),
-    ('text --input=bin', 'bin', {'bin/blob.so': BINARY}),
     given('text --input', 'empty', None),
     given('text --input', 'one.txt', 'x'),
     ('openwebtext --input=empty --tokenizer=bytes', 'empty', {'empty': None}),
