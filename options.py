@@ -108,18 +108,6 @@ def report(exc):
     return code
 
 
-def run_main(main):
-    """main() ended as the handler ends a script, for a test that calls a script's main() in its own process:
-    a SystemExit with report()'s exit code."""
-    try:
-        main()
-    except (Exception, KeyboardInterrupt) as e:
-        code = report(e)
-        if code is None:
-            raise
-        raise SystemExit(code) from None
-
-
 # The exit code report() chose for the exception that ended the script.
 exit_code = []
 

@@ -32,14 +32,26 @@ def one_line(stderr, *names):
     return lines[0]
 
 
+def run_main(main):
+    """main() ended as options' handler ends a script, in this process: a SystemExit with report()'s exit
+    code."""
+    try:
+        main()
+    except (Exception, KeyboardInterrupt) as e:
+        code = options.report(e)
+        if code is None:
+            raise
+        raise SystemExit(code) from None
+
+
 @pytest.fixture
 def ends(capsys):
-    """ends(main, args): main(args) ended as its script ends it (options.run_main): (exit code, stderr). A run
+    """ends(main, args): main(args) ended as its script ends it (run_main): (exit code, stderr). A run
     an exception ended lets its out_dir's lock go with its frames, as its process would by ending."""
     def ends(main, args):
         capsys.readouterr()
         with pytest.raises(SystemExit) as e:
-            options.run_main(lambda: main(list(args)))
+            run_main(lambda: main(list(args)))
         code = e.value.code
         del e
         gc.collect()

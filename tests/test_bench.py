@@ -18,6 +18,7 @@ import options
 import tost
 import tost_fast
 from tools import bench, study
+from conftest import run_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -180,6 +181,6 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch):
 def test_bad_input_is_one_line_before_any_work(monkeypatch, capsys, argv, names):
     monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, 'operator': lambda args, results: 1 / 0})
     with pytest.raises(SystemExit) as e:
-        options.run_main(lambda: bench.main(['--smoke', *argv]))
+        run_main(lambda: bench.main(['--smoke', *argv]))
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('error: ') and names in err, err

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 import eval_gpt
-import options
 import prepare_data as prep
 import readers
 import tost
 import train_common
 from test_prepare_data import encoding
+from conftest import run_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
@@ -75,7 +75,7 @@ def refused(capsys, argv, *names):
     path)."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        options.run_main(lambda: eval_gpt.main(argv))
+        run_main(lambda: eval_gpt.main(argv))
     lines = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(lines) == 1 and all(name in lines[0] for name in names), lines
 

@@ -10,7 +10,7 @@ import pytest
 
 import options
 import prepare_data
-from conftest import one_line
+from conftest import one_line, run_main
 from options import UsageError
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,14 +131,14 @@ def test_run_main_ends_a_main_as_the_handler_ends_a_script(capsys):
         print("a sample cut short", end="")
         raise KeyboardInterrupt
     with pytest.raises(SystemExit) as e:
-        options.run_main(main)
+        run_main(main)
     out, err = capsys.readouterr()
     # the text cut short ends its line first
     assert e.value.code == 130 and out == "a sample cut short\n"
     one_line(err)
     # a bug keeps its traceback
     with pytest.raises(ZeroDivisionError):
-        options.run_main(lambda: 1 / 0)
+        run_main(lambda: 1 / 0)
 
 
 SLEEP = "import options, sys, time\ntime.sleep(0.5)\n"

@@ -8,8 +8,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-import options
 import plot
+from conftest import run_main
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,7 +110,7 @@ def test_a_log_cut_short_draws_what_is_complete(tmp_path):
 def plot_exits(capsys, *argv):
     """plot.py as the command runs it: (exit code, the lines on stderr)."""
     with pytest.raises(SystemExit) as e:
-        options.run_main(lambda: plot.main(list(argv)))
+        run_main(lambda: plot.main(list(argv)))
     return e.value.code, capsys.readouterr().err.strip().splitlines()
 
 

@@ -26,12 +26,12 @@ import numpy as np
 import pytest
 import tiktoken
 
-import options
 import prepare_data as prep
 import readers
 from options import UsageError
 from prepare_data import prepare
 from readers import get_tokenizer, load_meta, read_images, read_tokens
+from conftest import run_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -72,7 +72,7 @@ def tail_split(seq):
 def main_exits(capsys, *argv):
     """prepare_data.main as the command runs it: (exit code, the lines on stderr)."""
     try:
-        options.run_main(lambda: prep.main(list(argv)))
+        run_main(lambda: prep.main(list(argv)))
         code = 0
     except SystemExit as e:
         code = e.code

@@ -19,6 +19,7 @@ import readers
 import sample
 import tost
 import train_common
+from conftest import run_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
@@ -53,7 +54,7 @@ def exits(capsys, *args):
     """(exit code, lines on stderr) of sample.main ended by run_main, as the command ends it."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        options.run_main(lambda: sample.main(list(args)))
+        run_main(lambda: sample.main(list(args)))
     return e.value.code, capsys.readouterr().err.strip().splitlines()
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import options
 import plot
 from tools import study
+from conftest import run_main
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -196,7 +196,7 @@ def test_language_and_vision_sections_run_end_to_end(tmp_path):
 def test_an_empty_out_dir_is_one_line_before_any_run(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)                                # where the runs would go: nothing is written
     with pytest.raises(SystemExit) as e:
-        options.run_main(lambda: study.main(['language', '--smoke', '--out_dir=']))
+        run_main(lambda: study.main(['language', '--smoke', '--out_dir=']))
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('error: ') and '--out_dir' in err
     assert not list(tmp_path.iterdir())
