@@ -119,6 +119,13 @@ def _init_worker(tok, rule, eot):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def encode_array(tok, s):
+    """tok.encode(s) as a uint16 array: bytes skip the list of ints."""
+    if tok.enc is None:
+        return np.frombuffer(s.encode('utf-8'), dtype=np.uint8).astype(np.uint16)
+    return np.array(tok.enc.encode_ordinary(s), dtype=np.uint16)
+
+
 def _split_chunk(job):
     """(index of the first document, texts) -> (train ids, val ids, #docs), joined over the chunk (one message
     per chunk: pickling small arrays would cost more than tokenizing). ('every', k) sends every kth document
@@ -128,7 +135,7 @@ def _split_chunk(job):
     train = []
     val = []
     for i, text in enumerate(texts, first):
-        ids = tok.encode_array(text)
+        ids = encode_array(tok, text)
         cut = (0 if i % k == k - 1 else len(ids)) if kind == 'every' else len(ids) - len(ids) // k
         for out, p in ((train, ids[:cut]), (val, ids[cut:])):
             out.append(np.append(p, np.uint16(tok.eot)) if eot and len(p) else p)
@@ -474,7 +481,7 @@ def _build_eval_set(stage, o, name):
                     f"{where}:{n} has no last word to predict after a context: not a LAMBADA passage")
             # GPT-2's BPE attaches the space to the word.
             cut = m.start() if m.group(1) == ' ' else m.start(2)
-            parts += [tok.encode_array(line[:cut]), tok.encode_array(line[cut:]), sep]
+            parts += [encode_array(tok, line[:cut]), encode_array(tok, line[cut:]), sep]
         if not parts:
             raise UsageError(f"{where} holds no passages")
         # The start of each context, target and separator.
@@ -488,7 +495,7 @@ def _build_eval_set(stage, o, name):
                                  "if there is one")
     # One document: no end-of-text token.
     else:
-        parts = [tok.encode_array(text)]
+        parts = [encode_array(tok, text)]
         extra = dict(documents=1, eot=None)
         count = text.count('\n')
     if count != spec['count']:

@@ -26,12 +26,6 @@ class Tokenizer:
         """A literal '<|endoftext|>' in a document is just text."""
         return list(s.encode("utf-8")) if self.enc is None else self.enc.encode_ordinary(s)
 
-    def encode_array(self, s):
-        """encode() as a uint16 array, for preparing data: bytes skip the list of ints."""
-        if self.enc is None:
-            return np.frombuffer(s.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
-        return np.array(self.enc.encode_ordinary(s), dtype=np.uint16)
-
     def decode(self, ids):
         """Tensors and arrays welcome; ids past the vocab (a padded model head) are dropped, half a UTF-8
         character is replaced."""

@@ -109,7 +109,7 @@ def test_tokenizers(tiny, name):
     assert (tok.vocab_size, tok.eot) == ((256, None) if name == 'bytes' else (257, 256))
     # Special tokens in text stay text.
     s = "it's 42 <|endoftext|> déjà vu ✓\n"
-    assert tok.encode(s) == tok.encode_array(s).tolist() == (list(s.encode()) if name == 'bytes' else
+    assert tok.encode(s) == prep.encode_array(tok, s).tolist() == (list(s.encode()) if name == 'bytes' else
                                                               tiny.encode_ordinary(s))
     assert tok.decode(tok.encode(s)) == s
     assert b''.join(tok.token_bytes(t) for t in tok.encode('é')) == 'é'.encode()
