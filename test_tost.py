@@ -749,7 +749,8 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     assert len(set(drawn)) == len(drawn) == 5
     assert sorted(drawn) == sorted(p.name for p in tmp_path.glob('*.png'))
     assert all((tmp_path / name).read_bytes()[:4] == b'\x89PNG' for name in drawn)
-    for bad in ('README.md', f'--figures={tmp_path}/no/such/folder'):
+    # A stray word, and a --figures that is a file (a missing folder is made).
+    for bad in ('README.md', f'--figures={tmp_path}/lecture.md'):
         r = run('derivation.py', bad)
         assert r.returncode == 2 and r.stderr.startswith('error: ') and r.stdout == ''   # refused at once
     r = run('derivation.py', '--help')
