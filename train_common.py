@@ -37,23 +37,33 @@ except ImportError:
 TRAINERS = {"gpt": ("train_gpt.py", "language-model"), "vit": ("train_vit.py", "vision")}
 
 
+@contextlib.contextmanager
+def naming(path):
+    """An OSError inside names `path`: a write to a full disk fails without a file name, and torch.save reports
+    it as a RuntimeError whose context is the OSError."""
+    try:
+        yield
+    except Exception as e:
+        error = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(error, OSError):
+            raise
+        raise OSError(error.errno, error.strerror, path) from None
+
+
 def atomic_save(obj, path):
     """torch.save to a temp file, fsync, rename over `path`: a failure (full disk, Ctrl-C) leaves the old
     file. An OSError names `path`."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
+        with naming(path):
+            with open(tmp, "wb") as f:
+                torch.save(obj, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        # torch.save reports a failed write (a full disk) as a RuntimeError whose context is the OSError.
-        error = e if isinstance(e, OSError) else e.__context__
-        if isinstance(error, OSError):
-            raise OSError(error.errno, error.strerror, path) from None
         raise
     # Make the rename durable (not possible everywhere).
     with contextlib.suppress(OSError):
@@ -486,15 +496,6 @@ def log_row(out_dir, row):
     path = os.path.join(out_dir, "log.jsonl")
     with naming(path), open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
-
-
-@contextlib.contextmanager
-def naming(path):
-    """An OSError inside names `path`: a write to a full disk fails without a file name."""
-    try:
-        yield
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, path) from None
 
 
 def draw_loss(out_dir):
