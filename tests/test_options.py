@@ -151,7 +151,8 @@ SLEEP = "import options, sys, time\ntime.sleep(0.5)\n"
     (["-c", SLEEP + "print('x' * 100000, flush=False)"], 141, ""),
     (["-c", SLEEP + "for i in range(3): options.say('x' * 100000)\nsys.exit('done')"], 1, "done\n"),
     (["train_gpt.py", "--help"], 141, ""),
-    (["train_vit.py", "--help"], 141, "")])
+    (["train_vit.py", "--help"], 141, ""),
+    (["-m", "tools.bench", "--smoke", "--sections=operator"], 141, "")])
 def test_a_closed_stdout_ends_quietly(argv, code, stderr):
     with subprocess.Popen([sys.executable, *argv], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=dict(os.environ, OMP_NUM_THREADS="1")) as p:

@@ -36,6 +36,16 @@ from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
 from train_common import autocast, check_compile, compiles_causal, pick_device, setup_cuda
 
 console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
+
+
+def closed_pipe():
+    """A reader that left (`| head`) ends the script as options.py ends every other: quietly, exit 141 (rich's
+    own exit code is 1)."""
+    options.quiet_stdout()
+    raise SystemExit(141)
+
+
+console.on_broken_pipe = closed_pipe
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # the repo root, where tools/ is
 PAPER = {4096: (0.60, 0.41), 8192: (0.46, 0.24)}     # ToST-Base / GPT2-Base: time, memory
 NOISE = 0.2      # repeated timings of one case further apart than this (max/min - 1): the machine is busy
