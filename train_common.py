@@ -39,8 +39,8 @@ TRAINERS = {"gpt": ("train_gpt.py", "language-model"), "vit": ("train_vit.py", "
 
 @contextlib.contextmanager
 def naming(path):
-    """An OSError inside names `path`: a write to a full disk fails without a file name, and torch.save reports
-    it as a RuntimeError whose context is the OSError."""
+    """An OSError inside names `path`: a write to a full disk fails without a file name, and torch.save
+    reports it as a RuntimeError whose context is the OSError."""
     try:
         yield
     except Exception as e:
@@ -79,7 +79,8 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     folder = os.path.dirname(path) or "."
     # A folder that is a file is the OSError handler's to name.
     if not os.path.exists(path) and not os.path.isfile(folder):
-        # The trainer writes ckpt.pt (and best.pt) in its --out_dir: a path by another name has no such folder.
+        # The trainer writes ckpt.pt (and best.pt) in its --out_dir: a path by another name has no such
+        # folder.
         ours = kind and os.path.basename(path) in ("ckpt.pt", "best.pt")
         hint = f"; train one with: python {TRAINERS[kind][0]} --out_dir={folder}" if ours else ""
         raise UsageError(f"no checkpoint at {path}{hint}")
@@ -200,6 +201,16 @@ def optimizer_step(optimizer, scaler, lr, grad_clip):
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
+
+
+def diverged(what, value, when, kept, cfg):
+    """The line that ends a run whose loss is not finite (every rank finds it at the same step: the losses are
+    all-reduced). What is on disk, from before, is `kept`; the advice names the options that can help."""
+    advice = "a lower --learning_rate"
+    if cfg["weight_decay"] > 0:
+        advice += " or --weight_decay"
+    advice += ", or a lower --grad_clip" if cfg["grad_clip"] > 0 else ", or --grad_clip=1"
+    return f"the {what} is {value} at {when}: training diverged; stopped without saving, {kept}; try {advice}"
 
 
 def cosine_lr(it, lr, min_lr, warmup_iters, decay_iters):

@@ -28,10 +28,11 @@ import torch
 import readers
 import tost
 from options import UsageError, fail, parse, say
-from train_common import (any_rank, autocast, backward_bytes, check_compile, cosine_lr, draw_loss, human,
-                          load_checkpoint, load_weights, log_row, make_out_dir, mean_loss, memory_bytes,
-                          optimizer_for, optimizer_step, resolve_dtype, resume_command, save_checkpoint,
-                          seed_of, setup_distributed, start_log, stop_signals, sum_dtype, teardown, wrap)
+from train_common import (any_rank, autocast, backward_bytes, check_compile, cosine_lr, diverged, draw_loss,
+                          human, load_checkpoint, load_weights, log_row, make_out_dir, mean_loss,
+                          memory_bytes, optimizer_for, optimizer_step, resolve_dtype, resume_command,
+                          save_checkpoint, seed_of, setup_distributed, start_log, stop_signals, sum_dtype,
+                          teardown, wrap)
 
 DEFAULTS = dict(
     config='demo',               # the preset this run started from (--config=NAME picks one)
@@ -277,12 +278,6 @@ def last_good(ckpt_path, saved):
     return f"the last good checkpoint is {ckpt_path} (iter {saved})"
 
 
-def diverged(what, value, iter_num, kept):
-    """The line that ends a run whose loss is not finite: every rank finds it at the same step (the losses are
-    all-reduced); the checkpoint on disk, from before, is kept."""
-    return (f"the {what} is {value} at iter {iter_num}: training diverged; stopped without saving, {kept}; "
-            f"try a lower --learning_rate or --weight_decay, or --grad_clip")
-
 # -----------------------------------------------------------------------------
 # the run, top to bottom
 
@@ -442,7 +437,8 @@ def main(argv=None):
                 val_loss = losses['val']
                 if not (math.isfinite(val_loss) and math.isfinite(losses['train'])):
                     teardown(dist, lock)
-                    fail(diverged('eval loss', val_loss, iter_num, last_good(ckpt_path, saved)), 3)
+                    kept = last_good(ckpt_path, saved)
+                    fail(diverged('eval loss', val_loss, f'iter {iter_num}', kept, cfg), 3)
                 save = (val_loss < best_val_loss or cfg['always_save_checkpoint']) and iter_num > 0
                 row = dict(iter=iter_num, kind='eval', train_loss=losses['train'], val_loss=val_loss, lr=lr,
                            tokens_per_sec=tok_per_s, saved=save, tokens=tokens,
@@ -509,7 +505,8 @@ def main(argv=None):
                 # The checkpoint on disk is from before: it is kept.
                 if not math.isfinite(train_loss):
                     teardown(dist, lock)
-                    fail(diverged('training loss', train_loss, iter_num, last_good(ckpt_path, saved)), 3)
+                    kept = last_good(ckpt_path, saved)
+                    fail(diverged('training loss', train_loss, f'iter {iter_num}', kept, cfg), 3)
                 dt = (time.time() - t_row) / since_row
                 tok_per_s = tokens_per_iter / dt
                 mfu = peak and raw_model.estimate_mfu(B * accum, dt, T=T, peak_flops=peak)

@@ -31,10 +31,10 @@ import torch.nn.functional as F
 import readers
 import tost
 from options import UsageError, fail, parse, say
-from train_common import (any_rank, autocast, cosine_lr, draw_loss, human, load_checkpoint, load_weights,
-                          log_row, make_out_dir, mean_loss, optimizer_for, optimizer_step, resolve_dtype,
-                          resume_command, save_checkpoint, seed_of, setup_distributed, start_log,
-                          stop_signals, teardown, wrap)
+from train_common import (any_rank, autocast, cosine_lr, diverged, draw_loss, human, load_checkpoint,
+                          load_weights, log_row, make_out_dir, mean_loss, optimizer_for, optimizer_step,
+                          resolve_dtype, resume_command, save_checkpoint, seed_of, setup_distributed,
+                          start_log, stop_signals, teardown, wrap)
 
 DEFAULTS = dict(
     # data and I/O
@@ -429,9 +429,8 @@ def main(argv=None):
             train_loss = mean_loss(loss_sum, since_row, dist)
             if not math.isfinite(train_loss):
                 teardown(dist, lock)
-                fail(f"the training loss is {train_loss} at step {step}: training diverged; stopped without "
-                     f"saving (a checkpoint on disk is kept); try a lower --learning_rate or --weight_decay, "
-                     f"or --grad_clip", 3)
+                kept = 'a checkpoint on disk is kept'
+                fail(diverged('training loss', train_loss, f'step {step}', kept, cfg), 3)
             if not row_due:
                 continue
             dt = (time.time() - t_row) / since_row

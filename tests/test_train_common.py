@@ -487,3 +487,11 @@ def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch):
         with pytest.raises(OSError) as e:
             write()
         assert (e.value.errno, e.value.filename) == (28, str(tmp_path / "log.jsonl"))
+
+
+def test_the_divergence_line_names_the_options_that_can_help():
+    """A lower learning rate always; weight decay only where there is some; clipping, on where it is off."""
+    off = tc.diverged("training loss", float("nan"), "iter 3", "kept", dict(weight_decay=0.0, grad_clip=0.0))
+    on = tc.diverged("training loss", float("nan"), "iter 3", "kept", dict(weight_decay=0.1, grad_clip=1.0))
+    assert "--learning_rate" in off and "--weight_decay" not in off and "--grad_clip=1" in off
+    assert "--learning_rate" in on and "--weight_decay" in on and "--grad_clip=1" not in on
