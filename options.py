@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import sys
+import textwrap
 
 
 class UsageError(Exception):
@@ -89,7 +90,7 @@ def report(exc):
     elif type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(exc):
         # torch's, named without importing torch; on a CPU its allocator raises a RuntimeError that says so.
         # Half the micro-batch, twice the micro-steps: the same step.
-        line = f"out of memory ({str(exc).splitlines()[0][:100]})"
+        line = f"out of memory ({textwrap.shorten(str(exc).splitlines()[0], 100)})"
         if "batch_size" in parsed:
             line += f"; try --batch_size={max(1, parsed['batch_size'] // 2)}"
         if "gradient_accumulation_steps" in parsed:

@@ -14,6 +14,7 @@ import re
 import shlex
 import signal
 import sys
+import textwrap
 import time
 from collections import namedtuple
 
@@ -93,7 +94,7 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
         unsafe = re.search(r"GLOBAL ([\w.]+)", str(e))
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:100]
+        reason = textwrap.shorten((str(e).strip().splitlines() or [type(e).__name__])[0], 100)
         if unsafe:
             reason = f"holds {unsafe.group(1)}, which weights_only loading refuses"
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({reason})") from None
