@@ -10,9 +10,10 @@ its top level: a UsageError is `error: ...` and exit 2; an OSError about a path 
 (and the option that gave it) and exit 2; Ctrl-C is exit 130; a closed stdout (`| head`) ends quietly with
 141. Any other exception is a bug and keeps its traceback. Ctrl-C while torch imports can be lost, or abort
 the interpreter from inside torch's C++ code: a script of this repository that imports this module before
-torch holds Ctrl-C until it calls parse(), which lets it through (and the script ends there, exit 130).
+torch, and calls parse(), holds Ctrl-C until then; parse() lets it through (the script ends there, exit 130).
 """
 import atexit
+import contextlib
 import difflib
 import math
 import os
@@ -138,10 +139,15 @@ atexit.register(exit_with_code)
 if hasattr(sys.stdout, "reconfigure"):
     sys.stdout.reconfigure(errors="replace")
 
-# Ctrl-C held from here until parse() (see above); not in an interactive session or under pytest.
+# Ctrl-C held from here until parse() (see above), in a script of this repository that calls it; not in an
+# interactive session, under pytest, or in a module run as a script that never parses options.
 script = getattr(sys.modules.get("__main__"), "__file__", None)
 ours = script and os.path.abspath(script).startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+parses = False
 if ours and "torch" not in sys.modules and hasattr(signal, "pthread_sigmask"):
+    with contextlib.suppress(OSError), open(script, encoding="utf-8", errors="replace") as f:
+        parses = "parse(" in f.read()
+if parses:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 

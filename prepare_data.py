@@ -742,8 +742,8 @@ RANGES = {'nonempty': ['dataset'], 'positive': ['max_mb', 'val_every'], 'nonnega
 def main(argv=None):
     cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
                           positional='dataset', ranges=RANGES, choices=dict(tokenizer=('', 'bytes', 'gpt2')))
-    # --workers=0 is the dataset's default.
-    opts = {k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if k != 'workers' or cfg[k]}
+    # An option given its default value (--workers=0, --tokenizer=) is the dataset's default, as if not given.
+    opts = {k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if cfg[k] != DEFAULTS[k]}
     prepare(cfg['dataset'], data_dir=cfg['data_dir'], **opts)
 
 

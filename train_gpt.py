@@ -286,7 +286,7 @@ def main(argv=None):
     # options: the defaults, a preset, this command line; checked against RANGES as they are parsed
     argv = sys.argv[1:] if argv is None else argv
     cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, PRESETS, ranges=RANGES,
-                          choices=dict(init_from=('scratch', 'resume')))
+                          choices=dict(init_from=('scratch', 'resume'), attn=tost.ATTN_KINDS))
     fresh = cfg['init_from'] == 'scratch'
     # A fresh model's shape is checked before any work (a resumed one is its checkpoint's).
     if fresh:

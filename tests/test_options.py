@@ -290,10 +290,15 @@ def test_a_path_given_as_file_colon_path_names_its_option():
 
 
 def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
-    """A script of the repository: torch imports whole, then parse() ends the script, exit 130, one line."""
-    code = (f"import sys; sys.modules['__main__'].__file__ = {os.path.join(HERE, 'script.py')!r}\n"
+    """A script of the repository that parses its options: torch imports whole, then parse() ends the script,
+    exit 130, one line. A module of it run as a script that parses nothing holds nothing."""
+    main = "import sys; sys.modules['__main__'].__file__ = {!r}\n"
+    code = (main.format(os.path.join(HERE, 'sample.py')) +
             "import options, os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport torch\n"
             "print('torch loaded', flush=True)\noptions.parse([], {})\nprint('parsed')")
     r = _python(code, stdout=subprocess.PIPE)
     ended(r, 130)
     assert r.stdout.splitlines()[0] == "torch loaded" and "parsed" not in r.stdout
+    code = main.format(os.path.join(HERE, 'readers.py')) + "import readers, signal\n"
+    r = _python(code + "print(signal.pthread_sigmask(signal.SIG_BLOCK, []))", stdout=subprocess.PIPE)
+    assert r.stdout.strip() == "set()", r.stderr

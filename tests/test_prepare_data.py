@@ -615,6 +615,8 @@ def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monke
     before = {f: Path('data/in', f).read_bytes() for f in os.listdir('data/in')}
     write('in.txt', 'version two, longer. ' * 40)
     assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
+    # Options given their default values are as if not given.
+    assert main_exits(capsys, 'text', '--input=in.txt', '--tokenizer=', '--workers=0') == (0, [])
     for argv in (['text', '--input=in.txt', '--tokenizer=gpt2'], ['lambada', '--input=in.txt', '--name=in']):
         assert 'data/in' in one_error(capsys, *argv)
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
