@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 import readers
 from options import UsageError, parse
-from train_common import autocast, load_gpt, resolve_dtype, setup_distributed, sum_dtype, teardown
+from sample import load_gpt
+from train_common import autocast, resolve_dtype, setup_distributed, sum_dtype, teardown
 
 DEFAULTS = dict(
     out_dir='out',               # the checkpoint is out_dir/ckpt.pt; results are appended to its log.jsonl

@@ -21,8 +21,9 @@ import time
 import torch
 
 from options import UsageError, parse
+import tost
 from readers import get_tokenizer
-from train_common import autocast, load_gpt, pick_device, resolve_dtype, setup_cuda
+from train_common import autocast, load_checkpoint, load_weights, pick_device, resolve_dtype, setup_cuda
 
 DEFAULTS = dict(
     out_dir='out',          # the folder train_gpt.py saved ckpt.pt in
@@ -45,6 +46,20 @@ RANGES = dict(positive=('num_samples',), nonnegative=('max_new_tokens', 'top_k',
 # Piped into a file or a program, the text is written as generated.
 CONTROL_PICTURES = {c: 0x2400 + c for c in range(32) if chr(c) not in '\t\n'}
 CONTROL_PICTURES.update(dict.fromkeys(range(0x7f, 0xa0), 0xfffd))    # DEL and the C1 controls
+
+
+def load_gpt(path, device):
+    '''The GPT of a train_gpt.py checkpoint in eval mode on `device`, and the checkpoint less its weights.'''
+    ckpt = load_checkpoint(path, 'cpu', 'gpt', needs=('model', 'model_args', 'meta'))
+    try:
+        model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
+    except (TypeError, ValueError) as e:
+        why = str(e).splitlines()[0]
+        raise UsageError(f'{path} does not hold a model this tost.py can load ({why})') from None
+    load_weights(model, ckpt, path)
+    del ckpt['model']
+    ckpt.pop('optimizer', None)
+    return model.eval().to(device), ckpt
 
 
 def decode_stream(tok, ids):

@@ -122,20 +122,6 @@ def load_weights(model, ckpt, path):
     return model
 
 
-def load_gpt(path, device):
-    """The GPT of a train_gpt.py checkpoint in eval mode on `device`, and the checkpoint less its weights."""
-    ckpt = load_checkpoint(path, "cpu", "gpt", needs=("model", "model_args", "meta"))
-    try:
-        model = tost.GPT(tost.GPTConfig(**ckpt["model_args"]))
-    except (TypeError, ValueError) as e:
-        why = str(e).splitlines()[0]
-        raise UsageError(f"{path} does not hold a model this tost.py can load ({why})") from None
-    load_weights(model, ckpt, path)
-    del ckpt["model"]
-    ckpt.pop("optimizer", None)
-    return model.eval().to(device), ckpt
-
-
 def lock_out_dir(out_dir):
     """Rank 0's hold on out_dir, an open file (kept by the caller while it writes there; closing lets go), so
     that two runs never write in one folder; then a save that kill -9 cut short leaves no temp file. None

@@ -86,7 +86,7 @@ def test_stream_decoder_holds_back_half_characters():
 def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
     """In float32 on a CPU, also where it has bf16 instructions: bf16 autocast slows a batch of one down."""
     monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
-    model = train_common.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
+    model = sample.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
     prompt = 'def f(x):'
     n = 80  # more than block_size (32): the recurrent state carries on
     sample.main([f'--out_dir={out}', f'--start={prompt}', '--num_samples=1', f'--max_new_tokens={n}',

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import sample
 import tost
 import train_common as tc
 from conftest import one_line
@@ -106,10 +107,10 @@ def test_load_gpt_names_a_checkpoint_whose_weights_or_args_do_not_fit(tmp_path):
     path = str(tmp_path / "ckpt.pt")
     torch.save(dict(model=weights, model_args=args, meta={}), path)
     with pytest.raises(UsageError, match=path):
-        tc.load_gpt(path, "cpu")
+        sample.load_gpt(path, "cpu")
     torch.save(dict(model=weights, model_args=dict(args, n_layers=2), meta={}), path)
     with pytest.raises(UsageError, match=f"{path}.*n_layers"):
-        tc.load_gpt(path, "cpu")
+        sample.load_gpt(path, "cpu")
 
 
 def test_one_run_at_a_time_in_an_out_dir(tmp_path):
