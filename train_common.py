@@ -81,8 +81,9 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     # A folder that is a file is the OSError handler's to name.
     if not os.path.exists(path) and not os.path.isfile(folder):
         # The trainer writes ckpt.pt (and best.pt) in its --out_dir: a path by another name has no such
-        # folder.
+        # folder, and a folder whose run has begun its log (and may be under way) has its own trainer.
         ours = kind and os.path.basename(path) in ("ckpt.pt", "best.pt")
+        ours = ours and not os.path.exists(os.path.join(folder, "log.jsonl"))
         hint = f"; train one with: python {TRAINERS[kind][0]} --out_dir={folder}" if ours else ""
         raise UsageError(f"no checkpoint at {path}{hint}")
     with open(path, "rb") as f:

@@ -59,6 +59,11 @@ def test_load_missing_checkpoint(tmp_path):
     # a vision run's folder: the line names the trainer that makes one
     with pytest.raises(UsageError, match=f"{tmp_path}/ckpt.pt.*train_vit.py"):
         tc.load_checkpoint(str(tmp_path / "ckpt.pt"), kind="vit")
+    # a run has begun there (it may be under way, holding the folder): no advice to train into it
+    (tmp_path / "log.jsonl").write_text("")
+    with pytest.raises(UsageError, match=f"{tmp_path}/ckpt.pt") as e:
+        tc.load_checkpoint(str(tmp_path / "ckpt.pt"), kind="vit")
+    assert "train_vit.py" not in str(e.value)
     # options' handler names the path: no hint to train
     (tmp_path / "file").write_text("x")
     with pytest.raises(NotADirectoryError):
