@@ -21,6 +21,7 @@ import re
 import signal
 import sys
 import textwrap
+import traceback
 
 
 class UsageError(Exception):
@@ -90,11 +91,14 @@ def report(exc):
         return 141
     elif type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(exc):
         # torch's, named without importing torch; on a CPU its allocator raises a RuntimeError that says so.
-        # Half the micro-batch, twice the micro-steps: the same step.
         line = f"out of memory ({textwrap.shorten(str(exc).splitlines()[0], 100)})"
-        if "batch_size" in parsed:
+        # Inside a module's forward or a backward, a batch was being computed: half the micro-batch, twice the
+        # micro-steps is the same step. Building the model or the optimizer's state needs no smaller batch.
+        frames = {frame.f_code.co_name for frame, _ in traceback.walk_tb(exc.__traceback__)}
+        batch = bool(frames & {"_call_impl", "backward"})
+        if batch and "batch_size" in parsed:
             line += f"; try --batch_size={max(1, parsed['batch_size'] // 2)}"
-        if "gradient_accumulation_steps" in parsed:
+        if batch and "gradient_accumulation_steps" in parsed:
             steps = 2 * parsed["gradient_accumulation_steps"]
             line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"
         code = 2

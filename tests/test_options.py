@@ -126,6 +126,25 @@ def test_an_error_at_the_top_level_is_one_line_and_its_exit_code(tmp_path, code,
     ended(r, exit_code, *[name.replace("TMP", str(tmp_path)) for name in names])
 
 
+def test_out_of_memory_advises_a_smaller_batch_only_where_a_batch_was_computed(monkeypatch, capsys):
+    """A module's forward or a backward: half the batch; building the model (a Linear's __init__): no advice."""
+    monkeypatch.setattr(options, "parsed", dict(batch_size=8, gradient_accumulation_steps=1))
+
+    def _call_impl():
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    def __init__():
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    for where, advised in ((_call_impl, True), (__init__, False)):
+        with pytest.raises(RuntimeError) as e:
+            where()
+        assert options.report(e.value) == 2
+        err = capsys.readouterr().err
+        one_line(err)
+        assert ("--batch_size=4" in err and "--gradient_accumulation_steps=2" in err) == advised
+
+
 def test_run_main_ends_a_main_as_the_handler_ends_a_script(capsys):
     def main():
         print("a sample cut short", end="")
