@@ -219,7 +219,7 @@ class CausalTSSA(TSSA):
     prefix_memberships() is TSSA.memberships() with the sums over tokens taken over the prefix (its own
     arguments: the squares and their prefix sums, not w). forward() computes all positions at once with
     cumsum; step() advances one token from a TSSAState in O(p) per head: the same numbers. Sums run in
-    float32 under bf16/fp16 autocast (a long prefix sum in bf16 loses the small late terms). On a CPU the
+    float32 under bf16/fp16 autocast (float16 overflows past 65504; a running bf16 sum stalls). On a CPU the
     stateless path runs tost_fast's fused core on inputs of 2^19 numbers or more unless CausalTSSA.fast is
     False: the same numbers to rounding, fewer memory passes.
     """
