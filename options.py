@@ -7,14 +7,15 @@ the script's RANGES table says which must also be positive, non-negative, a frac
 
 Importing this module, which every script does before torch, sets how a script ends when an exception reaches
 its top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path
-(and the option that gave it) and exit 2; Ctrl-C is exit 130; a closed stdout (`| head`) ends quietly with
-141. Any other exception is a bug and keeps its traceback. Ctrl-C while torch imports can be lost, or abort
+(and the option that gave it; on a full disk, the file being written) and exit 2; Ctrl-C is exit 130; a
+closed stdout (`| head`) ends quietly with 141. Any other exception is a bug and keeps its traceback. Ctrl-C while torch imports can be lost, or abort
 the interpreter from inside torch's C++ code: a script of this repository that imports this module before
 torch, and calls parse(), holds Ctrl-C until then; parse() lets it through (the script ends there, exit 130).
 """
 import atexit
 import contextlib
 import difflib
+import io
 import math
 import os
 import re
@@ -64,17 +65,30 @@ parsed = {}
 
 
 def option_of(path):
-    """' (--key=value)' of the parsed option that gave `path`: the longest whose value is a folder above it
-    (relative or absolute, either way) or ends in ':path' (sample.py's --start=FILE:path), or ''."""
+    """' (--key=value)' of the parsed option that gave `path`: the deepest whose value (or one of its values)
+    is a folder above it, relative or absolute, or ends in ':path' (sample.py's --start=FILE:path); or ''."""
     full = os.path.abspath(str(path))
-    found = ""
-    for key, value in parsed.items():
-        if not isinstance(value, str) or not value.strip():
-            continue
-        below = (full + os.sep).startswith(os.path.abspath(value).rstrip(os.sep) + os.sep)
-        if below or value.endswith(":" + str(path)):
-            found = max(found, f" (--{key}={value})", key=len)
-    return found
+    found = (-1, "")
+    for key, values in parsed.items():
+        for value in values if isinstance(values, list) else [values]:
+            if not isinstance(value, str) or not value.strip():
+                continue
+            above = os.path.abspath(value)
+            if (full + os.sep).startswith(above.rstrip(os.sep) + os.sep) or value.endswith(":" + str(path)):
+                found = max(found, (len(above), f" (--{key}={value})"))
+    return found[1]
+
+
+def file_written(tb):
+    """The name of a file open for writing in the innermost frame of traceback `tb` (the write that failed is
+    there), or None."""
+    frame = list(traceback.walk_tb(tb))[-1][0]
+    for value in frame.f_locals.values():
+        if isinstance(value, io.IOBase) and set("wax+") & set(getattr(value, "mode", "")):
+            name = getattr(value, "name", None)
+            if isinstance(name, str):
+                return name
+    return None
 
 
 def report(exc):
@@ -103,10 +117,12 @@ def report(exc):
             line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"
         code = 2
     elif isinstance(exc, OSError):
-        # A path is named with the option that gave it; a write without one (stdout into `/dev/full`) is not.
+        # A path is named with the option that gave it. A write to a full disk carries no path: the file is
+        # the one open for writing in the innermost frame that holds one (stdout into `/dev/full`: none).
+        path = exc.filename or file_written(exc.__traceback__)
         line = f"{exc.strerror or exc}"
-        if exc.filename is not None:
-            line = f"{exc.filename}{option_of(exc.filename)}: {line}"
+        if path is not None:
+            line = f"{path}{option_of(path)}: {line}"
         code = 2
     else:
         return None
@@ -225,6 +241,8 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
         if "config" in defaults:
             config["config"] = name
         set_keys.update(presets[name])
+    if bare and positional in dict(pairs):
+        raise UsageError(f"--{positional} is given twice: as bare words and as --{positional}=")
     if bare:
         pairs.insert(0, (positional, bare if many else bare[0]))
     for key, raw in pairs:

@@ -94,6 +94,9 @@ def test_bare_words_set_the_positional_key():
     assert options.parse(["a"], defaults, positional="name")[0]["name"] == "a"
     with pytest.raises(UsageError, match="'b'"):
         options.parse(["a", "b"], defaults, positional="name")
+    # bare words and the key itself: neither silently wins
+    with pytest.raises(UsageError, match="--runs"):
+        options.parse(["a", "--runs=b"], defaults, positional="runs")
 
 # how a script ends, as the user sees it: the handler options installs when imported
 
@@ -116,6 +119,12 @@ TOP_LEVEL = [("options.fail('max_iters must be positive')", 2, ["max_iters must 
              ("options.parse(['--out_dir=TMP/file'], {'out_dir': 'out'})\nos.makedirs('TMP/file/sub')", 2,
               ["TMP/file/sub", "--out_dir=TMP/file"]),
              ("open('TMP/none/x')", 2, ["TMP/none/x"]),
+             # a bare word, under a folder option '.' that is above every relative path: the deepest names it
+             ("options.parse(['nosuch'], {'runs': [], 'output_folder': '.'}, positional='runs')\n"
+              "open('nosuch/x')", 2, ["nosuch/x", "--runs=nosuch"]),
+             # a write to a full disk says no path: the file open for writing where it failed is named
+             ("def write(f):\n    raise OSError(28, 'No space left on device')\n"
+              "write(open('TMP/log', 'a'))", 2, ["TMP/log"]),
              ("os.kill(os.getpid(), signal.SIGINT)\nimport torch", 130, [])]
 
 
@@ -127,7 +136,7 @@ def test_an_error_at_the_top_level_is_one_line_and_its_exit_code(tmp_path, code,
 
 
 def test_out_of_memory_advises_a_smaller_batch_only_where_a_batch_was_computed(monkeypatch, capsys):
-    """A module's forward or a backward: half the batch; building the model (a Linear's __init__): no advice."""
+    """A module's forward or a backward: half the batch; building the model (a Linear's __init__): none."""
     monkeypatch.setattr(options, "parsed", dict(batch_size=8, gradient_accumulation_steps=1))
 
     def _call_impl():
