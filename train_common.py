@@ -101,6 +101,11 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({reason})") from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({type(ckpt).__name__}, not a dict)")
+    # The scripts read these by key: a hand-edited or foreign checkpoint may hold anything there.
+    for key in ("model", "model_args", "meta", "config", "optimizer"):
+        if not isinstance(ckpt.get(key, {}), dict):
+            what = type(ckpt[key]).__name__
+            raise UsageError(f"checkpoint {path} is corrupt or unreadable ({key} is a {what}, not a dict)")
     found = "gpt" if "vocab_size" in ckpt.get("model_args", {}) else None
     if ckpt.get("kind") == "vit":
         found = "vit"

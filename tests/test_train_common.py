@@ -96,7 +96,11 @@ NO_KIND = dict(model={}, optimizer={}, iter_num=3, config={}, meta={}, model_arg
 
 @pytest.mark.parametrize("thing, name", [({"model": {}, "extra": Plain()}, "Plain"),
                                          ({"model": {}, "extra": Evil()}, "print"),
-                                         ([1, 2], "list"), (NO_KIND, "model_args")])
+                                         ([1, 2], "list"), (NO_KIND, "model_args"),
+                                         # what a loader reads by key is a dict
+                                         (dict(NO_KIND, model_args=5), "model_args"),
+                                         (dict(NO_KIND, model=[1, 2], model_args={"vocab_size": 8}), "model"),
+                                         (dict(NO_KIND, meta="x"), "meta")])
 def test_load_refuses_what_is_not_a_checkpoint_naming_it(tmp_path, thing, name):
     path = str(tmp_path / "ckpt.pt")
     torch.save(thing, path)
