@@ -37,7 +37,7 @@ DEFAULTS = dict(
     dtype='auto',           # auto: bfloat16 on GPUs that compute in it, else float16; float32 on a CPU
 )
 # No `compile` key: GPT.step keeps the position as a Python int, so torch.compile would recompile every token.
-RANGES = dict(positive=('num_samples',), nonnegative=('max_new_tokens', 'top_k', 'temperature'),
+RANGES = dict(positive=('num_samples', 'max_new_tokens'), nonnegative=('top_k', 'temperature'),
               nonempty=('out_dir',), seed=('seed',))
 
 # A byte-level model can emit any byte. In a terminal a control character would act (an escape sequence moves

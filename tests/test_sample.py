@@ -162,6 +162,8 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, capsys):
     missing = f'--start=FILE:{tmp_path}/missing.txt'
     one_line(exits(capsys, f'--out_dir={out}', missing), 'missing.txt', '--start')
     one_line(exits(capsys, f'--out_dir={out}', '--start=FILE:'), '--start')
+    # nothing to generate: refused, not timed
+    one_line(exits(capsys, f'--out_dir={out}', '--max_new_tokens=0'), '--max_new_tokens')
     (tmp_path / 'latin1.txt').write_bytes('caf\xe9'.encode('latin-1'))
     one_line(exits(capsys, f'--out_dir={out}', f'--start=FILE:{tmp_path}/latin1.txt'), 'latin1.txt')
     # a byte that is not UTF-8 on the command line arrives as a lone surrogate, which cannot be encoded
