@@ -110,7 +110,7 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     for key in ("model", "model_args", "meta", "config", "optimizer"):
         if not isinstance(ckpt.get(key, {}), dict):
             what = type(ckpt[key]).__name__
-            raise UsageError(f"checkpoint {path} is corrupt or unreadable ({key} is a {what}, not a dict)")
+            raise UsageError(f"checkpoint {path} is corrupt or unreadable ({key}: {what}, not a dict)")
     found = "gpt" if "vocab_size" in ckpt.get("model_args", {}) else None
     if ckpt.get("kind") == "vit":
         found = "vit"
