@@ -8,7 +8,6 @@ docs/evaluation.md.
     torchrun --standalone --nproc_per_node=8 eval_gpt.py --out_dir=out-owt-base   # the same numbers, faster
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
-import json
 import math
 import os
 import sys
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 import readers
 from options import UsageError, parse
 from sample import load_gpt
-from train_common import autocast, resolve_dtype, setup_distributed, sum_dtype, teardown
+from train_common import autocast, log_row, resolve_dtype, setup_distributed, sum_dtype, teardown
 
 DEFAULTS = dict(
     out_dir='out',               # the checkpoint is out_dir/ckpt.pt; results are appended to its log.jsonl
@@ -144,6 +143,9 @@ def main(argv=None):
             raise UsageError(f"{path} has a target word of {longest} tokens, longer than --block_size={T}; "
                              f"use a larger --block_size")
         sets.append((name, meta, tokens, spans))
+    # A log that cannot be written is said before the work, not after it.
+    if dist.master:
+        open(os.path.join(cfg['out_dir'], 'log.jsonl'), 'a').close()
     ctx = autocast(device, dtype)
     args = info['model_args']
     attn = args.get('attn', 'tssa')
@@ -172,14 +174,14 @@ def main(argv=None):
             acc = f", last-word accuracy {100 * r['last_word_acc']:.2f}%"
         r['elapsed_s'] = round(time.time() - t0, 2)
         results.append(r)
-        # appended: the training log stays
         if dist.master:
-            with open(os.path.join(cfg['out_dir'], 'log.jsonl'), 'a') as f:
-                f.write(json.dumps(r) + '\n')
             print(f"{name}: loss {loss:.4f} (ppl {ppl:.2f}) over {scored:,} tokens{acc}, {r['elapsed_s']}s",
                   flush=True)
+    # The table first: a full disk loses no result. The rows are appended: the training log stays.
     if dist.master:
         print(table(results, model_name), flush=True)
+        for r in results:
+            log_row(cfg['out_dir'], r)
     teardown(dist)
 
 

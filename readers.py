@@ -92,9 +92,11 @@ def load_meta(folder, kind=None, model_meta=None):
         raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {command}") from None
     try:
         meta = json.loads(text)
+        if not isinstance(meta, dict):
+            raise ValueError(f"a {type(meta).__name__}, not an object")
     except ValueError as e:
         command = recipe(folder, force=True)
-        raise UsageError(f"{path} is not valid JSON ({e}); rebuild it: {command}") from None
+        raise UsageError(f"{path} is not a JSON object ({e}); rebuild it: {command}") from None
     if kind is not None and meta.get("kind") != kind:
         raise UsageError(f"{folder} holds {meta.get('kind')}, not {kind}; pick another dataset or --data_dir")
     want = model_meta and (model_meta.get("tokenizer"), model_meta.get("vocab_size"))

@@ -37,7 +37,7 @@ DEFAULTS = dict(
     dtype='auto',           # auto: bfloat16 on GPUs that compute in it, else float16; float32 on a CPU
 )
 # No `compile` key: GPT.step keeps the position as a Python int, so torch.compile would recompile every token.
-RANGES = dict(positive=('num_samples',), nonnegative=('max_new_tokens', 'top_k', 'temperature'),
+RANGES = dict(positive=('num_samples', 'max_new_tokens'), nonnegative=('top_k', 'temperature'),
               nonempty=('out_dir',), seed=('seed',))
 
 # A byte-level model can emit any byte. In a terminal a control character would act (an escape sequence moves
@@ -53,10 +53,16 @@ def load_gpt(path, device):
     ckpt = load_checkpoint(path, 'cpu', 'gpt', needs=('model', 'model_args', 'meta'))
     try:
         model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RuntimeError) as e:
         why = str(e).splitlines()[0]
+        # A model too large for this machine's memory is the handler's to say (options.report).
+        if "can't allocate memory" in why:
+            raise
         raise UsageError(f'{path} does not hold a model this tost.py can load ({why})') from None
     load_weights(model, ckpt, path)
+    # sample.py decodes with the tokenizer the meta names, eval_gpt.py checks each dataset's against it.
+    if 'tokenizer' not in ckpt['meta']:
+        raise UsageError(f'{path} does not hold a model this tost.py can load (its meta names no tokenizer)')
     del ckpt['model']
     ckpt.pop('optimizer', None)
     return model.eval().to(device), ckpt

@@ -51,14 +51,14 @@ def naming(path):
         raise OSError(error.errno, error.strerror, path) from None
 
 
-def atomic_save(obj, path):
-    """torch.save to a temp file, fsync, rename over `path`: a failure (full disk, Ctrl-C) leaves the old
-    file. An OSError names `path`."""
+def atomic_write(path, write):
+    """write(f) to a temp file, fsync, rename over `path`: a failure (full disk, Ctrl-C) leaves the old file
+    and no temp file. An OSError names `path`."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with naming(path):
             with open(tmp, "wb") as f:
-                torch.save(obj, f)
+                write(f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -71,6 +71,11 @@ def atomic_save(obj, path):
         fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
+
+
+def atomic_save(obj, path):
+    """torch.save by atomic_write."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
@@ -101,6 +106,11 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({reason})") from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({type(ckpt).__name__}, not a dict)")
+    # The scripts read these by key: a hand-edited or foreign checkpoint may hold anything there.
+    for key in ("model", "model_args", "meta", "config", "optimizer"):
+        if not isinstance(ckpt.get(key, {}), dict):
+            what = type(ckpt[key]).__name__
+            raise UsageError(f"checkpoint {path} is corrupt or unreadable ({key}: {what}, not a dict)")
     found = "gpt" if "vocab_size" in ckpt.get("model_args", {}) else None
     if ckpt.get("kind") == "vit":
         found = "vit"
@@ -485,10 +495,8 @@ def start_log(out_dir, key, last):
                 value = json.loads(line).get(key)
                 if not isinstance(value, (int, float)) or value <= last:
                     keep.append(line)
-    # A temp file, then a rename: a crash keeps the old log.
-    with naming(path), open(path + ".tmp", "w") as f:
-        f.writelines(keep)
-    os.replace(path + ".tmp", path)
+    # A crash or a full disk keeps the old log.
+    atomic_write(path, lambda f: f.write("".join(keep).encode()))
 
 
 def log_row(out_dir, row):

@@ -196,7 +196,8 @@ def inspect(model, x, layer=-1):
 def look_inside(model, x, images, labels, cfg, classes):
     """On rank 0, in float32: R^var_c of each TSSA layer on the first compression_images test images, printed
     as a bar chart (the paper's per-layer figure in a terminal) and returned for the log row; the maps of the
-    first viz_images in out_dir/viz/. A picture that cannot be drawn does not stop training."""
+    first viz_images in out_dir/viz/. A picture that cannot be drawn does not stop training; it ends
+    --eval_only, whose job it is."""
     m = min(cfg['compression_images'], len(x))
     v = min(cfg['viz_images'], len(x))
     if m + v == 0:
@@ -220,6 +221,8 @@ def look_inside(model, x, images, labels, cfg, classes):
             title = f"{i}: {classes[labels[i]]}"
             plot.vision_maps(path, images[i].cpu(), seen['cls_attn'][i].cpu(), pis[i], title)
     except Exception as e:
+        if cfg['eval_only']:
+            raise
         say(f"could not draw the maps ({type(e).__name__}: {e}); training goes on")
     return {'compression': values} if values else {}
 

@@ -3,11 +3,13 @@ Tests for eval_gpt.py: tiny checkpoints and tiny test sets in the published form
     python -m pytest -q tests/test_eval_gpt.py
 What they prove: docs/evaluation.md, "Tested".
 """
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ import readers
 import tost
 import train_common
 from test_prepare_data import encoding
-from conftest import run_main
+from conftest import one_line, run_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
@@ -255,3 +257,46 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, capsys):
                         (['--datasets=short'], f'{short}/val.bin')):
         refused(capsys, base + extra, name)
     assert not os.path.exists(os.path.join(out, 'log.jsonl'))
+
+
+def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_a_full_disk_loses_no_result(
+        data_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / 'out'
+    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2', '--device=cpu']
+    save_model(str(out), data_dir)
+    # a folder in the log's place: refused before any dataset is scored
+    (out / 'log.jsonl').mkdir()
+    scored = []
+    monkeypatch.setattr(eval_gpt, 'split_loss', lambda *args: scored.append(1))
+    refused(capsys, argv, f'{out}/log.jsonl')
+    assert scored == []
+    monkeypatch.undo()
+    (out / 'log.jsonl').rmdir()
+    # the disk fills while the rows are written: the table is on stdout already
+    eval_gpt.main(argv)
+    loss = read_log(str(out))[0]['loss']
+
+    def full(*args):
+        raise OSError(28, 'No space left on device')
+
+    def open_full(path, mode='r'):
+        """The checkpoint reads as before; writes fail."""
+        return open(path, mode) if mode == 'rb' else contextlib.nullcontext(SimpleNamespace(write=full))
+
+    monkeypatch.setattr(train_common, 'open', open_full, raising=False)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run_main(lambda: eval_gpt.main(argv))
+    printed = capsys.readouterr()
+    row = next(line for line in printed.out.splitlines() if line.split()[0] == 'wikitext2')
+    assert f'{loss:.4f}' in row and e.value.code == 2
+    one_line(printed.err, f'{out}/log.jsonl')
+
+
+@pytest.mark.parametrize('args', [5, dict(block_size=-5, vocab_size=64, n_layer=2, n_head=2, n_embd=32)])
+def test_a_hand_edited_checkpoint_is_one_line_naming_it(data_dir, tmp_path, capsys, args):
+    save_model(str(tmp_path), data_dir)
+    ckpt = torch.load(tmp_path / 'ckpt.pt', weights_only=True)
+    torch.save(dict(ckpt, model_args=args), tmp_path / 'ckpt.pt')
+    argv = [f'--out_dir={tmp_path}', f'--data_dir={data_dir}', '--datasets=wikitext2', '--device=cpu']
+    refused(capsys, argv, f'{tmp_path}/ckpt.pt')

@@ -678,3 +678,12 @@ def test_stale_staging_folder_is_removed():
     write('in.txt', 'hello there. ' * 20)
     prepare('text', 'data', input='in.txt')
     assert sorted(os.listdir('data')) == [f'.in.partial-elsewhere-{p.pid}', 'in']
+
+
+@pytest.mark.parametrize('text', ['{"kind": "text",', '[1, 2]', '"text"'])
+def test_a_meta_json_that_is_not_an_object_names_the_command_that_rebuilds_it(tmp_path, text):
+    write(str(tmp_path / 'notes' / 'meta.json'), text)
+    with pytest.raises(UsageError) as e:
+        load_meta(str(tmp_path / 'notes'))
+    assert str(tmp_path / 'notes' / 'meta.json') in str(e.value)
+    assert f'python prepare_data.py notes --data_dir={tmp_path} --force' in str(e.value)

@@ -162,10 +162,26 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, capsys):
     missing = f'--start=FILE:{tmp_path}/missing.txt'
     one_line(exits(capsys, f'--out_dir={out}', missing), 'missing.txt', '--start')
     one_line(exits(capsys, f'--out_dir={out}', '--start=FILE:'), '--start')
+    # nothing to generate: refused, not timed
+    one_line(exits(capsys, f'--out_dir={out}', '--max_new_tokens=0'), '--max_new_tokens')
     (tmp_path / 'latin1.txt').write_bytes('caf\xe9'.encode('latin-1'))
     one_line(exits(capsys, f'--out_dir={out}', f'--start=FILE:{tmp_path}/latin1.txt'), 'latin1.txt')
     # a byte that is not UTF-8 on the command line arrives as a lone surrogate, which cannot be encoded
     one_line(ended(start(f'--out_dir={out}'.encode(), b'--start=caf\xe9')), '--start')
+
+
+# What a hand-edited or foreign checkpoint holds in place of a key: the weights, the model's arguments (not a
+# dict, a negative size) or the meta (not a dict, no tokenizer)
+DAMAGE = [('model_args', 5), ('model', [1, 2]), ('meta', 'x'), ('meta', {}),
+          ('model_args', dict(block_size=-5, vocab_size=256, n_layer=1, n_head=2, n_embd=32))]
+
+
+@pytest.mark.parametrize('key, value', DAMAGE)
+def test_a_damaged_checkpoint_is_one_line_naming_it(out, tmp_path, capsys, key, value):
+    ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    ckpt[key] = value
+    torch.save(ckpt, tmp_path / 'ckpt.pt')
+    one_line(exits(capsys, f'--out_dir={tmp_path}'), f'{tmp_path}/ckpt.pt')
 
 
 def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):

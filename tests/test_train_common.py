@@ -96,7 +96,11 @@ NO_KIND = dict(model={}, optimizer={}, iter_num=3, config={}, meta={}, model_arg
 
 @pytest.mark.parametrize("thing, name", [({"model": {}, "extra": Plain()}, "Plain"),
                                          ({"model": {}, "extra": Evil()}, "print"),
-                                         ([1, 2], "list"), (NO_KIND, "model_args")])
+                                         ([1, 2], "list"), (NO_KIND, "model_args"),
+                                         # what a loader reads by key is a dict
+                                         (dict(NO_KIND, model_args=5), "model_args"),
+                                         (dict(NO_KIND, model=[1, 2], model_args={"vocab_size": 8}), "model"),
+                                         (dict(NO_KIND, meta="x"), "meta")])
 def test_load_refuses_what_is_not_a_checkpoint_naming_it(tmp_path, thing, name):
     path = str(tmp_path / "ckpt.pt")
     torch.save(thing, path)
@@ -471,7 +475,8 @@ def no_space(*args):
 
 def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch):
     """A write to a full disk fails without a file name (torch.save's as a RuntimeError around the OSError):
-    the checkpoint's and the log's OSError name their file, and the checkpoint before is kept."""
+    the checkpoint's and the log's OSError name their file, the checkpoint before is kept, and no temp file
+    is left."""
     path = str(tmp_path / "ckpt.pt")
     tc.atomic_save({"iter_num": 1}, path)
 
@@ -487,12 +492,19 @@ def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch):
     assert (e.value.errno, e.value.filename) == (28, path)
     monkeypatch.undo()
     assert tc.load_checkpoint(path) == {"iter_num": 1}
-    fake = contextlib.nullcontext(SimpleNamespace(write=no_space, writelines=no_space))
-    monkeypatch.setattr(tc, "open", lambda *args: fake, raising=False)
+
+    def full(name, *args):
+        # the file is made, its writes fail
+        Path(name).touch()
+        return contextlib.nullcontext(SimpleNamespace(write=no_space, writelines=no_space))
+
+    monkeypatch.setattr(tc, "open", full, raising=False)
     for write in (lambda: tc.log_row(str(tmp_path), {}), lambda: tc.start_log(str(tmp_path), "iter", None)):
         with pytest.raises(OSError) as e:
             write()
         assert (e.value.errno, e.value.filename) == (28, str(tmp_path / "log.jsonl"))
+    # no temp file left behind
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "log.jsonl"]
 
 
 def test_the_divergence_line_names_the_options_that_can_help():

@@ -423,7 +423,8 @@ MISTAKES = [(None, ['--dataset=cifar10'], 'prepare_data.py cifar10'),
             (None, ['--beta1=-0.1'], '--beta1'),
             (None, ['--learning_rate=inf'], '--learning_rate'),
             (None, ['--weight_decay=1e30'], '--weight_decay'),
-            (None, ['--init_from=nowhere.pt'], 'nowhere.pt')]
+            (None, ['--init_from=nowhere.pt'], 'nowhere.pt'),
+            ('edited', ['--init_from=resume'], 'ckpt.pt')]
 
 
 @pytest.mark.parametrize('checkpoint, extra, named', MISTAKES)
@@ -435,6 +436,10 @@ def test_mistakes_end_in_one_line_before_anything_is_written(data, trained, tmp_
         gpt_checkpoint(out / 'ckpt.pt')
     if checkpoint == 'vit':
         shutil.copy(os.path.join(trained, 'ckpt.pt'), out)
+    # a hand-edited one
+    if checkpoint == 'edited':
+        ckpt = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
+        torch.save(dict(ckpt, model_args=5), out / 'ckpt.pt')
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
     fails(train_vit.main, base_args(data, str(out), '--epochs=1', *extra), named)
     # the checkpoint untouched, nothing else written but a resume's lock
@@ -474,6 +479,14 @@ def test_a_picture_that_cannot_be_drawn_does_not_stop_training(data, tmp_path, m
     assert train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--max_steps=1')) >= 0
     assert 'No space left on device' in capsys.readouterr().out
     assert os.path.isfile(tmp_path / 'ckpt.pt')
+
+
+def test_maps_that_cannot_be_drawn_end_eval_only_whose_job_they_are(data, trained, tmp_path, fails):
+    shutil.copy(os.path.join(trained, 'best.pt'), tmp_path)
+    # a file where the maps' folder goes
+    (tmp_path / 'viz').write_text('')
+    fails(train_vit.main, [f'--out_dir={tmp_path}', '--init_from=best', '--eval_only', '--device=cpu'],
+          f'{tmp_path}/viz')
 
 
 def test_a_run_from_weights_is_that_model_and_takes_a_new_drop_path(data, trained, tmp_path):
