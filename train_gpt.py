@@ -7,7 +7,7 @@ missing, trains a 0.7M-parameter model on 4M bytes, saves out/ckpt.pt and says h
     python train_gpt.py --attn=softmax --out_dir=out-softmax   # the GPT-2 baseline, everything else equal
     python train_gpt.py --softmax_layers=-1 --token_shift=true --out_dir=out-hybrid   # last block softmax
     python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000   # the run in out/, longer
-    python train_gpt.py --config=shakespeare              # tiny shakespeare, gpt2 BPE (a GPU; network once)
+    python train_gpt.py --config=shakespeare              # tiny shakespeare, gpt2 BPE (a GPU; the network)
     torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base   # the paper's (docs/training.md)
 
 A new run refuses an out_dir that holds a checkpoint (--init_from=resume, another --out_dir, or
