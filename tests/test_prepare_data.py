@@ -300,6 +300,27 @@ def test_openwebtext_local_pool_streaming(tiny, monkeypatch, workers):
     assert (load_meta(out)['dataset'], load_meta(out)['documents']) == ('openwebtext', 13)
 
 
+def test_workers_are_capped_at_the_cores_and_the_jobs(monkeypatch):
+    """--workers=100000 started a process each until the OOM killer came: the pool is asked for no more
+    processes than there are cores, nor than there are jobs."""
+    asked = []
+
+    def tokenize(stage, docs, tok, rule, eot, workers, n_docs, real=prep._tokenize):
+        asked.append(workers)
+        return real(stage, docs, tok, rule, eot, 1, n_docs)
+    monkeypatch.setattr(prep, '_tokenize', tokenize)
+    monkeypatch.setattr(os, 'cpu_count', lambda: 4)
+    for i in range(5):
+        write(f'in/{i}.txt', 'some text ' * 20)
+    # 3 jobs of 2 documents, then 5 of one.
+    monkeypatch.setattr(prep, '_CHUNK', 2)
+    prep.main(['text', '--input=in', '--workers=100000', '--name=a'])
+    monkeypatch.setattr(prep, '_CHUNK', 1)
+    prep.main(['text', '--input=in', '--workers=100000', '--name=b'])
+    assert asked == [3, 4]
+    assert ids('data/a', 'train') == ids('data/b', 'train')
+
+
 def die_on_doc_7(job, real=prep._split_chunk):
     # As the OOM killer would.
     if job[0] <= 7 < job[0] + len(job[1]):
