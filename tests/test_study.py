@@ -200,3 +200,10 @@ def test_an_empty_out_dir_is_one_line_before_any_run(capsys, tmp_path, monkeypat
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('error: ') and '--out_dir' in err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_failed_run_is_the_childs_one_line(fails, tmp_path, monkeypatch):
+    """A script that fails under the study ends it with one line, exit 2, that names the script and what
+    the script said was wrong."""
+    monkeypatch.setitem(study.LANGUAGE_BUDGET, 'smoke', {'nosuch_key': 1})
+    fails(study.main, ['language', '--smoke', f'--out_dir={tmp_path}'], 'train_gpt.py', '--nosuch_key')

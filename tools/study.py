@@ -27,18 +27,20 @@ import torch
 
 import plot
 import tost
-from options import parse
+from options import UsageError, parse
 from tools.bench import REPO, console, run_sections, table
 from train_common import cosine_lr
 
 
 def run_script(script, keys, what):
-    """Run one of the repo's scripts with options `keys` (a dict) in a subprocess, its output captured."""
+    """Run one of the repo's scripts with options `keys` (a dict) in a subprocess, its output captured. Its
+    failure is one line: the child's own (its last `error:` line, or the last line of a traceback)."""
     args = [script, *(f'--{k}={v}' for k, v in keys.items())]
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
     if out.returncode != 0:
-        tail = '\n'.join((out.stderr or out.stdout).strip().splitlines()[-5:])
-        sys.exit(f"error: {what} failed ({' '.join(args)}):\n{tail}")
+        lines = (out.stderr or out.stdout).strip().splitlines() or [f'exit {out.returncode}']
+        said = [line.removeprefix('error: ') for line in lines if line.startswith('error: ')] or lines
+        raise UsageError(f"{what} failed ({shlex.join(args)}): {said[-1]}")
     return out
 
 
