@@ -155,7 +155,8 @@ def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
           _progress(f"tokenize ({tok.name}, {workers} proc)", n_docs) as advance):
         def consume(result):
             for i, f in enumerate((train, val)):
-                result[i].tofile(f)
+                # Not tofile: a full disk is numpy's "N requested and 0 written", without a reason.
+                f.write(result[i])
                 counts[i] += len(result[i])
             advance(result[2])
         if workers <= 1:
@@ -503,7 +504,8 @@ def _build_eval_set(stage, o, name):
     if count != spec['count']:
         _warn(f"{where} has {count:,} {spec['unit']}; the official {name} test set has {spec['count']:,}")
     val = np.concatenate(parts)
-    val.tofile(os.path.join(stage, 'val.bin'))
+    # Written from Python, as above: a failed write names the file.
+    Path(stage, 'val.bin').write_bytes(val)
     open(os.path.join(stage, 'train.bin'), 'wb').close()
     # A file named as the published one but not it read as the right format: use it, but say so.
     if official is False:

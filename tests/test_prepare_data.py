@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -31,7 +32,7 @@ import readers
 from options import UsageError
 from prepare_data import prepare
 from readers import get_tokenizer, load_meta, read_images, read_tokens
-from conftest import run_main
+from conftest import one_line, run_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -687,6 +688,18 @@ def test_ctrl_c_during_pool_run():
     assert p.returncode == 130 and len(err.strip().splitlines()) == 1, (out, err)
     # No dataset, no staging folder, and the data_dir this run made is gone.
     assert not os.path.exists('data')
+
+
+def test_a_write_that_fails_names_the_file_and_leaves_nothing():
+    """A full disk, as files of at most 4 kB make it: a write past that fails without a file name (EFBIG
+    where a full disk says ENOSPC). numpy's tofile to a path said neither the file nor why."""
+    write('w.txt', ' = Title = \n' + ' some text here .\n' * 4357)
+    p = subprocess.run([sys.executable, os.path.join(REPO, 'prepare_data.py'), 'wikitext2', '--input=w.txt',
+                        '--tokenizer=bytes', '--data_dir=data'], capture_output=True, text=True,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)))
+    assert p.returncode == 2
+    one_line(p.stderr, 'val.bin', '--data_dir=data')
+    assert os.listdir() == ['w.txt']
 
 
 def test_stale_staging_folder_is_removed():
