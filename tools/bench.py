@@ -33,7 +33,7 @@ import tost
 import tost_fast
 from options import UsageError, parse
 from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
-from train_common import autocast, check_compile, compiles_causal, naming, pick_device, setup_cuda
+from train_common import autocast, check_compile, compiles_causal, pick_device, setup_cuda
 
 console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
 
@@ -381,16 +381,7 @@ def run_sections(args, sections, results):
     results['seconds'] = round(time.time() - t0, 1)
     console.print(f"done in {results['seconds']:.0f} s")
     if args.json:
-        # A temp file renamed over the old one, which stays whole if the write fails (a full disk): then the
-        # temp goes, and the error names --json's file.
-        with naming(path):
-            try:
-                with open(path + '.tmp', 'w') as f:
-                    json.dump(results, f, indent=1)
-                os.replace(path + '.tmp', path)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(path + '.tmp')
+        plot.write_whole(path, lambda f: json.dump(results, f, indent=1))
         try:
             if set(names) & set(plot.FIGURES):
                 console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(path, folder)))
