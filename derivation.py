@@ -65,7 +65,9 @@ def draw(name, fig):
         display(fig)
         return
     path = figures / f'lecture-{name}.png'
-    fig.savefig(path, dpi=80)
+    # An earlier figure stays whole if this one cannot be written (a full disk).
+    import plot
+    plot.write_whole(path, lambda f: fig.savefig(f, dpi=80, format='png'), 'wb')
     print(f'   figure: {path}')
 
 

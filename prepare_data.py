@@ -155,7 +155,8 @@ def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
           _progress(f"tokenize ({tok.name}, {workers} proc)", n_docs) as advance):
         def consume(result):
             for i, f in enumerate((train, val)):
-                result[i].tofile(f)
+                # Not tofile: a full disk is numpy's "N requested and 0 written", without a reason.
+                f.write(result[i])
                 counts[i] += len(result[i])
             advance(result[2])
         if workers <= 1:
@@ -233,7 +234,9 @@ def _text_dataset(stage, o, texts, n_docs, source, tok, rule=('tail', 10), eot=F
     if not n_docs:
         raise UsageError(f"empty corpus: no documents in {source}")
     eot = (eot or n_docs > 1) and tok.eot is not None
-    counts = _tokenize(stage, texts, tok, rule, eot, o.get('workers', 1), n_docs)
+    # A process per core at most, and none without a job: --workers=100000 would start them all.
+    workers = min(o.get('workers', 1), os.cpu_count() or 1, -(-n_docs // _CHUNK))
+    counts = _tokenize(stage, texts, tok, rule, eot, workers, n_docs)
     if counts[0] == 0 or counts[1] == 0:
         raise UsageError(f"{source}: too little text for a train/val split "
                          f"({counts[0]} train, {counts[1]} val tokens)")
@@ -501,7 +504,8 @@ def _build_eval_set(stage, o, name):
     if count != spec['count']:
         _warn(f"{where} has {count:,} {spec['unit']}; the official {name} test set has {spec['count']:,}")
     val = np.concatenate(parts)
-    val.tofile(os.path.join(stage, 'val.bin'))
+    # Written from Python, as above: a failed write names the file.
+    Path(stage, 'val.bin').write_bytes(val)
     open(os.path.join(stage, 'train.bin'), 'wb').close()
     # A file named as the published one but not it read as the right format: use it, but say so.
     if official is False:
@@ -729,7 +733,7 @@ DEFAULTS = dict(
     input='',  # a local file or folder instead of a download (shakespeare, text, openwebtext, test sets)
     archive='',          # a local CIFAR tarball instead of a download
     max_mb=16.0,         # python_stdlib: stop adding files at this many MB of source
-    workers=0,           # tokenizer processes; 0: every core for openwebtext, one otherwise
+    workers=0,          # tokenizer processes, at most the cores and the jobs; 0: the cores (openwebtext) or 1
     val_every=2000,      # openwebtext: every Nth document goes to val (~4M tokens at 2000)
     force=False,         # rebuild even if the dataset is already prepared
 )

@@ -93,7 +93,7 @@ def train(model, steps, seconds, batch_size, seed):
 DEFAULTS = dict(
     steps=4000,         # training steps per model
     seconds=0.0,        # stop each model after this many seconds of training; 0: no limit
-    batch=64,           # sequences per step
+    batch=64,           # sequences per step, at most 4096 (about 100 kB each)
     seed=0,             # seeds the models, the data and the test set
 )
 RANGES = dict(positive=('steps', 'batch'), nonnegative=('seconds',), seed=('seed',))
@@ -101,6 +101,9 @@ RANGES = dict(positive=('steps', 'batch'), nonnegative=('seconds',), seed=('seed
 
 def main(argv=None):
     cfg, _ = options.parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
+    # At most half a GB: a batch past what the machine holds is no MemoryError but the OOM killer, unsaid.
+    if cfg['batch'] > 4096:
+        raise options.UsageError(f"--batch must be at most 4096, got {cfg['batch']}")
     # Tiny models: one thread is steadier than two on a shared machine, and the result does not change.
     torch.set_num_threads(1)
     test = batch(1024, torch.Generator().manual_seed(10_000 + cfg['seed']))

@@ -2,6 +2,7 @@
 benchmark prints ratios, tests don't time things), the memory probe runs in its own process, and each case
 runs what its column says."""
 import importlib.util
+import errno
 import json
 import math
 import os
@@ -184,3 +185,17 @@ def test_bad_input_is_one_line_before_any_work(monkeypatch, capsys, argv, names)
         run_main(lambda: bench.main(['--smoke', *argv]))
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('error: ') and names in err, err
+
+
+def test_a_full_disk_names_the_json_and_keeps_the_earlier_one(fails, monkeypatch, tmp_path):
+    out = tmp_path / 'b.json'
+    out.write_text('{"earlier": 1}')
+    monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, 'operator': lambda args, results: None})
+
+    def full(obj, f, **kwargs):
+        # As a full disk fails: part of it written, then ENOSPC with no file name.
+        f.write('{"part')
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(json, 'dump', full)
+    fails(bench.main, ['--smoke', '--sections=operator', f'--json={out}'], str(out), '--json')
+    assert os.listdir(tmp_path) == ['b.json'] and out.read_text() == '{"earlier": 1}'

@@ -187,6 +187,12 @@ def test_bad_input_exits_2_with_one_line(main, arg, monkeypatch, fails):
     fails(main, [arg])
 
 
+def test_a_batch_past_memory_is_refused_before_any_work(monkeypatch, fails):
+    """--batch=100000000 was the OOM killer's (exit 137, nothing said): one line naming --batch, exit 2."""
+    monkeypatch.setattr(recall, 'batch', lambda *args: pytest.fail('the run began'))
+    fails(recall.main, ['--batch=100000000', '--steps=1'], '--batch')
+
+
 def test_the_lecture_ends_in_one_line_on_a_mistake_and_quietly_on_a_closed_pipe():
     """A --figures that is a file: exit 2, one line naming it. A reader that leaves after the first line
     (`| head -1`): exit 141, nothing on stderr."""

@@ -3,6 +3,8 @@ line that changes the line. Running the edits takes a lecture run each: the tool
 
 import warnings
 
+import pytest
+
 from tools import mutate_lecture
 
 
@@ -32,3 +34,13 @@ def test_a_scaled_line_keeps_its_comment_and_scales_the_first_value():
     assert mutate_lecture.scaled(line) == '            torch.square((wc[:, :1]) * 1.01, out=w2[:, :1])\n'
     flipped = mutate_lecture.sign_or_axis('    y = -(Pi * w) * D   # minus\n')
     assert flipped == '    y = +(Pi * w) * D   # minus\n'
+
+
+def test_help_and_a_mistaken_option_run_no_edit(monkeypatch, capsys, fails):
+    """--help printed nothing and ran every edit (minutes): it prints the help, exit 0; an option it does
+    not know is one line naming it, exit 2."""
+    monkeypatch.setattr(mutate_lecture, 'lecture_fails', lambda root: pytest.fail('an edit ran'))
+    with pytest.raises(SystemExit) as e:
+        mutate_lecture.main(['--help'])
+    assert e.value.code == 0 and '--list' in capsys.readouterr().out
+    fails(mutate_lecture.main, ['--lst'], '--lst')

@@ -1,9 +1,11 @@
 """Tests for plot.py: every figure the project draws, drawn from tiny inputs and read back (size, and not
 blank); the command on several runs, on a run with no evaluation yet, and each input it cannot draw ending in
 one line. Offline, seconds: python -m pytest -q tests/test_plot.py"""
+import errno
 import json
 import os
 
+import matplotlib.figure
 import matplotlib.image
 import numpy as np
 import pytest
@@ -155,3 +157,18 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
                                             'tasks.json', 'vit']
     plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')
+
+
+def test_a_figure_that_cannot_be_written_keeps_the_earlier_one(tmp_path, monkeypatch, fails):
+    """A full disk: one line naming --out's file, exit 2, the earlier figure whole and no temp file."""
+    write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
+    out = tmp_path / 'x.png'
+    out.write_bytes(b'an earlier figure')
+
+    def full(fig, f, **kwargs):
+        # As a full disk fails: part of it written, then ENOSPC with no file name.
+        f.write(b'part')
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(matplotlib.figure.Figure, 'savefig', full)
+    fails(plot.main, [str(tmp_path / 'out'), f'--out={out}'], str(out), '--out')
+    assert sorted(os.listdir(tmp_path)) == ['out', 'x.png'] and out.read_bytes() == b'an earlier figure'

@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -31,7 +32,7 @@ import readers
 from options import UsageError
 from prepare_data import prepare
 from readers import get_tokenizer, load_meta, read_images, read_tokens
-from conftest import run_main
+from conftest import one_line, run_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -298,6 +299,27 @@ def test_openwebtext_local_pool_streaming(tiny, monkeypatch, workers):
         (val if i % 4 == 3 else train).extend(tiny.encode_ordinary(d) + [256] if d else [])
     assert (ids(out, 'train'), ids(out, 'val')) == (train, val)
     assert (load_meta(out)['dataset'], load_meta(out)['documents']) == ('openwebtext', 13)
+
+
+def test_workers_are_capped_at_the_cores_and_the_jobs(monkeypatch):
+    """--workers=100000 started a process each until the OOM killer came: the pool is asked for no more
+    processes than there are cores, nor than there are jobs."""
+    asked = []
+
+    def tokenize(stage, docs, tok, rule, eot, workers, n_docs, real=prep._tokenize):
+        asked.append(workers)
+        return real(stage, docs, tok, rule, eot, 1, n_docs)
+    monkeypatch.setattr(prep, '_tokenize', tokenize)
+    monkeypatch.setattr(os, 'cpu_count', lambda: 4)
+    for i in range(5):
+        write(f'in/{i}.txt', 'some text ' * 20)
+    # 3 jobs of 2 documents, then 5 of one.
+    monkeypatch.setattr(prep, '_CHUNK', 2)
+    prep.main(['text', '--input=in', '--workers=100000', '--name=a'])
+    monkeypatch.setattr(prep, '_CHUNK', 1)
+    prep.main(['text', '--input=in', '--workers=100000', '--name=b'])
+    assert asked == [3, 4]
+    assert ids('data/a', 'train') == ids('data/b', 'train')
 
 
 def die_on_doc_7(job, real=prep._split_chunk):
@@ -666,6 +688,18 @@ def test_ctrl_c_during_pool_run():
     assert p.returncode == 130 and len(err.strip().splitlines()) == 1, (out, err)
     # No dataset, no staging folder, and the data_dir this run made is gone.
     assert not os.path.exists('data')
+
+
+def test_a_write_that_fails_names_the_file_and_leaves_nothing():
+    """A full disk, as files of at most 4 kB make it: a write past that fails without a file name (EFBIG
+    where a full disk says ENOSPC). numpy's tofile to a path said neither the file nor why."""
+    write('w.txt', ' = Title = \n' + ' some text here .\n' * 4357)
+    p = subprocess.run([sys.executable, os.path.join(REPO, 'prepare_data.py'), 'wikitext2', '--input=w.txt',
+                        '--tokenizer=bytes', '--data_dir=data'], capture_output=True, text=True,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)))
+    assert p.returncode == 2
+    one_line(p.stderr, 'val.bin', '--data_dir=data')
+    assert os.listdir() == ['w.txt']
 
 
 def test_stale_staging_folder_is_removed():

@@ -3,6 +3,11 @@ it, labels sit exactly at the answer positions), train and test sequences are di
 end to end at its smoke size. No accuracy is asserted: the table reports what training gives."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import matplotlib.image
 import numpy as np
@@ -200,3 +205,29 @@ def test_an_empty_out_dir_is_one_line_before_any_run(capsys, tmp_path, monkeypat
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('error: ') and '--out_dir' in err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_failed_run_is_the_childs_one_line(fails, tmp_path, monkeypatch):
+    """A script that fails under the study ends it with one line, exit 2, that names the script and what
+    the script said was wrong."""
+    monkeypatch.setitem(study.LANGUAGE_BUDGET, 'smoke', {'nosuch_key': 1})
+    fails(study.main, ['language', '--smoke', f'--out_dir={tmp_path}'], 'train_gpt.py', '--nosuch_key')
+
+
+def test_ctrl_c_while_the_pool_starts_is_one_line(tmp_path):
+    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends, while the task workers import
+    torch: the parent's one line, exit 130, and no worker's traceback; no process of the group runs on."""
+    p = subprocess.Popen([sys.executable, '-m', 'tools.study', 'tasks', '--smoke', f'--out_dir={tmp_path}'],
+                         cwd=study.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    # The line printed just before the pool starts.
+    while 'tasks:' not in p.stdout.readline():
+        assert p.poll() is None, p.stderr.read()
+    time.sleep(0.3)
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and len(err.strip().splitlines()) == 1, err
+    # Running ones only: here a dead child's parent, PID 1, may be slow to reap it.
+    time.sleep(1)
+    states = subprocess.run(['ps', '-o', 'stat=', '-s', str(p.pid)], capture_output=True, text=True).stdout
+    assert all(state.startswith('Z') for state in states.split()), states

@@ -12,7 +12,7 @@ step, prefix_sum, and the fused core's forward and backward), less the bookkeepi
 lists, dtypes, slices, the options beyond the paper). The edits: the statement's value times 1.01, and, where
 the line has one, a sign or an axis changed (EDITS). docs/tests.md reports the last run.
 """
-
+import options  # first: a mistake or Ctrl-C ends in one line
 import ast
 import os
 import re
@@ -131,18 +131,25 @@ def lecture_fails(folder):
     return r.returncode != 0, last[:100]
 
 
-def main():
-    args = sys.argv[1:]
+DEFAULTS = dict(
+    lines=[],       # FILE:LINE (tost.py:261), as bare words: the edits of these lines only; none: every line
+    list=False,     # print the lines it edits, and how, and stop
+)
+
+
+def main(argv=None):
+    cfg, _ = options.parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
+                           positional='lines')
     edits = plan()
-    if '--list' in args:
+    if cfg['list']:
         for name, function, number, kind, new in edits:
             print(f'{name}:{number} {function} {kind}: {new.strip()}')
         print(f'{len(edits)} edits of {len({(e[0], e[2]) for e in edits})} lines')
         return
-    chosen = [a for a in args if not a.startswith('--')]
+    chosen = cfg['lines']
     edits = [e for e in edits if not chosen or f'{e[0]}:{e[2]}' in chosen]
     if lecture_fails(ROOT)[0]:
-        sys.exit('error: derivation.py fails before any edit; fix that first')
+        raise options.UsageError('derivation.py fails before any edit; fix that first')
     missed = []
     with tempfile.TemporaryDirectory() as scratch:
         copy = os.path.join(scratch, 'repo')

@@ -17,6 +17,7 @@ import json
 import multiprocessing
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -27,18 +28,20 @@ import torch
 
 import plot
 import tost
-from options import parse
+from options import UsageError, parse
 from tools.bench import REPO, console, run_sections, table
 from train_common import cosine_lr
 
 
 def run_script(script, keys, what):
-    """Run one of the repo's scripts with options `keys` (a dict) in a subprocess, its output captured."""
+    """Run one of the repo's scripts with options `keys` (a dict) in a subprocess, its output captured. Its
+    failure is one line: the child's own (its last `error:` line, or the last line of a traceback)."""
     args = [script, *(f'--{k}={v}' for k, v in keys.items())]
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
     if out.returncode != 0:
-        tail = '\n'.join((out.stderr or out.stdout).strip().splitlines()[-5:])
-        sys.exit(f"error: {what} failed ({' '.join(args)}):\n{tail}")
+        lines = (out.stderr or out.stdout).strip().splitlines() or [f'exit {out.returncode}']
+        said = [line.removeprefix('error: ') for line in lines if line.startswith('error: ')] or lines
+        raise UsageError(f"{what} failed ({shlex.join(args)}): {said[-1]}")
     return out
 
 
@@ -333,8 +336,16 @@ def section_tasks(args, results):
     console.print(f"tasks: {len(jobs)} tiny GPTs, trained two at a time (two processes of one thread each)")
     # A process per core: a tiny model's step is too small to split over two threads (the second mostly
     # waits). spawn, not fork: a forked child of a process that already ran torch's thread pool can hang.
+    # Ctrl-C is the parent's to act on: the workers are born ignoring it (an ignored signal stays so through
+    # exec, and Python leaves it so), even while they import torch; one it reached would print its traceback.
+    # (A mask would not do: multiprocessing's resource tracker unblocks SIGINT as it starts.)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        pool = multiprocessing.get_context('spawn').Pool(2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     rows = []
-    with multiprocessing.get_context('spawn').Pool(2) as pool:
+    with pool:
         for r in pool.imap_unordered(task_run, jobs):
             rows.append(r)
             console.print(f"  {r['task']} {r['knob']} {r['value']}, {r['model']}: accuracy "
