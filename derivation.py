@@ -66,8 +66,7 @@ def draw(name, fig):
         return
     path = figures / f'lecture-{name}.png'
     # An earlier figure stays whole if this one cannot be written (a full disk).
-    import plot
-    plot.write_whole(path, lambda f: fig.savefig(f, dpi=80, format='png'), 'wb')
+    options.write_whole(path, lambda f: fig.savefig(f, dpi=80, format='png'), 'wb')
     print(f'   figure: {path}')
 
 

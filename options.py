@@ -61,6 +61,41 @@ def say(*args):
         quiet_stdout()
 
 
+@contextlib.contextmanager
+def naming(path):
+    """An OSError inside names `path`: a write to a full disk fails without a file name, and torch.save
+    reports it as a RuntimeError whose context is the OSError."""
+    try:
+        yield
+    except Exception as e:
+        error = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(error, OSError):
+            raise
+        raise OSError(error.errno, error.strerror, path) from None
+
+
+def write_whole(path, write, mode="w"):
+    """write(f) to a temp file (opened in `mode`), fsync, rename over `path`: a failure (a full disk, Ctrl-C)
+    leaves the earlier file whole and no temp file, and its OSError names `path`."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with naming(path):
+            with open(tmp, mode) as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    # Make the rename durable (not possible everywhere).
+    with contextlib.suppress(OSError):
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+
 # The last options parsed: an OSError about a path under one of them names that option.
 parsed = {}
 

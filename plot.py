@@ -46,26 +46,10 @@ def model_name(cfg):
     return name + ' + shift' * bool(cfg.get('token_shift')) + ' + lpi' * bool(cfg.get('lpi'))
 
 
-def write_whole(path, write, mode='w'):
-    """write(f) to a temp file (opened in `mode`) that then replaces `path`: an earlier file stays whole if
-    the write fails (a full disk, Ctrl-C), the temp goes, and the error names `path` (options.py's handler
-    adds its option)."""
-    tmp = f'{path}.tmp'
-    try:
-        with open(tmp, mode) as f:
-            write(f)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, path) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-
-
 def save(fig, path):
     """fig, laid out, as a file; its suffix picks the format (main checks --out's)."""
     fig.tight_layout()
-    write_whole(path, lambda f: fig.savefig(f, dpi=100, format=os.path.splitext(path)[1][1:]), 'wb')
+    options.write_whole(path, lambda f: fig.savefig(f, dpi=100, format=os.path.splitext(path)[1][1:]), 'wb')
 
 # -----------------------------------------------------------------------------
 # learning curves

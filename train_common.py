@@ -23,7 +23,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tost
-from options import UsageError, say
+from options import UsageError, naming, say, write_whole
 
 # Windows has no fcntl: there a second run in the same out_dir is not refused (docs/training.md says so).
 try:
@@ -38,44 +38,9 @@ except ImportError:
 TRAINERS = {"gpt": ("train_gpt.py", "language-model"), "vit": ("train_vit.py", "vision")}
 
 
-@contextlib.contextmanager
-def naming(path):
-    """An OSError inside names `path`: a write to a full disk fails without a file name, and torch.save
-    reports it as a RuntimeError whose context is the OSError."""
-    try:
-        yield
-    except Exception as e:
-        error = e if isinstance(e, OSError) else e.__context__
-        if not isinstance(error, OSError):
-            raise
-        raise OSError(error.errno, error.strerror, path) from None
-
-
-def atomic_write(path, write):
-    """write(f) to a temp file, fsync, rename over `path`: a failure (full disk, Ctrl-C) leaves the old file
-    and no temp file. An OSError names `path`."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with naming(path):
-            with open(tmp, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    # Make the rename durable (not possible everywhere).
-    with contextlib.suppress(OSError):
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-
-
 def atomic_save(obj, path):
-    """torch.save by atomic_write."""
-    atomic_write(path, lambda f: torch.save(obj, f))
+    """torch.save by options.write_whole: a failure leaves the old file, and its OSError names `path`."""
+    write_whole(path, lambda f: torch.save(obj, f), "wb")
 
 
 def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
@@ -496,7 +461,7 @@ def start_log(out_dir, key, last):
                 if not isinstance(value, (int, float)) or value <= last:
                     keep.append(line)
     # A crash or a full disk keeps the old log.
-    atomic_write(path, lambda f: f.write("".join(keep).encode()))
+    write_whole(path, lambda f: f.writelines(keep))
 
 
 def log_row(out_dir, row):

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import options
 import sample
 import tost
 import train_common as tc
@@ -498,7 +499,9 @@ def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch):
         Path(name).touch()
         return contextlib.nullcontext(SimpleNamespace(write=no_space, writelines=no_space))
 
-    monkeypatch.setattr(tc, "open", full, raising=False)
+    # the log's appends (train_common) and its rewrite on a resume (options.write_whole)
+    for module in (tc, options):
+        monkeypatch.setattr(module, "open", full, raising=False)
     for write in (lambda: tc.log_row(str(tmp_path), {}), lambda: tc.start_log(str(tmp_path), "iter", None)):
         with pytest.raises(OSError) as e:
             write()

@@ -381,7 +381,7 @@ def run_sections(args, sections, results):
     results['seconds'] = round(time.time() - t0, 1)
     console.print(f"done in {results['seconds']:.0f} s")
     if args.json:
-        plot.write_whole(path, lambda f: json.dump(results, f, indent=1))
+        options.write_whole(path, lambda f: json.dump(results, f, indent=1))
         try:
             if set(names) & set(plot.FIGURES):
                 console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(path, folder)))
