@@ -153,9 +153,7 @@ def profile(bench, args, sizes):
 def save(results, path, t0):
     """Write what has been measured so far (after each part: a run cut short keeps its parts)."""
     results['seconds'] = round(time.time() - t0, 1)
-    with open(path + '.tmp', 'w') as f:
-        json.dump(results, f, indent=1)
-    os.replace(path + '.tmp', path)
+    options.write_whole(path, lambda f: json.dump(results, f, indent=1))
 
 
 DEFAULTS = dict(
