@@ -65,8 +65,7 @@ def draw(name, fig):
         display(fig)
         return
     path = figures / f'lecture-{name}.png'
-    # An earlier figure stays whole if this one cannot be written (a full disk).
-    options.write_whole(path, lambda f: fig.savefig(f, dpi=80, format='png'), 'wb')
+    fig.savefig(path, dpi=80)
     print(f'   figure: {path}')
 
 

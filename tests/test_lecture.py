@@ -206,6 +206,15 @@ def test_the_lecture_ends_in_one_line_on_a_mistake_and_quietly_on_a_closed_pipe(
     assert p.wait(timeout=120) == 141 and p.stderr.read() == ''
 
 
+def test_the_page_writer_takes_its_options_as_every_script():
+    """tools/lecture_page.py: --help shows its one option, exit 0; a mistyped one is one line naming it."""
+    page = [sys.executable, os.path.join('tools', 'lecture_page.py')]
+    r = subprocess.run(page + ['--help'], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and '--out=docs' in r.stdout
+    r = subprocess.run(page + ['--ot=x'], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and '--ot' in r.stderr
+
+
 def rows(out):
     """The recall table's model rows, as lists of columns without the seconds."""
     lines = [line.split() for line in out.splitlines()]

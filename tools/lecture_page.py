@@ -8,15 +8,21 @@ The page is what a student without the project reads on GitHub; it is drawn by t
 by hand, so after changing derivation.py, run this again and commit both. It prints each cell's seconds.
 """
 
-import contextlib
-import io
 import pathlib
-import re
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import options  # noqa: E402  first of the repository: a mistake or Ctrl-C ends in one line
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import re  # noqa: E402
+import time  # noqa: E402
+
 LECTURE = ROOT / 'derivation.py'
+DEFAULTS = dict(
+    out='docs',              # the folder that gets lecture.md and the lecture's figures (made if missing)
+)
 
 
 def cells(source):
@@ -51,14 +57,10 @@ def prose(first, rest):
 
 
 def main():
-    out = pathlib.Path('docs')
-    for arg in sys.argv[1:]:
-        if not arg.startswith('--out=') or not pathlib.Path(arg[len('--out='):]).is_dir():
-            print(f'error: {arg!r}: the one argument is --out=DIR, a folder that exists', file=sys.stderr)
-            sys.exit(2)
-        out = pathlib.Path(arg[len('--out='):])
+    cfg, _ = options.parse(sys.argv[1:], DEFAULTS, __doc__, __file__, ranges=dict(nonempty=('out',)))
+    out = pathlib.Path(cfg['out'])
+    out.mkdir(parents=True, exist_ok=True)
     source = LECTURE.read_text()
-    sys.path.insert(0, str(ROOT))
     sys.argv = [str(LECTURE), f'--figures={out}']
     namespace = {'__name__': '__main__', '__file__': str(LECTURE)}
     page = ['<!-- Written by tools/lecture_page.py from derivation.py: edit those, not this page. -->']
