@@ -174,14 +174,13 @@ def main(argv=None):
             acc = f", last-word accuracy {100 * r['last_word_acc']:.2f}%"
         r['elapsed_s'] = round(time.time() - t0, 2)
         results.append(r)
+        # Each result is kept as it comes (appended: the training log stays), so a Ctrl-C loses none.
         if dist.master:
             print(f"{name}: loss {loss:.4f} (ppl {ppl:.2f}) over {scored:,} tokens{acc}, {r['elapsed_s']}s",
                   flush=True)
-    # The table first: a full disk loses no result. The rows are appended: the training log stays.
+            log_row(cfg['out_dir'], r)
     if dist.master:
         print(table(results, model_name), flush=True)
-        for r in results:
-            log_row(cfg['out_dir'], r)
     teardown(dist)
 
 

@@ -63,13 +63,14 @@ def say(*args):
 
 @contextlib.contextmanager
 def naming(path):
-    """An OSError inside names `path`: a write to a full disk fails without a file name, and torch.save
-    reports it as a RuntimeError whose context is the OSError."""
+    """An OSError inside without a file name, or about a temp file beside `path`, names `path`: a write to a
+    full disk fails without one, and torch.save reports it as a RuntimeError whose context is the OSError."""
     try:
         yield
     except Exception as e:
         error = e if isinstance(e, OSError) else e.__context__
-        if not isinstance(error, OSError):
+        # An OSError about another file (a program matplotlib runs, say) is not this one's.
+        if not isinstance(error, OSError) or not str(error.filename or path).startswith(str(path)):
             raise
         raise OSError(error.errno, error.strerror, path) from None
 
@@ -120,7 +121,9 @@ def file_written(tb):
     there), or None."""
     frame = list(traceback.walk_tb(tb))[-1][0]
     for value in frame.f_locals.values():
-        if isinstance(value, io.IOBase) and set("wax+") & set(getattr(value, "mode", "")):
+        mode = getattr(value, "mode", "")
+        # (a GzipFile's mode is a number)
+        if isinstance(value, io.IOBase) and isinstance(mode, str) and set("wax+") & set(mode):
             name = getattr(value, "name", None)
             if isinstance(name, str):
                 return name
@@ -139,13 +142,13 @@ def report(exc):
         code = 130
     elif isinstance(exc, BrokenPipeError):
         return 141
-    elif type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(exc):
-        # torch's, named without importing torch; on a CPU its allocator raises a RuntimeError that says so.
+    elif type(exc).__name__ == "OutOfMemoryError" or "DefaultCPUAllocator" in str(exc):
+        # torch's, named without importing torch; on a CPU its allocator raises a RuntimeError naming itself.
         line = f"out of memory ({textwrap.shorten(str(exc).splitlines()[0], 100)})"
-        # Inside a module's forward or a backward, a batch was being computed: half the micro-batch, twice the
-        # micro-steps is the same step. Building the model or the optimizer's state needs no smaller batch.
+        # Half the micro-batch, twice the micro-steps: the same step. Not while something is being built (the
+        # model, under an __init__): that needs no smaller batch.
         frames = {frame.f_code.co_name for frame, _ in traceback.walk_tb(exc.__traceback__)}
-        batch = bool(frames & {"_call_impl", "backward"})
+        batch = "__init__" not in frames
         if batch and "batch_size" in parsed:
             line += f"; try --batch_size={max(1, parsed['batch_size'] // 2)}"
         if batch and "gradient_accumulation_steps" in parsed:

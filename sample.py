@@ -56,7 +56,7 @@ def load_gpt(path, device):
     except (TypeError, ValueError, RuntimeError) as e:
         why = str(e).splitlines()[0]
         # A model too large for this machine's memory is the handler's to say (options.report).
-        if "can't allocate memory" in why:
+        if 'DefaultCPUAllocator' in why:
             raise
         raise UsageError(f'{path} does not hold a model this tost.py can load ({why})') from None
     load_weights(model, ckpt, path)

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import tost
 from options import UsageError, naming, say, write_whole
 
 # Windows has no fcntl: there a second run in the same out_dir is not refused (docs/training.md says so).

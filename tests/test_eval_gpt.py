@@ -272,7 +272,7 @@ def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_a_full_disk
     assert scored == []
     monkeypatch.undo()
     (out / 'log.jsonl').rmdir()
-    # the disk fills while the rows are written: the table is on stdout already
+    # the disk fills as a result is written: it is on stdout already
     eval_gpt.main(argv)
     loss = read_log(str(out))[0]['loss']
 
@@ -288,9 +288,25 @@ def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_a_full_disk
     with pytest.raises(SystemExit) as e:
         run_main(lambda: eval_gpt.main(argv))
     printed = capsys.readouterr()
-    row = next(line for line in printed.out.splitlines() if line.split()[0] == 'wikitext2')
+    row = next(line for line in printed.out.splitlines() if line.startswith('wikitext2'))
     assert f'{loss:.4f}' in row and e.value.code == 2
     one_line(printed.err, f'{out}/log.jsonl')
+
+
+def test_each_result_is_kept_as_it_comes(data_dir, tmp_path, monkeypatch):
+    """Ctrl-C while the second dataset is scored: the first one's row is in the log."""
+    out = str(tmp_path / 'out')
+    save_model(out, data_dir)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    # lambada's last-word accuracy, after wikitext2's loss
+    monkeypatch.setattr(eval_gpt, 'last_word_accuracy', interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        eval_gpt.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2,lambada',
+                       '--device=cpu'])
+    assert [r['dataset'] for r in read_log(out)] == ['wikitext2']
 
 
 @pytest.mark.parametrize('args', [5, dict(block_size=-5, vocab_size=64, n_layer=2, n_head=2, n_embd=32)])

@@ -136,22 +136,42 @@ def test_an_error_at_the_top_level_is_one_line_and_its_exit_code(tmp_path, code,
 
 
 def test_out_of_memory_advises_a_smaller_batch_only_where_a_batch_was_computed(monkeypatch, capsys):
-    """A module's forward or a backward: half the batch; building the model (a Linear's __init__): none."""
+    """Computing a batch (eval_gpt's loss, outside any module): half the batch; building the model (a Linear's
+    __init__): none."""
     monkeypatch.setattr(options, "parsed", dict(batch_size=8, gradient_accumulation_steps=1))
 
-    def _call_impl():
+    def split_loss():
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
 
     def __init__():
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
 
-    for where, advised in ((_call_impl, True), (__init__, False)):
+    for where, advised in ((split_loss, True), (__init__, False)):
         with pytest.raises(RuntimeError) as e:
             where()
         assert options.report(e.value) == 2
         err = capsys.readouterr().err
         one_line(err)
         assert ("--batch_size=4" in err and "--gradient_accumulation_steps=2" in err) == advised
+
+
+def test_a_whole_write_names_its_file_but_not_another_one(tmp_path):
+    """write_whole: a full disk names the target and keeps the earlier file; an error about another file
+    (a program matplotlib runs for a .pgf) stays that file's. No temp file is left either way."""
+    path = str(tmp_path / "x")
+    options.write_whole(path, lambda f: f.write("earlier"))
+
+    def full(f):
+        raise OSError(28, "No space left on device")
+
+    def needs_a_program(f):
+        raise FileNotFoundError(2, "No such file or directory", "xelatex")
+
+    for write, named in ((full, path), (needs_a_program, "xelatex")):
+        with pytest.raises(OSError) as e:
+            options.write_whole(path, write)
+        assert e.value.filename == named
+        assert os.listdir(tmp_path) == ["x"] and open(path).read() == "earlier"
 
 
 def test_run_main_ends_a_main_as_the_handler_ends_a_script(capsys):

@@ -10,7 +10,6 @@ import json
 import os
 import pickle
 import re
-import resource
 import signal
 import socket
 import subprocess
@@ -692,7 +691,8 @@ def test_ctrl_c_during_pool_run():
 
 def test_a_write_that_fails_names_the_file_and_leaves_nothing():
     """A full disk, as files of at most 4 kB make it: a write past that fails without a file name (EFBIG
-    where a full disk says ENOSPC). numpy's tofile to a path said neither the file nor why."""
+    where a full disk says ENOSPC). numpy's tofile to a path said neither the file nor why. (POSIX only.)"""
+    resource = pytest.importorskip('resource')
     write('w.txt', ' = Title = \n' + ' some text here .\n' * 4357)
     p = subprocess.run([sys.executable, os.path.join(REPO, 'prepare_data.py'), 'wikitext2', '--input=w.txt',
                         '--tokenizer=bytes', '--data_dir=data'], capture_output=True, text=True,

@@ -225,7 +225,12 @@ def test_ctrl_c_while_the_pool_starts_is_one_line(tmp_path):
         assert p.poll() is None, p.stderr.read()
     time.sleep(0.3)
     os.killpg(p.pid, signal.SIGINT)
-    _, err = p.communicate(timeout=60)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        # (the group is not left running)
+        os.killpg(p.pid, signal.SIGKILL)
+        raise
     assert p.returncode == 130 and len(err.strip().splitlines()) == 1, err
     # Running ones only: here a dead child's parent, PID 1, may be slow to reap it.
     time.sleep(1)
