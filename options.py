@@ -130,6 +130,12 @@ def file_written(tb):
     return None
 
 
+def out_of_memory(exc):
+    """Whether `exc` is torch's out of memory, told without importing torch: on a CPU its allocator raises a
+    RuntimeError naming itself."""
+    return type(exc).__name__ == "OutOfMemoryError" or "DefaultCPUAllocator" in str(exc)
+
+
 def report(exc):
     """Say in one line why `exc` ends the script, and return its exit code; None for a bug (a traceback)."""
     if isinstance(exc, UsageError):
@@ -142,8 +148,7 @@ def report(exc):
         code = 130
     elif isinstance(exc, BrokenPipeError):
         return 141
-    elif type(exc).__name__ == "OutOfMemoryError" or "DefaultCPUAllocator" in str(exc):
-        # torch's, named without importing torch; on a CPU its allocator raises a RuntimeError naming itself.
+    elif out_of_memory(exc):
         line = f"out of memory ({textwrap.shorten(str(exc).splitlines()[0], 100)})"
         # Half the micro-batch, twice the micro-steps: the same step. Not while something is being built (the
         # model, under an __init__): that needs no smaller batch.

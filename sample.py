@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from options import UsageError, parse
 import tost
+from options import UsageError, out_of_memory, parse
 from readers import get_tokenizer
 from train_common import autocast, load_checkpoint, load_weights, pick_device, resolve_dtype, setup_cuda
 
@@ -49,15 +49,15 @@ CONTROL_PICTURES.update(dict.fromkeys(range(0x7f, 0xa0), 0xfffd))    # DEL and t
 
 
 def load_gpt(path, device):
-    '''The GPT of a train_gpt.py checkpoint in eval mode on `device`, and the checkpoint less its weights.'''
+    """The GPT of a train_gpt.py checkpoint in eval mode on `device`, and the checkpoint less its weights."""
     ckpt = load_checkpoint(path, 'cpu', 'gpt', needs=('model', 'model_args', 'meta'))
     try:
         model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
     except (TypeError, ValueError, RuntimeError) as e:
-        why = str(e).splitlines()[0]
         # A model too large for this machine's memory is the handler's to say (options.report).
-        if 'DefaultCPUAllocator' in why:
+        if out_of_memory(e):
             raise
+        why = str(e).splitlines()[0]
         raise UsageError(f'{path} does not hold a model this tost.py can load ({why})') from None
     load_weights(model, ckpt, path)
     # sample.py decodes with the tokenizer the meta names, eval_gpt.py checks each dataset's against it.
