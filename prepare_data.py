@@ -17,7 +17,6 @@ readers.py reads them. train_gpt.py calls prepare() when a cheap dataset is miss
 """
 # First: its handler ends a Ctrl-C while torch imports (exit 130, no traceback).
 import options
-import collections
 import contextlib
 import difflib
 import functools
@@ -29,21 +28,17 @@ import os
 import pickle
 import re
 import shutil
-import signal
-import socket
 import sys
 import sysconfig
 import tarfile
+import tempfile
 import time
 import urllib.request
 import zipfile
 import zlib
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
-from rich import progress as rp
 
 from options import UsageError, parse
 from readers import get_tokenizer, load_meta
@@ -52,19 +47,16 @@ from readers import get_tokenizer, load_meta
 def _warn(msg):
     print(f"warning: {msg}", file=sys.stderr)
 
+
+def _progress(shown, line):
+    """Prints line if 10 s have passed since the time `shown`; returns the time of the last line printed."""
+    if time.time() < shown + 10:
+        return shown
+    print(line, flush=True)
+    return time.time()
+
 # -----------------------------------------------------------------------------
-# progress, downloads. Builds write into a staging folder that prepare() moves into place: no temp file names.
-
-
-@contextlib.contextmanager
-def _progress(desc, total=None, unit='docs'):
-    """A rich progress bar, yielding advance(n);
-    where stdout is not a terminal rich prints it once, at the end."""
-    count = [rp.DownloadColumn(), rp.TransferSpeedColumn()] if unit == 'B' else [rp.MofNCompleteColumn()]
-    with rp.Progress(rp.TextColumn(desc), rp.BarColumn(), *count, rp.TimeElapsedColumn(),
-                     rp.TimeRemainingColumn()) as bar:
-        task = bar.add_task(desc, total=total)
-        yield lambda n: bar.advance(task, n)
+# downloads
 
 
 def _matches(path, checksum):
@@ -81,14 +73,16 @@ def _download(url, data_dir, hint, checksum=None, name=None):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.part-{os.getpid()}"
+    print(f"downloading {url}", flush=True)
+    shown = time.time()
     # Some hosts refuse urllib's default User-Agent.
     try:
         req = urllib.request.Request(url, headers={'User-Agent': 'tost-prepare_data'})
         with urllib.request.urlopen(req, timeout=60) as r, open(tmp, 'wb') as f:
             total = int(r.headers.get('Content-Length') or 0)
-            with _progress(f"download {os.path.basename(dest)}", total or None, unit='B') as advance:
-                while chunk := r.read(1 << 20):
-                    advance(f.write(chunk))
+            while chunk := r.read(1 << 20):
+                f.write(chunk)
+                shown = _progress(shown, f"downloaded {f.tell() / 1e6:.0f} of {total / 1e6:.0f} MB")
         # A connection that closes early ends the read without an error: the length tells.
         if total and os.path.getsize(tmp) != total or not _matches(tmp, checksum):
             raise UsageError(f"download of {url} is incomplete or corrupt; run again, or fetch it by hand "
@@ -100,100 +94,61 @@ def _download(url, data_dir, hint, checksum=None, name=None):
         raise UsageError(f"could not download {url} ({getattr(e, 'reason', e)}); "
                          f"fetch it by hand and pass {hint}") from None
     finally:
-        if os.path.exists(tmp):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
 
 # -----------------------------------------------------------------------------
 # text: documents -> tokens -> train.bin / val.bin
 
-# (tokenizer, split rule, append eot) in each worker process.
-_job = None
-# Documents per job (~0.7 MB of OpenWebText); 4 jobs per worker in flight bound the memory.
+# Documents tokenized at a time (~0.7 MB of OpenWebText): a build's memory does not grow with the corpus.
 _CHUNK = 128
 
 
-def _init_worker(tok, rule, eot):
-    global _job
-    _job = (tok, rule, eot)
-    # Ctrl-C is the parent's job: it stops the pool and cleans up.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def encode_array(tok, s):
-    """tok.encode(s) as a uint16 array: bytes skip the list of ints."""
+def encode_arrays(tok, texts, threads=1):
+    """[tok.encode(s) for s in texts] as uint16 arrays. gpt2 encodes in `threads` threads: tiktoken lets go of
+    the GIL while it encodes."""
     if tok.enc is None:
-        return np.frombuffer(s.encode('utf-8'), dtype=np.uint8).astype(np.uint16)
-    return np.array(tok.enc.encode_ordinary(s), dtype=np.uint16)
+        return [np.frombuffer(s.encode('utf-8'), dtype=np.uint8).astype(np.uint16) for s in texts]
+    batch = tok.enc.encode_ordinary_batch(texts, num_threads=threads)
+    return [np.array(ids, dtype=np.uint16) for ids in batch]
 
 
-def _split_chunk(job):
-    """(index of the first document, texts) -> (train ids, val ids, #docs), joined over the chunk (one message
-    per chunk: pickling small arrays would cost more than tokenizing). ('every', k) sends every kth document
-    to val, ('tail', k) the last 1/k of each; with eot, documents stay separated in both streams."""
-    first, texts = job
-    tok, (kind, k), eot = _job
-    train = []
-    val = []
-    for i, text in enumerate(texts, first):
-        ids = encode_array(tok, text)
-        cut = (0 if i % k == k - 1 else len(ids)) if kind == 'every' else len(ids) - len(ids) // k
-        for out, p in ((train, ids[:cut]), (val, ids[cut:])):
-            out.append(np.append(p, np.uint16(tok.eot)) if eot and len(p) else p)
-    return np.concatenate(train), np.concatenate(val), len(texts)
-
-
-def _tokenize(stage, docs, tok, rule, eot, workers, n_docs):
-    """Streams docs (an iterable of str), tokenized, into stage/train.bin and stage/val.bin;
-    returns their lengths."""
-    global _job
-    docs = iter(docs)
+def _text_dataset(stage, o, docs, source, tok, eot, rule=('tail', 10)):
+    """docs (an iterable of strings) -> stage/train.bin and stage/val.bin, streamed; returns the meta. rule
+    ('every', k) sends every kth document to val, ('tail', k) the last 1/k of each document's tokens; with eot
+    (if the tokenizer has one), end-of-text follows each document's part in both files."""
+    kind, k = rule
+    sep = np.array([tok.eot] if eot and tok.eot is not None else [], dtype=np.uint16)
+    cores = os.cpu_count() or 1
+    threads = min(o.get('workers') or cores, cores)
     counts = [0, 0]
-    jobs = ((n * _CHUNK, texts)
-            for n, texts in enumerate(iter(lambda: list(itertools.islice(docs, _CHUNK)), [])))
+    done = 0
+    shown = time.time()
+    docs = iter(docs)
     with (open(os.path.join(stage, 'train.bin'), 'wb') as train,
-          open(os.path.join(stage, 'val.bin'), 'wb') as val,
-          _progress(f"tokenize ({tok.name}, {workers} proc)", n_docs) as advance):
-        def consume(result):
-            for i, f in enumerate((train, val)):
-                # Not tofile: a full disk is numpy's "N requested and 0 written", without a reason.
-                f.write(result[i])
-                counts[i] += len(result[i])
-            advance(result[2])
-        if workers <= 1:
-            _job = (tok, rule, eot)
-            for job in jobs:
-                consume(_split_chunk(job))
-            return tuple(counts)
-        # Ctrl-C is noted, and acted on between jobs: a KeyboardInterrupt raised inside the executor's own
-        # code can leave one of its locks held, and its shutdown then waits forever. Workers forked from here
-        # start with the same handler.
-        interrupted = []
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
-        ex = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(tok, rule, eot))
-        # Results are taken in submission order, so the output is deterministic.
-        try:
-            inflight = collections.deque()
-            for job in jobs:
-                if interrupted:
-                    break
-                inflight.append(ex.submit(_split_chunk, job))
-                if len(inflight) >= 4 * workers:
-                    consume(inflight.popleft().result())
-            while inflight and not interrupted:
-                consume(inflight.popleft().result())
-        # A worker killed (the OOM killer) breaks the pool, where multiprocessing.Pool would hang forever; a
-        # worker that Ctrl-C reached before it could ignore it (spawned, not forked) breaks it too.
-        except BrokenProcessPool:
-            if not interrupted:
-                raise UsageError("a tokenizer process died (out of memory?); try fewer --workers") from None
-        finally:
-            # Wait for the workers (they ignore Ctrl-C and finish one job): an executor left running races the
-            # interpreter's exit.
-            ex.shutdown(wait=True, cancel_futures=True)
-            signal.signal(signal.SIGINT, previous)
-        if interrupted:
-            raise KeyboardInterrupt
-    return tuple(counts)
+          open(os.path.join(stage, 'val.bin'), 'wb') as val):
+        while texts := list(itertools.islice(docs, _CHUNK)):
+            for i, ids in enumerate(encode_arrays(tok, texts, threads), done):
+                cut = (0 if i % k == k - 1 else len(ids)) if kind == 'every' else len(ids) - len(ids) // k
+                for split, f, part in ((0, train, ids[:cut]), (1, val, ids[cut:])):
+                    # Not tofile: a full disk is numpy's "N requested and 0 written", without a reason.
+                    if len(part):
+                        f.write(part)
+                        f.write(sep)
+                        counts[split] += len(part) + len(sep)
+            done += len(texts)
+            shown = _progress(shown, f"tokenized {done:,} documents ({tok.name}, {threads} threads)")
+    if not done:
+        raise UsageError(f"empty corpus: no documents in {source}")
+    if counts[0] == 0 or counts[1] == 0:
+        raise UsageError(f"{source}: too little text for a train/val split "
+                         f"({counts[0]} train, {counts[1]} val tokens)")
+    split = (f"every {k}th document (0-based index % {k} == {k - 1}, input order) is val, the rest train"
+             if kind == 'every'
+             else f"the last 1/{k} of each document's tokens (rounded down) is val, the rest train")
+    return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
+                train_tokens=counts[0], val_tokens=counts[1], source=source, split=split, documents=done,
+                eot=f"{tok.eot} appended after every document" if len(sep) else None)
 
 
 def _read_text(path):
@@ -205,9 +160,9 @@ def _read_text(path):
         return raw.decode('utf-8', errors='replace')
 
 
-def _files_under(path, exts=None, skip=()):
-    """A file, or the files under a folder (hidden names and `skip` folders left out)
-    sorted by path components."""
+def _files_under(path, exts='', skip=()):
+    """A file, or the files under a folder ending in `exts` (hidden names and `skip` folders left out), sorted
+    by path components."""
     # A missing path raises here, and options.py's handler names it with its option.
     os.stat(path)
     if os.path.isfile(path):
@@ -215,59 +170,27 @@ def _files_under(path, exts=None, skip=()):
     out = []
     for d, dirs, names in os.walk(path):
         dirs[:] = [x for x in dirs if not x.startswith('.') and x not in skip]
-        out += [os.path.join(d, n) for n in names
-                if not n.startswith('.') and (exts is None or n.endswith(exts))]
-    return sorted(out, key=lambda p: os.path.relpath(p, path).split(os.sep))
-
-
-def _build_tokenizer(o, default, offline='or prepare with --tokenizer=bytes'):
-    """get_tokenizer for a build; a gpt2 error (no network, no tiktoken) ends with what works offline."""
-    try:
-        return get_tokenizer(o.get('tokenizer', default))
-    except UsageError as e:
-        raise UsageError(f"{e}; {offline}" if o.get('tokenizer', default) == 'gpt2' else e) from None
-
-
-def _text_dataset(stage, o, texts, n_docs, source, tok, rule=('tail', 10), eot=False):
-    """texts (an iterable of n_docs strings) -> train.bin, val.bin; returns the meta.
-    eot: always, or if several."""
-    if not n_docs:
-        raise UsageError(f"empty corpus: no documents in {source}")
-    eot = (eot or n_docs > 1) and tok.eot is not None
-    # A process per core at most, and none without a job: --workers=100000 would start them all.
-    workers = min(o.get('workers', 1), os.cpu_count() or 1, -(-n_docs // _CHUNK))
-    counts = _tokenize(stage, texts, tok, rule, eot, workers, n_docs)
-    if counts[0] == 0 or counts[1] == 0:
-        raise UsageError(f"{source}: too little text for a train/val split "
-                         f"({counts[0]} train, {counts[1]} val tokens)")
-    kind, k = rule
-    split = (f"every {k}th document (0-based index % {k} == {k - 1}, input order) is val, the rest train"
-             if kind == 'every'
-             else f"the last 1/{k} of each document's tokens (rounded down) is val, the rest train")
-    return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
-                train_tokens=counts[0], val_tokens=counts[1], source=source, split=split, documents=n_docs,
-                eot=f"{tok.eot} appended after every document" if eot else None)
+        out += [os.path.join(d, n) for n in names if not n.startswith('.') and n.endswith(exts)]
+    return sorted(out, key=lambda p: Path(p).parts)
 
 
 def _files_dataset(stage, o, files, source, tok=None):
-    """Each file one document; the last tenth of each is val."""
-    return _text_dataset(stage, o, map(_read_text, files), len(files), source,
-                         tok or _build_tokenizer(o, 'bytes'))
+    """Each file one document; the last tenth of each is val; end-of-text between them if several."""
+    tok = tok or get_tokenizer(o.get('tokenizer', 'bytes'))
+    return _text_dataset(stage, o, map(_read_text, files), source, tok, len(files) > 1)
 
 
 def _build_python_stdlib(stage, o):
     root = sysconfig.get_paths()['stdlib']
     # max_mb=inf (from prepare(), not the command line) takes every file.
-    cap = o.get('max_mb', 16) * 1e6
-    found = _files_under(root, ('.py',),
+    max_mb = o.get('max_mb', 16)
+    found = _files_under(root, '.py',
                          skip={'site-packages', 'dist-packages', '__pycache__', 'test', 'tests', 'idle_test'})
     sizes = np.cumsum([os.path.getsize(f) for f in found])
     # In order, until the cap.
-    files = found[:int(np.searchsorted(sizes, cap, side='right'))]
-    src = (f"python {sys.version.split()[0]} standard library at {root}: "
-           f"{len(files)} of {len(found)} .py files, "
-           f"{(sizes[len(files) - 1] if files else 0) / 1e6:.1f} MB, sorted by path, "
-           f"test/tests/idle_test and site-packages skipped, capped at {o.get('max_mb', 16)} MB")
+    files = found[:int(np.searchsorted(sizes, max_mb * 1e6, side='right'))]
+    src = (f"python {sys.version.split()[0]} standard library at {root}: {len(files)} of {len(found)} .py "
+           f"files up to {max_mb} MB, sorted by path, test/tests/idle_test and site-packages skipped")
     return _files_dataset(stage, o, files, src)
 
 
@@ -275,14 +198,15 @@ SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/da
 
 
 def _build_shakespeare(stage, o):
-    offline = 'or prepare with --tokenizer=bytes' if 'input' in o else (
-        f"offline, fetch {SHAKESPEARE_URL} by hand, then: "
-        f"python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes")
-    # Fail on the tokenizer before any download.
-    tok = _build_tokenizer(o, 'gpt2', offline)
+    # Fail on the tokenizer before any download, with what works offline.
+    try:
+        tok = get_tokenizer(o.get('tokenizer', 'gpt2'))
+    except UsageError as e:
+        raise UsageError(f"{e}; offline, fetch {SHAKESPEARE_URL} by hand, then: "
+                         f"python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes") from None
     path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH',
                                        name='tinyshakespeare.txt')
-    return _files_dataset(stage, o, _files_under(path), path if 'input' in o else SHAKESPEARE_URL, tok)
+    return _files_dataset(stage, o, _files_under(path), o.get('input', SHAKESPEARE_URL), tok)
 
 
 def _build_text(stage, o):
@@ -321,24 +245,18 @@ def _json_text(line, where):
     raise UsageError(f"{where} is not a JSON object with a 'text' string")
 
 
-def _owt_docs(files, count=False):
-    """The texts (with count, a 1 each) of a parquet's 'text' column,
-    a .jsonl's {"text": ...} lines, a whole .txt."""
+def _owt_docs(files):
+    """The texts of a parquet's 'text' column (a null is an empty document), a .jsonl's {"text": ...} lines,
+    a whole .txt."""
     for f in files:
         if f.endswith('.parquet'):
-            pf = _pyarrow_parquet().ParquetFile(f)
-            if count:
-                yield from itertools.repeat(1, pf.metadata.num_rows)
-                continue
-            for batch in pf.iter_batches(batch_size=1024, columns=['text']):
-                # A null text is an empty document.
+            for batch in _pyarrow_parquet().ParquetFile(f).iter_batches(batch_size=1024, columns=['text']):
                 yield from (t or '' for t in batch.column(0).to_pylist())
         elif f.endswith('.jsonl'):
-            with open(f, encoding='utf-8', errors='replace') as fh:
-                yield from (1 if count else _json_text(line, f'{f}:{n}') for n, line in enumerate(fh, 1)
-                            if line.strip())
+            with open(f, encoding='utf-8', errors='replace') as lines:
+                yield from (_json_text(line, f'{f}:{n}') for n, line in enumerate(lines, 1) if line.strip())
         else:
-            yield 1 if count else _read_text(f)
+            yield _read_text(f)
 
 
 def _owt_download(data_dir):
@@ -361,7 +279,7 @@ def _owt_download(data_dir):
         except Exception as e:
             raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}); fetch its "
                              f"parquet files by hand and pass {hint}") from None
-        files = [f for f in _files_under(folder, ('.parquet',)) if 'train' in os.path.basename(f)]
+        files = [f for f in _files_under(folder, '.parquet') if 'train' in os.path.basename(f)]
         if files:
             return files
     raise UsageError(f"found no parquet files in the dataset {OWT_REPO}; "
@@ -370,18 +288,14 @@ def _owt_download(data_dir):
 
 def _build_openwebtext(stage, o):
     # Fail on the tokenizer before any download.
-    tok = _build_tokenizer(o, 'gpt2')
+    tok = get_tokenizer(o.get('tokenizer', 'gpt2'))
     if 'input' in o:
         files = _files_under(o['input'], ('.parquet', '.jsonl', '.txt'))
         source = os.path.abspath(o['input'])
     else:
         files = _owt_download(o['data_dir'])
         source = f"https://huggingface.co/datasets/{OWT_REPO} (parquet)"
-    if not files:
-        raise UsageError(f"empty corpus: no .parquet, .jsonl or .txt files in {source}")
-    return _text_dataset(stage, {'workers': os.cpu_count() or 1, **o}, _owt_docs(files),
-                         sum(_owt_docs(files, True)), source, tok, ('every', o.get('val_every', 2000)),
-                         eot=True)
+    return _text_dataset(stage, o, _owt_docs(files), source, tok, True, ('every', o.get('val_every', 2000)))
 
 # -----------------------------------------------------------------------------
 # zero-shot evaluation sets (docs/evaluation.md): the official test split goes to val.bin, train.bin is empty.
@@ -417,10 +331,9 @@ def _eval_source(o, spec):
     else:
         path = o['input']
         want = os.path.basename(spec.get('member', spec['url']))
-        files = _files_under(path)
         # The unpacked download: wikitext-2-raw/, simple-examples/data/, ...
         if os.path.isdir(path):
-            path = next((f for f in files if os.path.basename(f) == want), None)
+            path = next((f for f in _files_under(path) if os.path.basename(f) == want), None)
             if path is None:
                 raise UsageError(
                     f"{o['input']} is a folder without {want} in it; pass the file itself with --input")
@@ -441,10 +354,33 @@ def _eval_source(o, spec):
     return Path(path).read_bytes(), where, official
 
 
+def _lambada(text, where, tok):
+    """(token ids, rows of (passage start, target start, target end) in them): a passage a line ('\n' only: a
+    JSON string may hold U+2028), a .jsonl line's "text" (known by its name or what it holds), each passage
+    followed by end-of-text (bytes: a newline); the target is its last word."""
+    sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)
+    jsonl = where.endswith('.jsonl') or text.lstrip().startswith('{')
+    parts = []
+    for n, line in enumerate(text.split('\n'), 1):
+        if not line.strip():
+            continue
+        line = (_json_text(line, f'{where}:{n}') if jsonl else line).rstrip()
+        m = re.search(r'(\s)(\S+)$', line)
+        if m is None or not line[:m.start()].strip():
+            raise UsageError(f"{where}:{n} has no last word to predict after a context: not LAMBADA's")
+        # GPT-2's BPE attaches the space to the word.
+        cut = m.start() if m.group(1) == ' ' else m.start(2)
+        parts += [*encode_arrays(tok, [line[:cut], line[cut:]]), sep]
+    if not parts:
+        raise UsageError(f"{where} holds no passages")
+    # The start of each context, target and separator.
+    starts = np.cumsum([0] + [len(p) for p in parts[:-1]], dtype=np.int64)
+    return np.concatenate(parts), starts.reshape(-1, 3)
+
+
 def _build_eval_set(stage, o, name):
-    """The test split, read strictly as UTF-8 in its published format, -> val.bin (lambada: passages, each
-    followed by end-of-text, and where each target sits),
-    with a warning if its size is not the official one."""
+    """The test split, read strictly as UTF-8 in its published format, -> val.bin (lambada: and where each
+    target sits), with a warning if its size is not the official one."""
     spec = EVAL_SETS[name]
     # Fail on the tokenizer before any download.
     tok = get_tokenizer(o.get('tokenizer', 'gpt2'))
@@ -458,55 +394,28 @@ def _build_eval_set(stage, o, name):
                          f"use the raw version, wiki.test.raw from wikitext-2-raw-v1.zip")
     if name == 'wikitext2' and not re.search(r'^ = [^=].* = $', text, re.M):
         raise UsageError(f"{where} has no ' = Title = ' heading line: not WikiText's format")
-    if name == 'ptb':
-        words = text.split()
-        # N: Mikolov's token for numbers.
-        bad = next((w for w in words if w != 'N' and w != w.lower()), None)
-        if not words or bad is not None:
-            why = f"the word {bad!r} has capitals" if words else "it is empty"
-            raise UsageError(
-                f"{where}: {why}; PTB as Mikolov preprocessed it is lower case with N for numbers")
-    # A passage is a line (a .jsonl line's "text"); the target is its last word.
+    # N: Mikolov's token for numbers.
+    if name == 'ptb' and not (text.split() and all(w == 'N' or w == w.lower() for w in text.split())):
+        raise UsageError(f"{where} is empty or has capitals; PTB as Mikolov preprocessed it is lower case "
+                         f"with N for numbers")
+    # One document: no end-of-text token.
+    extra = dict(documents=1, eot=None)
+    count = text.count('\n')
+    val = encode_arrays(tok, [text])[0]
     if name == 'lambada':
-        # The separator: end-of-text, or a newline for bytes (which has none).
-        sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)
-        parts = []
-        # By its name, or by what it holds.
-        jsonl = where.endswith('.jsonl') or text.lstrip().startswith('{')
-        # '\n' only: a JSON string may hold U+2028.
-        for n, line in enumerate(text.split('\n'), 1):
-            if not line.strip():
-                continue
-            line = (_json_text(line, f'{where}:{n}') if jsonl else line).rstrip()
-            m = re.search(r'(\s)(\S+)$', line)
-            if m is None or not line[:m.start()].strip():
-                raise UsageError(
-                    f"{where}:{n} has no last word to predict after a context: not a LAMBADA passage")
-            # GPT-2's BPE attaches the space to the word.
-            cut = m.start() if m.group(1) == ' ' else m.start(2)
-            parts += [encode_array(tok, line[:cut]), encode_array(tok, line[cut:]), sep]
-        if not parts:
-            raise UsageError(f"{where} holds no passages")
-        # The start of each context, target and separator.
-        starts = np.cumsum([0] + [len(p) for p in parts[:-1]], dtype=np.int64)
-        np.save(os.path.join(stage, LAMBADA_TARGETS), starts.reshape(-1, 3))
-        count = len(parts) // 3
+        val, spans = _lambada(text, where, tok)
+        np.save(os.path.join(stage, LAMBADA_TARGETS), spans)
+        count = len(spans)
         extra = dict(documents=count, examples=count, targets=LAMBADA_TARGETS,
-                     eot=f"passages are separated by {sep.tolist()}",
+                     eot=f"each passage is followed by {tok.eot if tok.eot is not None else 'a newline'}",
                      target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) "
                                  "in val.bin; the target is the last word's tokens, with the space before it "
                                  "if there is one")
-    # One document: no end-of-text token.
-    else:
-        parts = [encode_array(tok, text)]
-        extra = dict(documents=1, eot=None)
-        count = text.count('\n')
     if count != spec['count']:
         _warn(f"{where} has {count:,} {spec['unit']}; the official {name} test set has {spec['count']:,}")
-    val = np.concatenate(parts)
-    # Written from Python, as above: a failed write names the file.
+    # Written from Python: a failed write names the file.
     Path(stage, 'val.bin').write_bytes(val)
-    open(os.path.join(stage, 'train.bin'), 'wb').close()
+    Path(stage, 'train.bin').write_bytes(b'')
     # A file named as the published one but not it read as the right format: use it, but say so.
     if official is False:
         _warn(f"{o['input']}: {spec['checksum'][0]} differs from the official "
@@ -545,52 +454,40 @@ class _NumpyUnpickler(pickle.Unpickler):
 
 def _read_cifar(archive, spec):
     """Loads and strictly checks the batches; returns (train x, train y, test x, test y, class names)."""
-    need = {f"{spec['top']}/{b}" for b in spec['train'] + spec['test'] + [spec['meta']]}
-    got = {}
+    k = spec['classes']
     try:
         with tarfile.open(archive, 'r:*') as tf:
             # One pass in archive order: a .tar.gz cannot seek backwards cheaply.
-            for m in tf:
-                name = os.path.normpath(m.name)
-                if name in need and m.isfile():
-                    # A broken archive fails here, junk inside it below.
-                    data = tf.extractfile(m).read()
-                    try:
-                        got[name] = _NumpyUnpickler(io.BytesIO(data), encoding='bytes').load()
-                    # Junk bytes can fail in many ways inside pickle.
-                    except Exception as e:
-                        raise UsageError(
-                            f"{archive}: {name} is not a CIFAR pickle ({type(e).__name__}: {e})") from None
+            got = {os.path.normpath(m.name): tf.extractfile(m).read() for m in tf if m.isfile()}
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         raise UsageError(f"{archive} is not a readable tar archive ({e})") from None
-    missing = sorted(need - set(got))
-    if missing:
-        raise UsageError(f"{archive} does not have the {spec['top']} layout: missing {', '.join(missing)}")
 
-    def batch(b):
-        d = got[f"{spec['top']}/{b}"]
+    def load(member, check):
         try:
-            x = d[b'data']
-            y = np.asarray(d[spec['labels']], dtype=np.int64)
-            ok = (x.dtype == np.uint8 and x.shape[1:] == (3072,) and len(x) > 0 and y.shape == (len(x),)
-                  and 0 <= y.min() and y.max() < spec['classes'])
-        except (TypeError, KeyError, ValueError, AttributeError):
-            ok = False
-        if not ok:
-            raise UsageError(f"{archive}: {b} should hold an N x 3072 uint8 array under b'data' and N labels "
-                             f"in 0..{spec['classes'] - 1} under {spec['labels']!r}")
+            data = got[f"{spec['top']}/{member}"]
+            return check(_NumpyUnpickler(io.BytesIO(data), encoding='bytes').load())
+        # A member missing, junk bytes (which fail in many ways inside pickle), values not as CIFAR's.
+        except Exception as e:
+            raise UsageError(f"{archive}: {member} is not CIFAR's ({type(e).__name__}: {e})") from None
+
+    def batch(d):
+        x = d[b'data']
+        y = np.asarray(d[spec['labels']], dtype=np.int64)
+        shape = (x.dtype, x.shape[1:], y.shape)
+        if shape != (np.uint8, (3072,), (len(x),)) or not 0 <= y.min() <= y.max() < k:
+            raise ValueError(f"want N x 3072 uint8 under b'data' and N labels in 0..{k - 1} under "
+                             f"{spec['labels']!r}")
         # CIFAR rows are R, G, B planes of 32x32.
         return x.reshape(-1, 3, 32, 32), y
 
-    meta = got[f"{spec['top']}/{spec['meta']}"]
-    names = meta.get(spec['names']) if isinstance(meta, dict) else None
-    if not isinstance(names, list) or len(names) != spec['classes']:
-        raise UsageError(
-            f"{archive}: {spec['meta']} should list {spec['classes']} names under {spec['names']!r}")
-    names = [n.decode('utf-8') if isinstance(n, bytes) else str(n) for n in names]
-    train = [np.concatenate(a) for a in zip(*map(batch, spec['train']))]
-    test = [np.concatenate(a) for a in zip(*map(batch, spec['test']))]
-    return *train, *test, names
+    def names(d):
+        if len(d[spec['names']]) != k:
+            raise ValueError(f"want {k} names under {spec['names']!r}")
+        return [n.decode('utf-8') for n in d[spec['names']]]
+
+    train = [np.concatenate(a) for a in zip(*(load(b, batch) for b in spec['train']))]
+    test = [np.concatenate(a) for a in zip(*(load(b, batch) for b in spec['test']))]
+    return *train, *test, load(spec['meta'], names)
 
 
 def _build_cifar(stage, o, which):
@@ -608,7 +505,7 @@ def _build_cifar(stage, o, which):
         np.save(os.path.join(stage, f'{split}_images.npy'), x)
         np.save(os.path.join(stage, f'{split}_labels.npy'), y)
     # The per-channel mean and std in 0..1, from each channel's histogram of the 256 values: no float copy.
-    hist = np.stack([np.bincount(xtr[:, c].ravel(), minlength=256) for c in range(3)]) / (xtr[:, 0].size or 1)
+    hist = np.stack([np.bincount(xtr[:, c].ravel(), minlength=256) for c in range(3)]) / xtr[:, 0].size
     v = np.arange(256) / 255
     mean = hist @ v
     std = np.sqrt(np.maximum(hist @ v ** 2 - mean ** 2, 0))
@@ -618,7 +515,7 @@ def _build_cifar(stage, o, which):
                 source=os.path.abspath(archive) if 'archive' in o else spec['url'])
 
 # -----------------------------------------------------------------------------
-# prepare(): stage, build, commit
+# prepare(): build in a staging folder, then move the files into place, meta.json last
 
 # name -> (builder, options it takes besides --name/--force/--data_dir).
 DATASETS = {
@@ -629,38 +526,6 @@ DATASETS = {
     **{n: (functools.partial(_build_eval_set, name=n), {'tokenizer', 'input'}) for n in EVAL_SETS},
     **{n: (functools.partial(_build_cifar, which=n), {'archive'}) for n in CIFAR},
 }
-
-
-def _remove_stale_stages(data_dir, name):
-    """Staging folders of runs that were killed (kill -9, power loss) would otherwise pile up. Only this
-    host's: on a shared filesystem another node's pid means nothing here."""
-    prefix = f".{name}.partial-{socket.gethostname()}-"
-    for d in [d for d in os.listdir(data_dir) if d.startswith(prefix) and d[len(prefix):].isdigit()]:
-        try:
-            # Signal 0: does that process still exist?
-            os.kill(int(d[len(prefix):]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(data_dir, d), ignore_errors=True)
-        # It does, as another user's.
-        except PermissionError:
-            pass
-
-
-def _commit(stage, out, meta):
-    """Moves the staged files into out/, meta.json last (fsynced);
-    an old dataset stops being complete first."""
-    os.makedirs(out, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(out, 'meta.json'))
-    for f in sorted(os.listdir(stage)):
-        os.replace(os.path.join(stage, f), os.path.join(out, f))
-    # The stage is this process's: two nodes may commit at once.
-    tmp = os.path.join(stage, 'meta.json')
-    with open(tmp, 'w') as f:
-        f.write(json.dumps(meta, indent=2) + '\n')
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(out, 'meta.json'))
 
 
 def prepare(name, /, data_dir='data', **opts):
@@ -684,12 +549,9 @@ def prepare(name, /, data_dir='data', **opts):
         raise UsageError("text needs --input=PATH (a text file or a folder of them)")
     # For text, notes.txt makes notes.
     out_name = o.get('name') or (Path(o['input']).stem if name == 'text' else name)
-    if out_name in ('', '.', '..', 'downloads') or os.sep in out_name or out_name.startswith('.'):
+    if out_name in ('', 'downloads') or out_name.startswith('.') or os.sep in out_name:
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
-    # A file where the folder goes would fail only after the build.
-    if os.path.isfile(out):
-        raise UsageError(f"{out} is a file, not a dataset folder; pass --name=OTHER")
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
         built = meta.get('tokenizer')
@@ -700,18 +562,23 @@ def prepare(name, /, data_dir='data', **opts):
         print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); "
               f"--force rebuilds it")
         return out
-    new_root = not os.path.isdir(data_dir)
-    stage = os.path.join(data_dir, f".{out_name}.partial-{socket.gethostname()}-{os.getpid()}")
     t0 = time.time()
-    # Everything is written in stage/: an exception or Ctrl-C leaves out/ untouched, and options.py's handler
-    # names the path of an OSError (a data_dir that is a file, not writable, a full disk).
+    new_root = not os.path.isdir(data_dir)
+    # options.py's handler names the path of an OSError (a data_dir that is a file, not writable, disk full).
+    os.makedirs(data_dir, exist_ok=True)
+    # Everything is written in a folder of this run's own: an exception or Ctrl-C leaves out/ untouched, and
+    # two nodes that prepare one shared data_dir at once each move complete files in.
+    stage = tempfile.mkdtemp(prefix=f".{out_name}.partial-", dir=data_dir)
     try:
-        os.makedirs(data_dir, exist_ok=True)
-        _remove_stale_stages(data_dir, out_name)
-        os.makedirs(stage)
         meta = builder(stage, {**o, 'data_dir': data_dir})
-        _commit(stage, out, {'name': out_name, 'dataset': name, **meta,
-                             'prepared': time.strftime('%Y-%m-%d %H:%M:%S')})
+        meta = {'name': out_name, 'dataset': name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')}
+        Path(stage, 'meta.json').write_text(json.dumps(meta, indent=2) + '\n')
+        os.makedirs(out, exist_ok=True)
+        # An old dataset stops being complete before its files are replaced; meta.json comes last.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out, 'meta.json'))
+        for f in sorted(os.listdir(stage), key=lambda f: f == 'meta.json'):
+            os.replace(os.path.join(stage, f), os.path.join(out, f))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         # A failed first run leaves no empty data_dir behind (a done one holds out/, which rmdir keeps).
@@ -733,7 +600,7 @@ DEFAULTS = dict(
     input='',  # a local file or folder instead of a download (shakespeare, text, openwebtext, test sets)
     archive='',          # a local CIFAR tarball instead of a download
     max_mb=16.0,         # python_stdlib: stop adding files at this many MB of source
-    workers=0,          # tokenizer processes, at most the cores and the jobs; 0: the cores (openwebtext) or 1
+    workers=0,           # threads that tokenize with gpt2, at most the cores; 0: every core
     val_every=2000,      # openwebtext: every Nth document goes to val (~4M tokens at 2000)
     force=False,         # rebuild even if the dataset is already prepared
 )
