@@ -606,6 +606,22 @@ def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monke
     assert ids('data/in', 'train') == tail_split(list(b'version two, longer. ' * 40))[0]
 
 
+def test_two_nodes_prepare_one_shared_folder_at_once(monkeypatch):
+    """Each node's first process may prepare a shared data_dir at the same moment: here another build runs
+    whole while this one moves its files in. Each stages in a folder of its own and moves meta.json last."""
+    write('in.txt', 'hello there. ' * 20)
+    real = os.replace
+
+    def the_other_node_prepares_now(src, dst):
+        monkeypatch.setattr(os, 'replace', real)
+        prepare('text', 'data', input='in.txt', force=True)
+        real(src, dst)
+    monkeypatch.setattr(os, 'replace', the_other_node_prepares_now)
+    out = prepare('text', 'data', input='in.txt')
+    assert ids(out, 'train') + ids(out, 'val') == list(b'hello there. ' * 20)
+    assert os.listdir('data') == ['in']
+
+
 def test_ctrl_c_during_a_build():
     """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends: exit 130, one line, nothing
     left."""
