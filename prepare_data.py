@@ -336,13 +336,11 @@ def _eval_source(o, spec):
     if 'member' in spec and path.endswith('.zip'):
         try:
             with zipfile.ZipFile(path) as z:
-                names = [n for n in z.namelist() if n.endswith(os.path.basename(spec['member']))]
-                if not names:
-                    raise UsageError(
-                        f"{path} holds no {spec['member']} (is it {os.path.basename(spec['url'])}?)")
-                return z.read(names[0]), f"{where}:{names[0]}", official
-        except (zipfile.BadZipFile, zlib.error, OSError) as e:
-            raise UsageError(f"{path} is not a readable zip archive ({e})") from None
+                return z.read(spec['member']), f"{where}:{spec['member']}", official
+        # Not a zip, a damaged one, or one without the member (KeyError).
+        except (zipfile.BadZipFile, zlib.error, OSError, KeyError) as e:
+            raise UsageError(f"{path} is not a readable zip holding {spec['member']} ({e}); is it "
+                             f"{os.path.basename(spec['url'])}?") from None
     return Path(path).read_bytes(), where, official
 
 
