@@ -82,7 +82,7 @@ def _download(url, data_dir, hint, checksum=None, name=None):
             total = int(r.headers.get('Content-Length') or 0)
             while chunk := r.read(1 << 20):
                 f.write(chunk)
-                shown = _progress(shown, f"downloaded {f.tell() / 1e6:.0f} of {total / 1e6:.0f} MB")
+                shown = _progress(shown, f"downloaded {f.tell() / 1e6:.0f} MB")
         # A connection that closes early ends the read without an error: the length tells.
         if total and os.path.getsize(tmp) != total or not _matches(tmp, checksum):
             raise UsageError(f"download of {url} is incomplete or corrupt; run again, or fetch it by hand "
