@@ -113,11 +113,10 @@ def encode_arrays(tok, texts, threads=1):
     return [np.array(ids, dtype=np.uint16) for ids in batch]
 
 
-def _text_dataset(stage, o, docs, source, tok, eot, rule=('tail', 10)):
-    """docs (an iterable of strings) -> stage/train.bin and stage/val.bin, streamed; returns the meta. rule
-    ('every', k) sends every kth document to val, ('tail', k) the last 1/k of each document's tokens; with eot
-    (if the tokenizer has one), end-of-text follows each document's part in both files."""
-    kind, k = rule
+def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
+    """docs (an iterable of strings) -> stage/train.bin and stage/val.bin, streamed; returns the meta. Every
+    val_every-th document is val, or else the last tenth of each document's tokens; with eot (if the tokenizer
+    has one), end-of-text follows each document's part in both files."""
     sep = np.array([tok.eot] if eot and tok.eot is not None else [], dtype=np.uint16)
     cores = os.cpu_count() or 1
     threads = min(o.get('workers') or cores, cores)
@@ -128,7 +127,9 @@ def _text_dataset(stage, o, docs, source, tok, eot, rule=('tail', 10)):
           open(os.path.join(stage, 'val.bin'), 'wb') as val):
         while texts := list(itertools.islice(docs, _CHUNK)):
             for i, ids in enumerate(encode_arrays(tok, texts, threads), done):
-                cut = (0 if i % k == k - 1 else len(ids)) if kind == 'every' else len(ids) - len(ids) // k
+                cut = len(ids) - len(ids) // 10
+                if val_every:
+                    cut = 0 if i % val_every == val_every - 1 else len(ids)
                 for f, part in ((train, ids[:cut]), (val, ids[cut:])):
                     # Not tofile: a full disk is numpy's "N requested and 0 written", without a reason.
                     if len(part):
@@ -142,9 +143,9 @@ def _text_dataset(stage, o, docs, source, tok, eot, rule=('tail', 10)):
     if counts[0] == 0 or counts[1] == 0:
         raise UsageError(f"{source}: too little text for a train/val split "
                          f"({counts[0]} train, {counts[1]} val tokens)")
-    split = (f"every {k}th document (0-based index % {k} == {k - 1}, input order) is val, the rest train"
-             if kind == 'every'
-             else f"the last 1/{k} of each document's tokens (rounded down) is val, the rest train")
+    split = (f"every {val_every}th document (0-based index % {val_every} == {val_every - 1}, input order) is "
+             f"val, the rest train" if val_every
+             else "the last 1/10 of each document's tokens (rounded down) is val, the rest train")
     return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
                 train_tokens=counts[0], val_tokens=counts[1], source=source, split=split, documents=done,
                 eot=f"{tok.eot} appended after every document" if len(sep) else None)
@@ -294,7 +295,7 @@ def _build_openwebtext(stage, o):
     else:
         files = _owt_download(o['data_dir'])
         source = f"https://huggingface.co/datasets/{OWT_REPO} (parquet)"
-    return _text_dataset(stage, o, _owt_docs(files), source, tok, True, ('every', o.get('val_every', 2000)))
+    return _text_dataset(stage, o, _owt_docs(files), source, tok, True, o.get('val_every', 2000))
 
 # -----------------------------------------------------------------------------
 # zero-shot evaluation sets (docs/evaluation.md): the official test split goes to val.bin, train.bin is empty.
