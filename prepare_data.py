@@ -517,9 +517,9 @@ DATASETS = {
 }
 
 
-def prepare(name, /, data_dir='data', **opts):
+def prepare(name, /, data_dir='data', **o):
     """Prepares dataset `name` under data_dir and returns its folder; a no-op if already complete (force=True
-    rebuilds it). opts are the command line's (input=, tokenizer=, ...); name= there is the folder's name.
+    rebuilds it). o are the command line's (input=, tokenizer=, ...); name= there is the folder's name.
     With torchrun, call it on one rank and barrier: two ranks would both build (safely, but twice)."""
     if name not in DATASETS:
         # A name of one's own is text of one's own; a near miss of a built-in name is a typo.
@@ -528,7 +528,6 @@ def prepare(name, /, data_dir='data', **opts):
                          f"python prepare_data.py text --input=PATH --name={name} --data_dir={data_dir}"
                          f"{f'; or did you mean {close[0]}?' if close else ''}")
     builder, takes = DATASETS[name]
-    o = {k: v for k, v in opts.items() if v is not None}
     takes = takes | {'name', 'force'}
     extra = sorted(set(o) - takes)
     if extra:
