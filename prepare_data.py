@@ -387,10 +387,6 @@ def _build_eval_set(stage, o, name):
     if name == 'ptb' and not (text.split() and all(w == 'N' or w == w.lower() for w in text.split())):
         raise UsageError(f"{where} is empty or has capitals; PTB as Mikolov preprocessed it is lower case "
                          f"with N for numbers")
-    # One document: no end-of-text token.
-    extra = dict(documents=1, eot=None)
-    count = text.count('\n')
-    val = encode_arrays(tok, [text])[0]
     if name == 'lambada':
         val, spans = _lambada(text, where, tok)
         np.save(os.path.join(stage, LAMBADA_TARGETS), spans)
@@ -400,6 +396,11 @@ def _build_eval_set(stage, o, name):
                      target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) "
                                  "in val.bin; the target is the last word's tokens, with the space before it "
                                  "if there is one")
+    # One document: no end-of-text token.
+    else:
+        val = encode_arrays(tok, [text])[0]
+        count = text.count('\n')
+        extra = dict(documents=1, eot=None)
     if count != spec['count']:
         _warn(f"{where} has {count:,} {spec['unit']}; the official {name} test set has {spec['count']:,}")
     # Written from Python: a failed write names the file.
