@@ -107,8 +107,8 @@ def test_tokenizers(tiny, name):
     assert (tok.vocab_size, tok.eot) == ((256, None) if name == 'bytes' else (257, 256))
     # Special tokens in text stay text.
     s = "it's 42 <|endoftext|> déjà vu ✓\n"
-    assert tok.encode(s) == prep.encode_arrays(tok, [s])[0].tolist() == (list(s.encode()) if name == 'bytes' else
-                                                              tiny.encode_ordinary(s))
+    want = list(s.encode()) if name == 'bytes' else tiny.encode_ordinary(s)
+    assert tok.encode(s) == prep.encode_arrays(tok, [s])[0].tolist() == want
     assert tok.decode(tok.encode(s)) == s
     assert b''.join(tok.token_bytes(t) for t in tok.encode('é')) == 'é'.encode()
     # An id of a padded head decodes to nothing, in a text and streamed; a cut-off character is replaced.
