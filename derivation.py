@@ -847,9 +847,9 @@ if fig:
 # Limitations. The past enters a causal layer only as prefix sums of squares, nearly a bag that keeps no
 # earlier token whole, so a task that looks one earlier token up (associative recall, even with each key and
 # its value in one token) fails where one softmax layer succeeds; `python -m lecture.recall` shows it in a
-# minute or two on a CPU. The memberships are nearly uniform at initialisation (section 8). The language model trails GPT-2 at equal size. Unrolled,
-# the objective only compresses (section 14). This repository's own measurements are in docs/quality.md and
-# docs/capabilities.md.
+# minute or two on a CPU. The memberships are nearly uniform at initialisation (section 8). The language
+# model trails GPT-2 at equal size. Unrolled, the objective only compresses (section 14). This
+# repository's own measurements are in docs/quality.md and docs/capabilities.md.
 print('15. results and limitations: quoted from the paper in this cell\'s text (nothing to compute)')
 
 # %% 16. Exercises. In lecture/exercises.py (each has a check your answer must pass, and the solutions are

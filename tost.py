@@ -29,15 +29,15 @@ d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). Comments en
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 57-85     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 92-186    the white-box gradient step, then the practical operator (TSSA)
-  lines 193-294   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 301-384   the block, a descent direction on the normalised tokens (MLP, Block)
-  lines 391-571   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 92-187    the white-box gradient step, then the practical operator (TSSA)
+  lines 194-295   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 302-386   the block, a descent direction on the normalised tokens (MLP, Block)
+  lines 393-576   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
 (read with its outputs in docs/lecture.md).
-tost_fast.py: a fused core for CausalTSSA's training on large inputs on a CPU, the same numbers to rounding, faster.
+tost_fast.py: a fused CPU core for CausalTSSA's training on long inputs, the same numbers to rounding, faster.
 """
 
 import math
@@ -130,7 +130,8 @@ class TSSA(nn.Module):
         if whitebox and bias:
             raise ValueError("white-box TSSA needs bias=False: U_k^T z is a linear map")
         self.n_head, self.head_dim = n_head, n_embd // n_head
-        # one projection for all heads: rows k*p .. (k+1)*p of the weight are U_k^T (q = k = v in attention terms)
+        # one projection for all heads: rows k*p .. (k+1)*p of the weight are U_k^T
+        # (q = k = v in attention terms)
         self.c_attn = nn.Linear(n_embd, n_embd, bias=bias)
         self.temp = nn.Parameter(torch.ones(n_head, 1))        # per-head inverse temperature of Pi
         self.whitebox, self.alpha, self.tau = whitebox, alpha, tau
@@ -372,7 +373,8 @@ class Block(nn.Module):
         h = self.ln_1(x)
         if self.shift is None:
             a, state = self.attn.step(h, state)
-        else:                                                # the token's own h becomes the next one's h_{t-1}
+        else:
+            # the token's own h becomes the next one's h_{t-1}
             a, st = self.attn.step(h + self.shift.mu * (state.last.to(h.dtype) - h), state.attn)
             state = ShiftState(st, h)
         x = x + self.gamma_1 * a
@@ -400,7 +402,8 @@ class GPTConfig:
     attn: str = 'tssa'          # 'tssa' or 'softmax' (everything else equal)
     layerscale_init: float = 1e-5
     token_shift: bool = False   # not in the paper: mix each token with the previous one before attention
-    softmax_layers: tuple = ()  # not in the paper: these blocks (-1: the last) get softmax attention (section 7)
+    # not in the paper: these blocks (-1: the last) get softmax attention (section 7)
+    softmax_layers: tuple = ()
 
     def __post_init__(self):
         _check_shape(self.n_embd, self.n_head, self.attn)
@@ -409,8 +412,8 @@ class GPTConfig:
         if any(not isinstance(i, int) or not -n <= i < n for i in layers):
             raise ValueError(f"softmax_layers {list(layers)} must be block indices from {-n} to {n - 1}")
         if layers and self.attn != 'tssa':
-            raise ValueError("softmax_layers makes chosen blocks of a ToST model softmax; with attn='softmax' "
-                             "every block is already")
+            raise ValueError("softmax_layers makes chosen blocks of a ToST model softmax; "
+                             "with attn='softmax' every block is already")
         self.softmax_layers = tuple(sorted({i % n for i in layers}))   # -1 -> n-1: one name per model
 
 
@@ -426,7 +429,8 @@ class GPT(nn.Module):
             wpe=nn.Embedding(c.block_size, c.n_embd),
             drop=nn.Dropout(c.dropout),
             h=nn.ModuleList([Block(c.n_embd, c.n_head, 'softmax' if i in c.softmax_layers else c.attn, True,
-                                   c.block_size, c.bias, c.dropout, c.layerscale_init, token_shift=c.token_shift)
+                                   c.block_size, c.bias, c.dropout, c.layerscale_init,
+                                   token_shift=c.token_shift)
                              for i in range(c.n_layer)]),
             ln_f=nn.LayerNorm(c.n_embd, bias=c.bias),
         ))
@@ -452,7 +456,8 @@ class GPT(nn.Module):
     def _embed(self, idx, t0=0):
         T = idx.shape[1]
         if t0 + T > self.config.block_size:
-            raise ValueError(f"sequence of {t0 + T} tokens is longer than block_size ({self.config.block_size})")
+            raise ValueError(f"sequence of {t0 + T} tokens is longer than block_size "
+                             f"({self.config.block_size})")
         pos = torch.arange(t0, t0 + T, dtype=torch.long, device=idx.device)
         return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))   # (B, T, d)
 
@@ -633,7 +638,8 @@ class FourierPositions(nn.Module):
         self.proj = nn.Conv2d(2 * hidden, n_embd, kernel_size=1)
 
     def forward(self, B, H, W, device):
-        ys = torch.arange(1, H + 1, device=device, dtype=torch.float32) / (H + 1e-6) * 2 * math.pi   # (0, 2pi)
+        # angles in (0, 2pi)
+        ys = torch.arange(1, H + 1, device=device, dtype=torch.float32) / (H + 1e-6) * 2 * math.pi
         xs = torch.arange(1, W + 1, device=device, dtype=torch.float32) / (W + 1e-6) * 2 * math.pi
         j = torch.arange(self.hidden, device=device)
         freq = self.temperature ** (2 * (j // 2) / self.hidden)                           # (hidden,)
@@ -667,7 +673,8 @@ class ClassAttention(nn.Module):
 class ClassBlock(nn.Module):
     """XCiT's class-attention block, as the released models run it (tokens_norm): the attention passes the
     normalised patch tokens through, and the second LayerNorm normalises every token, so the patch tokens
-    change too (they are the next block's keys and values), and the CLS token's residual is its normalised self:
+    change too (they are the next block's keys and values), and the CLS token's residual is its normalised
+    self:
 
         cls, x   <-  cls + g1 * attn(LN1(cls, x)),  x + g1 * LN1(x)
         cls, x   <-  LN2(cls, x)
@@ -691,8 +698,8 @@ class ClassBlock(nn.Module):
 
 
 class ViT(nn.Module):
-    """ToST vision model (XCiT's backbone, as in the paper): conv patch embedding, 2-D sinusoidal positions, TSSA
-    blocks on the patch tokens, then a CLS token with class-attention blocks, LayerNorm, linear head."""
+    """ToST vision model (XCiT's backbone, as in the paper): conv patch embedding, 2-D sinusoidal positions,
+    TSSA blocks on the patch tokens, then a CLS token with class-attention blocks, LayerNorm, linear head."""
 
     def __init__(self, config: ViTConfig):
         super().__init__()
@@ -700,8 +707,9 @@ class ViT(nn.Module):
         self.patch_embed = ConvPatchEmbed(c.in_chans, c.n_embd, c.patch_size)
         self.pos_embed = FourierPositions(c.n_embd)
         self.drop = nn.Dropout(c.dropout)
+        # one drop-path rate in every block
         self.blocks = nn.ModuleList([Block(c.n_embd, c.n_head, c.attn, False, None, c.bias, c.dropout,
-                                           c.layerscale_init, c.drop_path, lpi=c.lpi)   # one rate in every block
+                                           c.layerscale_init, c.drop_path, lpi=c.lpi)
                                      for _ in range(c.n_layer)])
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
         self.cls_blocks = nn.ModuleList([ClassBlock(c.n_embd, c.n_head, c.bias, c.layerscale_init)
@@ -712,7 +720,8 @@ class ViT(nn.Module):
         self.apply(self._init_weights)
         for m in self.modules():
             if isinstance(m, nn.LayerNorm):
-                m.eps = 1e-6                                    # the released vision models' (the GPT keeps 1e-5)
+                # the released vision models' (the GPT keeps 1e-5)
+                m.eps = 1e-6
 
     def _init_weights(self, m):
         if isinstance(m, nn.Linear):
@@ -873,13 +882,16 @@ PRESETS = {
     # a byte-level model that trains in minutes on a laptop CPU
     'tost-demo':   dict(kind='gpt', n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=256),
     # vision at 224px, patch 16 (XCiT-T/S/M shapes). ToST-M: the paper gives width 512, 24 layers, 8 heads;
-    # the rest (MLP ratio 4, 2 class-attention blocks, layer-scale 1e-5) is XCiT-M's, and gives 71.5M (paper 68.1M).
+    # the rest (MLP ratio 4, 2 class-attention blocks, layer-scale 1e-5) is XCiT-M's, and gives 71.5M
+    # (paper 68.1M).
     'tost-t':      dict(kind='vit', n_layer=12, n_head=4, n_embd=192, drop_path=0.0),
     'tost-s':      dict(kind='vit', n_layer=12, n_head=8, n_embd=384, drop_path=0.05),
     'tost-m':      dict(kind='vit', n_layer=24, n_head=8, n_embd=512, drop_path=0.15, layerscale_init=1e-5),
     # CIFAR-sized (32px): 8x8 patches of 4 pixels
-    'tost-cifar':  dict(kind='vit', img_size=32, patch_size=4, num_classes=10, n_layer=6, n_head=4, n_embd=192),
-    'tost-cifar-tiny': dict(kind='vit', img_size=32, patch_size=4, num_classes=10, n_layer=4, n_head=4, n_embd=96),
+    'tost-cifar': dict(kind='vit', img_size=32, patch_size=4, num_classes=10, n_layer=6, n_head=4,
+                       n_embd=192),
+    'tost-cifar-tiny': dict(kind='vit', img_size=32, patch_size=4, num_classes=10, n_layer=4, n_head=4,
+                            n_embd=96),
 }
 
 
@@ -892,7 +904,8 @@ def preset(name, **overrides):
     valid = {f.name for f in fields(cls)}
     bad = set(overrides) - valid
     if bad:
-        raise ValueError(f"{name} has no field(s) {', '.join(sorted(bad))}; valid: {', '.join(sorted(valid))}")
+        raise ValueError(f"{name} has no field(s) {', '.join(sorted(bad))}; "
+                         f"valid: {', '.join(sorted(valid))}")
     spec.update(overrides)
     return cls(**spec)
 
@@ -909,7 +922,8 @@ def param_groups(model, weight_decay):
 
 
 def make_optimizer(model, weight_decay, learning_rate, betas, device_type):
-    fused = device_type in ('cuda', 'cpu')       # one kernel for all parameters (3-5x faster steps on a CPU too)
+    # one kernel for all parameters (3-5x faster steps on a CPU too)
+    fused = device_type in ('cuda', 'cpu')
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=learning_rate, betas=betas, fused=fused)
 
 
@@ -922,8 +936,8 @@ def drop_path(x, p, training):
 
 
 def prefix_sum(x, dim):
-    """torch.cumsum(x, dim), computed with dim laid out innermost in memory: a GPU scans the innermost dimension
-    in parallel, an outer one serially in each column (measured in docs/speed.md)."""
+    """torch.cumsum(x, dim), computed with dim laid out innermost in memory: a GPU scans the innermost
+    dimension in parallel, an outer one serially in each column (measured in docs/speed.md)."""
     return torch.cumsum(x.transpose(dim, -1).contiguous(), -1).transpose(dim, -1)
 
 

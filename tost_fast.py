@@ -1,6 +1,7 @@
 """
 A fused core for tost.py's CausalTSSA training path: the numbers of its readable forward() lines, equal to
-rounding (float64: within 1e-12), in fewer passes over memory. Nothing here is new math; read tost.py for that.
+rounding (float64: within 1e-12), in fewer passes over memory. Nothing here is new math; read tost.py for
+that.
 
 Where it runs: CausalTSSA.forward enters here by one line when usable() says so, that is on a CPU, in
 eager mode, without a recurrent state and without active attention dropout, on at least MIN_ELEMENTS
@@ -100,7 +101,8 @@ class CausalCore(torch.autograd.Function):
     def forward(ctx, w, temp, pb, eps, chunk, keep):
         # w: (B, T, K, p) float32/64; temp: (K,); pb: (T, K) = p * b_{k,t}
         B, T, K, p = w.shape
-        L = T if keep else min(chunk, T)         # the backward needs every chunk's Q, A, D, Pi; else reuse one
+        # the backward needs every chunk's Q, A, D, Pi; else reuse one
+        L = T if keep else min(chunk, T)
         y, (Qs, As, Ds) = torch.empty_like(w), (w.new_empty(B, L, K, p) for _ in range(3))
         Pis, Pes, es = (w.new_empty(B, L, K) for _ in range(3))
         Q, A, P = w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K)   # carries
@@ -165,7 +167,8 @@ class CausalCore(torch.autograd.Function):
             gw2[:, :-1] += SQc[:, 1:]                                # via Q_t' of the later tokens t' > t
             gw2[:, -1:] += SQ
             SQ = SQc[:, :1]
-            torch.addcmul(gD.mul_(-Pi4), wc, gw2, value=2, out=gw[:, c])   # direct path of y = -Pi w D, and w2 = w^2
+            # direct path of y = -Pi w D, and w2 = w^2
+            torch.addcmul(gD.mul_(-Pi4), wc, gw2, value=2, out=gw[:, c])
         gtemp = (dls * (es + pb)).sum((0, 1))
         gpb = (dls * temp).sum(0)
         return gw, gtemp, gpb, None, None, None

@@ -423,24 +423,17 @@ def resume_command(script, cfg, set_keys, defaults):
     and the keys this run set that a checkpoint does not restore."""
     prog = sys.argv[0] if os.path.basename(sys.argv[0]) == script else script
     env = os.environ
-    nodes = ""
-    if "WORLD_SIZE" not in env:
-        launcher = "python"
-    elif env["WORLD_SIZE"] == env.get("LOCAL_WORLD_SIZE"):
+    launcher = "python"
+    if "WORLD_SIZE" in env and env["WORLD_SIZE"] == env.get("LOCAL_WORLD_SIZE"):
         launcher = f"torchrun --standalone --nproc_per_node={env['WORLD_SIZE']}"
-    elif "GROUP_WORLD_SIZE" not in env or "LOCAL_WORLD_SIZE" not in env:
-        launcher = "torchrun (your options, on every node)"
-    else:
-        # Several nodes, started as docs/training.md does: this is node 0's command.
-        launcher = (f"torchrun --nnodes={env['GROUP_WORLD_SIZE']} --node_rank=0 --nproc_per_node="
-                    f"{env['LOCAL_WORLD_SIZE']} --master_addr={env.get('MASTER_ADDR')} --master_port="
-                    f"{env.get('MASTER_PORT')}")
-        nodes = "\n(on node N, --node_rank=N)"
+    elif "WORLD_SIZE" in env:
+        # Several nodes: each restarts with its own launch options.
+        launcher = "torchrun (your launch options, on every node)"
     args = ["--init_from=resume"]
     for key in ("out_dir", "device", "compile"):
         if key in set_keys and cfg[key] != defaults[key]:
             args.append(f"--{key}={str(cfg[key]).lower() if key == 'compile' else cfg[key]}")
-    return "resume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args]) + nodes
+    return "resume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args])
 
 # -----------------------------------------------------------------------------
 # the run log: log.jsonl, a JSON row a line, and loss.png

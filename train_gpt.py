@@ -235,7 +235,7 @@ def estimate_loss(model, path, sizes, cfg, ctx, dist):
 # Dense (no sparsity) 16-bit tensor-core figures from NVIDIA's datasheets, Ampere on (float32 runs as TF32, at
 # half the rate), matched against the whole device name: a substring would give the L40 the L4's figure and an
 # H100 PCIe the SXM's. A GPU not listed gets no MFU rather than a guess: among them the A10G (NVIDIA publishes
-# no figure for it), the H800 and the Blackwell GPUs.
+# no figure for it), the H800, the Blackwell GPUs and those before Ampere.
 PEAK_FLOPS = {
     r'NVIDIA H100 \d+GB HBM3': 989e12,          # SXM5
     r'NVIDIA H100 PCIe': 756e12,
@@ -250,25 +250,14 @@ PEAK_FLOPS = {
     r'NVIDIA L4': 121e12,
     r'NVIDIA GeForce RTX 4090': 165e12,         # with float32 accumulation, as torch uses
 }
-# Before Ampere: float16 tensor cores, no TF32 (float16's peak, float32's); bfloat16 is emulated: no figure.
-OLD_PEAK_FLOPS = {
-    r'Tesla V100-SXM2-\d+GB': (125e12, 15.7e12),
-    r'Tesla V100-PCIE-\d+GB': (112e12, 14e12),
-    r'Tesla T4': (65e12, 8.1e12),
-}
-
-
 def peak_flops(device, dtype):
-    """The GPU's peak for `dtype`, or None (no MFU on a CPU, on MPS, or on a GPU not in the tables)."""
+    """The GPU's peak for `dtype`, or None (no MFU on a CPU, on MPS, or on a GPU not in the table)."""
     if not device.startswith('cuda'):
         return None
     name = torch.cuda.get_device_name(device).strip()
     for pattern, peak in PEAK_FLOPS.items():
         if re.fullmatch(pattern, name):
             return peak / 2 if dtype == 'float32' else peak
-    for pattern, (half, single) in OLD_PEAK_FLOPS.items():
-        if re.fullmatch(pattern, name):
-            return dict(float16=half, float32=single).get(dtype)
     return None
 
 def last_good(ckpt_path, saved):
@@ -371,7 +360,6 @@ def main(argv=None):
     m = model_args
     hybrid = f" (softmax in block {str(m['softmax_layers'])[1:-1]})" if m['softmax_layers'] else ''
     shift = ' + token shift' if m['token_shift'] else ''
-    asked = cfg['gradient_accumulation_steps']
     if master:
         say(f"model: {raw_model.get_num_params() / 1e6:.2f}M params, attn={m['attn']}{hybrid}{shift}, "
             f"{m['n_layer']} layers x {m['n_head']} heads x {m['n_embd']}, vocab {m['vocab_size']}, "
@@ -390,17 +378,11 @@ def main(argv=None):
         if have and need > have:
             say(f"note: that is more than the {have / 1e9:.0f} GB of this {device}; expect to run out of "
                 f"memory; try a smaller --batch_size (more --gradient_accumulation_steps) or --block_size")
-    if master and accum_total != asked:
-        say(f"note: gradient_accumulation_steps={asked} rounded up to {accum_total}, a multiple of the "
-            f"{dist.world_size} processes: {tokens_per_iter:,} tokens per iter")
     if master and ckpt:
         say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
     if master and max_iters > lr_decay_iters:
         say(f"note: the schedule decays to min_lr at iter {lr_decay_iters} and stays there; set "
             f"--lr_decay_iters to stretch it")
-    if master and warmup_iters >= max_iters:
-        say(f"note: the warmup ({warmup_iters} iters) is as long as the run: the learning rate never reaches "
-            f"--learning_rate; set --warmup_iters lower")
 
     # the log: a fresh run's is new; a resumed run's keeps its rows up to the checkpoint, the later are redone
     saved = None if fresh else iter_num

@@ -516,3 +516,18 @@ def test_the_divergence_line_names_the_options_that_can_help():
     on = tc.diverged("training loss", float("nan"), "iter 3", "kept", dict(weight_decay=0.1, grad_clip=1.0))
     assert "--learning_rate" in off and "--weight_decay" not in off and "--grad_clip=1" in off
     assert "--learning_rate" in on and "--weight_decay" in on and "--grad_clip=1" not in on
+
+
+def test_batchnorm_is_synced_across_gpus_only(monkeypatch):
+    """Under DDP on GPUs the ViT's patch embedding takes its BatchNorm statistics over every process's batch
+    (as released); on CPUs, and in one process, it keeps its own."""
+    monkeypatch.setattr(tc, "DDP", lambda model, **kwargs: model)
+    config = tost.ViTConfig(img_size=8, patch_size=4, num_classes=2, n_layer=1, n_head=2, n_embd=8)
+
+    def norms(device, ddp):
+        dist = tc.Dist(ddp=ddp, rank=0, local_rank=0, world_size=2, master=True, device=device)
+        wrapped = tc.wrap(tost.ViT(config), dist, compile=False)
+        return {type(m).__name__ for m in wrapped.modules() if "BatchNorm" in type(m).__name__}
+
+    assert norms("cuda:0", True) == {"SyncBatchNorm"}
+    assert norms("cpu", True) == norms("cuda:0", False) == {"BatchNorm2d"}

@@ -686,19 +686,13 @@ GPU_NAMES = [('NVIDIA H100 80GB HBM3', 989e12), ('NVIDIA H100 PCIe', 756e12), ('
              ('NVIDIA GeForce RTX 3090', None), ('Some Future GPU', None)]
 
 
-# (float16, float32) of the GPUs before Ampere: float16 tensor cores only, bfloat16 emulated
-PRE_AMPERE = {'Tesla T4': (65e12, 8.1e12), 'Tesla V100-SXM2-16GB': (125e12, 15.7e12),
-              'Tesla V100-PCIE-32GB': (112e12, 14e12)}
-
-
-@pytest.mark.parametrize('name, bf16', GPU_NAMES + [('Tesla V100-PCIE-32GB', None)])
+@pytest.mark.parametrize('name, bf16', GPU_NAMES)
 def test_peak_flops_by_the_whole_gpu_name(monkeypatch, name, bf16):
     """The whole name decides: 'NVIDIA L40' is not an L4, nor 'H100 PCIe' an SXM. float32 runs as TF32 at
     half the 16-bit rate from Ampere on."""
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: name)
-    fp16, fp32 = PRE_AMPERE.get(name, (bf16, bf16 and bf16 / 2))
     peaks = [train_gpt.peak_flops('cuda:0', dtype) for dtype in ('bfloat16', 'float16', 'float32')]
-    assert peaks == [bf16, fp16, fp32]
+    assert peaks == [bf16, bf16, bf16 and bf16 / 2]
     assert train_gpt.peak_flops('cpu', 'float32') is None
 
 
@@ -909,9 +903,6 @@ def test_a_schedule_shorter_than_the_run_is_noted(data_dir, tmp_path, capsys):
     assert 'min_lr' in capsys.readouterr().out
     min_lr = 3e-3 * train_gpt.DEFAULTS['min_lr_ratio']
     assert read_log(str(tmp_path), kind='train')[-1]['lr'] == min_lr
-    args = ('--max_iters=2', '--warmup_iters=5', '--eval_interval=2')
-    train_gpt.main(tiny(data_dir, str(tmp_path / 'warm'), *args))
-    assert 'warmup' in capsys.readouterr().out
 
 
 def test_a_resume_keeps_no_second_copy_of_the_weights(data_dir, tmp_path, monkeypatch):
