@@ -83,8 +83,8 @@ def read_run(path):
             with contextlib.suppress(ValueError, TypeError):
                 rows.append(dict(json.loads(line)))
     cfg = next((r for r in reversed(rows) if r.get('kind') == 'config'), {})
-    folder, base = os.path.split(os.path.abspath(log))
-    name = os.path.basename(folder) if base == 'log.jsonl' else base.removesuffix('.jsonl')
+    # 'out' for out/log.jsonl, 'demo-log' for docs/demo-log.jsonl
+    name = os.path.basename(os.path.abspath(log).removesuffix(os.sep + 'log.jsonl')).removesuffix('.jsonl')
     return f"{name}: {model_name(cfg)}" if cfg else name, cfg, [r for r in rows if r.get('kind') != 'config']
 
 
@@ -233,7 +233,7 @@ def vision_maps(path, image, cls_attn, pi, title):
     colour scale per row (viridis: dark low, yellow high), so heads can be compared.
     image (C, H, W) uint8; cls_attn, pi (heads, Hp, Wp) floats, pi may be None."""
     rows = [cls_attn] + ([pi] if pi is not None else [])
-    heads = cls_attn.shape[0]
+    heads = len(cls_attn)
     axes = Figure(figsize=(1.5 * (1 + heads), 1.6 * len(rows) + 0.3)).subplots(
         len(rows), 1 + heads, squeeze=False, subplot_kw=dict(xticks=[], yticks=[]))
     # (H, W) for a grey image, (H, W, 3) in colour; the colour map applies only to a grey one
@@ -243,8 +243,9 @@ def vision_maps(path, image, cls_attn, pi, title):
         maps = np.asarray(maps, dtype=np.float64)
         for k in range(heads):
             axes[r, 1 + k].imshow(maps[k], cmap='viridis', vmin=maps.min(), vmax=maps.max())
-            axes[r, 1 + k].set_title(f"{'CLS attention' if r == 0 else 'Pi'}, head {k}", fontsize=7,
-                                     color='black' if r == 0 else colormaps['tab10'](k % 10))
+            # Pi's heads in the colours of the map at the left
+            axes[r, 1 + k].set_title(f"{['CLS attention', 'Pi'][r]}, head {k}", fontsize=7,
+                                     color=colormaps['tab10'](k % 10) if r else 'black')
     if pi is not None:
         axes[1, 0].imshow(np.asarray(pi).argmax(0), cmap='tab10', vmin=0, vmax=9)
         axes[1, 0].set_title('head with the\nlargest Pi', fontsize=7)
