@@ -296,7 +296,7 @@ DEFAULTS = dict(
     runs=[],                     # bare words: run folders or log.jsonl files, or bench/study results (.json)
     x='tokens',                  # the x axis of language runs: tokens (seen) or seconds (of training)
     out='runs.png',              # where the runs' figure goes (.png, .pdf, .svg): ./runs.png unless told
-    out_dir='',                  # where a .json's figures go (speed.png, ...): the current folder unless told
+    out_dir='.',                 # where a .json's figures go (speed.png, ...): the current folder unless told
     title='',                    # the figure's title; default: learning curves
 )
 
