@@ -23,7 +23,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
+from matplotlib.ticker import NullLocator
 
 from options import UsageError, parse
 
@@ -60,8 +60,6 @@ def finish(ax, x, y, title, xticks=()):
         xticks = sorted(set(xticks))
         ax.set_xticks(xticks, [f"{v // 1024}k" if v >= 1024 else str(v) for v in xticks])
         ax.xaxis.set_minor_locator(NullLocator())
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set(xlabel=x, ylabel=y)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which='both')
