@@ -23,7 +23,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
+from matplotlib.ticker import NullLocator
 
 from options import UsageError, parse
 
@@ -51,6 +51,21 @@ def save(fig, path):
     fig.tight_layout()
     options.write_whole(path, lambda f: fig.savefig(f, dpi=100, format=os.path.splitext(path)[1][1:]), 'wb')
 
+
+def finish(ax, x, y, title, xticks=()):
+    """Axis labels, title, grid and legend. Given xticks (the measured sizes), the axes are log-log with x
+    ticks at those sizes, written as 256, 1k, 64k."""
+    if xticks:
+        ax.set(xscale='log', yscale='log')
+        xticks = sorted(set(xticks))
+        ax.set_xticks(xticks, [f"{v // 1024}k" if v >= 1024 else str(v) for v in xticks])
+        ax.xaxis.set_minor_locator(NullLocator())
+    ax.set(xlabel=x, ylabel=y)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which='both')
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
 # -----------------------------------------------------------------------------
 # learning curves
 
@@ -62,60 +77,61 @@ def read_run(path):
     rows = []
     with open(log) as f:
         for line in f:
-            # a line cut short (being written, or by a crash) is left out
-            with contextlib.suppress(ValueError):
-                rows.append(json.loads(line))
-    rows = [r for r in rows if isinstance(r, dict)]
+            # a line cut short (being written, or by a crash), or one that is not a row, is left out
+            with contextlib.suppress(ValueError, TypeError):
+                rows.append(dict(json.loads(line)))
     cfg = next((r for r in reversed(rows) if r.get('kind') == 'config'), {})
-    folder, base = os.path.split(os.path.abspath(log))
-    name = os.path.basename(folder) if base == 'log.jsonl' else base.removesuffix('.jsonl')
+    # 'out' for out/log.jsonl, 'demo-log' for docs/demo-log.jsonl
+    name = os.path.basename(os.path.abspath(log).removesuffix(os.sep + 'log.jsonl')).removesuffix('.jsonl')
     return f"{name}: {model_name(cfg)}" if cfg else name, cfg, [r for r in rows if r.get('kind') != 'config']
 
 
-def points(rows, x, y, kind=None):
-    """(x, y) of each row that has both (and is of `kind`, if given)."""
-    return [(r[x], r[y]) for r in rows if kind in (None, r.get('kind')) and None not in (r.get(x), r.get(y))]
+def points(rows, kind, x, y):
+    """(xs, ys) of the rows of `kind` that have both x and y (y None: none)."""
+    xy = [(r[x], r[y]) for r in rows if r.get('kind') == kind and None not in (r.get(x), r.get(y))]
+    return np.reshape(xy, (-1, 2)).T
+
+
+# what --x (or a vision run's 'epoch') draws: (the key of a row, the axis label)
+X_AXES = {'tokens': ('tokens', 'tokens seen'), 'seconds': ('elapsed_s', 'seconds of training'),
+          'epoch': ('epoch', 'epoch')}
 
 
 def learning_curves(runs, path, x='tokens', title=None):
     """Language runs: train loss (thin) and val loss (points) against tokens seen or seconds, the y axis on
     the losses after the first evaluation; vision runs: test accuracy against epochs. runs: [(label, cfg,
-    rows)], as read_run gives them. Language and vision runs in one call, or nothing to draw: a UsageError."""
-    vision = {any('step' in r or 'epoch' in r for r in rows) for _, _, rows in runs}
+    rows)], as read_run gives them. Language and vision runs in one call: a UsageError."""
+    vision = {any('epoch' in r for r in rows) for _, _, rows in runs}
     if len(vision) > 1:
         labels = ', '.join(label for label, _, _ in runs)
         raise UsageError(f"{labels}: language and vision runs together; draw them in separate calls")
     vision = vision.pop()
-    key = 'epoch' if vision else 'tokens' if x == 'tokens' else 'elapsed_s'
-    # (train, val) points of each run, from rows of their kind; a vision run's val points are test accuracy
-    series = [([] if vision else points(rows, key, 'train_loss', 'train'),
-               points(rows, key, 'test_acc' if vision else 'val_loss', 'eval')) for _, _, rows in runs]
-    drawn = [y for train, val in series for _, y in train + val]
-    if not drawn:
-        raise UsageError(f"nothing to draw yet: {', '.join(label for label, _, _ in runs)} "
-                         f"{'has' if len(runs) == 1 else 'have'} no complete train or eval row")
+    key, xlabel = X_AXES['epoch' if vision else x]
     ax = Figure(figsize=(7, 4.2)).subplots()
     used = set()
-    for i, ((label, cfg, _), (train, val)) in enumerate(zip(runs, series)):
-        name = model_name(cfg) if cfg else None
+    later = []
+    for i, (label, cfg, rows) in enumerate(runs):
+        name = model_name(cfg)
         color, line, marker = STYLES[name] if name in STYLES and name not in used else OTHER[i % len(OTHER)]
         used.add(name)
-        if train:
-            ax.plot(*zip(*train), color=color, linestyle=line, linewidth=0.8, alpha=0.45)
-        if val:
-            ax.plot(*zip(*val), color=color, linestyle=line, marker=marker, markersize=4,
-                    label=label if vision else f"{label}, val")
-        elif train:
-            ax.plot([], [], color=color, linestyle=line, label=f"{label} (no eval yet)")
-    later = [y for _, val in series for _, y in val[1:]]
-    if later and not vision:                           # the part after the first drop, with a margin
-        lo = min(drawn)
+        # a vision run has no train line; its points are its test accuracy
+        train = points(rows, 'train', key, None if vision else 'train_loss')
+        val = points(rows, 'eval', key, 'test_acc' if vision else 'val_loss')
+        later.extend(val[1][1:])
+        if not val.size:
+            label += ' (no eval yet)'
+        elif not vision:
+            label += ', val'
+        ax.plot(*train, color=color, linestyle=line, linewidth=0.8, alpha=0.45)
+        ax.plot(*val, color=color, linestyle=line, marker=marker, markersize=4, label=label)
+    if later and not vision:
+        # the part after the first drop, with a margin
+        lo = ax.dataLim.y0
         hi = max(later)
         ax.set_ylim(lo - 0.1 * (hi - lo) - 0.01, hi + 0.15 * (hi - lo) + 0.01)
     unit = 'byte' if all(cfg.get('vocab_size') == 256 for _, cfg, _ in runs) else 'token'
-    ax_labels(ax, 'epoch' if vision else 'tokens seen' if x == 'tokens' else 'seconds of training',
-              'test accuracy' if vision else f'loss (nats per {unit}); thin: train',
-              title or ('test accuracy' if vision else 'learning curves'))
+    finish(ax, xlabel, 'test accuracy' if vision else f'loss (nats per {unit}); thin: train',
+           title or ('test accuracy' if vision else 'learning curves'))
     save(ax.figure, path)
 
 # -----------------------------------------------------------------------------
@@ -135,15 +151,15 @@ def speed(results, path):
         pts = sorted((r['n'], r['fwdbwd_s'], r['fwdbwd_peak_mb']) for r in rows if r['op'] == op)
         if not pts:
             continue
-        n, t, mb = map(np.array, zip(*pts))
+        n, t, mb = np.array(pts, dtype=float).T
         color, _, marker = STYLES[model]
         k = f", k = {fits[op]:.2f}" if op in fits else ""
         left.plot(n, 1e3 * t, color=color, linestyle=line, marker=marker, label=f"{label}{k}")
         if np.isfinite(mb).any():
             right.plot(n, mb, color=color, linestyle=line, marker=marker, label=label)
     sizes = [r['n'] for r in rows]
-    ax_labels(left, 'tokens', 'forward + backward (ms)', 'time ~ n^k', log=True, xticks=sizes)
-    ax_labels(right, 'tokens', 'peak memory (MB)', 'memory, forward + backward', log=True, xticks=sizes)
+    finish(left, 'tokens', 'forward + backward (ms)', 'time ~ n^k', sizes)
+    finish(right, 'tokens', 'peak memory (MB)', 'memory, forward + backward', sizes)
     left.figure.suptitle(f"one attention layer, width {results.get('width', 768)}: {describe(results)}",
                          fontsize=9)
     save(left.figure, path)
@@ -167,8 +183,8 @@ def generation(results, path):
         label, model = GENERATION[key]
         color, line, marker = STYLES[model] if model else OTHER[i % len(OTHER)]
         ax.plot(ctx, [r[key] for r in rows], color=color, linestyle=line, marker=marker, label=label)
-    ax_labels(ax, 'context (tokens before the new one)', 'tokens / s',
-              f"generation, batch 1: {describe(results)}", log=True, xticks=ctx)
+    title = f"generation, batch 1: {describe(results)}"
+    finish(ax, 'context (tokens before the new one)', 'tokens / s', title, ctx)
     save(ax.figure, path)
 
 
@@ -177,42 +193,25 @@ def describe(results):
     return ', '.join([str(results[k]) for k in ('gpu', 'device', 'dtype') if results.get(k)]
                      + [f"torch {results.get('torch', '?')}"])
 
-
-def ax_labels(ax, x, y, title, log=False, xticks=()):
-    if log:                                        # log-log; x ticks at the measured sizes, as 256, 1k, 64k
-        ax.set(xscale='log', yscale='log')
-        xticks = sorted(set(xticks))
-        ax.set_xticks(xticks, [f"{v // 1024}k" if v >= 1024 else str(v) for v in xticks])
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set(xlabel=x, ylabel=y)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3, which='both')
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-
 # -----------------------------------------------------------------------------
 # capability map: tools.study's tasks
 
 
 def capability_grid(results, path):
-    """tools.study's tasks: a row per task and knob value, a column per model. The number is the accuracy;
-    the colour is how far above chance it is (0 at chance, 1 perfect): every row's chance reads the same."""
+    """tools.study's tasks: a row per task and knob value, a column per model, as the study writes them (every
+    model at every value, in order). The number is the accuracy; the colour is how far above chance it is (0
+    at chance, 1 perfect): every row's chance reads the same."""
     rows = results['tasks']
     models = list(dict.fromkeys(r['model'] for r in rows))
-    cells = list(dict.fromkeys((r['task'], r['knob'], r['value'], r['chance']) for r in rows))
-    acc = {(r['task'], r['value'], r['model']): r['accuracy'] for r in rows}
-    grid = np.full((len(cells), len(models)), np.nan)
+    cells = [(r['task'], r['knob'], r['value'], r['chance']) for r in rows[::len(models)]]
+    acc = np.reshape([r['accuracy'] for r in rows], (len(cells), len(models)))
+    chance = np.array([c for *_, c in cells])[:, None]
+    above = np.clip((acc - chance) / (1 - chance), 0, 1)
     ax = Figure(figsize=(1.3 * len(models) + 3.2, 0.42 * len(cells) + 1.6)).subplots()
-    for i, (task, knob, value, chance) in enumerate(cells):
-        for j, m in enumerate(models):
-            a = acc.get((task, value, m))
-            if a is not None:
-                grid[i, j] = (a - chance) / (1 - chance)
-                ax.text(j, i, f"{a:.2f}" + ("" if a > chance + 0.02 else " ~"), ha='center', va='center',
-                        fontsize=9, color='black' if grid[i, j] > 0.5 else 'white')
-    im = ax.imshow(np.clip(grid, 0, 1), cmap='viridis', vmin=0, vmax=1, aspect='auto')
+    for (i, j), a in np.ndenumerate(acc):
+        ax.text(j, i, f"{a:.2f}" + ("" if a > chance[i, 0] + 0.02 else " ~"), ha='center', va='center',
+                fontsize=9, color='black' if above[i, j] > 0.5 else 'white')
+    im = ax.imshow(above, cmap='viridis', vmin=0, vmax=1, aspect='auto')
     ax.set_xticks(range(len(models)), [m.replace('tssa', 'ToST').replace('+', ' + ') for m in models],
                   fontsize=9)
     ax.set_yticks(range(len(cells)), [f"{t}, {k} {v} (chance {c:.2f})" for t, k, v, c in cells], fontsize=8)
@@ -232,7 +231,7 @@ def vision_maps(path, image, cls_attn, pi, title):
     colour scale per row (viridis: dark low, yellow high), so heads can be compared.
     image (C, H, W) uint8; cls_attn, pi (heads, Hp, Wp) floats, pi may be None."""
     rows = [cls_attn] + ([pi] if pi is not None else [])
-    heads = cls_attn.shape[0]
+    heads = len(cls_attn)
     axes = Figure(figsize=(1.5 * (1 + heads), 1.6 * len(rows) + 0.3)).subplots(
         len(rows), 1 + heads, squeeze=False, subplot_kw=dict(xticks=[], yticks=[]))
     # (H, W) for a grey image, (H, W, 3) in colour; the colour map applies only to a grey one
@@ -242,8 +241,9 @@ def vision_maps(path, image, cls_attn, pi, title):
         maps = np.asarray(maps, dtype=np.float64)
         for k in range(heads):
             axes[r, 1 + k].imshow(maps[k], cmap='viridis', vmin=maps.min(), vmax=maps.max())
-            axes[r, 1 + k].set_title(f"{'CLS attention' if r == 0 else 'Pi'}, head {k}", fontsize=7,
-                                     color='black' if r == 0 else colormaps['tab10'](k % 10))
+            # Pi's heads in the colours of the map at the left
+            axes[r, 1 + k].set_title(f"{['CLS attention', 'Pi'][r]}, head {k}", fontsize=7,
+                                     color=colormaps['tab10'](k % 10) if r else 'black')
     if pi is not None:
         axes[1, 0].imshow(np.asarray(pi).argmax(0), cmap='tab10', vmin=0, vmax=9)
         axes[1, 0].set_title('head with the\nlargest Pi', fontsize=7)
@@ -277,16 +277,17 @@ def draw_results(path, folder):
     try:
         with open(path) as f:
             results = json.load(f)
-        sections = [s for s in FIGURES if isinstance(results, dict) and s in results]
-        if not sections:
-            raise UsageError(f"{path} holds no results of tools.bench or tools.study (none of the sections "
-                             f"{', '.join(FIGURES)}); a run is a folder or its log.jsonl")
-        out = [os.path.join(folder, FIGURES[s][0]) for s in sections]
-        for s, p in zip(sections, out):
-            FIGURES[s][1](results, p)
-        return out
+        out = []
+        for section, (name, draw) in FIGURES.items():
+            if section in results:
+                out.append(os.path.join(folder, name))
+                draw(results, out[-1])
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"cannot draw the figures of {path} ({type(e).__name__}: {e})") from None
+    if not out:
+        raise UsageError(f"{path} holds no results of tools.bench or tools.study (none of the sections "
+                         f"{', '.join(FIGURES)}); a run is a folder or its log.jsonl")
+    return out
 
 
 DEFAULTS = dict(
@@ -299,22 +300,16 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
-                          positional='runs')
+    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='runs',
+                   choices=dict(x=('tokens', 'seconds')))
     if not cfg['runs']:
         raise UsageError("give one or more run folders (or log.jsonl files): python plot.py out out-softmax")
-    jsons = [f for f in cfg['runs'] if f.endswith('.json')]
-    if 'out_dir' in set_keys and not jsons or 'out' in set_keys and len(jsons) == len(cfg['runs']):
-        raise UsageError("--out names the runs' figure and --out_dir the folder of a .json's figures; "
-                         f"{'--out_dir' if not jsons else '--out'} has nothing to draw here")
-    if cfg['x'] not in ('tokens', 'seconds'):
-        raise UsageError(f"--x expects tokens or seconds, got {cfg['x']!r}")
-    # Checked before any drawing: matplotlib would add .png to a name without a suffix, and refuse one it
-    # does not know only when it saves.
+    # Checked before any drawing: matplotlib refuses a suffix it does not know only when it saves.
     if os.path.splitext(cfg['out'])[1][1:] not in FigureCanvasBase.get_supported_filetypes():
         raise UsageError(f"--out={cfg['out']} needs a file name whose suffix is its format: .png, .pdf, .svg")
+    jsons = [f for f in cfg['runs'] if f.endswith('.json')]
     for f in jsons:
-        print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'] or '.')))
+        print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'])))
     runs = [read_run(f) for f in cfg['runs'] if f not in jsons]
     if runs:
         learning_curves(runs, cfg['out'], cfg['x'], cfg['title'])

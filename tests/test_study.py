@@ -188,11 +188,12 @@ def test_language_and_vision_sections_run_end_to_end(tmp_path):
     assert [plot.model_name(r) for r in lang] == ['ToST', 'ToST + shift', 'hybrid + shift']
     for r in lang:
         ckpt = torch.load(f"{r['out_dir']}/ckpt.pt", weights_only=True)
-        assert ckpt['model_args']['token_shift'] is bool(r['token_shift'])
-        assert ckpt['model_args']['softmax_layers'] == ([0] if r['softmax_layers'] else [])   # smoke: 1 block
+        assert ckpt['model_args']['token_shift'] is bool(r.get('token_shift'))
+        # smoke: 1 block
+        assert ckpt['model_args']['softmax_layers'] == ([0] if r.get('softmax_layers') else [])
         assert r['val_loss'] > 0 and r['tokens_per_sec'] > 0 and r['sample'].startswith('def ')
     vis = res['vision']['rows']
-    assert [(r['variant'], bool(r['lpi'])) for r in vis] == [('ToST (paper)', False), ('ToST + lpi', True)]
+    assert [(r['variant'], r.get('lpi')) for r in vis] == [('ToST (paper)', None), ('ToST + lpi', True)]
     assert all(0 <= r['test_acc'] <= 1 for r in vis)
     for name in ('language.png', 'vision.png'):                      # each section's runs on one figure
         assert matplotlib.image.imread(tmp_path / name).shape[:2] == (420, 700)

@@ -35,15 +35,35 @@ from train_common import cosine_lr
 
 def run_script(script, keys, what):
     """Run one of the repo's scripts with options `keys` (a dict) in a subprocess, its output captured. Its
-    failure is one line: the child's own (its last `error:` line, or the last line of a traceback)."""
+    failure is one line: the child's own last line (its `error:` line, or the last line of a traceback)."""
     args = [script, *(f'--{k}={v}' for k, v in keys.items())]
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
     if out.returncode != 0:
-        lines = (out.stderr or out.stdout).strip().splitlines() or [f'exit {out.returncode}']
-        said = [line.removeprefix('error: ') for line in lines if line.startswith('error: ')] or lines
-        raise UsageError(f"{what} failed ({shlex.join(args)}): {said[-1]}")
+        said = (out.stderr or out.stdout).strip().splitlines() or [f'exit {out.returncode}']
+        raise UsageError(f"{what} failed ({shlex.join(args)}): {said[-1].removeprefix('error: ')}")
     return out
 
+
+def train(args, section, script, variants, keys):
+    """Train each of `variants` ((run name, label, overrides); in the smoke test only those of SMOKE) with
+    `script`, `keys` and its overrides, in float32 (as measured), into out_dir/section-run. Yields (the row of
+    the table: its label, overrides, out_dir and seconds; the run's folder; its log's rows)."""
+    # made here: a folder that cannot be is one line naming it (options.py's handler), not a failed run
+    os.makedirs(args.out_dir, exist_ok=True)
+    for run, name, extra in variants:
+        if args.mode == 'smoke' and run not in SMOKE:
+            continue
+        out_dir = os.path.join(args.out_dir, f'{section}-{run}')
+        t0 = time.time()
+        run_script(script, {'dtype': 'float32', **keys, **extra, 'out_dir': out_dir, 'overwrite': True},
+                   f'training {name}')
+        seconds = round(time.time() - t0, 1)
+        row = dict(variant=name, **extra, seconds=seconds, out_dir=os.path.relpath(out_dir))
+        yield row, out_dir, plot.read_run(out_dir)[2]
+
+
+# the runs --smoke trains, of each section
+SMOKE = ('tost', 'tost-shift', 'hybrid-last-shift', 'tost-lpi')
 
 # -----------------------------------------------------------------------------
 # language: the demo budget, ToST against softmax, with and without the token shift
@@ -66,32 +86,21 @@ LANGUAGE_BUDGET = {
     'quick': {'max_iters': 200},
     'smoke': dict(max_iters=4, eval_iters=1, eval_interval=4, batch_size=2, block_size=32, n_layer=1),
 }
-SMOKE_LANGUAGE = ('tost', 'tost-shift', 'hybrid-last-shift')   # the rows --smoke runs
 SAMPLE = dict(start='def ', seed=1, temperature=0.8, max_new_tokens=160, num_samples=1)
 
 
 def section_language(args, results):
-    # made here: a folder that cannot be is one line naming it (options.py's handler), not a failed run
-    os.makedirs(args.out_dir, exist_ok=True)
     budget = LANGUAGE_BUDGET[args.mode]
-    variants = [v for v in LANGUAGE if v[0] in SMOKE_LANGUAGE] if args.mode == 'smoke' else LANGUAGE
     rows = []
-    for run, name, extra in variants:
-        out_dir = os.path.join(args.out_dir, 'language-' + run)
-        # float32, as measured
-        keys = {'dtype': 'float32', **budget, **extra, 'out_dir': out_dir, 'overwrite': True}
-        run_script('train_gpt.py', keys, f'training {name}')
-        log = plot.read_run(out_dir)[2]
+    for row, out_dir, log in train(args, 'language', 'train_gpt.py', LANGUAGE, budget):
         val = [r['val_loss'] for r in log if r.get('kind') == 'eval'][-1]
         speeds = [r['tokens_per_sec'] for r in log if r.get('kind') == 'train' and r.get('tokens_per_sec')]
         # the first row includes the warm-up
         speeds = speeds[1:] or speeds
-        sample = run_script('sample.py', dict(out_dir=out_dir, **SAMPLE), f'sampling {name}').stdout
-        recorded = {k: extra.get(k) for k in ('attn', 'token_shift', 'softmax_layers', 'n_head')}
-        rows.append(dict(variant=name, **recorded, val_loss=val,
-                         tokens_per_sec=sum(speeds) / max(1, len(speeds)), sample=sample.strip(),
-                         out_dir=os.path.relpath(out_dir)))
-        console.print(f"  {name}: val loss {val:.3f}", style="dim")
+        sample = run_script('sample.py', dict(out_dir=out_dir, **SAMPLE), f"sampling {row['variant']}").stdout
+        row.update(val_loss=val, tokens_per_sec=sum(speeds) / max(1, len(speeds)), sample=sample.strip())
+        rows.append(row)
+        console.print(f"  {row['variant']}: val loss {val:.3f}", style="dim")
     results['language'] = dict(rows=rows, budget=dict(
         budget, note='train_gpt.py defaults (the demo) with these overrides, seed 1337, one run each'))
     table(results, f"Language, the demo budget{' with ' + str(budget) if budget else ''}: python_stdlib "
@@ -126,10 +135,9 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
         x[i, :, oy[i] + r, ox[i] + c] = colour[i]
         np.save(os.path.join(folder, f'{split}_images.npy'), x.astype(np.uint8))
         np.save(os.path.join(folder, f'{split}_labels.npy'), y.astype(np.int64))
-    meta = dict(name=os.path.basename(folder), kind='images', num_classes=classes,
-                classes=[f'glyph{i}' for i in range(classes)], image_size=size, channels=3, mean=[0.3] * 3,
-                std=[0.2] * 3, train_count=n_train, test_count=n_test,
-                source='tools.study: random glyphs on noise')
+    # what train_vit.py reads of a meta.json
+    meta = dict(kind='images', num_classes=classes, classes=[f'glyph{i}' for i in range(classes)],
+                image_size=size, channels=3, mean=[0.3] * 3, std=[0.2] * 3)
     with open(os.path.join(folder, 'meta.json'), 'w') as f:
         json.dump(meta, f)
 
@@ -149,18 +157,13 @@ def section_vision(args, results):
     data_dir = os.path.join(args.out_dir, 'data')
     make_glyph_images(os.path.join(data_dir, 'glyphs'), b['n_train'], b['n_test'])
     budget = dict(model='tost-cifar-tiny', warmup_epochs=1, **b['keys'])
+    keys = dict(budget, dataset='glyphs', data_dir=data_dir, viz_images=0, compression_images=0)
     rows = []
-    for run, name, extra in VISION[:2] if args.mode == 'smoke' else VISION:
-        out_dir = os.path.join(args.out_dir, 'vision-' + run)
-        keys = {'dtype': 'float32', **budget, **extra, 'dataset': 'glyphs', 'data_dir': data_dir,
-                'out_dir': out_dir, 'overwrite': True, 'viz_images': 0, 'compression_images': 0}
-        t0 = time.time()
-        run_script('train_vit.py', keys, f'training {name}')
-        evals = [r['test_acc'] for r in plot.read_run(out_dir)[2] if r.get('test_acc') is not None]
-        rows.append(dict(variant=name, attn=extra.get('attn'), lpi=extra.get('lpi'), test_acc=evals[-1],
-                         best_acc=max(evals), seconds=round(time.time() - t0, 1),
-                         out_dir=os.path.relpath(out_dir)))
-        console.print(f"  {name}: test accuracy {evals[-1]:.3f}", style="dim")
+    for row, _, log in train(args, 'vision', 'train_vit.py', VISION, keys):
+        evals = [r['test_acc'] for r in log if r.get('test_acc') is not None]
+        row.update(test_acc=evals[-1], best_acc=max(evals))
+        rows.append(row)
+        console.print(f"  {row['variant']}: test accuracy {evals[-1]:.3f}", style="dim")
     results['vision'] = dict(rows=rows, budget=dict(
         budget, train_images=b['n_train'], test_images=b['n_test'],
         note='train_vit.py defaults with these overrides, seed 1337, one run each'))
@@ -276,16 +279,13 @@ def task_train_batches(task, value, batch, steps, test_x):
     rng = np.random.default_rng([TASK_SEED, 1])
     for a in range(0, steps, 64):                      # 64 batches generated at a time
         need = min(64, steps - a) * batch
-        xs = []
-        ys = []
+        parts = []
         while need > 0:
             x, y = task.gen(rng, need, value)
-            keep = np.array([r.tobytes() not in seen for r in x], dtype=bool)
-            xs.append(x[keep])
-            ys.append(y[keep])
-            need -= len(xs[-1])
-        x = torch.from_numpy(np.concatenate(xs))
-        y = torch.from_numpy(np.concatenate(ys))
+            keep = [r.tobytes() not in seen for r in x]
+            parts.append((x[keep], y[keep]))
+            need -= sum(keep)
+        x, y = (torch.from_numpy(np.concatenate(part)) for part in zip(*parts))
         yield from zip(x.split(batch), y.split(batch))
 
 
@@ -345,12 +345,12 @@ def section_tasks(args, results):
     finally:
         signal.signal(signal.SIGINT, previous)
     rows = []
+    # in the order of the jobs
     with pool:
-        for r in pool.imap_unordered(task_run, jobs):
+        for r in pool.imap(task_run, jobs):
             rows.append(r)
             console.print(f"  {r['task']} {r['knob']} {r['value']}, {r['model']}: accuracy "
                           f"{r['accuracy']:.3f}, chance {r['chance']:.3f}, {r['seconds']:.0f} s", style="dim")
-    rows.sort(key=lambda r: jobs.index((r['task'], r['value'], r['model'], mode)))
     results['tasks'] = rows
     results['tasks_budget'] = budget
     console.print(f"budget, the same for every model in a row: GPT {m['n_layer']} layers, width "
