@@ -148,18 +148,19 @@ def main(argv=None):
     if dist.master:
         open(os.path.join(cfg['out_dir'], 'log.jsonl'), 'a').close()
     ctx = autocast(device, dtype)
-    model_name = f"{ckpt_path} (iter {info.get('iter_num')}, attn={config.attn}, {model.get_num_params() / 1e6:.2f}M params)"
+    # What every row shares: the model, and how its numbers were computed.
+    run = dict(kind='zero_shot', ckpt=ckpt_path, iter=info.get('iter_num'), attn=config.attn,
+               softmax_layers=list(config.softmax_layers), block_size=T, batch_size=B, dtype=dtype,
+               device=device, processes=dist.world_size)
+    model_name = f"{ckpt_path} (iter {run['iter']}, attn={config.attn}, {model.get_num_params():,} params)"
     say(f"{model_name}: windows of {T} tokens, batch {B}, {dtype} on {device}, {dist.world_size} process(es)")
     results = []
     for name, meta, tokens, spans in sets:
         t0 = time.time()
         loss, scored, windows = split_loss(model, tokens, T, B, ctx, dist)
         ppl = math.exp(loss) if loss < 700 else math.inf
-        r = dict(kind='zero_shot', dataset=name, dataset_kind=meta.get('dataset', name), loss=loss, ppl=ppl,
-                 tokens=scored, windows=windows, block_size=T, batch_size=B, tokenizer=meta['tokenizer'],
-                 ckpt=ckpt_path, iter=info.get('iter_num'), attn=config.attn,
-                 softmax_layers=list(config.softmax_layers), dtype=dtype, device=device,
-                 processes=dist.world_size)
+        r = dict(run, dataset=name, dataset_kind=meta.get('dataset', name), tokenizer=meta['tokenizer'],
+                 loss=loss, ppl=ppl, tokens=scored, windows=windows)
         acc = ''
         if spans is not None:
             correct, cut = last_word_accuracy(model, tokens, spans, T, B, ctx, dist)
