@@ -328,10 +328,6 @@ def main(argv=None):
     best_acc = ckpt['best_acc'] if resume else -1.0
     model = wrap(raw_model, dist, cfg['compile'])
     min_lr = learning_rate * cfg['min_lr_ratio']
-    grad_clip = cfg['grad_clip']
-    label_smoothing = cfg['label_smoothing']
-    log_interval = cfg['log_interval']
-    eval_interval = cfg['eval_interval']
     seed = cfg['seed']
 
     n_params = raw_model.get_num_params()
@@ -352,7 +348,6 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # the loop: at each epoch's end the test set and the checkpoints, then a step, then a log row
-    resume_line = resume_command('train_vit.py', cfg, set_keys, DEFAULTS)
     # The step on disk (a fresh run has none to save at step 0).
     saved = step
     stop = False
@@ -367,7 +362,7 @@ def main(argv=None):
         while True:
             epoch, i = divmod(step, steps_per_epoch)
             improved = False
-            if i == 0 and step != saved and (epoch % eval_interval == 0 or step == total):
+            if i == 0 and step != saved and (epoch % cfg['eval_interval'] == 0 or step == total):
                 acc, test_loss = evaluate(eval_model, x_test, y_test, batch_size, ctx, dist)
                 improved = acc > best_acc
                 best_acc = max(best_acc, acc)
@@ -396,7 +391,7 @@ def main(argv=None):
                 if master:
                     print(f"interrupted ({signals[0] if signals else 'on another rank'}) at step {step} "
                           f"(epoch {step / steps_per_epoch:.2f}): saved {ckpt_path}", file=sys.stderr)
-                    print(resume_line, file=sys.stderr)
+                    print(resume_command('train_vit.py', cfg, set_keys, DEFAULTS), file=sys.stderr)
                 teardown(dist, lock)
                 sys.exit(130)
 
@@ -410,9 +405,9 @@ def main(argv=None):
             x = (random_crop_flip(x_train[idx]).float() / 255 - mean) / std
             with ctx:
                 logits = model(x)
-            loss = F.cross_entropy(logits.float(), y_train[idx], label_smoothing=label_smoothing)
+            loss = F.cross_entropy(logits.float(), y_train[idx], label_smoothing=cfg['label_smoothing'])
             scaler.scale(loss).backward()
-            optimizer_step(optimizer, scaler, lr, grad_clip)
+            optimizer_step(optimizer, scaler, lr, cfg['grad_clip'])
             step += 1
             since_row += 1
             seen += len(idx)
@@ -420,7 +415,7 @@ def main(argv=None):
 
             # Ctrl-C or SIGTERM on any rank: every rank stops at the next turn, at the same step.
             stop = any_rank(bool(signals), dist)
-            row_due = step % log_interval == 0 or step % steps_per_epoch == 0
+            row_due = step % cfg['log_interval'] == 0 or step % steps_per_epoch == 0
             # The mean loss since the last row; a stop reads it too, not to save a model that diverged.
             if row_due or stop:
                 train_loss = mean_loss(loss_sum, since_row, dist)
