@@ -31,7 +31,8 @@ DEFAULTS = dict(
     device='auto',               # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
     dtype='auto',                # auto: bfloat16 where the device computes in it, else float16 (GPU), float32
 )
-RANGES = dict(positive=('batch_size',), nonnegative=('block_size',), nonempty=('out_dir', 'data_dir'))
+RANGES = dict(positive=('batch_size',), nonnegative=('block_size',),
+              nonempty=('out_dir', 'datasets', 'data_dir'))
 
 # The paper's Table 4 (left) and the release's README: zero-shot loss, nats per GPT-2 token
 PAPER = {'openwebtext': (3.20, 2.84), 'lambada': (4.98, 4.32), 'wikitext2': (4.77, 4.13), 'ptb': (6.39, 5.75)}
@@ -112,9 +113,6 @@ def table(results, model_name):
 
 def main(argv=None):
     cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
-    names = [name.strip() for name in cfg['datasets'].split(',') if name.strip()]
-    if not names:
-        raise UsageError("--datasets is empty; name datasets under --data_dir, e.g. --datasets=wikitext2,ptb")
     dist = setup_distributed(cfg['device'])
     device = dist.device
     # rank 0 talks for all
@@ -130,7 +128,7 @@ def main(argv=None):
         raise UsageError(f"--block_size={T} is larger than the model's context ({config.block_size})")
     # every dataset read and checked before any is scored, in the checkpoint's tokenizer
     sets = []
-    for name in names:
+    for name in cfg['datasets'].split(','):
         path = os.path.join(cfg['data_dir'], name)
         meta = readers.load_meta(path, 'text', info['meta'])
         tokens = readers.read_tokens(path, meta, 'val')
