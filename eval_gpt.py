@@ -52,11 +52,11 @@ def split_loss(model, tokens, T, B, ctx, dist):
     count = -(-n // T)
     padded = np.full(count * T + 1, -1, np.int64)
     padded[:len(tokens)] = tokens
-    # (count, T + 1): each window and its targets
-    rows = padded[T * np.arange(count)[:, None] + np.arange(T + 1)]
+    starts = T * np.arange(count)
     sums = torch.zeros(count, dtype=sum_dtype(dist.device), device=dist.device)
     for a in range(dist.rank * B, count, dist.world_size * B):
-        xy = torch.from_numpy(rows[a:a + B]).to(dist.device)
+        # (B, T + 1): each window and its targets
+        xy = torch.from_numpy(padded[starts[a:a + B, None] + np.arange(T + 1)]).to(dist.device)
         # every position's logits, and no mean loss: each token is scored here, once
         with ctx:
             logits = model.logits(xy[:, :-1].clamp(min=0))
