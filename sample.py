@@ -124,7 +124,7 @@ def main(argv=None):
     shown = CONTROL_PICTURES if sys.stdout.isatty() else {}
 
     prompt, ids = read_prompt(cfg['start'], tok, model.config.block_size)
-    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    idx = torch.tensor([ids], device=device)
     generator = torch.Generator(device=device).manual_seed(cfg['seed'])
     t0 = time.perf_counter()
     # generate_stream is no_grad itself

@@ -177,11 +177,12 @@ def inspect(model, x, layer=-1):
         before = x
         x = block(x, grid=grid)
         if isinstance(attn, tost.TSSA):
-            pis.append(attn.memberships(attn.split_heads(attn.c_attn(block.ln_1(before)))))     # (B, K, n)
+            pi = attn.memberships(attn.split_heads(attn.c_attn(block.ln_1(before))))          # (B, K, n)
+            pis.append(pi)
             # The output, through the block's own LayerNorm and projections (bias included, as the layer
             # applies).
             w = attn.split_heads(attn.c_attn(block.ln_1(x)))
-            compression.append(tost.compression_of_projections(w, pis[-1]))
+            compression.append(tost.compression_of_projections(w, pi))
     cls = model.cls_token.expand(len(x), -1, -1)
     for block in model.cls_blocks:
         cls, x, att = block(cls, x)
@@ -294,7 +295,8 @@ def main(argv=None):
     cfg['drop_path'] = config.drop_path
     if config.attn == 'tssa' and not -config.n_layer <= cfg['viz_layer'] < config.n_layer:
         raise UsageError(f"--viz_layer={cfg['viz_layer']}: the model has {config.n_layer} TSSA layers")
-    torch.manual_seed(cfg['seed'])
+    seed = cfg['seed']
+    torch.manual_seed(seed)
     raw_model = tost.ViT(config).to(device)
     if ckpt:
         load_weights(raw_model, ckpt, path)
@@ -328,7 +330,6 @@ def main(argv=None):
     best_acc = ckpt['best_acc'] if resume else -1.0
     model = wrap(raw_model, dist, cfg['compile'])
     min_lr = learning_rate * cfg['min_lr_ratio']
-    seed = cfg['seed']
 
     n_params = raw_model.get_num_params()
     say(f"{cfg['model']}, {config.attn}{' + lpi' * config.lpi}: {n_params / 1e6:.2f}M parameters | "
