@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import readers
-from options import UsageError, parse
+from options import UsageError, parse, say
 from sample import load_gpt
 from train_common import autocast, log_row, resolve_dtype, setup_distributed, sum_dtype, teardown
 
@@ -31,71 +31,69 @@ DEFAULTS = dict(
     device='auto',               # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
     dtype='auto',                # auto: bfloat16 where the device computes in it, else float16 (GPU), float32
 )
-RANGES = dict(positive=('batch_size',), nonnegative=('block_size',), nonempty=('out_dir', 'data_dir'))
+RANGES = dict(positive=('batch_size',), nonnegative=('block_size',),
+              nonempty=('out_dir', 'datasets', 'data_dir'))
 
 # The paper's Table 4 (left) and the release's README: zero-shot loss, nats per GPT-2 token
 PAPER = {'openwebtext': (3.20, 2.84), 'lambada': (4.98, 4.32), 'wikitext2': (4.77, 4.13), 'ptb': (6.39, 5.75)}
 
 # -----------------------------------------------------------------------------
-# the two measurements
-
-
-def windows(n_tokens, T):
-    """(start, length) of each window: it reads tokens start .. start+length-1 and predicts start+1 ..
-    start+length. Together they predict tokens 1 .. n_tokens-1, each once."""
-    return [(s, min(T, n_tokens - 1 - s)) for s in range(0, n_tokens - 1, T)]
-
-
-def _batches(n_items, B, dist, cut=0):
-    """Batches of item indices, in order, B at a time (and a new batch at `cut`), and this process's share."""
-    edges = sorted({*range(0, n_items, B), cut} - {n_items})
-    return [range(a, b) for a, b in zip(edges, edges[1:] + [n_items])][dist.rank::dist.world_size]
+# the two measurements: batch j of B windows (or passages) runs on process j mod N, so that any process count
+# computes the same numbers
 
 
 @torch.no_grad()
 def split_loss(model, tokens, T, B, ctx, dist):
     """(mean loss in nats over tokens 1 .. n-1 of `tokens`, each once; tokens scored; windows):
-    docs/evaluation.md. The same on any process count: batch j runs on process j mod N, and the windows' sums
-    are added in order."""
-    wins = windows(len(tokens), T)
-    sums = torch.zeros(len(wins), dtype=sum_dtype(dist.device), device=dist.device)
-    # the full windows, then a shorter one
-    for group in _batches(len(wins), B, dist, cut=(len(tokens) - 1) // T):
-        length = wins[group[0]][1]
-        xy = np.stack([tokens[wins[i][0]:wins[i][0] + length + 1] for i in group])
-        xy = torch.from_numpy(xy.astype(np.int64)).to(dist.device)
+    docs/evaluation.md. Window k reads tokens kT .. kT+T-1 and predicts kT+1 .. kT+T; the last one is padded
+    with targets -1, which cross_entropy ignores (causal: the padding does not change what comes before it).
+    The windows' sums are added in order: the same on any process count."""
+    n = len(tokens) - 1
+    count = -(-n // T)
+    padded = np.full(count * T + 1, -1, np.int64)
+    padded[:len(tokens)] = tokens
+    starts = T * np.arange(count)
+    sums = torch.zeros(count, dtype=sum_dtype(dist.device), device=dist.device)
+    for a in range(dist.rank * B, count, dist.world_size * B):
+        # (B, T + 1): each window and its targets
+        xy = torch.from_numpy(padded[starts[a:a + B, None] + np.arange(T + 1)]).to(dist.device)
         # every position's logits, and no mean loss: each token is scored here, once
         with ctx:
-            logits = model.logits(xy[:, :-1])
-        nll = F.cross_entropy(logits.float().flatten(0, 1), xy[:, 1:].flatten(), reduction='none')
-        sums[group.start:group.stop] = nll.view(len(group), length).to(sums.dtype).sum(1)
+            logits = model.logits(xy[:, :-1].clamp(min=0))
+        nll = F.cross_entropy(logits.float().transpose(1, 2), xy[:, 1:], reduction='none', ignore_index=-1)
+        sums[a:a + B] = nll.to(sums.dtype).sum(1)
     if dist.ddp:
-        torch.distributed.all_reduce(sums)  # each entry is set on one process: a sum with zeros, exact
-    return math.fsum(sums.tolist()) / (len(tokens) - 1), len(tokens) - 1, len(wins)
+        # each entry is set on one process: a sum with zeros, exact
+        torch.distributed.all_reduce(sums)
+    return math.fsum(sums.tolist()) / n, n, count
 
 
 @torch.no_grad()
 def last_word_accuracy(model, tokens, spans, T, B, ctx, dist):
     """(a bool per passage: the argmax at each token of its last word is that token, lm-evaluation-harness's
     rule; the number of passages cut to their last T tokens). docs/evaluation.md."""
-    correct = torch.zeros(len(spans), dtype=sum_dtype(dist.device), device=dist.device)
-    for group in _batches(len(spans), B, dist):
-        rows = [(max(int(p), int(e) - 1 - T), int(s), int(e)) for p, s, e in spans[group.start:group.stop]]
-        L = max(e - 1 - a for a, _, e in rows)
-        x = np.zeros((len(rows), L), np.int64)            # the passages, right-padded
-        want = np.full((len(rows), L), -1, np.int64)      # at position t: token t+1 if it is in the word
-        for i, (a, s, e) in enumerate(rows):
+    # A passage is tokens p .. e-1, its last word s .. e-1; the model reads from a (the last T before e-1).
+    rows = [(p, max(p, e - 1 - T), s, e) for p, s, e in spans.tolist()]
+    correct = torch.zeros(len(rows), dtype=sum_dtype(dist.device), device=dist.device)
+    for j in range(dist.rank * B, len(rows), dist.world_size * B):
+        batch = rows[j:j + B]
+        L = max(e - 1 - a for _, a, _, e in batch)
+        # the passages, right-padded (causal: the padding does not change their outputs)
+        x = np.zeros((len(batch), L), np.int64)
+        # at position t: token t+1 if it is in the word, else -1
+        want = np.full((len(batch), L), -1, np.int64)
+        for i, (_, a, s, e) in enumerate(batch):
             x[i, :e - 1 - a] = tokens[a:e - 1]
             want[i, s - 1 - a:e - 1 - a] = tokens[s:e]
         want = torch.from_numpy(want).to(dist.device)
-        # causal: the padding after a passage does not change its outputs
         with ctx:
             logits = model.logits(torch.from_numpy(x).to(dist.device))
-        hit = (logits.argmax(-1) == want) | (want < 0)          # compared on the device: no wait per passage
-        correct[group.start:group.stop] = hit.all(1).to(correct.dtype)
+        # compared on the device: no wait per passage
+        hit = (logits.argmax(-1) == want) | (want < 0)
+        correct[j:j + B] = hit.all(1).to(correct.dtype)
     if dist.ddp:
-        torch.distributed.all_reduce(correct)  # as in split_loss
-    return [c == 1.0 for c in correct.tolist()], int(sum(e - 1 - T > p for p, _, e in spans))
+        torch.distributed.all_reduce(correct)
+    return [c == 1.0 for c in correct.tolist()], sum(a > p for p, a, _, _ in rows)
 
 
 def table(results, model_name):
@@ -115,57 +113,52 @@ def table(results, model_name):
 
 def main(argv=None):
     cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
-    # once each, in order
-    names = list(dict.fromkeys(n.strip() for n in cfg['datasets'].split(',') if n.strip()))
-    if not names:
-        raise UsageError("--datasets is empty; name datasets under --data_dir, e.g. --datasets=wikitext2,ptb")
     dist = setup_distributed(cfg['device'])
     device = dist.device
+    # rank 0 talks for all
+    if not dist.master:
+        sys.stdout = open(os.devnull, 'w')
     dtype, _ = resolve_dtype(cfg['dtype'], device, dist.master)
     ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
     model, info = load_gpt(ckpt_path, device)
-    T = cfg['block_size'] or model.config.block_size
+    config = model.config
+    T = cfg['block_size'] or config.block_size
     B = cfg['batch_size']
-    if T > model.config.block_size:
-        raise UsageError(f"--block_size={T} is larger than the model's context ({model.config.block_size})")
+    if T > config.block_size:
+        raise UsageError(f"--block_size={T} is larger than the model's context ({config.block_size})")
     # every dataset read and checked before any is scored, in the checkpoint's tokenizer
     sets = []
-    for name in names:
+    for name in cfg['datasets'].split(','):
         path = os.path.join(cfg['data_dir'], name)
         meta = readers.load_meta(path, 'text', info['meta'])
         tokens = readers.read_tokens(path, meta, 'val')
         if len(tokens) < 2:
             raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
-        # LAMBADA's passages
-        spans = np.load(os.path.join(path, meta['targets'])) if meta.get('targets') else None
-        longest = 0 if spans is None else int((spans[:, 2] - spans[:, 1]).max(initial=0))
-        if longest > T:
-            raise UsageError(f"{path} has a target word of {longest} tokens, longer than --block_size={T}; "
-                             f"use a larger --block_size")
+        # LAMBADA's passages: (start, last word's start, end) each
+        spans = None
+        if meta.get('targets'):
+            spans = np.load(os.path.join(path, meta['targets']))
+        if spans is not None and (spans[:, 2] - spans[:, 1]).max(initial=0) > T:
+            raise UsageError(f"{path} has a target word longer than --block_size={T} tokens; use a larger "
+                             f"--block_size")
         sets.append((name, meta, tokens, spans))
     # A log that cannot be written is said before the work, not after it.
     if dist.master:
         open(os.path.join(cfg['out_dir'], 'log.jsonl'), 'a').close()
     ctx = autocast(device, dtype)
-    args = info['model_args']
-    attn = args.get('attn', 'tssa')
-    hybrid = f", softmax blocks {args['softmax_layers']}" if args.get('softmax_layers') else ''
-    model_name = (f"{ckpt_path} (iter {info.get('iter_num')}, attn={attn}{hybrid}, "
-                  f"{model.get_num_params() / 1e6:.2f}M params)")
-    # rank 0 talks for all
-    if dist.master:
-        print(f"{model_name}: windows of {T} tokens, batch {B}, {dtype} on {device}, {dist.world_size} "
-              f"process(es)", flush=True)
+    # What every row shares: the model, and how its numbers were computed.
+    run = dict(kind='zero_shot', ckpt=ckpt_path, iter=info.get('iter_num'), attn=config.attn,
+               softmax_layers=list(config.softmax_layers), block_size=T, batch_size=B, dtype=dtype,
+               device=device, processes=dist.world_size)
+    model_name = f"{ckpt_path} (iter {run['iter']}, attn={config.attn}, {model.get_num_params():,} params)"
+    say(f"{model_name}: windows of {T} tokens, batch {B}, {dtype} on {device}, {dist.world_size} process(es)")
     results = []
     for name, meta, tokens, spans in sets:
         t0 = time.time()
-        loss, scored, n_win = split_loss(model, tokens, T, B, ctx, dist)
+        loss, scored, windows = split_loss(model, tokens, T, B, ctx, dist)
         ppl = math.exp(loss) if loss < 700 else math.inf
-        r = dict(kind='zero_shot', dataset=name, dataset_kind=meta.get('dataset', name), loss=loss, ppl=ppl,
-                 tokens=scored, windows=n_win, block_size=T, batch_size=B, tokenizer=meta['tokenizer'],
-                 ckpt=ckpt_path, iter=info.get('iter_num'), attn=attn,
-                 softmax_layers=list(args.get('softmax_layers', ())), dtype=dtype, device=device,
-                 processes=dist.world_size)
+        r = dict(run, dataset=name, dataset_kind=meta.get('dataset', name), tokenizer=meta['tokenizer'],
+                 loss=loss, ppl=ppl, tokens=scored, windows=windows)
         acc = ''
         if spans is not None:
             correct, cut = last_word_accuracy(model, tokens, spans, T, B, ctx, dist)
@@ -174,13 +167,11 @@ def main(argv=None):
             acc = f", last-word accuracy {100 * r['last_word_acc']:.2f}%"
         r['elapsed_s'] = round(time.time() - t0, 2)
         results.append(r)
+        say(f"{name}: loss {loss:.4f} (ppl {ppl:.2f}) over {scored:,} tokens{acc}, {r['elapsed_s']}s")
         # Each result is kept as it comes (appended: the training log stays), so a Ctrl-C loses none.
         if dist.master:
-            print(f"{name}: loss {loss:.4f} (ppl {ppl:.2f}) over {scored:,} tokens{acc}, {r['elapsed_s']}s",
-                  flush=True)
             log_row(cfg['out_dir'], r)
-    if dist.master:
-        print(table(results, model_name), flush=True)
+    say(table(results, model_name))
     teardown(dist)
 
 

@@ -102,9 +102,8 @@ def read_prompt(start, tok, block_size):
                          f"{str(e).splitlines()[0][:100]})") from None
     if len(ids) > block_size:
         kept = tok.decode(ids[-block_size:])
-        preview = kept[:40] + ('...' if len(kept) > 40 else '')
         print(f"note: the prompt is {len(ids)} tokens and the model sees at most {block_size}: kept the last "
-              f"{block_size}, from {preview!r}", file=sys.stderr)
+              f"{block_size}, from {kept[:40]!r}", file=sys.stderr)
     return text, ids
 
 
@@ -125,7 +124,7 @@ def main(argv=None):
     shown = CONTROL_PICTURES if sys.stdout.isatty() else {}
 
     prompt, ids = read_prompt(cfg['start'], tok, model.config.block_size)
-    idx = torch.tensor([ids], dtype=torch.long, device=device)
+    idx = torch.tensor([ids], device=device)
     generator = torch.Generator(device=device).manual_seed(cfg['seed'])
     t0 = time.perf_counter()
     # generate_stream is no_grad itself

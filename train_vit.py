@@ -121,8 +121,8 @@ def vit_config(cfg, set_keys, meta, ckpt=None):
     if ckpt:
         args = dict(ckpt['model_args'])
     else:
-        args = asdict(tost.preset(cfg['model'], attn=cfg['attn'], lpi=cfg['lpi']))
-        args.update(num_classes=meta['num_classes'], in_chans=meta['channels'])
+        args = asdict(tost.preset(cfg['model'], attn=cfg['attn'], lpi=cfg['lpi'],
+                                  num_classes=meta['num_classes'], in_chans=meta['channels']))
     # The paper's ToST-T/S/M cut 224px images into 16px patches (14 x 14); 32px images get 4px ones (8 x 8).
     if not ckpt and meta['image_size'] <= 64:
         args['patch_size'] = min(args['patch_size'], 4)
@@ -142,26 +142,25 @@ def vit_config(cfg, set_keys, meta, ckpt=None):
 
 @torch.no_grad()
 def evaluate(model, x, y, batch_size, ctx, dist):
-    """(accuracy, mean loss, images) on the standardized test images x, shared out over the ranks."""
+    """(accuracy, mean loss) on the standardized test images x, each once, shared out over the ranks."""
     model.eval()
     # BatchNorm's running statistics drift apart on each rank's batches: all take rank 0's, which it saves.
     for buf in model.buffers() if dist.ddp else ():
         torch.distributed.broadcast(buf, 0)
     # Each image once: rank r takes the r-th of world_size nearly equal slices.
     mine = torch.arange(len(x), device=x.device).tensor_split(dist.world_size)[dist.rank]
-    # correct, loss sum, images
-    sums = torch.zeros(3, device=x.device)
+    # correct, loss sum
+    sums = torch.zeros(2, device=x.device)
     for b in mine.split(batch_size):
         with ctx:
             logits = model(x[b]).float()
         sums[0] += (logits.argmax(-1) == y[b]).sum()
         sums[1] += F.cross_entropy(logits, y[b], reduction='sum')
-        sums[2] += len(b)
     if dist.ddp:
         torch.distributed.all_reduce(sums)
     model.train()
-    correct, loss, count = sums.tolist()
-    return correct / count, loss / count, int(count)
+    correct, loss = sums.tolist()
+    return correct / len(x), loss / len(x)
 
 
 @torch.no_grad()
@@ -170,26 +169,25 @@ def inspect(model, x, layer=-1):
     (B, H, Hp, Wp), the last class-attention block's CLS attention over the patches; 'compression', R^var_c
     (B,) per TSSA block of the block's output tokens (after its TSSA, LPI if any, and MLP) seen through its
     own LayerNorm and projections, with the memberships it computed from its input."""
-    x, (Hp, Wp) = model._tokens(x)
-    B = x.shape[0]
+    x, grid = model._tokens(x)
     pis = []
     compression = []
     for block in model.blocks:
         attn = block.attn
-        tssa = isinstance(attn, tost.TSSA)
-        if tssa:
+        before = x
+        x = block(x, grid=grid)
+        if isinstance(attn, tost.TSSA):
+            pi = attn.memberships(attn.split_heads(attn.c_attn(block.ln_1(before))))          # (B, K, n)
+            pis.append(pi)
+            # The output, through the block's own LayerNorm and projections (bias included, as the layer
+            # applies).
             w = attn.split_heads(attn.c_attn(block.ln_1(x)))
-            pis.append(attn.memberships(w))                                   # (B, K, n)
-        x = block(x, grid=(Hp, Wp))
-        # The output, through the block's own LayerNorm and projections (bias included, as the layer applies).
-        if tssa:
-            w = attn.split_heads(attn.c_attn(block.ln_1(x)))
-            compression.append(tost.compression_of_projections(w, pis[-1]))
-    cls = model.cls_token.expand(B, -1, -1)
+            compression.append(tost.compression_of_projections(w, pi))
+    cls = model.cls_token.expand(len(x), -1, -1)
     for block in model.cls_blocks:
         cls, x, att = block(cls, x)
-    pi = pis[layer].reshape(B, -1, Hp, Wp) if pis else None
-    return {'compression': compression, 'cls_attn': att[:, :, 1:].reshape(B, -1, Hp, Wp), 'pi': pi}
+    pi = pis[layer].unflatten(-1, grid) if pis else None
+    return {'compression': compression, 'cls_attn': att[:, :, 1:].unflatten(-1, grid), 'pi': pi}
 
 
 @torch.no_grad()
@@ -217,9 +215,8 @@ def look_inside(model, x, images, labels, cfg, classes):
         import plot
         for i in range(v):
             os.makedirs(folder, exist_ok=True)
-            path = os.path.join(folder, f'test{i:04d}.png')
-            title = f"{i}: {classes[labels[i]]}"
-            plot.vision_maps(path, images[i].cpu(), seen['cls_attn'][i].cpu(), pis[i], title)
+            plot.vision_maps(os.path.join(folder, f'test{i:04d}.png'), images[i].cpu(),
+                             seen['cls_attn'][i].cpu(), pis[i], f"{i}: {classes[labels[i]]}")
     except Exception as e:
         if cfg['eval_only']:
             raise
@@ -232,15 +229,14 @@ def look_inside(model, x, images, labels, cfg, classes):
 def main(argv=None):
     # -------------------------------------------------------------------------
     # options: types, ranges and names from the tables above, checked before anything else
-    argv = sys.argv[1:] if argv is None else argv
-    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES, choices=CHOICES)
+    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES,
+                          choices=CHOICES)
     eval_only = cfg['eval_only']
     resume = cfg['init_from'] == 'resume' and not eval_only
     out_dir = cfg['out_dir']
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     best_path = os.path.join(out_dir, 'best.pt')
-    named = {'scratch': None, 'resume': ckpt_path, 'best': best_path}
-    path = named.get(cfg['init_from'], cfg['init_from'])
+    path = {'scratch': None, 'resume': ckpt_path, 'best': best_path}.get(cfg['init_from'], cfg['init_from'])
     if eval_only and not path:
         raise UsageError("--eval_only needs a checkpoint: --init_from=resume, best or a path to a .pt file")
 
@@ -261,19 +257,19 @@ def main(argv=None):
     ckpt = None
     if path:
         ckpt = load_checkpoint(path, device, 'vit', needs=('model', 'optimizer', 'config'))
-    # Format 2 is the released vision model (XCiT's class blocks); earlier checkpoints computed otherwise.
-    if ckpt and ckpt.get('format') != 2:
-        raise UsageError(f"{path} is from an earlier train_vit.py, whose model computed otherwise")
-    saved = ckpt['config'] if ckpt else {}
-    inherit = saved if resume else ('dataset', 'data_dir') if eval_only else ()
-    for key in inherit:
-        if key in cfg and key not in set_keys and key not in MACHINE_KEYS:
-            cfg[key] = saved[key]
-    # A checkpoint's model is what it is: a --model, --attn or --lpi that says otherwise is a mistake.
-    for key in ('model', 'attn', 'lpi') if ckpt else ():
-        if key in set_keys and cfg[key] != saved[key]:
-            raise UsageError(f"--{key}={cfg[key]}, but {path} holds a model with {key}={saved[key]}")
-        cfg[key] = saved[key]
+        # Format 2 is the released vision model (XCiT's class blocks); earlier checkpoints computed otherwise.
+        if ckpt.get('format') != 2:
+            raise UsageError(f"{path} is from an earlier train_vit.py, whose model computed otherwise")
+        old = ckpt['config']
+        inherit = old if resume else ('dataset', 'data_dir') if eval_only else ()
+        for key in inherit:
+            if key in cfg and key not in set_keys and key not in MACHINE_KEYS:
+                cfg[key] = old[key]
+        # A checkpoint's model is what it is: a --model, --attn or --lpi that says otherwise is a mistake.
+        for key in ('model', 'attn', 'lpi'):
+            if key in set_keys and cfg[key] != old[key]:
+                raise UsageError(f"--{key}={cfg[key]}, but {path} holds a model with {key}={old[key]}")
+            cfg[key] = old[key]
     # The dtype is the run's: a resume's is its checkpoint's, unless set.
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
     ctx = autocast(device, dtype)
@@ -289,18 +285,18 @@ def main(argv=None):
     meta = readers.load_meta(folder, 'images')
     arrays = readers.read_images(folder, meta)
     x_train, y_train, test_images, y_test = [torch.from_numpy(a).to(device) for a in arrays]
-    mean = torch.tensor(meta['mean'], device=device).view(1, -1, 1, 1)
-    std = torch.tensor(meta['std'], device=device).view(1, -1, 1, 1)
+    # (1, C, 1, 1) each
+    mean, std = torch.tensor([meta['mean'], meta['std']], device=device).view(2, 1, -1, 1, 1)
     x_test = (test_images.float() / 255 - mean) / std
 
     # -------------------------------------------------------------------------
     # the model: fresh, from a checkpoint's weights, or resumed; the same on every process
     config = vit_config(cfg, set_keys, meta, ckpt)
     cfg['drop_path'] = config.drop_path
-    n_tssa = config.n_layer if config.attn == 'tssa' else 0
-    if n_tssa and not -n_tssa <= cfg['viz_layer'] < n_tssa:
-        raise UsageError(f"--viz_layer={cfg['viz_layer']}: the model has {n_tssa} TSSA layers")
-    torch.manual_seed(cfg['seed'])
+    if config.attn == 'tssa' and not -config.n_layer <= cfg['viz_layer'] < config.n_layer:
+        raise UsageError(f"--viz_layer={cfg['viz_layer']}: the model has {config.n_layer} TSSA layers")
+    seed = cfg['seed']
+    torch.manual_seed(seed)
     raw_model = tost.ViT(config).to(device)
     if ckpt:
         load_weights(raw_model, ckpt, path)
@@ -312,9 +308,9 @@ def main(argv=None):
     batch_size = cfg['batch_size']
 
     if eval_only:
-        acc, test_loss, count = evaluate(eval_model, x_test, y_test, batch_size, ctx, dist)
-        say(f"{path} (epoch {ckpt['epoch']:g}): test accuracy {acc:.4f} ({round(acc * count)}/{count}), "
-            f"test loss {test_loss:.4f}")
+        acc, test_loss = evaluate(eval_model, x_test, y_test, batch_size, ctx, dist)
+        say(f"{path} (epoch {ckpt['epoch']:g}): test accuracy {acc:.4f} ({round(acc * len(x_test))}/"
+            f"{len(x_test)}), test loss {test_loss:.4f}")
         if master:
             look_inside(raw_model, x_test, test_images, y_test, cfg, meta['classes'])
         teardown(dist)
@@ -334,11 +330,6 @@ def main(argv=None):
     best_acc = ckpt['best_acc'] if resume else -1.0
     model = wrap(raw_model, dist, cfg['compile'])
     min_lr = learning_rate * cfg['min_lr_ratio']
-    grad_clip = cfg['grad_clip']
-    label_smoothing = cfg['label_smoothing']
-    log_interval = cfg['log_interval']
-    eval_interval = cfg['eval_interval']
-    seed = cfg['seed']
 
     n_params = raw_model.get_num_params()
     say(f"{cfg['model']}, {config.attn}{' + lpi' * config.lpi}: {n_params / 1e6:.2f}M parameters | "
@@ -358,7 +349,8 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # the loop: at each epoch's end the test set and the checkpoints, then a step, then a log row
-    saved = step if resume else None
+    # The step on disk (a fresh run has none to save at step 0).
+    saved = step
     stop = False
     shard = None
     drawing = True
@@ -370,23 +362,22 @@ def main(argv=None):
     with stop_signals('step', master) as signals:
         while True:
             epoch, i = divmod(step, steps_per_epoch)
-            end_of_epoch = i == 0 and step > 0
             improved = False
-            if end_of_epoch and step != saved and (epoch % eval_interval == 0 or step == total):
-                acc, test_loss, count = evaluate(eval_model, x_test, y_test, batch_size, ctx, dist)
+            if i == 0 and step != saved and (epoch % cfg['eval_interval'] == 0 or step == total):
+                acc, test_loss = evaluate(eval_model, x_test, y_test, batch_size, ctx, dist)
                 improved = acc > best_acc
                 best_acc = max(best_acc, acc)
                 say(f"epoch {epoch}/{epochs}: test loss {test_loss:.4f}, test acc {acc:.4f} "
                     f"(best {best_acc:.4f})")
                 row = dict(kind='eval', step=step, epoch=epoch, test_loss=test_loss, test_acc=acc,
-                           best_acc=best_acc, test_images=count)
+                           best_acc=best_acc)
                 # R^var_c of each TSSA layer (none for softmax), the pictures, the log row: rank 0's.
                 if master:
                     row.update(look_inside(raw_model, x_test, test_images, y_test, cfg, meta['classes']))
                     log_row(out_dir, row)
                 drawing = master and drawing and draw_loss(out_dir)
             # Saved at each epoch's end, and where a stop was asked.
-            if (end_of_epoch or stop) and step != saved:
+            if (i == 0 or stop) and step != saved:
                 checkpoint = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
                                   scaler=scaler.state_dict(), model_args=asdict(config), kind='vit',
                                   format=2, step=step, epoch=step / steps_per_epoch,
@@ -415,9 +406,9 @@ def main(argv=None):
             x = (random_crop_flip(x_train[idx]).float() / 255 - mean) / std
             with ctx:
                 logits = model(x)
-            loss = F.cross_entropy(logits.float(), y_train[idx], label_smoothing=label_smoothing)
+            loss = F.cross_entropy(logits.float(), y_train[idx], label_smoothing=cfg['label_smoothing'])
             scaler.scale(loss).backward()
-            optimizer_step(optimizer, scaler, lr, grad_clip)
+            optimizer_step(optimizer, scaler, lr, cfg['grad_clip'])
             step += 1
             since_row += 1
             seen += len(idx)
@@ -425,29 +416,27 @@ def main(argv=None):
 
             # Ctrl-C or SIGTERM on any rank: every rank stops at the next turn, at the same step.
             stop = any_rank(bool(signals), dist)
-            row_due = step % log_interval == 0 or step % steps_per_epoch == 0
-            if not row_due and not stop:
-                continue
+            row_due = step % cfg['log_interval'] == 0 or step % steps_per_epoch == 0
             # The mean loss since the last row; a stop reads it too, not to save a model that diverged.
-            train_loss = mean_loss(loss_sum, since_row, dist)
-            if not math.isfinite(train_loss):
-                teardown(dist, lock)
-                kept = 'a checkpoint on disk is kept'
-                fail(diverged('training loss', train_loss, f'step {step}', kept, cfg), 3)
-            if not row_due:
-                continue
-            dt = (time.time() - t_row) / since_row
-            row = dict(kind='train', step=step, epoch=step / steps_per_epoch, train_loss=train_loss,
-                       lr=lr, img_per_s=seen * dist.world_size / (dt * since_row), ms_per_step=1000 * dt)
-            say(f"step {step}/{total} (epoch {row['epoch']:.2f}): loss {train_loss:.4f}, lr {lr:.1e}, "
-                f"{row['img_per_s']:,.0f} img/s, {1000 * dt:.1f} ms/step, "
-                f"eta {human((total - step) * dt)}")
-            if master:
-                log_row(out_dir, row)
-            loss_sum = torch.zeros((), device=device)
-            since_row = 0
-            seen = 0
-            t_row = time.time()
+            if row_due or stop:
+                train_loss = mean_loss(loss_sum, since_row, dist)
+                if not math.isfinite(train_loss):
+                    teardown(dist, lock)
+                    kept = 'a checkpoint on disk is kept'
+                    fail(diverged('training loss', train_loss, f'step {step}', kept, cfg), 3)
+            if row_due:
+                dt = (time.time() - t_row) / since_row
+                row = dict(kind='train', step=step, epoch=step / steps_per_epoch, train_loss=train_loss,
+                           lr=lr, img_per_s=seen * dist.world_size / (dt * since_row), ms_per_step=1000 * dt)
+                say(f"step {step}/{total} (epoch {row['epoch']:.2f}): loss {train_loss:.4f}, lr {lr:.1e}, "
+                    f"{row['img_per_s']:,.0f} img/s, {1000 * dt:.1f} ms/step, "
+                    f"eta {human((total - step) * dt)}")
+                if master:
+                    log_row(out_dir, row)
+                loss_sum = torch.zeros((), device=device)
+                since_row = 0
+                seen = 0
+                t_row = time.time()
     say(f"done: best test accuracy {best_acc:.4f} in {human(time.time() - t_start)}; checkpoints in "
         f"{out_dir}")
     teardown(dist, lock)

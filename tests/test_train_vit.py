@@ -95,7 +95,6 @@ def test_a_few_steps_lower_the_loss(data, tmp_path, capsys):
     # a fresh model predicts ~uniformly: test loss ~ ln 3 = 1.10; after 9 steps it must be well below
     assert rows[-1]['test_loss'] < 0.7 * math.log(CLASSES)
     assert rows[-1]['test_acc'] > 0.8 and all(0 <= r['test_acc'] <= 1 for r in rows)
-    assert all(r['test_images'] == 33 for r in rows)
     # the white-box view: R^var_c of every TSSA layer, at every eval
     comp = [r['compression'] for r in rows]
     assert all(len(c) == 4 for c in comp)                      # one value per TSSA layer
@@ -215,8 +214,7 @@ def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_pa
     assert weights(out)['step'] == 2                                 # 22 images a rank, batches of 16
     assert stdout.count('test loss') == 1                           # rank 0 alone talks
     row = read_log(out)[-1]
-    assert row['test_images'] == 33                                 # 11 + 11 + 11: every image once
-    # one process on the saved weights gets the same accuracy: the all-reduce added the right counts
+    # one process on the saved weights gets the same accuracy: 11 + 11 + 11 test images, each once
     assert train_vit.main(base_args(data, out, '--init_from=resume', '--eval_only')) == row['test_acc']
 
 
@@ -526,7 +524,7 @@ def test_images_per_second_count_the_images_of_the_row(data, tmp_path):
 
 
 def test_best_pt_is_written_even_when_the_accuracy_is_zero(data, tmp_path, monkeypatch):
-    monkeypatch.setattr(train_vit, 'evaluate', lambda *a: (0.0, 2.0, 33))
+    monkeypatch.setattr(train_vit, 'evaluate', lambda *a: (0.0, 2.0))
     out = str(tmp_path)
     train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=1', '--viz_images=0'))
     assert load_checkpoint(os.path.join(out, 'best.pt'))['best_acc'] == 0.0
