@@ -112,7 +112,7 @@ def table(results, model_name):
 
 
 def main(argv=None):
-    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
+    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
     dist = setup_distributed(cfg['device'])
     device = dist.device
     # rank 0 talks for all

@@ -251,12 +251,15 @@ def check_numbers(config, ranges):
 
 
 def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None, choices=None):
-    """(config, set_keys): argv applied to a copy of `defaults`, checked against `ranges` and `choices` ({key:
-    the values it may take}), and the keys it or a preset set. `doc`, `source` (__doc__, __file__) make
-    --help; `positional` is the key bare words set (all of them, if its default is a list)."""
+    """(config, set_keys): argv (None: the command line's) applied to a copy of `defaults`, checked against
+    `ranges` and `choices` ({key: the values it may take}), and the keys it or a preset set. `doc`, `source`
+    (__doc__, __file__) make --help; `positional` is the key bare words set (all of them, if its default is a
+    list)."""
     # A Ctrl-C held while torch imported is raised here.
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if argv is None:
+        argv = sys.argv[1:]
     if {"-h", "--help"} & set(argv):
         print(help_text(doc, defaults, source, presets, positional), flush=True)
         sys.exit(0)

@@ -17,7 +17,6 @@ import options  # first: its handler ends a Ctrl-C while torch imports (exit 130
 import contextlib
 import json
 import os
-import sys
 
 import numpy as np
 from matplotlib import colormaps
@@ -300,7 +299,7 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, positional='runs',
+    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, positional='runs',
                    choices=dict(x=('tokens', 'seconds')))
     if not cfg['runs']:
         raise UsageError("give one or more run folders (or log.jsonl files): python plot.py out out-softmax")

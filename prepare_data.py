@@ -600,7 +600,7 @@ RANGES = {'nonempty': ['dataset'], 'positive': ['max_mb', 'val_every'], 'nonnega
 
 
 def main(argv=None):
-    cfg, set_keys = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__,
                           positional='dataset', ranges=RANGES, choices=dict(tokenizer=('', 'bytes', 'gpt2')))
     # An option given its default value (--workers=0, --tokenizer=) is the dataset's default, as if not given.
     opts = {k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if cfg[k] != DEFAULTS[k]}

@@ -108,7 +108,7 @@ def read_prompt(start, tok, block_size):
 
 
 def main(argv=None):
-    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
+    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
     device = pick_device(cfg['device'])
     # CUDA only: cuda:N becomes the current GPU, the one resolve_dtype asks
     if device.startswith('cuda'):

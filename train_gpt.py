@@ -273,7 +273,6 @@ def last_good(ckpt_path, saved):
 
 def main(argv=None):
     # options: the defaults, a preset, this command line; checked against RANGES as they are parsed
-    argv = sys.argv[1:] if argv is None else argv
     cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, PRESETS, ranges=RANGES,
                           choices=dict(init_from=('scratch', 'resume'), attn=tost.ATTN_KINDS))
     fresh = cfg['init_from'] == 'scratch'

@@ -25,7 +25,6 @@ model trained, on the machine at hand.
 """
 
 import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in one line
-import sys
 import time
 
 import torch
@@ -101,7 +100,7 @@ RANGES = dict(positive=('steps', 'batch'), nonnegative=('seconds',), seed=('seed
 
 
 def main(argv=None):
-    cfg, _ = options.parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
+    cfg, _ = options.parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
     # At most half a GB: a batch past what the machine holds is no MemoryError but the OOM killer, unsaid.
     if cfg['batch'] > 4096:
         raise options.UsageError(f"--batch must be at most 4096, got {cfg['batch']}")

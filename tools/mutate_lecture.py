@@ -138,7 +138,7 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    cfg, _ = options.parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__,
+    cfg, _ = options.parse(argv, DEFAULTS, __doc__, __file__,
                            positional='lines')
     edits = plan()
     if cfg['list']:
