@@ -152,6 +152,13 @@ def optimizer_for(model, cfg, dtype, ckpt=None):
     return optimizer, scaler
 
 
+def check_decay(cfg):
+    """AdamW's decay multiplies the weights by 1 - lr x weight_decay a step: at 0 or below it erases them."""
+    if cfg["learning_rate"] * cfg["weight_decay"] >= 1:
+        raise UsageError(f"--weight_decay={cfg['weight_decay']:g} times --learning_rate="
+                         f"{cfg['learning_rate']:g} is 1 or more: each step would erase the weights")
+
+
 def optimizer_step(optimizer, scaler, lr, grad_clip):
     """One AdamW step at `lr` on the gradients accumulated, their global norm clipped at grad_clip (0: not
     clipped)."""

@@ -28,8 +28,8 @@ import torch
 import readers
 import tost
 from options import UsageError, fail, parse, say
-from train_common import (any_rank, autocast, backward_bytes, check_compile, cosine_lr, diverged, draw_loss,
-                          human, load_checkpoint, load_weights, log_row, make_out_dir, mean_loss,
+from train_common import (any_rank, autocast, backward_bytes, check_compile, check_decay, cosine_lr, diverged,
+                          draw_loss, human, load_checkpoint, load_weights, log_row, make_out_dir, mean_loss,
                           memory_bytes, optimizer_for, optimizer_step, resolve_dtype, resume_command,
                           save_checkpoint, seed_of, setup_distributed, start_log, stop_signals, sum_dtype,
                           teardown, wrap)
@@ -299,10 +299,7 @@ def main(argv=None):
         check_compile(device)
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
     learning_rate = cfg['learning_rate']
-    # AdamW's decay multiplies the weights by 1 - lr x weight_decay a step: at 0 or below it erases them.
-    if learning_rate * cfg['weight_decay'] >= 1:
-        raise UsageError(f"--weight_decay={cfg['weight_decay']:g} times --learning_rate={learning_rate:g} is "
-                         f"1 or more: each step would erase the weights; 0.1 is usual")
+    check_decay(cfg)
 
     # data (a cheap dataset is prepared on the fly), then the output folder: nothing written before the data
     data_path, meta, sizes = open_dataset(cfg, dist, ckpt and ckpt['meta'])

@@ -31,10 +31,10 @@ import torch.nn.functional as F
 import readers
 import tost
 from options import UsageError, fail, parse, say
-from train_common import (any_rank, autocast, cosine_lr, diverged, draw_loss, human, load_checkpoint,
-                          load_weights, log_row, make_out_dir, mean_loss, optimizer_for, optimizer_step,
-                          resolve_dtype, resume_command, save_checkpoint, seed_of, setup_distributed,
-                          start_log, stop_signals, teardown, wrap)
+from train_common import (any_rank, autocast, check_decay, cosine_lr, diverged, draw_loss, human,
+                          load_checkpoint, load_weights, log_row, make_out_dir, mean_loss, optimizer_for,
+                          optimizer_step, resolve_dtype, resume_command, save_checkpoint, seed_of,
+                          setup_distributed, start_log, stop_signals, teardown, wrap)
 
 DEFAULTS = dict(
     # data and I/O
@@ -229,8 +229,7 @@ def look_inside(model, x, images, labels, cfg, classes):
 def main(argv=None):
     # -------------------------------------------------------------------------
     # options: types, ranges and names from the tables above, checked before anything else
-    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES,
-                          choices=CHOICES)
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES, choices=CHOICES)
     eval_only = cfg['eval_only']
     resume = cfg['init_from'] == 'resume' and not eval_only
     out_dir = cfg['out_dir']
@@ -274,10 +273,7 @@ def main(argv=None):
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
     ctx = autocast(device, dtype)
     learning_rate = cfg['learning_rate']
-    # AdamW's decay multiplies the weights by 1 - lr x weight_decay a step: at 0 or below it erases them.
-    if learning_rate * cfg['weight_decay'] >= 1:
-        raise UsageError(f"--weight_decay={cfg['weight_decay']:g} times --learning_rate={learning_rate:g} is "
-                         f"1 or more: each step would erase the weights; 0.05 is usual")
+    check_decay(cfg)
 
     # -------------------------------------------------------------------------
     # data: every image on the device as uint8; the test images also standardized, once
