@@ -201,8 +201,9 @@ def test_parallel_prefill_and_step_agree(kind, shift):
     full forward, a prefill split in two, and token-by-token steps give the same logits (float64); the
     shift really acts (mu != 0 changes them)."""
     torch.manual_seed(0)
-    model = randomize(GPT(GPTConfig(block_size=32, vocab_size=40, n_layer=2, n_head=2, n_embd=16, **KINDS[kind],
-                                    token_shift=shift)).double().eval(), scale=0.5)
+    config = GPTConfig(block_size=32, vocab_size=40, n_layer=2, n_head=2, n_embd=16, **KINDS[kind],
+                       token_shift=shift)
+    model = randomize(GPT(config).double().eval(), scale=0.5)
     idx = torch.randint(0, 40, (2, 30))
     with torch.no_grad():
         full = model(idx, idx)[0]
@@ -230,7 +231,7 @@ def test_token_shift_is_off_by_default_and_the_paper_model_unchanged():
 
 
 def test_softmax_layers_is_off_by_default_and_the_paper_model_unchanged():
-    """The default GPT is the paper's: every block causal TSSA. Model args without the key (an older checkpoint)
+    """The default GPT is the paper's: every block causal TSSA. Model args without the key (an old checkpoint)
     build the same model: the same state dict keys, the same weights for a seed, the same logits."""
     args = dict(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16)
     assert GPTConfig(**args).softmax_layers == ()
@@ -274,7 +275,8 @@ def test_softmax_layers_mistakes():
             GPTConfig(**args, softmax_layers=bad)
     with pytest.raises(ValueError, match="with attn='softmax' every block is already"):
         GPTConfig(**args, attn='softmax', softmax_layers=(0,))
-    assert GPTConfig(**args, softmax_layers=-1).softmax_layers == (1,)     # one index, as the command line says
+    # One index, as the command line says it.
+    assert GPTConfig(**args, softmax_layers=-1).softmax_layers == (1,)
 
 
 def test_sampling_is_reproducible_with_a_generator():
@@ -291,8 +293,8 @@ def test_sampling_is_reproducible_with_a_generator():
 @pytest.mark.parametrize('shift', [False, True])
 @pytest.mark.parametrize('kind', KINDS)
 def test_gradients_reach_every_parameter_gpt(kind, shift):
-    model = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, **KINDS[kind], bias=True,
-                          token_shift=shift))
+    model = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, **KINDS[kind],
+                          bias=True, token_shift=shift))
     idx = torch.randint(0, 30, (2, 8))
     _, loss = model(idx, idx)
     loss.backward()
@@ -542,7 +544,8 @@ def test_sequence_longer_than_block_size():
         model(torch.zeros(1, 9, dtype=torch.long))
     with pytest.raises(ValueError, match=r'block_size \(8\)'):
         model.step(torch.zeros(1, dtype=torch.long), model.prefill(torch.zeros(1, 8, dtype=torch.long))[1])
-    layer = CausalTSSA(16, 2, block_size=8)                  # the layer alone: its position bias has 8 entries
+    # The layer alone: its position bias has 8 entries.
+    layer = CausalTSSA(16, 2, block_size=8)
     x, state = torch.randn(1, 6, 16), layer.empty_state(1)
     with pytest.raises(ValueError, match=r'^position 8 is past block_size \(8\)$'):
         layer(torch.randn(1, 9, 16))
@@ -675,14 +678,17 @@ def test_the_fast_core_under_no_grad_keeps_nothing_for_a_backward(monkeypatch):
 
 
 def test_fast_causal_core_clamps_like_the_readable_form(monkeypatch):
-    """Q_t < 1e-12 (the first tokens of some coordinates tiny): the clamp's gradient, and the chunk after it."""
+    """Q_t < 1e-12 (the first tokens of some coordinates tiny): the clamp's gradient agrees, and so does
+    the chunk after it."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(8, 2, block_size=24).double())
-    monkeypatch.setattr(tost_fast, 'CHUNK', 5 * 8)                  # chunks of 5 tokens
+    # Chunks of 5 tokens.
+    monkeypatch.setattr(tost_fast, 'CHUNK', 5 * 8)
+    # Three coordinates of head 0 stay below the clamp for the first 7 tokens, across two chunks.
     with torch.no_grad():
-        layer.c_attn.weight[:3] *= 1e-9                          # three coordinates of head 0 stay below the clamp
+        layer.c_attn.weight[:3] *= 1e-9
     x = torch.randn(1, 24, 8, dtype=torch.float64)
-    x[:, :7] *= 1e-2                                           # ... for the first 7 tokens, across two chunks
+    x[:, :7] *= 1e-2
     assert (torch.cumsum(layer.c_attn(x)[0, :, :3] ** 2, 0)[6] < 1e-12).all()
     g = torch.randn(1, 24, 8, dtype=torch.float64)
     for a, b in zip(_outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)):

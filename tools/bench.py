@@ -35,7 +35,8 @@ from options import UsageError, parse
 from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
 from train_common import autocast, check_compile, compiles_causal, pick_device, setup_cuda
 
-console = Console() if sys.stdout.isatty() else Console(width=130)   # no truncated columns in logs
+# A log gets the full width of every table: no truncated columns.
+console = Console() if sys.stdout.isatty() else Console(width=130)
 
 
 def closed_pipe():
@@ -46,46 +47,71 @@ def closed_pipe():
 
 
 console.on_broken_pipe = closed_pipe
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # the repo root, where tools/ is
-PAPER = {4096: (0.60, 0.41), 8192: (0.46, 0.24)}     # ToST-Base / GPT2-Base: time, memory
-NOISE = 0.2      # repeated timings of one case further apart than this (max/min - 1): the machine is busy
-NOISY = []       # such cases, reported under the table they belong to
-# sizes per mode: full, quick (small), smoke (tiny: checks that every section runs)
+# The repo root, where tools/ is.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The paper's ToST-Base / GPT2-Base ratios at these numbers of tokens: time, memory.
+PAPER = {4096: (0.60, 0.41), 8192: (0.46, 0.24)}
+# Repeated timings of one case further apart than this (max/min - 1) say the machine is busy. Such cases are
+# kept in NOISY and reported under the table they belong to.
+NOISE = 0.2
+NOISY = []
+# Sizes per mode: full, quick (small), smoke (tiny: checks that every section runs).
 SIZES = {
     'full':  dict(width=768, heads=12, op_n=[256, 1024, 4096, 8192, 16384], op_tssa_only=[65536],
-                  limit_n=[256, 1024, 4096, 16384], model_n=[4096, 8192], gen_ctx=[16, 1024, 4096], gen_new=32,
-                  train_n=[1024, 4096]),
+                  limit_n=[256, 1024, 4096, 16384], model_n=[4096, 8192], gen_ctx=[16, 1024, 4096],
+                  gen_new=32, train_n=[1024, 4096]),
     'quick': dict(width=768, heads=12, op_n=[256, 1024, 4096], op_tssa_only=[], limit_n=[1024, 4096],
                   model_n=[1024, 2048], gen_ctx=[16, 1024], gen_new=16, train_n=[256, 1024]),
     'smoke': dict(width=64, heads=4, op_n=[64, 128], op_tssa_only=[256], limit_n=[128],
                   model_n=[64, 128], gen_ctx=[8, 64], gen_new=4, train_n=[64]),
 }
-WIDTH, HEADS = 768, 12      # set from SIZES in main()
-COMPILE = False             # --compile: torch.compile the layers and models measured (see compiled())
-ms = lambda s: f"{s * 1e3:,.1f}" if s == s else "-"
-mb = lambda m: f"{m:,.0f}" if m == m else "-"
-ratio = lambda a, b, digits=2: f"{a / b:.{digits}f}x" if b > 0 else "-"     # '-': b not measured (NaN)
+# The operator's width and heads, set from SIZES in main().
+WIDTH = 768
+HEADS = 12
+# --compile: torch.compile the layers and models measured (see compiled()).
+COMPILE = False
+
+
+def ms(seconds):
+    """Milliseconds, or '-' for a case not measured (NaN, the one number not equal to itself)."""
+    return f"{seconds * 1e3:,.1f}" if seconds == seconds else "-"
+
+
+def mb(megabytes):
+    return f"{megabytes:,.0f}" if megabytes == megabytes else "-"
+
+
+def ratio(a, b, digits=2):
+    """a / b, or '-' where b was not measured (NaN)."""
+    return f"{a / b:.{digits}f}x" if b > 0 else "-"
+
+
+def sync(device):
+    """Wait for the GPU (the one main() made current) to finish what it was given, so a timer sees it all."""
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
 
 
 def interleaved(cases, reps, device, warmup=1, label=''):
     """Median seconds of each callable in `cases` (a dict), run in interleaved rounds (of two, the slower)."""
-    sync = torch.cuda.synchronize if device.startswith('cuda') else lambda: None   # the GPU main() made current
     for f in list(cases.values()) * warmup:
         f()
     times = {k: [] for k in cases}
     for _ in range(reps):
         for k, f in cases.items():
-            sync()
+            sync(device)
             t0 = time.perf_counter()
             f()
-            sync()
+            sync(device)
             times[k].append(time.perf_counter() - t0)
-    NOISY.extend(f"{label}{k} {ms(min(v))}..{ms(max(v))} ms" for k, v in times.items() if max(v) / min(v) - 1 > NOISE)
+    for k, v in times.items():
+        if max(v) / min(v) - 1 > NOISE:
+            NOISY.append(f"{label}{k} {ms(min(v))}..{ms(max(v))} ms")
     return {k: statistics.median_high(v) for k, v in times.items()}
 
 
 def table(results, title, columns, rows):
-    """Print a section's table, then whether its repeated timings disagreed (then its ratios are rough too)."""
+    """Print a section's table, then whether its repeated timings disagreed (its ratios are rough then)."""
     t = Table(*(Column(c, justify='right') for c in columns), title=title)
     for r in rows:
         t.add_row(*map(str, r))
@@ -102,10 +128,12 @@ def table(results, title, columns, rows):
 
 
 def compiled(module):
-    """torch.compile from a clean slate: otherwise every size of a layer counts against one recompile limit, past
-    which dynamo runs it eagerly while the row says compiled. The warm-up run compiles, so timings do not."""
+    """torch.compile from a clean slate: otherwise every size of a layer counts against one recompile
+    limit, past which dynamo runs it eagerly while the row says compiled. The warm-up run compiles, so
+    timings do not."""
     torch._dynamo.reset()
-    return torch.compile(module, fullgraph=True)       # a graph break is an error
+    # fullgraph: a graph break is an error.
+    return torch.compile(module, fullgraph=True)
 
 
 @contextlib.contextmanager
@@ -113,8 +141,10 @@ def causal_path(device, readable=False, fused=False, triton=False):
     """While a case runs, CausalTSSA takes the path it names: readable, its readable lines (CausalTSSA.fast
     off); fused, the CPU core at any size (tost_fast.MIN_ELEMENTS 0); triton, the Triton core on this device
     (as TOST_TRITON=1 does on CUDA). Each setting is put back after, also when the case fails."""
-    saved = CausalTSSA.fast, tost_fast.MIN_ELEMENTS, tost_fast.TRITON
-    CausalTSSA.fast = saved[0] and not readable
+    fast = CausalTSSA.fast
+    min_elements = tost_fast.MIN_ELEMENTS
+    triton_devices = tost_fast.TRITON
+    CausalTSSA.fast = fast and not readable
     if fused:
         tost_fast.MIN_ELEMENTS = 0
     if triton:
@@ -122,7 +152,9 @@ def causal_path(device, readable=False, fused=False, triton=False):
     try:
         yield
     finally:
-        CausalTSSA.fast, tost_fast.MIN_ELEMENTS, tost_fast.TRITON = saved
+        CausalTSSA.fast = fast
+        tost_fast.MIN_ELEMENTS = min_elements
+        tost_fast.TRITON = triton_devices
 
 
 def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None, compile=None, readable=False,
@@ -130,13 +162,22 @@ def make_op(kind, n, device, dtype, backward, batch=1, width=None, heads=None, c
     """One layer's forward (and backward) on random tokens. compile: None follows --compile; readable, fused
     and triton: the causal layer's path (causal_path)."""
     torch.manual_seed(0)
-    d, h = width or WIDTH, heads or HEADS
-    layer = {'causal_tssa': lambda: CausalTSSA(d, h, block_size=n), 'tssa': lambda: TSSA(d, h),
-             'sdpa_causal': lambda: SoftmaxAttention(d, h, causal=True),
-             'sdpa': lambda: SoftmaxAttention(d, h, causal=False),      # proj: a TSSA layer's two d x d matmuls alone
-             'proj': lambda: torch.nn.Sequential(*(torch.nn.Linear(d, d, bias=False) for _ in range(2)))}[kind]()
+    d = width or WIDTH
+    h = heads or HEADS
+    if kind == 'causal_tssa':
+        layer = CausalTSSA(d, h, block_size=n)
+    elif kind == 'tssa':
+        layer = TSSA(d, h)
+    elif kind == 'proj':
+        # A TSSA layer's two d x d matmuls alone.
+        layer = torch.nn.Sequential(torch.nn.Linear(d, d, bias=False), torch.nn.Linear(d, d, bias=False))
+    else:
+        layer = SoftmaxAttention(d, h, causal=kind == 'sdpa_causal')
     layer = layer.to(device)
-    layer = compiled(layer) if (COMPILE if compile is None else compile) else layer
+    if compile is None:
+        compile = COMPILE
+    if compile:
+        layer = compiled(layer)
     x = torch.randn(batch, n, d, device=device, requires_grad=backward)
 
     def run():
@@ -176,16 +217,27 @@ def make_model(attn, n, device, dtype, mode, train=False, batch=1, triton=False)
     return run
 
 
+def kilobytes(field):
+    """A field of /proc/self/status, in kB: VmRSS (resident now) or VmHWM (its high-water mark)."""
+    return next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
+
+
 def measure_memory(spec, device, child=False):
-    """Peak MB above what was held before, of one run of make_model(**spec) if spec has attn, else make_op(**spec)
-    forward and backward: on CUDA the allocator's peak; on a CPU the peak RSS of a fresh process (child: this one)."""
-    cuda = device.startswith('cuda')            # CUDA: main() made args.device the current GPU
+    """Peak MB above what was held before, of one run of make_model(**spec) if spec has attn, else
+    make_op(**spec) forward and backward: on CUDA the allocator's peak; on a CPU the peak RSS of a fresh
+    process (child: this one)."""
+    # On CUDA, main() made args.device the current GPU.
+    cuda = device.startswith('cuda')
     if not cuda and not child:
         code = f"from tools import bench; print(bench.measure_memory({spec!r}, {device!r}, child=True))"
         out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=REPO)
         return float(out.stdout.split()[-1]) if out.returncode == 0 else float('nan')
-    run = make_model(device=device, **spec) if 'attn' in spec else make_op(device=device, backward=True, **spec)
-    run()       # the first run allocates what every run needs (gradients, allocator caches); measure the second
+    if 'attn' in spec:
+        run = make_model(device=device, **spec)
+    else:
+        run = make_op(device=device, backward=True, **spec)
+    # The first run allocates what every run needs (gradients, allocator caches); the second is measured.
+    run()
     if cuda:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -193,12 +245,12 @@ def measure_memory(spec, device, child=False):
         run()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
-    status = lambda field: next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
-    base = status('VmRSS:')
-    with open('/proc/self/clear_refs', 'w') as f:   # reset the high-water mark to the current RSS
+    base = kilobytes('VmRSS:')
+    # Writing 5 resets the high-water mark to the current RSS.
+    with open('/proc/self/clear_refs', 'w') as f:
         f.write('5')
     run()
-    return (status('VmHWM:') - base) / 1024
+    return (kilobytes('VmHWM:') - base) / 1024
 
 
 def peak_mb(args, **spec):
@@ -209,78 +261,119 @@ def peak_mb(args, **spec):
 # sections: each adds its numbers to `results` and prints its table
 
 
-LIMIT = {'proj_s': ('proj', dict(compile=False)), 'tssa_s': ('tssa', dict(compile=False)),   # column: (layer, how)
-         'tssa_compiled_s': ('tssa', dict(compile=True)),
-         'causal_fast_s': ('causal_tssa', dict(compile=False, fused=True)),
-         'causal_readable_s': ('causal_tssa', dict(compile=False, readable=True)),
-         'causal_compiled_s': ('causal_tssa', dict(compile=True)),
-         'causal_triton_s': ('causal_tssa', dict(compile=False, triton=True))}
+# The limit section's columns: the layer each times, and how.
+LIMIT = {
+    'proj_s': ('proj', dict(compile=False)),
+    'tssa_s': ('tssa', dict(compile=False)),
+    'tssa_compiled_s': ('tssa', dict(compile=True)),
+    'causal_fast_s': ('causal_tssa', dict(compile=False, fused=True)),
+    'causal_readable_s': ('causal_tssa', dict(compile=False, readable=True)),
+    'causal_compiled_s': ('causal_tssa', dict(compile=True)),
+    'causal_triton_s': ('causal_tssa', dict(compile=False, triton=True)),
+}
 
 
 def section_operator(args, results):
-    ns, extra = SIZES[args.mode]['op_n'], SIZES[args.mode]['op_tssa_only']
+    ns = SIZES[args.mode]['op_n']
+    extra = SIZES[args.mode]['op_tssa_only']
     rows = []
     for n in ns + extra:
         kinds = ['causal_tssa', 'tssa'] + ([] if n in extra else ['sdpa_causal', 'sdpa'])
         reps = 5 if n <= 1024 else (3 if n <= 4096 else 2)
-        fwd, fb = (interleaved({k: make_op(k, n, args.device, args.dtype, backward) for k in kinds}, reps, args.device,
-                               label=f"n={n} {'fwd+bwd' if backward else 'fwd'} ") for backward in (False, True))
-        rows += [dict(n=n, op=k, fwd_s=fwd[k], fwdbwd_s=fb[k],
-                      fwdbwd_peak_mb=peak_mb(args, kind=k, n=n, width=WIDTH, heads=HEADS)) for k in kinds]
+        # Seconds by pass: forward (False), then forward and backward (True).
+        seconds = {}
+        for backward in (False, True):
+            cases = {k: make_op(k, n, args.device, args.dtype, backward) for k in kinds}
+            label = f"n={n} {'fwd+bwd' if backward else 'fwd'} "
+            seconds[backward] = interleaved(cases, reps, args.device, label=label)
+        for k in kinds:
+            peak = peak_mb(args, kind=k, n=n, width=WIDTH, heads=HEADS)
+            rows.append(dict(n=n, op=k, fwd_s=seconds[False][k], fwdbwd_s=seconds[True][k],
+                             fwdbwd_peak_mb=peak))
         console.print(f"  operator n={n} done", style="dim")
     results['operator'] = rows
     by = {(r['n'], r['op']): r for r in rows}
 
-    def ratios(r):                                     # softmax / TSSA at the same n: time, memory
+    def ratios(r):
+        """Softmax / TSSA at the same n: time, memory (blank for a TSSA row)."""
         b = by.get((r['n'], {'sdpa_causal': 'causal_tssa', 'sdpa': 'tssa'}.get(r['op'])))
         return [ratio(r[k], b[k], 1) for k in ('fwdbwd_s', 'fwdbwd_peak_mb')] if b else ['', '']
-    table(results, f"Operator: width {WIDTH}, {HEADS} heads, batch 1, {args.device}, {args.dtype} (ms; peak MB for "
-                   "forward+backward)",
+    table(results,
+          f"Operator: width {WIDTH}, {HEADS} heads, batch 1, {args.device}, {args.dtype} (ms; peak MB for "
+          "forward+backward)",
           ['n', 'op', 'fwd ms', 'fwd+bwd ms', 'peak MB', 'softmax/TSSA fwd+bwd', 'softmax/TSSA MB'],
-          [(r['n'], r['op'], ms(r['fwd_s']), ms(r['fwdbwd_s']), mb(r['fwdbwd_peak_mb']), *ratios(r)) for r in rows])
-    fit_n = [n for n in ns if 1024 <= n <= 16384]                   # least squares on log n, log t
-    pts = {op: np.log([(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and r['n'] in fit_n])
-           for op in ('causal_tssa', 'tssa', 'sdpa_causal', 'sdpa')}
-    fits = {op: float(np.polyfit(p[:, 0], p[:, 1], 1)[0]) for op, p in pts.items() if len(p) >= 2}
-    results['operator_exponent'], results['operator_exponent_n'] = fits, fit_n
+          [(r['n'], r['op'], ms(r['fwd_s']), ms(r['fwdbwd_s']), mb(r['fwdbwd_peak_mb']), *ratios(r))
+           for r in rows])
+    # The exponent k of time ~ n^k: a least-squares line through (log n, log t).
+    fit_n = [n for n in ns if 1024 <= n <= 16384]
+    fits = {}
+    for op in ('causal_tssa', 'tssa', 'sdpa_causal', 'sdpa'):
+        points = np.log([(r['n'], r['fwdbwd_s']) for r in rows if r['op'] == op and r['n'] in fit_n])
+        if len(points) >= 2:
+            fits[op] = float(np.polyfit(points[:, 0], points[:, 1], 1)[0])
+    results['operator_exponent'] = fits
+    results['operator_exponent_n'] = fit_n
     if fits:
         console.print(f"time ~ n^k, forward+backward, least squares on n = {', '.join(map(str, fit_n))}: "
                       + ", ".join(f"{k} {v:.2f}" for k, v in fits.items()))
         if len(fit_n) < 3:
             console.print("  (two points: a rough slope; the full run fits 1024 .. 16384)", style="yellow")
         if min(fits.get('causal_tssa', 1), fits.get('tssa', 1)) < 0.95:
-            console.print("  (an exponent below 1 is not a sub-linear layer: fixed per-call costs dominate these "
-                          "sizes, or the machine was busy)", style="yellow")
+            console.print("  (an exponent below 1 is not a sub-linear layer: fixed per-call costs dominate "
+                          "these sizes, or the machine was busy)", style="yellow")
 
 
 def section_limit(args, results):
     # (batch, tokens, width, heads): one long sequence at the operator table's width, and a CIFAR batch
-    # (tost-cifar: 128 images of 8 x 8 patches, width 192), where the projections are cheap and the core is not
+    # (tost-cifar: 128 images of 8 x 8 patches, width 192), where the projections are cheap and the core
+    # is not.
     shapes = [(1, n, WIDTH, HEADS) for n in SIZES[args.mode]['limit_n']]
     shapes.append((4, 16, 64, 4) if args.mode == 'smoke' else (128, 64, 192, 4))
-    limit = {k: v for k, v in LIMIT.items() if (args.device == 'cpu' or k != 'causal_fast_s')   # a CPU-only core
-             and (compiles_causal(args.device) or k != 'causal_compiled_s')
-             and (has_triton(args.device) or k != 'causal_triton_s')}
+    # The columns this device can run: the fused core is a CPU's, the compiled causal layer needs a torch that
+    # builds it, the Triton core CUDA with triton installed.
+    limit = dict(LIMIT)
+    if args.device != 'cpu':
+        del limit['causal_fast_s']
+    if not compiles_causal(args.device):
+        del limit['causal_compiled_s']
+    if not has_triton(args.device):
+        del limit['causal_triton_s']
     rows = []
     for B, n, d, h in shapes:
         specs = {k: dict(kind=kind, n=n, dtype=args.dtype, batch=B, width=d, heads=h, **how)
                  for k, (kind, how) in limit.items()}
         for backward in (False, True):
             cases = {k: make_op(device=args.device, backward=backward, **spec) for k, spec in specs.items()}
-            rows.append(dict(batch=B, n=n, width=d, heads=h, backward=backward, **interleaved(
-                cases, 5 if B * n <= 8192 else 3, args.device, label=f"{B}x{n} {'fwd+bwd' if backward else 'fwd'} ")))
-            if backward and not args.no_memory:      # peak MB of forward+backward of the layers (not 'proj')
-                rows[-1].update({k[:-2] + '_mb': measure_memory(spec, args.device) for k, spec in specs.items()
-                                 if k != 'proj_s'})
+            label = f"{B}x{n} {'fwd+bwd' if backward else 'fwd'} "
+            row = dict(batch=B, n=n, width=d, heads=h, backward=backward)
+            row.update(interleaved(cases, 5 if B * n <= 8192 else 3, args.device, label=label))
+            rows.append(row)
+            # Peak MB of forward+backward of the layers (not of the projections alone).
+            if backward and not args.no_memory:
+                for k, spec in specs.items():
+                    if k != 'proj_s':
+                        row[k[:-2] + '_mb'] = measure_memory(spec, args.device)
     results['limit'] = rows
-    table(results, "The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1); the "
-                   "causal layer's fused core vs its readable lines, eager and compiled by torch.compile, "
-                   "and its Triton core",
-          ['batch x tokens, width', 'pass', 'projections ms', 'TSSA', 'TSSA (compiled)', 'causal (fused core)',
-           'causal (readable)', 'causal (readable, compiled)', 'causal (Triton core)'],
-          [(f"{r['batch']} x {r['n']}, {r['width']}", 'fwd+bwd' if r['backward'] else 'fwd', ms(r['proj_s']),
-            *('-' if k not in r else f"{ms(r[k])} (+{r[k] / r['proj_s'] - 1:.2f}x)" + (
-              f", {mb(r[k[:-2] + '_mb'])} MB" if k[:-2] + '_mb' in r else '') for k in list(LIMIT)[1:])) for r in rows])
+    cells = []
+    for r in rows:
+        shape = f"{r['batch']} x {r['n']}, {r['width']}"
+        row = [shape, 'fwd+bwd' if r['backward'] else 'fwd', ms(r['proj_s'])]
+        # Each layer's time, its overhead over the projections, and its memory where measured.
+        for k in list(LIMIT)[1:]:
+            cell = '-'
+            if k in r:
+                cell = f"{ms(r[k])} (+{r[k] / r['proj_s'] - 1:.2f}x)"
+                if k[:-2] + '_mb' in r:
+                    cell += f", {mb(r[k[:-2] + '_mb'])} MB"
+            row.append(cell)
+        cells.append(row)
+    table(results,
+          "The limit: a TSSA layer vs its two projections alone (overhead = layer/projections - 1); the "
+          "causal layer's fused core vs its readable lines, eager and compiled by torch.compile, "
+          "and its Triton core",
+          ['batch x tokens, width', 'pass', 'projections ms', 'TSSA', 'TSSA (compiled)',
+           'causal (fused core)', 'causal (readable)', 'causal (readable, compiled)', 'causal (Triton core)'],
+          cells)
     if not has_triton(args.device):
         console.print("causal (Triton core): not available here (it runs on CUDA, with triton installed)")
 
@@ -295,47 +388,70 @@ def section_model(args, results):
     cfg = model_config(args.device, ns[0], 'tssa', args.mode)
     rows = []
     for n in ns:
-        tm = interleaved({a: make_model(a, n, args.device, args.dtype, args.mode) for a in ('tssa', 'softmax')},
-                         2 if args.mode == 'full' else 3, args.device, label=f"n={n} ")
-        rows.append(dict(n=n, tssa_s=tm['tssa'], softmax_s=tm['softmax'],
-                         **{f'{a}_mb': peak_mb(args, attn=a, n=n, mode=args.mode) for a in ('tssa', 'softmax')}))
+        cases = {a: make_model(a, n, args.device, args.dtype, args.mode) for a in ('tssa', 'softmax')}
+        tm = interleaved(cases, 2 if args.mode == 'full' else 3, args.device, label=f"n={n} ")
+        row = dict(n=n, tssa_s=tm['tssa'], softmax_s=tm['softmax'])
+        for a in ('tssa', 'softmax'):
+            row[f'{a}_mb'] = peak_mb(args, attn=a, n=n, mode=args.mode)
+        rows.append(row)
     results['model'] = dict(config=dict(n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head), rows=rows)
-    paper = lambda n, i: f"{PAPER[n][i]:.2f}x" if n in PAPER else ''
-    table(results, f"Model forward: GPT {cfg.n_layer}L/{cfg.n_embd}d/{cfg.n_head}h, TSSA vs softmax, batch 1, "
-                   f"{args.device} (memory: activations above the weights)",
-          ['tokens', 'TSSA ms', 'softmax ms', 'time ratio', 'paper', 'TSSA MB', 'softmax MB', 'memory ratio', 'paper'],
+
+    def paper(n, i):
+        """The paper's ratio at n tokens, where it gives one: i 0 for time, 1 for memory."""
+        return f"{PAPER[n][i]:.2f}x" if n in PAPER else ''
+    table(results,
+          f"Model forward: GPT {cfg.n_layer}L/{cfg.n_embd}d/{cfg.n_head}h, TSSA vs softmax, batch 1, "
+          f"{args.device} (memory: activations above the weights)",
+          ['tokens', 'TSSA ms', 'softmax ms', 'time ratio', 'paper', 'TSSA MB', 'softmax MB', 'memory ratio',
+           'paper'],
           [(r['n'], ms(r['tssa_s']), ms(r['softmax_s']), ratio(r['tssa_s'], r['softmax_s']), paper(r['n'], 0),
             mb(r['tssa_mb']), mb(r['softmax_mb']), ratio(r['tssa_mb'], r['softmax_mb']), paper(r['n'], 1))
            for r in rows])
 
 
 def section_generation(args, results):
-    def decode(model, tok, states, n_tokens):           # from the prompt's state, one step per new token
+    def decode(model, tok, states, n_tokens):
+        """From the prompt's state, one step per new token."""
         for _ in range(n_tokens):
             logits, states = model.step(tok, states)
             tok = logits.argmax(-1)
 
-    def rerun(model, ids, n_tokens):                    # the whole prefix again for each new token
+    def rerun(model, ids, n_tokens):
+        """The whole prefix again for each new token."""
         for _ in range(n_tokens):
             ids = torch.cat([ids, model(ids)[0][:, -1].argmax(-1, keepdim=True)], 1)
 
-    ctxs, new = SIZES[args.mode]['gen_ctx'], SIZES[args.mode]['gen_new']
-    base, models = model_config(args.device, max(ctxs) + new + 1, 'tssa', args.mode), {}
-    for key, extra in (('recurrent', {}), ('shift_recurrent', dict(token_shift=True)),
-                       ('softmax_kv', dict(attn='softmax')), ('hybrid', dict(token_shift=True, softmax_layers=(-1,)))):
+    ctxs = SIZES[args.mode]['gen_ctx']
+    new = SIZES[args.mode]['gen_new']
+    base = model_config(args.device, max(ctxs) + new + 1, 'tssa', args.mode)
+    variants = {'recurrent': {}, 'shift_recurrent': dict(token_shift=True),
+                'softmax_kv': dict(attn='softmax'), 'hybrid': dict(token_shift=True, softmax_layers=(-1,))}
+    models = {}
+    for key, extra in variants.items():
         torch.manual_seed(0)
         models[key] = GPT(replace(base, **extra)).to(args.device).eval()
-    rows, n_rerun, tssa = [], max(2, new // 8), models['recurrent']
+    tssa = models['recurrent']
+    # The prefix is re-run for fewer tokens: each costs a forward over the whole context.
+    n_rerun = max(2, new // 8)
+    rows = []
     for ctx in ctxs:
         idx = torch.randint(0, tssa.config.vocab_size, (1, ctx), device=args.device)
         with torch.no_grad(), autocast(args.device, args.dtype):
-            cases = {k: functools.partial(decode, m, idx[:, -1], m.prefill(idx)[1], new) for k, m in models.items()}
-            cases = {'recurrent': cases.pop('recurrent'), 'rerun': functools.partial(rerun, tssa, idx, n_rerun),
-                     **cases}                           # in the table's order
-            tm = interleaved(cases, 3, args.device, warmup=0, label=f"context {ctx} ")   # 3 rounds, the median
-        rows.append(dict(ctx=ctx, **{k: (n_rerun if k == 'rerun' else new) / t for k, t in tm.items()}))
+            cases = {}
+            for key, model in models.items():
+                cases[key] = functools.partial(decode, model, idx[:, -1], model.prefill(idx)[1], new)
+                # In the table's order: re-running the prefix second, beside the recurrent steps.
+                if key == 'recurrent':
+                    cases['rerun'] = functools.partial(rerun, tssa, idx, n_rerun)
+            # No warm-up: 3 rounds, the median.
+            tm = interleaved(cases, 3, args.device, warmup=0, label=f"context {ctx} ")
+        row = dict(ctx=ctx)
+        for key, seconds in tm.items():
+            row[key] = (n_rerun if key == 'rerun' else new) / seconds
+        rows.append(row)
     results['generation'] = rows
-    table(results, f"Generation tokens/s, batch 1, GPT {tssa.config.n_layer}L/{tssa.config.n_embd}d, {args.device}",
+    table(results,
+          f"Generation tokens/s, batch 1, GPT {tssa.config.n_layer}L/{tssa.config.n_embd}d, {args.device}",
           ['context', 'TSSA recurrent', 'TSSA re-run prefix', 'recurrent / re-run', 'TSSA + shift recurrent',
            'softmax + KV cache', 'hybrid + shift, last block softmax'],
           [(r['ctx'], f"{r['recurrent']:.1f}", f"{r['rerun']:.2f}", ratio(r['recurrent'], r['rerun'], 0),
@@ -346,13 +462,15 @@ def section_training(args, results):
     ns = SIZES[args.mode]['train_n']
     rows = []
     for n in ns:
-        tm = interleaved({a: make_model(a, n, args.device, args.dtype, args.mode, True) for a in ('tssa', 'softmax')},
-                         2 if args.mode == 'full' else 3, args.device, label=f"block {n} ")
+        cases = {a: make_model(a, n, args.device, args.dtype, args.mode, True) for a in ('tssa', 'softmax')}
+        tm = interleaved(cases, 2 if args.mode == 'full' else 3, args.device, label=f"block {n} ")
         rows.append(dict(block_size=n, tssa_tok_s=n / tm['tssa'], softmax_tok_s=n / tm['softmax']))
     results['training'] = rows
     cfg = model_config(args.device, ns[0], 'tssa', args.mode)
-    table(results, f"Training step tokens/s (forward, backward, AdamW), batch 1, GPT {cfg.n_layer}L/{cfg.n_embd}d, "
-                   f"{args.device}", ['block size', 'TSSA tok/s', 'softmax tok/s', 'TSSA / softmax'],
+    table(results,
+          f"Training step tokens/s (forward, backward, AdamW), batch 1, GPT {cfg.n_layer}L/{cfg.n_embd}d, "
+          f"{args.device}",
+          ['block size', 'TSSA tok/s', 'softmax tok/s', 'TSSA / softmax'],
           [(r['block_size'], f"{r['tssa_tok_s']:,.0f}", f"{r['softmax_tok_s']:,.0f}",
             ratio(r['tssa_tok_s'], r['softmax_tok_s'])) for r in rows])
 
@@ -367,7 +485,8 @@ def run_sections(args, sections, results):
     names = [s.strip() for s in args.sections.split(',') if s.strip()]
     unknown = [s for s in names if s not in sections]
     if unknown or not names:
-        raise UsageError(f"unknown section(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(sections)}")
+        raise UsageError(f"unknown section(s) {', '.join(unknown) or '(none)'}; "
+                         f"choose from {', '.join(sections)}")
     # Written where a link points (a rename would replace the link), and never over a folder or a device.
     path = os.path.realpath(args.json)
     folder = os.path.dirname(path)
@@ -385,7 +504,8 @@ def run_sections(args, sections, results):
         try:
             if set(names) & set(plot.FIGURES):
                 console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(path, folder)))
-        except Exception as e:                   # the numbers are saved: a figure is not worth an error
+        except Exception as e:
+            # The numbers are saved: a figure is not worth an error.
             console.print(f"note: could not draw the figures ({type(e).__name__}: {e})", style="yellow")
     return results
 
@@ -398,7 +518,7 @@ DEFAULTS = dict(
     sections='operator,limit,model,generation,training',   # which sections to run, comma-separated
     json='',              # also write the results to this file, and the figures beside it
     no_memory=False,      # skip the memory measurements
-    compile=False,        # torch.compile the operator, model and training cases (the limit section compiles its own)
+    compile=False,        # torch.compile the operator, model and training cases (the limit compiles its own)
 )
 
 
@@ -413,20 +533,27 @@ def main(argv=None):
     if args.dtype not in ('float32', 'bfloat16', 'float16'):
         raise UsageError(f"--dtype expects float32, bfloat16 or float16, got {args.dtype!r}")
     cuda = args.device.startswith('cuda')
-    if args.mode == 'full' and cuda:    # 1k to 64k tokens for every operator (flash attention holds 64k)
+    # On a GPU, 1k to 64k tokens for every operator (flash attention holds 64k).
+    if args.mode == 'full' and cuda:
         SIZES['full'].update(op_n=[1024, 2048, 4096, 8192, 16384, 32768, 65536], op_tssa_only=[],
                              limit_n=[1024, 4096, 16384, 65536])
-    WIDTH, HEADS, COMPILE = SIZES[args.mode]['width'], SIZES[args.mode]['heads'], args.compile
+    WIDTH = SIZES[args.mode]['width']
+    HEADS = SIZES[args.mode]['heads']
+    COMPILE = args.compile
     if COMPILE:
         check_compile(args.device)
     if cuda:
-        setup_cuda(args.device)     # CUDA only, as the trainers: this GPU is the current one (sync, memory), TF32
+        # As the trainers do: this GPU becomes the current one (for sync and memory), with TF32.
+        setup_cuda(args.device)
     results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
                    threads=torch.get_num_threads(), width=WIDTH, heads=HEADS, compile=COMPILE,
                    gpu=torch.cuda.get_device_name() if cuda else None)
-    console.print(f"bench: {args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
-                  + (f", {args.mode} mode" if args.mode != 'full' else "")
-                  + ("; compiled: the operator, model and training cases" if COMPILE else ""))
+    line = f"bench: {args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    if args.mode != 'full':
+        line += f", {args.mode} mode"
+    if COMPILE:
+        line += "; compiled: the operator, model and training cases"
+    console.print(line)
     return run_sections(args, SECTIONS, results)
 
 
