@@ -524,7 +524,7 @@ DEFAULTS = dict(
 
 def main(argv=None):
     global WIDTH, HEADS, COMPILE
-    cfg, _ = parse(sys.argv[1:] if argv is None else argv, DEFAULTS, __doc__, __file__)
+    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__)
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     if args.device == 'auto':
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
