@@ -269,7 +269,7 @@ def test_error_messages_name_commands_that_work(tmp_path, monkeypatch, capsys):
 
 
 def test_every_test_docs_tests_md_names_exists():
-    """docs/tests.md says which test checks each claim: a test renamed or deleted leaves the claim unchecked."""
+    """docs/tests.md names the test that checks each claim: a test renamed or deleted leaves it unchecked."""
     page = Path(REPO, 'docs', 'tests.md').read_text()
     files = [Path(REPO, 'test_tost.py'), *Path(REPO, 'tests').glob('test_*.py')]
     source = ''.join(f.read_text() for f in files)
