@@ -32,7 +32,7 @@ DEFAULTS = dict(
     dtype='auto',                # auto: bfloat16 where the device computes in it, else float16 (GPU), float32
 )
 RANGES = dict(positive=('batch_size',), nonnegative=('block_size',),
-              nonempty=('out_dir', 'datasets', 'data_dir'))
+              nonempty=('out_dir', 'data_dir'))
 
 # The paper's Table 4 (left) and the release's README: zero-shot loss, nats per GPT-2 token
 PAPER = {'openwebtext': (3.20, 2.84), 'lambada': (4.98, 4.32), 'wikitext2': (4.77, 4.13), 'ptb': (6.39, 5.75)}
@@ -128,7 +128,11 @@ def main(argv=None):
         raise UsageError(f"--block_size={T} is larger than the model's context ({config.block_size})")
     # every dataset read and checked before any is scored, in the checkpoint's tokenizer
     sets = []
-    for name in cfg['datasets'].split(','):
+    # Blanks around a name and an empty or repeated name are typing, not datasets.
+    names = list(dict.fromkeys(n.strip() for n in cfg['datasets'].split(',') if n.strip()))
+    if not names:
+        raise UsageError("--datasets names no dataset; name them under --data_dir, e.g. --datasets=wikitext2,ptb")
+    for name in names:
         path = os.path.join(cfg['data_dir'], name)
         meta = readers.load_meta(path, 'text', info['meta'])
         tokens = readers.read_tokens(path, meta, 'val')

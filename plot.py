@@ -69,16 +69,23 @@ def finish(ax, x, y, title, xticks=()):
 # learning curves
 
 
+def not_a_number(name):
+    """json.loads calls this for NaN, Infinity and -Infinity."""
+    raise ValueError(name)
+
+
 def read_run(path):
     """A run's log: (label, config, rows). path is a run folder or a .jsonl log; where neither, opening it
     raises the OSError options.py's handler names the path with."""
     log = path if path.endswith('.jsonl') else os.path.join(path, 'log.jsonl')
     rows = []
-    with open(log) as f:
+    # Bytes that are not UTF-8 (a damaged file) spoil their line only.
+    with open(log, encoding='utf-8', errors='replace') as f:
         for line in f:
-            # a line cut short (being written, or by a crash), or one that is not a row, is left out
+            # A line cut short (being written, or by a crash), one that is not a row, or one with a loss that
+            # is not finite (NaN, Infinity: no axis can hold it) is left out.
             with contextlib.suppress(ValueError, TypeError):
-                rows.append(dict(json.loads(line)))
+                rows.append(dict(json.loads(line, parse_constant=not_a_number)))
     cfg = next((r for r in reversed(rows) if r.get('kind') == 'config'), {})
     # 'out' for out/log.jsonl, 'demo-log' for docs/demo-log.jsonl
     name = os.path.basename(os.path.abspath(log).removesuffix(os.sep + 'log.jsonl')).removesuffix('.jsonl')

@@ -20,6 +20,7 @@ import options
 import contextlib
 import difflib
 import functools
+import glob
 import hashlib
 import io
 import itertools
@@ -40,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from options import UsageError, parse
+from options import UsageError, parse, say
 from readers import get_tokenizer, load_meta
 
 
@@ -52,7 +53,8 @@ def _progress(shown, line):
     """Prints line if 10 s have passed since the time `shown`; returns the time of the last line printed."""
     if time.time() < shown + 10:
         return shown
-    print(line, flush=True)
+    # A closed stdout (a dead `| tee`) must not end a build of hours: say() lets it go.
+    say(line)
     return time.time()
 
 # -----------------------------------------------------------------------------
@@ -73,7 +75,7 @@ def _download(url, data_dir, hint, checksum=None, name=None):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.part-{os.getpid()}"
-    print(f"downloading {url}", flush=True)
+    say(f"downloading {url}")
     shown = time.time()
     # Some hosts refuse urllib's default User-Agent.
     try:
@@ -541,6 +543,9 @@ def prepare(name, /, data_dir='data', **o):
     if out_name in ('', 'downloads') or out_name.startswith('.') or os.sep in out_name:
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
+    # Found now, not after a build of hours.
+    if os.path.isfile(out):
+        raise UsageError(f"{out} is a file, not a dataset folder; move it away or choose another --name")
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
         built = meta.get('tokenizer')
@@ -557,7 +562,13 @@ def prepare(name, /, data_dir='data', **o):
     os.makedirs(data_dir, exist_ok=True)
     # Everything is written in a folder of this run's own: an exception or Ctrl-C leaves out/ untouched, and
     # two nodes that prepare one shared data_dir at once each move complete files in.
-    stage = tempfile.mkdtemp(prefix=f".{out_name}.partial-", dir=data_dir)
+    # Beside the folder the files go to, which may be a link to another filesystem: os.replace cannot cross.
+    parent = os.path.dirname(os.path.realpath(out))
+    # A build killed (kill -9, a second Ctrl-C while it cleans up) leaves its folder: said, not removed,
+    # since another build may be using it.
+    for left in glob.glob(os.path.join(glob.escape(parent), f".{out_name}.partial-*")):
+        _warn(f"{left} is left from a build that was stopped; remove it unless another build is running")
+    stage = tempfile.mkdtemp(prefix=f".{out_name}.partial-", dir=parent)
     try:
         meta = builder(stage, {**o, 'data_dir': data_dir})
         meta = {'name': out_name, 'dataset': name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')}

@@ -91,7 +91,8 @@ def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, at
     model = save_model(out, data_dir, attn=attn)
     with open(os.path.join(out, 'log.jsonl'), 'w') as f:  # a training log is there already
         f.write(json.dumps({'iter': 7, 'kind': 'eval', 'val_loss': 5.0}) + '\n')
-    eval_gpt.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2,lambada',
+    # blanks, an empty name and a repeated one are typing
+    eval_gpt.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2, lambada,,wikitext2',
                    '--device=cpu', '--dtype=float32', '--batch_size=3'])
     log = read_log(out)
     assert log[0] == {'iter': 7, 'kind': 'eval', 'val_loss': 5.0}  # appended, not truncated
@@ -243,7 +244,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, capsys):
     # the default sets (not prepared here), a window longer than the model's, no set, a set in another
     # tokenizer, a damaged set
     for extra, name in (([], 'openwebtext'), (['--datasets=wikitext2', '--block_size=64'], '--block_size'),
-                        (['--datasets='], '--datasets'), (['--datasets=wikitext2,bytes_text'], 'bytes_text'),
+                        (['--datasets= ,'], '--datasets'), (['--datasets=wikitext2,bytes_text'], 'bytes_text'),
                         (['--datasets=short'], f'{short}/val.bin')):
         refused(capsys, base + extra, name)
     assert not os.path.exists(os.path.join(out, 'log.jsonl'))

@@ -39,14 +39,18 @@ def write_run(folder, cfg, losses, evals=True):
 
 
 def test_several_runs_of_different_models_on_one_figure(tmp_path):
-    """Each labelled from its own log; a run with no eval yet, a log cut short while a row was written (what
-    is complete is drawn), a log file given for its folder."""
+    """Each labelled from its own log; a run with no eval yet, a log cut short while a row was written, a
+    damaged one (what is whole is drawn), a log file given for its folder."""
     write_run(tmp_path / 'out', dict(attn='tssa', token_shift=False), [5.0, 4.0, 3.2, 2.9])
     write_run(tmp_path / 'out-soft', dict(attn='softmax', token_shift=True), [5.0, 3.5, 2.8, 2.5])
     write_run(tmp_path / 'new', dict(attn='tssa', softmax_layers=[-1]), [5.1, 4.5], evals=False)
+    with open(tmp_path / 'out-soft' / 'log.jsonl', 'ab') as f:
+        # a row no axis can hold, and bytes that are not UTF-8 (a damaged file): left out
+        f.write(b'{"iter": 5, "kind": "eval", "val_loss": Infinity, "tokens": 640}\n\xff\xfe\n')
     with open(tmp_path / 'out' / 'log.jsonl', 'a') as f:
         f.write('{"iter": 5, "kind": "train", "train_lo')                 # killed while writing a row
     runs = [plot.read_run(str(tmp_path / f)) for f in ('out', 'out-soft', 'new')]
+    assert len(runs[1][2]) == 6
     assert [label for label, _, _ in runs] == ['out: ToST', 'out-soft: softmax + shift', 'new: hybrid']
     assert len(runs[0][2]) == 6 and runs[0][1]['attn'] == 'tssa'
     out = tmp_path / 'runs.png'

@@ -555,9 +555,10 @@ def test_bad_input_is_one_line_naming_it_and_writes_nothing(tiny, capsys, monkey
     assert not os.path.exists('data') and not os.path.exists('pwned')
 
 
-def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys):
+def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys, monkeypatch):
     """A file given as --data_dir (or above it), a file where the dataset's folder goes, /proc (which refuses
-    a new folder even to root): one line naming it, nothing written."""
+    a new folder even to root): one line naming it, nothing written, and before any text is tokenized."""
+    monkeypatch.setattr(prep, 'encode_arrays', None)
     write('README.md', 'a file')
     write('data/notes', 'a file where the dataset folder would go')
     for data_dir, name in (('README.md', 'x'), ('README.md/sub', 'x'), ('/proc', 'x'), ('data', 'notes')):
@@ -620,6 +621,34 @@ def test_two_nodes_prepare_one_shared_folder_at_once(monkeypatch):
     out = prepare('text', 'data', input='in.txt')
     assert ids(out, 'train') + ids(out, 'val') == list(b'hello there. ' * 20)
     assert os.listdir('data') == ['in']
+
+
+def test_a_build_left_by_a_killed_run_is_said(capsys):
+    """kill -9 (or a second Ctrl-C while a build cleans up) leaves its staging folder: the next build names it,
+    and leaves it, since another build may be using it."""
+    write('in.txt', 'hello there. ' * 20)
+    os.makedirs('data/.in.partial-killed')
+    assert prepare('text', 'data', input='in.txt') == os.path.join('data', 'in')
+    assert 'data/.in.partial-killed' in capsys.readouterr().err
+
+
+def test_a_dataset_folder_that_links_to_another_filesystem_is_staged_there(monkeypatch):
+    """os.replace cannot move a file from one filesystem to another: the build stages beside the folder the
+    link points to, not in data_dir."""
+    write('in.txt', 'hello there. ' * 20)
+    os.makedirs('elsewhere/in')
+    os.makedirs('data')
+    os.symlink(os.path.abspath('elsewhere/in'), 'data/in')
+    real = os.replace
+
+    def same_filesystem_only(src, dst):
+        # Here data/ and elsewhere/ are two filesystems.
+        if Path(src).resolve().parts[:-2] != Path(dst).resolve().parts[:-2]:
+            raise OSError(18, 'Invalid cross-device link', src)
+        real(src, dst)
+    monkeypatch.setattr(os, 'replace', same_filesystem_only)
+    prepare('text', 'data', input='in.txt')
+    assert ids('data/in', 'train') + ids('data/in', 'val') == list(b'hello there. ' * 20)
 
 
 def test_ctrl_c_during_a_build():
