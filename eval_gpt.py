@@ -131,7 +131,7 @@ def main(argv=None):
     # Blanks around a name and an empty or repeated name are typing, not datasets.
     names = list(dict.fromkeys(n.strip() for n in cfg['datasets'].split(',') if n.strip()))
     if not names:
-        raise UsageError("--datasets names no dataset; name them under --data_dir, e.g. --datasets=wikitext2,ptb")
+        raise UsageError("--datasets names no dataset; name those under --data_dir: --datasets=wikitext2,ptb")
     for name in names:
         path = os.path.join(cfg['data_dir'], name)
         meta = readers.load_meta(path, 'text', info['meta'])

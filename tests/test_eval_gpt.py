@@ -244,7 +244,8 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, capsys):
     # the default sets (not prepared here), a window longer than the model's, no set, a set in another
     # tokenizer, a damaged set
     for extra, name in (([], 'openwebtext'), (['--datasets=wikitext2', '--block_size=64'], '--block_size'),
-                        (['--datasets= ,'], '--datasets'), (['--datasets=wikitext2,bytes_text'], 'bytes_text'),
+                        (['--datasets= ,'], '--datasets'),
+                        (['--datasets=wikitext2,bytes_text'], 'bytes_text'),
                         (['--datasets=short'], f'{short}/val.bin')):
         refused(capsys, base + extra, name)
     assert not os.path.exists(os.path.join(out, 'log.jsonl'))

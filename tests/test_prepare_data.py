@@ -624,8 +624,8 @@ def test_two_nodes_prepare_one_shared_folder_at_once(monkeypatch):
 
 
 def test_a_build_left_by_a_killed_run_is_said(capsys):
-    """kill -9 (or a second Ctrl-C while a build cleans up) leaves its staging folder: the next build names it,
-    and leaves it, since another build may be using it."""
+    """kill -9 (or a second Ctrl-C while a build cleans up) leaves its staging folder: the next build names
+    it, and leaves it, since another build may be using it."""
     write('in.txt', 'hello there. ' * 20)
     os.makedirs('data/.in.partial-killed')
     assert prepare('text', 'data', input='in.txt') == os.path.join('data', 'in')
