@@ -29,6 +29,7 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import sys
 import sysconfig
 import tarfile
@@ -613,6 +614,8 @@ RANGES = {'nonempty': ['dataset'], 'positive': ['max_mb', 'val_every'], 'nonnega
 def main(argv=None):
     cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__,
                           positional='dataset', ranges=RANGES, choices=dict(tokenizer=('', 'bytes', 'gpt2')))
+    # SIGTERM (a scheduler, `timeout`) ends a build as Ctrl-C does: its staging folder is removed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     # An option given its default value (--workers=0, --tokenizer=) is the dataset's default, as if not given.
     opts = {k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if cfg[k] != DEFAULTS[k]}
     prepare(cfg['dataset'], data_dir=cfg['data_dir'], **opts)

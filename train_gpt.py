@@ -250,6 +250,8 @@ PEAK_FLOPS = {
     r'NVIDIA L4': 121e12,
     r'NVIDIA GeForce RTX 4090': 165e12,         # with float32 accumulation, as torch uses
 }
+
+
 def peak_flops(device, dtype):
     """The GPU's peak for `dtype`, or None (no MFU on a CPU, on MPS, or on a GPU not in the table)."""
     if not device.startswith('cuda'):
@@ -259,6 +261,7 @@ def peak_flops(device, dtype):
         if re.fullmatch(pattern, name):
             return peak / 2 if dtype == 'float32' else peak
     return None
+
 
 def last_good(ckpt_path, saved):
     """What is on disk."""

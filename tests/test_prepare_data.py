@@ -283,12 +283,23 @@ def owt_folder(monkeypatch):
     return docs[:6] + docs[9:] + docs[6:9]
 
 
-@pytest.mark.parametrize('workers', [1, 2])
-def test_openwebtext_local_streaming(tiny, monkeypatch, workers):
+@pytest.mark.parametrize('workers, threads', [(1, 1), (2, 2), (0, 2), (100000, 2)])
+def test_openwebtext_local_streaming(tiny, monkeypatch, workers, threads):
+    """In input order, in chunks, in threads: as many as --workers says, 0 for every core, at most the cores
+    (2 here)."""
     docs = owt_folder(monkeypatch)
-    # Many small jobs in flight, the last one half full.
+    # Many small chunks, the last one half full.
     monkeypatch.setattr(prep, '_CHUNK', 2)
+    monkeypatch.setattr(os, 'cpu_count', lambda: 2)
+    used = set()
+    encode = tiny.encode_ordinary_batch
+
+    def counted(texts, num_threads):
+        used.add(num_threads)
+        return encode(texts, num_threads=num_threads)
+    monkeypatch.setattr(tiny, 'encode_ordinary_batch', counted)
     out = prepare('openwebtext', 'data', input='owt', workers=workers, val_every=4, name='owt')
+    assert used == {threads}
     train = []
     val = []
     for i, d in enumerate(docs):
@@ -651,9 +662,10 @@ def test_a_dataset_folder_that_links_to_another_filesystem_is_staged_there(monke
     assert ids('data/in', 'train') + ids('data/in', 'val') == list(b'hello there. ' * 20)
 
 
-def test_ctrl_c_during_a_build():
-    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends: exit 130, one line, nothing
-    left."""
+@pytest.mark.parametrize('sig', ['SIGINT', 'SIGTERM'])
+def test_ctrl_c_during_a_build(sig):
+    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends, or SIGTERM, as a scheduler
+    sends: exit 130, one line, nothing left."""
     write('owt/a.jsonl', (json.dumps({'text': 'a document ' * 5}) + '\n') * 400_000)
     p = subprocess.Popen([sys.executable, os.path.join(REPO, 'prepare_data.py'), 'openwebtext',
                           '--tokenizer=bytes', '--workers=2', '--input=owt', '--data_dir=data'],
@@ -663,7 +675,7 @@ def test_ctrl_c_during_a_build():
     while not (os.path.isdir('data') and os.listdir('data')) and time.time() < deadline:
         time.sleep(0.02)
     time.sleep(0.5)
-    os.killpg(p.pid, signal.SIGINT)
+    os.killpg(p.pid, getattr(signal, sig))
     out, err = p.communicate(timeout=30)
     assert p.returncode == 130 and len(err.strip().splitlines()) == 1, (out, err)
     # No dataset, no staging folder, and the data_dir this run made is gone.

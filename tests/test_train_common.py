@@ -531,3 +531,20 @@ def test_batchnorm_is_synced_across_gpus_only(monkeypatch):
 
     assert norms("cuda:0", True) == {"SyncBatchNorm"}
     assert norms("cpu", True) == norms("cuda:0", False) == {"BatchNorm2d"}
+
+
+@pytest.mark.parametrize("env, launcher", [({}, "python train_gpt.py"),
+                                           ({"WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3"},
+                                            "torchrun --standalone --nproc_per_node=3 train_gpt.py"),
+                                           # several nodes: each restarts with its own launch options
+                                           ({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}, "torchrun (")])
+def test_the_resume_command_names_the_launcher_the_run_had(monkeypatch, env, launcher):
+    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(sys, "argv", ["train_gpt.py"])
+    cfg = dict(out_dir="o", device="cpu", compile=False)
+    defaults = dict(out_dir="out", device="auto", compile=False)
+    line = tc.resume_command("train_gpt.py", cfg, {"out_dir"}, defaults)
+    assert line.startswith(f"resume with: {launcher}") and line.endswith(" --init_from=resume --out_dir=o")
