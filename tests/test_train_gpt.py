@@ -669,12 +669,10 @@ def test_mfu_is_shown_and_agrees_with_tokens_per_second(data_dir, tmp_path, monk
 
 # what torch.cuda.get_device_name() returns on each, and the dense bfloat16 peak (None: no MFU)
 GPU_NAMES = [('NVIDIA H100 80GB HBM3', 989e12), ('NVIDIA H100 PCIe', 756e12), ('NVIDIA H100 NVL', 835e12),
-             ('NVIDIA H200', 989e12), ('NVIDIA GH200 480GB', 989e12), ('NVIDIA GH200 144G HBM3e', 989e12),
-             ('NVIDIA A100-SXM4-80GB', 312e12), ('NVIDIA A100-SXM4-40GB', 312e12),
-             ('NVIDIA A100 80GB PCIe', 312e12), ('NVIDIA A100-PCIE-40GB', 312e12), ('NVIDIA L40S', 362e12),
-             ('NVIDIA L40', 181e12), ('NVIDIA L4', 121e12), ('NVIDIA A10', 125e12), ('NVIDIA A10G', None),
-             ('NVIDIA GeForce RTX 4090', 165e12), ('Tesla T4', None), ('Tesla V100-SXM2-16GB', None),
-             ('NVIDIA GeForce RTX 3090', None), ('Some Future GPU', None)]
+             ('NVIDIA H200', 989e12), ('NVIDIA GH200 480GB', 989e12), ('NVIDIA A100-SXM4-80GB', 312e12),
+             ('NVIDIA A100 80GB PCIe', 312e12), ('NVIDIA L40S', 362e12), ('NVIDIA L40', 181e12),
+             ('NVIDIA L4', 121e12), ('NVIDIA A10', 125e12), ('NVIDIA A10G', None),
+             ('NVIDIA GeForce RTX 4090', 165e12), ('NVIDIA GeForce RTX 3090', None), ('Tesla T4', None)]
 
 
 @pytest.mark.parametrize('name, bf16', GPU_NAMES)
@@ -751,9 +749,7 @@ def broken(data_dir, tmp_path_factory):
     (d / 'garbage').mkdir()
     (d / 'garbage' / 'ckpt.pt').write_bytes(b'not a checkpoint at all')
     (d / 'vit').mkdir()
-    model = tost.ViT(tost.preset('tost-cifar-tiny'))
-    vit = {'kind': 'vit', 'model': model.state_dict(), 'model_args': {'img_size': 32}, 'epoch': 1,
-           'meta': {'kind': 'images'}}
+    vit = {'kind': 'vit', 'model': {}, 'model_args': {'img_size': 32}, 'meta': {'kind': 'images'}}
     train_common.atomic_save(vit, str(d / 'vit' / 'ckpt.pt'))
     (d / 'file').write_text('a file')
     for name in ('cut', 'other'):
