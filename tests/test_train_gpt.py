@@ -343,7 +343,11 @@ def test_a_save_cut_short_keeps_the_previous_checkpoint(data_dir, tmp_path, monk
         if obj['iter_num'] > 2:
             f.write(b'half a checkpoint')
             if failure == 'disk full':
-                raise OSError(28, 'No space left on device')
+                # as torch.save says it: a RuntimeError whose context is the OSError, which has no file name
+                try:
+                    raise OSError(28, 'No space left on device')
+                except OSError:
+                    raise RuntimeError('unexpected pos')
             clock[0] += 1.2
             sigint()
         return real_save(obj, f, *a, **k)
