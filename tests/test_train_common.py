@@ -45,16 +45,6 @@ def test_load_missing_checkpoint(tmp_path):
         tc.load_checkpoint(str(tmp_path / "file" / "ckpt.pt"), kind="gpt")
 
 
-@pytest.mark.parametrize("cut", [20, 0.5])
-def test_load_truncated_checkpoint(tmp_path, cut):
-    path = str(tmp_path / "ckpt.pt")
-    tc.atomic_save({"w": torch.randn(100, 100)}, path)
-    data = Path(path).read_bytes()
-    Path(path).write_bytes(data[:int(len(data) * cut) if isinstance(cut, float) else cut])
-    with pytest.raises(UsageError, match=path):
-        tc.load_checkpoint(path)
-
-
 # unpickling this calls a function: the code execution weights_only exists to refuse
 class Evil:
     def __reduce__(self):
@@ -75,10 +65,15 @@ NO_KIND = dict(model={}, optimizer={}, iter_num=3, config={}, meta={}, model_arg
                                          # what a loader reads by key is a dict
                                          (dict(NO_KIND, model_args=5), "model_args"),
                                          (dict(NO_KIND, model=[1, 2], model_args={"vocab_size": 8}), "model"),
-                                         (dict(NO_KIND, meta="x"), "meta")])
+                                         (dict(NO_KIND, meta="x"), "meta"),
+                                         # a checkpoint cut short: torch.load's RuntimeError, its OSError
+                                         (20, ""), (20000, "")])
 def test_load_refuses_what_is_not_a_checkpoint_naming_it(tmp_path, thing, name):
     path = str(tmp_path / "ckpt.pt")
-    torch.save(thing, path)
+    cut = isinstance(thing, int)
+    torch.save({"w": torch.randn(100, 100)} if cut else thing, path)
+    if cut:
+        os.truncate(path, thing)
     with pytest.raises(UsageError) as e:
         tc.load_checkpoint(path, "cpu", "gpt", needs=("model", "optimizer", "iter_num", "config", "meta"))
     assert path in str(e.value) and name in str(e.value)
