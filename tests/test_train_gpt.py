@@ -156,10 +156,8 @@ def test_run_log_and_checkpoint_roundtrip(trained, data_dir):
     assert ckpt['config']['max_iters'] == 12 and ckpt['config']['dataset'] == 'tiny'
     assert not any('_orig_mod' in k or k.startswith('module.') for k in ckpt['model'])
 
-    # the weights give back the val loss the run measured, on the same fixed eval batches
-    model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
-    model.load_state_dict(ckpt['model'])
-    model.eval()
+    # the weights, as sample.py loads them, give back the val loss the run measured on the same eval batches
+    model = sample.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
     path = os.path.join(data_dir, 'tiny')
     n_val = os.path.getsize(os.path.join(path, 'val.bin')) // 2
     losses = []
