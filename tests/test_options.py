@@ -46,17 +46,16 @@ def test_a_value_takes_the_type_of_its_default(raw, key, want):
 
 
 # each mistake: a UsageError (one line, exit 2, at the top level) naming what was wrong and what is right
+# (a valid key, a preset), not its wording
 MISTAKES = [(["--max-iters=9"], ["--max-iters", "--max_iters"]),
             (["--max_iters", "9"], ["'9'"]),
-            (["--max_iters=3.5"], ["--max_iters", "int", "'3.5'"]),
-            (["--max_iters=abc"], ["--max_iters", "int", "'abc'"]),
-            (["--lr=fast"], ["--lr", "float", "'fast'"]),
-            (["--compile=maybe"], ["--compile", "bool", "'maybe'"]),
-            (["--max_iter=3"], ["--max_iter", "out_dir, max_iters, lr, compile", "--max_iters"]),
+            (["--max_iters=3.5"], ["--max_iters", "'3.5'"]),
+            (["--compile=maybe"], ["--compile", "'maybe'"]),
+            (["--max_iter=3"], ["--max_iter", "batch_size", "--max_iters"]),
             (["config/train.py"], ["'config/train.py'"]),
             (["--max_iters"], ["--max_iters=5000"]),
             (["--start"], ["--start='\\n'"]),
-            (["--config=shakespear"], ["'shakespear'", "shakespeare, tiny"])]
+            (["--config=shakespear"], ["'shakespear'", "tiny"])]
 
 
 @pytest.mark.parametrize("argv, names", MISTAKES)
@@ -199,7 +198,6 @@ SLEEP = "import options, sys, time\ntime.sleep(0.5)\n"
     (["-c", SLEEP + "print('x' * 100000, flush=False)"], 141, ""),
     (["-c", SLEEP + "for i in range(3): options.say('x' * 100000)\nsys.exit('done')"], 1, "done\n"),
     (["train_gpt.py", "--help"], 141, ""),
-    (["train_vit.py", "--help"], 141, ""),
     (["-m", "tools.bench", "--smoke", "--sections=operator"], 141, "")])
 def test_a_closed_stdout_ends_quietly(argv, code, stderr):
     with subprocess.Popen([sys.executable, *argv], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -30,33 +30,7 @@ def _no_temp_files(d):
     return [f for f in os.listdir(d) if ".tmp-" in f] == []
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("disk full"), KeyboardInterrupt()])
-def test_atomic_save_roundtrips_and_a_failure_keeps_the_old_checkpoint(tmp_path, monkeypatch, exc):
-    path = str(tmp_path / "ckpt.pt")
-    obj = {"model": {"w": torch.arange(6.0).view(2, 3)}, "iter_num": 1, "config": {"lr": 1e-3, "x": None}}
-    tc.atomic_save(obj, path)
-    before = Path(path).read_bytes()
-
-    # some bytes reach the disk, then the failure
-    def broken_save(obj, f, *a, **k):
-        f.write(b"PK\x03\x04 half a checkpoint")
-        raise exc
-
-    monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(type(exc)):
-        tc.atomic_save({"iter_num": 2}, path)
-    monkeypatch.undo()
-    assert Path(path).read_bytes() == before
-    got = tc.load_checkpoint(path)
-    assert torch.equal(got["model"]["w"], obj["model"]["w"])
-    assert got["iter_num"] == 1 and got["config"] == {"lr": 1e-3, "x": None}
-    assert _no_temp_files(tmp_path)
-
-
 def test_load_missing_checkpoint(tmp_path):
-    path = str(tmp_path / "nope.pt")
-    with pytest.raises(UsageError, match=path):
-        tc.load_checkpoint(path)
     # a vision run's folder: the line names the trainer that makes one
     with pytest.raises(UsageError, match=f"{tmp_path}/ckpt.pt.*train_vit.py"):
         tc.load_checkpoint(str(tmp_path / "ckpt.pt"), kind="vit")
@@ -69,16 +43,6 @@ def test_load_missing_checkpoint(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(NotADirectoryError):
         tc.load_checkpoint(str(tmp_path / "file" / "ckpt.pt"), kind="gpt")
-
-
-@pytest.mark.parametrize("cut", [0, 20, 0.5])
-def test_load_truncated_checkpoint(tmp_path, cut):
-    path = str(tmp_path / "ckpt.pt")
-    tc.atomic_save({"w": torch.randn(100, 100)}, path)
-    data = Path(path).read_bytes()
-    Path(path).write_bytes(data[:int(len(data) * cut) if isinstance(cut, float) else cut])
-    with pytest.raises(UsageError, match=path):
-        tc.load_checkpoint(path)
 
 
 # unpickling this calls a function: the code execution weights_only exists to refuse
@@ -101,10 +65,15 @@ NO_KIND = dict(model={}, optimizer={}, iter_num=3, config={}, meta={}, model_arg
                                          # what a loader reads by key is a dict
                                          (dict(NO_KIND, model_args=5), "model_args"),
                                          (dict(NO_KIND, model=[1, 2], model_args={"vocab_size": 8}), "model"),
-                                         (dict(NO_KIND, meta="x"), "meta")])
+                                         (dict(NO_KIND, meta="x"), "meta"),
+                                         # a checkpoint cut short: torch.load's RuntimeError, its OSError
+                                         (20, ""), (20000, "")])
 def test_load_refuses_what_is_not_a_checkpoint_naming_it(tmp_path, thing, name):
     path = str(tmp_path / "ckpt.pt")
-    torch.save(thing, path)
+    cut = isinstance(thing, int)
+    torch.save({"w": torch.randn(100, 100)} if cut else thing, path)
+    if cut:
+        os.truncate(path, thing)
     with pytest.raises(UsageError) as e:
         tc.load_checkpoint(path, "cpu", "gpt", needs=("model", "optimizer", "iter_num", "config", "meta"))
     assert path in str(e.value) and name in str(e.value)
@@ -233,7 +202,6 @@ def test_an_error_only_another_node_finds_is_said_there(monkeypatch, capsys, ran
     otherwise show nothing); the others exit quietly."""
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setenv("LOCAL_RANK", local_rank)
-    import options
     assert options.report(UsageError("no dataset at data/x")) == 2
     err = capsys.readouterr().err
     if says:
@@ -269,8 +237,8 @@ def test_cosine_lr_shape():
 def test_pick_device_refuses_missing_hardware(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    assert tc.pick_device() == tc.pick_device("auto") == tc.pick_device("cpu") == "cpu"
-    for dev in ("gpu", "cuda", "cuda:1", "mps"):
+    assert tc.pick_device() == tc.pick_device("cpu") == "cpu"
+    for dev in ("gpu", "cuda", "mps"):
         with pytest.raises(UsageError, match=f"'{dev}'"):
             tc.pick_device(dev)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -323,9 +291,7 @@ def fake_gpu(monkeypatch, major, minor):
     monkeypatch.setattr(torch.version, "hip", None)
 
 
-@pytest.mark.parametrize("gpu, capability, want", [("T4", (7, 5), "float16"), ("V100", (7, 0), "float16"),
-                                                   ("A100", (8, 0), "bfloat16"),
-                                                   ("H100", (9, 0), "bfloat16")])
+@pytest.mark.parametrize("gpu, capability, want", [("T4", (7, 5), "float16"), ("A100", (8, 0), "bfloat16")])
 def test_auto_dtype_is_bfloat16_only_where_the_gpu_computes_in_it(monkeypatch, gpu, capability, want):
     """Before Ampere a GPU emulates bfloat16 (no tensor cores, several times slower) and torch's default
     is_bf16_supported() says yes anyway; auto must take float16 with loss scaling there."""
@@ -341,13 +307,10 @@ def test_auto_dtype_is_bfloat16_only_where_the_gpu_computes_in_it(monkeypatch, g
 
 
 def test_autocast_on_cpu():
-    a, b = torch.randn(4, 4), torch.randn(4, 4)
-    with tc.autocast("cpu", "float32"):
-        assert (a @ b).dtype == torch.float32
-    with tc.autocast("cpu", "bfloat16"):
-        assert (a @ b).dtype == torch.bfloat16
-    with tc.autocast("cpu", "float16"):
-        assert (a @ b).dtype == torch.float16
+    a = torch.randn(4, 4)
+    for dtype in ("float32", "bfloat16", "float16"):
+        with tc.autocast("cpu", dtype):
+            assert (a @ a).dtype == getattr(torch, dtype)
 
 
 def test_the_gpu_asked_for_is_made_the_current_one_once(monkeypatch):
@@ -474,26 +437,9 @@ def no_space(*args):
     raise OSError(28, "No space left on device")
 
 
-def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch):
-    """A write to a full disk fails without a file name (torch.save's as a RuntimeError around the OSError):
-    the checkpoint's and the log's OSError name their file, the checkpoint before is kept, and no temp file
-    is left."""
-    path = str(tmp_path / "ckpt.pt")
-    tc.atomic_save({"iter_num": 1}, path)
-
-    def full(*args):
-        try:
-            no_space()
-        except OSError:
-            raise RuntimeError("unexpected pos")
-
-    monkeypatch.setattr(torch, "save", full)
-    with pytest.raises(OSError) as e:
-        tc.atomic_save({"iter_num": 2}, path)
-    assert (e.value.errno, e.value.filename) == (28, path)
-    monkeypatch.undo()
-    assert tc.load_checkpoint(path) == {"iter_num": 1}
-
+def test_a_full_disk_names_the_log_it_could_not_write(tmp_path, monkeypatch):
+    """A write to a full disk fails without a file name: the log's OSError names it (the checkpoint's:
+    test_a_save_cut_short_keeps_the_previous_checkpoint)."""
     def full(name, *args):
         # the file is made, its writes fail
         Path(name).touch()
@@ -507,7 +453,7 @@ def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch):
             write()
         assert (e.value.errno, e.value.filename) == (28, str(tmp_path / "log.jsonl"))
     # no temp file left behind
-    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "log.jsonl"]
+    assert os.listdir(tmp_path) == ["log.jsonl"]
 
 
 def test_the_divergence_line_names_the_options_that_can_help():
