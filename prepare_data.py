@@ -139,7 +139,7 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
                         f.write(part)
                         f.write(sep)
             done += len(texts)
-            shown = _progress(shown, f"tokenized {done:,} documents ({tok.name}, {threads} threads)")
+            shown = _progress(shown, f"tokenized {done:,} documents ({tok.name})")
         # Two bytes a token.
         counts = [train.tell() // 2, val.tell() // 2]
     # An empty corpus too.

@@ -53,8 +53,10 @@ def gpt2_encoding():
         return tiktoken.get_encoding("gpt2")
     except Exception as e:
         raise UsageError(f"could not load the GPT-2 vocab: tiktoken downloads it on first use and that "
-                         f"failed ({type(e).__name__}, no network?); set TIKTOKEN_CACHE_DIR to a folder "
-                         f"holding a cached copy") from None
+                         f"failed ({type(e).__name__}, no network?); on a machine with the network, "
+                         f"TIKTOKEN_CACHE_DIR=DIR python -c \"import tiktoken; "
+                         f"tiktoken.get_encoding('gpt2')\" fills DIR: copy DIR here and set "
+                         f"TIKTOKEN_CACHE_DIR to it") from None
 
 
 def get_tokenizer(name, encoding=None):
@@ -70,13 +72,23 @@ def get_tokenizer(name, encoding=None):
     return Tokenizer("gpt2", enc.n_vocab, eot=enc.eot_token, enc=enc)
 
 
-def recipe(folder, meta=None, force=False):
-    """The command that prepares (with force: rebuilds) the dataset in `folder`. Where its name is none of the
-    built-in datasets, prepare_data.py answers that command with the one to use."""
+# prepare_data.py's datasets of images; any other name is text, its own if none of these
+IMAGES = ("cifar10", "cifar100")
+TEXTS = ("python_stdlib", "shakespeare", "openwebtext", "wikitext2", "ptb", "lambada")
+
+
+def recipe(folder, meta=None, force=False, tokenizer=None):
+    """The command that prepares (with force: rebuilds) the dataset in `folder`, in `tokenizer` if given (a
+    model's). A name none of prepare_data.py's datasets has is text of one's own."""
     root, name = os.path.split(os.path.normpath(folder))
     built = (meta or {}).get("dataset", name)
+    if built not in IMAGES + TEXTS:
+        built = "text --input=PATH"
     rename = f" --name={name}" if built != name else ""
-    return f"python prepare_data.py {built}{rename} --data_dir={root or '.'}{' --force' if force else ''}"
+    command = f"python prepare_data.py {built}{rename} --data_dir={root or '.'}"
+    if tokenizer:
+        command += f" --tokenizer={tokenizer}"
+    return command + (" --force" if force else "")
 
 
 def load_meta(folder, kind=None, model_meta=None):
@@ -88,7 +100,9 @@ def load_meta(folder, kind=None, model_meta=None):
         with open(path) as f:
             text = f.read()
     except FileNotFoundError:
-        command = recipe(folder)
+        command = recipe(folder, tokenizer=model_meta and model_meta.get("tokenizer"))
+        if kind == "images" and os.path.basename(os.path.normpath(folder)) not in IMAGES:
+            command = f"python prepare_data.py {' or '.join(IMAGES)}, then --dataset= that name"
         raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {command}") from None
     try:
         meta = json.loads(text)

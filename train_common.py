@@ -53,7 +53,8 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         # folder, and a folder whose run has begun its log (and may be under way) has its own trainer.
         ours = kind and os.path.basename(path) in ("ckpt.pt", "best.pt")
         ours = ours and not os.path.exists(os.path.join(folder, "log.jsonl"))
-        hint = f"; train one with: python {TRAINERS[kind][0]} --out_dir={folder}" if ours else ""
+        # Which run is meant (a preset's, the demo's) is the user's to say.
+        hint = f"; {TRAINERS[kind][0]} --out_dir={folder} writes one there" if ours else ""
         raise UsageError(f"no checkpoint at {path}{hint}")
     with open(path, "rb") as f:
         head = f.read(4)

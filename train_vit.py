@@ -208,7 +208,7 @@ def look_inside(model, x, images, labels, cfg, classes):
         say(f"R^var_c of each TSSA layer's output on {m} test images (the paper's falls with depth):")
     for i, value in enumerate(values):
         bar = '█' * round(32 * value / max(values))
-        say(f"  layer {i:2d}  {bar:<32}  {value:.4g}")
+        say(f"  layer {i:2d}  {bar:<32}  {value:.4f}")
     pis = [None] * v if seen['pi'] is None else seen['pi'].cpu()
     folder = os.path.join(cfg['out_dir'], 'viz')
     try:

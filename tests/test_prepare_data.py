@@ -130,19 +130,23 @@ def test_a_tokenizer_that_cannot_be_had_is_a_usage_error(monkeypatch):
 
 
 def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys):
-    """readers names the command for the folder's name; run as printed, prepare_data.py makes a built-in
-    dataset, and for any other name answers with the text command, which works with a file for PATH."""
-    with pytest.raises(UsageError, match='python prepare_data.py shakespeare --data_dir=data$'):
-        load_meta('data/shakespeare')
+    """readers names the command for the folder's name, in a model's tokenizer; run as printed, it makes a
+    built-in dataset, and for any other name it is the text command, which works with a file for PATH. A
+    name that is not an image set's, asked for images, names those there are."""
+    assert set(readers.IMAGES + readers.TEXTS) == set(prep.DATASETS) - {'text'}
+    made = 'python prepare_data.py shakespeare --data_dir=data --tokenizer=bytes$'
+    with pytest.raises(UsageError, match=made):
+        load_meta('data/shakespeare', 'text', {'tokenizer': 'bytes'})
     with pytest.raises(UsageError) as e:
         load_meta('data/notes')
-    line = one_error(capsys, *re.search('python prepare_data.py (.*)', str(e.value))[1].split())
-    command = re.search(r'python prepare_data.py (text [^(;]*)', line)[1].replace('PATH', 'notes.txt')
+    command = re.search('python prepare_data.py (.*)', str(e.value))[1].replace('PATH', 'notes.txt')
     write('notes.txt', 'my own notes. ' * 20)
     assert main_exits(capsys, *command.split()) == (0, [])
     assert load_meta('data/notes')['kind'] == 'text'
     with pytest.raises(UsageError):
         load_meta('data/notes', 'images')
+    with pytest.raises(UsageError, match='cifar10 or cifar100'):
+        load_meta('data/mnist', 'images')
     # A near miss of a built-in name suggests it.
     assert one_error(capsys, 'cifar1O').count('cifar10') > one_error(capsys, 'zzzzzz').count('cifar10')
 
@@ -701,4 +705,4 @@ def test_a_meta_json_that_is_not_an_object_names_the_command_that_rebuilds_it(tm
     with pytest.raises(UsageError) as e:
         load_meta(str(tmp_path / 'notes'))
     assert str(tmp_path / 'notes' / 'meta.json') in str(e.value)
-    assert f'python prepare_data.py notes --data_dir={tmp_path} --force' in str(e.value)
+    assert f'python prepare_data.py text --input=PATH --name=notes --data_dir={tmp_path} --force' in str(e.value)
