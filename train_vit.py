@@ -217,6 +217,8 @@ def look_inside(model, x, images, labels, cfg, classes):
             os.makedirs(folder, exist_ok=True)
             plot.vision_maps(os.path.join(folder, f'test{i:04d}.png'), images[i].cpu(),
                              seen['cls_attn'][i].cpu(), pis[i], f"{i}: {classes[labels[i]]}")
+        if v and cfg['eval_only']:
+            say(f"the class attention and memberships of {v} test images: {folder}")
     except Exception as e:
         if cfg['eval_only']:
             raise
@@ -333,6 +335,10 @@ def main(argv=None):
         f"{min(batch_size, per_rank)} images an epoch")
     if resume:
         say(f"resuming {path} at step {step} (epoch {step / steps_per_epoch:g} of {epochs})")
+    if step >= total:
+        say(f"nothing to do: {path} has done the {epochs} epochs; pass a larger --epochs to train on")
+        teardown(dist, lock)
+        return best_acc
     if warmup >= total:
         say(f"note: the warmup ({cfg['warmup_epochs']:g} epochs) is as long as the run ({epochs}): the "
             f"learning rate never reaches --learning_rate")

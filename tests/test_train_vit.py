@@ -530,10 +530,12 @@ def test_best_pt_is_written_even_when_the_accuracy_is_zero(data, tmp_path, monke
     assert load_checkpoint(os.path.join(out, 'best.pt'))['best_acc'] == 0.0
 
 
-def test_a_resume_past_its_epochs_has_nothing_to_do(trained, tmp_path):
+def test_a_resume_past_its_epochs_has_nothing_to_do(trained, tmp_path, capsys):
+    """It says which option trains on, and writes nothing."""
     run = tmp_path / 'run'
     shutil.copytree(trained, run)
     train_vit.main(['--init_from=resume', f"--out_dir={run}", '--device=cpu'])
+    assert '--epochs' in capsys.readouterr().out
     assert read_log(run) == read_log(trained)                        # no new row
     assert (run / 'ckpt.pt').read_bytes() == Path(trained, 'ckpt.pt').read_bytes()
 
