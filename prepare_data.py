@@ -586,7 +586,9 @@ def prepare(name, /, data_dir='data', **o):
         for d in (os.path.join(data_dir, 'downloads'), data_dir) if new_root else ():
             with contextlib.suppress(OSError):
                 os.rmdir(d)
-    sizes = [f"{v:,} {k.replace('_', ' ')}" for k, v in meta.items() if k.endswith(('_tokens', '_count'))]
+    # '1,000 train images', '4,000 val tokens'
+    sizes = [f"{v:,} {k.replace('_count', '_images').replace('_', ' ')}" for k, v in meta.items()
+             if k.endswith(('_tokens', '_count'))]
     kind = meta.get('tokenizer', 'images')
     print(f"prepared {out}: {', '.join(sizes)} ({kind}) in {time.time() - t0:.1f}s")
     return out
