@@ -614,8 +614,8 @@ RANGES = {'nonempty': ['dataset'], 'positive': ['max_mb', 'val_every'], 'nonnega
 
 
 def main(argv=None):
-    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__,
-                          positional='dataset', ranges=RANGES, choices=dict(tokenizer=('', 'bytes', 'gpt2')))
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, positional='dataset', ranges=RANGES,
+                          choices=dict(tokenizer=('', 'bytes', 'gpt2')))
     # SIGTERM (a scheduler, `timeout`) ends a build as Ctrl-C does: its staging folder is removed.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     # An option given its default value (--workers=0, --tokenizer=) is the dataset's default, as if not given.

@@ -553,8 +553,7 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    cfg, _ = options.parse(argv, DEFAULTS, __doc__, __file__,
-                           positional='numbers')
+    cfg, _ = options.parse(argv, DEFAULTS, __doc__, __file__, positional='numbers')
     known = [number for number, *_ in EXERCISES]
     numbers = [int(n) if n.isdigit() else n for n in cfg['numbers']]
     unknown = [n for n in numbers if n not in known]

@@ -705,4 +705,5 @@ def test_a_meta_json_that_is_not_an_object_names_the_command_that_rebuilds_it(tm
     with pytest.raises(UsageError) as e:
         load_meta(str(tmp_path / 'notes'))
     assert str(tmp_path / 'notes' / 'meta.json') in str(e.value)
-    assert f'python prepare_data.py text --input=PATH --name=notes --data_dir={tmp_path} --force' in str(e.value)
+    rebuild = f'python prepare_data.py text --input=PATH --name=notes --data_dir={tmp_path} --force'
+    assert rebuild in str(e.value)

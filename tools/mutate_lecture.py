@@ -138,8 +138,7 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    cfg, _ = options.parse(argv, DEFAULTS, __doc__, __file__,
-                           positional='lines')
+    cfg, _ = options.parse(argv, DEFAULTS, __doc__, __file__, positional='lines')
     edits = plan()
     if cfg['list']:
         for name, function, number, kind, new in edits:

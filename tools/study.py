@@ -381,8 +381,7 @@ RANGES = dict(nonempty=('out_dir',))
 
 
 def main(argv=None):
-    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, positional='sections',
-                   ranges=RANGES)
+    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, positional='sections', ranges=RANGES)
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
