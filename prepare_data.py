@@ -561,8 +561,9 @@ def prepare(name, /, data_dir='data', **o):
     new_root = not os.path.isdir(data_dir)
     # options.py's handler names the path of an OSError (a data_dir that is a file, not writable, disk full).
     os.makedirs(data_dir, exist_ok=True)
-    # Everything is written in a folder of this run's own: an exception or Ctrl-C leaves out/ untouched, and
-    # two nodes that prepare one shared data_dir at once each move complete files in.
+    # Everything is written in a folder of this run's own: an exception or Ctrl-C before the move leaves
+    # out/ untouched (during it, out/ lacks meta.json: not complete), and two nodes that prepare one shared
+    # data_dir at once each move complete files in.
     # Beside the folder the files go to, which may be a link to another filesystem: os.replace cannot cross.
     parent = os.path.dirname(os.path.realpath(out))
     # A build killed (kill -9, a second Ctrl-C while it cleans up) leaves its folder: said, not removed,

@@ -6,6 +6,7 @@ meta.json, written last: if it is there, the dataset is complete. get_tokenizer(
 """
 import json
 import os
+import shlex
 
 import numpy as np
 
@@ -78,14 +79,16 @@ TEXTS = ("python_stdlib", "shakespeare", "openwebtext", "wikitext2", "ptb", "lam
 
 
 def recipe(folder, meta=None, force=False, tokenizer=None):
-    """The command that prepares (with force: rebuilds) the dataset in `folder`, in `tokenizer` if given (a
-    model's). A name none of prepare_data.py's datasets has is text of one's own."""
+    """The command that prepares (with force: rebuilds) the dataset in `folder` as its `meta` says, in
+    `tokenizer` if given (a model's). A name none of prepare_data.py's datasets has is text of one's own."""
     root, name = os.path.split(os.path.normpath(folder))
-    built = (meta or {}).get("dataset", name)
+    meta = meta or {}
+    built = meta.get("dataset", name)
     if built not in IMAGES + TEXTS:
         built = "text --input=PATH"
     rename = f" --name={name}" if built != name else ""
-    command = f"python prepare_data.py {built}{rename} --data_dir={root or '.'}"
+    command = f"python prepare_data.py {built}{rename} {shlex.quote('--data_dir=' + (root or '.'))}"
+    tokenizer = tokenizer or meta.get("tokenizer")
     if tokenizer:
         command += f" --tokenizer={tokenizer}"
     return command + (" --force" if force else "")
@@ -100,9 +103,12 @@ def load_meta(folder, kind=None, model_meta=None):
         with open(path) as f:
             text = f.read()
     except FileNotFoundError:
+        root, name = os.path.split(os.path.normpath(folder))
         command = recipe(folder, tokenizer=model_meta and model_meta.get("tokenizer"))
-        if kind == "images" and os.path.basename(os.path.normpath(folder)) not in IMAGES:
-            command = f"python prepare_data.py {' or '.join(IMAGES)}, then --dataset= that name"
+        if kind == "text" and name in IMAGES:
+            raise UsageError(f"{name} is a set of images, for train_vit.py; name a text dataset") from None
+        if kind == "images" and name not in IMAGES:
+            command = f"{recipe(os.path.join(root, IMAGES[0]))} (or {IMAGES[1]}), and --dataset={IMAGES[0]}"
         raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {command}") from None
     try:
         meta = json.loads(text)

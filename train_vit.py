@@ -336,7 +336,8 @@ def main(argv=None):
     if resume:
         say(f"resuming {path} at step {step} (epoch {step / steps_per_epoch:g} of {epochs})")
     if step >= total:
-        say(f"nothing to do: {path} has done the {epochs} epochs; pass a larger --epochs to train on")
+        say(f"nothing to do: {path} is at the end of its last epoch ({epochs}); pass a larger --epochs to "
+            f"train on")
         teardown(dist, lock)
         return best_acc
     if warmup >= total:

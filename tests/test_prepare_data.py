@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -145,8 +146,16 @@ def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys):
     assert load_meta('data/notes')['kind'] == 'text'
     with pytest.raises(UsageError):
         load_meta('data/notes', 'images')
-    with pytest.raises(UsageError, match='cifar10 or cifar100'):
+    # the command for an image set, typed as printed; a text model given one is told what it is
+    with pytest.raises(UsageError) as e:
         load_meta('data/mnist', 'images')
+    command = re.search(r'python prepare_data.py (.*) \(or cifar100\)', str(e.value))[1]
+    assert command == 'cifar10 --data_dir=data'
+    with pytest.raises(UsageError, match='train_vit.py'):
+        load_meta('data/cifar10', 'text')
+    # a rebuild keeps the dataset's tokenizer; a folder with a space is one word of the command
+    words = shlex.split(readers.recipe('my data/notes', {'dataset': 'text', 'tokenizer': 'gpt2'}, force=True))
+    assert {'--data_dir=my data', '--tokenizer=gpt2', '--name=notes', '--force'} <= set(words)
     # A near miss of a built-in name suggests it.
     assert one_error(capsys, 'cifar1O').count('cifar10') > one_error(capsys, 'zzzzzz').count('cifar10')
 
