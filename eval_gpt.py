@@ -31,8 +31,7 @@ DEFAULTS = dict(
     device='auto',               # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
     dtype='auto',                # auto: bfloat16 where the device computes in it, else float16 (GPU), float32
 )
-RANGES = dict(positive=('batch_size',), nonnegative=('block_size',),
-              nonempty=('out_dir', 'data_dir'))
+RANGES = dict(positive=('batch_size',), nonnegative=('block_size',), nonempty=('out_dir', 'data_dir'))
 
 # The paper's Table 4 (left) and the release's README: zero-shot loss, nats per GPT-2 token
 PAPER = {'openwebtext': (3.20, 2.84), 'lambada': (4.98, 4.32), 'wikitext2': (4.77, 4.13), 'ptb': (6.39, 5.75)}

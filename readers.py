@@ -104,9 +104,9 @@ def load_meta(folder, kind=None, model_meta=None):
             text = f.read()
     except FileNotFoundError:
         root, name = os.path.split(os.path.normpath(folder))
-        command = recipe(folder, tokenizer=model_meta and model_meta.get("tokenizer"))
         if kind == "text" and name in IMAGES:
             raise UsageError(f"{name} is a set of images, for train_vit.py; name a text dataset") from None
+        command = recipe(folder, tokenizer=model_meta and model_meta.get("tokenizer"))
         if kind == "images" and name not in IMAGES:
             command = f"{recipe(os.path.join(root, IMAGES[0]))} (or {IMAGES[1]}), and --dataset={IMAGES[0]}"
         raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {command}") from None
