@@ -103,8 +103,16 @@ def _download(url, data_dir, hint, checksum=None, name=None):
 # -----------------------------------------------------------------------------
 # text: documents -> tokens -> train.bin / val.bin
 
-# Documents tokenized at a time (~0.7 MB of OpenWebText): a build's memory does not grow with the corpus.
+# Pieces tokenized at a time (~0.7 MB of OpenWebText, ~8 MB of one long text): memory does not grow with the
+# corpus or a document's size.
 _CHUNK = 128
+# Characters in a piece of a long document (at least): its tokens become uint16 a piece at a time, not ~36 bytes
+# a token as Python ints, and its pieces are shared by the threads.
+_PIECE = 1 << 16
+# Just after non-whitespace followed by whitespace: no pre-token of GPT-2's regex (which has no lookbehind)
+# spans such a point, so the pieces of a text cut there encode to its tokens. Python's \S is never tiktoken's
+# whitespace, [\t-\r ] always is.
+_CUT = re.compile(r'\S(?=[\t-\r ])')
 
 
 def encode_arrays(tok, texts, threads=1):
@@ -116,6 +124,29 @@ def encode_arrays(tok, texts, threads=1):
     return [np.array(ids, dtype=np.uint16) for ids in batch]
 
 
+def _pieces(text):
+    """text in pieces of _PIECE characters or a few more, cut at _CUT points (one giant word is one piece, an
+    empty text one empty piece)."""
+    start = 0
+    while cut := _CUT.search(text, start + _PIECE):
+        yield text[start:cut.end()]
+        start = cut.end()
+    yield text[start:]
+
+
+def _encoded(tok, docs, threads):
+    """(document number, uint16 tokens of a piece) for the pieces of docs in order, _CHUNK pieces at a time in
+    `threads` threads; says how far it is every 10 s."""
+    pieces = ((i, piece) for i, text in enumerate(docs) for piece in _pieces(text))
+    chars = 0
+    shown = time.time()
+    while group := list(itertools.islice(pieces, _CHUNK)):
+        numbers, texts = zip(*group)
+        yield from zip(numbers, encode_arrays(tok, texts, threads))
+        chars += sum(map(len, texts))
+        shown = _progress(shown, f"tokenized {chars / 1e6:,.0f}M characters ({tok.name})")
+
+
 def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
     """docs (an iterable of strings) -> stage/train.bin and stage/val.bin, streamed; returns the meta. Every
     val_every-th document is val, or else the last tenth of each document's tokens; with eot (if the tokenizer
@@ -123,23 +154,25 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
     sep = np.array([tok.eot] if eot and tok.eot is not None else [], dtype=np.uint16)
     cores = os.cpu_count() or 1
     threads = min(o.get('workers') or cores, cores)
-    done = 0
-    shown = time.time()
-    docs = iter(docs)
     with (open(os.path.join(stage, 'train.bin'), 'wb') as train,
           open(os.path.join(stage, 'val.bin'), 'wb') as val):
-        while texts := list(itertools.islice(docs, _CHUNK)):
-            for i, ids in enumerate(encode_arrays(tok, texts, threads), done):
-                cut = len(ids) - len(ids) // 10
-                if val_every:
-                    cut = 0 if i % val_every == val_every - 1 else len(ids)
-                for f, part in ((train, ids[:cut]), (val, ids[cut:])):
-                    # Not tofile: a full disk is numpy's "N requested and 0 written", without a reason.
-                    if len(part):
-                        f.write(part)
-                        f.write(sep)
-            done += len(texts)
-            shown = _progress(shown, f"tokenized {done:,} documents ({tok.name})")
+        for done, doc in itertools.groupby(_encoded(tok, docs, threads), key=lambda piece: piece[0] + 1):
+            pieces = [ids for _, ids in doc]
+            n = sum(map(len, pieces))
+            cut = n - n // 10
+            if val_every:
+                cut = 0 if done % val_every == 0 else n
+            # The first `cut` tokens are train, the rest val, written a piece at a time: joined, a long
+            # document's tokens would be held twice.
+            left = cut
+            for ids in pieces:
+                # Not tofile: a full disk is numpy's "N requested and 0 written", without a reason.
+                train.write(ids[:left])
+                val.write(ids[left:])
+                left = max(left - len(ids), 0)
+            for f, part in ((train, cut), (val, n - cut)):
+                if part:
+                    f.write(sep)
         # Two bytes a token.
         counts = [train.tell() // 2, val.tell() // 2]
     # An empty corpus too.
