@@ -8,6 +8,7 @@ import io
 import json
 import os
 import pickle
+import random
 import re
 import shlex
 import signal
@@ -236,6 +237,67 @@ def test_shakespeare_gpt2_from_local_copy(tiny):
     assert tok.decode(ids(out, 'train') + ids(out, 'val')) == text
 
 
+# Letters, digits, punctuation, contractions, whitespace runs, non-ASCII; U+001C is whitespace to Python but
+# not to GPT-2's regex, U+3000, U+00A0 and U+0085 are to both.
+FRAGMENTS = ['a', 'Zé', '✓', '42', '.', '!', "'s", "'t", "n't", "'re", ' ', '  ', '   ', '\n', '\n\n', '\r\n', '\t',
+             ' \n', '\xa0', '\u3000', '\x1c', '\x85']
+
+
+def random_text(seed, n):
+    return ''.join(random.Random(seed).choices(FRAGMENTS, k=n))
+
+
+def merging():
+    """A BPE that merges every pair of the FRAGMENTS' characters within a pre-token: a pre-token cut in two
+    encodes otherwise."""
+    chars = [c.encode() for c in dict.fromkeys(''.join(FRAGMENTS))]
+    prefixes = [c[:k] for c in chars for k in range(2, len(c) + 1)]
+    return encoding(list(dict.fromkeys(prefixes + [a + b for a in chars for b in chars])))
+
+
+def test_a_text_cut_into_pieces_encodes_to_its_tokens(monkeypatch):
+    """No pre-token of GPT-2's regex holds whitespace after non-whitespace, and the regex has no lookbehind:
+    texts cut at every such point (pieces of at least 0 characters) encode piece by piece as whole."""
+    enc = merging()
+    monkeypatch.setattr(prep, '_PIECE', 0)
+    for seed in range(40):
+        text = random_text(seed, 300)
+        pieces = list(prep._pieces(text))
+        cuts = sum(not a.isspace() and b in ' \t\n\r\v\f' for a, b in zip(text, text[1:]))
+        assert ''.join(pieces) == text and len(pieces) == cuts + 1
+        assert [t for piece in pieces for t in enc.encode_ordinary(piece)] == enc.encode_ordinary(text)
+    assert list(prep._pieces('')) == ['']
+
+
+@pytest.mark.parametrize('name', ['bytes', 'gpt2'])
+def test_a_long_document_is_tokenized_in_pieces_as_whole(monkeypatch, name):
+    """One file in pieces of 5 characters or a few more, 4 pieces a call: train.bin and val.bin are the whole
+    text's tokens split, and how far it is is said after each call."""
+    enc = merging()
+    monkeypatch.setattr(readers, 'gpt2_encoding', lambda: enc)
+    text = random_text(0, 2000)
+    write('long.txt', text)
+    monkeypatch.setattr(prep, '_PIECE', 5)
+    monkeypatch.setattr(prep, '_CHUNK', 4)
+    calls = []
+    real = prep.encode_arrays
+
+    def counted(tok, texts, threads):
+        calls.append(len(texts))
+        return real(tok, texts, threads)
+    said = []
+
+    def progress(shown, line):
+        said.append(line)
+        return shown
+    monkeypatch.setattr(prep, 'encode_arrays', counted)
+    monkeypatch.setattr(prep, '_progress', progress)
+    out = prepare('text', 'data', input='long.txt', tokenizer=name)
+    whole = enc.encode_ordinary(text) if name == 'gpt2' else list(text.encode())
+    assert (ids(out, 'train'), ids(out, 'val')) == tail_split(whole)
+    assert len(calls) > 20 and max(calls) == 4 and len(said) == len(calls)
+
+
 @pytest.mark.parametrize('max_mb, files', [(1e-4, ['a.py', 'json/b.py']),
                                            (float('inf'), ['a.py', 'json/b.py', 'z.py'])])
 def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(monkeypatch, max_mb, files):
@@ -298,11 +360,12 @@ def owt_folder(monkeypatch):
 
 @pytest.mark.parametrize('workers, threads', [(1, 1), (2, 2), (0, 2), (100000, 2)])
 def test_openwebtext_local_streaming(tiny, monkeypatch, workers, threads):
-    """In input order, in chunks, in threads: as many as --workers says, 0 for every core, at most the cores
-    (2 here)."""
+    """In input order, in pieces, in chunks, in threads: as many as --workers says, 0 for every core, at most the
+    cores (2 here)."""
     docs = owt_folder(monkeypatch)
-    # Many small chunks, the last one half full.
+    # Many small chunks, a document's pieces in several and one chunk ending a document and starting the next.
     monkeypatch.setattr(prep, '_CHUNK', 2)
+    monkeypatch.setattr(prep, '_PIECE', 8)
     monkeypatch.setattr(os, 'cpu_count', lambda: 2)
     used = set()
     encode = tiny.encode_ordinary_batch
