@@ -103,15 +103,15 @@ def _download(url, data_dir, hint, checksum=None, name=None):
 # -----------------------------------------------------------------------------
 # text: documents -> tokens -> train.bin / val.bin
 
-# Pieces tokenized at a time (~0.7 MB of OpenWebText, ~8 MB of one long text): memory does not grow with the
-# corpus or a document's size.
+# Pieces tokenized at a time (~0.7 MB of OpenWebText, at most ~8 MB of one long text): the memory in flight
+# does not grow with the corpus or with a document.
 _CHUNK = 128
-# Characters in a piece of a long document (at least): its tokens become uint16 a piece at a time, not ~36 bytes
-# a token as Python ints, and its pieces are shared by the threads.
+# Characters in a piece of a long document, at least: 128 pieces as Python ints (~36 bytes a token) are
+# ~0.1 GB, and a call per 64k characters costs nothing beside the encoding.
 _PIECE = 1 << 16
 # Just after non-whitespace followed by whitespace: no pre-token of GPT-2's regex (which has no lookbehind)
 # spans such a point, so the pieces of a text cut there encode to its tokens. Python's \S is never tiktoken's
-# whitespace, [\t-\r ] always is.
+# whitespace, [\t-\r ] always is (U+001C is Python's only).
 _CUT = re.compile(r'\S(?=[\t-\r ])')
 
 
@@ -136,7 +136,8 @@ def _pieces(text):
 
 def _encoded(tok, docs, threads):
     """(document number, uint16 tokens of a piece) for the pieces of docs in order, _CHUNK pieces at a time in
-    `threads` threads; says how far it is every 10 s."""
+    `threads` threads: a long document's tokens are never Python ints all at once. Says how far it is every
+    10 s, within a document too."""
     pieces = ((i, piece) for i, text in enumerate(docs) for piece in _pieces(text))
     chars = 0
     shown = time.time()
@@ -156,6 +157,7 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
     threads = min(o.get('workers') or cores, cores)
     with (open(os.path.join(stage, 'train.bin'), 'wb') as train,
           open(os.path.join(stage, 'val.bin'), 'wb') as val):
+        # done: documents so far, this one included (an empty corpus has none, and fails below).
         for done, doc in itertools.groupby(_encoded(tok, docs, threads), key=lambda piece: piece[0] + 1):
             pieces = [ids for _, ids in doc]
             n = sum(map(len, pieces))

@@ -239,8 +239,8 @@ def test_shakespeare_gpt2_from_local_copy(tiny):
 
 # Letters, digits, punctuation, contractions, whitespace runs, non-ASCII; U+001C is whitespace to Python but
 # not to GPT-2's regex, U+3000, U+00A0 and U+0085 are to both.
-FRAGMENTS = ['a', 'Zé', '✓', '42', '.', '!', "'s", "'t", "n't", "'re", ' ', '  ', '   ', '\n', '\n\n', '\r\n', '\t',
-             ' \n', '\xa0', '\u3000', '\x1c', '\x85']
+FRAGMENTS = ['a', 'Zé', '✓', '42', '.', '!', "'s", "'t", "n't", "'re", ' ', '  ', '   ', '\n', '\n\n', '\r\n',
+             '\t', ' \n', '\xa0', '\u3000', '\x1c', '\x85']
 
 
 def random_text(seed, n):
@@ -257,7 +257,8 @@ def merging():
 
 def test_a_text_cut_into_pieces_encodes_to_its_tokens(monkeypatch):
     """No pre-token of GPT-2's regex holds whitespace after non-whitespace, and the regex has no lookbehind:
-    texts cut at every such point (pieces of at least 0 characters) encode piece by piece as whole."""
+    texts cut before every ASCII whitespace that follows non-whitespace (pieces of at least 0 characters)
+    encode piece by piece as whole. A text without such a point is one piece."""
     enc = merging()
     monkeypatch.setattr(prep, '_PIECE', 0)
     for seed in range(40):
@@ -266,7 +267,7 @@ def test_a_text_cut_into_pieces_encodes_to_its_tokens(monkeypatch):
         cuts = sum(not a.isspace() and b in ' \t\n\r\v\f' for a, b in zip(text, text[1:]))
         assert ''.join(pieces) == text and len(pieces) == cuts + 1
         assert [t for piece in pieces for t in enc.encode_ordinary(piece)] == enc.encode_ordinary(text)
-    assert list(prep._pieces('')) == ['']
+    assert [list(prep._pieces(t)) for t in ('', 'word\x1c\xa0')] == [[''], ['word\x1c\xa0']]
 
 
 @pytest.mark.parametrize('name', ['bytes', 'gpt2'])
@@ -360,8 +361,8 @@ def owt_folder(monkeypatch):
 
 @pytest.mark.parametrize('workers, threads', [(1, 1), (2, 2), (0, 2), (100000, 2)])
 def test_openwebtext_local_streaming(tiny, monkeypatch, workers, threads):
-    """In input order, in pieces, in chunks, in threads: as many as --workers says, 0 for every core, at most the
-    cores (2 here)."""
+    """In input order, in pieces, in chunks, in threads: as many as --workers says, 0 for every core, at most
+    the cores (2 here)."""
     docs = owt_folder(monkeypatch)
     # Many small chunks, a document's pieces in several and one chunk ending a document and starting the next.
     monkeypatch.setattr(prep, '_CHUNK', 2)
