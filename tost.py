@@ -31,8 +31,8 @@ First read, in order (lines of this file, spanning the definitions named in brac
   lines 57-88     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
   lines 95-193    the white-box gradient step, then the practical operator (TSSA)
   lines 200-303   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 310-394   the block, a descent direction on the normalised tokens (MLP, Block)
-  lines 401-584   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 310-395   the block, a descent direction on the normalised tokens (MLP, Block)
+  lines 402-585   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -215,8 +215,8 @@ class CausalTSSA(TSSA):
 
     y_t depends on tokens <= t only; each token j entered A_t with the membership it had at its own time.
 
-    What it descends. Tie c_proj to c_attn's transpose (U_k maps back), add nothing to n_k, and hold the
-    memberships pi_0 .. pi_t fixed as the layer computed them. Then at every position t
+    What it descends. Tie c_proj to c_attn's transpose (U_k maps back), no biases, add nothing to n_k, and
+    hold the memberships pi_0 .. pi_t fixed as the layer computed them. Then at every position t
 
         sum_k U_k y_tk = -(t+1) grad_{z_t} R^var_c(Z_{<=t}, Pi_{<=t}):
 
@@ -329,11 +329,12 @@ class Block(nn.Module):
         x = x + g2 * MLP(LN(x))
 
     attn is chosen per block: 'tssa' (CausalTSSA if causal, else TSSA) or 'softmax' (the baseline). TSSA
-    tied (c_proj = c_attn^T, nothing added to n_k) is an exact step of size n on R^var_c of its input, Pi
-    held fixed; here its input is LN(x) and its output is scaled coordinate by coordinate by g1 before it is
-    added to x, not to LN(x). That is no longer a gradient step, but it stays a descent direction for R^var_c
-    of the normalised tokens (derivation.py section 10 measures the angle). The options beyond the paper
-    (token_shift, lpi, drop_path) run in forward_with_options(), section 7.
+    tied (c_proj = c_attn^T, no biases, nothing added to n_k) is an exact step of size n on R^var_c of its
+    input, Pi held fixed (causal: token t's step has size t + 1, on its prefix); here its input is LN(x) and
+    its output is scaled coordinate by coordinate by g1 before it is added to x, not to LN(x). That is no
+    longer a gradient step, but it stays a descent direction for R^var_c of the normalised tokens
+    (derivation.py section 10 measures the angle). The options beyond the paper (token_shift, lpi,
+    drop_path) run in forward_with_options(), section 7.
     """
 
     def __init__(self, n_embd, n_head, attn='tssa', causal=True, block_size=None, bias=False, dropout=0.0,
