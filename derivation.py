@@ -235,9 +235,11 @@ assert var_move < 1e-12 and exact_move > 1e-3
 # R_c. (b) Rotate the tokens instead of the basis: an orthogonal Q applied to every token (z -> Q z, rows
 # Z Q^T) leaves R_c unchanged and gives R^var_c(Z Q^T | U) = R^var_c(Z | Q^T U):
 # rotating a group's tokens onto fixed axes U_k tightens the bound exactly as rotating U_k onto the tokens
-# would. Finding the eigenbasis anew for every input costs d^3 per group; ToST freezes U_k into learned
-# parameters and lets the layers move the tokens towards them. That is the textbook's phrase: rather than
-# rotate U_k towards the data, rotate the data towards U_k.
+# would. With hard groups (each token in one group), group k's terms see its own tokens only, so each group
+# may take its own Q_k: below, Q_k = U_k V_k^T turns group k's eigenbasis V_k onto U_k. Finding the
+# eigenbasis anew for every input costs d^3 per group; ToST freezes U_k into learned parameters and lets the
+# layers move the tokens towards them. That is the textbook's phrase: rather than rotate U_k towards the
+# data, rotate the data towards U_k.
 Zb, Pib = Z[:1], Pi[:1]
 V = eigenbases[0]                                                        # (K, d, d)
 s = torch.einsum('kdi,bnd->bkni', V, Zb).square().mul(Pib[..., None]).sum(2)   # (1, K, d)  s_k, eigenbasis
@@ -478,8 +480,8 @@ def practical_tssa(x, layer):
     w = (x @ layer.c_attn.weight.T + layer.c_attn.bias).unflatten(-1, (K, -1))       # (B, n, K, p)
     score = layer.temp[:, 0] * (w * w / (w * w).sum(1, keepdim=True)).sum(-1)        # (B, n, K)
     pi = torch.exp(score) / torch.exp(score).sum(-1, keepdim=True)                   # softmax over heads
-    s = torch.einsum('bnk,bnkp->bkp', pi, w * w) / (pi.sum(1)[..., None] + 1e-8)     # (B, K, p)  s_k / n_k
-    y = -pi[..., None] * w / (1 + s[:, None])                                        # (B, n, K, p)
+    m = torch.einsum('bnk,bnkp->bkp', pi, w * w) / (pi.sum(1)[..., None] + 1e-8)     # (B, K, p)  s_k / n_k
+    y = -pi[..., None] * w / (1 + m[:, None])                                        # (B, n, K, p)
     return y.flatten(2) @ layer.c_proj.weight.T + layer.c_proj.bias
 
 
@@ -631,8 +633,8 @@ def causal_tssa(x, layer):
         score = layer.temp[:, 0] * ((w[:, t] ** 2 / Q).sum(-1) + p * layer.pos_bias[:, t])
         pis.append(torch.exp(score) / torch.exp(score).sum(-1, keepdim=True))        # (B, K)
         pi = torch.stack(pis, 1)                                                     # (B, t+1, K)
-        s = torch.einsum('btk,btkp->bkp', pi, w[:, :t + 1] ** 2) / (pi.sum(1)[..., None] + layer.eps)
-        y[:, t] = -pis[t][..., None] * w[:, t] / (1 + s)
+        m = torch.einsum('btk,btkp->bkp', pi, w[:, :t + 1] ** 2) / (pi.sum(1)[..., None] + layer.eps)
+        y[:, t] = -pis[t][..., None] * w[:, t] / (1 + m)                              # m: A_t / P_t
     return y.flatten(2) @ layer.c_proj.weight.T
 
 
@@ -853,11 +855,13 @@ if fig:
 print('15. results and limitations: quoted from the paper in this cell\'s text (nothing to compute)')
 
 # %% 16. Exercises. In lecture/exercises.py (each has a check your answer must pass, and the solutions are
-# kept apart in lecture/solutions.py): derive grad R^var_c and say where its 1/n comes from (sections 2, 6);
-# prove the corollary, each group inside span(U_k) (section 5); say why the causal pi_0 is exactly 1/K
-# (section 8); write TSSA from its formula in ten lines and check it against tost.TSSA (section 6); compute
-# the exact R_c gradient in O(n d^2) (section 2); predict what untying c_proj does (section 9); show that the
-# past is nearly a bag (section 11); track Delta R through the layers (section 14).
+# kept apart in lecture/solutions.py): 1 derive grad R^var_c and say where its 1/n comes from (sections 2,
+# 6); 2 what that 1/n means, every token given a twin (section 6); 3 prove the corollary, each group inside
+# span(U_k) (section 5); 4 say why the causal pi_0 is exactly 1/K (section 8); 5 write TSSA from its formula
+# in ten lines and check it against tost.TSSA (section 9); 6 compute the exact R_c gradient in O(n d^2)
+# (section 2); 7 predict what untying c_proj does, and 8 find the objective a per-head rescaling of the tie
+# descends (section 9); 9 show that the past is nearly a bag (section 11); 10 track Delta R through the
+# layers (section 14).
 # In class: `python -m lecture.recall` (section 15).
 print('16. exercises: lecture/exercises.py, solutions in lecture/solutions.py; '
       'the experiment: python -m lecture.recall')

@@ -22,8 +22,15 @@ torch.set_num_threads(2)
 
 @pytest.fixture(autouse=True)
 def fused_core_at_any_size(monkeypatch):
-    """The fused core runs from tost_fast.MIN_ELEMENTS numbers up; these tests use it at tiny sizes too."""
+    """The fused core runs from tost_fast.MIN_ELEMENTS numbers up; these tests use it at tiny sizes too, and
+    a test of the readable lines turns it off (CausalTSSA.fast = False)."""
     monkeypatch.setattr(tost_fast, 'MIN_ELEMENTS', 0)
+
+
+def readable(layer):
+    """The layer on tost.py's readable lines: its fused core off."""
+    layer.fast = False
+    return layer
 
 
 def randomize(module, scale=0.3, seed=0):
@@ -41,8 +48,9 @@ def randomize(module, scale=0.3, seed=0):
 
 @pytest.mark.parametrize('make', [
     lambda: CausalTSSA(16, 4, block_size=32),
+    lambda: readable(CausalTSSA(16, 4, block_size=32)),
     lambda: SoftmaxAttention(16, 4, causal=True),
-])
+], ids=['tssa-fused', 'tssa-readable', 'softmax'])
 def test_operator_is_causal(make):
     torch.manual_seed(0)
     layer = randomize(make())
@@ -75,9 +83,11 @@ KINDS = {'tssa': {}, 'softmax': dict(attn='softmax'), 'hybrid': dict(softmax_lay
          'hybrid-first': dict(softmax_layers=(0,))}
 
 
+@pytest.mark.parametrize('fast', [True, False], ids=['fused', 'readable'])
 @pytest.mark.parametrize('shift', [False, True])
 @pytest.mark.parametrize('kind', KINDS)
-def test_gpt_is_causal(kind, shift):
+def test_gpt_is_causal(kind, shift, fast, monkeypatch):
+    monkeypatch.setattr(CausalTSSA, 'fast', fast)
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=24, vocab_size=50, n_layer=2, n_head=2, n_embd=16, **KINDS[kind],
                           layerscale_init=1.0, token_shift=shift)).eval()
@@ -455,16 +465,18 @@ def test_every_sum_over_tokens_is_float32_under_half_precision_autocast(half, fo
 # linear cost, counted (not timed)
 
 class CountElements(TorchDispatchMode):
-    """Counts every element every aten op writes: a deterministic proxy for time and memory traffic."""
+    """Counts every element every aten op writes: a deterministic proxy for time and memory traffic. With
+    floats_only, floating-point tensors only: the model's work, not the token ids it is handed."""
 
-    def __init__(self):
+    def __init__(self, floats_only=False):
         super().__init__()
         self.total, self.largest = 0, 0
+        self.floats_only = floats_only
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and (t.is_floating_point() or not self.floats_only):
                 self.total += t.numel()
                 self.largest = max(self.largest, t.numel())
         return out
@@ -477,9 +489,13 @@ def _work(layer, n, d=32):
     return c
 
 
-@pytest.mark.parametrize('causal', [True, False])
-def test_tssa_work_and_largest_tensor_are_linear_in_tokens(causal):
-    layer = CausalTSSA(32, 4, block_size=4096) if causal else TSSA(32, 4)
+@pytest.mark.parametrize('make', [
+    lambda: CausalTSSA(32, 4, block_size=4096),
+    lambda: readable(CausalTSSA(32, 4, block_size=4096)),
+    lambda: TSSA(32, 4),
+], ids=['causal-fused', 'causal-readable', 'noncausal'])
+def test_tssa_work_and_largest_tensor_are_linear_in_tokens(make):
+    layer = make()
     a, b = _work(layer, 1024), _work(layer, 4096)
     assert 3.8 < b.total / a.total < 4.2                    # 4x tokens -> 4x work
     assert b.largest <= 4096 * 32 * 4                       # no tensor grows like n^2
@@ -492,6 +508,22 @@ def test_the_counter_would_see_quadratic_work():
         return att @ x
     a, b = _work(explicit_attention, 256), _work(explicit_attention, 1024)
     assert b.total / a.total > 10
+
+
+def test_each_generated_token_costs_the_same_at_any_context_with_tssa():
+    """The work of 8 generated tokens (every floating-point element the model writes) is the same after a
+    prompt of 16 tokens as after one of 200: the state does not grow and the prefix is not re-run. A softmax
+    model's KV cache makes it grow, so the count would see a re-run."""
+    def work(model, prompt_len, new):
+        idx = torch.randint(0, 50, (1, prompt_len), generator=torch.Generator().manual_seed(prompt_len))
+        with CountElements(floats_only=True) as c:
+            model.generate(idx, new, temperature=0)
+        return c.total
+
+    for attn in ('tssa', 'softmax'):
+        model = GPT(GPTConfig(block_size=256, vocab_size=50, n_layer=2, n_head=2, n_embd=16, attn=attn))
+        short, long = [work(model, T, 12) - work(model, T, 4) for T in (16, 200)]
+        assert short > 0 and (long == short if attn == 'tssa' else long > short), (attn, short, long)
 
 
 def test_flops_per_token_is_constant_in_context_for_tssa_blocks_only():
@@ -507,12 +539,14 @@ def test_flops_per_token_is_constant_in_context_for_tssa_blocks_only():
 # -----------------------------------------------------------------------------
 # presets, optimizer groups, vision
 
-@pytest.mark.parametrize('name,paper,tol', [
-    ('tost-base', 110e6, 0.01), ('tost-medium', 304e6, 0.01), ('tost-large', 655e6, 0.01),
-    ('tost-t', 5.8e6, 0.01), ('tost-s', 22.6e6, 0.01), ('tost-m', 68.1e6, 0.05),
+# layer-scale init: 1e-5 for the language models and the 24-layer ToST-M, 1.0 for the 12-layer ToST-T/S
+@pytest.mark.parametrize('name,paper,tol,layerscale', [
+    ('tost-base', 110e6, 0.01, 1e-5), ('tost-medium', 304e6, 0.01, 1e-5), ('tost-large', 655e6, 0.01, 1e-5),
+    ('tost-t', 5.8e6, 0.01, 1.0), ('tost-s', 22.6e6, 0.01, 1.0), ('tost-m', 68.1e6, 0.05, 1e-5),
 ])
-def test_preset_parameter_counts(name, paper, tol):
+def test_preset_parameter_counts_and_layer_scale(name, paper, tol, layerscale):
     cfg = preset(name)
+    assert cfg.layerscale_init == layerscale
     with torch.device('meta'):
         model = GPT(cfg) if isinstance(cfg, GPTConfig) else ViT(cfg)
     n = model.get_num_params()
@@ -865,6 +899,7 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     r = run('tools/lecture_page.py', f'--out={tmp_path}')
     assert r.returncode == 0, r.stdout + r.stderr
     page = (tmp_path / 'lecture.md').read_text()
+    assert page == open(os.path.join(root, 'docs', 'lecture.md')).read()    # the committed page is this run's
     assert all(f'\n## {label}. ' in page for label in [*map(str, range(17)), 'A', 'B'])
     drawn = re.findall(r'^!\[(lecture-\w+\.png)\]', page, re.M)
     assert len(set(drawn)) == len(drawn) == 5

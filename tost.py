@@ -28,11 +28,11 @@ Tokens are ROWS, here and in every formula of this project: x and Z are (B, n, d
 d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). Comments end with tensor shapes.
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
-  lines 57-85     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 92-187    the white-box gradient step, then the practical operator (TSSA)
-  lines 194-295   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 302-386   the block, a descent direction on the normalised tokens (MLP, Block)
-  lines 393-576   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 57-88     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
+  lines 95-193    the white-box gradient step, then the practical operator (TSSA)
+  lines 200-303   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 310-395   the block, a descent direction on the normalised tokens (MLP, Block)
+  lines 402-585   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -59,16 +59,19 @@ def variational_compression(Z, Pi, U, alpha=1.0):
 
         R_c(Z, Pi) = 1/2 sum_k (n_k / n) logdet(I + alpha / n_k  M_k),   M_k = Z^T diag(pi_k) Z,
 
-    with each log-determinant, logdet(I + c M) = sum_i f(lambda_i(M)) with f(x) = log(1 + c x), taken on the
-    diagonal of M_k in the basis U_k instead of on its eigenvalues:
+    with each log-determinant, logdet(I + alpha/n_k M_k) = sum_i f(lambda_i(M_k / n_k)) with
+    f(x) = log(1 + alpha x), taken on the diagonal of M_k / n_k in the basis U_k, which is s_k / n_k, instead
+    of on its eigenvalues:
 
         R^var_c = 1/2 sum_k (n_k / n) sum_i f(s_ki / n_k)
 
     An upper bound on R_c for square orthogonal U_k (f is concave; the diagonal is majorised by the
     eigenvalues), tight in the eigenbasis. ToST's U_k are d x p, p < d: that drops d - p terms >= 0 per
-    group, so for generic tokens R^var_c is a bound in neither direction; by the paper's corollary it is an
-    upper bound again when U_k has orthonormal columns and M_k lies inside span(U_k). It is the objective the
-    layers descend. alpha = d / eps^2 in the paper; the practical operator has alpha = 1, absorbed into U.
+    group, and R^var_c is then no bound in general: on random tokens it falls below R_c (every one of 300
+    draws in derivation.py section 5), and by the paper's corollary it is an upper bound again when U_k has
+    orthonormal columns and M_k lies inside span(U_k) (all 300 draws there). It is the objective the layers
+    descend. alpha = d / eps^2 in the paper (eps the coding precision); the practical operator has alpha = 1,
+    absorbed into U.
 
     Z: (B, n, d) tokens as rows.  Pi: (B, K, n), summing to 1 over K.  U: (K, d, p).  Returns (B,).
     """
@@ -114,9 +117,10 @@ class TSSA(nn.Module):
     The practical operator (the released one; the default) changes the white-box step in six ways:
       1. alpha is absorbed into the projection (U -> sqrt(alpha) U turns f' into 1/(1 + x));
       2. the map back is a separately learned c_proj instead of U_k. It absorbs tau/n, at the n it was
-         trained at only. Tied to c_attn's transpose, the layer is exactly -n grad R^var_c; with head k's
-         block of the tie scaled by c_k > 0, exactly a step on the reweighted sum_k c_k R^var_c,k; a generic
-         learned c_proj makes it a field that is the gradient of no function (derivation.py section 9);
+         trained at only. Tied to c_attn's transpose, with no biases and nothing added to n_k (eps = 0), the
+         layer is exactly -n grad R^var_c; with head k's block of the tie scaled by c_k > 0, exactly a step
+         on the reweighted sum_k c_k R^var_c,k; a generic learned c_proj makes it a field that is the
+         gradient of no function (derivation.py section 9);
       3. optional biases on both projections (the ViT has them);
       4. dropout on D (attn_dropout; the paper's models use none);
       5. Pi from each coordinate normalised over the tokens, with a learned per-head temperature
@@ -135,7 +139,8 @@ class TSSA(nn.Module):
         self.c_attn = nn.Linear(n_embd, n_embd, bias=bias)
         self.temp = nn.Parameter(torch.ones(n_head, 1))        # per-head inverse temperature of Pi
         self.whitebox, self.alpha, self.tau = whitebox, alpha, tau
-        self.eps = 0.0 if whitebox else 1e-8                   # added to n_k; the exact gradient adds nothing
+        # a guard added to n_k, not the coding precision eps of alpha = d / eps^2; the white-box step has 0
+        self.eps = 0.0 if whitebox else 1e-8
         self.c_proj = None if whitebox else nn.Linear(n_embd, n_embd, bias=bias)
         self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
@@ -174,6 +179,7 @@ class TSSA(nn.Module):
         B, n, d = x.shape
         w = self.split_heads(self.c_attn(x))                   # (B, K, n, p)  w_j = U_k^T z_j
         out_dtype = w.dtype
+        # sums over tokens run in float32 under half-precision autocast (_stat_dtype, section 8)
         w = w.to(_stat_dtype(w))
         Pi = self.memberships(w).unsqueeze(-1)                 # (B, K, n, 1)  pi_jk
         n_k = Pi.sum(dim=2, keepdim=True) + self.eps           # (B, K, 1, 1)  n_k = sum_j pi_jk
@@ -209,8 +215,8 @@ class CausalTSSA(TSSA):
 
     y_t depends on tokens <= t only; each token j entered A_t with the membership it had at its own time.
 
-    What it descends. Tie c_proj to c_attn's transpose (U_k maps back), add nothing to n_k, and hold the
-    memberships pi_0 .. pi_t fixed as the layer computed them. Then at every position t
+    What it descends. Tie c_proj to c_attn's transpose (U_k maps back), no biases, add nothing to n_k, and
+    hold the memberships pi_0 .. pi_t fixed as the layer computed them. Then at every position t
 
         sum_k U_k y_tk = -(t+1) grad_{z_t} R^var_c(Z_{<=t}, Pi_{<=t}):
 
@@ -255,11 +261,13 @@ class CausalTSSA(TSSA):
         """Parallel form. x: (B, T, d). Without a state: returns y (B, T, d), the training path.
         With a state (from empty_state() or an earlier call): continues after it, returns (y, new_state)."""
         self.check_positions((0 if state is None else state.t) + x.shape[1])
+        # large inputs on a CPU: the same numbers from tost_fast's fused core; the readable lines follow
         if state is None and tost_fast.usable(self, x):
             return tost_fast.causal_tssa(self, x)
         w = self.split_heads(self.c_attn(x))                   # (B, K, T, p)  w_t = U_k^T z_t
         dt = _stat_dtype(w)
         w2 = w.to(dt).square()                                 # (B, K, T, p)
+        # prefix_sum(x, dim) is torch.cumsum(x, dim), laid out for a fast scan (section 8)
         Q = prefix_sum(w2, dim=2)                              # (B, K, T, p)  Q_t
         if state is not None:
             Q = Q + state.Q.unsqueeze(2)
@@ -320,12 +328,13 @@ class Block(nn.Module):
         x = x + g1 * attn(LN(x))
         x = x + g2 * MLP(LN(x))
 
-    attn is chosen per block: 'tssa' (CausalTSSA if causal, else TSSA) or 'softmax' (the baseline). The
-    white-box layer is an exact step on R^var_c of its input, Pi held fixed; here its input is LN(x) and
+    attn is chosen per block: 'tssa' (CausalTSSA if causal, else TSSA) or 'softmax' (the baseline). TSSA
+    tied (c_proj = c_attn^T, no biases, nothing added to n_k) is an exact step of size n on R^var_c of its
+    input, Pi held fixed (causal: token t's step has size t + 1, on its prefix); here its input is LN(x) and
     its output is scaled coordinate by coordinate by g1 before it is added to x, not to LN(x). That is no
     longer a gradient step, but it stays a descent direction for R^var_c of the normalised tokens
-    (derivation.py section 10 measures the angle). The options
-    beyond the paper (token_shift, lpi, drop_path) run in forward_with_options(), section 7.
+    (derivation.py section 10 measures the angle). The options beyond the paper (token_shift, lpi,
+    drop_path) run in forward_with_options(), section 7.
     """
 
     def __init__(self, n_embd, n_head, attn='tssa', causal=True, block_size=None, bias=False, dropout=0.0,
@@ -678,7 +687,10 @@ class ClassBlock(nn.Module):
 
         cls, x   <-  cls + g1 * attn(LN1(cls, x)),  x + g1 * LN1(x)
         cls, x   <-  LN2(cls, x)
-        cls, x   <-  cls + g2 * MLP(cls),  2 x"""
+        cls, x   <-  cls + g2 * MLP(cls),  2 x
+
+    The 2 x is XCiT's: its residual adds the MLP branch to the CLS token and the patch tokens to themselves.
+    The next block's attention reads them through LN1, which removes the factor."""
 
     def __init__(self, n_embd, n_head, bias=True, layerscale_init=1.0):
         super().__init__()

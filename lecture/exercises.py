@@ -101,7 +101,7 @@ def tssa_forward(x, W, W_out, temp):
     Write the practical operator (derivation.py section 9, tost.TSSA's forward without biases or dropout):
         w   = U_k^T z_j for every head, from one linear map W (rows k p .. (k+1) p of W are U_k^T)
         Pi  = softmax over the K heads of temp_k * sum_i w_ji^2 / sum_l w_li^2
-        s_k = sum_j pi_jk w_j^2 / (n_k + 1e-8),   y_j = -pi_jk w_j / (1 + s_k),   output = W_out y
+        m_k = sum_j pi_jk w_j^2 / (n_k + 1e-8),   y_j = -pi_jk w_j / (1 + m_k),   output = W_out y
     x (B, n, d), W and W_out (d, d) (nn.Linear weights: a layer computes x W^T), temp (K,) -> (B, n, d).
     Check: equal to tost.TSSA with random weights and temperatures, to 1e-12.
     """

@@ -77,8 +77,8 @@ def tssa_forward(x, W, W_out, temp):
     w = (x @ W.T).view(B, n, K, d // K)                                    # (B, n, K, p)  w_j = U_k^T z_j
     energy = (w * w / (w * w).sum(1, keepdim=True)).sum(-1)               # (B, n, K)     column-normalised
     Pi = torch.softmax(temp * energy, dim=-1)[..., None]                   # (B, n, K, 1)  softmax over heads
-    s = (Pi * w * w).sum(1, keepdim=True) / (Pi.sum(1, keepdim=True) + 1e-8)   # (B, 1, K, p)  s_k / n_k
-    y = -Pi * w / (1 + s)                                                  # (B, n, K, p)
+    m = (Pi * w * w).sum(1, keepdim=True) / (Pi.sum(1, keepdim=True) + 1e-8)   # (B, 1, K, p)  s_k / n_k
+    y = -Pi * w / (1 + m)                                                  # (B, n, K, p)
     return y.reshape(B, n, d) @ W_out.T
 
 
