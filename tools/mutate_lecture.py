@@ -31,10 +31,11 @@ TARGETS = {
     'tost_fast.py': ('causal_tssa', 'CausalCore.forward', 'CausalCore.backward', '_suffix_sum'),
 }
 # Lines that compute no model math: shapes, dtypes, lists, slices, empty and zero buffers, checks, the
-# options' branches.
+# options' branches; and the hand-off to the Triton core, which runs on a GPU only (the lecture runs on the
+# CPU; tests/test_triton.py checks that core against the readable lines).
 SKIP = ('.shape', '= []', '.append(', 'check_positions', 'ctx.', 'slice(', 'keep', 'L = T',
         'p = self.head_dim', '_stat_dtype(w)', '.dtype', 'forward_with_options', '_checked', 'shift',
-        'ShiftState', 'torch.empty_like', 'new_empty', 'new_zeros')
+        'ShiftState', 'torch.empty_like', 'new_empty', 'new_zeros', 'tost_triton.')
 # A sign or an axis changed: the first of these found in the line's code is replaced, once.
 EDITS = (('dim=2', 'dim=1'), ('dim=1', 'dim=2'), ('dim=-1', 'dim=-2'), ('(-1)', '(-2)'),
          ('.sum(-1', '.sum(-2'), ('sum(2', 'sum(1'), ('cumsum(w2, 1', 'cumsum(w2, 2'), (', -1)', ', -2)'),
