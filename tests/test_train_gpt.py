@@ -155,6 +155,7 @@ def test_run_log_and_checkpoint_roundtrip(trained, data_dir):
                                       softmax_layers=[])
     assert ckpt['config']['max_iters'] == 12 and ckpt['config']['dataset'] == 'tiny'
     assert not any('_orig_mod' in k or k.startswith('module.') for k in ckpt['model'])
+    assert [g['weight_decay'] for g in ckpt['optimizer']['param_groups']] == [0.1, 0.0]
 
     # the weights, as sample.py loads them, give back the val loss the run measured on the same eval batches
     model = sample.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
@@ -631,8 +632,8 @@ def test_mixed_precision_runs_on_cpu(data_dir, four, tmp_path, dtype):
     # mixed precision, the same run: close losses
     same_losses(out, four, 0.05)
     # the dtype is this machine's choice
-    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6', f'--dtype={dtype}'])
-    assert weights(out)['iter_num'] == 6 and weights(out)['config']['dtype'] == dtype
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6', '--dtype=float32'])
+    assert weights(out)['iter_num'] == 6 and weights(out)['config']['dtype'] == 'float32'
 
 
 def test_fused_adamw_trains_like_foreach(data_dir, four, tmp_path, monkeypatch):
@@ -656,14 +657,15 @@ def test_mfu_is_shown_and_agrees_with_tokens_per_second(data_dir, tmp_path, monk
     times the measured tokens/s over the peak."""
     monkeypatch.setattr(train_gpt, 'peak_flops', lambda device, dtype: 1e9)
     out = str(tmp_path / 'out')
-    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=100'))
+    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=100',
+                        '--gradient_accumulation_steps=2'))
     assert 'mfu ' in capsys.readouterr().out
     model = tost.GPT(tost.GPTConfig(**weights(out)['model_args']))
     rows = read_log(out, kind='train')
     assert len(rows) == 4
     for r in rows:
         assert r['mfu'] == pytest.approx(model.flops_per_token(32) * r['tokens_per_sec'] / 1e9, rel=1e-9)
-        assert r['tokens_per_sec'] == pytest.approx(4 * 32 / (r['ms_per_iter'] / 1000), rel=1e-9)
+        assert r['tokens_per_sec'] == pytest.approx(2 * 4 * 32 / (r['ms_per_iter'] / 1000), rel=1e-9)
 
 
 # what torch.cuda.get_device_name() returns on each, and the dense bfloat16 peak (None: no MFU)
@@ -696,13 +698,13 @@ def test_a_row_holds_the_mean_loss_since_the_last_row_and_the_time_without_eval(
         return real(seed, stream, *rest)
 
     monkeypatch.setattr(train_gpt, 'window_starts', slow_eval)
-    train_gpt.main(tiny(data_dir, pairs, '--max_iters=4', '--eval_interval=2', '--log_interval=2'))
+    train_gpt.main(tiny(data_dir, pairs, '--max_iters=3', '--eval_interval=2', '--log_interval=2'))
     one = {r['iter']: r['train_loss'] for r in read_log(four, kind='train')}
     rows = read_log(pairs, kind='train')
-    assert [r['iter'] for r in rows] == [2, 4]
-    for r in rows:
-        assert r['train_loss'] == pytest.approx((one[r['iter'] - 1] + one[r['iter']]) / 2, abs=1e-6)
-    # iters 3-4 around the 0.8 s eval at 2: the eval is not counted
+    assert [r['iter'] for r in rows] == [2, 3]
+    assert rows[0]['train_loss'] == pytest.approx((one[1] + one[2]) / 2, abs=1e-6)
+    assert rows[1]['train_loss'] == pytest.approx(one[3], abs=1e-6)
+    # iter 3, after the 0.8 s eval at 2: the eval is not counted
     assert rows[1]['ms_per_iter'] < 150, rows[1]
 
 
@@ -948,5 +950,33 @@ def test_a_micro_step_larger_than_the_memory_is_said(data_dir, tmp_path, monkeyp
     notes = [line for line in capsys.readouterr().out.splitlines() if '--block_size' in line]
     assert len(notes) == 1 and '--batch_size' in notes[0]
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**12)
+    monkeypatch.setattr(train_gpt, 'backward_bytes', lambda model, T, ctx: (1e9, 1e9 / (4 * 32)))
     train_gpt.main(tiny(data_dir, tmp_path / 'roomy', '--max_iters=1'))
-    assert '--block_size' not in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert '--block_size' not in printed and 'about 2 GB' in printed
+
+
+def test_only_an_improvement_is_saved_when_only_the_best_is(data_dir, tmp_path, monkeypatch):
+    """always_save_checkpoint=False: val losses 3, 2, 2.5 at iters 0, 2, 4; only the improvement is saved."""
+    vals = iter([3.0, 2.0, 2.5])
+    monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': 1.0, 'val': next(vals)})
+    out = str(tmp_path / 'out')
+    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=2',
+                        '--always_save_checkpoint=false'))
+    assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, False]
+    assert weights(out)['iter_num'] == 2
+
+
+def test_accumulated_gradients_are_those_of_the_whole_batch(data_dir, tmp_path, monkeypatch):
+    """2 micro-steps of 4 sequences step on the gradient of the mean over all 8, as one batch of 8 does."""
+    norms = []
+    real = train_gpt.optimizer_step
+
+    def step(optimizer, scaler, lr, grad_clip):
+        grads = [p.grad for g in optimizer.param_groups for p in g['params'] if p.grad is not None]
+        norms.append(torch.cat([g.flatten() for g in grads]).norm().item())
+        return real(optimizer, scaler, lr, grad_clip)
+    monkeypatch.setattr(train_gpt, 'optimizer_step', step)
+    train_gpt.main(tiny(data_dir, str(tmp_path / 'a'), '--max_iters=1', '--batch_size=8'))
+    train_gpt.main(tiny(data_dir, str(tmp_path / 'b'), '--max_iters=1', '--gradient_accumulation_steps=2'))
+    assert norms[1] == pytest.approx(norms[0], rel=1e-5)
