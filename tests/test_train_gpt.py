@@ -231,8 +231,9 @@ def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, tm
     exits 130 and prints the command that goes on; a KeyboardInterrupt there (no save) exits 130 and keeps the
     checkpoint of the eval at iter 4. The resume, with nothing but the out_dir (the schedule, the data order,
     the dropout RNG and the dtype come from the checkpoint), ends bit for bit where an unbroken run does, each
-    row of the log once, with the same learning rates."""
-    args = ('--max_iters=10', '--eval_interval=4', '--dropout=0.1')
+    row of the log once, with the same learning rates and losses: both checkpoints fall between two rows (one
+    every 3 iterations), whose mean loss carries over."""
+    args = ('--max_iters=10', '--eval_interval=4', '--dropout=0.1', '--log_interval=3')
     full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
     train_gpt.main(tiny(data_dir, full, *args))
     at_iter(monkeypatch, 6, act)
