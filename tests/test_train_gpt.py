@@ -382,17 +382,36 @@ def test_a_save_cut_short_keeps_the_previous_checkpoint(data_dir, tmp_path, monk
 # several processes
 
 
+# a worker that runs train_gpt.py and sends SIGINT to rank 1 as iteration 3 draws its batch
+STOP_RANK_1_AT_3 = """import os, signal, sys
+import train_gpt
+real = train_gpt.window_starts
+def starts(seed, stream, index, *rest):
+    if (stream, index, os.environ['RANK']) == (0, 2, '1'):
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(seed, stream, index, *rest)
+train_gpt.window_starts = starts
+train_gpt.main(sys.argv[1:])
+"""
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_on_the_defaults_match_one(data_dir, tmp_path):
     """2 processes with the default gradient_accumulation_steps=1 (no flag added) round it up to 2 and compute
-    what 1 process with 2 does, dropout included (it is seeded per micro-step), up to rounding."""
-    one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
-    args = ('--max_iters=4', '--eval_interval=2', '--dropout=0.1')
-    p = start('train_gpt.py', tiny(data_dir, two, *args), str(tmp_path), torchrun=2)
+    what 1 process with 2 does, dropout included (it is seeded per micro-step), up to rounding. Stopped at
+    iter 3, between two rows, and resumed by 1 process, they end where it does, the row after the stop
+    included (the losses since the last row are saved as one sum for any process count)."""
+    one, two, worker = str(tmp_path / 'one'), str(tmp_path / 'two'), tmp_path / 'worker.py'
+    worker.write_text(STOP_RANK_1_AT_3)
+    args = ('--max_iters=4', '--eval_interval=2', '--dropout=0.1', '--log_interval=2')
+    p = start(str(worker), tiny(data_dir, two, *args), str(tmp_path), torchrun=2)
     stdout, stderr = p.communicate(timeout=300)
-    assert p.returncode == 0, stdout[-2000:] + stderr[-2000:]
-    # only rank 0 talks: one line names the run's folder, the last, to sample from it
-    assert stdout.count(f'--out_dir={two}') == 1, stdout[-2000:]
+    # torchrun's exit code for its workers' 130
+    assert p.returncode == 1 and weights(two)['iter_num'] == 3, stdout[-2000:] + stderr[-2000:]
+    # only rank 0 talks: one line says how to go on
+    resume_command(stderr)
+    train_gpt.main(['--init_from=resume', f'--out_dir={two}', '--device=cpu',
+                    '--gradient_accumulation_steps=2'])
     train_gpt.main(tiny(data_dir, one, *args, '--gradient_accumulation_steps=2'))
     same_losses(one, two, 1e-5)
     w1, w2 = weights(one)['model'], weights(two)['model']
