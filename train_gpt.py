@@ -395,15 +395,19 @@ def main(argv=None):
     t_start = time.time()
     val_loss = None
     tok_per_s = None
-    # The losses summed on the device since the last row: reading them waits for it, so only a row does.
-    loss_sum = torch.zeros((), device=device)
-    since_row = 0
+    # The losses summed on the device since the last row: reading them waits for it, so only a row (or a save)
+    # does. A resume starts from the checkpoint's, so that its first row is the unbroken run's.
+    loss_sum = torch.tensor(state.get('loss_sum', 0.0), device=device)
+    since_row = state.get('since_row', 0)
     t_row = time.time()
 
+    # The losses since the last row are saved as the sum over all processes divided by their number: each
+    # process of a resume, at any process count, starts from that, and the next row's all-reduce adds it up.
     def checkpoint(val=None):
         return dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
                     scaler=scaler.state_dict(), model_args=model_args, iter_num=iter_num,
-                    best_val_loss=best_val_loss, val_loss=val,
+                    best_val_loss=best_val_loss, val_loss=val, since_row=since_row,
+                    loss_sum=mean_loss(loss_sum.clone(), 1, dist),
                     config=cfg, set_keys=sorted(set_keys), meta=meta, tokens=tokens,
                     elapsed_s=round(elapsed + time.time() - t_start, 2))
 

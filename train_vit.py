@@ -357,8 +357,10 @@ def main(argv=None):
     stop = False
     shard = None
     drawing = True
-    loss_sum = torch.zeros((), device=device)
-    since_row = 0
+    # The losses since the last row; a resume starts from its checkpoint's, so that its first row is the
+    # unbroken run's.
+    loss_sum = torch.tensor(ckpt.get('loss_sum', 0.0) if resume else 0.0, device=device)
+    since_row = ckpt.get('since_row', 0) if resume else 0
     seen = 0
     t_start = time.time()
     t_row = t_start
@@ -379,12 +381,15 @@ def main(argv=None):
                     row.update(look_inside(raw_model, x_test, test_images, y_test, cfg, meta['classes']))
                     log_row(out_dir, row)
                 drawing = master and drawing and draw_loss(out_dir)
-            # Saved at each epoch's end, and where a stop was asked.
+            # Saved at each epoch's end, and where a stop was asked. The losses since the last row (none at an
+            # epoch's end) go with it as the sum over all processes divided by their number, the stop's mean
+            # times its steps: each process of a resume, at any process count, starts from that.
             if (i == 0 or stop) and step != saved:
                 checkpoint = dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
                                   scaler=scaler.state_dict(), model_args=asdict(config), kind='vit',
                                   format=2, step=step, epoch=step / steps_per_epoch,
-                                  best_acc=best_acc, config=cfg, meta=meta)
+                                  best_acc=best_acc, config=cfg, meta=meta, since_row=since_row,
+                                  loss_sum=train_loss * since_row)
                 save_checkpoint(checkpoint, [ckpt_path] + [best_path] * improved, dist)
                 saved = step
                 # Evaluating and saving is not training time.

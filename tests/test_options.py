@@ -119,7 +119,7 @@ TOP_LEVEL = [("options.fail('max_iters must be positive')", 2, ["max_iters must 
               ["TMP/file/sub", "--out_dir=TMP/file"]),
              ("open('TMP/none/x')", 2, ["TMP/none/x"]),
              # a bare word, under a folder option '.' that is above every relative path: the deepest names it
-             ("options.parse(['nosuch'], {'runs': [], 'output_folder': '.'}, positional='runs')\n"
+             ("options.parse(['nosuch'], {'output_folder': '.', 'runs': []}, positional='runs')\n"
               "open('nosuch/x')", 2, ["nosuch/x", "--runs=nosuch"]),
              # a write to a full disk says no path: the file open for writing where it failed is named
              ("def write(f):\n    raise OSError(28, 'No space left on device')\n"
@@ -244,10 +244,12 @@ def test_every_script_imports_options_before_torch():
 
 
 def test_numbers_are_finite_and_in_the_range_the_table_gives():
-    defaults = dict(lr=0.1, steps=10, drop=0.0, out="out")
-    ranges = dict(positive=("lr", "steps"), fraction=("drop",), nonempty=("out",))
+    defaults = dict(lr=0.1, steps=10, drop=0.0, out="out", wd=0.1)
+    ranges = dict(positive=("lr", "steps"), fraction=("drop",), nonempty=("out",), nonnegative=("wd",))
     assert options.parse(["--lr=1e-5"], defaults, ranges=ranges)[0]["lr"] == 1e-5
-    for arg in ("--lr=inf", "--lr=nan", "--lr=-1", "--steps=0", "--drop=1", "--drop=-0.1", "--out= "):
+    assert options.parse(["--wd=0"], defaults, ranges=ranges)[0]["wd"] == 0
+    for arg in ("--lr=inf", "--lr=nan", "--lr=-1", "--steps=0", "--drop=1", "--drop=-0.1", "--out= ",
+                "--wd=-1"):
         with pytest.raises(UsageError, match=arg.split("=")[0]):
             options.parse([arg], defaults, ranges=ranges)
     # any number, with no range given

@@ -39,8 +39,9 @@ def write_run(folder, cfg, losses, evals=True):
 
 
 def test_several_runs_of_different_models_on_one_figure(tmp_path):
-    """Each labelled from its own log; a run with no eval yet, a log cut short while a row was written, a
-    damaged one (what is whole is drawn), a log file given for its folder."""
+    """Each labelled from its own log, each curve from the rows of its kind; a run with no eval yet, a log
+    cut short while a row was written, a damaged one (what is whole is drawn), a log file given for its
+    folder."""
     write_run(tmp_path / 'out', dict(attn='tssa', token_shift=False), [5.0, 4.0, 3.2, 2.9])
     write_run(tmp_path / 'out-soft', dict(attn='softmax', token_shift=True), [5.0, 3.5, 2.8, 2.5])
     write_run(tmp_path / 'new', dict(attn='tssa', softmax_layers=[-1]), [5.1, 4.5], evals=False)
@@ -53,6 +54,9 @@ def test_several_runs_of_different_models_on_one_figure(tmp_path):
     assert len(runs[1][2]) == 6
     assert [label for label, _, _ in runs] == ['out: ToST', 'out-soft: softmax + shift', 'new: hybrid']
     assert len(runs[0][2]) == 6 and runs[0][1]['attn'] == 'tssa'
+    # the train curve is the train rows: an eval row's train_loss is not one of its points
+    train = plot.points(runs[0][2], 'train', 'tokens', 'train_loss')
+    assert train.tolist() == [[128, 256, 384, 512], [5.0, 4.0, 3.2, 2.9]]
     out = tmp_path / 'runs.png'
     plot.main([str(tmp_path / 'out'), str(tmp_path / 'out-soft'), str(tmp_path / 'new'), f'--out={out}',
                '--x=seconds'])

@@ -494,3 +494,16 @@ def test_the_resume_command_names_the_launcher_the_run_had(monkeypatch, env, lau
     defaults = dict(out_dir="out", device="auto", compile=False)
     line = tc.resume_command("train_gpt.py", cfg, {"out_dir"}, defaults)
     assert line.startswith(f"resume with: {launcher}") and line.endswith(" --init_from=resume --out_dir=o")
+
+
+@pytest.mark.parametrize("grad_clip, norm", [(0.0, 5.0), (1.0, 1.0)])
+def test_optimizer_step_clips_the_global_norm(grad_clip, norm):
+    """Gradients of norm 5 over two parameter groups: grad_clip=1 scales them as one vector to norm 1; 0 keeps
+    them."""
+    a = torch.nn.Parameter(torch.zeros(2))
+    b = torch.nn.Parameter(torch.zeros(1))
+    a.grad = torch.tensor([3.0, 0.0])
+    b.grad = torch.tensor([4.0])
+    opt = torch.optim.SGD([{"params": [a]}, {"params": [b]}], lr=0.5)
+    tc.optimizer_step(opt, torch.amp.GradScaler("cpu", enabled=False), 1.0, grad_clip)
+    assert torch.cat([a.detach(), b.detach()]).norm().item() == pytest.approx(norm)

@@ -155,6 +155,7 @@ def test_run_log_and_checkpoint_roundtrip(trained, data_dir):
                                       softmax_layers=[])
     assert ckpt['config']['max_iters'] == 12 and ckpt['config']['dataset'] == 'tiny'
     assert not any('_orig_mod' in k or k.startswith('module.') for k in ckpt['model'])
+    assert [g['weight_decay'] for g in ckpt['optimizer']['param_groups']] == [0.1, 0.0]
 
     # the weights, as sample.py loads them, give back the val loss the run measured on the same eval batches
     model = sample.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
@@ -230,8 +231,9 @@ def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, tm
     exits 130 and prints the command that goes on; a KeyboardInterrupt there (no save) exits 130 and keeps the
     checkpoint of the eval at iter 4. The resume, with nothing but the out_dir (the schedule, the data order,
     the dropout RNG and the dtype come from the checkpoint), ends bit for bit where an unbroken run does, each
-    row of the log once, with the same learning rates."""
-    args = ('--max_iters=10', '--eval_interval=4', '--dropout=0.1')
+    row of the log once, with the same learning rates and losses: both checkpoints fall between two rows (one
+    every 3 iterations), whose mean loss carries over."""
+    args = ('--max_iters=10', '--eval_interval=4', '--dropout=0.1', '--log_interval=3')
     full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
     train_gpt.main(tiny(data_dir, full, *args))
     at_iter(monkeypatch, 6, act)
@@ -380,17 +382,36 @@ def test_a_save_cut_short_keeps_the_previous_checkpoint(data_dir, tmp_path, monk
 # several processes
 
 
+# a worker that runs train_gpt.py and sends SIGINT to rank 1 as iteration 3 draws its batch
+STOP_RANK_1_AT_3 = """import os, signal, sys
+import train_gpt
+real = train_gpt.window_starts
+def starts(seed, stream, index, *rest):
+    if (stream, index, os.environ['RANK']) == (0, 2, '1'):
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(seed, stream, index, *rest)
+train_gpt.window_starts = starts
+train_gpt.main(sys.argv[1:])
+"""
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_on_the_defaults_match_one(data_dir, tmp_path):
     """2 processes with the default gradient_accumulation_steps=1 (no flag added) round it up to 2 and compute
-    what 1 process with 2 does, dropout included (it is seeded per micro-step), up to rounding."""
-    one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
-    args = ('--max_iters=4', '--eval_interval=2', '--dropout=0.1')
-    p = start('train_gpt.py', tiny(data_dir, two, *args), str(tmp_path), torchrun=2)
+    what 1 process with 2 does, dropout included (it is seeded per micro-step), up to rounding. Stopped at
+    iter 3, between two rows, and resumed by 1 process, they end where it does, the row after the stop
+    included (the losses since the last row are saved as one sum for any process count)."""
+    one, two, worker = str(tmp_path / 'one'), str(tmp_path / 'two'), tmp_path / 'worker.py'
+    worker.write_text(STOP_RANK_1_AT_3)
+    args = ('--max_iters=4', '--eval_interval=2', '--dropout=0.1', '--log_interval=2')
+    p = start(str(worker), tiny(data_dir, two, *args), str(tmp_path), torchrun=2)
     stdout, stderr = p.communicate(timeout=300)
-    assert p.returncode == 0, stdout[-2000:] + stderr[-2000:]
-    # only rank 0 talks: one line names the run's folder, the last, to sample from it
-    assert stdout.count(f'--out_dir={two}') == 1, stdout[-2000:]
+    # torchrun's exit code for its workers' 130
+    assert p.returncode == 1 and weights(two)['iter_num'] == 3, stdout[-2000:] + stderr[-2000:]
+    # only rank 0 talks: one line says how to go on
+    resume_command(stderr)
+    train_gpt.main(['--init_from=resume', f'--out_dir={two}', '--device=cpu',
+                    '--gradient_accumulation_steps=2'])
     train_gpt.main(tiny(data_dir, one, *args, '--gradient_accumulation_steps=2'))
     same_losses(one, two, 1e-5)
     w1, w2 = weights(one)['model'], weights(two)['model']
@@ -631,8 +652,8 @@ def test_mixed_precision_runs_on_cpu(data_dir, four, tmp_path, dtype):
     # mixed precision, the same run: close losses
     same_losses(out, four, 0.05)
     # the dtype is this machine's choice
-    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6', f'--dtype={dtype}'])
-    assert weights(out)['iter_num'] == 6 and weights(out)['config']['dtype'] == dtype
+    train_gpt.main(['--init_from=resume', f'--out_dir={out}', '--max_iters=6', '--dtype=float32'])
+    assert weights(out)['iter_num'] == 6 and weights(out)['config']['dtype'] == 'float32'
 
 
 def test_fused_adamw_trains_like_foreach(data_dir, four, tmp_path, monkeypatch):
@@ -656,14 +677,15 @@ def test_mfu_is_shown_and_agrees_with_tokens_per_second(data_dir, tmp_path, monk
     times the measured tokens/s over the peak."""
     monkeypatch.setattr(train_gpt, 'peak_flops', lambda device, dtype: 1e9)
     out = str(tmp_path / 'out')
-    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=100'))
+    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=100',
+                        '--gradient_accumulation_steps=2'))
     assert 'mfu ' in capsys.readouterr().out
     model = tost.GPT(tost.GPTConfig(**weights(out)['model_args']))
     rows = read_log(out, kind='train')
     assert len(rows) == 4
     for r in rows:
         assert r['mfu'] == pytest.approx(model.flops_per_token(32) * r['tokens_per_sec'] / 1e9, rel=1e-9)
-        assert r['tokens_per_sec'] == pytest.approx(4 * 32 / (r['ms_per_iter'] / 1000), rel=1e-9)
+        assert r['tokens_per_sec'] == pytest.approx(2 * 4 * 32 / (r['ms_per_iter'] / 1000), rel=1e-9)
 
 
 # what torch.cuda.get_device_name() returns on each, and the dense bfloat16 peak (None: no MFU)
@@ -696,13 +718,13 @@ def test_a_row_holds_the_mean_loss_since_the_last_row_and_the_time_without_eval(
         return real(seed, stream, *rest)
 
     monkeypatch.setattr(train_gpt, 'window_starts', slow_eval)
-    train_gpt.main(tiny(data_dir, pairs, '--max_iters=4', '--eval_interval=2', '--log_interval=2'))
+    train_gpt.main(tiny(data_dir, pairs, '--max_iters=3', '--eval_interval=2', '--log_interval=2'))
     one = {r['iter']: r['train_loss'] for r in read_log(four, kind='train')}
     rows = read_log(pairs, kind='train')
-    assert [r['iter'] for r in rows] == [2, 4]
-    for r in rows:
-        assert r['train_loss'] == pytest.approx((one[r['iter'] - 1] + one[r['iter']]) / 2, abs=1e-6)
-    # iters 3-4 around the 0.8 s eval at 2: the eval is not counted
+    assert [r['iter'] for r in rows] == [2, 3]
+    assert rows[0]['train_loss'] == pytest.approx((one[1] + one[2]) / 2, abs=1e-6)
+    assert rows[1]['train_loss'] == pytest.approx(one[3], abs=1e-6)
+    # iter 3, after the 0.8 s eval at 2: the eval is not counted
     assert rows[1]['ms_per_iter'] < 150, rows[1]
 
 
@@ -948,5 +970,33 @@ def test_a_micro_step_larger_than_the_memory_is_said(data_dir, tmp_path, monkeyp
     notes = [line for line in capsys.readouterr().out.splitlines() if '--block_size' in line]
     assert len(notes) == 1 and '--batch_size' in notes[0]
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**12)
+    monkeypatch.setattr(train_gpt, 'backward_bytes', lambda model, T, ctx: (1e9, 1e9 / (4 * 32)))
     train_gpt.main(tiny(data_dir, tmp_path / 'roomy', '--max_iters=1'))
-    assert '--block_size' not in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert '--block_size' not in printed and 'about 2 GB' in printed
+
+
+def test_only_an_improvement_is_saved_when_only_the_best_is(data_dir, tmp_path, monkeypatch):
+    """always_save_checkpoint=False: val losses 3, 2, 2.5 at iters 0, 2, 4; only the improvement is saved."""
+    vals = iter([3.0, 2.0, 2.5])
+    monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': 1.0, 'val': next(vals)})
+    out = str(tmp_path / 'out')
+    train_gpt.main(tiny(data_dir, out, '--max_iters=4', '--eval_interval=2',
+                        '--always_save_checkpoint=false'))
+    assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, False]
+    assert weights(out)['iter_num'] == 2
+
+
+def test_accumulated_gradients_are_those_of_the_whole_batch(data_dir, tmp_path, monkeypatch):
+    """2 micro-steps of 4 sequences step on the gradient of the mean over all 8, as one batch of 8 does."""
+    norms = []
+    real = train_gpt.optimizer_step
+
+    def step(optimizer, scaler, lr, grad_clip):
+        grads = [p.grad for g in optimizer.param_groups for p in g['params'] if p.grad is not None]
+        norms.append(torch.cat([g.flatten() for g in grads]).norm().item())
+        return real(optimizer, scaler, lr, grad_clip)
+    monkeypatch.setattr(train_gpt, 'optimizer_step', step)
+    train_gpt.main(tiny(data_dir, str(tmp_path / 'a'), '--max_iters=1', '--batch_size=8'))
+    train_gpt.main(tiny(data_dir, str(tmp_path / 'b'), '--max_iters=1', '--gradient_accumulation_steps=2'))
+    assert norms[1] == pytest.approx(norms[0], rel=1e-5)
