@@ -399,6 +399,8 @@ def main(argv=None):
     # does. A resume starts from the checkpoint's, so that its first row is the unbroken run's.
     loss_sum = torch.tensor(state.get('loss_sum', 0.0), device=device)
     since_row = state.get('since_row', 0)
+    # The steps timed since t_row: a row that spans a resume times only those after it.
+    timed = 0
     t_row = time.time()
 
     # The losses since the last row are saved as the sum over all processes divided by their number: each
@@ -482,6 +484,7 @@ def main(argv=None):
             iter_num += 1
             tokens += tokens_per_iter
             since_row += 1
+            timed += 1
             loss_sum = loss_sum + step_loss
 
             # a log row: the mean loss since the last one, all-reduced
@@ -492,7 +495,7 @@ def main(argv=None):
                     teardown(dist, lock)
                     kept = last_good(ckpt_path, saved)
                     fail(diverged('training loss', train_loss, f'iter {iter_num}', kept, cfg), 3)
-                dt = (time.time() - t_row) / since_row
+                dt = (time.time() - t_row) / timed
                 tok_per_s = tokens_per_iter / dt
                 mfu = peak and raw_model.estimate_mfu(B * accum, dt, T=T, peak_flops=peak)
                 if master:
@@ -504,6 +507,7 @@ def main(argv=None):
                         f"eta {human((max_iters - iter_num) * dt)}")
                 loss_sum = torch.zeros((), device=device)
                 since_row = 0
+                timed = 0
                 t_row = time.time()
 
     if master:

@@ -361,6 +361,8 @@ def main(argv=None):
     # unbroken run's.
     loss_sum = torch.tensor(ckpt.get('loss_sum', 0.0) if resume else 0.0, device=device)
     since_row = ckpt.get('since_row', 0) if resume else 0
+    # The steps and images timed since t_row: a row that spans a resume times only those after it.
+    timed = 0
     seen = 0
     t_start = time.time()
     t_row = t_start
@@ -419,6 +421,7 @@ def main(argv=None):
             optimizer_step(optimizer, scaler, lr, cfg['grad_clip'])
             step += 1
             since_row += 1
+            timed += 1
             seen += len(idx)
             loss_sum += loss.detach()
 
@@ -433,9 +436,9 @@ def main(argv=None):
                     kept = 'a checkpoint on disk is kept'
                     fail(diverged('training loss', train_loss, f'step {step}', kept, cfg), 3)
             if row_due:
-                dt = (time.time() - t_row) / since_row
+                dt = (time.time() - t_row) / timed
                 row = dict(kind='train', step=step, epoch=step / steps_per_epoch, train_loss=train_loss,
-                           lr=lr, img_per_s=seen * dist.world_size / (dt * since_row), ms_per_step=1000 * dt)
+                           lr=lr, img_per_s=seen * dist.world_size / (dt * timed), ms_per_step=1000 * dt)
                 say(f"step {step}/{total} (epoch {row['epoch']:.2f}): loss {train_loss:.4f}, lr {lr:.1e}, "
                     f"{row['img_per_s']:,.0f} img/s, {1000 * dt:.1f} ms/step, "
                     f"eta {human((total - step) * dt)}")
@@ -443,6 +446,7 @@ def main(argv=None):
                     log_row(out_dir, row)
                 loss_sum = torch.zeros((), device=device)
                 since_row = 0
+                timed = 0
                 seen = 0
                 t_row = time.time()
     say(f"done: best test accuracy {best_acc:.4f} in {human(time.time() - t_start)}; checkpoints in "
