@@ -426,7 +426,10 @@ def main(argv=None):
                     teardown(dist, lock)
                     kept = last_good(ckpt_path, saved)
                     fail(diverged('eval loss', val_loss, f'iter {iter_num}', kept, cfg), 3)
-                save = (val_loss < best_val_loss or cfg['always_save_checkpoint']) and iter_num > 0
+                # A loss since the last row that is not finite (a step float16's scaler skipped) is not saved:
+                # the next row stops the run, and the checkpoint it names must resume.
+                finite = math.isfinite(mean_loss(loss_sum.clone(), 1, dist))
+                save = (val_loss < best_val_loss or cfg['always_save_checkpoint']) and iter_num > 0 and finite
                 row = dict(iter=iter_num, kind='eval', train_loss=losses['train'], val_loss=val_loss, lr=lr,
                            tokens_per_sec=tok_per_s, saved=save, tokens=tokens,
                            elapsed_s=round(elapsed + time.time() - t_start, 2))

@@ -855,11 +855,13 @@ def test_out_of_memory_on_first_step(data_dir, tmp_path, monkeypatch, fails):
           '--gradient_accumulation_steps=2')
 
 
-@pytest.mark.parametrize('in_training, saved', [(True, 2), (False, None)])
+@pytest.mark.parametrize('in_training, saved, bad',
+                         [(True, 2, 'nan'), (False, None, 'nan'), (True, 2, 'inf')])
 def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch, fails,
-                                                             in_training, saved):
+                                                             in_training, saved, bad):
     """A NaN training loss from iter 4 on: exit 3, the checkpoint of iter 2 kept and named. A NaN eval loss
-    stops at iter 0, before anything is saved."""
+    stops at iter 0, before anything is saved. An infinite loss with finite gradients (a step float16's
+    scaler skips) at iter 4, between rows: the eval there saves nothing, so the checkpoint named resumes."""
     out = str(tmp_path / 'out')
     real = tost.GPT.forward
     steps = []
@@ -870,12 +872,13 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path,
         if self.training and len(idx) > 1:
             steps.append(1)
         if self.training == in_training and (len(steps) > 3 or not in_training):
-            loss = loss * float('nan')
+            loss = loss * float('nan') if bad == 'nan' else loss + (float('inf') - loss).detach()
         return logits, loss
 
     monkeypatch.setattr(tost.GPT, 'forward', nan)
     names = [f'{out}/ckpt.pt', '--learning_rate'] if saved else []
-    fails(train_gpt.main, tiny(data_dir, out, '--max_iters=6', '--eval_interval=2'), *names, code=3)
+    args = tiny(data_dir, out, '--max_iters=6', '--eval_interval=2', '--log_interval=3')
+    fails(train_gpt.main, args, *names, code=3)
     if saved:
         ckpt = weights(out)
         assert ckpt['iter_num'] == saved and all(torch.isfinite(v).all() for v in ckpt['model'].values())
