@@ -232,8 +232,9 @@ def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, tm
     checkpoint of the eval at iter 4. The resume, with nothing but the out_dir (the schedule, the data order,
     the dropout RNG and the dtype come from the checkpoint), ends bit for bit where an unbroken run does, each
     row of the log once, with the same learning rates and losses: both checkpoints fall between two rows (one
-    every 3 iterations), whose mean loss carries over."""
-    args = ('--max_iters=10', '--eval_interval=4', '--dropout=0.1', '--log_interval=3')
+    every 5 iterations), whose mean loss carries over. The row that spans the resume times only the steps
+    after it."""
+    args = ('--max_iters=10', '--eval_interval=4', '--dropout=0.1', '--log_interval=5')
     full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
     train_gpt.main(tiny(data_dir, full, *args))
     at_iter(monkeypatch, 6, act)
@@ -246,7 +247,12 @@ def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, tm
         assert weights(broken)['val_loss'] is None
         command = resume_command(err)
         assert command[:2] == ['python', 'train_gpt.py']
+        # each step of the resume takes 0.1 s at least
+        real = train_gpt.optimizer_step
+        monkeypatch.setattr(train_gpt, 'optimizer_step', lambda *a: time.sleep(0.1) or real(*a))
         train_gpt.main(command[2:])
+        monkeypatch.undo()
+        assert read_log(broken, kind='train')[-1]['ms_per_iter'] >= 100
     else:
         train_gpt.main(['--init_from=resume', f'--out_dir={broken}', '--device=cpu'])
     same_state(weights(full), weights(broken))
@@ -399,11 +405,11 @@ train_gpt.main(sys.argv[1:])
 def test_torchrun_two_processes_on_the_defaults_match_one(data_dir, tmp_path):
     """2 processes with the default gradient_accumulation_steps=1 (no flag added) round it up to 2 and compute
     what 1 process with 2 does, dropout included (it is seeded per micro-step), up to rounding. Stopped at
-    iter 3, between two rows, and resumed by 1 process, they end where it does, the row after the stop
+    iter 3, three iterations after the last row, and resumed by 1 process, they end where it does, the row after the stop
     included (the losses since the last row are saved as one sum for any process count)."""
     one, two, worker = str(tmp_path / 'one'), str(tmp_path / 'two'), tmp_path / 'worker.py'
     worker.write_text(STOP_RANK_1_AT_3)
-    args = ('--max_iters=4', '--eval_interval=2', '--dropout=0.1', '--log_interval=2')
+    args = ('--max_iters=4', '--eval_interval=2', '--dropout=0.1', '--log_interval=4')
     p = start(str(worker), tiny(data_dir, two, *args), str(tmp_path), torchrun=2)
     stdout, stderr = p.communicate(timeout=300)
     # torchrun's exit code for its workers' 130

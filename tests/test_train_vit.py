@@ -115,10 +115,10 @@ def test_a_few_steps_lower_the_loss(data, tmp_path, capsys):
 def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tmp_path, monkeypatch, ends,
                                                                stop_at):
     """A run of 1 epoch, resumed for a second; or SIGINT to this process during step 7 (the third of epoch 2):
-    ckpt.pt at step 7, between two rows (one every 2 steps), exit 130 with the command that resumes, which
-    (nothing else: the settings come from the checkpoint) goes on. Either ends where the unbroken run did: the
-    same state bit for bit, each row once with the same losses and evaluations."""
-    out = str(tmp_path)
+    ckpt.pt at step 7, three steps after a row (one every 4 steps), exit 130 with the command that resumes,
+    which (nothing else: the settings come from the checkpoint) goes on. Either ends where the unbroken run
+    did: the same state bit for bit, each row once with the same losses and evaluations."""
+    out = str(tmp_path / 'out')
     real = train_vit.random_crop_flip
     calls = []
 
@@ -130,13 +130,16 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
 
     if stop_at:
         monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_step)
-        code, err = ends(train_vit.main, base_args(data, out, '--epochs=2', *CONSTANT_LR))
+        args = base_args(data, out, '--epochs=2', *CONSTANT_LR, '--log_interval=4')
+        code, err = ends(train_vit.main, args)
         command = resume_command(err)
         assert code == 130 and command[:2] == ['python', 'train_vit.py']
         assert (weights(out)['step'], weights(out)['epoch']) == (7, 1.75)
         assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
         monkeypatch.undo()
         train_vit.main(command[2:])
+        trained = str(tmp_path / 'unbroken')
+        train_vit.main(base_args(data, trained, '--epochs=2', *CONSTANT_LR, '--log_interval=4'))
     else:
         train_vit.main(base_args(data, out, '--epochs=1', *CONSTANT_LR))
         assert weights(out)['step'] == 4
@@ -145,7 +148,7 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
     b = weights(out)
     assert (b['step'], b['epoch'], b['kind']) == (8, 2, 'vit')
     same_state(a, b)
-    # every loss of the unbroken run: the row at 8 is the mean of steps 7 and 8, either side of the stop
+    # every loss of the unbroken run: the row at 8 is the mean of steps 5 to 8, either side of the stop
     assert same_rows(read_log(out), read_log(trained))
     assert os.path.isfile(os.path.join(out, 'best.pt'))
 
