@@ -405,8 +405,8 @@ train_gpt.main(sys.argv[1:])
 def test_torchrun_two_processes_on_the_defaults_match_one(data_dir, tmp_path):
     """2 processes with the default gradient_accumulation_steps=1 (no flag added) round it up to 2 and compute
     what 1 process with 2 does, dropout included (it is seeded per micro-step), up to rounding. Stopped at
-    iter 3, three iterations after the last row, and resumed by 1 process, they end where it does, the row after the stop
-    included (the losses since the last row are saved as one sum for any process count)."""
+    iter 3, before the first row (one every 4), and resumed by 1 process, they end where it does, the row
+    after the stop included (the losses since the last row are saved as one sum for any process count)."""
     one, two, worker = str(tmp_path / 'one'), str(tmp_path / 'two'), tmp_path / 'worker.py'
     worker.write_text(STOP_RANK_1_AT_3)
     args = ('--max_iters=4', '--eval_interval=2', '--dropout=0.1', '--log_interval=4')
