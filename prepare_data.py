@@ -103,8 +103,8 @@ def _download(url, data_dir, hint, checksum=None, name=None):
 # -----------------------------------------------------------------------------
 # text: documents -> tokens -> train.bin / val.bin
 
-# Pieces tokenized at a time (~0.7 MB of OpenWebText, at most ~8 MB of one long text): the memory in flight
-# does not grow with the corpus or with a document.
+# Pieces tokenized at a time (~0.7 MB of OpenWebText, at most ~8M characters of one long text): the memory
+# in flight does not grow with the corpus or with a document.
 _CHUNK = 128
 # Characters in a piece of a long document, at least: 128 pieces as Python ints (~36 bytes a token) are
 # ~0.1 GB, and a call per 64k characters costs nothing beside the encoding.
@@ -135,17 +135,18 @@ def _pieces(text):
 
 
 def _encoded(tok, docs, threads):
-    """(document number, uint16 tokens of a piece) for the pieces of docs in order, _CHUNK pieces at a time in
-    `threads` threads: a long document's tokens are never Python ints all at once. Says how far it is every
-    10 s, within a document too."""
-    pieces = ((i, piece) for i, text in enumerate(docs) for piece in _pieces(text))
+    """(document number from 1, uint16 tokens of a piece) for the pieces of docs in order, _CHUNK pieces at a
+    time in `threads` threads: a long document's tokens are never Python ints all at once. Says how far it is
+    every 10 s, within a document too."""
+    pieces = ((i, piece) for i, text in enumerate(docs, 1) for piece in _pieces(text))
     chars = 0
     shown = time.time()
     while group := list(itertools.islice(pieces, _CHUNK)):
         numbers, texts = zip(*group)
         yield from zip(numbers, encode_arrays(tok, texts, threads))
         chars += sum(map(len, texts))
-        shown = _progress(shown, f"tokenized {chars / 1e6:,.0f}M characters ({tok.name})")
+        shown = _progress(shown, f"tokenized {numbers[-1]:,} documents, {chars / 1e6:,.0f}M characters "
+                                 f"({tok.name})")
 
 
 def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
@@ -157,8 +158,9 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
     threads = min(o.get('workers') or cores, cores)
     with (open(os.path.join(stage, 'train.bin'), 'wb') as train,
           open(os.path.join(stage, 'val.bin'), 'wb') as val):
-        # done: documents so far, this one included (an empty corpus has none, and fails below).
-        for done, doc in itertools.groupby(_encoded(tok, docs, threads), key=lambda piece: piece[0] + 1):
+        # done: documents so far, this one included.
+        done = 0
+        for done, doc in itertools.groupby(_encoded(tok, docs, threads), key=lambda piece: piece[0]):
             pieces = [ids for _, ids in doc]
             n = sum(map(len, pieces))
             cut = n - n // 10
