@@ -159,12 +159,14 @@ def test_a_checkpoint_of_an_earlier_model_is_refused(data, trained, tmp_path):
             train_vit.main(args)
 
 
-def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path):
+def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path, capsys):
     before = Path(trained, 'best.pt').read_bytes()
-    # from scratch, or from the best.pt there
+    # from scratch, or from the best.pt there; a warmup as long as the run is not noted by a run refused
     for extra in ([], ['--init_from=best']):
+        capsys.readouterr()
         with pytest.raises(UsageError, match=re.escape(f'{trained}/ckpt.pt')):
-            train_vit.main(base_args(data, trained, '--epochs=1', *extra))
+            train_vit.main(base_args(data, trained, '--epochs=1', '--warmup_epochs=1', *extra))
+        assert len(capsys.readouterr().out.splitlines()) == 1
     assert Path(trained, 'best.pt').read_bytes() == before
     out = tmp_path / 'out'                                        # --overwrite=true: the old files go first
     out.mkdir()
