@@ -19,6 +19,7 @@ import difflib
 import io
 import math
 import os
+import pathlib
 import re
 import signal
 import sys
@@ -165,6 +166,13 @@ def report(exc):
         # the one open for writing in the innermost frame that holds one (stdout into `/dev/full`: none).
         path = exc.filename or file_written(exc.__traceback__)
         line = f"{exc.strerror or exc}"
+        # A folder made (or read) where there is a file says 'File exists' (or 'Not a directory', below it):
+        # the file is named.
+        files = []
+        if isinstance(exc, (FileExistsError, NotADirectoryError)) and isinstance(path, str):
+            files = [p for p in (path, *pathlib.PurePath(path).parents) if os.path.isfile(p)]
+        if files:
+            line = f"{files[0]} is a file, not a folder"
         if path is not None:
             line = f"{path}{option_of(path)}: {line}"
         code = 2

@@ -65,7 +65,7 @@ def get_tokenizer(name, encoding=None):
     if name == "bytes":
         return Tokenizer("bytes", 256)
     if name != "gpt2":
-        raise UsageError(f"unknown tokenizer {name!r} (known: bytes, gpt2)")
+        raise UsageError(f"unknown tokenizer {name!r} (known: {', '.join(TOKENIZERS)})")
     enc = encoding if encoding is not None else gpt2_encoding()
     # Ids go to vocab_size - 1 and are stored as uint16.
     if enc.n_vocab > 2**16:
@@ -73,6 +73,7 @@ def get_tokenizer(name, encoding=None):
     return Tokenizer("gpt2", enc.n_vocab, eot=enc.eot_token, enc=enc)
 
 
+TOKENIZERS = ("bytes", "gpt2")
 # prepare_data.py's datasets of images; any other name is text, its own if none of these
 IMAGES = ("cifar10", "cifar100")
 TEXTS = ("python_stdlib", "shakespeare", "openwebtext", "wikitext2", "ptb", "lambada")
@@ -80,18 +81,24 @@ TEXTS = ("python_stdlib", "shakespeare", "openwebtext", "wikitext2", "ptb", "lam
 
 def recipe(folder, meta=None, force=False, tokenizer=None):
     """The command that prepares (with force: rebuilds) the dataset in `folder` as its `meta` says, in
-    `tokenizer` if given (a model's). A name none of prepare_data.py's datasets has is text of one's own."""
+    `tokenizer` if given (a model's). A name none of prepare_data.py's datasets has is text of one's own, or
+    with meta's kind 'images', an image set made from one."""
     root, name = os.path.split(os.path.normpath(folder))
     meta = meta or {}
     built = meta.get("dataset", name)
-    if built not in IMAGES + TEXTS:
+    other = ""
+    # An image set of its own was made from one of prepare_data.py's.
+    if built not in IMAGES + TEXTS and meta.get("kind") == "images":
+        built = IMAGES[0]
+        other = f" (or {IMAGES[1]})"
+    elif built not in IMAGES + TEXTS:
         built = "text --input=PATH"
     rename = f" --name={name}" if built != name else ""
     command = f"python prepare_data.py {built}{rename} {shlex.quote('--data_dir=' + (root or '.'))}"
     tokenizer = tokenizer or meta.get("tokenizer")
-    if tokenizer:
+    if tokenizer in TOKENIZERS:
         command += f" --tokenizer={tokenizer}"
-    return command + (" --force" if force else "")
+    return command + (" --force" if force else "") + other
 
 
 def load_meta(folder, kind=None, model_meta=None):
@@ -115,10 +122,23 @@ def load_meta(folder, kind=None, model_meta=None):
         if not isinstance(meta, dict):
             raise ValueError(f"a {type(meta).__name__}, not an object")
     except ValueError as e:
-        command = recipe(folder, force=True)
+        command = recipe(folder, {"kind": kind}, force=True)
         raise UsageError(f"{path} is not a JSON object ({e}); rebuild it: {command}") from None
     if kind is not None and meta.get("kind") != kind:
         raise UsageError(f"{folder} holds {meta.get('kind')}, not {kind}; pick another dataset or --data_dir")
+    # The fields the readers and the trainers use: counts are whole numbers, at least 1; a text set's
+    # tokenizer is one get_tokenizer knows, its vocab is bytes' 256 or fits uint16 token files.
+    counts = {"text": ("vocab_size",), "images": ("num_classes", "channels", "image_size")}
+    wrong = [k for k in counts.get(meta.get("kind"), ()) if type(meta.get(k)) is not int or meta[k] < 1]
+    tokenizer = meta.get("tokenizer")
+    if meta.get("kind") == "text" and tokenizer not in TOKENIZERS:
+        wrong = ["tokenizer"]
+    vocabs = (256,) if tokenizer == "bytes" else range(2**16 + 1)
+    if meta.get("kind") == "text" and not wrong and meta["vocab_size"] not in vocabs:
+        wrong = ["vocab_size"]
+    if wrong:
+        raise UsageError(f"{path} is damaged: its {wrong[0]} is {meta.get(wrong[0])!r}; rebuild it: "
+                         f"{recipe(folder, meta, force=True)}")
     want = model_meta and (model_meta.get("tokenizer"), model_meta.get("vocab_size"))
     if want and want != (meta.get("tokenizer"), meta.get("vocab_size")):
         raise UsageError(f"{folder} uses tokenizer {meta.get('tokenizer')} ({meta.get('vocab_size')} ids), "
@@ -144,12 +164,29 @@ def read_tokens(folder, meta, split):
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 
+def check_ids(folder, split, ids):
+    """Token ids read from a split (a batch's rows, on the CPU), checked to be below the vocab of the
+    dataset's meta.json: a damaged file's would index past the model's embedding. Checked where they enter
+    the model, not the whole file at each start (OpenWebText's is 18 GB)."""
+    meta = load_meta(folder)
+    top = int(ids.max(initial=0))
+    if top >= meta["vocab_size"]:
+        raise UsageError(f"{os.path.join(folder, split + '.bin')} holds id {top}, past the vocab of "
+                         f"{meta['vocab_size']} ({meta['tokenizer']}): the file is damaged; rebuild it: "
+                         f"{recipe(folder, meta, force=True)}")
+
+
 def read_images(folder, meta):
     """An image dataset: train images, train labels, test images, test labels ((N, C, H, W) uint8, (N,)
-    int64)."""
+    int64), the labels checked to be classes of meta.json."""
+    command = recipe(folder, meta, force=True)
     try:
-        return [np.load(os.path.join(folder, f"{split}_{what}.npy"))
-                for split in ("train", "test") for what in ("images", "labels")]
+        arrays = [np.load(os.path.join(folder, f"{split}_{what}.npy"))
+                  for split in ("train", "test") for what in ("images", "labels")]
     except (OSError, ValueError) as e:
-        command = recipe(folder, meta, force=True)
         raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: {command}") from None
+    for split, labels in zip(("train", "test"), arrays[1::2]):
+        if labels.size and not 0 <= labels.min() <= labels.max() < meta["num_classes"]:
+            raise UsageError(f"{folder}/{split}_labels.npy holds labels {labels.min()} to {labels.max()}, "
+                             f"not classes 0 to {meta['num_classes'] - 1}: damaged; rebuild it: {command}")
+    return arrays

@@ -154,10 +154,14 @@ def optimizer_for(model, cfg, dtype, ckpt=None):
 
 
 def check_decay(cfg):
-    """AdamW's decay multiplies the weights by 1 - lr x weight_decay a step: at 0 or below it erases them."""
+    """AdamW's decay multiplies the weights by 1 - lr x weight_decay a step: at 0 or below it erases them. The
+    cosine (train_gpt's lr_decay_iters) starts where the warmup ends: it cannot end before."""
     if cfg["learning_rate"] * cfg["weight_decay"] >= 1:
         raise UsageError(f"--weight_decay={cfg['weight_decay']:g} times --learning_rate="
                          f"{cfg['learning_rate']:g} is 1 or more: each step would erase the weights")
+    if cfg.get("lr_decay_iters", math.inf) < cfg.get("warmup_iters", 0):
+        raise UsageError(f"--lr_decay_iters={cfg['lr_decay_iters']} ends the cosine before --warmup_iters="
+                         f"{cfg['warmup_iters']} ends the warmup; set --lr_decay_iters at least as large")
 
 
 def optimizer_step(optimizer, scaler, lr, grad_clip):

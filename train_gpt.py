@@ -197,7 +197,10 @@ def read_batch(path, split, starts, block_size, device):
     """Inputs x and targets y (shifted by one), (B, T) int64 each, on `device`: views of one window of T + 1
     tokens a row. A fresh memmap each time: no leak (nanoGPT)."""
     data = np.memmap(os.path.join(path, f'{split}.bin'), dtype=np.uint16, mode='r')
-    rows = torch.from_numpy(np.stack([data[i:i + block_size + 1] for i in starts]).astype(np.int64))
+    rows = np.stack([data[i:i + block_size + 1] for i in starts])
+    # Ids past the vocab (a damaged file) are one line here, not an IndexError inside the model.
+    readers.check_ids(path, split, rows)
+    rows = torch.from_numpy(rows.astype(np.int64))
     # CUDA only: pinned memory, so that the copy runs while the GPU works.
     cuda = device.startswith('cuda')
     rows = (rows.pin_memory() if cuda else rows).to(device, non_blocking=cuda)

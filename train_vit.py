@@ -340,11 +340,11 @@ def main(argv=None):
             f"train on")
         teardown(dist, lock)
         return best_acc
+    # A new run holds its folder from here on (its checkpoint, if any, is read: --overwrite may delete it).
+    lock = lock or make_out_dir(out_dir, [ckpt_path, best_path], cfg['overwrite'], not resume, master)
     if warmup >= total:
         say(f"note: the warmup ({cfg['warmup_epochs']:g} epochs) is as long as the run ({epochs}): the "
             f"learning rate never reaches --learning_rate")
-    # A new run holds its folder from here on (its checkpoint, if any, is read: --overwrite may delete it).
-    lock = lock or make_out_dir(out_dir, [ckpt_path, best_path], cfg['overwrite'], not resume, master)
     # The log keeps the rows up to the epochs done.
     if master:
         start_log(out_dir, 'epoch', ckpt['epoch'] if resume else None)

@@ -31,8 +31,8 @@ pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 
 TINY_GPT = ('--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
             '--max_iters=20', '--eval_interval=500', '--eval_iters=2', '--device=cpu')
-# 2000 tiny iterations take a minute
-LONGER = ('--max_iters=40', '--lr_decay_iters=40')
+# 2000 tiny iterations take a minute; the cosine cannot end before the demo's warmup of 50 does
+LONGER = ('--max_iters=40', '--lr_decay_iters=40', '--warmup_iters=4')
 SHORT = ('--max_new_tokens=30',)
 TINY_VIT = ('--model=tost-cifar-tiny', '--epochs=1', '--max_steps=2', '--batch_size=8', '--device=cpu',
             '--viz_images=1', '--compression_images=8')

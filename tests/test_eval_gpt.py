@@ -241,12 +241,17 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, capsys):
     shutil.copytree(data_dir / 'wikitext2', short)
     with open(short / 'val.bin', 'r+b') as f:
         f.truncate(100)
+    # a val.bin whose ids are past the vocab (all 65535): not an IndexError inside the model
+    noise = data_dir / 'noise'
+    shutil.copytree(data_dir / 'wikitext2', noise)
+    (noise / 'val.bin').write_bytes(b'\xff' * (noise / 'val.bin').stat().st_size)
     # the default sets (not prepared here), a window longer than the model's, no set, a set in another
-    # tokenizer, a damaged set
+    # tokenizer, damaged sets
     for extra, name in (([], 'openwebtext'), (['--datasets=wikitext2', '--block_size=64'], '--block_size'),
                         (['--datasets= ,'], '--datasets'),
                         (['--datasets=wikitext2,bytes_text'], 'bytes_text'),
-                        (['--datasets=short'], f'{short}/val.bin')):
+                        (['--datasets=short'], f'{short}/val.bin'),
+                        (['--datasets=wikitext2,noise'], f'{noise}/val.bin')):
         refused(capsys, base + extra, name)
     assert not os.path.exists(os.path.join(out, 'log.jsonl'))
 

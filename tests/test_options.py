@@ -1,5 +1,6 @@
 """Tests for options.py: the one way every script reads its command line, and its --help.
 Offline, a few seconds: python -m pytest -q tests/test_options.py"""
+import errno
 import importlib
 import os
 import re
@@ -111,12 +112,16 @@ def ended(r, code, *names):
 
 
 # (the script after `import options, os, signal`, with TMP a temp folder holding a file `file`; its exit code;
-# what its one line names): fail(), a UsageError, an OSError about a path under an option's and under none,
-# and a Ctrl-C before `import torch` is done
+# what its one line names): fail(), a UsageError, an OSError about a path under an option's and under none (a
+# folder made where a file is, or below one, names the file as such, not in the OS's words), and a Ctrl-C
+# before `import torch` is done
 TOP_LEVEL = [("options.fail('max_iters must be positive')", 2, ["max_iters must be positive"]),
              ("options.parse(['--lr=fast'], {'lr': 0.1})", 2, ["--lr", "fast"]),
              ("options.parse(['--out_dir=TMP/file'], {'out_dir': 'out'})\nos.makedirs('TMP/file/sub')", 2,
               ["TMP/file/sub", "--out_dir=TMP/file"]),
+             ("options.parse(['--out_dir=TMP/file'], {'out_dir': 'out'})\n"
+              "os.makedirs('TMP/file', exist_ok=True)", 2, ["TMP/file", "--out_dir=TMP/file"]),
+             ("open('TMP/file/meta.json')", 2, ["TMP/file/meta.json"]),
              ("open('TMP/none/x')", 2, ["TMP/none/x"]),
              # a bare word, under a folder option '.' that is above every relative path: the deepest names it
              ("options.parse(['nosuch'], {'output_folder': '.', 'runs': []}, positional='runs')\n"
@@ -132,6 +137,7 @@ def test_an_error_at_the_top_level_is_one_line_and_its_exit_code(tmp_path, code,
     (tmp_path / "file").write_text("x")
     r = _python("import options, os, signal\n" + code.replace("TMP", str(tmp_path)))
     ended(r, exit_code, *[name.replace("TMP", str(tmp_path)) for name in names])
+    assert os.strerror(errno.EEXIST) not in r.stderr and os.strerror(errno.ENOTDIR) not in r.stderr
 
 
 def test_out_of_memory_advises_a_smaller_batch_only_where_a_batch_was_computed(monkeypatch, capsys):

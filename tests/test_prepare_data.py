@@ -185,6 +185,49 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
     with pytest.raises(UsageError, match=command):
         read_images('data/images', {'kind': 'images', 'dataset': 'cifar10'})
 
+@pytest.mark.parametrize('edit', [dict(vocab_size=10), dict(vocab_size='abc'), dict(vocab_size=70000,
+                                  tokenizer='gpt2'), dict(tokenizer='foo'), dict(tokenizer=None)])
+def test_a_text_meta_json_no_dataset_can_have_names_the_field_and_the_command_that_rebuilds_it(capsys, tiny,
+                                                                                                edit):
+    """bytes has 256 ids, a vocab fits uint16 token files, a count is a number, a tokenizer is one
+    get_tokenizer knows: else the trainers would fail inside torch. The command, run as printed, rebuilds
+    the dataset (a tokenizer no one knows is not suggested)."""
+    write('notes.txt', 'my own notes. ' * 20)
+    out = prepare('text', 'data', input='notes.txt', name='notes')
+    write(f'{out}/meta.json', json.dumps(dict(load_meta(out), **edit)))
+    with pytest.raises(UsageError) as e:
+        load_meta(out, 'text')
+    assert f'{out}/meta.json' in str(e.value) and list(edit)[0] in str(e.value)
+    command = re.search('python prepare_data.py (.*)', str(e.value))[1].replace('PATH', 'notes.txt')
+    assert main_exits(capsys, *command.split()) == (0, [])
+    assert load_meta(out, 'text')['tokenizer'] in ('bytes', edit.get('tokenizer'))
+
+
+@pytest.mark.parametrize('edit', [dict(num_classes=0), dict(channels='3'), dict(image_size=None)])
+def test_an_image_meta_json_no_dataset_can_have_names_the_field_and_an_image_set_that_rebuilds_it(edit):
+    meta = dict(kind='images', num_classes=10, channels=3, image_size=32)
+    write('data/pics/meta.json', json.dumps({**meta, **edit}))
+    with pytest.raises(UsageError) as e:
+        load_meta('data/pics', 'images')
+    rebuild = 'python prepare_data.py cifar10 --name=pics --data_dir=data'
+    assert all(name in str(e.value) for name in ('data/pics/meta.json', list(edit)[0], rebuild))
+
+
+@pytest.mark.parametrize('split, labels', [('train', [0, 9]), ('test', [-1, 0])])
+def test_labels_that_are_not_classes_of_meta_json_name_their_file_and_the_rebuild(split, labels):
+    """train_vit's cross-entropy would fail inside torch on a label past the classes."""
+    for s in ('train', 'test'):
+        write(f'data/pics/{s}_images.npy', lambda p: np.save(p, np.zeros((2, 3, 4, 4), np.uint8)))
+        write(f'data/pics/{s}_labels.npy', lambda p: np.save(p, np.array([0, 1])))
+    meta = dict(kind='images', dataset='cifar10', num_classes=2)
+    assert [a.tolist() for a in read_images('data/pics', meta)[1::2]] == [[0, 1], [0, 1]]
+    write(f'data/pics/{split}_labels.npy', lambda p: np.save(p, np.array(labels)))
+    with pytest.raises(UsageError) as e:
+        read_images('data/pics', meta)
+    names = (f'data/pics/{split}_labels.npy', 'python prepare_data.py cifar10 --name=pics --data_dir=data')
+    assert all(name in str(e.value) for name in names)
+
+
 # -----------------------------------------------------------------------------
 # text
 
@@ -780,3 +823,7 @@ def test_a_meta_json_that_is_not_an_object_names_the_command_that_rebuilds_it(tm
     assert str(tmp_path / 'notes' / 'meta.json') in str(e.value)
     rebuild = f'python prepare_data.py text --input=PATH --name=notes --data_dir={tmp_path} --force'
     assert rebuild in str(e.value)
+    # asked for images, it is an image set's
+    with pytest.raises(UsageError) as e:
+        load_meta(str(tmp_path / 'notes'), 'images')
+    assert f'python prepare_data.py cifar10 --name=notes --data_dir={tmp_path} --force' in str(e.value)

@@ -771,7 +771,8 @@ def test_the_training_step_does_not_wait_for_the_device(data_dir, tmp_path, monk
 @pytest.fixture(scope='module')
 def broken(data_dir, tmp_path_factory):
     """What a user may point a run at: an out_dir whose ckpt.pt is not a checkpoint, one with a vision
-    checkpoint, a file, data whose train.bin was cut short after it was written, data of another tokenizer."""
+    checkpoint, a file, data whose train.bin was cut short after it was written, data of another tokenizer,
+    data whose meta.json says what no dataset of its tokenizer can be, data whose ids are all 65535."""
     d = tmp_path_factory.mktemp('broken')
     (d / 'garbage').mkdir()
     (d / 'garbage' / 'ckpt.pt').write_bytes(b'not a checkpoint at all')
@@ -779,12 +780,18 @@ def broken(data_dir, tmp_path_factory):
     vit = {'kind': 'vit', 'model': {}, 'model_args': {'img_size': 32}, 'meta': {'kind': 'images'}}
     train_common.atomic_save(vit, str(d / 'vit' / 'ckpt.pt'))
     (d / 'file').write_text('a file')
-    for name in ('cut', 'other'):
+    for name in ('cut', 'other', 'vocab10', 'vocababc', 'foo', 'noise'):
         shutil.copytree(os.path.join(data_dir, 'tiny'), d / name / 'tiny')
     with open(d / 'cut' / 'tiny' / 'train.bin', 'r+b') as f:
         f.truncate(1000)
     meta = json.loads((d / 'other' / 'tiny' / 'meta.json').read_text())
     (d / 'other' / 'tiny' / 'meta.json').write_text(json.dumps(dict(meta, tokenizer='gpt2', vocab_size=257)))
+    for name, edit in (('vocab10', dict(vocab_size=10)), ('vocababc', dict(vocab_size='abc')),
+                       ('foo', dict(tokenizer='foo'))):
+        (d / name / 'tiny' / 'meta.json').write_text(json.dumps(dict(meta, **edit)))
+    for split in ('train', 'val'):
+        path = d / 'noise' / 'tiny' / f'{split}.bin'
+        path.write_bytes(b'\xff' * path.stat().st_size)
     return str(d)
 
 
@@ -802,6 +809,9 @@ MISTAKES = [
     (['--beta2=1'], ['--beta2', '1']),
     # a decay that would erase the weights in a step
     (TINY + ['--weight_decay=1e30'], ['--weight_decay']),
+    # a cosine that would end before the warmup does
+    (['--warmup_iters=10', '--lr_decay_iters=5', '--max_iters=12'],
+     ['--lr_decay_iters=5', '--warmup_iters=10']),
     # tost.GPTConfig's own checks (test_softmax_layers_mistakes), before any work; a list, and not a number
     (['--softmax_layers=0,7'], ['softmax_layers', '7']),
     (['--softmax_layers=last'], ['--softmax_layers', 'last']),
@@ -812,6 +822,10 @@ MISTAKES = [
     (tiny('{data}', '{broken}/garbage', '--init_from=resume'), ['{broken}/garbage/ckpt.pt']),
     (tiny('{data}', '{broken}/vit', '--init_from=resume'), ['{broken}/vit/ckpt.pt', 'train_vit.py']),
     (tiny('{broken}/cut', '{out}'), ['{broken}/cut/tiny/train.bin', '--force']),
+    # a meta.json no dataset of its tokenizer has: bytes has 256 ids, a count is a number, the tokenizer known
+    (tiny('{broken}/vocab10', '{out}'), ['{broken}/vocab10/tiny/meta.json', 'vocab_size', '--force']),
+    (tiny('{broken}/vocababc', '{out}'), ['{broken}/vocababc/tiny/meta.json', 'vocab_size', '--force']),
+    (tiny('{broken}/foo', '{out}'), ['{broken}/foo/tiny/meta.json', 'tokenizer', '--force']),
     # a dataset that takes hours to prepare: its command
     (['--dataset=openwebtext', '--out_dir={out}'], ['python prepare_data.py openwebtext --data_dir=data']),
     # a resume: the model's shape and its tokenizer are the checkpoint's
@@ -832,6 +846,18 @@ def test_a_mistake_is_one_line_naming_it_before_any_work(data_dir, trained, brok
     fails(train_gpt.main, [a.format(**paths) for a in args], *[n.format(**paths) for n in names])
     assert os.listdir(tmp_path) == []
     assert [Path(trained[0], f).read_bytes() for f in ('ckpt.pt', 'log.jsonl')] == before
+
+
+def test_ids_past_the_vocab_are_one_line_and_what_is_left_needs_no_overwrite(data_dir, broken, tmp_path,
+                                                                             fails):
+    """Token files of ids past the vocab: the first batch read names the file (not an IndexError from inside
+    the model; a scan of the whole file at each start would take minutes on OpenWebText). The out_dir the run
+    leaves (a log, no checkpoint) does not stand in the way of the next run."""
+    out = str(tmp_path / 'out')
+    fails(train_gpt.main, tiny(f'{broken}/noise', out, '--max_iters=1'), f'{broken}/noise/tiny/train.bin',
+          '--force')
+    assert 'ckpt.pt' not in os.listdir(out)
+    train_gpt.main(tiny(data_dir, out, '--max_iters=1'))
 
 
 def test_sample_names_a_vision_checkpoint(broken, fails):

@@ -74,6 +74,14 @@ def data(tmp_path_factory):
     make_dataset(root, 'synth30', size=30, n_train=4, n_test=4)
     make_dataset(root, 'text', kind='text', n_train=4, n_test=4)
     make_dataset(root, 'synth5', classes=5, n_train=4, n_test=4)
+    # damaged: labels past the classes meta.json says, a meta.json that is not JSON
+    labels = make_dataset(root, 'labels9', classes=10, n_train=4, n_test=4)
+    with open(os.path.join(labels, 'meta.json')) as f:
+        meta = json.load(f)
+    with open(os.path.join(labels, 'meta.json'), 'w') as f:
+        json.dump(dict(meta, num_classes=2), f)
+    with open(os.path.join(make_dataset(root, 'c1', n_train=4, n_test=4), 'meta.json'), 'w') as f:
+        f.write('{bad')
     return root
 
 
@@ -167,12 +175,14 @@ def test_a_checkpoint_of_an_earlier_model_is_refused(data, trained, tmp_path):
             train_vit.main(args)
 
 
-def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path):
+def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path, capsys):
     before = Path(trained, 'best.pt').read_bytes()
-    # from scratch, or from the best.pt there
+    # from scratch, or from the best.pt there; a warmup as long as the run is not noted by a run refused
     for extra in ([], ['--init_from=best']):
+        capsys.readouterr()
         with pytest.raises(UsageError, match=re.escape(f'{trained}/ckpt.pt')):
-            train_vit.main(base_args(data, trained, '--epochs=1', *extra))
+            train_vit.main(base_args(data, trained, '--epochs=1', '--warmup_epochs=1', *extra))
+        assert len(capsys.readouterr().out.splitlines()) == 1
     assert Path(trained, 'best.pt').read_bytes() == before
     out = tmp_path / 'out'                                        # --overwrite=true: the old files go first
     out.mkdir()
@@ -414,6 +424,8 @@ def gpt_checkpoint(path):
 MISTAKES = [(None, ['--dataset=cifar10'], 'prepare_data.py cifar10'),
             (None, ['--dataset=synth30'], 'synth30'),
             (None, ['--dataset=text'], 'text'),
+            (None, ['--dataset=labels9'], 'labels9/train_labels.npy'),
+            (None, ['--dataset=c1'], 'cifar10 --name=c1'),
             ('gpt', ['--init_from=resume'], 'train_gpt.py'),
             ('vit', ['--init_from=resume', '--dataset=synth5'], 'synth5'),
             ('vit', ['--init_from=resume', '--attn=softmax'], '--attn'),
