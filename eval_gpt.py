@@ -135,7 +135,7 @@ def main(argv=None):
         path = os.path.join(cfg['data_dir'], name)
         meta = readers.load_meta(path, 'text', info['meta'])
         tokens = readers.read_tokens(path, meta, 'val')
-        readers.check_ids(path, 'val', tokens)
+        readers.check_ids(path, 'val', tokens, meta)
         if len(tokens) < 2:
             raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
         # LAMBADA's passages: (start, last word's start, end) each

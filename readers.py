@@ -164,11 +164,10 @@ def read_tokens(folder, meta, split):
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 
-def check_ids(folder, split, ids):
+def check_ids(folder, split, ids, meta):
     """Token ids read from a split (a batch's rows, on the CPU), checked to be below the vocab of the
-    dataset's meta.json: a damaged file's would index past the model's embedding. Checked where they enter
-    the model, not the whole file at each start (OpenWebText's is 18 GB)."""
-    meta = load_meta(folder)
+    dataset's meta: a damaged file's would index past the model's embedding. Checked where they enter the
+    model, not the whole file at each start (OpenWebText's is 18 GB)."""
     top = int(ids.max(initial=0))
     if top >= meta["vocab_size"]:
         raise UsageError(f"{os.path.join(folder, split + '.bin')} holds id {top}, past the vocab of "

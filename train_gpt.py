@@ -193,13 +193,13 @@ def window_starts(seed, stream, index, count, n_tokens, block_size):
     return rng.integers(0, n_tokens - block_size, size=count)
 
 
-def read_batch(path, split, starts, block_size, device):
+def read_batch(path, split, starts, block_size, device, meta):
     """Inputs x and targets y (shifted by one), (B, T) int64 each, on `device`: views of one window of T + 1
     tokens a row. A fresh memmap each time: no leak (nanoGPT)."""
     data = np.memmap(os.path.join(path, f'{split}.bin'), dtype=np.uint16, mode='r')
     rows = np.stack([data[i:i + block_size + 1] for i in starts])
     # Ids past the vocab (a damaged file) are one line here, not an IndexError inside the model.
-    readers.check_ids(path, split, rows)
+    readers.check_ids(path, split, rows, meta)
     rows = torch.from_numpy(rows.astype(np.int64))
     # CUDA only: pinned memory, so that the copy runs while the GPU works.
     cuda = device.startswith('cuda')
@@ -215,7 +215,7 @@ def split_accumulation(steps, world_size):
 
 
 @torch.no_grad()
-def estimate_loss(model, path, sizes, cfg, ctx, dist):
+def estimate_loss(model, path, meta, sizes, cfg, ctx, dist):
     """Mean loss over a fixed set of eval_iters batches per split, shared out among the processes."""
     out = {}
     model.eval()
@@ -223,7 +223,7 @@ def estimate_loss(model, path, sizes, cfg, ctx, dist):
         total = torch.zeros((), device=dist.device, dtype=sum_dtype(dist.device))
         for k in range(dist.rank, cfg['eval_iters'], dist.world_size):
             starts = window_starts(cfg['seed'], stream, k, cfg['batch_size'], sizes[split], cfg['block_size'])
-            X, Y = read_batch(path, split, starts, cfg['block_size'], dist.device)
+            X, Y = read_batch(path, split, starts, cfg['block_size'], dist.device, meta)
             with ctx:
                 total += model(X, Y)[1].to(total.dtype)
         if dist.ddp:
@@ -423,7 +423,7 @@ def main(argv=None):
             # resume.
             if (iter_num % eval_interval == 0 or iter_num == max_iters) and iter_num != saved:
                 t_eval = time.time()
-                losses = estimate_loss(model, data_path, sizes, cfg, ctx, dist)
+                losses = estimate_loss(model, data_path, meta, sizes, cfg, ctx, dist)
                 val_loss = losses['val']
                 if not (math.isfinite(val_loss) and math.isfinite(losses['train'])):
                     teardown(dist, lock)
@@ -477,7 +477,7 @@ def main(argv=None):
                 # numbers on any process count.
                 g = dist.rank * accum + micro
                 torch.manual_seed(seed_of(seed, iter_num, g))
-                X, Y = read_batch(data_path, 'train', starts[g * B:g * B + B], T, device)
+                X, Y = read_batch(data_path, 'train', starts[g * B:g * B + B], T, device, meta)
                 # No all-reduce until the last micro-step.
                 sync = not dist.ddp or micro == accum - 1
                 with contextlib.nullcontext() if sync else model.no_sync():

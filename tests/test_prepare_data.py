@@ -282,8 +282,8 @@ def test_shakespeare_gpt2_from_local_copy(tiny):
 
 # Letters, digits, punctuation, contractions, whitespace runs, non-ASCII; U+001C is whitespace to Python but
 # not to GPT-2's regex, U+3000, U+00A0 and U+0085 are to both.
-FRAGMENTS = ['a', 'Zé', '✓', '42', '.', '!', "'s", "'t", "n't", "'re", ' ', '  ', '   ', '\n', '\n\n', '\r\n',
-             '\t', ' \n', '\xa0', '\u3000', '\x1c', '\x85']
+FRAGMENTS = ['a', 'Zé', '✓', '42', '.', '!', "'s", "'t", "n't", "'re", ' ', '  ', '   ', '\n', '\n\n',
+             '\r\n', '\t', ' \n', '\xa0', '\u3000', '\x1c', '\x85']
 
 
 def random_text(seed, n):

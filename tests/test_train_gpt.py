@@ -165,7 +165,7 @@ def test_run_log_and_checkpoint_roundtrip(trained, data_dir):
     with torch.no_grad():
         for k in range(2):
             starts = train_gpt.window_starts(1337, 2, k, 4, n_val, 32)
-            X, Y = train_gpt.read_batch(path, 'val', starts, 32, 'cpu')
+            X, Y = train_gpt.read_batch(path, 'val', starts, 32, 'cpu', ckpt['meta'])
             losses.append(model(X, Y)[1].item())
     assert abs(sum(losses) / 2 - ckpt['val_loss']) < 1e-5
     assert ckpt['val_loss'] == evals[-1]['val_loss']
