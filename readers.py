@@ -126,19 +126,16 @@ def load_meta(folder, kind=None, model_meta=None):
         raise UsageError(f"{path} is not a JSON object ({e}); rebuild it: {command}") from None
     if kind is not None and meta.get("kind") != kind:
         raise UsageError(f"{folder} holds {meta.get('kind')}, not {kind}; pick another dataset or --data_dir")
-    # The fields the readers and the trainers use: counts are whole numbers, at least 1; a text set's
-    # tokenizer is one get_tokenizer knows, its vocab is bytes' 256 or fits uint16 token files.
-    counts = {"text": ("vocab_size",), "images": ("num_classes", "channels", "image_size")}
-    wrong = [k for k in counts.get(meta.get("kind"), ()) if type(meta.get(k)) is not int or meta[k] < 1]
-    tokenizer = meta.get("tokenizer")
-    if meta.get("kind") == "text" and tokenizer not in TOKENIZERS:
-        wrong = ["tokenizer"]
-    vocabs = (256,) if tokenizer == "bytes" else range(2**16 + 1)
-    if meta.get("kind") == "text" and not wrong and meta["vocab_size"] not in vocabs:
-        wrong = ["vocab_size"]
-    if wrong:
-        raise UsageError(f"{path} is damaged: its {wrong[0]} is {meta.get(wrong[0])!r}; rebuild it: "
-                         f"{recipe(folder, meta, force=True)}")
+    # The fields the readers and the trainers use, and the values each may take: a tokenizer get_tokenizer
+    # knows, bytes' 256 ids or as many as uint16 token files hold, counts of at least 1.
+    vocabs = range(256, 257) if meta.get("tokenizer") == "bytes" else range(1, 2**16 + 1)
+    counts = range(1, 2**31)
+    fields = dict(text=dict(tokenizer=TOKENIZERS, vocab_size=vocabs),
+                  images=dict(num_classes=counts, channels=counts, image_size=counts))
+    for key, values in fields.get(meta.get("kind"), {}).items():
+        if type(meta.get(key)) not in (int, str) or meta[key] not in values:
+            raise UsageError(f"{path} is damaged: its {key} is {meta.get(key)!r}; rebuild it: "
+                             f"{recipe(folder, meta, force=True)}")
     want = model_meta and (model_meta.get("tokenizer"), model_meta.get("vocab_size"))
     if want and want != (meta.get("tokenizer"), meta.get("vocab_size")):
         raise UsageError(f"{folder} uses tokenizer {meta.get('tokenizer')} ({meta.get('vocab_size')} ids), "
