@@ -28,15 +28,21 @@ import traceback
 
 
 class UsageError(Exception):
-    """A mistake the user can fix (a bad option, a dataset not prepared): one line, exit 2."""
+    """A mistake the user can fix (a bad option, a dataset not prepared): one line, exit 2. alone=True: a
+    process may find it alone (in its own share of the data), so whichever does says it."""
+
+    def __init__(self, msg, alone=False):
+        super().__init__(msg)
+        self.alone = alone
 
 
-def error_line(msg):
+def error_line(msg, alone=False):
     """`error: msg` on one line of stderr. Under torchrun the first process of each node says it (rank 0 for
-    all that every rank finds; another node's for what only it finds), the others keep quiet."""
+    all that every rank finds; another node's for what only it finds), the others keep quiet, unless the
+    mistake is one a process finds `alone`."""
     rank = os.environ.get("RANK", "0")
     where = "" if rank == "0" else f" (rank {rank})"
-    if rank == "0" or os.environ.get("LOCAL_RANK") == "0":
+    if rank == "0" or os.environ.get("LOCAL_RANK") == "0" or alone:
         print(f"error: {' '.join(str(msg).split())}{where}", file=sys.stderr, flush=True)
 
 
@@ -178,7 +184,7 @@ def report(exc):
         code = 2
     else:
         return None
-    error_line(line)
+    error_line(line, getattr(exc, "alone", False))
     return code
 
 

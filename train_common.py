@@ -161,7 +161,8 @@ def check_decay(cfg):
                          f"{cfg['learning_rate']:g} is 1 or more: each step would erase the weights")
     if cfg.get("lr_decay_iters", math.inf) < cfg.get("warmup_iters", 0):
         raise UsageError(f"--lr_decay_iters={cfg['lr_decay_iters']} ends the cosine before --warmup_iters="
-                         f"{cfg['warmup_iters']} ends the warmup; set --lr_decay_iters at least as large")
+                         f"{cfg['warmup_iters']} ends the warmup; set --warmup_iters at most "
+                         f"{cfg['lr_decay_iters']}, or --lr_decay_iters at least {cfg['warmup_iters']}")
 
 
 def optimizer_step(optimizer, scaler, lr, grad_clip):

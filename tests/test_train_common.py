@@ -196,16 +196,17 @@ def test_a_failed_save_is_an_os_error_naming_the_checkpoint_and_keeps_the_previo
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt.pt.tmp-1", "kept.pt"]
 
 
-@pytest.mark.parametrize("rank, local_rank, says", [("2", "0", True), ("3", "1", False)])
-def test_an_error_only_another_node_finds_is_said_there(monkeypatch, capsys, rank, local_rank, says):
+@pytest.mark.parametrize("rank, local_rank, alone, says",
+                         [("2", "0", False, True), ("3", "1", False, False), ("3", "1", True, True)])
+def test_an_error_only_another_node_finds_is_said_there(monkeypatch, capsys, rank, local_rank, alone, says):
     """Rank 0 says what every rank finds; each other node's first process says its own (its terminal would
-    otherwise show nothing); the others exit quietly."""
+    otherwise show nothing); the others exit quietly, but for what a process finds alone (its own batch)."""
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setenv("LOCAL_RANK", local_rank)
-    assert options.report(UsageError("no dataset at data/x")) == 2
+    assert options.report(UsageError("no dataset at data/x", alone=alone)) == 2
     err = capsys.readouterr().err
     if says:
-        one_line(err, "no dataset at data/x", "rank 2")
+        one_line(err, "no dataset at data/x", f"rank {rank}")
     else:
         assert err == ""
 
