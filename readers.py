@@ -81,24 +81,26 @@ TEXTS = ("python_stdlib", "shakespeare", "openwebtext", "wikitext2", "ptb", "lam
 
 def recipe(folder, meta=None, force=False, tokenizer=None):
     """The command that prepares (with force: rebuilds) the dataset in `folder` as its `meta` says, in
-    `tokenizer` if given (a model's). A name none of prepare_data.py's datasets has is text of one's own, or
-    with meta's kind 'images', an image set made from one."""
+    `tokenizer` if given (a model's), from the --input it was built from if meta.json says one. A name none of
+    prepare_data.py's datasets has is text of one's own (from PATH if meta.json names no input: an older
+    set), or with meta's kind 'images', an image set made from the CIFAR of its classes."""
     root, name = os.path.split(os.path.normpath(folder))
     meta = meta or {}
     built = meta.get("dataset", name)
-    other = ""
-    # An image set of its own was made from one of prepare_data.py's.
+    given = shlex.quote(f"--input={meta.get('input', 'PATH')}")
+    cifar = f"cifar{meta.get('num_classes')}"
     if built not in IMAGES + TEXTS and meta.get("kind") == "images":
-        built = IMAGES[0]
-        other = f" (or {IMAGES[1]})"
+        built = cifar if cifar in IMAGES else IMAGES[0]
     elif built not in IMAGES + TEXTS:
-        built = "text --input=PATH"
+        built = f"text {given}"
+    elif "input" in meta:
+        built += f" {given}"
     rename = f" --name={name}" if built != name else ""
     command = f"python prepare_data.py {built}{rename} {shlex.quote('--data_dir=' + (root or '.'))}"
     tokenizer = tokenizer or meta.get("tokenizer")
     if tokenizer in TOKENIZERS:
         command += f" --tokenizer={tokenizer}"
-    return command + (" --force" if force else "") + other
+    return command + (" --force" if force else "")
 
 
 def load_meta(folder, kind=None, model_meta=None):

@@ -163,9 +163,9 @@ def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys):
 
 def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
     """A train.bin cut by one byte, a missing val.bin, a damaged image set: each names a command; run as
-    printed, it rebuilds the dataset."""
-    write('in.txt', 'hello there. ' * 20)
-    out = prepare('text', 'data', input='in.txt', name='mine')
+    printed, it rebuilds the dataset, text of one's own from the --input it was built from."""
+    write('my text/in.txt', 'hello there. ' * 20)
+    out = prepare('text', 'data', input='my text/in.txt', name='mine')
     meta = load_meta(out)
     with open(os.path.join(out, 'train.bin'), 'ab') as f:
         f.write(b'x')
@@ -176,7 +176,7 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
             read_tokens(out, meta, split)
         commands.append(re.search('python prepare_data.py (.*)', str(e.value))[1])
     assert commands[0] == commands[1]
-    assert main_exits(capsys, *commands[0].split(), '--input=in.txt') == (0, [])
+    assert main_exits(capsys, *shlex.split(commands[0])) == (0, [])
     # Rebuilt as it was: the old meta.json's counts hold.
     for split in ('train', 'val'):
         read_tokens(out, meta, split)
