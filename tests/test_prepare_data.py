@@ -306,7 +306,7 @@ def test_text_warns_of_bytes_it_replaces_and_files_it_skips(capsys):
     assert 'caf\ufffd au lait'.encode('utf-8') in bytes(ids(out, 'train'))
 
 
-def test_shakespeare_gpt2_from_local_copy(tiny):
+def test_shakespeare_gpt2_from_local_copy(tiny, capsys, monkeypatch):
     text = 'ROMEO:\nBut, soft! what light through yonder window breaks?\n' * 4
     write('input.txt', text)
     out = prepare('shakespeare', 'data', input='input.txt')
@@ -315,6 +315,11 @@ def test_shakespeare_gpt2_from_local_copy(tiny):
     assert tok.vocab_size == 257
     # One document: no end-of-text, train then val is the whole text.
     assert tok.decode(ids(out, 'train') + ids(out, 'val')) == text
+    # The rebuild command, run as printed, reads the same local copy: no download.
+    urls = []
+    monkeypatch.setattr(prep.urllib.request, 'urlopen', served(b'', urls))
+    assert main_exits(capsys, *shlex.split(readers.recipe(out, load_meta(out), force=True))[2:]) == (0, [])
+    assert urls == [] and tok.decode(ids(out, 'train') + ids(out, 'val')) == text
 
 
 # Letters, digits, punctuation, contractions, whitespace runs, non-ASCII; U+001C is whitespace to Python but
