@@ -611,6 +611,9 @@ def prepare(name, /, data_dir='data', **o):
     try:
         meta = builder(stage, {**o, 'data_dir': data_dir})
         meta = {'name': out_name, 'dataset': name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')}
+        # The rebuild command readers.recipe prints reads the same --input.
+        if o.get('input'):
+            meta['input'] = os.path.abspath(o['input'])
         Path(stage, 'meta.json').write_text(json.dumps(meta, indent=2) + '\n')
         os.makedirs(out, exist_ok=True)
         # An old dataset stops being complete before its files are replaced; meta.json comes last.

@@ -81,24 +81,26 @@ TEXTS = ("python_stdlib", "shakespeare", "openwebtext", "wikitext2", "ptb", "lam
 
 def recipe(folder, meta=None, force=False, tokenizer=None):
     """The command that prepares (with force: rebuilds) the dataset in `folder` as its `meta` says, in
-    `tokenizer` if given (a model's). A name none of prepare_data.py's datasets has is text of one's own, or
-    with meta's kind 'images', an image set made from one."""
+    `tokenizer` if given (a model's), from the --input it was built from if meta.json says one. A name none of
+    prepare_data.py's datasets has is text of one's own (from PATH if meta.json names no input: an older
+    set), or with meta's kind 'images', an image set made from the CIFAR of its classes."""
     root, name = os.path.split(os.path.normpath(folder))
     meta = meta or {}
     built = meta.get("dataset", name)
-    other = ""
-    # An image set of its own was made from one of prepare_data.py's.
+    given = shlex.quote(f"--input={meta.get('input', 'PATH')}")
+    cifar = f"cifar{meta.get('num_classes')}"
     if built not in IMAGES + TEXTS and meta.get("kind") == "images":
-        built = IMAGES[0]
-        other = f" (or {IMAGES[1]})"
+        built = cifar if cifar in IMAGES else IMAGES[0]
     elif built not in IMAGES + TEXTS:
-        built = "text --input=PATH"
+        built = f"text {given}"
+    elif "input" in meta:
+        built += f" {given}"
     rename = f" --name={name}" if built != name else ""
     command = f"python prepare_data.py {built}{rename} {shlex.quote('--data_dir=' + (root or '.'))}"
     tokenizer = tokenizer or meta.get("tokenizer")
     if tokenizer in TOKENIZERS:
         command += f" --tokenizer={tokenizer}"
-    return command + (" --force" if force else "") + other
+    return command + (" --force" if force else "")
 
 
 def load_meta(folder, kind=None, model_meta=None):
@@ -124,18 +126,22 @@ def load_meta(folder, kind=None, model_meta=None):
     except ValueError as e:
         command = recipe(folder, {"kind": kind}, force=True)
         raise UsageError(f"{path} is not a JSON object ({e}); rebuild it: {command}") from None
-    if kind is not None and meta.get("kind") != kind:
-        raise UsageError(f"{folder} holds {meta.get('kind')}, not {kind}; pick another dataset or --data_dir")
-    # The fields the readers and the trainers use, and the values each may take: a tokenizer get_tokenizer
-    # knows, bytes' 256 ids or as many as uint16 token files hold, counts of at least 1.
+    # The fields the readers check, and the values each may take: a kind they know, then a tokenizer
+    # get_tokenizer knows, bytes' 256 ids or as many as uint16 token files hold, counts of at least 1 (not
+    # train_vit's mean, std and classes).
     vocabs = range(256, 257) if meta.get("tokenizer") == "bytes" else range(1, 2**16 + 1)
     counts = range(1, 2**31)
     fields = dict(text=dict(tokenizer=TOKENIZERS, vocab_size=vocabs),
                   images=dict(num_classes=counts, channels=counts, image_size=counts))
-    for key, values in fields.get(meta.get("kind"), {}).items():
+    # str(): a kind may be any JSON value, a list too.
+    own = fields.get(str(meta.get("kind")), {})
+    if kind is not None and own and meta["kind"] != kind:
+        raise UsageError(f"{folder} holds {meta['kind']}, not {kind}; pick another dataset or --data_dir")
+    # A set whose kind is damaged is rebuilt as the kind asked for.
+    for key, values in dict(kind=fields, **own).items():
         if type(meta.get(key)) not in (int, str) or meta[key] not in values:
             raise UsageError(f"{path} is damaged: its {key} is {meta.get(key)!r}; rebuild it: "
-                             f"{recipe(folder, meta, force=True)}")
+                             f"{recipe(folder, dict(meta, kind=kind or meta.get('kind')), force=True)}")
     want = model_meta and (model_meta.get("tokenizer"), model_meta.get("vocab_size"))
     if want and want != (meta.get("tokenizer"), meta.get("vocab_size")):
         raise UsageError(f"{folder} uses tokenizer {meta.get('tokenizer')} ({meta.get('vocab_size')} ids), "
@@ -168,21 +174,32 @@ def check_ids(folder, split, ids, meta):
     top = int(ids.max(initial=0))
     if top >= meta["vocab_size"]:
         raise UsageError(f"{os.path.join(folder, split + '.bin')} holds id {top}, past the vocab of "
-                         f"{meta['vocab_size']} ({meta['tokenizer']}): the file is damaged; rebuild it: "
-                         f"{recipe(folder, meta, force=True)}")
+                         f"{meta['vocab_size']} ({meta['tokenizer']}) in {os.path.join(folder, 'meta.json')}"
+                         f": one of the two is damaged; rebuild it: {recipe(folder, meta, force=True)}")
 
 
 def read_images(folder, meta):
     """An image dataset: train images, train labels, test images, test labels ((N, C, H, W) uint8, (N,)
-    int64), the labels checked to be classes of meta.json."""
+    int64), checked against meta.json: its channels, image size and classes."""
     command = recipe(folder, meta, force=True)
     try:
         arrays = [np.load(os.path.join(folder, f"{split}_{what}.npy"))
                   for split in ("train", "test") for what in ("images", "labels")]
     except (OSError, ValueError) as e:
         raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: {command}") from None
-    for split, labels in zip(("train", "test"), arrays[1::2]):
-        if labels.size and not 0 <= labels.min() <= labels.max() < meta["num_classes"]:
-            raise UsageError(f"{folder}/{split}_labels.npy holds labels {labels.min()} to {labels.max()}, "
-                             f"not classes 0 to {meta['num_classes'] - 1}: damaged; rebuild it: {command}")
+    # The model takes them as they are: another type or shape fails inside torch, or trains on other images.
+    top = meta["num_classes"] - 1
+    for split, images, labels in zip(("train", "test"), arrays[::2], arrays[1::2]):
+        rows = images.shape[:1]
+        shape = (*rows, meta["channels"], meta["image_size"], meta["image_size"])
+        wrong = None
+        if (images.dtype, images.shape) != (np.uint8, shape):
+            wrong = f"{split}_images.npy holds {images.dtype} of shape {images.shape}, not uint8 of {shape}"
+        elif (labels.dtype, labels.shape) != (np.int64, rows):
+            wrong = f"{split}_labels.npy holds {labels.dtype} of shape {labels.shape}, not int64 of {rows}"
+        elif labels.size and not 0 <= labels.min() <= labels.max() <= top:
+            wrong = f"{split}_labels.npy holds {labels.min()} to {labels.max()}, not classes 0 to {top}"
+        if wrong:
+            raise UsageError(f"{os.path.join(folder, wrong)} as its meta.json says: damaged; rebuild it: "
+                             f"{command}")
     return arrays

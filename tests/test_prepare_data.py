@@ -163,9 +163,9 @@ def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys):
 
 def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
     """A train.bin cut by one byte, a missing val.bin, a damaged image set: each names a command; run as
-    printed, it rebuilds the dataset."""
-    write('in.txt', 'hello there. ' * 20)
-    out = prepare('text', 'data', input='in.txt', name='mine')
+    printed, it rebuilds the dataset, text of one's own from the --input it was built from."""
+    write('my text/in.txt', 'hello there. ' * 20)
+    out = prepare('text', 'data', input='my text/in.txt', name='mine')
     meta = load_meta(out)
     with open(os.path.join(out, 'train.bin'), 'ab') as f:
         f.write(b'x')
@@ -176,7 +176,7 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
             read_tokens(out, meta, split)
         commands.append(re.search('python prepare_data.py (.*)', str(e.value))[1])
     assert commands[0] == commands[1]
-    assert main_exits(capsys, *commands[0].split(), '--input=in.txt') == (0, [])
+    assert main_exits(capsys, *shlex.split(commands[0])) == (0, [])
     # Rebuilt as it was: the old meta.json's counts hold.
     for split in ('train', 'val'):
         read_tokens(out, meta, split)
@@ -186,46 +186,83 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
         read_images('data/images', {'kind': 'images', 'dataset': 'cifar10'})
 
 @pytest.mark.parametrize('edit', [dict(vocab_size=10), dict(vocab_size='abc'), dict(vocab_size=70000,
-                                  tokenizer='gpt2'), dict(tokenizer='foo'), dict(tokenizer=None)])
+                                  tokenizer='gpt2'), dict(tokenizer='foo'), dict(tokenizer=None),
+                                  dict(kind=None), dict(kind='words'), dict(kind=['text'])])
 def test_a_text_meta_json_no_dataset_can_have_names_the_field_and_the_command_that_rebuilds_it(capsys, tiny,
                                                                                                 edit):
     """bytes has 256 ids, a vocab fits uint16 token files, a count is a number, a tokenizer is one
     get_tokenizer knows: else the trainers would fail inside torch. The command, run as printed, rebuilds
-    the dataset (a tokenizer no one knows is not suggested)."""
+    the dataset (a tokenizer no one knows is not suggested; a kind no one knows, or none, is the one asked
+    for). None: the field is missing."""
     write('notes.txt', 'my own notes. ' * 20)
     out = prepare('text', 'data', input='notes.txt', name='notes')
-    write(f'{out}/meta.json', json.dumps(dict(load_meta(out), **edit)))
+    meta = {**load_meta(out), **edit}
+    write(f'{out}/meta.json', json.dumps({k: v for k, v in meta.items() if v is not None}))
     with pytest.raises(UsageError) as e:
         load_meta(out, 'text')
     assert f'{out}/meta.json' in str(e.value) and list(edit)[0] in str(e.value)
-    command = re.search('python prepare_data.py (.*)', str(e.value))[1].replace('PATH', 'notes.txt')
-    assert main_exits(capsys, *command.split()) == (0, [])
+    command = re.search('python prepare_data.py (.*)', str(e.value))[1]
+    assert main_exits(capsys, *shlex.split(command)) == (0, [])
     assert load_meta(out, 'text')['tokenizer'] in ('bytes', edit.get('tokenizer'))
 
 
-@pytest.mark.parametrize('edit', [dict(num_classes=0), dict(channels='3'), dict(image_size=None)])
-def test_an_image_meta_json_no_dataset_can_have_names_the_field_and_an_image_set_that_rebuilds_it(edit):
+@pytest.mark.parametrize('edit, made', [(dict(num_classes=0), 'cifar10'), (dict(channels='3'), 'cifar10'),
+                                        (dict(image_size=None, num_classes=100), 'cifar100'),
+                                        (dict(kind=None), 'cifar10'), (dict(kind='pictures'), 'cifar10')])
+def test_an_image_meta_json_no_dataset_can_have_names_the_field_and_an_image_set_that_rebuilds_it(
+        capsys, monkeypatch, edit, made):
+    """The CIFAR of its classes, cifar10 if neither's (or its kind is missing or unknown: asked for images).
+    Run as printed, the command rebuilds it."""
     meta = dict(kind='images', num_classes=10, channels=3, image_size=32)
-    write('data/pics/meta.json', json.dumps({**meta, **edit}))
+    write('data/pics/meta.json', json.dumps({k: v for k, v in {**meta, **edit}.items() if v is not None}))
     with pytest.raises(UsageError) as e:
         load_meta('data/pics', 'images')
-    rebuild = 'python prepare_data.py cifar10 --name=pics --data_dir=data'
+    rebuild = f'python prepare_data.py {made} --name=pics --data_dir=data --force'
     assert all(name in str(e.value) for name in ('data/pics/meta.json', list(edit)[0], rebuild))
+    make_cifar('c.tar.gz', made)
+    blob = Path('c.tar.gz').read_bytes()
+    monkeypatch.setattr(prep.urllib.request, 'urlopen', served(blob, []))
+    monkeypatch.setitem(prep.CIFAR[made], 'md5', hashlib.md5(blob).hexdigest())
+    assert main_exits(capsys, *shlex.split(str(e.value).split('rebuild it: ')[1])[2:]) == (0, [])
+    assert load_meta('data/pics', 'images')['dataset'] == made
 
 
-@pytest.mark.parametrize('split, labels', [('train', [0, 9]), ('test', [-1, 0])])
-def test_labels_that_are_not_classes_of_meta_json_name_their_file_and_the_rebuild(split, labels):
-    """train_vit's cross-entropy would fail inside torch on a label past the classes."""
+# (the file, what it holds instead of what meta.json says: 2 of each split's 3 channels of 4 x 4 pixels,
+# labels 0 and 1 of 2 classes)
+ARRAYS = [('train_labels', np.array([0, 2])), ('test_labels', np.array([-1, 0])),
+          ('train_labels', np.array([0.0, 1.0])), ('test_labels', np.array([0, 1, 1])),
+          ('train_labels', np.array([[0, 1]])), ('test_images', np.zeros((2, 1, 4, 4), np.uint8)),
+          ('train_images', np.zeros((2, 3, 8, 8), np.uint8)), ('test_images', np.zeros((2, 3, 4, 4)))]
+
+
+@pytest.mark.parametrize('name, array', ARRAYS)
+def test_image_files_not_as_meta_json_says_name_their_file_and_the_rebuild(name, array):
+    """train_vit would fail inside torch on a label past the classes, a float label, counts of images and
+    labels that differ, images of other channels, and would train on images of another size as if they were
+    its size."""
     for s in ('train', 'test'):
         write(f'data/pics/{s}_images.npy', lambda p: np.save(p, np.zeros((2, 3, 4, 4), np.uint8)))
         write(f'data/pics/{s}_labels.npy', lambda p: np.save(p, np.array([0, 1])))
-    meta = dict(kind='images', dataset='cifar10', num_classes=2)
+    meta = dict(kind='images', dataset='cifar10', num_classes=2, channels=3, image_size=4)
     assert [a.tolist() for a in read_images('data/pics', meta)[1::2]] == [[0, 1], [0, 1]]
-    write(f'data/pics/{split}_labels.npy', lambda p: np.save(p, np.array(labels)))
+    write(f'data/pics/{name}.npy', lambda p: np.save(p, array))
     with pytest.raises(UsageError) as e:
         read_images('data/pics', meta)
-    names = (f'data/pics/{split}_labels.npy', 'python prepare_data.py cifar10 --name=pics --data_dir=data')
+    names = (f'data/pics/{name}.npy', 'python prepare_data.py cifar10 --name=pics --data_dir=data --force')
     assert all(name in str(e.value) for name in names)
+    assert not any(other in str(e.value) for other, _ in ARRAYS if other != name)
+
+
+def test_ids_past_the_vocab_name_the_file_and_its_meta_json(tiny):
+    """gpt2's vocab is not checked against tiktoken's (that would need it): a meta.json's vocab_size may be
+    the damaged one."""
+    write('notes.txt', 'my own notes. ' * 20)
+    out = prepare('text', 'data', input='notes.txt', tokenizer='gpt2')
+    write(f'{out}/meta.json', json.dumps(dict(load_meta(out), vocab_size=10)))
+    meta = load_meta(out, 'text')
+    with pytest.raises(UsageError) as e:
+        readers.check_ids(out, 'train', read_tokens(out, meta, 'train'), meta)
+    assert all(name in str(e.value) for name in (f'{out}/train.bin', f'{out}/meta.json', '--force'))
 
 
 # -----------------------------------------------------------------------------
@@ -269,7 +306,7 @@ def test_text_warns_of_bytes_it_replaces_and_files_it_skips(capsys):
     assert 'caf\ufffd au lait'.encode('utf-8') in bytes(ids(out, 'train'))
 
 
-def test_shakespeare_gpt2_from_local_copy(tiny):
+def test_shakespeare_gpt2_from_local_copy(tiny, capsys, monkeypatch):
     text = 'ROMEO:\nBut, soft! what light through yonder window breaks?\n' * 4
     write('input.txt', text)
     out = prepare('shakespeare', 'data', input='input.txt')
@@ -278,6 +315,11 @@ def test_shakespeare_gpt2_from_local_copy(tiny):
     assert tok.vocab_size == 257
     # One document: no end-of-text, train then val is the whole text.
     assert tok.decode(ids(out, 'train') + ids(out, 'val')) == text
+    # The rebuild command, run as printed, reads the same local copy: no download.
+    urls = []
+    monkeypatch.setattr(prep.urllib.request, 'urlopen', served(b'', urls))
+    assert main_exits(capsys, *shlex.split(readers.recipe(out, load_meta(out), force=True))[2:]) == (0, [])
+    assert urls == [] and tok.decode(ids(out, 'train') + ids(out, 'val')) == text
 
 
 # Letters, digits, punctuation, contractions, whitespace runs, non-ASCII; U+001C is whitespace to Python but

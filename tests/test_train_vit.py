@@ -82,6 +82,18 @@ def data(tmp_path_factory):
         json.dump(dict(meta, num_classes=2), f)
     with open(os.path.join(make_dataset(root, 'c1', n_train=4, n_test=4), 'meta.json'), 'w') as f:
         f.write('{bad')
+    # damaged: a meta.json whose channels or image size are not its images', or without a kind (None)
+    edits = (('gray', dict(channels=1)), ('small', dict(image_size=8)), ('nokind', dict(kind=None)))
+    for name, edit in edits:
+        path = os.path.join(make_dataset(root, name, n_train=4, n_test=4), 'meta.json')
+        with open(path) as f:
+            meta = {**json.load(f), **edit}
+        with open(path, 'w') as f:
+            json.dump({k: v for k, v in meta.items() if v is not None}, f)
+    # damaged: float labels, fewer labels than images
+    np.save(os.path.join(make_dataset(root, 'floaty', n_train=4, n_test=4), 'test_labels.npy'), np.zeros(4))
+    short = make_dataset(root, 'short', n_train=4, n_test=4)
+    np.save(os.path.join(short, 'train_labels.npy'), np.zeros(3, np.int64))
     return root
 
 
@@ -426,6 +438,11 @@ MISTAKES = [(None, ['--dataset=cifar10'], 'prepare_data.py cifar10'),
             (None, ['--dataset=text'], 'text'),
             (None, ['--dataset=labels9'], 'labels9/train_labels.npy'),
             (None, ['--dataset=c1'], 'cifar10 --name=c1'),
+            (None, ['--dataset=gray'], 'gray/train_images.npy'),
+            (None, ['--dataset=small'], 'small/train_images.npy'),
+            (None, ['--dataset=nokind'], 'nokind/meta.json'),
+            (None, ['--dataset=floaty'], 'floaty/test_labels.npy'),
+            (None, ['--dataset=short'], 'short/train_labels.npy'),
             ('gpt', ['--init_from=resume'], 'train_gpt.py'),
             ('vit', ['--init_from=resume', '--dataset=synth5'], 'synth5'),
             ('vit', ['--init_from=resume', '--attn=softmax'], '--attn'),
