@@ -92,11 +92,10 @@ def recipe(folder, meta=None, force=False, tokenizer=None):
     if built not in IMAGES + TEXTS and meta.get("kind") == "images":
         built = cifar if cifar in IMAGES else IMAGES[0]
     elif built not in IMAGES + TEXTS:
-        built = f"text {given}"
-    elif "input" in meta:
-        built += f" {given}"
+        built = "text"
     rename = f" --name={name}" if built != name else ""
-    command = f"python prepare_data.py {built}{rename} {shlex.quote('--data_dir=' + (root or '.'))}"
+    source = f" {given}" if built == "text" or "input" in meta else ""
+    command = f"python prepare_data.py {built}{source}{rename} {shlex.quote('--data_dir=' + (root or '.'))}"
     tokenizer = tokenizer or meta.get("tokenizer")
     if tokenizer in TOKENIZERS:
         command += f" --tokenizer={tokenizer}"
@@ -170,12 +169,14 @@ def read_tokens(folder, meta, split):
 def check_ids(folder, split, ids, meta):
     """Token ids read from a split (a batch's rows, on the CPU), checked to be below the vocab of the
     dataset's meta: a damaged file's would index past the model's embedding. Checked where they enter the
-    model, not the whole file at each start (OpenWebText's is 18 GB)."""
+    model, not the whole file at each start (OpenWebText's is 18 GB); under torchrun, by the process whose
+    batch holds them, which says so whatever its rank."""
     top = int(ids.max(initial=0))
     if top >= meta["vocab_size"]:
         raise UsageError(f"{os.path.join(folder, split + '.bin')} holds id {top}, past the vocab of "
                          f"{meta['vocab_size']} ({meta['tokenizer']}) in {os.path.join(folder, 'meta.json')}"
-                         f": one of the two is damaged; rebuild it: {recipe(folder, meta, force=True)}")
+                         f": one of the two is damaged; rebuild it: {recipe(folder, meta, force=True)}",
+                         alone=True)
 
 
 def read_images(folder, meta):
