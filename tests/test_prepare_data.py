@@ -255,7 +255,7 @@ def test_image_files_not_as_meta_json_says_name_their_file_and_the_rebuild(name,
 
 def test_ids_past_the_vocab_name_the_file_and_its_meta_json(tiny):
     """gpt2's vocab is not checked against tiktoken's (that would need it): a meta.json's vocab_size may be
-    the damaged one."""
+    the damaged one. Under torchrun the process whose batch holds the id says it, whatever its rank."""
     write('notes.txt', 'my own notes. ' * 20)
     out = prepare('text', 'data', input='notes.txt', tokenizer='gpt2')
     write(f'{out}/meta.json', json.dumps(dict(load_meta(out), vocab_size=10)))
@@ -263,6 +263,7 @@ def test_ids_past_the_vocab_name_the_file_and_its_meta_json(tiny):
     with pytest.raises(UsageError) as e:
         readers.check_ids(out, 'train', read_tokens(out, meta, 'train'), meta)
     assert all(name in str(e.value) for name in (f'{out}/train.bin', f'{out}/meta.json', '--force'))
+    assert e.value.alone
 
 
 # -----------------------------------------------------------------------------
