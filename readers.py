@@ -138,7 +138,9 @@ def load_meta(folder, kind=None, model_meta=None):
         raise UsageError(f"{folder} holds {meta['kind']}, not {kind}; pick another dataset or --data_dir")
     # A set whose kind is damaged is rebuilt as the kind asked for.
     for key, values in dict(kind=fields, **own).items():
-        if type(meta.get(key)) not in (int, str) or meta[key] not in values:
+        # A range takes ints only (another value it would compare with each of its numbers), the others names.
+        typed = int if isinstance(values, range) else str
+        if type(meta.get(key)) is not typed or meta[key] not in values:
             raise UsageError(f"{path} is damaged: its {key} is {meta.get(key)!r}; rebuild it: "
                              f"{recipe(folder, dict(meta, kind=kind or meta.get('kind')), force=True)}")
     want = model_meta and (model_meta.get("tokenizer"), model_meta.get("vocab_size"))
