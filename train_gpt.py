@@ -406,13 +406,12 @@ def main(argv=None):
     timed = 0
     t_row = time.time()
 
-    # The losses since the last row are saved as the sum over all processes divided by their number: each
+    # `carried`: the losses since the last row, as their sum over all processes divided by their number: each
     # process of a resume, at any process count, starts from that, and the next row's all-reduce adds it up.
-    def checkpoint(val=None):
+    def checkpoint(carried, val=None):
         return dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
                     scaler=scaler.state_dict(), model_args=model_args, iter_num=iter_num,
-                    best_val_loss=best_val_loss, val_loss=val, since_row=since_row,
-                    loss_sum=mean_loss(loss_sum.clone(), 1, dist),
+                    best_val_loss=best_val_loss, val_loss=val, since_row=since_row, loss_sum=carried,
                     config=cfg, set_keys=sorted(set_keys), meta=meta, tokens=tokens,
                     elapsed_s=round(elapsed + time.time() - t_start, 2))
 
@@ -431,14 +430,15 @@ def main(argv=None):
                     fail(diverged('eval loss', val_loss, f'iter {iter_num}', kept, cfg), 3)
                 # A loss since the last row that is not finite (a step float16's scaler skipped) is not saved:
                 # the next row stops the run, and the checkpoint it names must resume.
-                finite = math.isfinite(mean_loss(loss_sum.clone(), 1, dist))
+                carried = mean_loss(loss_sum.clone(), 1, dist)
+                finite = math.isfinite(carried)
                 save = (val_loss < best_val_loss or cfg['always_save_checkpoint']) and iter_num > 0 and finite
                 row = dict(iter=iter_num, kind='eval', train_loss=losses['train'], val_loss=val_loss, lr=lr,
                            tokens_per_sec=tok_per_s, saved=save, tokens=tokens,
                            elapsed_s=round(elapsed + time.time() - t_start, 2))
                 best_val_loss = min(best_val_loss, val_loss)
                 if save:
-                    save_checkpoint(checkpoint(val_loss), [ckpt_path], dist)
+                    save_checkpoint(checkpoint(carried, val_loss), [ckpt_path], dist)
                     saved = iter_num
                 if master:
                     log_row(out_dir, row)
@@ -453,10 +453,11 @@ def main(argv=None):
             # Ctrl-C or SIGTERM on any rank: every rank stops here, at the same step; rank 0 saves, unless the
             # loss is not finite or the checkpoint is the best model so far (always_save_checkpoint=False).
             if any_rank(bool(signals), dist):
-                finite = not any_rank(not math.isfinite(loss_sum.item()), dist)
+                carried = mean_loss(loss_sum.clone(), 1, dist)
+                finite = math.isfinite(carried)
                 keep_best = saved is not None and not cfg['always_save_checkpoint']
                 if finite and not keep_best and iter_num not in (0, saved):
-                    save_checkpoint(checkpoint(), [ckpt_path], dist)
+                    save_checkpoint(checkpoint(carried), [ckpt_path], dist)
                     saved = iter_num
                 what = f"saved {ckpt_path}"
                 if saved != iter_num:
