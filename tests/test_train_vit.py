@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -137,7 +138,8 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
     """A run of 1 epoch, resumed for a second; or SIGINT to this process during step 7 (the third of epoch 2):
     ckpt.pt at step 7, three steps after a row (one every 4 steps), exit 130 with the command that resumes,
     which (nothing else: the settings come from the checkpoint) goes on. Either ends where the unbroken run
-    did: the same state bit for bit, each row once with the same losses and evaluations."""
+    did: the same state bit for bit, each row once with the same losses and evaluations; the row that spans
+    the stop is timed over the steps after it."""
     out = str(tmp_path / 'out')
     real = train_vit.random_crop_flip
     calls = []
@@ -157,7 +159,12 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
         assert (weights(out)['step'], weights(out)['epoch']) == (7, 1.75)
         assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
         monkeypatch.undo()
+        # the step after the stop takes 0.1 s at least, and the row that spans the stop times it alone
+        step = train_vit.optimizer_step
+        monkeypatch.setattr(train_vit, 'optimizer_step', lambda *a: time.sleep(0.1) or step(*a))
         train_vit.main(command[2:])
+        monkeypatch.undo()
+        assert read_log(out, kind='train')[-1]['ms_per_step'] >= 100
         trained = str(tmp_path / 'unbroken')
         train_vit.main(base_args(data, trained, '--epochs=2', *CONSTANT_LR, '--log_interval=4'))
     else:
