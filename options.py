@@ -8,7 +8,8 @@ the script's RANGES table says which must also be positive, non-negative, a frac
 Importing this module, which every script does before torch, sets how a script ends when an exception reaches
 its top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path
 (and the option that gave it; on a full disk, the file being written) and exit 2; Ctrl-C is exit 130; a
-closed stdout (`| head`) ends quietly with 141. Any other exception is a bug and keeps its traceback. Ctrl-C
+closed stdout (`| head`) ends quietly with 141; under torchrun, a collective cut off by another process's end
+is one line and exit 1 (that process says why). Any other exception is a bug and keeps its traceback. Ctrl-C
 while torch imports can be lost, or abort the interpreter from inside torch's C++ code: a script of this
 repository that imports this module before torch, and calls parse(), holds Ctrl-C until then; parse() lets it
 through (the script ends there, exit 130).
@@ -24,6 +25,7 @@ import re
 import signal
 import sys
 import textwrap
+import time
 import traceback
 
 
@@ -143,6 +145,14 @@ def out_of_memory(exc):
     return type(exc).__name__ == "OutOfMemoryError" or "DefaultCPUAllocator" in str(exc)
 
 
+def peer_gone(exc):
+    """Whether `exc` is a collective that failed because another process of the run ended (under torchrun):
+    gloo raises a RuntimeError naming the connection the peer closed, whichever collective it was in (DDP's
+    backward, an all-reduce, a barrier)."""
+    gone = re.search(r"Connection (reset|closed) by peer", str(exc))
+    return isinstance(exc, RuntimeError) and gone is not None
+
+
 def report(exc):
     """Say in one line why `exc` ends the script, and return its exit code; None for a bug (a traceback)."""
     if isinstance(exc, UsageError):
@@ -167,6 +177,10 @@ def report(exc):
             steps = 2 * parsed["gradient_accumulation_steps"]
             line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"
         code = 2
+    elif peer_gone(exc):
+        # The process that ended has said why (or torchrun says how it ended); this one only follows it.
+        line = "another process of this run ended, and this one with it"
+        code = 1
     elif isinstance(exc, OSError):
         # A path is named with the option that gave it. A write to a full disk carries no path: the file is
         # the one open for writing in the innermost frame that holds one (stdout into `/dev/full`: none).
@@ -198,6 +212,11 @@ def excepthook(kind, exc, tb):
         sys.__excepthook__(kind, exc, tb)
     else:
         exit_code.append(code)
+    # torchrun names as the first failure the process it sees end first: one that only follows another waits
+    # for torchrun to stop it (SIGTERM), a few seconds at most, so that the one that failed is named.
+    if peer_gone(exc):
+        with contextlib.suppress(KeyboardInterrupt):
+            time.sleep(5)
 
 
 def exit_with_code():

@@ -4,6 +4,7 @@ import errno
 import importlib
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -158,6 +159,29 @@ def test_out_of_memory_advises_a_smaller_batch_only_where_a_batch_was_computed(m
         err = capsys.readouterr().err
         one_line(err)
         assert ("--batch_size=4" in err and "--gradient_accumulation_steps=2" in err) == advised
+
+
+# gloo's words where the process at the other end of a collective has ended
+PEER_GONE = "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:27802: Connection reset by peer."
+
+
+def test_a_collective_cut_off_by_another_process_is_one_line_and_waits_to_be_stopped(monkeypatch, capsys):
+    """Under torchrun: rank 0 says it in one line, then waits for torchrun's SIGTERM, so that torchrun names
+    the process that ended first as the failure; the other ranks say nothing. Another RuntimeError is a
+    bug."""
+    code = f"import options\nraise RuntimeError({PEER_GONE!r})"
+    with subprocess.Popen([sys.executable, "-c", code], cwd=HERE, stderr=subprocess.PIPE, text=True,
+                          env=dict(os.environ, RANK="0", LOCAL_RANK="0")) as p:
+        line = p.stderr.readline()
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(timeout=1)
+        p.terminate()
+        assert p.wait(timeout=60) == -signal.SIGTERM and p.stderr.read() == ""
+    one_line(line)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert options.report(RuntimeError(PEER_GONE)) == 1 and capsys.readouterr().err == ""
+    assert options.report(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
 
 
 def test_a_whole_write_names_its_file_but_not_another_one(tmp_path):

@@ -6,6 +6,7 @@ fused AdamW, MFU) run on CPU; bad input ends in one line, a non-zero exit and no
 """
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -519,6 +520,40 @@ def test_torchrun_a_save_that_fails_on_rank_0_stops_every_rank_with_one_line(dat
     assert p.returncode == 1 and stderr.count(f'{out}/ckpt.pt') == 1, stderr[-3000:]
     assert f'--out_dir={out}' in stderr
     assert '[rank' not in stderr
+
+
+# a worker that runs train_gpt.py, where rank 1 alone fails: in its batch of iteration 2, as a damaged token
+# file only it reads would (DDP's backward waits for it), or with a bug in its share of the eval at iteration
+# 0 (an all-reduce waits for it)
+RANK_1_FAILS = """import os, sys
+import options, train_gpt
+real = train_gpt.window_starts
+def starts(seed, stream, index, *rest):
+    if (stream, index, os.environ['RANK']) == (0, 2, '1'):
+        raise options.UsageError('data/tiny/train.bin holds id 300', alone=True)
+    if (stream, index, os.environ['RANK']) == (2, 1, '1') and '--eval_interval=1' in sys.argv:
+        raise ValueError('a bug')
+    return real(seed, stream, index, *rest)
+train_gpt.window_starts = starts
+train_gpt.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('eval_interval, said', [(100, 'error: data/tiny/train.bin'),
+                                                  (1, 'ValueError: a bug')])
+def test_torchrun_a_process_that_fails_alone_is_the_one_that_says_why(data_dir, tmp_path, eval_interval,
+                                                                      said):
+    """Rank 0, whose collective the other's end cuts off, says so in one line and no traceback, and waits
+    for torchrun to stop it: torchrun's report names rank 1 as the first failure."""
+    worker = tmp_path / 'worker.py'
+    worker.write_text(RANK_1_FAILS)
+    args = tiny(data_dir, str(tmp_path / 'out'), '--max_iters=4', f'--eval_interval={eval_interval}')
+    p = start(str(worker), args, str(tmp_path), torchrun=2)
+    stderr = p.communicate(timeout=240)[1]
+    assert p.returncode == 1 and stderr.count(said) == 1, stderr[-3000:]
+    assert 'Connection' not in stderr and 'RuntimeError' not in stderr
+    assert re.search(r'Root Cause.*?rank\s*: (\d)', stderr, re.S)[1] == '1', stderr[-3000:]
 
 
 def test_no_gradient_sync_before_the_last_micro_step(data_dir, tmp_path, monkeypatch):
