@@ -159,8 +159,10 @@ def report(exc):
         line = str(exc)
         code = 2
     elif isinstance(exc, KeyboardInterrupt):
-        # A line of text it cut (a sample) ends first.
-        say()
+        # A line of text it cut (a sample) ends first; under torchrun every process gets the Ctrl-C, and only
+        # rank 0 prints.
+        if os.environ.get("RANK", "0") == "0":
+            say()
         line = "interrupted"
         code = 130
     elif isinstance(exc, BrokenPipeError):

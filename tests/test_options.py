@@ -218,6 +218,14 @@ def test_run_main_ends_a_main_as_the_handler_ends_a_script(capsys):
         run_main(lambda: 1 / 0)
 
 
+def test_a_ctrl_c_under_torchrun_ends_a_line_on_rank_0_only(monkeypatch, capsys):
+    """Every process gets the terminal's Ctrl-C: the others print nothing, not an empty line each."""
+    for rank, out in (("0", "\n"), ("1", "")):
+        monkeypatch.setenv("RANK", rank)
+        assert options.report(KeyboardInterrupt()) == 130
+        assert capsys.readouterr().out == out
+
+
 SLEEP = "import options, sys, time\ntime.sleep(0.5)\n"
 
 
