@@ -370,16 +370,17 @@ def main(argv=None):
             f"({meta['tokenizer']})")
         say(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x "
             f"{B} x {T}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
-    # What a micro-step keeps for its backward, said before it is tried: a long context can need more memory
-    # than the machine has.
+    # What a micro-step keeps for its backward, said before it is tried. It leaves out the weights and the
+    # optimizer: a micro-step that needs more than the machine has is refused (a CPU's operating system would
+    # kill the process without a word).
+    fixed, per_token = backward_bytes(raw_model, T, ctx)
+    need = fixed + per_token * B * T
+    have = memory_bytes(device)
     if master:
-        fixed, per_token = backward_bytes(raw_model, T, ctx)
-        need = fixed + per_token * B * T
-        have = memory_bytes(device)
         say(f"memory: about {need / 1e9:.3g} GB kept for the backward of a micro-step of {B} x {T} tokens")
-        if have and need > have:
-            say(f"note: that is more than the {have / 1e9:.0f} GB of this {device}; expect to run out of "
-                f"memory; try a smaller --batch_size (more --gradient_accumulation_steps) or --block_size")
+    if have and need > have:
+        raise UsageError(f"that is more than the {have / 1e9:.0f} GB of this {device}; try a smaller "
+                         f"--batch_size (more --gradient_accumulation_steps) or --block_size")
     if master and ckpt:
         say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
     if master and max_iters > lr_decay_iters:

@@ -1032,13 +1032,12 @@ def test_the_demo_starts_as_the_reference_run_did(tmp_path):
         assert abs(got[kind, it][loss] - reference[kind, it][loss]) < tolerance, (kind, it, loss)
 
 
-def test_a_micro_step_larger_than_the_memory_is_said(data_dir, tmp_path, monkeypatch, capsys):
-    """Before the first step: on a machine said to hold less than the estimate, a note names the options that
-    shrink a micro-step; on one that holds more, none."""
+def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, tmp_path, monkeypatch, capsys, fails):
+    """Before the first step: on a machine said to hold less than the estimate, one line names the options
+    that shrink a micro-step, and nothing is trained; on one that holds more, the run goes on."""
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 1)
-    train_gpt.main(tiny(data_dir, tmp_path, '--max_iters=1'))
-    notes = [line for line in capsys.readouterr().out.splitlines() if '--block_size' in line]
-    assert len(notes) == 1 and '--batch_size' in notes[0]
+    fails(train_gpt.main, tiny(data_dir, tmp_path, '--max_iters=1'), '--batch_size', '--block_size')
+    assert not os.path.exists(tmp_path / 'ckpt.pt')
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**12)
     monkeypatch.setattr(train_gpt, 'backward_bytes', lambda model, T, ctx: (1e9, 1e9 / (4 * 32)))
     train_gpt.main(tiny(data_dir, tmp_path / 'roomy', '--max_iters=1'))
