@@ -431,10 +431,17 @@ def stop_signals(unit, master):
             signal.signal(sig, handler_before)
 
 
+def command(script, args, launcher="python"):
+    """`launcher script args` quoted for a shell, the script named as it would be from where this one was
+    started: beside the trainer running (python ../tost/train_gpt.py), or as it is (python -c, a test)."""
+    ours = os.path.basename(sys.argv[0]) in ("train_gpt.py", "train_vit.py")
+    prog = os.path.join(os.path.dirname(sys.argv[0]) if ours else "", script)
+    return " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args])
+
+
 def resume_command(script, cfg, set_keys, defaults):
     """'resume with: python train_gpt.py --init_from=resume ...': the launcher, the script as it was started,
     and the keys this run set that a checkpoint does not restore."""
-    prog = sys.argv[0] if os.path.basename(sys.argv[0]) == script else script
     env = os.environ
     launcher = "python"
     if "WORLD_SIZE" in env and env["WORLD_SIZE"] == env.get("LOCAL_WORLD_SIZE"):
@@ -446,7 +453,7 @@ def resume_command(script, cfg, set_keys, defaults):
     for key in ("out_dir", "device", "compile"):
         if key in set_keys and cfg[key] != defaults[key]:
             args.append(f"--{key}={str(cfg[key]).lower() if key == 'compile' else cfg[key]}")
-    return "resume with: " + " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args])
+    return "resume with: " + command(script, args, launcher)
 
 # -----------------------------------------------------------------------------
 # the run log: log.jsonl, a JSON row a line, and loss.png

@@ -28,9 +28,9 @@ import torch
 import readers
 import tost
 from options import UsageError, fail, parse, say
-from train_common import (any_rank, autocast, backward_bytes, check_compile, check_decay, cosine_lr, diverged,
-                          draw_loss, human, load_checkpoint, load_weights, log_row, make_out_dir, mean_loss,
-                          memory_bytes, optimizer_for, optimizer_step, resolve_dtype, resume_command,
+from train_common import (any_rank, autocast, backward_bytes, check_compile, check_decay, command, cosine_lr,
+                          diverged, draw_loss, human, load_checkpoint, load_weights, log_row, make_out_dir,
+                          mean_loss, memory_bytes, optimizer_for, optimizer_step, resolve_dtype, resume_command,
                           save_checkpoint, seed_of, setup_distributed, start_log, stop_signals, sum_dtype,
                           teardown, wrap)
 
@@ -522,7 +522,7 @@ def main(argv=None):
         say(f"done: {iter_num - start_iter} iters in {human(time.time() - t_start)}, at iter {iter_num}; "
             f"val loss {val_loss:.4f}; {last_good(ckpt_path, saved)}")
     if master and saved is not None:
-        say(f"sample from it: python sample.py{'' if out_dir == 'out' else ' --out_dir=' + out_dir}")
+        say("sample from it: " + command('sample.py', [] if out_dir == 'out' else [f'--out_dir={out_dir}']))
     teardown(dist, lock)
     return dict(iter_num=iter_num, val_loss=val_loss, best_val_loss=best_val_loss)
 
