@@ -188,13 +188,16 @@ def report(exc):
         # the one open for writing in the innermost frame that holds one (stdout into `/dev/full`: none).
         path = exc.filename or file_written(exc.__traceback__)
         line = f"{exc.strerror or exc}"
-        # A folder made (or read) where there is a file says 'File exists' (or 'Not a directory', below it):
-        # the file is named.
-        files = []
+        # A folder made (or read) where there is a file, or a link to nothing, says 'File exists' (or 'Not a
+        # directory', below a file): what is in the way is named.
         if isinstance(exc, (FileExistsError, NotADirectoryError)) and isinstance(path, str):
-            files = [p for p in (path, *pathlib.PurePath(path).parents) if os.path.isfile(p)]
-        if files:
-            line = f"{files[0]} is a file, not a folder"
+            for p in (path, *pathlib.PurePath(path).parents):
+                if os.path.isfile(p):
+                    line = f"{p} is a file, not a folder"
+                    break
+                if os.path.islink(p) and not os.path.exists(p):
+                    line = f"{p} is a link to {os.readlink(p)}, which does not exist"
+                    break
         if path is not None:
             line = f"{path}{option_of(path)}: {line}"
         code = 2

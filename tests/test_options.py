@@ -114,14 +114,16 @@ def ended(r, code, *names):
 
 # (the script after `import options, os, signal`, with TMP a temp folder holding a file `file`; its exit code;
 # what its one line names): fail(), a UsageError, an OSError about a path under an option's and under none (a
-# folder made where a file is, or below one, names the file as such, not in the OS's words), and a Ctrl-C
-# before `import torch` is done
+# folder made where a file or a link to nothing is, or below a file, names it as such, not in the OS's words),
+# and a Ctrl-C before `import torch` is done
 TOP_LEVEL = [("options.fail('max_iters must be positive')", 2, ["max_iters must be positive"]),
              ("options.parse(['--lr=fast'], {'lr': 0.1})", 2, ["--lr", "fast"]),
              ("options.parse(['--out_dir=TMP/file'], {'out_dir': 'out'})\nos.makedirs('TMP/file/sub')", 2,
               ["TMP/file/sub", "--out_dir=TMP/file"]),
              ("options.parse(['--out_dir=TMP/file'], {'out_dir': 'out'})\n"
               "os.makedirs('TMP/file', exist_ok=True)", 2, ["TMP/file", "--out_dir=TMP/file"]),
+             ("os.symlink('TMP/none', 'TMP/link')\noptions.parse(['--out_dir=TMP/link'], {'out_dir': 'out'})\n"
+              "os.makedirs('TMP/link', exist_ok=True)", 2, ["TMP/link", "TMP/none", "--out_dir=TMP/link"]),
              ("open('TMP/file/meta.json')", 2, ["TMP/file/meta.json"]),
              ("open('TMP/none/x')", 2, ["TMP/none/x"]),
              # a bare word, under a folder option '.' that is above every relative path: the deepest names it
