@@ -129,7 +129,8 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
         if lock:
             lock.close()
         raise UsageError(f"{found[0]} holds an earlier run; go on with it: add --init_from=resume, or start "
-                         f"afresh: another --out_dir, or --overwrite=true (deletes {' and '.join(found)})")
+                         f"afresh: another --out_dir, or --overwrite=true (deletes {' and '.join(found)}; "
+                         f"the log starts again)")
     for p in found if master else ():
         os.remove(p)
         say(f"overwrite: deleted {p}")

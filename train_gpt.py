@@ -28,11 +28,11 @@ import torch
 import readers
 import tost
 from options import UsageError, fail, parse, say
-from train_common import (any_rank, autocast, backward_bytes, check_compile, check_decay, command, cosine_lr,
-                          diverged, draw_loss, human, load_checkpoint, load_weights, log_row, make_out_dir,
-                          mean_loss, memory_bytes, optimizer_for, optimizer_step, resolve_dtype, resume_command,
-                          save_checkpoint, seed_of, setup_distributed, start_log, stop_signals, sum_dtype,
-                          teardown, wrap)
+from train_common import (any_rank, autocast, backward_bytes, check_compile, check_decay, command,
+                          cosine_lr, diverged, draw_loss, human, load_checkpoint, load_weights, log_row,
+                          make_out_dir, mean_loss, memory_bytes, optimizer_for, optimizer_step,
+                          resolve_dtype, resume_command, save_checkpoint, seed_of, setup_distributed,
+                          start_log, stop_signals, sum_dtype, teardown, wrap)
 
 DEFAULTS = dict(
     config='demo',               # the preset this run started from (--config=NAME picks one)
@@ -68,7 +68,7 @@ DEFAULTS = dict(
     log_interval=10,             # print and log the training loss every this many iterations
     always_save_checkpoint=True,  # save after every eval; false: only when val loss improves
     init_from='scratch',         # scratch, or resume from out_dir/ckpt.pt
-    overwrite=False,             # from scratch into an out_dir that holds ckpt.pt: delete it (else refuse)
+    overwrite=False,             # from scratch where out_dir holds ckpt.pt: delete it, a new log (or refuse)
     # system
     device='auto',               # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
     dtype='auto',                # auto: bfloat16 where the GPU or CPU computes in it, else float16 or float32

@@ -42,7 +42,7 @@ DEFAULTS = dict(
     data_dir='data',            # where prepare_data.py puts datasets
     out_dir='out-vit',          # ckpt.pt, best.pt (best test accuracy), log.jsonl, loss.png, viz/ (figures)
     init_from='scratch',        # scratch, resume (out_dir/ckpt.pt), best (out_dir/best.pt) or a .pt file
-    overwrite=False,            # a new run into an out_dir holding ckpt.pt/best.pt: delete them (else refuse)
+    overwrite=False,            # a new run where ckpt.pt/best.pt are: delete them, a new log (or refuse)
     eval_only=False,            # evaluate the init_from checkpoint, draw the pictures, exit
     # model
     model='tost-cifar',         # a vision preset: tost-cifar, tost-cifar-tiny, tost-t, tost-s, tost-m

@@ -122,7 +122,8 @@ TOP_LEVEL = [("options.fail('max_iters must be positive')", 2, ["max_iters must 
               ["TMP/file/sub", "--out_dir=TMP/file"]),
              ("options.parse(['--out_dir=TMP/file'], {'out_dir': 'out'})\n"
               "os.makedirs('TMP/file', exist_ok=True)", 2, ["TMP/file", "--out_dir=TMP/file"]),
-             ("os.symlink('TMP/none', 'TMP/link')\noptions.parse(['--out_dir=TMP/link'], {'out_dir': 'out'})\n"
+             ("os.symlink('TMP/none', 'TMP/link')\n"
+              "options.parse(['--out_dir=TMP/link'], {'out_dir': 'out'})\n"
               "os.makedirs('TMP/link', exist_ok=True)", 2, ["TMP/link", "TMP/none", "--out_dir=TMP/link"]),
              ("open('TMP/file/meta.json')", 2, ["TMP/file/meta.json"]),
              ("open('TMP/none/x')", 2, ["TMP/none/x"]),

@@ -1045,15 +1045,15 @@ def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, tmp_path, monk
     assert '--block_size' not in printed and 'about 2 GB' in printed
 
 
-def test_the_sample_command_it_prints_runs_from_where_the_run_was_started(data_dir, tmp_path, monkeypatch,
-                                                                          capsys):
+def test_the_sample_command_it_prints_runs_from_where_it_was_started(data_dir, tmp_path, monkeypatch, capsys):
     """Started from another folder, into an out_dir with a space: sample.py beside train_gpt.py, the out_dir
     one argument."""
     out = str(tmp_path / 'out dir')
     monkeypatch.setattr(sys, 'argv', [os.path.join('..', 'tost', 'train_gpt.py')])
     train_gpt.main(tiny(data_dir, out, '--max_iters=1'))
     line = [s for s in capsys.readouterr().out.splitlines() if s.startswith('sample from it: ')]
-    assert shlex.split(line[0][16:]) == ['python', os.path.join('..', 'tost', 'sample.py'), f'--out_dir={out}']
+    sample = os.path.join('..', 'tost', 'sample.py')
+    assert shlex.split(line[0][16:]) == ['python', sample, f'--out_dir={out}']
 
 
 def test_only_an_improvement_is_saved_when_only_the_best_is(data_dir, tmp_path, monkeypatch):
