@@ -179,10 +179,11 @@ def open_dataset(cfg, dist, model_meta=None):
     sizes = {split: len(readers.read_tokens(path, meta, split)) for split in ('train', 'val')}
     # A window and its target need block_size + 1 tokens.
     for split, n in sizes.items():
+        # No tokens at all: a test set (lambada, wikitext2), which eval_gpt.py reads.
+        way_out = "use a smaller --block_size or more data" if n else "it is for eval_gpt.py"
         if n <= cfg['block_size']:
             raise UsageError(f"block_size {cfg['block_size']} is larger than the data: {path} has {n} "
-                             f"{split} tokens (need at least block_size + 1); use a smaller --block_size or "
-                             f"more data")
+                             f"{split} tokens (need at least block_size + 1); {way_out}")
     return path, meta, sizes
 
 

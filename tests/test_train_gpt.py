@@ -807,7 +807,8 @@ def test_the_training_step_does_not_wait_for_the_device(data_dir, tmp_path, monk
 def broken(data_dir, tmp_path_factory):
     """What a user may point a run at: an out_dir whose ckpt.pt is not a checkpoint, one with a vision
     checkpoint, a file, data whose train.bin was cut short after it was written, data of another tokenizer,
-    data whose meta.json says what no dataset of its tokenizer can be, data whose ids are all 65535."""
+    data whose meta.json says what no dataset of its tokenizer can be, data whose ids are all 65535, a test
+    set (no train tokens)."""
     d = tmp_path_factory.mktemp('broken')
     (d / 'garbage').mkdir()
     (d / 'garbage' / 'ckpt.pt').write_bytes(b'not a checkpoint at all')
@@ -815,15 +816,16 @@ def broken(data_dir, tmp_path_factory):
     vit = {'kind': 'vit', 'model': {}, 'model_args': {'img_size': 32}, 'meta': {'kind': 'images'}}
     train_common.atomic_save(vit, str(d / 'vit' / 'ckpt.pt'))
     (d / 'file').write_text('a file')
-    for name in ('cut', 'other', 'vocab10', 'vocababc', 'foo', 'noise'):
+    for name in ('cut', 'other', 'vocab10', 'vocababc', 'foo', 'noise', 'testset'):
         shutil.copytree(os.path.join(data_dir, 'tiny'), d / name / 'tiny')
     with open(d / 'cut' / 'tiny' / 'train.bin', 'r+b') as f:
         f.truncate(1000)
     meta = json.loads((d / 'other' / 'tiny' / 'meta.json').read_text())
     (d / 'other' / 'tiny' / 'meta.json').write_text(json.dumps(dict(meta, tokenizer='gpt2', vocab_size=257)))
     for name, edit in (('vocab10', dict(vocab_size=10)), ('vocababc', dict(vocab_size='abc')),
-                       ('foo', dict(tokenizer='foo'))):
+                       ('foo', dict(tokenizer='foo')), ('testset', dict(train_tokens=0))):
         (d / name / 'tiny' / 'meta.json').write_text(json.dumps(dict(meta, **edit)))
+    (d / 'testset' / 'tiny' / 'train.bin').write_bytes(b'')
     for split in ('train', 'val'):
         path = d / 'noise' / 'tiny' / f'{split}.bin'
         path.write_bytes(b'\xff' * path.stat().st_size)
@@ -861,6 +863,8 @@ MISTAKES = [
     (tiny('{broken}/vocab10', '{out}'), ['{broken}/vocab10/tiny/meta.json', 'vocab_size', '--force']),
     (tiny('{broken}/vocababc', '{out}'), ['{broken}/vocababc/tiny/meta.json', 'vocab_size', '--force']),
     (tiny('{broken}/foo', '{out}'), ['{broken}/foo/tiny/meta.json', 'tokenizer', '--force']),
+    # a test set (eval_gpt.py's) has nothing to train on
+    (tiny('{broken}/testset', '{out}'), ['{broken}/testset/tiny', 'eval_gpt.py']),
     # a dataset that takes hours to prepare: its command
     (['--dataset=openwebtext', '--out_dir={out}'], ['python prepare_data.py openwebtext --data_dir=data']),
     # a resume: the model's shape and its tokenizer are the checkpoint's
