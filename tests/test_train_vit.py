@@ -80,11 +80,15 @@ def data(tmp_path_factory):
     with open(os.path.join(labels, 'meta.json')) as f:
         meta = json.load(f)
     with open(os.path.join(labels, 'meta.json'), 'w') as f:
-        json.dump(dict(meta, num_classes=2), f)
+        json.dump(dict(meta, num_classes=2, classes=meta['classes'][:2]), f)
     with open(os.path.join(make_dataset(root, 'c1', n_train=4, n_test=4), 'meta.json'), 'w') as f:
         f.write('{bad')
-    # damaged: a meta.json whose channels or image size are not its images', or without a kind (None)
-    edits = (('gray', dict(channels=1)), ('small', dict(image_size=8)), ('nokind', dict(kind=None)))
+    # damaged: a meta.json whose channels or image size are not its images', or without a kind (None); one
+    # whose mean, std or class names train_vit could not use (test_prepare_data.py tries more)
+    edits = (('gray', dict(channels=1, mean=[0.45], std=[0.28])), ('small', dict(image_size=8)),
+             ('nokind', dict(kind=None)), ('bad1', dict(mean='0.45')), ('bad2', dict(std=[0.28] * 2)),
+             ('bad3', dict(std=[0.28, 0, 0.28])), ('bad4', dict(classes=['a', 'b'])),
+             ('bad5', dict(classes=None)))
     for name, edit in edits:
         path = os.path.join(make_dataset(root, name, n_train=4, n_test=4), 'meta.json')
         with open(path) as f:
@@ -448,6 +452,11 @@ MISTAKES = [(None, ['--dataset=cifar10'], 'prepare_data.py cifar10'),
             (None, ['--dataset=gray'], 'gray/train_images.npy'),
             (None, ['--dataset=small'], 'small/train_images.npy'),
             (None, ['--dataset=nokind'], 'nokind/meta.json'),
+            (None, ['--dataset=bad1'], ('bad1/meta.json', 'mean')),
+            (None, ['--dataset=bad2'], ('bad2/meta.json', 'std')),
+            (None, ['--dataset=bad3'], ('bad3/meta.json', 'std')),
+            (None, ['--dataset=bad4'], ('bad4/meta.json', 'classes')),
+            (None, ['--dataset=bad5'], ('bad5/meta.json', 'classes')),
             (None, ['--dataset=floaty'], 'floaty/test_labels.npy'),
             (None, ['--dataset=short'], 'short/train_labels.npy'),
             ('gpt', ['--init_from=resume'], 'train_gpt.py'),
@@ -483,7 +492,8 @@ def test_mistakes_end_in_one_line_before_anything_is_written(data, trained, tmp_
         ckpt = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
         torch.save(dict(ckpt, model_args=5), out / 'ckpt.pt')
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
-    fails(train_vit.main, base_args(data, str(out), '--epochs=1', *extra), named)
+    names = named if isinstance(named, tuple) else (named,)
+    fails(train_vit.main, base_args(data, str(out), '--epochs=1', *extra), *names)
     # the checkpoint untouched, nothing else written but a resume's lock
     assert {f: (out / f).read_bytes() for f in os.listdir(out) if f != '.lock'} == before
 
