@@ -211,9 +211,12 @@ def read_images(folder, meta):
             wrong = f"{split}_images.npy holds {images.dtype} of shape {images.shape}, not uint8 of {shape}"
         elif (labels.dtype, labels.shape) != (np.int64, rows):
             wrong = f"{split}_labels.npy holds {labels.dtype} of shape {labels.shape}, not int64 of {rows}"
-        elif labels.size and not 0 <= labels.min() <= labels.max() <= top:
+        # A split of no images trains on nothing, or has no accuracy.
+        elif not labels.size:
+            wrong = f"{split}_images.npy holds no images"
+        elif not 0 <= labels.min() <= labels.max() <= top:
             wrong = f"{split}_labels.npy holds {labels.min()} to {labels.max()}, not classes 0 to {top}"
         if wrong:
-            raise UsageError(f"{os.path.join(folder, wrong)} as its meta.json says: damaged; rebuild it: "
+            raise UsageError(f"{os.path.join(folder, wrong)}: it or its meta.json is damaged; rebuild it: "
                              f"{command}")
     return arrays

@@ -95,6 +95,10 @@ def data(tmp_path_factory):
             meta = {**json.load(f), **edit}
         with open(path, 'w') as f:
             json.dump({k: v for k, v in meta.items() if v is not None}, f)
+    # damaged: a split of no images (the test set's was a ZeroDivisionError, the training set's 'nothing to
+    # do')
+    make_dataset(root, 'notest', n_train=4, n_test=0)
+    make_dataset(root, 'notrain', n_train=0, n_test=4)
     # damaged: float labels, fewer labels than images
     np.save(os.path.join(make_dataset(root, 'floaty', n_train=4, n_test=4), 'test_labels.npy'), np.zeros(4))
     short = make_dataset(root, 'short', n_train=4, n_test=4)
@@ -458,6 +462,8 @@ MISTAKES = [(None, ['--dataset=cifar10'], 'prepare_data.py cifar10'),
             (None, ['--dataset=bad4'], ('bad4/meta.json', 'classes')),
             (None, ['--dataset=bad5'], ('bad5/meta.json', 'classes')),
             (None, ['--dataset=floaty'], 'floaty/test_labels.npy'),
+            (None, ['--dataset=notest'], 'notest/test_images.npy'),
+            (None, ['--dataset=notrain'], 'notrain/train_images.npy'),
             (None, ['--dataset=short'], 'short/train_labels.npy'),
             ('gpt', ['--init_from=resume'], 'train_gpt.py'),
             ('vit', ['--init_from=resume', '--dataset=synth5'], 'synth5'),
