@@ -481,7 +481,10 @@ MISTAKES = [(None, ['--dataset=cifar10'], 'prepare_data.py cifar10'),
             (None, ['--learning_rate=inf'], '--learning_rate'),
             (None, ['--weight_decay=1e30'], '--weight_decay'),
             (None, ['--init_from=nowhere.pt'], 'nowhere.pt'),
-            ('edited', ['--init_from=resume'], 'ckpt.pt')]
+            ({'model_args': 5}, ['--init_from=resume'], 'ckpt.pt'),
+            ({'model_args': None}, ['--init_from=resume'], 'ckpt.pt'),
+            ({'epoch': None}, ['--init_from=resume', '--eval_only'], 'ckpt.pt'),
+            ({'best_acc': None}, ['--init_from=resume'], 'ckpt.pt')]
 
 
 @pytest.mark.parametrize('checkpoint, extra, named', MISTAKES)
@@ -493,10 +496,10 @@ def test_mistakes_end_in_one_line_before_anything_is_written(data, trained, tmp_
         gpt_checkpoint(out / 'ckpt.pt')
     if checkpoint == 'vit':
         shutil.copy(os.path.join(trained, 'ckpt.pt'), out)
-    # a hand-edited one
-    if checkpoint == 'edited':
-        ckpt = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
-        torch.save(dict(ckpt, model_args=5), out / 'ckpt.pt')
+    # a hand-edited one (None: a key taken out)
+    if isinstance(checkpoint, dict):
+        ckpt = {**torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True), **checkpoint}
+        torch.save({k: v for k, v in ckpt.items() if v is not None}, out / 'ckpt.pt')
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
     names = named if isinstance(named, tuple) else (named,)
     fails(train_vit.main, base_args(data, str(out), '--epochs=1', *extra), *names)
