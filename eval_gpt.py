@@ -2,11 +2,13 @@
 Zero-shot loss and LAMBADA accuracy of a train_gpt.py checkpoint, as the paper's Table 4 (left):
 docs/evaluation.md.
 
-    python eval_gpt.py                                     # the demo's model (out/) on its own val split
     python prepare_data.py lambada && python prepare_data.py wikitext2 && python prepare_data.py ptb
     python eval_gpt.py --out_dir=out-owt-base              # the paper's four sets: a table, and log.jsonl
     python eval_gpt.py --datasets=python_stdlib            # any prepared text dataset's val split
     torchrun --standalone --nproc_per_node=8 eval_gpt.py --out_dir=out-owt-base   # the same numbers, faster
+
+With no --datasets, a model is scored on the dataset it was trained on (the demo's: python_stdlib) and, for
+GPT-2 tokens, on lambada, wikitext2 and ptb as well.
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import math
