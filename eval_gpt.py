@@ -6,6 +6,9 @@ docs/evaluation.md.
     python eval_gpt.py --out_dir=out-owt-base              # the paper's four sets: a table, and log.jsonl
     python eval_gpt.py --datasets=python_stdlib            # any prepared text dataset's val split
     torchrun --standalone --nproc_per_node=8 eval_gpt.py --out_dir=out-owt-base   # the same numbers, faster
+
+With no --datasets, a model is scored on the dataset it was trained on (the demo's: python_stdlib) and, for
+GPT-2 tokens, on lambada, wikitext2 and ptb as well.
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import math
@@ -24,7 +27,7 @@ from train_common import autocast, log_row, resolve_dtype, setup_distributed, su
 
 DEFAULTS = dict(
     out_dir='out',               # the checkpoint is out_dir/ckpt.pt; results are appended to its log.jsonl
-    datasets='openwebtext,lambada,wikitext2,ptb',  # prepared datasets under data_dir, comma-separated
+    datasets='auto',             # comma-separated; auto: the model's own (gpt2: and the paper's test sets)
     data_dir='data',             # where prepare_data.py puts datasets
     block_size=0,                # window length T; 0: the model's own (1024 for the paper's models)
     batch_size=8,                # windows (or LAMBADA passages) per forward pass
@@ -127,8 +130,16 @@ def main(argv=None):
         raise UsageError(f"--block_size={T} is larger than the model's context ({config.block_size})")
     # every dataset read and checked before any is scored, in the checkpoint's tokenizer
     sets = []
+    names = cfg['datasets'].split(',')
+    # auto: the val split of the set the model learned from (the demo's: prepared, offline), and for GPT-2
+    # tokens the paper's three test sets (a few MB each): the paper's four for a model trained on OpenWebText,
+    # which no other model is sent to prepare (hours).
+    if cfg['datasets'] == 'auto':
+        names = [str(info.get('config', {}).get('dataset', ''))]
+        if info['meta']['tokenizer'] == 'gpt2':
+            names += ['lambada', 'wikitext2', 'ptb']
     # Blanks around a name and an empty or repeated name are typing, not datasets.
-    names = list(dict.fromkeys(n.strip() for n in cfg['datasets'].split(',') if n.strip()))
+    names = list(dict.fromkeys(n.strip() for n in names if n.strip()))
     if not names:
         raise UsageError("--datasets names no dataset; name those under --data_dir: --datasets=wikitext2,ptb")
     for name in names:

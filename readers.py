@@ -6,6 +6,7 @@ meta.json, written last: if it is there, the dataset is complete. get_tokenizer(
 """
 import json
 import os
+import reprlib
 import shlex
 
 import numpy as np
@@ -125,23 +126,33 @@ def load_meta(folder, kind=None, model_meta=None):
     except ValueError as e:
         command = recipe(folder, {"kind": kind}, force=True)
         raise UsageError(f"{path} is not a JSON object ({e}); rebuild it: {command}") from None
-    # The fields the readers check, and the values each may take: a kind they know, then a tokenizer
-    # get_tokenizer knows, bytes' 256 ids or as many as uint16 token files hold, counts of at least 1 (not
-    # train_vit's mean, std and classes).
+    # The fields the readers check, each with a test of its value: a kind they know; a tokenizer get_tokenizer
+    # knows, bytes' 256 ids or as many as uint16 token files hold; counts of at least 1, a name for each class
+    # and, for train_vit to standardize the images, a mean in 0..1 and a std above 0 of each channel.
+    def of(values):
+        # A range takes ints only (another value it would compare with each of its numbers), the others names.
+        typed = int if isinstance(values, range) else str
+        return lambda value: type(value) is typed and value in values
+
+    def each(count, ok):
+        # A list of one value per class or channel: the count is a field checked before it.
+        return lambda value: type(value) is list and len(value) == meta[count] and all(map(ok, value))
+
     vocabs = range(256, 257) if meta.get("tokenizer") == "bytes" else range(1, 2**16 + 1)
-    counts = range(1, 2**31)
-    fields = dict(text=dict(tokenizer=TOKENIZERS, vocab_size=vocabs),
-                  images=dict(num_classes=counts, channels=counts, image_size=counts))
+    counts = of(range(1, 2**31))
+    fields = dict(text=dict(tokenizer=of(TOKENIZERS), vocab_size=of(vocabs)),
+                  images=dict(num_classes=counts, channels=counts, image_size=counts,
+                              classes=each("num_classes", lambda name: type(name) is str),
+                              mean=each("channels", lambda x: type(x) in (int, float) and 0 <= x <= 1),
+                              std=each("channels", lambda x: type(x) in (int, float) and 0 < x <= 1)))
     # str(): a kind may be any JSON value, a list too.
     own = fields.get(str(meta.get("kind")), {})
     if kind is not None and own and meta["kind"] != kind:
         raise UsageError(f"{folder} holds {meta['kind']}, not {kind}; pick another dataset or --data_dir")
-    # A set whose kind is damaged is rebuilt as the kind asked for.
-    for key, values in dict(kind=fields, **own).items():
-        # A range takes ints only (another value it would compare with each of its numbers), the others names.
-        typed = int if isinstance(values, range) else str
-        if type(meta.get(key)) is not typed or meta[key] not in values:
-            raise UsageError(f"{path} is damaged: its {key} is {meta.get(key)!r}; rebuild it: "
+    # A set whose kind is damaged is rebuilt as the kind asked for; a long list is shown cut short.
+    for key, ok in dict(kind=of(fields), **own).items():
+        if not ok(meta.get(key)):
+            raise UsageError(f"{path} is damaged: its {key} is {reprlib.repr(meta.get(key))}; rebuild it: "
                              f"{recipe(folder, dict(meta, kind=kind or meta.get('kind')), force=True)}")
     want = model_meta and (model_meta.get("tokenizer"), model_meta.get("vocab_size"))
     if want and want != (meta.get("tokenizer"), meta.get("vocab_size")):
@@ -200,9 +211,12 @@ def read_images(folder, meta):
             wrong = f"{split}_images.npy holds {images.dtype} of shape {images.shape}, not uint8 of {shape}"
         elif (labels.dtype, labels.shape) != (np.int64, rows):
             wrong = f"{split}_labels.npy holds {labels.dtype} of shape {labels.shape}, not int64 of {rows}"
-        elif labels.size and not 0 <= labels.min() <= labels.max() <= top:
+        # A split of no images trains on nothing, or has no accuracy.
+        elif not labels.size:
+            wrong = f"{split}_images.npy holds no images"
+        elif not 0 <= labels.min() <= labels.max() <= top:
             wrong = f"{split}_labels.npy holds {labels.min()} to {labels.max()}, not classes 0 to {top}"
         if wrong:
-            raise UsageError(f"{os.path.join(folder, wrong)} as its meta.json says: damaged; rebuild it: "
+            raise UsageError(f"{os.path.join(folder, wrong)}: it or its meta.json is damaged; rebuild it: "
                              f"{command}")
     return arrays

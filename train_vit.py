@@ -257,7 +257,8 @@ def main(argv=None):
         lock = make_out_dir(out_dir, [], False, False, master)
     ckpt = None
     if path:
-        ckpt = load_checkpoint(path, device, 'vit', needs=('model', 'optimizer', 'config'))
+        needs = ('model', 'model_args', 'optimizer', 'config', 'epoch', 'best_acc')
+        ckpt = load_checkpoint(path, device, 'vit', needs=needs)
         # Format 2 is the released vision model (XCiT's class blocks); earlier checkpoints computed otherwise.
         if ckpt.get('format') != 2:
             raise UsageError(f"{path} is from an earlier train_vit.py, whose model computed otherwise")

@@ -47,10 +47,12 @@ def data_dir(tmp_path_factory):
     return d
 
 
-def save_model(out_dir, data_dir, attn='tssa', block_size=32, n_embd=32, n_head=2, edit=None):
-    """A random (or `edit`ed) GPT saved as train_gpt.py saves it, with the data's tokenizer in its meta."""
+def save_model(out_dir, data_dir, attn='tssa', block_size=32, n_embd=32, n_head=2, edit=None,
+               dataset='lambada', config=None):
+    """A random (or `edit`ed) GPT saved as train_gpt.py saves it, with the data's tokenizer in its meta (that
+    of `dataset`) and `config`, the run's options."""
     torch.manual_seed(0)
-    meta = prep.load_meta(os.path.join(data_dir, 'lambada'))
+    meta = prep.load_meta(os.path.join(data_dir, dataset))
     args = dict(block_size=block_size, vocab_size=64 * -(-meta['vocab_size'] // 64), n_layer=2, n_head=n_head,
                 n_embd=n_embd, dropout=0.0, bias=False, attn=attn)
     model = tost.GPT(tost.GPTConfig(**args))
@@ -58,7 +60,7 @@ def save_model(out_dir, data_dir, attn='tssa', block_size=32, n_embd=32, n_head=
         edit(model)
     os.makedirs(out_dir, exist_ok=True)
     train_common.atomic_save(dict(model=model.state_dict(), model_args=args, meta=meta, iter_num=7,
-                                  config={}), os.path.join(out_dir, 'ckpt.pt'))
+                                  config=config or {}), os.path.join(out_dir, 'ckpt.pt'))
     return model.eval()
 
 
@@ -80,6 +82,7 @@ def refused(capsys, argv, *names):
         run_main(lambda: eval_gpt.main(argv))
     lines = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(lines) == 1 and all(name in lines[0] for name in names), lines
+    return lines[0]
 
 # -----------------------------------------------------------------------------
 # the loss
@@ -245,15 +248,48 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, capsys):
     noise = data_dir / 'noise'
     shutil.copytree(data_dir / 'wikitext2', noise)
     (noise / 'val.bin').write_bytes(b'\xff' * (noise / 'val.bin').stat().st_size)
-    # the default sets (not prepared here), a window longer than the model's, no set, a set in another
+    # the default sets (ptb is not prepared here), a window longer than the model's, no set, a set in another
     # tokenizer, damaged sets
-    for extra, name in (([], 'openwebtext'), (['--datasets=wikitext2', '--block_size=64'], '--block_size'),
+    for extra, name in (([], 'prepare_data.py ptb'),
+                        (['--datasets=wikitext2', '--block_size=64'], '--block_size'),
                         (['--datasets= ,'], '--datasets'),
                         (['--datasets=wikitext2,bytes_text'], 'bytes_text'),
                         (['--datasets=short'], f'{short}/val.bin'),
                         (['--datasets=wikitext2,noise'], f'{noise}/val.bin')):
         refused(capsys, base + extra, name)
     assert not os.path.exists(os.path.join(out, 'log.jsonl'))
+
+
+def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_the_papers_test_sets(
+        data_dir, tmp_path, capsys):
+    """The demo's model (bytes, python_stdlib) is scored on the set it learned from: no OpenWebText in bytes
+    (17 GB) to prepare. A GPT-2 model trained on OpenWebText gets the paper's four; a set not prepared is
+    named with its own command, and OpenWebText's only for a model trained on it."""
+    d = tmp_path / 'data'
+    (tmp_path / 'mine.txt').write_text('some bytes to learn from, ' * 40)
+    prep.prepare('text', d, input=str(tmp_path / 'mine.txt'), name='mine', tokenizer='bytes')
+    out = str(tmp_path / 'demo')
+    argv = [f'--out_dir={out}', f'--data_dir={d}', '--device=cpu', '--dtype=float32']
+    save_model(out, d, dataset='mine', config={'dataset': 'mine'})
+    eval_gpt.main(argv)
+    assert [r['dataset'] for r in read_log(out)] == ['mine']
+    save_model(out, d, dataset='mine', config={'dataset': 'python_stdlib'})
+    assert 'openwebtext' not in refused(capsys, argv, f'prepare_data.py python_stdlib --data_dir={d}')
+    # a GPT-2 model trained on a set of its own (here a copy of wikitext2), then on OpenWebText (another copy)
+    d = tmp_path / 'gpt2'
+    shutil.copytree(data_dir / 'wikitext2', d / 'own')
+    shutil.copytree(data_dir / 'lambada', d / 'lambada')
+    shutil.copytree(data_dir / 'wikitext2', d / 'wikitext2')
+    argv = [f'--out_dir={out}', f'--data_dir={d}', '--device=cpu', '--dtype=float32']
+    save_model(out, d, config={'dataset': 'own'})
+    assert 'openwebtext' not in refused(capsys, argv, 'prepare_data.py ptb', '--tokenizer=gpt2')
+    shutil.copytree(data_dir / 'wikitext2', d / 'ptb')
+    save_model(out, d, config={'dataset': 'openwebtext'})
+    refused(capsys, argv, 'prepare_data.py openwebtext')
+    shutil.copytree(data_dir / 'wikitext2', d / 'openwebtext')
+    os.remove(os.path.join(out, 'log.jsonl'))
+    eval_gpt.main(argv)
+    assert [r['dataset'] for r in read_log(out)] == list(eval_gpt.PAPER)
 
 
 def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_a_full_disk_loses_no_result(

@@ -206,14 +206,27 @@ def test_a_text_meta_json_no_dataset_can_have_names_the_field_and_the_command_th
     assert load_meta(out, 'text')['tokenizer'] in ('bytes', edit.get('tokenizer'))
 
 
-@pytest.mark.parametrize('edit, made', [(dict(num_classes=0), 'cifar10'), (dict(channels='3'), 'cifar10'),
-                                        (dict(image_size=None, num_classes=100), 'cifar100'),
-                                        (dict(kind=None), 'cifar10'), (dict(kind='pictures'), 'cifar10')])
+# (a damaged field or two of a CIFAR-10 meta.json, the CIFAR that rebuilds it); None: the field is missing
+IMAGE_EDITS = [(dict(num_classes=0), 'cifar10'), (dict(channels='3'), 'cifar10'),
+               (dict(image_size=None, num_classes=100), 'cifar100'), (dict(kind=None), 'cifar10'),
+               (dict(kind='pictures'), 'cifar10'), (dict(mean='0.5'), 'cifar10'),
+               (dict(mean=[0.5, 0.5]), 'cifar10'), (dict(mean=[0.5, None, 0.5]), 'cifar10'),
+               (dict(std=None), 'cifar10'), (dict(std=[0.2, 0, 0.2]), 'cifar10'),
+               (dict(std=[0.2] * 4), 'cifar10'), (dict(std=[0.2, float('nan'), 0.2]), 'cifar10'),
+               (dict(classes=None), 'cifar10'), (dict(classes=['a'] * 9), 'cifar10'),
+               (dict(classes=list(range(10))), 'cifar10'), (dict(classes='abcdefghij'), 'cifar10'),
+               (dict(classes=['a'] * 10, num_classes=100), 'cifar100')]
+
+
+@pytest.mark.parametrize('edit, made', IMAGE_EDITS)
 def test_an_image_meta_json_no_dataset_can_have_names_the_field_and_an_image_set_that_rebuilds_it(
         capsys, monkeypatch, edit, made):
     """The CIFAR of its classes, cifar10 if neither's (or its kind is missing or unknown: asked for images).
-    Run as printed, the command rebuilds it."""
-    meta = dict(kind='images', num_classes=10, channels=3, image_size=32)
+    Run as printed, the command rebuilds it. train_vit standardizes the images with a mean and a std (above 0)
+    of each channel and names a class by its name: a list of the wrong length, a value not a number, a zero
+    std or a missing one would fail inside torch or later, at the first picture."""
+    meta = dict(kind='images', num_classes=10, channels=3, image_size=32, mean=[0.5] * 3, std=[0.25] * 3,
+                classes=[f'class_{i}' for i in range(10)])
     write('data/pics/meta.json', json.dumps({k: v for k, v in {**meta, **edit}.items() if v is not None}))
     with pytest.raises(UsageError) as e:
         load_meta('data/pics', 'images')

@@ -80,17 +80,25 @@ def data(tmp_path_factory):
     with open(os.path.join(labels, 'meta.json')) as f:
         meta = json.load(f)
     with open(os.path.join(labels, 'meta.json'), 'w') as f:
-        json.dump(dict(meta, num_classes=2), f)
+        json.dump(dict(meta, num_classes=2, classes=meta['classes'][:2]), f)
     with open(os.path.join(make_dataset(root, 'c1', n_train=4, n_test=4), 'meta.json'), 'w') as f:
         f.write('{bad')
-    # damaged: a meta.json whose channels or image size are not its images', or without a kind (None)
-    edits = (('gray', dict(channels=1)), ('small', dict(image_size=8)), ('nokind', dict(kind=None)))
+    # damaged: a meta.json whose channels or image size are not its images', or without a kind (None); one
+    # whose mean, std or class names train_vit could not use (test_prepare_data.py tries more)
+    edits = (('gray', dict(channels=1, mean=[0.45], std=[0.28])), ('small', dict(image_size=8)),
+             ('nokind', dict(kind=None)), ('bad1', dict(mean='0.45')), ('bad2', dict(std=[0.28] * 2)),
+             ('bad3', dict(std=[0.28, 0, 0.28])), ('bad4', dict(classes=['a', 'b'])),
+             ('bad5', dict(classes=None)))
     for name, edit in edits:
         path = os.path.join(make_dataset(root, name, n_train=4, n_test=4), 'meta.json')
         with open(path) as f:
             meta = {**json.load(f), **edit}
         with open(path, 'w') as f:
             json.dump({k: v for k, v in meta.items() if v is not None}, f)
+    # damaged: a split of no images (the test set's was a ZeroDivisionError, the training set's 'nothing to
+    # do')
+    make_dataset(root, 'notest', n_train=4, n_test=0)
+    make_dataset(root, 'notrain', n_train=0, n_test=4)
     # damaged: float labels, fewer labels than images
     np.save(os.path.join(make_dataset(root, 'floaty', n_train=4, n_test=4), 'test_labels.npy'), np.zeros(4))
     short = make_dataset(root, 'short', n_train=4, n_test=4)
@@ -448,7 +456,14 @@ MISTAKES = [(None, ['--dataset=cifar10'], 'prepare_data.py cifar10'),
             (None, ['--dataset=gray'], 'gray/train_images.npy'),
             (None, ['--dataset=small'], 'small/train_images.npy'),
             (None, ['--dataset=nokind'], 'nokind/meta.json'),
+            (None, ['--dataset=bad1'], ('bad1/meta.json', 'mean')),
+            (None, ['--dataset=bad2'], ('bad2/meta.json', 'std')),
+            (None, ['--dataset=bad3'], ('bad3/meta.json', 'std')),
+            (None, ['--dataset=bad4'], ('bad4/meta.json', 'classes')),
+            (None, ['--dataset=bad5'], ('bad5/meta.json', 'classes')),
             (None, ['--dataset=floaty'], 'floaty/test_labels.npy'),
+            (None, ['--dataset=notest'], 'notest/test_images.npy'),
+            (None, ['--dataset=notrain'], 'notrain/train_images.npy'),
             (None, ['--dataset=short'], 'short/train_labels.npy'),
             ('gpt', ['--init_from=resume'], 'train_gpt.py'),
             ('vit', ['--init_from=resume', '--dataset=synth5'], 'synth5'),
@@ -466,7 +481,10 @@ MISTAKES = [(None, ['--dataset=cifar10'], 'prepare_data.py cifar10'),
             (None, ['--learning_rate=inf'], '--learning_rate'),
             (None, ['--weight_decay=1e30'], '--weight_decay'),
             (None, ['--init_from=nowhere.pt'], 'nowhere.pt'),
-            ('edited', ['--init_from=resume'], 'ckpt.pt')]
+            ({'model_args': 5}, ['--init_from=resume'], 'ckpt.pt'),
+            ({'model_args': None}, ['--init_from=resume'], 'ckpt.pt'),
+            ({'epoch': None}, ['--init_from=resume', '--eval_only'], 'ckpt.pt'),
+            ({'best_acc': None}, ['--init_from=resume'], 'ckpt.pt')]
 
 
 @pytest.mark.parametrize('checkpoint, extra, named', MISTAKES)
@@ -478,12 +496,13 @@ def test_mistakes_end_in_one_line_before_anything_is_written(data, trained, tmp_
         gpt_checkpoint(out / 'ckpt.pt')
     if checkpoint == 'vit':
         shutil.copy(os.path.join(trained, 'ckpt.pt'), out)
-    # a hand-edited one
-    if checkpoint == 'edited':
-        ckpt = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
-        torch.save(dict(ckpt, model_args=5), out / 'ckpt.pt')
+    # a hand-edited one (None: a key taken out)
+    if isinstance(checkpoint, dict):
+        ckpt = {**torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True), **checkpoint}
+        torch.save({k: v for k, v in ckpt.items() if v is not None}, out / 'ckpt.pt')
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
-    fails(train_vit.main, base_args(data, str(out), '--epochs=1', *extra), named)
+    names = named if isinstance(named, tuple) else (named,)
+    fails(train_vit.main, base_args(data, str(out), '--epochs=1', *extra), *names)
     # the checkpoint untouched, nothing else written but a resume's lock
     assert {f: (out / f).read_bytes() for f in os.listdir(out) if f != '.lock'} == before
 
