@@ -28,6 +28,7 @@ import json
 import os
 import pickle
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -243,7 +244,8 @@ def _build_shakespeare(stage, o):
         tok = get_tokenizer(o.get('tokenizer', 'gpt2'))
     except UsageError as e:
         raise UsageError(f"{e}; offline, fetch {SHAKESPEARE_URL} by hand, then: "
-                         f"python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes") from None
+                         f"python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes "
+                         f"{shlex.quote('--data_dir=' + o['data_dir'])}") from None
     path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH',
                                        name='tinyshakespeare.txt')
     return _files_dataset(stage, o, [path], o.get('input', SHAKESPEARE_URL), tok)
@@ -565,9 +567,10 @@ def prepare(name, /, data_dir='data', **o):
     if name not in DATASETS:
         # A name of one's own is text of one's own; a near miss of a built-in name is a typo.
         close = difflib.get_close_matches(name, [d for d in DATASETS if d != 'text'], n=1)
+        own = shlex.join(['python', 'prepare_data.py', 'text', '--input=PATH', f'--name={name}',
+                          f'--data_dir={data_dir}'])
         raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}); for text of your own: "
-                         f"python prepare_data.py text --input=PATH --name={name} --data_dir={data_dir}"
-                         f"{f'; or did you mean {close[0]}?' if close else ''}")
+                         f"{own}{f'; or did you mean {close[0]}?' if close else ''}")
     builder, takes = DATASETS[name]
     takes = takes | {'name', 'force'}
     extra = sorted(set(o) - takes)
@@ -578,7 +581,7 @@ def prepare(name, /, data_dir='data', **o):
         raise UsageError("text needs --input=PATH (a text file or a folder of them)")
     # For text, notes.txt makes notes.
     out_name = o.get('name') or (Path(o['input']).stem if name == 'text' else name)
-    if out_name in ('', 'downloads') or out_name.startswith('.') or os.sep in out_name:
+    if out_name.strip() in ('', 'downloads') or out_name.startswith('.') or os.sep in out_name:
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
     # Found now, not after a build of hours.
@@ -591,6 +594,11 @@ def prepare(name, /, data_dir='data', **o):
             raise UsageError(f"{out} holds {meta.get('dataset')} ({built}), not {name} "
                              f"({o.get('tokenizer', 'its default tokenizer')}); pass --force to rebuild it, "
                              f"or --name=OTHER to keep both")
+        # Another file or folder of one's own under the same name is another dataset.
+        given = o.get('input') and os.path.abspath(o['input'])
+        if given and meta.get('input', given) != given:
+            raise UsageError(f"{out} was prepared from {meta['input']}; pass --force to rebuild it from "
+                             f"{given}, or --name=OTHER to keep both")
         print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); "
               f"--force rebuilds it")
         return out
@@ -651,7 +659,8 @@ DEFAULTS = dict(
 
 
 # What options.py's parse lets through.
-RANGES = {'nonempty': ['dataset'], 'positive': ['max_mb', 'val_every'], 'nonnegative': ['workers']}
+RANGES = {'nonempty': ['dataset', 'data_dir'], 'positive': ['max_mb', 'val_every'],
+          'nonnegative': ['workers']}
 
 
 def main(argv=None):

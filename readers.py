@@ -94,7 +94,7 @@ def recipe(folder, meta=None, force=False, tokenizer=None):
         built = cifar if cifar in IMAGES else IMAGES[0]
     elif built not in IMAGES + TEXTS:
         built = "text"
-    rename = f" --name={name}" if built != name else ""
+    rename = f" {shlex.quote('--name=' + name)}" if built != name else ""
     source = f" {given}" if built == "text" or "input" in meta else ""
     command = f"python prepare_data.py {built}{source}{rename} {shlex.quote('--data_dir=' + (root or '.'))}"
     tokenizer = tokenizer or meta.get("tokenizer")

@@ -155,8 +155,9 @@ def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys):
     with pytest.raises(UsageError, match='train_vit.py'):
         load_meta('data/cifar10', 'text')
     # a rebuild keeps the dataset's tokenizer; a folder with a space is one word of the command
-    words = shlex.split(readers.recipe('my data/notes', {'dataset': 'text', 'tokenizer': 'gpt2'}, force=True))
-    assert {'--data_dir=my data', '--tokenizer=gpt2', '--name=notes', '--force'} <= set(words)
+    meta = {'dataset': 'text', 'tokenizer': 'gpt2'}
+    words = shlex.split(readers.recipe('my data/my notes', meta, force=True))
+    assert {'--data_dir=my data', '--tokenizer=gpt2', '--name=my notes', '--force'} <= set(words)
     # A near miss of a built-in name suggests it.
     assert one_error(capsys, 'cifar1O').count('cifar10') > one_error(capsys, 'zzzzzz').count('cifar10')
 
@@ -742,6 +743,12 @@ def test_bad_input_is_one_line_naming_it_and_writes_nothing(tiny, capsys, monkey
     assert not os.path.exists('data') and not os.path.exists('pwned')
 
 
+def test_a_blank_folder_name_is_one_line_naming_its_option(tiny, capsys):
+    for option in ('--data_dir=', '--data_dir= ', '--name= '):
+        assert option.split('=')[0] in one_error(capsys, 'text', '--input=x', option)
+    assert not os.path.exists(' ') and not os.path.exists('data')
+
+
 def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys, monkeypatch):
     """A file given as --data_dir (or above it), a file where the dataset's folder goes, /proc (which refuses
     a new folder even to root): one line naming it, nothing written, and before any text is tokenized."""
@@ -770,7 +777,7 @@ def full_disk_at_val_bin(src, dst, real=os.replace):
 
 
 def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monkeypatch):
-    """A second run keeps the dataset; another tokenizer or dataset for its folder is refused without
+    """A second run keeps the dataset; another tokenizer, dataset or input for its folder is refused without
     --force; Ctrl-C while --force rebuilds keeps the old dataset as it was; a full disk while the new files
     move in leaves no meta.json (half old, half new), and the next run rebuilds it."""
     write('in.txt', 'version one. ' * 40)
@@ -780,7 +787,9 @@ def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monke
     assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
     # Options given their default values are as if not given.
     assert main_exits(capsys, 'text', '--input=in.txt', '--tokenizer=', '--workers=0') == (0, [])
-    for argv in (['text', '--input=in.txt', '--tokenizer=gpt2'], ['lambada', '--input=in.txt', '--name=in']):
+    # another tokenizer, dataset or input for the same folder
+    for argv in (['text', '--input=in.txt', '--tokenizer=gpt2'], ['lambada', '--input=in.txt', '--name=in'],
+                 ['text', '--input=other.txt', '--name=in']):
         assert 'data/in' in one_error(capsys, *argv)
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
         m.setattr(prep, '_progress', interrupt)
