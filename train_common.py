@@ -207,24 +207,25 @@ def seed_of(*numbers):
 
 
 def backward_bytes(model, T, ctx):
-    """(fixed, per token): the bytes the autograd graph of a GPT keeps for its backward, from two probes of
-    one sequence of at most 256 tokens. Linear in the tokens for TSSA and for softmax attention's fused
-    kernels; the weights' copies under autocast are the fixed part."""
-    lengths = (max(1, min(T, 256) // 2), min(T, 256))
+    """(fixed, per token): the bytes the autograd graph of a GPT keeps for its backward, from probes of one
+    and two sequences of n = min(T, 256) tokens: a sequence's share over n, and what is left (the weights'
+    copies under autocast). Exact where the memory is linear in the tokens (TSSA, softmax attention's fused
+    kernels); where it grows faster (softmax weights kept for dropout), below what longer sequences keep."""
+    n = min(T, 256)
     kept = []
-    for n in lengths:
+    for batch in (1, 2):
         storages = {}
 
         def keep(t):
             storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
             return t
 
-        x = torch.zeros(1, n, dtype=torch.long, device=next(model.parameters()).device)
+        x = torch.zeros(batch, n, dtype=torch.long, device=next(model.parameters()).device)
         with ctx, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
             model(x, x)
         kept.append(sum(storages.values()))
-    per_token = (kept[1] - kept[0]) / max(1, lengths[1] - lengths[0])
-    return kept[0] - per_token * lengths[0], per_token
+    per_token = (kept[1] - kept[0]) / n
+    return kept[0] - per_token * n, per_token
 
 
 def memory_bytes(device):

@@ -308,9 +308,8 @@ def main(argv=None):
     learning_rate = cfg['learning_rate']
     check_decay(cfg)
 
-    # data (a cheap dataset is prepared on the fly), then the output folder: nothing written before the data
+    # data (a cheap dataset is prepared on the fly)
     data_path, meta, sizes = open_dataset(cfg, dist, ckpt and ckpt['meta'])
-    lock = lock or make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], fresh, master)
     B = cfg['batch_size']
     T = cfg['block_size']
     seed = cfg['seed']
@@ -353,10 +352,23 @@ def main(argv=None):
         # The model holds the weights now: no second copy kept.
         del ckpt['model']
 
-    # the optimizer (as the checkpoint left it), then DDP and the compiler around the model
-    optimizer, scaler = optimizer_for(raw_model.to(device), cfg, dtype, ckpt)
-    model = wrap(raw_model, dist, cfg['compile'])
+    # What a micro-step keeps for its backward, found before it is tried. It leaves out the weights and the
+    # optimizer: a micro-step that needs more than the machine has is refused (a CPU's operating system would
+    # kill the process without a word).
     ctx = autocast(device, dtype)
+    fixed, per_token = backward_bytes(raw_model.to(device), T, ctx)
+    need = fixed + per_token * B * T
+    have = memory_bytes(device)
+    if have and need > have:
+        raise UsageError(f"a micro-step of {B} x {T} tokens keeps about {need / 1e9:.3g} GB for its "
+                         f"backward, more than the {have / 1e9:.3g} GB of this {device}; try a smaller "
+                         f"--batch_size (more --gradient_accumulation_steps) or --block_size")
+    # The output folder, only now: nothing is written (or deleted, with --overwrite) for a run refused above.
+    lock = lock or make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], fresh, master)
+
+    # the optimizer (as the checkpoint left it), then DDP and the compiler around the model
+    optimizer, scaler = optimizer_for(raw_model, cfg, dtype, ckpt)
+    model = wrap(raw_model, dist, cfg['compile'])
     peak = peak_flops(device, dtype)
 
     # what this run is, said once by rank 0 (it talks for all)
@@ -371,17 +383,7 @@ def main(argv=None):
             f"({meta['tokenizer']})")
         say(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x "
             f"{B} x {T}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
-    # What a micro-step keeps for its backward, said before it is tried. It leaves out the weights and the
-    # optimizer: a micro-step that needs more than the machine has is refused (a CPU's operating system would
-    # kill the process without a word).
-    fixed, per_token = backward_bytes(raw_model, T, ctx)
-    need = fixed + per_token * B * T
-    have = memory_bytes(device)
-    if master:
         say(f"memory: about {need / 1e9:.3g} GB kept for the backward of a micro-step of {B} x {T} tokens")
-    if have and need > have:
-        raise UsageError(f"that is more than the {have / 1e9:.0f} GB of this {device}; try a smaller "
-                         f"--batch_size (more --gradient_accumulation_steps) or --block_size")
     if master and ckpt:
         say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
     if master and max_iters > lr_decay_iters:
