@@ -146,11 +146,13 @@ def out_of_memory(exc):
 
 
 def peer_gone(exc):
-    """Whether `exc` is a collective that failed because another process of the run ended (under torchrun):
-    gloo raises a RuntimeError naming the connection the peer closed, whichever collective it was in (DDP's
-    backward, an all-reduce, a barrier)."""
+    """gloo's words if `exc` is a collective that failed because another process of the run ended (under
+    torchrun), else None: a RuntimeError naming the connection the peer closed, whichever collective it was in
+    (DDP's backward, an all-reduce, a barrier)."""
     gone = re.search(r"Connection (reset|closed) by peer", str(exc))
-    return isinstance(exc, RuntimeError) and gone is not None
+    if isinstance(exc, RuntimeError) and "RANK" in os.environ and gone:
+        return gone[0]
+    return None
 
 
 def report(exc):
@@ -181,7 +183,7 @@ def report(exc):
         code = 2
     elif peer_gone(exc):
         # The process that ended has said why (or torchrun says how it ended); this one only follows it.
-        line = "another process of this run ended, and this one with it"
+        line = f"another process of this run ended, and this one with it (gloo: {peer_gone(exc)})"
         code = 1
     elif isinstance(exc, OSError):
         # A path is named with the option that gave it. A write to a full disk carries no path: the file is

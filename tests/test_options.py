@@ -170,8 +170,8 @@ PEER_GONE = "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:27802: Conn
 
 def test_a_collective_cut_off_by_another_process_is_one_line_and_waits_to_be_stopped(monkeypatch, capsys):
     """Under torchrun: rank 0 says it in one line, then waits for torchrun's SIGTERM, so that torchrun names
-    the process that ended first as the failure; the other ranks say nothing. Another RuntimeError is a
-    bug."""
+    the process that ended first as the failure; the other ranks say nothing. Another RuntimeError, or this
+    one outside torchrun, is a bug."""
     code = f"import options\nraise RuntimeError({PEER_GONE!r})"
     with subprocess.Popen([sys.executable, "-c", code], cwd=HERE, stderr=subprocess.PIPE, text=True,
                           env=dict(os.environ, RANK="0", LOCAL_RANK="0")) as p:
@@ -185,6 +185,8 @@ def test_a_collective_cut_off_by_another_process_is_one_line_and_waits_to_be_sto
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert options.report(RuntimeError(PEER_GONE)) == 1 and capsys.readouterr().err == ""
     assert options.report(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+    monkeypatch.delenv("RANK")
+    assert options.report(RuntimeError(PEER_GONE)) is None
 
 
 def test_a_whole_write_names_its_file_but_not_another_one(tmp_path):
