@@ -141,7 +141,9 @@ def main(argv=None):
     # Blanks around a name and an empty or repeated name are typing, not datasets.
     names = list(dict.fromkeys(n.strip() for n in names if n.strip()))
     if not names:
-        raise UsageError("--datasets names no dataset; name those under --data_dir: --datasets=wikitext2,ptb")
+        example = 'wikitext2,ptb' if info['meta']['tokenizer'] == 'gpt2' else 'python_stdlib'
+        raise UsageError(f"--datasets={cfg['datasets']} names no dataset (auto: {ckpt_path} names none it "
+                         f"was trained on); name those under --data_dir, e.g. --datasets={example}")
     for name in names:
         path = os.path.join(cfg['data_dir'], name)
         meta = readers.load_meta(path, 'text', info['meta'])

@@ -275,6 +275,9 @@ def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_
     assert [r['dataset'] for r in read_log(out)] == ['mine']
     save_model(out, d, dataset='mine', config={'dataset': 'python_stdlib'})
     assert 'openwebtext' not in refused(capsys, argv, f'prepare_data.py python_stdlib --data_dir={d}')
+    # a checkpoint that names no dataset: a set of its tokenizer is suggested, not GPT-2's
+    save_model(out, d, dataset='mine', config={})
+    refused(capsys, argv, f'{out}/ckpt.pt', '--datasets=python_stdlib')
     # a GPT-2 model trained on a set of its own (here a copy of wikitext2), then on OpenWebText (another copy)
     d = tmp_path / 'gpt2'
     shutil.copytree(data_dir / 'wikitext2', d / 'own')
