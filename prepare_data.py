@@ -594,11 +594,12 @@ def prepare(name, /, data_dir='data', **o):
             raise UsageError(f"{out} holds {meta.get('dataset')} ({built}), not {name} "
                              f"({o.get('tokenizer', 'its default tokenizer')}); pass --force to rebuild it, "
                              f"or --name=OTHER to keep both")
-        # Another file or folder of one's own under the same name is another dataset.
-        given = o.get('input') and os.path.abspath(o['input'])
-        if given and meta.get('input', given) != given:
-            raise UsageError(f"{out} was prepared from {meta['input']}; pass --force to rebuild it from "
-                             f"{given}, or --name=OTHER to keep both")
+        given = o.get('input')
+        was = meta.get('input', given)
+        # Another file or folder of one's own under the same name is another dataset; a link to it is not.
+        if given and os.path.realpath(given) != os.path.realpath(was):
+            raise UsageError(f"{out} was prepared from {was}; pass --force to rebuild it from "
+                             f"{os.path.abspath(given)}, or --name=OTHER to keep both")
         print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); "
               f"--force rebuilds it")
         return out

@@ -787,7 +787,9 @@ def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monke
     assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
     # Options given their default values are as if not given.
     assert main_exits(capsys, 'text', '--input=in.txt', '--tokenizer=', '--workers=0') == (0, [])
-    # another tokenizer, dataset or input for the same folder
+    # another tokenizer, dataset or input for the same folder; the same input by a link is the same
+    os.symlink('in.txt', 'link.txt')
+    assert main_exits(capsys, 'text', '--input=link.txt', '--name=in') == (0, [])
     for argv in (['text', '--input=in.txt', '--tokenizer=gpt2'], ['lambada', '--input=in.txt', '--name=in'],
                  ['text', '--input=other.txt', '--name=in']):
         assert 'data/in' in one_error(capsys, *argv)
