@@ -381,14 +381,42 @@ def test_a_coordinate_no_token_uses_leaves_everything_finite():
 
 
 def test_residual_projections_start_at_gpt2s_scaled_init():
-    """GPT-2: every c_proj weight N(0, 0.02 / sqrt(2 n_layer)), the other matrices N(0, 0.02)."""
+    """GPT-2: every c_proj weight N(0, 0.02 / sqrt(2 n_layer)), the other matrices N(0, 0.02), each kind over
+    655k numbers (sampling error 0.1%, so 0.4% tells a 1% change); biases 0, layer-scale at layerscale_init,
+    temperatures 1, position biases 0, token shift's mu 0.5."""
     torch.manual_seed(0)
     n_layer = 8
-    model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=n_layer, n_head=4, n_embd=128))
+    model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=n_layer, n_head=4, n_embd=128, bias=True,
+                          layerscale_init=0.25, token_shift=True))
+    pooled = {True: [], False: []}
     for name, p in model.named_parameters():
         if name.endswith('.weight') and p.dim() == 2:
-            want = 0.02 / math.sqrt(2 * n_layer) if name.endswith('c_proj.weight') else 0.02
+            scaled = name.endswith('c_proj.weight')
+            want = 0.02 / math.sqrt(2 * n_layer) if scaled else 0.02
             assert abs(p.std().item() / want - 1) < 0.05, name
+            pooled[scaled].append(p.flatten() / want)
+    assert all(abs(torch.cat(ps).std().item() - 1) < 0.004 for ps in pooled.values())
+    start = {'bias': 0.0, 'gamma_1': 0.25, 'gamma_2': 0.25, 'temp': 1.0, 'pos_bias': 0.0, 'mu': 0.5}
+    for name, p in model.named_parameters():
+        if name.split('.')[-1] in start:
+            assert torch.all(p == start[name.split('.')[-1]]), name
+
+
+def test_drop_path_drops_a_whole_branch_of_a_whole_sample():
+    """Stochastic depth on each residual branch (attention, MLP): in training a sample's branch is dropped
+    with probability p or scaled by 1 / (1 - p); in eval it is kept as is."""
+    torch.manual_seed(0)
+    block = tost.Block(16, 2, causal=False, drop_path=0.25)
+    x = torch.randn(64, 5, 16)
+    for on, off in ((block.gamma_1, block.gamma_2), (block.gamma_2, block.gamma_1)):
+        with torch.no_grad():
+            on.fill_(1.0)
+            off.zero_()
+            branch = block.eval()(x) - x
+            got = block.train()(x) - x
+        keep = got.flatten(1).abs().amax(1) > 0                # (B,)
+        torch.testing.assert_close(got, branch * keep[:, None, None] / 0.75)
+        assert 0.6 < keep.float().mean() < 0.9
 
 
 # -----------------------------------------------------------------------------
