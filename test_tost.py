@@ -289,12 +289,20 @@ def test_softmax_layers_mistakes():
     assert GPTConfig(**args, softmax_layers=-1).softmax_layers == (1,)
 
 
-def test_sampling_is_reproducible_with_a_generator():
+def test_sampling_is_reproducible_with_a_generator_and_top_k_keeps_the_k_most_likely():
     model = GPT(GPTConfig(block_size=16, vocab_size=40, n_layer=1, n_head=2, n_embd=16))
     idx = torch.zeros(1, 3, dtype=torch.long)
     a = model.generate(idx, 20, top_k=5, generator=torch.Generator().manual_seed(3))
     b = model.generate(idx, 20, top_k=5, generator=torch.Generator().manual_seed(3))
     assert torch.equal(a, b)
+    # 200 samples of the next token at a temperature that flattens the logits: exactly the top 3 are drawn;
+    # a top_k past the vocabulary draws from all of it
+    randomize(model, scale=0.5)
+    idx = idx.expand(200, -1)
+    top = model.logits(idx[:1])[0, -1].topk(3).indices
+    g = torch.Generator().manual_seed(0)
+    assert set(model.generate(idx, 1, 100.0, top_k=3, generator=g)[:, -1].tolist()) == set(top.tolist())
+    assert len(set(model.generate(idx, 1, 100.0, top_k=100, generator=g)[:, -1].tolist())) > 20
 
 
 # -----------------------------------------------------------------------------
@@ -643,6 +651,15 @@ def test_the_vision_model_is_the_released_one():
     assert {m.eps for m in model.modules() if isinstance(m, torch.nn.LayerNorm)} == {1e-6}
     assert {m.eps for m in GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16)).modules()
             if isinstance(m, torch.nn.LayerNorm)} == {1e-5}
+    # the released init: linear weights N(0, 0.02) (1.5M numbers: to 0.4%), biases 0, the class token
+    # N(0, 0.02), layer-scale at layerscale_init
+    model = ViT(ViTConfig(img_size=32, patch_size=4, n_layer=4, n_head=4, n_embd=192, layerscale_init=0.25,
+                          lpi=True))
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert abs(torch.cat([m.weight.flatten() for m in linears]).std().item() / 0.02 - 1) < 0.004
+    assert all(torch.all(m.bias == 0) for m in linears)
+    assert abs(model.cls_token.std().item() / 0.02 - 1) < 0.2
+    assert all(torch.all(p == 0.25) for n, p in model.named_parameters() if 'gamma' in n)
 
 
 def test_image_size_not_divisible_by_patch():
