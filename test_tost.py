@@ -375,6 +375,34 @@ def test_with_attention_dropout_the_fused_core_gives_way_to_the_readable_lines()
     torch.testing.assert_close(outs[0], outs[1])
 
 
+@pytest.mark.parametrize('make', [
+    lambda: GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, dropout=0.3,
+                          softmax_layers=(-1,))),
+    lambda: ViT(ViTConfig(img_size=16, patch_size=4, n_layer=2, n_head=2, n_embd=16, dropout=0.3,
+                          attn='softmax')),
+], ids=['gpt', 'vit'])
+def test_dropout_runs_at_every_site_at_the_configs_rate_in_training_only(make):
+    """Every dropout runs in a training forward (the embeddings', each block's), at the config's rate (the
+    ViT's class-attention blocks have none); softmax attention drops its weights too; eval drops nothing."""
+    torch.manual_seed(0)
+    model = make()
+    x = torch.randint(0, 30, (2, 8)) if isinstance(model, GPT) else torch.randn(2, 3, 16, 16)
+    run = model.logits if isinstance(model, GPT) else model
+    drops = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout)}
+    assert {m.p for n, m in drops.items() if not n.startswith('cls_blocks')} == {0.3}
+    model.eval()
+    assert torch.equal(run(x), run(x))
+    ran = set()
+    for n, m in drops.items():
+        m.register_forward_hook(lambda m, i, o, n=n: ran.add(n))
+    model.train()
+    run(x)
+    assert ran == set(drops)
+    for m in drops.values():
+        m.p = 0.0
+    assert not torch.equal(run(x), run(x))                    # the attention weights' dropout, in SDPA
+
+
 def test_a_coordinate_no_token_uses_leaves_everything_finite():
     """A head whose projection is zero for every token: its memberships' column sums are 0 (clamped)."""
     torch.manual_seed(0)
