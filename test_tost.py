@@ -642,6 +642,8 @@ def test_param_groups_exempt_biases_norms_layerscale_temperature_and_position_bi
         assert not any(n.endswith(suffix) for n in dec), suffix
     assert any(n.endswith('attn.c_attn.weight') for n in dec)
     assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
+    vit = ViT(ViTConfig(img_size=16, patch_size=4, n_layer=1, n_head=2, n_embd=16))
+    assert any(p is vit.cls_token for p in tost.param_groups(vit, 0.1)[1]['params'])
 
 
 # -----------------------------------------------------------------------------
@@ -716,8 +718,9 @@ def test_image_size_not_divisible_by_patch():
 
 
 def test_width_not_divisible_by_heads_and_unknown_attn():
-    with pytest.raises(ValueError, match=r'n_embd \(10\) must be divisible by n_head \(3\)'):
-        GPTConfig(n_embd=10, n_head=3)
+    for heads in (3, 0):
+        with pytest.raises(ValueError, match=rf'n_embd \(10\) must be divisible by n_head \({heads}\)'):
+            GPTConfig(n_embd=10, n_head=heads)
     with pytest.raises(ValueError, match="unknown attn 'linear'"):
         GPTConfig(attn='linear')
     with pytest.raises(ValueError, match="unknown attn 'linear'"):
@@ -733,6 +736,8 @@ def test_width_not_divisible_by_heads_and_unknown_attn():
             make()                                           # the layers alone check too, when built
     with pytest.raises(ValueError, match='causal TSSA needs block_size, its number of positions; got None'):
         tost.Block(16, 2)                                    # causal by default
+    with pytest.raises(ValueError, match='causal TSSA needs block_size, its number of positions; got 0'):
+        CausalTSSA(16, 2, 0)
 
 
 # -----------------------------------------------------------------------------
