@@ -153,8 +153,10 @@ def test_softmax_kv_cache_continues_like_full_attention():
     x = torch.randn(2, 30, 16, dtype=torch.float64)
     full = layer(x)
     a, st = layer(x[:, :12], layer.empty_state(2, dtype=torch.float64))
-    b, st = layer(x[:, 12:20], st)
-    ys = [a, b]
+    # a chunk of 2 tokens, the shortest that needs a mask, then one of 6
+    b, st = layer(x[:, 12:14], st)
+    c, st = layer(x[:, 14:20], st)
+    ys = [a, b, c]
     for t in range(20, 30):
         y, st = layer.step(x[:, t], st)
         ys.append(y[:, None])
@@ -642,6 +644,8 @@ def test_param_groups_exempt_biases_norms_layerscale_temperature_and_position_bi
         assert not any(n.endswith(suffix) for n in dec), suffix
     assert any(n.endswith('attn.c_attn.weight') for n in dec)
     assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
+    # one fused kernel for every parameter, on a CPU too
+    assert tost.make_optimizer(model, 0.1, 1e-3, (0.9, 0.95), 'cpu').defaults['fused']
     vit = ViT(ViTConfig(img_size=16, patch_size=4, n_layer=1, n_head=2, n_embd=16))
     assert any(p is vit.cls_token for p in tost.param_groups(vit, 0.1)[1]['params'])
 
