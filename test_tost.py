@@ -705,6 +705,14 @@ def test_the_vision_model_is_the_released_one():
     assert all(torch.all(m.bias == 0) for m in linears)
     assert abs(model.cls_token.std().item() / 0.02 - 1) < 0.2
     assert all(torch.all(p == 0.25) for n, p in model.named_parameters() if 'gamma' in n)
+    # the 2-D positions: rows and columns each span (0, 2 pi), on a grid that is not square too (the 1x1 conv
+    # the identity: the corner's row half equals its column half)
+    pos = tost.FourierPositions(64)
+    with torch.no_grad():
+        pos.proj.weight.copy_(torch.eye(64)[:, :, None, None])
+        pos.proj.bias.zero_()
+    corner = pos(1, 2, 4, 'cpu')[0, -1]
+    torch.testing.assert_close(corner[:32], corner[32:])
 
 
 def test_image_size_not_divisible_by_patch():
