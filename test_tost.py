@@ -723,8 +723,9 @@ def test_image_size_not_divisible_by_patch():
         model(torch.randn(1, 3, 30, 30))
     with pytest.raises(ValueError, match=r'expected images of shape \(B, 3, H, W\), got \(1, 1, 32, 32\)'):
         model(torch.randn(1, 1, 32, 32))
-    with pytest.raises(ValueError, match='patch_size must be a power of 2 >= 2, got 6'):
-        ViTConfig(img_size=36, patch_size=6)
+    for bad in (6, 1):
+        with pytest.raises(ValueError, match=f'patch_size must be a power of 2 >= 2, got {bad}'):
+            ViTConfig(img_size=36, patch_size=bad)
     with pytest.raises(ValueError, match=r'n_embd \(36\) must be divisible by patch_size/2 \(8\)'):
         ViTConfig(img_size=32, patch_size=16, n_embd=36, n_head=4)
 
@@ -963,6 +964,8 @@ def test_generate_edge_cases():
     model.train()
     out = model.generate(torch.zeros(2, 3, dtype=torch.long), 5)       # a window of one token still works
     assert out.shape == (2, 8) and model.training                      # and the mode is given back
+    model.eval().generate(torch.zeros(1, 1, dtype=torch.long), 2)
+    assert not model.training
     assert model.generate(torch.zeros(1, 1, dtype=torch.long), 4, top_k=0).shape == (1, 5)   # 0: all tokens
     with pytest.raises(ValueError, match='T >= 1'):
         model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
