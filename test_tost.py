@@ -690,8 +690,10 @@ def test_the_vision_model_is_the_released_one():
     seq = seq + block.gamma_1 * torch.cat([block.attn(h)[0], h[:, 1:]], 1)
     seq = block.ln_2(seq)
     seq = seq + torch.cat([block.gamma_2 * block.mlp(seq[:, :1]), seq[:, 1:]], 1)
-    got_cls, got_x, _ = block(cls, x)
+    got_cls, got_x, att = block(cls, x)
     torch.testing.assert_close(torch.cat([got_cls, got_x], 1), seq)
+    # the map train_vit draws: each head's attention of the class token over the 1 + 5 tokens
+    torch.testing.assert_close(att.sum(-1), torch.ones(2, 2, dtype=torch.float64))
     assert [b.drop_path for b in model.blocks] == [0.1, 0.1]
     assert {m.eps for m in model.modules() if isinstance(m, torch.nn.LayerNorm)} == {1e-6}
     assert {m.eps for m in GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16)).modules()
