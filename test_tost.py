@@ -153,8 +153,10 @@ def test_softmax_kv_cache_continues_like_full_attention():
     x = torch.randn(2, 30, 16, dtype=torch.float64)
     full = layer(x)
     a, st = layer(x[:, :12], layer.empty_state(2, dtype=torch.float64))
-    b, st = layer(x[:, 12:20], st)
-    ys = [a, b]
+    # a chunk of 2 tokens, the shortest that needs a mask, then one of 6
+    b, st = layer(x[:, 12:14], st)
+    c, st = layer(x[:, 14:20], st)
+    ys = [a, b, c]
     for t in range(20, 30):
         y, st = layer.step(x[:, t], st)
         ys.append(y[:, None])
@@ -289,12 +291,20 @@ def test_softmax_layers_mistakes():
     assert GPTConfig(**args, softmax_layers=-1).softmax_layers == (1,)
 
 
-def test_sampling_is_reproducible_with_a_generator():
+def test_sampling_is_reproducible_with_a_generator_and_top_k_keeps_the_k_most_likely():
     model = GPT(GPTConfig(block_size=16, vocab_size=40, n_layer=1, n_head=2, n_embd=16))
     idx = torch.zeros(1, 3, dtype=torch.long)
     a = model.generate(idx, 20, top_k=5, generator=torch.Generator().manual_seed(3))
     b = model.generate(idx, 20, top_k=5, generator=torch.Generator().manual_seed(3))
     assert torch.equal(a, b)
+    # 200 samples of the next token at a temperature that flattens the logits: exactly the top 3 are drawn;
+    # a top_k past the vocabulary draws from all of it
+    randomize(model, scale=0.5)
+    idx = idx.expand(200, -1)
+    top = model.logits(idx[:1])[0, -1].topk(3).indices
+    g = torch.Generator().manual_seed(0)
+    assert set(model.generate(idx, 1, 100.0, top_k=3, generator=g)[:, -1].tolist()) == set(top.tolist())
+    assert len(set(model.generate(idx, 1, 100.0, top_k=100, generator=g)[:, -1].tolist())) > 20
 
 
 # -----------------------------------------------------------------------------
@@ -367,6 +377,34 @@ def test_with_attention_dropout_the_fused_core_gives_way_to_the_readable_lines()
     torch.testing.assert_close(outs[0], outs[1])
 
 
+@pytest.mark.parametrize('make', [
+    lambda: GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, dropout=0.3,
+                          softmax_layers=(-1,))),
+    lambda: ViT(ViTConfig(img_size=16, patch_size=4, n_layer=2, n_head=2, n_embd=16, dropout=0.3,
+                          attn='softmax')),
+], ids=['gpt', 'vit'])
+def test_dropout_runs_at_every_site_at_the_configs_rate_in_training_only(make):
+    """Every dropout runs in a training forward (the embeddings', each block's), at the config's rate (the
+    ViT's class-attention blocks have none); softmax attention drops its weights too; eval drops nothing."""
+    torch.manual_seed(0)
+    model = make()
+    x = torch.randint(0, 30, (2, 8)) if isinstance(model, GPT) else torch.randn(2, 3, 16, 16)
+    run = model.logits if isinstance(model, GPT) else model
+    drops = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout)}
+    assert {m.p for n, m in drops.items() if not n.startswith('cls_blocks')} == {0.3}
+    model.eval()
+    assert torch.equal(run(x), run(x))
+    ran = set()
+    for n, m in drops.items():
+        m.register_forward_hook(lambda m, i, o, n=n: ran.add(n))
+    model.train()
+    run(x)
+    assert ran == set(drops)
+    for m in drops.values():
+        m.p = 0.0
+    assert not torch.equal(run(x), run(x))                    # the attention weights' dropout, in SDPA
+
+
 def test_a_coordinate_no_token_uses_leaves_everything_finite():
     """A head whose projection is zero for every token: its memberships' column sums are 0 (clamped)."""
     torch.manual_seed(0)
@@ -381,14 +419,42 @@ def test_a_coordinate_no_token_uses_leaves_everything_finite():
 
 
 def test_residual_projections_start_at_gpt2s_scaled_init():
-    """GPT-2: every c_proj weight N(0, 0.02 / sqrt(2 n_layer)), the other matrices N(0, 0.02)."""
+    """GPT-2: every c_proj weight N(0, 0.02 / sqrt(2 n_layer)), the other matrices N(0, 0.02), each kind over
+    655k numbers (sampling error 0.1%, so 0.4% tells a 1% change); biases 0, layer-scale at layerscale_init,
+    temperatures 1, position biases 0, token shift's mu 0.5."""
     torch.manual_seed(0)
     n_layer = 8
-    model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=n_layer, n_head=4, n_embd=128))
+    model = GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=n_layer, n_head=4, n_embd=128, bias=True,
+                          layerscale_init=0.25, token_shift=True))
+    pooled = {True: [], False: []}
     for name, p in model.named_parameters():
         if name.endswith('.weight') and p.dim() == 2:
-            want = 0.02 / math.sqrt(2 * n_layer) if name.endswith('c_proj.weight') else 0.02
+            scaled = name.endswith('c_proj.weight')
+            want = 0.02 / math.sqrt(2 * n_layer) if scaled else 0.02
             assert abs(p.std().item() / want - 1) < 0.05, name
+            pooled[scaled].append(p.flatten() / want)
+    assert all(abs(torch.cat(ps).std().item() - 1) < 0.004 for ps in pooled.values())
+    start = {'bias': 0.0, 'gamma_1': 0.25, 'gamma_2': 0.25, 'temp': 1.0, 'pos_bias': 0.0, 'mu': 0.5}
+    for name, p in model.named_parameters():
+        if name.split('.')[-1] in start:
+            assert torch.all(p == start[name.split('.')[-1]]), name
+
+
+def test_drop_path_drops_a_whole_branch_of_a_whole_sample():
+    """Stochastic depth on each residual branch (attention, MLP): in training a sample's branch is dropped
+    with probability p or scaled by 1 / (1 - p); in eval it is kept as is."""
+    torch.manual_seed(0)
+    block = tost.Block(16, 2, causal=False, drop_path=0.25)
+    x = torch.randn(64, 5, 16)
+    for on, off in ((block.gamma_1, block.gamma_2), (block.gamma_2, block.gamma_1)):
+        with torch.no_grad():
+            on.fill_(1.0)
+            off.zero_()
+            branch = block.eval()(x) - x
+            got = block.train()(x) - x
+        keep = got.flatten(1).abs().amax(1) > 0                # (B,)
+        torch.testing.assert_close(got, branch * keep[:, None, None] / 0.75)
+        assert 0.6 < keep.float().mean() < 0.9
 
 
 # -----------------------------------------------------------------------------
@@ -529,7 +595,8 @@ def test_each_generated_token_costs_the_same_at_any_context_with_tssa():
 def test_flops_per_token_is_constant_in_context_for_tssa_blocks_only():
     cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=8192, vocab_size=64)
     m = GPT(GPTConfig(**cfg))
-    assert m.flops_per_token(1024) == m.flops_per_token(8192) > 6 * m.get_num_params()
+    # 6N for the weights, and 11 elementwise operations per coordinate, token and TSSA block, times 3
+    assert m.flops_per_token(1024) == m.flops_per_token(8192) == 6 * m.get_num_params() + 3 * 2 * 11 * 32
     ms = GPT(GPTConfig(attn='softmax', **cfg))
     assert ms.flops_per_token(8192) - ms.flops_per_token(1024) == 3 * 2 * 4 * 32 * (8192 - 1024) * 0.5
     mh = GPT(GPTConfig(softmax_layers=(-1,), **cfg))          # a hybrid: one of the two blocks grows with T
@@ -539,14 +606,21 @@ def test_flops_per_token_is_constant_in_context_for_tssa_blocks_only():
 # -----------------------------------------------------------------------------
 # presets, optimizer groups, vision
 
-# layer-scale init: 1e-5 for the language models and the 24-layer ToST-M, 1.0 for the 12-layer ToST-T/S
-@pytest.mark.parametrize('name,paper,tol,layerscale', [
-    ('tost-base', 110e6, 0.01, 1e-5), ('tost-medium', 304e6, 0.01, 1e-5), ('tost-large', 655e6, 0.01, 1e-5),
-    ('tost-t', 5.8e6, 0.01, 1.0), ('tost-s', 22.6e6, 0.01, 1.0), ('tost-m', 68.1e6, 0.05, 1e-5),
+# layer-scale init: 1e-5 for the language models and the 24-layer ToST-M, 1.0 for the 12-layer ToST-T/S;
+# XCiT's drop-path rates; the counts of the presets not in the paper are those docs/models.md gives
+@pytest.mark.parametrize('name,paper,tol,fields', [
+    ('tost-base', 110e6, 0.01, dict(layerscale_init=1e-5, block_size=1024)),
+    ('tost-medium', 304e6, 0.01, dict(layerscale_init=1e-5)),
+    ('tost-large', 655e6, 0.01, dict(layerscale_init=1e-5)),
+    ('tost-t', 5.8e6, 0.01, dict(layerscale_init=1.0, drop_path=0.0)),
+    ('tost-s', 22.6e6, 0.01, dict(layerscale_init=1.0, drop_path=0.05)),
+    ('tost-m', 68.1e6, 0.05, dict(layerscale_init=1e-5, drop_path=0.15)),
+    ('tost-demo', 0.69e6, 0.01, dict(block_size=256, vocab_size=256)),
+    ('tost-cifar', 3.3e6, 0.01, dict(img_size=32, patch_size=4)), ('tost-cifar-tiny', 0.65e6, 0.01, {}),
 ])
-def test_preset_parameter_counts_and_layer_scale(name, paper, tol, layerscale):
+def test_preset_parameter_counts_and_layer_scale(name, paper, tol, fields):
     cfg = preset(name)
-    assert cfg.layerscale_init == layerscale
+    assert all(getattr(cfg, k) == v for k, v in fields.items())
     with torch.device('meta'):
         model = GPT(cfg) if isinstance(cfg, GPTConfig) else ViT(cfg)
     n = model.get_num_params()
@@ -567,6 +641,8 @@ def test_param_groups_exempt_biases_norms_layerscale_temperature_and_position_bi
         assert not any(n.endswith(suffix) for n in dec), suffix
     assert any(n.endswith('attn.c_attn.weight') for n in dec)
     assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
+    vit = ViT(ViTConfig(img_size=16, patch_size=4, n_layer=1, n_head=2, n_embd=16))
+    assert any(p is vit.cls_token for p in tost.param_groups(vit, 0.1)[1]['params'])
 
 
 # -----------------------------------------------------------------------------
@@ -609,12 +685,31 @@ def test_the_vision_model_is_the_released_one():
     seq = seq + block.gamma_1 * torch.cat([block.attn(h)[0], h[:, 1:]], 1)
     seq = block.ln_2(seq)
     seq = seq + torch.cat([block.gamma_2 * block.mlp(seq[:, :1]), seq[:, 1:]], 1)
-    got_cls, got_x, _ = block(cls, x)
+    got_cls, got_x, att = block(cls, x)
     torch.testing.assert_close(torch.cat([got_cls, got_x], 1), seq)
+    # the map train_vit draws: each head's attention of the class token over the 1 + 5 tokens
+    torch.testing.assert_close(att.sum(-1), torch.ones(2, 2, dtype=torch.float64))
     assert [b.drop_path for b in model.blocks] == [0.1, 0.1]
     assert {m.eps for m in model.modules() if isinstance(m, torch.nn.LayerNorm)} == {1e-6}
     assert {m.eps for m in GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16)).modules()
             if isinstance(m, torch.nn.LayerNorm)} == {1e-5}
+    # the released init: linear weights N(0, 0.02) (1.5M numbers: to 0.4%), biases 0, the class token
+    # N(0, 0.02), layer-scale at layerscale_init
+    model = ViT(ViTConfig(img_size=32, patch_size=4, n_layer=4, n_head=4, n_embd=192, layerscale_init=0.25,
+                          lpi=True))
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert abs(torch.cat([m.weight.flatten() for m in linears]).std().item() / 0.02 - 1) < 0.004
+    assert all(torch.all(m.bias == 0) for m in linears)
+    assert abs(model.cls_token.std().item() / 0.02 - 1) < 0.2
+    assert all(torch.all(p == 0.25) for n, p in model.named_parameters() if 'gamma' in n)
+    # the 2-D positions: rows and columns each span (0, 2 pi), on a grid that is not square too (the 1x1 conv
+    # the identity: the corner's row half equals its column half)
+    pos = tost.FourierPositions(64)
+    with torch.no_grad():
+        pos.proj.weight.copy_(torch.eye(64)[:, :, None, None])
+        pos.proj.bias.zero_()
+    corner = pos(1, 2, 4, 'cpu')[0, -1]
+    torch.testing.assert_close(corner[:32], corner[32:])
 
 
 def test_image_size_not_divisible_by_patch():
@@ -625,15 +720,17 @@ def test_image_size_not_divisible_by_patch():
         model(torch.randn(1, 3, 30, 30))
     with pytest.raises(ValueError, match=r'expected images of shape \(B, 3, H, W\), got \(1, 1, 32, 32\)'):
         model(torch.randn(1, 1, 32, 32))
-    with pytest.raises(ValueError, match='patch_size must be a power of 2 >= 2, got 6'):
-        ViTConfig(img_size=36, patch_size=6)
+    for bad in (6, 1):
+        with pytest.raises(ValueError, match=f'patch_size must be a power of 2 >= 2, got {bad}'):
+            ViTConfig(img_size=36, patch_size=bad)
     with pytest.raises(ValueError, match=r'n_embd \(36\) must be divisible by patch_size/2 \(8\)'):
         ViTConfig(img_size=32, patch_size=16, n_embd=36, n_head=4)
 
 
 def test_width_not_divisible_by_heads_and_unknown_attn():
-    with pytest.raises(ValueError, match=r'n_embd \(10\) must be divisible by n_head \(3\)'):
-        GPTConfig(n_embd=10, n_head=3)
+    for heads in (3, 0):
+        with pytest.raises(ValueError, match=rf'n_embd \(10\) must be divisible by n_head \({heads}\)'):
+            GPTConfig(n_embd=10, n_head=heads)
     with pytest.raises(ValueError, match="unknown attn 'linear'"):
         GPTConfig(attn='linear')
     with pytest.raises(ValueError, match="unknown attn 'linear'"):
@@ -649,6 +746,8 @@ def test_width_not_divisible_by_heads_and_unknown_attn():
             make()                                           # the layers alone check too, when built
     with pytest.raises(ValueError, match='causal TSSA needs block_size, its number of positions; got None'):
         tost.Block(16, 2)                                    # causal by default
+    with pytest.raises(ValueError, match='causal TSSA needs block_size, its number of positions; got 0'):
+        CausalTSSA(16, 2, 0)
 
 
 # -----------------------------------------------------------------------------
@@ -862,6 +961,8 @@ def test_generate_edge_cases():
     model.train()
     out = model.generate(torch.zeros(2, 3, dtype=torch.long), 5)       # a window of one token still works
     assert out.shape == (2, 8) and model.training                      # and the mode is given back
+    model.eval().generate(torch.zeros(1, 1, dtype=torch.long), 2)
+    assert not model.training
     assert model.generate(torch.zeros(1, 1, dtype=torch.long), 4, top_k=0).shape == (1, 5)   # 0: all tokens
     with pytest.raises(ValueError, match='T >= 1'):
         model.generate(torch.zeros(1, 0, dtype=torch.long), 3)

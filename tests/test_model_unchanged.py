@@ -139,9 +139,11 @@ def test_models_compute_what_they_did(base, monkeypatch):
 
         inputs = [idx, targets]
         assert_identical(outputs_and_grads(new, inputs, run), outputs_and_grads(ref, inputs, run))
-    cfg = dict(img_size=16, patch_size=8, num_classes=5, n_layer=2, n_head=2, n_embd=16, n_cls_layer=1)
-    new, ref = twins(lambda: tost.ViT(tost.ViTConfig(**cfg)), lambda: old.ViT(old.ViTConfig(**cfg)))
-    new.eval()
-    ref.eval()
-    images = torch.randn(2, 3, 16, 16)
-    assert_identical(outputs_and_grads(new, [images], forward), outputs_and_grads(ref, [images], forward))
+    # the paper's vision model, and the options beyond it (a softmax baseline, XCiT's LPI)
+    for fields in (dict(n_cls_layer=1), dict(attn='softmax', lpi=True, n_cls_layer=2)):
+        cfg = dict(img_size=16, patch_size=4, num_classes=5, n_layer=2, n_head=2, n_embd=16, **fields)
+        new, ref = twins(lambda: tost.ViT(tost.ViTConfig(**cfg)), lambda: old.ViT(old.ViTConfig(**cfg)))
+        new.eval()
+        ref.eval()
+        images = torch.randn(2, 3, 16, 16)
+        assert_identical(outputs_and_grads(new, [images], forward), outputs_and_grads(ref, [images], forward))
