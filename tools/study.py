@@ -30,7 +30,7 @@ import plot
 import tost
 from options import UsageError, parse
 from tools.bench import REPO, console, run_sections, table
-from train_common import cosine_lr
+from train_common import cosine_lr, optimizer_step
 
 
 def run_script(script, keys, what):
@@ -304,14 +304,13 @@ def task_run(job):
     cfg = tost.GPTConfig(block_size=x_test.shape[1], vocab_size=task.vocab, **TASK_MODEL, **TASK_MODELS[kind])
     model = tost.GPT(cfg)
     opt = tost.make_optimizer(model, o['weight_decay'], o['lr'], o['betas'], 'cpu')
+    # the trainers' step (float32: the scaler does nothing)
+    scaler = torch.amp.GradScaler('cpu', enabled=False)
     for it, (x, y) in enumerate(task_train_batches(task, value, batch, steps, x_test)):
-        for g in opt.param_groups:
-            g['lr'] = cosine_lr(it, o['lr'], o['min_lr'], o['warmup'] * steps, steps)
         _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), o['clip'])
-        opt.step()
+        lr = cosine_lr(it, o['lr'], o['min_lr'], o['warmup'] * steps, steps)
+        optimizer_step(opt, scaler, lr, o['clip'])
     model.eval()
     y = torch.from_numpy(y_test)
     with torch.no_grad():                       # the top token at every position of the held-out sequences
