@@ -123,9 +123,9 @@ def vit_config(cfg, set_keys, meta, ckpt=None):
     else:
         args = asdict(tost.preset(cfg['model'], attn=cfg['attn'], lpi=cfg['lpi'],
                                   num_classes=meta['num_classes'], in_chans=meta['channels']))
-    # The paper's ToST-T/S/M cut 224px images into 16px patches (14 x 14); 32px images get 4px ones (8 x 8).
-    if not ckpt and meta['image_size'] <= 64:
-        args['patch_size'] = min(args['patch_size'], 4)
+        # The paper's ToST-T/S/M cut 224px images into 16px patches (14 x 14); 32px ones get 4px (8 x 8).
+        if meta['image_size'] <= 64:
+            args['patch_size'] = min(args['patch_size'], 4)
     if 'drop_path' in set_keys:
         args['drop_path'] = cfg['drop_path']
     if (args['num_classes'], args['in_chans']) != (meta['num_classes'], meta['channels']):
@@ -377,12 +377,11 @@ def main(argv=None):
                 best_acc = max(best_acc, acc)
                 say(f"epoch {epoch}/{epochs}: test loss {test_loss:.4f}, test acc {acc:.4f} "
                     f"(best {best_acc:.4f})")
-                row = dict(kind='eval', step=step, epoch=epoch, test_loss=test_loss, test_acc=acc,
-                           best_acc=best_acc)
                 # R^var_c of each TSSA layer (none for softmax), the pictures, the log row: rank 0's.
                 if master:
-                    row.update(look_inside(raw_model, x_test, test_images, y_test, cfg, meta['classes']))
-                    log_row(out_dir, row)
+                    inside = look_inside(raw_model, x_test, test_images, y_test, cfg, meta['classes'])
+                    log_row(out_dir, dict(kind='eval', step=step, epoch=epoch, test_loss=test_loss,
+                                          test_acc=acc, best_acc=best_acc, **inside))
                 drawing = master and drawing and draw_loss(out_dir)
             # Saved at each epoch's end, and where a stop was asked. The losses since the last row (none at an
             # epoch's end) go with it as the sum over all processes divided by their number, the stop's mean
@@ -437,9 +436,10 @@ def main(argv=None):
                     kept = 'a checkpoint on disk is kept'
                     fail(diverged('training loss', train_loss, f'step {step}', kept, cfg), 3)
             if row_due:
-                dt = (time.time() - t_row) / timed
+                elapsed = time.time() - t_row
+                dt = elapsed / timed
                 row = dict(kind='train', step=step, epoch=step / steps_per_epoch, train_loss=train_loss,
-                           lr=lr, img_per_s=seen * dist.world_size / (dt * timed), ms_per_step=1000 * dt)
+                           lr=lr, img_per_s=seen * dist.world_size / elapsed, ms_per_step=1000 * dt)
                 say(f"step {step}/{total} (epoch {row['epoch']:.2f}): loss {train_loss:.4f}, lr {lr:.1e}, "
                     f"{row['img_per_s']:,.0f} img/s, {1000 * dt:.1f} ms/step, "
                     f"eta {human((total - step) * dt)}")
