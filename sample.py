@@ -78,35 +78,6 @@ def decode_stream(tok, ids):
     yield utf8.decode(b'', final=True)
 
 
-def read_prompt(start, tok, block_size):
-    """--start (itself, or the UTF-8 file FILE:path names) as (text, token ids), with a note on stderr if the
-    model will see only the last block_size of the ids (generate_stream crops them)."""
-    text = start
-    if start.startswith('FILE:'):
-        path = start.removeprefix('FILE:')
-        if not path:
-            raise UsageError("--start=FILE: needs the prompt file's path after FILE:")
-        # a file that cannot be read is the handler's to name (options.py)
-        try:
-            with open(path, encoding='utf-8') as f:
-                text = f.read()
-        except UnicodeDecodeError as e:
-            raise UsageError(f"--start: the prompt file {path} is not UTF-8 text (byte {e.start})") from None
-    # nothing to condition on: the end-of-text token if there is one, else a newline
-    if text == '':
-        return text, [tok.eot] if tok.eot is not None else tok.encode('\n')
-    try:
-        ids = tok.encode(text)
-    except Exception as e:  # a lone surrogate (undecodable bytes on the command line), ...
-        raise UsageError(f"--start: the {tok.name} tokenizer cannot encode the prompt ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:100]})") from None
-    if len(ids) > block_size:
-        kept = tok.decode(ids[-block_size:])
-        print(f"note: the prompt is {len(ids)} tokens and the model sees at most {block_size}: kept the last "
-              f"{block_size}, from {kept[:40]!r}", file=sys.stderr)
-    return text, ids
-
-
 def main(argv=None):
     cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
     device = pick_device(cfg['device'])
@@ -123,7 +94,33 @@ def main(argv=None):
     tok = get_tokenizer(ckpt['meta']['tokenizer'])
     shown = CONTROL_PICTURES if sys.stdout.isatty() else {}
 
-    prompt, ids = read_prompt(cfg['start'], tok, model.config.block_size)
+    # the prompt: --start itself, or the UTF-8 file FILE:path names
+    prompt = cfg['start']
+    if prompt.startswith('FILE:'):
+        path = prompt.removeprefix('FILE:')
+        if not path:
+            raise UsageError("--start=FILE: needs the prompt file's path after FILE:")
+        # a file that cannot be read is the handler's to name (options.py)
+        try:
+            with open(path, encoding='utf-8') as f:
+                prompt = f.read()
+        except UnicodeDecodeError as e:
+            raise UsageError(f"--start: the prompt file {path} is not UTF-8 text (byte {e.start})") from None
+    # nothing to condition on: the end-of-text token if there is one, else a newline
+    if prompt == '':
+        ids = [tok.eot] if tok.eot is not None else tok.encode('\n')
+    else:
+        try:
+            ids = tok.encode(prompt)
+        except Exception as e:  # a lone surrogate (undecodable bytes on the command line), ...
+            raise UsageError(f"--start: the {tok.name} tokenizer cannot encode the prompt "
+                             f"({type(e).__name__}: {str(e).splitlines()[0][:100]})") from None
+    # generate_stream gives the model only the last block_size ids: said on stderr
+    block_size = model.config.block_size
+    if len(ids) > block_size:
+        kept = tok.decode(ids[-block_size:])
+        print(f"note: the prompt is {len(ids)} tokens and the model sees at most {block_size}: kept the last "
+              f"{block_size}, from {kept[:40]!r}", file=sys.stderr)
     idx = torch.tensor([ids], device=device)
     generator = torch.Generator(device=device).manual_seed(cfg['seed'])
     t0 = time.perf_counter()
