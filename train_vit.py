@@ -164,7 +164,7 @@ def evaluate(model, x, y, batch_size, ctx, dist):
 
 
 @torch.no_grad()
-def inspect(model, x, layer=-1):
+def inspect(model, x, layer):
     """What a ViT does on images x: 'pi' (B, K, Hp, Wp), the memberships Pi of TSSA block `layer`; 'cls_attn'
     (B, H, Hp, Wp), the last class-attention block's CLS attention over the patches; 'compression', R^var_c
     (B,) per TSSA block of the block's output tokens (after its TSSA, LPI if any, and MLP) seen through its
@@ -337,8 +337,7 @@ def main(argv=None):
     if resume:
         say(f"resuming {path} at step {step} (epoch {step / steps_per_epoch:g} of {epochs})")
     if step >= total:
-        say(f"nothing to do: {path} is at the end of its last epoch ({epochs}); pass a larger --epochs to "
-            f"train on")
+        say(f"nothing to do: {path} is at the end of its last epoch ({epochs}); a larger --epochs trains on")
         teardown(dist, lock)
         return best_acc
     # A new run holds its folder from here on (its checkpoint, if any, is read: --overwrite may delete it).
@@ -375,8 +374,7 @@ def main(argv=None):
                 acc, test_loss = evaluate(eval_model, x_test, y_test, batch_size, ctx, dist)
                 improved = acc > best_acc
                 best_acc = max(best_acc, acc)
-                say(f"epoch {epoch}/{epochs}: test loss {test_loss:.4f}, test acc {acc:.4f} "
-                    f"(best {best_acc:.4f})")
+                say(f"epoch {epoch}/{epochs}: test loss {test_loss:.4f}, acc {acc:.4f} (best {best_acc:.4f})")
                 # R^var_c of each TSSA layer (none for softmax), the pictures, the log row: rank 0's.
                 if master:
                     inside = look_inside(raw_model, x_test, test_images, y_test, cfg, meta['classes'])
@@ -450,8 +448,7 @@ def main(argv=None):
                 timed = 0
                 seen = 0
                 t_row = time.time()
-    say(f"done: best test accuracy {best_acc:.4f} in {human(time.time() - t_start)}; checkpoints in "
-        f"{out_dir}")
+    say(f"done: best test accuracy {best_acc:.4f} in {human(time.time() - t_start)}; checkpoints: {out_dir}")
     teardown(dist, lock)
     return best_acc
 
