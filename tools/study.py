@@ -188,11 +188,11 @@ def gen_recall(rng, n, pairs, keys=32):
     k = rng.random((n, keys)).argsort(1)[:, :pairs]               # (n, N) distinct keys
     v = rng.random((n, keys)).argsort(1)[:, :pairs] + keys        # (n, N) distinct values
     q = rng.random((n, pairs)).argsort(1)[:, :(pairs + 1) // 2]   # (n, Q) the pairs asked, in random order
-    qk = np.take_along_axis(k, q, 1)
-    qv = np.take_along_axis(v, q, 1)
-    x = np.concatenate([np.stack([k, v], 2).reshape(n, -1), np.stack([qk, qv], 2).reshape(n, -1)], 1)
+    kv = np.stack([k, v], 2)                                      # (n, N, 2)
+    asked = np.take_along_axis(kv, q[..., None], 1)               # (n, Q, 2)
+    x = np.concatenate([kv, asked], 1).reshape(n, -1)
     y = np.full_like(x, -1)
-    y[:, 2 * pairs::2] = qv
+    y[:, 2 * pairs::2] = asked[..., 1]
     return x[:, :-1], y[:, :-1]
 
 
