@@ -170,18 +170,19 @@ def open_dataset(cfg, dist, model_meta=None):
     meets at the same barrier."""
     path = os.path.join(cfg['data_dir'], cfg['dataset'])
     missing = not os.path.exists(os.path.join(path, 'meta.json')) and not os.path.isfile(cfg['data_dir'])
-    if cfg['dataset'] in PREPARE_ON_THE_FLY and dist.local_rank == 0 and missing:
-        import prepare_data
-        prepare_data.prepare(cfg['dataset'], data_dir=cfg['data_dir'])
-    if cfg['dataset'] in PREPARE_ON_THE_FLY and dist.ddp:
-        torch.distributed.barrier()
+    if cfg['dataset'] in PREPARE_ON_THE_FLY:
+        if dist.local_rank == 0 and missing:
+            import prepare_data
+            prepare_data.prepare(cfg['dataset'], data_dir=cfg['data_dir'])
+        if dist.ddp:
+            torch.distributed.barrier()
     meta = readers.load_meta(path, 'text', model_meta)
     sizes = {split: len(readers.read_tokens(path, meta, split)) for split in ('train', 'val')}
     # A window and its target need block_size + 1 tokens.
     for split, n in sizes.items():
-        # No tokens at all: a test set (lambada, wikitext2), which eval_gpt.py reads.
-        way_out = "use a smaller --block_size or more data" if n else "it is for eval_gpt.py"
         if n <= cfg['block_size']:
+            # No tokens at all: a test set (lambada, wikitext2), which eval_gpt.py reads.
+            way_out = "use a smaller --block_size or more data" if n else "it is for eval_gpt.py"
             raise UsageError(f"block_size {cfg['block_size']} is larger than the data: {path} has {n} "
                              f"{split} tokens (need at least block_size + 1); {way_out}")
     return path, meta, sizes
@@ -284,8 +285,9 @@ def main(argv=None):
                           choices=dict(init_from=('scratch', 'resume'), attn=tost.ATTN_KINDS))
     fresh = cfg['init_from'] == 'scratch'
     # A fresh model's shape is checked before any work (a resumed one is its checkpoint's).
+    model_args = {k: cfg[k] for k in MODEL_KEYS}
     if fresh:
-        gpt_config(dict(block_size=cfg['block_size'], **{k: cfg[k] for k in MODEL_KEYS}))
+        gpt_config(dict(model_args, block_size=cfg['block_size']))
     out_dir = cfg['out_dir']
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 
@@ -333,7 +335,6 @@ def main(argv=None):
     if fresh:
         # The vocabulary rounded up to a multiple of 64: bytes 256, gpt2's 50257 -> 50304, faster matmuls.
         vocab = 64 * math.ceil(meta['vocab_size'] / 64)
-        model_args = {k: cfg[k] for k in MODEL_KEYS}
         model_args.update(block_size=T, vocab_size=vocab, dropout=cfg['dropout'])
     else:
         model_args = dict(ckpt['model_args'], dropout=cfg['dropout'])
