@@ -439,7 +439,7 @@ def command(script, args, launcher="python"):
     started: beside the trainer running (python ../tost/train_gpt.py), or as it is (python -c, a test)."""
     ours = os.path.basename(sys.argv[0]) in ("train_gpt.py", "train_vit.py")
     prog = os.path.join(os.path.dirname(sys.argv[0]) if ours else "", script)
-    return " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args])
+    return launcher + " " + shlex.join([prog, *args])
 
 
 def resume_command(script, cfg, set_keys, defaults):
