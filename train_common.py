@@ -147,9 +147,9 @@ def optimizer_for(model, cfg, dtype, ckpt):
     scaler = torch.amp.GradScaler(kind, enabled=dtype == "float16")
     if ckpt:
         optimizer.load_state_dict(ckpt["optimizer"])
-    # A disabled scaler saves {}.
-    if ckpt and ckpt.get("scaler"):
-        scaler.load_state_dict(ckpt["scaler"])
+        # A disabled scaler saves {}.
+        if ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
     return optimizer, scaler
 
 
