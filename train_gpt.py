@@ -430,10 +430,12 @@ def main(argv=None):
                 t_eval = time.time()
                 losses = estimate_loss(model, data_path, meta, sizes, cfg, ctx, dist)
                 val_loss = losses['val']
-                if not (math.isfinite(val_loss) and math.isfinite(losses['train'])):
+                # Losses are at least 0: the sum is finite only if both are, and else it is the nan or inf.
+                both = losses['train'] + val_loss
+                if not math.isfinite(both):
                     teardown(dist, lock)
                     kept = last_good(ckpt_path, saved)
-                    fail(diverged('eval loss', val_loss, f'iter {iter_num}', kept, cfg), 3)
+                    fail(diverged('eval loss', both, f'iter {iter_num}', kept, cfg), 3)
                 # A loss since the last row that is not finite (a step float16's scaler skipped) is not saved:
                 # the next row stops the run, and the checkpoint it names must resume.
                 carried = mean_loss(loss_sum.clone(), 1, dist)
