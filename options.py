@@ -174,12 +174,12 @@ def report(exc):
         # Half the micro-batch, twice the micro-steps: the same step. Not while something is being built (the
         # model, under an __init__): that needs no smaller batch.
         frames = {frame.f_code.co_name for frame, _ in traceback.walk_tb(exc.__traceback__)}
-        batch = "__init__" not in frames
-        if batch and "batch_size" in parsed:
-            line += f"; try --batch_size={max(1, parsed['batch_size'] // 2)}"
-        if batch and "gradient_accumulation_steps" in parsed:
-            steps = 2 * parsed["gradient_accumulation_steps"]
-            line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"
+        if "__init__" not in frames:
+            if "batch_size" in parsed:
+                line += f"; try --batch_size={max(1, parsed['batch_size'] // 2)}"
+            if "gradient_accumulation_steps" in parsed:
+                steps = 2 * parsed["gradient_accumulation_steps"]
+                line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"
         code = 2
     elif peer_gone(exc):
         # The process that ended has said why (or torchrun says how it ended); this one only follows it.
