@@ -174,12 +174,12 @@ def report(exc):
         # Half the micro-batch, twice the micro-steps: the same step. Not while something is being built (the
         # model, under an __init__): that needs no smaller batch.
         frames = {frame.f_code.co_name for frame, _ in traceback.walk_tb(exc.__traceback__)}
-        batch = "__init__" not in frames
-        if batch and "batch_size" in parsed:
-            line += f"; try --batch_size={max(1, parsed['batch_size'] // 2)}"
-        if batch and "gradient_accumulation_steps" in parsed:
-            steps = 2 * parsed["gradient_accumulation_steps"]
-            line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"
+        if "__init__" not in frames:
+            if "batch_size" in parsed:
+                line += f"; try --batch_size={max(1, parsed['batch_size'] // 2)}"
+            if "gradient_accumulation_steps" in parsed:
+                steps = 2 * parsed["gradient_accumulation_steps"]
+                line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"
         code = 2
     elif peer_gone(exc):
         # The process that ended has said why (or torchrun says how it ended); this one only follows it.
@@ -247,12 +247,10 @@ if hasattr(sys.stdout, "reconfigure"):
 # interactive session, under pytest, or in a module run as a script that never parses options.
 script = getattr(sys.modules.get("__main__"), "__file__", None)
 ours = script and os.path.abspath(script).startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep)
-parses = False
 if ours and "torch" not in sys.modules and hasattr(signal, "pthread_sigmask"):
     with contextlib.suppress(OSError), open(script, encoding="utf-8", errors="replace") as f:
-        parses = "parse(" in f.read()
-if parses:
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        if "parse(" in f.read():
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
@@ -303,7 +301,6 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     if {"-h", "--help"} & set(argv):
         print(help_text(doc, defaults, source, presets, positional), flush=True)
         sys.exit(0)
-    presets = presets or {}
     many = positional and isinstance(defaults[positional], list)
     bare = [a for a in argv if positional and not a.startswith("--")]
     flags = [a for a in argv if a not in bare]

@@ -67,7 +67,7 @@ def get_tokenizer(name, encoding=None):
         return Tokenizer("bytes", 256)
     if name != "gpt2":
         raise UsageError(f"unknown tokenizer {name!r} (known: {', '.join(TOKENIZERS)})")
-    enc = encoding if encoding is not None else gpt2_encoding()
+    enc = encoding or gpt2_encoding()
     # Ids go to vocab_size - 1 and are stored as uint16.
     if enc.n_vocab > 2**16:
         raise UsageError(f"vocab of {enc.n_vocab} does not fit uint16 token files (at most 65536)")

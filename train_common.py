@@ -95,7 +95,6 @@ def load_weights(model, ckpt, path):
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
         raise UsageError(f"{path} does not fit its own model_args ({str(e).splitlines()[0]})") from None
-    return model
 
 
 def lock_out_dir(out_dir):
@@ -140,7 +139,7 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
 # the optimizer and the schedule
 
 
-def optimizer_for(model, cfg, dtype, ckpt=None):
+def optimizer_for(model, cfg, dtype, ckpt):
     """AdamW and the GradScaler (float16 only: bfloat16 has the range), as `ckpt` left them."""
     kind = next(model.parameters()).device.type
     betas = (cfg["beta1"], cfg["beta2"])
@@ -148,9 +147,9 @@ def optimizer_for(model, cfg, dtype, ckpt=None):
     scaler = torch.amp.GradScaler(kind, enabled=dtype == "float16")
     if ckpt:
         optimizer.load_state_dict(ckpt["optimizer"])
-    # A disabled scaler saves {}.
-    if ckpt and ckpt.get("scaler"):
-        scaler.load_state_dict(ckpt["scaler"])
+        # A disabled scaler saves {}.
+        if ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
     return optimizer, scaler
 
 
@@ -285,11 +284,13 @@ def resolve_dtype(dtype, device, master=True):
     float32."""
     kind = device.split(":")[0]
     gpu_bf16 = kind == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
-    if dtype == "auto" and kind == "cuda":
-        return ("bfloat16", "auto: this GPU computes in it") if gpu_bf16 else ("float16", "auto: no bfloat16")
-    if dtype == "auto" and kind == "cpu" and torch.cpu._is_avx512_bf16_supported():
-        return "bfloat16", "auto: this CPU has bfloat16 instructions"
     if dtype == "auto":
+        if gpu_bf16:
+            return "bfloat16", "auto: this GPU computes in it"
+        if kind == "cuda":
+            return "float16", "auto: no bfloat16"
+        if kind == "cpu" and torch.cpu._is_avx512_bf16_supported():
+            return "bfloat16", "auto: this CPU has bfloat16 instructions"
         return "float32", "auto"
     if dtype not in ("bfloat16", "float16", "float32"):
         raise UsageError(f"unknown dtype {dtype!r}; use auto, bfloat16, float16 or float32")
@@ -438,7 +439,7 @@ def command(script, args, launcher="python"):
     started: beside the trainer running (python ../tost/train_gpt.py), or as it is (python -c, a test)."""
     ours = os.path.basename(sys.argv[0]) in ("train_gpt.py", "train_vit.py")
     prog = os.path.join(os.path.dirname(sys.argv[0]) if ours else "", script)
-    return " ".join([launcher, shlex.quote(prog)] + [shlex.quote(a) for a in args])
+    return launcher + " " + shlex.join([prog, *args])
 
 
 def resume_command(script, cfg, set_keys, defaults):
@@ -468,12 +469,11 @@ def start_log(out_dir, key, last):
     keep = []
     if last is not None and os.path.isfile(path):
         with open(path) as f:
-            lines = f.readlines()
-        for line in lines:
-            with contextlib.suppress(ValueError, AttributeError):
-                value = json.loads(line).get(key)
-                if not isinstance(value, (int, float)) or value <= last:
-                    keep.append(line)
+            for line in f:
+                with contextlib.suppress(ValueError, AttributeError):
+                    value = json.loads(line).get(key)
+                    if not isinstance(value, (int, float)) or value <= last:
+                        keep.append(line)
     # A crash or a full disk keeps the old log.
     write_whole(path, lambda f: f.writelines(keep))
 

@@ -170,18 +170,19 @@ def open_dataset(cfg, dist, model_meta=None):
     meets at the same barrier."""
     path = os.path.join(cfg['data_dir'], cfg['dataset'])
     missing = not os.path.exists(os.path.join(path, 'meta.json')) and not os.path.isfile(cfg['data_dir'])
-    if cfg['dataset'] in PREPARE_ON_THE_FLY and dist.local_rank == 0 and missing:
-        import prepare_data
-        prepare_data.prepare(cfg['dataset'], data_dir=cfg['data_dir'])
-    if cfg['dataset'] in PREPARE_ON_THE_FLY and dist.ddp:
-        torch.distributed.barrier()
+    if cfg['dataset'] in PREPARE_ON_THE_FLY:
+        if dist.local_rank == 0 and missing:
+            import prepare_data
+            prepare_data.prepare(cfg['dataset'], data_dir=cfg['data_dir'])
+        if dist.ddp:
+            torch.distributed.barrier()
     meta = readers.load_meta(path, 'text', model_meta)
     sizes = {split: len(readers.read_tokens(path, meta, split)) for split in ('train', 'val')}
     # A window and its target need block_size + 1 tokens.
     for split, n in sizes.items():
-        # No tokens at all: a test set (lambada, wikitext2), which eval_gpt.py reads.
-        way_out = "use a smaller --block_size or more data" if n else "it is for eval_gpt.py"
         if n <= cfg['block_size']:
+            # No tokens at all: a test set (lambada, wikitext2), which eval_gpt.py reads.
+            way_out = "use a smaller --block_size or more data" if n else "it is for eval_gpt.py"
             raise UsageError(f"block_size {cfg['block_size']} is larger than the data: {path} has {n} "
                              f"{split} tokens (need at least block_size + 1); {way_out}")
     return path, meta, sizes
@@ -284,8 +285,9 @@ def main(argv=None):
                           choices=dict(init_from=('scratch', 'resume'), attn=tost.ATTN_KINDS))
     fresh = cfg['init_from'] == 'scratch'
     # A fresh model's shape is checked before any work (a resumed one is its checkpoint's).
+    model_args = {k: cfg[k] for k in MODEL_KEYS}
     if fresh:
-        gpt_config(dict(block_size=cfg['block_size'], **{k: cfg[k] for k in MODEL_KEYS}))
+        gpt_config(dict(model_args, block_size=cfg['block_size']))
     out_dir = cfg['out_dir']
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 
@@ -296,9 +298,9 @@ def main(argv=None):
     ckpt = None
     lock = None
     # A resume locks the folder before it reads the checkpoint: another run may hold it, not saved yet.
-    if not fresh and os.path.isdir(out_dir):
-        lock = make_out_dir(out_dir, [], False, False, master)
     if not fresh:
+        if os.path.isdir(out_dir):
+            lock = make_out_dir(out_dir, [], False, False, master)
         needs = ('model', 'optimizer', 'iter_num', 'config', 'meta')
         ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=needs)
         cfg, set_keys = resume_config(cfg, set_keys, ckpt)
@@ -329,12 +331,10 @@ def main(argv=None):
     state = ckpt or {}
     iter_num = state.get('iter_num', 0)
     best_val_loss = state.get('best_val_loss', float('inf'))
-    elapsed = state.get('elapsed_s', 0.0)
     tokens = state.get('tokens', iter_num * tokens_per_iter)
     if fresh:
         # The vocabulary rounded up to a multiple of 64: bytes 256, gpt2's 50257 -> 50304, faster matmuls.
         vocab = 64 * math.ceil(meta['vocab_size'] / 64)
-        model_args = {k: cfg[k] for k in MODEL_KEYS}
         model_args.update(block_size=T, vocab_size=vocab, dropout=cfg['dropout'])
     else:
         model_args = dict(ckpt['model_args'], dropout=cfg['dropout'])
@@ -384,11 +384,11 @@ def main(argv=None):
         say(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x "
             f"{B} x {T}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
         say(f"memory: about {need / 1e9:.3g} GB kept for the backward of a micro-step of {B} x {T} tokens")
-    if master and ckpt:
-        say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
-    if master and max_iters > lr_decay_iters:
-        say(f"note: the schedule decays to min_lr at iter {lr_decay_iters} and stays there; set "
-            f"--lr_decay_iters to stretch it")
+        if ckpt:
+            say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
+        if max_iters > lr_decay_iters:
+            say(f"note: the schedule decays to min_lr at iter {lr_decay_iters} and stays there; set "
+                f"--lr_decay_iters to stretch it")
 
     # the log: a fresh run's is new; a resumed run's keeps its rows up to the checkpoint, the later are redone
     saved = None if fresh else iter_num
@@ -400,6 +400,8 @@ def main(argv=None):
     drawing = True
     start_iter = iter_num
     t_start = time.time()
+    # The run's start, moved back by the time its earlier processes trained: elapsed_s spans resumes.
+    t_run = t_start - state.get('elapsed_s', 0.0)
     val_loss = None
     tok_per_s = None
     # The losses summed on the device since the last row: reading them waits for it, so only a row (or a save)
@@ -417,7 +419,7 @@ def main(argv=None):
                     scaler=scaler.state_dict(), model_args=model_args, iter_num=iter_num,
                     best_val_loss=best_val_loss, val_loss=val, since_row=since_row, loss_sum=carried,
                     config=cfg, set_keys=sorted(set_keys), meta=meta, tokens=tokens,
-                    elapsed_s=round(elapsed + time.time() - t_start, 2))
+                    elapsed_s=round(time.time() - t_run, 2))
 
     with stop_signals('iter', master) as signals:
         while True:
@@ -428,10 +430,12 @@ def main(argv=None):
                 t_eval = time.time()
                 losses = estimate_loss(model, data_path, meta, sizes, cfg, ctx, dist)
                 val_loss = losses['val']
-                if not (math.isfinite(val_loss) and math.isfinite(losses['train'])):
+                # Losses are at least 0: the sum is finite only if both are, and else it is the nan or inf.
+                both = losses['train'] + val_loss
+                if not math.isfinite(both):
                     teardown(dist, lock)
                     kept = last_good(ckpt_path, saved)
-                    fail(diverged('eval loss', val_loss, f'iter {iter_num}', kept, cfg), 3)
+                    fail(diverged('eval loss', both, f'iter {iter_num}', kept, cfg), 3)
                 # A loss since the last row that is not finite (a step float16's scaler skipped) is not saved:
                 # the next row stops the run, and the checkpoint it names must resume.
                 carried = mean_loss(loss_sum.clone(), 1, dist)
@@ -439,7 +443,7 @@ def main(argv=None):
                 save = (val_loss < best_val_loss or cfg['always_save_checkpoint']) and iter_num > 0 and finite
                 row = dict(iter=iter_num, kind='eval', train_loss=losses['train'], val_loss=val_loss, lr=lr,
                            tokens_per_sec=tok_per_s, saved=save, tokens=tokens,
-                           elapsed_s=round(elapsed + time.time() - t_start, 2))
+                           elapsed_s=round(time.time() - t_run, 2))
                 best_val_loss = min(best_val_loss, val_loss)
                 if save:
                     save_checkpoint(checkpoint(carried, val_loss), [ckpt_path], dist)
@@ -469,8 +473,8 @@ def main(argv=None):
                 why = signals[0] if signals else 'on another rank'
                 if master:
                     print(f"interrupted ({why}) at iter {iter_num}: {what}", file=sys.stderr, flush=True)
-                if master and saved is not None and finite:
-                    print(resume, file=sys.stderr, flush=True)
+                    if saved is not None and finite:
+                        print(resume, file=sys.stderr, flush=True)
                 teardown(dist, lock)
                 sys.exit(130)
 
@@ -512,7 +516,7 @@ def main(argv=None):
                 if master:
                     log_row(out_dir, dict(iter=iter_num, kind='train', train_loss=train_loss, lr=lr,
                                           tokens_per_sec=tok_per_s, ms_per_iter=1000 * dt, mfu=mfu,
-                                          tokens=tokens, elapsed_s=round(elapsed + time.time() - t_start, 2)))
+                                          tokens=tokens, elapsed_s=round(time.time() - t_run, 2)))
                     say(f"iter {iter_num}: loss {train_loss:.4f}, lr {lr:.1e}, {tok_per_s:,.0f} tok/s, "
                         f"{1000 * dt:.1f} ms/iter{f', mfu {100 * mfu:.1f}%' if mfu else ''}, "
                         f"eta {human((max_iters - iter_num) * dt)}")
@@ -524,8 +528,9 @@ def main(argv=None):
     if master:
         say(f"done: {iter_num - start_iter} iters in {human(time.time() - t_start)}, at iter {iter_num}; "
             f"val loss {val_loss:.4f}; {last_good(ckpt_path, saved)}")
-    if master and saved is not None:
-        say("sample from it: " + command('sample.py', [] if out_dir == 'out' else [f'--out_dir={out_dir}']))
+        if saved is not None:
+            args = [] if out_dir == 'out' else [f'--out_dir={out_dir}']
+            say("sample from it: " + command('sample.py', args))
     teardown(dist, lock)
     return dict(iter_num=iter_num, val_loss=val_loss, best_val_loss=best_val_loss)
 
