@@ -141,9 +141,12 @@ def main(argv=None):
     # Blanks around a name and an empty or repeated name are typing, not datasets.
     names = list(dict.fromkeys(n.strip() for n in names if n.strip()))
     if not names:
+        # The example: the model's own set, else one of its tokenizer.
         example = 'wikitext2,ptb' if info['meta']['tokenizer'] == 'gpt2' else 'python_stdlib'
-        raise UsageError(f"--datasets={cfg['datasets']} names no dataset (auto: {ckpt_path} names none it "
-                         f"was trained on); name those under --data_dir, e.g. --datasets={example}")
+        example = info.get('config', {}).get('dataset') or example
+        where = f" ({ckpt_path} names none it was trained on)" if cfg['datasets'] == 'auto' else ''
+        raise UsageError(f"--datasets={cfg['datasets']} names no dataset{where}; name those under --data_dir, "
+                         f"e.g. --datasets={example}")
     for name in names:
         path = os.path.join(cfg['data_dir'], name)
         meta = readers.load_meta(path, 'text', info['meta'])

@@ -252,11 +252,13 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, capsys):
     # tokenizer, damaged sets
     for extra, name in (([], 'prepare_data.py ptb'),
                         (['--datasets=wikitext2', '--block_size=64'], '--block_size'),
-                        (['--datasets= ,'], '--datasets'),
+                        (['--datasets= ,'], '--datasets=wikitext2'),
                         (['--datasets=wikitext2,bytes_text'], 'bytes_text'),
                         (['--datasets=short'], f'{short}/val.bin'),
                         (['--datasets=wikitext2,noise'], f'{noise}/val.bin')):
         refused(capsys, base + extra, name)
+    # an empty list typed is not auto's: the checkpoint is not blamed
+    assert 'ckpt.pt' not in refused(capsys, base + ['--datasets=,'], '--datasets')
     assert not os.path.exists(os.path.join(out, 'log.jsonl'))
 
 
