@@ -145,8 +145,8 @@ def main(argv=None):
         example = 'wikitext2,ptb' if info['meta']['tokenizer'] == 'gpt2' else 'python_stdlib'
         example = info.get('config', {}).get('dataset') or example
         where = f" ({ckpt_path} names none it was trained on)" if cfg['datasets'] == 'auto' else ''
-        raise UsageError(f"--datasets={cfg['datasets']} names no dataset{where}; name those under --data_dir, "
-                         f"e.g. --datasets={example}")
+        raise UsageError(f"--datasets={cfg['datasets']} names no dataset{where}; name those under "
+                         f"--data_dir, e.g. --datasets={example}")
     for name in names:
         path = os.path.join(cfg['data_dir'], name)
         meta = readers.load_meta(path, 'text', info['meta'])
