@@ -310,8 +310,11 @@ def main(argv=None):
     learning_rate = cfg['learning_rate']
     check_decay(cfg)
 
-    # data (a cheap dataset is prepared on the fly)
+    # data (a cheap dataset is prepared on the fly), then the output folder, held from here on (with
+    # --overwrite, which deletes the folder's checkpoint, only once the run is known to fit in memory, below)
     data_path, meta, sizes = open_dataset(cfg, dist, ckpt and ckpt['meta'])
+    if not cfg['overwrite']:
+        lock = lock or make_out_dir(out_dir, [ckpt_path], False, fresh, master)
     B = cfg['batch_size']
     T = cfg['block_size']
     seed = cfg['seed']
@@ -363,7 +366,7 @@ def main(argv=None):
         raise UsageError(f"a micro-step of {B} x {T} tokens keeps about {need / 1e9:.3g} GB for its "
                          f"backward, more than the {have / 1e9:.3g} GB of this {device}; try a smaller "
                          f"--batch_size (more --gradient_accumulation_steps) or --block_size")
-    # The output folder, only now: nothing is written (or deleted, with --overwrite) for a run refused above.
+    # --overwrite's folder, now that the run fits
     lock = lock or make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], fresh, master)
 
     # the optimizer (as the checkpoint left it), then DDP and the compiler around the model

@@ -1047,7 +1047,8 @@ def test_the_demo_starts_as_the_reference_run_did(tmp_path):
 
 def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, tmp_path, monkeypatch, capsys, fails):
     """Before the first step: on a machine said to hold less than the estimate, one line names the options
-    that shrink a micro-step, and the folder's checkpoint is kept; on one that holds more, the run goes on."""
+    that shrink a micro-step, and the folder's checkpoint is kept (with --overwrite too); on one that holds
+    more, the run goes on."""
     out = tmp_path / 'out'
     train_gpt.main(tiny(data_dir, out, '--max_iters=1'))
     before = (out / 'ckpt.pt').read_bytes()
@@ -1056,6 +1057,9 @@ def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, tmp_path, monk
     args = tiny(data_dir, out, '--max_iters=2', '--overwrite=true')
     fails(train_gpt.main, args, '--batch_size', '--block_size')
     assert (out / 'ckpt.pt').read_bytes() == before
+    # Without --overwrite, a folder that holds a checkpoint is refused before the model is probed.
+    monkeypatch.setattr(train_gpt, 'backward_bytes', None)
+    fails(train_gpt.main, tiny(data_dir, out, '--max_iters=2'), f'{out}/ckpt.pt', '--overwrite=true')
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**12)
     monkeypatch.setattr(train_gpt, 'backward_bytes', lambda model, T, ctx: (1e9, 1e9 / (4 * 32)))
     train_gpt.main(tiny(data_dir, tmp_path / 'roomy', '--max_iters=1'))
