@@ -70,7 +70,6 @@ RUN = [
     ('python train_gpt.py --config=shakespeare', TINY_GPT),
     ('python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes --name=shakespeare_bytes', ()),
     ('python prepare_data.py text --input=notes/ --name=notes', ()),
-    ('python prepare_data.py text --input=my_notes/ --name=notes', ('--force',)),
     ('python train_gpt.py --dataset=notes --out_dir=out-notes', TINY_GPT),
     ('python prepare_data.py --help', ()),
 ]
@@ -204,8 +203,6 @@ def test_documented_commands_run_offline(tmp_path, monkeypatch, capsys):
     (tmp_path / 'notes').mkdir()
     (tmp_path / 'notes' / 'a.txt').write_text('Some notes of mine.\n' * 200)
     (tmp_path / 'prompt.txt').write_text('def main():\n')
-    (tmp_path / 'my_notes').mkdir()
-    (tmp_path / 'my_notes' / 'b.txt').write_text('Notes of my own, to train on.\n' * 200)
     (tmp_path / 'docs').mkdir()
     for f in ('demo-log.jsonl', 'bench.json', 'tasks.json'):            # what the docs' plot.py commands read
         shutil.copy(os.path.join(REPO, 'docs', f), tmp_path / 'docs')
