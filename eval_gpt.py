@@ -28,7 +28,7 @@ from train_common import autocast, log_row, resolve_dtype, setup_distributed, su
 DEFAULTS = dict(
     out_dir='out',               # the checkpoint is out_dir/ckpt.pt; results are appended to its log.jsonl
     datasets='auto',             # comma-separated; auto: the model's own (gpt2: and the paper's test sets)
-    data_dir='data',             # where prepare_data.py puts datasets
+    data_dir='data',             # where prepare_data.py puts datasets; not given: the checkpoint's run's
     block_size=0,                # window length T; 0: the model's own (1024 for the paper's models)
     batch_size=8,                # windows (or LAMBADA passages) per forward pass
     device='auto',               # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
@@ -114,7 +114,7 @@ def table(results, model_name):
 
 
 def main(argv=None):
-    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
     dist = setup_distributed(cfg['device'])
     device = dist.device
     # rank 0 talks for all
@@ -128,8 +128,11 @@ def main(argv=None):
     B = cfg['batch_size']
     if T > config.block_size:
         raise UsageError(f"--block_size={T} is larger than the model's context ({config.block_size})")
-    # every dataset read and checked before any is scored, in the checkpoint's tokenizer
+    # every dataset read and checked before any is scored, in the checkpoint's tokenizer, under the data_dir
+    # the model was trained from unless told
     sets = []
+    if 'data_dir' not in set_keys:
+        cfg['data_dir'] = info.get('config', {}).get('data_dir', cfg['data_dir'])
     names = cfg['datasets'].split(',')
     # auto: the val split of the set the model learned from (the demo's: prepared, offline), and for GPT-2
     # tokens the paper's three test sets (a few MB each): the paper's four for a model trained on OpenWebText,

@@ -275,6 +275,10 @@ def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_
     save_model(out, d, dataset='mine', config={'dataset': 'mine'})
     eval_gpt.main(argv)
     assert [r['dataset'] for r in read_log(out)] == ['mine']
+    # without --data_dir, the one the model was trained from
+    save_model(out, d, dataset='mine', config={'dataset': 'mine', 'data_dir': str(d)})
+    eval_gpt.main([a for a in argv if not a.startswith('--data_dir')])
+    assert [r['dataset'] for r in read_log(out)] == ['mine', 'mine']
     save_model(out, d, dataset='mine', config={'dataset': 'python_stdlib'})
     assert 'openwebtext' not in refused(capsys, argv, f'prepare_data.py python_stdlib --data_dir={d}')
     # a checkpoint that names no dataset: a set of its tokenizer is suggested, not GPT-2's
