@@ -28,7 +28,6 @@ import json
 import os
 import pickle
 import re
-import shlex
 import shutil
 import signal
 import sys
@@ -44,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from options import UsageError, parse, say
-from readers import get_tokenizer, load_meta
+from readers import get_tokenizer, load_meta, recipe
 
 
 def _warn(msg):
@@ -243,9 +242,9 @@ def _build_shakespeare(stage, o):
     try:
         tok = get_tokenizer(o.get('tokenizer', 'gpt2'))
     except UsageError as e:
-        raise UsageError(f"{e}; offline, fetch {SHAKESPEARE_URL} by hand, then: "
-                         f"python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes "
-                         f"{shlex.quote('--data_dir=' + o['data_dir'])}") from None
+        folder = os.path.join(o['data_dir'], o.get('name', 'shakespeare'))
+        offline = recipe(folder, {'dataset': 'shakespeare', 'input': 'input.txt', 'tokenizer': 'bytes'})
+        raise UsageError(f"{e}; offline, fetch {SHAKESPEARE_URL} by hand, then: {offline}") from None
     path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH',
                                        name='tinyshakespeare.txt')
     return _files_dataset(stage, o, [path], o.get('input', SHAKESPEARE_URL), tok)
@@ -567,8 +566,7 @@ def prepare(name, /, data_dir='data', **o):
     if name not in DATASETS:
         # A name of one's own is text of one's own; a near miss of a built-in name is a typo.
         close = difflib.get_close_matches(name, [d for d in DATASETS if d != 'text'], n=1)
-        own = shlex.join(['python', 'prepare_data.py', 'text', '--input=PATH', f'--name={name}',
-                          f'--data_dir={data_dir}'])
+        own = recipe(os.path.join(data_dir, name))
         raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}); for text of your own: "
                          f"{own}{f'; or did you mean {close[0]}?' if close else ''}")
     builder, takes = DATASETS[name]

@@ -239,7 +239,7 @@ def test_error_messages_name_commands_that_work(tmp_path, monkeypatch, capsys):
     with pytest.raises(train_common.UsageError) as e:
         train_gpt.main(['--config=shakespeare'])
     advice = str(e.value)[str(e.value).index('python prepare_data.py'):]
-    assert advice == 'python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes --data_dir=data'
+    assert advice == 'python prepare_data.py shakespeare --input=input.txt --data_dir=data --tokenizer=bytes'
     (tmp_path / 'input.txt').write_text('Now is the winter of our discontent\n' * 500)
     run(advice)
     run('python train_gpt.py --config=shakespeare', TINY_GPT)
