@@ -131,14 +131,15 @@ def main(argv=None):
     # every dataset read and checked before any is scored, in the checkpoint's tokenizer, under the data_dir
     # the model was trained from unless told
     sets = []
+    trained = info.get('config', {})
     if 'data_dir' not in set_keys:
-        cfg['data_dir'] = info.get('config', {}).get('data_dir', cfg['data_dir'])
+        cfg['data_dir'] = trained.get('data_dir', cfg['data_dir'])
     names = cfg['datasets'].split(',')
     # auto: the val split of the set the model learned from (the demo's: prepared, offline), and for GPT-2
     # tokens the paper's three test sets (a few MB each): the paper's four for a model trained on OpenWebText,
     # which no other model is sent to prepare (hours).
     if cfg['datasets'] == 'auto':
-        names = [str(info.get('config', {}).get('dataset', ''))]
+        names = [str(trained.get('dataset', ''))]
         if info['meta']['tokenizer'] == 'gpt2':
             names += ['lambada', 'wikitext2', 'ptb']
     # Blanks around a name and an empty or repeated name are typing, not datasets.
@@ -146,7 +147,7 @@ def main(argv=None):
     if not names:
         # The example: the model's own set, else one of its tokenizer.
         example = 'wikitext2,ptb' if info['meta']['tokenizer'] == 'gpt2' else 'python_stdlib'
-        example = info.get('config', {}).get('dataset') or example
+        example = trained.get('dataset') or example
         where = f" ({ckpt_path} names none it was trained on)" if cfg['datasets'] == 'auto' else ''
         raise UsageError(f"--datasets={cfg['datasets']} names no dataset{where}; name those under "
                          f"--data_dir, e.g. --datasets={example}")
