@@ -205,14 +205,13 @@ def seed_of(*numbers):
     return int(np.random.SeedSequence(numbers).generate_state(1)[0])
 
 
-def backward_bytes(model, T, ctx):
-    """(fixed, per token): the bytes the autograd graph of a GPT keeps for its backward, from probes of one
-    and two sequences of n = min(T, 256) tokens: a sequence's share over n, and what is left (the weights'
-    copies under autocast). Exact where the memory is linear in the tokens (TSSA, softmax attention's fused
-    kernels); where it grows faster (softmax weights kept for dropout), below what longer sequences keep."""
-    n = min(T, 256)
-    kept = []
-    for batch in (1, 2):
+def backward_bytes(model, B, T, ctx):
+    """The bytes the autograd graph of a GPT keeps for the backward of B sequences of T tokens, from probes of
+    two and three sequences of n = min(T, 256) tokens: what is fixed (the weights' copies under autocast) and a
+    sequence's share. Past n, the share a t + b t^2 of t tokens is fitted to t = n and n / 2: b is 0 where
+    the memory is linear in the tokens (TSSA, softmax attention's fused kernels), more where softmax's
+    weights are kept for dropout."""
+    def kept(batch, n):
         storages = {}
 
         def keep(t):
@@ -222,9 +221,19 @@ def backward_bytes(model, T, ctx):
         x = torch.zeros(batch, n, dtype=torch.long, device=next(model.parameters()).device)
         with ctx, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
             model(x, x)
-        kept.append(sum(storages.values()))
-    per_token = (kept[1] - kept[0]) / n
-    return kept[0] - per_token * n, per_token
+        return sum(storages.values())
+
+    # Batches of two and three: a batch of one keeps some views as copies of their own.
+    n = min(T, 256)
+    two = kept(2, n)
+    # a token's share at n tokens, a + b n
+    s = (kept(3, n) - two) / n
+    fixed = two - 2 * n * s
+    b = 0
+    if T > n:
+        h = n // 2
+        b = max((s - (kept(2, h) - fixed) / (2 * h)) / (n - h), 0)
+    return fixed + B * T * (s + b * (T - n))
 
 
 def memory_bytes(device):

@@ -359,8 +359,7 @@ def main(argv=None):
     # optimizer: a micro-step that needs more than the machine has is refused (a CPU's operating system would
     # kill the process without a word).
     ctx = autocast(device, dtype)
-    fixed, per_token = backward_bytes(raw_model.to(device), T, ctx)
-    need = fixed + per_token * B * T
+    need = backward_bytes(raw_model.to(device), B, T, ctx)
     have = memory_bytes(device)
     if have and need > have:
         raise UsageError(f"a micro-step of {B} x {T} tokens keeps about {need / 1e9:.3g} GB for its "

@@ -425,16 +425,14 @@ def kept_bytes(model, B, T):
 
 @pytest.mark.parametrize("attn, dropout", [("tssa", 0.0), ("softmax", 0.0), ("softmax", 0.1)])
 def test_backward_bytes_predicts_a_longer_batch(attn, dropout):
-    """Probes of short sequences predict what a batch of long ones keeps: never more (a run is refused on
-    it), and within 10% where the memory is linear in the tokens (not softmax's weights kept for dropout)."""
+    """Probes of at most 256 tokens predict what a batch of 1024-token sequences keeps, within 2%: where the
+    memory is linear in the tokens and where softmax's weights are kept for dropout (quadratic)."""
     config = tost.GPTConfig(block_size=1024, vocab_size=64, n_layer=2, n_head=2, n_embd=32, attn=attn,
                             dropout=dropout)
     model = tost.GPT(config)
-    fixed, per_token = tc.backward_bytes(model, 1024, torch.autocast("cpu", enabled=False))
+    got = tc.backward_bytes(model, 3, 1024, torch.autocast("cpu", enabled=False))
     want = kept_bytes(model, 3, 1024)
-    got = fixed + per_token * 3 * 1024
-    assert got <= want and (dropout or got > 0.9 * want)
-
+    assert got == pytest.approx(want, rel=0.02)
 
 
 def no_space(*args):

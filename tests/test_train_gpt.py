@@ -939,8 +939,8 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path,
 
     def nan(self, idx, targets=None):
         logits, loss = real(self, idx, targets)
-        # The memory estimate's probes are one and two sequences: not steps.
-        if self.training and len(idx) > 2:
+        # The memory estimate's probes are two and three sequences: not steps.
+        if self.training and len(idx) > 3:
             steps.append(1)
         if self.training == in_training and (len(steps) > 3 or not in_training):
             loss = loss * float('nan') if bad == 'nan' else loss + (float('inf') - loss).detach()
@@ -1061,7 +1061,7 @@ def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, tmp_path, monk
     monkeypatch.setattr(train_gpt, 'backward_bytes', None)
     fails(train_gpt.main, tiny(data_dir, out, '--max_iters=2'), f'{out}/ckpt.pt', '--overwrite=true')
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**12)
-    monkeypatch.setattr(train_gpt, 'backward_bytes', lambda model, T, ctx: (1e9, 1e9 / (4 * 32)))
+    monkeypatch.setattr(train_gpt, 'backward_bytes', lambda model, B, T, ctx: 2e9)
     train_gpt.main(tiny(data_dir, tmp_path / 'roomy', '--max_iters=1'))
     printed = capsys.readouterr().out
     assert '--block_size' not in printed and 'about 2 GB' in printed
