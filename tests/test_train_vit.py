@@ -189,6 +189,23 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
     assert os.path.isfile(os.path.join(out, 'best.pt'))
 
 
+@pytest.mark.parametrize('during', ['evaluate', 'look_inside'])
+def test_a_stop_during_the_evaluation_saves_there_and_takes_no_other_step(data, tmp_path, monkeypatch, ends,
+                                                                           during):
+    """SIGINT while the end of epoch 1 (step 2) is evaluated or drawn: ckpt.pt at step 2, no third step."""
+    real = getattr(train_vit, during)
+    steps = []
+    step = train_vit.optimizer_step
+
+    def interrupted(*args):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*args)
+    monkeypatch.setattr(train_vit, during, interrupted)
+    monkeypatch.setattr(train_vit, 'optimizer_step', lambda *a: steps.append(1) or step(*a))
+    code, _ = ends(train_vit.main, base_args(data, str(tmp_path), '--epochs=2', '--max_steps=2'))
+    assert (code, len(steps), weights(str(tmp_path))['step']) == (130, 2, 2)
+
+
 def test_a_checkpoint_of_an_earlier_model_is_refused(data, trained, tmp_path):
     """Earlier checkpoints ran CaiT's class-attention blocks: their weights would load into a model that
     computes otherwise, so they are refused, for a resume, an evaluation or new weights alike."""
@@ -412,8 +429,8 @@ def test_the_run_draws_attention_and_memberships(trained):
 
 @pytest.mark.parametrize('channels', [2, 4])
 def test_an_image_of_other_than_3_channels_is_drawn_grey(tmp_path, channels):
-    """--eval_only on such a set draws the image panel grey (matplotlib refuses 2 channels and would take 4 for
-    RGBA colour), from its values: not one flat grey."""
+    """--eval_only on such a set draws the image panel grey (matplotlib refuses 2 channels and would take 4
+    for RGBA colour), from its values: not one flat grey."""
     make_dataset(str(tmp_path), n_train=4, n_test=1, channels=channels)
     args = base_args(str(tmp_path), str(tmp_path / 'out'), '--epochs=1', '--compression_images=0')
     train_vit.main([*args, '--viz_images=0'])
