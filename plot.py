@@ -235,13 +235,16 @@ def vision_maps(path, image, cls_attn, pi, title):
     """One test image: top row the image and the CLS token's class attention per head; bottom row (TSSA
     models) the head with the largest membership at each patch, then the memberships Pi per head. One
     colour scale per row (viridis: dark low, yellow high), so heads can be compared.
-    image (C, H, W) uint8; cls_attn, pi (heads, Hp, Wp) floats, pi may be None."""
+    image (C, H, W) uint8, drawn in colour if C is 3, else its first channel in grey; cls_attn, pi (heads, Hp,
+    Wp) floats, pi may be None."""
     rows = [cls_attn] + ([pi] if pi is not None else [])
     heads = len(cls_attn)
     axes = Figure(figsize=(1.5 * (1 + heads), 1.6 * len(rows) + 0.3)).subplots(
         len(rows), 1 + heads, squeeze=False, subplot_kw=dict(xticks=[], yticks=[]))
-    # (H, W) for a grey image, (H, W, 3) in colour; the colour map applies only to a grey one
-    axes[0, 0].imshow(np.asarray(image).transpose(1, 2, 0).squeeze(), cmap='gray')
+    # (H, W, 3) in colour, else (H, W) in grey (matplotlib would take 4 channels for RGBA, and refuses 2); the
+    # colour map applies only to a grey one
+    image = np.asarray(image)
+    axes[0, 0].imshow(image.transpose(1, 2, 0) if len(image) == 3 else image[0], cmap='gray')
     axes[0, 0].set_title(title, fontsize=8)
     for r, maps in enumerate(rows):
         maps = np.asarray(maps, dtype=np.float64)

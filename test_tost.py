@@ -384,14 +384,14 @@ def test_with_attention_dropout_the_fused_core_gives_way_to_the_readable_lines()
                           attn='softmax')),
 ], ids=['gpt', 'vit'])
 def test_dropout_runs_at_every_site_at_the_configs_rate_in_training_only(make):
-    """Every dropout runs in a training forward (the embeddings', each block's), at the config's rate (the
-    ViT's class-attention blocks have none); softmax attention drops its weights too; eval drops nothing."""
+    """Every dropout runs in a training forward (the embeddings', each block's, the ViT's class-attention
+    blocks'), at the config's rate; softmax attention drops its weights too; eval drops nothing."""
     torch.manual_seed(0)
     model = make()
     x = torch.randint(0, 30, (2, 8)) if isinstance(model, GPT) else torch.randn(2, 3, 16, 16)
     run = model.logits if isinstance(model, GPT) else model
     drops = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout)}
-    assert {m.p for n, m in drops.items() if not n.startswith('cls_blocks')} == {0.3}
+    assert {m.p for m in drops.values()} == {0.3}
     model.eval()
     assert torch.equal(run(x), run(x))
     ran = set()
@@ -403,6 +403,29 @@ def test_dropout_runs_at_every_site_at_the_configs_rate_in_training_only(make):
     for m in drops.values():
         m.p = 0.0
     assert not torch.equal(run(x), run(x))                    # the attention weights' dropout, in SDPA
+
+
+def test_dropout_reaches_the_class_attention_blocks_in_training_only():
+    """The config's dropout drops in a class-attention block's MLP and its attention's output, as in the patch
+    blocks: in training two seeds give two outputs, in eval one, that of the same weights without dropout,
+    which also computes it in training."""
+    torch.manual_seed(0)
+    shape = dict(img_size=16, patch_size=4, n_layer=1, n_head=2, n_embd=16)
+    plain = ViT(ViTConfig(**shape)).cls_blocks[0]
+    dropped = ViT(ViTConfig(**shape, dropout=0.3)).cls_blocks[0]
+    dropped.load_state_dict(plain.state_dict())
+    cls = torch.randn(2, 1, 16)
+    x = torch.randn(2, 5, 16)
+
+    def out(block, train, seed):
+        """The class token after the block, and after its attention alone: (4, 1, d)."""
+        block.train(train)
+        torch.manual_seed(seed)
+        return torch.cat([block(cls, x)[0], block.attn(torch.cat([cls, x], 1))[0]])
+    assert (out(dropped, True, 1) != out(dropped, True, 2)).any(-1).all()
+    assert torch.equal(out(dropped, False, 1), out(dropped, False, 2))
+    assert torch.equal(out(dropped, False, 1), out(plain, False, 1))
+    assert torch.equal(out(plain, True, 1), out(plain, False, 1))
 
 
 def test_a_coordinate_no_token_uses_leaves_everything_finite():

@@ -663,12 +663,13 @@ class FourierPositions(nn.Module):
 class ClassAttention(nn.Module):
     """CaiT class attention: only the CLS token queries; keys/values are all tokens. O(n)."""
 
-    def __init__(self, n_embd, n_head, bias=True):
+    def __init__(self, n_embd, n_head, bias=True, dropout=0.0):
         super().__init__()
         self.n_head, self.head_dim = n_head, n_embd // n_head
         self.q = nn.Linear(n_embd, n_embd, bias=bias)
         self.kv = nn.Linear(n_embd, 2 * n_embd, bias=bias)
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x):                                       # x: (B, 1+n, d), CLS first
         B, N, d = x.shape
@@ -676,7 +677,7 @@ class ClassAttention(nn.Module):
         k, v = (t.view(B, N, self.n_head, self.head_dim).transpose(1, 2) for t in self.kv(x).split(d, 2))
         att = torch.softmax((q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim), dim=-1)  # (B, H, 1, N)
         y = (att @ v).transpose(1, 2).reshape(B, 1, d)
-        return self.c_proj(y), att[:, :, 0]                     # (B, 1, d), (B, H, N)
+        return self.resid_dropout(self.c_proj(y)), att[:, :, 0]  # (B, 1, d), (B, H, N)
 
 
 class ClassBlock(nn.Module):
@@ -692,12 +693,12 @@ class ClassBlock(nn.Module):
     The 2 x is XCiT's: its residual adds the MLP branch to the CLS token and the patch tokens to themselves.
     The next block's attention reads them through LN1, which removes the factor."""
 
-    def __init__(self, n_embd, n_head, bias=True, layerscale_init=1.0):
+    def __init__(self, n_embd, n_head, bias=True, layerscale_init=1.0, dropout=0.0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
-        self.attn = ClassAttention(n_embd, n_head, bias)
+        self.attn = ClassAttention(n_embd, n_head, bias, dropout)
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
-        self.mlp = MLP(n_embd, bias)
+        self.mlp = MLP(n_embd, bias, dropout)
         self.gamma_1 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
         self.gamma_2 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
 
@@ -724,7 +725,7 @@ class ViT(nn.Module):
                                            c.layerscale_init, c.drop_path, lpi=c.lpi)
                                      for _ in range(c.n_layer)])
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
-        self.cls_blocks = nn.ModuleList([ClassBlock(c.n_embd, c.n_head, c.bias, c.layerscale_init)
+        self.cls_blocks = nn.ModuleList([ClassBlock(c.n_embd, c.n_head, c.bias, c.layerscale_init, c.dropout)
                                          for _ in range(c.n_cls_layer)])
         self.norm = nn.LayerNorm(c.n_embd, bias=c.bias)
         self.head = nn.Linear(c.n_embd, c.num_classes)

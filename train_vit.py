@@ -381,6 +381,8 @@ def main(argv=None):
                     log_row(out_dir, dict(kind='eval', step=step, epoch=epoch, test_loss=test_loss,
                                           test_acc=acc, best_acc=best_acc, **inside))
                 drawing = master and drawing and draw_loss(out_dir)
+                # A stop asked for during the evaluation: every rank saves at this step, and takes no other.
+                stop = any_rank(bool(signals), dist)
             # Saved at each epoch's end, and where a stop was asked. The losses since the last row (none at an
             # epoch's end) go with it as the sum over all processes divided by their number, the stop's mean
             # times its steps: each process of a resume, at any process count, starts from that.

@@ -32,7 +32,7 @@ CONSTANT_LR = ('--warmup_epochs=10', '--drop_path=0.1', '--label_smoothing=0.1')
 
 
 def make_dataset(data_dir, name='synth', size=16, n_train=64, n_test=33, classes=CLASSES, kind='images',
-                 seed=0):
+                 seed=0, channels=3):
     """CIFAR-format files as prepare_data.py writes them. Class c has a bright colour channel c, on noise:
     learnable in a few steps, not from a single pixel. 33 test images: three ranks split them 11 + 11 + 11."""
     rng = np.random.default_rng(seed)
@@ -40,12 +40,13 @@ def make_dataset(data_dir, name='synth', size=16, n_train=64, n_test=33, classes
     os.makedirs(folder, exist_ok=True)
     for split, n in (('train', n_train), ('test', n_test)):
         y = rng.integers(0, classes, n)
-        x = rng.integers(0, 160, (n, 3, size, size))
-        x[np.arange(n), y % 3] += 90
+        x = rng.integers(0, 160, (n, channels, size, size))
+        x[np.arange(n), y % channels] += 90
         np.save(os.path.join(folder, f'{split}_images.npy'), x.astype(np.uint8))
         np.save(os.path.join(folder, f'{split}_labels.npy'), y.astype(np.int64))
     meta = dict(name=name, kind=kind, num_classes=classes, classes=[f'class{i}' for i in range(classes)],
-                image_size=size, channels=3, mean=[0.45] * 3, std=[0.28] * 3, train_count=n_train,
+                image_size=size, channels=channels, mean=[0.45] * channels, std=[0.28] * channels,
+                train_count=n_train,
                 test_count=n_test, source='synthetic')
     with open(os.path.join(folder, 'meta.json'), 'w') as f:
         json.dump(meta, f)
@@ -186,6 +187,23 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
     # every loss of the unbroken run: the row at 8 is the mean of steps 5 to 8, either side of the stop
     assert same_rows(read_log(out), read_log(trained))
     assert os.path.isfile(os.path.join(out, 'best.pt'))
+
+
+@pytest.mark.parametrize('during', ['evaluate', 'look_inside'])
+def test_a_stop_during_the_evaluation_saves_there_and_takes_no_other_step(data, tmp_path, monkeypatch, ends,
+                                                                           during):
+    """SIGINT while the end of epoch 1 (step 2) is evaluated or drawn: ckpt.pt at step 2, no third step."""
+    real = getattr(train_vit, during)
+    steps = []
+    step = train_vit.optimizer_step
+
+    def interrupted(*args):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real(*args)
+    monkeypatch.setattr(train_vit, during, interrupted)
+    monkeypatch.setattr(train_vit, 'optimizer_step', lambda *a: steps.append(1) or step(*a))
+    code, _ = ends(train_vit.main, base_args(data, str(tmp_path), '--epochs=2', '--max_steps=2'))
+    assert (code, len(steps), weights(str(tmp_path))['step']) == (130, 2, 2)
 
 
 def test_a_checkpoint_of_an_earlier_model_is_refused(data, trained, tmp_path):
@@ -407,6 +425,19 @@ def test_the_run_draws_attention_and_memberships(trained):
         assert panels(top) == panels(bottom) == 5
         assert len(np.unique(img[..., :3].reshape(-1, 3), axis=0)) > 50          # maps, not flat tiles
     assert not os.path.exists(os.path.join(trained, 'viz', 'test0002.png'))
+
+
+@pytest.mark.parametrize('channels', [2, 4])
+def test_an_image_of_other_than_3_channels_is_drawn_grey(tmp_path, channels):
+    """--eval_only on such a set draws the image panel grey (matplotlib refuses 2 channels and would take 4
+    for RGBA colour), from its values: not one flat grey."""
+    make_dataset(str(tmp_path), n_train=4, n_test=1, channels=channels)
+    args = base_args(str(tmp_path), str(tmp_path / 'out'), '--epochs=1', '--compression_images=0')
+    train_vit.main([*args, '--viz_images=0'])
+    train_vit.main([*args, '--init_from=resume', '--eval_only'])
+    # the top left panel: the title, the frame and the image
+    panel = read_png(tmp_path / 'out' / 'viz' / 'test0000.png')[:175, :150, :3]
+    assert (panel == panel[..., :1]).all() and len(np.unique(panel)) > 20
 
 
 def test_softmax_baseline_everything_else_equal(data, tmp_path):
