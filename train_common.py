@@ -415,10 +415,10 @@ def save_checkpoint(state, paths, dist):
 
 @contextlib.contextmanager
 def stop_signals(unit, master):
-    """Inside: Ctrl-C and SIGTERM append their name to the yielded list, which the loop reads once a step
-    (through any_rank: every rank stops at the same step). A second signal a second later raises
-    KeyboardInterrupt (out now, no save); two within a second are one (a torchrun worker gets the terminal's
-    SIGINT and torchrun's copy)."""
+    """Inside: Ctrl-C and SIGTERM append their name to the yielded list, which the loop reads once a step and
+    after an evaluation (through any_rank: every rank stops at the same step). A second signal a second later
+    raises KeyboardInterrupt (out now, no save); two within a second are one (a torchrun worker gets the
+    terminal's SIGINT and torchrun's copy)."""
     signals = []
     first = []
 
