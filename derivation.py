@@ -414,7 +414,7 @@ peak = rms_lost.argmax(-1)
 assert ((peak > 0) & (peak < d // K - 1)).all()                          # the amplitude lost peaks inside
 
 # %% 8. The memberships Pi: rate reduction's soft partition, estimated from the tokens. A softmax over the
-# heads (the paper's equation 10), so the heads compete for each token and its memberships sum to 1. The
+# heads, so the heads compete for each token and its memberships sum to 1. The
 # released code first divides each projected coordinate by its sum of squares over the tokens (a column
 # normalisation), so each head's scores sum to p over the n tokens, about p/n each: at initialisation
 # (temperature 1) Pi is close to uniform when n >> p, and spread out when n is not much larger than p.

@@ -161,7 +161,7 @@ class TSSA(nn.Module):
     def memberships(self, w):
         """Pi, estimated from the tokens: a softmax over the heads, so the heads compete for each token and
         its memberships sum to 1 (rate reduction's soft partition). The paper scores token j for group k by
-        temp_k ||U_k^T z_j||^2 (its equation 10); the released code, followed here, first divides each
+        temp_k ||U_k^T z_j||^2; the released code, followed here, first divides each
         coordinate by its sum of squares over the tokens, so a head's score ignores its projection's scale:
 
             pi_jk = softmax_k( temp_k * sum_i w_jki^2 / sum_l w_lki^2 )
