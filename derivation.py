@@ -373,8 +373,10 @@ if fig:
     draw('dataflow', fig)
 
 # %% 7. Which directions a step shrinks. With [U_1 .. U_K] orthogonal, the step multiplies coordinate i of
-# token j in head k by 1 - tau pi_jk D_ki / n, and D_ki is largest where the group's mean square m_ki =
-# s_ki/n_k is smallest: as a FRACTION the weak directions shrink most, the strong ones least. In mean square
+# token j in head k by 1 - tau pi_jk D_ki / n. For a step with tau alpha <= n every multiplier is in [0, 1)
+# (pi_jk <= 1, D_ki <= alpha): a shrinkage; a larger step can overshoot and grow a direction (below). D_ki is
+# largest where the group's mean square m_ki = s_ki/n_k is smallest: as a FRACTION the weak directions shrink
+# most, the strong ones least. In mean square
 # the strong ones lose more; in root-mean-square amplitude the loss goes as sqrt(m)/(1 + alpha m), largest
 # near m = 1/alpha, so neither the weakest nor the strongest loses the most amplitude. Each group is squeezed
 # towards its dominant directions: that is the compression.
@@ -412,6 +414,14 @@ assert err < 1e-12 and (factor.diff(dim=-1) > 0).all()                  # on eve
 assert (kept.diff(dim=-1) > 0).all() and (lost[..., -1] > lost[..., 0]).all()
 peak = rms_lost.argmax(-1)
 assert ((peak > 0) & (peak < d // K - 1)).all()                          # the amplitude lost peaks inside
+assert tau * alpha <= n and (factor >= 0).all() and (factor < 1).all()
+layer.tau = 1000.0                                                       # tau alpha > n
+with torch.no_grad():
+    overshoot = (mean_square(layer.split_heads(layer.c_attn(Z + layer(Z)))) / m).gather(-1, order)
+print(f'   every multiplier in [{factor.min():.4f}, {factor.max():.4f}] '
+      f'(tau alpha = {tau * alpha:g} <= n = {n}); with tau = 1000 (tau alpha > n):\n'
+      f'   fraction of m kept     {show(overshoot[0, 0])}')
+assert (overshoot > 1).any()
 
 # %% 8. The memberships Pi: rate reduction's soft partition, estimated from the tokens. A softmax over the
 # heads, so the heads compete for each token and its memberships sum to 1. The

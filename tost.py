@@ -109,10 +109,10 @@ class TSSA(nn.Module):
     each head: n_k, s_k and the p column norms that Pi uses, 2p + 1 numbers, whatever n is.
 
     Which directions shrink. When the U_k together form an orthogonal d x d matrix, the step multiplies
-    coordinate i of token j in head k by 1 - tau pi_jk D_ki / n, and D_ki = alpha / (1 + alpha s_ki/n_k) is
-    largest where the group's mean square s_ki/n_k is smallest: as a fraction, a group's weak directions
-    shrink most and its strong ones least. That is the compression: each group is pulled towards its
-    dominant subspace.
+    coordinate i of token j in head k by 1 - tau pi_jk D_ki / n, in [0, 1) for a step with tau alpha <= n.
+    D_ki = alpha / (1 + alpha s_ki/n_k) is largest where the group's mean square s_ki/n_k is smallest: as a
+    fraction, a group's weak directions shrink most and its strong ones least. That is the compression:
+    each group is pulled towards its dominant subspace (derivation.py section 7; a larger step overshoots).
 
     The practical operator (the released one; the default) changes the white-box step in six ways:
       1. alpha is absorbed into the projection (U -> sqrt(alpha) U turns f' into 1/(1 + x));
