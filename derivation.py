@@ -214,7 +214,8 @@ assert (above > exact).all() and (tight - exact).abs().max() < 1e-12
 
 # What each objective sees of the other tokens: R_c sees each group's whole d x d second moment, R^var_c only
 # its diagonal in the basis U_k. Reflect the other tokens along the head axes (w_jki changes sign, so every
-# s_k, n_k, and Pi's scores stay the same): token 0's gradient does not move for R^var_c, and moves for R_c.
+# s_k and n_k stays the same, Pi held fixed; so would the memberships section 8 estimates from the squares
+# w_jki^2): token 0's gradient does not move for R^var_c, and moves for R_c.
 U = orthogonal_heads(K, d // K)
 axes = U.permute(0, 2, 1).reshape(d, d)                                  # rows: the d head axes
 signs = torch.where(torch.rand(n, d) < 0.5, -1.0, 1.0)
@@ -331,7 +332,9 @@ assert below == draws and above == draws
 # TSSA(Z)_j. Read it as data flow: project each token into each head (w = U_k^T z_j), take each head's
 # pi-weighted mean square s_k/n_k (p numbers), turn it into the gains D_k = f'(s_k/n_k), scale w by D_k and by
 # the token's membership pi_jk, map back with U_k, times -tau/n. No token is compared with another: what they
-# share is per-head statistics. The gradient through Pi (Pi is estimated from Z) is not part of the step.
+# share is per-head statistics: n_k and s_k, and for Pi, which the layer estimates (section 8), each
+# coordinate's sum of squares over the tokens, p more numbers: 2p + 1 in all. The gradient through Pi is not
+# part of the step.
 B, n, d, K, alpha, tau = 2, 16, 12, 3, 2.0, 0.5
 layer = tost.TSSA(d, K, whitebox=True, alpha=alpha, tau=tau)
 Z = torch.randn(B, n, d, requires_grad=True)
@@ -424,12 +427,13 @@ print(f'   every multiplier in [{factor.min():.4f}, {factor.max():.4f}] '
 assert (overshoot > 1).any()
 
 # %% 8. The memberships Pi: rate reduction's soft partition, estimated from the tokens. A softmax over the
-# heads, so the heads compete for each token and its memberships sum to 1. The
-# released code first divides each projected coordinate by its sum of squares over the tokens (a column
-# normalisation), so each head's scores sum to p over the n tokens, about p/n each: at initialisation
-# (temperature 1) Pi is close to uniform when n >> p, and spread out when n is not much larger than p.
-# Causally the sums run over the prefix, so pi_t flattens as t grows; at t = 0 it is exactly 1/K while the
-# position bias is 0 and the heads' temperatures are equal, as at initialisation, provided every
+# heads, so the heads compete for each token and its memberships sum to 1. The released code first divides
+# each projected coordinate by its sum of squares over the tokens (a column normalisation), so each head's
+# scores sum to p over the n tokens, about p/n each: at initialisation (temperature 1) Pi is close to uniform
+# when n >> p, and spread out when n is not much larger than p.
+# Causally (section 11) every sum over the tokens runs over the prefix s <= t, and a learned position bias
+# b_{k,t} (0 at initialisation) enters head k's score at position t: pi_t flattens as t grows. At t = 0
+# it is exactly 1/K while b is 0 and the heads' temperatures are equal, as at initialisation, provided every
 # |w_0i| >= 1e-6 (the prefix sums are clamped at 1e-12; an exercise says why).
 def at_initialisation(d, K, n, causal):
     layer = tost.CausalTSSA(d, K, block_size=n) if causal else tost.TSSA(d, K)
