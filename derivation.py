@@ -556,6 +556,28 @@ print(f'9. practical TSSA against its formulas: max |difference| {err_values:.1e
       f'the step size is n, so a c_proj trained at one n takes other steps at another')
 assert err_values < 1e-12 and err_alpha < 1e-12 and err_tied < 1e-12
 
+# Tokens meet only through 2p + 1 numbers per head: n_k, s_k, and q_k (each coordinate's sum of squares over
+# the tokens, for Pi). The layer's output again, each token's from that token and those numbers alone.
+def one_token(z, n_k, s, q, layer):
+    """A token's output (d,) from the token z (d,) and its sequence's n_k (K,), s_k and q_k (K, p)."""
+    w = layer.c_attn(z).view(layer.n_head, -1)                           # (K, p)
+    pi = torch.softmax(layer.temp[:, 0] * (w * w / q).sum(-1), dim=0)   # (K,)
+    return layer.c_proj((-pi[:, None] * w / (1 + s / (n_k[:, None] + layer.eps))).flatten())
+
+
+with torch.no_grad():
+    w = vit_layer.split_heads(vit_layer.c_attn(x))                       # (B, K, n, p)
+    Pi = vit_layer.memberships(w)
+    stats = [(Pi[b].sum(-1), torch.einsum('kn,knp->kp', Pi[b], w[b] ** 2), (w[b] ** 2).sum(1))
+             for b in range(B)]                                          # n_k, s_k, q_k of each sequence
+    by_token = torch.stack([torch.stack([one_token(x[b, j], *stats[b], vit_layer) for j in range(n)])
+                            for b in range(B)])
+    err_tokens = (by_token - vit_layer(x)).abs().max()
+numbers = sum(t[0].numel() for t in stats[0])
+print(f'   each token\'s output from itself and its sequence\'s {numbers} numbers per head (n_k, s_k, q_k; '
+      f'p = {d // K}): max |difference| {err_tokens:.1e}')
+assert err_tokens < 1e-12 and numbers == 2 * (d // K) + 1
+
 # Untied, as trained. Head k's block of c_proj scaled by c_k > 0 is still exactly a step: on the reweighted
 # objective sum_k c_k R^var_c,k (head k's own term). A generic c_proj is not a step on any function: were the
 # layer (Pi held fixed) a gradient field, its Jacobian would be a Hessian, symmetric, and it is not. What the

@@ -29,10 +29,10 @@ d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). Comments en
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 57-88     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 95-193    the white-box gradient step, then the practical operator (TSSA)
-  lines 200-303   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 310-395   the block, a descent direction on the normalised tokens (MLP, Block)
-  lines 402-585   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 95-194    the white-box gradient step, then the practical operator (TSSA)
+  lines 201-304   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 311-396   the block, a descent direction on the normalised tokens (MLP, Block)
+  lines 403-586   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -106,7 +106,8 @@ class TSSA(nn.Module):
 
     whitebox=True computes exactly this: -tau grad_Z R^var_c with Pi held fixed (the layer estimates Pi from
     Z; Pi's own dependence on Z is not part of the step). Tokens interact only through the statistics of
-    each head: n_k, s_k and the p column norms that Pi uses, 2p + 1 numbers, whatever n is.
+    each head: n_k, s_k and the p column norms that Pi uses, 2p + 1 numbers, whatever n is (section 9 of
+    derivation.py rebuilds each token's output from the token and these numbers alone).
 
     Which directions shrink. When the U_k together form an orthogonal d x d matrix, the step multiplies
     coordinate i of token j in head k by 1 - tau pi_jk D_ki / n, in [0, 1) for a step with tau alpha <= n.
