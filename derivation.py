@@ -621,9 +621,17 @@ assert err_rescaled < 1e-12 and max(asymmetries[:2]) < 1e-12 and asymmetries[2] 
 # %% 10. The block. x = x + g1 * attn(LN(x)); x = x + g2 * MLP(LN(x)). The attention, tied as in section 9, is
 # exactly a step on R^var_c of its input LN(x); in the block its output is scaled coordinate by coordinate by
 # the layer scale g1 and added to x, not to LN(x). It is then no longer a gradient step on anything we wrote
-# down, but it stays a DESCENT DIRECTION for R^var_c(LN(x)): measured below, attention tied, random small
-# positive g1. The MLP is the transformer's, not derived from the objective. First, the block's values against
-# its two lines.
+# down. Is it still a descent direction for R^var_c(LN(x))? Write LN(x) = gain * x^ + bias with x^ = (x -
+# mean) / sigma, and g_j for token j's gradient with respect to LN(x) (the attention's output is -n g_j).
+# To first order the update changes R^var_c(LN(x)) by
+#     -n sum_j g_j^T diag(gain) (P_j / sigma_j) diag(g1) g_j,      P_j = I - 1 1^T / d - x^_j x^_j^T / d,
+# P_j the Jacobian of the normalisation times sigma_j, positive semi-definite (a projector, but for
+# LayerNorm's eps). With g1 = g 1 and gain = c 1, g, c > 0 (g1 as at initialisation, a constant gain), that
+# is -n g c sum_j g_j^T P_j g_j / sigma_j <= 0: a DESCENT DIRECTION. With unequal g1 (trained layer scales)
+# or an unequal gain, diag(gain) P_j diag(g1) is not positive semi-definite and nothing fixes the sign:
+# measured below, the update still descends while the scales spread little, and can ascend when they spread
+# over decades. The MLP is the transformer's, not derived from the objective. First, the block's values
+# against its two lines.
 def block_formula(x, b):
     def ln(x, m):
         return F.layer_norm(x, (x.shape[-1],), m.weight, m.bias)
@@ -657,12 +665,70 @@ with torch.no_grad():
     full = F.cosine_similarity((block(x) - x).flatten(1), -g.flatten(1))
     radial = F.cosine_similarity(update, block.ln_1(x), dim=-1).abs().mean()
 print(f'10. the block against its two lines: max |difference| {err_block:.1e}. Its attention line against '
-      f'-grad_x R^var_c(LN(x)),\n    two inputs: cosine >= {cos:.3f} (1 would be a gradient step); '
-      f'it lowers R^var_c(LN(x)) from {show(value)} by {show(drop)}.\n'
+      f'-grad_x R^var_c(LN(x)), g1 ~ U(0, 0.02),\n    two inputs: cosine >= {cos:.3f} (1 would be a gradient '
+      f'step); it lowers R^var_c(LN(x)) from {show(value)} by {show(drop)}.\n'
       f'    Much of the update points along the token itself (mean |cosine| with LN(x): {radial:.2f}), '
       f'a change of scale LayerNorm removes.\n'
       f'    The whole block, its small MLP update included, has cosine {show(full)} with -grad')
 assert err_block < 1e-12 and 0.3 < cos < 0.95 and (drop > 0).all() and radial > 0.3 and (full > 0).all()
+
+
+# Many draws: a random tied block and input each, g1 and the gain drawn three ways. For each draw, the first-
+# order change of R^var_c(LN(x)) along the update (by autograd) against the formula above.
+def first_order(block, x):
+    """The first-order change of R^var_c(LN(x)) along the block's attention update, Pi held; the cosine of
+    the update with -grad; and the change by the formula. x: (1, n, d)."""
+    h = block.ln_1(x)
+    Pi = block.attn.memberships(block.attn.split_heads(block.attn.c_attn(h))).detach()
+    U = block.attn.U()
+    g_x = grad(lambda z: tost.variational_compression(block.ln_1(z), Pi, U), x)
+    g_h = grad(lambda z: tost.variational_compression(z, Pi, U), h)
+    with torch.no_grad():
+        update = block.gamma_1 * block.attn(h)
+        sigma = (x.var(-1, unbiased=False, keepdim=True) + block.ln_1.eps).sqrt()   # (1, n, 1)
+        x_hat = (x - x.mean(-1, keepdim=True)) / sigma
+        v = block.gamma_1 * g_h
+        P_v = v - v.mean(-1, keepdim=True) - x_hat * (x_hat * v).sum(-1, keepdim=True) / d     # P_j v_j
+        formula = -x.shape[1] * ((block.ln_1.weight * g_h * P_v).sum(-1, keepdim=True) / sigma).sum()
+    cosine = F.cosine_similarity(update.flatten(), -g_x.flatten(), dim=0)
+    return (g_x * update).sum(), cosine, formula
+
+
+def scales(kind):
+    """The layer scale g1 and the LayerNorm gain (d,) of one draw."""
+    if kind == 'equal':                                                  # g 1 and c 1, g over 6 decades
+        return torch.full((d,), 10 ** (-6 * torch.rand(()))), torch.full((d,), 10 ** (-2 * torch.rand(())))
+    if kind == 'small':
+        return 0.02 * torch.rand(d), torch.ones(d)
+    return 10 ** (-8 * torch.rand(d)), 10 ** (-2 * torch.rand(d))      # over 8 and 2 decades
+
+
+draws = 200
+rows = {}
+with torch.random.fork_rng():                                            # the draws after this one unmoved
+    probe = tost.Block(d, K, causal=False)
+    for kind in ('equal', 'small', 'spread'):
+        results = []
+        for _ in range(draws):
+            with torch.no_grad():
+                probe.attn.c_attn.weight.copy_(torch.randn(d, d) / d ** 0.5)
+                g1, gain = scales(kind)
+                probe.gamma_1.copy_(g1)
+                probe.ln_1.weight.copy_(gain)
+            tie(probe.attn)
+            results.append(torch.stack(first_order(probe, torch.randn(1, n, d))))
+        rows[kind] = torch.stack(results)                                # (draws, 3)
+print(f'    first-order change of R^var_c(LN(x)) along the attention update, attention tied, {draws} random '
+      f'draws each:')
+names = {'equal': 'g1 = g 1, gain = c 1 (g, c > 0)', 'small': 'g1 ~ U(0, 0.02) per coordinate, gain 1',
+         'spread': 'g1 over 8 decades, gain over 2'}
+for kind, r in rows.items():
+    err = ((r[:, 0] - r[:, 2]).abs() / r[:, 2].abs()).max()
+    print(f'    {names[kind]:40s} ascents {int((r[:, 0] > 0).sum()):3d} of {draws}, cosine with -grad >= '
+          f'{r[:, 1].min():6.3f}; against the formula, largest relative difference {err:.1e}')
+    assert err < 1e-9
+assert (rows['equal'][:, 0] < 0).all() and (rows['small'][:, 0] < 0).all()
+assert (rows['spread'][:, 0] > 0).any()
 
 
 # %% 11. The causal step: every sum over tokens becomes a prefix sum (tost.CausalTSSA). Its values against the

@@ -31,8 +31,8 @@ First read, in order (lines of this file, spanning the definitions named in brac
   lines 57-88     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
   lines 95-194    the white-box gradient step, then the practical operator (TSSA)
   lines 201-304   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 311-396   the block, a descent direction on the normalised tokens (MLP, Block)
-  lines 403-586   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 311-399   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 406-589   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -333,9 +333,12 @@ class Block(nn.Module):
     tied (c_proj = c_attn^T, no biases, nothing added to n_k) is an exact step of size n on R^var_c of its
     input, Pi held fixed (causal: token t's step has size t + 1, on its prefix); here its input is LN(x) and
     its output is scaled coordinate by coordinate by g1 before it is added to x, not to LN(x). That is no
-    longer a gradient step, but it stays a descent direction for R^var_c of the normalised tokens
-    (derivation.py section 10 measures the angle). The options beyond the paper (token_shift, lpi,
-    drop_path) run in forward_with_options(), section 7.
+    longer a gradient step. Non-causal, with g1 = g 1 (as at initialisation) and LayerNorm's gain c 1, g and
+    c > 0, it is a descent direction for R^var_c(LN(x)): to first order each token changes it by
+    -(n g c / sigma) grad^T P grad <= 0 (grad with respect to LN(x), P the normalisation's projector, sigma
+    the token's std). For unequal g1 (trained layer scales) it is not guaranteed; derivation.py section 10
+    measures how often it holds. The options beyond the paper (token_shift, lpi, drop_path) run in
+    forward_with_options(), section 7.
     """
 
     def __init__(self, n_embd, n_head, attn='tssa', causal=True, block_size=None, bias=False, dropout=0.0,
