@@ -628,9 +628,9 @@ assert err_rescaled < 1e-12 and max(asymmetries[:2]) < 1e-12 and asymmetries[2] 
 # P_j the Jacobian of the normalisation times sigma_j, positive semi-definite (a projector, but for
 # LayerNorm's eps). With g1 = g 1 and gain = c 1, g, c > 0 (g1 as at initialisation, a constant gain), that
 # is -n g c sum_j g_j^T P_j g_j / sigma_j <= 0: a DESCENT DIRECTION. With unequal g1 (trained layer scales)
-# or an unequal gain, diag(gain) P_j diag(g1) is not positive semi-definite and nothing fixes the sign:
-# measured below, the update still descends while the scales spread little, and can ascend when they spread
-# over decades. The MLP is the transformer's, not derived from the objective. First, the block's values
+# or an unequal gain, diag(gain) P_j diag(g1) is in general not positive semi-definite and nothing fixes the
+# sign: measured below, the update still descends while the scales spread little, and can ascend when they
+# spread over decades. The MLP is the transformer's, not derived from the objective. First, the block's values
 # against its two lines.
 def block_formula(x, b):
     def ln(x, m):
