@@ -29,10 +29,10 @@ d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). Comments en
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 57-88     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 95-193    the white-box gradient step, then the practical operator (TSSA)
-  lines 200-303   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 310-395   the block, a descent direction on the normalised tokens (MLP, Block)
-  lines 402-585   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 95-194    the white-box gradient step, then the practical operator (TSSA)
+  lines 201-304   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 311-399   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 406-589   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -106,13 +106,14 @@ class TSSA(nn.Module):
 
     whitebox=True computes exactly this: -tau grad_Z R^var_c with Pi held fixed (the layer estimates Pi from
     Z; Pi's own dependence on Z is not part of the step). Tokens interact only through the statistics of
-    each head: n_k, s_k and the p column norms that Pi uses, 2p + 1 numbers, whatever n is.
+    each head: n_k, s_k and the p column norms that Pi uses, 2p + 1 numbers, whatever n is (section 9 of
+    derivation.py rebuilds each token's output from the token and these numbers alone).
 
     Which directions shrink. When the U_k together form an orthogonal d x d matrix, the step multiplies
-    coordinate i of token j in head k by 1 - tau pi_jk D_ki / n, and D_ki = alpha / (1 + alpha s_ki/n_k) is
-    largest where the group's mean square s_ki/n_k is smallest: as a fraction, a group's weak directions
-    shrink most and its strong ones least. That is the compression: each group is pulled towards its
-    dominant subspace.
+    coordinate i of token j in head k by 1 - tau pi_jk D_ki / n, in [0, 1) for a step with tau alpha <= n.
+    D_ki = alpha / (1 + alpha s_ki/n_k) is largest where the group's mean square s_ki/n_k is smallest: as a
+    fraction, a group's weak directions shrink most and its strong ones least. That is the compression:
+    each group is pulled towards its dominant subspace (derivation.py section 7; a larger step overshoots).
 
     The practical operator (the released one; the default) changes the white-box step in six ways:
       1. alpha is absorbed into the projection (U -> sqrt(alpha) U turns f' into 1/(1 + x));
@@ -161,7 +162,7 @@ class TSSA(nn.Module):
     def memberships(self, w):
         """Pi, estimated from the tokens: a softmax over the heads, so the heads compete for each token and
         its memberships sum to 1 (rate reduction's soft partition). The paper scores token j for group k by
-        temp_k ||U_k^T z_j||^2 (its equation 10); the released code, followed here, first divides each
+        temp_k ||U_k^T z_j||^2; the released code, followed here, first divides each
         coordinate by its sum of squares over the tokens, so a head's score ignores its projection's scale:
 
             pi_jk = softmax_k( temp_k * sum_i w_jki^2 / sum_l w_lki^2 )
@@ -332,9 +333,12 @@ class Block(nn.Module):
     tied (c_proj = c_attn^T, no biases, nothing added to n_k) is an exact step of size n on R^var_c of its
     input, Pi held fixed (causal: token t's step has size t + 1, on its prefix); here its input is LN(x) and
     its output is scaled coordinate by coordinate by g1 before it is added to x, not to LN(x). That is no
-    longer a gradient step, but it stays a descent direction for R^var_c of the normalised tokens
-    (derivation.py section 10 measures the angle). The options beyond the paper (token_shift, lpi,
-    drop_path) run in forward_with_options(), section 7.
+    longer a gradient step. Non-causal, with g1 = g 1 (as at initialisation) and LayerNorm's gain c 1, g and
+    c > 0, it is a descent direction for R^var_c(LN(x)): to first order each token changes it by
+    -(n g c / sigma) grad^T P grad <= 0 (grad with respect to LN(x), P the normalisation's projector, sigma
+    the token's std). For unequal g1 (trained layer scales) it is not guaranteed; derivation.py section 10
+    measures how often it holds. The options beyond the paper (token_shift, lpi, drop_path) run in
+    forward_with_options(), section 7.
     """
 
     def __init__(self, n_embd, n_head, attn='tssa', causal=True, block_size=None, bias=False, dropout=0.0,

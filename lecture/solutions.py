@@ -62,7 +62,8 @@ def projected_compression(Z, Pi, U, alpha):
 
 def causal_first_membership(temp, bias0, p):
     """4. At t = 0 the prefix is the token itself: Q_0 = w_0^2, so w_0i^2 / Q_0i = 1 for each of the p
-    coordinates (whatever the token and the weights, as long as no w_0i is exactly 0). Every head scores
+    coordinates (whatever the token and the weights, provided every |w_0i| >= 1e-6: Q is clamped at 1e-12,
+    so a smaller coordinate scores w_0i^2 / 1e-12 < 1, and a zero row of weights 0). Every head scores
     temp_k (p + p b_{k,0}), and pi_0 = softmax_k(p temp_k (1 + b_{k,0})). At initialisation temp_k = 1 and
     b = 0, every head scores p, and pi_0 = 1/K exactly. Only the parameters move it: unequal temperatures,
     or the position bias b_{k,0}; the first token's content never does.
