@@ -179,6 +179,13 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
                     f.write(sep)
         # Two bytes a token.
         counts = [train.tell() // 2, val.tell() // 2]
+    # Every val_every-th document is val: with fewer documents than that (or val_every 1), the cause is the
+    # count of documents, not of tokens.
+    if val_every and not 0 < done // val_every < done:
+        raise UsageError(f"{source}: --val_every={val_every} puts {done // val_every} of its {done} "
+                         f"document(s) in val and the rest in train; pass a --val_every from 2 to the number "
+                         f"of documents, or for plain text use the text dataset (the last tenth of each "
+                         f"document is val)")
     # An empty corpus too.
     if counts[0] == 0 or counts[1] == 0:
         raise UsageError(f"{source}: too little text for a train/val split "
@@ -332,6 +339,9 @@ def _build_openwebtext(stage, o):
     tok = get_tokenizer(o.get('tokenizer', 'gpt2'))
     if 'input' in o:
         files = _files_under(o['input'], ('.parquet', '.jsonl', '.txt'))
+        if not files:
+            raise UsageError(f"{o['input']} holds no .parquet, .jsonl or .txt files, the kinds openwebtext "
+                             f"reads; for other text files use the text dataset")
         source = os.path.abspath(o['input'])
     else:
         files = _owt_download(o['data_dir'])
