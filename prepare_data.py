@@ -208,17 +208,24 @@ def _read_text(path):
 
 
 def _files_under(path, exts='', skip=()):
-    """A file, or the files under a folder ending in `exts` (hidden names and `skip` folders left out), sorted
-    by path components."""
+    """A file, or the regular files under a folder ending in `exts` (hidden names and `skip` folders left
+    out), sorted by path components."""
     # A missing path raises here, and options.py's handler names it with its option.
     os.stat(path)
     if os.path.isfile(path):
         return [path]
-    out = []
+    if not os.path.isdir(path):
+        raise UsageError(f"{path} is neither a regular file nor a folder (a pipe, socket or device)")
+    found = []
     for d, dirs, names in os.walk(path):
         dirs[:] = [x for x in dirs if not x.startswith('.') and x not in skip]
-        out += [os.path.join(d, n) for n in names if not n.startswith('.') and n.endswith(exts)]
-    return sorted(out, key=lambda p: Path(p).parts)
+        found += [os.path.join(d, n) for n in names if not n.startswith('.') and n.endswith(exts)]
+    # Never opened: a pipe's first read waits for a writer, forever if none comes.
+    other = [f for f in found if not os.path.isfile(f)]
+    if other:
+        _warn(f"skipped {len(other)} file(s) that are not regular files (a pipe, socket, device or broken "
+              f"link), e.g. {other[0]}")
+    return sorted((f for f in found if os.path.isfile(f)), key=lambda p: Path(p).parts)
 
 
 def _files_dataset(stage, o, files, source, tok=None):

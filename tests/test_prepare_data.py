@@ -321,6 +321,20 @@ def test_text_warns_of_bytes_it_replaces_and_files_it_skips(capsys):
     assert 'caf\ufffd au lait'.encode('utf-8') in bytes(ids(out, 'train'))
 
 
+def test_a_pipe_is_never_opened():
+    """A named pipe in a folder (whose first read would wait for a writer forever) is skipped with a warning
+    naming it; one given as --input is one line naming it. In a process of its own: a hang is a timeout."""
+    write('in/a.txt', 'hello there. ' * 20)
+    os.mkfifo('in/p.txt')
+    os.mkfifo('pipe')
+    command = [sys.executable, os.path.join(REPO, 'prepare_data.py'), 'text', '--data_dir=data']
+    run = subprocess.run(command + ['--input=in'], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and one_line(run.stderr, 'in/p.txt')
+    assert ids('data/in', 'train') + ids('data/in', 'val') == list(b'hello there. ' * 20)
+    run = subprocess.run(command + ['--input=pipe'], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and one_line(run.stderr, 'pipe')
+
+
 def test_shakespeare_gpt2_from_local_copy(tiny, capsys, monkeypatch):
     text = 'ROMEO:\nBut, soft! what light through yonder window breaks?\n' * 4
     write('input.txt', text)
