@@ -605,18 +605,19 @@ def prepare(name, /, data_dir='data', **o):
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
         built = meta.get('tokenizer')
+        # An image set has no tokenizer.
+        held = built or 'an image set'
+        wanted = 'an image set' if name in CIFAR else o.get('tokenizer', 'its default tokenizer')
         if (meta.get('dataset', name), o.get('tokenizer', built)) != (name, built):
-            raise UsageError(f"{out} holds {meta.get('dataset')} ({built}), not {name} "
-                             f"({o.get('tokenizer', 'its default tokenizer')}); pass --force to rebuild it, "
-                             f"or --name=OTHER to keep both")
+            raise UsageError(f"{out} holds {meta.get('dataset')} ({held}), not {name} ({wanted}); pass "
+                             f"--force to rebuild it, or --name=OTHER to keep both")
         given = o.get('input')
         was = meta.get('input', given)
         # Another file or folder of one's own under the same name is another dataset; a link to it is not.
         if given and os.path.realpath(given) != os.path.realpath(was):
             raise UsageError(f"{out} was prepared from {was}; pass --force to rebuild it from "
                              f"{os.path.abspath(given)}, or --name=OTHER to keep both")
-        print(f"{out} is already prepared ({meta.get('kind')}, {meta.get('tokenizer', 'images')}); "
-              f"--force rebuilds it")
+        print(f"{out} is already prepared ({held}); --force rebuilds it")
         return out
     t0 = time.time()
     new_root = not os.path.isdir(data_dir)

@@ -628,6 +628,19 @@ def test_cifar_roundtrip(capsys, which, protocol):
     np.testing.assert_allclose(meta['mean'], (got[0] / 255).mean(axis=(0, 2, 3)), atol=1e-6)
     np.testing.assert_allclose(meta['std'], (got[0] / 255).std(axis=(0, 2, 3)), atol=1e-6)
 
+def test_a_folder_holding_an_image_set_is_said_to(capsys):
+    """Text asked for in a folder that holds CIFAR, or CIFAR where text is: one line naming the image set;
+    CIFAR prepared again: a line that says images once."""
+    make_cifar('c.tar.gz', 'cifar10')
+    write('in.txt', 'hello there. ' * 20)
+    prepare('cifar10', 'data', archive='c.tar.gz')
+    prepare('text', 'data', input='in.txt')
+    capsys.readouterr()
+    assert 'image' in one_error(capsys, 'text', '--input=in.txt', '--name=cifar10')
+    assert 'image' in one_error(capsys, 'cifar10', '--archive=c.tar.gz', '--name=in')
+    prepare('cifar10', 'data', archive='c.tar.gz')
+    assert one_line(capsys.readouterr().out).count('image') == 1
+
 # -----------------------------------------------------------------------------
 # downloads, served from memory
 
