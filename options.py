@@ -1,9 +1,10 @@
 """Command-line options, as nanoGPT's configurator but checked once, and how every script ends on a mistake.
 
 A script's `DEFAULTS = dict(...)` holds a key a line with a comment. `--key=value` sets a key in its default's
-type (a bool's `--key` alone: true); `--config=NAME` applies a preset first. Every number must be finite, and
-the script's RANGES table says which must also be positive, non-negative, a fraction in [0, 1) or a seed in
-[0, 2**32). `--help` prints the docstring and each key with its default value and its comment.
+type (a bool's `--key` alone: true; a text or a bare word that begins with `~` is a path in the home folder,
+which bash does not expand after `=`); `--config=NAME` applies a preset first. Every number must be finite,
+and the script's RANGES table says which must also be positive, non-negative, a fraction in [0, 1) or a seed
+in [0, 2**32). `--help` prints the docstring and each key with its default value and its comment.
 
 Importing this module, which every script does before torch, sets how a script ends when an exception reaches
 its top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path
@@ -260,8 +261,12 @@ def _value(key, raw, default):
     try:
         if isinstance(default, bool):
             return BOOLS[raw.lower()]
+        # A text that begins with ~ is a path in the home folder: bash expands no ~ after `=` (--out_dir=~/run
+        # would be a folder named ~ here).
         if isinstance(default, list):
-            return [raw]
+            return [os.path.expanduser(raw)]
+        if isinstance(default, str):
+            return os.path.expanduser(raw)
         return type(default)(raw)
     except (KeyError, ValueError):
         kind = "bool (true/false)" if isinstance(default, bool) else type(default).__name__
@@ -341,7 +346,7 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
         if raw is None:
             config[key] = True
         elif isinstance(raw, list):
-            config[key] = raw
+            config[key] = [os.path.expanduser(word) for word in raw]
         else:
             config[key] = _value(key, raw, defaults[key])
         set_keys.add(key)

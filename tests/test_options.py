@@ -286,6 +286,19 @@ def test_every_script_imports_options_before_torch():
 # ranges
 
 
+def test_a_value_that_begins_with_a_tilde_is_under_the_home_folder(tmp_path, monkeypatch, fails):
+    """bash expands no ~ after `=`: --out_dir=~/run would be a folder named ~ in the current one. Every text
+    option, bare words and list options too; a ~ further on is the value's own."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    defaults = dict(out_dir="out", runs=[], title="")
+    config, _ = options.parse(["--out_dir=~/run", "~/a", "~", "--title=x~"], defaults, positional="runs")
+    assert config == dict(out_dir=f"{tmp_path}/run", runs=[f"{tmp_path}/a", str(tmp_path)], title="x~")
+    assert options.parse(["--runs=~/b"], defaults)[0]["runs"] == [f"{tmp_path}/b"]
+    # a script: sample.py looks for the checkpoint there
+    import sample
+    fails(sample.main, ["--out_dir=~/x"], f"{tmp_path}/x/ckpt.pt")
+
+
 def test_numbers_are_finite_and_in_the_range_the_table_gives():
     defaults = dict(lr=0.1, steps=10, drop=0.0, out="out", wd=0.1)
     ranges = dict(positive=("lr", "steps"), fraction=("drop",), nonempty=("out",), nonnegative=("wd",))
