@@ -8,9 +8,9 @@ in [0, 2**32). `--help` prints the docstring and each key with its default value
 
 Importing this module, which every script does before torch, sets how a script ends when an exception reaches
 its top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path
-(and the option that gave it; on a full disk, the file being written) and exit 2; Ctrl-C is exit 130; a
-closed stdout (`| head`) ends quietly with 141; under torchrun, a collective cut off by another process's end
-is one line and exit 1 (that process says why). Any other exception is a bug and keeps its traceback. Ctrl-C
+(and the option that gave it; on a full disk, the file being written, or stdout) and exit 2; Ctrl-C is exit
+130; a closed stdout (`| head`) ends quietly with 141; under torchrun, a collective cut off by another
+process's end is one line and exit 1 (that process says why). Any other exception is a bug and keeps its traceback. Ctrl-C
 while torch imports can be lost, or abort the interpreter from inside torch's C++ code: a script of this
 repository that imports this module before torch, and calls parse(), holds Ctrl-C until then; parse() lets it
 through (the script ends there, exit 130).
@@ -18,6 +18,7 @@ through (the script ends there, exit 130).
 import atexit
 import contextlib
 import difflib
+import errno
 import io
 import math
 import os
@@ -188,7 +189,8 @@ def report(exc):
         code = 1
     elif isinstance(exc, OSError):
         # A path is named with the option that gave it. A write to a full disk carries no path: the file is
-        # the one open for writing in the innermost frame that holds one (stdout into `/dev/full`: none).
+        # the one open for writing in the innermost frame that holds one; none there: print's, stdout (into
+        # `/dev/full`).
         path = exc.filename or file_written(exc.__traceback__)
         line = f"{exc.strerror or exc}"
         # A folder made (or read) where there is a file, or a link to nothing, says 'File exists' (or 'Not a
@@ -203,6 +205,8 @@ def report(exc):
                     break
         if path is not None:
             line = f"{path}{option_of(path)}: {line}"
+        elif exc.errno == errno.ENOSPC:
+            line = f"stdout: {line}"
         code = 2
     else:
         return None

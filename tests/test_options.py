@@ -250,10 +250,14 @@ def test_a_closed_stdout_ends_quietly(argv, code, stderr):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-@pytest.mark.parametrize("flush", ["True", "False"])
-def test_a_full_stdout_is_one_line(flush):
+@pytest.mark.parametrize("argv", [["-c", "import options\nprint('some text', flush=True)"],
+                                  ["-c", "import options\nprint('some text', flush=False)"],
+                                  ["train_gpt.py", "--help"]])
+def test_a_full_stdout_is_one_line_that_names_it(argv):
     with open("/dev/full", "w") as full:
-        ended(_python(f"import options\nprint('some text', flush={flush})", stdout=full), 2, "No space left")
+        r = subprocess.run([sys.executable, *argv], cwd=HERE, stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=120)
+    ended(r, 2, "stdout")
 
 
 def test_what_stdout_cannot_encode_is_printed_as_a_question_mark():
