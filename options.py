@@ -10,10 +10,10 @@ Importing this module, which every script does before torch, sets how a script e
 its top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path
 (and the option that gave it; on a full disk, the file being written, or stdout) and exit 2; Ctrl-C is exit
 130; a closed stdout (`| head`) ends quietly with 141; under torchrun, a collective cut off by another
-process's end is one line and exit 1 (that process says why). Any other exception is a bug and keeps its traceback. Ctrl-C
-while torch imports can be lost, or abort the interpreter from inside torch's C++ code: a script of this
-repository that imports this module before torch, and calls parse(), holds Ctrl-C until then; parse() lets it
-through (the script ends there, exit 130).
+process's end is one line and exit 1 (that process says why). Any other exception is a bug and keeps its
+traceback. Ctrl-C while torch imports can be lost, or abort the interpreter from inside torch's C++ code: a
+script of this repository that imports this module before torch, and calls parse(), holds Ctrl-C until then;
+parse() lets it through (the script ends there, exit 130).
 """
 import atexit
 import contextlib
