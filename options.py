@@ -193,12 +193,12 @@ def report(exc):
         # `/dev/full`).
         path = exc.filename or file_written(exc.__traceback__)
         line = f"{exc.strerror or exc}"
-        # A folder made (or read) where there is a file, or a link to nothing, says 'File exists' (or 'Not a
-        # directory', below a file): what is in the way is named.
+        # A folder made (or read) where there is a file (or a device: /dev/null), or a link to nothing, says
+        # 'File exists' (or 'Not a directory', below a file): what is in the way is named.
         if isinstance(exc, (FileExistsError, NotADirectoryError)) and isinstance(path, str):
             for p in (path, *pathlib.PurePath(path).parents):
-                if os.path.isfile(p):
-                    line = f"{p} is a file, not a folder"
+                if os.path.exists(p) and not os.path.isdir(p):
+                    line = f"{p} is not a folder"
                     break
                 if os.path.islink(p) and not os.path.exists(p):
                     line = f"{p} is a link to {os.readlink(p)}, which does not exist"

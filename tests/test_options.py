@@ -126,6 +126,9 @@ TOP_LEVEL = [("options.fail('max_iters must be positive')", 2, ["max_iters must 
               "options.parse(['--out_dir=TMP/link'], {'out_dir': 'out'})\n"
               "os.makedirs('TMP/link', exist_ok=True)", 2, ["TMP/link", "TMP/none", "--out_dir=TMP/link"]),
              ("open('TMP/file/meta.json')", 2, ["TMP/file/meta.json"]),
+             # a device where a folder should be
+             ("options.parse(['--out_dir=/dev/null'], {'out_dir': 'out'})\n"
+              "os.makedirs('/dev/null', exist_ok=True)", 2, ["/dev/null", "--out_dir=/dev/null"]),
              ("open('TMP/none/x')", 2, ["TMP/none/x"]),
              # a bare word, under a folder option '.' that is above every relative path: the deepest names it
              ("options.parse(['nosuch'], {'output_folder': '.', 'runs': []}, positional='runs')\n"
