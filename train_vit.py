@@ -276,6 +276,9 @@ def main(argv=None):
             if key in set_keys and cfg[key] != old[key]:
                 raise UsageError(f"--{key}={cfg[key]}, but {path} holds a model with {key}={old[key]}")
             cfg[key] = old[key]
+    # An evaluation draws its maps in out_dir/viz: a folder that cannot be made is said before the work.
+    if eval_only and cfg['viz_images'] and master:
+        os.makedirs(os.path.join(out_dir, 'viz'), exist_ok=True)
     # The dtype is the run's: a resume's is its checkpoint's, unless set.
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
     ctx = autocast(device, dtype)
