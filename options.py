@@ -1,22 +1,24 @@
 """Command-line options, as nanoGPT's configurator but checked once, and how every script ends on a mistake.
 
 A script's `DEFAULTS = dict(...)` holds a key a line with a comment. `--key=value` sets a key in its default's
-type (a bool's `--key` alone: true); `--config=NAME` applies a preset first. Every number must be finite, and
-the script's RANGES table says which must also be positive, non-negative, a fraction in [0, 1) or a seed in
-[0, 2**32). `--help` prints the docstring and each key with its default value and its comment.
+type (a bool's `--key` alone: true; a text or a bare word that begins with `~` is a path in the home folder,
+which bash does not expand after `=`); `--config=NAME` applies a preset first. Every number must be finite,
+and the script's RANGES table says which must also be positive, non-negative, a fraction in [0, 1) or a seed
+in [0, 2**32). `--help` prints the docstring and each key with its default value and its comment.
 
 Importing this module, which every script does before torch, sets how a script ends when an exception reaches
 its top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path
-(and the option that gave it; on a full disk, the file being written) and exit 2; Ctrl-C is exit 130; a
-closed stdout (`| head`) ends quietly with 141; under torchrun, a collective cut off by another process's end
-is one line and exit 1 (that process says why). Any other exception is a bug and keeps its traceback. Ctrl-C
-while torch imports can be lost, or abort the interpreter from inside torch's C++ code: a script of this
-repository that imports this module before torch, and calls parse(), holds Ctrl-C until then; parse() lets it
-through (the script ends there, exit 130).
+(and the option that gave it; on a full disk, the file being written, or stdout) and exit 2; Ctrl-C is exit
+130; a closed stdout (`| head`) ends quietly with 141; under torchrun, a collective cut off by another
+process's end is one line and exit 1 (that process says why). Any other exception is a bug and keeps its
+traceback. Ctrl-C while torch imports can be lost, or abort the interpreter from inside torch's C++ code: a
+script of this repository that imports this module before torch, and calls parse(), holds Ctrl-C until then;
+parse() lets it through (the script ends there, exit 130).
 """
 import atexit
 import contextlib
 import difflib
+import errno
 import io
 import math
 import os
@@ -187,21 +189,24 @@ def report(exc):
         code = 1
     elif isinstance(exc, OSError):
         # A path is named with the option that gave it. A write to a full disk carries no path: the file is
-        # the one open for writing in the innermost frame that holds one (stdout into `/dev/full`: none).
+        # the one open for writing in the innermost frame that holds one; none there: print's, stdout (into
+        # `/dev/full`).
         path = exc.filename or file_written(exc.__traceback__)
         line = f"{exc.strerror or exc}"
-        # A folder made (or read) where there is a file, or a link to nothing, says 'File exists' (or 'Not a
-        # directory', below a file): what is in the way is named.
+        # A folder made (or read) where there is a file (or a device: /dev/null), or a link to nothing, says
+        # 'File exists' (or 'Not a directory', below a file): what is in the way is named.
         if isinstance(exc, (FileExistsError, NotADirectoryError)) and isinstance(path, str):
             for p in (path, *pathlib.PurePath(path).parents):
-                if os.path.isfile(p):
-                    line = f"{p} is a file, not a folder"
+                if os.path.exists(p) and not os.path.isdir(p):
+                    line = f"{p} is not a folder"
                     break
                 if os.path.islink(p) and not os.path.exists(p):
                     line = f"{p} is a link to {os.readlink(p)}, which does not exist"
                     break
         if path is not None:
             line = f"{path}{option_of(path)}: {line}"
+        elif exc.errno == errno.ENOSPC:
+            line = f"stdout: {line}"
         code = 2
     else:
         return None
@@ -260,8 +265,12 @@ def _value(key, raw, default):
     try:
         if isinstance(default, bool):
             return BOOLS[raw.lower()]
+        # A text that begins with ~ is a path in the home folder: bash expands no ~ after `=` (--out_dir=~/run
+        # would be a folder named ~ here).
         if isinstance(default, list):
-            return [raw]
+            return [os.path.expanduser(raw)]
+        if isinstance(default, str):
+            return os.path.expanduser(raw)
         return type(default)(raw)
     except (KeyError, ValueError):
         kind = "bool (true/false)" if isinstance(default, bool) else type(default).__name__
@@ -341,7 +350,7 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
         if raw is None:
             config[key] = True
         elif isinstance(raw, list):
-            config[key] = raw
+            config[key] = [os.path.expanduser(word) for word in raw]
         else:
             config[key] = _value(key, raw, defaults[key])
         set_keys.add(key)

@@ -79,7 +79,7 @@ RANGES = dict(positive=('epochs', 'batch_size', 'learning_rate', 'eval_interval'
               nonnegative=('weight_decay', 'grad_clip', 'warmup_epochs', 'max_steps',
                            'compression_images', 'viz_images'),
               fraction=('label_smoothing', 'drop_path', 'beta1', 'beta2', 'min_lr_ratio'),
-              nonempty=('out_dir', 'dataset', 'data_dir'),
+              nonempty=('out_dir', 'dataset', 'data_dir', 'init_from'),
               seed=('seed',))
 
 # The names a key may take, checked with the ranges: a typo in --model is said before any data is asked for.
@@ -238,6 +238,10 @@ def main(argv=None):
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     best_path = os.path.join(out_dir, 'best.pt')
     path = {'scratch': None, 'resume': ckpt_path, 'best': best_path}.get(cfg['init_from'], cfg['init_from'])
+    # A name mistyped (resum) is a path to no file: the line says what --init_from takes.
+    if path == cfg['init_from'] and not os.path.exists(path):
+        raise UsageError(f"--init_from={path}: no such file; it takes scratch, resume, best or a path to a "
+                         f"checkpoint")
     if eval_only and not path:
         raise UsageError("--eval_only needs a checkpoint: --init_from=resume, best or a path to a .pt file")
 
@@ -272,6 +276,9 @@ def main(argv=None):
             if key in set_keys and cfg[key] != old[key]:
                 raise UsageError(f"--{key}={cfg[key]}, but {path} holds a model with {key}={old[key]}")
             cfg[key] = old[key]
+    # An evaluation draws its maps in out_dir/viz: a folder that cannot be made is said before the work.
+    if eval_only and cfg['viz_images'] and master:
+        os.makedirs(os.path.join(out_dir, 'viz'), exist_ok=True)
     # The dtype is the run's: a resume's is its checkpoint's, unless set.
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
     ctx = autocast(device, dtype)

@@ -126,6 +126,9 @@ TOP_LEVEL = [("options.fail('max_iters must be positive')", 2, ["max_iters must 
               "options.parse(['--out_dir=TMP/link'], {'out_dir': 'out'})\n"
               "os.makedirs('TMP/link', exist_ok=True)", 2, ["TMP/link", "TMP/none", "--out_dir=TMP/link"]),
              ("open('TMP/file/meta.json')", 2, ["TMP/file/meta.json"]),
+             # a device where a folder should be
+             ("options.parse(['--out_dir=/dev/null'], {'out_dir': 'out'})\n"
+              "os.makedirs('/dev/null', exist_ok=True)", 2, ["/dev/null", "--out_dir=/dev/null"]),
              ("open('TMP/none/x')", 2, ["TMP/none/x"]),
              # a bare word, under a folder option '.' that is above every relative path: the deepest names it
              ("options.parse(['nosuch'], {'output_folder': '.', 'runs': []}, positional='runs')\n"
@@ -250,10 +253,14 @@ def test_a_closed_stdout_ends_quietly(argv, code, stderr):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-@pytest.mark.parametrize("flush", ["True", "False"])
-def test_a_full_stdout_is_one_line(flush):
+@pytest.mark.parametrize("argv", [["-c", "import options\nprint('some text', flush=True)"],
+                                  ["-c", "import options\nprint('some text', flush=False)"],
+                                  ["train_gpt.py", "--help"]])
+def test_a_full_stdout_is_one_line_that_names_it(argv):
     with open("/dev/full", "w") as full:
-        ended(_python(f"import options\nprint('some text', flush={flush})", stdout=full), 2, "No space left")
+        r = subprocess.run([sys.executable, *argv], cwd=HERE, stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=120)
+    ended(r, 2, "stdout")
 
 
 def test_what_stdout_cannot_encode_is_printed_as_a_question_mark():
@@ -284,6 +291,19 @@ def test_every_script_imports_options_before_torch():
         assert imports[0] == "options", name
 
 # ranges
+
+
+def test_a_value_that_begins_with_a_tilde_is_under_the_home_folder(tmp_path, monkeypatch, fails):
+    """bash expands no ~ after `=`: --out_dir=~/run would be a folder named ~ in the current one. Every text
+    option, bare words and list options too; a ~ further on is the value's own."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    defaults = dict(out_dir="out", runs=[], title="")
+    config, _ = options.parse(["--out_dir=~/run", "~/a", "~", "--title=x~"], defaults, positional="runs")
+    assert config == dict(out_dir=f"{tmp_path}/run", runs=[f"{tmp_path}/a", str(tmp_path)], title="x~")
+    assert options.parse(["--runs=~/b"], defaults)[0]["runs"] == [f"{tmp_path}/b"]
+    # a script: sample.py looks for the checkpoint there
+    import sample
+    fails(sample.main, ["--out_dir=~/x"], f"{tmp_path}/x/ckpt.pt")
 
 
 def test_numbers_are_finite_and_in_the_range_the_table_gives():

@@ -512,6 +512,9 @@ MISTAKES = [(None, ['--dataset=cifar10'], 'prepare_data.py cifar10'),
             (None, ['--learning_rate=inf'], '--learning_rate'),
             (None, ['--weight_decay=1e30'], '--weight_decay'),
             (None, ['--init_from=nowhere.pt'], 'nowhere.pt'),
+            # a shell variable never set (--init_from=$CKPT), and a name mistyped: what it takes is said
+            (None, ['--init_from='], '--init_from'),
+            (None, ['--init_from=resum'], ('--init_from=resum', 'scratch', 'best')),
             ({'model_args': 5}, ['--init_from=resume'], 'ckpt.pt'),
             ({'model_args': None}, ['--init_from=resume'], 'ckpt.pt'),
             ({'epoch': None}, ['--init_from=resume', '--eval_only'], 'ckpt.pt'),
@@ -573,12 +576,20 @@ def test_a_picture_that_cannot_be_drawn_does_not_stop_training(data, tmp_path, m
     assert os.path.isfile(tmp_path / 'ckpt.pt')
 
 
-def test_maps_that_cannot_be_drawn_end_eval_only_whose_job_they_are(data, trained, tmp_path, fails):
+def test_maps_that_cannot_be_drawn_end_eval_only_whose_job_they_are(data, trained, tmp_path, fails,
+                                                                    monkeypatch):
+    """Before the test set is evaluated: a folder for them that cannot be made is said first."""
+    def evaluate(*args):
+        raise AssertionError('evaluated before the folder for the maps was made')
+
+    monkeypatch.setattr(train_vit, 'evaluate', evaluate)
     shutil.copy(os.path.join(trained, 'best.pt'), tmp_path)
-    # a file where the maps' folder goes
+    # a file where the maps' folder goes, and where out_dir is
     (tmp_path / 'viz').write_text('')
     fails(train_vit.main, [f'--out_dir={tmp_path}', '--init_from=best', '--eval_only', '--device=cpu'],
           f'{tmp_path}/viz')
+    fails(train_vit.main, [f'--out_dir={tmp_path}/viz', f'--init_from={tmp_path}/best.pt', '--eval_only',
+                           '--device=cpu'], f'{tmp_path}/viz', '--out_dir')
 
 
 def test_a_run_from_weights_is_that_model_and_takes_a_new_drop_path(data, trained, tmp_path):
