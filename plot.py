@@ -20,7 +20,6 @@ import os
 
 import numpy as np
 from matplotlib import colormaps
-from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
@@ -45,10 +44,21 @@ def model_name(cfg):
     return name + ' + shift' * bool(cfg.get('token_shift')) + ' + lpi' * bool(cfg.get('lpi'))
 
 
+# the formats --out may name, by its suffix in any case
+FORMATS = ('.png', '.pdf', '.svg')
+
+
+def check_suffix(key, path, suffixes):
+    """A UsageError naming --key=path unless path's suffix, in any case, is one of `suffixes`."""
+    if os.path.splitext(path)[1].lower() not in suffixes:
+        raise UsageError(f"--{key}={path} needs a file name ending in one of {', '.join(suffixes)}")
+
+
 def save(fig, path):
     """fig, laid out, as a file; its suffix picks the format (main checks --out's)."""
     fig.tight_layout()
-    options.write_whole(path, lambda f: fig.savefig(f, dpi=100, format=os.path.splitext(path)[1][1:]), 'wb')
+    fmt = os.path.splitext(path)[1][1:].lower()
+    options.write_whole(path, lambda f: fig.savefig(f, dpi=100, format=fmt), 'wb')
 
 
 def finish(ax, x, y, title, xticks=()):
@@ -318,9 +328,9 @@ def main(argv=None):
                    choices=dict(x=('tokens', 'seconds')))
     if not cfg['runs']:
         raise UsageError("give one or more run folders (or log.jsonl files): python plot.py out out-softmax")
-    # Checked before any drawing: matplotlib refuses a suffix it does not know only when it saves.
-    if os.path.splitext(cfg['out'])[1][1:] not in FigureCanvasBase.get_supported_filetypes():
-        raise UsageError(f"--out={cfg['out']} needs a file name whose suffix is its format: .png, .pdf, .svg")
+    # Checked before any drawing: matplotlib refuses a suffix only when it saves, and some of those it knows
+    # (.pgf, .ps) need programs that may not be here.
+    check_suffix('out', cfg['out'], FORMATS)
     jsons = [f for f in cfg['runs'] if f.endswith('.json')]
     for f in jsons:
         print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'])))

@@ -108,7 +108,7 @@ def plot_exits(capsys, *argv):
 
 
 def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
-    """No run, or what is not one; a bad --out (no folder, no suffix, a format matplotlib does not write), a
+    """No run, or what is not one; a bad --out (no folder, no suffix, a format other than .png, .pdf, .svg), a
     language run with a vision run, a .json that holds no results or names runs that are not here: each one
     line, exit 2, no file."""
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
@@ -130,6 +130,8 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
                         ([run, f'--out={tmp_path}/no/such/x.png'], f'{tmp_path}/no/such'),
                         ([run, f'--out={tmp_path}'], '--out'),
                         ([run, f'--out={tmp_path}/x.txt'], 'x.txt'),
+                        # matplotlib knows .pgf, but writes it only with xelatex: not a format --out lists
+                        ([run, f'--out={tmp_path}/x.pgf'], 'x.pgf'),
                         ([run, '--x=epochs'], '--x'),
                         ([run, str(tmp_path / 'vit')], 'vit'),
                         ([other], 'other.json'),
@@ -143,6 +145,8 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
                                             'tasks.json', 'vit']
     plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')
+    plot.main([run, f'--out={tmp_path}/x.PNG'])                      # in any case
+    read_png(tmp_path / 'x.PNG', (420, 700))
 
 
 def test_a_figure_that_cannot_be_written_keeps_the_earlier_one(tmp_path, monkeypatch, fails):
