@@ -208,6 +208,19 @@ def test_an_empty_out_dir_is_one_line_before_any_run(capsys, tmp_path, monkeypat
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize('name', ['README.md', 'results/'])
+def test_a_json_that_is_not_a_json_file_is_one_line_before_any_work(fails, tmp_path, monkeypatch, name):
+    """--json=README.md wrote the results over the README (and the figures beside it); --json=results/ wrote a
+    file named results. Refused before any section runs: the README as it was, nothing else written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'README.md').write_text('# the project')
+    ran = []
+    monkeypatch.setitem(study.SECTIONS, 'tasks', lambda args, results: ran.append(args))
+    fails(study.main, ['tasks', '--smoke', f'--json={name}'], f'--json={name}')
+    assert ran == [] and os.listdir(tmp_path) == ['README.md']
+    assert (tmp_path / 'README.md').read_text() == '# the project'
+
+
 def test_a_failed_run_is_the_childs_one_line(fails, tmp_path, monkeypatch):
     """A script that fails under the study ends it with one line, exit 2, that names the script and what
     the script said was wrong."""
