@@ -99,9 +99,9 @@ def last_word_accuracy(model, tokens, spans, T, B, ctx, dist):
 
 
 def say(*args):
-    """print, flushed. A reader that left (`| head`) lets the evaluation go on into the log; a stdout that cannot
-    be written otherwise (`> /dev/full`) ends it in one line, exit 2, as in sample.py (options.say would let
-    both go, and the results with them)."""
+    """print, flushed. A reader that left (`| head`) lets the evaluation go on into the log; a stdout that
+    cannot be written otherwise (`> /dev/full`) ends it in one line, exit 2, as in sample.py (options.say
+    would let both go, and the results with them)."""
     try:
         print(*args, flush=True)
     except BrokenPipeError:
