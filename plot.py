@@ -14,7 +14,6 @@ current folder unless told; language.png and vision.png are drawn from the run f
 The same model has the same colour and line style in every figure (the styles survive a grey-scale print).
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
-import contextlib
 import json
 import os
 
@@ -86,16 +85,23 @@ def not_a_number(name):
 
 def read_run(path):
     """A run's log: (label, config, rows). path is a run folder or a .jsonl log; where neither, opening it
-    raises the OSError options.py's handler names the path with."""
+    raises the OSError options.py's handler names the path with; a log without a row, a UsageError."""
     log = path if path.endswith('.jsonl') else os.path.join(path, 'log.jsonl')
     rows = []
+    damaged = []
     # Bytes that are not UTF-8 (a damaged file) spoil their line only.
     with open(log, encoding='utf-8', errors='replace') as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             # A line cut short (being written, or by a crash), one that is not a row, or one with a loss that
             # is not finite (NaN, Infinity: no axis can hold it) is left out.
-            with contextlib.suppress(ValueError, TypeError):
+            try:
                 rows.append(dict(json.loads(line, parse_constant=not_a_number)))
+            except (ValueError, TypeError):
+                damaged.append(number)
+    # Nothing to draw is a mistake, not an empty figure.
+    if not rows:
+        where = f" (line {damaged[0]} is damaged)" if damaged else ""
+        raise UsageError(f"{log} holds no rows{where}")
     cfg = next((r for r in reversed(rows) if r.get('kind') == 'config'), {})
     # 'out' for out/log.jsonl, 'demo-log' for docs/demo-log.jsonl
     name = os.path.basename(os.path.abspath(log).removesuffix(os.sep + 'log.jsonl')).removesuffix('.jsonl')

@@ -121,28 +121,35 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
     cell = dict(task='copy', knob='length', value=8, model='tssa', accuracy=0.5, chance=0.03)
     (tmp_path / 'tasks.json').write_text(json.dumps({'tasks': [cell]}))
     (tmp_path / 'notes.md').write_text('# not a log')
+    for name, text in (('empty', ''), ('cut', '{"bad json')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / 'log.jsonl').write_text(text)
     run = str(tmp_path / 'out')
     other = str(tmp_path / 'other.json')
     # each case: the command line, and what its one line names (the option or the path at fault)
-    for argv, names in (([], ''),                                   # no run at all
-                        ([str(tmp_path)], str(tmp_path)),           # a folder that is not a run
-                        ([str(tmp_path / 'notes.md')], 'notes.md'),
-                        ([run, f'--out={tmp_path}/no/such/x.png'], f'{tmp_path}/no/such'),
-                        ([run, f'--out={tmp_path}'], '--out'),
-                        ([run, f'--out={tmp_path}/x.txt'], 'x.txt'),
-                        # matplotlib knows .pgf, but writes it only with xelatex: not a format --out lists
-                        ([run, f'--out={tmp_path}/x.pgf'], 'x.pgf'),
-                        ([run, '--x=epochs'], '--x'),
-                        ([run, str(tmp_path / 'vit')], 'vit'),
-                        ([other], 'other.json'),
-                        ([str(tmp_path / 'cut.json')], 'cut.json'),
-                        ([str(tmp_path / 'study.json')], 'gone'),
-                        ([str(tmp_path / 'tasks.json'), f'--out_dir={tmp_path}/no'],
-                         f'--out_dir={tmp_path}/no')):
+    for argv, *names in (([], ''),                                   # no run at all
+                         ([str(tmp_path)], str(tmp_path)),           # a folder that is not a run
+                         ([str(tmp_path / 'notes.md')], 'notes.md'),
+                         # a log without a row: no empty figure
+                         ([str(tmp_path / 'empty')], f'{tmp_path}/empty/log.jsonl'),
+                         ([str(tmp_path / 'cut'), run], f'{tmp_path}/cut/log.jsonl', 'line 1'),
+                         ([run, f'--out={tmp_path}/no/such/x.png'], f'{tmp_path}/no/such'),
+                         ([run, f'--out={tmp_path}'], '--out'),
+                         ([run, f'--out={tmp_path}/x.txt'], 'x.txt'),
+                         # matplotlib knows .pgf, but writes it only with xelatex: not a format --out lists
+                         ([run, f'--out={tmp_path}/x.pgf'], 'x.pgf'),
+                         ([run, '--x=epochs'], '--x'),
+                         ([run, str(tmp_path / 'vit')], 'vit'),
+                         ([other], 'other.json'),
+                         ([str(tmp_path / 'cut.json')], 'cut.json'),
+                         ([str(tmp_path / 'study.json')], 'gone'),
+                         ([str(tmp_path / 'tasks.json'), f'--out_dir={tmp_path}/no'],
+                          f'--out_dir={tmp_path}/no')):
         code, err = plot_exits(capsys, *argv)
-        assert code == 2 and len(err) == 1 and err[0].startswith('error:') and names in err[0], err
-    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'notes.md', 'other.json', 'out', 'study.json',
-                                            'tasks.json', 'vit']
+        assert code == 2 and len(err) == 1 and err[0].startswith('error:'), err
+        assert all(name in err[0] for name in names), err
+    assert sorted(os.listdir(tmp_path)) == ['cut', 'cut.json', 'empty', 'notes.md', 'other.json', 'out',
+                                            'study.json', 'tasks.json', 'vit']
     plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')
     plot.main([run, f'--out={tmp_path}/x.PNG'])                      # in any case
