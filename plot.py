@@ -11,6 +11,7 @@ folder and its model. Their figure goes to --out: runs.png in the current folder
 the format: .png, .pdf, .svg). A .json is the results of tools.bench or tools.study, which draw its figures
 beside it: here they (speed.png, generation.png, language.png, vision.png, tasks.png) go to --out_dir, the
 current folder unless told; language.png and vision.png are drawn from the run folders the .json names.
+An option for a figure that is not drawn (--out with only a .json, --x for vision runs) is refused.
 The same model has the same colour and line style in every figure (the styles survive a grey-scale print).
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
@@ -330,17 +331,24 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, positional='runs',
-                   choices=dict(x=('tokens', 'seconds')))
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, positional='runs',
+                          choices=dict(x=('tokens', 'seconds')))
     if not cfg['runs']:
         raise UsageError("give one or more run folders (or log.jsonl files): python plot.py out out-softmax")
     # Checked before any drawing: matplotlib refuses a suffix only when it saves, and some of those it knows
     # (.pgf, .ps) need programs that may not be here.
     check_suffix('out', cfg['out'], FORMATS)
     jsons = [f for f in cfg['runs'] if f.endswith('.json')]
+    runs = [read_run(f) for f in cfg['runs'] if f not in jsons]
+    vision = any('epoch' in r for _, _, rows in runs for r in rows)
+    # An option given for a figure that is not drawn is refused, not ignored.
+    unused = {'out': not runs, 'title': not runs, 'x': not runs or vision, 'out_dir': not jsons}
+    for key in sorted(set_keys & {k for k, v in unused.items() if v}):
+        raise UsageError(f"--{key} does not apply to {' '.join(cfg['runs'])}: --out, --title and --x are for "
+                         f"runs (--x for language runs; vision runs are drawn against epochs), --out_dir for "
+                         f"the figures of a .json")
     for f in jsons:
         print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'])))
-    runs = [read_run(f) for f in cfg['runs'] if f not in jsons]
     if runs:
         learning_curves(runs, cfg['out'], cfg['x'], cfg['title'])
         print(f"wrote {cfg['out']}")

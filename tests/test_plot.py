@@ -107,10 +107,11 @@ def plot_exits(capsys, *argv):
     return e.value.code, capsys.readouterr().err.strip().splitlines()
 
 
-def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
+def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
     """No run, or what is not one; a bad --out (no folder, no suffix, a format other than .png, .pdf, .svg), a
-    language run with a vision run, a .json that holds no results or names runs that are not here: each one
-    line, exit 2, no file."""
+    language run with a vision run, a .json that holds no results or names runs that are not here, an option
+    that applies to none of the figures drawn: each one line, exit 2, no file."""
+    monkeypatch.chdir(tmp_path)                                      # where a figure would go unless told
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
     (tmp_path / 'vit').mkdir()
     (tmp_path / 'vit' / 'log.jsonl').write_text(json.dumps(dict(kind='eval', step=4, epoch=1, test_acc=0.3)))
@@ -144,7 +145,11 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
                          ([str(tmp_path / 'cut.json')], 'cut.json'),
                          ([str(tmp_path / 'study.json')], 'gone'),
                          ([str(tmp_path / 'tasks.json'), f'--out_dir={tmp_path}/no'],
-                          f'--out_dir={tmp_path}/no')):
+                          f'--out_dir={tmp_path}/no'),
+                         # an option for a figure that is not drawn: refused, not ignored
+                         ([str(tmp_path / 'tasks.json'), '--out=x.png'], '--out'),
+                         ([str(tmp_path / 'vit'), '--x=seconds'], '--x'),
+                         ([run, '--out_dir=figs'], '--out_dir')):
         code, err = plot_exits(capsys, *argv)
         assert code == 2 and len(err) == 1 and err[0].startswith('error:'), err
         assert all(name in err[0] for name in names), err
