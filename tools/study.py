@@ -108,11 +108,15 @@ def section_language(args, results):
           ['model', 'val loss', 'vs ToST (paper)', 'train tokens/s'],
           [(r['variant'], f"{r['val_loss']:.3f}", f"{r['val_loss'] - rows[0]['val_loss']:+.3f}",
             f"{r['tokens_per_sec']:,.0f}") for r in rows])
+    # Each command and sample line whole, however wide the console (a log's is 130 columns): a command wrapped
+    # across lines runs another when its first line is pasted.
     for r in rows:
         command = shlex.join(['python', 'sample.py', '--out_dir=' + r['out_dir'],
                               *(f'--{k}={v}' for k, v in SAMPLE.items())])
-        console.print(f"{r['variant']}: {command}", style="bold", markup=False, highlight=False)
-        console.print(r['sample'].split('\n---------------')[0], markup=False, highlight=False)
+        console.print(f"{r['variant']}: {command}", style="bold", markup=False, highlight=False,
+                      soft_wrap=True)
+        console.print(r['sample'].split('\n---------------')[0], markup=False, highlight=False,
+                      soft_wrap=True)
 
 
 # -----------------------------------------------------------------------------
