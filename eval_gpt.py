@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import readers
-from options import UsageError, parse, say
+from options import UsageError, parse, quiet_stdout
 from sample import load_gpt
 from train_common import autocast, log_row, resolve_dtype, setup_distributed, sum_dtype, teardown
 
@@ -96,6 +96,16 @@ def last_word_accuracy(model, tokens, spans, T, B, ctx, dist):
     if dist.ddp:
         torch.distributed.all_reduce(correct)
     return [c == 1.0 for c in correct.tolist()], sum(a > p for p, a, _, _ in rows)
+
+
+def say(*args):
+    """print, flushed. A reader that left (`| head`) lets the evaluation go on into the log; a stdout that
+    cannot be written otherwise (`> /dev/full`) ends it in one line, exit 2, as in sample.py (options.say
+    would let both go, and the results with them)."""
+    try:
+        print(*args, flush=True)
+    except BrokenPipeError:
+        quiet_stdout()
 
 
 def table(results, model_name):

@@ -11,16 +11,15 @@ folder and its model. Their figure goes to --out: runs.png in the current folder
 the format: .png, .pdf, .svg). A .json is the results of tools.bench or tools.study, which draw its figures
 beside it: here they (speed.png, generation.png, language.png, vision.png, tasks.png) go to --out_dir, the
 current folder unless told; language.png and vision.png are drawn from the run folders the .json names.
+An option for a figure that is not drawn (--out with only a .json, --x for vision runs) is refused.
 The same model has the same colour and line style in every figure (the styles survive a grey-scale print).
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
-import contextlib
 import json
 import os
 
 import numpy as np
 from matplotlib import colormaps
-from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
@@ -45,10 +44,21 @@ def model_name(cfg):
     return name + ' + shift' * bool(cfg.get('token_shift')) + ' + lpi' * bool(cfg.get('lpi'))
 
 
+# the formats --out may name, by its suffix in any case
+FORMATS = ('.png', '.pdf', '.svg')
+
+
+def check_suffix(key, path, suffixes):
+    """A UsageError naming --key=path unless path's suffix, in any case, is one of `suffixes`."""
+    if os.path.splitext(path)[1].lower() not in suffixes:
+        raise UsageError(f"--{key}={path} needs a file name ending in one of {', '.join(suffixes)}")
+
+
 def save(fig, path):
     """fig, laid out, as a file; its suffix picks the format (main checks --out's)."""
     fig.tight_layout()
-    options.write_whole(path, lambda f: fig.savefig(f, dpi=100, format=os.path.splitext(path)[1][1:]), 'wb')
+    fmt = os.path.splitext(path)[1][1:].lower()
+    options.write_whole(path, lambda f: fig.savefig(f, dpi=100, format=fmt), 'wb')
 
 
 def finish(ax, x, y, title, xticks=()):
@@ -76,16 +86,23 @@ def not_a_number(name):
 
 def read_run(path):
     """A run's log: (label, config, rows). path is a run folder or a .jsonl log; where neither, opening it
-    raises the OSError options.py's handler names the path with."""
+    raises the OSError options.py's handler names the path with; a log without a row, a UsageError."""
     log = path if path.endswith('.jsonl') else os.path.join(path, 'log.jsonl')
     rows = []
+    damaged = []
     # Bytes that are not UTF-8 (a damaged file) spoil their line only.
     with open(log, encoding='utf-8', errors='replace') as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             # A line cut short (being written, or by a crash), one that is not a row, or one with a loss that
             # is not finite (NaN, Infinity: no axis can hold it) is left out.
-            with contextlib.suppress(ValueError, TypeError):
+            try:
                 rows.append(dict(json.loads(line, parse_constant=not_a_number)))
+            except (ValueError, TypeError):
+                damaged.append(number)
+    # Nothing to draw is a mistake, not an empty figure.
+    if not rows:
+        where = f" (line {damaged[0]} is damaged)" if damaged else ""
+        raise UsageError(f"{log} holds no rows{where}")
     cfg = next((r for r in reversed(rows) if r.get('kind') == 'config'), {})
     # 'out' for out/log.jsonl, 'demo-log' for docs/demo-log.jsonl
     name = os.path.basename(os.path.abspath(log).removesuffix(os.sep + 'log.jsonl')).removesuffix('.jsonl')
@@ -314,17 +331,24 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, positional='runs',
-                   choices=dict(x=('tokens', 'seconds')))
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, positional='runs',
+                          choices=dict(x=('tokens', 'seconds')))
     if not cfg['runs']:
         raise UsageError("give one or more run folders (or log.jsonl files): python plot.py out out-softmax")
-    # Checked before any drawing: matplotlib refuses a suffix it does not know only when it saves.
-    if os.path.splitext(cfg['out'])[1][1:] not in FigureCanvasBase.get_supported_filetypes():
-        raise UsageError(f"--out={cfg['out']} needs a file name whose suffix is its format: .png, .pdf, .svg")
+    # Checked before any drawing: matplotlib refuses a suffix only when it saves, and some of those it knows
+    # (.pgf, .ps) need programs that may not be here.
+    check_suffix('out', cfg['out'], FORMATS)
     jsons = [f for f in cfg['runs'] if f.endswith('.json')]
+    runs = [read_run(f) for f in cfg['runs'] if f not in jsons]
+    vision = any('epoch' in r for _, _, rows in runs for r in rows)
+    # An option given for a figure that is not drawn is refused, not ignored.
+    unused = {'out': not runs, 'title': not runs, 'x': not runs or vision, 'out_dir': not jsons}
+    for key in sorted(set_keys & {k for k, v in unused.items() if v}):
+        raise UsageError(f"--{key} does not apply to {' '.join(cfg['runs'])}: --out, --title and --x are for "
+                         f"runs (--x for language runs; vision runs are drawn against epochs), --out_dir for "
+                         f"the figures of a .json")
     for f in jsons:
         print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'])))
-    runs = [read_run(f) for f in cfg['runs'] if f not in jsons]
     if runs:
         learning_curves(runs, cfg['out'], cfg['x'], cfg['title'])
         print(f"wrote {cfg['out']}")

@@ -107,10 +107,11 @@ def plot_exits(capsys, *argv):
     return e.value.code, capsys.readouterr().err.strip().splitlines()
 
 
-def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
-    """No run, or what is not one; a bad --out (no folder, no suffix, a format matplotlib does not write), a
-    language run with a vision run, a .json that holds no results or names runs that are not here: each one
-    line, exit 2, no file."""
+def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
+    """No run, or what is not one; a bad --out (no folder, no suffix, a format other than .png, .pdf, .svg), a
+    language run with a vision run, a .json that holds no results or names runs that are not here, an option
+    that applies to none of the figures drawn: each one line, exit 2, no file."""
+    monkeypatch.chdir(tmp_path)                                      # where a figure would go unless told
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
     (tmp_path / 'vit').mkdir()
     (tmp_path / 'vit' / 'log.jsonl').write_text(json.dumps(dict(kind='eval', step=4, epoch=1, test_acc=0.3)))
@@ -121,28 +122,43 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys):
     cell = dict(task='copy', knob='length', value=8, model='tssa', accuracy=0.5, chance=0.03)
     (tmp_path / 'tasks.json').write_text(json.dumps({'tasks': [cell]}))
     (tmp_path / 'notes.md').write_text('# not a log')
+    for name, text in (('empty', ''), ('cut', '{"bad json')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / 'log.jsonl').write_text(text)
     run = str(tmp_path / 'out')
     other = str(tmp_path / 'other.json')
     # each case: the command line, and what its one line names (the option or the path at fault)
-    for argv, names in (([], ''),                                   # no run at all
-                        ([str(tmp_path)], str(tmp_path)),           # a folder that is not a run
-                        ([str(tmp_path / 'notes.md')], 'notes.md'),
-                        ([run, f'--out={tmp_path}/no/such/x.png'], f'{tmp_path}/no/such'),
-                        ([run, f'--out={tmp_path}'], '--out'),
-                        ([run, f'--out={tmp_path}/x.txt'], 'x.txt'),
-                        ([run, '--x=epochs'], '--x'),
-                        ([run, str(tmp_path / 'vit')], 'vit'),
-                        ([other], 'other.json'),
-                        ([str(tmp_path / 'cut.json')], 'cut.json'),
-                        ([str(tmp_path / 'study.json')], 'gone'),
-                        ([str(tmp_path / 'tasks.json'), f'--out_dir={tmp_path}/no'],
-                         f'--out_dir={tmp_path}/no')):
+    for argv, *names in (([], ''),                                   # no run at all
+                         ([str(tmp_path)], str(tmp_path)),           # a folder that is not a run
+                         ([str(tmp_path / 'notes.md')], 'notes.md'),
+                         # a log without a row: no empty figure
+                         ([str(tmp_path / 'empty')], f'{tmp_path}/empty/log.jsonl'),
+                         ([str(tmp_path / 'cut'), run], f'{tmp_path}/cut/log.jsonl', 'line 1'),
+                         ([run, f'--out={tmp_path}/no/such/x.png'], f'{tmp_path}/no/such'),
+                         ([run, f'--out={tmp_path}'], '--out'),
+                         ([run, f'--out={tmp_path}/x.txt'], 'x.txt'),
+                         # matplotlib knows .pgf, but writes it only with xelatex: not a format --out lists
+                         ([run, f'--out={tmp_path}/x.pgf'], 'x.pgf'),
+                         ([run, '--x=epochs'], '--x'),
+                         ([run, str(tmp_path / 'vit')], 'vit'),
+                         ([other], 'other.json'),
+                         ([str(tmp_path / 'cut.json')], 'cut.json'),
+                         ([str(tmp_path / 'study.json')], 'gone'),
+                         ([str(tmp_path / 'tasks.json'), f'--out_dir={tmp_path}/no'],
+                          f'--out_dir={tmp_path}/no'),
+                         # an option for a figure that is not drawn: refused, not ignored
+                         ([str(tmp_path / 'tasks.json'), '--out=x.png'], '--out'),
+                         ([str(tmp_path / 'vit'), '--x=seconds'], '--x'),
+                         ([run, '--out_dir=figs'], '--out_dir')):
         code, err = plot_exits(capsys, *argv)
-        assert code == 2 and len(err) == 1 and err[0].startswith('error:') and names in err[0], err
-    assert sorted(os.listdir(tmp_path)) == ['cut.json', 'notes.md', 'other.json', 'out', 'study.json',
-                                            'tasks.json', 'vit']
+        assert code == 2 and len(err) == 1 and err[0].startswith('error:'), err
+        assert all(name in err[0] for name in names), err
+    assert sorted(os.listdir(tmp_path)) == ['cut', 'cut.json', 'empty', 'notes.md', 'other.json', 'out',
+                                            'study.json', 'tasks.json', 'vit']
     plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')
+    plot.main([run, f'--out={tmp_path}/x.PNG'])                      # in any case
+    read_png(tmp_path / 'x.PNG', (420, 700))
 
 
 def test_a_figure_that_cannot_be_written_keeps_the_earlier_one(tmp_path, monkeypatch, fails):

@@ -4,10 +4,12 @@ end to end at its smoke size. No accuracy is asserted: the table reports what tr
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import matplotlib.image
 import numpy as np
@@ -199,6 +201,24 @@ def test_language_and_vision_sections_run_end_to_end(tmp_path):
         assert matplotlib.image.imread(tmp_path / name).shape[:2] == (420, 700)
 
 
+def test_the_sample_commands_and_samples_are_printed_whole_on_one_line(capsys, monkeypatch):
+    """Longer than the console (130 columns when stdout is not a terminal), a command was wrapped, and its
+    first line pasted ran another command."""
+    out_dir = 'out-study/language-' + 'x' * 150
+    log = [dict(kind='eval', val_loss=2.0), dict(kind='train', tokens_per_sec=100.0)]
+    row = dict(variant='ToST (paper)', seconds=1.0, out_dir=out_dir)
+    monkeypatch.setattr(study, 'train', lambda *args: iter([(row, out_dir, log)]))
+    long_line = 'def f(): return ' + ' + '.join(['1'] * 100)
+    said = SimpleNamespace(stdout=f'{long_line}\n---------------\n')
+    monkeypatch.setattr(study, 'run_script', lambda *args: said)
+    capsys.readouterr()
+    study.section_language(SimpleNamespace(mode='smoke'), {})
+    lines = capsys.readouterr().out.splitlines()
+    command = shlex.join(['python', 'sample.py', f'--out_dir={out_dir}',
+                          *(f'--{k}={v}' for k, v in study.SAMPLE.items())])
+    assert any(line.endswith(command) for line in lines) and long_line in lines, lines
+
+
 def test_an_empty_out_dir_is_one_line_before_any_run(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)                                # where the runs would go: nothing is written
     with pytest.raises(SystemExit) as e:
@@ -206,6 +226,19 @@ def test_an_empty_out_dir_is_one_line_before_any_run(capsys, tmp_path, monkeypat
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('error: ') and '--out_dir' in err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize('name', ['README.md', 'results/'])
+def test_a_json_that_is_not_a_json_file_is_one_line_before_any_work(fails, tmp_path, monkeypatch, name):
+    """--json=README.md wrote the results over the README (and the figures beside it); --json=results/ wrote a
+    file named results. Refused before any section runs: the README as it was, nothing else written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'README.md').write_text('# the project')
+    ran = []
+    monkeypatch.setitem(study.SECTIONS, 'tasks', lambda args, results: ran.append(args))
+    fails(study.main, ['tasks', '--smoke', f'--json={name}'], f'--json={name}')
+    assert ran == [] and os.listdir(tmp_path) == ['README.md']
+    assert (tmp_path / 'README.md').read_text() == '# the project'
 
 
 def test_a_failed_run_is_the_childs_one_line(fails, tmp_path, monkeypatch):

@@ -108,11 +108,15 @@ def section_language(args, results):
           ['model', 'val loss', 'vs ToST (paper)', 'train tokens/s'],
           [(r['variant'], f"{r['val_loss']:.3f}", f"{r['val_loss'] - rows[0]['val_loss']:+.3f}",
             f"{r['tokens_per_sec']:,.0f}") for r in rows])
+    # Each command and sample line whole, however wide the console (a log's is 130 columns): a command wrapped
+    # across lines runs another when its first line is pasted.
     for r in rows:
         command = shlex.join(['python', 'sample.py', '--out_dir=' + r['out_dir'],
                               *(f'--{k}={v}' for k, v in SAMPLE.items())])
-        console.print(f"{r['variant']}: {command}", style="bold", markup=False, highlight=False)
-        console.print(r['sample'].split('\n---------------')[0], markup=False, highlight=False)
+        console.print(f"{r['variant']}: {command}", style="bold", markup=False, highlight=False,
+                      soft_wrap=True)
+        console.print(r['sample'].split('\n---------------')[0], markup=False, highlight=False,
+                      soft_wrap=True)
 
 
 # -----------------------------------------------------------------------------
@@ -373,7 +377,7 @@ DEFAULTS = dict(
     sections='',              # comma-separated: language, vision, tasks (also the first bare word)
     quick=False,              # a smaller budget (see each section)
     smoke=False,              # a tiny budget: checks that a section runs
-    json='',                  # also write the results to this file
+    json='',                  # also write the results to this .json file (and the figures beside it)
     out_dir='out-study',      # the runs of the language and vision sections go here
 )
 RANGES = dict(nonempty=('out_dir',))
@@ -381,6 +385,9 @@ RANGES = dict(nonempty=('out_dir',))
 
 def main(argv=None):
     cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, positional='sections', ranges=RANGES)
+    # Before any work: a README.md, or a folder, is not where the results go.
+    if cfg['json']:
+        plot.check_suffix('json', cfg['json'], ('.json',))
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
