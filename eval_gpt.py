@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import readers
-from options import UsageError, parse, quiet_stdout
+from options import UsageError, parse
 from sample import load_gpt
 from train_common import autocast, log_row, resolve_dtype, setup_distributed, sum_dtype, teardown
 
@@ -96,16 +96,6 @@ def last_word_accuracy(model, tokens, spans, T, B, ctx, dist):
     if dist.ddp:
         torch.distributed.all_reduce(correct)
     return [c == 1.0 for c in correct.tolist()], sum(a > p for p, a, _, _ in rows)
-
-
-def say(*args):
-    """print, flushed. A reader that left (`| head`) lets the evaluation go on into the log; a stdout that
-    cannot be written otherwise (`> /dev/full`) ends it in one line, exit 2, as in sample.py (options.say
-    would let both go, and the results with them)."""
-    try:
-        print(*args, flush=True)
-    except BrokenPipeError:
-        quiet_stdout()
 
 
 def table(results, model_name):
@@ -184,7 +174,8 @@ def main(argv=None):
                softmax_layers=list(config.softmax_layers), block_size=T, batch_size=B, dtype=dtype,
                device=device, processes=dist.world_size)
     model_name = f"{ckpt_path} (iter {run['iter']}, attn={config.attn}, {model.get_num_params():,} params)"
-    say(f"{model_name}: windows of {T} tokens, batch {B}, {dtype} on {device}, {dist.world_size} process(es)")
+    print(f"{model_name}: windows of {T} tokens, batch {B}, {dtype} on {device}, "
+          f"{dist.world_size} process(es)", flush=True)
     results = []
     for name, meta, tokens, spans in sets:
         t0 = time.time()
@@ -200,11 +191,12 @@ def main(argv=None):
             acc = f", last-word accuracy {100 * r['last_word_acc']:.2f}%"
         r['elapsed_s'] = round(time.time() - t0, 2)
         results.append(r)
-        say(f"{name}: loss {loss:.4f} (ppl {ppl:.2f}) over {scored:,} tokens{acc}, {r['elapsed_s']}s")
+        print(f"{name}: loss {loss:.4f} (ppl {ppl:.2f}) over {scored:,} tokens{acc}, {r['elapsed_s']}s",
+              flush=True)
         # Each result is kept as it comes (appended: the training log stays), so a Ctrl-C loses none.
         if dist.master:
             log_row(cfg['out_dir'], r)
-    say(table(results, model_name))
+    print(table(results, model_name), flush=True)
     teardown(dist)
 
 

@@ -338,7 +338,7 @@ def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_a_full_disk
 @pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
 def test_a_stdout_that_cannot_be_written_is_one_line_and_a_closed_pipe_ends_quietly(data_dir, tmp_path):
     """`> /dev/full`: the table would be lost, so exit 2 with one line, before any dataset is scored.
-    `| head`: the reader left, and the evaluation goes on into the log and ends quietly."""
+    `| head`: the reader left, and the evaluation ends quietly (141, as any program in a pipe)."""
     out = str(tmp_path / 'out')
     save_model(out, data_dir)
     argv = [sys.executable, os.path.join(REPO, 'eval_gpt.py'), f'--out_dir={out}', f'--data_dir={data_dir}',
@@ -350,8 +350,7 @@ def test_a_stdout_that_cannot_be_written_is_one_line_and_a_closed_pipe_ends_quie
     assert read_log(out) == []
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) as p:
         p.stdout.close()
-        assert (p.wait(timeout=180), p.stderr.read()) == (0, '')
-    assert [r['dataset'] for r in read_log(out)] == ['wikitext2']
+        assert (p.wait(timeout=180), p.stderr.read()) == (141, '')
 
 
 def test_each_result_is_kept_as_it_comes(data_dir, tmp_path, monkeypatch):
