@@ -175,7 +175,7 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch):
 @pytest.mark.parametrize('argv, names', [
     (['--sections=operator,speed'], 'speed'),
     (['--json=no/such/folder/bench.json'], 'no/such/folder/bench.json'),
-    ([f'--json={os.devnull}'], os.devnull),
+    (['--json=README.md'], 'README.md'),
     (['--dtype=fp8'], 'fp8'),
     (['--device=foo'], 'foo'),
 ])
@@ -185,6 +185,14 @@ def test_bad_input_is_one_line_before_any_work(monkeypatch, capsys, argv, names)
         run_main(lambda: bench.main(['--smoke', *argv]))
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('error: ') and names in err, err
+
+
+def test_a_json_name_that_is_a_folder_or_a_device_is_refused_before_any_work(fails, monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, 'operator': lambda args, results: 1 / 0})
+    (tmp_path / 'folder.json').mkdir()
+    (tmp_path / 'null.json').symlink_to(os.devnull)
+    for path in (tmp_path / 'folder.json', tmp_path / 'null.json'):
+        fails(bench.main, ['--smoke', '--sections=operator', f'--json={path}'], str(path))
 
 
 def test_a_full_disk_names_the_json_and_keeps_the_earlier_one(fails, monkeypatch, tmp_path):

@@ -487,7 +487,10 @@ def run_sections(args, sections, results):
     if unknown or not names:
         raise UsageError(f"unknown section(s) {', '.join(unknown) or '(none)'}; "
                          f"choose from {', '.join(sections)}")
-    # Written where a link points (a rename would replace the link), and never over a folder or a device.
+    # A .json file (--json=README.md would replace the README), written where a link points (a rename would
+    # replace the link), never over a folder or a device.
+    if args.json:
+        plot.check_suffix('json', args.json, ('.json',))
     path = os.path.realpath(args.json)
     folder = os.path.dirname(path)
     special = os.path.exists(path) and not os.path.isfile(path)

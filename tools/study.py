@@ -385,9 +385,6 @@ RANGES = dict(nonempty=('out_dir',))
 
 def main(argv=None):
     cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, positional='sections', ranges=RANGES)
-    # Before any work: a README.md, or a folder, is not where the results go.
-    if cfg['json']:
-        plot.check_suffix('json', cfg['json'], ('.json',))
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
