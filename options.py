@@ -2,9 +2,10 @@
 
 A script's `DEFAULTS = dict(...)` holds a key a line with a comment. `--key=value` sets a key in its default's
 type (a bool's `--key` alone: true; a text or a bare word that begins with `~` is a path in the home folder,
-which bash does not expand after `=`); `--config=NAME` applies a preset first. Every number must be finite,
-and the script's RANGES table says which must also be positive, non-negative, a fraction in [0, 1) or a seed
-in [0, 2**32). `--help` prints the docstring and each key with its default value and its comment.
+which bash does not expand after `=`, unless the script takes it as free text); `--config=NAME` applies a
+preset first. Every number must be finite, and the script's RANGES table says which must also be positive,
+non-negative, a fraction in [0, 1) or a seed in [0, 2**32). `--help` prints the docstring and each key with
+its default value and its comment.
 
 Importing this module, which every script does before torch, sets how a script ends when an exception reaches
 its top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path
@@ -265,12 +266,8 @@ def _value(key, raw, default):
     try:
         if isinstance(default, bool):
             return BOOLS[raw.lower()]
-        # A text that begins with ~ is a path in the home folder: bash expands no ~ after `=` (--out_dir=~/run
-        # would be a folder named ~ here).
         if isinstance(default, list):
-            return [os.path.expanduser(raw)]
-        if isinstance(default, str):
-            return os.path.expanduser(raw)
+            return [raw]
         return type(default)(raw)
     except (KeyError, ValueError):
         kind = "bool (true/false)" if isinstance(default, bool) else type(default).__name__
@@ -297,11 +294,12 @@ def check_numbers(config, ranges):
                 raise UsageError(f"--{key} must be {what}, got {shown(config[key])}")
 
 
-def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None, choices=None):
+def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None, choices=None,
+          text=()):
     """(config, set_keys): argv (None: the command line's) applied to a copy of `defaults`, checked against
     `ranges` and `choices` ({key: the values it may take}), and the keys it or a preset set. `doc`, `source`
     (__doc__, __file__) make --help; `positional` is the key bare words set (all of them, if its default is a
-    list)."""
+    list); `text` the keys of free text (a prompt, a title), taken as typed."""
     # A Ctrl-C held while torch imported is raised here.
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -350,10 +348,18 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
         if raw is None:
             config[key] = True
         elif isinstance(raw, list):
-            config[key] = [os.path.expanduser(word) for word in raw]
+            config[key] = raw
         else:
             config[key] = _value(key, raw, defaults[key])
         set_keys.add(key)
+        # A path that begins with ~ is in the home folder: bash expands no ~ after `=` (--out_dir=~/run would
+        # be a folder named ~ here).
+        if key in text:
+            continue
+        if isinstance(config[key], list):
+            config[key] = [os.path.expanduser(word) for word in config[key]]
+        elif isinstance(config[key], str):
+            config[key] = os.path.expanduser(config[key])
     check_numbers(config, ranges or {})
     for key, names in (choices or {}).items():
         if config[key] not in names:

@@ -332,7 +332,7 @@ DEFAULTS = dict(
 
 def main(argv=None):
     cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, positional='runs',
-                          choices=dict(x=('tokens', 'seconds')))
+                          choices=dict(x=('tokens', 'seconds')), text=('title',))
     if not cfg['runs']:
         raise UsageError("give one or more run folders (or log.jsonl files): python plot.py out out-softmax")
     # Checked before any drawing: matplotlib refuses a suffix only when it saves, and some of those it knows

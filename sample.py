@@ -79,7 +79,7 @@ def decode_stream(tok, ids):
 
 
 def main(argv=None):
-    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
+    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES, text=('start',))
     device = pick_device(cfg['device'])
     # CUDA only: cuda:N becomes the current GPU, the one resolve_dtype asks
     if device.startswith('cuda'):
@@ -97,7 +97,7 @@ def main(argv=None):
     # the prompt: --start itself, or the UTF-8 file FILE:path names
     prompt = cfg['start']
     if prompt.startswith('FILE:'):
-        path = prompt.removeprefix('FILE:')
+        path = os.path.expanduser(prompt.removeprefix('FILE:'))
         if not path:
             raise UsageError("--start=FILE: needs the prompt file's path after FILE:")
         # a file that cannot be read is the handler's to name (options.py)

@@ -295,15 +295,19 @@ def test_every_script_imports_options_before_torch():
 
 def test_a_value_that_begins_with_a_tilde_is_under_the_home_folder(tmp_path, monkeypatch, fails):
     """bash expands no ~ after `=`: --out_dir=~/run would be a folder named ~ in the current one. Every text
-    option, bare words and list options too; a ~ further on is the value's own."""
+    option, bare words and list options too, but free text (a prompt, a title); a ~ further on is the
+    value's own."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    defaults = dict(out_dir="out", runs=[], title="")
-    config, _ = options.parse(["--out_dir=~/run", "~/a", "~", "--title=x~"], defaults, positional="runs")
-    assert config == dict(out_dir=f"{tmp_path}/run", runs=[f"{tmp_path}/a", str(tmp_path)], title="x~")
+    defaults = dict(out_dir="out", runs=[], title="", name="")
+    argv = ["--out_dir=~/run", "~/a", "~", "--title=~/x", "--name=x~"]
+    config, _ = options.parse(argv, defaults, positional="runs", text=("title",))
+    assert config == dict(out_dir=f"{tmp_path}/run", runs=[f"{tmp_path}/a", str(tmp_path)], title="~/x",
+                          name="x~")
     assert options.parse(["--runs=~/b"], defaults)[0]["runs"] == [f"{tmp_path}/b"]
-    # a script: sample.py looks for the checkpoint there
+    # a script: sample.py looks for the checkpoint there (test_sample: a prompt file); a prompt is as typed
     import sample
     fails(sample.main, ["--out_dir=~/x"], f"{tmp_path}/x/ckpt.pt")
+    assert options.parse(["--start=~"], sample.DEFAULTS, text=("start",))[0]["start"] == "~"
 
 
 def test_numbers_are_finite_and_in_the_range_the_table_gives():

@@ -154,13 +154,16 @@ def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
     assert order == ['cuda:1', 'resolve_dtype']
 
 
-def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, capsys):
+def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, capsys, monkeypatch):
     """sample.py's own options (reading a checkpoint is train_common's, tested there)."""
     one_line(exits(capsys, f'--out_dir={tmp_path}'), f'{tmp_path}/ckpt.pt')
     for bad in ('-1', 'nan', 'inf'):
         one_line(exits(capsys, f'--out_dir={out}', f'--temperature={bad}'), '--temperature')
     missing = f'--start=FILE:{tmp_path}/missing.txt'
     one_line(exits(capsys, f'--out_dir={out}', missing), 'missing.txt', '--start')
+    # a prompt file under ~ is looked for in the home folder
+    monkeypatch.setenv('HOME', str(tmp_path))
+    one_line(exits(capsys, f'--out_dir={out}', '--start=FILE:~/missing.txt'), f'{tmp_path}/missing.txt')
     one_line(exits(capsys, f'--out_dir={out}', '--start=FILE:'), '--start')
     # nothing to generate: refused, not timed
     one_line(exits(capsys, f'--out_dir={out}', '--max_new_tokens=0'), '--max_new_tokens')
