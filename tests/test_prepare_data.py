@@ -333,6 +333,9 @@ def test_a_pipe_is_never_opened():
     assert ids('data/in', 'train') + ids('data/in', 'val') == list(b'hello there. ' * 20)
     run = subprocess.run(command + ['--input=pipe'], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and one_line(run.stderr, 'pipe')
+    # refused as what it is, not as a folder of no files
+    with pytest.raises(UsageError):
+        prep._files_under('pipe')
 
 
 def test_shakespeare_gpt2_from_local_copy(tiny, capsys, monkeypatch):
@@ -742,6 +745,8 @@ BAD = [  # (dataset and options, what the line names, files to write)
     ('openwebtext --input=owt', '--val_every', {f'owt/{i}.txt': 'plain text. ' * 5 for i in range(3)}),
     ('openwebtext --input=owt --val_every=1', '--val_every', {f'owt/{i}.txt': 'text' for i in range(3)}),
     ('openwebtext --input=owt', '.jsonl', {'owt/a.md': 'a note', 'owt/b.csv': 'a,b'}),
+    # but no text at all is too little text, whatever --val_every
+    ('openwebtext --input=owt', 'tokens', {'owt/e.txt': ''}),
     given('wikitext2 --input', 'wiki.test.raw', WIKI.encode().replace(b'\xc5\x8d', b'\xf6')),
     given('wikitext2 --input', 'wiki.test.tokens', WIKI.replace('III', '<unk>')),
     given('wikitext2 --input', 'wiki.test.raw', ' a wiki article\n without a heading\n'),
