@@ -79,7 +79,7 @@ RANGES = dict(positive=('epochs', 'batch_size', 'learning_rate', 'eval_interval'
               nonnegative=('weight_decay', 'grad_clip', 'warmup_epochs', 'max_steps',
                            'compression_images', 'viz_images'),
               fraction=('label_smoothing', 'drop_path', 'beta1', 'beta2', 'min_lr_ratio'),
-              nonempty=('out_dir', 'dataset', 'data_dir', 'init_from'),
+              nonempty=('out_dir', 'dataset', 'data_dir'),
               seed=('seed',))
 
 # The names a key may take, checked with the ranges: a typo in --model is said before any data is asked for.
@@ -276,9 +276,6 @@ def main(argv=None):
             if key in set_keys and cfg[key] != old[key]:
                 raise UsageError(f"--{key}={cfg[key]}, but {path} holds a model with {key}={old[key]}")
             cfg[key] = old[key]
-    # An evaluation draws its maps in out_dir/viz: a folder that cannot be made is said before the work.
-    if eval_only and cfg['viz_images'] and master:
-        os.makedirs(os.path.join(out_dir, 'viz'), exist_ok=True)
     # The dtype is the run's: a resume's is its checkpoint's, unless set.
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
     ctx = autocast(device, dtype)
@@ -314,6 +311,9 @@ def main(argv=None):
     batch_size = cfg['batch_size']
 
     if eval_only:
+        # Its maps go to out_dir/viz: a folder that cannot be made is said before the work.
+        if cfg['viz_images'] and master:
+            os.makedirs(os.path.join(out_dir, 'viz'), exist_ok=True)
         acc, test_loss = evaluate(eval_model, x_test, y_test, batch_size, ctx, dist)
         say(f"{path} (epoch {ckpt['epoch']:g}): test accuracy {acc:.4f} ({round(acc * len(x_test))}/"
             f"{len(x_test)}), test loss {test_loss:.4f}")

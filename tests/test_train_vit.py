@@ -590,6 +590,10 @@ def test_maps_that_cannot_be_drawn_end_eval_only_whose_job_they_are(data, traine
           f'{tmp_path}/viz')
     fails(train_vit.main, [f'--out_dir={tmp_path}/viz', f'--init_from={tmp_path}/best.pt', '--eval_only',
                            '--device=cpu'], f'{tmp_path}/viz', '--out_dir')
+    # and not before the data is read: a mistake there leaves no folder behind
+    fails(train_vit.main, [f'--out_dir={tmp_path}/fresh', f'--init_from={tmp_path}/best.pt', '--eval_only',
+                           '--device=cpu', f'--data_dir={tmp_path}/nowhere'], 'nowhere')
+    assert not os.path.exists(tmp_path / 'fresh')
 
 
 def test_a_run_from_weights_is_that_model_and_takes_a_new_drop_path(data, trained, tmp_path):
