@@ -207,9 +207,9 @@ def seed_of(*numbers):
 
 def backward_bytes(model, B, T, ctx):
     """The bytes the autograd graph of a GPT keeps for the backward of B sequences of T tokens, from probes of
-    two and three sequences of n = min(T, 256) tokens: what is fixed (the weights' copies under autocast) and a
-    sequence's share. Past n, the share a t + b t^2 of t tokens is fitted to t = n and n / 2: b is 0 where
-    the memory is linear in the tokens (TSSA, softmax attention's fused kernels), more where softmax's
+    two and three sequences of n = min(T, 256) tokens: what is fixed (the weights' copies under autocast) and
+    a sequence's share. Past n, the share a t + b t^2 of t tokens is fitted to t = n and n / 2: b is 0
+    where the memory is linear in the tokens (TSSA, softmax attention's fused kernels), more where softmax's
     weights are kept for dropout."""
     def kept(batch, n):
         storages = {}
@@ -223,16 +223,17 @@ def backward_bytes(model, B, T, ctx):
             model(x, x)
         return sum(storages.values())
 
-    # Batches of two and three: a batch of one keeps some views as copies of their own.
+    # A token's share at t tokens, a + b t, from batches of two and three (a batch of one keeps some views as
+    # copies of their own); what a batch keeps once (the positions) is not a sequence's.
+    def share(t):
+        return (kept(3, t) - kept(2, t)) / t
+
     n = min(T, 256)
-    two = kept(2, n)
-    # a token's share at n tokens, a + b n
-    s = (kept(3, n) - two) / n
-    fixed = two - 2 * n * s
+    s = share(n)
+    fixed = kept(2, n) - 2 * n * s
     b = 0
     if T > n:
-        h = n // 2
-        b = max((s - (kept(2, h) - fixed) / (2 * h)) / (n - h), 0)
+        b = max((s - share(n // 2)) / (n - n // 2), 0)
     return fixed + B * T * (s + b * (T - n))
 
 
