@@ -218,7 +218,8 @@ def _store(ptr, x, mask):
     if ptr.dtype.element_ty == tl.bfloat16:
         bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
         bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))        # NaN stays NaN
+        # NaN stays NaN: a quiet one, whose bits bf16 keeps
+        x = tl.where(x != x, 0x7FC00000, bits).to(tl.float32, bitcast=True)
     tl.store(ptr, x, mask=mask)
 
 

@@ -179,7 +179,9 @@ def check_bf16_rounding():
     torch.manual_seed(0)
     # halfway between two bf16 numbers: a bf16 value with the next bit of float32's mantissa set
     ties = (torch.randn(1000).bfloat16().float().view(torch.int32) | 0x8000).view(torch.float32)
-    x = torch.cat([torch.randn(1000), ties, torch.tensor([3.4e38, float('inf'), float('nan')])])
+    # a NaN whose payload is all in the bits bf16 drops, too
+    nan = torch.tensor([0x7F800001], dtype=torch.int32).view(torch.float32)
+    x = torch.cat([torch.randn(1000), ties, torch.tensor([3.4e38, float('inf'), float('nan')]), nan])
     y = torch.empty(len(x), dtype=torch.bfloat16)
     _rounded[(triton.cdiv(len(x), 256),)](x, y, len(x), BLOCK=256)
     want = x.to(torch.bfloat16)
