@@ -704,7 +704,8 @@ def scales(kind):
     return 10 ** (-8 * torch.rand(d)), 10 ** (-2 * torch.rand(d))      # over 8 and 2 decades
 
 
-blocks, inputs = 40, 10
+blocks = 40
+inputs = 10
 rows = {}
 with torch.random.fork_rng():                                            # the draws after this one unmoved
     probe = tost.Block(d, K, causal=False)

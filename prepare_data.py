@@ -184,8 +184,8 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
     if val_every and any(counts) and not 0 < done // val_every < done:
         raise UsageError(f"{source}: --val_every={val_every} puts {done // val_every} of its {done} "
                          f"document(s) in val and the rest in train; give it at least 2 documents and a "
-                         f"--val_every from 2 to their number, or for plain text use the text dataset (the last "
-                         f"tenth of each document is val)")
+                         f"--val_every from 2 to their number, or for plain text use the text dataset (the "
+                         f"last tenth of each document is val)")
     # An empty corpus too.
     if counts[0] == 0 or counts[1] == 0:
         raise UsageError(f"{source}: too little text for a train/val split "

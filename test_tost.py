@@ -375,7 +375,8 @@ def test_with_attention_dropout_the_fused_core_gives_way_to_the_readable_lines(m
         torch.manual_seed(1)
         outs.append(layer(x))
     torch.testing.assert_close(outs[0], outs[1])
-    calls, real = [], tost_fast.CausalCore.apply
+    calls = []
+    real = tost_fast.CausalCore.apply
     monkeypatch.setattr(tost_fast.CausalCore, 'apply', lambda *a: calls.append(1) or real(*a))
     layer.fast = True
     layer.train()(x)
@@ -985,8 +986,10 @@ def test_a_bf16_layer_without_autocast_runs_the_fused_core_like_the_readable_lin
     w's two gradients in bf16, the core in float32)."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(16, 4, block_size=64)).bfloat16()
-    x, g = torch.randn(2, 64, 16, dtype=torch.bfloat16), torch.randn(2, 64, 16, dtype=torch.bfloat16)
-    fused, readable = _outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)
+    x = torch.randn(2, 64, 16, dtype=torch.bfloat16)
+    g = torch.randn(2, 64, 16, dtype=torch.bfloat16)
+    fused = _outputs_and_grads(layer, x, g, True)
+    readable = _outputs_and_grads(layer, x, g, False)
     assert fused[0].dtype == torch.bfloat16
     torch.testing.assert_close(fused[0], readable[0])
     for f, r in zip(fused[1:], readable[1:]):

@@ -631,6 +631,7 @@ def test_cifar_roundtrip(capsys, which, protocol):
     np.testing.assert_allclose(meta['mean'], (got[0] / 255).mean(axis=(0, 2, 3)), atol=1e-6)
     np.testing.assert_allclose(meta['std'], (got[0] / 255).std(axis=(0, 2, 3)), atol=1e-6)
 
+
 def test_a_folder_holding_an_image_set_is_said_to(capsys):
     """Text asked for in a folder that holds CIFAR, or CIFAR where text is: one line naming the image set;
     CIFAR prepared again: a line that says images once."""
