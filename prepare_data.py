@@ -50,6 +50,14 @@ def _warn(msg):
     print(f"warning: {msg}", file=sys.stderr)
 
 
+def _save(path, array):
+    """np.save through Python's own write: numpy's last buffered bytes can fail on a full disk unsaid."""
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    with open(path, 'wb') as f:
+        f.write(buffer.getbuffer())
+
+
 def _progress(shown, line):
     """Prints line if 10 s have passed since the time `shown`; returns the time of the last line printed."""
     if time.time() < shown + 10:
@@ -447,7 +455,7 @@ def _build_eval_set(stage, o, name):
                          f"with N for numbers")
     if name == 'lambada':
         val, spans = _lambada(text, where, tok)
-        np.save(os.path.join(stage, LAMBADA_TARGETS), spans)
+        _save(os.path.join(stage, LAMBADA_TARGETS), spans)
         count = len(spans)
         extra = dict(documents=count, examples=count, targets=LAMBADA_TARGETS,
                      eot=f"each passage is followed by {tok.eot if tok.eot is not None else 'a newline'}",
@@ -550,8 +558,8 @@ def _build_cifar(stage, o, which):
         _warn(f"{archive}: MD5 differs from the official tarball ({spec['md5']}); "
               f"its layout checks out, using it")
     for split, x, y in (('train', xtr, ytr), ('test', xte, yte)):
-        np.save(os.path.join(stage, f'{split}_images.npy'), x)
-        np.save(os.path.join(stage, f'{split}_labels.npy'), y)
+        _save(os.path.join(stage, f'{split}_images.npy'), x)
+        _save(os.path.join(stage, f'{split}_labels.npy'), y)
     # The per-channel mean and std in 0..1, from each channel's histogram of the 256 values: no float copy.
     hist = np.stack([np.bincount(xtr[:, c].ravel(), minlength=256) for c in range(3)]) / xtr[:, 0].size
     v = np.arange(256) / 255

@@ -920,6 +920,14 @@ def test_a_write_that_fails_names_the_file_and_leaves_nothing():
     assert os.listdir() == ['w.txt']
 
 
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+def test_an_array_that_cannot_be_written_says_so():
+    """np.save into /dev/full ends without an error (numpy's buffered last bytes); an image set's arrays
+    and LAMBADA's targets are written so that a full disk raises."""
+    with pytest.raises(OSError):
+        prep._save('/dev/full', np.zeros(100, dtype=np.uint8))
+
+
 @pytest.mark.parametrize('text', ['{"kind": "text",', '[1, 2]', '"text"'])
 def test_a_meta_json_that_is_not_an_object_names_the_command_that_rebuilds_it(tmp_path, text):
     write(str(tmp_path / 'notes' / 'meta.json'), text)
