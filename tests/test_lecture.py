@@ -10,23 +10,31 @@ import sys
 import pytest
 import torch
 
-from lecture import exercises as ex
+from lecture import checks
+from lecture import exercises
 from lecture import recall
 from lecture import solutions as sol
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECKS = {number: check for number, _, _, check in ex.EXERCISES}
-NAMES = {number: name for number, _, name, _ in ex.EXERCISES}
+CHECKS = {number: check for number, _, _, check in checks.EXERCISES}
+NAMES = {number: name for number, _, name, _ in checks.EXERCISES}
 
 
 def test_there_are_at_least_eight_exercises_numbered_in_order():
     assert list(CHECKS) == list(range(1, len(CHECKS) + 1)) and len(CHECKS) >= 8
 
 
+def test_the_students_file_holds_the_exercises_and_nothing_else():
+    """No check and no helper in the file a student edits: they would show the answers."""
+    defined = [name for name, value in vars(exercises).items()
+               if callable(value) and getattr(value, '__module__', None) == exercises.__name__]
+    assert sorted(defined) == sorted(NAMES.values())
+
+
 @pytest.mark.parametrize('number', list(CHECKS))
 def test_the_solution_passes(number):
-    verdict, note = ex.run(CHECKS[number], getattr(sol, NAMES[number]))
+    verdict, note = checks.run(CHECKS[number], getattr(sol, NAMES[number]))
     assert verdict == 'pass', note
 
 
@@ -104,7 +112,7 @@ WRONG = [
     (1, 'grad_alpha_forgotten', lambda Z, Pi, U, alpha: sol.grad_variational(Z, Pi, U, 1.0)),
     (2, 'factor_one', lambda: 1.0),
     (2, 'factor_two', lambda: 2.0),
-    (3, 'projected_in_all_of_R_d', lambda Z, Pi, U, alpha: ex.compression(Z, Pi, alpha)),
+    (3, 'projected_in_all_of_R_d', lambda Z, Pi, U, alpha: sol.compression(Z, Pi, alpha)),
     (3, 'projected_without_group_weights', projected_without_group_weights),
     (4, 'pi0_always_uniform', lambda temp, bias0, p: torch.full_like(temp, 1 / temp.shape[0])),
     (4, 'pi0_without_p', lambda temp, bias0, p: torch.softmax(temp * (1 + bias0), dim=0)),
@@ -122,7 +130,7 @@ WRONG = [
     # The right gradient everywhere; the function is pinned down only by its value at c = 1.
     (8, 'objective_plus_a_constant', lambda *a: sol.reweighted_objective(*a) + 1.0),
     # whole tokens moved, their positions with them
-    (9, 'reorder_with_positions', lambda layer, x, p, perm: ex.measure_reorder(layer, x + p, 0 * p, perm)),
+    (9, 'reorder_with_positions', lambda layer, x, p, perm: sol.reorder_change(layer, x + p, 0 * p, perm)),
     (9, 'reorder_absolute', reorder_absolute),
     (10, 'delta_R_sign_flipped', lambda *a: -sol.delta_R_through_layers(*a)),
     (10, 'delta_R_with_the_first_memberships', delta_R_with_the_first_memberships),
@@ -131,7 +139,7 @@ WRONG = [
 
 @pytest.mark.parametrize('number, name, wrong', WRONG, ids=[name for _, name, _ in WRONG])
 def test_a_wrong_answer_fails_its_check(number, name, wrong):
-    with pytest.raises(ex.Wrong):
+    with pytest.raises(checks.Wrong):
         CHECKS[number](wrong)
 
 
@@ -141,30 +149,30 @@ def test_every_exercise_has_a_wrong_answer_that_fails():
 
 def test_the_n_by_n_gradient_has_the_right_values():
     # So exercise 6's check rejects it for its cost alone.
-    with ex.float64():
+    with checks.float64():
         Z = torch.randn(2, 11, 4)
-        Pi = ex.random_memberships(2, 3, 11)
+        Pi = checks.random_memberships(2, 3, 11)
         torch.testing.assert_close(grad_rc_through_n_by_n(Z, Pi, 1.5), sol.grad_compression(Z, Pi, 1.5))
 
 
 def test_the_runner_reports_each_exercise_in_one_line_and_exits_1_on_a_wrong_answer(monkeypatch, capsys):
     # Unwritten answers are not failures: a student runs this before writing any.
-    assert ex.main([]) == 0
+    assert checks.main([]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(CHECKS) + 1 and all('not attempted' in line for line in lines[:-1])
-    assert ex.main(['--solutions', '2', '4']) == 0
+    assert checks.main(['--solutions', '2', '4']) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split('.')[0].strip() for line in lines[:-1]] == ['2', '4']
     assert all(' pass' in line for line in lines[:-1])
     monkeypatch.setattr(sol, 'duplication_factor', lambda: 1.0)
-    assert ex.main(['--solutions', '2']) == 1
+    assert checks.main(['--solutions', '2']) == 1
     assert ' fail: ' in capsys.readouterr().out
 
 
 def test_an_answer_that_crashes_is_a_failure_not_a_traceback():
     def crashes(Z, Pi, alpha):
         return Z @ Z                                                       # shapes that do not match
-    verdict, note = ex.run(CHECKS[6], crashes)
+    verdict, note = checks.run(CHECKS[6], crashes)
     assert verdict == 'fail' and '\n' not in note
 
 
@@ -174,7 +182,7 @@ def test_the_command_runs_the_solutions_from_the_repository_root():
     assert out.returncode == 0 and ' pass' in out.stdout
 
 
-BAD = [(ex.main, '99'), (ex.main, 'x'), (ex.main, '--solutions'), (recall.main, '--steps=0'),
+BAD = [(checks.main, '99'), (checks.main, 'x'), (checks.main, '--solutions'), (recall.main, '--steps=0'),
        (recall.main, '--batch=0'), (recall.main, '--seconds=-1'), (recall.main, '--steps=x')]
 
 
@@ -183,7 +191,7 @@ def test_bad_input_exits_2_with_one_line(main, arg, monkeypatch, fails):
     """An unknown exercise, the solutions file missing, a recall option out of range."""
     def missing(name):
         raise ModuleNotFoundError(f'No module named {name!r}', name=name)
-    monkeypatch.setattr(ex.importlib, 'import_module', missing)
+    monkeypatch.setattr(checks.importlib, 'import_module', missing)
     fails(main, [arg])
 
 
