@@ -15,6 +15,7 @@ import contextlib
 import functools
 import importlib
 import sys
+import unittest.mock
 
 import torch
 
@@ -32,17 +33,66 @@ class Wrong(AssertionError):
 EXERCISES = []   # (number, title, name of the answer, check)
 
 
-def exercise(number, title, name):
-    """Registers a check for the answer called `name`; runs it in float64, seeded by its number."""
+def exercise(number, title, name, closed_form=False, not_calling=()):
+    """Registers a check for the answer called `name`; runs it in float64, seeded by its number, and gives
+    it the answer guarded (guarded below): closed_form, autograd refused; not_calling, (class, method) pairs
+    the answer may not call."""
     def register(check):
         @functools.wraps(check)
         def run(answer):
             with torch.random.fork_rng(), float64():
                 torch.manual_seed(number)
-                return check(answer)
+                return check(guarded(answer, closed_form, not_calling))
         EXERCISES.append((number, title, name, run))
         return run
     return register
+
+
+# The answer running now, if any: the checks' helpers that compute answers refuse to run inside it.
+ANSWERING = []
+
+
+def guarded(answer, closed_form, not_calling):
+    """The answer, run so that it cannot pass by calling what it is asked to compute."""
+    def refuse(owner, method):
+        def refused(*args, **kwargs):
+            raise Wrong(f'your answer called {owner.__name__}.{method}: compute it from the formula')
+        return refused
+
+    @functools.wraps(answer)
+    def run_answer(*args):
+        with contextlib.ExitStack() as stack:
+            for owner, method in not_calling:
+                stack.enter_context(unittest.mock.patch.object(owner, method, refuse(owner, method)))
+            if closed_form:
+                stack.enter_context(torch.no_grad())
+                stack.enter_context(ClosedForm())
+            ANSWERING.append(answer)
+            stack.callback(ANSWERING.pop)
+            return answer(*args)
+    return run_answer
+
+
+def checks_only(helper):
+    """Marks a helper of the checks that computes (part of) an answer: an answer that calls it fails."""
+    @functools.wraps(helper)
+    def refusing(*args, **kwargs):
+        if ANSWERING:
+            raise Wrong(f'your answer called {helper.__name__}, the check\'s own helper: compute it yourself')
+        return helper(*args, **kwargs)
+    return refusing
+
+
+class ClosedForm(torch.overrides.TorchFunctionMode):
+    """Refuses autograd in an answer that runs under no_grad: any torch call with gradients turned back on
+    (torch.enable_grad, torch.func), and the calls that ask for a gradient."""
+    AUTOGRAD = {torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__, torch.Tensor.backward,
+                torch.autograd.grad, torch.autograd.backward}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if torch.is_grad_enabled() or func in self.AUTOGRAD:
+            raise Wrong('your answer used autograd: compute it without autograd, from the formula')
+        return func(*args, **(kwargs or {}))
 
 
 @contextlib.contextmanager
@@ -79,6 +129,7 @@ def randomize(module, scale=0.3):
     return module
 
 
+@checks_only
 def compression(Z, Pi, alpha):
     """R_c(Z, Pi) = 1/2 sum_k (n_k/n) sum_i log(1 + alpha/n_k lambda_i(M_k)), M_k = Z^T diag(pi_k) Z: from the
     eigenvalues of M_k, not from log-determinants as derivation.py has it. (B,). One group holding every token
@@ -89,6 +140,7 @@ def compression(Z, Pi, alpha):
     return 0.5 * (n_k / n * torch.log1p(alpha / n_k[..., None] * eigenvalues).sum(-1)).sum(-1)
 
 
+@checks_only
 def gradient(objective, Z):
     """Autograd of objective(Z).sum() with respect to Z."""
     Z = Z.detach().requires_grad_()
@@ -144,7 +196,7 @@ class CountElements(torch.overrides.TorchFunctionMode):
         return out
 
 
-@exercise(1, 'grad R^var_c in closed form', 'grad_variational')
+@exercise(1, 'grad R^var_c in closed form', 'grad_variational', closed_form=True)
 def check_grad_variational(answer):
     # Several n, d, K, p and alpha, and U_k of any shape: a 1/n_k for 1/n, or a lost alpha, cannot pass by
     # luck.
@@ -226,7 +278,8 @@ def check_causal_first_membership(answer):
     return 'pi_0 equals the layer\'s for any weights and tokens'
 
 
-@exercise(5, 'TSSA from its formula', 'tssa_forward')
+@exercise(5, 'TSSA from its formula', 'tssa_forward',
+          not_calling=((tost.TSSA, 'forward'), (tost.TSSA, 'memberships')))
 def check_tssa_forward(answer):
     for B, n, d, K in ((2, 9, 12, 3), (1, 20, 8, 4)):
         layer = randomize(tost.TSSA(d, K))
@@ -237,7 +290,7 @@ def check_tssa_forward(answer):
     return 'equal to tost.TSSA'
 
 
-@exercise(6, 'the exact grad R_c in O(n d^2)', 'grad_compression')
+@exercise(6, 'the exact grad R_c in O(n d^2)', 'grad_compression', closed_form=True)
 def check_grad_compression(answer):
     for n, d, K, alpha in ((9, 4, 2, 2.0), (16, 6, 3, 0.7)):
         Z = torch.randn(2, n, d)
@@ -298,6 +351,7 @@ def check_reweighted_objective(answer):
     return 'the layer is -n grad of it, and it is R^var_c at c = 1'
 
 
+@checks_only
 def measure_reorder(layer, content, position, perm):
     """The check's own measurement for exercise 9."""
     moved = torch.cat([content[:, perm], content[:, -1:]], 1)

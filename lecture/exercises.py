@@ -38,8 +38,8 @@ def grad_variational(Z, Pi, U, alpha):
 
         grad_{z_j} R^var_c = 1/n sum_k pi_jk U_k D_k U_k^T z_j,    D_k = diag(f'(s_k / n_k))
 
-    and say where the 1/n comes from (which factors of the objective meet and cancel). Then compute it.
-    Z (B, n, d), Pi (B, K, n), U (K, d, p) with any p, alpha > 0 -> (B, n, d).
+    and say where the 1/n comes from (which factors of the objective meet and cancel). Then compute it,
+    without autograd. Z (B, n, d), Pi (B, K, n), U (K, d, p) with any p, alpha > 0 -> (B, n, d).
     Check: equal to autograd of tost.variational_compression to 1e-10.
     """
     # Your answer.
@@ -100,6 +100,7 @@ def tssa_forward(x, W, W_out, temp):
         Pi  = softmax over the K heads of temp_k * sum_i w_ji^2 / sum_l w_li^2
         m_k = sum_j pi_jk w_j^2 / (n_k + 1e-8),   y_j = -pi_jk w_j / (1 + m_k),   output = W_out y
     x (B, n, d), W and W_out (d, d) (nn.Linear weights: a layer computes x W^T), temp (K,) -> (B, n, d).
+    Write it with torch, without calling tost.TSSA.
     Check: equal to tost.TSSA with random weights and temperatures, to 1e-12.
     """
     # Your answer.
@@ -113,8 +114,8 @@ def grad_compression(Z, Pi, alpha):
 
         grad_{z_j} R_c = alpha/n sum_k pi_jk (I + alpha/n_k M_k)^{-1} z_j
 
-    (ReduNet's compression operator C_k = alpha (I + alpha/n_k M_k)^{-1}), and compute it in
-    O(K (n d^2 + d^3)): never form an n x n matrix. Z (B, n, d), Pi (B, K, n) -> (B, n, d).
+    (ReduNet's compression operator C_k = alpha (I + alpha/n_k M_k)^{-1}), and compute it with torch, without
+    autograd, in O(K (n d^2 + d^3)): never form an n x n matrix. Z (B, n, d), Pi (B, K, n) -> (B, n, d).
     Check: equal to autograd of R_c (log-determinants) to 1e-10, and the elements your torch calls return grow
     less than 6x for 4x the tokens (an n x n matrix grows 16x).
     """

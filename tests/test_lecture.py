@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+import tost
 from lecture import checks
 from lecture import exercises
 from lecture import recall
@@ -87,6 +88,32 @@ def grad_rc_without_memberships(Z, Pi, alpha):
     return alpha / n * torch.einsum('bnd,bkde->bne', Z, C)
 
 
+# Answers that pass by calling what they are asked to compute.
+
+def grad_by_autograd(Z, Pi, U, alpha):
+    Z = Z.detach().requires_grad_()
+    with torch.enable_grad():
+        (g,) = torch.autograd.grad(tost.variational_compression(Z, Pi, U, alpha).sum(), Z)
+    return g
+
+
+def grad_by_the_checks_helper(Z, Pi, U, alpha):
+    return checks.gradient(lambda Z: tost.variational_compression(Z, Pi, U, alpha), Z)
+
+
+def tssa_by_calling_the_layer(x, W, W_out, temp):
+    layer = tost.TSSA(x.shape[-1], temp.shape[0])
+    with torch.no_grad():
+        layer.c_attn.weight.copy_(W)
+        layer.c_proj.weight.copy_(W_out)
+        layer.temp.copy_(temp[:, None])
+    return layer(x).detach()
+
+
+def grad_rc_by_torch_func(Z, Pi, alpha):
+    return torch.func.grad(lambda Z: sol.compression(Z, Pi, alpha).sum())(Z)
+
+
 def reorder_absolute(layer, content, position, perm):
     moved = torch.cat([content[:, perm], content[:, -1:]], 1)
     with torch.no_grad():
@@ -110,6 +137,8 @@ WRONG = [
     (1, 'grad_without_1_over_n', lambda Z, *a: Z.shape[1] * sol.grad_variational(Z, *a)),
     (1, 'grad_1_over_n_k', grad_1_over_n_k),
     (1, 'grad_alpha_forgotten', lambda Z, Pi, U, alpha: sol.grad_variational(Z, Pi, U, 1.0)),
+    (1, 'grad_by_autograd', grad_by_autograd),
+    (1, 'grad_by_the_checks_helper', grad_by_the_checks_helper),
     (2, 'factor_one', lambda: 1.0),
     (2, 'factor_two', lambda: 2.0),
     (3, 'projected_in_all_of_R_d', lambda Z, Pi, U, alpha: sol.compression(Z, Pi, alpha)),
@@ -120,9 +149,11 @@ WRONG = [
     (5, 'tssa_W_transposed', lambda x, W, W_out, temp: sol.tssa_forward(x, W.T, W_out, temp)),
     (5, 'tssa_W_out_transposed', lambda x, W, W_out, temp: sol.tssa_forward(x, W, W_out.T, temp)),
     (5, 'tssa_softmax_over_tokens', tssa_softmax_over_tokens),
+    (5, 'tssa_by_calling_the_layer', tssa_by_calling_the_layer),
     (6, 'grad_rc_through_n_by_n', grad_rc_through_n_by_n),
     (6, 'grad_rc_sign_flipped', lambda *a: -sol.grad_compression(*a)),
     (6, 'grad_rc_without_memberships', grad_rc_without_memberships),
+    (6, 'grad_rc_by_torch_func', grad_rc_by_torch_func),
     (7, 'predict_generic_reweights', lambda: dict(tied='exact', rescaled='reweighted', generic='reweighted')),
     (7, 'predict_rescaled_exact', lambda: dict(tied='exact', rescaled='exact', generic='none')),
     (8, 'objective_ignoring_c', lambda Z, Pi, U, c: sol.reweighted_objective(Z, Pi, U, torch.ones_like(c))),
@@ -132,6 +163,7 @@ WRONG = [
     # whole tokens moved, their positions with them
     (9, 'reorder_with_positions', lambda layer, x, p, perm: sol.reorder_change(layer, x + p, 0 * p, perm)),
     (9, 'reorder_absolute', reorder_absolute),
+    (9, 'reorder_by_the_checks_helper', lambda *a: checks.measure_reorder(*a)),
     (10, 'delta_R_sign_flipped', lambda *a: -sol.delta_R_through_layers(*a)),
     (10, 'delta_R_with_the_first_memberships', delta_R_with_the_first_memberships),
 ]
