@@ -179,6 +179,13 @@ def test_every_exercise_has_a_wrong_answer_that_fails():
     assert {number for number, _, _ in WRONG} == set(CHECKS)
 
 
+def test_a_wrong_prediction_is_not_told_the_right_one():
+    with pytest.raises(checks.Wrong) as e:
+        CHECKS[7](lambda: dict(tied='exact', rescaled='exact', generic='exact'))
+    assert 'rescaled' in str(e.value) and 'generic' in str(e.value) and 'tied' not in str(e.value)
+    assert 'reweighted' not in str(e.value) and 'none' not in str(e.value)
+
+
 def test_the_n_by_n_gradient_has_the_right_values():
     # So exercise 6's check rejects it for its cost alone.
     with checks.float64():
