@@ -186,10 +186,15 @@ def map_back(layer, kind, c=None):
 
 
 class CountElements(torch.overrides.TorchFunctionMode):
-    """Counts the elements every torch call returns: work counted, not timed, as derivation.py counts it."""
+    """Counts the elements every torch call returns: work counted, not timed, as derivation.py counts it.
+    Work done outside torch cannot be counted: a tensor leaving torch (to numpy, to a list) fails the check."""
     total = 0
+    LEAVING = {torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.tolist}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.LEAVING:
+            raise Wrong('the cost check counts the work of torch calls, and your answer left torch: compute '
+                        'with torch')
         out = func(*args, **(kwargs or {}))
         returned = out if isinstance(out, (tuple, list)) else [out]
         self.total += sum(t.numel() for t in returned if isinstance(t, torch.Tensor))
@@ -304,6 +309,8 @@ def check_grad_compression(answer):
         with torch.no_grad(), CountElements() as counter:
             answer(Z, Pi, 1.0)
         counts.append(counter.total)
+    expect(counts[0] > 0, 'the cost check counts the work of torch calls, and your answer made none: compute '
+           'with torch')
     growth = counts[1] / counts[0]
     expect(growth < 6, f'4x the tokens, {growth:.1f}x the elements: not linear in n')
     return f'equal to autograd; 4x the tokens, {growth:.2f}x the elements'
