@@ -14,7 +14,9 @@ import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in o
 import contextlib
 import functools
 import importlib
+import os
 import sys
+import traceback
 import unittest.mock
 
 import torch
@@ -225,7 +227,11 @@ def check_duplication_factor(answer):
     ratio = (twice[:, :9] / once).mean().item()
     expect(torch.allclose(twice[:, :9], ratio * once, atol=1e-12), 'the check: the ratio is not one number')
     got = answer()
-    expect(isinstance(got, (int, float)) and abs(got - ratio) <= 1e-9, f'the factor is not {got!r}')
+    # A number, or a tensor holding one.
+    if isinstance(got, torch.Tensor) and got.dim() == 0:
+        got = got.item()
+    expect(isinstance(got, (int, float)), f'expected a number, got {type(got).__name__}')
+    expect(abs(got - ratio) <= 1e-9, f'the factor is not {got!r}')
     return f'measured {ratio:.6f}'
 
 
@@ -439,9 +445,14 @@ def run(check, answer):
         return 'not attempted', ''
     except Wrong as e:
         return 'fail', str(e)
-    # An answer that crashes is wrong too: its error, in one line.
+    # An answer that crashes is wrong too: its error in one line, and the line of the answer it came from.
     except Exception as e:
-        return 'fail', f'{type(e).__name__}: {e}'.splitlines()[0]
+        error = f'{type(e).__name__}: {e}'.splitlines()[0]
+        code = getattr(answer, '__code__', None)
+        mine = [f for f in traceback.extract_tb(e.__traceback__) if code and f.filename == code.co_filename]
+        if mine:
+            error += f' (at {os.path.relpath(mine[-1].filename)}:{mine[-1].lineno}, in {mine[-1].name})'
+        return 'fail', error
     return 'pass', note
 
 

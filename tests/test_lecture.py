@@ -221,11 +221,27 @@ def test_the_runner_reports_each_exercise_in_one_line_and_exits_1_on_a_wrong_ans
     assert ' fail: ' in capsys.readouterr().out
 
 
-def test_an_answer_that_crashes_is_a_failure_not_a_traceback():
+def test_an_answer_that_crashes_is_a_failure_in_one_line_naming_its_line():
     def crashes(Z, Pi, alpha):
         return Z @ Z                                                       # shapes that do not match
     verdict, note = checks.run(CHECKS[6], crashes)
     assert verdict == 'fail' and '\n' not in note
+    assert f'test_lecture.py:{crashes.__code__.co_firstlineno + 1}' in note
+
+
+def test_an_autograd_answer_to_exercise_6_is_told_it_used_autograd():
+    # It failed in the cost check, under no_grad, with torch's own error.
+    def by_backward(Z, Pi, alpha):
+        Z = Z.detach().requires_grad_()
+        sol.compression(Z, Pi, alpha).sum().backward()
+        return Z.grad
+    with pytest.raises(checks.Wrong):
+        CHECKS[6](by_backward)
+
+
+def test_the_factor_may_be_a_tensor_of_one_number():
+    verdict, note = checks.run(CHECKS[2], lambda: torch.tensor(sol.duplication_factor()))
+    assert verdict == 'pass', note
 
 
 def test_the_command_runs_the_solutions_from_the_repository_root():
