@@ -14,6 +14,7 @@ import torch
 import tost
 from lecture import checks
 from lecture import exercises
+from lecture import handout
 from lecture import recall
 from lecture import solutions as sol
 
@@ -250,13 +251,37 @@ def test_the_command_runs_the_solutions_from_the_repository_root():
     assert out.returncode == 0 and ' pass' in out.stdout
 
 
+def test_the_hand_out_has_no_answers_and_runs_the_students_commands(tmp_path):
+    """python -m lecture.handout: no solutions, no tests that hold them, no history; in the copy the exercises
+    run (every one not attempted), --solutions is one line and exit 2, and the test suite collects."""
+    out = tmp_path / 'class'
+    r = subprocess.run([sys.executable, '-m', 'lecture.handout', f'--out={out}'], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (out / 'lecture' / 'exercises.py').is_file() and (out / 'tost.py').is_file()
+    assert not (out / 'lecture' / 'solutions.py').exists() and not (out / 'tests' / 'test_lecture.py').exists()
+    assert not (out / '.git').exists()
+    r = subprocess.run([sys.executable, '-m', 'lecture.exercises'], cwd=out, capture_output=True, text=True)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == len(CHECKS) + 1
+    assert all('not attempted' in line for line in lines[:-1])
+    r = subprocess.run([sys.executable, '-m', 'lecture.exercises', '--solutions'], cwd=out, capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    r = subprocess.run([sys.executable, '-m', 'pytest', '--collect-only', '-q', '-p', 'no:cacheprovider'],
+                       cwd=out, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:]
+
+
 BAD = [(checks.main, '99'), (checks.main, 'x'), (checks.main, '--solutions'), (recall.main, '--steps=0'),
-       (recall.main, '--batch=0'), (recall.main, '--seconds=-1'), (recall.main, '--steps=x')]
+       (recall.main, '--batch=0'), (recall.main, '--seconds=-1'), (recall.main, '--steps=x'),
+       (handout.main, '--out='), (handout.main, f'--out={REPO}/README.md')]
 
 
 @pytest.mark.parametrize('main, arg', BAD)
 def test_bad_input_exits_2_with_one_line(main, arg, monkeypatch, fails):
-    """An unknown exercise, the solutions file missing, a recall option out of range."""
+    """An unknown exercise, the solutions file missing, a recall option out of range, a hand-out with no
+    folder or into a file."""
     def missing(name):
         raise ModuleNotFoundError(f'No module named {name!r}', name=name)
     monkeypatch.setattr(checks.importlib, 'import_module', missing)
