@@ -124,7 +124,8 @@ def grad_compression(Z, Pi, alpha):
 
 
 def untied_prediction():
-    """Exercise 7. Predict what untying c_proj does to the "gradient step" claim.
+    """Exercise 7. Predict what untying c_proj does to the "gradient step" claim (before reading the end of
+    derivation.py's section 9, "Untied, as trained", which measures it).
 
     Hold Pi fixed (set, not estimated) and nothing added to n_k, so TSSA(Z) = c_proj(y(Z)) is a vector field
     on the tokens. For three choices of c_proj (W = c_attn.weight, rows k p .. (k+1) p are U_k^T):

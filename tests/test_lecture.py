@@ -4,6 +4,7 @@ shortcut), the runner reports each exercise in one line, and the recall experime
 table."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -191,6 +192,18 @@ def test_a_wrong_answer_fails_its_check(number, name, wrong):
 
 def test_every_exercise_has_a_wrong_answer_that_fails():
     assert {number for number, _, _ in WRONG} == set(CHECKS)
+
+
+def test_the_predictions_are_measured_in_the_teachers_note_and_not_given_to_students():
+    """Exercises 9 and 10 ask for a prediction before the check runs: the numbers their checks print are in
+    solutions.py's docstring, and not in what a student reads first."""
+    printed = CHECKS[9](sol.reorder_change) + ' ' + CHECKS[10](sol.delta_R_through_layers)
+    numbers = [f'{float(v):.2f}' for v in re.findall(r'\d+\.\d+', printed)]
+    assert len(numbers) == 8
+    student = ''.join(open(os.path.join(REPO, 'lecture', f)).read() for f in ('README.md', 'exercises.py'))
+    for v in numbers:
+        assert not re.search(rf'(?<![\d.]){re.escape(v)}(?!\d)', student), v
+        assert re.search(rf'(?<![\d.]){re.escape(v)}(?!\d)', sol.__doc__), v
 
 
 def test_a_wrong_prediction_is_not_told_the_right_one():
