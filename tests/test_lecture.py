@@ -206,6 +206,15 @@ def test_the_predictions_are_measured_in_the_teachers_note_and_not_given_to_stud
         assert re.search(rf'(?<![\d.]){re.escape(v)}(?!\d)', sol.__doc__), v
 
 
+def test_the_class_plan_follows_the_lectures_order_and_the_quick_run_is_one_command():
+    readme = open(os.path.join(REPO, 'lecture', 'README.md')).read()
+    plan = readme[readme.index('## In class'):readme.index('## The recall experiment')]
+    sections = [int(n) for n in re.findall(r'^\d\. .*?\(section (\d+)', plan, re.M)]
+    assert len(sections) == 4 and sections == sorted(sections)
+    quick = {re.findall(r'python -m lecture\.recall --steps=\d+', text)[0] for text in (readme, recall.__doc__)}
+    assert len(quick) == 1
+
+
 def test_a_wrong_prediction_is_not_told_the_right_one():
     with pytest.raises(checks.Wrong) as e:
         CHECKS[7](lambda: dict(tied='exact', rescaled='exact', generic='exact'))
