@@ -189,7 +189,7 @@ def map_back(layer, kind, c=None):
 
 class CountElements(torch.overrides.TorchFunctionMode):
     """Counts the elements every torch call returns: work counted, not timed, as derivation.py counts it.
-    Work done outside torch cannot be counted: a tensor leaving torch (to numpy, to a list) fails the check."""
+    Work outside torch cannot be counted: a tensor leaving torch (to numpy, to a list) fails the check."""
     total = 0
     LEAVING = {torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.tolist}
 
