@@ -11,10 +11,11 @@ cell (VS Code runs them as they are; Jupyter opens the file after `pip install j
 A 90-minute class, its in-class exercises included (lecture/README.md): 0 why (5 min); 1-2 rate reduction and
 its exact step (10); 3-5 the variational form, the bridge from ReduNet and the corollary (15); 6-8 the step is
 an attention layer, which directions it shrinks, its memberships (20, of them about 8 for exercise 1 at the
-board); 9-12 the practical, block, causal and recurrent forms (20, of them about 8 for exercise 5 in pairs;
-start `python -m lecture.recall` at 11; skim 10 and 12); 13-15 cost, unrolled layers, results and limits (15,
-ending on the recall table); 5 spare. 16 lists the exercises; the others are homework. The appendix checks the
-software against the math (the GPT by hand, and the fused CPU core): reading, not class time.
+board); 9-12 the practical, block, causal and recurrent forms (20, of them about 8 for exercise 5 in pairs
+and a vote on exercise 7 before 9's end; start `python -m lecture.recall` at 11; skim 10 and 12); 13-15 cost,
+unrolled layers, results and limits (15, ending on the recall table); 5 spare. 16 lists the exercises; the
+others are homework. The appendix checks the software against the math (the GPT by hand, and the fused CPU
+core): reading, not class time.
 
 Notation, as in tost.py: tokens are the ROWS of Z (B, n, d). The paper writes them as columns, Z in R^{d x n},
 so its Z diag(pi_k) Z^T is our Z^T diag(pi_k) Z: the same d x d matrix. Memberships Pi are (B, K, n); Pi[:, k]
@@ -982,7 +983,7 @@ print('15. results and limitations: quoted from the paper in this cell\'s text (
 # (section 2); 7 predict what untying c_proj does, and 8 find the objective a per-head rescaling of the tie
 # descends (section 9); 9 show that the past is nearly a bag (section 11); 10 track Delta R through the
 # layers (section 14).
-# In class: `python -m lecture.recall` (section 15).
+# In class: start `python -m lecture.recall` at section 11, and read its table at section 15.
 print('16. exercises: lecture/exercises.py, solutions in lecture/solutions.py; '
       'the experiment: python -m lecture.recall')
 

@@ -6,11 +6,11 @@ Exercises on ToST's derivation, each with a check that an answer must pass.
     python -m lecture.exercises --solutions   # checks lecture/solutions.py instead (try first, then look)
 
 Each exercise is a statement (what to derive or compute, in the paper's symbols) and a function that raises
-NotImplementedError until you write its body. Its check, check_<name> below the statements, runs your function
-on random cases in float64 and compares it with the readable lines of tost.py, exactly or to the tolerance the
-statement gives. The run prints one line per exercise: pass, not attempted, or fail with what differed.
-Read tost.py's sections 1 to 3 first (variational_compression, TSSA, CausalTSSA); derivation.py is the
-lecture.
+NotImplementedError until you write its body. The command runs each function on random cases in float64 and
+compares it with the readable lines of tost.py, exactly or to the tolerance the statement gives; it prints
+one line per exercise: pass, not attempted, or fail with what differed. The checks are in lecture/checks.py:
+run them, you need not read them. Read tost.py's sections 1 to 3 first (variational_compression, TSSA,
+CausalTSSA); derivation.py is the lecture.
 
 Symbols as in tost.py: tokens are the rows of Z (B, n, d), the paper's columns z_j; memberships Pi are
 (B, K, n) and sum to 1 over the K groups (heads); U is (K, d, p) and U[k] is the paper's U_k;
@@ -21,15 +21,11 @@ n_k = sum_j pi_jk, s_k = sum_j pi_jk (U_k^T z_j)^2 (p numbers), f(x) = log(1 + a
 """
 
 import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in one line
-import contextlib
-import functools
-import importlib
 import sys
 
 import torch
 
 import tost
-from options import UsageError
 
 # -----------------------------------------------------------------------------
 # The exercises. Write each body; keep the names and arguments (the checks call them).
@@ -42,8 +38,8 @@ def grad_variational(Z, Pi, U, alpha):
 
         grad_{z_j} R^var_c = 1/n sum_k pi_jk U_k D_k U_k^T z_j,    D_k = diag(f'(s_k / n_k))
 
-    and say where the 1/n comes from (which factors of the objective meet and cancel). Then compute it.
-    Z (B, n, d), Pi (B, K, n), U (K, d, p) with any p, alpha > 0 -> (B, n, d).
+    and say where the 1/n comes from (which factors of the objective meet and cancel). Then compute it,
+    without autograd. Z (B, n, d), Pi (B, K, n), U (K, d, p) with any p, alpha > 0 -> (B, n, d).
     Check: equal to autograd of tost.variational_compression to 1e-10.
     """
     # Your answer.
@@ -104,6 +100,7 @@ def tssa_forward(x, W, W_out, temp):
         Pi  = softmax over the K heads of temp_k * sum_i w_ji^2 / sum_l w_li^2
         m_k = sum_j pi_jk w_j^2 / (n_k + 1e-8),   y_j = -pi_jk w_j / (1 + m_k),   output = W_out y
     x (B, n, d), W and W_out (d, d) (nn.Linear weights: a layer computes x W^T), temp (K,) -> (B, n, d).
+    Write it with torch, without calling tost.TSSA.
     Check: equal to tost.TSSA with random weights and temperatures, to 1e-12.
     """
     # Your answer.
@@ -117,8 +114,8 @@ def grad_compression(Z, Pi, alpha):
 
         grad_{z_j} R_c = alpha/n sum_k pi_jk (I + alpha/n_k M_k)^{-1} z_j
 
-    (ReduNet's compression operator C_k = alpha (I + alpha/n_k M_k)^{-1}), and compute it in
-    O(K (n d^2 + d^3)): never form an n x n matrix. Z (B, n, d), Pi (B, K, n) -> (B, n, d).
+    (ReduNet's compression operator C_k = alpha (I + alpha/n_k M_k)^{-1}), and compute it with torch, without
+    autograd, in O(K (n d^2 + d^3)): never form an n x n matrix. Z (B, n, d), Pi (B, K, n) -> (B, n, d).
     Check: equal to autograd of R_c (log-determinants) to 1e-10, and the elements your torch calls return grow
     less than 6x for 4x the tokens (an n x n matrix grows 16x).
     """
@@ -127,7 +124,8 @@ def grad_compression(Z, Pi, alpha):
 
 
 def untied_prediction():
-    """Exercise 7. Predict what untying c_proj does to the "gradient step" claim.
+    """Exercise 7. Predict what untying c_proj does to the "gradient step" claim (before reading the end of
+    derivation.py's section 9, "Untied, as trained", which measures it).
 
     Hold Pi fixed (set, not estimated) and nothing added to n_k, so TSSA(Z) = c_proj(y(Z)) is a vector field
     on the tokens. For three choices of c_proj (W = c_attn.weight, rows k p .. (k+1) p are U_k^T):
@@ -185,403 +183,6 @@ def delta_R_through_layers(Z, layer, layers, alpha):
     raise NotImplementedError
 
 
-# -----------------------------------------------------------------------------
-# The checks. Each runs in float64 with torch's random state seeded, and restored afterwards.
-
-
-class Wrong(AssertionError):
-    """A check's verdict on a wrong answer; its message says what differed."""
-
-
-EXERCISES = []   # (number, title, name of the answer, check)
-
-
-def exercise(number, title, name):
-    """Registers a check for the answer called `name`; runs it in float64, seeded by its number."""
-    def register(check):
-        @functools.wraps(check)
-        def run(answer):
-            with torch.random.fork_rng(), float64():
-                torch.manual_seed(number)
-                return check(answer)
-        EXERCISES.append((number, title, name, run))
-        return run
-    return register
-
-
-@contextlib.contextmanager
-def float64():
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)
-
-
-def expect_close(what, got, want, tol):
-    """Raise Wrong unless the tensor `got` has want's shape and is within tol of it everywhere."""
-    if not isinstance(got, torch.Tensor):
-        raise Wrong(f'{what}: expected a tensor, got {type(got).__name__}')
-    if got.shape != want.shape:
-        raise Wrong(f'{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}')
-    diff = (got.double() - want).abs().max().item()
-    if not diff <= tol:
-        raise Wrong(f'{what}: max |difference| {diff:.2e}, more than {tol:.0e}')
-
-
-def expect(condition, message):
-    if not condition:
-        raise Wrong(message)
-
-
-def randomize(module, scale=0.3):
-    """Random parameters: matrices around 0, vectors (temperatures) around 1."""
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn_like(p) * scale + (1.0 if p.dim() == 1 or p.shape[-1] == 1 else 0.0))
-    return module
-
-
-def compression(Z, Pi, alpha):
-    """R_c(Z, Pi) = 1/2 sum_k (n_k/n) sum_i log(1 + alpha/n_k lambda_i(M_k)), M_k = Z^T diag(pi_k) Z: from the
-    eigenvalues of M_k, not from log-determinants as derivation.py has it. (B,). One group holding every token
-    (Pi all ones, (B, 1, n)) gives the coding rate R(Z) of all n tokens."""
-    n = Z.shape[1]
-    n_k = Pi.sum(-1)                                                       # (B, K)
-    eigenvalues = torch.linalg.eigvalsh(torch.einsum('bnd,bkn,bne->bkde', Z, Pi, Z))     # (B, K, d)
-    return 0.5 * (n_k / n * torch.log1p(alpha / n_k[..., None] * eigenvalues).sum(-1)).sum(-1)
-
-
-def gradient(objective, Z):
-    """Autograd of objective(Z).sum() with respect to Z."""
-    Z = Z.detach().requires_grad_()
-    (g,) = torch.autograd.grad(objective(Z).sum(), Z)
-    return g
-
-
-def random_memberships(B, K, n, sharpness=2.0):
-    return torch.softmax(sharpness * torch.randn(B, K, n), dim=1)
-
-
-def orthonormal_heads(K, p, d):
-    """K blocks U_k (d x p) of one random orthogonal d x d matrix, K p <= d: orthonormal, mutually
-    orthogonal."""
-    Q = torch.linalg.qr(torch.randn(d, d))[0]
-    return Q[:, :K * p].reshape(d, K, p).permute(1, 0, 2)                  # (K, d, p)
-
-
-class HeldMemberships(tost.TSSA):
-    """The practical TSSA with Pi set from outside (self.held, (B, K, n)) instead of estimated from the
-    tokens, and nothing added to n_k: a vector field on the tokens alone."""
-
-    def __init__(self, n_embd, n_head, held):
-        super().__init__(n_embd, n_head)
-        self.held = held
-        self.eps = 0.0
-
-    def memberships(self, w):
-        return self.held
-
-
-def map_back(layer, kind, c=None):
-    """Sets layer.c_proj for exercise 7's kinds: 'tied' W^T, 'rescaled' W^T with head k's block times c_k,
-    'generic' random."""
-    W = layer.c_attn.weight
-    with torch.no_grad():
-        if kind == 'generic':
-            layer.c_proj.weight.copy_(torch.randn_like(W) * W.std())
-        else:
-            scale = torch.ones(layer.n_head) if kind == 'tied' else c
-            layer.c_proj.weight.copy_(W.T * scale.repeat_interleave(layer.head_dim))
-    return layer
-
-
-class CountElements(torch.overrides.TorchFunctionMode):
-    """Counts the elements every torch call returns: work counted, not timed, as derivation.py counts it."""
-    total = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        returned = out if isinstance(out, (tuple, list)) else [out]
-        self.total += sum(t.numel() for t in returned if isinstance(t, torch.Tensor))
-        return out
-
-
-@exercise(1, 'grad R^var_c in closed form', 'grad_variational')
-def check_grad_variational(answer):
-    # Several n, d, K, p and alpha, and U_k of any shape: a 1/n_k for 1/n, or a lost alpha, cannot pass by
-    # luck.
-    for n, d, K, p, alpha in ((7, 6, 3, 2, 1.0), (12, 6, 2, 3, 3.5), (5, 8, 4, 3, 0.5)):
-        Z = torch.randn(2, n, d)
-        Pi = random_memberships(2, K, n)
-        U = torch.randn(K, d, p)
-        want = gradient(lambda Z: tost.variational_compression(Z, Pi, U, alpha), Z)
-        expect_close(f'grad at n = {n}, K = {K}, alpha = {alpha}', answer(Z, Pi, U, alpha), want, 1e-10)
-    return 'equal to autograd of tost.variational_compression'
-
-
-@exercise(2, 'what the 1/n means', 'duplication_factor')
-def check_duplication_factor(answer):
-    Z = torch.randn(1, 9, 6)
-    Pi = random_memberships(1, 3, 9)
-    U = torch.randn(3, 6, 2)
-    once = gradient(lambda Z: tost.variational_compression(Z, Pi, U), Z)
-    Pi_twice = torch.cat([Pi, Pi], -1)
-    twice = gradient(lambda Z: tost.variational_compression(Z, Pi_twice, U), torch.cat([Z, Z], 1))
-    ratio = (twice[:, :9] / once).mean().item()
-    expect(torch.allclose(twice[:, :9], ratio * once, atol=1e-12), 'the check: the ratio is not one number')
-    got = answer()
-    expect(isinstance(got, (int, float)) and abs(got - ratio) <= 1e-9, f'the factor is not {got!r}')
-    return f'measured {ratio:.6f}'
-
-
-@exercise(3, 'the corollary: R^var_c >= R_c, groups in span(U_k)', 'projected_compression')
-def check_projected_compression(answer):
-    above = 0
-    for case in range(40):
-        K, p = (2, 2) if case % 2 else (3, 2)
-        d = K * p + case % 3                                               # K p = d, and K p < d
-        n, alpha = 12, 0.5 + case / 10
-        U = orthonormal_heads(K, p, d)
-        # Any orthonormal U_k, any tokens and memberships: the formula, and never above R^var_c.
-        Z = torch.randn(2, n, d)
-        Pi = random_memberships(2, K, n)
-        W = torch.einsum('bnd,kdp->bknp', Z, U)                            # (B, K, n, p)  U_k^T z_j
-        M = torch.einsum('bknp,bkn,bknq->bkpq', W, Pi, W)                  # (B, K, p, p)  U_k^T M_k U_k
-        n_k = Pi.sum(-1)
-        want = 0.5 * (n_k / n * torch.logdet(torch.eye(p) + alpha / n_k[..., None, None] * M)).sum(-1)
-        expect_close('R^proj_c', answer(Z, Pi, U, alpha), want, 1e-10)
-        bound = tost.variational_compression(Z, Pi, U, alpha)
-        expect((want <= bound + 1e-12).all(), 'the check: R^proj_c above R^var_c')
-        # The hypothesis: hard groups, each token in its group's subspace, with a random covariance there.
-        group = torch.randint(0, K, (n,))
-        coefficients = torch.randn(1, n, p) @ torch.randn(p, p)
-        Z = torch.einsum('ndp,bnp->bnd', U[group], coefficients)
-        Pi = torch.nn.functional.one_hot(group, K).T[None].double()
-        exact = compression(Z, Pi, alpha)
-        expect_close('R^proj_c under the hypothesis, against R_c', answer(Z, Pi, U, alpha), exact, 1e-10)
-        above += int((tost.variational_compression(Z, Pi, U, alpha) >= exact - 1e-12).all())
-    expect(above == 40, f'the check: the corollary held in only {above} of 40 cases')
-    return 'R^var_c >= R^proj_c = R_c in 40 of 40 random cases'
-
-
-@exercise(4, 'the causal pi_0', 'causal_first_membership')
-def check_causal_first_membership(answer):
-    K, p = 4, 3
-    cases = (('initialisation', torch.ones(K), torch.zeros(K)),
-             ('equal temperatures', torch.full((K,), 2.5), torch.zeros(K)),
-             ('unequal temperatures', 0.5 + torch.rand(K), torch.zeros(K)),
-             ('a position bias', 0.5 + torch.rand(K), torch.randn(K)))
-    for name, temp, bias0 in cases:
-        layer = randomize(tost.CausalTSSA(K * p, K, block_size=5))
-        with torch.no_grad():
-            layer.temp.copy_(temp[:, None])
-            layer.pos_bias[:, 0] = bias0
-        x = torch.randn(3, 1, K * p)
-        # After one token the state's P, the prefix sum of the memberships, is pi_0 itself.
-        _, state = layer(x, layer.empty_state(3, dtype=x.dtype))
-        pi0 = state.P.detach()                                             # (B, K)
-        got = answer(layer.temp.detach()[:, 0], layer.pos_bias.detach()[:, 0], p)
-        for b in range(3):
-            expect_close(f'pi_0 ({name}), sequence {b}', got, pi0[b], 1e-12)
-        if name in ('initialisation', 'equal temperatures'):
-            expect_close(f'pi_0 ({name}), against 1/K', got, torch.full((K,), 1 / K), 1e-15)
-    return 'pi_0 equals the layer\'s for any weights and tokens'
-
-
-@exercise(5, 'TSSA from its formula', 'tssa_forward')
-def check_tssa_forward(answer):
-    for B, n, d, K in ((2, 9, 12, 3), (1, 20, 8, 4)):
-        layer = randomize(tost.TSSA(d, K))
-        x = torch.randn(B, n, d)
-        want = layer(x).detach()
-        got = answer(x, layer.c_attn.weight.detach(), layer.c_proj.weight.detach(), layer.temp.detach()[:, 0])
-        expect_close(f'TSSA output, n = {n}, K = {K}', got, want, 1e-12)
-    return 'equal to tost.TSSA'
-
-
-@exercise(6, 'the exact grad R_c in O(n d^2)', 'grad_compression')
-def check_grad_compression(answer):
-    for n, d, K, alpha in ((9, 4, 2, 2.0), (16, 6, 3, 0.7)):
-        Z = torch.randn(2, n, d)
-        Pi = random_memberships(2, K, n)
-        want = gradient(lambda Z: compression(Z, Pi, alpha), Z)
-        expect_close(f'grad R_c at n = {n}, K = {K}', answer(Z, Pi, alpha), want, 1e-10)
-    counts = []
-    for n in (64, 256):
-        Z = torch.randn(1, n, 4)
-        Pi = random_memberships(1, 2, n)
-        with torch.no_grad(), CountElements() as counter:
-            answer(Z, Pi, 1.0)
-        counts.append(counter.total)
-    growth = counts[1] / counts[0]
-    expect(growth < 6, f'4x the tokens, {growth:.1f}x the elements: not linear in n')
-    return f'equal to autograd; 4x the tokens, {growth:.2f}x the elements'
-
-
-@exercise(7, 'untying c_proj: predict', 'untied_prediction')
-def check_untied_prediction(answer):
-    n, d, K = 4, 6, 3
-    Pi = random_memberships(1, K, n)
-    Z = torch.randn(1, n, d)
-    truth = {}
-    asymmetry = {}
-    for kind in ('tied', 'rescaled', 'generic'):
-        layer = map_back(randomize(HeldMemberships(d, K, Pi)), kind, 0.5 + 1.5 * torch.rand(K))
-        step = layer(Z).detach()
-        grad = gradient(lambda Z: tost.variational_compression(Z, Pi, layer.U()), Z)
-        J = torch.autograd.functional.jacobian(lambda z: layer(z.view(1, n, d)).flatten(), Z.flatten())
-        asymmetry[kind] = ((J - J.T).abs().max() / J.abs().max()).item()
-        if (step + n * grad).abs().max() < 1e-10:
-            truth[kind] = 'exact'
-        else:
-            truth[kind] = 'reweighted' if asymmetry[kind] < 1e-10 else 'none'
-    # The tied layer must come out exact, or the check itself no longer holds Pi as it means to.
-    expect(truth['tied'] == 'exact', 'the check: the tied layer is not -n grad R^var_c (tost.TSSA changed?)')
-    got = answer()
-    expect(isinstance(got, dict) and set(got) == set(truth), f'expected a dict with the keys {sorted(truth)}')
-    wrong = [f'{kind} is {truth[kind]!r}, not {got[kind]!r}' for kind in truth if got[kind] != truth[kind]]
-    expect(not wrong, '; '.join(wrong))
-    return 'Jacobian asymmetry ' + ', '.join(f'{kind} {a:.0e}' for kind, a in asymmetry.items())
-
-
-@exercise(8, 'the reweighted objective', 'reweighted_objective')
-def check_reweighted_objective(answer):
-    n, d, K = 10, 12, 4
-    for c in (0.5 + 1.5 * torch.rand(K), torch.tensor([2.0, -0.5, 1.0, 0.25])):
-        Pi = random_memberships(2, K, n)
-        layer = map_back(randomize(HeldMemberships(d, K, Pi)), 'rescaled', c)
-        Z = torch.randn(2, n, d)
-        U = layer.U().detach()
-        grad = gradient(lambda Z: answer(Z, Pi, U, c), Z)
-        what = 'the layer against -n grad of your objective, c = ' + ', '.join(f'{v:.2f}' for v in c.tolist())
-        expect_close(what, -n * grad, layer(Z).detach(), 1e-10)
-    expect_close('your objective with every c_k = 1, against R^var_c', answer(Z, Pi, U, torch.ones(K)),
-                 tost.variational_compression(Z, Pi, U), 1e-12)
-    return 'the layer is -n grad of it, and it is R^var_c at c = 1'
-
-
-def measure_reorder(layer, content, position, perm):
-    """The check's own measurement for exercise 9."""
-    moved = torch.cat([content[:, perm], content[:, -1:]], 1)
-    with torch.no_grad():
-        y = layer(content + position)[0, -1]
-        y_moved = layer(moved + position)[0, -1]
-    return ((y_moved - y).norm() / y.norm()).item()
-
-
-@exercise(9, 'the past is nearly a bag', 'reorder_change')
-def check_reorder_change(answer):
-    d, K, draws = 16, 4, 7
-    medians = {}
-    for kind in ('TSSA', 'softmax'):
-        for T in (16, 64, 256):
-            changes = []
-            for _ in range(draws):
-                if kind == 'TSSA':
-                    layer = randomize(tost.CausalTSSA(d, K, block_size=T))
-                else:
-                    layer = randomize(tost.SoftmaxAttention(d, K, causal=True))
-                content = torch.randn(1, T, d)
-                position = torch.randn(1, T, d)
-                perm = torch.randperm(T - 1)
-                want = measure_reorder(layer, content, position, perm)
-                got = float(answer(layer, content, position, perm))
-                expect(abs(got - want) <= 1e-9,
-                       f'{kind}, T = {T}: your change {got:.6f}, measured {want:.6f}')
-                changes.append(want)
-            medians[kind, T] = torch.tensor(changes).median().item()
-    expect(medians['TSSA', 256] < medians['softmax', 256] / 4, 'the check: TSSA is not nearly a bag here')
-    rows = []
-    for kind in ('TSSA', 'softmax'):
-        rows.append(kind + ' ' + ', '.join(f'{medians[kind, T]:.3f}' for T in (16, 64, 256)))
-    return 'median relative change at T = 16, 64, 256: ' + '; '.join(rows)
-
-
-def three_planes(n, K=3, p=2, scales=(1.0, 0.5), noise=0.1):
-    """n tokens, token j in plane j mod K (U_k: orthonormal, mutually orthogonal), and the U (K, d, p)."""
-    U = orthonormal_heads(K, p, K * p)
-    coefficients = torch.randn(n, p) * torch.tensor(scales)
-    Z = torch.einsum('ndp,np->nd', U[torch.arange(n) % K], coefficients) + noise * torch.randn(n, K * p)
-    return Z[None], U
-
-
-@exercise(10, 'Delta R through unrolled layers', 'delta_R_through_layers')
-def check_delta_R_through_layers(answer):
-    n, alpha, layers = 150, 10.0, 12
-    Z, U = three_planes(n)
-    layer = tost.TSSA(6, 3, whitebox=True, alpha=alpha, tau=0.05 * n)
-    with torch.no_grad():
-        layer.c_attn.weight.copy_(U.permute(0, 2, 1).reshape(6, 6))        # rows k p .. (k+1) p: U_k^T
-        # Sharp memberships, as derivation.py's section 14 has them (at temp 1 they would be nearly uniform).
-        layer.temp.fill_(100.0)
-        want = []
-        Zl = Z
-        for _ in range(layers + 1):
-            Pi = layer.memberships(layer.split_heads(layer.c_attn(Zl)))
-            want.append(compression(Zl, torch.ones(1, 1, n), alpha) - compression(Zl, Pi, alpha))
-            Zl = Zl + layer(Zl)
-        want = torch.cat(want)
-        got = answer(Z, layer, layers, alpha)
-    expect_close('Delta R by layer', got, want, 1e-9)
-    expect(want[-1] < want[0], 'the check: Delta R did not fall')
-    return f'Delta R {want[0]:.3f} before the layers, {want[-1]:.3f} after {layers}'
-
-
-# -----------------------------------------------------------------------------
-# The runner.
-
-
-def run(check, answer):
-    """One line's verdict: ('pass', note), ('not attempted', ''), or ('fail', what differed)."""
-    try:
-        note = check(answer)
-    except NotImplementedError:
-        return 'not attempted', ''
-    except Wrong as e:
-        return 'fail', str(e)
-    # An answer that crashes is wrong too: its error, in one line.
-    except Exception as e:
-        return 'fail', f'{type(e).__name__}: {e}'.splitlines()[0]
-    return 'pass', note
-
-
-DEFAULTS = dict(
-    numbers=[],         # the exercises to check, as bare words (3 5); none: all of them
-    solutions=False,    # check lecture/solutions.py instead of the answers in this file
-)
-
-
-def main(argv=None):
-    cfg, _ = options.parse(argv, DEFAULTS, __doc__, __file__, positional='numbers')
-    known = [number for number, *_ in EXERCISES]
-    numbers = [int(n) if n.isdigit() else n for n in cfg['numbers']]
-    unknown = [n for n in numbers if n not in known]
-    if unknown:
-        raise UsageError(f'no exercise {unknown[0]}; they are numbered {known[0]} to {known[-1]}')
-    answers = sys.modules[__name__]
-    if cfg['solutions']:
-        try:
-            answers = importlib.import_module('lecture.solutions')
-        except ModuleNotFoundError as e:
-            if e.name != 'lecture.solutions':
-                raise
-            missing = 'lecture/solutions.py is not here: try the exercises first, or ask your teacher'
-            raise UsageError(missing) from None
-    verdicts = []
-    for number, title, name, check in EXERCISES:
-        if numbers and number not in numbers:
-            continue
-        verdict, note = run(check, getattr(answers, name))
-        verdicts.append(verdict)
-        print(f'{number:2d}. {title:45s} {verdict}{": " + note if note else ""}', flush=True)
-    counts = {v: verdicts.count(v) for v in ('pass', 'not attempted', 'fail')}
-    print(', '.join(f'{count} {v}' for v, count in counts.items()))
-    # A student's unwritten answers are not failures; the solutions must all be written.
-    failed = counts['fail'] or (cfg['solutions'] and counts['not attempted'])
-    return 1 if failed else 0
-
-
 if __name__ == '__main__':
-    sys.exit(main())
+    from lecture import checks
+    sys.exit(checks.main())

@@ -2,7 +2,7 @@
 The limitation, seen: associative recall, a tiny ToST against one softmax layer, trained on a CPU in class.
 
     python -m lecture.recall                  # the full run: 4000 steps per model
-    python -m lecture.recall --steps=50       # a quick look (a short run shows nothing yet)
+    python -m lecture.recall --steps=300      # shorter (too short to show the gap)
     python -m lecture.recall --seconds=20     # at most 20 seconds of training per model
 
 The task. A sequence holds 8 key-value pairs, then one of its keys as a query; the model must name the value

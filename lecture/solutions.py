@@ -5,6 +5,11 @@ Solutions to lecture/exercises.py, each with a short explanation. Try the exerci
 
 Symbols as in the exercises: tokens are the rows of Z (B, n, d), Pi (B, K, n), U (K, d, p),
 n_k = sum_j pi_jk, s_k = sum_j pi_jk (U_k^T z_j)^2, f(x) = log(1 + alpha x), f'(x) = alpha / (1 + alpha x).
+
+For the teacher, what the checks of the two predictions print (seeded, so every run prints the same):
+exercise 9, the median relative change of the last output when the earlier contents move, TSSA 0.29, 0.14,
+0.10 at T = 16, 64, 256 (falling roughly like 1/sqrt(T)), softmax attention 0.91, 1.07, 0.67; exercise 10,
+Delta R falling from 0.97 to 0.05 over 12 layers.
 """
 
 import torch

@@ -4,29 +4,41 @@ shortcut), the runner reports each exercise in one line, and the recall experime
 table."""
 
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
-from lecture import exercises as ex
+import tost
+from lecture import checks
+from lecture import exercises
+from lecture import handout
 from lecture import recall
 from lecture import solutions as sol
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECKS = {number: check for number, _, _, check in ex.EXERCISES}
-NAMES = {number: name for number, _, name, _ in ex.EXERCISES}
+CHECKS = {number: check for number, _, _, check in checks.EXERCISES}
+NAMES = {number: name for number, _, name, _ in checks.EXERCISES}
 
 
 def test_there_are_at_least_eight_exercises_numbered_in_order():
     assert list(CHECKS) == list(range(1, len(CHECKS) + 1)) and len(CHECKS) >= 8
 
 
+def test_the_students_file_holds_the_exercises_and_nothing_else():
+    """No check and no helper in the file a student edits: they would show the answers."""
+    defined = [name for name, value in vars(exercises).items()
+               if callable(value) and getattr(value, '__module__', None) == exercises.__name__]
+    assert sorted(defined) == sorted(NAMES.values())
+
+
 @pytest.mark.parametrize('number', list(CHECKS))
 def test_the_solution_passes(number):
-    verdict, note = ex.run(CHECKS[number], getattr(sol, NAMES[number]))
+    verdict, note = checks.run(CHECKS[number], getattr(sol, NAMES[number]))
     assert verdict == 'pass', note
 
 
@@ -70,6 +82,17 @@ def grad_rc_through_n_by_n(Z, Pi, alpha):
     return out
 
 
+def grad_rc_in_numpy(Z, Pi, alpha):
+    # The right values, computed in numpy: work the cost check cannot count.
+    Z = Z.numpy()
+    Pi = Pi.numpy()
+    n, d = Z.shape[1:]
+    n_k = Pi.sum(-1)
+    M = np.einsum('bnd,bkn,bne->bkde', Z, Pi, Z)
+    C = np.linalg.inv(np.eye(d) + alpha / n_k[..., None, None] * M)
+    return torch.from_numpy(alpha / n * np.einsum('bkn,bnd,bkde->bne', Pi, Z, C))
+
+
 def grad_rc_without_memberships(Z, Pi, alpha):
     # every token stepped by every group's operator, the weight pi_jk forgotten
     n, d = Z.shape[1:]
@@ -77,6 +100,32 @@ def grad_rc_without_memberships(Z, Pi, alpha):
     M = torch.einsum('bnd,bkn,bne->bkde', Z, Pi, Z)
     C = torch.linalg.inv(torch.eye(d) + alpha / n_k[..., None, None] * M)
     return alpha / n * torch.einsum('bnd,bkde->bne', Z, C)
+
+
+# Answers that pass by calling what they are asked to compute.
+
+def grad_by_autograd(Z, Pi, U, alpha):
+    Z = Z.detach().requires_grad_()
+    with torch.enable_grad():
+        (g,) = torch.autograd.grad(tost.variational_compression(Z, Pi, U, alpha).sum(), Z)
+    return g
+
+
+def grad_by_the_checks_helper(Z, Pi, U, alpha):
+    return checks.gradient(lambda Z: tost.variational_compression(Z, Pi, U, alpha), Z)
+
+
+def tssa_by_calling_the_layer(x, W, W_out, temp):
+    layer = tost.TSSA(x.shape[-1], temp.shape[0])
+    with torch.no_grad():
+        layer.c_attn.weight.copy_(W)
+        layer.c_proj.weight.copy_(W_out)
+        layer.temp.copy_(temp[:, None])
+    return layer(x).detach()
+
+
+def grad_rc_by_torch_func(Z, Pi, alpha):
+    return torch.func.grad(lambda Z: sol.compression(Z, Pi, alpha).sum())(Z)
 
 
 def reorder_absolute(layer, content, position, perm):
@@ -102,9 +151,11 @@ WRONG = [
     (1, 'grad_without_1_over_n', lambda Z, *a: Z.shape[1] * sol.grad_variational(Z, *a)),
     (1, 'grad_1_over_n_k', grad_1_over_n_k),
     (1, 'grad_alpha_forgotten', lambda Z, Pi, U, alpha: sol.grad_variational(Z, Pi, U, 1.0)),
+    (1, 'grad_by_autograd', grad_by_autograd),
+    (1, 'grad_by_the_checks_helper', grad_by_the_checks_helper),
     (2, 'factor_one', lambda: 1.0),
     (2, 'factor_two', lambda: 2.0),
-    (3, 'projected_in_all_of_R_d', lambda Z, Pi, U, alpha: ex.compression(Z, Pi, alpha)),
+    (3, 'projected_in_all_of_R_d', lambda Z, Pi, U, alpha: sol.compression(Z, Pi, alpha)),
     (3, 'projected_without_group_weights', projected_without_group_weights),
     (4, 'pi0_always_uniform', lambda temp, bias0, p: torch.full_like(temp, 1 / temp.shape[0])),
     (4, 'pi0_without_p', lambda temp, bias0, p: torch.softmax(temp * (1 + bias0), dim=0)),
@@ -112,9 +163,12 @@ WRONG = [
     (5, 'tssa_W_transposed', lambda x, W, W_out, temp: sol.tssa_forward(x, W.T, W_out, temp)),
     (5, 'tssa_W_out_transposed', lambda x, W, W_out, temp: sol.tssa_forward(x, W, W_out.T, temp)),
     (5, 'tssa_softmax_over_tokens', tssa_softmax_over_tokens),
+    (5, 'tssa_by_calling_the_layer', tssa_by_calling_the_layer),
     (6, 'grad_rc_through_n_by_n', grad_rc_through_n_by_n),
     (6, 'grad_rc_sign_flipped', lambda *a: -sol.grad_compression(*a)),
     (6, 'grad_rc_without_memberships', grad_rc_without_memberships),
+    (6, 'grad_rc_by_torch_func', grad_rc_by_torch_func),
+    (6, 'grad_rc_in_numpy', grad_rc_in_numpy),
     (7, 'predict_generic_reweights', lambda: dict(tied='exact', rescaled='reweighted', generic='reweighted')),
     (7, 'predict_rescaled_exact', lambda: dict(tied='exact', rescaled='exact', generic='none')),
     (8, 'objective_ignoring_c', lambda Z, Pi, U, c: sol.reweighted_objective(Z, Pi, U, torch.ones_like(c))),
@@ -122,8 +176,9 @@ WRONG = [
     # The right gradient everywhere; the function is pinned down only by its value at c = 1.
     (8, 'objective_plus_a_constant', lambda *a: sol.reweighted_objective(*a) + 1.0),
     # whole tokens moved, their positions with them
-    (9, 'reorder_with_positions', lambda layer, x, p, perm: ex.measure_reorder(layer, x + p, 0 * p, perm)),
+    (9, 'reorder_with_positions', lambda layer, x, p, perm: sol.reorder_change(layer, x + p, 0 * p, perm)),
     (9, 'reorder_absolute', reorder_absolute),
+    (9, 'reorder_by_the_checks_helper', lambda *a: checks.measure_reorder(*a)),
     (10, 'delta_R_sign_flipped', lambda *a: -sol.delta_R_through_layers(*a)),
     (10, 'delta_R_with_the_first_memberships', delta_R_with_the_first_memberships),
 ]
@@ -131,7 +186,7 @@ WRONG = [
 
 @pytest.mark.parametrize('number, name, wrong', WRONG, ids=[name for _, name, _ in WRONG])
 def test_a_wrong_answer_fails_its_check(number, name, wrong):
-    with pytest.raises(ex.Wrong):
+    with pytest.raises(checks.Wrong):
         CHECKS[number](wrong)
 
 
@@ -139,33 +194,78 @@ def test_every_exercise_has_a_wrong_answer_that_fails():
     assert {number for number, _, _ in WRONG} == set(CHECKS)
 
 
+def test_the_predictions_are_measured_in_the_teachers_note_and_not_given_to_students():
+    """Exercises 9 and 10 ask for a prediction before the check runs: the numbers their checks print are in
+    solutions.py's docstring, and not in what a student reads first."""
+    printed = CHECKS[9](sol.reorder_change) + ' ' + CHECKS[10](sol.delta_R_through_layers)
+    numbers = [f'{float(v):.2f}' for v in re.findall(r'\d+\.\d+', printed)]
+    assert len(numbers) == 8
+    student = ''.join(open(os.path.join(REPO, 'lecture', f)).read() for f in ('README.md', 'exercises.py'))
+    for v in numbers:
+        assert not re.search(rf'(?<![\d.]){re.escape(v)}(?!\d)', student), v
+        assert re.search(rf'(?<![\d.]){re.escape(v)}(?!\d)', sol.__doc__), v
+
+
+def test_the_class_plan_follows_the_lectures_order_and_the_quick_run_is_one_command():
+    readme = open(os.path.join(REPO, 'lecture', 'README.md')).read()
+    plan = readme[readme.index('## In class'):readme.index('## The recall experiment')]
+    sections = [int(n) for n in re.findall(r'^\d\. .*?\(section (\d+)', plan, re.M)]
+    assert len(sections) == 4 and sections == sorted(sections)
+    command = r'python -m lecture\.recall --steps=\d+'
+    quick = {re.findall(command, text)[0] for text in (readme, recall.__doc__)}
+    assert len(quick) == 1
+
+
+def test_a_wrong_prediction_is_not_told_the_right_one():
+    with pytest.raises(checks.Wrong) as e:
+        CHECKS[7](lambda: dict(tied='exact', rescaled='exact', generic='exact'))
+    assert 'rescaled' in str(e.value) and 'generic' in str(e.value) and 'tied' not in str(e.value)
+    assert 'reweighted' not in str(e.value) and 'none' not in str(e.value)
+
+
 def test_the_n_by_n_gradient_has_the_right_values():
     # So exercise 6's check rejects it for its cost alone.
-    with ex.float64():
+    with checks.float64():
         Z = torch.randn(2, 11, 4)
-        Pi = ex.random_memberships(2, 3, 11)
+        Pi = checks.random_memberships(2, 3, 11)
         torch.testing.assert_close(grad_rc_through_n_by_n(Z, Pi, 1.5), sol.grad_compression(Z, Pi, 1.5))
 
 
 def test_the_runner_reports_each_exercise_in_one_line_and_exits_1_on_a_wrong_answer(monkeypatch, capsys):
     # Unwritten answers are not failures: a student runs this before writing any.
-    assert ex.main([]) == 0
+    assert checks.main([]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(CHECKS) + 1 and all('not attempted' in line for line in lines[:-1])
-    assert ex.main(['--solutions', '2', '4']) == 0
+    assert checks.main(['--solutions', '2', '4']) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split('.')[0].strip() for line in lines[:-1]] == ['2', '4']
     assert all(' pass' in line for line in lines[:-1])
     monkeypatch.setattr(sol, 'duplication_factor', lambda: 1.0)
-    assert ex.main(['--solutions', '2']) == 1
+    assert checks.main(['--solutions', '2']) == 1
     assert ' fail: ' in capsys.readouterr().out
 
 
-def test_an_answer_that_crashes_is_a_failure_not_a_traceback():
+def test_an_answer_that_crashes_is_a_failure_in_one_line_naming_its_line():
     def crashes(Z, Pi, alpha):
         return Z @ Z                                                       # shapes that do not match
-    verdict, note = ex.run(CHECKS[6], crashes)
+    verdict, note = checks.run(CHECKS[6], crashes)
     assert verdict == 'fail' and '\n' not in note
+    assert f'test_lecture.py:{crashes.__code__.co_firstlineno + 1}' in note
+
+
+def test_an_autograd_answer_to_exercise_6_is_told_it_used_autograd():
+    # It failed in the cost check, under no_grad, with torch's own error.
+    def by_backward(Z, Pi, alpha):
+        Z = Z.detach().requires_grad_()
+        sol.compression(Z, Pi, alpha).sum().backward()
+        return Z.grad
+    with pytest.raises(checks.Wrong):
+        CHECKS[6](by_backward)
+
+
+def test_the_factor_may_be_a_tensor_of_one_number():
+    verdict, note = checks.run(CHECKS[2], lambda: torch.tensor(sol.duplication_factor()))
+    assert verdict == 'pass', note
 
 
 def test_the_command_runs_the_solutions_from_the_repository_root():
@@ -174,16 +274,41 @@ def test_the_command_runs_the_solutions_from_the_repository_root():
     assert out.returncode == 0 and ' pass' in out.stdout
 
 
-BAD = [(ex.main, '99'), (ex.main, 'x'), (ex.main, '--solutions'), (recall.main, '--steps=0'),
-       (recall.main, '--batch=0'), (recall.main, '--seconds=-1'), (recall.main, '--steps=x')]
+def test_the_hand_out_has_no_answers_and_runs_the_students_commands(tmp_path):
+    """python -m lecture.handout: no solutions, no tests that hold them, no history; in the copy the exercises
+    run (every one not attempted), --solutions is one line and exit 2, and the test suite collects."""
+    out = tmp_path / 'class'
+    r = subprocess.run([sys.executable, '-m', 'lecture.handout', f'--out={out}'], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (out / 'lecture' / 'exercises.py').is_file() and (out / 'tost.py').is_file()
+    assert not (out / 'lecture' / 'solutions.py').exists()
+    assert not (out / 'tests' / 'test_lecture.py').exists()
+    assert not (out / '.git').exists()
+    r = subprocess.run([sys.executable, '-m', 'lecture.exercises'], cwd=out, capture_output=True, text=True)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == len(CHECKS) + 1
+    assert all('not attempted' in line for line in lines[:-1])
+    r = subprocess.run([sys.executable, '-m', 'lecture.exercises', '--solutions'], cwd=out,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    r = subprocess.run([sys.executable, '-m', 'pytest', '--collect-only', '-q', '-p', 'no:cacheprovider'],
+                       cwd=out, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:]
+
+
+BAD = [(checks.main, '99'), (checks.main, 'x'), (checks.main, '--solutions'), (recall.main, '--steps=0'),
+       (recall.main, '--batch=0'), (recall.main, '--seconds=-1'), (recall.main, '--steps=x'),
+       (handout.main, '--out='), (handout.main, f'--out={REPO}/README.md')]
 
 
 @pytest.mark.parametrize('main, arg', BAD)
 def test_bad_input_exits_2_with_one_line(main, arg, monkeypatch, fails):
-    """An unknown exercise, the solutions file missing, a recall option out of range."""
+    """An unknown exercise, the solutions file missing, a recall option out of range, a hand-out with no
+    folder or into a file."""
     def missing(name):
         raise ModuleNotFoundError(f'No module named {name!r}', name=name)
-    monkeypatch.setattr(ex.importlib, 'import_module', missing)
+    monkeypatch.setattr(checks.importlib, 'import_module', missing)
     fails(main, [arg])
 
 

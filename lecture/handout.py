@@ -1,0 +1,53 @@
+"""
+Writes the copy of this repository to hand out to students: the files of the working tree that git tracks or
+would track, without the answers. Left out: lecture/solutions.py, tests/test_lecture.py (its wrong answers
+are the solutions changed in one place) and the history (.git, which holds solutions.py). The copy runs the
+students' commands: `python -m lecture.exercises`, `python derivation.py`, `python -m pytest -q`.
+
+    python -m lecture.handout --out=../tost-class     # then zip that folder, or make it a new repository
+"""
+
+import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in one line
+import os
+import shutil
+import subprocess
+import sys
+
+from options import UsageError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The files that hold the answers.
+ANSWERS = ('lecture/solutions.py', 'tests/test_lecture.py')
+
+DEFAULTS = dict(
+    out='',             # the folder to write the copy into: new, or empty
+)
+
+
+def files():
+    """The working tree's files that git tracks or would track (not ignored), without ANSWERS."""
+    listed = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard', '-z'], cwd=ROOT,
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        raise UsageError(f'{ROOT} is not a git checkout: the hand-out is written from one')
+    names = sorted(set(listed.stdout.split('\0')) - {''} - set(ANSWERS))
+    return [name for name in names if os.path.isfile(os.path.join(ROOT, name))]
+
+
+def main(argv=None):
+    cfg, _ = options.parse(argv, DEFAULTS, __doc__, __file__)
+    out = os.path.expanduser(cfg['out'])
+    if not out:
+        raise UsageError('name the folder to write into: --out=DIR')
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise UsageError(f'--out={out} exists and is not an empty folder')
+    names = files()
+    for name in names:
+        os.makedirs(os.path.join(out, os.path.dirname(name)), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, name), os.path.join(out, name))
+    print(f'wrote {len(names)} files to {out}, without {" and ".join(ANSWERS)} and without .git')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
