@@ -274,6 +274,7 @@ def test_the_command_runs_the_solutions_from_the_repository_root():
     assert out.returncode == 0 and ' pass' in out.stdout
 
 
+@pytest.mark.slow
 def test_the_hand_out_has_no_answers_and_runs_the_students_commands(tmp_path):
     """python -m lecture.handout: no solutions, no tests that hold them, no history; in the copy the exercises
     run (every one not attempted), --solutions is one line and exit 2, and the test suite collects."""
