@@ -545,7 +545,10 @@ class GPT(nn.Module):
                 if temperature == 0:
                     nxt = logits.argmax(dim=-1)
                 else:
-                    logits = logits.float() / temperature      # in float32: float16 overflows at a low one
+                    # in float32 (float16 overflows at a low temperature), less the largest first (so that
+                    # at a tiny one the rest go to -inf, not every one to inf)
+                    logits = logits.float()
+                    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
                     if top_k:                                   # None or 0: sample from every token
                         v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                         logits = logits.masked_fill(logits < v[:, [-1]], -float('inf'))
