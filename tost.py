@@ -32,7 +32,7 @@ First read, in order (lines of this file, spanning the definitions named in brac
   lines 95-194    the white-box gradient step, then the practical operator (TSSA)
   lines 201-304   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
   lines 311-399   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 406-589   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 406-592   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
