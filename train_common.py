@@ -247,8 +247,8 @@ def memory_bytes(device):
 
 
 def human(seconds):
-    """190 -> '0:03:10'."""
-    return str(datetime.timedelta(seconds=round(seconds)))
+    """190 -> '0:03:10' (at most a million days: beyond, timedelta overflows)."""
+    return str(datetime.timedelta(seconds=round(min(seconds, 8.64e10))))
 
 # -----------------------------------------------------------------------------
 # device, precision and processes

@@ -231,6 +231,12 @@ def test_cosine_lr_shape():
     assert fractional == pytest.approx([3.5 / 5, 1.0, 0.5])
     assert tc.cosine_lr(0, 1.0, 0.1, 0, 10) == 1.0
 
+
+def test_a_time_left_is_said_however_long():
+    """The eta of --max_iters=1e17 is a million days, not timedelta's OverflowError."""
+    assert tc.human(190) == '0:03:10'
+    assert tc.human(1e17) == tc.human(1e300) == '1000000 days, 0:00:00'
+
 # -----------------------------------------------------------------------------
 # device and precision
 
