@@ -157,8 +157,8 @@ def load_meta(folder, kind=None, model_meta=None):
     want = model_meta and (model_meta.get("tokenizer"), model_meta.get("vocab_size"))
     if want and want != (meta.get("tokenizer"), meta.get("vocab_size")):
         raise UsageError(f"{folder} uses tokenizer {meta.get('tokenizer')} ({meta.get('vocab_size')} ids), "
-                         f"the checkpoint was trained with {want[0]} ({want[1]} ids); prepare it with "
-                         f"--tokenizer={want[0]} --name=OTHER")
+                         f"the checkpoint was trained with {want[0]} ({want[1]} ids); rebuild it in that "
+                         f"tokenizer: {recipe(folder, meta, force=True, tokenizer=want[0])}")
     return meta
 
 

@@ -257,6 +257,8 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, capsys):
                         (['--datasets=short'], f'{short}/val.bin'),
                         (['--datasets=wikitext2,noise'], f'{noise}/val.bin')):
         refused(capsys, base + extra, name)
+    # a set in another tokenizer: the command that rebuilds it in the model's
+    refused(capsys, base + ['--datasets=bytes_text'], 'bytes_text', '--force', '--tokenizer=')
     # an empty list typed is not auto's: the checkpoint is not blamed
     assert 'ckpt.pt' not in refused(capsys, base + ['--datasets=,'], '--datasets')
     assert not os.path.exists(os.path.join(out, 'log.jsonl'))
