@@ -55,7 +55,9 @@ def check_suffix(key, path, suffixes):
 
 
 def save(fig, path):
-    """fig, laid out, as a file; its suffix picks the format (main checks --out's)."""
+    """fig, laid out, as a file (its folder made if need be); its suffix picks the format (main checks
+    --out's)."""
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
     fig.tight_layout()
     fmt = os.path.splitext(path)[1][1:].lower()
     options.write_whole(path, lambda f: fig.savefig(f, dpi=100, format=fmt), 'wb')

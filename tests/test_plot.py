@@ -63,6 +63,9 @@ def test_several_runs_of_different_models_on_one_figure(tmp_path):
     read_png(out, (420, 700))
     plot.main([str(tmp_path / 'out' / 'log.jsonl'), f'--out={out}'])
     read_png(out, (420, 700))
+    # into a folder not made yet
+    plot.main([str(tmp_path / 'out'), f'--out={tmp_path}/new/folder/runs.png'])
+    read_png(tmp_path / 'new' / 'folder' / 'runs.png', (420, 700))
 
 
 def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeypatch):
@@ -81,6 +84,8 @@ def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeyp
     assert (tmp_path / 'docs' / 'speed.png').read_bytes() == b'tracked'
     plot.main(['docs/bench.json', '--out_dir=docs'])                  # asked: redrawn beside it
     read_png(tmp_path / 'docs' / 'speed.png', (400, 1000))
+    plot.main(['docs/bench.json', '--out_dir=figures'])               # a folder not made yet
+    read_png(tmp_path / 'figures' / 'speed.png', (400, 1000))
 
 
 def test_the_loss_axis_shows_the_part_after_the_first_drop_in_the_runs_unit(tmp_path, monkeypatch):
@@ -108,7 +113,7 @@ def plot_exits(capsys, *argv):
 
 
 def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
-    """No run, or what is not one; a bad --out (no folder, no suffix, a format other than .png, .pdf, .svg), a
+    """No run, or what is not one; a bad --out (a file for its folder, no suffix, a format other than .png, .pdf, .svg), a
     language run with a vision run, a .json that holds no results or names runs that are not here, an option
     that applies to none of the figures drawn: each one line, exit 2, no file."""
     monkeypatch.chdir(tmp_path)                                      # where a figure would go unless told
@@ -134,7 +139,8 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
                          # a log without a row: no empty figure
                          ([str(tmp_path / 'empty')], f'{tmp_path}/empty/log.jsonl'),
                          ([str(tmp_path / 'cut'), run], f'{tmp_path}/cut/log.jsonl', 'line 1'),
-                         ([run, f'--out={tmp_path}/no/such/x.png'], f'{tmp_path}/no/such'),
+                         # a file where --out's folder would be made
+                         ([run, f'--out={tmp_path}/notes.md/x.png'], f'{tmp_path}/notes.md'),
                          ([run, f'--out={tmp_path}'], '--out'),
                          ([run, f'--out={tmp_path}/x.txt'], 'x.txt'),
                          # matplotlib knows .pgf, but writes it only with xelatex: not a format --out lists
@@ -144,8 +150,8 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
                          ([other], 'other.json'),
                          ([str(tmp_path / 'cut.json')], 'cut.json'),
                          ([str(tmp_path / 'study.json')], 'gone'),
-                         ([str(tmp_path / 'tasks.json'), f'--out_dir={tmp_path}/no'],
-                          f'--out_dir={tmp_path}/no'),
+                         ([str(tmp_path / 'tasks.json'), f'--out_dir={tmp_path}/notes.md'],
+                          f'--out_dir={tmp_path}/notes.md'),
                          # an option for a figure that is not drawn: refused, not ignored
                          ([str(tmp_path / 'tasks.json'), '--out=x.png'], '--out'),
                          ([str(tmp_path / 'vit'), '--x=seconds'], '--x'),
