@@ -225,6 +225,17 @@ def interrupt():
     raise KeyboardInterrupt
 
 
+def test_ctrl_c_that_breaks_a_step_ends_as_an_interrupt(data_dir, tmp_path, monkeypatch, ends):
+    """Ctrl-C in the first compile reaches inductor's g++ too, which fails: the run ends as interrupted (exit
+    130), not with torch's traceback."""
+    def broken_by_the_signal():
+        sigint()
+        raise RuntimeError('CppCompileError: g++ got SIGINT')
+    at_iter(monkeypatch, 1, broken_by_the_signal)
+    code, err = ends(train_gpt.main, tiny(data_dir, tmp_path / 'out', '--max_iters=3'))
+    assert code == 130 and 'Traceback' not in err and err.strip().splitlines()[-1] == 'error: interrupted'
+
+
 @pytest.mark.parametrize('act, saved', [(sigint, 7), (interrupt, 4)])
 def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, tmp_path, monkeypatch, ends,
                                                                    act, saved):
