@@ -66,11 +66,16 @@ def quiet_stdout():
 
 def say(*args):
     """print, flushed, that survives a closed stdout: `python train_gpt.py | tee log` loses tee on the same
-    Ctrl-C that asks the run to save, and the save must not depend on it. From then on stdout goes nowhere."""
+    Ctrl-C that asks the run to save, and the save must not depend on it. From then on stdout goes nowhere, as
+    one line on stderr says (`> /dev/full`, `| head -2`: the run is not silently unseen)."""
     try:
         print(*args, flush=True)
-    except OSError:
+    except OSError as e:
         quiet_stdout()
+        # A closed stderr too stops nothing.
+        with contextlib.suppress(OSError, ValueError):
+            print(f"note: stdout: {e.strerror or e}; the run goes on, printing nothing more", file=sys.stderr,
+                  flush=True)
 
 
 @contextlib.contextmanager
