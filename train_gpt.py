@@ -284,6 +284,10 @@ def main(argv=None):
     cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, PRESETS, ranges=RANGES,
                           choices=dict(init_from=('scratch', 'resume'), attn=tost.ATTN_KINDS))
     fresh = cfg['init_from'] == 'scratch'
+    # --overwrite deletes the checkpoint a resume goes on from: the pair is one or the other.
+    if not fresh and cfg['overwrite']:
+        raise UsageError("--init_from=resume goes on from out_dir's checkpoint, --overwrite=true starts again "
+                         "without it: pass one of them")
     # A fresh model's shape is checked before any work (a resumed one is its checkpoint's).
     model_args = {k: cfg[k] for k in MODEL_KEYS}
     if fresh:

@@ -358,6 +358,17 @@ def test_a_run_into_a_full_stdout_trains_saves_and_says_so_once(data_dir, tmp_pa
     one_line(r.stderr, 'stdout')
 
 
+def test_a_resume_with_overwrite_is_refused(data_dir, tmp_path, fails):
+    """--init_from=resume --overwrite=true: not silently one of them, one line naming both; the checkpoint is
+    kept."""
+    out = tmp_path / 'out'
+    train_gpt.main(tiny(data_dir, out, '--max_iters=1'))
+    before = (out / 'ckpt.pt').read_bytes()
+    args = tiny(data_dir, out, '--max_iters=2', '--init_from=resume', '--overwrite=true')
+    fails(train_gpt.main, args, '--init_from=resume', '--overwrite')
+    assert (out / 'ckpt.pt').read_bytes() == before
+
+
 def test_a_resume_into_a_folder_another_run_holds_is_refused_as_such(data_dir, tmp_path, fails):
     """The other run has not saved yet: the folder is busy, not empty of checkpoints."""
     out = tmp_path / 'out'
