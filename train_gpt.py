@@ -397,8 +397,13 @@ def main(argv=None):
             f"context {T}")
         say(f"data: {data_path}, {sizes['train']:,} train + {sizes['val']:,} val tokens "
             f"({meta['tokenizer']})")
+        # Rounded up to a multiple of the processes: not silently more tokens a step.
+        rounded = ''
+        if accum_total != cfg['gradient_accumulation_steps']:
+            rounded = (f" (--gradient_accumulation_steps={cfg['gradient_accumulation_steps']} rounded up to "
+                       f"{accum_total}, a multiple of the processes)")
         say(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x "
-            f"{B} x {T}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
+            f"{B} x {T}{rounded}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
         say(f"memory: about {need / 1e9:.3g} GB kept for the backward of a micro-step of {B} x {T} tokens, "
             f"{state_bytes / 1e9:.3g} GB for the weights, their gradients and AdamW's moments")
         if ckpt:

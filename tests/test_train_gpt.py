@@ -637,6 +637,18 @@ def test_a_compiled_ddp_model_all_reduces_on_the_last_micro_step_only(data_dir, 
     assert same_run(weights(str(tmp_path / 'plain')), weights(str(tmp_path / 'ddp'))) < 0.01
 
 
+def test_accumulation_rounded_up_to_the_processes_is_said(data_dir, tmp_path, monkeypatch, capsys):
+    """Rank 0 of 2 processes: --gradient_accumulation_steps=3 runs 4 micro-steps, and the 'tokens per iter'
+    line says so; 4 is not rounded, and not said."""
+    two = train_common.Dist(False, 0, 0, 2, True, 'cpu')
+    monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: two)
+    for steps, said in ((3, True), (4, False)):
+        train_gpt.main(tiny(data_dir, tmp_path / str(steps), '--max_iters=1',
+                            f'--gradient_accumulation_steps={steps}'))
+        line = [s for s in capsys.readouterr().out.splitlines() if s.startswith('tokens per iter')][0]
+        assert ('--gradient_accumulation_steps=3' in line) == said, line
+
+
 def test_every_rank_waits_at_the_same_barrier_whoever_prepares_the_data(tmp_path, monkeypatch):
     """A dataset prepared on the fly: local rank 0 prepares it while the others wait at a barrier. Every rank
     must call the same collectives, whether meta.json was there when it looked or not (a rank that skipped the
