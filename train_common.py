@@ -419,7 +419,8 @@ def stop_signals(unit, master):
     """Inside: Ctrl-C and SIGTERM append their name to the yielded list, which the loop reads once a step and
     after an evaluation (through any_rank: every rank stops at the same step). A second signal a second later
     raises KeyboardInterrupt (out now, no save); two within a second are one (a torchrun worker gets the
-    terminal's SIGINT and torchrun's copy). An exception inside, once a signal came, is a KeyboardInterrupt."""
+    terminal's SIGINT and torchrun's copy). An exception inside, once a signal came, is a
+    KeyboardInterrupt."""
     signals = []
     first = []
 

@@ -286,8 +286,8 @@ def main(argv=None):
     fresh = cfg['init_from'] == 'scratch'
     # --overwrite deletes the checkpoint a resume goes on from: the pair is one or the other.
     if not fresh and cfg['overwrite']:
-        raise UsageError("--init_from=resume goes on from out_dir's checkpoint, --overwrite=true starts again "
-                         "without it: pass one of them")
+        raise UsageError("--init_from=resume goes on from out_dir's checkpoint, --overwrite=true starts "
+                         "again without it: pass one of them")
     # A fresh model's shape is checked before any work (a resumed one is its checkpoint's).
     model_args = {k: cfg[k] for k in MODEL_KEYS}
     if fresh:
@@ -359,9 +359,9 @@ def main(argv=None):
         n_params = tost.GPT(gpt_config(model_args)).get_num_params(non_embedding=False)
     state_bytes = 16 * n_params
     if have and state_bytes > have:
-        raise UsageError(f"a model of {n_params / 1e9:.3g}B parameters needs about {state_bytes / 1e9:.3g} GB "
-                         f"for its weights, gradients and AdamW's moments, more than the {have / 1e9:.3g} GB "
-                         f"of this {device}; try a smaller --n_layer or --n_embd")
+        raise UsageError(f"a model of {n_params / 1e9:.3g}B parameters needs about {state_bytes / 1e9:.3g} "
+                         f"GB for its weights, gradients and AdamW's moments, more than the {have / 1e9:.3g} "
+                         f"GB of this {device}; try a smaller --n_layer or --n_embd")
     raw_model = tost.GPT(gpt_config(model_args))
     # '-1' of 4 blocks is [3].
     model_args['softmax_layers'] = list(raw_model.config.softmax_layers)
@@ -370,8 +370,8 @@ def main(argv=None):
         # The model holds the weights now: no second copy kept.
         del ckpt['model']
 
-    # What a micro-step keeps for its backward, found before it is tried: with the model's state, more than the
-    # machine has is refused too.
+    # What a micro-step keeps for its backward, found before it is tried: with the model's state, more than
+    # the machine has is refused too.
     ctx = autocast(device, dtype)
     need = backward_bytes(raw_model.to(device), B, T, ctx)
     if have and need + state_bytes > have:

@@ -237,8 +237,8 @@ def test_a_ctrl_c_under_torchrun_ends_a_line_on_rank_0_only(monkeypatch, capsys)
 SLEEP = "import options, sys, time\ntime.sleep(0.5)\n"
 
 
-# `| head`: the reader leaves first. Printed text, flushed or left to the exit's flush, ends quietly; a trainer's
-# --help as well.
+# `| head`: the reader leaves first. Printed text, flushed or left to the exit's flush, ends quietly; a
+# trainer's --help as well.
 @pytest.mark.parametrize("argv, code, stderr", [
     (["-c", SLEEP + "print('x' * 100000, flush=True)"], 141, ""),
     (["-c", SLEEP + "print('x' * 100000, flush=False)"], 141, ""),
