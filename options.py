@@ -64,13 +64,20 @@ def quiet_stdout():
     os.close(devnull)
 
 
-def say(*args):
+def say(*args, quiet=False):
     """print, flushed, that survives a closed stdout: `python train_gpt.py | tee log` loses tee on the same
-    Ctrl-C that asks the run to save, and the save must not depend on it. From then on stdout goes nowhere."""
+    Ctrl-C that asks the run to save, and the save must not depend on it. From then on stdout goes nowhere, as
+    one line on stderr says (`> /dev/full`, `| head -2`: the run is not silently unseen), unless `quiet` (a
+    script that is ending)."""
     try:
         print(*args, flush=True)
-    except OSError:
+    except OSError as e:
         quiet_stdout()
+        # A closed stderr too stops nothing.
+        if not quiet:
+            with contextlib.suppress(OSError, ValueError):
+                print(f"note: stdout: {e.strerror or e}; the run goes on, printing nothing more",
+                      file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -167,7 +174,7 @@ def report(exc):
         # A line of text it cut (a sample) ends first; under torchrun every process gets the Ctrl-C, and only
         # rank 0 prints.
         if os.environ.get("RANK", "0") == "0":
-            say()
+            say(quiet=True)
         line = "interrupted"
         code = 130
     elif isinstance(exc, BrokenPipeError):

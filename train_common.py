@@ -419,7 +419,8 @@ def stop_signals(unit, master):
     """Inside: Ctrl-C and SIGTERM append their name to the yielded list, which the loop reads once a step and
     after an evaluation (through any_rank: every rank stops at the same step). A second signal a second later
     raises KeyboardInterrupt (out now, no save); two within a second are one (a torchrun worker gets the
-    terminal's SIGINT and torchrun's copy)."""
+    terminal's SIGINT and torchrun's copy). An exception inside, once a signal came, is a
+    KeyboardInterrupt."""
     signals = []
     first = []
 
@@ -439,6 +440,12 @@ def stop_signals(unit, master):
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield signals
+    except Exception as e:
+        # An error while a stop is asked is the signal's doing: the compiler's g++ got the terminal's Ctrl-C
+        # too. It ends as the interrupt it is (exit 130), not as a traceback from inside torch.
+        if signals:
+            raise KeyboardInterrupt from e
+        raise
     finally:
         for sig, handler_before in old.items():
             signal.signal(sig, handler_before)

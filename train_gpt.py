@@ -284,6 +284,10 @@ def main(argv=None):
     cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, PRESETS, ranges=RANGES,
                           choices=dict(init_from=('scratch', 'resume'), attn=tost.ATTN_KINDS))
     fresh = cfg['init_from'] == 'scratch'
+    # --overwrite deletes the checkpoint a resume goes on from: the pair is one or the other.
+    if not fresh and cfg['overwrite']:
+        raise UsageError("--init_from=resume goes on from out_dir's checkpoint, --overwrite=true starts "
+                         "again without it: pass one of them")
     # A fresh model's shape is checked before any work (a resumed one is its checkpoint's).
     model_args = {k: cfg[k] for k in MODEL_KEYS}
     if fresh:
@@ -347,6 +351,17 @@ def main(argv=None):
                 f"larger --max_iters to train on")
         teardown(dist, lock)
         return None
+    # The weights, their gradients and AdamW's two moments: 16 bytes a float32 parameter, counted on the meta
+    # device (no memory taken) before the model is built. A model that alone needs more than the machine has
+    # is refused (a CPU's operating system would kill the process without a word).
+    have = memory_bytes(device)
+    with torch.device('meta'):
+        n_params = tost.GPT(gpt_config(model_args)).get_num_params(non_embedding=False)
+    state_bytes = 16 * n_params
+    if have and state_bytes > have:
+        raise UsageError(f"a model of {n_params / 1e9:.3g}B parameters needs about {state_bytes / 1e9:.3g} "
+                         f"GB for its weights, gradients and AdamW's moments, more than the {have / 1e9:.3g} "
+                         f"GB of this {device}; try a smaller --n_layer or --n_embd")
     raw_model = tost.GPT(gpt_config(model_args))
     # '-1' of 4 blocks is [3].
     model_args['softmax_layers'] = list(raw_model.config.softmax_layers)
@@ -355,16 +370,15 @@ def main(argv=None):
         # The model holds the weights now: no second copy kept.
         del ckpt['model']
 
-    # What a micro-step keeps for its backward, found before it is tried. It leaves out the weights and the
-    # optimizer: a micro-step that needs more than the machine has is refused (a CPU's operating system would
-    # kill the process without a word).
+    # What a micro-step keeps for its backward, found before it is tried: with the model's state, more than
+    # the machine has is refused too.
     ctx = autocast(device, dtype)
     need = backward_bytes(raw_model.to(device), B, T, ctx)
-    have = memory_bytes(device)
-    if have and need > have:
+    if have and need + state_bytes > have:
         raise UsageError(f"a micro-step of {B} x {T} tokens keeps about {need / 1e9:.3g} GB for its "
-                         f"backward, more than the {have / 1e9:.3g} GB of this {device}; try a smaller "
-                         f"--batch_size (more --gradient_accumulation_steps) or --block_size")
+                         f"backward, which with the model's {state_bytes / 1e9:.3g} GB is more than the "
+                         f"{have / 1e9:.3g} GB of this {device}; try a smaller --batch_size (more "
+                         f"--gradient_accumulation_steps) or --block_size")
     # --overwrite's folder, now that the run fits
     lock = lock or make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], fresh, master)
 
@@ -383,9 +397,15 @@ def main(argv=None):
             f"context {T}")
         say(f"data: {data_path}, {sizes['train']:,} train + {sizes['val']:,} val tokens "
             f"({meta['tokenizer']})")
+        # Rounded up to a multiple of the processes: not silently more tokens a step.
+        rounded = ''
+        if accum_total != cfg['gradient_accumulation_steps']:
+            rounded = (f" (--gradient_accumulation_steps={cfg['gradient_accumulation_steps']} rounded up to "
+                       f"{accum_total}, a multiple of the processes)")
         say(f"tokens per iter: {tokens_per_iter:,} = {dist.world_size} process(es) x {accum} micro-steps x "
-            f"{B} x {T}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
-        say(f"memory: about {need / 1e9:.3g} GB kept for the backward of a micro-step of {B} x {T} tokens")
+            f"{B} x {T}{rounded}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
+        say(f"memory: about {need / 1e9:.3g} GB kept for the backward of a micro-step of {B} x {T} tokens, "
+            f"{state_bytes / 1e9:.3g} GB for the weights, their gradients and AdamW's moments")
         if ckpt:
             say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
         if max_iters > lr_decay_iters:

@@ -237,12 +237,11 @@ def test_a_ctrl_c_under_torchrun_ends_a_line_on_rank_0_only(monkeypatch, capsys)
 SLEEP = "import options, sys, time\ntime.sleep(0.5)\n"
 
 
-# `| head`: the reader leaves first. Printed text, flushed or left to the exit's flush, ends quietly; say()
-# lets the pipe go and the script goes on (a run saves after its reader is gone); a trainer's --help as well.
+# `| head`: the reader leaves first. Printed text, flushed or left to the exit's flush, ends quietly; a
+# trainer's --help as well.
 @pytest.mark.parametrize("argv, code, stderr", [
     (["-c", SLEEP + "print('x' * 100000, flush=True)"], 141, ""),
     (["-c", SLEEP + "print('x' * 100000, flush=False)"], 141, ""),
-    (["-c", SLEEP + "for i in range(3): options.say('x' * 100000)\nsys.exit('done')"], 1, "done\n"),
     (["train_gpt.py", "--help"], 141, ""),
     (["-m", "tools.bench", "--smoke", "--sections=operator"], 141, "")])
 def test_a_closed_stdout_ends_quietly(argv, code, stderr):
@@ -250,6 +249,18 @@ def test_a_closed_stdout_ends_quietly(argv, code, stderr):
                           text=True, env=dict(os.environ, OMP_NUM_THREADS="1")) as p:
         p.stdout.close()
         assert (p.wait(timeout=120), p.stderr.read()) == (code, stderr)
+
+
+def test_say_lets_a_closed_stdout_go_and_says_so_once():
+    """say() lets the pipe go and the script goes on (a run saves after its reader is gone), with one line on
+    stderr naming stdout, however often it says more."""
+    argv = ["-c", SLEEP + "for i in range(3): options.say('x' * 100000)\nsys.exit('done')"]
+    with subprocess.Popen([sys.executable, *argv], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=dict(os.environ, OMP_NUM_THREADS="1")) as p:
+        p.stdout.close()
+        assert p.wait(timeout=120) == 1
+        lines = p.stderr.read().splitlines()
+    assert len(lines) == 2 and "stdout" in lines[0] and lines[1] == "done"
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")

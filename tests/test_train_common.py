@@ -3,6 +3,7 @@ Offline, CPU only, a few seconds: python -m pytest -q tests/test_train_common.py
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -179,6 +180,19 @@ def test_ctrl_c_and_sigterm_are_a_request_inside_stop_signals(monkeypatch, capsy
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     # the note, once
     one_line(capsys.readouterr().err)
+
+
+def test_an_error_inside_stop_signals_after_a_signal_is_the_interrupt(capsys):
+    """The compiler's g++ gets the terminal's Ctrl-C too and fails: that error, once a signal came, ends as
+    an interrupt (exit 130, no traceback); before one, it is itself."""
+    with pytest.raises(ValueError):
+        with tc.stop_signals("iter", master=True):
+            raise ValueError("a bug")
+    with pytest.raises(KeyboardInterrupt) as e:
+        with tc.stop_signals("iter", master=True):
+            os.kill(os.getpid(), signal.SIGINT)
+            raise RuntimeError("g++ was interrupted")
+    assert options.report(e.value) == 130
 
 
 def test_a_failed_save_is_an_os_error_naming_the_checkpoint_and_keeps_the_previous_one(tmp_path):

@@ -225,6 +225,17 @@ def interrupt():
     raise KeyboardInterrupt
 
 
+def test_ctrl_c_that_breaks_a_step_ends_as_an_interrupt(data_dir, tmp_path, monkeypatch, ends):
+    """Ctrl-C in the first compile reaches inductor's g++ too, which fails: the run ends as interrupted (exit
+    130), not with torch's traceback."""
+    def broken_by_the_signal():
+        sigint()
+        raise RuntimeError('CppCompileError: g++ got SIGINT')
+    at_iter(monkeypatch, 1, broken_by_the_signal)
+    code, err = ends(train_gpt.main, tiny(data_dir, tmp_path / 'out', '--max_iters=3'))
+    assert code == 130 and 'Traceback' not in err and err.strip().splitlines()[-1] == 'error: interrupted'
+
+
 @pytest.mark.parametrize('act, saved', [(sigint, 7), (interrupt, 4)])
 def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, tmp_path, monkeypatch, ends,
                                                                    act, saved):
@@ -333,6 +344,29 @@ def test_a_signal_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir
     assert command[1] == os.path.join(REPO, 'train_gpt.py')
     train_gpt.main(command[2:] + [f'--max_iters={it + 3}'])
     assert [r['iter'] for r in read_log(out, kind='train')] == list(range(1, it + 4))
+
+
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+def test_a_run_into_a_full_stdout_trains_saves_and_says_so_once(data_dir, tmp_path):
+    """`> /dev/full`: the run does not depend on stdout, and one line on stderr says it is unseen."""
+    out = tmp_path / 'out'
+    with open('/dev/full', 'w') as full:
+        r = subprocess.run([sys.executable, os.path.join(REPO, 'train_gpt.py'),
+                            *tiny(data_dir, out, '--max_iters=2')], cwd=tmp_path, env=ENV, stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=300)
+    assert r.returncode == 0 and weights(out)['iter_num'] == 2
+    one_line(r.stderr, 'stdout')
+
+
+def test_a_resume_with_overwrite_is_refused(data_dir, tmp_path, fails):
+    """--init_from=resume --overwrite=true: not silently one of them, one line naming both; the checkpoint is
+    kept."""
+    out = tmp_path / 'out'
+    train_gpt.main(tiny(data_dir, out, '--max_iters=1'))
+    before = (out / 'ckpt.pt').read_bytes()
+    args = tiny(data_dir, out, '--max_iters=2', '--init_from=resume', '--overwrite=true')
+    fails(train_gpt.main, args, '--init_from=resume', '--overwrite')
+    assert (out / 'ckpt.pt').read_bytes() == before
 
 
 def test_a_resume_into_a_folder_another_run_holds_is_refused_as_such(data_dir, tmp_path, fails):
@@ -601,6 +635,18 @@ def test_a_compiled_ddp_model_all_reduces_on_the_last_micro_step_only(data_dir, 
     monkeypatch.undo()
     train_gpt.main(tiny(data_dir, str(tmp_path / 'plain'), *args))
     assert same_run(weights(str(tmp_path / 'plain')), weights(str(tmp_path / 'ddp'))) < 0.01
+
+
+def test_accumulation_rounded_up_to_the_processes_is_said(data_dir, tmp_path, monkeypatch, capsys):
+    """Rank 0 of 2 processes: --gradient_accumulation_steps=3 runs 4 micro-steps, and the 'tokens per iter'
+    line says so; 4 is not rounded, and not said."""
+    two = train_common.Dist(False, 0, 0, 2, True, 'cpu')
+    monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: two)
+    for steps, said in ((3, True), (4, False)):
+        train_gpt.main(tiny(data_dir, tmp_path / str(steps), '--max_iters=1',
+                            f'--gradient_accumulation_steps={steps}'))
+        line = [s for s in capsys.readouterr().out.splitlines() if s.startswith('tokens per iter')][0]
+        assert ('--gradient_accumulation_steps=3' in line) == said, line
 
 
 def test_every_rank_waits_at_the_same_barrier_whoever_prepares_the_data(tmp_path, monkeypatch):
@@ -1046,15 +1092,20 @@ def test_the_demo_starts_as_the_reference_run_did(tmp_path):
 
 
 def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, tmp_path, monkeypatch, capsys, fails):
-    """Before the first step: on a machine said to hold less than the estimate, one line names the options
-    that shrink a micro-step, and the folder's checkpoint is kept (with --overwrite too); on one that holds
-    more, the run goes on."""
+    """Before the first step: on a machine said to hold less than the model's weights, gradients and AdamW's
+    moments, one line names the options that shrink the model; than those and the backward's estimate
+    together, the options that shrink a micro-step; the folder's checkpoint is kept (with --overwrite too);
+    on one that holds more, the run goes on."""
     out = tmp_path / 'out'
     train_gpt.main(tiny(data_dir, out, '--max_iters=1'))
     before = (out / 'ckpt.pt').read_bytes()
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 1)
     # Refused before --overwrite deletes anything.
     args = tiny(data_dir, out, '--max_iters=2', '--overwrite=true')
+    fails(train_gpt.main, args, '--n_layer', '--n_embd')
+    # The backward alone fits in 1 GB; with the model's 16 bytes a parameter it does not.
+    monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**9)
+    monkeypatch.setattr(train_gpt, 'backward_bytes', lambda model, B, T, ctx: 10**9 - 1000)
     fails(train_gpt.main, args, '--batch_size', '--block_size')
     assert (out / 'ckpt.pt').read_bytes() == before
     # Without --overwrite, a folder that holds a checkpoint is refused before the model is probed.
@@ -1065,6 +1116,15 @@ def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, tmp_path, monk
     train_gpt.main(tiny(data_dir, tmp_path / 'roomy', '--max_iters=1'))
     printed = capsys.readouterr().out
     assert '--block_size' not in printed and 'about 2 GB' in printed
+
+
+def test_a_model_larger_than_the_memory_is_refused_before_it_is_built(data_dir, tmp_path, monkeypatch, fails):
+    """40B parameters (640 GB with gradients and AdamW's moments) on a machine of 100 GB: one line naming the
+    model's options, at once (building it would take 160 GB)."""
+    monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**11)
+    args = tiny(data_dir, tmp_path / 'out', '--n_layer=200', '--n_embd=4096', '--n_head=32')
+    fails(train_gpt.main, args, '--n_layer', '--n_embd')
+    assert not os.path.exists(tmp_path / 'out' / 'ckpt.pt')
 
 
 def test_the_sample_command_it_prints_runs_from_where_it_was_started(data_dir, tmp_path, monkeypatch, capsys):
