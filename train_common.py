@@ -118,7 +118,11 @@ def lock_out_dir(out_dir):
 
 def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
     """Create out_dir on every rank and lock it on rank 0 (returned: keep it). A fresh run refuses an earlier
-    run's `checkpoints`, or with `overwrite` deletes them."""
+    run's `checkpoints`, or with `overwrite` deletes them; a resume refuses `overwrite`."""
+    # --overwrite would delete the checkpoint a resume goes on from: the pair is one or the other.
+    if overwrite and not fresh:
+        raise UsageError("--init_from=resume goes on from out_dir's checkpoint, --overwrite=true starts again "
+                         "without it: pass one of them")
     os.makedirs(out_dir, exist_ok=True)
     # The lock first: a folder another run holds is refused as such, not with advice the lock would refuse.
     lock = lock_out_dir(out_dir) if master else None

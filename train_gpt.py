@@ -284,10 +284,6 @@ def main(argv=None):
     cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, PRESETS, ranges=RANGES,
                           choices=dict(init_from=('scratch', 'resume'), attn=tost.ATTN_KINDS))
     fresh = cfg['init_from'] == 'scratch'
-    # --overwrite deletes the checkpoint a resume goes on from: the pair is one or the other.
-    if not fresh and cfg['overwrite']:
-        raise UsageError("--init_from=resume goes on from out_dir's checkpoint, --overwrite=true starts "
-                         "again without it: pass one of them")
     # A fresh model's shape is checked before any work (a resumed one is its checkpoint's).
     model_args = {k: cfg[k] for k in MODEL_KEYS}
     if fresh:
@@ -304,7 +300,7 @@ def main(argv=None):
     # A resume locks the folder before it reads the checkpoint: another run may hold it, not saved yet.
     if not fresh:
         if os.path.isdir(out_dir):
-            lock = make_out_dir(out_dir, [], False, False, master)
+            lock = make_out_dir(out_dir, [], cfg['overwrite'], False, master)
         needs = ('model', 'optimizer', 'iter_num', 'config', 'meta')
         ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=needs)
         cfg, set_keys = resume_config(cfg, set_keys, ckpt)
