@@ -76,8 +76,8 @@ def say(*args, quiet=False):
         # A closed stderr too stops nothing.
         if not quiet:
             with contextlib.suppress(OSError, ValueError):
-                print(f"note: stdout: {e.strerror or e}; the run goes on, printing nothing more",
-                      file=sys.stderr, flush=True)
+                print(f"note: stdout: {e.strerror or e}; nothing more is printed there", file=sys.stderr,
+                      flush=True)
 
 
 @contextlib.contextmanager

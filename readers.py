@@ -158,7 +158,8 @@ def load_meta(folder, kind=None, model_meta=None):
     if want and want != (meta.get("tokenizer"), meta.get("vocab_size")):
         raise UsageError(f"{folder} uses tokenizer {meta.get('tokenizer')} ({meta.get('vocab_size')} ids), "
                          f"the checkpoint was trained with {want[0]} ({want[1]} ids); rebuild it in that "
-                         f"tokenizer: {recipe(folder, meta, force=True, tokenizer=want[0])}")
+                         f"tokenizer: {recipe(folder, meta, force=True, tokenizer=want[0])} (or under "
+                         f"another --data_dir, to keep this one)")
     return meta
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from options import UsageError, naming, say, write_whole
+from options import UsageError, naming, out_of_memory, say, write_whole
 
 # Windows has no fcntl: there a second run in the same out_dir is not refused (docs/training.md says so).
 try:
@@ -121,8 +121,8 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
     run's `checkpoints`, or with `overwrite` deletes them; a resume refuses `overwrite`."""
     # --overwrite would delete the checkpoint a resume goes on from: the pair is one or the other.
     if overwrite and not fresh:
-        raise UsageError("--init_from=resume goes on from out_dir's checkpoint, --overwrite=true starts again "
-                         "without it: pass one of them")
+        raise UsageError("--init_from=resume goes on from out_dir's checkpoint, --overwrite=true starts "
+                         "again without it: pass one of them")
     os.makedirs(out_dir, exist_ok=True)
     # The lock first: a folder another run holds is refused as such, not with advice the lock would refuse.
     lock = lock_out_dir(out_dir) if master else None
@@ -229,15 +229,14 @@ def backward_bytes(model, B, T, ctx):
 
     # A token's share at t tokens, a + b t, from batches of two and three (a batch of one keeps some views as
     # copies of their own); what a batch keeps once (the positions) is not a sequence's.
-    def share(t):
-        return (kept(3, t) - kept(2, t)) / t
-
     n = min(T, 256)
-    s = share(n)
-    fixed = kept(2, n) - 2 * n * s
+    two = kept(2, n)
+    s = (kept(3, n) - two) / n
+    fixed = two - 2 * n * s
     b = 0
     if T > n:
-        b = max((s - share(n // 2)) / (n - n // 2), 0)
+        h = n // 2
+        b = max((s - (kept(3, h) - kept(2, h)) / h) / (n - h), 0)
     return fixed + B * T * (s + b * (T - n))
 
 
@@ -423,8 +422,8 @@ def stop_signals(unit, master):
     """Inside: Ctrl-C and SIGTERM append their name to the yielded list, which the loop reads once a step and
     after an evaluation (through any_rank: every rank stops at the same step). A second signal a second later
     raises KeyboardInterrupt (out now, no save); two within a second are one (a torchrun worker gets the
-    terminal's SIGINT and torchrun's copy). An exception inside, once a signal came, is a
-    KeyboardInterrupt."""
+    terminal's SIGINT and torchrun's copy). An error inside, once a signal came, is a KeyboardInterrupt,
+    unless options' handler names it (an OSError, a UsageError, out of memory)."""
     signals = []
     first = []
 
@@ -445,9 +444,10 @@ def stop_signals(unit, master):
     try:
         yield signals
     except Exception as e:
-        # An error while a stop is asked is the signal's doing: the compiler's g++ got the terminal's Ctrl-C
-        # too. It ends as the interrupt it is (exit 130), not as a traceback from inside torch.
-        if signals:
+        # An error while a stop is asked is the signal's doing (the compiler's g++ got the terminal's Ctrl-C
+        # too): it ends as the interrupt it is (exit 130), not as a traceback from inside torch. Not one the
+        # handler names in a line of its own (a save that failed, a mistake, out of memory).
+        if signals and not isinstance(e, (OSError, UsageError)) and not out_of_memory(e):
             raise KeyboardInterrupt from e
         raise
     finally:

@@ -318,7 +318,19 @@ def test_a_value_that_begins_with_a_tilde_is_under_the_home_folder(tmp_path, mon
     # a script: sample.py looks for the checkpoint there (test_sample: a prompt file); a prompt is as typed
     import sample
     fails(sample.main, ["--out_dir=~/x"], f"{tmp_path}/x/ckpt.pt")
-    assert options.parse(["--start=~"], sample.DEFAULTS, text=("start",))[0]["start"] == "~"
+    import plot
+    # (the parse each script does, with its own free-text keys: stopped there)
+    seen = []
+
+    def parse(*args, **kwargs):
+        seen.append(options.parse(*args, **kwargs)[0])
+        raise options.UsageError("stop here")
+    monkeypatch.setattr(sample, "parse", parse)
+    monkeypatch.setattr(plot, "parse", parse)
+    for main, argv in ((sample.main, ["--start=~/x"]), (plot.main, ["out", "--title=~/x"])):
+        with pytest.raises(options.UsageError):
+            main(argv)
+    assert (seen[0]["start"], seen[1]["title"], seen[1]["runs"]) == ("~/x", "~/x", ["out"])
 
 
 def test_numbers_are_finite_and_in_the_range_the_table_gives():

@@ -184,7 +184,8 @@ def test_ctrl_c_and_sigterm_are_a_request_inside_stop_signals(monkeypatch, capsy
 
 def test_an_error_inside_stop_signals_after_a_signal_is_the_interrupt(capsys):
     """The compiler's g++ gets the terminal's Ctrl-C too and fails: that error, once a signal came, ends as
-    an interrupt (exit 130, no traceback); before one, it is itself."""
+    an interrupt (exit 130, no traceback); before one, it is itself; a save that fails (an OSError), a
+    mistake or out of memory after one is itself too (its own line)."""
     with pytest.raises(ValueError):
         with tc.stop_signals("iter", master=True):
             raise ValueError("a bug")
@@ -193,6 +194,12 @@ def test_an_error_inside_stop_signals_after_a_signal_is_the_interrupt(capsys):
             os.kill(os.getpid(), signal.SIGINT)
             raise RuntimeError("g++ was interrupted")
     assert options.report(e.value) == 130
+    for own in (OSError(28, "No space left on device", "ckpt.pt"), options.UsageError("a mistake"),
+                RuntimeError("DefaultCPUAllocator: not enough memory")):
+        with pytest.raises(type(own)):
+            with tc.stop_signals("iter", master=True):
+                os.kill(os.getpid(), signal.SIGINT)
+                raise own
 
 
 def test_a_failed_save_is_an_os_error_naming_the_checkpoint_and_keeps_the_previous_one(tmp_path):
