@@ -54,11 +54,11 @@ def split_loss(model, tokens, T, B, ctx, dist):
     count = -(-n // T)
     padded = np.full(count * T + 1, -1, np.int64)
     padded[:len(tokens)] = tokens
-    starts = T * np.arange(count)
+    # (count, T + 1): window k and its targets, tokens kT .. kT+T (a view: each shares a token with the next)
+    windows = torch.from_numpy(padded).unfold(0, T + 1, T)
     sums = torch.zeros(count, dtype=sum_dtype(dist.device), device=dist.device)
     for a in range(dist.rank * B, count, dist.world_size * B):
-        # (B, T + 1): each window and its targets
-        xy = torch.from_numpy(padded[starts[a:a + B, None] + np.arange(T + 1)]).to(dist.device)
+        xy = windows[a:a + B].to(dist.device)
         # every position's logits, and no mean loss: each token is scored here, once
         with ctx:
             logits = model.logits(xy[:, :-1].clamp(min=0))
@@ -98,21 +98,6 @@ def last_word_accuracy(model, tokens, spans, T, B, ctx, dist):
     return [c == 1.0 for c in correct.tolist()], sum(a > p for p, a, _, _ in rows)
 
 
-def table(results, model_name):
-    """The results in the paper's layout: one row per dataset, loss in nats per token, beside the paper's.
-    The first column is as wide as the longest dataset name, so a long name keeps the columns aligned."""
-    w = max(12, *(len(r['dataset']) for r in results)) + 2
-    lines = [f"zero-shot loss of {model_name}, nats per token",
-             f"{'dataset':<{w}}{'tokens':>12}{'loss':>9}{'ppl':>10}{'LAMBADA acc':>14}   "
-             f"{'ToST-Base':>12}{'GPT-2 Base':>12}  (paper)"]
-    for r in results:
-        acc = f"{100 * r['last_word_acc']:.2f}%" if 'last_word_acc' in r else ''
-        paper = PAPER.get(r['dataset_kind'], ()) if r['tokenizer'] == 'gpt2' else ()
-        lines.append(f"{r['dataset']:<{w}}{r['tokens']:>12,}{r['loss']:>9.4f}{r['ppl']:>10.2f}{acc:>14}   "
-                     + ''.join(f"{v:>12.2f}" for v in paper))
-    return '\n'.join(lines)
-
-
 def main(argv=None):
     cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
     dist = setup_distributed(cfg['device'])
@@ -124,35 +109,36 @@ def main(argv=None):
     ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
     model, info = load_gpt(ckpt_path, device)
     config = model.config
+    tokenizer = info['meta']['tokenizer']
     T = cfg['block_size'] or config.block_size
     B = cfg['batch_size']
     if T > config.block_size:
         raise UsageError(f"--block_size={T} is larger than the model's context ({config.block_size})")
-    # every dataset read and checked before any is scored, in the checkpoint's tokenizer, under the data_dir
-    # the model was trained from unless told
-    sets = []
+    # Every dataset is read and checked before any is scored, under the data_dir the model was trained from
+    # unless told.
     trained = info.get('config', {})
+    data_dir = cfg['data_dir']
     if 'data_dir' not in set_keys:
-        cfg['data_dir'] = trained.get('data_dir', cfg['data_dir'])
+        data_dir = trained.get('data_dir', data_dir)
     names = cfg['datasets'].split(',')
     # auto: the val split of the set the model learned from (the demo's: prepared, offline), and for GPT-2
     # tokens the paper's three test sets (a few MB each): the paper's four for a model trained on OpenWebText,
     # which no other model is sent to prepare (hours).
     if cfg['datasets'] == 'auto':
         names = [str(trained.get('dataset', ''))]
-        if info['meta']['tokenizer'] == 'gpt2':
+        if tokenizer == 'gpt2':
             names += ['lambada', 'wikitext2', 'ptb']
     # Blanks around a name and an empty or repeated name are typing, not datasets.
     names = list(dict.fromkeys(n.strip() for n in names if n.strip()))
     if not names:
         # The example: the model's own set, else one of its tokenizer.
-        example = 'wikitext2,ptb' if info['meta']['tokenizer'] == 'gpt2' else 'python_stdlib'
-        example = trained.get('dataset') or example
+        example = trained.get('dataset') or ('wikitext2,ptb' if tokenizer == 'gpt2' else 'python_stdlib')
         where = f" ({ckpt_path} names none it was trained on)" if cfg['datasets'] == 'auto' else ''
         raise UsageError(f"--datasets={cfg['datasets']} names no dataset{where}; name those under "
                          f"--data_dir, e.g. --datasets={example}")
+    sets = []
     for name in names:
-        path = os.path.join(cfg['data_dir'], name)
+        path = os.path.join(data_dir, name)
         meta = readers.load_meta(path, 'text', info['meta'])
         tokens = readers.read_tokens(path, meta, 'val')
         readers.check_ids(path, 'val', tokens, meta)
@@ -172,31 +158,34 @@ def main(argv=None):
     # What every row shares: the model, and how its numbers were computed.
     run = dict(kind='zero_shot', ckpt=ckpt_path, iter=info.get('iter_num'), attn=config.attn,
                softmax_layers=list(config.softmax_layers), block_size=T, batch_size=B, dtype=dtype,
-               device=device, processes=dist.world_size)
-    model_name = f"{ckpt_path} (iter {run['iter']}, attn={config.attn}, {model.get_num_params():,} params)"
-    print(f"{model_name}: windows of {T} tokens, batch {B}, {dtype} on {device}, "
-          f"{dist.world_size} process(es)", flush=True)
-    results = []
+               device=device, processes=dist.world_size, tokenizer=tokenizer)
+    # The paper's layout, a row as each set is scored (a Ctrl-C loses none), the first column as wide as the
+    # longest name.
+    w = max(12, *map(len, names)) + 2
+    print(f"zero-shot loss of {ckpt_path} (iter {run['iter']}, attn={config.attn}, "
+          f"{model.get_num_params():,} params), nats per token, windows of {T} tokens, batch {B}, {dtype} on "
+          f"{device}, {dist.world_size} process(es)")
+    print(f"{'dataset':<{w}}{'tokens':>12}{'loss':>9}{'ppl':>10}{'LAMBADA acc':>14}   "
+          f"{'ToST-Base':>12}{'GPT-2 Base':>12}  (paper)", flush=True)
     for name, meta, tokens, spans in sets:
         t0 = time.time()
         loss, scored, windows = split_loss(model, tokens, T, B, ctx, dist)
         ppl = math.exp(loss) if loss < 700 else math.inf
-        r = dict(run, dataset=name, dataset_kind=meta.get('dataset', name), tokenizer=meta['tokenizer'],
-                 loss=loss, ppl=ppl, tokens=scored, windows=windows)
+        r = dict(run, dataset=name, dataset_kind=meta.get('dataset', name), loss=loss, ppl=ppl, tokens=scored,
+                 windows=windows)
         acc = ''
         if spans is not None:
             correct, cut = last_word_accuracy(model, tokens, spans, T, B, ctx, dist)
             r.update(last_word_acc=sum(correct) / len(correct), last_word_correct=sum(correct),
                      passages=len(correct), passages_cut=cut)
-            acc = f", last-word accuracy {100 * r['last_word_acc']:.2f}%"
+            acc = f"{100 * r['last_word_acc']:.2f}%"
         r['elapsed_s'] = round(time.time() - t0, 2)
-        results.append(r)
-        print(f"{name}: loss {loss:.4f} (ppl {ppl:.2f}) over {scored:,} tokens{acc}, {r['elapsed_s']}s",
-              flush=True)
-        # Each result is kept as it comes (appended: the training log stays), so a Ctrl-C loses none.
+        paper = PAPER.get(r['dataset_kind'], ()) if tokenizer == 'gpt2' else ()
+        print(f"{name:<{w}}{scored:>12,}{loss:>9.4f}{ppl:>10.2f}{acc:>14}   "
+              + ''.join(f"{v:>12.2f}" for v in paper), flush=True)
+        # Each result is kept as it comes (appended: the training log stays).
         if dist.master:
             log_row(cfg['out_dir'], r)
-    print(table(results, model_name), flush=True)
     teardown(dist)
 
 
