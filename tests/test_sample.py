@@ -11,7 +11,6 @@ import sys
 import unicodedata
 
 import pytest
-import tiktoken
 import torch
 
 import options
@@ -19,7 +18,8 @@ import readers
 import sample
 import tost
 import train_common
-from conftest import run_main
+from conftest import one_line
+from test_prepare_data import encoding
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
@@ -38,45 +38,30 @@ def out(tmp_path_factory):
     return str(path.parent)
 
 
-def start(*args, stdout=subprocess.PIPE):
-    """sample.py as a command, in a process group of its own as a terminal starts a job."""
-    return subprocess.Popen([sys.executable, os.path.join(REPO, 'sample.py'), *args], stdout=stdout,
-                            stderr=subprocess.PIPE, env=ENV, start_new_session=True)
-
-
-def ended(p):
-    """(exit code, lines on stderr) of a command start() started."""
-    err = p.communicate(timeout=120)[1].decode(errors='replace')
-    return p.returncode, err.strip().splitlines()
-
-
-def exits(capsys, *args):
-    """(exit code, lines on stderr) of sample.main ended by run_main, as the command ends it."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        run_main(lambda: sample.main(list(args)))
-    return e.value.code, capsys.readouterr().err.strip().splitlines()
-
-
-def one_line(ending, *names, code=2):
-    """The exit code, and one line naming each of `names` (an option, a path)."""
-    assert ending[0] == code and len(ending[1]) == 1 and ending[1][0].startswith('error: '), ending
-    assert all(name in ending[1][0] for name in names), ending
+def ended(*args, stdout=subprocess.PIPE, interrupt=False):
+    """(exit code, stderr) of sample.py as a command, in a process group of its own as a terminal starts a
+    job. interrupt: once it is generating, Ctrl-C to the group, and its stdout closed, as the same Ctrl-C
+    ends the tee it is piped into."""
+    p = subprocess.Popen([sys.executable, os.path.join(REPO, 'sample.py'), *args], stdout=stdout,
+                         stderr=subprocess.PIPE, env=ENV, start_new_session=True)
+    if interrupt:
+        p.stdout.read(200)
+        os.killpg(p.pid, signal.SIGINT)
+        p.stdout.close()
+    err = p.communicate(timeout=120)[1]
+    return p.returncode, err.decode(errors='replace')
 
 
 def test_stream_decoder_holds_back_half_characters():
-    tok = readers.get_tokenizer('bytes')
     text = 'déjà vu ✓ 😀 end'
-    pieces = list(sample.decode_stream(tok, tok.encode(text)))   # a piece per token, then the rest
+    tok = readers.get_tokenizer('bytes')
+    # a piece per token, then the rest
+    pieces = list(sample.decode_stream(tok, tok.encode(text)))
     assert ''.join(pieces) == text and not any('\ufffd' in p for p in pieces)
     # 'é' is two bytes: nothing after the first, all after the second
     assert pieces[1] == '' and pieces[2] == 'é'
-    # BPE: tokens are byte strings that may also split a character (a tiny offline stand-in for GPT-2's)
-    ranks = {bytes([i]): i for i in range(256)}
-    ranks[b'j\xc3'] = 256  # 'j' and the first byte of 'à': a token that ends inside a character
-    enc = tiktoken.Encoding(name='tiny', pat_str=r'\S+|\s+', mergeable_ranks=ranks,
-                            special_tokens={'<|endoftext|>': 257})
-    bpe = readers.get_tokenizer('gpt2', encoding=enc)
+    # BPE: a token may also split a character; here 'j' and the first byte of 'à'
+    bpe = readers.get_tokenizer('gpt2', encoding=encoding((b'j\xc3',)))
     ids = bpe.encode(text)
     assert 256 in ids
     pieces = list(sample.decode_stream(bpe, ids))
@@ -88,7 +73,8 @@ def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
     monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
     model = sample.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
     prompt = 'def f(x):'
-    n = 80  # more than block_size (32): the recurrent state carries on
+    # more than block_size (32): the recurrent state carries on
+    n = 80
     sample.main([f'--out_dir={out}', f'--start={prompt}', '--num_samples=1', f'--max_new_tokens={n}',
                  '--seed=7', '--device=cpu', '--top_k=50'])
     idx = torch.tensor([list(prompt.encode())])
@@ -113,8 +99,10 @@ def test_same_seed_same_text_and_one_thread_unless_told(out, capsys, monkeypatch
         texts.append(capsys.readouterr())
     assert texts[0].out == texts[1].out != texts[2].out and texts[0].out.count('\n---------------\n') == 2
     assert torch.get_num_threads() == 1 and texts[0].err.strip().endswith('tokens/s (cpu, 1 thread)')
-    assert texts[0].err.startswith('80 tokens in ')                  # 2 samples x 40
-    monkeypatch.setenv('OMP_NUM_THREADS', '2')                      # told: its thread count is kept
+    # 2 samples x 40
+    assert texts[0].err.startswith('80 tokens in ')
+    # told: its thread count is kept
+    monkeypatch.setenv('OMP_NUM_THREADS', '2')
     torch.set_num_threads(2)
     sample.main(args)
     assert torch.get_num_threads() == 2 and capsys.readouterr().err.strip().endswith('(cpu, 2 threads)')
@@ -128,7 +116,8 @@ def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monk
     sample.main(args)
     piped = capsys.readouterr().out
     assert piped.startswith('\x1b[2J\x07ding\r\n')
-    assert sum(unicodedata.category(c) == 'Cc' for c in piped) > 20   # the model emitted control characters
+    # the model emitted control characters
+    assert sum(unicodedata.category(c) == 'Cc' for c in piped) > 20
     monkeypatch.setattr(sys.stdout, 'isatty', lambda: True)
     sample.main(args)
     shown = capsys.readouterr().out
@@ -154,23 +143,37 @@ def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
     assert order == ['cuda:1', 'resolve_dtype']
 
 
-def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, capsys, monkeypatch):
+def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):
+    # 127 bytes; the model takes 32
+    long = 'x = 1\n' * 20 + 'THE END'
+    sample.main([f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5',
+                 '--device=cpu'])
+    printed = capsys.readouterr()
+    note, speed = printed.err.strip().splitlines()
+    assert '127' in note and '32' in note and 'THE END' in note and printed.out.startswith(long)
+    assert speed.startswith('5 tokens in ')
+
+
+def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkeypatch):
     """sample.py's own options (reading a checkpoint is train_common's, tested there)."""
-    one_line(exits(capsys, f'--out_dir={tmp_path}'), f'{tmp_path}/ckpt.pt')
-    for bad in ('-1', 'nan', 'inf'):
-        one_line(exits(capsys, f'--out_dir={out}', f'--temperature={bad}'), '--temperature')
-    missing = f'--start=FILE:{tmp_path}/missing.txt'
-    one_line(exits(capsys, f'--out_dir={out}', missing), 'missing.txt', '--start')
+    fails(sample.main, [f'--out_dir={tmp_path}'], f'{tmp_path}/ckpt.pt')
+    (tmp_path / 'latin1.txt').write_bytes('caf\xe9'.encode('latin-1'))
     # a prompt file under ~ is looked for in the home folder
     monkeypatch.setenv('HOME', str(tmp_path))
-    one_line(exits(capsys, f'--out_dir={out}', '--start=FILE:~/missing.txt'), f'{tmp_path}/missing.txt')
-    one_line(exits(capsys, f'--out_dir={out}', '--start=FILE:'), '--start')
-    # nothing to generate: refused, not timed
-    one_line(exits(capsys, f'--out_dir={out}', '--max_new_tokens=0'), '--max_new_tokens')
-    (tmp_path / 'latin1.txt').write_bytes('caf\xe9'.encode('latin-1'))
-    one_line(exits(capsys, f'--out_dir={out}', f'--start=FILE:{tmp_path}/latin1.txt'), 'latin1.txt')
+    # nothing to generate (--max_new_tokens=0) is refused, not timed
+    for arg, *names in (('--temperature=-1', '--temperature'),
+                        ('--temperature=nan', '--temperature'),
+                        ('--temperature=inf', '--temperature'),
+                        ('--max_new_tokens=0', '--max_new_tokens'),
+                        (f'--start=FILE:{tmp_path}/missing.txt', 'missing.txt', '--start'),
+                        ('--start=FILE:~/missing.txt', f'{tmp_path}/missing.txt'),
+                        ('--start=FILE:', '--start'),
+                        (f'--start=FILE:{tmp_path}/latin1.txt', 'latin1.txt')):
+        fails(sample.main, [f'--out_dir={out}', arg], *names)
     # a byte that is not UTF-8 on the command line arrives as a lone surrogate, which cannot be encoded
-    one_line(ended(start(f'--out_dir={out}'.encode(), b'--start=caf\xe9')), '--start')
+    code, err = ended(f'--out_dir={out}'.encode(), b'--start=caf\xe9')
+    assert code == 2
+    one_line(err, '--start')
 
 
 # What a hand-edited or foreign checkpoint holds in place of a key: the weights, the model's arguments (not a
@@ -180,30 +183,20 @@ DAMAGE = [('model_args', 5), ('model', [1, 2]), ('meta', 'x'), ('meta', {}),
 
 
 @pytest.mark.parametrize('key, value', DAMAGE)
-def test_a_damaged_checkpoint_is_one_line_naming_it(out, tmp_path, capsys, key, value):
+def test_a_damaged_checkpoint_is_one_line_naming_it(out, tmp_path, fails, key, value):
     ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     ckpt[key] = value
     torch.save(ckpt, tmp_path / 'ckpt.pt')
-    one_line(exits(capsys, f'--out_dir={tmp_path}'), f'{tmp_path}/ckpt.pt')
-
-
-def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):
-    long = 'x = 1\n' * 20 + 'THE END'  # 127 bytes; the model takes 32
-    sample.main([f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5',
-                 '--device=cpu'])
-    printed = capsys.readouterr()
-    note, speed = printed.err.strip().splitlines()
-    assert '127' in note and '32' in note and 'THE END' in note and printed.out.startswith(long)
-    assert speed.startswith('5 tokens in ')
+    fails(sample.main, [f'--out_dir={tmp_path}'], f'{tmp_path}/ckpt.pt')
 
 
 def test_ctrl_c_into_a_pipe_whose_reader_it_killed_and_a_full_disk_are_one_line(out):
     """`python sample.py | tee log`, then Ctrl-C: the terminal sends SIGINT to both, so tee is gone when the
     interrupt's handler writes. `python sample.py > /dev/full`: stdout cannot be written at all."""
-    p = start(f'--out_dir={out}', '--max_new_tokens=100000')
-    p.stdout.read(200)                                  # it is generating
-    os.killpg(p.pid, signal.SIGINT)
-    p.stdout.close()                                    # the reader, gone with the same Ctrl-C
-    one_line(ended(p), code=130)
+    code, err = ended(f'--out_dir={out}', '--max_new_tokens=100000', interrupt=True)
+    assert code == 130
+    one_line(err)
     with open('/dev/full', 'w') as full:
-        one_line(ended(start(f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=5', stdout=full)))
+        code, err = ended(f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=5', stdout=full)
+    assert code == 2
+    one_line(err)
