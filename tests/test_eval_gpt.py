@@ -25,13 +25,13 @@ from conftest import one_line, run_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
-# one process on the CPU, as train_gpt.py's helpers see it
-ONE = train_common.Dist(False, 0, 0, 1, True, 'cpu')
 
 pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 
 WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i} , and not much @-@ else .'
                f'\n \n' for i in range(30))
+# a byte-level set, named longer than the table's first column
+BYTES = 'bytes_of_a_name_longer_than_the_column'
 PASSAGES = [f'Passage {i} tells of {"many " * (i % 7)}things, and ends with the word word{i % 3}'
             for i in range(11)]
 
@@ -52,10 +52,13 @@ def prepare(d, name, file, text, enc):
 
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
-    """wikitext2 (~1.8k tokens) and lambada (11 passages) prepared with the tiny encoding as 'gpt2'."""
+    """wikitext2 (~1.8k tokens) and lambada (11 passages) prepared with the tiny encoding as 'gpt2', and
+    BYTES in bytes."""
     d = tmp_path_factory.mktemp('data')
     prepare(d, 'wikitext2', 'wiki.test.raw', WIKI, encoding())
     prepare(d, 'lambada', 'lambada_test.jsonl', jsonl(PASSAGES), encoding())
+    (d / 'bytes.txt').write_text('some bytes to learn from, ' * 40)
+    prep.prepare('text', d, input=str(d / 'bytes.txt'), name=BYTES, tokenizer='bytes')
     return d
 
 
@@ -64,8 +67,7 @@ def save_model(out_dir, data_dir, dataset='lambada', config=None, edit=None, **a
     in its meta and `config`, the run's options."""
     torch.manual_seed(0)
     meta = readers.load_meta(os.path.join(data_dir, dataset))
-    vocab = 64 * -(-meta['vocab_size'] // 64)
-    args = dict(dict(block_size=32, vocab_size=vocab, n_layer=2, n_head=2, n_embd=32), **args)
+    args = dict(dict(block_size=32, vocab_size=meta['vocab_size'], n_layer=2, n_head=2, n_embd=32), **args)
     model = tost.GPT(tost.GPTConfig(**args))
     if edit:
         edit(model)
@@ -204,8 +206,9 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path, fails, monkeypatch
     # the guesses are compared on the device: one read at the end (the gather), not one per passage
     reads = counted(monkeypatch, torch.Tensor, 'item', 'tolist', 'cpu', 'numpy', '__bool__', '__float__',
                     '__int__')
+    one = train_common.Dist(False, 0, 0, 1, True, 'cpu')
     flags, cut = eval_gpt.last_word_accuracy(model, tokens_of(d, 'lambada'), spans, 16, 3,
-                                             contextlib.nullcontext(), ONE)
+                                             contextlib.nullcontext(), one)
     assert flags == list(passages.values()) and cut == 1 and len(reads) == 1
     monkeypatch.undo()
 
@@ -226,8 +229,6 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, fails):
     out = str(tmp_path / 'out')
     base = [f'--out_dir={out}', f'--data_dir={data_dir}', '--device=cpu']
     save_model(out, data_dir)
-    (data_dir / 'bytes_text.txt').write_text('some bytes to evaluate on, ' * 20)
-    prep.prepare('text', data_dir, input=str(data_dir / 'bytes_text.txt'))
     # a val.bin cut short after it was prepared; one whose ids are past the vocab (all 65535): not an
     # IndexError inside the model
     size = (data_dir / 'wikitext2' / 'val.bin').stat().st_size
@@ -239,7 +240,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, fails):
     for extra, *names in (([], 'prepare_data.py ptb'),
                           (['--datasets=wikitext2', '--block_size=64'], '--block_size'),
                           (['--datasets= ,'], '--datasets=wikitext2'),
-                          (['--datasets=wikitext2,bytes_text'], 'bytes_text', '--force', '--tokenizer='),
+                          ([f'--datasets=wikitext2,{BYTES}'], BYTES, '--force', '--tokenizer='),
                           (['--datasets=short'], f'{data_dir}/short/val.bin'),
                           (['--datasets=wikitext2,noise'], f'{data_dir}/noise/val.bin')):
         fails(eval_gpt.main, base + extra, *names)
@@ -253,28 +254,24 @@ def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_
     """The demo's model (bytes, python_stdlib) is scored on the set it learned from: no OpenWebText in bytes
     (17 GB) to prepare. A GPT-2 model trained on OpenWebText gets the paper's four; a set not prepared is
     named with its own command, and OpenWebText's only for a model trained on it."""
-    d = tmp_path / 'data'
-    (tmp_path / 'mine.txt').write_text('some bytes to learn from, ' * 40)
-    # a name longer than the table's first column
-    mine = 'mine_a_name_longer_than_the_column'
-    prep.prepare('text', d, input=str(tmp_path / 'mine.txt'), name=mine, tokenizer='bytes')
     out = str(tmp_path / 'demo')
-    argv = [f'--out_dir={out}', f'--data_dir={d}', '--device=cpu', '--dtype=float32']
-    save_model(out, d, dataset=mine, config={'dataset': mine})
+    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--device=cpu', '--dtype=float32']
+    save_model(out, data_dir, dataset=BYTES, config={'dataset': BYTES})
     eval_gpt.main(argv)
-    assert [r['dataset'] for r in read_log(out)] == [mine]
+    assert [r['dataset'] for r in read_log(out)] == [BYTES]
     # the table stays aligned: the loss ends under its heading
     loss = f"{read_log(out)[0]['loss']:.4f}"
     header, row = capsys.readouterr().out.splitlines()[-2:]
     assert row.index(loss) + len(loss) == header.index('loss') + len('loss')
     # without --data_dir, the one the model was trained from
-    save_model(out, d, dataset=mine, config={'dataset': mine, 'data_dir': str(d)})
+    save_model(out, data_dir, dataset=BYTES, config={'dataset': BYTES, 'data_dir': str(data_dir)})
     eval_gpt.main([a for a in argv if not a.startswith('--data_dir')])
-    assert [r['dataset'] for r in read_log(out)] == [mine, mine]
-    save_model(out, d, dataset=mine, config={'dataset': 'python_stdlib'})
-    assert 'openwebtext' not in fails(eval_gpt.main, argv, f'prepare_data.py python_stdlib --data_dir={d}')
+    assert [r['dataset'] for r in read_log(out)] == [BYTES, BYTES]
+    save_model(out, data_dir, dataset=BYTES, config={'dataset': 'python_stdlib'})
+    line = fails(eval_gpt.main, argv, f'prepare_data.py python_stdlib --data_dir={data_dir}')
+    assert 'openwebtext' not in line
     # a checkpoint that names no dataset: a set of its tokenizer is suggested, not GPT-2's
-    save_model(out, d, dataset=mine, config={})
+    save_model(out, data_dir, dataset=BYTES, config={})
     fails(eval_gpt.main, argv, f'{out}/ckpt.pt', '--datasets=python_stdlib')
     # a GPT-2 model trained on a set of its own (here a copy of wikitext2), then on OpenWebText (another copy)
     d = tmp_path / 'gpt2'
@@ -296,8 +293,9 @@ def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_
 # where the results go
 
 
-def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_a_full_disk_loses_no_result(
+def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_no_result_is_lost(
         data_dir, tmp_path, capsys, monkeypatch, fails):
+    """A folder in the log's place, then a full disk, then Ctrl-C."""
     out = tmp_path / 'out'
     argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2', '--device=cpu']
     save_model(out, data_dir)
@@ -320,6 +318,17 @@ def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_a_full_disk
     printed = capsys.readouterr()
     assert printed.out == table and e.value.code == 2
     one_line(printed.err, f'{out}/log.jsonl')
+    monkeypatch.undo()
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    # Ctrl-C while lambada is scored (its last-word accuracy, after its loss): wikitext2's row is in the log
+    monkeypatch.setattr(eval_gpt, 'last_word_accuracy', interrupted)
+    os.remove(out / 'log.jsonl')
+    with pytest.raises(KeyboardInterrupt):
+        eval_gpt.main(argv + ['--datasets=wikitext2,lambada'])
+    assert [r['dataset'] for r in read_log(out)] == ['wikitext2']
 
 
 @pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
@@ -338,19 +347,3 @@ def test_a_stdout_that_cannot_be_written_is_one_line_and_a_closed_pipe_ends_quie
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) as p:
         p.stdout.close()
         assert (p.wait(timeout=180), p.stderr.read()) == (141, '')
-
-
-def test_each_result_is_kept_as_it_comes(data_dir, tmp_path, monkeypatch):
-    """Ctrl-C while the second dataset is scored: the first one's row is in the log."""
-    out = str(tmp_path / 'out')
-    save_model(out, data_dir)
-
-    def interrupted(*args):
-        raise KeyboardInterrupt
-
-    # lambada's last-word accuracy, after wikitext2's loss
-    monkeypatch.setattr(eval_gpt, 'last_word_accuracy', interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        eval_gpt.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2,lambada',
-                       '--device=cpu'])
-    assert [r['dataset'] for r in read_log(out)] == ['wikitext2']

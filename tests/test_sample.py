@@ -3,7 +3,6 @@ Tests for sample.py: a tiny random byte-level GPT saved as train_gpt.py saves it
 command. What a mistake prints is checked by behaviour: exit 2, one line, the option or path it names.
     python -m pytest -q tests/test_sample.py
 """
-import dataclasses
 import os
 import signal
 import subprocess
@@ -30,12 +29,12 @@ pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 def out(tmp_path_factory):
     """A folder holding ckpt.pt: a random 1-layer GPT over bytes, block size 32."""
     torch.manual_seed(0)
-    model = tost.GPT(tost.GPTConfig(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32))
-    path = tmp_path_factory.mktemp('out') / 'ckpt.pt'
-    args = dataclasses.asdict(model.config)
+    args = dict(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32)
+    model = tost.GPT(tost.GPTConfig(**args))
+    out = tmp_path_factory.mktemp('out')
     train_common.atomic_save(dict(model=model.state_dict(), model_args=args, meta={'tokenizer': 'bytes'}),
-                             str(path))
-    return str(path.parent)
+                             str(out / 'ckpt.pt'))
+    return str(out)
 
 
 def ended(*args, stdout=subprocess.PIPE, interrupt=False):
