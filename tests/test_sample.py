@@ -161,7 +161,6 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
     monkeypatch.setenv('HOME', str(tmp_path))
     # nothing to generate (--max_new_tokens=0) is refused, not timed
     for arg, *names in (('--temperature=-1', '--temperature'),
-                        ('--temperature=nan', '--temperature'),
                         ('--temperature=inf', '--temperature'),
                         ('--max_new_tokens=0', '--max_new_tokens'),
                         (f'--start=FILE:{tmp_path}/missing.txt', 'missing.txt', '--start'),
