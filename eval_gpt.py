@@ -148,7 +148,7 @@ def main(argv=None):
         spans = None
         if meta.get('targets'):
             spans = np.load(os.path.join(path, meta['targets']))
-            if (spans[:, 2] - spans[:, 1]).max(initial=0) > T:
+            if (spans[:, 2] - spans[:, 1] > T).any():
                 raise UsageError(f"{path} has a target word longer than --block_size={T}: use a larger one")
         sets.append((name, meta, tokens, spans))
     # A log that cannot be written is said before the work, not after it.

@@ -57,8 +57,8 @@ def data_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp('data')
     prepare(d, 'wikitext2', 'wiki.test.raw', WIKI, encoding())
     prepare(d, 'lambada', 'lambada_test.jsonl', jsonl(PASSAGES), encoding())
-    (d / 'bytes.txt').write_text('some bytes to learn from, ' * 40)
-    prep.prepare('text', d, input=str(d / 'bytes.txt'), name=BYTES, tokenizer='bytes')
+    # the text dataset: named by its file, in bytes
+    prepare(d, 'text', f'{BYTES}.txt', 'some bytes to learn from, ' * 40, None)
     return d
 
 
