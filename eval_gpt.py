@@ -163,7 +163,7 @@ def main(argv=None):
     # longest name.
     w = max(12, *map(len, names)) + 2
     print(f"zero-shot loss of {ckpt_path} (iter {run['iter']}, attn={config.attn}, "
-          f"{model.get_num_params():,} params), nats per token, windows of {T} tokens, batch {B}, {dtype} on "
+          f"{model.get_num_params():,} params), nats per token\nwindows of {T} tokens, batch {B}, {dtype} on "
           f"{device}, {dist.world_size} process(es)")
     print(f"{'dataset':<{w}}{'tokens':>12}{'loss':>9}{'ppl':>10}{'LAMBADA acc':>14}   "
           f"{'ToST-Base':>12}{'GPT-2 Base':>12}  (paper)", flush=True)
