@@ -9,10 +9,8 @@ import shutil
 import matplotlib.figure
 import matplotlib.image
 import numpy as np
-import pytest
 
 import plot
-from conftest import run_main
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,16 +59,15 @@ def test_several_runs_of_different_models_on_one_figure(tmp_path):
     plot.main([str(tmp_path / 'out'), str(tmp_path / 'out-soft'), str(tmp_path / 'new'), f'--out={out}',
                '--x=seconds'])
     read_png(out, (420, 700))
-    plot.main([str(tmp_path / 'out' / 'log.jsonl'), f'--out={out}'])
-    read_png(out, (420, 700))
     # into a folder not made yet
-    plot.main([str(tmp_path / 'out'), f'--out={tmp_path}/new/folder/runs.png'])
+    plot.main([str(tmp_path / 'out' / 'log.jsonl'), f'--out={tmp_path}/new/folder/runs.png'])
     read_png(tmp_path / 'new' / 'folder' / 'runs.png', (420, 700))
 
 
 def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeypatch):
     """python plot.py docs/bench.json docs/tasks.json: each section's figure, from the numbers alone, in the
-    current folder (the figures beside the file, tracked ones in docs/, are rewritten only with --out_dir)."""
+    current folder (the figures beside the file, tracked ones in docs/, are rewritten only with --out_dir;
+    test_commands.py runs --out_dir=docs)."""
     (tmp_path / 'docs').mkdir()
     for f in ('bench.json', 'tasks.json'):
         shutil.copy(os.path.join(HERE, 'docs', f), tmp_path / 'docs')
@@ -82,8 +79,6 @@ def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeyp
     read_png(tmp_path / 'tasks.png', (664, 970))                  # five model columns, twelve rows
     assert sorted(os.listdir(tmp_path / 'docs')) == ['bench.json', 'speed.png', 'tasks.json']
     assert (tmp_path / 'docs' / 'speed.png').read_bytes() == b'tracked'
-    plot.main(['docs/bench.json', '--out_dir=docs'])                  # asked: redrawn beside it
-    read_png(tmp_path / 'docs' / 'speed.png', (400, 1000))
     plot.main(['docs/bench.json', '--out_dir=figures'])               # a folder not made yet
     read_png(tmp_path / 'figures' / 'speed.png', (400, 1000))
 
@@ -105,14 +100,7 @@ def test_the_loss_axis_shows_the_part_after_the_first_drop_in_the_runs_unit(tmp_
     assert 'per token' in axes[-1].get_ylabel()
 
 
-def plot_exits(capsys, *argv):
-    """plot.py as the command runs it: (exit code, the lines on stderr)."""
-    with pytest.raises(SystemExit) as e:
-        run_main(lambda: plot.main(list(argv)))
-    return e.value.code, capsys.readouterr().err.strip().splitlines()
-
-
-def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
+def test_what_cannot_be_drawn_is_one_line(tmp_path, fails, monkeypatch):
     """No run, or what is not one; a bad --out (a file for its folder, no suffix, a format other than .png, .pdf, .svg), a
     language run with a vision run, a .json that holds no results or names runs that are not here, an option
     that applies to none of the figures drawn: each one line, exit 2, no file."""
@@ -156,9 +144,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
                          ([str(tmp_path / 'tasks.json'), '--out=x.png'], '--out'),
                          ([str(tmp_path / 'vit'), '--x=seconds'], '--x'),
                          ([run, '--out_dir=figs'], '--out_dir')):
-        code, err = plot_exits(capsys, *argv)
-        assert code == 2 and len(err) == 1 and err[0].startswith('error:'), err
-        assert all(name in err[0] for name in names), err
+        fails(plot.main, argv, *names)
     assert sorted(os.listdir(tmp_path)) == ['cut', 'cut.json', 'empty', 'notes.md', 'other.json', 'out',
                                             'study.json', 'tasks.json', 'vit']
     plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
