@@ -174,10 +174,11 @@ def speed(results, path):
             continue
         n, t, mb = np.array(pts, dtype=float).T
         color, _, marker = STYLES[model]
+        style = dict(color=color, linestyle=line, marker=marker)
         k = f", k = {fits[op]:.2f}" if op in fits else ""
-        left.plot(n, 1e3 * t, color=color, linestyle=line, marker=marker, label=f"{label}{k}")
+        left.plot(n, 1e3 * t, **style, label=f"{label}{k}")
         if np.isfinite(mb).any():
-            right.plot(n, mb, color=color, linestyle=line, marker=marker, label=label)
+            right.plot(n, mb, **style, label=label)
     sizes = [r['n'] for r in rows]
     finish(left, 'tokens', 'forward + backward (ms)', 'time ~ n^k', sizes)
     finish(right, 'tokens', 'peak memory (MB)', 'memory, forward + backward', sizes)
@@ -344,7 +345,8 @@ def main(argv=None):
                              f"for runs (--x for language runs; vision runs are drawn against epochs), "
                              f"--out_dir for the figures of a .json")
     for f in jsons:
-        print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'])))
+        for figure in draw_results(f, cfg['out_dir']):
+            print(f"wrote {figure}")
     if runs:
         learning_curves(runs, cfg['out'], cfg['x'], cfg['title'])
         print(f"wrote {cfg['out']}")

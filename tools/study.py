@@ -33,16 +33,17 @@ from tools.bench import REPO, console, run_sections, table
 from train_common import cosine_lr, optimizer_step
 
 
-def command(script, keys):
-    """The command line that runs one of the repo's scripts with options `keys` (a dict)."""
-    return ['python', script, *(f'--{k}={v}' for k, v in keys.items())]
+def flags(keys):
+    """Options `keys` (a dict) as a command line gives them."""
+    return [f'--{k}={v}' for k, v in keys.items()]
 
 
 def run_script(script, keys):
-    """Run command(script, keys) in a subprocess, its output captured. Its failure is one line: the command,
-    then the child's own last line (its `error:` line, or the last line of a traceback)."""
-    args = command(script, keys)
-    out = subprocess.run([sys.executable, *args[1:]], capture_output=True, text=True, cwd=REPO)
+    """Run one of the repo's scripts with options `keys` in a subprocess, its output captured. Its failure is
+    one line: the command, then the child's own last line (its `error:` line, or the last line of a
+    traceback)."""
+    args = [script, *flags(keys)]
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
     if out.returncode != 0:
         said = (out.stderr or out.stdout).strip().splitlines() or [f'exit {out.returncode}']
         raise UsageError(f"{shlex.join(args)} failed: {said[-1].removeprefix('error: ')}")
@@ -113,7 +114,7 @@ def section_language(args, results):
     # Each command and sample line whole, however wide the console (a log's is 130 columns): a command wrapped
     # across lines runs another when its first line is pasted.
     for r in rows:
-        line = shlex.join(command('sample.py', dict(out_dir=r['out_dir'], **SAMPLE)))
+        line = shlex.join(['python', 'sample.py', *flags(dict(out_dir=r['out_dir'], **SAMPLE))])
         sample = r['sample'].split('\n---------------')[0]
         console.print(f"{r['variant']}: {line}\n{sample}", markup=False, highlight=False, soft_wrap=True)
 
