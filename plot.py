@@ -129,12 +129,11 @@ def learning_curves(runs, path, x='tokens', title=None):
     vision = vision.pop()
     key, xlabel = X_AXES['epoch' if vision else x]
     ax = Figure(figsize=(7, 4.2)).subplots()
-    used = set()
+    # each model's style once: a second run of it takes another
+    styles = dict(STYLES)
     later = []
     for i, (label, cfg, rows) in enumerate(runs):
-        name = model_name(cfg)
-        color, line, marker = STYLES[name] if name in STYLES and name not in used else OTHER[i % len(OTHER)]
-        used.add(name)
+        color, line, marker = styles.pop(model_name(cfg), None) or OTHER[i % len(OTHER)]
         # a vision run has no train line; its points are its test accuracy
         train = points(rows, 'train', key, None if vision else 'train_loss')
         val = points(rows, 'eval', key, 'test_acc' if vision else 'val_loss')

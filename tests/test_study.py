@@ -203,7 +203,6 @@ def test_the_sample_commands_and_samples_are_printed_whole_on_one_line(capsys, m
     long_line = 'def f(): return ' + ' + '.join(['1'] * 100)
     said = SimpleNamespace(stdout=f'{long_line}\n---------------\n')
     monkeypatch.setattr(study, 'run_script', lambda *args: said)
-    capsys.readouterr()
     study.section_language(SimpleNamespace(mode='smoke'), {})
     lines = capsys.readouterr().out.splitlines()
     command = shlex.join(['python', 'sample.py', f'--out_dir={out_dir}',

@@ -122,11 +122,11 @@ def section_language(args, results):
 # -----------------------------------------------------------------------------
 # vision: local patch interaction, on synthetic images where local structure decides the class
 
-def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
+def make_glyph_images(folder, n_train, n_test, classes=10, size=32):
     """A CIFAR-format dataset (as prepare_data.py writes it) where only local structure tells the classes
     apart: each image is noise with one 5x5 glyph (one of `classes` fixed random patterns) at a random place
     and brightness. A glyph straddles 4x4 patches, so a patch alone rarely shows it whole."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     glyphs = rng.random((classes, 5, 5)) < 0.5
     os.makedirs(folder, exist_ok=True)
     for split, n in (('train', n_train), ('test', n_test)):
@@ -138,7 +138,7 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
         i, r, c = np.nonzero(glyphs[y])
         x[i, :, oy[i] + r, ox[i] + c] = colour[i]
         np.save(os.path.join(folder, f'{split}_images.npy'), x.astype(np.uint8))
-        np.save(os.path.join(folder, f'{split}_labels.npy'), y.astype(np.int64))
+        np.save(os.path.join(folder, f'{split}_labels.npy'), y)
     # what train_vit.py reads of a meta.json
     meta = dict(kind='images', num_classes=classes, classes=[f'glyph{i}' for i in range(classes)],
                 image_size=size, channels=3, mean=[0.3] * 3, std=[0.2] * 3)
@@ -350,8 +350,7 @@ def section_tasks(args, results):
             rows.append(r)
             console.print(f"  {r['task']} {r['knob']} {r['value']}, {r['model']}: accuracy "
                           f"{r['accuracy']:.3f}, chance {r['chance']:.3f}, {r['seconds']:.0f} s", style="dim")
-    results['tasks'] = rows
-    results['tasks_budget'] = budget
+    results.update(tasks=rows, tasks_budget=budget)
     console.print(f"budget, the same for every model in a row: GPT {m['n_layer']} layers, width "
                   f"{m['n_embd']}, {m['n_head']} heads, layer-scale init {m['layerscale_init']}; AdamW lr "
                   f"{o['lr']:g} ({o['warmup']:.0%} linear warmup, cosine to {o['min_lr']:g}), weight decay "
