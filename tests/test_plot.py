@@ -12,15 +12,15 @@ import numpy as np
 
 import plot
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the repo root
+HERE = os.path.dirname(os.path.abspath(plot.__file__))
 
 
 def read_png(path, shape):
-    """The figure as an array, checked to have (height, width) = shape and more than a few colours."""
+    """The figure, checked to have (height, width) = shape and more than a few colours."""
     img = matplotlib.image.imread(path)
     assert img.shape[:2] == shape, img.shape
     assert len(np.unique(img[..., :3].reshape(-1, 3), axis=0)) > 20     # lines, text and markers: not blank
-    return img
 
 
 def write_run(folder, cfg, losses, evals=True):
