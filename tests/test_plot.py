@@ -127,6 +127,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, fails, monkeypatch):
                          (['out', f'--out={tmp_path}'], '--out'),
                          # matplotlib knows .pgf, but writes it only with xelatex: not a format --out lists
                          (['out', '--out=x.pgf'], 'x.pgf'),
+                         (['out', '--x=epochs'], '--x'),
                          (['out', 'vit'], 'vit'),
                          (['other.json'], 'other.json'),
                          (['cut.json'], 'cut.json'),
