@@ -98,9 +98,9 @@ def test_the_loss_axis_shows_the_part_after_the_first_drop_in_the_runs_unit(tmp_
 
 
 def test_what_cannot_be_drawn_is_one_line(tmp_path, fails, monkeypatch):
-    """No run, or what is not one; a bad --out (a file for its folder, a folder, a format other than .png, .pdf,
-    .svg), a language run with a vision run, a .json that holds no results or names runs that are not here, an
-    option that applies to none of the figures drawn: each one line, exit 2, no file."""
+    """No run, or what is not one; a bad --out (a file for its folder, a folder, a format other than .png,
+    .pdf, .svg), a language run with a vision run, a .json that holds no results or names runs that are not
+    here, an option that applies to none of the figures drawn: each one line, exit 2, no file."""
     monkeypatch.chdir(tmp_path)                                      # where a figure would go unless told
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
     (tmp_path / 'vit').mkdir()
