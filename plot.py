@@ -44,10 +44,6 @@ def model_name(cfg):
     return name + ' + shift' * bool(cfg.get('token_shift')) + ' + lpi' * bool(cfg.get('lpi'))
 
 
-# the formats --out may name, by its suffix in any case
-FORMATS = ('.png', '.pdf', '.svg')
-
-
 def check_suffix(key, path, suffixes):
     """A UsageError naming --key=path unless path's suffix, in any case, is one of `suffixes`."""
     if os.path.splitext(path)[1].lower() not in suffixes:
@@ -133,12 +129,11 @@ def learning_curves(runs, path, x='tokens', title=None):
     vision = vision.pop()
     key, xlabel = X_AXES['epoch' if vision else x]
     ax = Figure(figsize=(7, 4.2)).subplots()
-    used = set()
+    # each model's style once: a second run of it takes another
+    styles = dict(STYLES)
     later = []
     for i, (label, cfg, rows) in enumerate(runs):
-        name = model_name(cfg)
-        color, line, marker = STYLES[name] if name in STYLES and name not in used else OTHER[i % len(OTHER)]
-        used.add(name)
+        color, line, marker = styles.pop(model_name(cfg), None) or OTHER[i % len(OTHER)]
         # a vision run has no train line; its points are its test accuracy
         train = points(rows, 'train', key, None if vision else 'train_loss')
         val = points(rows, 'eval', key, 'test_acc' if vision else 'val_loss')
@@ -178,10 +173,11 @@ def speed(results, path):
             continue
         n, t, mb = np.array(pts, dtype=float).T
         color, _, marker = STYLES[model]
+        style = dict(color=color, linestyle=line, marker=marker)
         k = f", k = {fits[op]:.2f}" if op in fits else ""
-        left.plot(n, 1e3 * t, color=color, linestyle=line, marker=marker, label=f"{label}{k}")
+        left.plot(n, 1e3 * t, **style, label=f"{label}{k}")
         if np.isfinite(mb).any():
-            right.plot(n, mb, color=color, linestyle=line, marker=marker, label=label)
+            right.plot(n, mb, **style, label=label)
     sizes = [r['n'] for r in rows]
     finish(left, 'tokens', 'forward + backward (ms)', 'time ~ n^k', sizes)
     finish(right, 'tokens', 'peak memory (MB)', 'memory, forward + backward', sizes)
@@ -228,18 +224,20 @@ def capability_grid(results, path):
     at chance, 1 perfect): every row's chance reads the same."""
     rows = results['tasks']
     models = list(dict.fromkeys(r['model'] for r in rows))
-    cells = [(r['task'], r['knob'], r['value'], r['chance']) for r in rows[::len(models)]]
-    acc = np.reshape([r['accuracy'] for r in rows], (len(cells), len(models)))
-    chance = np.array([c for *_, c in cells])[:, None]
+    # the first model's cell of each row
+    first = rows[::len(models)]
+    acc = np.reshape([r['accuracy'] for r in rows], (len(first), len(models)))
+    chance = np.array([[r['chance']] for r in first])
     above = np.clip((acc - chance) / (1 - chance), 0, 1)
-    ax = Figure(figsize=(1.3 * len(models) + 3.2, 0.42 * len(cells) + 1.6)).subplots()
+    ax = Figure(figsize=(1.3 * len(models) + 3.2, 0.42 * len(first) + 1.6)).subplots()
     for (i, j), a in np.ndenumerate(acc):
         ax.text(j, i, f"{a:.2f}" + ("" if a > chance[i, 0] + 0.02 else " ~"), ha='center', va='center',
                 fontsize=9, color='black' if above[i, j] > 0.5 else 'white')
     im = ax.imshow(above, cmap='viridis', vmin=0, vmax=1, aspect='auto')
     ax.set_xticks(range(len(models)), [m.replace('tssa', 'ToST').replace('+', ' + ') for m in models],
                   fontsize=9)
-    ax.set_yticks(range(len(cells)), [f"{t}, {k} {v} (chance {c:.2f})" for t, k, v, c in cells], fontsize=8)
+    labels = [f"{r['task']}, {r['knob']} {r['value']} (chance {r['chance']:.2f})" for r in first]
+    ax.set_yticks(range(len(first)), labels, fontsize=8)
     ax.xaxis.tick_top()
     ax.figure.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label('above chance', fontsize=8)
     ax.set_title("What each model learns: accuracy on held-out sequences\n"
@@ -256,7 +254,7 @@ def vision_maps(path, image, cls_attn, pi, title):
     colour scale per row (viridis: dark low, yellow high), so heads can be compared.
     image (C, H, W) uint8, drawn in colour if C is 3, else its first channel in grey; cls_attn, pi (heads, Hp,
     Wp) floats, pi may be None."""
-    rows = [cls_attn] + ([pi] if pi is not None else [])
+    rows = [cls_attn] if pi is None else [cls_attn, pi]
     heads = len(cls_attn)
     axes = Figure(figsize=(1.5 * (1 + heads), 1.6 * len(rows) + 0.3)).subplots(
         len(rows), 1 + heads, squeeze=False, subplot_kw=dict(xticks=[], yticks=[]))
@@ -282,15 +280,10 @@ def vision_maps(path, image, cls_attn, pi, title):
 
 def study_curves(section, title):
     """A study section's runs on one figure, each labelled with its row of the table, from the run folders the
-    study trained (they are not committed beside docs/*.json: the study makes them; where they are not here,
-    one line names the first missing)."""
+    study trained (they are not committed beside docs/*.json: the study makes them; where one is not here, the
+    OSError handler's line names its log)."""
     def draw(results, path):
-        rows = results[section]['rows']
-        for r in rows:
-            if not os.path.exists(r['out_dir']):
-                raise UsageError(f"{r['out_dir']} is not here: this figure is drawn from the run folders the "
-                                 f"study trains; run python -m tools.study {section} first")
-        runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in rows]
+        runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
         learning_curves(runs, path, title=title)
     return draw
 
@@ -339,18 +332,20 @@ def main(argv=None):
         raise UsageError("give one or more run folders (or log.jsonl files): python plot.py out out-softmax")
     # Checked before any drawing: matplotlib refuses a suffix only when it saves, and some of those it knows
     # (.pgf, .ps) need programs that may not be here.
-    check_suffix('out', cfg['out'], FORMATS)
+    check_suffix('out', cfg['out'], ('.png', '.pdf', '.svg'))
     jsons = [f for f in cfg['runs'] if f.endswith('.json')]
     runs = [read_run(f) for f in cfg['runs'] if f not in jsons]
     vision = any('epoch' in r for _, _, rows in runs for r in rows)
     # An option given for a figure that is not drawn is refused, not ignored.
-    unused = {'out': not runs, 'title': not runs, 'x': not runs or vision, 'out_dir': not jsons}
-    for key in sorted(set_keys & {k for k, v in unused.items() if v}):
-        raise UsageError(f"--{key} does not apply to {' '.join(cfg['runs'])}: --out, --title and --x are for "
-                         f"runs (--x for language runs; vision runs are drawn against epochs), --out_dir for "
-                         f"the figures of a .json")
+    drawn = {'out': runs, 'title': runs, 'x': runs and not vision, 'out_dir': jsons}
+    for key in sorted(set_keys):
+        if not drawn.get(key, True):
+            raise UsageError(f"--{key} does not apply to {' '.join(cfg['runs'])}: --out, --title and --x are "
+                             f"for runs (--x for language runs; vision runs are drawn against epochs), "
+                             f"--out_dir for the figures of a .json")
     for f in jsons:
-        print('\n'.join(f"wrote {p}" for p in draw_results(f, cfg['out_dir'])))
+        for figure in draw_results(f, cfg['out_dir']):
+            print(f"wrote {figure}")
     if runs:
         learning_curves(runs, cfg['out'], cfg['x'], cfg['title'])
         print(f"wrote {cfg['out']}")

@@ -9,20 +9,18 @@ import shutil
 import matplotlib.figure
 import matplotlib.image
 import numpy as np
-import pytest
 
 import plot
-from conftest import run_main
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the repo root
+HERE = os.path.dirname(os.path.abspath(plot.__file__))
 
 
 def read_png(path, shape):
-    """The figure as an array, checked to have (height, width) = shape and more than a few colours."""
+    """The figure, checked to have (height, width) = shape and more than a few colours."""
     img = matplotlib.image.imread(path)
     assert img.shape[:2] == shape, img.shape
     assert len(np.unique(img[..., :3].reshape(-1, 3), axis=0)) > 20     # lines, text and markers: not blank
-    return img
 
 
 def write_run(folder, cfg, losses, evals=True):
@@ -32,16 +30,16 @@ def write_run(folder, cfg, losses, evals=True):
     for it, loss in enumerate(losses, 1):
         rows.append(dict(iter=it, kind='train', train_loss=loss, tokens=128 * it, elapsed_s=0.1 * it))
         if evals and it % 2 == 0:
-            rows.append(dict(iter=it, kind='eval', train_loss=loss, val_loss=loss + 0.1, tokens=128 * it,
-                             elapsed_s=0.1 * it))
+            rows.append(dict(rows[-1], kind='eval', val_loss=loss + 0.1))
     with open(os.path.join(folder, 'log.jsonl'), 'w') as f:
         f.writelines(json.dumps(r) + '\n' for r in rows)
 
 
-def test_several_runs_of_different_models_on_one_figure(tmp_path):
+def test_several_runs_of_different_models_on_one_figure(tmp_path, monkeypatch):
     """Each labelled from its own log, each curve from the rows of its kind; a run with no eval yet, a log
     cut short while a row was written, a damaged one (what is whole is drawn), a log file given for its
     folder."""
+    monkeypatch.chdir(tmp_path)
     write_run(tmp_path / 'out', dict(attn='tssa', token_shift=False), [5.0, 4.0, 3.2, 2.9])
     write_run(tmp_path / 'out-soft', dict(attn='softmax', token_shift=True), [5.0, 3.5, 2.8, 2.5])
     write_run(tmp_path / 'new', dict(attn='tssa', softmax_layers=[-1]), [5.1, 4.5], evals=False)
@@ -50,27 +48,23 @@ def test_several_runs_of_different_models_on_one_figure(tmp_path):
         f.write(b'{"iter": 5, "kind": "eval", "val_loss": Infinity, "tokens": 640}\n\xff\xfe\n')
     with open(tmp_path / 'out' / 'log.jsonl', 'a') as f:
         f.write('{"iter": 5, "kind": "train", "train_lo')                 # killed while writing a row
-    runs = [plot.read_run(str(tmp_path / f)) for f in ('out', 'out-soft', 'new')]
-    assert len(runs[1][2]) == 6
+    runs = [plot.read_run(f) for f in ('out', 'out-soft', 'new')]
     assert [label for label, _, _ in runs] == ['out: ToST', 'out-soft: softmax + shift', 'new: hybrid']
-    assert len(runs[0][2]) == 6 and runs[0][1]['attn'] == 'tssa'
+    assert len(runs[0][2]) == len(runs[1][2]) == 6
     # the train curve is the train rows: an eval row's train_loss is not one of its points
     train = plot.points(runs[0][2], 'train', 'tokens', 'train_loss')
     assert train.tolist() == [[128, 256, 384, 512], [5.0, 4.0, 3.2, 2.9]]
-    out = tmp_path / 'runs.png'
-    plot.main([str(tmp_path / 'out'), str(tmp_path / 'out-soft'), str(tmp_path / 'new'), f'--out={out}',
-               '--x=seconds'])
-    read_png(out, (420, 700))
-    plot.main([str(tmp_path / 'out' / 'log.jsonl'), f'--out={out}'])
-    read_png(out, (420, 700))
+    plot.main(['out', 'out-soft', 'new', '--x=seconds'])
+    read_png(tmp_path / 'runs.png', (420, 700))
     # into a folder not made yet
-    plot.main([str(tmp_path / 'out'), f'--out={tmp_path}/new/folder/runs.png'])
+    plot.main(['out/log.jsonl', '--out=new/folder/runs.png'])
     read_png(tmp_path / 'new' / 'folder' / 'runs.png', (420, 700))
 
 
 def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeypatch):
     """python plot.py docs/bench.json docs/tasks.json: each section's figure, from the numbers alone, in the
-    current folder (the figures beside the file, tracked ones in docs/, are rewritten only with --out_dir)."""
+    current folder (the figures beside the file, tracked ones in docs/, are rewritten only with --out_dir;
+    test_commands.py runs --out_dir=docs)."""
     (tmp_path / 'docs').mkdir()
     for f in ('bench.json', 'tasks.json'):
         shutil.copy(os.path.join(HERE, 'docs', f), tmp_path / 'docs')
@@ -82,8 +76,6 @@ def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeyp
     read_png(tmp_path / 'tasks.png', (664, 970))                  # five model columns, twelve rows
     assert sorted(os.listdir(tmp_path / 'docs')) == ['bench.json', 'speed.png', 'tasks.json']
     assert (tmp_path / 'docs' / 'speed.png').read_bytes() == b'tracked'
-    plot.main(['docs/bench.json', '--out_dir=docs'])                  # asked: redrawn beside it
-    read_png(tmp_path / 'docs' / 'speed.png', (400, 1000))
     plot.main(['docs/bench.json', '--out_dir=figures'])               # a folder not made yet
     read_png(tmp_path / 'figures' / 'speed.png', (400, 1000))
 
@@ -105,17 +97,10 @@ def test_the_loss_axis_shows_the_part_after_the_first_drop_in_the_runs_unit(tmp_
     assert 'per token' in axes[-1].get_ylabel()
 
 
-def plot_exits(capsys, *argv):
-    """plot.py as the command runs it: (exit code, the lines on stderr)."""
-    with pytest.raises(SystemExit) as e:
-        run_main(lambda: plot.main(list(argv)))
-    return e.value.code, capsys.readouterr().err.strip().splitlines()
-
-
-def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
-    """No run, or what is not one; a bad --out (a file for its folder, no suffix, a format other than .png, .pdf, .svg), a
-    language run with a vision run, a .json that holds no results or names runs that are not here, an option
-    that applies to none of the figures drawn: each one line, exit 2, no file."""
+def test_what_cannot_be_drawn_is_one_line(tmp_path, fails, monkeypatch):
+    """No run, or what is not one; a bad --out (a file for its folder, a folder, a format other than .png,
+    .pdf, .svg), a language run with a vision run, a .json that holds no results or names runs that are not
+    here, an option that applies to none of the figures drawn: each one line, exit 2, no file."""
     monkeypatch.chdir(tmp_path)                                      # where a figure would go unless told
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
     (tmp_path / 'vit').mkdir()
@@ -130,40 +115,34 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, capsys, monkeypatch):
     for name, text in (('empty', ''), ('cut', '{"bad json')):
         (tmp_path / name).mkdir()
         (tmp_path / name / 'log.jsonl').write_text(text)
-    run = str(tmp_path / 'out')
-    other = str(tmp_path / 'other.json')
     # each case: the command line, and what its one line names (the option or the path at fault)
     for argv, *names in (([], ''),                                   # no run at all
                          ([str(tmp_path)], str(tmp_path)),           # a folder that is not a run
-                         ([str(tmp_path / 'notes.md')], 'notes.md'),
+                         (['notes.md'], 'notes.md'),
                          # a log without a row: no empty figure
-                         ([str(tmp_path / 'empty')], f'{tmp_path}/empty/log.jsonl'),
-                         ([str(tmp_path / 'cut'), run], f'{tmp_path}/cut/log.jsonl', 'line 1'),
+                         (['empty'], 'empty/log.jsonl'),
+                         (['cut', 'out'], 'cut/log.jsonl', 'line 1'),
                          # a file where --out's folder would be made
-                         ([run, f'--out={tmp_path}/notes.md/x.png'], f'{tmp_path}/notes.md'),
-                         ([run, f'--out={tmp_path}'], '--out'),
-                         ([run, f'--out={tmp_path}/x.txt'], 'x.txt'),
+                         (['out', '--out=notes.md/x.png'], 'notes.md'),
+                         (['out', f'--out={tmp_path}'], '--out'),
                          # matplotlib knows .pgf, but writes it only with xelatex: not a format --out lists
-                         ([run, f'--out={tmp_path}/x.pgf'], 'x.pgf'),
-                         ([run, '--x=epochs'], '--x'),
-                         ([run, str(tmp_path / 'vit')], 'vit'),
-                         ([other], 'other.json'),
-                         ([str(tmp_path / 'cut.json')], 'cut.json'),
-                         ([str(tmp_path / 'study.json')], 'gone'),
-                         ([str(tmp_path / 'tasks.json'), f'--out_dir={tmp_path}/notes.md'],
-                          f'--out_dir={tmp_path}/notes.md'),
+                         (['out', '--out=x.pgf'], 'x.pgf'),
+                         (['out', '--x=epochs'], '--x'),
+                         (['out', 'vit'], 'vit'),
+                         (['other.json'], 'other.json'),
+                         (['cut.json'], 'cut.json'),
+                         (['study.json'], 'gone'),
+                         (['tasks.json', '--out_dir=notes.md'], '--out_dir=notes.md'),
                          # an option for a figure that is not drawn: refused, not ignored
-                         ([str(tmp_path / 'tasks.json'), '--out=x.png'], '--out'),
-                         ([str(tmp_path / 'vit'), '--x=seconds'], '--x'),
-                         ([run, '--out_dir=figs'], '--out_dir')):
-        code, err = plot_exits(capsys, *argv)
-        assert code == 2 and len(err) == 1 and err[0].startswith('error:'), err
-        assert all(name in err[0] for name in names), err
+                         (['tasks.json', '--out=x.png'], '--out'),
+                         (['vit', '--x=seconds'], '--x'),
+                         (['out', '--out_dir=figs'], '--out_dir')):
+        fails(plot.main, argv, *names)
     assert sorted(os.listdir(tmp_path)) == ['cut', 'cut.json', 'empty', 'notes.md', 'other.json', 'out',
                                             'study.json', 'tasks.json', 'vit']
-    plot.main([run, f'--out={tmp_path}/x.svg'])                      # the suffix picks the format
+    plot.main(['out', '--out=x.svg'])                                # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')
-    plot.main([run, f'--out={tmp_path}/x.PNG'])                      # in any case
+    plot.main(['out', '--out=x.PNG'])                                # in any case
     read_png(tmp_path / 'x.PNG', (420, 700))
 
 

@@ -18,11 +18,10 @@ import torch
 
 import plot
 from tools import study
-from conftest import run_main
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
-TASK = {t.name: t for t in study.TASKS}
+TASK = study.TASKS
 
 
 def sample(name, value, n=200, seed=0):
@@ -86,7 +85,6 @@ def test_recall_chance_is_a_guess_among_the_values_not_yet_answered():
                 total += 1
                 left.remove(ys[t])
         assert abs(right / total - study.recall_chance(pairs)) < 0.02
-    assert study.recall_chance(2) == 0.5 and study.recall_chance(4) == pytest.approx((1 / 4 + 1 / 3) / 2)
 
 
 @pytest.mark.parametrize('length', [1, 4, 9])
@@ -94,17 +92,16 @@ def test_copy_labels_are_the_segment_again(length):
     x, y = sample('copy', length)
     assert x.shape[1] == 2 * length and (x[:, length] == 32).all()     # the separator
     assert (x[:, :length] < 32).all() and (x[:, length + 1:] == x[:, :length - 1]).all()
+    # every symbol of the repeat is asked, at the token before it
     check_labels(x, y, lambda p: p[len(p) - 1 - length] if len(p) > length else None)
-    assert (y[:, length:] == x[:, :length]).all()                       # every symbol of the repeat is asked
 
 
 @pytest.mark.parametrize('period', [1, 2, 3, 4])
 def test_periodic_labels_are_the_next_token(period):
     x, y = sample('periodic', period)
     assert (x[:, period:] == x[:, :-period]).all()
-    # the next token is the one P - 1 places back, asked wherever that token exists
+    # the next token (x is periodic) is the one P - 1 places back, asked wherever that token exists
     check_labels(x, y, lambda p: p[len(p) - period] if len(p) >= period else None)
-    assert (y[:, :-1][y[:, :-1] >= 0] == x[:, 1:][y[:, :-1] >= 0]).all()   # and it is the next input token
 
 
 @pytest.mark.parametrize('symbols', [2, 4, 16])
@@ -149,7 +146,7 @@ def test_the_loss_is_taken_at_the_labelled_positions_only():
     logits, loss = study.tost.GPT(cfg)(x, y)
     m = y >= 0
     assert torch.allclose(loss, torch.nn.functional.cross_entropy(logits[m], y[m]))
-    assert m.sum() == 16 * 2 and m[:, :8].sum() == 0                   # the two queries of each sequence
+    assert m.sum() == 16 * 2                                          # the two queries of each sequence
 
 
 @pytest.mark.slow
@@ -158,16 +155,13 @@ def test_tasks_section_runs_end_to_end(tmp_path):
     study.main(['tasks', '--smoke', f'--json={out}'])
     res = json.loads(out.read_text())
     rows = res['tasks']
-    want = [(t.name, m) for t in study.TASKS for m in study.TASK_MODELS]
+    want = [(t.name, m) for t in study.TASKS.values() for m in study.TASK_MODELS]
     assert [(r['task'], r['model']) for r in rows] == want
     for r in rows:
-        assert 0 <= r['accuracy'] <= 1 and 0 < r['chance'] <= 1
+        assert 0 <= r['accuracy'] <= 1 and 0 < r['chance'] <= 1 and r['steps'] == 2
         assert r['knob'] == TASK[r['task']].knob and r['value'] == TASK[r['task']].quick[0]
-        assert r['steps'] == 2
     assert matplotlib.image.imread(tmp_path / 'tasks.png').shape[1] > 600       # the grid, beside the JSON
-    budget = res['tasks_budget']
-    assert budget['seed'] == study.TASK_SEED and budget['model']['layerscale_init'] == 1.0
-    assert set(budget['steps']) == set(TASK)
+    assert res['tasks_budget']['steps'] == dict.fromkeys(TASK, 2)
 
 
 def test_the_task_maps_hybrid_is_one_softmax_block_of_two_the_first_with_the_shift():
@@ -183,10 +177,7 @@ def test_language_and_vision_sections_run_end_to_end(tmp_path):
     reaches its checkpoint, and the table's numbers come from the runs' logs."""
     out = tmp_path / 'study.json'
     res = study.main(['language,vision', '--smoke', f'--out_dir={tmp_path / "runs"}', f'--json={out}'])
-    assert json.loads(out.read_text())['language']['rows'][0]['variant'] == 'ToST (paper)'
     lang = res['language']['rows']
-    assert [r['variant'] for r in lang] == ['ToST (paper)', 'ToST + token shift',
-                                            'hybrid: last block softmax + shift']
     assert [plot.model_name(r) for r in lang] == ['ToST', 'ToST + shift', 'hybrid + shift']
     for r in lang:
         ckpt = torch.load(f"{r['out_dir']}/ckpt.pt", weights_only=True)
@@ -197,7 +188,8 @@ def test_language_and_vision_sections_run_end_to_end(tmp_path):
     vis = res['vision']['rows']
     assert [(r['variant'], r.get('lpi')) for r in vis] == [('ToST (paper)', None), ('ToST + lpi', True)]
     assert all(0 <= r['test_acc'] <= 1 for r in vis)
-    for name in ('language.png', 'vision.png'):                      # each section's runs on one figure
+    # each section's runs on one figure, drawn from the json's rows
+    for name in ('language.png', 'vision.png'):
         assert matplotlib.image.imread(tmp_path / name).shape[:2] == (420, 700)
 
 
@@ -211,7 +203,6 @@ def test_the_sample_commands_and_samples_are_printed_whole_on_one_line(capsys, m
     long_line = 'def f(): return ' + ' + '.join(['1'] * 100)
     said = SimpleNamespace(stdout=f'{long_line}\n---------------\n')
     monkeypatch.setattr(study, 'run_script', lambda *args: said)
-    capsys.readouterr()
     study.section_language(SimpleNamespace(mode='smoke'), {})
     lines = capsys.readouterr().out.splitlines()
     command = shlex.join(['python', 'sample.py', f'--out_dir={out_dir}',
@@ -219,24 +210,16 @@ def test_the_sample_commands_and_samples_are_printed_whole_on_one_line(capsys, m
     assert any(line.endswith(command) for line in lines) and long_line in lines, lines
 
 
-def test_an_empty_out_dir_is_one_line_before_any_run(capsys, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)                                # where the runs would go: nothing is written
-    with pytest.raises(SystemExit) as e:
-        run_main(lambda: study.main(['language', '--smoke', '--out_dir=']))
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('error: ') and '--out_dir' in err
-    assert not list(tmp_path.iterdir())
-
-
-@pytest.mark.parametrize('name', ['README.md', 'results/'])
-def test_a_json_that_is_not_a_json_file_is_one_line_before_any_work(fails, tmp_path, monkeypatch, name):
+@pytest.mark.parametrize('option', ['--json=README.md', '--json=results/', '--out_dir='])
+def test_a_bad_json_or_out_dir_is_one_line_before_any_work(fails, tmp_path, monkeypatch, option):
     """--json=README.md wrote the results over the README (and the figures beside it); --json=results/ wrote a
-    file named results. Refused before any section runs: the README as it was, nothing else written."""
+    file named results; --out_dir= is no folder. Refused before any section runs: the README as it was,
+    nothing else written."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / 'README.md').write_text('# the project')
     ran = []
     monkeypatch.setitem(study.SECTIONS, 'tasks', lambda args, results: ran.append(args))
-    fails(study.main, ['tasks', '--smoke', f'--json={name}'], f'--json={name}')
+    fails(study.main, ['tasks', '--smoke', option], option.rstrip('='))
     assert ran == [] and os.listdir(tmp_path) == ['README.md']
     assert (tmp_path / 'README.md').read_text() == '# the project'
 

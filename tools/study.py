@@ -33,14 +33,20 @@ from tools.bench import REPO, console, run_sections, table
 from train_common import cosine_lr, optimizer_step
 
 
-def run_script(script, keys, what):
-    """Run one of the repo's scripts with options `keys` (a dict) in a subprocess, its output captured. Its
-    failure is one line: the child's own last line (its `error:` line, or the last line of a traceback)."""
-    args = [script, *(f'--{k}={v}' for k, v in keys.items())]
+def flags(keys):
+    """Options `keys` (a dict) as a command line gives them."""
+    return [f'--{k}={v}' for k, v in keys.items()]
+
+
+def run_script(script, keys):
+    """Run one of the repo's scripts with options `keys` in a subprocess, its output captured. Its failure is
+    one line: the command, then the child's own last line (its `error:` line, or the last line of a
+    traceback)."""
+    args = [script, *flags(keys)]
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
     if out.returncode != 0:
         said = (out.stderr or out.stdout).strip().splitlines() or [f'exit {out.returncode}']
-        raise UsageError(f"{what} failed ({shlex.join(args)}): {said[-1].removeprefix('error: ')}")
+        raise UsageError(f"{shlex.join(args)} failed: {said[-1].removeprefix('error: ')}")
     return out
 
 
@@ -48,15 +54,12 @@ def train(args, section, script, variants, keys):
     """Train each of `variants` ((run name, label, overrides); in the smoke test only those of SMOKE) with
     `script`, `keys` and its overrides, in float32 (as measured), into out_dir/section-run. Yields (the row of
     the table: its label, overrides, out_dir and seconds; the run's folder; its log's rows)."""
-    # made here: a folder that cannot be is one line naming it (options.py's handler), not a failed run
-    os.makedirs(args.out_dir, exist_ok=True)
     for run, name, extra in variants:
         if args.mode == 'smoke' and run not in SMOKE:
             continue
         out_dir = os.path.join(args.out_dir, f'{section}-{run}')
         t0 = time.time()
-        run_script(script, {'dtype': 'float32', **keys, **extra, 'out_dir': out_dir, 'overwrite': True},
-                   f'training {name}')
+        run_script(script, {'dtype': 'float32', **keys, **extra, 'out_dir': out_dir, 'overwrite': True})
         seconds = round(time.time() - t0, 1)
         row = dict(variant=name, **extra, seconds=seconds, out_dir=os.path.relpath(out_dir))
         yield row, out_dir, plot.read_run(out_dir)[2]
@@ -97,7 +100,7 @@ def section_language(args, results):
         speeds = [r['tokens_per_sec'] for r in log if r.get('kind') == 'train' and r.get('tokens_per_sec')]
         # the first row includes the warm-up
         speeds = speeds[1:] or speeds
-        sample = run_script('sample.py', dict(out_dir=out_dir, **SAMPLE), f"sampling {row['variant']}").stdout
+        sample = run_script('sample.py', dict(out_dir=out_dir, **SAMPLE)).stdout
         row.update(val_loss=val, tokens_per_sec=sum(speeds) / max(1, len(speeds)), sample=sample.strip())
         rows.append(row)
         console.print(f"  {row['variant']}: val loss {val:.3f}", style="dim")
@@ -111,22 +114,19 @@ def section_language(args, results):
     # Each command and sample line whole, however wide the console (a log's is 130 columns): a command wrapped
     # across lines runs another when its first line is pasted.
     for r in rows:
-        command = shlex.join(['python', 'sample.py', '--out_dir=' + r['out_dir'],
-                              *(f'--{k}={v}' for k, v in SAMPLE.items())])
-        console.print(f"{r['variant']}: {command}", style="bold", markup=False, highlight=False,
-                      soft_wrap=True)
-        console.print(r['sample'].split('\n---------------')[0], markup=False, highlight=False,
-                      soft_wrap=True)
+        line = shlex.join(['python', 'sample.py', *flags(dict(out_dir=r['out_dir'], **SAMPLE))])
+        sample = r['sample'].split('\n---------------')[0]
+        console.print(f"{r['variant']}: {line}\n{sample}", markup=False, highlight=False, soft_wrap=True)
 
 
 # -----------------------------------------------------------------------------
 # vision: local patch interaction, on synthetic images where local structure decides the class
 
-def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
+def make_glyph_images(folder, n_train, n_test, classes=10, size=32):
     """A CIFAR-format dataset (as prepare_data.py writes it) where only local structure tells the classes
     apart: each image is noise with one 5x5 glyph (one of `classes` fixed random patterns) at a random place
     and brightness. A glyph straddles 4x4 patches, so a patch alone rarely shows it whole."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     glyphs = rng.random((classes, 5, 5)) < 0.5
     os.makedirs(folder, exist_ok=True)
     for split, n in (('train', n_train), ('test', n_test)):
@@ -138,7 +138,7 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
         i, r, c = np.nonzero(glyphs[y])
         x[i, :, oy[i] + r, ox[i] + c] = colour[i]
         np.save(os.path.join(folder, f'{split}_images.npy'), x.astype(np.uint8))
-        np.save(os.path.join(folder, f'{split}_labels.npy'), y.astype(np.int64))
+        np.save(os.path.join(folder, f'{split}_labels.npy'), y)
     # what train_vit.py reads of a meta.json
     meta = dict(kind='images', num_classes=classes, classes=[f'glyph{i}' for i in range(classes)],
                 image_size=size, channels=3, mean=[0.3] * 3, std=[0.2] * 3)
@@ -149,18 +149,18 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32, seed=0):
 VISION = [('tost', 'ToST (paper)', {}), ('tost-lpi', 'ToST + lpi', {'lpi': True}),
           ('softmax', 'softmax', {'attn': 'softmax'}),
           ('softmax-lpi', 'softmax + lpi', {'attn': 'softmax', 'lpi': True})]
-VISION_BUDGET = {   # images, and train_vit.py overrides
-    'full': dict(n_train=6144, n_test=2048, keys=dict(epochs=6, batch_size=64)),
-    'quick': dict(n_train=2048, n_test=1024, keys=dict(epochs=4, batch_size=64)),
-    'smoke': dict(n_train=64, n_test=32, keys=dict(epochs=1, batch_size=16)),
+VISION_BUDGET = {   # train images, test images, and train_vit.py overrides
+    'full': (6144, 2048, dict(epochs=6, batch_size=64)),
+    'quick': (2048, 1024, dict(epochs=4, batch_size=64)),
+    'smoke': (64, 32, dict(epochs=1, batch_size=16)),
 }
 
 
 def section_vision(args, results):
-    b = VISION_BUDGET[args.mode]
+    n_train, n_test, overrides = VISION_BUDGET[args.mode]
     data_dir = os.path.join(args.out_dir, 'data')
-    make_glyph_images(os.path.join(data_dir, 'glyphs'), b['n_train'], b['n_test'])
-    budget = dict(model='tost-cifar-tiny', warmup_epochs=1, **b['keys'])
+    make_glyph_images(os.path.join(data_dir, 'glyphs'), n_train, n_test)
+    budget = dict(model='tost-cifar-tiny', warmup_epochs=1, **overrides)
     keys = dict(budget, dataset='glyphs', data_dir=data_dir, viz_images=0, compression_images=0)
     rows = []
     for row, _, log in train(args, 'vision', 'train_vit.py', VISION, keys):
@@ -169,9 +169,9 @@ def section_vision(args, results):
         rows.append(row)
         console.print(f"  {row['variant']}: test accuracy {evals[-1]:.3f}", style="dim")
     results['vision'] = dict(rows=rows, budget=dict(
-        budget, train_images=b['n_train'], test_images=b['n_test'],
+        budget, train_images=n_train, test_images=n_test,
         note='train_vit.py defaults with these overrides, seed 1337, one run each'))
-    table(results, f"Vision: {b['n_train']} synthetic 32px images (10 glyph classes on noise), "
+    table(results, f"Vision: {n_train} synthetic 32px images (10 glyph classes on noise), "
                    f"tost-cifar-tiny, {budget['epochs']} epochs of batch {budget['batch_size']}, "
                    f"one seed; chance 0.10",
           ['model', 'test accuracy (last epoch)', 'best', 'seconds'],
@@ -249,12 +249,13 @@ def mode_chance(symbols):
     return float((x == y)[y >= 0].mean())
 
 
-TASKS = [
+# by name
+TASKS = {t.name: t for t in [
     Task('recall', 'pairs', gen_recall, 64, recall_chance, (2, 4, 8), (2, 4), (3000, 1200)),
     Task('copy', 'length', gen_copy, 33, lambda v: 1 / 32, (8, 16, 32), (8, 32), (600, 200)),
     Task('periodic', 'period', gen_periodic, 32, lambda v: 1 / 32, (2, 3, 4), (2, 4), (600, 200)),
     Task('mode', 'symbols', gen_mode, 32, mode_chance, (4, 8, 16), (4, 16), (1000, 200)),
-]
+]}
 TASK_MODELS = {
     'tssa': dict(attn='tssa'),
     'tssa+shift': dict(attn='tssa', token_shift=True),
@@ -269,11 +270,6 @@ TASK_OPT = dict(lr=1e-3, min_lr=1e-4, warmup=0.1, weight_decay=0.1, betas=(0.9, 
                 tokens=1280)   # tokens per step: batch = tokens // T, so a step costs about the same at any T
 TASK_TEST = {'full': 1024, 'quick': 512, 'smoke': 8}   # held-out sequences per row
 TASK_SEED = 1
-
-
-def task_steps(task, mode):
-    """The training steps of `task`: its full or quick count, or 2 for the smoke test."""
-    return {'full': task.steps[0], 'quick': task.steps[1]}.get(mode, 2)
 
 
 def task_train_batches(task, value, batch, steps, test_x):
@@ -294,15 +290,14 @@ def task_train_batches(task, value, batch, steps, test_x):
 
 
 def task_run(job):
-    """One cell of the table: train a tiny GPT on a task at one knob value; its accuracy on held-out
-    sequences."""
-    name, value, kind, mode = job
-    task = next(t for t in TASKS if t.name == name)
+    """One cell of the table: train a tiny GPT on a task at one knob value for `steps` steps; its accuracy on
+    `tests` held-out sequences."""
+    name, value, kind, steps, tests = job
+    task = TASKS[name]
     o = TASK_OPT
     torch.set_num_threads(1)
     t0 = time.time()
-    x_test, y_test = task.gen(np.random.default_rng([TASK_SEED, 0]), TASK_TEST[mode], value)   # held out
-    steps = task_steps(task, mode)
+    x_test, y_test = task.gen(np.random.default_rng([TASK_SEED, 0]), tests, value)   # held out
     batch = max(1, o['tokens'] // x_test.shape[1])
     torch.manual_seed(TASK_SEED)
     cfg = tost.GPTConfig(block_size=x_test.shape[1], vocab_size=task.vocab, **TASK_MODEL, **TASK_MODELS[kind])
@@ -328,12 +323,13 @@ def task_run(job):
 
 def section_tasks(args, results):
     mode = args.mode
-    # every model at every knob value of every task; the smoke test takes each task's first quick value
-    jobs = [(t.name, v, kind, mode) for t in TASKS
-            for v in (t.quick[:1] if mode == 'smoke' else getattr(t, mode)) for kind in TASK_MODELS]
     o = TASK_OPT
     m = TASK_MODEL
-    steps = {t.name: task_steps(t, mode) for t in TASKS}
+    # the training steps of each task: its full or quick count, or 2 for the smoke test
+    steps = {t.name: dict(full=t.steps[0], quick=t.steps[1], smoke=2)[mode] for t in TASKS.values()}
+    # every model at every knob value of every task; the smoke test takes each task's first quick value
+    jobs = [(t.name, v, kind, steps[t.name], TASK_TEST[mode]) for t in TASKS.values()
+            for v in (t.quick[:1] if mode == 'smoke' else getattr(t, mode)) for kind in TASK_MODELS]
     budget = dict(model=m, optimizer=dict(o, name='AdamW', schedule='linear warmup, cosine to min_lr'),
                   steps=steps, test_sequences=TASK_TEST[mode], seed=TASK_SEED)
     console.print(f"tasks: {len(jobs)} tiny GPTs, trained two at a time (two processes of one thread each)")
@@ -354,8 +350,7 @@ def section_tasks(args, results):
             rows.append(r)
             console.print(f"  {r['task']} {r['knob']} {r['value']}, {r['model']}: accuracy "
                           f"{r['accuracy']:.3f}, chance {r['chance']:.3f}, {r['seconds']:.0f} s", style="dim")
-    results['tasks'] = rows
-    results['tasks_budget'] = budget
+    results.update(tasks=rows, tasks_budget=budget)
     console.print(f"budget, the same for every model in a row: GPT {m['n_layer']} layers, width "
                   f"{m['n_embd']}, {m['n_head']} heads, layer-scale init {m['layerscale_init']}; AdamW lr "
                   f"{o['lr']:g} ({o['warmup']:.0%} linear warmup, cosine to {o['min_lr']:g}), weight decay "
