@@ -96,11 +96,10 @@ def _download(url, data_dir, hint, checksum=None, name=None):
                 shown = _progress(shown, f"downloaded {f.tell() / 1e6:.0f} MB")
         # A connection that closes early ends the read without an error: the length tells.
         if total and os.path.getsize(tmp) != total or not _matches(tmp, checksum):
-            raise UsageError(f"download of {url} is incomplete or corrupt; run again, or fetch it by hand "
-                             f"and pass {hint}")
+            raise OSError("incomplete or corrupt")
         os.replace(tmp, dest)
         return dest
-    # No network, DNS, HTTP 404, timeouts: URLError is an OSError.
+    # No network, DNS, HTTP 404, timeouts (URLError is an OSError), and the check above.
     except OSError as e:
         raise UsageError(f"could not download {url} ({getattr(e, 'reason', e)}); "
                          f"fetch it by hand and pass {hint}") from None
@@ -187,20 +186,14 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
                     f.write(sep)
         # Two bytes a token.
         counts = [train.tell() // 2, val.tell() // 2]
-    # Every val_every-th document is val: with text but fewer documents than that (or val_every 1), the cause
-    # is the count of documents, not of tokens.
-    if val_every and any(counts) and not 0 < done // val_every < done:
-        raise UsageError(f"{source}: --val_every={val_every} puts {done // val_every} of its {done} "
-                         f"document(s) in val and the rest in train; give it at least 2 documents and a "
-                         f"--val_every from 2 to their number, or for plain text use the text dataset (the "
-                         f"last tenth of each document is val)")
-    # An empty corpus too.
+    # An empty corpus too. With text, the cause is the count of documents if every val_every-th is val.
     if counts[0] == 0 or counts[1] == 0:
-        raise UsageError(f"{source}: too little text for a train/val split "
-                         f"({counts[0]} train, {counts[1]} val tokens)")
-    split = (f"every {val_every}th document (0-based index % {val_every} == {val_every - 1}, input order) is "
-             f"val, the rest train" if val_every
-             else "the last 1/10 of each document's tokens (rounded down) is val, the rest train")
+        documents = f" of {done} document(s), --val_every={val_every}" if val_every else ""
+        raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, {counts[1]} val "
+                         f"tokens{documents})")
+    split = "the last 1/10 of each document's tokens (rounded down) is val, the rest train"
+    if val_every:
+        split = f"every {val_every}th document (0-based index % {val_every} == {val_every - 1}) is val"
     return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
                 train_tokens=counts[0], val_tokens=counts[1], source=source, split=split, documents=done,
                 eot=f"{tok.eot} appended after every document" if len(sep) else None)
@@ -218,12 +211,11 @@ def _read_text(path):
 def _files_under(path, exts='', skip=()):
     """A file, or the regular files under a folder ending in `exts` (hidden names and `skip` folders left
     out), sorted by path components."""
-    # A missing path raises here, and options.py's handler names it with its option.
+    # A missing path raises here, and options.py's handler names it with its option. A pipe given as the
+    # path is a folder of no files.
     os.stat(path)
     if os.path.isfile(path):
         return [path]
-    if not os.path.isdir(path):
-        raise UsageError(f"{path} is neither a regular file nor a folder (a pipe, socket or device)")
     found = []
     for d, dirs, names in os.walk(path):
         dirs[:] = [x for x in dirs if not x.startswith('.') and x not in skip]
