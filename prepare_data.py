@@ -76,10 +76,10 @@ def _matches(path, checksum):
     return checksum is None or hashlib.new(checksum[0], Path(path).read_bytes()).hexdigest() == checksum[1]
 
 
-def _download(url, data_dir, hint, checksum=None, name=None):
-    """url -> data_dir/downloads/name (default: the url's) via a .part-<pid> file, renamed when complete and
-    matching checksum, an (algorithm, hex digest) pair. A matching file already there is not fetched again."""
-    dest = os.path.join(data_dir, 'downloads', name or os.path.basename(url))
+def _download(url, data_dir, hint, checksum=None):
+    """url -> data_dir/downloads/ under its name via a .part-<pid> file, renamed when complete and matching
+    checksum, an (algorithm, hex digest) pair. A matching file already there is not fetched again."""
+    dest = os.path.join(data_dir, 'downloads', os.path.basename(url))
     if os.path.exists(dest) and _matches(dest, checksum):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -259,8 +259,7 @@ def _build_shakespeare(stage, o):
         folder = os.path.join(o['data_dir'], o.get('name', 'shakespeare'))
         offline = recipe(folder, {'dataset': 'shakespeare', 'input': 'input.txt', 'tokenizer': 'bytes'})
         raise UsageError(f"{e}; offline, fetch {SHAKESPEARE_URL} by hand, then: {offline}") from None
-    path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH',
-                                       name='tinyshakespeare.txt')
+    path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH')
     return _files_dataset(stage, o, [path], o.get('input', SHAKESPEARE_URL), tok)
 
 
@@ -379,18 +378,11 @@ LAMBADA_TARGETS = 'val_targets.npy'
 
 
 def _eval_source(o, spec):
-    """(bytes of the input, where it came from, whether it is the official file: True, False, or None if we
-    cannot tell). The official file is downloaded and checked unless --input is given."""
-    if 'input' not in o:
-        where = spec['url']
-        official = True
-        path = _download(spec['url'], o['data_dir'], '--input=PATH', spec['checksum'])
-    else:
-        path = o['input']
-        where = path
-        # Named as the published file but not it: False; other names (wiki.test.raw): unknown.
-        official = (True if _matches(path, spec['checksum']) else
-                    False if os.path.basename(path) == os.path.basename(spec['url']) else None)
+    """(bytes of the input, where it came from, whether it is the official file). The official file is
+    downloaded and checked unless --input is given."""
+    where = o.get('input', spec['url'])
+    path = o.get('input') or _download(spec['url'], o['data_dir'], '--input=PATH', spec['checksum'])
+    official = _matches(path, spec['checksum'])
     if 'member' in spec and path.endswith('.zip'):
         try:
             with zipfile.ZipFile(path) as z:
@@ -451,9 +443,8 @@ def _build_eval_set(stage, o, name):
         count = len(spans)
         extra = dict(documents=count, examples=count, targets=LAMBADA_TARGETS,
                      eot=f"each passage is followed by {tok.eot if tok.eot is not None else 'a newline'}",
-                     target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) "
-                                 "in val.bin; the target is the last word's tokens, with the space before it "
-                                 "if there is one")
+                     target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) in "
+                                 f"val.bin; the target is the last word's tokens, with the space before it")
     # One document: no end-of-text token.
     else:
         val = encode_arrays(tok, [text])[0]
@@ -464,10 +455,10 @@ def _build_eval_set(stage, o, name):
     # Written from Python: a failed write names the file.
     Path(stage, 'val.bin').write_bytes(val)
     Path(stage, 'train.bin').write_bytes(b'')
-    # A file named as the published one but not it read as the right format: use it, but say so.
-    if official is False:
-        _warn(f"{o['input']}: {spec['checksum'][0]} differs from the official "
-              f"{os.path.basename(spec['url'])}; using it")
+    # A file named as the published one but not it read as the right format: use it, but say so (another
+    # name, wiki.test.raw, is not the published file's).
+    if not official and os.path.basename(where) == os.path.basename(spec['url']):
+        _warn(f"{where}: {spec['checksum'][0]} differs from the official file's; using it")
     return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16', train_tokens=0,
                 val_tokens=len(val), source=where, official_file=official,
                 split='val.bin is the official test split; no train split (evaluation only)', **extra)
@@ -599,40 +590,36 @@ def prepare(name, /, data_dir='data', **o):
     if out_name.strip() in ('', 'downloads') or out_name.startswith('.') or os.sep in out_name:
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
-    # Found now, not after a build of hours.
-    if os.path.isfile(out):
-        raise UsageError(f"{out} is a file, not a dataset folder; move it away or choose another --name")
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
         built = meta.get('tokenizer')
         # An image set has no tokenizer.
         held = built or 'an image set'
         wanted = 'an image set' if name in CIFAR else o.get('tokenizer', 'its default tokenizer')
-        if (meta.get('dataset', name), o.get('tokenizer', built)) != (name, built):
-            raise UsageError(f"{out} holds {meta.get('dataset')} ({held}), not {name} ({wanted}); pass "
-                             f"--force to rebuild it, or --name=OTHER to keep both")
         given = o.get('input')
         was = meta.get('input', given)
         # Another file or folder of one's own under the same name is another dataset; a link to it is not.
-        if given and os.path.realpath(given) != os.path.realpath(was):
-            raise UsageError(f"{out} was prepared from {was}; pass --force to rebuild it from "
-                             f"{os.path.abspath(given)}, or --name=OTHER to keep both")
+        other_input = given and os.path.realpath(given) != os.path.realpath(was)
+        if other_input or (meta.get('dataset', name), o.get('tokenizer', built)) != (name, built):
+            raise UsageError(f"{out} holds {meta.get('dataset')} ({held}) from {was or 'its download'}, not "
+                             f"{name} ({wanted}) from {given or 'its download'}; pass --force to rebuild it, "
+                             f"or --name=OTHER to keep both")
         print(f"{out} is already prepared ({held}); --force rebuilds it")
         return out
     t0 = time.time()
     new_root = not os.path.isdir(data_dir)
-    # options.py's handler names the path of an OSError (a data_dir that is a file, not writable, disk full).
-    os.makedirs(data_dir, exist_ok=True)
+    # A file in the way is found now, not after a build of hours: options.py's handler names the path of an
+    # OSError (a data_dir or dataset folder that is a file, not writable, disk full).
+    os.makedirs(out, exist_ok=True)
     # Everything is written in a folder of this run's own: an exception or Ctrl-C before the move leaves
     # out/ untouched (during it, out/ lacks meta.json: not complete), and two nodes that prepare one shared
-    # data_dir at once each move complete files in.
-    # Beside the folder the files go to, which may be a link to another filesystem: os.replace cannot cross.
-    parent = os.path.dirname(os.path.realpath(out))
+    # data_dir at once each move complete files in. Inside out/, which may be a link to another filesystem:
+    # os.replace cannot cross.
     # A build killed (kill -9, a second Ctrl-C while it cleans up) leaves its folder: said, not removed,
     # since another build may be using it.
-    for left in glob.glob(os.path.join(glob.escape(parent), f".{out_name}.partial-*")):
+    for left in glob.glob(os.path.join(glob.escape(out), '.partial-*')):
         _warn(f"{left} is left from a build that was stopped; remove it unless another build is running")
-    stage = tempfile.mkdtemp(prefix=f".{out_name}.partial-", dir=parent)
+    stage = tempfile.mkdtemp(prefix='.partial-', dir=out)
     try:
         meta = builder(stage, {**o, 'data_dir': data_dir})
         meta = {'name': out_name, 'dataset': name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')}
@@ -640,7 +627,6 @@ def prepare(name, /, data_dir='data', **o):
         if o.get('input'):
             meta['input'] = os.path.abspath(o['input'])
         Path(stage, 'meta.json').write_text(json.dumps(meta, indent=2) + '\n')
-        os.makedirs(out, exist_ok=True)
         # An old dataset stops being complete before its files are replaced; meta.json comes last.
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out, 'meta.json'))
@@ -648,8 +634,9 @@ def prepare(name, /, data_dir='data', **o):
             os.replace(os.path.join(stage, f), os.path.join(out, f))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-        # A failed first run leaves no empty data_dir behind (a done one holds out/, which rmdir keeps).
-        for d in (os.path.join(data_dir, 'downloads'), data_dir) if new_root else ():
+        # A failed run leaves no empty folder behind that it made (rmdir keeps one that holds files).
+        made = [out, os.path.join(data_dir, 'downloads'), data_dir] if new_root else [out]
+        for d in made:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
     # '1,000 train images', '4,000 val tokens'
