@@ -79,6 +79,12 @@ def main_exits(capsys, *argv):
     return code, capsys.readouterr().err.strip().splitlines()
 
 
+def rebuilds(capsys, error):
+    """Runs the command `error` names, as printed: it succeeds, with nothing on stderr."""
+    command = re.search('python prepare_data.py (.*)', str(error))[1]
+    assert main_exits(capsys, *shlex.split(command)) == (0, [])
+
+
 def one_error(capsys, *argv):
     """The one line a refused command prints (exit 2)."""
     code, err = main_exits(capsys, *argv)
@@ -170,13 +176,13 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
     with open(os.path.join(out, 'train.bin'), 'ab') as f:
         f.write(b'x')
     os.remove(os.path.join(out, 'val.bin'))
-    commands = []
+    errors = []
     for split in ('train', 'val'):
         with pytest.raises(UsageError) as e:
             read_tokens(out, meta, split)
-        commands.append(re.search('python prepare_data.py (.*)', str(e.value))[1])
-    assert commands[0] == commands[1]
-    assert main_exits(capsys, *shlex.split(commands[0])) == (0, [])
+        errors.append(str(e.value).split('rebuild it: ')[1])
+    assert errors[0] == errors[1]
+    rebuilds(capsys, errors[0])
     # Rebuilt as it was: the old meta.json's counts hold.
     for split in ('train', 'val'):
         read_tokens(out, meta, split)
@@ -185,9 +191,8 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
     with pytest.raises(UsageError, match=command):
         read_images('data/images', {'kind': 'images', 'dataset': 'cifar10'})
 
-@pytest.mark.parametrize('edit', [dict(vocab_size=10), dict(vocab_size='abc'), dict(vocab_size=70000,
-                                  tokenizer='gpt2'), dict(tokenizer='foo'), dict(tokenizer=None),
-                                  dict(kind=None), dict(kind='words'), dict(kind=['text'])])
+@pytest.mark.parametrize('edit', [dict(vocab_size=10), dict(vocab_size=70000, tokenizer='gpt2'),
+                                  dict(tokenizer='foo'), dict(kind=None), dict(kind=['text'])])
 def test_a_text_meta_json_no_dataset_can_have_names_the_field_and_the_command_that_rebuilds_it(capsys, tiny,
                                                                                                 edit):
     """bytes has 256 ids, a vocab fits uint16 token files, a count is a number, a tokenizer is one
@@ -201,21 +206,17 @@ def test_a_text_meta_json_no_dataset_can_have_names_the_field_and_the_command_th
     with pytest.raises(UsageError) as e:
         load_meta(out, 'text')
     assert f'{out}/meta.json' in str(e.value) and list(edit)[0] in str(e.value)
-    command = re.search('python prepare_data.py (.*)', str(e.value))[1]
-    assert main_exits(capsys, *shlex.split(command)) == (0, [])
+    rebuilds(capsys, e.value)
     assert load_meta(out, 'text')['tokenizer'] in ('bytes', edit.get('tokenizer'))
 
 
 # (a damaged field or two of a CIFAR-10 meta.json, the CIFAR that rebuilds it); None: the field is missing
 IMAGE_EDITS = [(dict(num_classes=0), 'cifar10'), (dict(channels='3'), 'cifar10'),
-               (dict(image_size=None, num_classes=100), 'cifar100'), (dict(kind=None), 'cifar10'),
-               (dict(kind='pictures'), 'cifar10'), (dict(mean='0.5'), 'cifar10'),
-               (dict(mean=[0.5, 0.5]), 'cifar10'), (dict(mean=[0.5, None, 0.5]), 'cifar10'),
-               (dict(std=None), 'cifar10'), (dict(std=[0.2, 0, 0.2]), 'cifar10'),
-               (dict(std=[0.2] * 4), 'cifar10'), (dict(std=[0.2, float('nan'), 0.2]), 'cifar10'),
-               (dict(classes=None), 'cifar10'), (dict(classes=['a'] * 9), 'cifar10'),
-               (dict(classes=list(range(10))), 'cifar10'), (dict(classes='abcdefghij'), 'cifar10'),
-               (dict(classes=['a'] * 10, num_classes=100), 'cifar100')]
+               (dict(image_size=None, num_classes=100), 'cifar100'), (dict(kind='pictures'), 'cifar10'),
+               (dict(mean='0.5'), 'cifar10'), (dict(mean=[0.5, None, 0.5]), 'cifar10'),
+               (dict(std=[0.2, 0, 0.2]), 'cifar10'), (dict(std=[0.2] * 4), 'cifar10'),
+               (dict(std=[0.2, float('nan'), 0.2]), 'cifar10'), (dict(classes=list(range(10))), 'cifar10'),
+               (dict(classes='abcdefghij'), 'cifar10'), (dict(classes=['a'] * 10, num_classes=100), 'cifar100')]
 
 
 @pytest.mark.parametrize('edit, made', IMAGE_EDITS)
@@ -236,7 +237,7 @@ def test_an_image_meta_json_no_dataset_can_have_names_the_field_and_an_image_set
     blob = Path('c.tar.gz').read_bytes()
     monkeypatch.setattr(prep.urllib.request, 'urlopen', served(blob, []))
     monkeypatch.setitem(prep.CIFAR[made], 'md5', hashlib.md5(blob).hexdigest())
-    assert main_exits(capsys, *shlex.split(str(e.value).split('rebuild it: ')[1])[2:]) == (0, [])
+    rebuilds(capsys, e.value)
     assert load_meta('data/pics', 'images')['dataset'] == made
 
 
@@ -244,7 +245,6 @@ def test_an_image_meta_json_no_dataset_can_have_names_the_field_and_an_image_set
 # labels 0 and 1 of 2 classes)
 ARRAYS = [('train_labels', np.array([0, 2])), ('test_labels', np.array([-1, 0])),
           ('train_labels', np.array([0.0, 1.0])), ('test_labels', np.array([0, 1, 1])),
-          ('train_labels', np.array([[0, 1]])), ('test_images', np.zeros((2, 1, 4, 4), np.uint8)),
           ('train_images', np.zeros((2, 3, 8, 8), np.uint8)), ('test_images', np.zeros((2, 3, 4, 4)))]
 
 
@@ -281,16 +281,6 @@ def test_ids_past_the_vocab_name_the_file_and_its_meta_json(tiny):
 
 # -----------------------------------------------------------------------------
 # text
-
-
-def test_text_file():
-    text = 'First Citizen:\nBefore we proceed any further, hear me speak. ✓\n' * 3
-    write('speech.txt', text)
-    # --name defaults to the file's stem; no staging folder is left behind.
-    assert prepare('text', 'data', input='speech.txt') == os.path.join('data', 'speech')
-    assert os.listdir('data') == ['speech']
-    # Bytes by default.
-    assert (ids('data/speech', 'train'), ids('data/speech', 'val')) == tail_split(list(text.encode()))
 
 
 def test_text_folder_sorted_recursive(tiny):
@@ -346,7 +336,7 @@ def test_shakespeare_gpt2_from_local_copy(tiny, capsys, monkeypatch):
     # The rebuild command, run as printed, reads the same local copy: no download.
     urls = []
     monkeypatch.setattr(prep.urllib.request, 'urlopen', served(b'', urls))
-    assert main_exits(capsys, *shlex.split(readers.recipe(out, load_meta(out), force=True))[2:]) == (0, [])
+    rebuilds(capsys, readers.recipe(out, load_meta(out), force=True))
     assert urls == [] and tok.decode(ids(out, 'train') + ids(out, 'val')) == text
 
 
@@ -426,19 +416,6 @@ def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(monkeypatch, max_mb,
     parts = [tail_split(list(sources[f].encode())) for f in files]
     assert (ids(out, 'train'), ids(out, 'val')) == tuple(sum(p, []) for p in zip(*parts))
 
-
-def test_the_default_dataset_as_a_command():
-    """The real command, in a process of its own: this Python's stdlib, then a second run that does
-    nothing."""
-    def cli(*args):
-        return subprocess.run([sys.executable, os.path.join(REPO, 'prepare_data.py'), *args, '--data_dir=.'],
-                              capture_output=True, text=True, timeout=60)
-    r = cli('--dataset=python_stdlib', '--max_mb=0.05')
-    assert r.returncode == 0 and 'python_stdlib' in r.stdout, r.stderr
-    assert load_meta('python_stdlib')['documents'] > 1
-    stamp = os.stat('python_stdlib/train.bin').st_mtime_ns
-    r = cli('python_stdlib')
-    assert r.returncode == 0 and os.stat('python_stdlib/train.bin').st_mtime_ns == stamp
 
 # -----------------------------------------------------------------------------
 # openwebtext: local documents, tokenized in threads, streamed
@@ -544,31 +521,26 @@ def test_test_sets_are_kept_as_published(tiny, capsys, name, files):
     assert err and all(line.startswith('warning:') and given in line for line in err), err
 
 
-@pytest.mark.parametrize('file', ['lambada_test.jsonl', 'lambada_test.json', 'lambada_test_plain_text.txt'])
-def test_lambada_passages_and_targets(tiny, file):
+@pytest.mark.parametrize('file, tokenizer', [('lambada_test.jsonl', 'gpt2'), ('lambada_test.json', 'gpt2'),
+                                             ('lambada_test_plain_text.txt', 'gpt2'), ('l.jsonl', 'bytes')])
+def test_lambada_passages_and_targets(tiny, file, tokenizer):
     """A passage a line ('\n' only), as JSON (known by name or content) or plain text; the target is its last
-    word with the space before it, and each passage ends with end-of-text."""
+    word with the space before it, and each passage ends with end-of-text (bytes: a newline)."""
     plain = file.endswith('.txt')
     passages = [t.replace('\n', ' ') for t in LAMBADA] if plain else LAMBADA
     # The original release: trailing spaces, blank lines between passages.
     write(file, ''.join(t + ' \n\n' for t in passages) if plain else jsonl(LAMBADA))
-    out = prepare('lambada', 'data', input=file)
+    out = prepare('lambada', 'data', input=file, tokenizer=tokenizer)
     val = ids(out, 'val')
     spans = np.load(os.path.join(out, 'val_targets.npy')).tolist()
-    tok = get_tokenizer('gpt2')
+    tok = get_tokenizer(tokenizer)
+    end = 256 if tokenizer == 'gpt2' else ord('\n')
     words = [' Jack', ' Stone', ' Silence' if plain else 'Silence']
     for (p, s, e), text, word in zip(spans, passages, words):
-        assert (tok.decode(val[p:s]) + word, tok.decode(val[s:e]), val[e]) == (text, word, 256)
+        assert (tok.decode(val[p:s]) + word, tok.decode(val[s:e]), val[e]) == (text, word, end)
     # Each passage starts after the end-of-text of the one before.
     assert [p for p, _, _ in spans] + [len(val)] == [0] + [e + 1 for _, _, e in spans]
     assert (ids(out, 'train'), load_meta(out)['examples']) == ([], 3)
-
-
-def test_lambada_bytes_separates_passages_with_newline():
-    write('l.jsonl', jsonl(['the cat sat', 'a dog ran']))
-    out = prepare('lambada', 'data', input='l.jsonl', tokenizer='bytes')
-    assert bytes(ids(out, 'val')) == b'the cat sat\na dog ran\n'
-    assert np.load(os.path.join(out, 'val_targets.npy')).tolist() == [[0, 7, 11], [12, 17, 21]]
 
 # -----------------------------------------------------------------------------
 # CIFAR, from tarballs built here with the real layout
@@ -815,8 +787,10 @@ def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monke
     --force; Ctrl-C while --force rebuilds keeps the old dataset as it was; a full disk while the new files
     move in leaves no meta.json (half old, half new), and the next run rebuilds it."""
     write('in.txt', 'version one. ' * 40)
+    # --name is the file's stem; no staging folder is left.
     assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
     before = {f: Path('data/in', f).read_bytes() for f in os.listdir('data/in')}
+    assert sorted(before) == ['meta.json', 'train.bin', 'val.bin']
     write('in.txt', 'version two, longer. ' * 40)
     assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
     # Options given their default values are as if not given.
@@ -836,7 +810,8 @@ def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monke
         prepare('text', 'data', input='in.txt', force=True)
     assert os.listdir('data') == ['in'] and sorted(os.listdir('data/in')) == ['train.bin', 'val.bin']
     assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
-    assert ids('data/in', 'train') == tail_split(list(b'version two, longer. ' * 40))[0]
+    # Bytes by default, the last tenth of the text val.
+    assert (ids('data/in', 'train'), ids('data/in', 'val')) == tail_split(list(b'version two, longer. ' * 40))
 
 
 def test_two_nodes_prepare_one_shared_folder_at_once(monkeypatch):
@@ -925,14 +900,11 @@ def test_an_array_that_cannot_be_written_says_so():
 
 
 @pytest.mark.parametrize('text', ['{"kind": "text",', '[1, 2]', '"text"'])
-def test_a_meta_json_that_is_not_an_object_names_the_command_that_rebuilds_it(tmp_path, text):
-    write(str(tmp_path / 'notes' / 'meta.json'), text)
-    with pytest.raises(UsageError) as e:
-        load_meta(str(tmp_path / 'notes'))
-    assert str(tmp_path / 'notes' / 'meta.json') in str(e.value)
-    rebuild = f'python prepare_data.py text --input=PATH --name=notes --data_dir={tmp_path} --force'
-    assert rebuild in str(e.value)
-    # asked for images, it is an image set's
-    with pytest.raises(UsageError) as e:
-        load_meta(str(tmp_path / 'notes'), 'images')
-    assert f'python prepare_data.py cifar10 --name=notes --data_dir={tmp_path} --force' in str(e.value)
+def test_a_meta_json_that_is_not_an_object_names_the_command_that_rebuilds_it(text):
+    """Text of one's own from PATH; asked for images, an image set."""
+    write('data/notes/meta.json', text)
+    for kind, made in (('text', 'text --input=PATH'), ('images', 'cifar10')):
+        with pytest.raises(UsageError) as e:
+            load_meta('data/notes', kind)
+        assert 'data/notes/meta.json' in str(e.value)
+        assert f'python prepare_data.py {made} --name=notes --data_dir=data --force' in str(e.value)
