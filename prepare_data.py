@@ -189,8 +189,8 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
     # An empty corpus too. With text, the cause is the count of documents if every val_every-th is val.
     if counts[0] == 0 or counts[1] == 0:
         documents = f" of {done} document(s), --val_every={val_every}" if val_every else ""
-        raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, {counts[1]} val "
-                         f"tokens{documents})")
+        raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, "
+                         f"{counts[1]} val tokens{documents})")
     split = "the last 1/10 of each document's tokens (rounded down) is val, the rest train"
     if val_every:
         split = f"every {val_every}th document (0-based index % {val_every} == {val_every - 1}) is val"
@@ -468,13 +468,13 @@ def _build_eval_set(stage, o, name):
 
 CIFAR = {
     'cifar10': dict(url='https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz',
-                    md5='c58f30108f718f92721af3b95e74349a', top='cifar-10-batches-py',
+                    checksum=('md5', 'c58f30108f718f92721af3b95e74349a'), top='cifar-10-batches-py',
                     train=[f'data_batch_{i}' for i in range(1, 6)], test=['test_batch'], meta='batches.meta',
                     labels=b'labels', names=b'label_names', classes=10),
     'cifar100': dict(url='https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz',
-                     md5='eb9058c3a382ffc7106e4002c42a8d85', top='cifar-100-python', train=['train'],
-                     test=['test'], meta='meta', labels=b'fine_labels', names=b'fine_label_names',
-                     classes=100),
+                     checksum=('md5', 'eb9058c3a382ffc7106e4002c42a8d85'), top='cifar-100-python',
+                     train=['train'], test=['test'], meta='meta', labels=b'fine_labels',
+                     names=b'fine_label_names', classes=100),
 }
 
 
@@ -492,7 +492,8 @@ class _NumpyUnpickler(pickle.Unpickler):
 
 
 def _read_cifar(archive, spec):
-    """Loads and strictly checks the batches; returns (train x, train y, test x, test y, class names)."""
+    """Loads and strictly checks the batches; returns [train x, train y, test x, test y] and the class
+    names."""
     k = spec['classes']
     try:
         with tarfile.open(archive, 'r:*') as tf:
@@ -524,33 +525,32 @@ def _read_cifar(archive, spec):
             raise ValueError(f"want {k} names under {spec['names']!r}")
         return [n.decode('utf-8') for n in d[spec['names']]]
 
-    train = [np.concatenate(a) for a in zip(*(load(b, batch) for b in spec['train']))]
-    test = [np.concatenate(a) for a in zip(*(load(b, batch) for b in spec['test']))]
-    return *train, *test, load(spec['meta'], names)
+    arrays = [np.concatenate(a) for split in ('train', 'test')
+              for a in zip(*(load(b, batch) for b in spec[split]))]
+    return arrays, load(spec['meta'], names)
 
 
 def _build_cifar(stage, o, which):
     spec = CIFAR[which]
-    archive = o.get('archive') or _download(spec['url'], o['data_dir'], '--archive=PATH',
-                                            ('md5', spec['md5']))
-    # A download is checked already; a missing --archive is the OSError handler's to name.
-    md5_ok = 'archive' not in o or _matches(archive, ('md5', spec['md5']))
-    xtr, ytr, xte, yte, names = _read_cifar(archive, spec)
+    archive = o.get('archive') or _download(spec['url'], o['data_dir'], '--archive=PATH', spec['checksum'])
+    # A missing --archive is the OSError handler's to name.
+    official = _matches(archive, spec['checksum'])
+    arrays, names = _read_cifar(archive, spec)
     # A repacked copy is fine if the layout checks passed.
-    if not md5_ok:
-        _warn(f"{archive}: MD5 differs from the official tarball ({spec['md5']}); "
-              f"its layout checks out, using it")
-    for split, x, y in (('train', xtr, ytr), ('test', xte, yte)):
-        _save(os.path.join(stage, f'{split}_images.npy'), x)
-        _save(os.path.join(stage, f'{split}_labels.npy'), y)
+    if not official:
+        _warn(f"{archive}: MD5 differs from the official tarball ({spec['checksum'][1]}); its layout checks "
+              f"out, using it")
+    for name, array in zip(('train_images', 'train_labels', 'test_images', 'test_labels'), arrays):
+        _save(os.path.join(stage, f'{name}.npy'), array)
     # The per-channel mean and std in 0..1, from each channel's histogram of the 256 values: no float copy.
+    xtr = arrays[0]
     hist = np.stack([np.bincount(xtr[:, c].ravel(), minlength=256) for c in range(3)]) / xtr[:, 0].size
     v = np.arange(256) / 255
     mean = hist @ v
     std = np.sqrt(np.maximum(hist @ v ** 2 - mean ** 2, 0))
     return dict(kind='images', num_classes=spec['classes'], classes=names, image_size=32, channels=3,
                 mean=np.round(mean, 6).tolist(), std=np.round(std, 6).tolist(),
-                train_count=len(xtr), test_count=len(xte), md5_matches_official=md5_ok,
+                train_count=len(xtr), test_count=len(arrays[2]), official_file=official,
                 source=os.path.abspath(archive) if 'archive' in o else spec['url'])
 
 # -----------------------------------------------------------------------------

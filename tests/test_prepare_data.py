@@ -216,7 +216,8 @@ IMAGE_EDITS = [(dict(num_classes=0), 'cifar10'), (dict(channels='3'), 'cifar10')
                (dict(mean='0.5'), 'cifar10'), (dict(mean=[0.5, None, 0.5]), 'cifar10'),
                (dict(std=[0.2, 0, 0.2]), 'cifar10'), (dict(std=[0.2] * 4), 'cifar10'),
                (dict(std=[0.2, float('nan'), 0.2]), 'cifar10'), (dict(classes=list(range(10))), 'cifar10'),
-               (dict(classes='abcdefghij'), 'cifar10'), (dict(classes=['a'] * 10, num_classes=100), 'cifar100')]
+               (dict(classes='abcdefghij'), 'cifar10'),
+               (dict(classes=['a'] * 10, num_classes=100), 'cifar100')]
 
 
 @pytest.mark.parametrize('edit, made', IMAGE_EDITS)
@@ -236,7 +237,7 @@ def test_an_image_meta_json_no_dataset_can_have_names_the_field_and_an_image_set
     make_cifar('c.tar.gz', made)
     blob = Path('c.tar.gz').read_bytes()
     monkeypatch.setattr(prep.urllib.request, 'urlopen', served(blob, []))
-    monkeypatch.setitem(prep.CIFAR[made], 'md5', hashlib.md5(blob).hexdigest())
+    monkeypatch.setitem(prep.CIFAR[made], 'checksum', ('md5', hashlib.md5(blob).hexdigest()))
     rebuilds(capsys, e.value)
     assert load_meta('data/pics', 'images')['dataset'] == made
 
@@ -632,12 +633,10 @@ def test_a_download_is_checked(tiny, monkeypatch, name):
     with pytest.raises(UsageError):
         prepare(name, 'data')
     assert not os.path.exists('data')
-    if name == 'cifar10':
-        monkeypatch.setitem(prep.CIFAR[name], 'md5', hashlib.md5(blob).hexdigest())
-    else:
-        monkeypatch.setitem(prep.EVAL_SETS[name], 'checksum', ('sha256', hashlib.sha256(blob).hexdigest()))
+    table = prep.CIFAR if name == 'cifar10' else prep.EVAL_SETS
+    monkeypatch.setitem(table[name], 'checksum', ('md5', hashlib.md5(blob).hexdigest()))
     meta = load_meta(prepare(name, 'data'))
-    assert meta['source'] == urls[-1] and meta.get('official_file', meta.get('md5_matches_official')) is True
+    assert meta['source'] == urls[-1] and meta['official_file'] is True
     assert os.listdir('data/downloads') == [os.path.basename(urls[-1])]
     # A damaged copy in downloads/ is fetched again, a good one is not.
     write(f'data/downloads/{os.path.basename(urls[-1])}', b'junk')
