@@ -163,8 +163,8 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
     sep = np.array([tok.eot] if eot and tok.eot is not None else [], dtype=np.uint16)
     cores = os.cpu_count() or 1
     threads = min(o.get('workers') or cores, cores)
-    with (open(os.path.join(stage, 'train.bin'), 'wb') as train,
-          open(os.path.join(stage, 'val.bin'), 'wb') as val):
+    with (open(Path(stage, 'train.bin'), 'wb') as train,
+          open(Path(stage, 'val.bin'), 'wb') as val):
         # done: documents so far, this one included.
         done = 0
         for done, doc in itertools.groupby(_encoded(tok, docs, threads), key=lambda piece: piece[0]):
@@ -405,11 +405,11 @@ def _lambada(text, where, tok):
         if not line.strip():
             continue
         line = (_json_text(line, f'{where}:{n}') if jsonl else line).rstrip()
-        m = re.search(r'(\s)(\S+)$', line)
+        # The last word, with the space before it if there is one: GPT-2's BPE attaches the space to the word.
+        m = re.search(r' ?\S+$', line)
         if m is None or not line[:m.start()].strip():
             raise UsageError(f"{where}:{n} has no last word to predict after a context: not LAMBADA's")
-        # GPT-2's BPE attaches the space to the word.
-        cut = m.start() if m.group(1) == ' ' else m.start(2)
+        cut = m.start()
         parts += [*encode_arrays(tok, [line[:cut], line[cut:]]), sep]
     if not parts:
         raise UsageError(f"{where} holds no passages")
@@ -439,7 +439,7 @@ def _build_eval_set(stage, o, name):
                          f"with N for numbers")
     if name == 'lambada':
         val, spans = _lambada(text, where, tok)
-        _save(os.path.join(stage, LAMBADA_TARGETS), spans)
+        _save(Path(stage, LAMBADA_TARGETS), spans)
         count = len(spans)
         extra = dict(documents=count, examples=count, targets=LAMBADA_TARGETS,
                      eot=f"each passage is followed by {tok.eot if tok.eot is not None else 'a newline'}",
@@ -541,7 +541,7 @@ def _build_cifar(stage, o, which):
         _warn(f"{archive}: MD5 differs from the official tarball ({spec['checksum'][1]}); its layout checks "
               f"out, using it")
     for name, array in zip(('train_images', 'train_labels', 'test_images', 'test_labels'), arrays):
-        _save(os.path.join(stage, f'{name}.npy'), array)
+        _save(Path(stage, f'{name}.npy'), array)
     # The per-channel mean and std in 0..1, from each channel's histogram of the 256 values: no float copy.
     xtr = arrays[0]
     hist = np.stack([np.bincount(xtr[:, c].ravel(), minlength=256) for c in range(3)]) / xtr[:, 0].size
@@ -578,11 +578,9 @@ def prepare(name, /, data_dir='data', **o):
         raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}); for text of your own: "
                          f"{own}{f'; or did you mean {close[0]}?' if close else ''}")
     builder, takes = DATASETS[name]
-    takes = takes | {'name', 'force'}
-    extra = sorted(set(o) - takes)
+    extra = sorted(set(o) - takes - {'name', 'force'})
     if extra:
-        raise UsageError(
-            f"{name} does not take --{extra[0]} (it takes: {', '.join('--' + k for k in sorted(takes))})")
+        raise UsageError(f"{name} does not take --{extra[0]} (it takes --name, --force and: {sorted(takes)})")
     if name == 'text' and not o.get('input'):
         raise UsageError("text needs --input=PATH (a text file or a folder of them)")
     # For text, notes.txt makes notes.
