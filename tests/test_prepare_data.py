@@ -156,8 +156,7 @@ def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys):
     # the command for an image set, typed as printed; a text model given one is told what it is
     with pytest.raises(UsageError) as e:
         load_meta('data/mnist', 'images')
-    command = re.search(r'python prepare_data.py (.*) \(or cifar100\)', str(e.value))[1]
-    assert command == 'cifar10 --data_dir=data'
+    assert 'python prepare_data.py cifar10 --data_dir=data (or cifar100)' in str(e.value)
     with pytest.raises(UsageError, match='train_vit.py'):
         load_meta('data/cifar10', 'text')
     # a rebuild keeps the dataset's tokenizer; a folder with a space is one word of the command
@@ -177,13 +176,10 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
     with open(os.path.join(out, 'train.bin'), 'ab') as f:
         f.write(b'x')
     os.remove(os.path.join(out, 'val.bin'))
-    errors = []
     for split in ('train', 'val'):
         with pytest.raises(UsageError) as e:
             read_tokens(out, meta, split)
-        errors.append(str(e.value).split('rebuild it: ')[1])
-    assert errors[0] == errors[1]
-    rebuilds(capsys, errors[0])
+    rebuilds(capsys, e.value)
     # Rebuilt as it was: the old meta.json's counts hold.
     for split in ('train', 'val'):
         read_tokens(out, meta, split)
@@ -417,9 +413,11 @@ class FakeParquet:
             yield SimpleNamespace(column=lambda j: column)
 
 
-def owt_folder(monkeypatch):
-    """13 documents in .jsonl, .txt and .parquet files (one column 'text', where a null is an empty
-    document)."""
+@pytest.mark.parametrize('workers, threads', [(1, 1), (2, 2), (0, 2), (100000, 2)])
+def test_openwebtext_local_streaming(tiny, monkeypatch, workers, threads):
+    """13 documents in .jsonl, .txt and .parquet files (one column 'text', where a null is an empty document),
+    in input order, in pieces, in chunks, in threads: as many as --workers says, 0 for every core, at most the
+    cores (2 here)."""
     monkeypatch.setattr(prep, '_pyarrow_parquet', lambda: FakeParquet)
     docs = [f'document {i}: ' + 'words and more words. ' * (i % 4 + 1) for i in range(12)] + [None]
     docs[5] = 'a literal <|endoftext|> inside a document is text'
@@ -428,14 +426,7 @@ def owt_folder(monkeypatch):
     write('owt/p.parquet', json.dumps(docs[9:]))
     write('owt/sub/c.jsonl', ''.join(json.dumps({'text': d}) + '\n' for d in docs[6:9]))
     write('owt/ignored.csv', 'not,a,document')
-    return docs[:6] + docs[9:] + docs[6:9]
-
-
-@pytest.mark.parametrize('workers, threads', [(1, 1), (2, 2), (0, 2), (100000, 2)])
-def test_openwebtext_local_streaming(tiny, monkeypatch, workers, threads):
-    """In input order, in pieces, in chunks, in threads: as many as --workers says, 0 for every core, at most
-    the cores (2 here)."""
-    docs = owt_folder(monkeypatch)
+    docs = docs[:6] + docs[9:] + docs[6:9]
     # Many small chunks, a document's pieces in several and one chunk ending a document and starting the next.
     monkeypatch.setattr(prep, '_CHUNK', 2)
     monkeypatch.setattr(prep, '_PIECE', 8)
