@@ -319,20 +319,17 @@ def _owt_download(data_dir):
     # Fail before downloading 13 GB we cannot read.
     _pyarrow_parquet()
     hint = '--input=owt/ (a folder of its .parquet, .jsonl or .txt files)'
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise UsageError(f"downloading OpenWebText needs huggingface_hub: pip install huggingface_hub; "
-                         f"or pass {hint}") from None
     for rev in ('main', 'refs/convert/parquet'):
         local = os.path.join(data_dir, 'downloads', 'openwebtext', rev.replace('/', '_'))
         try:
+            from huggingface_hub import snapshot_download
             folder = snapshot_download(OWT_REPO, repo_type='dataset', revision=rev,
                                        allow_patterns=['*.parquet'], local_dir=local)
-        # No network, no such revision, and whatever else the hub raises.
+        # huggingface_hub not installed, no network, no such revision, and whatever else the hub raises.
         except Exception as e:
-            raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}); fetch its "
-                             f"parquet files by hand and pass {hint}") from None
+            raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}; the "
+                             f"download needs huggingface_hub); fetch its parquet files by hand and pass "
+                             f"{hint}") from None
         files = [f for f in _files_under(folder, '.parquet') if 'train' in os.path.basename(f)]
         if files:
             return files

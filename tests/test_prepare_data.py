@@ -662,6 +662,7 @@ BAD = [  # (dataset and options, what the line names, files to write)
     ('openwebtext --input=empty --tokenizer=bytes', 'empty', {'empty': None}),
     ('openwebtext --input=owt', 'x.jsonl:2', {'owt/x.jsonl': '{"text": "fine"}\n{"body": "no text"}\n'}),
     ('openwebtext --input=owt', 'pyarrow', {'owt/train-0.parquet': b'PAR1'}),
+    ('openwebtext --tokenizer=bytes', 'pyarrow', {}),
     # fewer documents than --val_every (a .txt is one), or every one val; no file of the kinds it reads
     ('openwebtext --input=owt.txt', '--val_every', {'owt.txt': 'plain text. ' * 50}),
     ('openwebtext --input=owt --val_every=1', '--val_every', {f'owt/{i}.txt': 'text' for i in range(3)}),
