@@ -151,8 +151,6 @@ def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys):
     write('notes.txt', 'my own notes. ' * 20)
     assert main_exits(capsys, *command.split()) == (0, [])
     assert load_meta('data/notes')['kind'] == 'text'
-    with pytest.raises(UsageError):
-        load_meta('data/notes', 'images')
     # the command for an image set, typed as printed; a text model given one is told what it is
     with pytest.raises(UsageError) as e:
         load_meta('data/mnist', 'images')
@@ -208,11 +206,11 @@ def test_a_text_meta_json_no_dataset_can_have_names_the_field_and_the_command_th
 
 
 # (a damaged field or two of a CIFAR-10 meta.json, the CIFAR that rebuilds it); None: the field is missing
+# (test_train_vit tries a mean not a list, a std of a zero or of the wrong length.)
 IMAGE_EDITS = [(dict(num_classes=0), 'cifar10'), (dict(channels='3'), 'cifar10'),
                (dict(image_size=None, num_classes=100), 'cifar100'), (dict(kind='pictures'), 'cifar10'),
-               (dict(mean='0.5'), 'cifar10'), (dict(mean=[0.5, None, 0.5]), 'cifar10'),
-               (dict(std=[0.2, 0, 0.2]), 'cifar10'), (dict(std=[0.2] * 4), 'cifar10'),
-               (dict(std=[0.2, float('nan'), 0.2]), 'cifar10'), (dict(classes=list(range(10))), 'cifar10'),
+               (dict(mean=[0.5, None, 0.5]), 'cifar10'), (dict(std=[0.2, float('nan'), 0.2]), 'cifar10'),
+               (dict(classes=list(range(10))), 'cifar10'),
                (dict(classes='abcdefghij'), 'cifar10'),
                (dict(classes=['a'] * 10, num_classes=100), 'cifar100')]
 
@@ -240,10 +238,9 @@ def test_an_image_meta_json_no_dataset_can_have_names_the_field_and_an_image_set
 
 
 # (the file, what it holds instead of what meta.json says: 2 of each split's 3 channels of 4 x 4 pixels,
-# labels 0 and 1 of 2 classes)
-ARRAYS = [('train_labels', np.array([0, 2])), ('test_labels', np.array([-1, 0])),
-          ('train_labels', np.array([0.0, 1.0])), ('test_labels', np.array([0, 1, 1])),
-          ('train_images', np.zeros((2, 3, 8, 8), np.uint8)), ('test_images', np.zeros((2, 3, 4, 4)))]
+# labels 0 and 1 of 2 classes; test_train_vit tries labels past the classes, images of another size)
+ARRAYS = [('test_labels', np.array([-1, 0])), ('train_labels', np.array([0.0, 1.0])),
+          ('test_labels', np.array([0, 1, 1])), ('test_images', np.zeros((2, 3, 4, 4)))]
 
 
 @pytest.mark.parametrize('name, array', ARRAYS)
@@ -298,27 +295,21 @@ def test_text_folder_sorted_recursive(tiny):
     assert (ids(out, 'train'), ids(out, 'val')) == (train, val)
 
 
-def test_text_warns_of_bytes_it_replaces_and_files_it_skips(capsys):
-    write('in/latin1.txt', 'café au lait, '.encode('latin-1') * 10)
+def test_a_folder_of_text_skips_what_is_not_text():
+    """A named pipe (whose first read would wait for a writer forever) and a binary file in a folder are
+    skipped, bytes that are not UTF-8 replaced, each with a warning naming its file; a pipe given as --input
+    is one line naming it. In a process of its own: a hang is a timeout."""
+    write('in/a.txt', 'café au lait, '.encode('latin-1') * 10)
     write('in/blob.so', bytes(range(256)) * 4)
-    out = prepare('text', 'data', input='in')
-    err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2
-    assert any('latin1.txt' in line for line in err) and any('blob.so' in line for line in err)
-    assert load_meta(out)['documents'] == 1
-    assert 'caf\ufffd au lait'.encode('utf-8') in bytes(ids(out, 'train'))
-
-
-def test_a_pipe_is_never_opened():
-    """A named pipe in a folder (whose first read would wait for a writer forever) is skipped with a warning
-    naming it; one given as --input is one line naming it. In a process of its own: a hang is a timeout."""
-    write('in/a.txt', 'hello there. ' * 20)
     os.mkfifo('in/p.txt')
     os.mkfifo('pipe')
     command = [sys.executable, os.path.join(REPO, 'prepare_data.py'), 'text', '--data_dir=data']
     run = subprocess.run(command + ['--input=in'], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0 and one_line(run.stderr, 'in/p.txt')
-    assert ids('data/in', 'train') + ids('data/in', 'val') == list(b'hello there. ' * 20)
+    warned = run.stderr.splitlines()
+    assert run.returncode == 0 and len(warned) == 3, run.stderr
+    assert all(any(name in line for line in warned) for name in ('in/a.txt', 'in/blob.so', 'in/p.txt'))
+    assert load_meta('data/in')['documents'] == 1
+    assert 'caf\ufffd au lait'.encode() in bytes(ids('data/in', 'train'))
     run = subprocess.run(command + ['--input=pipe'], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and one_line(run.stderr, 'pipe')
 
@@ -615,6 +606,7 @@ def test_a_download_cut_short_is_refused(monkeypatch):
     with pytest.raises(UsageError):
         prepare('shakespeare', 'data', tokenizer='bytes')
     assert not os.path.exists('data')
+
 
 # -----------------------------------------------------------------------------
 # bad input: one line, exit 2, naming what is wrong, nothing written
