@@ -31,10 +31,7 @@ class Tokenizer:
     def decode(self, ids):
         """Tensors and arrays welcome; ids past the vocab (a padded model head) are dropped, half a UTF-8
         character is replaced."""
-        ids = [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
-        if self.enc is None:
-            return bytes(ids).decode("utf-8", errors="replace")
-        return self.enc.decode(ids, errors="replace")
+        return b"".join(map(self.token_bytes, ids)).decode("utf-8", errors="replace")
 
     def token_bytes(self, t):
         """One token's raw bytes, which may end inside a UTF-8 character (streamed output); b'' past the
