@@ -19,7 +19,6 @@ readers.py reads them. train_gpt.py calls prepare() when a cheap dataset is miss
 import options
 import contextlib
 import difflib
-import functools
 import glob
 import hashlib
 import io
@@ -415,9 +414,10 @@ def _lambada(text, where, tok):
     return np.concatenate(parts), starts.reshape(-1, 3)
 
 
-def _build_eval_set(stage, o, name):
+def _build_eval_set(stage, o):
     """The test split, read strictly as UTF-8 in its published format, -> val.bin (lambada: and where each
     target sits), with a warning if its size is not the official one."""
+    name = o['dataset']
     spec = EVAL_SETS[name]
     # Fail on the tokenizer before any download.
     tok = get_tokenizer(o.get('tokenizer', 'gpt2'))
@@ -527,8 +527,8 @@ def _read_cifar(archive, spec):
     return arrays, load(spec['meta'], names)
 
 
-def _build_cifar(stage, o, which):
-    spec = CIFAR[which]
+def _build_cifar(stage, o):
+    spec = CIFAR[o['dataset']]
     archive = o.get('archive') or _download(spec['url'], o['data_dir'], '--archive=PATH', spec['checksum'])
     # A missing --archive is the OSError handler's to name.
     official = _matches(archive, spec['checksum'])
@@ -553,14 +553,15 @@ def _build_cifar(stage, o, which):
 # -----------------------------------------------------------------------------
 # prepare(): build in a staging folder, then move the files into place, meta.json last
 
-# name -> (builder, options it takes besides --name/--force/--data_dir).
+# name -> (builder, options it takes besides --name/--force/--data_dir). A builder gets them with data_dir
+# and the dataset's name.
 DATASETS = {
     'python_stdlib': (_build_python_stdlib, {'tokenizer', 'max_mb', 'workers'}),
     'shakespeare': (_build_shakespeare, {'tokenizer', 'input', 'workers'}),
     'text': (_build_text, {'tokenizer', 'input', 'workers'}),
     'openwebtext': (_build_openwebtext, {'tokenizer', 'input', 'workers', 'val_every'}),
-    **{n: (functools.partial(_build_eval_set, name=n), {'tokenizer', 'input'}) for n in EVAL_SETS},
-    **{n: (functools.partial(_build_cifar, which=n), {'archive'}) for n in CIFAR},
+    **{n: (_build_eval_set, {'tokenizer', 'input'}) for n in EVAL_SETS},
+    **{n: (_build_cifar, {'archive'}) for n in CIFAR},
 }
 
 
@@ -616,7 +617,7 @@ def prepare(name, /, data_dir='data', **o):
         _warn(f"{left} is left from a build that was stopped; remove it unless another build is running")
     stage = tempfile.mkdtemp(prefix='.partial-', dir=out)
     try:
-        meta = builder(stage, {**o, 'data_dir': data_dir})
+        meta = builder(stage, {**o, 'data_dir': data_dir, 'dataset': name})
         meta = {'name': out_name, 'dataset': name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')}
         # The rebuild command readers.recipe prints reads the same --input.
         if o.get('input'):
