@@ -19,7 +19,6 @@ readers.py reads them. train_gpt.py calls prepare() when a cheap dataset is miss
 import options
 import contextlib
 import difflib
-import functools
 import glob
 import hashlib
 import io
@@ -76,10 +75,10 @@ def _matches(path, checksum):
     return checksum is None or hashlib.new(checksum[0], Path(path).read_bytes()).hexdigest() == checksum[1]
 
 
-def _download(url, data_dir, hint, checksum=None, name=None):
-    """url -> data_dir/downloads/name (default: the url's) via a .part-<pid> file, renamed when complete and
-    matching checksum, an (algorithm, hex digest) pair. A matching file already there is not fetched again."""
-    dest = os.path.join(data_dir, 'downloads', name or os.path.basename(url))
+def _download(url, data_dir, hint, checksum=None):
+    """url -> data_dir/downloads/ under its name via a .part-<pid> file, renamed when complete and matching
+    checksum, an (algorithm, hex digest) pair. A matching file already there is not fetched again."""
+    dest = os.path.join(data_dir, 'downloads', os.path.basename(url))
     if os.path.exists(dest) and _matches(dest, checksum):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -96,11 +95,10 @@ def _download(url, data_dir, hint, checksum=None, name=None):
                 shown = _progress(shown, f"downloaded {f.tell() / 1e6:.0f} MB")
         # A connection that closes early ends the read without an error: the length tells.
         if total and os.path.getsize(tmp) != total or not _matches(tmp, checksum):
-            raise UsageError(f"download of {url} is incomplete or corrupt; run again, or fetch it by hand "
-                             f"and pass {hint}")
+            raise OSError("incomplete or corrupt")
         os.replace(tmp, dest)
         return dest
-    # No network, DNS, HTTP 404, timeouts: URLError is an OSError.
+    # No network, DNS, HTTP 404, timeouts (URLError is an OSError), and the check above.
     except OSError as e:
         raise UsageError(f"could not download {url} ({getattr(e, 'reason', e)}); "
                          f"fetch it by hand and pass {hint}") from None
@@ -164,8 +162,8 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
     sep = np.array([tok.eot] if eot and tok.eot is not None else [], dtype=np.uint16)
     cores = os.cpu_count() or 1
     threads = min(o.get('workers') or cores, cores)
-    with (open(os.path.join(stage, 'train.bin'), 'wb') as train,
-          open(os.path.join(stage, 'val.bin'), 'wb') as val):
+    with (open(Path(stage, 'train.bin'), 'wb') as train,
+          open(Path(stage, 'val.bin'), 'wb') as val):
         # done: documents so far, this one included.
         done = 0
         for done, doc in itertools.groupby(_encoded(tok, docs, threads), key=lambda piece: piece[0]):
@@ -187,20 +185,14 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
                     f.write(sep)
         # Two bytes a token.
         counts = [train.tell() // 2, val.tell() // 2]
-    # Every val_every-th document is val: with text but fewer documents than that (or val_every 1), the cause
-    # is the count of documents, not of tokens.
-    if val_every and any(counts) and not 0 < done // val_every < done:
-        raise UsageError(f"{source}: --val_every={val_every} puts {done // val_every} of its {done} "
-                         f"document(s) in val and the rest in train; give it at least 2 documents and a "
-                         f"--val_every from 2 to their number, or for plain text use the text dataset (the "
-                         f"last tenth of each document is val)")
-    # An empty corpus too.
+    # An empty corpus too. With text, the cause is the count of documents if every val_every-th is val.
     if counts[0] == 0 or counts[1] == 0:
-        raise UsageError(f"{source}: too little text for a train/val split "
-                         f"({counts[0]} train, {counts[1]} val tokens)")
-    split = (f"every {val_every}th document (0-based index % {val_every} == {val_every - 1}, input order) is "
-             f"val, the rest train" if val_every
-             else "the last 1/10 of each document's tokens (rounded down) is val, the rest train")
+        documents = f" of {done} document(s), --val_every={val_every}" if val_every else ""
+        raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, "
+                         f"{counts[1]} val tokens{documents})")
+    split = "the last 1/10 of each document's tokens (rounded down) is val, the rest train"
+    if val_every:
+        split = f"every {val_every}th document (0-based index % {val_every} == {val_every - 1}) is val"
     return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
                 train_tokens=counts[0], val_tokens=counts[1], source=source, split=split, documents=done,
                 eot=f"{tok.eot} appended after every document" if len(sep) else None)
@@ -218,12 +210,11 @@ def _read_text(path):
 def _files_under(path, exts='', skip=()):
     """A file, or the regular files under a folder ending in `exts` (hidden names and `skip` folders left
     out), sorted by path components."""
-    # A missing path raises here, and options.py's handler names it with its option.
+    # A missing path raises here, and options.py's handler names it with its option. A pipe given as the
+    # path is a folder of no files.
     os.stat(path)
     if os.path.isfile(path):
         return [path]
-    if not os.path.isdir(path):
-        raise UsageError(f"{path} is neither a regular file nor a folder (a pipe, socket or device)")
     found = []
     for d, dirs, names in os.walk(path):
         dirs[:] = [x for x in dirs if not x.startswith('.') and x not in skip]
@@ -267,8 +258,7 @@ def _build_shakespeare(stage, o):
         folder = os.path.join(o['data_dir'], o.get('name', 'shakespeare'))
         offline = recipe(folder, {'dataset': 'shakespeare', 'input': 'input.txt', 'tokenizer': 'bytes'})
         raise UsageError(f"{e}; offline, fetch {SHAKESPEARE_URL} by hand, then: {offline}") from None
-    path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH',
-                                       name='tinyshakespeare.txt')
+    path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH')
     return _files_dataset(stage, o, [path], o.get('input', SHAKESPEARE_URL), tok)
 
 
@@ -328,20 +318,17 @@ def _owt_download(data_dir):
     # Fail before downloading 13 GB we cannot read.
     _pyarrow_parquet()
     hint = '--input=owt/ (a folder of its .parquet, .jsonl or .txt files)'
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise UsageError(f"downloading OpenWebText needs huggingface_hub: pip install huggingface_hub; "
-                         f"or pass {hint}") from None
     for rev in ('main', 'refs/convert/parquet'):
         local = os.path.join(data_dir, 'downloads', 'openwebtext', rev.replace('/', '_'))
         try:
+            from huggingface_hub import snapshot_download
             folder = snapshot_download(OWT_REPO, repo_type='dataset', revision=rev,
                                        allow_patterns=['*.parquet'], local_dir=local)
-        # No network, no such revision, and whatever else the hub raises.
+        # huggingface_hub not installed, no network, no such revision, and whatever else the hub raises.
         except Exception as e:
-            raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}); fetch its "
-                             f"parquet files by hand and pass {hint}") from None
+            raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}; the "
+                             f"download needs huggingface_hub); fetch its parquet files by hand and pass "
+                             f"{hint}") from None
         files = [f for f in _files_under(folder, '.parquet') if 'train' in os.path.basename(f)]
         if files:
             return files
@@ -387,18 +374,11 @@ LAMBADA_TARGETS = 'val_targets.npy'
 
 
 def _eval_source(o, spec):
-    """(bytes of the input, where it came from, whether it is the official file: True, False, or None if we
-    cannot tell). The official file is downloaded and checked unless --input is given."""
-    if 'input' not in o:
-        where = spec['url']
-        official = True
-        path = _download(spec['url'], o['data_dir'], '--input=PATH', spec['checksum'])
-    else:
-        path = o['input']
-        where = path
-        # Named as the published file but not it: False; other names (wiki.test.raw): unknown.
-        official = (True if _matches(path, spec['checksum']) else
-                    False if os.path.basename(path) == os.path.basename(spec['url']) else None)
+    """(bytes of the input, where it came from, whether it is the official file). The official file is
+    downloaded and checked unless --input is given."""
+    where = o.get('input', spec['url'])
+    path = o.get('input') or _download(spec['url'], o['data_dir'], '--input=PATH', spec['checksum'])
+    official = _matches(path, spec['checksum'])
     if 'member' in spec and path.endswith('.zip'):
         try:
             with zipfile.ZipFile(path) as z:
@@ -421,11 +401,11 @@ def _lambada(text, where, tok):
         if not line.strip():
             continue
         line = (_json_text(line, f'{where}:{n}') if jsonl else line).rstrip()
-        m = re.search(r'(\s)(\S+)$', line)
+        # The last word, with the space before it if there is one: GPT-2's BPE attaches the space to the word.
+        m = re.search(r' ?\S+$', line)
         if m is None or not line[:m.start()].strip():
             raise UsageError(f"{where}:{n} has no last word to predict after a context: not LAMBADA's")
-        # GPT-2's BPE attaches the space to the word.
-        cut = m.start() if m.group(1) == ' ' else m.start(2)
+        cut = m.start()
         parts += [*encode_arrays(tok, [line[:cut], line[cut:]]), sep]
     if not parts:
         raise UsageError(f"{where} holds no passages")
@@ -434,9 +414,10 @@ def _lambada(text, where, tok):
     return np.concatenate(parts), starts.reshape(-1, 3)
 
 
-def _build_eval_set(stage, o, name):
+def _build_eval_set(stage, o):
     """The test split, read strictly as UTF-8 in its published format, -> val.bin (lambada: and where each
     target sits), with a warning if its size is not the official one."""
+    name = o['dataset']
     spec = EVAL_SETS[name]
     # Fail on the tokenizer before any download.
     tok = get_tokenizer(o.get('tokenizer', 'gpt2'))
@@ -455,13 +436,12 @@ def _build_eval_set(stage, o, name):
                          f"with N for numbers")
     if name == 'lambada':
         val, spans = _lambada(text, where, tok)
-        _save(os.path.join(stage, LAMBADA_TARGETS), spans)
+        _save(Path(stage, LAMBADA_TARGETS), spans)
         count = len(spans)
         extra = dict(documents=count, examples=count, targets=LAMBADA_TARGETS,
                      eot=f"each passage is followed by {tok.eot if tok.eot is not None else 'a newline'}",
-                     target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) "
-                                 "in val.bin; the target is the last word's tokens, with the space before it "
-                                 "if there is one")
+                     target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) in "
+                                 f"val.bin; the target is the last word's tokens, with the space before it")
     # One document: no end-of-text token.
     else:
         val = encode_arrays(tok, [text])[0]
@@ -472,10 +452,10 @@ def _build_eval_set(stage, o, name):
     # Written from Python: a failed write names the file.
     Path(stage, 'val.bin').write_bytes(val)
     Path(stage, 'train.bin').write_bytes(b'')
-    # A file named as the published one but not it read as the right format: use it, but say so.
-    if official is False:
-        _warn(f"{o['input']}: {spec['checksum'][0]} differs from the official "
-              f"{os.path.basename(spec['url'])}; using it")
+    # A file named as the published one but not it read as the right format: use it, but say so (another
+    # name, wiki.test.raw, is not the published file's).
+    if not official and os.path.basename(where) == os.path.basename(spec['url']):
+        _warn(f"{where}: {spec['checksum'][0]} differs from the official file's; using it")
     return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16', train_tokens=0,
                 val_tokens=len(val), source=where, official_file=official,
                 split='val.bin is the official test split; no train split (evaluation only)', **extra)
@@ -485,13 +465,13 @@ def _build_eval_set(stage, o, name):
 
 CIFAR = {
     'cifar10': dict(url='https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz',
-                    md5='c58f30108f718f92721af3b95e74349a', top='cifar-10-batches-py',
+                    checksum=('md5', 'c58f30108f718f92721af3b95e74349a'), top='cifar-10-batches-py',
                     train=[f'data_batch_{i}' for i in range(1, 6)], test=['test_batch'], meta='batches.meta',
                     labels=b'labels', names=b'label_names', classes=10),
     'cifar100': dict(url='https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz',
-                     md5='eb9058c3a382ffc7106e4002c42a8d85', top='cifar-100-python', train=['train'],
-                     test=['test'], meta='meta', labels=b'fine_labels', names=b'fine_label_names',
-                     classes=100),
+                     checksum=('md5', 'eb9058c3a382ffc7106e4002c42a8d85'), top='cifar-100-python',
+                     train=['train'], test=['test'], meta='meta', labels=b'fine_labels',
+                     names=b'fine_label_names', classes=100),
 }
 
 
@@ -509,7 +489,8 @@ class _NumpyUnpickler(pickle.Unpickler):
 
 
 def _read_cifar(archive, spec):
-    """Loads and strictly checks the batches; returns (train x, train y, test x, test y, class names)."""
+    """Loads and strictly checks the batches; returns [train x, train y, test x, test y] and the class
+    names."""
     k = spec['classes']
     try:
         with tarfile.open(archive, 'r:*') as tf:
@@ -541,46 +522,46 @@ def _read_cifar(archive, spec):
             raise ValueError(f"want {k} names under {spec['names']!r}")
         return [n.decode('utf-8') for n in d[spec['names']]]
 
-    train = [np.concatenate(a) for a in zip(*(load(b, batch) for b in spec['train']))]
-    test = [np.concatenate(a) for a in zip(*(load(b, batch) for b in spec['test']))]
-    return *train, *test, load(spec['meta'], names)
+    arrays = [np.concatenate(a) for split in ('train', 'test')
+              for a in zip(*(load(b, batch) for b in spec[split]))]
+    return arrays, load(spec['meta'], names)
 
 
-def _build_cifar(stage, o, which):
-    spec = CIFAR[which]
-    archive = o.get('archive') or _download(spec['url'], o['data_dir'], '--archive=PATH',
-                                            ('md5', spec['md5']))
-    # A download is checked already; a missing --archive is the OSError handler's to name.
-    md5_ok = 'archive' not in o or _matches(archive, ('md5', spec['md5']))
-    xtr, ytr, xte, yte, names = _read_cifar(archive, spec)
+def _build_cifar(stage, o):
+    spec = CIFAR[o['dataset']]
+    archive = o.get('archive') or _download(spec['url'], o['data_dir'], '--archive=PATH', spec['checksum'])
+    # A missing --archive is the OSError handler's to name.
+    official = _matches(archive, spec['checksum'])
+    arrays, names = _read_cifar(archive, spec)
     # A repacked copy is fine if the layout checks passed.
-    if not md5_ok:
-        _warn(f"{archive}: MD5 differs from the official tarball ({spec['md5']}); "
-              f"its layout checks out, using it")
-    for split, x, y in (('train', xtr, ytr), ('test', xte, yte)):
-        _save(os.path.join(stage, f'{split}_images.npy'), x)
-        _save(os.path.join(stage, f'{split}_labels.npy'), y)
+    if not official:
+        _warn(f"{archive}: MD5 differs from the official tarball ({spec['checksum'][1]}); its layout checks "
+              f"out, using it")
+    for name, array in zip(('train_images', 'train_labels', 'test_images', 'test_labels'), arrays):
+        _save(Path(stage, f'{name}.npy'), array)
     # The per-channel mean and std in 0..1, from each channel's histogram of the 256 values: no float copy.
+    xtr = arrays[0]
     hist = np.stack([np.bincount(xtr[:, c].ravel(), minlength=256) for c in range(3)]) / xtr[:, 0].size
     v = np.arange(256) / 255
     mean = hist @ v
     std = np.sqrt(np.maximum(hist @ v ** 2 - mean ** 2, 0))
     return dict(kind='images', num_classes=spec['classes'], classes=names, image_size=32, channels=3,
                 mean=np.round(mean, 6).tolist(), std=np.round(std, 6).tolist(),
-                train_count=len(xtr), test_count=len(xte), md5_matches_official=md5_ok,
+                train_count=len(xtr), test_count=len(arrays[2]), official_file=official,
                 source=os.path.abspath(archive) if 'archive' in o else spec['url'])
 
 # -----------------------------------------------------------------------------
 # prepare(): build in a staging folder, then move the files into place, meta.json last
 
-# name -> (builder, options it takes besides --name/--force/--data_dir).
+# name -> (builder, options it takes besides --name/--force/--data_dir). A builder gets them with data_dir
+# and the dataset's name.
 DATASETS = {
     'python_stdlib': (_build_python_stdlib, {'tokenizer', 'max_mb', 'workers'}),
     'shakespeare': (_build_shakespeare, {'tokenizer', 'input', 'workers'}),
     'text': (_build_text, {'tokenizer', 'input', 'workers'}),
     'openwebtext': (_build_openwebtext, {'tokenizer', 'input', 'workers', 'val_every'}),
-    **{n: (functools.partial(_build_eval_set, name=n), {'tokenizer', 'input'}) for n in EVAL_SETS},
-    **{n: (functools.partial(_build_cifar, which=n), {'archive'}) for n in CIFAR},
+    **{n: (_build_eval_set, {'tokenizer', 'input'}) for n in EVAL_SETS},
+    **{n: (_build_cifar, {'archive'}) for n in CIFAR},
 }
 
 
@@ -595,11 +576,9 @@ def prepare(name, /, data_dir='data', **o):
         raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}); for text of your own: "
                          f"{own}{f'; or did you mean {close[0]}?' if close else ''}")
     builder, takes = DATASETS[name]
-    takes = takes | {'name', 'force'}
-    extra = sorted(set(o) - takes)
+    extra = sorted(set(o) - takes - {'name', 'force'})
     if extra:
-        raise UsageError(
-            f"{name} does not take --{extra[0]} (it takes: {', '.join('--' + k for k in sorted(takes))})")
+        raise UsageError(f"{name} does not take --{extra[0]} (it takes --name, --force and: {sorted(takes)})")
     if name == 'text' and not o.get('input'):
         raise UsageError("text needs --input=PATH (a text file or a folder of them)")
     # For text, notes.txt makes notes.
@@ -607,48 +586,43 @@ def prepare(name, /, data_dir='data', **o):
     if out_name.strip() in ('', 'downloads') or out_name.startswith('.') or os.sep in out_name:
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
-    # Found now, not after a build of hours.
-    if os.path.isfile(out):
-        raise UsageError(f"{out} is a file, not a dataset folder; move it away or choose another --name")
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
         built = meta.get('tokenizer')
         # An image set has no tokenizer.
         held = built or 'an image set'
         wanted = 'an image set' if name in CIFAR else o.get('tokenizer', 'its default tokenizer')
-        if (meta.get('dataset', name), o.get('tokenizer', built)) != (name, built):
-            raise UsageError(f"{out} holds {meta.get('dataset')} ({held}), not {name} ({wanted}); pass "
-                             f"--force to rebuild it, or --name=OTHER to keep both")
         given = o.get('input')
         was = meta.get('input', given)
         # Another file or folder of one's own under the same name is another dataset; a link to it is not.
-        if given and os.path.realpath(given) != os.path.realpath(was):
-            raise UsageError(f"{out} was prepared from {was}; pass --force to rebuild it from "
-                             f"{os.path.abspath(given)}, or --name=OTHER to keep both")
+        other_input = given and os.path.realpath(given) != os.path.realpath(was)
+        if other_input or (meta.get('dataset', name), o.get('tokenizer', built)) != (name, built):
+            raise UsageError(f"{out} holds {meta.get('dataset')} ({held}) from {was or 'its download'}, not "
+                             f"{name} ({wanted}) from {given or 'its download'}; pass --force to rebuild it, "
+                             f"or --name=OTHER to keep both")
         print(f"{out} is already prepared ({held}); --force rebuilds it")
         return out
     t0 = time.time()
     new_root = not os.path.isdir(data_dir)
-    # options.py's handler names the path of an OSError (a data_dir that is a file, not writable, disk full).
-    os.makedirs(data_dir, exist_ok=True)
+    # A file in the way is found now, not after a build of hours: options.py's handler names the path of an
+    # OSError (a data_dir or dataset folder that is a file, not writable, disk full).
+    os.makedirs(out, exist_ok=True)
     # Everything is written in a folder of this run's own: an exception or Ctrl-C before the move leaves
     # out/ untouched (during it, out/ lacks meta.json: not complete), and two nodes that prepare one shared
-    # data_dir at once each move complete files in.
-    # Beside the folder the files go to, which may be a link to another filesystem: os.replace cannot cross.
-    parent = os.path.dirname(os.path.realpath(out))
+    # data_dir at once each move complete files in. Inside out/, which may be a link to another filesystem:
+    # os.replace cannot cross.
     # A build killed (kill -9, a second Ctrl-C while it cleans up) leaves its folder: said, not removed,
     # since another build may be using it.
-    for left in glob.glob(os.path.join(glob.escape(parent), f".{out_name}.partial-*")):
+    for left in glob.glob(os.path.join(glob.escape(out), '.partial-*')):
         _warn(f"{left} is left from a build that was stopped; remove it unless another build is running")
-    stage = tempfile.mkdtemp(prefix=f".{out_name}.partial-", dir=parent)
+    stage = tempfile.mkdtemp(prefix='.partial-', dir=out)
     try:
-        meta = builder(stage, {**o, 'data_dir': data_dir})
+        meta = builder(stage, {**o, 'data_dir': data_dir, 'dataset': name})
         meta = {'name': out_name, 'dataset': name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')}
         # The rebuild command readers.recipe prints reads the same --input.
         if o.get('input'):
             meta['input'] = os.path.abspath(o['input'])
         Path(stage, 'meta.json').write_text(json.dumps(meta, indent=2) + '\n')
-        os.makedirs(out, exist_ok=True)
         # An old dataset stops being complete before its files are replaced; meta.json comes last.
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out, 'meta.json'))
@@ -656,8 +630,9 @@ def prepare(name, /, data_dir='data', **o):
             os.replace(os.path.join(stage, f), os.path.join(out, f))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-        # A failed first run leaves no empty data_dir behind (a done one holds out/, which rmdir keeps).
-        for d in (os.path.join(data_dir, 'downloads'), data_dir) if new_root else ():
+        # A failed run leaves no empty folder behind that it made (rmdir keeps one that holds files).
+        made = [out, os.path.join(data_dir, 'downloads'), data_dir] if new_root else [out]
+        for d in made:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
     # '1,000 train images', '4,000 val tokens'
