@@ -98,7 +98,8 @@ def trained(data, tmp_path_factory):
 def test_a_few_steps_lower_the_loss(data, tmp_path, capsys):
     out = str(tmp_path)
     train_vit.main(base_args(data, out, '--epochs=3', '--max_steps=3'))
-    steps, rows = read_log(out, kind='train'), read_log(out, kind='eval')
+    steps = read_log(out, kind='train')
+    rows = read_log(out, kind='eval')
     assert [r['epoch'] for r in rows] == [1, 2, 3] and [r['step'] for r in rows] == [3, 6, 9]
     assert [r['step'] for r in steps] == [2, 3, 4, 6, 8, 9]         # every 2 steps and at each epoch's end
     assert steps[-1]['train_loss'] < steps[0]['train_loss']
@@ -195,20 +196,12 @@ def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path, 
             train_vit.main(base_args(data, trained, '--epochs=1', '--warmup_epochs=1', *extra))
         assert len(capsys.readouterr().out.splitlines()) == 1
     assert Path(trained, 'best.pt').read_bytes() == before
-    out = tmp_path / 'out'                                        # --overwrite=true: the old files go first
-    out.mkdir()
-    for f in ('ckpt.pt', 'best.pt'):
-        (out / f).write_bytes(Path(trained, f).read_bytes())
+    # --overwrite=true: the old checkpoints go first, and the log starts anew
+    out = tmp_path / 'out'
+    shutil.copytree(trained, out)
     train_vit.main(base_args(data, str(out), '--epochs=1', '--max_steps=1', '--overwrite=true'))
-    assert torch.load(out / 'ckpt.pt', weights_only=True)['epoch'] == 1
+    assert weights(out)['epoch'] == 1
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
-    # a new run from trained weights
-    weights = [f'--init_from={trained}/best.pt', '--epochs=1', '--max_steps=2']
-    train_vit.main(base_args(data, str(tmp_path / 'tuned'), *weights))
-    assert torch.load(tmp_path / 'tuned' / 'ckpt.pt', weights_only=True)['step'] == 2          # from step 0
-    assert [r['step'] for r in read_log(tmp_path / 'tuned', kind='eval')] == [2]     # a log of its own
-    with pytest.raises(UsageError, match='ckpt.pt'):
-        train_vit.main(base_args(data, str(tmp_path / 'tuned'), *weights))
 
 
 def test_checkpoint_format(trained):
@@ -306,15 +299,6 @@ def test_compiled_run_has_static_graphs_made_in_the_first_epoch_saves_plain_weig
         assert (a['kind'], a['step']) == (b['kind'], b['step']) and abs(a[loss] - b[loss]) < 1e-3
 
 
-def test_a_resume_keeps_no_second_copy_of_the_weights(data, tmp_path, monkeypatch):
-    out, loaded = str(tmp_path), []
-    train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=1', '--viz_images=0'))
-    monkeypatch.setattr(train_vit, 'load_checkpoint',
-                        lambda *a, **k: loaded.append(load_checkpoint(*a, **k)) or loaded[-1])
-    train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=2', '--max_steps=2'])
-    assert len(loaded) == 1 and 'optimizer' in loaded[0] and 'model' not in loaded[0]
-
-
 @pytest.mark.parametrize('dtype, computed', [('bfloat16', 'bfloat16'), ('float16', 'float16'),
                                              ('auto', 'float32')])
 def test_mixed_precision_runs_on_cpu(data, tmp_path, monkeypatch, dtype, computed):
@@ -363,9 +347,10 @@ def test_random_crop_flip_cuts_padded_windows():
     xp = torch.nn.functional.pad(x, (2, 2, 2, 2))
     seen = set()
     for i in range(len(x)):
-        found = [(oy, ox, f) for oy in range(5) for ox in range(5) for f in (0, 1)
-                 if torch.equal(out[i], (lambda w: w.flip(-1) if f else w)(xp[i, :, oy:oy + 6, ox:ox + 6]))]
-        assert found, f"image {i} is not a (flipped) window of its padded self"
+        # the image's window, mirrored or not
+        found = [(oy, ox, flip) for oy in range(5) for ox in range(5) for flip in (0, 1)
+                 if torch.equal(out[i].flip(-1) if flip else out[i], xp[i, :, oy:oy + 6, ox:ox + 6])]
+        assert found, i
         seen.update(found)
     assert {f for _, _, f in seen} == {0, 1} and len({(oy, ox) for oy, ox, _ in seen}) > 10
 
@@ -483,7 +468,9 @@ def test_mistakes_end_in_one_line_before_anything_is_written(data, trained, tmp_
 
 def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch, fails):
     """NaN from step 7 on: the row at step 8 stops the run, exit 3, and ckpt.pt stays at step 4 (epoch 1)."""
-    out, real, calls = str(tmp_path), tost.ViT.forward, []
+    out = str(tmp_path)
+    real = tost.ViT.forward
+    calls = []
 
     def nan_from_step_7(self, x):
         logits = real(self, x)
@@ -538,38 +525,45 @@ def test_maps_that_cannot_be_drawn_end_eval_only_whose_job_they_are(data, traine
 
 def test_a_run_from_weights_is_that_model_and_takes_a_new_drop_path(data, trained, tmp_path):
     """From best.pt with no --model: the checkpoint names the checkpoint's model (not the default
-    tost-cifar), and --drop_path applies."""
+    tost-cifar), --drop_path applies, and the run starts at step 0 with a log of its own."""
     out = str(tmp_path)
-    train_vit.main([f'--data_dir={data}', '--dataset=synth', f'--out_dir={out}',
-                    f'--init_from={trained}/best.pt',
-                    '--drop_path=0.3', '--epochs=1', '--max_steps=1', '--batch_size=16', '--device=cpu',
-                    '--viz_images=0', '--compression_images=0'])
+    args = base_args(data, out, f'--init_from={trained}/best.pt', '--drop_path=0.3', '--epochs=1',
+                     '--max_steps=1')
+    train_vit.main([arg for arg in args if not arg.startswith('--model=')])
     ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
     assert ckpt['config']['model'] == 'tost-cifar-tiny' and ckpt['model_args']['drop_path'] == 0.3
-    assert ckpt['config']['drop_path'] == 0.3
+    assert ckpt['config']['drop_path'] == 0.3 and ckpt['step'] == 1
+    assert [r['step'] for r in read_log(out, kind='eval')] == [1]
     assert load_checkpoint(f'{trained}/best.pt')['model_args']['drop_path'] == 0.1
     train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=2', '--model=tost-cifar-tiny'])
 
 
-def test_resumes_with_other_batch_sizes_keep_the_log_in_epochs(data, tmp_path):
+def test_resumes_with_other_batch_sizes_keep_the_log_in_epochs(data, tmp_path, monkeypatch):
     """A step is another length after such a resume: the log keeps what came before the checkpoint by the
-    epochs done, which every row carries, not by step numbers of two different lengths."""
+    epochs done, which every row carries, not by step numbers of two different lengths. A resume keeps no
+    second copy of the weights it loaded."""
     out = str(tmp_path)
     train_vit.main(base_args(data, out, '--epochs=1', '--batch_size=8', '--viz_images=0'))   # 8 steps of 8
+    loaded = []
+    monkeypatch.setattr(train_vit, 'load_checkpoint',
+                        lambda *a, **k: loaded.append(load_checkpoint(*a, **k)) or loaded[-1])
     for epochs in (2, 3):                                                                 # then 2 steps of 32
         train_vit.main(['--init_from=resume', f'--out_dir={out}', f'--epochs={epochs}', '--batch_size=32'])
         assert (weights(out)['step'], weights(out)['epoch']) == (2 * epochs, epochs)
+        assert 'optimizer' in loaded[-1] and 'model' not in loaded[-1]
     assert [r['epoch'] for r in read_log(out, kind='train')] == [0.25, 0.5, 0.75, 1, 2, 3]
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2, 3]
 
 
-def test_images_per_second_count_the_images_of_the_row(data, tmp_path):
-    """64 images in batches of 24: 24, 24, 16. A row at the epoch's end covers 64 images in 3 steps."""
-    out = str(tmp_path)
-    train_vit.main(base_args(data, out, '--epochs=1', '--batch_size=24', '--log_interval=10',
+@pytest.mark.parametrize('batch, steps', [(24, 3), (100000, 1)])
+def test_a_row_counts_the_images_of_its_steps(data, tmp_path, capsys, batch, steps):
+    """64 images in batches of 24 (24, 24, 16), or of 100000 (one step of every image, which the header says):
+    the row at the epoch's end covers 64 images in its steps."""
+    train_vit.main(base_args(data, str(tmp_path), '--epochs=1', f'--batch_size={batch}', '--log_interval=10',
                              '--viz_images=0'))
-    row, = read_log(out, kind='train')
-    assert row['step'] == 3 and row['img_per_s'] * row['ms_per_step'] / 1000 == pytest.approx(64 / 3)
+    row, = read_log(str(tmp_path), kind='train')
+    assert row['step'] == steps and row['img_per_s'] * row['ms_per_step'] / 1000 == pytest.approx(64 / steps)
+    assert f' {min(batch, 64)} images' in capsys.readouterr().out
 
 
 def test_best_pt_is_written_even_when_the_accuracy_is_zero(data, tmp_path, monkeypatch):
@@ -589,38 +583,24 @@ def test_a_resume_past_its_epochs_has_nothing_to_do(trained, tmp_path, capsys):
     assert (run / 'ckpt.pt').read_bytes() == Path(trained, 'ckpt.pt').read_bytes()
 
 
-def test_a_batch_larger_than_the_data_is_the_data(data, tmp_path, capsys):
-    """One step an epoch, of every image, and the header says so."""
-    train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--batch_size=100000', '--viz_images=0'))
-    assert [r['step'] for r in read_log(str(tmp_path), kind='eval')] == [1]
-    out = capsys.readouterr().out
-    assert ' 64 images' in out and '100000' not in out
-
-
-def test_lpi_is_a_key_recorded_in_the_checkpoint(data, tmp_path):
-    out = str(tmp_path)
-    train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=2', '--lpi=true'))
-    ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
-    assert ckpt['model_args']['lpi'] is True and any('.lpi.' in k for k in ckpt['model'])
-
-
 def test_vit_inspect_gives_maps_and_per_layer_compression():
     model = tost.ViT(tost.preset('tost-cifar-tiny')).eval()
     out = train_vit.inspect(model, torch.randn(2, 3, 32, 32), layer=1)
     assert out['pi'].shape == (2, 4, 8, 8)
     torch.testing.assert_close(out['pi'].sum(1), torch.ones(2, 8, 8))     # memberships sum to 1 over heads
     assert out['cls_attn'].shape == (2, 4, 8, 8)
-    assert len(out['compression']) == 4 and all(c.shape == (2,) and (c > 0).all() for c in out['compression'])
+    compression = out['compression']
+    assert len(compression) == 4 and all(c.shape == (2,) and (c > 0).all() for c in compression)
 
 
-def test_the_step_clips_at_grad_clip(data, tmp_path, monkeypatch):
-    """--grad_clip reaches every optimizer step (train_common's tests check the step clips at it)."""
+def test_lpi_and_grad_clip_reach_the_model_and_every_step(data, tmp_path, monkeypatch):
+    """--lpi is a key of the checkpoint's model; --grad_clip reaches every optimizer step (train_common's
+    tests check the step clips at it)."""
     clips = []
     real = train_vit.optimizer_step
-
-    def step(optimizer, scaler, lr, grad_clip):
-        clips.append(grad_clip)
-        return real(optimizer, scaler, lr, grad_clip)
-    monkeypatch.setattr(train_vit, 'optimizer_step', step)
-    train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--max_steps=2', '--grad_clip=0.5'))
+    monkeypatch.setattr(train_vit, 'optimizer_step', lambda *a: clips.append(a[-1]) or real(*a))
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=2', '--lpi=true', '--grad_clip=0.5'))
+    ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
+    assert ckpt['model_args']['lpi'] is True and any('.lpi.' in k for k in ckpt['model'])
     assert clips == [0.5, 0.5]
