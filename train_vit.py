@@ -159,8 +159,8 @@ def evaluate(model, x, y, batch_size, ctx, dist):
     if dist.ddp:
         torch.distributed.all_reduce(sums)
     model.train()
-    correct, loss = sums.tolist()
-    return correct / len(x), loss / len(x)
+    # In float64, as Python divides: the sums are exact counts (correct) and a float32 sum (loss).
+    return (sums.double() / len(x)).tolist()
 
 
 @torch.no_grad()
@@ -190,7 +190,6 @@ def inspect(model, x, layer):
     return {'compression': compression, 'cls_attn': att[:, :, 1:].unflatten(-1, grid), 'pi': pi}
 
 
-@torch.no_grad()
 def look_inside(model, x, images, labels, cfg, classes):
     """On rank 0, in float32: R^var_c of each TSSA layer on the first compression_images test images, printed
     as a bar chart (the paper's per-layer figure in a terminal) and returned for the log row; the maps of the
@@ -324,7 +323,9 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # the optimizer, the schedule in steps, compile and DDP
-    optimizer, scaler = optimizer_for(raw_model, cfg, dtype, ckpt if resume else None)
+    # What a resume goes on from: its checkpoint; a new run from weights starts afresh.
+    state = ckpt if resume else {}
+    optimizer, scaler = optimizer_for(raw_model, cfg, dtype, state)
     epochs = cfg['epochs']
     per_rank = -(-len(x_train) // dist.world_size)
     steps_per_epoch = min(-(-per_rank // batch_size), cfg['max_steps'] or math.inf)
@@ -332,8 +333,8 @@ def main(argv=None):
     warmup = cfg['warmup_epochs'] * steps_per_epoch
     # A resume goes on from the epochs done, in this run's steps (another batch size or process count changes
     # their length).
-    step = round(ckpt['epoch'] * steps_per_epoch) if resume else 0
-    best_acc = ckpt['best_acc'] if resume else -1.0
+    step = round(state.get('epoch', 0) * steps_per_epoch)
+    best_acc = state.get('best_acc', -1.0)
     model = wrap(raw_model, dist, cfg['compile'])
     min_lr = learning_rate * cfg['min_lr_ratio']
 
@@ -354,7 +355,7 @@ def main(argv=None):
             f"learning rate never reaches --learning_rate")
     # The log keeps the rows up to the epochs done.
     if master:
-        start_log(out_dir, 'epoch', ckpt['epoch'] if resume else None)
+        start_log(out_dir, 'epoch', state.get('epoch'))
         log_row(out_dir, {'kind': 'config', **cfg, 'dtype': dtype, 'params': n_params})
 
     # -------------------------------------------------------------------------
@@ -366,8 +367,8 @@ def main(argv=None):
     drawing = True
     # The losses since the last row; a resume starts from its checkpoint's, so that its first row is the
     # unbroken run's.
-    loss_sum = torch.tensor(ckpt.get('loss_sum', 0.0) if resume else 0.0, device=device)
-    since_row = ckpt.get('since_row', 0) if resume else 0
+    loss_sum = torch.tensor(state.get('loss_sum', 0.0), device=device)
+    since_row = state.get('since_row', 0)
     # The steps and images timed since t_row: a row that spans a resume times only those after it.
     timed = 0
     seen = 0
@@ -452,7 +453,7 @@ def main(argv=None):
                     f"eta {human((total - step) * dt)}")
                 if master:
                     log_row(out_dir, row)
-                loss_sum = torch.zeros((), device=device)
+                loss_sum.zero_()
                 since_row = 0
                 timed = 0
                 seen = 0
