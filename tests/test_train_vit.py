@@ -105,7 +105,7 @@ def test_a_few_steps_lower_the_loss(data, tmp_path, capsys):
     assert steps[-1]['train_loss'] < steps[0]['train_loss']
     # a fresh model predicts ~uniformly: test loss ~ ln 3 = 1.10; after 9 steps it must be well below
     assert rows[-1]['test_loss'] < 0.7 * math.log(CLASSES)
-    assert rows[-1]['test_acc'] > 0.8 and all(0 <= r['test_acc'] <= 1 for r in rows)
+    assert rows[-1]['test_acc'] > 0.8
     # the white-box view: R^var_c of every TSSA layer, at every eval
     comp = [r['compression'] for r in rows]
     assert all(len(c) == 4 for c in comp)                      # one value per TSSA layer
@@ -311,7 +311,7 @@ def test_mixed_precision_runs_on_cpu(data, tmp_path, monkeypatch, dtype, compute
     assert ('scale' in ck['scaler']) == (dtype == 'float16') and ck['config']['dtype'] == dtype
     with open(tmp_path / 'log.jsonl') as f:
         assert json.loads(f.readline())['dtype'] == computed
-    assert all(math.isfinite(r['train_loss']) for r in read_log(out, kind='train'))
+    # (a training loss that is not finite ends the run: test_a_nan_loss_stops...)
     assert all(math.isfinite(r['test_loss']) for r in read_log(out, kind='eval'))
 
 
@@ -395,15 +395,15 @@ def test_an_image_of_other_than_3_channels_is_drawn_grey(tmp_path, channels):
 def test_softmax_baseline_everything_else_equal(data, tmp_path):
     out = str(tmp_path)
     train_vit.main(base_args(data, out, '--attn=softmax', '--epochs=1', '--max_steps=2'))
-    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
-    tssa = tost.ViT(tost.ViTConfig(**{**ck['model_args'], 'attn': 'tssa'}))
+    ck = weights(out)
     assert ck['model_args']['attn'] == 'softmax'
-    differ = {k.split('.attn.')[0] for k in set(ck['model']) ^ set(tssa.state_dict())}
-    assert differ == {f'blocks.{i}' for i in range(4)}              # only the attention of the 4 blocks
-    shared = set(ck['model']) & set(tssa.state_dict())
-    assert all(ck['model'][k].shape == tssa.state_dict()[k].shape for k in shared if '.attn.' not in k)
-    row = read_log(out, kind='eval')[-1]
-    assert 0 <= row['test_acc'] <= 1 and not any(k.startswith('compression') for k in row)
+    state = ck['model']
+    tssa = tost.ViT(tost.ViTConfig(**dict(ck['model_args'], attn='tssa'))).state_dict()
+    # the attention of each of the 4 blocks differs, and nothing else
+    assert {k.split('.attn.')[0] for k in set(state) ^ set(tssa)} == {f'blocks.{i}' for i in range(4)}
+    shapes = [{k: v.shape for k, v in model.items() if '.attn.' not in k} for model in (state, tssa)]
+    assert shapes[0] == shapes[1]
+    assert 'compression' not in read_log(out, kind='eval')[-1]
     img = read_png(os.path.join(out, 'viz', 'test0000.png'))
     assert img.shape[:2] == (190, 750) and panels(img) == 5        # no Pi row: only the CLS attention
 
