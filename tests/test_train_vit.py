@@ -25,10 +25,11 @@ from options import UsageError
 from train_common import load_checkpoint
 
 CLASSES = 3
-# A learning rate that does not depend on the run's length, a warmup longer than the run (a run of 1 epoch and
-# its resume must land on the state of a 2-epoch run), and drop-path (randomness for the resume to reproduce
-# besides the augmentation).
-CONSTANT_LR = ('--warmup_epochs=10', '--drop_path=0.1', '--label_smoothing=0.1')
+# The trained run's settings and the resume test's: a warmup longer than the run, so that the learning rate
+# does not depend on the run's length (a run of 1 epoch and its resume must land on the state of a 2-epoch
+# run); for the resume to reproduce, drop-path (randomness besides the augmentation) and LPI (BatchNorm's
+# running statistics).
+RESUMABLE = ('--warmup_epochs=10', '--drop_path=0.1', '--label_smoothing=0.1', '--lpi=true')
 
 
 def make_dataset(data_dir, name='synth', size=16, n_train=4, n_test=4, classes=CLASSES, channels=3,
@@ -89,9 +90,9 @@ def data(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def trained(data, tmp_path_factory):
-    """Two epochs of 4 steps (CONSTANT_LR)."""
+    """Two epochs of 4 steps (RESUMABLE)."""
     out = str(tmp_path_factory.mktemp('run'))
-    train_vit.main(base_args(data, out, '--epochs=2', *CONSTANT_LR))
+    train_vit.main(base_args(data, out, '--epochs=2', *RESUMABLE))
     return out
 
 
@@ -142,7 +143,7 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
 
     if stop_at:
         monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_step)
-        args = base_args(data, out, '--epochs=2', *CONSTANT_LR, '--log_interval=4')
+        args = base_args(data, out, '--epochs=2', *RESUMABLE, '--log_interval=4')
         code, err = ends(train_vit.main, args)
         command = resume_command(err)
         assert code == 130 and command[:2] == ['python', 'train_vit.py']
@@ -156,11 +157,11 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
         monkeypatch.undo()
         assert read_log(out, kind='train')[-1]['ms_per_step'] >= 100
         trained = str(tmp_path / 'unbroken')
-        train_vit.main(base_args(data, trained, '--epochs=2', *CONSTANT_LR, '--log_interval=4'))
+        train_vit.main(base_args(data, trained, '--epochs=2', *RESUMABLE, '--log_interval=4'))
     else:
-        train_vit.main(base_args(data, out, '--epochs=1', *CONSTANT_LR))
+        train_vit.main(base_args(data, out, '--epochs=1', *RESUMABLE))
         assert weights(out)['step'] == 4
-        train_vit.main(base_args(data, out, '--epochs=2', '--init_from=resume', *CONSTANT_LR))
+        train_vit.main(base_args(data, out, '--epochs=2', '--init_from=resume', *RESUMABLE))
     a = weights(trained)
     b = weights(out)
     assert (b['step'], b['epoch'], b['kind']) == (8, 2, 'vit')
@@ -203,7 +204,8 @@ def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path, 
 def test_checkpoint_format(trained):
     ck = weights(trained)
     assert {'model', 'optimizer', 'model_args', 'kind', 'step', 'epoch', 'best_acc', 'config'} <= set(ck)
-    assert ck['format'] == 2
+    # --lpi=true (RESUMABLE): a key of the model, whose blocks have its weights
+    assert ck['format'] == 2 and ck['model_args']['lpi'] is True and any('.lpi.' in k for k in ck['model'])
     assert ck['model_args']['num_classes'] == CLASSES and ck['meta']['num_classes'] == CLASSES
     model = tost.ViT(tost.ViTConfig(**ck['model_args']))
     model.load_state_dict(ck['model'])                            # no compile/DDP prefixes
@@ -585,14 +587,10 @@ def test_vit_inspect_gives_maps_and_per_layer_compression():
     assert len(compression) == 4 and all(c.shape == (2,) and (c > 0).all() for c in compression)
 
 
-def test_lpi_and_grad_clip_reach_the_model_and_every_step(data, tmp_path, monkeypatch):
-    """--lpi is a key of the checkpoint's model; --grad_clip reaches every optimizer step (train_common's
-    tests check the step clips at it)."""
+def test_the_step_clips_at_grad_clip(data, tmp_path, monkeypatch):
+    """--grad_clip reaches every optimizer step (train_common's tests check the step clips at it)."""
     clips = []
     real = train_vit.optimizer_step
     monkeypatch.setattr(train_vit, 'optimizer_step', lambda *a: clips.append(a[-1]) or real(*a))
-    out = str(tmp_path)
-    train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=2', '--lpi=true', '--grad_clip=0.5'))
-    ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
-    assert ckpt['model_args']['lpi'] is True and any('.lpi.' in k for k in ckpt['model'])
+    train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--max_steps=2', '--grad_clip=0.5'))
     assert clips == [0.5, 0.5]
