@@ -34,9 +34,8 @@ RESUMABLE = ('--warmup_epochs=10', '--drop_path=0.1', '--label_smoothing=0.1', '
 
 def make_dataset(data_dir, name='synth', size=16, n_train=4, n_test=4, classes=CLASSES, channels=3,
                  **edit):
-    """CIFAR-format files as prepare_data.py writes them, with meta.json's fields changed by `edit` (None:
-    taken out). Class c has a bright colour channel c, on noise: learnable in a few steps, not from a single
-    pixel."""
+    """CIFAR-format files as prepare_data.py writes them, with meta.json's fields changed by `edit`. Class c
+    has a bright colour channel c, on noise: learnable in a few steps, not from a single pixel."""
     rng = np.random.default_rng(0)
     folder = os.path.join(data_dir, name)
     os.makedirs(folder, exist_ok=True)
@@ -50,7 +49,7 @@ def make_dataset(data_dir, name='synth', size=16, n_train=4, n_test=4, classes=C
                 image_size=size, channels=channels, mean=[0.45] * channels, std=[0.28] * channels)
     meta.update(edit)
     with open(os.path.join(folder, 'meta.json'), 'w') as f:
-        json.dump({k: v for k, v in meta.items() if v is not None}, f)
+        json.dump(meta, f)
     return folder
 
 
@@ -250,7 +249,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(data, tmp_p
     wait_for(p, lambda: os.path.exists(os.path.join(out, 'ckpt.pt')), 'epoch 1', timeout=240)
     os.kill(rank_pid(p.pid, 1), signal.SIGTERM)
     _, stderr = p.communicate(timeout=240)
-    ck = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    ck = weights(out)
     # the step rank 0 saved is the one it names; the command resumes both processes
     assert f"step {ck['step']} " in stderr, stderr[-3000:]
     assert resume_command(stderr)[:3] == ['torchrun', '--standalone', '--nproc_per_node=2']
