@@ -380,8 +380,8 @@ def test_the_run_draws_attention_and_memberships(trained):
 
 @pytest.mark.parametrize('channels', [2, 4])
 def test_an_image_of_other_than_3_channels_is_drawn_grey(tmp_path, channels):
-    """A model trained on such a set draws its image panel grey (matplotlib refuses 2 channels and would take 4
-    for RGBA colour), from its values: not one flat grey."""
+    """A model trained on such a set draws its image panel grey (matplotlib refuses 2 channels and would take
+    4 for RGBA colour), from its values: not one flat grey."""
     make_dataset(str(tmp_path), n_test=1, channels=channels)
     train_vit.main(base_args(str(tmp_path), str(tmp_path / 'out'), '--epochs=1', '--compression_images=0'))
     # the top left panel: the title, the frame and the image
