@@ -165,10 +165,10 @@ def evaluate(model, x, y, batch_size, ctx, dist):
 
 @torch.no_grad()
 def inspect(model, x, layer):
-    """What a ViT does on images x: 'pi' (B, K, Hp, Wp), the memberships Pi of TSSA block `layer`; 'cls_attn'
-    (B, H, Hp, Wp), the last class-attention block's CLS attention over the patches; 'compression', R^var_c
-    (B,) per TSSA block of the block's output tokens (after its TSSA, LPI if any, and MLP) seen through its
-    own LayerNorm and projections, with the memberships it computed from its input."""
+    """What a ViT does on images x: R^var_c (B,) per TSSA block of the block's output tokens (after its TSSA,
+    LPI if any, and MLP) seen through its own LayerNorm and projections, with the memberships it computed from
+    its input; the last class-attention block's CLS attention over the patches (B, H, Hp, Wp); the memberships
+    Pi (B, K, Hp, Wp) of TSSA block `layer` (None in a model without TSSA)."""
     x, grid = model._tokens(x)
     pis = []
     compression = []
@@ -187,7 +187,7 @@ def inspect(model, x, layer):
     for block in model.cls_blocks:
         cls, x, att = block(cls, x)
     pi = pis[layer].unflatten(-1, grid) if pis else None
-    return {'compression': compression, 'cls_attn': att[:, :, 1:].unflatten(-1, grid), 'pi': pi}
+    return compression, att[:, :, 1:].unflatten(-1, grid), pi
 
 
 def look_inside(model, x, images, labels, cfg, classes):
@@ -200,22 +200,22 @@ def look_inside(model, x, images, labels, cfg, classes):
     if m + v == 0:
         return {}
     model.eval()
-    seen = inspect(model, x[:max(m, v)], cfg['viz_layer'])
+    compression, cls_attn, pi = inspect(model, x[:max(m, v)], cfg['viz_layer'])
     model.train()
-    values = [c[:m].mean().item() for c in seen['compression']] if m else []
+    values = [c[:m].mean().item() for c in compression] if m else []
     if values:
         say(f"R^var_c of each TSSA layer's output on {m} test images (the paper's falls with depth):")
     for i, value in enumerate(values):
         bar = '█' * round(32 * value / max(values))
         say(f"  layer {i:2d}  {bar:<32}  {value:.4f}")
-    pis = [None] * v if seen['pi'] is None else seen['pi'].cpu()
+    pis = [None] * v if pi is None else pi.cpu()
     folder = os.path.join(cfg['out_dir'], 'viz')
     try:
         import plot
         for i in range(v):
             os.makedirs(folder, exist_ok=True)
             plot.vision_maps(os.path.join(folder, f'test{i:04d}.png'), images[i].cpu(),
-                             seen['cls_attn'][i].cpu(), pis[i], f"{i}: {classes[labels[i]]}")
+                             cls_attn[i].cpu(), pis[i], f"{i}: {classes[labels[i]]}")
         if v and cfg['eval_only']:
             say(f"the class attention and memberships of {v} test images: {folder}")
     except Exception as e:

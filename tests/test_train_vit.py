@@ -571,11 +571,10 @@ def test_a_row_counts_the_images_of_its_steps(data, tmp_path, capsys, batch, ste
 
 def test_vit_inspect_gives_maps_and_per_layer_compression():
     model = tost.ViT(tost.preset('tost-cifar-tiny')).eval()
-    out = train_vit.inspect(model, torch.randn(2, 3, 32, 32), layer=1)
-    assert out['pi'].shape == (2, 4, 8, 8)
-    torch.testing.assert_close(out['pi'].sum(1), torch.ones(2, 8, 8))     # memberships sum to 1 over heads
-    assert out['cls_attn'].shape == (2, 4, 8, 8)
-    compression = out['compression']
+    compression, cls_attn, pi = train_vit.inspect(model, torch.randn(2, 3, 32, 32), layer=1)
+    assert pi.shape == (2, 4, 8, 8)
+    torch.testing.assert_close(pi.sum(1), torch.ones(2, 8, 8))     # memberships sum to 1 over heads
+    assert cls_attn.shape == (2, 4, 8, 8)
     assert len(compression) == 4 and all(c.shape == (2,) and (c > 0).all() for c in compression)
 
 
