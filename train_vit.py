@@ -159,8 +159,8 @@ def evaluate(model, x, y, batch_size, ctx, dist):
     if dist.ddp:
         torch.distributed.all_reduce(sums)
     model.train()
-    # In float64, as Python divides: the sums are exact counts (correct) and a float32 sum (loss).
-    return (sums.double() / len(x)).tolist()
+    # Divided in Python, in float64 (MPS has none): the number correct is exact.
+    return [total / len(x) for total in sums.tolist()]
 
 
 @torch.no_grad()
