@@ -159,16 +159,16 @@ def evaluate(model, x, y, batch_size, ctx, dist):
     if dist.ddp:
         torch.distributed.all_reduce(sums)
     model.train()
-    correct, loss = sums.tolist()
-    return correct / len(x), loss / len(x)
+    # Divided in Python, in float64 (MPS has none): the number correct is exact.
+    return [total / len(x) for total in sums.tolist()]
 
 
 @torch.no_grad()
 def inspect(model, x, layer):
-    """What a ViT does on images x: 'pi' (B, K, Hp, Wp), the memberships Pi of TSSA block `layer`; 'cls_attn'
-    (B, H, Hp, Wp), the last class-attention block's CLS attention over the patches; 'compression', R^var_c
-    (B,) per TSSA block of the block's output tokens (after its TSSA, LPI if any, and MLP) seen through its
-    own LayerNorm and projections, with the memberships it computed from its input."""
+    """What a ViT does on images x: R^var_c (B,) per TSSA block of the block's output tokens (after its TSSA,
+    LPI if any, and MLP) seen through its own LayerNorm and projections, with the memberships it computed from
+    its input; the last class-attention block's CLS attention over the patches (B, H, Hp, Wp); the memberships
+    Pi (B, K, Hp, Wp) of TSSA block `layer` (None in a model without TSSA)."""
     x, grid = model._tokens(x)
     pis = []
     compression = []
@@ -187,10 +187,9 @@ def inspect(model, x, layer):
     for block in model.cls_blocks:
         cls, x, att = block(cls, x)
     pi = pis[layer].unflatten(-1, grid) if pis else None
-    return {'compression': compression, 'cls_attn': att[:, :, 1:].unflatten(-1, grid), 'pi': pi}
+    return compression, att[:, :, 1:].unflatten(-1, grid), pi
 
 
-@torch.no_grad()
 def look_inside(model, x, images, labels, cfg, classes):
     """On rank 0, in float32: R^var_c of each TSSA layer on the first compression_images test images, printed
     as a bar chart (the paper's per-layer figure in a terminal) and returned for the log row; the maps of the
@@ -201,22 +200,22 @@ def look_inside(model, x, images, labels, cfg, classes):
     if m + v == 0:
         return {}
     model.eval()
-    seen = inspect(model, x[:max(m, v)], cfg['viz_layer'])
+    compression, cls_attn, pi = inspect(model, x[:max(m, v)], cfg['viz_layer'])
     model.train()
-    values = [c[:m].mean().item() for c in seen['compression']] if m else []
+    values = [c[:m].mean().item() for c in compression] if m else []
     if values:
         say(f"R^var_c of each TSSA layer's output on {m} test images (the paper's falls with depth):")
     for i, value in enumerate(values):
         bar = '█' * round(32 * value / max(values))
         say(f"  layer {i:2d}  {bar:<32}  {value:.4f}")
-    pis = [None] * v if seen['pi'] is None else seen['pi'].cpu()
+    pis = [None] * v if pi is None else pi.cpu()
     folder = os.path.join(cfg['out_dir'], 'viz')
     try:
         import plot
         for i in range(v):
             os.makedirs(folder, exist_ok=True)
             plot.vision_maps(os.path.join(folder, f'test{i:04d}.png'), images[i].cpu(),
-                             seen['cls_attn'][i].cpu(), pis[i], f"{i}: {classes[labels[i]]}")
+                             cls_attn[i].cpu(), pis[i], f"{i}: {classes[labels[i]]}")
         if v and cfg['eval_only']:
             say(f"the class attention and memberships of {v} test images: {folder}")
     except Exception as e:
@@ -324,7 +323,9 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # the optimizer, the schedule in steps, compile and DDP
-    optimizer, scaler = optimizer_for(raw_model, cfg, dtype, ckpt if resume else None)
+    # What a resume goes on from: its checkpoint; a new run from weights starts afresh.
+    state = ckpt if resume else {}
+    optimizer, scaler = optimizer_for(raw_model, cfg, dtype, state)
     epochs = cfg['epochs']
     per_rank = -(-len(x_train) // dist.world_size)
     steps_per_epoch = min(-(-per_rank // batch_size), cfg['max_steps'] or math.inf)
@@ -332,8 +333,8 @@ def main(argv=None):
     warmup = cfg['warmup_epochs'] * steps_per_epoch
     # A resume goes on from the epochs done, in this run's steps (another batch size or process count changes
     # their length).
-    step = round(ckpt['epoch'] * steps_per_epoch) if resume else 0
-    best_acc = ckpt['best_acc'] if resume else -1.0
+    step = round(state.get('epoch', 0) * steps_per_epoch)
+    best_acc = state.get('best_acc', -1.0)
     model = wrap(raw_model, dist, cfg['compile'])
     min_lr = learning_rate * cfg['min_lr_ratio']
 
@@ -354,7 +355,7 @@ def main(argv=None):
             f"learning rate never reaches --learning_rate")
     # The log keeps the rows up to the epochs done.
     if master:
-        start_log(out_dir, 'epoch', ckpt['epoch'] if resume else None)
+        start_log(out_dir, 'epoch', state.get('epoch'))
         log_row(out_dir, {'kind': 'config', **cfg, 'dtype': dtype, 'params': n_params})
 
     # -------------------------------------------------------------------------
@@ -366,8 +367,8 @@ def main(argv=None):
     drawing = True
     # The losses since the last row; a resume starts from its checkpoint's, so that its first row is the
     # unbroken run's.
-    loss_sum = torch.tensor(ckpt.get('loss_sum', 0.0) if resume else 0.0, device=device)
-    since_row = ckpt.get('since_row', 0) if resume else 0
+    loss_sum = torch.tensor(state.get('loss_sum', 0.0), device=device)
+    since_row = state.get('since_row', 0)
     # The steps and images timed since t_row: a row that spans a resume times only those after it.
     timed = 0
     seen = 0
@@ -452,7 +453,7 @@ def main(argv=None):
                     f"eta {human((total - step) * dt)}")
                 if master:
                     log_row(out_dir, row)
-                loss_sum = torch.zeros((), device=device)
+                loss_sum.zero_()
                 since_row = 0
                 timed = 0
                 seen = 0
