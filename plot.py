@@ -280,10 +280,15 @@ def vision_maps(path, image, cls_attn, pi, title):
 
 def study_curves(section, title):
     """A study section's runs on one figure, each labelled with its row of the table, from the run folders the
-    study trained (they are not committed beside docs/*.json: the study makes them; where one is not here, the
-    OSError handler's line names its log)."""
+    study trained (they are not committed beside docs/*.json: the study makes them; where they are not here,
+    one line names the first missing and the command that makes it)."""
     def draw(results, path):
-        runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in results[section]['rows']]
+        rows = results[section]['rows']
+        for r in rows:
+            if not os.path.exists(r['out_dir']):
+                raise UsageError(f"{r['out_dir']} is not here: this figure is drawn from the run folders the "
+                                 f"study trains; run python -m tools.study {section} first")
+        runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in rows]
         learning_curves(runs, path, title=title)
     return draw
 

@@ -67,7 +67,9 @@ def save_model(out_dir, data_dir, dataset='lambada', config=None, edit=None, **a
     in its meta and `config`, the run's options."""
     torch.manual_seed(0)
     meta = readers.load_meta(os.path.join(data_dir, dataset))
-    args = dict(dict(block_size=32, vocab_size=meta['vocab_size'], n_layer=2, n_head=2, n_embd=32), **args)
+    # The vocabulary rounded up to a multiple of 64, as train_gpt.py does: the loss is over every output.
+    vocab = 64 * -(-meta['vocab_size'] // 64)
+    args = dict(block_size=32, vocab_size=vocab, n_layer=2, n_head=2, n_embd=32) | args
     model = tost.GPT(tost.GPTConfig(**args))
     if edit:
         edit(model)

@@ -131,7 +131,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, fails, monkeypatch):
                          (['out', 'vit'], 'vit'),
                          (['other.json'], 'other.json'),
                          (['cut.json'], 'cut.json'),
-                         (['study.json'], 'gone'),
+                         (['study.json'], 'gone', 'tools.study language'),
                          (['tasks.json', '--out_dir=notes.md'], '--out_dir=notes.md'),
                          # an option for a figure that is not drawn: refused, not ignored
                          (['tasks.json', '--out=x.png'], '--out'),

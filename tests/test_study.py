@@ -85,6 +85,8 @@ def test_recall_chance_is_a_guess_among_the_values_not_yet_answered():
                 total += 1
                 left.remove(ys[t])
         assert abs(right / total - study.recall_chance(pairs)) < 0.02
+    assert study.recall_chance(2) == 0.5
+    assert study.recall_chance(4) == pytest.approx((1 / 4 + 1 / 3) / 2)
 
 
 @pytest.mark.parametrize('length', [1, 4, 9])
