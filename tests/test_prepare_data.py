@@ -238,9 +238,10 @@ def test_an_image_meta_json_no_dataset_can_have_names_the_field_and_an_image_set
 
 
 # (the file, what it holds instead of what meta.json says: 2 of each split's 3 channels of 4 x 4 pixels,
-# labels 0 and 1 of 2 classes; test_train_vit tries labels past the classes, float labels, fewer labels than
-# images, images of other channels or size, a split of none)
-ARRAYS = [('test_labels', np.array([-1, 0])), ('test_images', np.zeros((2, 3, 4, 4)))]
+# labels 0 and 1 of 2 classes; test_train_vit tries labels past the classes and a split of none)
+ARRAYS = [('test_labels', np.array([-1, 0])), ('train_labels', np.array([0.0, 1.0])),
+          ('test_labels', np.array([0, 1, 1])), ('test_images', np.zeros((2, 3, 4, 4))),
+          ('train_images', np.zeros((2, 3, 8, 8), np.uint8))]
 
 
 @pytest.mark.parametrize('name, array', ARRAYS)

@@ -554,6 +554,7 @@ def test_resumes_with_other_batch_sizes_keep_the_log_in_epochs(data, tmp_path, m
         train_vit.main(['--init_from=resume', f'--out_dir={out}', f'--epochs={epochs}', '--batch_size=32'])
         assert (weights(out)['step'], weights(out)['epoch']) == (2 * epochs, epochs)
         assert 'optimizer' in loaded[-1] and 'model' not in loaded[-1]
+    assert len(loaded) == 2
     assert [r['epoch'] for r in read_log(out, kind='train')] == [0.25, 0.5, 0.75, 1, 2, 3]
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2, 3]
 
