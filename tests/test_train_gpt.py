@@ -138,6 +138,8 @@ def test_presets_and_schedule_defaults():
     assert d['lr_decay_iters'] == d['max_iters'] and d['warmup_iters'] == d['max_iters'] // 20
     assert d['learning_rate'] * d['min_lr_ratio'] == d['learning_rate'] / 10
     assert parse('--max_iters=2000')['lr_decay_iters'] == 1000
+    # a preset's keys are the script's (presets are applied unchecked)
+    assert all(set(preset) <= set(d) for preset in train_gpt.PRESETS.values())
 
 # -----------------------------------------------------------------------------
 # a run, its log and its checkpoint
@@ -351,18 +353,6 @@ def test_a_signal_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir
     assert command[1] == os.path.join(REPO, 'train_gpt.py')
     train_gpt.main(command[2:] + [f'--max_iters={it + 3}'])
     assert [r['iter'] for r in read_log(out, kind='train')] == list(range(1, it + 4))
-
-
-@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
-def test_a_run_into_a_full_stdout_trains_saves_and_says_so_once(data_dir, tmp_path):
-    """`> /dev/full`: the run does not depend on stdout, and one line on stderr says it is unseen."""
-    out = tmp_path / 'out'
-    with open('/dev/full', 'w') as full:
-        r = subprocess.run([sys.executable, os.path.join(REPO, 'train_gpt.py'),
-                            *tiny(data_dir, out, '--max_iters=2')], cwd=tmp_path, env=ENV, stdout=full,
-                           stderr=subprocess.PIPE, text=True, timeout=300)
-    assert r.returncode == 0 and weights(out)['iter_num'] == 2
-    one_line(r.stderr, 'stdout')
 
 
 def test_a_resume_into_a_folder_another_run_holds_is_refused_as_such(data_dir, tmp_path, fails):
