@@ -205,13 +205,6 @@ def read_batch(path, split, starts, block_size, device, meta):
     return rows[:, :-1], rows[:, 1:]
 
 
-def split_accumulation(steps, world_size):
-    """(per process, in total): the micro-steps rounded up to a multiple of the process count (the same on
-    each)."""
-    per_process = -(-steps // world_size)
-    return per_process, per_process * world_size
-
-
 @torch.no_grad()
 def estimate_loss(model, path, meta, sizes, cfg, ctx, dist):
     """Mean loss over a fixed set of eval_iters batches per split, shared out among the processes."""
@@ -320,7 +313,9 @@ def main(argv=None):
     min_lr = learning_rate * cfg['min_lr_ratio']
     warmup_iters = cfg['warmup_iters']
     lr_decay_iters = cfg['lr_decay_iters']
-    accum, accum_total = split_accumulation(cfg['gradient_accumulation_steps'], dist.world_size)
+    # Micro-steps a step on each process, the same on all: the total rounded up to a multiple of the processes.
+    accum = -(-cfg['gradient_accumulation_steps'] // dist.world_size)
+    accum_total = accum * dist.world_size
     tokens_per_iter = accum_total * B * T
 
     # the model: fresh from the seed (the same weights on every process), or as the checkpoint left it
@@ -346,14 +341,15 @@ def main(argv=None):
     # device (no memory taken) before the model is built. A model that alone needs more than the machine has
     # is refused (a CPU's operating system would kill the process without a word).
     have = memory_bytes(device)
+    config = gpt_config(model_args)
     with torch.device('meta'):
-        n_params = tost.GPT(gpt_config(model_args)).get_num_params(non_embedding=False)
+        n_params = tost.GPT(config).get_num_params(non_embedding=False)
     state_bytes = 16 * n_params
     if have and state_bytes > have:
         raise UsageError(f"a model of {n_params / 1e9:.3g}B parameters needs about {state_bytes / 1e9:.3g} "
                          f"GB for its weights, gradients and AdamW's moments, more than the {have / 1e9:.3g} "
                          f"GB of this {device}; try a smaller --n_layer or --n_embd")
-    raw_model = tost.GPT(gpt_config(model_args))
+    raw_model = tost.GPT(config)
     # '-1' of 4 blocks is [3].
     model_args['softmax_layers'] = list(raw_model.config.softmax_layers)
     if ckpt:
