@@ -313,7 +313,7 @@ def main(argv=None):
     min_lr = learning_rate * cfg['min_lr_ratio']
     warmup_iters = cfg['warmup_iters']
     lr_decay_iters = cfg['lr_decay_iters']
-    # Micro-steps a step on each process, the same on all: the total rounded up to a multiple of the processes.
+    # Micro-steps a step on each process, the same on all: their total rounded up to a multiple of processes.
     accum = -(-cfg['gradient_accumulation_steps'] // dist.world_size)
     accum_total = accum * dist.world_size
     tokens_per_iter = accum_total * B * T
