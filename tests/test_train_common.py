@@ -153,7 +153,8 @@ def test_make_out_dir_refuses_or_deletes(tmp_path, capsys):
 # stopping
 
 
-SINGLE = tc.Dist(ddp=False, rank=0, local_rank=0, world_size=1, master=True, device="cpu")
+# one process: (ddp, rank, local_rank, world_size, master, device)
+SINGLE = tc.Dist(False, 0, 0, 1, True, "cpu")
 
 
 def test_ctrl_c_and_sigterm_are_a_request_inside_stop_signals(monkeypatch, capsys):
@@ -490,7 +491,7 @@ def test_batchnorm_is_synced_across_gpus_only(monkeypatch):
     config = tost.ViTConfig(img_size=8, patch_size=4, num_classes=2, n_layer=1, n_head=2, n_embd=8)
 
     def norms(device, ddp):
-        dist = tc.Dist(ddp=ddp, rank=0, local_rank=0, world_size=2, master=True, device=device)
+        dist = tc.Dist(ddp, 0, 0, 2, True, device)
         wrapped = tc.wrap(tost.ViT(config), dist, compile=False)
         return {type(m).__name__ for m in wrapped.modules() if "BatchNorm" in type(m).__name__}
 

@@ -580,7 +580,7 @@ def test_no_gradient_sync_before_the_last_micro_step(train, tmp_path, monkeypatc
     """Syncing every micro-step gives the same numbers, only slower, so count: a 1-process gloo group
     through the DDP path, 3 micro-steps per iteration, must skip the all-reduce on 2 of them."""
     torch.distributed.init_process_group('gloo', init_method=f'file://{tmp_path}/pg', rank=0, world_size=1)
-    ddp = train_common.Dist(ddp=True, rank=0, local_rank=0, world_size=1, master=True, device='cpu')
+    ddp = train_common.Dist(True, 0, 0, 1, True, 'cpu')
     monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: ddp)
     real, entered = train_common.DDP.no_sync, []
 
@@ -838,11 +838,10 @@ def broken(data_dir, tmp_path_factory):
     (d / 'file').write_text('a file')
     for name in ('cut', 'other', 'vocab10', 'noise', 'testset'):
         shutil.copytree(os.path.join(data_dir, 'tiny'), d / name / 'tiny')
-    with open(d / 'cut' / 'tiny' / 'train.bin', 'r+b') as f:
-        f.truncate(1000)
+    os.truncate(d / 'cut' / 'tiny' / 'train.bin', 1000)
     meta = json.loads((d / 'other' / 'tiny' / 'meta.json').read_text())
-    (d / 'other' / 'tiny' / 'meta.json').write_text(json.dumps(dict(meta, tokenizer='gpt2', vocab_size=257)))
-    for name, edit in (('vocab10', dict(vocab_size=10)), ('testset', dict(train_tokens=0))):
+    for name, edit in (('other', dict(tokenizer='gpt2', vocab_size=257)), ('vocab10', dict(vocab_size=10)),
+                       ('testset', dict(train_tokens=0))):
         (d / name / 'tiny' / 'meta.json').write_text(json.dumps(dict(meta, **edit)))
     (d / 'testset' / 'tiny' / 'train.bin').write_bytes(b'')
     for split in ('train', 'val'):
