@@ -12,7 +12,7 @@ import pytest
 
 import options
 import prepare_data
-from conftest import one_line, run_main
+from conftest import one_line
 from options import UsageError
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -203,23 +203,9 @@ def test_a_whole_write_names_its_file_but_not_another_one(tmp_path):
         assert os.listdir(tmp_path) == ["x"] and open(path).read() == "earlier"
 
 
-def test_run_main_ends_a_main_as_the_handler_ends_a_script(capsys):
-    def main():
-        print("a sample cut short", end="")
-        raise KeyboardInterrupt
-    with pytest.raises(SystemExit) as e:
-        run_main(main)
-    out, err = capsys.readouterr()
-    # the text cut short ends its line first
-    assert e.value.code == 130 and out == "a sample cut short\n"
-    one_line(err)
-    # a bug keeps its traceback
-    with pytest.raises(ZeroDivisionError):
-        run_main(lambda: 1 / 0)
-
-
 def test_a_ctrl_c_under_torchrun_ends_a_line_on_rank_0_only(monkeypatch, capsys):
-    """Every process gets the terminal's Ctrl-C: the others print nothing, not an empty line each."""
+    """A line of text Ctrl-C cut (a sample) ends first. Every process gets the terminal's Ctrl-C: the others
+    print nothing, not an empty line each."""
     for rank, out in (("0", "\n"), ("1", "")):
         monkeypatch.setenv("RANK", rank)
         assert options.report(KeyboardInterrupt()) == 130
