@@ -341,15 +341,15 @@ def main(argv=None):
     # device (no memory taken) before the model is built. A model that alone needs more than the machine has
     # is refused (a CPU's operating system would kill the process without a word).
     have = memory_bytes(device)
-    config = gpt_config(model_args)
+    model_config = gpt_config(model_args)
     with torch.device('meta'):
-        n_params = tost.GPT(config).get_num_params(non_embedding=False)
+        n_params = tost.GPT(model_config).get_num_params(non_embedding=False)
     state_bytes = 16 * n_params
     if have and state_bytes > have:
         raise UsageError(f"a model of {n_params / 1e9:.3g}B parameters needs about {state_bytes / 1e9:.3g} "
                          f"GB for its weights, gradients and AdamW's moments, more than the {have / 1e9:.3g} "
                          f"GB of this {device}; try a smaller --n_layer or --n_embd")
-    raw_model = tost.GPT(config)
+    raw_model = tost.GPT(model_config)
     # '-1' of 4 blocks is [3].
     model_args['softmax_layers'] = list(raw_model.config.softmax_layers)
     if ckpt:
