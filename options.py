@@ -270,11 +270,14 @@ BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0":
 
 
 def _value(key, raw, default):
+    """`raw` in the type of `default`: None is the key alone (a bool's true), a list the bare words."""
+    if raw is None and not isinstance(default, bool):
+        raise UsageError(f"--{key} needs a value, e.g. --{key}={shown(default)}")
     try:
         if isinstance(default, bool):
-            return BOOLS[raw.lower()]
+            return raw is None or BOOLS[raw.lower()]
         if isinstance(default, list):
-            return [raw]
+            return raw if isinstance(raw, list) else [raw]
         return type(default)(raw)
     except (KeyError, ValueError):
         kind = "bool (true/false)" if isinstance(default, bool) else type(default).__name__
@@ -321,43 +324,34 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     # A plain positional key takes one word: a second is an unexpected argument.
     if not many:
         flags += bare[1:]
-    pairs = []
+    # {key: its text, None for the key alone}; a key given twice is its last value
+    given = {}
     for arg in flags:
         if not arg.startswith("--") or arg == "--":
             raise UsageError(f"unexpected argument {arg!r}; options look like --key=value")
         key, eq, raw = arg[2:].partition("=")
-        pairs.append((key, raw if eq else None))
+        given[key] = raw if eq else None
     config = dict(defaults)
     set_keys = set()
-    # Presets first, wherever they are on the line: the other options override them.
-    for key, name in pairs:
-        if key != "config" or not presets:
-            continue
+    # The preset first, wherever it is on the line: the other options override it.
+    if presets and "config" in given:
+        name = given.pop("config")
         if name not in presets:
             raise UsageError(f"unknown config {name!r}; presets: {', '.join(presets)}")
         config.update(presets[name])
+        set_keys.update(presets[name])
         if "config" in defaults:
             config["config"] = name
-        set_keys.update(presets[name])
-    if bare and positional in dict(pairs):
+    if bare and positional in given:
         raise UsageError(f"--{positional} is given twice: as bare words and as --{positional}=")
     if bare:
-        pairs.insert(0, (positional, bare if many else bare[0]))
-    for key, raw in pairs:
-        if key == "config" and presets:
-            continue
+        given[positional] = bare if many else bare[0]
+    for key, raw in given.items():
         if key not in defaults:
             close = difflib.get_close_matches(key, list(defaults), n=1)
             hint = f"; did you mean --{close[0]}?" if close else ""
             raise UsageError(f"unknown option --{key}; valid keys: {', '.join(defaults)}{hint}")
-        if raw is None and not isinstance(defaults[key], bool):
-            raise UsageError(f"--{key} needs a value, e.g. --{key}={shown(defaults[key])}")
-        if raw is None:
-            config[key] = True
-        elif isinstance(raw, list):
-            config[key] = raw
-        else:
-            config[key] = _value(key, raw, defaults[key])
+        config[key] = _value(key, raw, defaults[key])
         set_keys.add(key)
         # A path that begins with ~ is in the home folder: bash expands no ~ after `=` (--out_dir=~/run would
         # be a folder named ~ here).

@@ -86,11 +86,6 @@ RANGES = dict(positive=('block_size', 'batch_size', 'gradient_accumulation_steps
               seed=('seed',))
 
 
-def shape(name):
-    """A tost preset's shape, as options."""
-    return {k: getattr(tost.preset(name), k) for k in ('n_layer', 'n_head', 'n_embd')}
-
-
 # The paper's recipe: 480 x 1024 tokens per step = 12 x 1024 x 40 micro-steps (which divides among 1, 2, 4, 5
 # or 8 GPUs); lr 6e-4 -> 6e-5 (min_lr_ratio's 1/10), 2000 warmup, cosine to 600k, bf16.
 _OWT = dict(dataset='openwebtext', block_size=1024, batch_size=12, gradient_accumulation_steps=40,
@@ -105,11 +100,12 @@ PRESETS = {
                         n_layer=6, n_head=6, n_embd=384, dropout=0.2, learning_rate=1e-3,
                         max_iters=3000, lr_decay_iters=3000, warmup_iters=100, beta2=0.99, eval_interval=250,
                         eval_iters=100, log_interval=10, always_save_checkpoint=False),
-    'owt-base': dict(_OWT, out_dir='out-owt-base', weight_decay=0.01, **shape('tost-base')),   # 110M
-    'owt-medium': dict(_OWT, out_dir='out-owt-medium', **shape('tost-medium')),                # 304M
+    # the shapes of tost.preset('tost-base'), 'tost-medium' and 'tost-large': 110M, 304M, 655M parameters
+    'owt-base': dict(_OWT, out_dir='out-owt-base', weight_decay=0.01, n_layer=12, n_head=12, n_embd=768),
+    'owt-medium': dict(_OWT, out_dir='out-owt-medium', n_layer=24, n_head=16, n_embd=1024),
     # 655M: half the micro-batch, twice the micro-steps (80 divides among 1, 2, 4, 5, 8, 16 GPUs)
-    'owt-large': dict(_OWT, out_dir='out-owt-large', batch_size=6, gradient_accumulation_steps=80,
-                      **shape('tost-large')),
+    'owt-large': dict(_OWT, out_dir='out-owt-large', batch_size=6, gradient_accumulation_steps=80, n_layer=36,
+                      n_head=20, n_embd=1280),
 }
 
 # datasets cheap enough to prepare on the fly; the others are a separate step (openwebtext takes hours)
@@ -209,13 +205,6 @@ def read_batch(path, split, starts, block_size, device, meta):
     return rows[:, :-1], rows[:, 1:]
 
 
-def split_accumulation(steps, world_size):
-    """(per process, in total): the micro-steps rounded up to a multiple of the process count (the same on
-    each)."""
-    per_process = -(-steps // world_size)
-    return per_process, per_process * world_size
-
-
 @torch.no_grad()
 def estimate_loss(model, path, meta, sizes, cfg, ctx, dist):
     """Mean loss over a fixed set of eval_iters batches per split, shared out among the processes."""
@@ -287,7 +276,7 @@ def main(argv=None):
     # A fresh model's shape is checked before any work (a resumed one is its checkpoint's).
     model_args = {k: cfg[k] for k in MODEL_KEYS}
     if fresh:
-        gpt_config(dict(model_args, block_size=cfg['block_size']))
+        gpt_config(model_args)
     out_dir = cfg['out_dir']
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 
@@ -301,8 +290,7 @@ def main(argv=None):
     if not fresh:
         if os.path.isdir(out_dir):
             lock = make_out_dir(out_dir, [], cfg['overwrite'], False, master)
-        needs = ('model', 'optimizer', 'iter_num', 'config', 'meta')
-        ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=needs)
+        ckpt = load_checkpoint(ckpt_path, device, 'gpt', ('model', 'optimizer', 'iter_num', 'config', 'meta'))
         cfg, set_keys = resume_config(cfg, set_keys, ckpt)
     if cfg['compile'] and cfg['attn'] == 'tssa':
         check_compile(device)
@@ -325,7 +313,9 @@ def main(argv=None):
     min_lr = learning_rate * cfg['min_lr_ratio']
     warmup_iters = cfg['warmup_iters']
     lr_decay_iters = cfg['lr_decay_iters']
-    accum, accum_total = split_accumulation(cfg['gradient_accumulation_steps'], dist.world_size)
+    # Micro-steps a step on each process, the same on all: their total rounded up to a multiple of processes.
+    accum = -(-cfg['gradient_accumulation_steps'] // dist.world_size)
+    accum_total = accum * dist.world_size
     tokens_per_iter = accum_total * B * T
 
     # the model: fresh from the seed (the same weights on every process), or as the checkpoint left it
@@ -351,14 +341,15 @@ def main(argv=None):
     # device (no memory taken) before the model is built. A model that alone needs more than the machine has
     # is refused (a CPU's operating system would kill the process without a word).
     have = memory_bytes(device)
+    model_config = gpt_config(model_args)
     with torch.device('meta'):
-        n_params = tost.GPT(gpt_config(model_args)).get_num_params(non_embedding=False)
+        n_params = tost.GPT(model_config).get_num_params(non_embedding=False)
     state_bytes = 16 * n_params
     if have and state_bytes > have:
         raise UsageError(f"a model of {n_params / 1e9:.3g}B parameters needs about {state_bytes / 1e9:.3g} "
                          f"GB for its weights, gradients and AdamW's moments, more than the {have / 1e9:.3g} "
                          f"GB of this {device}; try a smaller --n_layer or --n_embd")
-    raw_model = tost.GPT(gpt_config(model_args))
+    raw_model = tost.GPT(model_config)
     # '-1' of 4 blocks is [3].
     model_args['softmax_layers'] = list(raw_model.config.softmax_layers)
     if ckpt:
@@ -439,6 +430,13 @@ def main(argv=None):
                     config=cfg, set_keys=sorted(set_keys), meta=meta, tokens=tokens,
                     elapsed_s=round(time.time() - t_run, 2))
 
+    # A loss that is not finite stops the run where every rank finds it (the losses are all-reduced); the
+    # checkpoint on disk is from before, and is kept.
+    def stop_if_diverged(what, loss):
+        if not math.isfinite(loss):
+            teardown(dist, lock)
+            fail(diverged(what, loss, f'iter {iter_num}', last_good(ckpt_path, saved), cfg), 3)
+
     with stop_signals('iter', master) as signals:
         while True:
             lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters)
@@ -449,11 +447,7 @@ def main(argv=None):
                 losses = estimate_loss(model, data_path, meta, sizes, cfg, ctx, dist)
                 val_loss = losses['val']
                 # Losses are at least 0: the sum is finite only if both are, and else it is the nan or inf.
-                both = losses['train'] + val_loss
-                if not math.isfinite(both):
-                    teardown(dist, lock)
-                    kept = last_good(ckpt_path, saved)
-                    fail(diverged('eval loss', both, f'iter {iter_num}', kept, cfg), 3)
+                stop_if_diverged('eval loss', losses['train'] + val_loss)
                 # A loss since the last row that is not finite (a step float16's scaler skipped) is not saved:
                 # the next row stops the run, and the checkpoint it names must resume.
                 carried = mean_loss(loss_sum.clone(), 1, dist)
@@ -523,11 +517,7 @@ def main(argv=None):
             # a log row: the mean loss since the last one, all-reduced
             if iter_num % log_interval == 0 or iter_num == max_iters:
                 train_loss = mean_loss(loss_sum, since_row, dist)
-                # The checkpoint on disk is from before: it is kept.
-                if not math.isfinite(train_loss):
-                    teardown(dist, lock)
-                    kept = last_good(ckpt_path, saved)
-                    fail(diverged('training loss', train_loss, f'iter {iter_num}', kept, cfg), 3)
+                stop_if_diverged('training loss', train_loss)
                 dt = (time.time() - t_row) / timed
                 tok_per_s = tokens_per_iter / dt
                 mfu = peak and raw_model.estimate_mfu(B * accum, dt, T=T, peak_flops=peak)

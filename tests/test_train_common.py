@@ -27,10 +27,6 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # checkpoints
 
 
-def _no_temp_files(d):
-    return [f for f in os.listdir(d) if ".tmp-" in f] == []
-
-
 def test_load_missing_checkpoint(tmp_path):
     # a vision run's folder: the line names the trainer that makes one
     with pytest.raises(UsageError, match=f"{tmp_path}/ckpt.pt.*train_vit.py"):
@@ -97,8 +93,6 @@ def test_one_run_at_a_time_in_an_out_dir(tmp_path):
     """Rank 0 holds out_dir/.lock while its run writes there: a second run into the same folder is refused."""
     out = str(tmp_path / "out")
     lock = tc.make_out_dir(out, [], overwrite=False, fresh=True, master=True)
-    with pytest.raises(UsageError, match=f"--out_dir={out}"):
-        tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True)
     # the run's other ranks
     assert tc.make_out_dir(out, [], overwrite=False, fresh=False, master=False) is None
     # another process
@@ -157,11 +151,11 @@ def test_make_out_dir_refuses_or_deletes(tmp_path, capsys):
 # stopping
 
 
-SINGLE = tc.Dist(ddp=False, rank=0, local_rank=0, world_size=1, master=True, device="cpu")
+# one process: (ddp, rank, local_rank, world_size, master, device)
+SINGLE = tc.Dist(False, 0, 0, 1, True, "cpu")
 
 
 def test_ctrl_c_and_sigterm_are_a_request_inside_stop_signals(monkeypatch, capsys):
-    import signal
     before = signal.getsignal(signal.SIGTERM)
     with tc.stop_signals("iter", master=True) as signals:
         assert not tc.any_rank(bool(signals), SINGLE)
@@ -184,16 +178,11 @@ def test_ctrl_c_and_sigterm_are_a_request_inside_stop_signals(monkeypatch, capsy
 
 def test_an_error_inside_stop_signals_after_a_signal_is_the_interrupt(capsys):
     """The compiler's g++ gets the terminal's Ctrl-C too and fails: that error, once a signal came, ends as
-    an interrupt (exit 130, no traceback); before one, it is itself; a save that fails (an OSError), a
-    mistake or out of memory after one is itself too (its own line)."""
+    an interrupt (test_ctrl_c_that_breaks_a_step_ends_as_an_interrupt); before one, it is itself; a save that
+    fails (an OSError), a mistake or out of memory after one is itself too (its own line)."""
     with pytest.raises(ValueError):
         with tc.stop_signals("iter", master=True):
             raise ValueError("a bug")
-    with pytest.raises(KeyboardInterrupt) as e:
-        with tc.stop_signals("iter", master=True):
-            os.kill(os.getpid(), signal.SIGINT)
-            raise RuntimeError("g++ was interrupted")
-    assert options.report(e.value) == 130
     for own in (OSError(28, "No space left on device", "ckpt.pt"), options.UsageError("a mistake"),
                 RuntimeError("DefaultCPUAllocator: not enough memory")):
         with pytest.raises(type(own)):
@@ -212,8 +201,8 @@ def test_a_failed_save_is_an_os_error_naming_the_checkpoint_and_keeps_the_previo
     (path / "x").write_text("x")
     with pytest.raises(OSError) as e:
         tc.save_checkpoint({"step": 2}, [str(path)], SINGLE)
-    assert e.value.filename == str(path)
-    assert _no_temp_files(tmp_path / "ckpt.pt")
+    # no temp file left: the folder and the earlier one as they were
+    assert e.value.filename == str(path) and os.listdir(path) == ["x"]
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt.pt.tmp-1", "kept.pt"]
 
 
@@ -500,7 +489,7 @@ def test_batchnorm_is_synced_across_gpus_only(monkeypatch):
     config = tost.ViTConfig(img_size=8, patch_size=4, num_classes=2, n_layer=1, n_head=2, n_embd=8)
 
     def norms(device, ddp):
-        dist = tc.Dist(ddp=ddp, rank=0, local_rank=0, world_size=2, master=True, device=device)
+        dist = tc.Dist(ddp, 0, 0, 2, True, device)
         wrapped = tc.wrap(tost.ViT(config), dist, compile=False)
         return {type(m).__name__ for m in wrapped.modules() if "BatchNorm" in type(m).__name__}
 
