@@ -396,6 +396,10 @@ def test_a_path_given_as_file_colon_path_names_its_option():
     assert options.option_of(os.path.abspath('runs/a/ckpt.pt')) == ' (--out_dir=runs/a)'
     options.parse([f'--out_dir={os.path.abspath("runs/a")}'], {'out_dir': 'out'})
     assert options.option_of('runs/a/ckpt.pt').startswith(' (--out_dir=')
+    # The working folder is not the folder of every relative path in it.
+    options.parse(['--out_dir=.'], {'out_dir': 'out'})
+    assert options.option_of('gone/log.jsonl') == ''
+    assert options.option_of('.') == ' (--out_dir=.)'
 
 
 def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
