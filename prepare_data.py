@@ -210,11 +210,12 @@ def _read_text(path):
 def _files_under(path, exts='', skip=()):
     """A file, or the regular files under a folder ending in `exts` (hidden names and `skip` folders left
     out), sorted by path components."""
-    # A missing path raises here, and options.py's handler names it with its option. A pipe given as the
-    # path is a folder of no files.
+    # A missing path raises here, and options.py's handler names it with its option.
     os.stat(path)
     if os.path.isfile(path):
         return [path]
+    if not os.path.isdir(path):
+        raise UsageError(f"{path} is neither a regular file nor a folder (a pipe, socket or device)")
     found = []
     for d, dirs, names in os.walk(path):
         dirs[:] = [x for x in dirs if not x.startswith('.') and x not in skip]
@@ -326,8 +327,8 @@ def _owt_download(data_dir):
                                        allow_patterns=['*.parquet'], local_dir=local)
         # huggingface_hub not installed, no network, no such revision, and whatever else the hub raises.
         except Exception as e:
-            raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}; the "
-                             f"download needs huggingface_hub); fetch its parquet files by hand and pass "
+            raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}); "
+                             f"fetch its parquet files by hand and pass "
                              f"{hint}") from None
         files = [f for f in _files_under(folder, '.parquet') if 'train' in os.path.basename(f)]
         if files:
@@ -578,7 +579,8 @@ def prepare(name, /, data_dir='data', **o):
     builder, takes = DATASETS[name]
     extra = sorted(set(o) - takes - {'name', 'force'})
     if extra:
-        raise UsageError(f"{name} does not take --{extra[0]} (it takes --name, --force and: {sorted(takes)})")
+        raise UsageError(f"{name} does not take --{extra[0]} (it takes --name, --force and "
+                         f"{', '.join(f'--{k}' for k in sorted(takes))})")
     if name == 'text' and not o.get('input'):
         raise UsageError("text needs --input=PATH (a text file or a folder of them)")
     # For text, notes.txt makes notes.
@@ -597,9 +599,9 @@ def prepare(name, /, data_dir='data', **o):
         # Another file or folder of one's own under the same name is another dataset; a link to it is not.
         other_input = given and os.path.realpath(given) != os.path.realpath(was)
         if other_input or (meta.get('dataset', name), o.get('tokenizer', built)) != (name, built):
-            raise UsageError(f"{out} holds {meta.get('dataset')} ({held}) from {was or 'its download'}, not "
-                             f"{name} ({wanted}) from {given or 'its download'}; pass --force to rebuild it, "
-                             f"or --name=OTHER to keep both")
+            raise UsageError(f"{out} holds {meta.get('dataset')} ({held}) from {was or 'its default source'},"
+                             f" not {name} ({wanted}) from {given or 'its default source'}; pass --force to "
+                             f"rebuild it, or --name=OTHER to keep both")
         print(f"{out} is already prepared ({held}); --force rebuilds it")
         return out
     t0 = time.time()

@@ -313,6 +313,8 @@ def test_a_folder_of_text_skips_what_is_not_text():
     assert 'caf\ufffd au lait'.encode() in bytes(ids('data/in', 'train'))
     run = subprocess.run(command + ['--input=pipe'], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and one_line(run.stderr, 'pipe')
+    # refused as what it is, not as a folder of no files
+    assert 'too little' not in run.stderr
 
 
 def test_shakespeare_gpt2_from_local_copy(tiny, capsys, monkeypatch):
@@ -689,6 +691,13 @@ def test_bad_input_is_one_line_naming_it_and_writes_nothing(tiny, capsys, monkey
         write(rel, content)
     assert names in one_error(capsys, *argv.split(), '--data_dir=data')
     assert not os.path.exists('data') and not os.path.exists('pwned')
+
+
+def test_a_failed_build_in_a_data_dir_that_was_there_leaves_it_as_it_was(tiny, capsys):
+    write('data/keep/meta.json', '{}')
+    write('empty.txt', '')
+    one_error(capsys, 'text', '--input=empty.txt', '--data_dir=data')
+    assert os.listdir('data') == ['keep']
 
 
 def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys, monkeypatch):
