@@ -228,15 +228,19 @@ def test_a_closed_stdout_ends_quietly(argv):
         assert (p.wait(timeout=120), p.stderr.read()) == (141, "")
 
 
-def test_say_lets_a_closed_stdout_go_and_says_so_once():
-    """say() lets the pipe go and the script goes on (a run saves after its reader is gone), with one line on
-    stderr naming stdout, however often it says more."""
+@pytest.mark.parametrize("full", [False, True], ids=["closed", "full"])
+def test_say_lets_a_closed_or_full_stdout_go_and_says_so_once(full):
+    """say() lets the pipe (or a full /dev/full) go and the script goes on (a run saves after its reader is
+    gone), with one line on stderr naming stdout, however often it says more."""
     argv = ["-c", SLEEP + "for i in range(3): options.say('x' * 100000)\nsys.exit('done')"]
-    with subprocess.Popen([sys.executable, *argv], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=dict(os.environ, OMP_NUM_THREADS="1")) as p:
-        p.stdout.close()
-        assert p.wait(timeout=120) == 1
-        lines = p.stderr.read().splitlines()
+    with open("/dev/full" if full else os.devnull, "w") as device:
+        with subprocess.Popen([sys.executable, *argv], cwd=HERE, stderr=subprocess.PIPE, text=True,
+                              stdout=device if full else subprocess.PIPE,
+                              env=dict(os.environ, OMP_NUM_THREADS="1")) as p:
+            if not full:
+                p.stdout.close()
+            assert p.wait(timeout=120) == 1
+            lines = p.stderr.read().splitlines()
     assert len(lines) == 2 and "stdout" in lines[0] and lines[1] == "done"
 
 
@@ -360,16 +364,18 @@ def test_help_is_the_docstring_and_the_defaults_as_values(tmp_path, capsys):
                                                     ["--flag=False", "#", "a", "switch"]]
 
 
-def test_a_trainers_help_shows_its_commands_and_defaults(capsys):
-    """train_vit's two-node commands take two lines each, and stay two lines (a help's parts in general:
-    test_help_is_the_docstring_and_the_defaults_as_values)."""
-    import train_vit
+@pytest.mark.parametrize("script, shown", [
+    ("train_gpt", ["python train_gpt.py --config=shakespeare", "  --learning_rate=0.006"]),
+    ("train_vit", ["python train_vit.py --dataset=cifar10", "  --label_smoothing=0.1",
+                   "--master_port=29500 \\\n        train_vit.py --"])])
+def test_a_trainers_help_shows_its_commands_and_defaults(capsys, script, shown):
+    """A trainer's help is its own docstring (its commands: train_vit's two-node ones stay two lines each)
+    and its defaults (a help's parts in general: test_help_is_the_docstring_and_the_defaults_as_values)."""
     with pytest.raises(SystemExit) as e:
-        train_vit.main(["--help"])
+        importlib.import_module(script).main(["--help"])
     out = capsys.readouterr().out
-    assert e.value.code == 0 and "python train_vit.py --dataset=cifar10" in out
-    assert "  --label_smoothing=0.1" in out
-    assert "--master_port=29500 \\\n        train_vit.py --" in out
+    assert e.value.code == 0
+    assert all(text in out for text in shown)
 
 
 KEY = re.compile(r"^  --(\w+)=.*?(#.*)?$")

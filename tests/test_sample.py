@@ -175,8 +175,8 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
 
 
 # What a hand-edited or foreign checkpoint holds in place of a key: the weights, the model's arguments (not a
-# dict, a negative size) or the meta (not a dict, no tokenizer)
-DAMAGE = [('model_args', 5), ('model', [1, 2]), ('meta', 'x'), ('meta', {}),
+# dict, a negative size) or the meta (not a dict, no tokenizer); a vision checkpoint (train_vit.py's)
+DAMAGE = [('model_args', 5), ('model', [1, 2]), ('meta', 'x'), ('meta', {}), ('kind', 'vit'),
           ('model_args', dict(block_size=-5, vocab_size=256, n_layer=1, n_head=2, n_embd=32))]
 
 
