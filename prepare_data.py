@@ -185,11 +185,17 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
                     f.write(sep)
         # Two bytes a token.
         counts = [train.tell() // 2, val.tell() // 2]
-    # An empty corpus too. With text, the cause is the count of documents if every val_every-th is val.
+    # Every val_every-th document is val: with text but fewer documents than that (or val_every 1), the cause
+    # is the count of documents, not of tokens.
+    if val_every and any(counts) and not 0 < done // val_every < done:
+        raise UsageError(f"{source}: --val_every={val_every} puts {done // val_every} of its {done} "
+                         f"document(s) in val and the rest in train; give it at least 2 documents and a "
+                         f"--val_every from 2 to their number, or for plain text use the text dataset (the "
+                         f"last tenth of each document is val)")
+    # An empty corpus too.
     if counts[0] == 0 or counts[1] == 0:
-        documents = f" of {done} document(s), --val_every={val_every}" if val_every else ""
         raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, "
-                         f"{counts[1]} val tokens{documents})")
+                         f"{counts[1]} val tokens)")
     split = "the last 1/10 of each document's tokens (rounded down) is val, the rest train"
     if val_every:
         split = f"every {val_every}th document (0-based index % {val_every} == {val_every - 1}) is val"
@@ -588,20 +594,24 @@ def prepare(name, /, data_dir='data', **o):
     if out_name.strip() in ('', 'downloads') or out_name.startswith('.') or os.sep in out_name:
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
+    # Found now, not after a build of hours.
+    if os.path.isfile(out):
+        raise UsageError(f"{out} is a file, not a dataset folder; move it away or choose another --name")
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
         built = meta.get('tokenizer')
         # An image set has no tokenizer.
         held = built or 'an image set'
         wanted = 'an image set' if name in CIFAR else o.get('tokenizer', 'its default tokenizer')
+        if (meta.get('dataset', name), o.get('tokenizer', built)) != (name, built):
+            raise UsageError(f"{out} holds {meta.get('dataset')} ({held}), not {name} ({wanted}); pass "
+                             f"--force to rebuild it, or --name=OTHER to keep both")
         given = o.get('input')
         was = meta.get('input', given)
         # Another file or folder of one's own under the same name is another dataset; a link to it is not.
-        other_input = given and os.path.realpath(given) != os.path.realpath(was)
-        if other_input or (meta.get('dataset', name), o.get('tokenizer', built)) != (name, built):
-            raise UsageError(f"{out} holds {meta.get('dataset')} ({held}) from {was or 'its default source'},"
-                             f" not {name} ({wanted}) from {given or 'its default source'}; pass --force to "
-                             f"rebuild it, or --name=OTHER to keep both")
+        if given and os.path.realpath(given) != os.path.realpath(was):
+            raise UsageError(f"{out} was prepared from {was}; pass --force to rebuild it from "
+                             f"{os.path.abspath(given)}, or --name=OTHER to keep both")
         print(f"{out} is already prepared ({held}); --force rebuilds it")
         return out
     t0 = time.time()

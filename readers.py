@@ -164,7 +164,8 @@ def read_tokens(folder, meta, split):
     want = meta.get(f"{split}_tokens")
     # Two bytes a token (a missing file holds none); a count that is not a number is never equal.
     if size / 2 != want:
-        raise UsageError(f"{path} has {size} bytes, not 2 for each of the {want} tokens its meta.json says; "
+        got = f"has {size} bytes" if os.path.isfile(path) else "is missing"
+        raise UsageError(f"{path} {got}, not 2 for each of the {want} tokens its meta.json says; "
                          f"rebuild it: {recipe(folder, meta, force=True)}")
     # np.memmap refuses an empty file (a test set's train.bin).
     if size == 0:
