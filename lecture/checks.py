@@ -10,12 +10,15 @@ Each check runs the answer on random cases in float64, seeded by the exercise's 
 the readable lines of tost.py; it raises Wrong, saying what differed, at the first difference.
 """
 
+import os
+import sys
+
+# Also run by its path (python lecture/checks.py): the repository's modules come from its root.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in one line
 import contextlib
 import functools
 import importlib
-import os
-import sys
 import traceback
 import unittest.mock
 

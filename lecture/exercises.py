@@ -20,8 +20,12 @@ n_k = sum_j pi_jk, s_k = sum_j pi_jk (U_k^T z_j)^2 (p numbers), f(x) = log(1 + a
     R^var_c    = 1/2 sum_k (n_k/n) sum_i f(s_ki / n_k)           tost.variational_compression
 """
 
-import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in one line
+import os
 import sys
+
+# Also run by its path (python lecture/exercises.py): the repository's modules come from its root.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in one line
 
 import torch
 

@@ -7,11 +7,14 @@ students' commands: `python -m lecture.exercises`, `python derivation.py`, `pyth
     python -m lecture.handout --out=../tost-class     # then zip that folder, or make it a new repository
 """
 
-import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in one line
 import os
+import sys
+
+# Also run by its path (python lecture/handout.py): the repository's modules come from its root.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in one line
 import shutil
 import subprocess
-import sys
 
 from options import UsageError
 

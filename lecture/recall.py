@@ -24,6 +24,11 @@ given --steps (--seconds stops by the clock, so its step counts vary). The table
 model trained, on the machine at hand.
 """
 
+import os
+import sys
+
+# Also run by its path (python lecture/recall.py): the repository's modules come from its root.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in one line
 import time
 

@@ -10,6 +10,8 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 import urllib.error
 from pathlib import Path
 
@@ -272,3 +274,16 @@ def test_every_test_docs_tests_md_names_exists():
     source = ''.join(f.read_text() for f in files)
     named = set(re.findall(r'`(test_\w+)`', page))
     assert {name for name in named if f'def {name}(' not in source} == set()
+
+
+@pytest.mark.slow
+def test_every_tool_runs_by_its_path_as_well(tmp_path):
+    """`python tools/bench.py` as well as `python -m tools.bench`, from any folder: each script under tools/
+    and lecture/ finds the repository's modules."""
+    found = [*Path(REPO, 'tools').glob('*.py'), *Path(REPO, 'lecture').glob('*.py')]
+    scripts = [p for p in found if "__name__ == '__main__'" in p.read_text()]
+    assert len(scripts) >= 9
+    runs = [subprocess.Popen([sys.executable, str(p), '--help'], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True) for p in scripts]
+    for p, run in zip(scripts, runs):
+        assert run.wait(timeout=300) == 0, (p, run.stderr.read()[-2000:])

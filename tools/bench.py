@@ -10,15 +10,18 @@ and how). From the repo root:
 
 --json=PATH writes the numbers, and beside them speed.png and generation.png.
 """
+import os
+import sys
+
+# Also run by its path (python tools/bench.py): the repository's modules come from its root.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import contextlib
 import functools
 import importlib.util
 import json
-import os
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from types import SimpleNamespace

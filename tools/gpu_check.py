@@ -14,11 +14,14 @@ minutes: what docs/speed.md's section on it is rewritten from. From the repo roo
 It prints the card, torch and triton versions, and writes everything to --json. --smoke runs it at tiny
 sizes, on a CPU under Triton's interpreter (for the tests; its numbers mean nothing).
 """
+import os
+import sys
+
+# Also run by its path (python tools/gpu_check.py): the repository's modules come from its root.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import importlib.util
 import json
-import os
-import sys
 import time
 from types import SimpleNamespace
 

@@ -12,13 +12,16 @@ step, prefix_sum, and the fused core's forward and backward), less the bookkeepi
 lists, dtypes, slices, the options beyond the paper). The edits: the statement's value times 1.01, and, where
 the line has one, a sign or an axis changed (EDITS). docs/tests.md reports the last run.
 """
+import os
+import sys
+
+# Also run by its path (python tools/mutate_lecture.py): the repository's modules come from its root.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import options  # first: a mistake or Ctrl-C ends in one line
 import ast
-import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

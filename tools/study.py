@@ -11,15 +11,18 @@ From the repo root:
 Every model in a table gets the same budget, printed with the table. --json=PATH writes the results, and
 beside them a figure per section: language.png, vision.png (learning curves), tasks.png (the capability map).
 """
+import os
+import sys
+
+# Also run by its path (python tools/study.py): the repository's modules come from its root.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import collections
 import json
 import multiprocessing
-import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
@@ -54,7 +57,7 @@ def train(args, section, script, variants, keys):
     """Train each of `variants` ((run name, label, overrides); in the smoke test only those of SMOKE) with
     `script`, `keys` and its overrides, in float32 (as measured), into out_dir/section-run. Yields (the row of
     the table: its label, overrides, out_dir and seconds; the run's folder; its log's rows)."""
-    # Made here: a folder that cannot be is one line naming --out_dir (options.py's handler), not a failed run.
+    # Made here: a folder that cannot be is one line naming --out_dir (the handler's), not a failed run.
     os.makedirs(args.out_dir, exist_ok=True)
     for run, name, extra in variants:
         if args.mode == 'smoke' and run not in SMOKE:
