@@ -130,8 +130,9 @@ def option_of(path):
             if not isinstance(value, str) or not value.strip():
                 continue
             above = os.path.abspath(value)
-            # The working folder (plot's --out_dir=.) is above every relative path: it names only itself.
-            if above == os.getcwd() and full != above:
+            # The working folder (plot's --out_dir=.) names only what is directly in it: it is above every
+            # relative path.
+            if os.path.normpath(value) == os.curdir and os.path.dirname(full) != above and full != above:
                 continue
             if (full + os.sep).startswith(above.rstrip(os.sep) + os.sep) or value.endswith(":" + str(path)):
                 found = max(found, (len(above), f" (--{key}={value})"))

@@ -616,6 +616,7 @@ def prepare(name, /, data_dir='data', **o):
         return out
     t0 = time.time()
     new_root = not os.path.isdir(data_dir)
+    new_out = not os.path.isdir(out)
     # A file in the way is found now, not after a build of hours: options.py's handler names the path of an
     # OSError (a data_dir or dataset folder that is a file, not writable, disk full).
     os.makedirs(out, exist_ok=True)
@@ -643,7 +644,9 @@ def prepare(name, /, data_dir='data', **o):
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         # A failed run leaves no empty folder behind that it made (rmdir keeps one that holds files).
-        made = [out, os.path.join(data_dir, 'downloads'), data_dir] if new_root else [out]
+        made = [out] if new_out else []
+        if new_root:
+            made += [os.path.join(data_dir, 'downloads'), data_dir]
         for d in made:
             with contextlib.suppress(OSError):
                 os.rmdir(d)

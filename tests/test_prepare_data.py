@@ -186,7 +186,7 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
     with pytest.raises(UsageError, match=command):
         read_images('data/images', {'kind': 'images', 'dataset': 'cifar10'})
 
-@pytest.mark.parametrize('edit', [dict(vocab_size=10), dict(vocab_size='abc'),
+@pytest.mark.parametrize('edit', [dict(vocab_size=10), dict(vocab_size=256.0),
                                   dict(vocab_size=70000, tokenizer='gpt2'), dict(tokenizer='foo'), dict(kind=None),
                                   dict(kind=['text'])])
 def test_a_text_meta_json_no_dataset_can_have_names_the_field_and_the_command_that_rebuilds_it(capsys, tiny,
@@ -695,10 +695,14 @@ def test_bad_input_is_one_line_naming_it_and_writes_nothing(tiny, capsys, monkey
 
 
 def test_a_failed_build_in_a_data_dir_that_was_there_leaves_it_as_it_was(tiny, capsys):
-    write('data/keep/meta.json', '{}')
+    """An empty data folder stays, and so does the dataset's own folder where it was there, empty."""
     write('empty.txt', '')
+    os.makedirs('data')
     one_error(capsys, 'text', '--input=empty.txt', '--data_dir=data')
-    assert os.listdir('data') == ['keep']
+    assert os.listdir('data') == []
+    os.makedirs('data/empty')
+    one_error(capsys, 'text', '--input=empty.txt', '--data_dir=data')
+    assert os.listdir('data') == ['empty']
 
 
 def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys, monkeypatch):
@@ -709,7 +713,7 @@ def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys,
     write('README.md', 'a file')
     write('data/notes', 'a file where the dataset folder would go')
     for data_dir, name, named in (('README.md', 'x', 'README.md'), ('README.md/sub', 'x', 'README.md/sub'),
-                                  ('/proc', 'x', '/proc'), ('data', 'notes', 'data/notes'),
+                                  ('/proc', 'x', '/proc'), ('data', 'notes', '--name'),
                                   ('', 'x', '--data_dir'), (' ', 'x', '--data_dir'), ('data', ' ', '--name')):
         line = one_error(capsys, 'text', '--input=README.md', f'--name={name}', f'--data_dir={data_dir}')
         assert named in line
