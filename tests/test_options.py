@@ -280,7 +280,7 @@ def test_every_script_imports_options_before_torch():
         path = os.path.join(HERE, *name.split(".")) + ".py"
         with open(path) as f:
             imports = [line.split()[1] for line in f if re.match(r"(import|from) \w", line)]
-        # os and sys first where a script puts the repository on sys.path (tools/, lecture/): both are built in
+        # os and sys first where a script puts the repository on sys.path (tools/, lecture/): built in, quick
         assert [i for i in imports if i not in ("os", "sys")][0] == "options", name
 
 # ranges

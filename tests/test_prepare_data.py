@@ -187,8 +187,8 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
         read_images('data/images', {'kind': 'images', 'dataset': 'cifar10'})
 
 @pytest.mark.parametrize('edit', [dict(vocab_size=10), dict(vocab_size=256.0),
-                                  dict(vocab_size=70000, tokenizer='gpt2'), dict(tokenizer='foo'), dict(kind=None),
-                                  dict(kind=['text'])])
+                                  dict(vocab_size=70000, tokenizer='gpt2'), dict(tokenizer='foo'),
+                                  dict(kind=None), dict(kind=['text'])])
 def test_a_text_meta_json_no_dataset_can_have_names_the_field_and_the_command_that_rebuilds_it(capsys, tiny,
                                                                                                 edit):
     """bytes has 256 ids, a vocab fits uint16 token files, a count is a number, a tokenizer is one
