@@ -320,11 +320,11 @@ def test_a_batch_past_memory_is_refused_before_any_work(monkeypatch, fails):
 
 
 def test_the_lecture_ends_in_one_line_on_a_mistake_and_quietly_on_a_closed_pipe():
-    """A --figures that is a file: exit 2, one line naming it. A reader that leaves after the first line
-    (`| head -1`): exit 141, nothing on stderr."""
+    """A --figures that is a file: refused at once, exit 2, one line naming it. A reader that leaves after the
+    first line (`| head -1`): exit 141, nothing on stderr."""
     r = subprocess.run([sys.executable, 'derivation.py', '--figures=README.md'], cwd=REPO,
                        capture_output=True, text=True)
-    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and '--figures' in r.stderr
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and '--figures' in r.stderr and r.stdout == ''
     p = subprocess.Popen([sys.executable, 'derivation.py'], cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     p.stdout.readline()
