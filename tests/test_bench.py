@@ -19,7 +19,6 @@ import options
 import tost
 import tost_fast
 from tools import bench, study
-from conftest import run_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -179,12 +178,9 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch):
     (['--dtype=fp8'], 'fp8'),
     (['--device=foo'], 'foo'),
 ])
-def test_bad_input_is_one_line_before_any_work(monkeypatch, capsys, argv, names):
+def test_bad_input_is_one_line_before_any_work(monkeypatch, fails, argv, names):
     monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, 'operator': lambda args, results: 1 / 0})
-    with pytest.raises(SystemExit) as e:
-        run_main(lambda: bench.main(['--smoke', *argv]))
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('error: ') and names in err, err
+    fails(bench.main, ['--smoke', *argv], names)
 
 
 def test_a_json_name_that_is_a_folder_or_a_device_is_refused_before_any_work(fails, monkeypatch, tmp_path):
