@@ -43,6 +43,12 @@ def randomize(module, scale=0.3, seed=0):
     return module
 
 
+def tiny_gpt(**fields):
+    """A GPT of 2 blocks of width 16 in 2 heads, a context of 8 and 30 tokens, but for the fields given."""
+    shape = dict(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16)
+    return GPT(GPTConfig(**{**shape, **fields}))
+
+
 # -----------------------------------------------------------------------------
 # causality
 
@@ -89,8 +95,8 @@ KINDS = {'tssa': {}, 'softmax': dict(attn='softmax'), 'hybrid': dict(softmax_lay
 def test_gpt_is_causal(kind, shift, fast, monkeypatch):
     monkeypatch.setattr(CausalTSSA, 'fast', fast)
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=24, vocab_size=50, n_layer=2, n_head=2, n_embd=16, **KINDS[kind],
-                          layerscale_init=1.0, token_shift=shift)).eval()
+    model = tiny_gpt(block_size=24, vocab_size=50, **KINDS[kind], layerscale_init=1.0, token_shift=shift)
+    model.eval()
     idx = torch.randint(0, 50, (2, 24))
     logits, _ = model(idx, idx)
     for k in (1, 10, 23):
@@ -183,8 +189,8 @@ def reference_greedy(model, idx, max_new_tokens):
 @pytest.mark.parametrize('prompt_len', [5, 20])
 def test_greedy_generate_equals_full_forward_rerun(kind, prompt_len, shift):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=16, vocab_size=40, n_layer=2, n_head=2, n_embd=16, **KINDS[kind],
-                          layerscale_init=1.0, token_shift=shift)).double().eval()
+    model = tiny_gpt(block_size=16, vocab_size=40, **KINDS[kind], layerscale_init=1.0, token_shift=shift)
+    model.double().eval()
     randomize(model, scale=0.5)
     idx = torch.randint(0, 40, (2, prompt_len))
     got = model.generate(idx, 45, temperature=0)           # crosses the 16-token window several times
@@ -198,7 +204,7 @@ def test_sampling_at_a_low_temperature_under_float16_autocast():
     """logits / temperature overflows float16 at a low temperature: it is taken in float32, and the sample is
     then the greedy choice; so too at a temperature where it would overflow float32."""
     torch.manual_seed(0)
-    model = randomize(GPT(GPTConfig(block_size=16, vocab_size=40, n_layer=1, n_head=2, n_embd=16)), scale=0.5)
+    model = randomize(tiny_gpt(block_size=16, vocab_size=40, n_layer=1), scale=0.5)
     idx = torch.randint(0, 40, (2, 5))
     with torch.autocast('cpu', dtype=torch.float16):
         assert model.logits(idx)[:, -1].abs().max() / 1e-6 > torch.finfo(torch.float16).max
@@ -235,9 +241,9 @@ def test_parallel_prefill_and_step_agree(kind, shift):
 
 def test_token_shift_is_off_by_default_and_the_paper_model_unchanged():
     """The default GPT has no shift parameters, so its state dict (and old checkpoints) keep their keys."""
-    keys = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=1, n_head=2, n_embd=16)).state_dict().keys()
+    keys = tiny_gpt(n_layer=1).state_dict().keys()
     assert not any('shift' in k for k in keys)
-    shifted = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=1, n_head=2, n_embd=16, token_shift=True))
+    shifted = tiny_gpt(n_layer=1, token_shift=True)
     assert set(shifted.state_dict()) - set(keys) == {'transformer.h.0.shift.mu'}
     assert not any('lpi' in k for k in ViT(ViTConfig(img_size=16, patch_size=4, n_layer=1, n_head=2,
                                                      n_embd=16)).state_dict())
@@ -293,7 +299,7 @@ def test_softmax_layers_mistakes():
 
 
 def test_sampling_is_reproducible_with_a_generator_and_top_k_keeps_the_k_most_likely():
-    model = GPT(GPTConfig(block_size=16, vocab_size=40, n_layer=1, n_head=2, n_embd=16))
+    model = tiny_gpt(block_size=16, vocab_size=40, n_layer=1)
     idx = torch.zeros(1, 3, dtype=torch.long)
     a = model.generate(idx, 20, top_k=5, generator=torch.Generator().manual_seed(3))
     b = model.generate(idx, 20, top_k=5, generator=torch.Generator().manual_seed(3))
@@ -314,8 +320,7 @@ def test_sampling_is_reproducible_with_a_generator_and_top_k_keeps_the_k_most_li
 @pytest.mark.parametrize('shift', [False, True])
 @pytest.mark.parametrize('kind', KINDS)
 def test_gradients_reach_every_parameter_gpt(kind, shift):
-    model = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, **KINDS[kind],
-                          bias=True, token_shift=shift))
+    model = tiny_gpt(**KINDS[kind], bias=True, token_shift=shift)
     idx = torch.randint(0, 30, (2, 8))
     _, loss = model(idx, idx)
     loss.backward()
@@ -387,8 +392,7 @@ def test_with_attention_dropout_the_fused_core_gives_way_to_the_readable_lines(m
 
 
 @pytest.mark.parametrize('make', [
-    lambda: GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, dropout=0.3,
-                          softmax_layers=(-1,))),
+    lambda: tiny_gpt(dropout=0.3, softmax_layers=(-1,)),
     lambda: ViT(ViTConfig(img_size=16, patch_size=4, n_layer=2, n_head=2, n_embd=16, dropout=0.3,
                           attn='softmax')),
 ], ids=['gpt', 'vit'])
@@ -619,7 +623,7 @@ def test_each_generated_token_costs_the_same_at_any_context_with_tssa():
         return c.total
 
     for attn in ('tssa', 'softmax'):
-        model = GPT(GPTConfig(block_size=256, vocab_size=50, n_layer=2, n_head=2, n_embd=16, attn=attn))
+        model = tiny_gpt(block_size=256, vocab_size=50, attn=attn)
         short, long = [work(model, T, 12) - work(model, T, 4) for T in (16, 200)]
         assert short > 0 and (long == short if attn == 'tssa' else long > short), (attn, short, long)
 
@@ -661,7 +665,7 @@ def test_preset_parameter_counts_and_layer_scale(name, paper, tol, fields):
 
 
 def test_param_groups_exempt_biases_norms_layerscale_temperature_and_position_bias():
-    model = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16, bias=True))
+    model = tiny_gpt(bias=True)
     decay, no_decay = tost.param_groups(model, 0.1)
     ids = lambda g: {id(p) for p in g['params']}
     names = {id(p): n for n, p in model.named_parameters()}
@@ -682,7 +686,7 @@ def test_param_groups_exempt_biases_norms_layerscale_temperature_and_position_bi
 # mistakes fail at the boundary with a clear message
 
 def test_sequence_longer_than_block_size():
-    model = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=1, n_head=2, n_embd=16))
+    model = tiny_gpt(n_layer=1)
     with pytest.raises(ValueError, match=r'block_size \(8\)'):
         model(torch.zeros(1, 9, dtype=torch.long))
     with pytest.raises(ValueError, match=r'block_size \(8\)'):
@@ -696,7 +700,7 @@ def test_sequence_longer_than_block_size():
         layer(x, layer(x, state)[1])
     with pytest.raises(ValueError, match=r'^position 8 is past block_size \(8\)$'):
         layer.step(x[:, 0], layer(torch.randn(1, 8, 16), state)[1])
-    other = GPT(GPTConfig(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16))
+    other = tiny_gpt()
     states = model.prefill(torch.zeros(1, 4, dtype=torch.long))[1]
     for use in (lambda: other.step(torch.zeros(1, dtype=torch.long), states),
                 lambda: other.prefill(torch.zeros(1, 2, dtype=torch.long), states)):
@@ -1000,7 +1004,7 @@ def test_compiled_training_step_equals_eager():
 
 
 def test_generate_edge_cases():
-    model = GPT(GPTConfig(block_size=1, vocab_size=20, n_layer=1, n_head=2, n_embd=8, dropout=0.1))
+    model = tiny_gpt(block_size=1, vocab_size=20, n_layer=1, n_embd=8, dropout=0.1)
     model.train()
     out = model.generate(torch.zeros(2, 3, dtype=torch.long), 5)       # a window of one token still works
     assert out.shape == (2, 8) and model.training                      # and the mode is given back
