@@ -340,18 +340,6 @@ def test_gradients_reach_every_parameter_vit(attn, lpi):
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
-def test_gradcheck_causal_tssa():
-    torch.manual_seed(0)
-    layer = randomize(CausalTSSA(8, 2, block_size=6).double())
-    names = [n for n, _ in layer.named_parameters()]
-    params = tuple(p.detach().clone().requires_grad_() for p in layer.parameters())
-    x = torch.randn(2, 6, 8, dtype=torch.float64, requires_grad=True)
-
-    def f(x, *ps):
-        return torch.func.functional_call(layer, dict(zip(names, ps)), (x,))
-    assert torch.autograd.gradcheck(f, (x, *params))
-
-
 # -----------------------------------------------------------------------------
 # training: dropout, a coordinate no token uses, the initialisation
 
