@@ -43,6 +43,11 @@ def randomize(module, scale=0.3, seed=0):
     return module
 
 
+def close64(a, b):
+    """Equal as two float64 computations of the same sums in another order are."""
+    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 def tiny_gpt(**fields):
     """A GPT of 2 blocks of width 16 in 2 heads, a context of 8 and 30 tokens, but for the fields given."""
     shape = dict(block_size=8, vocab_size=30, n_layer=2, n_head=2, n_embd=16)
@@ -118,7 +123,7 @@ def test_gpt_is_causal(kind, shift, fast, monkeypatch):
 
 def _states_close(a, b):
     for u, v in zip(a[:3], b[:3]):
-        torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-12)
+        close64(u, v)
     assert a.t == b.t
 
 
@@ -141,7 +146,7 @@ def test_recurrent_equals_parallel(n):
     for t in range(n):
         y, st = layer.step(x[:, t], st)
         ys.append(y)
-    torch.testing.assert_close(torch.stack(ys, 1), y_par, rtol=1e-10, atol=1e-12)
+    close64(torch.stack(ys, 1), y_par)
     _states_close(st, st_par)
     assert st.t == n
 
@@ -155,7 +160,7 @@ def test_split_sequence_continues_from_state(split):
     full, st_full = layer(x, layer.empty_state(2, dtype=torch.float64))
     a, st = layer(x[:, :split], layer.empty_state(2, dtype=torch.float64))
     b, st = layer(x[:, split:], st)
-    torch.testing.assert_close(torch.cat([a, b], 1), full, rtol=1e-10, atol=1e-12)
+    close64(torch.cat([a, b], 1), full)
     _states_close(st, st_full)
 
 
@@ -172,7 +177,7 @@ def test_softmax_kv_cache_continues_like_full_attention():
     for t in range(20, 30):
         y, st = layer.step(x[:, t], st)
         ys.append(y[:, None])
-    torch.testing.assert_close(torch.cat(ys, 1), full, rtol=1e-10, atol=1e-12)
+    close64(torch.cat(ys, 1), full)
 
 
 def reference_greedy(model, idx, max_new_tokens):
@@ -232,12 +237,12 @@ def test_parallel_prefill_and_step_agree(kind, shift):
     with torch.no_grad():
         full = model(idx, idx)[0]
         last, states = model.prefill(idx[:, :11])
-        torch.testing.assert_close(last, full[:, 10], rtol=1e-10, atol=1e-12)
+        close64(last, full[:, 10])
         last, states = model.prefill(idx[:, 11:20], states)
-        torch.testing.assert_close(last, full[:, 19], rtol=1e-10, atol=1e-12)
+        close64(last, full[:, 19])
         for t in range(20, 30):
             last, states = model.step(idx[:, t], states)
-            torch.testing.assert_close(last, full[:, t], rtol=1e-10, atol=1e-12)
+            close64(last, full[:, t])
         if shift:
             for block in model.transformer.h:
                 block.shift.mu.zero_()
@@ -777,9 +782,9 @@ def test_fast_causal_core_equals_readable_form_values_and_gradients(chunk, monke
     g = torch.randn(2, 40, 16, dtype=torch.float64)
     readable = _outputs_and_grads(layer, x, g, False)
     for a, b in zip(_outputs_and_grads(layer, x, g, True), readable):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        close64(a, b)
     with torch.no_grad():
-        torch.testing.assert_close(layer(x), readable[0], rtol=1e-10, atol=1e-12)
+        close64(layer(x), readable[0])
 
 
 def test_the_fast_core_under_no_grad_keeps_nothing_for_a_backward(monkeypatch):
