@@ -43,6 +43,15 @@ def randomize(module, scale=0.3, seed=0):
     return module
 
 
+def randn64(*shape):
+    return torch.randn(*shape, dtype=torch.float64)
+
+
+def token_ids(*shape):
+    """Token 0 at every place: for tests of shapes, where the tokens do not matter."""
+    return torch.zeros(*shape, dtype=torch.long)
+
+
 def close64(a, b):
     """Equal as two float64 computations of the same sums in another order are."""
     torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
@@ -86,7 +95,7 @@ def test_the_past_is_a_bag_but_for_each_tokens_own_membership():
     pi_j is computed from its own prefix)."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(16, 4, block_size=12).double())
-    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    x = randn64(2, 12, 16)
     shuffled = torch.cat([x[:, torch.randperm(11)], x[:, 11:]], 1)  # tokens 0..10 reordered, the last kept
     changed = (layer(x) - layer(shuffled))[:, -1].abs().max()
     with torch.no_grad():
@@ -138,7 +147,7 @@ def test_recurrent_equals_parallel(n):
     torch.manual_seed(n)
     d, K = 16, 4
     layer = randomize(CausalTSSA(d, K, block_size=80).double())
-    x = torch.randn(3, n, d, dtype=torch.float64)
+    x = randn64(3, n, d)
     y_par, st_par = layer(x, layer.empty_state(3, dtype=torch.float64))
     torch.testing.assert_close(y_par, layer(x))             # the stateless training path agrees
     st = layer.empty_state(3, dtype=torch.float64)
@@ -156,7 +165,7 @@ def test_split_sequence_continues_from_state(split):
     torch.manual_seed(0)
     d, K, n = 16, 4, 40
     layer = randomize(CausalTSSA(d, K, block_size=n).double())
-    x = torch.randn(2, n, d, dtype=torch.float64)
+    x = randn64(2, n, d)
     full, st_full = layer(x, layer.empty_state(2, dtype=torch.float64))
     a, st = layer(x[:, :split], layer.empty_state(2, dtype=torch.float64))
     b, st = layer(x[:, split:], st)
@@ -167,7 +176,7 @@ def test_split_sequence_continues_from_state(split):
 def test_softmax_kv_cache_continues_like_full_attention():
     torch.manual_seed(0)
     layer = randomize(SoftmaxAttention(16, 4, causal=True).double())
-    x = torch.randn(2, 30, 16, dtype=torch.float64)
+    x = randn64(2, 30, 16)
     full = layer(x)
     a, st = layer(x[:, :12], layer.empty_state(2, dtype=torch.float64))
     # a chunk of 2 tokens, the shortest that needs a mask, then one of 6
@@ -296,7 +305,7 @@ def test_softmax_layers_mistakes():
 
 def test_sampling_is_reproducible_with_a_generator_and_top_k_keeps_the_k_most_likely():
     model = tiny_gpt(block_size=16, vocab_size=40, n_layer=1)
-    idx = torch.zeros(1, 3, dtype=torch.long)
+    idx = token_ids(1, 3)
     a = model.generate(idx, 20, top_k=5, generator=torch.Generator().manual_seed(3))
     b = model.generate(idx, 20, top_k=5, generator=torch.Generator().manual_seed(3))
     assert torch.equal(a, b)
@@ -666,9 +675,9 @@ def test_param_groups_exempt_biases_norms_layerscale_temperature_and_position_bi
 def test_sequence_longer_than_block_size():
     model = tiny_gpt(n_layer=1)
     with pytest.raises(ValueError, match=r'block_size \(8\)'):
-        model(torch.zeros(1, 9, dtype=torch.long))
+        model(token_ids(1, 9))
     with pytest.raises(ValueError, match=r'block_size \(8\)'):
-        model.step(torch.zeros(1, dtype=torch.long), model.prefill(torch.zeros(1, 8, dtype=torch.long))[1])
+        model.step(token_ids(1), model.prefill(token_ids(1, 8))[1])
     # The layer alone: its position bias has 8 entries.
     layer = CausalTSSA(16, 2, block_size=8)
     x, state = torch.randn(1, 6, 16), layer.empty_state(1)
@@ -679,9 +688,9 @@ def test_sequence_longer_than_block_size():
     with pytest.raises(ValueError, match=r'^position 8 is past block_size \(8\)$'):
         layer.step(x[:, 0], layer(torch.randn(1, 8, 16), state)[1])
     other = tiny_gpt()
-    states = model.prefill(torch.zeros(1, 4, dtype=torch.long))[1]
-    for use in (lambda: other.step(torch.zeros(1, dtype=torch.long), states),
-                lambda: other.prefill(torch.zeros(1, 2, dtype=torch.long), states)):
+    states = model.prefill(token_ids(1, 4))[1]
+    for use in (lambda: other.step(token_ids(1), states),
+                lambda: other.prefill(token_ids(1, 2), states)):
         with pytest.raises(ValueError, match='^1 states for a model of 2 blocks$'):   # another model's states
             use()
 
@@ -694,7 +703,7 @@ def test_the_vision_model_is_the_released_one():
     model = randomize(ViT(ViTConfig(img_size=32, patch_size=4, num_classes=10, n_layer=2, n_head=2, n_embd=16,
                                     drop_path=0.1)).double())
     block = model.cls_blocks[0]
-    cls, x = torch.randn(2, 1, 16, dtype=torch.float64), torch.randn(2, 5, 16, dtype=torch.float64)
+    cls, x = randn64(2, 1, 16), randn64(2, 5, 16)
     seq = torch.cat([cls, x], 1)
     h = block.ln_1(seq)
     seq = seq + block.gamma_1 * torch.cat([block.attn(h)[0], h[:, 1:]], 1)
@@ -778,8 +787,8 @@ def test_fast_causal_core_equals_readable_form_values_and_gradients(chunk, monke
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(16, 4, block_size=40).double())
     monkeypatch.setattr(tost_fast, 'CHUNK', chunk * 2 * 16)         # elements: tokens x batch x width
-    x = torch.randn(2, 40, 16, dtype=torch.float64)
-    g = torch.randn(2, 40, 16, dtype=torch.float64)
+    x = randn64(2, 40, 16)
+    g = randn64(2, 40, 16)
     readable = _outputs_and_grads(layer, x, g, False)
     for a, b in zip(_outputs_and_grads(layer, x, g, True), readable):
         close64(a, b)
@@ -818,10 +827,10 @@ def test_fast_causal_core_clamps_like_the_readable_form(monkeypatch):
     # Three coordinates of head 0 stay below the clamp for the first 7 tokens, across two chunks.
     with torch.no_grad():
         layer.c_attn.weight[:3] *= 1e-9
-    x = torch.randn(1, 24, 8, dtype=torch.float64)
+    x = randn64(1, 24, 8)
     x[:, :7] *= 1e-2
     assert (torch.cumsum(layer.c_attn(x)[0, :, :3] ** 2, 0)[6] < 1e-12).all()
-    g = torch.randn(1, 24, 8, dtype=torch.float64)
+    g = randn64(1, 24, 8)
     for a, b in zip(_outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
@@ -976,16 +985,16 @@ def test_compiled_training_step_equals_eager():
 def test_generate_edge_cases():
     model = tiny_gpt(block_size=1, vocab_size=20, n_layer=1, n_embd=8, dropout=0.1)
     model.train()
-    out = model.generate(torch.zeros(2, 3, dtype=torch.long), 5)       # a window of one token still works
+    out = model.generate(token_ids(2, 3), 5)       # a window of one token still works
     assert out.shape == (2, 8) and model.training                      # and the mode is given back
-    model.eval().generate(torch.zeros(1, 1, dtype=torch.long), 2)
+    model.eval().generate(token_ids(1, 1), 2)
     assert not model.training
-    assert model.generate(torch.zeros(1, 1, dtype=torch.long), 4, top_k=0).shape == (1, 5)   # 0: all tokens
+    assert model.generate(token_ids(1, 1), 4, top_k=0).shape == (1, 5)   # 0: all tokens
     with pytest.raises(ValueError, match='T >= 1'):
-        model.generate(torch.zeros(1, 0, dtype=torch.long), 3)
+        model.generate(token_ids(1, 0), 3)
     for bad in (dict(temperature=-1.0), dict(temperature=float('nan')), dict(top_k=-1)):
         with pytest.raises(ValueError, match='temperature >= 0 and top_k >= 0'):
-            model.generate(torch.zeros(1, 1, dtype=torch.long), 3, **bad)
+            model.generate(token_ids(1, 1), 3, **bad)
 
 
 # -----------------------------------------------------------------------------
