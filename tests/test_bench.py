@@ -19,7 +19,6 @@ import options
 import tost
 import tost_fast
 from tools import bench, study
-from conftest import run_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,6 +67,11 @@ def test_cpu_memory_probe_sees_activations():
     assert 3 < large / small < 6           # 4x tokens: roughly 4x memory, not 16x
 
 
+def causal_op(n=8, backward=False, **how):
+    """bench's case of a causal TSSA layer of width 16 in 2 heads, n tokens, float32 on the CPU."""
+    return bench.make_op('causal_tssa', n, 'cpu', 'float32', backward, width=16, heads=2, **how)
+
+
 def test_the_readable_column_runs_the_readable_lines(monkeypatch):
     """The limit's causal columns: with fused=True the fused core at any size (tost_fast.MIN_ELEMENTS 0 while
     the case runs), with readable=True the lines of tost.py (CausalTSSA.fast off while the case runs, on again
@@ -76,13 +80,13 @@ def test_the_readable_column_runs_the_readable_lines(monkeypatch):
     real = tost_fast.causal_tssa
     monkeypatch.setattr(tost_fast, 'causal_tssa', lambda *a: entered.append(1) or real(*a))
     for backward in (False, True):
-        bench.make_op('causal_tssa', 8, 'cpu', 'float32', backward, width=16, heads=2, readable=True)()
+        causal_op(backward=backward, readable=True)()
     assert entered == [] and tost.CausalTSSA.fast is True
-    bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2)()   # tiny: the default path
+    causal_op()()   # tiny: the default path
     assert entered == []                                                                 # is the readable one
-    bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2, fused=True)()
+    causal_op(fused=True)()
     assert entered == [1] and tost_fast.MIN_ELEMENTS == 2 ** 19
-    run = bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2, readable=True)
+    run = causal_op(readable=True)
     monkeypatch.setattr(tost.CausalTSSA, 'forward', lambda self, x: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         run()
@@ -98,9 +102,9 @@ def test_the_triton_column_runs_the_triton_core_and_says_where_it_cannot(monkeyp
         entered.append(tost_fast.TRITON)
         return layer.c_proj(x)
     monkeypatch.setattr(tost_fast, 'causal_tssa', core)
-    bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2)()
+    causal_op()()
     assert entered == [] and tost_fast.TRITON == ()
-    bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2, triton=True)()
+    causal_op(triton=True)()
     assert entered == [('cpu',)] and tost_fast.TRITON == ()
     monkeypatch.setattr(bench, 'make_op', lambda kind, *a, **how: lambda: None)
     monkeypatch.setattr(bench, 'NOISY', [])
@@ -152,9 +156,9 @@ def test_every_compiled_case_runs_compiled(monkeypatch):
     before = counters['stats']['unique_graphs']
     with torch._dynamo.config.patch(recompile_limit=1):
         for n in (8, 16):
-            bench.make_op('causal_tssa', n, 'cpu', 'float32', False, width=16, heads=2)()
+            causal_op(n)()
     assert entered == [] and counters['stats']['unique_graphs'] - before == 2
-    bench.make_op('causal_tssa', 8, 'cpu', 'float32', False, width=16, heads=2, compile=False, fused=True)()
+    causal_op(compile=False, fused=True)()
     assert entered == [1]                           # the eager case of the limit's fused column takes it
 
 
@@ -179,12 +183,9 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch):
     (['--dtype=fp8'], 'fp8'),
     (['--device=foo'], 'foo'),
 ])
-def test_bad_input_is_one_line_before_any_work(monkeypatch, capsys, argv, names):
+def test_bad_input_is_one_line_before_any_work(monkeypatch, fails, argv, names):
     monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, 'operator': lambda args, results: 1 / 0})
-    with pytest.raises(SystemExit) as e:
-        run_main(lambda: bench.main(['--smoke', *argv]))
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count('\n') == 1 and err.startswith('error: ') and names in err, err
+    fails(bench.main, ['--smoke', *argv], names)
 
 
 def test_a_json_name_that_is_a_folder_or_a_device_is_refused_before_any_work(fails, monkeypatch, tmp_path):

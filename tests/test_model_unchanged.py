@@ -69,7 +69,10 @@ def forward(module, x):
     return [module(x)]
 
 
-def assert_identical(a, b):
+def assert_identical(new, old, inputs, run=forward):
+    """run(new, *inputs) and run(old, *inputs) and their gradients: equal, bit for bit."""
+    a = outputs_and_grads(new, inputs, run)
+    b = outputs_and_grads(old, inputs, run)
     assert len(a) == len(b)
     for x, y in zip(a, b):
         assert torch.equal(x, y), (x - y).abs().max()
@@ -88,7 +91,7 @@ def test_objective_and_operators_compute_what_they_did(base, monkeypatch):
     for kwargs in (dict(bias=True), dict(whitebox=True, alpha=2.0, tau=0.5)):
         new, ref = twins(lambda: tost.TSSA(12, 3, **kwargs).double(),
                          lambda: old.TSSA(12, 3, **kwargs).double())
-        assert_identical(outputs_and_grads(new, [x], forward), outputs_and_grads(ref, [x], forward))
+        assert_identical(new, ref, [x])
     # the causal layer: readable lines, the state carried over a split, the recurrent steps, and the fused
     # core with several chunks (so the carries between chunks run)
     monkeypatch.setattr(tost_fast, 'MIN_ELEMENTS', 0)
@@ -114,9 +117,9 @@ def test_objective_and_operators_compute_what_they_did(base, monkeypatch):
     for fast in (False, True):
         monkeypatch.setattr(tost.CausalTSSA, 'fast', fast)
         monkeypatch.setattr(old.CausalTSSA, 'fast', fast)
-        assert_identical(outputs_and_grads(new, [x], forward), outputs_and_grads(ref, [x], forward))
-    assert_identical(outputs_and_grads(new, [x], split), outputs_and_grads(ref, [x], split))
-    assert_identical(outputs_and_grads(new, [x], steps), outputs_and_grads(ref, [x], steps))
+        assert_identical(new, ref, [x])
+    assert_identical(new, ref, [x], split)
+    assert_identical(new, ref, [x], steps)
 
 
 def test_models_compute_what_they_did(base, monkeypatch):
@@ -137,8 +140,7 @@ def test_models_compute_what_they_did(base, monkeypatch):
             stepped, _ = m.step(idx[:, 10], states)
             return [logits, loss, last, first, stepped]
 
-        inputs = [idx, targets]
-        assert_identical(outputs_and_grads(new, inputs, run), outputs_and_grads(ref, inputs, run))
+        assert_identical(new, ref, [idx, targets], run)
     # the paper's vision model, and the options beyond it (a softmax baseline, XCiT's LPI)
     for fields in (dict(n_cls_layer=1), dict(attn='softmax', lpi=True, n_cls_layer=2)):
         cfg = dict(img_size=16, patch_size=4, num_classes=5, n_layer=2, n_head=2, n_embd=16, **fields)
@@ -146,4 +148,4 @@ def test_models_compute_what_they_did(base, monkeypatch):
         new.eval()
         ref.eval()
         images = torch.randn(2, 3, 16, 16)
-        assert_identical(outputs_and_grads(new, [images], forward), outputs_and_grads(ref, [images], forward))
+        assert_identical(new, ref, [images])

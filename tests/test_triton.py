@@ -129,7 +129,7 @@ def test_float64_equals_the_readable_lines(interpreter, B, T, d, K, chunk, clamp
     interpreter(check_float64, B, T, d, K, chunk, clamp)
 
 
-def check_float32():
+def check_float32_and_bf16():
     T = 1024
     tost_triton.CHUNK = 128
     layer = _layer(64, 4, T)
@@ -144,35 +144,21 @@ def check_float32():
     for name, c, r, want in zip(_names(layer), core, readable, ref):
         assert _rel(c, want) < 1e-5, (name, _rel(c, want))
         assert _rel(c, want) <= 3 * _rel(r, want) + 1e-7, (name, _rel(c, want), _rel(r, want))
-
-
-def test_float32_is_as_exact_as_the_readable_lines(interpreter):
-    """float32 against float64 at 1024 tokens in 8 chunks: within 1e-5, and within 3x the readable lines' own
-    float32 error, where the first token is tiny (the sum of the later chunks' adjoints of Q formed as total
-    minus prefix is 8e-4 off here; with two chunks it would be exact, a + b - b, and pass)."""
-    interpreter(check_float32)
-
-
-def check_bf16():
-    T = 1024
-    tost_triton.CHUNK = 128
-    layer = _layer(64, 4, T)
-    x = torch.randn(1, T, 64, dtype=torch.float64)
-    g = torch.randn(1, T, 64, dtype=torch.float64)
-    ref = _outputs_and_grads(layer, x, g, False)
-    layer.float()
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        core = _outputs_and_grads(layer, x.float(), g.float(), True)
-        readable = _outputs_and_grads(layer, x.float(), g.float(), False)
+        core = _outputs_and_grads(layer, x, g, True)
+        readable = _outputs_and_grads(layer, x, g, False)
     assert core[0].dtype == torch.bfloat16
     for name, c, r, want in zip(_names(layer), core, readable, ref):
         assert _rel(c, want) <= 1.1 * _rel(r, want), (name, _rel(c, want), _rel(r, want))
 
 
-def test_bf16_autocast_is_no_further_from_float64_than_the_readable_lines(interpreter):
-    """Under bf16 autocast the core loads w in bf16 and sums in float32: y and every gradient within 1.1x
-    the readable lines' distance from float64 (both are mostly the bf16 projections' rounding)."""
-    interpreter(check_bf16)
+def test_float32_and_bf16_autocast_are_as_exact_as_the_readable_lines(interpreter):
+    """Against float64 at 1024 tokens in 8 chunks. float32: within 1e-5, and within 3x the readable lines'
+    own float32 error, where the first token is tiny (the sum of the later chunks' adjoints of Q formed as
+    total minus prefix is 8e-4 off here; with two chunks it would be exact, a + b - b, and pass). Under bf16
+    autocast the core loads w in bf16 and sums in float32: y and every gradient within 1.1x the readable
+    lines' distance from float64 (both are mostly the bf16 projections' rounding)."""
+    interpreter(check_float32_and_bf16)
 
 
 def check_bf16_rounding():
