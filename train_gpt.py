@@ -104,8 +104,8 @@ PRESETS = {
     'owt-base': dict(_OWT, out_dir='out-owt-base', weight_decay=0.01, n_layer=12, n_head=12, n_embd=768),
     'owt-medium': dict(_OWT, out_dir='out-owt-medium', n_layer=24, n_head=16, n_embd=1024),
     # 655M: half the micro-batch, twice the micro-steps (80 divides among 1, 2, 4, 5, 8, 16 GPUs)
-    'owt-large': dict(_OWT, out_dir='out-owt-large', batch_size=6, gradient_accumulation_steps=80, n_layer=36,
-                      n_head=20, n_embd=1280),
+    'owt-large': dict(_OWT, out_dir='out-owt-large', batch_size=6, gradient_accumulation_steps=80,
+                      n_layer=36, n_head=20, n_embd=1280),
 }
 
 # datasets cheap enough to prepare on the fly; the others are a separate step (openwebtext takes hours)
@@ -290,7 +290,8 @@ def main(argv=None):
     if not fresh:
         if os.path.isdir(out_dir):
             lock = make_out_dir(out_dir, [], cfg['overwrite'], False, master)
-        ckpt = load_checkpoint(ckpt_path, device, 'gpt', ('model', 'optimizer', 'iter_num', 'config', 'meta'))
+        needs = ('model', 'optimizer', 'iter_num', 'config', 'meta')
+        ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=needs)
         cfg, set_keys = resume_config(cfg, set_keys, ckpt)
     if cfg['compile'] and cfg['attn'] == 'tssa':
         check_compile(device)
