@@ -339,7 +339,8 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     set_keys = set()
     # The preset first, wherever it is on the line: the other options override it.
     if presets and "config" in given:
-        name = given.pop("config")
+        # --config alone is a mistake like any key without its value.
+        name = _value("config", given.pop("config"), next(iter(presets)))
         if name not in presets:
             raise UsageError(f"unknown config {name!r}; presets: {', '.join(presets)}")
         config.update(presets[name])

@@ -57,7 +57,8 @@ MISTAKES = [(["--max-iters=9"], ["--max-iters", "--max_iters"]),
             (["config/train.py"], ["'config/train.py'"]),
             (["--max_iters"], ["--max_iters=5000"]),
             (["--start"], ["--start='\\n'"]),
-            (["--config=shakespear"], ["'shakespear'", "tiny"])]
+            (["--config=shakespear"], ["'shakespear'", "tiny"]),
+            (["--config"], ["--config=shakespeare"])]
 
 
 @pytest.mark.parametrize("argv, names", MISTAKES)
