@@ -6,11 +6,12 @@ that.
 Where it runs: CausalTSSA.forward enters here by one line when usable() says so, that is on a CPU, in
 eager mode, without a recurrent state and without active attention dropout, on at least MIN_ELEMENTS
 numbers, and CausalTSSA.fast is True. Everywhere else the readable lines run: under torch.compile (inductor
-fuses them itself), on GPUs, and on small inputs. docs/speed.md has the measurements that chose this. Its
-backward is first order only: for a gradient of a gradient, set CausalTSSA.fast = False.
+fuses them itself), on GPUs without the Triton core below, and on small inputs. docs/speed.md has the
+measurements that chose this. Its backward is first order only: for a gradient of a gradient, set
+CausalTSSA.fast = False.
 
-On CUDA the same line enters tost_triton.py's Triton core instead, eager or compiled, if the environment
-says TOST_TRITON=1 (opt-in until a GPU run measures it faster than the readable lines; docs/speed.md).
+On CUDA the same line enters tost_triton.py's Triton core instead, eager or compiled, where triton imports
+(measured faster than the readable lines there: docs/speed.md); TOST_TRITON=0 keeps the readable lines.
 
 Two things make the core faster than autograd over the readable lines on a CPU: a hand-written backward
 (autograd keeps and re-reads about twice as many intermediate tensors), and chunks of about CHUNK elements,
@@ -35,19 +36,23 @@ def _stat_dtype(t):
 
 
 def _triton_devices():
-    """TOST_TRITON=1: ('cuda',), the devices whose training path runs the Triton core; unset or 0: none.
-    A value it cannot use stops the program here, in one line, rather than at the first layer."""
-    flag = os.environ.get('TOST_TRITON', '0')
-    why = None if flag in ('0', '1') else f"TOST_TRITON={flag}: expected 1 (the Triton core on CUDA) or 0"
-    if flag == '1':
+    """The devices whose training path runs the Triton core: ('cuda',) where CUDA is and triton imports (a GPU
+    run measured it faster than the readable lines; docs/speed.md), unless TOST_TRITON=0; TOST_TRITON=1
+    insists on it. A value it cannot use stops the program here, in one line, rather than at the first layer."""
+    flag = os.environ.get('TOST_TRITON', '')
+    why = None if flag in ('', '0', '1') else f"TOST_TRITON={flag}: expected 1 (the Triton core on CUDA) or 0"
+    wanted = flag == '1' or (flag == '' and torch.cuda.is_available())
+    if wanted and not why:
         try:
             import tost_triton  # noqa: F401  (imported once here, so that causal_tssa only looks it up)
         except ImportError as e:
-            why = f"TOST_TRITON=1 needs triton, which does not import here ({e}); pip install triton"
+            wanted = False
+            if flag == '1':
+                why = f"TOST_TRITON=1 needs triton, which does not import here ({e}); pip install triton"
     if why:
         print(f"error: {why}", file=sys.stderr)
         sys.exit(2)
-    return ('cuda',) if flag == '1' else ()
+    return ('cuda',) if wanted else ()
 
 
 TRITON = _triton_devices()

@@ -4,9 +4,8 @@ equal to rounding (float64: within 1e-12), in eight kernels instead of about nin
 math; read tost.py for that, and tost_fast.py for the CPU core this one mirrors.
 
 Where it runs: CausalTSSA.forward enters here by the same one line that enters the CPU core, when
-tost_fast.usable() says so: on CUDA, without a recurrent state, without active attention dropout, and only
-if the environment says TOST_TRITON=1 (opt-in: it has not yet been measured on a GPU; docs/speed.md says
-how to measure it). Its backward is first order only.
+tost_fast.usable() says so: on CUDA, without a recurrent state, without active attention dropout, unless
+the environment says TOST_TRITON=0 (docs/speed.md has its measurements). Its backward is first order only.
 
 The design. The tokens are cut into chunks of CHUNK, and one program takes one chunk of one head of one
 sequence, so a single long sequence still fills the GPU. A prefix sum over the tokens is then two passes:

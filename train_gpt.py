@@ -294,7 +294,7 @@ def main(argv=None):
         ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=needs)
         cfg, set_keys = resume_config(cfg, set_keys, ckpt)
     if cfg['compile'] and cfg['attn'] == 'tssa':
-        check_compile(device)
+        check_compile(device, cfg['dropout'])
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
     learning_rate = cfg['learning_rate']
     check_decay(cfg)

@@ -24,6 +24,7 @@ import plot
 import prepare_data
 import sample
 import tost
+import tost_fast
 import train_common
 import train_gpt
 from conftest import one_line
@@ -80,7 +81,8 @@ def weights(out_dir):
 
 def test_compile_that_would_fail_on_a_gpu_is_refused_before_the_data(monkeypatch, tmp_path):
     """torch before 2.13 on a GPU: --compile of a ToST model stops before the data is prepared (hours for
-    OpenWebText) or any folder is made; the softmax baseline, which has no prefix sums, goes on."""
+    OpenWebText) or any folder is made; the softmax baseline, which has no prefix sums, goes on, and so does
+    ToST where the Triton core runs (it compiles with any torch), unless dropout keeps the readable lines."""
     monkeypatch.setattr(torch, '__version__', '2.12.1+cu128')
     args = ['--compile=true', f'--data_dir={tmp_path}/data', f'--out_dir={tmp_path}/out']
     gpu = train_common.Dist(False, 0, 0, 1, True, 'cuda')
@@ -94,6 +96,11 @@ def test_compile_that_would_fail_on_a_gpu_is_refused_before_the_data(monkeypatch
     monkeypatch.setattr(train_gpt, 'resolve_dtype', past_the_check)
     with pytest.raises(RuntimeError, match='past the check'):
         train_gpt.main(args + ['--attn=softmax'])
+    monkeypatch.setattr(tost_fast, 'TRITON', ('cuda',))
+    with pytest.raises(RuntimeError, match='past the check'):
+        train_gpt.main(args)
+    with pytest.raises(options.UsageError, match='--compile'):
+        train_gpt.main(args + ['--dropout=0.1'])
 
 
 @pytest.fixture(scope='module')

@@ -6,7 +6,7 @@ first imported, and it cannot then compile for a GPU in the same process. So the
 process started with it set (the `interpreter` fixture: each test sends its check_* function there and gets
 its result or its AssertionError back), and neither this process nor the other tests see it. In the worker
 the CPU is a Triton device (tost_fast.TRITON), so every check enters the core by CausalTSSA.forward's one
-dispatch line, as CUDA does under TOST_TRITON=1."""
+dispatch line, as CUDA does by default."""
 import concurrent.futures
 import importlib.util
 import json
@@ -282,12 +282,24 @@ def test_a_tost_triton_it_cannot_use_stops_in_one_line(monkeypatch, capsys, flag
     assert 'TOST_TRITON' in out.err
 
 
-def test_tost_triton_turns_the_core_on_for_cuda_only(monkeypatch):
+def test_the_triton_core_is_on_where_cuda_is_unless_tost_triton_is_0(monkeypatch):
+    """Unset: on where CUDA is and triton imports, else quietly off; 0: off; 1: on (and an error without
+    triton, above)."""
     import tost_fast
-    assert tost_fast.TRITON == ()               # the tests run without TOST_TRITON
-    monkeypatch.setenv('TOST_TRITON', '1')
+    assert tost_fast.TRITON == ()               # no CUDA here
+    monkeypatch.delenv('TOST_TRITON', raising=False)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     assert tost_fast._triton_devices() == ('cuda',)
     monkeypatch.setenv('TOST_TRITON', '0')
+    assert tost_fast._triton_devices() == ()
+    monkeypatch.setenv('TOST_TRITON', '1')
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    assert tost_fast._triton_devices() == ('cuda',)
+    monkeypatch.delenv('TOST_TRITON')
+    assert tost_fast._triton_devices() == ()
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setitem(sys.modules, 'triton', None)
+    monkeypatch.delitem(sys.modules, 'tost_triton', raising=False)
     assert tost_fast._triton_devices() == ()
 
 

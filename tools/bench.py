@@ -271,7 +271,7 @@ LIMIT = {
     'tssa_compiled_s': ('tssa', dict(compile=True)),
     'causal_fast_s': ('causal_tssa', dict(compile=False, fused=True)),
     'causal_readable_s': ('causal_tssa', dict(compile=False, readable=True)),
-    'causal_compiled_s': ('causal_tssa', dict(compile=True)),
+    'causal_compiled_s': ('causal_tssa', dict(compile=True, readable=True)),
     'causal_triton_s': ('causal_tssa', dict(compile=False, triton=True)),
 }
 
