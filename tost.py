@@ -37,7 +37,7 @@ The engineering starts there: the vision model (ViT), the softmax baseline, thre
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
 (read with its outputs in docs/lecture.md).
-tost_fast.py: a fused CPU core for CausalTSSA's training on long inputs, the same numbers to rounding, faster.
+tost_fast.py: fused cores for CausalTSSA's training (CPU; CUDA: Triton), the same numbers to rounding, faster.
 """
 
 import math
@@ -227,9 +227,9 @@ class CausalTSSA(TSSA):
     prefix_memberships() is TSSA.memberships() with the sums over tokens taken over the prefix (its own
     arguments: the squares and their prefix sums, not w). forward() computes all positions at once with
     cumsum; step() advances one token from a TSSAState in O(p) per head: the same numbers. Sums run in
-    float32 under bf16/fp16 autocast (float16 overflows past 65504; a running bf16 sum stalls). On a CPU the
-    stateless path runs tost_fast's fused core on inputs of 2^19 numbers or more unless CausalTSSA.fast is
-    False: the same numbers to rounding, fewer memory passes.
+    float32 under bf16/fp16 autocast (float16 overflows past 65504; a running bf16 sum stalls). The stateless
+    path runs a fused core (tost_fast) on a CPU from 2^19 numbers, and on CUDA a Triton one, unless
+    CausalTSSA.fast is False: the same numbers to rounding, fewer memory passes.
     """
 
     fast = True
@@ -262,7 +262,7 @@ class CausalTSSA(TSSA):
         """Parallel form. x: (B, T, d). Without a state: returns y (B, T, d), the training path.
         With a state (from empty_state() or an earlier call): continues after it, returns (y, new_state)."""
         self.check_positions((0 if state is None else state.t) + x.shape[1])
-        # large inputs on a CPU: the same numbers from tost_fast's fused core; the readable lines follow
+        # large inputs on a CPU, and CUDA: the same numbers from a fused core; the readable lines follow
         if state is None and tost_fast.usable(self, x):
             return tost_fast.causal_tssa(self, x)
         w = self.split_heads(self.c_attn(x))                   # (B, K, T, p)  w_t = U_k^T z_t

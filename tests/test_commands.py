@@ -115,7 +115,10 @@ SKIP_WHY = {
         'python -m tools.bench --device=cuda --dtype=bfloat16 --json=bench.json',
         'python -m tools.bench --device=cuda --dtype=bfloat16 --compile --sections=operator,model',
         'python -m tools.bench --device=cuda --dtype=bfloat16 --sections=limit',
-        'python -m tools.gpu_check --json=docs/gpu-check.json'),
+        'python -m tools.gpu_check --json=docs/gpu-check.json',
+        'python train_gpt.py --n_layer=12 --n_head=12 --n_embd=768 --block_size=1024 --batch_size=16 '
+        '--learning_rate=6e-4 --warmup_iters=10 --max_iters=60 --lr_decay_iters=60 --eval_interval=60 '
+        '--eval_iters=5 --attn=tssa --compile=true'),
     'minutes to hours: test_bench.py, test_study.py and test_triton.py run their smoke modes': (
         'python -m tools.bench', 'python -m tools.bench --json=docs/bench.json',
         'python -m tools.bench --quick',

@@ -143,7 +143,7 @@ def compiled(module):
 def causal_path(device, readable=False, fused=False, triton=False):
     """While a case runs, CausalTSSA takes the path it names: readable, its readable lines (CausalTSSA.fast
     off); fused, the CPU core at any size (tost_fast.MIN_ELEMENTS 0); triton, the Triton core on this device
-    (as TOST_TRITON=1 does on CUDA). Each setting is put back after, also when the case fails."""
+    (as on CUDA by default). Each setting is put back after, also when the case fails."""
     fast = CausalTSSA.fast
     min_elements = tost_fast.MIN_ELEMENTS
     triton_devices = tost_fast.TRITON
