@@ -231,12 +231,9 @@ def _stat_dtype(w):
     return torch.float64 if w.dtype == torch.float64 else torch.float32
 
 
-# Inductor's on-disk caches know a custom op by its name, not its code: an op whose outputs change shape
-# needs a new name, or a compiled graph from before is reused with the old shapes.
-@torch.library.custom_op('tost::causal_tssa_forward', mutates_args=())
-def forward(w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, eps: float,
-            chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                 torch.Tensor]:
+def _forward(w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, eps: float,
+             chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                  torch.Tensor]:
     """w: (B, T, K, p) contiguous, any float dtype; temp: (K,), pb: (T, K) = p b_{k,t}, in the statistics'
     dtype -> y (B, T, K, p) in w's dtype, and for the backward Pi and e (B, T, K) and the sums of the chunks
     before each chunk: of w^2 (qc) and Pi w^2 (ac), (B, K, NC + 1, BP), and of Pi (pc), (B, K, NC + 1).
@@ -263,6 +260,12 @@ def forward(w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, eps: float,
     return y, pi, e, qc, ac, pc
 
 
+# Under torch.compile the core is two custom ops in the graph. Inductor's on-disk caches know a custom op by
+# its name, not its code: an op whose outputs change shape needs a new name, or a compiled graph from before
+# is reused with the old shapes.
+forward = torch.library.custom_op('tost::causal_tssa_forward', _forward, mutates_args=())
+
+
 @forward.register_fake
 def _(w, temp, pb, eps, chunk):
     B, T, K, P, NC, BP = _layout(w, chunk)
@@ -272,10 +275,9 @@ def _(w, temp, pb, eps, chunk):
             torch.empty_like(sums), w.new_empty(B, K, NC + 1, dtype=dt))
 
 
-@torch.library.custom_op('tost::causal_tssa_backward', mutates_args=())
-def backward(g: torch.Tensor, w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, pi: torch.Tensor,
-             e: torch.Tensor, qc: torch.Tensor, ac: torch.Tensor, pc: torch.Tensor, eps: float,
-             chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward_kernels(g: torch.Tensor, w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor,
+                      pi: torch.Tensor, e: torch.Tensor, qc: torch.Tensor, ac: torch.Tensor, pc: torch.Tensor,
+                      eps: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dL/dy -> dL/dw, dL/dtemp, dL/dpb. The tables of the sums of the chunks after each chunk (sa, sp, sq)
     are made as the forward's, with the chunks in reverse order."""
     B, T, K, P, NC, BP = _layout(w, chunk)
@@ -300,6 +302,9 @@ def backward(g: torch.Tensor, w: torch.Tensor, temp: torch.Tensor, pb: torch.Ten
     return gw, (dl * (e + pb)).sum((0, 1)), de.sum(0)
 
 
+backward = torch.library.custom_op('tost::causal_tssa_backward', _backward_kernels, mutates_args=())
+
+
 @backward.register_fake
 def _(g, w, temp, pb, pi, e, qc, ac, pc, eps, chunk):
     return torch.empty_like(w), torch.empty_like(temp), torch.empty_like(pb)
@@ -321,6 +326,21 @@ def _backward(ctx, gy, *unused):
 forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+class Core(torch.autograd.Function):
+    """Eager mode: the same two functions, called directly. Through the custom ops the layer's forward+backward
+    took 1.4x to 1.6x as long (torch 2.11, an H100; docs/speed.md)."""
+
+    @staticmethod
+    def forward(ctx, w, temp, pb, eps, chunk):
+        out = _forward(w, temp, pb, eps, chunk)
+        _setup_context(ctx, (w, temp, pb, eps, chunk), out)
+        return out[0]
+
+    @staticmethod
+    def backward(ctx, gy):
+        return *_backward_kernels(gy, *ctx.saved_tensors, ctx.eps, ctx.chunk), None, None
+
+
 def causal_tssa(layer, x):
     """c_proj(core(c_attn(x))): CausalTSSA.forward without a state, on the Triton core. x: (B, T, d)."""
     B, T, d = x.shape
@@ -328,5 +348,6 @@ def causal_tssa(layer, x):
     dt = _stat_dtype(w)
     temp = layer.temp.view(-1).to(dt)                                      # (K,)
     pb = (layer.head_dim * layer.pos_bias[:, :T]).t().to(dt).contiguous()  # (T, K)  p * b_{k,t}
-    y = forward(w.contiguous(), temp, pb, layer.eps, CHUNK)[0]
+    args = (w.contiguous(), temp, pb, layer.eps, CHUNK)
+    y = forward(*args)[0] if torch.compiler.is_compiling() else Core.apply(*args)
     return layer.resid_dropout(layer.c_proj(y.view(B, T, d)))
