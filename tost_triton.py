@@ -327,8 +327,8 @@ forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 class Core(torch.autograd.Function):
-    """Eager mode: the same two functions, called directly. Through the custom ops the layer's forward+backward
-    took 1.4x to 1.6x as long (torch 2.11, an H100; docs/speed.md)."""
+    """Eager mode: the same two functions, called directly. Through the custom ops the layer's
+    forward+backward took 1.4x to 1.6x as long (torch 2.11, an H100; docs/speed.md)."""
 
     @staticmethod
     def forward(ctx, w, temp, pb, eps, chunk):
@@ -337,6 +337,7 @@ class Core(torch.autograd.Function):
         return out[0]
 
     @staticmethod
+    @torch.autograd.function.once_differentiable     # a gradient of a gradient: set CausalTSSA.fast = False
     def backward(ctx, gy):
         return *_backward_kernels(gy, *ctx.saved_tensors, ctx.eps, ctx.chunk), None, None
 
@@ -349,5 +350,10 @@ def causal_tssa(layer, x):
     temp = layer.temp.view(-1).to(dt)                                      # (K,)
     pb = (layer.head_dim * layer.pos_bias[:, :T]).t().to(dt).contiguous()  # (T, K)  p * b_{k,t}
     args = (w.contiguous(), temp, pb, layer.eps, CHUNK)
-    y = forward(*args)[0] if torch.compiler.is_compiling() else Core.apply(*args)
+    if torch.compiler.is_compiling():
+        y = forward(*args)[0]
+    else:
+        # Triton launches on the current GPU: make it x's (autograd runs the backward on x's device already)
+        with torch.cuda.device(x.device.index if x.is_cuda else -1):
+            y = Core.apply(*args)
     return layer.resid_dropout(layer.c_proj(y.view(B, T, d)))
