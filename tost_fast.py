@@ -3,12 +3,11 @@ A fused core for tost.py's CausalTSSA training path: the numbers of its readable
 rounding (float64: within 1e-12), in fewer passes over memory. Nothing here is new math; read tost.py for
 that.
 
-Where it runs: CausalTSSA.forward enters here by one line when usable() says so, that is on a CPU, in
-eager mode, without a recurrent state and without active attention dropout, on at least MIN_ELEMENTS
-numbers, and CausalTSSA.fast is True. Everywhere else the readable lines run: under torch.compile (inductor
-fuses them itself), on GPUs without the Triton core below, and on small inputs. docs/speed.md has the
-measurements that chose this. Its backward is first order only: for a gradient of a gradient, set
-CausalTSSA.fast = False.
+Where it runs: CausalTSSA.forward enters here by one line when usable() says so, that is on a CPU, in eager
+mode, without a recurrent state and without active attention dropout, on at least MIN_ELEMENTS numbers, and
+CausalTSSA.fast is True. Everywhere else the readable lines run: under torch.compile on a CPU (inductor fuses
+them itself), on GPUs without the Triton core below, and on small inputs. docs/speed.md has the measurements
+that chose this. Its backward is first order only: for a gradient of a gradient, set CausalTSSA.fast = False.
 
 On CUDA the same line enters tost_triton.py's Triton core instead, eager or compiled, where triton imports
 (measured faster than the readable lines there: docs/speed.md); TOST_TRITON=0 keeps the readable lines.
@@ -21,6 +20,7 @@ clamped case, gradcheck, float32 against float64, bf16 autocast), and derivation
 in five chunks.
 """
 
+import functools
 import os
 import sys
 
@@ -38,10 +38,11 @@ def _stat_dtype(t):
 def _triton_devices():
     """The devices whose training path runs the Triton core: ('cuda',) where CUDA is and triton imports (a GPU
     run measured it faster than the readable lines; docs/speed.md), unless TOST_TRITON=0; TOST_TRITON=1
-    insists on it. A value it cannot use stops the program here, in one line, rather than at the first layer."""
+    insists on it. A value it cannot use stops the program here, in one line, not at the first layer."""
     flag = os.environ.get('TOST_TRITON', '')
     why = None if flag in ('', '0', '1') else f"TOST_TRITON={flag}: expected 1 (the Triton core on CUDA) or 0"
-    wanted = flag == '1' or (flag == '' and torch.cuda.is_available())
+    # by default NVIDIA's CUDA only: nothing has run on ROCm's
+    wanted = flag == '1' or (flag == '' and torch.cuda.is_available() and torch.version.hip is None)
     if wanted and not why:
         try:
             import tost_triton  # noqa: F401  (imported once here, so that causal_tssa only looks it up)
@@ -63,8 +64,15 @@ def usable(layer, x):
     if not layer.fast or (layer.training and layer.attn_dropout.p > 0):
         return False
     if x.device.type in TRITON:
-        return True
+        # compiled, inductor checks the GPU itself
+        return torch.compiler.is_compiling() or x.device.type != 'cuda' or _triton_runs_on(x.device.index)
     return x.device.type == 'cpu' and not torch.compiler.is_compiling() and x.numel() >= MIN_ELEMENTS
+
+
+@functools.cache
+def _triton_runs_on(gpu):
+    """Triton's floor, compute capability 7.0: an older GPU runs the readable lines."""
+    return torch.cuda.get_device_capability(gpu) >= (7, 0)
 
 
 def causal_tssa(layer, x):

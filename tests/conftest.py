@@ -1,6 +1,7 @@
 """Shared by the test files: pytest finds this file by name."""
 
 import gc
+import os
 import signal
 
 import pytest
@@ -12,6 +13,10 @@ import options
 # so would every process the tests start: the Ctrl-C tests need Python's usual handler, here and in them.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# The tests' tensors are a CPU's, also on a GPU machine: the Triton core's default on CUDA is tested apart
+# (test_triton.py), and here off, in this process and the scripts it starts.
+os.environ['TOST_TRITON'] = '0'
 
 
 @pytest.fixture(scope='module')

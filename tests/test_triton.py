@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -295,7 +296,7 @@ def test_the_triton_core_is_on_where_cuda_is_unless_tost_triton_is_0(monkeypatch
     """Unset: on where CUDA is and triton imports, else quietly off; 0: off; 1: on (and an error without
     triton, above)."""
     import tost_fast
-    assert tost_fast.TRITON == ()               # no CUDA here
+    assert tost_fast.TRITON == ()               # TOST_TRITON=0 (conftest)
     monkeypatch.delenv('TOST_TRITON', raising=False)
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     assert tost_fast._triton_devices() == ('cuda',)
@@ -307,9 +308,22 @@ def test_the_triton_core_is_on_where_cuda_is_unless_tost_triton_is_0(monkeypatch
     monkeypatch.delenv('TOST_TRITON')
     assert tost_fast._triton_devices() == ()
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.version, 'hip', '6.4')     # ROCm: not by default
+    assert tost_fast._triton_devices() == ()
+    monkeypatch.setattr(torch.version, 'hip', None)
     monkeypatch.setitem(sys.modules, 'triton', None)
     monkeypatch.delitem(sys.modules, 'tost_triton', raising=False)
     assert tost_fast._triton_devices() == ()
+    # a GPU below Triton's floor (compute capability 7.0) runs the readable lines
+    from tost import CausalTSSA
+    monkeypatch.setattr(tost_fast, 'TRITON', ('cuda',))
+    layer = CausalTSSA(8, 2, block_size=4)
+    x = SimpleNamespace(device=torch.device('cuda', 1))     # all usable() reads of a tensor on the GPU
+    for capability, runs in (((6, 1), False), ((7, 0), True)):
+        tost_fast._triton_runs_on.cache_clear()
+        monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda gpu: capability)
+        assert tost_fast.usable(layer, x) == runs
+    tost_fast._triton_runs_on.cache_clear()
 
 
 def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(tmp_path):
