@@ -37,7 +37,7 @@ The engineering starts there: the vision model (ViT), the softmax baseline, thre
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
 (read with its outputs in docs/lecture.md).
-tost_fast.py: fused cores for CausalTSSA's training (CPU; CUDA: Triton), the same numbers to rounding, faster.
+tost_fast.py, tost_triton.py: fused cores for CausalTSSA's training (CPU, CUDA), same numbers to rounding.
 """
 
 import math
@@ -227,9 +227,9 @@ class CausalTSSA(TSSA):
     prefix_memberships() is TSSA.memberships() with the sums over tokens taken over the prefix (its own
     arguments: the squares and their prefix sums, not w). forward() computes all positions at once with
     cumsum; step() advances one token from a TSSAState in O(p) per head: the same numbers. Sums run in
-    float32 under bf16/fp16 autocast (float16 overflows past 65504; a running bf16 sum stalls). The stateless
-    path runs a fused core (tost_fast) on a CPU from 2^19 numbers, and on CUDA a Triton one, unless
-    CausalTSSA.fast is False: the same numbers to rounding, fewer memory passes.
+    float32 under bf16/fp16 autocast (float16 overflows past 65504; a running bf16 sum stalls). Without a
+    state or attention dropout, forward() runs a fused core, tost_fast's on a CPU (from 2^19 numbers) or
+    tost_triton's on CUDA, unless CausalTSSA.fast is False: the same numbers to rounding, faster.
     """
 
     fast = True

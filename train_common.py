@@ -267,11 +267,13 @@ def compiles_causal(device):
 
 def check_compile(device, dropout=0.0):
     """--compile of causal TSSA: one line where it would fail, before any data is read or model built. The
-    Triton core compiles with any torch, and training runs on it where it is on and there is no dropout."""
+    Triton core compiles (it did with torch 2.11 on a GPU); training runs on it where it is on, if no
+    dropout."""
     if not compiles_causal(device) and ("cuda" not in tost_fast.TRITON or dropout > 0):
-        raise UsageError(f"--compile: torch {torch.__version__} cannot compile causal TSSA's readable lines for "
-                         f"a GPU (an inductor bug, fixed in torch 2.13), and they run here (the Triton core "
-                         f"needs triton, TOST_TRITON not 0, and dropout 0); upgrade torch or set --compile=false")
+        why = "--dropout is above 0" if "cuda" in tost_fast.TRITON else "no triton, or TOST_TRITON=0"
+        raise UsageError(f"--compile: torch {torch.__version__} cannot compile causal TSSA's readable lines "
+                         f"for a GPU (fixed in torch 2.13), and they train here ({why}, not the Triton "
+                         f"core); upgrade torch or set --compile=false")
 
 
 def pick_device(pref="auto"):

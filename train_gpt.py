@@ -27,6 +27,7 @@ import torch
 
 import readers
 import tost
+import tost_fast
 from options import UsageError, fail, parse, say
 from train_common import (any_rank, autocast, backward_bytes, check_compile, check_decay, command,
                           cosine_lr, diverged, draw_loss, human, load_checkpoint, load_weights, log_row,
@@ -46,7 +47,7 @@ DEFAULTS = dict(
     n_layer=4,                   # blocks
     n_head=4,                    # heads (TSSA's groups K)
     n_embd=128,                  # width d
-    dropout=0.0,                 # for pretraining 0 is good; for finetuning try 0.1+
+    dropout=0.0,                 # pretraining: 0; finetuning: try 0.1+ (a GPU then skips the Triton core)
     bias=False,                  # biases in Linear and LayerNorm
     attn='tssa',                 # tssa (ToST) or softmax (GPT-2's attention), all else equal
     token_shift=False,           # not in the paper: mix each token with the previous one before attention
@@ -379,8 +380,13 @@ def main(argv=None):
     m = model_args
     hybrid = f" (softmax in block {str(m['softmax_layers'])[1:-1]})" if m['softmax_layers'] else ''
     shift = ' + token shift' if m['token_shift'] else ''
+    # on a GPU, what causal TSSA trains on (the Triton core has no attention dropout)
+    core = ''
+    if device.startswith('cuda') and m['attn'] == 'tssa':
+        triton = 'cuda' in tost_fast.TRITON and not cfg['dropout']
+        core = ' on the Triton core' if triton else ' on its readable lines'
     if master:
-        say(f"model: {raw_model.get_num_params() / 1e6:.2f}M params, attn={m['attn']}{hybrid}{shift}, "
+        say(f"model: {raw_model.get_num_params() / 1e6:.2f}M params, attn={m['attn']}{core}{hybrid}{shift}, "
             f"{m['n_layer']} layers x {m['n_head']} heads x {m['n_embd']}, vocab {m['vocab_size']}, "
             f"context {T}")
         say(f"data: {data_path}, {sizes['train']:,} train + {sizes['val']:,} val tokens "

@@ -116,8 +116,8 @@ def test_the_triton_column_runs_the_triton_core_and_says_where_it_cannot(monkeyp
 @pytest.mark.parametrize('version, compiled', [('2.13.0', True), ('2.12.1+cu128', False)])
 def test_the_limit_has_no_fused_column_off_a_cpu(monkeypatch, capsys, version, compiled):
     """The fused core runs on CPUs only: on a GPU its column would time the readable lines under its name.
-    Nor is causal TSSA compiled for a GPU by a torch that fails at it (before 2.13), where --compile is one
-    line."""
+    Nor are causal TSSA's readable lines compiled for a GPU by a torch that fails at it (before 2.13), where
+    --compile without the Triton core is one line."""
     monkeypatch.setattr(torch, '__version__', version)
     made = []
     monkeypatch.setattr(bench, 'make_op', lambda kind, *a, **how: made.append(how) or (lambda: None))

@@ -165,6 +165,7 @@ def documented():
         # code blocks: commands, or what they print
         for block in re.findall(r'```\n(.*?)```', text, re.S):
             for line in block.replace('\\\n', ' ').splitlines():
+                line = re.sub(r'^([A-Z_]+=\S* )+', '', line)          # TOST_TRITON=0 python ...: the command
                 if line.startswith(('python', 'torchrun ', 'pip ', '. ')):
                     found.update({re.sub(r'\s+', ' ', c): page for c in commands_in(line)})
         for span in re.findall(r'`(python [^`]+)`', text):          # inline commands in the prose

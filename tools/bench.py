@@ -8,7 +8,8 @@ and how). From the repo root:
     python -m tools.bench --device=cuda --dtype=bfloat16 --compile --sections=operator,model
     python -m tools.bench --sections=operator,limit
 
---json=PATH writes the numbers, and beside them speed.png and generation.png.
+--json=PATH writes the numbers, and beside them speed.png and generation.png. On a GPU causal TSSA runs on the
+Triton core, as it does in training (TOST_TRITON=0: on its readable lines, as docs/speed.md's H200 tables).
 """
 import os
 import sys
@@ -551,12 +552,16 @@ def main(argv=None):
     if cuda:
         # As the trainers do: this GPU becomes the current one (for sync and memory), with TF32.
         setup_cuda(args.device)
+    # on a GPU, what the CausalTSSA cases run (the limit table names each column's)
+    core = ('the Triton core' if 'cuda' in tost_fast.TRITON else 'the readable lines') if cuda else None
     results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
                    threads=torch.get_num_threads(), width=WIDTH, heads=HEADS, compile=COMPILE,
-                   gpu=torch.cuda.get_device_name() if cuda else None)
+                   gpu=torch.cuda.get_device_name() if cuda else None, causal_on_gpu=core)
     line = f"bench: {args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
     if args.mode != 'full':
         line += f", {args.mode} mode"
+    if core:
+        line += f"; causal TSSA on {core}"
     if COMPILE:
         line += "; compiled: the operator, model and training cases"
     console.print(line)

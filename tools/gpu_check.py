@@ -1,6 +1,6 @@
 """
-The Triton core of causal TSSA (tost_triton.py) on one CUDA GPU, in one run sized to end well within 8
-minutes: what docs/speed.md's section on it is rewritten from. From the repo root:
+The Triton core of causal TSSA (tost_triton.py) on one CUDA GPU, in one run (20 to 40 s on an H100):
+docs/speed.md's section "The Triton core" comes from it. From the repo root:
 
     python -m tools.gpu_check --json=docs/gpu-check.json
 
