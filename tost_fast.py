@@ -65,8 +65,14 @@ def usable(layer, x):
         return False
     if x.device.type in TRITON:
         # compiled, inductor checks the GPU itself
-        return torch.compiler.is_compiling() or x.device.type != 'cuda' or _triton_runs_on(x.device.index)
+        return torch.compiler.is_compiling() or triton_on(x.device)
     return x.device.type == 'cpu' and not torch.compiler.is_compiling() and x.numel() >= MIN_ELEMENTS
+
+
+def triton_on(device):
+    """Whether causal TSSA's training path on `device` (a torch.device) may run the Triton core: it is in
+    TRITON and, on CUDA, at or above Triton's floor."""
+    return device.type in TRITON and (device.type != 'cuda' or _triton_runs_on(device.index))
 
 
 @functools.cache

@@ -383,7 +383,7 @@ def main(argv=None):
     # on a GPU, what causal TSSA trains on (the Triton core has no attention dropout)
     core = ''
     if device.startswith('cuda') and m['attn'] == 'tssa':
-        triton = 'cuda' in tost_fast.TRITON and not cfg['dropout']
+        triton = tost_fast.triton_on(torch.device(device)) and not cfg['dropout']
         core = ' on the Triton core' if triton else ' on its readable lines'
     if master:
         say(f"model: {raw_model.get_num_params() / 1e6:.2f}M params, attn={m['attn']}{core}{hybrid}{shift}, "

@@ -174,6 +174,12 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch):
     monkeypatch.setattr(bench, 'run_sections', lambda args, sections, results: results)
     assert bench.main(['--device=cuda:1', '--smoke', '--sections=operator'])['gpu'] == 'a GPU'
     assert calls == ['cuda:1', 'high']
+    # what causal TSSA runs on, in the header and the JSON
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda gpu: {1: (8, 0)}[gpu])
+    monkeypatch.setattr(tost_fast, '_triton_runs_on', tost_fast._triton_runs_on.__wrapped__)
+    for triton, core in (((), 'the readable lines'), (('cuda',), 'the Triton core')):
+        monkeypatch.setattr(tost_fast, 'TRITON', triton)
+        assert bench.main(['--device=cuda:1', '--smoke', '--sections=operator'])['causal_on_gpu'] == core
 
 
 @pytest.mark.parametrize('argv, names', [

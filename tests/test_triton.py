@@ -217,8 +217,10 @@ def check_compiled(backend):
     # eagerly the core is the plain Function, never the custom op (whose dispatch cost more than its kernels)
     op = tost_triton.forward
     tost_triton.forward = None
-    eager = _outputs_and_grads(layer, x, g, True)
-    tost_triton.forward = op
+    try:
+        eager = _outputs_and_grads(layer, x, g, True)
+    finally:
+        tost_triton.forward = op
     torch._dynamo.reset()
     # inductor's caches key a graph by its ops, not by a custom op's code: a graph compiled before the core
     # changed would be reused
@@ -321,8 +323,13 @@ def test_the_triton_core_is_on_where_cuda_is_unless_tost_triton_is_0(monkeypatch
     x = SimpleNamespace(device=torch.device('cuda', 1))     # all usable() reads of a tensor on the GPU
     for capability, runs in (((6, 1), False), ((7, 0), True)):
         tost_fast._triton_runs_on.cache_clear()
-        monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda gpu: capability)
+        monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda gpu: {1: capability}[gpu])
         assert tost_fast.usable(layer, x) == runs
+        assert tost_fast.triton_on(x.device) == runs
+        # compiled, usable() asks nothing of the GPU: dynamo would trace the cached query
+        monkeypatch.setattr(torch.compiler, 'is_compiling', lambda: True)
+        assert tost_fast.usable(layer, x)
+        monkeypatch.setattr(torch.compiler, 'is_compiling', lambda: False)
     tost_fast._triton_runs_on.cache_clear()
 
 

@@ -553,7 +553,9 @@ def main(argv=None):
         # As the trainers do: this GPU becomes the current one (for sync and memory), with TF32.
         setup_cuda(args.device)
     # on a GPU, what the CausalTSSA cases run (the limit table names each column's)
-    core = ('the Triton core' if 'cuda' in tost_fast.TRITON else 'the readable lines') if cuda else None
+    core = None
+    if cuda:
+        core = 'the Triton core' if tost_fast.triton_on(torch.device(args.device)) else 'the readable lines'
     results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
                    threads=torch.get_num_threads(), width=WIDTH, heads=HEADS, compile=COMPILE,
                    gpu=torch.cuda.get_device_name() if cuda else None, causal_on_gpu=core)
