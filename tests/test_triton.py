@@ -145,20 +145,22 @@ def check_float32_and_bf16():
     for name, c, r, want in zip(_names(layer), core, readable, ref):
         assert _rel(c, want) < 1e-5, (name, _rel(c, want))
         assert _rel(c, want) <= 3 * _rel(r, want) + 1e-7, (name, _rel(c, want), _rel(r, want))
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        core = _outputs_and_grads(layer, x, g, True)
-        readable = _outputs_and_grads(layer, x, g, False)
-    assert core[0].dtype == torch.bfloat16
-    for name, c, r, want in zip(_names(layer), core, readable, ref):
-        assert _rel(c, want) <= 1.1 * _rel(r, want), (name, _rel(c, want), _rel(r, want))
+    # float16: what `auto` picks on a GPU without bf16 (a T4, a V100)
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast('cpu', dtype=dtype):
+            core = _outputs_and_grads(layer, x, g, True)
+            readable = _outputs_and_grads(layer, x, g, False)
+        assert core[0].dtype == dtype
+        for name, c, r, want in zip(_names(layer), core, readable, ref):
+            assert _rel(c, want) <= 1.1 * _rel(r, want), (dtype, name, _rel(c, want), _rel(r, want))
 
 
 def test_float32_and_bf16_autocast_are_as_exact_as_the_readable_lines(interpreter):
     """Against float64 at 1024 tokens in 8 chunks. float32: within 1e-5, and within 3x the readable lines'
     own float32 error, where the first token is tiny (the sum of the later chunks' adjoints of Q formed as
     total minus prefix is 8e-4 off here; with two chunks it would be exact, a + b - b, and pass). Under bf16
-    autocast the core loads w in bf16 and sums in float32: y and every gradient within 1.1x the readable
-    lines' distance from float64 (both are mostly the bf16 projections' rounding)."""
+    or float16 autocast the core loads w in that dtype and sums in float32: y and every gradient within 1.1x
+    the readable lines' distance from float64 (both are mostly the projections' rounding)."""
     interpreter(check_float32_and_bf16)
 
 
