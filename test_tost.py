@@ -748,6 +748,7 @@ def test_the_vision_model_is_the_released_one():
     (lambda: preset('tost-xl'), "unknown preset 'tost-xl'"),
     (lambda: preset('tost-base', n_layers=2), 'tost-base has no field.s. n_layers; valid: '),
     (lambda: TSSA(16, 2, bias=True, whitebox=True), 'white-box TSSA needs bias=False'),
+    (lambda: TSSA(16, 2, dropout=0.1, whitebox=True), 'white-box TSSA needs bias=False and dropout=0'),
     # the layers alone check too, when built
     (lambda: TSSA(50, 4), r'n_embd \(50\) must be divisible by n_head \(4\)'),
     (lambda: CausalTSSA(50, 4, 8), r'n_embd \(50\) must be divisible by n_head \(4\)'),

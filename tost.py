@@ -29,10 +29,10 @@ d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). Comments en
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 57-88     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 95-194    the white-box gradient step, then the practical operator (TSSA)
-  lines 201-304   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 311-399   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 406-592   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 95-197    the white-box gradient step, then the practical operator (TSSA)
+  lines 204-310   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 317-406   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 413-602   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -125,21 +125,24 @@ class TSSA(nn.Module):
       3. optional biases on both projections (the ViT has them);
       4. dropout on D (attn_dropout; the paper's models use none);
       5. Pi from each coordinate normalised over the tokens, with a learned per-head temperature
-         (memberships());
+         (memberships(); whitebox=True estimates Pi the same way, and holds it fixed);
       6. 1e-8 added to n_k.
     """
 
     def __init__(self, n_embd, n_head, bias=False, dropout=0.0, whitebox=False, alpha=1.0, tau=1.0):
         super().__init__()
         _check_shape(n_embd, n_head, 'tssa')
-        if whitebox and bias:
-            raise ValueError("white-box TSSA needs bias=False: U_k^T z is a linear map")
-        self.n_head, self.head_dim = n_head, n_embd // n_head
+        if whitebox and (bias or dropout):
+            raise ValueError("white-box TSSA needs bias=False and dropout=0: it is exactly the gradient step")
+        self.n_head = n_head
+        self.head_dim = n_embd // n_head
         # one projection for all heads: rows k*p .. (k+1)*p of the weight are U_k^T
         # (q = k = v in attention terms)
         self.c_attn = nn.Linear(n_embd, n_embd, bias=bias)
         self.temp = nn.Parameter(torch.ones(n_head, 1))        # per-head inverse temperature of Pi
-        self.whitebox, self.alpha, self.tau = whitebox, alpha, tau
+        self.whitebox = whitebox
+        self.alpha = alpha
+        self.tau = tau
         # a guard added to n_k, not the coding precision eps of alpha = d / eps^2; the white-box step has 0
         self.eps = 0.0 if whitebox else 1e-8
         self.c_proj = None if whitebox else nn.Linear(n_embd, n_embd, bias=bias)
@@ -200,7 +203,7 @@ class TSSA(nn.Module):
 
 class TSSAState(NamedTuple):
     """Everything a causal TSSA layer remembers of the past, per head: 2p + 1 numbers, at any length."""
-    Q: torch.Tensor   # (B, K, p)  sum_{j<t} w_j^2           Pi's normaliser
+    Q: torch.Tensor   # (B, K, p)  sum_{j<t} w_j^2           Pi's normaliser (Q_{t-1} in the formulas)
     A: torch.Tensor   # (B, K, p)  sum_{j<t} pi_j w_j^2      s_k of the prefix
     P: torch.Tensor   # (B, K)     sum_{j<t} pi_j            n_k of the prefix
     t: int            # tokens seen so far (the next token's position)
@@ -223,6 +226,8 @@ class CausalTSSA(TSSA):
 
     each token takes a unit gradient step, with respect to itself, on (t+1) R^var_c of its own prefix, as
     the non-causal layer tied is a unit step on n R^var_c. temp and b enter only Pi, so this holds for any.
+    On R^var_c itself, a late token takes a larger step than an early one, and no learned c_proj absorbs the
+    t+1 as it absorbs n: the factor changes along the sequence.
 
     prefix_memberships() is TSSA.memberships() with the sums over tokens taken over the prefix (its own
     arguments: the squares and their prefix sums, not w). forward() computes all positions at once with
@@ -242,9 +247,9 @@ class CausalTSSA(TSSA):
         self.pos_bias = nn.Parameter(torch.zeros(n_head, block_size))   # b_{k,t}, init 0 (no weight decay)
 
     def empty_state(self, batch_size, device=None, dtype=torch.float32):
-        z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)
-        return TSSAState(z(batch_size, self.n_head, self.head_dim), z(batch_size, self.n_head, self.head_dim),
-                         z(batch_size, self.n_head), 0)
+        Q = torch.zeros(batch_size, self.n_head, self.head_dim, device=device, dtype=dtype)
+        P = torch.zeros(batch_size, self.n_head, device=device, dtype=dtype)
+        return TSSAState(Q, torch.zeros_like(Q), P, 0)
 
     def check_positions(self, end):
         if end > self.block_size:                              # b_{k,t} has one entry per position
@@ -287,7 +292,8 @@ class CausalTSSA(TSSA):
 
     def step(self, x, state: TSSAState):
         """Recurrent form: one token x (B, d) and the state after t tokens -> (y (B, d), state after t+1).
-        The same formulas as forward(), each prefix sum advanced by one term: O(p) work per head."""
+        The same formulas as forward() without dropout (generation runs in eval mode), each prefix sum
+        advanced by one term, the token's own included before pi_t: O(p) work per head."""
         B, d = x.shape
         p = self.head_dim
         self.check_positions(state.t + 1)
@@ -354,7 +360,8 @@ class Block(nn.Module):
             self.attn = TSSA(n_embd, n_head, bias=bias, dropout=dropout)
         self.lpi = None
         if lpi:
-            self.ln_3, self.lpi = nn.LayerNorm(n_embd, bias=bias), LocalPatchInteraction(n_embd)
+            self.ln_3 = nn.LayerNorm(n_embd, bias=bias)
+            self.lpi = LocalPatchInteraction(n_embd)
             self.gamma_3 = nn.Parameter(torch.full((n_embd,), float(layerscale_init)))
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
         self.mlp = MLP(n_embd, bias, dropout)
@@ -420,8 +427,10 @@ class GPTConfig:
 
     def __post_init__(self):
         _check_shape(self.n_embd, self.n_head, self.attn)
-        n, layers = self.n_layer, self.softmax_layers
-        layers = (layers,) if isinstance(layers, int) else layers   # -1 as on the command line
+        n = self.n_layer
+        layers = self.softmax_layers
+        if isinstance(layers, int):                             # -1 as on the command line
+            layers = (layers,)
         if any(not isinstance(i, int) or not -n <= i < n for i in layers):
             raise ValueError(f"softmax_layers {list(layers)} must be block indices from {-n} to {n - 1}")
         if layers and self.attn != 'tssa':
@@ -536,7 +545,8 @@ class GPT(nn.Module):
             raise ValueError(f"generate needs a prompt of shape (B, T) with T >= 1, got {tuple(idx.shape)}")
         if not temperature >= 0 or (top_k or 0) < 0:
             raise ValueError(f"generate needs temperature >= 0 and top_k >= 0, got {temperature} and {top_k}")
-        was_training, bs = self.training, self.config.block_size
+        was_training = self.training
+        bs = self.config.block_size
         self.eval()
         try:
             ctx = idx[:, -bs:]
@@ -650,7 +660,8 @@ class FourierPositions(nn.Module):
 
     def __init__(self, n_embd, hidden=32, temperature=10000.0):
         super().__init__()
-        self.hidden, self.temperature = hidden, temperature
+        self.hidden = hidden
+        self.temperature = temperature
         self.proj = nn.Conv2d(2 * hidden, n_embd, kernel_size=1)
 
     def forward(self, B, H, W, device):
@@ -672,7 +683,8 @@ class ClassAttention(nn.Module):
 
     def __init__(self, n_embd, n_head, bias=True, dropout=0.0):
         super().__init__()
-        self.n_head, self.head_dim = n_head, n_embd // n_head
+        self.n_head = n_head
+        self.head_dim = n_embd // n_head
         self.q = nn.Linear(n_embd, n_embd, bias=bias)
         self.kv = nn.Linear(n_embd, 2 * n_embd, bias=bias)
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
@@ -793,7 +805,10 @@ class SoftmaxAttention(nn.Module):
     def __init__(self, n_embd, n_head, causal, bias=False, dropout=0.0):
         super().__init__()
         _check_shape(n_embd, n_head, 'softmax')
-        self.n_head, self.head_dim, self.causal, self.dropout = n_head, n_embd // n_head, causal, dropout
+        self.n_head = n_head
+        self.head_dim = n_embd // n_head
+        self.causal = causal
+        self.dropout = dropout
         self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.resid_dropout = nn.Dropout(dropout)
@@ -869,7 +884,8 @@ class LocalPatchInteraction(nn.Module):
     def __init__(self, n_embd):
         super().__init__()
         self.conv1 = nn.Conv2d(n_embd, n_embd, 3, padding=1, groups=n_embd)
-        self.act, self.bn = nn.GELU(), nn.BatchNorm2d(n_embd)
+        self.act = nn.GELU()
+        self.bn = nn.BatchNorm2d(n_embd)
         self.conv2 = nn.Conv2d(n_embd, n_embd, 3, padding=1, groups=n_embd)
 
     def forward(self, x, grid):             # x (B, H*W, d), grid (H, W)
@@ -936,9 +952,9 @@ NO_DECAY_NAMES = ('temp', 'pos_bias', 'gamma_1', 'gamma_2', 'gamma_3', 'cls_toke
 def param_groups(model, weight_decay):
     """AdamW groups: matrices decay; biases, norms, layer-scale, temperatures and position biases do not."""
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    exempt = lambda name, p: p.dim() < 2 or name.split(".")[-1] in NO_DECAY_NAMES
-    return [{'params': [p for n, p in params if not exempt(n, p)], 'weight_decay': weight_decay},
-            {'params': [p for n, p in params if exempt(n, p)], 'weight_decay': 0.0}]
+    exempt = [p.dim() < 2 or name.split('.')[-1] in NO_DECAY_NAMES for name, p in params]
+    return [{'params': [p for (_, p), e in zip(params, exempt) if not e], 'weight_decay': weight_decay},
+            {'params': [p for (_, p), e in zip(params, exempt) if e], 'weight_decay': 0.0}]
 
 
 def make_optimizer(model, weight_decay, learning_rate, betas, device_type):
