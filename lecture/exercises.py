@@ -84,7 +84,7 @@ def projected_compression(Z, Pi, U, alpha):
 def causal_first_membership(temp, bias0, p):
     """Exercise 4. Why the causal pi_0 is exactly 1/K, and what moves it.
 
-    In tost.CausalTSSA, pi_t = softmax_k(temp_k * sum_i [w_ti^2 / Q_ti + b_{k,t}]), Q_t = sum_{s<=t} w_s^2.
+    In tost.CausalTSSA, pi_t = softmax_k(temp_k * sum_i [w_ti^2 / Q_ti + b_{k,t}]), Q_t = sum_{j<=t} w_j^2.
     Predict pi_0, the first token's memberships, for any weights and any input with every |w_0i| >= 1e-6 (Q
     is clamped at 1e-12). Explain why it is exactly 1/K at initialisation (temp_k = 1, b = 0), and which
     parameters can move it. temp (K,) the temperatures,
