@@ -104,7 +104,7 @@ def main(argv=None):
     device = dist.device
     # rank 0 talks for all
     if not dist.master:
-        sys.stdout = open(os.devnull, 'w')
+        sys.stdout = open(os.devnull, 'w', encoding='utf-8')
     dtype, _ = resolve_dtype(cfg['dtype'], device, dist.master)
     ckpt_path = os.path.join(cfg['out_dir'], 'ckpt.pt')
     model, info = load_gpt(ckpt_path, device)
@@ -153,7 +153,7 @@ def main(argv=None):
         sets.append((name, meta, tokens, spans))
     # A log that cannot be written is said before the work, not after it.
     if dist.master:
-        open(os.path.join(cfg['out_dir'], 'log.jsonl'), 'a').close()
+        open(os.path.join(cfg['out_dir'], 'log.jsonl'), 'a', encoding='utf-8').close()
     ctx = autocast(device, dtype)
     # What every row shares: the model, and how its numbers were computed.
     run = dict(kind='zero_shot', ckpt=ckpt_path, iter=info.get('iter_num'), attn=config.attn,

@@ -100,7 +100,7 @@ def write_whole(path, write, mode="w"):
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with naming(path):
-            with open(tmp, mode) as f:
+            with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())

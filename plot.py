@@ -306,7 +306,7 @@ FIGURES = {
 def draw_results(path, folder):
     """The figures of a bench or study results file, drawn into `folder`. Returns their paths."""
     try:
-        with open(path) as f:
+        with open(path, encoding='utf-8') as f:
             results = json.load(f)
         out = []
         for section, (name, draw) in FIGURES.items():

@@ -635,7 +635,7 @@ def prepare(name, /, data_dir='data', **o):
         # The rebuild command readers.recipe prints reads the same --input.
         if o.get('input'):
             meta['input'] = os.path.abspath(o['input'])
-        Path(stage, 'meta.json').write_text(json.dumps(meta, indent=2) + '\n')
+        Path(stage, 'meta.json').write_text(json.dumps(meta, indent=2) + '\n', encoding='utf-8')
         # An old dataset stops being complete before its files are replaced; meta.json comes last.
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out, 'meta.json'))

@@ -103,7 +103,7 @@ def load_meta(folder, kind=None, model_meta=None):
     prepares it; a --data_dir that is a file is the OSError handler's to name."""
     path = os.path.join(folder, "meta.json")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
         root, name = os.path.split(os.path.normpath(folder))

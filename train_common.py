@@ -102,7 +102,7 @@ def lock_out_dir(out_dir):
     """Rank 0's hold on out_dir, an open file (kept by the caller while it writes there; closing lets go), so
     that two runs never write in one folder; then a save that kill -9 cut short leaves no temp file. None
     where fcntl is missing (Windows) or the filesystem has no locks: the folder is then unguarded."""
-    lock = open(os.path.join(out_dir, ".lock"), "w")
+    lock = open(os.path.join(out_dir, ".lock"), "w", encoding="utf-8")
     if fcntl is None:
         return None
     try:
@@ -494,7 +494,7 @@ def start_log(out_dir, key, last):
     path = os.path.join(out_dir, "log.jsonl")
     keep = []
     if last is not None and os.path.isfile(path):
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             for line in f:
                 with contextlib.suppress(ValueError, AttributeError):
                     value = json.loads(line).get(key)
@@ -506,7 +506,7 @@ def start_log(out_dir, key, last):
 
 def log_row(out_dir, row):
     path = os.path.join(out_dir, "log.jsonl")
-    with naming(path), open(path, "a") as f:
+    with naming(path), open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
 
 

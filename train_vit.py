@@ -250,7 +250,7 @@ def main(argv=None):
     device = dist.device
     master = dist.master
     if not master:
-        sys.stdout = open(os.devnull, 'w')
+        sys.stdout = open(os.devnull, 'w', encoding='utf-8')
 
     # -------------------------------------------------------------------------
     # a checkpoint: a resume goes on as it was, an evaluation tests on the data the model learned from

@@ -1,6 +1,8 @@
 """Tests for options.py: the one way every script reads its command line, and its --help.
 Offline, a few seconds: python -m pytest -q tests/test_options.py"""
+import ast
 import errno
+import glob
 import importlib
 import os
 import re
@@ -276,10 +278,34 @@ def test_every_script_imports_where_fcntl_does_not_exist():
     assert r.returncode == 0, r.stderr
 
 
+def test_every_text_file_the_scripts_open_is_utf8():
+    """Windows reads and writes text in its locale's code page unless told: every open() of text in the
+    scripts and tools names utf-8, so a meta.json or log.jsonl reads back the same on every system."""
+    unnamed = []
+    for path in glob.glob(os.path.join(HERE, "*.py")) + glob.glob(os.path.join(HERE, "*", "*.py")):
+        if os.path.basename(os.path.dirname(path)) == "tests" or path.endswith("test_tost.py"):
+            continue
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for call in [node for node in ast.walk(tree) if isinstance(node, ast.Call)]:
+            builtin = isinstance(call.func, ast.Name)
+            name = call.func.id if builtin else getattr(call.func, "attr", "")
+            if not (name == "open" and builtin or name in TEXT_IO):
+                continue
+            modes = [k.value for k in call.keywords if k.arg == "mode"] + call.args[1:2] * (name == "open")
+            binary = any(isinstance(m, ast.Constant) and "b" in m.value for m in modes)
+            if not binary and "encoding" not in [k.arg for k in call.keywords]:
+                unnamed.append(f"{os.path.relpath(path, HERE)}:{call.lineno}")
+    assert not unnamed
+
+
+TEXT_IO = ("read_text", "write_text")
+
+
 def test_every_script_imports_options_before_torch():
     for name in SCRIPTS:
         path = os.path.join(HERE, *name.split(".")) + ".py"
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             imports = [line.split()[1] for line in f if re.match(r"(import|from) \w", line)]
         # os and sys first where a script puts the repository on sys.path (tools/, lecture/): built in, quick
         assert [i for i in imports if i not in ("os", "sys")][0] == "options", name

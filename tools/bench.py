@@ -223,7 +223,8 @@ def make_model(attn, n, device, dtype, mode, train=False, batch=1, triton=False)
 
 def kilobytes(field):
     """A field of /proc/self/status, in kB: VmRSS (resident now) or VmHWM (its high-water mark)."""
-    return next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith(field))
+    with open('/proc/self/status', encoding='utf-8') as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
 
 
 def measure_memory(spec, device, child=False):
@@ -251,7 +252,7 @@ def measure_memory(spec, device, child=False):
         return (torch.cuda.max_memory_allocated() - base) / 2**20
     base = kilobytes('VmRSS:')
     # Writing 5 resets the high-water mark to the current RSS.
-    with open('/proc/self/clear_refs', 'w') as f:
+    with open('/proc/self/clear_refs', 'w', encoding='utf-8') as f:
         f.write('5')
     run()
     return (kilobytes('VmHWM:') - base) / 1024

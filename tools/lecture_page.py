@@ -60,7 +60,7 @@ def main():
     cfg, _ = options.parse(sys.argv[1:], DEFAULTS, __doc__, __file__, ranges=dict(nonempty=('out',)))
     out = pathlib.Path(cfg['out'])
     out.mkdir(parents=True, exist_ok=True)
-    source = LECTURE.read_text()
+    source = LECTURE.read_text(encoding='utf-8')
     sys.argv = [str(LECTURE), f'--figures={out}']
     namespace = {'__name__': '__main__', '__file__': str(LECTURE)}
     page = ['<!-- Written by tools/lecture_page.py from derivation.py: edit those, not this page. -->']
@@ -88,7 +88,7 @@ def main():
             name = pathlib.Path(path).name
             page.append(f'\n![{name}]({name})')
     text = re.sub(r'\n{3,}', '\n\n', '\n'.join(page))              # one blank line between blocks
-    (out / 'lecture.md').write_text(text.strip() + '\n')
+    (out / 'lecture.md').write_text(text.strip() + '\n', encoding='utf-8')
     print(f'wrote {out / "lecture.md"}', file=sys.stderr)
 
 

@@ -48,7 +48,7 @@ EDITS = (('dim=2', 'dim=1'), ('dim=1', 'dim=2'), ('dim=-1', 'dim=-2'), ('(-1)', 
 
 def target_lines(path, names):
     """[(function, line number)] of the one-line statements in the named functions' bodies, less SKIP."""
-    with open(path) as f:
+    with open(path, encoding='utf-8') as f:
         lines = f.readlines()
     found = []
 
@@ -117,7 +117,7 @@ def plan():
     edits = []
     for name, functions in TARGETS.items():
         path = os.path.join(ROOT, name)
-        with open(path) as f:
+        with open(path, encoding='utf-8') as f:
             lines = f.readlines()
         for function, number in target_lines(path, set(functions)):
             for kind, edit in (('1%', scaled), ('sign/axis', sign_or_axis)):
@@ -159,10 +159,10 @@ def main(argv=None):
         ignore = shutil.ignore_patterns('.git', '__pycache__', 'out*', 'data', '.venv')
         shutil.copytree(ROOT, copy, ignore=ignore)
         for name, function, number, kind, new in edits:
-            with open(os.path.join(ROOT, name)) as f:
+            with open(os.path.join(ROOT, name), encoding='utf-8') as f:
                 lines = f.readlines()
             lines[number - 1] = new
-            with open(os.path.join(copy, name), 'w') as f:
+            with open(os.path.join(copy, name), 'w', encoding='utf-8') as f:
                 f.writelines(lines)
             failed, why = lecture_fails(copy)
             shutil.copy(os.path.join(ROOT, name), os.path.join(copy, name))

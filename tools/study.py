@@ -147,7 +147,7 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32):
     # what train_vit.py reads of a meta.json
     meta = dict(kind='images', num_classes=classes, classes=[f'glyph{i}' for i in range(classes)],
                 image_size=size, channels=3, mean=[0.3] * 3, std=[0.2] * 3)
-    with open(os.path.join(folder, 'meta.json'), 'w') as f:
+    with open(os.path.join(folder, 'meta.json'), 'w', encoding='utf-8') as f:
         json.dump(meta, f)
 
 
