@@ -195,6 +195,11 @@ def report(exc):
                 steps = 2 * parsed["gradient_accumulation_steps"]
                 line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"
         code = 2
+    elif type(exc).__name__ in ("InductorError", "BackendCompilerFailed"):
+        # torch.compile could not build the model on this machine (no C++ compiler, say; Windows and macOS
+        # ship none): the first step had not run.
+        line = f"torch.compile failed ({textwrap.shorten(str(exc).splitlines()[0], 100)}); try --compile=false"
+        code = 2
     elif peer_gone(exc):
         # The process that ended has said why (or torchrun says how it ended); this one only follows it.
         line = f"another process of this run ended, and this one with it (gloo: {peer_gone(exc)})"

@@ -109,6 +109,17 @@ def test_compile_that_would_fail_on_a_gpu_is_refused_before_the_data(monkeypatch
         train_gpt.main(args + ['--dropout=0.1'])
 
 
+@pytest.mark.slow
+def test_a_compiler_that_cannot_build_is_one_line_that_names_compile(data_dir, tmp_path):
+    """No C++ compiler (Windows and macOS ship none): torch.compile fails at the first call; one line, exit 2,
+    naming --compile."""
+    run = subprocess.run([sys.executable, os.path.join(REPO, 'train_gpt.py'), '--compile=true',
+                          *tiny(data_dir, tmp_path / 'out')], env=dict(ENV, CXX=str(tmp_path / 'no-cxx')),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2
+    one_line(run.stderr, '--compile')
+
+
 @pytest.fixture(scope='module')
 def trained(train, tmp_path_factory):
     """A finished 12-iteration run, shared by the checkpoint and sampling tests."""
