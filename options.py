@@ -25,7 +25,9 @@ import math
 import os
 import pathlib
 import re
+import shlex
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -94,6 +96,12 @@ def naming(path):
         raise OSError(error.errno, error.strerror, path) from None
 
 
+def shell_join(args):
+    """A command line to copy and run: quoted for Windows' cmd.exe there (double quotes), else for a POSIX
+    shell."""
+    return subprocess.list2cmdline(args) if os.name == "nt" else shlex.join(args)
+
+
 def write_whole(path, write, mode="w"):
     """write(f) to a temp file (opened in `mode`), fsync, rename over `path`: a failure (a full disk, Ctrl-C)
     leaves the earlier file whole and no temp file, and its OSError names `path`."""
@@ -104,7 +112,16 @@ def write_whole(path, write, mode="w"):
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, path)
+            # Windows refuses to replace a file another process has open (sample.py reading the checkpoint,
+            # a virus scanner): it is tried again for about 25 s.
+            for attempt in range(9):
+                try:
+                    os.replace(tmp, path)
+                    break
+                except PermissionError:
+                    if attempt == 8:
+                        raise
+                    time.sleep(0.1 * 2 ** attempt)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
@@ -198,7 +215,8 @@ def report(exc):
     elif type(exc).__name__ in ("InductorError", "BackendCompilerFailed"):
         # torch.compile could not build the model on this machine (no C++ compiler, say; Windows and macOS
         # ship none): the first step had not run.
-        line = f"torch.compile failed ({textwrap.shorten(str(exc).splitlines()[0], 100)}); try --compile=false"
+        why = textwrap.shorten(str(exc).splitlines()[0], 100)
+        line = f"torch.compile failed ({why}); try --compile=false"
         code = 2
     elif peer_gone(exc):
         # The process that ended has said why (or torchrun says how it ended); this one only follows it.

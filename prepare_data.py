@@ -591,7 +591,9 @@ def prepare(name, /, data_dir='data', **o):
         raise UsageError("text needs --input=PATH (a text file or a folder of them)")
     # For text, notes.txt makes notes.
     out_name = o.get('name') or (Path(o['input']).stem if name == 'text' else name)
-    if out_name.strip() in ('', 'downloads') or out_name.startswith('.') or os.sep in out_name:
+    # One folder, not a path (a/b; on Windows a\b too).
+    folder = os.path.basename(out_name) == out_name
+    if out_name.strip() in ('', 'downloads') or out_name.startswith('.') or not folder:
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
     out = os.path.join(data_dir, out_name)
     # Found now, not after a build of hours.

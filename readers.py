@@ -7,11 +7,10 @@ meta.json, written last: if it is there, the dataset is complete. get_tokenizer(
 import json
 import os
 import reprlib
-import shlex
 
 import numpy as np
 
-from options import UsageError
+from options import UsageError, shell_join
 
 
 class Tokenizer:
@@ -82,19 +81,23 @@ def recipe(folder, meta=None, force=False, tokenizer=None):
     root, name = os.path.split(os.path.normpath(folder))
     meta = meta or {}
     built = meta.get("dataset", name)
-    given = shlex.quote(f"--input={meta.get('input', 'PATH')}")
     cifar = f"cifar{meta.get('num_classes')}"
     if built not in IMAGES + TEXTS and meta.get("kind") == "images":
         built = cifar if cifar in IMAGES else IMAGES[0]
     elif built not in IMAGES + TEXTS:
         built = "text"
-    rename = f" {shlex.quote('--name=' + name)}" if built != name else ""
-    source = f" {given}" if built == "text" or "input" in meta else ""
-    command = f"python prepare_data.py {built}{source}{rename} {shlex.quote('--data_dir=' + (root or '.'))}"
+    args = ["python", "prepare_data.py", built]
+    if built == "text" or "input" in meta:
+        args.append(f"--input={meta.get('input', 'PATH')}")
+    if built != name:
+        args.append(f"--name={name}")
+    args.append(f"--data_dir={root or '.'}")
     tokenizer = tokenizer or meta.get("tokenizer")
     if tokenizer in TOKENIZERS:
-        command += f" --tokenizer={tokenizer}"
-    return command + (" --force" if force else "")
+        args.append(f"--tokenizer={tokenizer}")
+    if force:
+        args.append("--force")
+    return shell_join(args)
 
 
 def load_meta(folder, kind=None, model_meta=None):

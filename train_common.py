@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import shlex
 import signal
 import sys
 import textwrap
@@ -23,7 +22,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tost_fast
-from options import UsageError, naming, out_of_memory, say, write_whole
+from options import UsageError, naming, out_of_memory, say, shell_join, write_whole
 
 # Windows has no fcntl: there a second run in the same out_dir is not refused (docs/training.md says so).
 try:
@@ -360,8 +359,10 @@ def setup_distributed(device_pref):
     importlib.import_module("torch.distributed.nn")
     # The group wraps sys.excepthook to prefix its lines with [rankN]: options' one line stays as it is.
     hook = sys.excepthook
-    torch.distributed.init_process_group(backend="nccl" if cuda else "gloo",
-                                         device_id=torch.device(device) if cuda else None)
+    # Windows' torch has no NCCL: gloo all-reduces CUDA tensors too, through the host.
+    nccl = cuda and torch.distributed.is_nccl_available()
+    torch.distributed.init_process_group(backend="nccl" if nccl else "gloo",
+                                         device_id=torch.device(device) if nccl else None)
     sys.excepthook = hook
     flags = torch.distributed.new_group(backend="gloo") if cuda else None
     return Dist(True, rank, local_rank, world_size, rank == 0, device, flags)
@@ -445,7 +446,9 @@ def stop_signals(unit, master):
                 print(f"{signals[0]}: stopping after this {unit}; another one stops at once, without saving",
                       file=sys.stderr, flush=True)
 
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Windows' Ctrl-Break is SIGBREAK.
+    stops = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGBREAK") if hasattr(signal, name)]
+    old = {sig: signal.signal(sig, handler) for sig in stops}
     try:
         yield signals
     except Exception as e:
@@ -465,7 +468,7 @@ def command(script, args, launcher="python"):
     started: beside the trainer running (python ../tost/train_gpt.py), or as it is (python -c, a test)."""
     ours = os.path.basename(sys.argv[0]) in ("train_gpt.py", "train_vit.py")
     prog = os.path.join(os.path.dirname(sys.argv[0]) if ours else "", script)
-    return launcher + " " + shlex.join([prog, *args])
+    return launcher + " " + shell_join([prog, *args])
 
 
 def resume_command(script, cfg, set_keys, defaults):

@@ -6,9 +6,11 @@ import glob
 import importlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -204,6 +206,37 @@ def test_a_whole_write_names_its_file_but_not_another_one(tmp_path):
             options.write_whole(path, write)
         assert e.value.filename == named
         assert os.listdir(tmp_path) == ["x"] and open(path).read() == "earlier"
+
+
+def test_a_command_to_copy_is_quoted_for_the_shell_of_its_system(monkeypatch):
+    """A folder with a space and a backslash: POSIX shells take single quotes, Windows' cmd.exe double."""
+    args = ["python", "sample.py", "--out_dir=runs\\my demo"]
+    assert shlex.split(options.shell_join(args)) == args
+    monkeypatch.setattr(options, "os", types.SimpleNamespace(name="nt"))
+    assert options.shell_join(args) == 'python sample.py "--out_dir=runs\\my demo"'
+
+
+def test_a_whole_write_waits_for_a_file_another_process_holds(tmp_path, monkeypatch):
+    """Windows refuses to replace a file another process has open (a sample.py reading the checkpoint): the
+    rename is tried again, and only a file held for good ends in an error that names it."""
+    path = str(tmp_path / "x")
+    replace = os.replace
+    refusals = []
+
+    def held(src, dst, times):
+        if len(refusals) < times:
+            refusals.append(dst)
+            raise PermissionError(13, "Permission denied", dst)
+        replace(src, dst)
+    monkeypatch.setattr(options.time, "sleep", lambda s: None)
+    monkeypatch.setattr(options.os, "replace", lambda src, dst: held(src, dst, 3))
+    options.write_whole(path, lambda f: f.write("new"))
+    assert open(path, encoding="utf-8").read() == "new" and len(refusals) == 3
+    refusals.clear()
+    monkeypatch.setattr(options.os, "replace", lambda src, dst: held(src, dst, 100))
+    with pytest.raises(PermissionError) as e:
+        options.write_whole(path, lambda f: f.write("newer"))
+    assert e.value.filename == path and os.listdir(tmp_path) == ["x"]
 
 
 def test_a_ctrl_c_under_torchrun_ends_a_line_on_rank_0_only(monkeypatch, capsys):

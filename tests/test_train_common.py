@@ -176,6 +176,14 @@ def test_ctrl_c_and_sigterm_are_a_request_inside_stop_signals(monkeypatch, capsy
     one_line(capsys.readouterr().err)
 
 
+def test_windows_ctrl_break_is_a_request_too(monkeypatch):
+    """Windows' Ctrl-Break is SIGBREAK, which this system lacks: SIGUSR1 stands in for it."""
+    monkeypatch.setattr(signal, "SIGBREAK", signal.SIGUSR1, raising=False)
+    with tc.stop_signals("iter", master=False) as signals:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    assert signals == ["SIGUSR1"]
+
+
 def test_an_error_inside_stop_signals_after_a_signal_is_the_interrupt(capsys):
     """The compiler's g++ gets the terminal's Ctrl-C too and fails: that error, once a signal came, ends as
     an interrupt (test_ctrl_c_that_breaks_a_step_ends_as_an_interrupt); before one, it is itself; a save that
@@ -458,7 +466,7 @@ def no_space(*args):
 def test_a_full_disk_names_the_log_it_could_not_write(tmp_path, monkeypatch):
     """A write to a full disk fails without a file name: the log's OSError names it (the checkpoint's:
     test_a_save_cut_short_keeps_the_previous_checkpoint)."""
-    def full(name, *args):
+    def full(name, *args, **kwargs):
         # the file is made, its writes fail
         Path(name).touch()
         return contextlib.nullcontext(SimpleNamespace(write=no_space, writelines=no_space))

@@ -20,7 +20,6 @@ import options  # first: its handler ends a Ctrl-C while torch imports (exit 130
 import collections
 import json
 import multiprocessing
-import shlex
 import signal
 import subprocess
 import time
@@ -49,7 +48,7 @@ def run_script(script, keys):
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
     if out.returncode != 0:
         said = (out.stderr or out.stdout).strip().splitlines() or [f'exit {out.returncode}']
-        raise UsageError(f"{shlex.join(args)} failed: {said[-1].removeprefix('error: ')}")
+        raise UsageError(f"{options.shell_join(args)} failed: {said[-1].removeprefix('error: ')}")
     return out
 
 
@@ -119,7 +118,7 @@ def section_language(args, results):
     # Each command and sample line whole, however wide the console (a log's is 130 columns): a command wrapped
     # across lines runs another when its first line is pasted.
     for r in rows:
-        line = shlex.join(['python', 'sample.py', *flags(dict(out_dir=r['out_dir'], **SAMPLE))])
+        line = options.shell_join(['python', 'sample.py', *flags(dict(out_dir=r['out_dir'], **SAMPLE))])
         sample = r['sample'].split('\n---------------')[0]
         console.print(f"{r['variant']}: {line}\n{sample}", markup=False, highlight=False, soft_wrap=True)
 
