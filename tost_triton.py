@@ -22,9 +22,9 @@ sums of the other chunks the forward kept, so nothing of size (B, T, d) is saved
 
 Activations are loaded in their own dtype (bf16 under autocast) and every sum runs in float32 (float64 when
 the activations are float64, for the tests). As in the CPU core, an exclusive or suffix sum is never formed
-as a total minus a prefix, nor as an inclusive sum minus the token's own term (tost_fast.CausalCore says
-why): the sums of the earlier or later chunks are prefix sums of the chunks' sums, and Q_{t-1} and the sum
-over the later tokens t' > t of a chunk are sums of the neighbouring tokens' terms, loaded one row shifted.
+as a total minus a prefix (tost_fast.CausalCore says why): the sums of the earlier or later chunks are
+prefix sums of the chunks' sums, and Q_{t-1} and the sum over the later tokens t' > t of a chunk are sums of
+the neighbouring tokens' terms, loaded one row shifted (not an inclusive sum minus the token's own term).
 """
 
 import torch
