@@ -16,19 +16,33 @@ traceback. Ctrl-C while torch imports can be lost, or abort the interpreter from
 script of this repository that imports this module before torch, and calls parse(), holds Ctrl-C until then;
 parse() lets it through (the script ends there, exit 130).
 """
+import os
+import signal
+import sys
+
+# Ctrl-C held from here until parse() (see above), in a script of this repository that calls it; not in an
+# interactive session, under pytest, or in a module run as a script that never parses options. First, before
+# the imports below: a Ctrl-C while they run would end in their traceback.
+script = getattr(sys.modules.get("__main__"), "__file__", None)
+ours = script and os.path.abspath(script).startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+if ours and "torch" not in sys.modules and hasattr(signal, "pthread_sigmask"):
+    try:
+        with open(script, encoding="utf-8", errors="replace") as f:
+            if "parse(" in f.read():
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    except OSError:
+        pass
+
 import atexit
 import contextlib
 import difflib
 import errno
 import io
 import math
-import os
 import pathlib
 import re
 import shlex
-import signal
 import subprocess
-import sys
 import textwrap
 import time
 import traceback
@@ -282,15 +296,6 @@ atexit.register(exit_with_code)
 # A character the terminal's encoding lacks (a sample in an ASCII terminal) is printed as '?'.
 if hasattr(sys.stdout, "reconfigure"):
     sys.stdout.reconfigure(errors="replace")
-
-# Ctrl-C held from here until parse() (see above), in a script of this repository that calls it; not in an
-# interactive session, under pytest, or in a module run as a script that never parses options.
-script = getattr(sys.modules.get("__main__"), "__file__", None)
-ours = script and os.path.abspath(script).startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep)
-if ours and "torch" not in sys.modules and hasattr(signal, "pthread_sigmask"):
-    with contextlib.suppress(OSError), open(script, encoding="utf-8", errors="replace") as f:
-        if "parse(" in f.read():
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}

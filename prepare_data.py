@@ -614,7 +614,7 @@ def prepare(name, /, data_dir='data', **o):
         if given and os.path.realpath(given) != os.path.realpath(was):
             raise UsageError(f"{out} was prepared from {was}; pass --force to rebuild it from "
                              f"{os.path.abspath(given)}, or --name=OTHER to keep both")
-        print(f"{out} is already prepared ({held}); --force rebuilds it")
+        say(f"{out} is already prepared ({held}); --force rebuilds it")
         return out
     t0 = time.time()
     new_root = not os.path.isdir(data_dir)
@@ -656,7 +656,7 @@ def prepare(name, /, data_dir='data', **o):
     sizes = [f"{v:,} {k.replace('_count', '_images').replace('_', ' ')}" for k, v in meta.items()
              if k.endswith(('_tokens', '_count'))]
     kind = meta.get('tokenizer', 'images')
-    print(f"prepared {out}: {', '.join(sizes)} ({kind}) in {time.time() - t0:.1f}s")
+    say(f"prepared {out}: {', '.join(sizes)} ({kind}) in {time.time() - t0:.1f}s")
     return out
 
 # -----------------------------------------------------------------------------

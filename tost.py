@@ -552,7 +552,7 @@ class GPT(nn.Module):
             ctx = idx[:, -bs:]
             logits, states = self.prefill(ctx)
             for _ in range(max_new_tokens):
-                if temperature == 0:
+                if temperature < torch.finfo(torch.float32).tiny:   # 0, or all but 0 in float32: greedy
                     nxt = logits.argmax(dim=-1)
                 else:
                     # in float32 (float16 overflows at a low temperature), less the largest first (so that

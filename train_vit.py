@@ -441,7 +441,9 @@ def main(argv=None):
                 train_loss = mean_loss(loss_sum, since_row, dist)
                 if not math.isfinite(train_loss):
                     teardown(dist, lock)
-                    kept = 'a checkpoint on disk is kept'
+                    kept = 'no checkpoint was saved'
+                    if saved:
+                        kept = f"the last good checkpoint is {ckpt_path} (step {saved})"
                     fail(diverged('training loss', train_loss, f'step {step}', kept, cfg), 3)
             if row_due:
                 elapsed = time.time() - t_row

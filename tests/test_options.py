@@ -471,7 +471,8 @@ def test_a_path_given_as_file_colon_path_names_its_option():
 
 def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
     """A script of the repository that parses its options: torch imports whole, then parse() ends the script,
-    exit 130, one line. A module of it run as a script that parses nothing holds nothing."""
+    exit 130, one line; so too a Ctrl-C while options itself imports. A module of it run as a script that
+    parses nothing holds nothing."""
     main = "import sys; sys.modules['__main__'].__file__ = {!r}\n"
     code = (main.format(os.path.join(HERE, 'sample.py')) +
             "import options, os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport torch\n"
@@ -479,6 +480,15 @@ def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
     r = _python(code, stdout=subprocess.PIPE)
     ended(r, 130)
     assert r.stdout.splitlines()[0] == "torch loaded" and "parsed" not in r.stdout
+    # the Ctrl-C comes as options imports difflib
+    code = (main.format(os.path.join(HERE, 'sample.py')) + "import os, signal\n"
+            "class Kick:\n    def find_spec(self, name, path, target=None):\n"
+            "        if name == 'difflib':\n            os.kill(os.getpid(), signal.SIGINT)\n"
+            "sys.meta_path.insert(0, Kick())\nimport options\nprint('imported', flush=True)\n"
+            "options.parse([], {})\nprint('parsed')")
+    r = _python(code, stdout=subprocess.PIPE)
+    ended(r, 130)
+    assert r.stdout.splitlines()[0] == "imported" and "parsed" not in r.stdout
     code = main.format(os.path.join(HERE, 'readers.py')) + "import readers, signal\n"
     r = _python(code + "print(signal.pthread_sigmask(signal.SIG_BLOCK, []))", stdout=subprocess.PIPE)
     assert r.stdout.strip() == "set()", r.stderr

@@ -297,6 +297,20 @@ def test_text_folder_sorted_recursive(tiny):
     assert (ids(out, 'train'), ids(out, 'val')) == (train, val)
 
 
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+def test_a_build_whose_stdout_is_gone_still_ends_well():
+    """stdout into a full disk (or a `| tee` that died): the build, and a second run that finds it prepared,
+    end with exit 0 and the dataset whole, as `prepare_data.py ... > log && python train_gpt.py` needs."""
+    write('notes.txt', b'Some notes of mine.\n' * 200)
+    command = [sys.executable, os.path.join(REPO, 'prepare_data.py'), 'text', '--input=notes.txt',
+               '--data_dir=data']
+    for _ in range(2):
+        with open('/dev/full', 'w', encoding='utf-8') as full:
+            run = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert load_meta('data/notes')['documents'] == 1
+
+
 def test_a_folder_of_text_skips_what_is_not_text():
     """A named pipe (whose first read would wait for a writer forever) and a binary file in a folder are
     skipped, bytes that are not UTF-8 replaced, each with a warning naming its file; a pipe given as --input

@@ -468,19 +468,25 @@ def test_mistakes_end_in_one_line_before_anything_is_written(data, trained, tmp_
     assert {f: (out / f).read_bytes() for f in os.listdir(out) if f != '.lock'} == before
 
 
-def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data, tmp_path, monkeypatch, fails):
-    """NaN from step 7 on: the row at step 8 stops the run, exit 3, and ckpt.pt stays at step 4 (epoch 1)."""
+@pytest.mark.parametrize('first, saved', [(7, 4), (1, None)])
+def test_a_nan_loss_stops_and_names_the_last_good_checkpoint(data, tmp_path, monkeypatch, fails, first,
+                                                              saved):
+    """NaN from step 7 on: the row at step 8 stops the run, exit 3, and ckpt.pt stays at step 4 (epoch 1),
+    which the line names; from step 1, before any save, the line names none and none is there."""
     out = str(tmp_path)
     real = tost.ViT.forward
     calls = []
 
-    def nan_from_step_7(self, x):
+    def nan_from(self, x):
         calls.append(self.training)
-        return real(self, x) * (float('nan') if self.training and sum(calls) >= 7 else 1)
+        return real(self, x) * (float('nan') if self.training and sum(calls) >= first else 1)
 
-    monkeypatch.setattr(tost.ViT, 'forward', nan_from_step_7)
-    fails(train_vit.main, base_args(data, out, '--epochs=2', '--viz_images=0'), code=3)
-    assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['step'] == 4
+    monkeypatch.setattr(tost.ViT, 'forward', nan_from)
+    path = os.path.join(out, 'ckpt.pt')
+    line = fails(train_vit.main, base_args(data, out, '--epochs=2', '--viz_images=0'), code=3)
+    assert (path in line) == bool(saved) and os.path.exists(path) == bool(saved)
+    if saved:
+        assert torch.load(path, weights_only=True)['step'] == saved
 
 
 def test_out_of_memory_is_one_line_with_advice(data, tmp_path, monkeypatch, fails):
