@@ -153,7 +153,8 @@ parsed = {}
 
 def option_of(path):
     """' (--key=value)' of the parsed option that gave `path`: the deepest whose value (or one of its values)
-    is a folder above it, relative or absolute, or ends in ':path' (sample.py's --start=FILE:path); or ''."""
+    is a folder above it, relative or absolute, or below it (a folder on the way to plot's --out=PATH, other
+    than the working folder and those above it), or ends in ':path' (sample.py's --start=FILE:path); or ''."""
     full = os.path.abspath(str(path))
     found = (-1, "")
     for key, values in parsed.items():
@@ -165,7 +166,11 @@ def option_of(path):
             # relative path.
             if os.path.normpath(value) == os.curdir and os.path.dirname(full) != above and full != above:
                 continue
-            if (full + os.sep).startswith(above.rstrip(os.sep) + os.sep) or value.endswith(":" + str(path)):
+            folder = full.rstrip(os.sep) + os.sep
+            on_the_way = (above + os.sep).startswith(folder) and not (os.getcwd() + os.sep).startswith(folder)
+            after_colon = os.path.abspath(os.path.expanduser(value.partition(":")[2]))
+            after_colon = ":" in value and after_colon == full
+            if (full + os.sep).startswith(above.rstrip(os.sep) + os.sep) or on_the_way or after_colon:
                 found = max(found, (len(above), f" (--{key}={value})"))
     return found[1]
 

@@ -94,7 +94,9 @@ def load_weights(model, ckpt, path):
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        raise UsageError(f"{path} does not fit its own model_args ({str(e).splitlines()[0]})") from None
+        # torch's first line is a heading; the keys missing, unexpected or of another shape follow.
+        why = textwrap.shorten(" ".join(str(e).split("\n", 1)[-1].split()), 200)
+        raise UsageError(f"{path} does not fit its own model_args ({why})") from None
 
 
 def lock_out_dir(out_dir):

@@ -467,6 +467,13 @@ def test_a_path_given_as_file_colon_path_names_its_option():
     options.parse(['--out_dir=.', '--data_dir=..'], {'out_dir': 'out', 'data_dir': 'data'})
     assert options.option_of('ckpt.pt') == options.option_of('.') == ' (--out_dir=.)'
     assert options.option_of('gone/log.jsonl') == ' (--data_dir=..)'
+    # A folder on the way to a file's path (plot's --out) names it; the working folder does not.
+    options.parse(['--out=ro/sub/a.png'], {'out': 'runs.png'})
+    assert options.option_of('ro/sub') == options.option_of('ro') == ' (--out=ro/sub/a.png)'
+    assert options.option_of(os.getcwd()) == options.option_of('.') == ''
+    # FILE:~/path, the home folder expanded
+    options.parse(['--start=FILE:~/nosuch.txt'], {'start': '\n'})
+    assert options.option_of(os.path.expanduser('~/nosuch.txt')) == ' (--start=FILE:~/nosuch.txt)'
 
 
 def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():

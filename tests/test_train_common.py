@@ -82,7 +82,13 @@ def test_load_gpt_names_a_checkpoint_whose_weights_or_args_do_not_fit(tmp_path):
     weights = tost.GPT(tost.GPTConfig(**dict(args, n_embd=8))).state_dict()
     path = str(tmp_path / "ckpt.pt")
     torch.save(dict(model=weights, model_args=args, meta={}), path)
-    with pytest.raises(UsageError, match=path):
+    with pytest.raises(UsageError, match=f"{path}.*transformer.wte.weight"):
+        sample.load_gpt(path, "cpu")
+    # a weight missing: named
+    weights = tost.GPT(tost.GPTConfig(**args)).state_dict()
+    del weights["lm_head.weight"]
+    torch.save(dict(model=weights, model_args=args, meta={}), path)
+    with pytest.raises(UsageError, match=f"{path}.*lm_head.weight"):
         sample.load_gpt(path, "cpu")
     torch.save(dict(model=weights, model_args=dict(args, n_layers=2), meta={}), path)
     with pytest.raises(UsageError, match=f"{path}.*n_layers"):
