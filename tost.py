@@ -4,7 +4,7 @@ The Token Statistics Transformer (ToST) in one file.
 Wu, Ding, Lu, Pai, Zhang, Wang, Yu, Ma, Haeffele. "Token Statistics Transformer: Linear-Time
 Attention via Variational Rate Reduction". ICLR 2025. arXiv:2412.17810.
 
-The idea. Rate reduction scores tokens Z split softly into K groups by memberships Pi:
+The idea. Rate reduction scores n tokens Z of width d, split softly into K groups by memberships Pi:
     Delta R(Z, Pi) = R(Z) - R_c(Z, Pi),
 the coding rate R of all the tokens together minus R_c, the pi-weighted coding rates of the groups: a good
 representation expands the whole and compresses each group. Both are log-determinants of second-moment
@@ -183,7 +183,7 @@ class TSSA(nn.Module):
         B, n, d = x.shape
         w = self.split_heads(self.c_attn(x))                   # (B, K, n, p)  w_j = U_k^T z_j
         out_dtype = w.dtype
-        # sums over tokens run in float32 under half-precision autocast (_stat_dtype, section 8)
+        # sums over tokens run in float32 under half-precision autocast (_stat_dtype, section 8 below)
         w = w.to(_stat_dtype(w))
         Pi = self.memberships(w).unsqueeze(-1)                 # (B, K, n, 1)  pi_jk
         n_k = Pi.sum(dim=2, keepdim=True) + self.eps           # (B, K, 1, 1)  n_k = sum_j pi_jk
@@ -273,7 +273,7 @@ class CausalTSSA(TSSA):
         w = self.split_heads(self.c_attn(x))                   # (B, K, T, p)  w_t = U_k^T z_t
         dt = _stat_dtype(w)
         w2 = w.to(dt).square()                                 # (B, K, T, p)
-        # prefix_sum(x, dim) is torch.cumsum(x, dim), laid out for a fast scan (section 8)
+        # prefix_sum(x, dim) is torch.cumsum(x, dim), laid out for a fast scan (section 8 below)
         Q = prefix_sum(w2, dim=2)                              # (B, K, T, p)  Q_t
         if state is not None:
             Q = Q + state.Q.unsqueeze(2)
@@ -344,7 +344,7 @@ class Block(nn.Module):
     -(n g c / sigma) grad^T P grad <= 0 (grad with respect to LN(x), P the normalisation's projector, sigma
     the token's std). For unequal g1 (trained layer scales) it is not guaranteed; derivation.py section 10
     measures how often it holds. The options beyond the paper (token_shift, lpi, drop_path) run in
-    forward_with_options(), section 7.
+    forward_with_options(), section 7 below.
     """
 
     def __init__(self, n_embd, n_head, attn='tssa', causal=True, block_size=None, bias=False, dropout=0.0,
@@ -422,7 +422,7 @@ class GPTConfig:
     attn: str = 'tssa'          # 'tssa' or 'softmax' (everything else equal)
     layerscale_init: float = 1e-5
     token_shift: bool = False   # not in the paper: mix each token with the previous one before attention
-    # not in the paper: these blocks (-1: the last) get softmax attention (section 7)
+    # not in the paper: these blocks (-1: the last) get softmax attention (section 7 below)
     softmax_layers: tuple = ()
 
     def __post_init__(self):
