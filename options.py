@@ -111,8 +111,8 @@ def naming(path):
 
 
 def shell_join(args):
-    """A command line to copy and run: quoted for Windows' cmd.exe there (double quotes), else for a POSIX
-    shell."""
+    """A command line to copy and run: on Windows an argument with a space in double quotes (cmd.exe's & | < >
+    ^ % in a path are left as they are), else quoted for a POSIX shell."""
     return subprocess.list2cmdline(args) if os.name == "nt" else shlex.join(args)
 
 
@@ -127,13 +127,13 @@ def write_whole(path, write, mode="w"):
                 f.flush()
                 os.fsync(f.fileno())
             # Windows refuses to replace a file another process has open (sample.py reading the checkpoint,
-            # a virus scanner): it is tried again for about 25 s.
+            # a virus scanner): there it is tried again for about 25 s.
             for attempt in range(9):
                 try:
                     os.replace(tmp, path)
                     break
                 except PermissionError:
-                    if attempt == 8:
+                    if os.name != "nt" or attempt == 8:
                         raise
                     time.sleep(0.1 * 2 ** attempt)
     except BaseException:
@@ -156,7 +156,7 @@ def option_of(path):
     is a folder above it, relative or absolute, or below it (a folder on the way to plot's --out=PATH, other
     than the working folder and those above it), or ends in ':path' (sample.py's --start=FILE:path); or ''."""
     full = os.path.abspath(str(path))
-    found = (-1, "")
+    found = (False, -1, "")
     for key, values in parsed.items():
         for value in values if isinstance(values, list) else [values]:
             if not isinstance(value, str) or not value.strip():
@@ -166,13 +166,15 @@ def option_of(path):
             # relative path.
             if os.path.normpath(value) == os.curdir and os.path.dirname(full) != above and full != above:
                 continue
+            tail = value.partition(":")[2]
+            after_colon = bool(tail) and os.path.abspath(os.path.expanduser(tail)) == full
+            under = (full + os.sep).startswith(above.rstrip(os.sep) + os.sep) or after_colon
             folder = full.rstrip(os.sep) + os.sep
             on_the_way = (above + os.sep).startswith(folder) and not (os.getcwd() + os.sep).startswith(folder)
-            after_colon = os.path.abspath(os.path.expanduser(value.partition(":")[2]))
-            after_colon = ":" in value and after_colon == full
-            if (full + os.sep).startswith(above.rstrip(os.sep) + os.sep) or on_the_way or after_colon:
-                found = max(found, (len(above), f" (--{key}={value})"))
-    return found[1]
+            # An option the path is under comes before one whose path it is on the way to.
+            if under or on_the_way:
+                found = max(found, (under, len(above), f" (--{key}={value})"))
+    return found[2]
 
 
 def file_written(tb):

@@ -341,7 +341,8 @@ Dist = namedtuple("Dist", "ddp rank local_rank world_size master device flags", 
 
 
 def setup_distributed(device_pref):
-    """Under torchrun (RANK is set) join the process group (nccl, or gloo on CPUs), a GPU per process."""
+    """Under torchrun (RANK is set) join the process group, a GPU per process: nccl; gloo on CPUs, and on a
+    CUDA without NCCL (Windows)."""
     device = pick_device(device_pref)
     cuda = device.startswith("cuda")
     if "RANK" not in os.environ:

@@ -217,8 +217,8 @@ def test_a_command_to_copy_is_quoted_for_the_shell_of_its_system(monkeypatch):
 
 
 def test_a_whole_write_waits_for_a_file_another_process_holds(tmp_path, monkeypatch):
-    """Windows refuses to replace a file another process has open (a sample.py reading the checkpoint): the
-    rename is tried again, and only a file held for good ends in an error that names it."""
+    """Windows refuses to replace a file another process has open (a sample.py reading the checkpoint): there
+    the rename is tried again, and only a file held for good ends in an error that names it."""
     path = str(tmp_path / "x")
     replace = os.replace
     refusals = []
@@ -230,6 +230,12 @@ def test_a_whole_write_waits_for_a_file_another_process_holds(tmp_path, monkeypa
         replace(src, dst)
     monkeypatch.setattr(options.time, "sleep", lambda s: None)
     monkeypatch.setattr(options.os, "replace", lambda src, dst: held(src, dst, 3))
+    # Elsewhere the refusal is for good (a file another user owns under the sticky bit): no wait.
+    with pytest.raises(PermissionError):
+        options.write_whole(path, lambda f: f.write("new"))
+    assert len(refusals) == 1
+    refusals.clear()
+    monkeypatch.setattr(options.os, "name", "nt")
     options.write_whole(path, lambda f: f.write("new"))
     assert open(path, encoding="utf-8").read() == "new" and len(refusals) == 3
     refusals.clear()
@@ -471,6 +477,11 @@ def test_a_path_given_as_file_colon_path_names_its_option():
     options.parse(['--out=ro/sub/a.png'], {'out': 'runs.png'})
     assert options.option_of('ro/sub') == options.option_of('ro') == ' (--out=ro/sub/a.png)'
     assert options.option_of(os.getcwd()) == options.option_of('.') == ''
+    # An option the path is under comes first; a value that ends in ':' names no path.
+    options.parse(['--data_dir=d', '--out_dir=d/out'], {'data_dir': 'data', 'out_dir': 'out'})
+    assert options.option_of('d') == ' (--data_dir=d)'
+    options.parse(['--start=Question:'], {'start': '\n'})
+    assert options.option_of(os.getcwd()) == ''
     # FILE:~/path, the home folder expanded
     options.parse(['--start=FILE:~/nosuch.txt'], {'start': '\n'})
     assert options.option_of(os.path.expanduser('~/nosuch.txt')) == ' (--start=FILE:~/nosuch.txt)'

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import math
+import ntpath
 import os
 import pickle
 import random
@@ -695,6 +696,14 @@ BAD = [  # (dataset and options, what the line names, files to write)
     cifar('test_batch', edit=('test_batch', {b'data': np.ones((4, 100), np.uint8)})),
     cifar('batches.meta', edit=('batches.meta', {b'label_names': [b'x']})),
 ]
+
+
+def test_a_name_that_is_a_path_is_refused_on_every_system(monkeypatch, capsys):
+    """--name is one folder under --data_dir: a/b is refused, and so is a\\b where os.path is Windows'."""
+    write('in.txt', 'some text ' * 100)
+    assert '--name' in one_error(capsys, 'text', '--input=in.txt', '--name=a/b')
+    monkeypatch.setattr(prep.os, 'path', ntpath)
+    assert '--name' in one_error(capsys, 'text', '--input=in.txt', '--name=a\\b')
 
 
 @pytest.mark.parametrize('argv, names, files', BAD)

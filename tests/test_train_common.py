@@ -185,8 +185,13 @@ def test_ctrl_c_and_sigterm_are_a_request_inside_stop_signals(monkeypatch, capsy
 def test_windows_ctrl_break_is_a_request_too(monkeypatch):
     """Windows' Ctrl-Break is SIGBREAK, which this system lacks: SIGUSR1 stands in for it."""
     monkeypatch.setattr(signal, "SIGBREAK", signal.SIGUSR1, raising=False)
-    with tc.stop_signals("iter", master=False) as signals:
-        os.kill(os.getpid(), signal.SIGUSR1)
+    # Not handled, SIGUSR1 would end pytest itself.
+    before = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        with tc.stop_signals("iter", master=False) as signals:
+            os.kill(os.getpid(), signal.SIGUSR1)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
     assert signals == ["SIGUSR1"]
 
 
