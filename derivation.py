@@ -66,7 +66,7 @@ def draw(name, fig):
         display(fig)
         return
     path = figures / f'lecture-{name}.png'
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=120)
     print(f'   figure: {path}')
 
 
@@ -364,7 +364,7 @@ if fig:
              ('w = U_k^T z_j\n(K, n, p)', 'project into each head'),
              ('s_k / n_k\n(K, p)', 'pi-weighted mean square'),
              ('D_k = f\'(s_k/n_k)\n(K, p)', 'gain per coordinate'),
-             ('-pi_jk D_k w\n(K, n, p)', 'scale each token'),
+             ('pi_jk D_k w\n(K, n, p)', 'scale each token'),
              ('-tau/n sum_k U_k (.)\n(n, d)', 'map back, add to Z')]
     for i, (box, note) in enumerate(boxes):
         style = dict(boxstyle='round', fc='#e8eef8')
@@ -958,7 +958,7 @@ if fig:
     axes[0].plot(r_var, 'o-', label='R^var_c')
     axes[0].plot(dR, 's-', label='Delta R = R - R_c, true groups')
     axes[0].plot(dR_norm, '^--', label='Delta R, tokens rescaled')
-    axes[0].set(title='objectives, layer by layer', xlabel='layer', ylabel=f'alpha = {alpha:g}')
+    axes[0].set(title='objectives, layer by layer', xlabel='layer', ylabel=f'objective (alpha = {alpha:g})')
     axes[0].legend(fontsize=8)
     for ax, v, title in ((axes[1], own[0], 'tokens before'), (axes[2], own[-1], 'after 12 layers')):
         for k in range(K):

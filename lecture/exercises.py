@@ -10,7 +10,8 @@ NotImplementedError until you write its body. The command runs each function on 
 compares it with the readable lines of tost.py, exactly or to the tolerance the statement gives; it prints
 one line per exercise: pass, not attempted, or fail with what differed. The checks are in lecture/checks.py:
 run them, you need not read them. Read tost.py's sections 1 to 3 first (variational_compression, TSSA,
-CausalTSSA); derivation.py is the lecture.
+CausalTSSA); derivation.py is the lecture, a script to run, not to import (importing it runs it all): write
+R and R_c from the formulas below.
 
 Symbols as in tost.py: tokens are the rows of Z (B, n, d), the paper's columns z_j; memberships Pi are
 (B, K, n) and sum to 1 over the K groups (heads); U is (K, d, p) and U[k] is the paper's U_k;
@@ -148,8 +149,9 @@ def untied_prediction():
 def reweighted_objective(Z, Pi, U, c):
     """Exercise 8. The objective a per-head rescaling of the tie descends.
 
-    With c_proj = W^T and head k's block scaled by c_k (exercise 7's 'rescaled'), the practical layer
-    (alpha = 1, Pi held, nothing added to n_k) is -n grad_Z of some function of Z. Write that function.
+    With c_proj = W^T and head k's block scaled by c_k (exercise 7's 'rescaled'; here any real c_k, negative
+    too), the practical layer (alpha = 1, Pi held, nothing added to n_k) is -n grad_Z of some function of Z.
+    Write that function.
     Z (B, n, d), Pi (B, K, n), U (K, d, p), c (K,) -> (B,).
     Check: the layer equals -n times autograd of your function to 1e-10, and with every c_k = 1 your function
     is R^var_c (tost.variational_compression) to 1e-12.

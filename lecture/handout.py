@@ -1,8 +1,10 @@
 """
 Writes the copy of this repository to hand out to students: the files of the working tree that git tracks or
 would track, without the answers. Left out: lecture/solutions.py, tests/test_lecture.py (its wrong answers
-are the solutions changed in one place) and the history (.git, which holds solutions.py). The copy runs the
-students' commands: `python -m lecture.exercises`, `python derivation.py`, `python -m pytest -q`.
+are the solutions changed in one place), the history (.git, which holds solutions.py) and
+tests/test_model_unchanged.py (which compares with an earlier commit). The copy runs the students'
+commands: `python -m lecture.exercises`, `python derivation.py`, `python -m pytest -q`. Exercises edited and
+not committed go into the copy as they are, with a note.
 
     python -m lecture.handout --out=../tost-class     # then zip that folder, or make it a new repository
 """
@@ -19,8 +21,8 @@ import subprocess
 from options import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The files that hold the answers.
-ANSWERS = ('lecture/solutions.py', 'tests/test_lecture.py')
+# The files that hold the answers, and one that needs the history.
+LEFT_OUT = ('lecture/solutions.py', 'tests/test_lecture.py', 'tests/test_model_unchanged.py')
 
 DEFAULTS = dict(
     out='',             # the folder to write the copy into: new, or empty
@@ -28,12 +30,12 @@ DEFAULTS = dict(
 
 
 def files():
-    """The working tree's files that git tracks or would track (not ignored), without ANSWERS."""
+    """The working tree's files that git tracks or would track (not ignored), without LEFT_OUT."""
     listed = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard', '-z'], cwd=ROOT,
                             capture_output=True, text=True)
     if listed.returncode != 0:
         raise UsageError(f'{ROOT} is not a git checkout: the hand-out is written from one')
-    names = sorted(set(listed.stdout.split('\0')) - {''} - set(ANSWERS))
+    names = sorted(set(listed.stdout.split('\0')) - {''} - set(LEFT_OUT))
     return [name for name in names if os.path.isfile(os.path.join(ROOT, name))]
 
 
@@ -48,7 +50,12 @@ def main(argv=None):
     for name in names:
         os.makedirs(os.path.join(out, os.path.dirname(name)), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, name), os.path.join(out, name))
-    print(f'wrote {len(names)} files to {out}, without {" and ".join(ANSWERS)} and without .git')
+    print(f'wrote {len(names)} files to {out}, without {", ".join(LEFT_OUT)} and .git')
+    # A teacher's own answers, written into the exercises and not committed, would go out with them.
+    edited = subprocess.run(['git', 'diff', '--quiet', 'HEAD', '--', 'lecture/exercises.py'], cwd=ROOT)
+    if edited.returncode:
+        print('note: lecture/exercises.py has changes not committed, copied as they are: check that they hold '
+              'no answers')
     return 0
 
 
