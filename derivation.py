@@ -538,7 +538,8 @@ B, n, d, K = 2, 9, 12, 3
 vit_layer = randomize(tost.TSSA(d, K, bias=True))
 x = torch.randn(B, n, d)
 err_values = (vit_layer(x) - practical_tssa(x, vit_layer)).abs().max()
-# alpha into U: the white-box step with alpha and U equals the one with alpha = 1 and sqrt(alpha) U
+# alpha into U: the white-box step with alpha and U equals the one with alpha = 1 and sqrt(alpha) U (the
+# memberships too: the released Pi ignores a head's scale; the paper's temp ||U_k^T z||^2 would not)
 wb = tost.TSSA(d, K, whitebox=True, alpha=3.0)
 wb1 = tost.TSSA(d, K, whitebox=True, alpha=1.0)
 with torch.no_grad():

@@ -29,10 +29,10 @@ d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). Comments en
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 57-88     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 95-197    the white-box gradient step, then the practical operator (TSSA)
-  lines 204-310   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 317-406   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 413-602   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 95-198    the white-box gradient step, then the practical operator (TSSA)
+  lines 205-311   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 318-407   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 414-603   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -116,7 +116,8 @@ class TSSA(nn.Module):
     each group is pulled towards its dominant subspace (derivation.py section 7; a larger step overshoots).
 
     The practical operator (the released one; the default) changes the white-box step in six ways:
-      1. alpha is absorbed into the projection (U -> sqrt(alpha) U turns f' into 1/(1 + x));
+      1. alpha is absorbed into the projection (U -> sqrt(alpha) U turns f' into 1/(1 + x); Pi of way 5
+         ignores a head's scale, so the memberships stay as they were);
       2. the map back is a separately learned c_proj instead of U_k. It absorbs tau/n, at the n it was
          trained at only. Tied to c_attn's transpose, with no biases and nothing added to n_k (eps = 0), the
          layer is exactly -n grad R^var_c; with head k's block of the tie scaled by c_k > 0, exactly a step
