@@ -243,6 +243,10 @@ def main(argv=None):
                          f"checkpoint")
     if eval_only and not path:
         raise UsageError("--eval_only needs a checkpoint: --init_from=resume, best or a path to a .pt file")
+    # A run stopped before its first evaluation has a ckpt.pt and no best.pt yet.
+    if path == best_path and not os.path.exists(path) and os.path.exists(ckpt_path):
+        raise UsageError(f"no {best_path} yet: the first evaluation writes it; --init_from=resume takes "
+                         f"{ckpt_path}")
 
     # -------------------------------------------------------------------------
     # processes and the device: rank 0 talks for all

@@ -447,6 +447,8 @@ MISTAKES = [({'kind': None, 'model_args': {'vocab_size': 256}}, ['--init_from=re
             ({'format': None}, ['--init_from=resume'], 'ckpt.pt'),
             ({'format': 1}, ['--init_from=resume', '--eval_only'], 'ckpt.pt'),
             (None, ['--viz_layer=9'], '--viz_layer'),
+            # stopped before the first evaluation: no best.pt yet, and the ckpt.pt there is named
+            ({}, ['--init_from=best', '--eval_only'], ('best.pt', 'ckpt.pt')),
             # a name mistyped: what --init_from takes is said
             (None, ['--init_from=resum'], ('--init_from=resum', 'scratch', 'best'))]
 MISTAKES += [(None, [f'--dataset={name}'], named) for name, named in BAD_DATA.items()]
