@@ -54,7 +54,9 @@ def save(fig, path):
     """fig, laid out, as a file (its folder made if need be); its suffix picks the format (main checks
     --out's)."""
     os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-    fig.tight_layout()
+    # (a figure with colour bars lays itself out: constrained)
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     fmt = os.path.splitext(path)[1][1:].lower()
     options.write_whole(path, lambda f: fig.savefig(f, dpi=100, format=fmt), 'wb')
 
@@ -251,12 +253,12 @@ def capability_grid(results, path):
 def vision_maps(path, image, cls_attn, pi, title):
     """One test image: top row the image and the CLS token's class attention per head; bottom row (TSSA
     models) the head with the largest membership at each patch, then the memberships Pi per head. One
-    colour scale per row (viridis: dark low, yellow high), so heads can be compared.
+    colour scale per row (viridis: dark low, yellow high), shown by its bar, so heads can be compared.
     image (C, H, W) uint8, drawn in colour if C is 3, else its first channel in grey; cls_attn, pi (heads, Hp,
     Wp) floats, pi may be None."""
     rows = [cls_attn] if pi is None else [cls_attn, pi]
     heads = len(cls_attn)
-    axes = Figure(figsize=(1.5 * (1 + heads), 1.6 * len(rows) + 0.3)).subplots(
+    axes = Figure(figsize=(1.5 * (1 + heads) + 0.6, 1.6 * len(rows) + 0.3), layout='constrained').subplots(
         len(rows), 1 + heads, squeeze=False, subplot_kw=dict(xticks=[], yticks=[]))
     # (H, W, 3) in colour, else (H, W) in grey (matplotlib would take 4 channels for RGBA, and refuses 2); the
     # colour map applies only to a grey one
@@ -266,10 +268,11 @@ def vision_maps(path, image, cls_attn, pi, title):
     for r, maps in enumerate(rows):
         maps = np.asarray(maps, dtype=np.float64)
         for k in range(heads):
-            axes[r, 1 + k].imshow(maps[k], cmap='viridis', vmin=maps.min(), vmax=maps.max())
+            shown = axes[r, 1 + k].imshow(maps[k], cmap='viridis', vmin=maps.min(), vmax=maps.max())
             # Pi's heads in the colours of the map at the left
             axes[r, 1 + k].set_title(f"{['CLS attention', 'Pi'][r]}, head {k}", fontsize=7,
                                      color=colormaps['tab10'](k % 10) if r else 'black')
+        axes[0, 0].figure.colorbar(shown, ax=axes[r, 1:], fraction=0.05, pad=0.02)
     if pi is not None:
         axes[1, 0].imshow(np.asarray(pi).argmax(0), cmap='tab10', vmin=0, vmax=9)
         axes[1, 0].set_title('head with the\nlargest Pi', fontsize=7)

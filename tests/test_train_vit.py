@@ -367,18 +367,23 @@ def read_png(path):
 
 
 def panels(img):
-    """The number of non-white areas side by side: how many maps were drawn."""
+    """The number of non-white areas side by side at least 40 pixels wide: how many maps were drawn (not
+    a colour bar or its labels)."""
     ink = (img[..., :3] < 0.9).any(-1)
     cols = np.flatnonzero(ink.any(0))
-    return len(np.split(cols, np.flatnonzero(np.diff(cols) > 1) + 1))
+    return sum(len(run) >= 40 for run in np.split(cols, np.flatnonzero(np.diff(cols) > 1) + 1))
 
 
 def test_the_run_draws_attention_and_memberships(trained):
     for i in range(2):
         img = read_png(os.path.join(trained, 'viz', f'test{i:04d}.png'))
-        # 2 rows (CLS attention, Pi) of 1 + 4 panels (the image or the owner map, then one map per head)
-        assert img.shape[:2] == (350, 750), img.shape
+        # 2 rows (CLS attention, Pi) of 1 + 4 panels (the image or the owner map, then one map per head) and
+        # the row's colour bar
+        assert img.shape[:2] == (350, 810), img.shape
         assert panels(img[:175]) == panels(img[175:]) == 5
+        # each row's bar: colour right of the last map
+        right = img[:, -60:, :3]
+        assert all((right[rows].std(-1) > 0.1).any() for rows in (slice(0, 175), slice(175, 350)))
         assert len(np.unique(img[..., :3].reshape(-1, 3), axis=0)) > 50          # maps, not flat tiles
     assert not os.path.exists(os.path.join(trained, 'viz', 'test0002.png'))
 
