@@ -412,7 +412,7 @@ def test_softmax_baseline_everything_else_equal(data, tmp_path):
     assert shapes[0] == shapes[1]
     assert 'compression' not in read_log(out, kind='eval')[-1]
     img = read_png(os.path.join(out, 'viz', 'test0000.png'))
-    assert img.shape[:2] == (190, 750) and panels(img) == 5        # no Pi row: only the CLS attention
+    assert img.shape[:2] == (190, 810) and panels(img) == 5        # no Pi row: only the CLS attention
 
 
 def test_paper_shapes_get_cifar_patches_and_the_dataset_classes():
