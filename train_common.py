@@ -55,6 +55,10 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         ours = ours and not os.path.exists(os.path.join(folder, "log.jsonl"))
         # Which run is meant (a preset's, the demo's) is the user's to say.
         hint = f"; {TRAINERS[kind][0]} --out_dir={folder} writes one there" if ours else ""
+        # A run stopped before its first evaluation has its ckpt.pt and no best.pt yet.
+        ckpt = os.path.join(folder, "ckpt.pt")
+        if os.path.basename(path) == "best.pt" and os.path.isfile(ckpt):
+            hint = f"; the first evaluation writes it, and {ckpt} is there (--init_from=resume)"
         raise UsageError(f"no checkpoint at {path}{hint}")
     with open(path, "rb") as f:
         head = f.read(4)
@@ -192,6 +196,13 @@ def diverged(what, value, when, kept, cfg):
         advice += " or --weight_decay"
     advice += ", or a lower --grad_clip" if cfg["grad_clip"] > 0 else ", or --grad_clip=1"
     return f"the {what} is {value} at {when}: training diverged; stopped without saving, {kept}; try {advice}"
+
+
+def last_good(path, saved, unit):
+    """What is on disk: the checkpoint a run saved at `saved` (its iter or step), or none."""
+    if not saved:
+        return "no checkpoint was saved"
+    return f"the last good checkpoint is {path} ({unit} {saved})"
 
 
 def cosine_lr(it, lr, min_lr, warmup_iters, decay_iters):

@@ -30,8 +30,8 @@ import tost
 import tost_fast
 from options import UsageError, fail, parse, say
 from train_common import (any_rank, autocast, backward_bytes, check_compile, check_decay, command,
-                          cosine_lr, diverged, draw_loss, human, load_checkpoint, load_weights, log_row,
-                          make_out_dir, mean_loss, memory_bytes, optimizer_for, optimizer_step,
+                          cosine_lr, diverged, draw_loss, human, last_good, load_checkpoint, load_weights,
+                          log_row, make_out_dir, mean_loss, memory_bytes, optimizer_for, optimizer_step,
                           resolve_dtype, resume_command, save_checkpoint, seed_of, setup_distributed,
                           start_log, stop_signals, sum_dtype, teardown, wrap)
 
@@ -258,13 +258,6 @@ def peak_flops(device, dtype):
     return None
 
 
-def last_good(ckpt_path, saved):
-    """What is on disk."""
-    if saved is None:
-        return "no checkpoint was saved"
-    return f"the last good checkpoint is {ckpt_path} (iter {saved})"
-
-
 # -----------------------------------------------------------------------------
 # the run, top to bottom
 
@@ -442,7 +435,7 @@ def main(argv=None):
     def stop_if_diverged(what, loss):
         if not math.isfinite(loss):
             teardown(dist, lock)
-            fail(diverged(what, loss, f'iter {iter_num}', last_good(ckpt_path, saved), cfg), 3)
+            fail(diverged(what, loss, f'iter {iter_num}', last_good(ckpt_path, saved, 'iter'), cfg), 3)
 
     with stop_signals('iter', master) as signals:
         while True:
@@ -488,7 +481,7 @@ def main(argv=None):
                     saved = iter_num
                 what = f"saved {ckpt_path}"
                 if saved != iter_num:
-                    what = f"not saved; {last_good(ckpt_path, saved)}"
+                    what = f"not saved; {last_good(ckpt_path, saved, 'iter')}"
                 why = signals[0] if signals else 'on another rank'
                 if master:
                     print(f"interrupted ({why}) at iter {iter_num}: {what}", file=sys.stderr, flush=True)
@@ -542,7 +535,7 @@ def main(argv=None):
 
     if master:
         say(f"done: {iter_num - start_iter} iters in {human(time.time() - t_start)}, at iter {iter_num}; "
-            f"val loss {val_loss:.4f}; {last_good(ckpt_path, saved)}")
+            f"val loss {val_loss:.4f}; {last_good(ckpt_path, saved, 'iter')}")
         if saved is not None:
             args = [] if out_dir == 'out' else [f'--out_dir={out_dir}']
             say("sample from it: " + command('sample.py', args))

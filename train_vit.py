@@ -32,9 +32,9 @@ import readers
 import tost
 from options import UsageError, fail, parse, say
 from train_common import (any_rank, autocast, check_decay, cosine_lr, diverged, draw_loss, human,
-                          load_checkpoint, load_weights, log_row, make_out_dir, mean_loss, optimizer_for,
-                          optimizer_step, resolve_dtype, resume_command, save_checkpoint, seed_of,
-                          setup_distributed, start_log, stop_signals, teardown, wrap)
+                          last_good, load_checkpoint, load_weights, log_row, make_out_dir, mean_loss,
+                          optimizer_for, optimizer_step, resolve_dtype, resume_command, save_checkpoint,
+                          seed_of, setup_distributed, start_log, stop_signals, teardown, wrap)
 
 DEFAULTS = dict(
     # data and I/O
@@ -243,10 +243,6 @@ def main(argv=None):
                          f"checkpoint")
     if eval_only and not path:
         raise UsageError("--eval_only needs a checkpoint: --init_from=resume, best or a path to a .pt file")
-    # A run stopped before its first evaluation has a ckpt.pt and no best.pt yet.
-    if path == best_path and not os.path.exists(path) and os.path.exists(ckpt_path):
-        raise UsageError(f"no {best_path} yet: the first evaluation writes it; --init_from=resume takes "
-                         f"{ckpt_path}")
 
     # -------------------------------------------------------------------------
     # processes and the device: rank 0 talks for all
@@ -445,9 +441,7 @@ def main(argv=None):
                 train_loss = mean_loss(loss_sum, since_row, dist)
                 if not math.isfinite(train_loss):
                     teardown(dist, lock)
-                    kept = 'no checkpoint was saved'
-                    if saved:
-                        kept = f"the last good checkpoint is {ckpt_path} (step {saved})"
+                    kept = last_good(ckpt_path, saved, 'step')
                     fail(diverged('training loss', train_loss, f'step {step}', kept, cfg), 3)
             if row_due:
                 elapsed = time.time() - t_row
