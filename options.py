@@ -156,6 +156,9 @@ def option_of(path):
     is a folder above it, relative or absolute, or below it (a folder on the way to plot's --out=PATH, other
     than the working folder and those above it), or ends in ':path' (sample.py's --start=FILE:path); or ''."""
     full = os.path.abspath(str(path))
+    folder = full.rstrip(os.sep) + os.sep
+    # The working folder, or one above it, is on the way to every path: it names no option that way.
+    everyones = (os.getcwd() + os.sep).startswith(folder)
     found = (False, -1, "")
     for key, values in parsed.items():
         for value in values if isinstance(values, list) else [values]:
@@ -169,8 +172,7 @@ def option_of(path):
             tail = value.partition(":")[2]
             after_colon = bool(tail) and os.path.abspath(os.path.expanduser(tail)) == full
             under = (full + os.sep).startswith(above.rstrip(os.sep) + os.sep) or after_colon
-            folder = full.rstrip(os.sep) + os.sep
-            on_the_way = (above + os.sep).startswith(folder) and not (os.getcwd() + os.sep).startswith(folder)
+            on_the_way = (above + os.sep).startswith(folder) and not everyones
             # An option the path is under comes before one whose path it is on the way to.
             if under or on_the_way:
                 found = max(found, (under, len(above), f" (--{key}={value})"))
