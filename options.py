@@ -193,6 +193,11 @@ def file_written(tb):
     return None
 
 
+def first_line(exc):
+    """The first line of what `exc` says, cut to 100 characters (its class's name when it says nothing)."""
+    return textwrap.shorten((str(exc).strip().splitlines() or [type(exc).__name__])[0], 100)
+
+
 def out_of_memory(exc):
     """Whether `exc` is torch's out of memory, told without importing torch: on a CPU its allocator raises a
     RuntimeError naming itself."""
@@ -224,7 +229,7 @@ def report(exc):
     elif isinstance(exc, BrokenPipeError):
         return 141
     elif out_of_memory(exc):
-        line = f"out of memory ({textwrap.shorten(str(exc).splitlines()[0], 100)})"
+        line = f"out of memory ({first_line(exc)})"
         # Half the micro-batch, twice the micro-steps: the same step. Not while something is being built (the
         # model, under an __init__): that needs no smaller batch.
         frames = {frame.f_code.co_name for frame, _ in traceback.walk_tb(exc.__traceback__)}
@@ -238,8 +243,7 @@ def report(exc):
     elif type(exc).__name__ in ("InductorError", "BackendCompilerFailed"):
         # torch.compile could not build the model on this machine (no C++ compiler, say; Windows and macOS
         # ship none): the first step had not run.
-        why = textwrap.shorten(str(exc).splitlines()[0], 100)
-        line = f"torch.compile failed ({why}); try --compile=false"
+        line = f"torch.compile failed ({first_line(exc)}); try --compile=false"
         code = 2
     elif peer_gone(exc):
         # The process that ended has said why (or torchrun says how it ended); this one only follows it.

@@ -21,7 +21,7 @@ import time
 import torch
 
 import tost
-from options import UsageError, out_of_memory, parse
+from options import UsageError, first_line, out_of_memory, parse
 from readers import get_tokenizer
 from train_common import autocast, load_checkpoint, load_weights, pick_device, resolve_dtype, setup_cuda
 
@@ -57,8 +57,7 @@ def load_gpt(path, device):
         # A model too large for this machine's memory is the handler's to say (options.report).
         if out_of_memory(e):
             raise
-        why = str(e).splitlines()[0]
-        raise UsageError(f'{path} does not hold a model this tost.py can load ({why})') from None
+        raise UsageError(f'{path} does not hold a model this tost.py can load ({first_line(e)})') from None
     load_weights(model, ckpt, path)
     # sample.py decodes with the tokenizer the meta names, eval_gpt.py checks each dataset's against it.
     if 'tokenizer' not in ckpt['meta']:
@@ -114,7 +113,7 @@ def main(argv=None):
             ids = tok.encode(prompt)
         except Exception as e:  # a lone surrogate (undecodable bytes on the command line), ...
             raise UsageError(f"--start: the {tok.name} tokenizer cannot encode the prompt "
-                             f"({type(e).__name__}: {str(e).splitlines()[0][:100]})") from None
+                             f"({type(e).__name__}: {first_line(e)})") from None
     # generate_stream gives the model only the last block_size ids: said on stderr
     block_size = model.config.block_size
     if len(ids) > block_size:

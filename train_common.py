@@ -22,7 +22,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tost_fast
-from options import UsageError, naming, out_of_memory, say, shell_join, write_whole
+from options import UsageError, first_line, naming, out_of_memory, say, shell_join, write_whole
 
 # Windows has no fcntl: there a second run in the same out_dir is not refused (docs/training.md says so).
 try:
@@ -69,7 +69,7 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
         unsafe = re.search(r"GLOBAL ([\w.]+)", str(e))
-        reason = textwrap.shorten((str(e).strip().splitlines() or [type(e).__name__])[0], 100)
+        reason = first_line(e)
         if unsafe:
             reason = f"holds {unsafe.group(1)}, which weights_only loading refuses"
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({reason})") from None
