@@ -490,7 +490,7 @@ def test_drop_path_drops_a_whole_branch_of_a_whole_sample():
 def test_bf16_autocast_long_sequence_stays_close_to_float32():
     """Under bf16 autocast the statistics and the recurrent state stay in float32.
     Tolerance: relative error below 2% (bf16 resolves ~0.4%), over all 8192 positions and over the
-    last 1024; the state after the last step (Q, A, P) within 1% of float32's. A sum in bf16 stops growing
+    last 1024; the steps within 5e-4 of the parallel form under the same autocast; the state after the last step (Q, A, P) within 1% of float32's. A sum in bf16 stops growing
     once it is ~256x a term: the input changes distribution halfway, so a P summed so keeps the first half's
     statistics and the outputs fail; a Q or A summed so moves the outputs less, and fails as a state."""
     torch.manual_seed(0)
@@ -513,6 +513,9 @@ def test_bf16_autocast_long_sequence_stays_close_to_float32():
     for y in (y_par, y_rec):
         assert _rel(y, ref) < 2e-2
         assert _rel(y[:, -1024:], ref[:, -1024:]) < 2e-2
+    # From the same bf16 projections the steps and the parallel form compute the same float32 statistics: far
+    # closer to each other (1e-4) than either is to float32. A step's output 1% off is 1e-2.
+    assert _rel(y_rec[:, half:], y_par[:, half:]) < 5e-4
     for ours, want in zip((st.Q, st.A, st.P), (exact.Q, exact.A, exact.P)):
         assert _rel(ours, want) < 1e-2
 
@@ -929,8 +932,9 @@ def test_gpt_float32_gradients_match_float64(monkeypatch):
 def test_fast_core_under_bf16_autocast_is_as_close_as_bf16_allows(causal):
     """bf16 autocast (projections in bf16, the core in float32) against float32, 8192 tokens.
     bf16 keeps 8 significant bits: one rounding is up to 2^-9 = 0.2% relative, and the input, the two
-    projections and their gradients each round once; 2% leaves room for those. That no statistic is summed
-    in bf16 is checked exactly above.
+    projections and their gradients each round once: 0.4% measured, so 0.6%, which an error of 1% fails. temp's
+    gradient is a sum that cancels (1% measured): 2%. That no statistic is summed in bf16 is checked exactly
+    above.
     The causal core is also no further from float64 than the readable lines under the same autocast: the
     output and every gradient within 1.1x their error (a core that summed in bf16 is about 1.35x on the
     output)."""
@@ -948,7 +952,7 @@ def test_fast_core_under_bf16_autocast_is_as_close_as_bf16_allows(causal):
     assert bf[0].dtype == torch.bfloat16
     names = _names(layer)
     for name, b, r in zip(names, bf, ref):
-        assert _rel(b, r) < 2e-2, (name, _rel(b, r))
+        assert _rel(b, r) < (2e-2 if name == 'temp' else 6e-3), (name, _rel(b, r))
     if not causal:
         return
     for name, f, r, want in zip(names, bf, readable, ref64):
