@@ -18,6 +18,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # (test_triton.py), and here off, in this process and the scripts it starts.
 os.environ['TOST_TRITON'] = '0'
 
+# The repository's root, and the environment of the scripts the tests start: one thread, the repository's
+# modules.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
+
 
 @pytest.fixture(scope='module')
 def one_thread():

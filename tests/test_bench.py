@@ -19,8 +19,8 @@ import options
 import tost
 import tost_fast
 from tools import bench, study
+from conftest import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_smoke_mode_runs_the_sections_without_compiling(tmp_path):

@@ -26,9 +26,9 @@ import train_common
 import train_gpt
 import train_vit
 from test_prepare_data import make_cifar
+from conftest import REPO
 from tools import bench, gpu_check, study
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 
 TINY_GPT = ('--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',

@@ -21,10 +21,8 @@ import readers
 import tost
 import train_common
 from test_prepare_data import encoding
-from conftest import one_line, run_main
+from conftest import REPO, ENV, one_line, run_main
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
 
 pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 

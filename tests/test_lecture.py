@@ -18,9 +18,9 @@ from lecture import exercises
 from lecture import handout
 from lecture import recall
 from lecture import solutions as sol
+from conftest import REPO
 
 pytestmark = pytest.mark.usefixtures('one_thread')
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKS = {number: check for number, _, _, check in checks.EXERCISES}
 NAMES = {number: name for number, _, name, _ in checks.EXERCISES}
 

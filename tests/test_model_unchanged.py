@@ -8,21 +8,20 @@ what the model computes moves BASE forward to the commit that made it."""
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
 import tost
 import tost_fast
+from conftest import REPO
 
 BASE = 'ca8de16'
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_base(name, extra=None):
     """The module `name` as it was at BASE, as a fresh module (its own `import tost_fast` given `extra`)."""
-    r = subprocess.run(['git', 'show', f'{BASE}:{name}.py'], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(['git', 'show', f'{BASE}:{name}.py'], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, f'git show {BASE}:{name}.py failed (a checkout without history?): {r.stderr}'
     module = types.ModuleType(f'{name}_at_{BASE}')
     saved = sys.modules.get('tost_fast')

@@ -16,10 +16,9 @@ import pytest
 
 import options
 import prepare_data
-from conftest import one_line
+from conftest import REPO, one_line
 from options import UsageError
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULTS = dict(out_dir="out", max_iters=5000, lr=6e-4, compile=True, init_from=None,
                 lr_decay_iters=5000, batch_size=12, start="\n")
@@ -100,7 +99,7 @@ def test_bare_words_set_the_positional_key():
 
 
 def _python(code, stdout=subprocess.PIPE):
-    return subprocess.run([sys.executable, "-c", code], cwd=HERE, stdout=stdout, stderr=subprocess.PIPE,
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=stdout, stderr=subprocess.PIPE,
                           text=True, timeout=120)
 
 
@@ -173,7 +172,7 @@ def test_a_collective_cut_off_by_another_process_is_one_line_and_waits_to_be_sto
     the process that ended first as the failure; the other ranks say nothing. Another RuntimeError, or this
     one outside torchrun, is a bug."""
     code = f"import options\nraise RuntimeError({PEER_GONE!r})"
-    with subprocess.Popen([sys.executable, "-c", code], cwd=HERE, stderr=subprocess.PIPE, text=True,
+    with subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE, text=True,
                           env=dict(os.environ, RANK="0", LOCAL_RANK="0")) as p:
         line = p.stderr.readline()
         with pytest.raises(subprocess.TimeoutExpired):
@@ -264,7 +263,7 @@ SLEEP = "import options, sys, time\ntime.sleep(0.5)\n"
                                   ["train_gpt.py", "--help"],
                                   ["-m", "tools.bench", "--smoke", "--sections=operator"]])
 def test_a_closed_stdout_ends_quietly(argv):
-    with subprocess.Popen([sys.executable, *argv], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    with subprocess.Popen([sys.executable, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=dict(os.environ, OMP_NUM_THREADS="1")) as p:
         p.stdout.close()
         assert (p.wait(timeout=120), p.stderr.read()) == (141, "")
@@ -276,7 +275,7 @@ def test_say_lets_a_closed_or_full_stdout_go_and_says_so_once(full):
     gone), with one line on stderr naming stdout, however often it says more."""
     argv = ["-c", SLEEP + "for i in range(3): options.say('x' * 100000)\nsys.exit('done')"]
     with open("/dev/full" if full else os.devnull, "w") as device:
-        with subprocess.Popen([sys.executable, *argv], cwd=HERE, stderr=subprocess.PIPE, text=True,
+        with subprocess.Popen([sys.executable, *argv], cwd=REPO, stderr=subprocess.PIPE, text=True,
                               stdout=device if full else subprocess.PIPE,
                               env=dict(os.environ, OMP_NUM_THREADS="1")) as p:
             if not full:
@@ -292,13 +291,13 @@ def test_say_lets_a_closed_or_full_stdout_go_and_says_so_once(full):
                                   ["train_gpt.py", "--help"]])
 def test_a_full_stdout_is_one_line_that_names_it(argv):
     with open("/dev/full", "w") as full:
-        r = subprocess.run([sys.executable, *argv], cwd=HERE, stdout=full, stderr=subprocess.PIPE, text=True,
+        r = subprocess.run([sys.executable, *argv], cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True,
                            timeout=120)
     ended(r, 2, "stdout")
 
 
 def test_what_stdout_cannot_encode_is_printed_as_a_question_mark():
-    r = subprocess.run([sys.executable, "-c", "import options; print('caf\\xe9')"], cwd=HERE,
+    r = subprocess.run([sys.executable, "-c", "import options; print('caf\\xe9')"], cwd=REPO,
                        capture_output=True, env=dict(os.environ, PYTHONIOENCODING="ascii"), timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (0, b"caf?\n", b"")
 
@@ -321,7 +320,7 @@ def test_every_text_file_the_scripts_open_is_utf8():
     """Windows reads and writes text in its locale's code page unless told: every open() of text in the
     scripts and tools names utf-8, so a meta.json or log.jsonl reads back the same on every system."""
     unnamed = []
-    for path in glob.glob(os.path.join(HERE, "*.py")) + glob.glob(os.path.join(HERE, "*", "*.py")):
+    for path in glob.glob(os.path.join(REPO, "*.py")) + glob.glob(os.path.join(REPO, "*", "*.py")):
         if os.path.basename(os.path.dirname(path)) == "tests" or path.endswith("test_tost.py"):
             continue
         with open(path, encoding="utf-8") as f:
@@ -334,7 +333,7 @@ def test_every_text_file_the_scripts_open_is_utf8():
             modes = [k.value for k in call.keywords if k.arg == "mode"] + call.args[1:2] * (name == "open")
             binary = any(isinstance(m, ast.Constant) and "b" in m.value for m in modes)
             if not binary and "encoding" not in [k.arg for k in call.keywords]:
-                unnamed.append(f"{os.path.relpath(path, HERE)}:{call.lineno}")
+                unnamed.append(f"{os.path.relpath(path, REPO)}:{call.lineno}")
     assert not unnamed
 
 
@@ -343,7 +342,7 @@ TEXT_IO = ("read_text", "write_text")
 
 def test_every_script_imports_options_before_torch():
     for name in SCRIPTS:
-        path = os.path.join(HERE, *name.split(".")) + ".py"
+        path = os.path.join(REPO, *name.split(".")) + ".py"
         with open(path, encoding="utf-8") as f:
             imports = [line.split()[1] for line in f if re.match(r"(import|from) \w", line)]
         # os and sys first where a script puts the repository on sys.path (tools/, lecture/): built in, quick
@@ -492,14 +491,14 @@ def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
     exit 130, one line; so too a Ctrl-C while options itself imports. A module of it run as a script that
     parses nothing holds nothing."""
     main = "import sys; sys.modules['__main__'].__file__ = {!r}\n"
-    code = (main.format(os.path.join(HERE, 'sample.py')) +
+    code = (main.format(os.path.join(REPO, 'sample.py')) +
             "import options, os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport torch\n"
             "print('torch loaded', flush=True)\noptions.parse([], {})\nprint('parsed')")
     r = _python(code, stdout=subprocess.PIPE)
     ended(r, 130)
     assert r.stdout.splitlines()[0] == "torch loaded" and "parsed" not in r.stdout
     # the Ctrl-C comes as options imports difflib
-    code = (main.format(os.path.join(HERE, 'sample.py')) + "import os, signal\n"
+    code = (main.format(os.path.join(REPO, 'sample.py')) + "import os, signal\n"
             "class Kick:\n    def find_spec(self, name, path, target=None):\n"
             "        if name == 'difflib':\n            os.kill(os.getpid(), signal.SIGINT)\n"
             "sys.meta_path.insert(0, Kick())\nimport options\nprint('imported', flush=True)\n"
@@ -507,6 +506,6 @@ def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
     r = _python(code, stdout=subprocess.PIPE)
     ended(r, 130)
     assert r.stdout.splitlines()[0] == "imported" and "parsed" not in r.stdout
-    code = main.format(os.path.join(HERE, 'readers.py')) + "import readers, signal\n"
+    code = main.format(os.path.join(REPO, 'readers.py')) + "import readers, signal\n"
     r = _python(code + "print(signal.pthread_sigmask(signal.SIG_BLOCK, []))", stdout=subprocess.PIPE)
     assert r.stdout.strip() == "set()", r.stderr

@@ -33,9 +33,8 @@ import readers
 from options import UsageError
 from prepare_data import prepare
 from readers import get_tokenizer, load_meta, read_images, read_tokens
-from conftest import one_line, run_main
+from conftest import REPO, one_line, run_main
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 

@@ -17,11 +17,9 @@ import readers
 import sample
 import tost
 import train_common
-from conftest import one_line
+from conftest import REPO, ENV, one_line
 from test_prepare_data import encoding
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
 pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 
 

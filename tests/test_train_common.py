@@ -17,10 +17,9 @@ import options
 import sample
 import tost
 import train_common as tc
-from conftest import one_line
+from conftest import REPO, one_line
 from train_common import UsageError
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # -----------------------------------------------------------------------------
@@ -103,7 +102,7 @@ def test_one_run_at_a_time_in_an_out_dir(tmp_path):
     assert tc.make_out_dir(out, [], overwrite=False, fresh=False, master=False) is None
     # another process
     code = f"import train_common\ntrain_common.make_out_dir({out!r}, [], False, False, True)"
-    r = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     held = one_line(r.stderr, f"--out_dir={out}")
     # The held folder now has a checkpoint: a fresh run is still refused as one into a held folder, not
@@ -389,7 +388,7 @@ b = torch.backends
 print(torch.get_float32_matmul_precision(), b.cuda.matmul.allow_tf32, b.cuda.matmul.fp32_precision,
       b.cudnn.allow_tf32, b.cudnn.conv.fp32_precision, bool(torch.isfinite(loss)))
 """
-    r = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=300,
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["high", "True", "tf32", "True", "tf32", "True"]

@@ -27,10 +27,8 @@ import tost
 import tost_fast
 import train_common
 import train_gpt
-from conftest import one_line
+from conftest import REPO, ENV, one_line
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
 
 
 pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
