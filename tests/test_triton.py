@@ -21,7 +21,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import REPO
+from test_tost import _names, _rel
+
 WORKER = os.environ.get('TRITON_INTERPRET') == '1'   # this module, imported in the interpreter's worker
 pytestmark = pytest.mark.skipif(importlib.util.find_spec('triton') is None,
                                 reason='triton is not installed (pip install triton==3.9.0)')
@@ -59,10 +61,6 @@ def interpreter():
     pool.shutdown()
 
 
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 def _outputs_and_grads(layer, x, g, fast):
     """Output and every gradient (x, then each parameter) of layer(x) against the cotangent g; fast: the
     Triton core (checked to have run), else the readable lines."""
@@ -94,10 +92,6 @@ def _layer(d, K, T, dtype=torch.float64):
         layer.temp.uniform_(0.5, 1.5)
         layer.pos_bias.normal_(0, 0.3)
     return layer
-
-
-def _names(layer):
-    return ['y', 'x'] + [n for n, _ in layer.named_parameters()]
 
 
 def check_float64(B, T, d, K, chunk, clamp):
