@@ -16,7 +16,7 @@ import pytest
 
 import options
 import prepare_data
-from conftest import REPO, one_line
+from conftest import ENV, REPO, one_line
 from options import UsageError
 
 
@@ -257,16 +257,20 @@ SLEEP = "import options, sys, time\ntime.sleep(0.5)\n"
 
 
 # `| head`: the reader leaves first. Printed text, flushed or not, ends quietly (exit 141); a trainer's --help
-# and the bench's tables as well.
+# and the bench's tables as well. `> /dev/full`: one line that names stdout, exit 2.
 @pytest.mark.parametrize("argv", [["-c", SLEEP + "print('x' * 100000, flush=True)"],
-                                  ["-c", SLEEP + "print('x' * 100000, flush=False)"],
+                                  ["-c", SLEEP + "print('some text', flush=False)"],
                                   ["train_gpt.py", "--help"],
                                   ["-m", "tools.bench", "--smoke", "--sections=operator"]])
-def test_a_closed_stdout_ends_quietly(argv):
+def test_a_closed_stdout_ends_quietly_and_a_full_one_is_one_line(argv):
     with subprocess.Popen([sys.executable, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=dict(os.environ, OMP_NUM_THREADS="1")) as p:
+                          text=True, env=ENV) as p:
         p.stdout.close()
         assert (p.wait(timeout=120), p.stderr.read()) == (141, "")
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, *argv], cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True,
+                           env=ENV, timeout=120)
+    ended(r, 2, "stdout")
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["closed", "full"])
@@ -276,24 +280,12 @@ def test_say_lets_a_closed_or_full_stdout_go_and_says_so_once(full):
     argv = ["-c", SLEEP + "for i in range(3): options.say('x' * 100000)\nsys.exit('done')"]
     with open("/dev/full" if full else os.devnull, "w") as device:
         with subprocess.Popen([sys.executable, *argv], cwd=REPO, stderr=subprocess.PIPE, text=True,
-                              stdout=device if full else subprocess.PIPE,
-                              env=dict(os.environ, OMP_NUM_THREADS="1")) as p:
+                              stdout=device if full else subprocess.PIPE, env=ENV) as p:
             if not full:
                 p.stdout.close()
             assert p.wait(timeout=120) == 1
             lines = p.stderr.read().splitlines()
     assert len(lines) == 2 and "stdout" in lines[0] and lines[1] == "done"
-
-
-@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-@pytest.mark.parametrize("argv", [["-c", "import options\nprint('some text', flush=True)"],
-                                  ["-c", "import options\nprint('some text', flush=False)"],
-                                  ["train_gpt.py", "--help"]])
-def test_a_full_stdout_is_one_line_that_names_it(argv):
-    with open("/dev/full", "w") as full:
-        r = subprocess.run([sys.executable, *argv], cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True,
-                           timeout=120)
-    ended(r, 2, "stdout")
 
 
 def test_what_stdout_cannot_encode_is_printed_as_a_question_mark():
