@@ -923,15 +923,6 @@ def test_ids_past_the_vocab_are_one_line_and_what_is_left_needs_no_overwrite(tra
     train(out, '--max_iters=1')
 
 
-def test_auto_dtype_is_chosen_again_on_a_resume_and_the_log_says_which(train, tmp_path, monkeypatch):
-    """bfloat16 on a CPU that has it; the choice itself: test_resolve_dtype_on_a_cpu."""
-    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
-    train(tmp_path, '--max_iters=1', '--dtype=auto')
-    assert weights(tmp_path)['config']['dtype'] == 'auto'
-    with open(tmp_path / 'log.jsonl') as f:
-        assert json.loads(f.readline())['dtype'] == 'bfloat16'
-
-
 def test_out_of_memory_on_first_step(data_dir, tmp_path, monkeypatch, fails):
     """A GPU's; a CPU's (its allocator's RuntimeError): test_out_of_memory_advises_a_smaller_batch_...."""
     def oom(self, idx, targets=None):
@@ -981,14 +972,6 @@ def test_a_train_loss_estimate_that_is_not_finite_stops_the_run(data_dir, tmp_pa
     """Only the train split's estimate is NaN: exit 3, in one line that says nan."""
     monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': float('nan'), 'val': 1.0})
     assert 'nan' in fails(train_gpt.main, tiny(data_dir, tmp_path, '--max_iters=2'), code=3)
-
-
-def test_a_schedule_shorter_than_the_run_is_noted(train, tmp_path, capsys):
-    args = ('--max_iters=3', '--lr_decay_iters=2', '--eval_interval=3')
-    train(tmp_path, *args)
-    assert 'min_lr' in capsys.readouterr().out
-    min_lr = 3e-3 * train_gpt.DEFAULTS['min_lr_ratio']
-    assert read_log(tmp_path, kind='train')[-1]['lr'] == min_lr
 
 
 def test_the_hybrid_is_kept_and_a_resume_is_checked_against_the_checkpoint(train, tmp_path, monkeypatch):
@@ -1093,13 +1076,23 @@ def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, train, tmp_pat
     assert '--block_size' not in printed and 'about 2 GB' in printed
 
 
-def test_the_sample_command_it_prints_runs_from_where_it_was_started(train, tmp_path, monkeypatch, capsys):
-    """Started from another folder, into an out_dir with a space: sample.py beside train_gpt.py, the out_dir
-    one argument."""
-    out = tmp_path / 'out dir'
+def test_a_run_says_its_dtype_its_schedule_and_how_to_sample_from_where_it_started(train, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """--dtype=auto: bfloat16 on a CPU that has it (the choice itself: test_resolve_dtype_on_a_cpu), which the
+    log says; the checkpoint keeps auto, for a resume to choose again. A schedule shorter than the run is
+    noted, and the run ends at min_lr. Started from another folder, into an out_dir with a space: the sample
+    command it prints names sample.py beside train_gpt.py, the out_dir one argument."""
+    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
     monkeypatch.setattr(sys, 'argv', [os.path.join('..', 'tost', 'train_gpt.py')])
-    train(out, '--max_iters=1')
-    line = [s for s in capsys.readouterr().out.splitlines() if s.startswith('sample from it: ')]
+    out = tmp_path / 'out dir'
+    train(out, '--max_iters=3', '--lr_decay_iters=2', '--eval_interval=3', '--dtype=auto')
+    printed = capsys.readouterr().out
+    assert weights(out)['config']['dtype'] == 'auto'
+    with open(out / 'log.jsonl') as f:
+        assert json.loads(f.readline())['dtype'] == 'bfloat16'
+    assert 'min_lr' in printed
+    assert read_log(out, kind='train')[-1]['lr'] == 3e-3 * train_gpt.DEFAULTS['min_lr_ratio']
+    line = [s for s in printed.splitlines() if s.startswith('sample from it: ')]
     sample = os.path.join('..', 'tost', 'sample.py')
     assert shlex.split(line[0][16:]) == ['python', sample, f'--out_dir={out}']
 
