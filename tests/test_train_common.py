@@ -76,22 +76,17 @@ def test_load_refuses_what_is_not_a_checkpoint_naming_it(tmp_path, thing, name):
 
 
 def test_load_gpt_names_a_checkpoint_whose_weights_or_args_do_not_fit(tmp_path):
+    """Weights of another width, a weight missing, an argument no GPTConfig has: each named, with the path."""
     args = dict(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=16)
-    # another width
-    weights = tost.GPT(tost.GPTConfig(**dict(args, n_embd=8))).state_dict()
     path = str(tmp_path / "ckpt.pt")
-    torch.save(dict(model=weights, model_args=args, meta={}), path)
-    with pytest.raises(UsageError, match=f"{path}.*transformer.wte.weight"):
-        sample.load_gpt(path, "cpu")
-    # a weight missing: named
+    narrow = tost.GPT(tost.GPTConfig(**dict(args, n_embd=8))).state_dict()
     weights = tost.GPT(tost.GPTConfig(**args)).state_dict()
     del weights["lm_head.weight"]
-    torch.save(dict(model=weights, model_args=args, meta={}), path)
-    with pytest.raises(UsageError, match=f"{path}.*lm_head.weight"):
-        sample.load_gpt(path, "cpu")
-    torch.save(dict(model=weights, model_args=dict(args, n_layers=2), meta={}), path)
-    with pytest.raises(UsageError, match=f"{path}.*n_layers"):
-        sample.load_gpt(path, "cpu")
+    for model, model_args, named in ((narrow, args, "transformer.wte.weight"), (weights, args, "lm_head.weight"),
+                                     (weights, dict(args, n_layers=2), "n_layers")):
+        torch.save(dict(model=model, model_args=model_args, meta={}), path)
+        with pytest.raises(UsageError, match=f"{path}.*{named}"):
+            sample.load_gpt(path, "cpu")
 
 
 def test_one_run_at_a_time_in_an_out_dir(tmp_path):
