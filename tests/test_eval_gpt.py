@@ -20,7 +20,8 @@ import prepare_data as prep
 import readers
 import tost
 import train_common
-from test_prepare_data import encoding
+from test_prepare_data import encoding, jsonl
+from test_train_gpt import read_log
 from conftest import REPO, ENV, one_line, run_main
 
 
@@ -32,11 +33,6 @@ WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i
 BYTES = 'bytes_of_a_name_longer_than_the_column'
 PASSAGES = [f'Passage {i} tells of {"many " * (i % 7)}things, and ends with the word word{i % 3}'
             for i in range(11)]
-
-
-def jsonl(passages):
-    """LAMBADA's published format: a JSON object a line."""
-    return ''.join(json.dumps({'text': p}) + '\n' for p in passages)
 
 
 def prepare(d, name, file, text, enc):
@@ -75,11 +71,6 @@ def save_model(out_dir, data_dir, dataset='lambada', config=None, edit=None, **a
     train_common.atomic_save(dict(model=model.state_dict(), model_args=args, meta=meta, iter_num=7,
                                   config=config or {}), os.path.join(out_dir, 'ckpt.pt'))
     return model.eval()
-
-
-def read_log(out_dir):
-    with open(os.path.join(out_dir, 'log.jsonl')) as f:
-        return [json.loads(line) for line in f]
 
 
 def tokens_of(data_dir, name):
