@@ -3,6 +3,8 @@
 import gc
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -40,6 +42,18 @@ def one_line(stderr, *names):
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and all(name in lines[0] for name in names), stderr[-3000:]
     return lines[0]
+
+
+def python(*args, cwd=REPO, timeout=300, **how):
+    """`python ARGS` run to its end in `cwd`, its stdout and stderr captured as text."""
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          **how)
+
+
+def ended(run, code, *names):
+    """A finished command exited `code` with one line on stderr naming each of `names`."""
+    assert run.returncode == code, run.stderr[-3000:]
+    return one_line(run.stderr, *names)
 
 
 def run_main(main):

@@ -16,7 +16,7 @@ import pytest
 
 import options
 import prepare_data
-from conftest import ENV, REPO, one_line
+from conftest import ENV, REPO, ended, one_line, python
 from options import UsageError
 
 
@@ -98,16 +98,6 @@ def test_bare_words_set_the_positional_key():
 # how a script ends, as the user sees it: the handler options installs when imported
 
 
-def _python(code, stdout=subprocess.PIPE):
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=stdout, stderr=subprocess.PIPE,
-                          text=True, timeout=120)
-
-
-def ended(r, code, *names):
-    assert r.returncode == code, r.stderr[-3000:]
-    one_line(r.stderr, *names)
-
-
 # (the script after `import options, os, signal`, with TMP a temp folder holding a file `file`; its exit code;
 # what its one line names): fail(), a UsageError, an OSError about a path under an option's and under none (a
 # folder made where a file or a link to nothing is, or below a file, names it as such, not in the OS's words),
@@ -138,7 +128,7 @@ TOP_LEVEL = [("options.fail('max_iters must be positive')", 2, ["max_iters must 
 @pytest.mark.parametrize("code, exit_code, names", TOP_LEVEL)
 def test_an_error_at_the_top_level_is_one_line_and_its_exit_code(tmp_path, code, exit_code, names):
     (tmp_path / "file").write_text("x")
-    r = _python("import options, os, signal\n" + code.replace("TMP", str(tmp_path)))
+    r = python("-c", "import options, os, signal\n" + code.replace("TMP", str(tmp_path)))
     ended(r, exit_code, *[name.replace("TMP", str(tmp_path)) for name in names])
     assert os.strerror(errno.EEXIST) not in r.stderr and os.strerror(errno.ENOTDIR) not in r.stderr
 
@@ -300,7 +290,7 @@ SCRIPTS = ("train_gpt", "train_vit", "sample", "eval_gpt", "plot", "prepare_data
 
 def test_every_script_imports_where_fcntl_does_not_exist():
     """Windows has no fcntl: each script imports, and the out_dir is then made without a lock."""
-    r = _python("import sys\nsys.modules['fcntl'] = None\n"
+    r = python("-c", "import sys\nsys.modules['fcntl'] = None\n"
                 f"import {', '.join(SCRIPTS)}\n"
                 "import train_common\n"
                 "assert train_common.make_out_dir('out-nolock-test', [], False, True, True) is None\n"
@@ -486,7 +476,7 @@ def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
     code = (main.format(os.path.join(REPO, 'sample.py')) +
             "import options, os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport torch\n"
             "print('torch loaded', flush=True)\noptions.parse([], {})\nprint('parsed')")
-    r = _python(code, stdout=subprocess.PIPE)
+    r = python("-c", code)
     ended(r, 130)
     assert r.stdout.splitlines()[0] == "torch loaded" and "parsed" not in r.stdout
     # the Ctrl-C comes as options imports difflib
@@ -495,9 +485,9 @@ def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
             "        if name == 'difflib':\n            os.kill(os.getpid(), signal.SIGINT)\n"
             "sys.meta_path.insert(0, Kick())\nimport options\nprint('imported', flush=True)\n"
             "options.parse([], {})\nprint('parsed')")
-    r = _python(code, stdout=subprocess.PIPE)
+    r = python("-c", code)
     ended(r, 130)
     assert r.stdout.splitlines()[0] == "imported" and "parsed" not in r.stdout
     code = main.format(os.path.join(REPO, 'readers.py')) + "import readers, signal\n"
-    r = _python(code + "print(signal.pthread_sigmask(signal.SIG_BLOCK, []))", stdout=subprocess.PIPE)
+    r = python("-c", code + "print(signal.pthread_sigmask(signal.SIG_BLOCK, []))")
     assert r.stdout.strip() == "set()", r.stderr

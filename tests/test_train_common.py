@@ -17,7 +17,7 @@ import options
 import sample
 import tost
 import train_common as tc
-from conftest import REPO, one_line
+from conftest import REPO, ended, one_line, python
 from train_common import UsageError
 
 
@@ -82,7 +82,8 @@ def test_load_gpt_names_a_checkpoint_whose_weights_or_args_do_not_fit(tmp_path):
     narrow = tost.GPT(tost.GPTConfig(**dict(args, n_embd=8))).state_dict()
     weights = tost.GPT(tost.GPTConfig(**args)).state_dict()
     del weights["lm_head.weight"]
-    for model, model_args, named in ((narrow, args, "transformer.wte.weight"), (weights, args, "lm_head.weight"),
+    for model, model_args, named in ((narrow, args, "transformer.wte.weight"),
+                                     (weights, args, "lm_head.weight"),
                                      (weights, dict(args, n_layers=2), "n_layers")):
         torch.save(dict(model=model, model_args=model_args, meta={}), path)
         with pytest.raises(UsageError, match=f"{path}.*{named}"):
@@ -97,9 +98,7 @@ def test_one_run_at_a_time_in_an_out_dir(tmp_path):
     assert tc.make_out_dir(out, [], overwrite=False, fresh=False, master=False) is None
     # another process
     code = f"import train_common\ntrain_common.make_out_dir({out!r}, [], False, False, True)"
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2
-    held = one_line(r.stderr, f"--out_dir={out}")
+    held = ended(python("-c", code), 2, f"--out_dir={out}")
     # The held folder now has a checkpoint: a fresh run is still refused as one into a held folder, not
     # pointed to --init_from=resume or --overwrite=true, which the lock would refuse too.
     ckpt = os.path.join(out, "ckpt.pt")
