@@ -244,15 +244,13 @@ def test_error_messages_name_commands_that_work(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(train_common.UsageError) as e:
         train_gpt.main(['--config=shakespeare'])
+    # offline, as printed: a download or GPT-2's vocabulary would fail it
     advice = str(e.value)[str(e.value).index('python prepare_data.py'):]
-    assert advice == 'python prepare_data.py shakespeare --input=input.txt --data_dir=data --tokenizer=bytes'
     (tmp_path / 'input.txt').write_text('Now is the winter of our discontent\n' * 500)
     run(advice)
     run('python train_gpt.py --config=shakespeare', TINY_GPT)
     printed = capsys.readouterr().out
-    sample_cmd = printed[printed.index('python sample.py'):].splitlines()[0]
-    assert sample_cmd == 'python sample.py --out_dir=out-shakespeare'
-    run(sample_cmd, ('--num_samples=1', '--max_new_tokens=20'))
+    run(printed[printed.index('python sample.py'):].splitlines()[0], ('--num_samples=1', '--max_new_tokens=20'))
 
     # the same command again: refused, in one line naming both ways forward; each of them works
     before = (tmp_path / 'out-shakespeare' / 'ckpt.pt').read_bytes()
