@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from conftest import REPO
+import test_tost
 from test_tost import _names, _rel
 
 WORKER = os.environ.get('TRITON_INTERPRET') == '1'   # this module, imported in the interpreter's worker
@@ -62,10 +63,8 @@ def interpreter():
 
 
 def _outputs_and_grads(layer, x, g, fast):
-    """Output and every gradient (x, then each parameter) of layer(x) against the cotangent g; fast: the
-    Triton core (checked to have run), else the readable lines."""
-    layer.fast = fast
-    layer.zero_grad()
+    """test_tost's: output and every gradient (x, then each parameter) of layer(x) against the cotangent g;
+    fast: the Triton core (checked to have run), else the readable lines."""
     entered = []
     real = tost_triton.causal_tssa
 
@@ -74,14 +73,11 @@ def _outputs_and_grads(layer, x, g, fast):
         return real(*args)
     tost_triton.causal_tssa = counted
     try:
-        x = x.detach().clone().requires_grad_()
-        y = layer(x)
-        (y * g).sum().backward()
+        outputs_and_grads = test_tost._outputs_and_grads(layer, x, g, fast)
     finally:
         tost_triton.causal_tssa = real
-        layer.fast = True
     assert len(entered) == fast, entered
-    return [y.detach(), x.grad] + [p.grad.clone() for p in layer.parameters()]
+    return outputs_and_grads
 
 
 def _layer(d, K, T, dtype=torch.float64):
