@@ -663,25 +663,22 @@ def test_param_groups_exempt_biases_norms_layerscale_temperature_and_position_bi
 # mistakes fail at the boundary with a clear message
 
 def test_sequence_longer_than_block_size():
+    """Past block_size (8) a model's forward and step say so, the layer alone (its position bias has 8 entries)
+    names the position, and another model's states are refused, each a ValueError."""
     model = tiny_gpt(n_layer=1)
-    with pytest.raises(ValueError, match=r'block_size \(8\)'):
-        model(token_ids(1, 9))
-    with pytest.raises(ValueError, match=r'block_size \(8\)'):
-        model.step(token_ids(1), model.prefill(token_ids(1, 8))[1])
-    # The layer alone: its position bias has 8 entries.
-    layer = CausalTSSA(16, 2, block_size=8)
-    x, state = torch.randn(1, 6, 16), layer.empty_state(1)
-    with pytest.raises(ValueError, match=r'^position 8 is past block_size \(8\)$'):
-        layer(torch.randn(1, 9, 16))
-    with pytest.raises(ValueError, match=r'^position 11 is past block_size \(8\)$'):
-        layer(x, layer(x, state)[1])
-    with pytest.raises(ValueError, match=r'^position 8 is past block_size \(8\)$'):
-        layer.step(x[:, 0], layer(torch.randn(1, 8, 16), state)[1])
     other = tiny_gpt()
     states = model.prefill(token_ids(1, 4))[1]
-    for use in (lambda: other.step(token_ids(1), states),
-                lambda: other.prefill(token_ids(1, 2), states)):
-        with pytest.raises(ValueError, match='^1 states for a model of 2 blocks$'):   # another model's states
+    layer = CausalTSSA(16, 2, block_size=8)
+    x = torch.randn(1, 6, 16)
+    state = layer.empty_state(1)
+    for use, named in ((lambda: model(token_ids(1, 9)), 'block_size'),
+                       (lambda: model.step(token_ids(1), model.prefill(token_ids(1, 8))[1]), 'block_size'),
+                       (lambda: layer(torch.randn(1, 9, 16)), 'position 8 '),
+                       (lambda: layer(x, layer(x, state)[1]), 'position 11 '),
+                       (lambda: layer.step(x[:, 0], layer(torch.randn(1, 8, 16), state)[1]), 'position 8 '),
+                       (lambda: other.step(token_ids(1), states), '1 states'),
+                       (lambda: other.prefill(token_ids(1, 2), states), '1 states')):
+        with pytest.raises(ValueError, match=named):
             use()
 
 
