@@ -15,6 +15,7 @@ import torch
 import tost
 import tost_fast
 from conftest import REPO
+from test_tost import randomize
 
 BASE = 'ca8de16'
 
@@ -42,11 +43,7 @@ def base():
 
 def twins(make_new, make_old, seed=0):
     """The same module built from the current and the BASE file, with the same random parameters."""
-    new = make_new()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in new.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+    new = randomize(make_new(), seed=seed)
     old = make_old()
     old.load_state_dict(new.state_dict())
     return new, old
