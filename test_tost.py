@@ -768,6 +768,15 @@ def _outputs_and_grads(layer, x, g, fast):
     return [y.detach(), x.grad] + [p.grad.clone() for p in layer.parameters()]
 
 
+def _below_the_clamp(layer, x):
+    """Three coordinates of head 0 made to stay below the clamp (Q_t < 1e-12) for the first 7 tokens of x,
+    which the tests' chunks split in two."""
+    with torch.no_grad():
+        layer.c_attn.weight[:3] *= 1e-9
+    x[:, :7] *= 1e-2
+    assert (torch.cumsum(layer.c_attn(x)[:, :, :3] ** 2, 1)[:, 6] < 1e-12).all()
+
+
 @pytest.mark.parametrize('chunk, clamp', [(1, False), (16, False), (256, False), (5, True)])
 def test_fast_causal_core_equals_readable_form_values_and_gradients(chunk, clamp, monkeypatch):
     """float64, several chunks of `chunk` tokens and a partial last one (40 = 16 + 16 + 8), batch 2; and
@@ -780,11 +789,7 @@ def test_fast_causal_core_equals_readable_form_values_and_gradients(chunk, clamp
     x = randn64(2, 40, 16)
     g = randn64(2, 40, 16)
     if clamp:
-        # Three coordinates of head 0 stay below the clamp for the first 7 tokens, across two chunks.
-        with torch.no_grad():
-            layer.c_attn.weight[:3] *= 1e-9
-        x[:, :7] *= 1e-2
-        assert (torch.cumsum(layer.c_attn(x)[:, :, :3] ** 2, 1)[:, 6] < 1e-12).all()
+        _below_the_clamp(layer, x)
     readable = _outputs_and_grads(layer, x, g, False)
     for a, b in zip(_outputs_and_grads(layer, x, g, True), readable):
         close64(a, b)
