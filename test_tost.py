@@ -847,12 +847,12 @@ def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def _trained_like(layer):
+def _trained_like(layer, position_std=0.02):
     """Parameters as a trained layer might have them: temperatures around 1, small position biases."""
     with torch.no_grad():
         layer.temp.uniform_(0.5, 1.5)
         if isinstance(layer, CausalTSSA):
-            layer.pos_bias.normal_(0, 0.02)
+            layer.pos_bias.normal_(0, position_std)
     return layer
 
 

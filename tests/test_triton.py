@@ -23,7 +23,7 @@ import torch
 
 from conftest import REPO
 import test_tost
-from test_tost import _below_the_clamp, _names, _rel
+from test_tost import _below_the_clamp, _names, _rel, _trained_like
 
 WORKER = os.environ.get('TRITON_INTERPRET') == '1'   # this module, imported in the interpreter's worker
 pytestmark = pytest.mark.skipif(importlib.util.find_spec('triton') is None,
@@ -81,13 +81,9 @@ def _outputs_and_grads(layer, x, g, fast):
 
 
 def _layer(d, K, T, dtype=torch.float64):
-    """Parameters as a trained layer might have them: temperatures around 1, small position biases."""
+    """test_tost's trained-like layer, with larger position biases."""
     torch.manual_seed(0)
-    layer = CausalTSSA(d, K, block_size=T).to(dtype)
-    with torch.no_grad():
-        layer.temp.uniform_(0.5, 1.5)
-        layer.pos_bias.normal_(0, 0.3)
-    return layer
+    return _trained_like(CausalTSSA(d, K, block_size=T).to(dtype), 0.3)
 
 
 def check_float64(B, T, d, K, chunk, clamp):
