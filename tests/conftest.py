@@ -37,6 +37,18 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """torch.cuda as on a machine of two GPUs, none here: the GPU made the current one and the float32 matmul
+    precision set, in the order they are, in the list this gives."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.setattr(torch.cuda, 'set_device', calls.append)
+    monkeypatch.setattr(torch, 'set_float32_matmul_precision', calls.append)
+    return calls
+
+
 def one_line(stderr, *names):
     """A mistake's end as the user sees it: one line on stderr (so no traceback), naming each of `names`."""
     lines = stderr.strip().splitlines()

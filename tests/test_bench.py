@@ -162,18 +162,13 @@ def test_every_compiled_case_runs_compiled(monkeypatch):
     assert entered == [1]                           # the eager case of the limit's fused column takes it
 
 
-def test_the_device_asked_for_is_the_one_measured(monkeypatch):
+def test_the_device_asked_for_is_the_one_measured(monkeypatch, two_gpus):
     """--device=cuda:1: synchronize() and the memory counters ask the current GPU, so main makes cuda:1 the
     current one, once, as the trainers do (train_common.setup_cuda). Mocked: no GPU here."""
-    calls = []
-    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
-    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
-    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: calls.append(device))
-    monkeypatch.setattr(torch, 'set_float32_matmul_precision', lambda p: calls.append(p))
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'a GPU')
     monkeypatch.setattr(bench, 'run_sections', lambda args, sections, results: results)
     assert bench.main(['--device=cuda:1', '--smoke', '--sections=operator'])['gpu'] == 'a GPU'
-    assert calls == ['cuda:1', 'high']
+    assert two_gpus == ['cuda:1', 'high']
     # what causal TSSA runs on, in the header and the JSON
     monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda gpu: {1: (8, 0)}[gpu])
     monkeypatch.setattr(tost_fast, '_triton_runs_on', tost_fast._triton_runs_on.__wrapped__)

@@ -342,24 +342,19 @@ def test_autocast_on_cpu():
             assert (a @ a).dtype == getattr(torch, dtype)
 
 
-def test_the_gpu_asked_for_is_made_the_current_one_once(monkeypatch):
+def test_the_gpu_asked_for_is_made_the_current_one_once(monkeypatch, two_gpus):
     """--device=cuda:1: synchronize(), the memory counters and is_bf16_supported() ask the current GPU, so
     cuda:1 must become it; TF32 on for float32 matmuls. On a CPU neither is touched."""
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
-    calls = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
-    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda p: calls.append(("precision", p)))
     assert tc.setup_distributed("cuda:1").device == "cuda:1"
-    assert calls == [("set_device", "cuda:1"), ("precision", "high")]
-    calls.clear()
+    assert two_gpus == ["cuda:1", "high"]
+    two_gpus.clear()
     tc.setup_distributed("cuda")                              # the current GPU: it stays the current one
-    assert calls == [("precision", "high")]
-    calls.clear()
+    assert two_gpus == ["high"]
+    two_gpus.clear()
     tc.setup_distributed("cpu")
-    assert calls == []
+    assert two_gpus == []
 
 
 @pytest.mark.slow
