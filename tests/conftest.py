@@ -26,11 +26,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope='module', autouse=True)
 def one_thread():
     """Tiny models on two cores that other jobs may share: one thread is faster and steadier than two
-    (OpenMP's second thread waits for the busy core). Test modules opt in with
-    pytestmark = pytest.mark.usefixtures('one_thread')."""
+    (OpenMP's second thread waits for the busy core). Every test module under tests/ runs so."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -29,7 +29,6 @@ from test_prepare_data import make_cifar
 from conftest import REPO
 from tools import bench, gpu_check, study
 
-pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 
 TINY_GPT = ('--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
             '--max_iters=20', '--eval_interval=500', '--eval_iters=2', '--device=cpu')

@@ -25,8 +25,6 @@ from test_train_gpt import read_log
 from conftest import REPO, ENV, one_line, run_main
 
 
-pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
-
 WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i} , and not much @-@ else .'
                f'\n \n' for i in range(30))
 # a byte-level set, named longer than the table's first column

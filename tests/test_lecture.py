@@ -20,7 +20,6 @@ from lecture import recall
 from lecture import solutions as sol
 from conftest import REPO, ended, python
 
-pytestmark = pytest.mark.usefixtures('one_thread')
 CHECKS = {number: check for number, _, _, check in checks.EXERCISES}
 NAMES = {number: name for number, _, name, _ in checks.EXERCISES}
 

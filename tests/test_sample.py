@@ -20,8 +20,6 @@ import train_common
 from conftest import REPO, ENV, one_line
 from test_prepare_data import encoding
 
-pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
-
 
 @pytest.fixture(scope='module')
 def out(tmp_path_factory):

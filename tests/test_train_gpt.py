@@ -30,10 +30,6 @@ import train_gpt
 from conftest import REPO, ENV, one_line
 
 
-
-pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
-
-
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
     """A byte-level text dataset 'tiny' made by prepare_data from tost.py (~40 KB: ~36k train, ~4k val

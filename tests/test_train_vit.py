@@ -64,9 +64,6 @@ def untimed(rows):
     return [{k: v for k, v in r.items() if k not in ('img_per_s', 'ms_per_step')} for r in rows]
 
 
-pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
-
-
 @pytest.fixture(scope='module')
 def data(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('data'))
