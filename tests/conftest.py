@@ -48,6 +48,17 @@ def two_gpus(monkeypatch):
     return calls
 
 
+def counted(monkeypatch, owner, *names):
+    """A list that grows by one at each call of any of owner's functions or methods `names`."""
+    calls = []
+    for name in names:
+        def call(*args, _real=getattr(owner, name), **kwargs):
+            calls.append(1)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, call)
+    return calls
+
+
 def one_line(stderr, *names):
     """A mistake's end as the user sees it: one line on stderr (so no traceback), naming each of `names`."""
     lines = stderr.strip().splitlines()

@@ -19,7 +19,7 @@ import options
 import tost
 import tost_fast
 from tools import bench
-from conftest import REPO
+from conftest import REPO, counted
 
 
 
@@ -76,9 +76,7 @@ def test_the_readable_column_runs_the_readable_lines(monkeypatch):
     """The limit's causal columns: with fused=True the fused core at any size (tost_fast.MIN_ELEMENTS 0 while
     the case runs), with readable=True the lines of tost.py (CausalTSSA.fast off while the case runs, on again
     after, also when it fails)."""
-    entered = []
-    real = tost_fast.causal_tssa
-    monkeypatch.setattr(tost_fast, 'causal_tssa', lambda *a: entered.append(1) or real(*a))
+    entered = counted(monkeypatch, tost_fast, 'causal_tssa')
     for backward in (False, True):
         causal_op(backward=backward, readable=True)()
     assert entered == [] and tost.CausalTSSA.fast is True

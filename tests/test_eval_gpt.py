@@ -22,7 +22,7 @@ import tost
 import train_common
 from test_prepare_data import encoding, jsonl
 from test_train_gpt import read_log
-from conftest import REPO, ENV, one_line, run_main
+from conftest import REPO, ENV, counted, one_line, run_main
 
 
 WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i} , and not much @-@ else .'
@@ -74,16 +74,6 @@ def save_model(out_dir, data_dir, dataset='lambada', config=None, edit=None, **a
 def tokens_of(data_dir, name):
     return np.fromfile(os.path.join(data_dir, name, 'val.bin'), dtype=np.uint16).astype(np.int64)
 
-
-def counted(monkeypatch, owner, *names):
-    """A list that grows by one at each call of any of owner's methods `names`."""
-    calls = []
-    for name in names:
-        def call(*args, _real=getattr(owner, name), **kwargs):
-            calls.append(1)
-            return _real(*args, **kwargs)
-        monkeypatch.setattr(owner, name, call)
-    return calls
 
 # -----------------------------------------------------------------------------
 # the loss

@@ -27,7 +27,7 @@ import tost
 import tost_fast
 import train_common
 import train_gpt
-from conftest import REPO, ENV, one_line
+from conftest import REPO, ENV, counted, one_line
 
 
 @pytest.fixture(scope='module')
@@ -602,13 +602,7 @@ def test_no_gradient_sync_before_the_last_micro_step(train, tmp_path, monkeypatc
     torch.distributed.init_process_group('gloo', init_method=f'file://{tmp_path}/pg', rank=0, world_size=1)
     ddp = train_common.Dist(True, 0, 0, 1, True, 'cpu')
     monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: ddp)
-    real, entered = train_common.DDP.no_sync, []
-
-    def counting_no_sync(self):
-        entered.append(1)
-        return real(self)
-
-    monkeypatch.setattr(train_common.DDP, 'no_sync', counting_no_sync)
+    entered = counted(monkeypatch, train_common.DDP, 'no_sync')
     train(tmp_path / 'out', '--max_iters=2', '--gradient_accumulation_steps=3')
     assert len(entered) == 2 * 2
     assert not torch.distributed.is_initialized()  # main() left the process group
