@@ -5,7 +5,6 @@ for minutes get tiny sizes appended (a later --key=value wins; the command's own
 Commands that need the network, a GPU, several processes or hours are in SKIP with the reason. A command
 added to the docs fails test_every_documented_command_is_known until it is put in RUN or SKIP.
 """
-import json
 import os
 import re
 import shlex
@@ -26,6 +25,7 @@ import train_common
 import train_gpt
 import train_vit
 from test_prepare_data import make_cifar
+from test_train_gpt import read_log
 from conftest import REPO
 from tools import bench, gpu_check, study
 
@@ -232,8 +232,7 @@ def test_documented_vision_commands_run_offline(tmp_path, monkeypatch):
     for cmd, extra in RUN_VISION:
         run(cmd, extra)
     assert os.path.isfile('out-vit/best.pt') and os.path.isfile('out-vit-tiny/ckpt.pt')
-    rows = map(json.loads, Path('out-vit/log.jsonl').read_text().splitlines())
-    assert [r['epoch'] for r in rows if r.get('kind') == 'eval'] == [1, 2]
+    assert [r['epoch'] for r in read_log('out-vit', kind='eval')] == [1, 2]
 
 
 def test_error_messages_name_commands_that_work(tmp_path, monkeypatch, capsys):
@@ -262,8 +261,7 @@ def test_error_messages_name_commands_that_work(tmp_path, monkeypatch, capsys):
     assert train_common.load_checkpoint('out-shakespeare/ckpt.pt')['iter_num'] == 25
     train_gpt.main(['--config=shakespeare', *TINY_GPT, '--overwrite=true', '--max_iters=5'])
     assert train_common.load_checkpoint('out-shakespeare/ckpt.pt')['iter_num'] == 5
-    rows = [json.loads(line) for line in Path('out-shakespeare/log.jsonl').read_text().splitlines()]
-    rows = [r for r in rows if r['kind'] != 'config']
+    rows = read_log('out-shakespeare')
     # a fresh log
     assert rows[0]['iter'] == 0 and rows[-1]['iter'] == 5
 
