@@ -663,8 +663,8 @@ def test_param_groups_exempt_biases_norms_layerscale_temperature_and_position_bi
 # mistakes fail at the boundary with a clear message
 
 def test_sequence_longer_than_block_size():
-    """Past block_size (8) a model's forward and step say so, the layer alone (its position bias has 8 entries)
-    names the position, and another model's states are refused, each a ValueError."""
+    """Past block_size (8) a model's forward and step say so, the layer alone (its position bias has 8
+    entries) names the position, and another model's states are refused, each a ValueError."""
     model = tiny_gpt(n_layer=1)
     other = tiny_gpt()
     states = model.prefill(token_ids(1, 4))[1]

@@ -248,7 +248,8 @@ def test_error_messages_name_commands_that_work(tmp_path, monkeypatch, capsys):
     run(advice)
     run('python train_gpt.py --config=shakespeare', TINY_GPT)
     printed = capsys.readouterr().out
-    run(printed[printed.index('python sample.py'):].splitlines()[0], ('--num_samples=1', '--max_new_tokens=20'))
+    sample_command = printed[printed.index('python sample.py'):].splitlines()[0]
+    run(sample_command, ('--num_samples=1', '--max_new_tokens=20'))
 
     # the same command again: refused, in one line naming both ways forward; each of them works
     before = (tmp_path / 'out-shakespeare' / 'ckpt.pt').read_bytes()
