@@ -502,17 +502,20 @@ def test_bf16_autocast_long_sequence_stays_close_to_float32():
         assert _rel(ours, want) < 1e-2
 
 
-class SumDtypes(TorchDispatchMode):
-    """The dtype of what every sum and prefix sum writes (autocast has already chosen it below this mode)."""
+class Written(TorchDispatchMode):
+    """What every aten op writes, as (op, dtype, elements) for each tensor: the dtypes of the sums (autocast
+    has already chosen them below this mode), and the elements, a deterministic proxy for time and memory
+    traffic."""
 
     def __init__(self):
         super().__init__()
-        self.seen = set()
+        self.tensors = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.overloadpacket.__name__ in ('sum', 'cumsum', 'cumsum_', 'mean'):
-            self.seen.add(out.dtype)
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                self.tensors.append((func.overloadpacket.__name__, t.dtype, t.numel()))
         return out
 
 
@@ -526,7 +529,7 @@ def test_every_sum_over_tokens_is_float32_under_half_precision_autocast(half, fo
     layer = TSSA(32, 4) if form == 'TSSA' else CausalTSSA(32, 4, block_size=64)
     layer.fast = form != 'readable'
     x = torch.randn(2, 64, 32, requires_grad=True)
-    with torch.autocast('cpu', dtype=half), SumDtypes() as sums:
+    with torch.autocast('cpu', dtype=half), Written() as written:
         if form == 'prefill':
             y, _ = layer(x, layer.empty_state(2))
         elif form == 'step':
@@ -539,35 +542,19 @@ def test_every_sum_over_tokens_is_float32_under_half_precision_autocast(half, fo
         else:
             y = layer(x)
         y.float().square().sum().backward()
-    assert sums.seen == {torch.float32}
+    sums = {dtype for op, dtype, _ in written.tensors if op in ('sum', 'cumsum', 'cumsum_', 'mean')}
+    assert sums == {torch.float32}
 
 
 # -----------------------------------------------------------------------------
 # linear cost, counted (not timed)
 
-class CountElements(TorchDispatchMode):
-    """Counts every element every aten op writes: a deterministic proxy for time and memory traffic. With
-    floats_only, floating-point tensors only: the model's work, not the token ids it is handed."""
-
-    def __init__(self, floats_only=False):
-        super().__init__()
-        self.total, self.largest = 0, 0
-        self.floats_only = floats_only
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor) and (t.is_floating_point() or not self.floats_only):
-                self.total += t.numel()
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def _work(layer, n, d=32):
+    """The elements of each tensor a forward and backward over n tokens writes (Written)."""
     x = torch.randn(1, n, d, requires_grad=True)
-    with CountElements() as c:
+    with Written() as written:
         layer(x).sum().backward()
-    return c
+    return [elements for _, _, elements in written.tensors]
 
 
 @pytest.mark.parametrize('make', [
@@ -578,8 +565,8 @@ def _work(layer, n, d=32):
 def test_tssa_work_and_largest_tensor_are_linear_in_tokens(make):
     layer = make()
     a, b = _work(layer, 1024), _work(layer, 4096)
-    assert 3.8 < b.total / a.total < 4.2                    # 4x tokens -> 4x work
-    assert b.largest <= 4096 * 32 * 4                       # no tensor grows like n^2
+    assert 3.8 < sum(b) / sum(a) < 4.2                      # 4x tokens -> 4x work
+    assert max(b) <= 4096 * 32 * 4                          # no tensor grows like n^2
 
 
 def test_the_counter_would_see_quadratic_work():
@@ -588,7 +575,7 @@ def test_the_counter_would_see_quadratic_work():
         att = torch.softmax(x @ x.transpose(-2, -1), dim=-1)
         return att @ x
     a, b = _work(explicit_attention, 256), _work(explicit_attention, 1024)
-    assert b.total / a.total > 10
+    assert sum(b) / sum(a) > 10
 
 
 def test_each_generated_token_costs_the_same_at_any_context_with_tssa():
@@ -597,9 +584,10 @@ def test_each_generated_token_costs_the_same_at_any_context_with_tssa():
     model's KV cache makes it grow, so the count would see a re-run."""
     def work(model, prompt_len, new):
         idx = torch.randint(0, 50, (1, prompt_len), generator=torch.Generator().manual_seed(prompt_len))
-        with CountElements(floats_only=True) as c:
+        with Written() as written:
             model.generate(idx, new, temperature=0)
-        return c.total
+        # floating-point tensors: the model's work, not the token ids it is handed
+        return sum(elements for _, dtype, elements in written.tensors if dtype.is_floating_point)
 
     for attn in ('tssa', 'softmax'):
         model = tiny_gpt(block_size=256, vocab_size=50, attn=attn)
