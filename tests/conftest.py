@@ -3,6 +3,8 @@
 import gc
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,16 +20,43 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # (test_triton.py), and here off, in this process and the scripts it starts.
 os.environ['TOST_TRITON'] = '0'
 
+# The repository's root, and the environment of the scripts the tests start: one thread, the repository's
+# modules.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
 
-@pytest.fixture(scope='module')
+
+@pytest.fixture(scope='module', autouse=True)
 def one_thread():
     """Tiny models on two cores that other jobs may share: one thread is faster and steadier than two
-    (OpenMP's second thread waits for the busy core). Test modules opt in with
-    pytestmark = pytest.mark.usefixtures('one_thread')."""
+    (OpenMP's second thread waits for the busy core). Every test module under tests/ runs so."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """torch.cuda as on a machine of two GPUs, none here: the GPU made the current one and the float32 matmul
+    precision set, in the order they are, in the list this gives."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.setattr(torch.cuda, 'set_device', calls.append)
+    monkeypatch.setattr(torch, 'set_float32_matmul_precision', calls.append)
+    return calls
+
+
+def counted(monkeypatch, owner, *names):
+    """A list that grows by one at each call of any of owner's functions or methods `names`."""
+    calls = []
+    for name in names:
+        def call(*args, _real=getattr(owner, name), **kwargs):
+            calls.append(1)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, call)
+    return calls
 
 
 def one_line(stderr, *names):
@@ -35,6 +64,18 @@ def one_line(stderr, *names):
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and all(name in lines[0] for name in names), stderr[-3000:]
     return lines[0]
+
+
+def python(*args, cwd=REPO, timeout=300, **how):
+    """`python ARGS` run to its end in `cwd`, its stdout and stderr captured as text."""
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          **how)
+
+
+def ended(run, code, *names):
+    """A finished command exited `code` with one line on stderr naming each of `names`."""
+    assert run.returncode == code, run.stderr[-3000:]
+    return one_line(run.stderr, *names)
 
 
 def run_main(main):

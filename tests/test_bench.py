@@ -18,9 +18,9 @@ from types import SimpleNamespace
 import options
 import tost
 import tost_fast
-from tools import bench, study
+from tools import bench
+from conftest import REPO, counted
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_smoke_mode_runs_the_sections_without_compiling(tmp_path):
@@ -76,9 +76,7 @@ def test_the_readable_column_runs_the_readable_lines(monkeypatch):
     """The limit's causal columns: with fused=True the fused core at any size (tost_fast.MIN_ELEMENTS 0 while
     the case runs), with readable=True the lines of tost.py (CausalTSSA.fast off while the case runs, on again
     after, also when it fails)."""
-    entered = []
-    real = tost_fast.causal_tssa
-    monkeypatch.setattr(tost_fast, 'causal_tssa', lambda *a: entered.append(1) or real(*a))
+    entered = counted(monkeypatch, tost_fast, 'causal_tssa')
     for backward in (False, True):
         causal_op(backward=backward, readable=True)()
     assert entered == [] and tost.CausalTSSA.fast is True
@@ -162,18 +160,13 @@ def test_every_compiled_case_runs_compiled(monkeypatch):
     assert entered == [1]                           # the eager case of the limit's fused column takes it
 
 
-def test_the_device_asked_for_is_the_one_measured(monkeypatch):
+def test_the_device_asked_for_is_the_one_measured(monkeypatch, two_gpus):
     """--device=cuda:1: synchronize() and the memory counters ask the current GPU, so main makes cuda:1 the
     current one, once, as the trainers do (train_common.setup_cuda). Mocked: no GPU here."""
-    calls = []
-    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
-    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
-    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: calls.append(device))
-    monkeypatch.setattr(torch, 'set_float32_matmul_precision', lambda p: calls.append(p))
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'a GPU')
     monkeypatch.setattr(bench, 'run_sections', lambda args, sections, results: results)
     assert bench.main(['--device=cuda:1', '--smoke', '--sections=operator'])['gpu'] == 'a GPU'
-    assert calls == ['cuda:1', 'high']
+    assert two_gpus == ['cuda:1', 'high']
     # what causal TSSA runs on, in the header and the JSON
     monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda gpu: {1: (8, 0)}[gpu])
     monkeypatch.setattr(tost_fast, '_triton_runs_on', tost_fast._triton_runs_on.__wrapped__)
@@ -186,20 +179,18 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch):
     (['--sections=operator,speed'], 'speed'),
     (['--json=no/such/folder/bench.json'], 'no/such/folder/bench.json'),
     (['--json=README.md'], 'README.md'),
+    # a folder, a device
+    (['--json=folder.json'], 'folder.json'),
+    (['--json=null.json'], 'null.json'),
     (['--dtype=fp8'], 'fp8'),
     (['--device=foo'], 'foo'),
 ])
-def test_bad_input_is_one_line_before_any_work(monkeypatch, fails, argv, names):
-    monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, 'operator': lambda args, results: 1 / 0})
-    fails(bench.main, ['--smoke', *argv], names)
-
-
-def test_a_json_name_that_is_a_folder_or_a_device_is_refused_before_any_work(fails, monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, 'operator': lambda args, results: 1 / 0})
+def test_bad_input_is_one_line_before_any_work(monkeypatch, fails, tmp_path, argv, names):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / 'folder.json').mkdir()
     (tmp_path / 'null.json').symlink_to(os.devnull)
-    for path in (tmp_path / 'folder.json', tmp_path / 'null.json'):
-        fails(bench.main, ['--smoke', '--sections=operator', f'--json={path}'], str(path))
+    monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, 'operator': lambda args, results: 1 / 0})
+    fails(bench.main, ['--smoke', *argv], names)
 
 
 def test_a_full_disk_names_the_json_and_keeps_the_earlier_one(fails, monkeypatch, tmp_path):

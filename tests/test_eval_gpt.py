@@ -20,13 +20,10 @@ import prepare_data as prep
 import readers
 import tost
 import train_common
-from test_prepare_data import encoding
-from conftest import one_line, run_main
+from test_prepare_data import encoding, jsonl
+from test_train_gpt import read_log
+from conftest import REPO, ENV, counted, one_line, run_main
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
-
-pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 
 WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i} , and not much @-@ else .'
                f'\n \n' for i in range(30))
@@ -34,11 +31,6 @@ WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i
 BYTES = 'bytes_of_a_name_longer_than_the_column'
 PASSAGES = [f'Passage {i} tells of {"many " * (i % 7)}things, and ends with the word word{i % 3}'
             for i in range(11)]
-
-
-def jsonl(passages):
-    """LAMBADA's published format: a JSON object a line."""
-    return ''.join(json.dumps({'text': p}) + '\n' for p in passages)
 
 
 def prepare(d, name, file, text, enc):
@@ -79,24 +71,9 @@ def save_model(out_dir, data_dir, dataset='lambada', config=None, edit=None, **a
     return model.eval()
 
 
-def read_log(out_dir):
-    with open(os.path.join(out_dir, 'log.jsonl')) as f:
-        return [json.loads(line) for line in f]
-
-
 def tokens_of(data_dir, name):
     return np.fromfile(os.path.join(data_dir, name, 'val.bin'), dtype=np.uint16).astype(np.int64)
 
-
-def counted(monkeypatch, owner, *names):
-    """A list that grows by one at each call of any of owner's methods `names`."""
-    calls = []
-    for name in names:
-        def call(*args, _real=getattr(owner, name), **kwargs):
-            calls.append(1)
-            return _real(*args, **kwargs)
-        monkeypatch.setattr(owner, name, call)
-    return calls
 
 # -----------------------------------------------------------------------------
 # the loss

@@ -18,9 +18,8 @@ from lecture import exercises
 from lecture import handout
 from lecture import recall
 from lecture import solutions as sol
+from conftest import REPO, ended, python
 
-pytestmark = pytest.mark.usefixtures('one_thread')
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKS = {number: check for number, _, _, check in checks.EXERCISES}
 NAMES = {number: name for number, _, name, _ in checks.EXERCISES}
 
@@ -264,8 +263,7 @@ def test_the_factor_may_be_a_tensor_of_one_number():
 
 
 def test_the_command_runs_the_solutions_from_the_repository_root():
-    out = subprocess.run([sys.executable, '-m', 'lecture.exercises', '--solutions', '2'], cwd=REPO,
-                         capture_output=True, text=True)
+    out = python('-m', 'lecture.exercises', '--solutions', '2')
     assert out.returncode == 0 and ' pass' in out.stdout
 
 
@@ -317,10 +315,9 @@ def test_a_batch_past_memory_is_refused_before_any_work(monkeypatch, fails):
 def test_the_lecture_ends_in_one_line_on_a_mistake_and_quietly_on_a_closed_pipe():
     """A --figures that is a file: refused at once, exit 2, one line naming it. A reader that leaves after the
     first line (`| head -1`): exit 141, nothing on stderr."""
-    r = subprocess.run([sys.executable, 'derivation.py', '--figures=README.md'], cwd=REPO,
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and r.stdout == ''
-    assert len(r.stderr.splitlines()) == 1 and '--figures' in r.stderr
+    r = python('derivation.py', '--figures=README.md')
+    assert r.stdout == ''
+    ended(r, 2, '--figures')
     p = subprocess.Popen([sys.executable, 'derivation.py'], cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     p.stdout.readline()
@@ -330,11 +327,10 @@ def test_the_lecture_ends_in_one_line_on_a_mistake_and_quietly_on_a_closed_pipe(
 
 def test_the_page_writer_takes_its_options_as_every_script():
     """tools/lecture_page.py: --help shows its one option, exit 0; a mistyped one is one line naming it."""
-    page = [sys.executable, os.path.join('tools', 'lecture_page.py')]
-    r = subprocess.run(page + ['--help'], cwd=REPO, capture_output=True, text=True, timeout=60)
+    page = os.path.join('tools', 'lecture_page.py')
+    r = python(page, '--help')
     assert r.returncode == 0 and '--out=docs' in r.stdout
-    r = subprocess.run(page + ['--ot=x'], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and '--ot' in r.stderr
+    ended(python(page, '--ot=x'), 2, '--ot')
 
 
 def rows(out):

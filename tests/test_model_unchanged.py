@@ -8,21 +8,21 @@ what the model computes moves BASE forward to the commit that made it."""
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
 import tost
 import tost_fast
+from conftest import REPO
+from test_tost import randomize
 
 BASE = 'ca8de16'
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_base(name, extra=None):
     """The module `name` as it was at BASE, as a fresh module (its own `import tost_fast` given `extra`)."""
-    r = subprocess.run(['git', 'show', f'{BASE}:{name}.py'], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(['git', 'show', f'{BASE}:{name}.py'], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, f'git show {BASE}:{name}.py failed (a checkout without history?): {r.stderr}'
     module = types.ModuleType(f'{name}_at_{BASE}')
     saved = sys.modules.get('tost_fast')
@@ -43,11 +43,7 @@ def base():
 
 def twins(make_new, make_old, seed=0):
     """The same module built from the current and the BASE file, with the same random parameters."""
-    new = make_new()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in new.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+    new = randomize(make_new(), seed=seed)
     old = make_old()
     old.load_state_dict(new.state_dict())
     return new, old

@@ -16,10 +16,9 @@ import pytest
 
 import options
 import prepare_data
-from conftest import one_line
+from conftest import ENV, REPO, ended, one_line, python
 from options import UsageError
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULTS = dict(out_dir="out", max_iters=5000, lr=6e-4, compile=True, init_from=None,
                 lr_decay_iters=5000, batch_size=12, start="\n")
@@ -99,16 +98,6 @@ def test_bare_words_set_the_positional_key():
 # how a script ends, as the user sees it: the handler options installs when imported
 
 
-def _python(code, stdout=subprocess.PIPE):
-    return subprocess.run([sys.executable, "-c", code], cwd=HERE, stdout=stdout, stderr=subprocess.PIPE,
-                          text=True, timeout=120)
-
-
-def ended(r, code, *names):
-    assert r.returncode == code, r.stderr[-3000:]
-    one_line(r.stderr, *names)
-
-
 # (the script after `import options, os, signal`, with TMP a temp folder holding a file `file`; its exit code;
 # what its one line names): fail(), a UsageError, an OSError about a path under an option's and under none (a
 # folder made where a file or a link to nothing is, or below a file, names it as such, not in the OS's words),
@@ -139,7 +128,7 @@ TOP_LEVEL = [("options.fail('max_iters must be positive')", 2, ["max_iters must 
 @pytest.mark.parametrize("code, exit_code, names", TOP_LEVEL)
 def test_an_error_at_the_top_level_is_one_line_and_its_exit_code(tmp_path, code, exit_code, names):
     (tmp_path / "file").write_text("x")
-    r = _python("import options, os, signal\n" + code.replace("TMP", str(tmp_path)))
+    r = python("-c", "import options, os, signal\n" + code.replace("TMP", str(tmp_path)))
     ended(r, exit_code, *[name.replace("TMP", str(tmp_path)) for name in names])
     assert os.strerror(errno.EEXIST) not in r.stderr and os.strerror(errno.ENOTDIR) not in r.stderr
 
@@ -173,7 +162,7 @@ def test_a_collective_cut_off_by_another_process_is_one_line_and_waits_to_be_sto
     the process that ended first as the failure; the other ranks say nothing. Another RuntimeError, or this
     one outside torchrun, is a bug."""
     code = f"import options\nraise RuntimeError({PEER_GONE!r})"
-    with subprocess.Popen([sys.executable, "-c", code], cwd=HERE, stderr=subprocess.PIPE, text=True,
+    with subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE, text=True,
                           env=dict(os.environ, RANK="0", LOCAL_RANK="0")) as p:
         line = p.stderr.readline()
         with pytest.raises(subprocess.TimeoutExpired):
@@ -258,16 +247,20 @@ SLEEP = "import options, sys, time\ntime.sleep(0.5)\n"
 
 
 # `| head`: the reader leaves first. Printed text, flushed or not, ends quietly (exit 141); a trainer's --help
-# and the bench's tables as well.
+# and the bench's tables as well. `> /dev/full`: one line that names stdout, exit 2.
 @pytest.mark.parametrize("argv", [["-c", SLEEP + "print('x' * 100000, flush=True)"],
-                                  ["-c", SLEEP + "print('x' * 100000, flush=False)"],
+                                  ["-c", SLEEP + "print('some text', flush=False)"],
                                   ["train_gpt.py", "--help"],
                                   ["-m", "tools.bench", "--smoke", "--sections=operator"]])
-def test_a_closed_stdout_ends_quietly(argv):
-    with subprocess.Popen([sys.executable, *argv], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=dict(os.environ, OMP_NUM_THREADS="1")) as p:
+def test_a_closed_stdout_ends_quietly_and_a_full_one_is_one_line(argv):
+    with subprocess.Popen([sys.executable, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=ENV) as p:
         p.stdout.close()
         assert (p.wait(timeout=120), p.stderr.read()) == (141, "")
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, *argv], cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True,
+                           env=ENV, timeout=120)
+    ended(r, 2, "stdout")
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["closed", "full"])
@@ -276,9 +269,8 @@ def test_say_lets_a_closed_or_full_stdout_go_and_says_so_once(full):
     gone), with one line on stderr naming stdout, however often it says more."""
     argv = ["-c", SLEEP + "for i in range(3): options.say('x' * 100000)\nsys.exit('done')"]
     with open("/dev/full" if full else os.devnull, "w") as device:
-        with subprocess.Popen([sys.executable, *argv], cwd=HERE, stderr=subprocess.PIPE, text=True,
-                              stdout=device if full else subprocess.PIPE,
-                              env=dict(os.environ, OMP_NUM_THREADS="1")) as p:
+        with subprocess.Popen([sys.executable, *argv], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                              stdout=device if full else subprocess.PIPE, env=ENV) as p:
             if not full:
                 p.stdout.close()
             assert p.wait(timeout=120) == 1
@@ -286,19 +278,8 @@ def test_say_lets_a_closed_or_full_stdout_go_and_says_so_once(full):
     assert len(lines) == 2 and "stdout" in lines[0] and lines[1] == "done"
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-@pytest.mark.parametrize("argv", [["-c", "import options\nprint('some text', flush=True)"],
-                                  ["-c", "import options\nprint('some text', flush=False)"],
-                                  ["train_gpt.py", "--help"]])
-def test_a_full_stdout_is_one_line_that_names_it(argv):
-    with open("/dev/full", "w") as full:
-        r = subprocess.run([sys.executable, *argv], cwd=HERE, stdout=full, stderr=subprocess.PIPE, text=True,
-                           timeout=120)
-    ended(r, 2, "stdout")
-
-
 def test_what_stdout_cannot_encode_is_printed_as_a_question_mark():
-    r = subprocess.run([sys.executable, "-c", "import options; print('caf\\xe9')"], cwd=HERE,
+    r = subprocess.run([sys.executable, "-c", "import options; print('caf\\xe9')"], cwd=REPO,
                        capture_output=True, env=dict(os.environ, PYTHONIOENCODING="ascii"), timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (0, b"caf?\n", b"")
 
@@ -309,7 +290,7 @@ SCRIPTS = ("train_gpt", "train_vit", "sample", "eval_gpt", "plot", "prepare_data
 
 def test_every_script_imports_where_fcntl_does_not_exist():
     """Windows has no fcntl: each script imports, and the out_dir is then made without a lock."""
-    r = _python("import sys\nsys.modules['fcntl'] = None\n"
+    r = python("-c", "import sys\nsys.modules['fcntl'] = None\n"
                 f"import {', '.join(SCRIPTS)}\n"
                 "import train_common\n"
                 "assert train_common.make_out_dir('out-nolock-test', [], False, True, True) is None\n"
@@ -321,7 +302,7 @@ def test_every_text_file_the_scripts_open_is_utf8():
     """Windows reads and writes text in its locale's code page unless told: every open() of text in the
     scripts and tools names utf-8, so a meta.json or log.jsonl reads back the same on every system."""
     unnamed = []
-    for path in glob.glob(os.path.join(HERE, "*.py")) + glob.glob(os.path.join(HERE, "*", "*.py")):
+    for path in glob.glob(os.path.join(REPO, "*.py")) + glob.glob(os.path.join(REPO, "*", "*.py")):
         if os.path.basename(os.path.dirname(path)) == "tests" or path.endswith("test_tost.py"):
             continue
         with open(path, encoding="utf-8") as f:
@@ -334,7 +315,7 @@ def test_every_text_file_the_scripts_open_is_utf8():
             modes = [k.value for k in call.keywords if k.arg == "mode"] + call.args[1:2] * (name == "open")
             binary = any(isinstance(m, ast.Constant) and "b" in m.value for m in modes)
             if not binary and "encoding" not in [k.arg for k in call.keywords]:
-                unnamed.append(f"{os.path.relpath(path, HERE)}:{call.lineno}")
+                unnamed.append(f"{os.path.relpath(path, REPO)}:{call.lineno}")
     assert not unnamed
 
 
@@ -343,7 +324,7 @@ TEXT_IO = ("read_text", "write_text")
 
 def test_every_script_imports_options_before_torch():
     for name in SCRIPTS:
-        path = os.path.join(HERE, *name.split(".")) + ".py"
+        path = os.path.join(REPO, *name.split(".")) + ".py"
         with open(path, encoding="utf-8") as f:
             imports = [line.split()[1] for line in f if re.match(r"(import|from) \w", line)]
         # os and sys first where a script puts the repository on sys.path (tools/, lecture/): built in, quick
@@ -492,21 +473,21 @@ def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
     exit 130, one line; so too a Ctrl-C while options itself imports. A module of it run as a script that
     parses nothing holds nothing."""
     main = "import sys; sys.modules['__main__'].__file__ = {!r}\n"
-    code = (main.format(os.path.join(HERE, 'sample.py')) +
+    code = (main.format(os.path.join(REPO, 'sample.py')) +
             "import options, os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport torch\n"
             "print('torch loaded', flush=True)\noptions.parse([], {})\nprint('parsed')")
-    r = _python(code, stdout=subprocess.PIPE)
+    r = python("-c", code)
     ended(r, 130)
     assert r.stdout.splitlines()[0] == "torch loaded" and "parsed" not in r.stdout
     # the Ctrl-C comes as options imports difflib
-    code = (main.format(os.path.join(HERE, 'sample.py')) + "import os, signal\n"
+    code = (main.format(os.path.join(REPO, 'sample.py')) + "import os, signal\n"
             "class Kick:\n    def find_spec(self, name, path, target=None):\n"
             "        if name == 'difflib':\n            os.kill(os.getpid(), signal.SIGINT)\n"
             "sys.meta_path.insert(0, Kick())\nimport options\nprint('imported', flush=True)\n"
             "options.parse([], {})\nprint('parsed')")
-    r = _python(code, stdout=subprocess.PIPE)
+    r = python("-c", code)
     ended(r, 130)
     assert r.stdout.splitlines()[0] == "imported" and "parsed" not in r.stdout
-    code = main.format(os.path.join(HERE, 'readers.py')) + "import readers, signal\n"
-    r = _python(code + "print(signal.pthread_sigmask(signal.SIG_BLOCK, []))", stdout=subprocess.PIPE)
+    code = main.format(os.path.join(REPO, 'readers.py')) + "import readers, signal\n"
+    r = python("-c", code + "print(signal.pthread_sigmask(signal.SIG_BLOCK, []))")
     assert r.stdout.strip() == "set()", r.stderr

@@ -11,9 +11,7 @@ import matplotlib.image
 import numpy as np
 
 import plot
-
-# the repo root
-HERE = os.path.dirname(os.path.abspath(plot.__file__))
+from conftest import REPO
 
 
 def read_png(path, shape):
@@ -68,7 +66,7 @@ def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeyp
     test_commands.py runs --out_dir=docs)."""
     (tmp_path / 'docs').mkdir()
     for f in ('bench.json', 'tasks.json'):
-        shutil.copy(os.path.join(HERE, 'docs', f), tmp_path / 'docs')
+        shutil.copy(os.path.join(REPO, 'docs', f), tmp_path / 'docs')
     (tmp_path / 'docs' / 'speed.png').write_bytes(b'tracked')
     monkeypatch.chdir(tmp_path)
     plot.main(['docs/bench.json', 'docs/tasks.json'])
@@ -86,7 +84,7 @@ def test_the_loss_axis_shows_the_part_after_the_first_drop_in_the_runs_unit(tmp_
     it), in nats per byte (a vocabulary of 256); a run with a larger vocabulary says nats per token."""
     axes = []
     monkeypatch.setattr(plot, 'save', lambda fig, path: axes.append(fig.axes[0]))
-    demo = plot.read_run(os.path.join(HERE, 'docs', 'demo-log.jsonl'))
+    demo = plot.read_run(os.path.join(REPO, 'docs', 'demo-log.jsonl'))
     plot.learning_curves([demo], 'x.png')
     lo, hi = axes[-1].get_ylim()
     vals = [r['val_loss'] for r in demo[2] if r.get('val_loss') is not None]

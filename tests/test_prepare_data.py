@@ -33,9 +33,8 @@ import readers
 from options import UsageError
 from prepare_data import prepare
 from readers import get_tokenizer, load_meta, read_images, read_tokens
-from conftest import one_line, run_main
+from conftest import REPO, ended, one_line, python, run_main
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
@@ -320,15 +319,15 @@ def test_a_folder_of_text_skips_what_is_not_text():
     write('in/blob.so', bytes(range(256)) * 4)
     os.mkfifo('in/p.txt')
     os.mkfifo('pipe')
-    command = [sys.executable, os.path.join(REPO, 'prepare_data.py'), 'text', '--data_dir=data']
-    run = subprocess.run(command + ['--input=in'], capture_output=True, text=True, timeout=60)
+    command = [os.path.join(REPO, 'prepare_data.py'), 'text', '--data_dir=data']
+    run = python(*command, '--input=in', cwd='.')
     warned = run.stderr.splitlines()
     assert run.returncode == 0 and len(warned) == 3, run.stderr
     assert all(any(name in line for line in warned) for name in ('in/a.txt', 'in/blob.so', 'in/p.txt'))
     assert load_meta('data/in')['documents'] == 1
     assert 'caf\ufffd au lait'.encode() in bytes(ids('data/in', 'train'))
-    run = subprocess.run(command + ['--input=pipe'], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and one_line(run.stderr, 'pipe')
+    run = python(*command, '--input=pipe', cwd='.')
+    ended(run, 2, 'pipe')
     # refused as what it is, not as a folder of no files
     assert 'too little' not in run.stderr
 
@@ -855,11 +854,10 @@ def test_a_write_that_fails_names_the_file_and_leaves_nothing():
     where a full disk says ENOSPC). numpy's tofile to a path said neither the file nor why. (POSIX only.)"""
     resource = pytest.importorskip('resource')
     write('w.txt', ' = Title = \n' + ' some text here .\n' * 4357)
-    p = subprocess.run([sys.executable, os.path.join(REPO, 'prepare_data.py'), 'wikitext2', '--input=w.txt',
-                        '--tokenizer=bytes', '--data_dir=data'], capture_output=True, text=True,
-                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)))
-    assert p.returncode == 2
-    one_line(p.stderr, 'val.bin', '--data_dir=data')
+    p = python(os.path.join(REPO, 'prepare_data.py'), 'wikitext2', '--input=w.txt', '--tokenizer=bytes',
+               '--data_dir=data', cwd='.',
+               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)))
+    ended(p, 2, 'val.bin', '--data_dir=data')
     assert os.listdir() == ['w.txt']
 
 

@@ -17,12 +17,8 @@ import readers
 import sample
 import tost
 import train_common
-from conftest import one_line
+from conftest import REPO, ENV, one_line
 from test_prepare_data import encoding
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
-pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 
 
 @pytest.fixture(scope='module')
@@ -124,22 +120,16 @@ def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monk
     assert not [c for c in shown if unicodedata.category(c) == 'Cc' and c not in '\n\t']
 
 
-def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch):
+def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch, two_gpus):
     """--device=cuda:1: resolve_dtype asks the current GPU whether it has bfloat16, so cuda:1 is made the
     current one first (mocked: no GPU here; the run stops at the question)."""
-    order = []
-    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
-    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
-    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: order.append(device))
-    monkeypatch.setattr(torch, 'set_float32_matmul_precision', lambda precision: None)
-
     def asked(dtype, device):
-        order.append('resolve_dtype')
+        two_gpus.append('resolve_dtype')
         raise options.UsageError('stop here')
     monkeypatch.setattr(sample, 'resolve_dtype', asked)
     with pytest.raises(options.UsageError, match='stop here'):
         sample.main(['--device=cuda:1'])
-    assert order == ['cuda:1', 'resolve_dtype']
+    assert two_gpus == ['cuda:1', 'high', 'resolve_dtype']
 
 
 def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):

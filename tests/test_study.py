@@ -19,7 +19,6 @@ import torch
 import plot
 from tools import study
 
-pytestmark = pytest.mark.usefixtures('one_thread')
 
 TASK = study.TASKS
 

@@ -17,10 +17,9 @@ import options
 import sample
 import tost
 import train_common as tc
-from conftest import one_line
+from conftest import REPO, ended, one_line, python
 from train_common import UsageError
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # -----------------------------------------------------------------------------
@@ -77,22 +76,18 @@ def test_load_refuses_what_is_not_a_checkpoint_naming_it(tmp_path, thing, name):
 
 
 def test_load_gpt_names_a_checkpoint_whose_weights_or_args_do_not_fit(tmp_path):
+    """Weights of another width, a weight missing, an argument no GPTConfig has: each named, with the path."""
     args = dict(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=16)
-    # another width
-    weights = tost.GPT(tost.GPTConfig(**dict(args, n_embd=8))).state_dict()
     path = str(tmp_path / "ckpt.pt")
-    torch.save(dict(model=weights, model_args=args, meta={}), path)
-    with pytest.raises(UsageError, match=f"{path}.*transformer.wte.weight"):
-        sample.load_gpt(path, "cpu")
-    # a weight missing: named
+    narrow = tost.GPT(tost.GPTConfig(**dict(args, n_embd=8))).state_dict()
     weights = tost.GPT(tost.GPTConfig(**args)).state_dict()
     del weights["lm_head.weight"]
-    torch.save(dict(model=weights, model_args=args, meta={}), path)
-    with pytest.raises(UsageError, match=f"{path}.*lm_head.weight"):
-        sample.load_gpt(path, "cpu")
-    torch.save(dict(model=weights, model_args=dict(args, n_layers=2), meta={}), path)
-    with pytest.raises(UsageError, match=f"{path}.*n_layers"):
-        sample.load_gpt(path, "cpu")
+    for model, model_args, named in ((narrow, args, "transformer.wte.weight"),
+                                     (weights, args, "lm_head.weight"),
+                                     (weights, dict(args, n_layers=2), "n_layers")):
+        torch.save(dict(model=model, model_args=model_args, meta={}), path)
+        with pytest.raises(UsageError, match=f"{path}.*{named}"):
+            sample.load_gpt(path, "cpu")
 
 
 def test_one_run_at_a_time_in_an_out_dir(tmp_path):
@@ -103,9 +98,7 @@ def test_one_run_at_a_time_in_an_out_dir(tmp_path):
     assert tc.make_out_dir(out, [], overwrite=False, fresh=False, master=False) is None
     # another process
     code = f"import train_common\ntrain_common.make_out_dir({out!r}, [], False, False, True)"
-    r = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2
-    held = one_line(r.stderr, f"--out_dir={out}")
+    held = ended(python("-c", code), 2, f"--out_dir={out}")
     # The held folder now has a checkpoint: a fresh run is still refused as one into a held folder, not
     # pointed to --init_from=resume or --overwrite=true, which the lock would refuse too.
     ckpt = os.path.join(out, "ckpt.pt")
@@ -349,24 +342,19 @@ def test_autocast_on_cpu():
             assert (a @ a).dtype == getattr(torch, dtype)
 
 
-def test_the_gpu_asked_for_is_made_the_current_one_once(monkeypatch):
+def test_the_gpu_asked_for_is_made_the_current_one_once(monkeypatch, two_gpus):
     """--device=cuda:1: synchronize(), the memory counters and is_bf16_supported() ask the current GPU, so
     cuda:1 must become it; TF32 on for float32 matmuls. On a CPU neither is touched."""
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
-    calls = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
-    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda p: calls.append(("precision", p)))
     assert tc.setup_distributed("cuda:1").device == "cuda:1"
-    assert calls == [("set_device", "cuda:1"), ("precision", "high")]
-    calls.clear()
+    assert two_gpus == ["cuda:1", "high"]
+    two_gpus.clear()
     tc.setup_distributed("cuda")                              # the current GPU: it stays the current one
-    assert calls == [("precision", "high")]
-    calls.clear()
+    assert two_gpus == ["high"]
+    two_gpus.clear()
     tc.setup_distributed("cpu")
-    assert calls == []
+    assert two_gpus == []
 
 
 @pytest.mark.slow
@@ -389,7 +377,7 @@ b = torch.backends
 print(torch.get_float32_matmul_precision(), b.cuda.matmul.allow_tf32, b.cuda.matmul.fp32_precision,
       b.cudnn.allow_tf32, b.cudnn.conv.fp32_precision, bool(torch.isfinite(loss)))
 """
-    r = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, timeout=300,
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["high", "True", "tf32", "True", "tf32", "True"]

@@ -27,13 +27,7 @@ import tost
 import tost_fast
 import train_common
 import train_gpt
-from conftest import one_line
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
-
-
-pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
+from conftest import REPO, ENV, counted, one_line
 
 
 @pytest.fixture(scope='module')
@@ -608,13 +602,7 @@ def test_no_gradient_sync_before_the_last_micro_step(train, tmp_path, monkeypatc
     torch.distributed.init_process_group('gloo', init_method=f'file://{tmp_path}/pg', rank=0, world_size=1)
     ddp = train_common.Dist(True, 0, 0, 1, True, 'cpu')
     monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: ddp)
-    real, entered = train_common.DDP.no_sync, []
-
-    def counting_no_sync(self):
-        entered.append(1)
-        return real(self)
-
-    monkeypatch.setattr(train_common.DDP, 'no_sync', counting_no_sync)
+    entered = counted(monkeypatch, train_common.DDP, 'no_sync')
     train(tmp_path / 'out', '--max_iters=2', '--gradient_accumulation_steps=3')
     assert len(entered) == 2 * 2
     assert not torch.distributed.is_initialized()  # main() left the process group
@@ -836,8 +824,8 @@ def test_the_training_step_does_not_wait_for_the_device(train, tmp_path, monkeyp
 def broken(data_dir, tmp_path_factory):
     """What a user may point a run at: an out_dir whose ckpt.pt is not a checkpoint, one with a vision
     checkpoint, a file, data whose train.bin was cut short after it was written, data of another tokenizer,
-    data whose meta.json says what no dataset of bytes can be (the other ways a meta.json is wrong:
-    test_prepare_data), data whose ids are all 65535, a test set (no train tokens)."""
+    data whose ids are all 65535, a test set (no train tokens). (A meta.json no dataset can have is the
+    reader's to refuse, whoever reads it: test_prepare_data.)"""
     d = tmp_path_factory.mktemp('broken')
     (d / 'garbage').mkdir()
     (d / 'garbage' / 'ckpt.pt').write_bytes(b'not a checkpoint at all')
@@ -845,12 +833,11 @@ def broken(data_dir, tmp_path_factory):
     vit = {'kind': 'vit', 'model': {}, 'model_args': {'img_size': 32}, 'meta': {'kind': 'images'}}
     train_common.atomic_save(vit, str(d / 'vit' / 'ckpt.pt'))
     (d / 'file').write_text('a file')
-    for name in ('cut', 'other', 'vocab10', 'noise', 'testset'):
+    for name in ('cut', 'other', 'noise', 'testset'):
         shutil.copytree(os.path.join(data_dir, 'tiny'), d / name / 'tiny')
     os.truncate(d / 'cut' / 'tiny' / 'train.bin', 1000)
     meta = json.loads((d / 'other' / 'tiny' / 'meta.json').read_text())
-    for name, edit in (('other', dict(tokenizer='gpt2', vocab_size=257)), ('vocab10', dict(vocab_size=10)),
-                       ('testset', dict(train_tokens=0))):
+    for name, edit in (('other', dict(tokenizer='gpt2', vocab_size=257)), ('testset', dict(train_tokens=0))):
         (d / name / 'tiny' / 'meta.json').write_text(json.dumps(dict(meta, **edit)))
     (d / 'testset' / 'tiny' / 'train.bin').write_bytes(b'')
     for split in ('train', 'val'):
@@ -886,8 +873,6 @@ MISTAKES = [
     (tiny('{data}', '{broken}/garbage', '--init_from=resume'), ['{broken}/garbage/ckpt.pt']),
     (tiny('{data}', '{broken}/vit', '--init_from=resume'), ['{broken}/vit/ckpt.pt', 'train_vit.py']),
     (tiny('{broken}/cut', '{out}'), ['{broken}/cut/tiny/train.bin', '--force']),
-    # a meta.json no dataset of its tokenizer has: bytes has 256 ids
-    (tiny('{broken}/vocab10', '{out}'), ['{broken}/vocab10/tiny/meta.json', 'vocab_size', '--force']),
     # a test set (eval_gpt.py's) has nothing to train on
     (tiny('{broken}/testset', '{out}'), ['{broken}/testset/tiny', 'eval_gpt.py']),
     # a dataset that takes hours to prepare: its command
@@ -923,15 +908,6 @@ def test_ids_past_the_vocab_are_one_line_and_what_is_left_needs_no_overwrite(tra
           '--force')
     assert 'ckpt.pt' not in os.listdir(out)
     train(out, '--max_iters=1')
-
-
-def test_auto_dtype_is_chosen_again_on_a_resume_and_the_log_says_which(train, tmp_path, monkeypatch):
-    """bfloat16 on a CPU that has it; the choice itself: test_resolve_dtype_on_a_cpu."""
-    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
-    train(tmp_path, '--max_iters=1', '--dtype=auto')
-    assert weights(tmp_path)['config']['dtype'] == 'auto'
-    with open(tmp_path / 'log.jsonl') as f:
-        assert json.loads(f.readline())['dtype'] == 'bfloat16'
 
 
 def test_out_of_memory_on_first_step(data_dir, tmp_path, monkeypatch, fails):
@@ -983,14 +959,6 @@ def test_a_train_loss_estimate_that_is_not_finite_stops_the_run(data_dir, tmp_pa
     """Only the train split's estimate is NaN: exit 3, in one line that says nan."""
     monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': float('nan'), 'val': 1.0})
     assert 'nan' in fails(train_gpt.main, tiny(data_dir, tmp_path, '--max_iters=2'), code=3)
-
-
-def test_a_schedule_shorter_than_the_run_is_noted(train, tmp_path, capsys):
-    args = ('--max_iters=3', '--lr_decay_iters=2', '--eval_interval=3')
-    train(tmp_path, *args)
-    assert 'min_lr' in capsys.readouterr().out
-    min_lr = 3e-3 * train_gpt.DEFAULTS['min_lr_ratio']
-    assert read_log(tmp_path, kind='train')[-1]['lr'] == min_lr
 
 
 def test_the_hybrid_is_kept_and_a_resume_is_checked_against_the_checkpoint(train, tmp_path, monkeypatch):
@@ -1095,13 +1063,23 @@ def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, train, tmp_pat
     assert '--block_size' not in printed and 'about 2 GB' in printed
 
 
-def test_the_sample_command_it_prints_runs_from_where_it_was_started(train, tmp_path, monkeypatch, capsys):
-    """Started from another folder, into an out_dir with a space: sample.py beside train_gpt.py, the out_dir
-    one argument."""
-    out = tmp_path / 'out dir'
+def test_a_run_says_its_dtype_its_schedule_and_how_to_sample_from_where_it_started(train, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """--dtype=auto: bfloat16 on a CPU that has it (the choice itself: test_resolve_dtype_on_a_cpu), which the
+    log says; the checkpoint keeps auto, for a resume to choose again. A schedule shorter than the run is
+    noted, and the run ends at min_lr. Started from another folder, into an out_dir with a space: the sample
+    command it prints names sample.py beside train_gpt.py, the out_dir one argument."""
+    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
     monkeypatch.setattr(sys, 'argv', [os.path.join('..', 'tost', 'train_gpt.py')])
-    train(out, '--max_iters=1')
-    line = [s for s in capsys.readouterr().out.splitlines() if s.startswith('sample from it: ')]
+    out = tmp_path / 'out dir'
+    train(out, '--max_iters=3', '--lr_decay_iters=2', '--eval_interval=3', '--dtype=auto')
+    printed = capsys.readouterr().out
+    assert weights(out)['config']['dtype'] == 'auto'
+    with open(out / 'log.jsonl') as f:
+        assert json.loads(f.readline())['dtype'] == 'bfloat16'
+    assert 'min_lr' in printed
+    assert read_log(out, kind='train')[-1]['lr'] == 3e-3 * train_gpt.DEFAULTS['min_lr_ratio']
+    line = [s for s in printed.splitlines() if s.startswith('sample from it: ')]
     sample = os.path.join('..', 'tost', 'sample.py')
     assert shlex.split(line[0][16:]) == ['python', sample, f'--out_dir={out}']
 

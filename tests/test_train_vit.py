@@ -23,6 +23,7 @@ from test_train_gpt import (count_syncs, rank_pid, read_log, resume_command, sam
                             weights)
 from options import UsageError
 from train_common import load_checkpoint
+from conftest import counted
 
 CLASSES = 3
 # The trained run's settings and the resume test's: a warmup longer than the run, so that the learning rate
@@ -62,9 +63,6 @@ def base_args(data_dir, out_dir, *extra):
 def untimed(rows):
     """The rows' numbers, without the times."""
     return [{k: v for k, v in r.items() if k not in ('img_per_s', 'ms_per_step')} for r in rows]
-
-
-pytestmark = pytest.mark.usefixtures('one_thread')    # conftest.py
 
 
 @pytest.fixture(scope='module')
@@ -175,10 +173,8 @@ def test_a_stop_during_the_evaluation_saves_there_and_takes_no_other_step(data, 
                                                                            during):
     """SIGINT while the end of epoch 1 (step 2) is evaluated or drawn: ckpt.pt at step 2, no third step."""
     real = getattr(train_vit, during)
-    steps = []
-    step = train_vit.optimizer_step
     monkeypatch.setattr(train_vit, during, lambda *a: os.kill(os.getpid(), signal.SIGINT) or real(*a))
-    monkeypatch.setattr(train_vit, 'optimizer_step', lambda *a: steps.append(1) or step(*a))
+    steps = counted(monkeypatch, train_vit, 'optimizer_step')
     code, _ = ends(train_vit.main, base_args(data, str(tmp_path), '--epochs=2', '--max_steps=2'))
     assert (code, len(steps), weights(str(tmp_path))['step']) == (130, 2, 2)
 

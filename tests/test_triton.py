@@ -21,7 +21,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import REPO
+import test_tost
+from test_tost import _below_the_clamp, _names, _rel, _trained_like
+
 WORKER = os.environ.get('TRITON_INTERPRET') == '1'   # this module, imported in the interpreter's worker
 pytestmark = pytest.mark.skipif(importlib.util.find_spec('triton') is None,
                                 reason='triton is not installed (pip install triton==3.9.0)')
@@ -59,15 +62,9 @@ def interpreter():
     pool.shutdown()
 
 
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 def _outputs_and_grads(layer, x, g, fast):
-    """Output and every gradient (x, then each parameter) of layer(x) against the cotangent g; fast: the
-    Triton core (checked to have run), else the readable lines."""
-    layer.fast = fast
-    layer.zero_grad()
+    """test_tost's: output and every gradient (x, then each parameter) of layer(x) against the cotangent g;
+    fast: the Triton core (checked to have run), else the readable lines."""
     entered = []
     real = tost_triton.causal_tssa
 
@@ -76,28 +73,17 @@ def _outputs_and_grads(layer, x, g, fast):
         return real(*args)
     tost_triton.causal_tssa = counted
     try:
-        x = x.detach().clone().requires_grad_()
-        y = layer(x)
-        (y * g).sum().backward()
+        outputs_and_grads = test_tost._outputs_and_grads(layer, x, g, fast)
     finally:
         tost_triton.causal_tssa = real
-        layer.fast = True
     assert len(entered) == fast, entered
-    return [y.detach(), x.grad] + [p.grad.clone() for p in layer.parameters()]
+    return outputs_and_grads
 
 
 def _layer(d, K, T, dtype=torch.float64):
-    """Parameters as a trained layer might have them: temperatures around 1, small position biases."""
+    """test_tost's trained-like layer, with larger position biases."""
     torch.manual_seed(0)
-    layer = CausalTSSA(d, K, block_size=T).to(dtype)
-    with torch.no_grad():
-        layer.temp.uniform_(0.5, 1.5)
-        layer.pos_bias.normal_(0, 0.3)
-    return layer
-
-
-def _names(layer):
-    return ['y', 'x'] + [n for n, _ in layer.named_parameters()]
+    return _trained_like(CausalTSSA(d, K, block_size=T).to(dtype), 0.3)
 
 
 def check_float64(B, T, d, K, chunk, clamp):
@@ -106,11 +92,7 @@ def check_float64(B, T, d, K, chunk, clamp):
     x = torch.randn(B, T, d, dtype=torch.float64)
     g = torch.randn(B, T, d, dtype=torch.float64)
     if clamp:
-        # Q_t < 1e-12 in three coordinates of head 0 for the first 7 tokens, across two chunks
-        with torch.no_grad():
-            layer.c_attn.weight[:3] *= 1e-9
-        x[:, :7] *= 1e-2
-        assert (torch.cumsum(layer.c_attn(x)[:, :, :3] ** 2, 1)[:, 6] < 1e-12).all()
+        _below_the_clamp(layer, x)
     core = _outputs_and_grads(layer, x, g, True)
     readable = _outputs_and_grads(layer, x, g, False)
     for name, a, b in zip(_names(layer), core, readable):
