@@ -26,12 +26,10 @@ import sys
 script = getattr(sys.modules.get("__main__"), "__file__", None)
 ours = script and os.path.abspath(script).startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep)
 if ours and "torch" not in sys.modules and hasattr(signal, "pthread_sigmask"):
-    try:
-        with open(script, encoding="utf-8", errors="replace") as f:
-            if "parse(" in f.read():
-                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    except OSError:
-        pass
+    # (The interpreter has just read the script: it can be read.)
+    with open(script, encoding="utf-8", errors="replace") as f:
+        if "parse(" in f.read():
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 import atexit
 import contextlib
@@ -294,12 +292,9 @@ def excepthook(kind, exc, tb):
 
 
 def exit_with_code():
-    """Registered first, so run last at exit: stdout flushed (a closed one ends quietly), then the code
-    excepthook chose (Python's own would be 1)."""
-    try:
-        sys.stdout.flush()
-    except OSError as e:
-        exit_code.append(report(e))
+    """Registered first, so run last at exit: the code excepthook chose (Python's own would be 1). The
+    interpreter has flushed stdout before (3.10 to 3.13), and handed a failure there (`> /dev/full`, `| head`)
+    to excepthook."""
     if exit_code:
         os._exit(exit_code[0])
 
@@ -437,6 +432,5 @@ def help_text(doc, defaults, source, presets=None, positional=None):
         key = re.match(r"\s*(\w+)=.*?(\s#.*)?$", line)
         if key:
             line = f"--{key[1]}={shown(defaults[key[1]])}".ljust(width) + (key[2] or "")
-        if line.strip():
-            rows.append(f"  {line.strip()}")
+        rows.append(f"  {line.strip()}")
     return "\n".join(rows)
