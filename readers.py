@@ -57,13 +57,13 @@ def gpt2_encoding():
                          f"TIKTOKEN_CACHE_DIR to it") from None
 
 
-def get_tokenizer(name, encoding=None):
-    """'bytes' or 'gpt2'; `encoding` injects a tiktoken Encoding in place of the real GPT-2 one."""
+def get_tokenizer(name):
+    """'bytes' or 'gpt2'."""
     if name == "bytes":
         return Tokenizer("bytes", 256)
     if name != "gpt2":
         raise UsageError(f"unknown tokenizer {name!r} (known: {', '.join(TOKENIZERS)})")
-    enc = encoding or gpt2_encoding()
+    enc = gpt2_encoding()
     return Tokenizer("gpt2", enc.n_vocab, eot=enc.eot_token, enc=enc)
 
 
