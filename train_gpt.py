@@ -166,7 +166,7 @@ def open_dataset(cfg, dist, model_meta=None):
     its splits' sizes in tokens. A cheap dataset is prepared here first: local rank 0 prepares, and every rank
     meets at the same barrier."""
     path = os.path.join(cfg['data_dir'], cfg['dataset'])
-    missing = not os.path.exists(os.path.join(path, 'meta.json')) and not os.path.isfile(cfg['data_dir'])
+    missing = not os.path.exists(os.path.join(path, 'meta.json'))
     if cfg['dataset'] in PREPARE_ON_THE_FLY:
         if dist.local_rank == 0 and missing:
             import prepare_data
