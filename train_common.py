@@ -37,11 +37,6 @@ except ImportError:
 TRAINERS = {"gpt": ("train_gpt.py", "language-model"), "vit": ("train_vit.py", "vision")}
 
 
-def atomic_save(obj, path):
-    """torch.save by options.write_whole: a failure leaves the old file, and its OSError names `path`."""
-    write_whole(path, lambda f: torch.save(obj, f), "wb")
-
-
 def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     """torch.load with weights_only=True (loading cannot run code). One line naming the path if the file is
     missing or not a checkpoint, or, given `kind` ('gpt' or 'vit'), is another trainer's or lacks the keys
@@ -422,12 +417,13 @@ def wrap(model, dist, compile):
 
 
 def save_checkpoint(state, paths, dist):
-    """Rank 0 writes `state` to each of `paths` while the others wait. If it cannot, every rank stops here:
-    rank 0 with its OSError (one line naming the path), the others quietly."""
+    """Rank 0 writes `state` to each of `paths` (torch.save by options.write_whole: a failure leaves the old
+    file) while the others wait. If it cannot, every rank stops here: rank 0 with its OSError (one line naming
+    the path), the others quietly."""
     error = None
     for path in paths if dist.master else ():
         try:
-            atomic_save(state, path)
+            write_whole(path, lambda f: torch.save(state, f), "wb")
         except OSError as e:
             error = e
     if any_rank(error is not None, dist):

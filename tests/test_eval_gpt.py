@@ -66,8 +66,8 @@ def save_model(out_dir, data_dir, dataset='lambada', config=None, edit=None, **a
     if edit:
         edit(model)
     os.makedirs(out_dir, exist_ok=True)
-    train_common.atomic_save(dict(model=model.state_dict(), model_args=args, meta=meta, iter_num=7,
-                                  config=config or {}), os.path.join(out_dir, 'ckpt.pt'))
+    torch.save(dict(model=model.state_dict(), model_args=args, meta=meta, iter_num=7, config=config or {}),
+               os.path.join(out_dir, 'ckpt.pt'))
     return model.eval()
 
 
