@@ -74,8 +74,8 @@ def main():
             page.append('# ' + namespace['__doc__'].strip())
             continue
         number, _, first = title.partition('. ')
-        page.append(f'\n## {number}. {first.partition(". ")[0]}\n')
         heading, _, rest = first.partition('. ')
+        page.append(f'\n## {number}. {heading}\n')
         page.append(prose(rest, comments))
         if code:
             page.append(f'\n<details><summary>code</summary>\n\n```python\n{code}\n```\n</details>\n')
