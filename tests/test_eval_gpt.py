@@ -209,6 +209,11 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, fails):
     for name, data in (('short', b'\0' * 100), ('noise', b'\xff' * size)):
         shutil.copytree(data_dir / 'wikitext2', data_dir / name)
         (data_dir / name / 'val.bin').write_bytes(data)
+    # a val split of one token, as meta.json says: nothing to score (without the check, torch's unfold fails)
+    shutil.copytree(data_dir / 'wikitext2', data_dir / 'one')
+    (data_dir / 'one' / 'val.bin').write_bytes(b'\0\0')
+    meta = json.loads((data_dir / 'one' / 'meta.json').read_text())
+    (data_dir / 'one' / 'meta.json').write_text(json.dumps(dict(meta, val_tokens=1)))
     # the default sets (ptb is not prepared here), a window longer than the model's, no set, a set in another
     # tokenizer (the command that rebuilds it in the model's), damaged sets
     for extra, *names in (([], 'prepare_data.py ptb'),
@@ -216,6 +221,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, fails):
                           (['--datasets= ,'], '--datasets=wikitext2'),
                           ([f'--datasets=wikitext2,{BYTES}'], BYTES, '--force', '--tokenizer='),
                           (['--datasets=short'], f'{data_dir}/short/val.bin'),
+                          (['--datasets=one'], f'{data_dir}/one/val.bin'),
                           (['--datasets=wikitext2,noise'], f'{data_dir}/noise/val.bin')):
         fails(eval_gpt.main, base + extra, *names)
     # an empty list typed is not auto's: the checkpoint is not blamed
