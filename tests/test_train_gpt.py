@@ -261,6 +261,20 @@ def test_ctrl_c_that_breaks_a_step_ends_as_an_interrupt(data_dir, tmp_path, monk
     assert code == 130 and 'Traceback' not in err and err.strip().splitlines()[-1] == 'error: interrupted'
 
 
+def test_ctrl_c_before_anything_is_saved_prints_no_resume_command(data_dir, tmp_path, monkeypatch, ends):
+    """SIGINT during the first evaluation (iter 0): nothing is saved, so no command to go on from (it would be
+    refused)."""
+    real = train_gpt.estimate_loss
+
+    def first_eval(*args):
+        sigint()
+        return real(*args)
+    monkeypatch.setattr(train_gpt, 'estimate_loss', first_eval)
+    code, err = ends(train_gpt.main, tiny(data_dir, tmp_path / 'out', '--max_iters=3'))
+    assert code == 130 and '--init_from=resume' not in err
+    assert not os.path.exists(tmp_path / 'out' / 'ckpt.pt')
+
+
 @pytest.mark.parametrize('act, saved', [(sigint, 7), (interrupt, 4)])
 def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, train, tmp_path, monkeypatch,
                                                                    ends, act, saved):
