@@ -155,6 +155,8 @@ WRONG = [
     (1, 'grad_alpha_forgotten', lambda Z, Pi, U, alpha: sol.grad_variational(Z, Pi, U, 1.0)),
     (1, 'grad_by_autograd', grad_by_autograd),
     (1, 'grad_by_the_checks_helper', grad_by_the_checks_helper),
+    (1, 'grad_as_a_list', lambda *a: sol.grad_variational(*a).tolist()),
+    (1, 'grad_flattened', lambda *a: sol.grad_variational(*a).flatten()),
     (2, 'factor_one', lambda: 1.0),
     (2, 'factor_two', lambda: 2.0),
     (3, 'projected_in_all_of_R_d', lambda Z, Pi, U, alpha: sol.compression(Z, Pi, alpha)),
