@@ -475,9 +475,10 @@ def test_drop_path_drops_a_whole_branch_of_a_whole_sample():
 def test_bf16_autocast_long_sequence_stays_close_to_float32():
     """Under bf16 autocast the statistics and the recurrent state stay in float32.
     Tolerance: relative error below 2% (bf16 resolves ~0.4%), over all 8192 positions and over the
-    last 1024; the steps within 5e-4 of the parallel form under the same autocast; the state after the last step (Q, A, P) within 1% of float32's. A sum in bf16 stops growing
-    once it is ~256x a term: the input changes distribution halfway, so a P summed so keeps the first half's
-    statistics and the outputs fail; a Q or A summed so moves the outputs less, and fails as a state."""
+    last 1024; the steps within 5e-4 of the parallel form under the same autocast; the state after the last
+    step (Q, A, P) within 1% of float32's. A sum in bf16 stops growing once it is ~256x a term: the input
+    changes distribution halfway, so a P summed so keeps the first half's statistics and the outputs fail; a Q
+    or A summed so moves the outputs less, and fails as a state."""
     torch.manual_seed(0)
     n, half = 8192, 4096
     layer = randomize(CausalTSSA(64, 4, block_size=n), scale=1.0)   # s >> 1, so y depends on it
@@ -662,13 +663,16 @@ def test_sequence_longer_than_block_size():
     layer = CausalTSSA(16, 2, block_size=8)
     x = torch.randn(1, 6, 16)
     state = layer.empty_state(1)
-    for use, named in ((lambda: model(token_ids(1, 9)), 'block_size'),
-                       (lambda: model.step(token_ids(1), model.prefill(token_ids(1, 8))[1]), 'block_size'),
-                       (lambda: layer(torch.randn(1, 9, 16)), 'position 8 '),
-                       (lambda: layer(x, layer(x, state)[1]), 'position 11 '),
-                       (lambda: layer.step(x[:, 0], layer(torch.randn(1, 8, 16), state)[1]), 'position 8 '),
-                       (lambda: other.step(token_ids(1), states), '1 states'),
-                       (lambda: other.prefill(token_ids(1, 2), states), '1 states')):
+    # each case, and the numbers its error names: the position, the block_size, the states and the blocks
+    for use, named in ((lambda: model(token_ids(1, 9)), r'block_size \(8\)'),
+                       (lambda: model.step(token_ids(1), model.prefill(token_ids(1, 8))[1]),
+                        r'block_size \(8\)'),
+                       (lambda: layer(torch.randn(1, 9, 16)), r'position 8 .*block_size \(8\)'),
+                       (lambda: layer(x, layer(x, state)[1]), r'position 11 .*block_size \(8\)'),
+                       (lambda: layer.step(x[:, 0], layer(torch.randn(1, 8, 16), state)[1]),
+                        r'position 8 .*block_size \(8\)'),
+                       (lambda: other.step(token_ids(1), states), '1 states .* 2 blocks'),
+                       (lambda: other.prefill(token_ids(1, 2), states), '1 states .* 2 blocks')):
         with pytest.raises(ValueError, match=named):
             use()
 
@@ -897,9 +901,9 @@ def test_gpt_float32_gradients_match_float64(monkeypatch):
 def test_fast_core_under_bf16_autocast_is_as_close_as_bf16_allows(causal):
     """bf16 autocast (projections in bf16, the core in float32) against float32, 8192 tokens.
     bf16 keeps 8 significant bits: one rounding is up to 2^-9 = 0.2% relative, and the input, the two
-    projections and their gradients each round once: 0.4% measured, so 0.6%, which an error of 1% fails. temp's
-    gradient is a sum that cancels (1% measured): 2%. That no statistic is summed in bf16 is checked exactly
-    above.
+    projections and their gradients each round once: 0.4% measured, so 0.6%, which an error of 1% fails.
+    temp's gradient is a sum that cancels (1% measured): 2%. That no statistic is summed in bf16 is checked
+    exactly above.
     The causal core is also no further from float64 than the readable lines under the same autocast: the
     output and every gradient within 1.1x their error (a core that summed in bf16 is about 1.35x on the
     output)."""

@@ -88,6 +88,8 @@ def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
 def test_same_seed_same_text_and_one_thread_unless_told(out, capsys, monkeypatch):
     args = [f'--out_dir={out}', '--num_samples=2', '--max_new_tokens=40', '--device=cpu']
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    # two threads before: sample.py itself sets one (the module runs on one)
+    torch.set_num_threads(2)
     texts = []
     for seed in (3, 3, 4):
         sample.main(args + [f'--seed={seed}'])
@@ -101,6 +103,7 @@ def test_same_seed_same_text_and_one_thread_unless_told(out, capsys, monkeypatch
     torch.set_num_threads(2)
     sample.main(args)
     assert torch.get_num_threads() == 2 and capsys.readouterr().err.strip().endswith('(cpu, 2 threads)')
+    torch.set_num_threads(1)
 
 
 def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monkeypatch):

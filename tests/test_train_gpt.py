@@ -882,7 +882,9 @@ MISTAKES = [
     (['--softmax_layers=last'], ['--softmax_layers', 'last']),
     (TINY + ['--init_from=resume'], ['{out}/ckpt.pt']),
     (TINY + ['--block_size=5000'], ['--block_size', '5000']),
+    # a file for --data_dir: the dataset made here (the default) and one prepared before
     (['--data_dir={repo}/README.md', '--out_dir={out}'], ['{repo}/README.md', '--data_dir']),
+    (tiny('{repo}/README.md', '{out}'), ['{repo}/README.md', '--data_dir']),
     (tiny('{data}', '{broken}/file'), ['{broken}/file', '--out_dir={broken}/file']),
     (tiny('{data}', '{broken}/garbage', '--init_from=resume'), ['{broken}/garbage/ckpt.pt']),
     (tiny('{data}', '{broken}/vit', '--init_from=resume'), ['{broken}/vit/ckpt.pt', 'train_vit.py']),
