@@ -126,17 +126,18 @@ def section_language(args, results):
 # -----------------------------------------------------------------------------
 # vision: local patch interaction, on synthetic images where local structure decides the class
 
-def make_glyph_images(folder, n_train, n_test, classes=10, size=32):
+def make_glyph_images(folder, n_train, n_test):
     """A CIFAR-format dataset (as prepare_data.py writes it) where only local structure tells the classes
-    apart: each image is noise with one 5x5 glyph (one of `classes` fixed random patterns) at a random place
-    and brightness. A glyph straddles 4x4 patches, so a patch alone rarely shows it whole."""
+    apart: each 32x32 image is noise with one 5x5 glyph (one of 10 fixed random patterns, its class) at a
+    random place and brightness. A glyph straddles 4x4 patches, so a patch alone rarely shows it whole."""
     rng = np.random.default_rng(0)
-    glyphs = rng.random((classes, 5, 5)) < 0.5
+    glyphs = rng.random((10, 5, 5)) < 0.5
     os.makedirs(folder, exist_ok=True)
     for split, n in (('train', n_train), ('test', n_test)):
-        y = rng.integers(0, classes, n)
-        x = rng.integers(0, 120, (n, 3, size, size))
-        oy, ox = rng.integers(0, size - 5, (2, n))
+        y = rng.integers(0, 10, n)
+        x = rng.integers(0, 120, (n, 3, 32, 32))
+        # the glyph's top left corner: it fits in the image
+        oy, ox = rng.integers(0, 32 - 5, (2, n))
         colour = rng.integers(150, 256, (n, 3))
         # every glyph pixel (its image, its row and column in the glyph) takes its image's colour
         i, r, c = np.nonzero(glyphs[y])
@@ -144,8 +145,8 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32):
         np.save(os.path.join(folder, f'{split}_images.npy'), x.astype(np.uint8))
         np.save(os.path.join(folder, f'{split}_labels.npy'), y)
     # what train_vit.py reads of a meta.json
-    meta = dict(kind='images', num_classes=classes, classes=[f'glyph{i}' for i in range(classes)],
-                image_size=size, channels=3, mean=[0.3] * 3, std=[0.2] * 3)
+    meta = dict(kind='images', num_classes=10, classes=[f'glyph{i}' for i in range(10)],
+                image_size=32, channels=3, mean=[0.3] * 3, std=[0.2] * 3)
     with open(os.path.join(folder, 'meta.json'), 'w', encoding='utf-8') as f:
         json.dump(meta, f)
 
@@ -190,11 +191,11 @@ def section_vision(args, results):
 # position t (GPT.forward's targets), -1 where nothing is asked. Every label follows from x[b, :t+1] (tested).
 
 
-def gen_recall(rng, n, pairs, keys=32):
+def gen_recall(rng, n, pairs):
     """k_1 v_1 .. k_N v_N (keys 0..31, values 32..63), then the keys of ceil(N/2) random pairs, each
     followed by its value (but the last). Labelled: the value, at each query key."""
-    k = rng.random((n, keys)).argsort(1)[:, :pairs]               # (n, N) distinct keys
-    v = rng.random((n, keys)).argsort(1)[:, :pairs] + keys        # (n, N) distinct values
+    k = rng.random((n, 32)).argsort(1)[:, :pairs]                 # (n, N) distinct keys
+    v = rng.random((n, 32)).argsort(1)[:, :pairs] + 32            # (n, N) distinct values
     q = rng.random((n, pairs)).argsort(1)[:, :(pairs + 1) // 2]   # (n, Q) the pairs asked, in random order
     kv = np.stack([k, v], 2)                                      # (n, N, 2)
     asked = np.take_along_axis(kv, q[..., None], 1)               # (n, Q, 2)
@@ -204,35 +205,38 @@ def gen_recall(rng, n, pairs, keys=32):
     return x[:, :-1], y[:, :-1]
 
 
-def gen_copy(rng, n, length, symbols=32):
-    """A random segment s, a separator (token 32), s again. Labelled: each symbol of the repeat, at the token
-    before it."""
-    s = rng.integers(0, symbols, (n, length))
-    x = np.concatenate([s, np.full((n, 1), symbols), s[:, :-1]], 1)
+def gen_copy(rng, n, length):
+    """A random segment s of symbols 0..31, a separator (token 32), s again. Labelled: each symbol of the
+    repeat, at the token before it."""
+    s = rng.integers(0, 32, (n, length))
+    x = np.concatenate([s, np.full((n, 1), 32), s[:, :-1]], 1)
     y = np.full_like(x, -1)
     y[:, length:] = s
     return x, y
 
 
-def gen_periodic(rng, n, period, symbols=32, T=32):
-    """P random symbols repeated. Labelled: the next token (the one P - 1 places back), from t = P - 1 on."""
-    s = rng.integers(0, symbols, (n, period))
-    x = s[:, np.arange(T + 1) % period]
+def gen_periodic(rng, n, period):
+    """P random symbols (of 32) repeated to 32 tokens. Labelled: the next token (the one P - 1 places back),
+    from t = P - 1 on."""
+    s = rng.integers(0, 32, (n, period))
+    # one token more than the 32 of a sequence: the labels are the tokens after
+    x = s[:, np.arange(33) % period]
     y = x[:, 1:].copy()
     y[:, :period - 1] = -1
     return x[:, :-1], y
 
 
-def gen_mode(rng, n, symbols, T=48, warmup=8):
-    """T symbols from frequencies each sequence draws (Dirichlet(1)). Labelled: the most frequent symbol so
-    far, from t = warmup - 1 on, where it is unique."""
+def gen_mode(rng, n, symbols):
+    """48 symbols from frequencies each sequence draws (Dirichlet(1)). Labelled: the most frequent symbol so
+    far, from the 8th token (t = 7) on, where it is unique."""
     cdf = rng.dirichlet(np.ones(symbols), n).cumsum(1)                           # (n, A)
-    x = np.minimum((rng.random((n, T, 1)) > cdf[:, None]).sum(-1), symbols - 1)  # (n, T) inverse CDF
+    # (n, T) by the inverse CDF
+    x = np.minimum((rng.random((n, 48, 1)) > cdf[:, None]).sum(-1), symbols - 1)
     counts = np.cumsum(np.eye(symbols, dtype=np.int64)[x], 1)                    # (n, T, A) counts so far
     top2 = np.sort(counts, -1)[..., -2:]
     y = counts.argmax(-1)
     y[top2[..., 0] == top2[..., 1]] = -1                                         # a tie: no answer
-    y[:, :warmup - 1] = -1
+    y[:, :7] = -1
     return x, y
 
 
