@@ -101,11 +101,12 @@ def section_language(args, results):
     rows = []
     for row, out_dir, log in train(args, 'language', 'train_gpt.py', LANGUAGE, budget):
         val = [r['val_loss'] for r in log if r.get('kind') == 'eval'][-1]
-        speeds = [r['tokens_per_sec'] for r in log if r.get('kind') == 'train' and r.get('tokens_per_sec')]
+        # every training row has one (the last step always writes a row)
+        speeds = [r['tokens_per_sec'] for r in log if r.get('kind') == 'train']
         # the first row includes the warm-up
         speeds = speeds[1:] or speeds
         sample = run_script('sample.py', dict(out_dir=out_dir, **SAMPLE)).stdout
-        row.update(val_loss=val, tokens_per_sec=sum(speeds) / max(1, len(speeds)), sample=sample.strip())
+        row.update(val_loss=val, tokens_per_sec=sum(speeds) / len(speeds), sample=sample.strip())
         rows.append(row)
         console.print(f"  {row['variant']}: val loss {val:.3f}", style="dim")
     results['language'] = dict(rows=rows, budget=dict(
@@ -306,7 +307,8 @@ def task_run(job):
     torch.set_num_threads(1)
     t0 = time.time()
     x_test, y_test = task.gen(np.random.default_rng([TASK_SEED, 0]), tests, value)   # held out
-    batch = max(1, o['tokens'] // x_test.shape[1])
+    # (the longest sequence, copy's 64 tokens, still makes a batch of 20)
+    batch = o['tokens'] // x_test.shape[1]
     torch.manual_seed(TASK_SEED)
     cfg = tost.GPTConfig(block_size=x_test.shape[1], vocab_size=task.vocab, **TASK_MODEL, **TASK_MODELS[kind])
     model = tost.GPT(cfg)
