@@ -52,6 +52,11 @@ def run_script(script, keys):
     return out
 
 
+# --smoke trains only these runs: in each section the paper's model and one with each option (the token
+# shift, a hybrid; lpi), enough to see that every path runs
+SMOKE = ('tost', 'tost-shift', 'hybrid-last-shift', 'tost-lpi')
+
+
 def train(args, section, script, variants, keys):
     """Train each of `variants` ((run name, label, overrides); in the smoke test only those of SMOKE) with
     `script`, `keys` and its overrides, in float32 (as measured), into out_dir/section-run. Yields (the row of
@@ -69,11 +74,9 @@ def train(args, section, script, variants, keys):
         yield row, out_dir, plot.read_run(out_dir)[2]
 
 
-# the runs --smoke trains, of each section
-SMOKE = ('tost', 'tost-shift', 'hybrid-last-shift', 'tost-lpi')
-
 # -----------------------------------------------------------------------------
-# language: the demo budget, ToST against softmax, with and without the token shift
+# language: the demo's model and budget (train_gpt.py on python_stdlib bytes) with ToST, softmax, hybrids of
+# the two, each with and without the token shift, and more heads; each run's val loss, speed and a sample
 
 LANGUAGE = [   # (run name, label, train_gpt.py overrides); the first is the paper's model, the demo's default
     ('tost', 'ToST (paper)', {}),
@@ -97,6 +100,7 @@ SAMPLE = dict(start='def ', seed=1, temperature=0.8, max_new_tokens=160, num_sam
 
 
 def section_language(args, results):
+    """Train each of LANGUAGE, sample from it, and print the table and the samples."""
     budget = LANGUAGE_BUDGET[args.mode]
     rows = []
     for row, out_dir, log in train(args, 'language', 'train_gpt.py', LANGUAGE, budget):
@@ -163,6 +167,7 @@ VISION_BUDGET = {   # train images, test images, and train_vit.py overrides
 
 
 def section_vision(args, results):
+    """Make the glyph images, train each of VISION on them, and print the table of test accuracies."""
     n_train, n_test, overrides = VISION_BUDGET[args.mode]
     data_dir = os.path.join(args.out_dir, 'data')
     make_glyph_images(os.path.join(data_dir, 'glyphs'), n_train, n_test)
@@ -332,16 +337,19 @@ def task_run(job):
 
 
 def section_tasks(args, results):
+    """Train a tiny GPT of each of TASK_MODELS on each task at each knob value, two at a time in worker
+    processes (in this file: no script), and print the map of accuracies, a row per task and value."""
     mode = args.mode
+    tests = TASK_TEST[mode]
     o = TASK_OPT
     m = TASK_MODEL
     # the training steps of each task: its full or quick count, or 2 for the smoke test
     steps = {t.name: dict(full=t.steps[0], quick=t.steps[1], smoke=2)[mode] for t in TASKS.values()}
     # every model at every knob value of every task; the smoke test takes each task's first quick value
-    jobs = [(t.name, v, kind, steps[t.name], TASK_TEST[mode]) for t in TASKS.values()
+    jobs = [(t.name, v, kind, steps[t.name], tests) for t in TASKS.values()
             for v in (t.quick[:1] if mode == 'smoke' else getattr(t, mode)) for kind in TASK_MODELS]
     budget = dict(model=m, optimizer=dict(o, name='AdamW', schedule='linear warmup, cosine to min_lr'),
-                  steps=steps, test_sequences=TASK_TEST[mode], seed=TASK_SEED)
+                  steps=steps, test_sequences=tests, seed=TASK_SEED)
     console.print(f"tasks: {len(jobs)} tiny GPTs, trained two at a time (two processes of one thread each)")
     # A process per core: a tiny model's step is too small to split over two threads (the second mostly
     # waits). spawn, not fork: a forked child of a process that already ran torch's thread pool can hang.
@@ -366,7 +374,7 @@ def section_tasks(args, results):
                   f"{o['lr']:g} ({o['warmup']:.0%} linear warmup, cosine to {o['min_lr']:g}), weight decay "
                   f"{o['weight_decay']}, betas {o['betas']}, gradient clip {o['clip']}; {o['tokens']} tokens "
                   f"a step (batch = {o['tokens']} // sequence length), fresh sequences every step; steps: "
-                  f"{', '.join(f'{k} {v}' for k, v in steps.items())}; {TASK_TEST[mode]} held-out test "
+                  f"{', '.join(f'{k} {v}' for k, v in steps.items())}; {tests} held-out test "
                   f"sequences per row; seed {TASK_SEED}, one run per cell")
     k = len(TASK_MODELS)
     table(results, "What ToST can and cannot do: accuracy on held-out sequences, at the labelled positions",
