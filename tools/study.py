@@ -312,10 +312,11 @@ def task_run(job):
     torch.set_num_threads(1)
     t0 = time.time()
     x_test, y_test = task.gen(np.random.default_rng([TASK_SEED, 0]), tests, value)   # held out
+    seq_len = x_test.shape[1]
     # (the longest sequence, copy's 64 tokens, still makes a batch of 20)
-    batch = o['tokens'] // x_test.shape[1]
+    batch = o['tokens'] // seq_len
     torch.manual_seed(TASK_SEED)
-    cfg = tost.GPTConfig(block_size=x_test.shape[1], vocab_size=task.vocab, **TASK_MODEL, **TASK_MODELS[kind])
+    cfg = tost.GPTConfig(block_size=seq_len, vocab_size=task.vocab, **TASK_MODEL, **TASK_MODELS[kind])
     model = tost.GPT(cfg)
     opt = tost.make_optimizer(model, o['weight_decay'], o['lr'], o['betas'], 'cpu')
     # the trainers' step (float32: the scaler does nothing)
@@ -332,7 +333,7 @@ def task_run(job):
     right = (pred == y)[y >= 0]                 # at the labelled positions
     return dict(task=name, knob=task.knob, value=value, model=kind,
                 accuracy=right.sum().item() / right.numel(), chance=task.chance(value),
-                train_loss=round(loss.item(), 4), steps=steps, batch=batch, seq_len=x_test.shape[1],
+                train_loss=round(loss.item(), 4), steps=steps, batch=batch, seq_len=seq_len,
                 seconds=round(time.time() - t0, 1))
 
 
