@@ -52,6 +52,11 @@ def run_script(script, keys):
     return out
 
 
+# --smoke trains only these runs: in each section the paper's model and one with each option (the token
+# shift, a hybrid; lpi), enough to see that every path runs
+SMOKE = ('tost', 'tost-shift', 'hybrid-last-shift', 'tost-lpi')
+
+
 def train(args, section, script, variants, keys):
     """Train each of `variants` ((run name, label, overrides); in the smoke test only those of SMOKE) with
     `script`, `keys` and its overrides, in float32 (as measured), into out_dir/section-run. Yields (the row of
@@ -69,11 +74,9 @@ def train(args, section, script, variants, keys):
         yield row, out_dir, plot.read_run(out_dir)[2]
 
 
-# the runs --smoke trains, of each section
-SMOKE = ('tost', 'tost-shift', 'hybrid-last-shift', 'tost-lpi')
-
 # -----------------------------------------------------------------------------
-# language: the demo budget, ToST against softmax, with and without the token shift
+# language: the demo's model and budget (train_gpt.py on python_stdlib bytes) with ToST, softmax, hybrids of
+# the two, each with and without the token shift, and more heads; each run's val loss, speed and a sample
 
 LANGUAGE = [   # (run name, label, train_gpt.py overrides); the first is the paper's model, the demo's default
     ('tost', 'ToST (paper)', {}),
@@ -97,15 +100,17 @@ SAMPLE = dict(start='def ', seed=1, temperature=0.8, max_new_tokens=160, num_sam
 
 
 def section_language(args, results):
+    """Train each of LANGUAGE, sample from it, and print the table and the samples."""
     budget = LANGUAGE_BUDGET[args.mode]
     rows = []
     for row, out_dir, log in train(args, 'language', 'train_gpt.py', LANGUAGE, budget):
         val = [r['val_loss'] for r in log if r.get('kind') == 'eval'][-1]
-        speeds = [r['tokens_per_sec'] for r in log if r.get('kind') == 'train' and r.get('tokens_per_sec')]
+        # every training row has one (the last step always writes a row)
+        speeds = [r['tokens_per_sec'] for r in log if r.get('kind') == 'train']
         # the first row includes the warm-up
         speeds = speeds[1:] or speeds
         sample = run_script('sample.py', dict(out_dir=out_dir, **SAMPLE)).stdout
-        row.update(val_loss=val, tokens_per_sec=sum(speeds) / max(1, len(speeds)), sample=sample.strip())
+        row.update(val_loss=val, tokens_per_sec=sum(speeds) / len(speeds), sample=sample.strip())
         rows.append(row)
         console.print(f"  {row['variant']}: val loss {val:.3f}", style="dim")
     results['language'] = dict(rows=rows, budget=dict(
@@ -126,17 +131,18 @@ def section_language(args, results):
 # -----------------------------------------------------------------------------
 # vision: local patch interaction, on synthetic images where local structure decides the class
 
-def make_glyph_images(folder, n_train, n_test, classes=10, size=32):
+def make_glyph_images(folder, n_train, n_test):
     """A CIFAR-format dataset (as prepare_data.py writes it) where only local structure tells the classes
-    apart: each image is noise with one 5x5 glyph (one of `classes` fixed random patterns) at a random place
-    and brightness. A glyph straddles 4x4 patches, so a patch alone rarely shows it whole."""
+    apart: each 32x32 image is noise with one 5x5 glyph (one of 10 fixed random patterns, its class) at a
+    random place and brightness. A glyph straddles 4x4 patches, so a patch alone rarely shows it whole."""
     rng = np.random.default_rng(0)
-    glyphs = rng.random((classes, 5, 5)) < 0.5
+    glyphs = rng.random((10, 5, 5)) < 0.5
     os.makedirs(folder, exist_ok=True)
     for split, n in (('train', n_train), ('test', n_test)):
-        y = rng.integers(0, classes, n)
-        x = rng.integers(0, 120, (n, 3, size, size))
-        oy, ox = rng.integers(0, size - 5, (2, n))
+        y = rng.integers(0, 10, n)
+        x = rng.integers(0, 120, (n, 3, 32, 32))
+        # the glyph's top left corner: it fits in the image
+        oy, ox = rng.integers(0, 32 - 5, (2, n))
         colour = rng.integers(150, 256, (n, 3))
         # every glyph pixel (its image, its row and column in the glyph) takes its image's colour
         i, r, c = np.nonzero(glyphs[y])
@@ -144,8 +150,8 @@ def make_glyph_images(folder, n_train, n_test, classes=10, size=32):
         np.save(os.path.join(folder, f'{split}_images.npy'), x.astype(np.uint8))
         np.save(os.path.join(folder, f'{split}_labels.npy'), y)
     # what train_vit.py reads of a meta.json
-    meta = dict(kind='images', num_classes=classes, classes=[f'glyph{i}' for i in range(classes)],
-                image_size=size, channels=3, mean=[0.3] * 3, std=[0.2] * 3)
+    meta = dict(kind='images', num_classes=10, classes=[f'glyph{i}' for i in range(10)],
+                image_size=32, channels=3, mean=[0.3] * 3, std=[0.2] * 3)
     with open(os.path.join(folder, 'meta.json'), 'w', encoding='utf-8') as f:
         json.dump(meta, f)
 
@@ -161,6 +167,7 @@ VISION_BUDGET = {   # train images, test images, and train_vit.py overrides
 
 
 def section_vision(args, results):
+    """Make the glyph images, train each of VISION on them, and print the table of test accuracies."""
     n_train, n_test, overrides = VISION_BUDGET[args.mode]
     data_dir = os.path.join(args.out_dir, 'data')
     make_glyph_images(os.path.join(data_dir, 'glyphs'), n_train, n_test)
@@ -190,11 +197,11 @@ def section_vision(args, results):
 # position t (GPT.forward's targets), -1 where nothing is asked. Every label follows from x[b, :t+1] (tested).
 
 
-def gen_recall(rng, n, pairs, keys=32):
+def gen_recall(rng, n, pairs):
     """k_1 v_1 .. k_N v_N (keys 0..31, values 32..63), then the keys of ceil(N/2) random pairs, each
     followed by its value (but the last). Labelled: the value, at each query key."""
-    k = rng.random((n, keys)).argsort(1)[:, :pairs]               # (n, N) distinct keys
-    v = rng.random((n, keys)).argsort(1)[:, :pairs] + keys        # (n, N) distinct values
+    k = rng.random((n, 32)).argsort(1)[:, :pairs]                 # (n, N) distinct keys
+    v = rng.random((n, 32)).argsort(1)[:, :pairs] + 32            # (n, N) distinct values
     q = rng.random((n, pairs)).argsort(1)[:, :(pairs + 1) // 2]   # (n, Q) the pairs asked, in random order
     kv = np.stack([k, v], 2)                                      # (n, N, 2)
     asked = np.take_along_axis(kv, q[..., None], 1)               # (n, Q, 2)
@@ -204,35 +211,38 @@ def gen_recall(rng, n, pairs, keys=32):
     return x[:, :-1], y[:, :-1]
 
 
-def gen_copy(rng, n, length, symbols=32):
-    """A random segment s, a separator (token 32), s again. Labelled: each symbol of the repeat, at the token
-    before it."""
-    s = rng.integers(0, symbols, (n, length))
-    x = np.concatenate([s, np.full((n, 1), symbols), s[:, :-1]], 1)
+def gen_copy(rng, n, length):
+    """A random segment s of symbols 0..31, a separator (token 32), s again. Labelled: each symbol of the
+    repeat, at the token before it."""
+    s = rng.integers(0, 32, (n, length))
+    x = np.concatenate([s, np.full((n, 1), 32), s[:, :-1]], 1)
     y = np.full_like(x, -1)
     y[:, length:] = s
     return x, y
 
 
-def gen_periodic(rng, n, period, symbols=32, T=32):
-    """P random symbols repeated. Labelled: the next token (the one P - 1 places back), from t = P - 1 on."""
-    s = rng.integers(0, symbols, (n, period))
-    x = s[:, np.arange(T + 1) % period]
+def gen_periodic(rng, n, period):
+    """P random symbols (of 32) repeated to 32 tokens. Labelled: the next token (the one P - 1 places back),
+    from t = P - 1 on."""
+    s = rng.integers(0, 32, (n, period))
+    # one token more than the 32 of a sequence: the labels are the tokens after
+    x = s[:, np.arange(33) % period]
     y = x[:, 1:].copy()
     y[:, :period - 1] = -1
     return x[:, :-1], y
 
 
-def gen_mode(rng, n, symbols, T=48, warmup=8):
-    """T symbols from frequencies each sequence draws (Dirichlet(1)). Labelled: the most frequent symbol so
-    far, from t = warmup - 1 on, where it is unique."""
+def gen_mode(rng, n, symbols):
+    """48 symbols from frequencies each sequence draws (Dirichlet(1)). Labelled: the most frequent symbol so
+    far, from the 8th token (t = 7) on, where it is unique."""
     cdf = rng.dirichlet(np.ones(symbols), n).cumsum(1)                           # (n, A)
-    x = np.minimum((rng.random((n, T, 1)) > cdf[:, None]).sum(-1), symbols - 1)  # (n, T) inverse CDF
+    # (n, T) by the inverse CDF
+    x = np.minimum((rng.random((n, 48, 1)) > cdf[:, None]).sum(-1), symbols - 1)
     counts = np.cumsum(np.eye(symbols, dtype=np.int64)[x], 1)                    # (n, T, A) counts so far
     top2 = np.sort(counts, -1)[..., -2:]
     y = counts.argmax(-1)
     y[top2[..., 0] == top2[..., 1]] = -1                                         # a tie: no answer
-    y[:, :warmup - 1] = -1
+    y[:, :7] = -1
     return x, y
 
 
@@ -302,9 +312,11 @@ def task_run(job):
     torch.set_num_threads(1)
     t0 = time.time()
     x_test, y_test = task.gen(np.random.default_rng([TASK_SEED, 0]), tests, value)   # held out
-    batch = max(1, o['tokens'] // x_test.shape[1])
+    seq_len = x_test.shape[1]
+    # (the longest sequence, copy's 64 tokens, still makes a batch of 20)
+    batch = o['tokens'] // seq_len
     torch.manual_seed(TASK_SEED)
-    cfg = tost.GPTConfig(block_size=x_test.shape[1], vocab_size=task.vocab, **TASK_MODEL, **TASK_MODELS[kind])
+    cfg = tost.GPTConfig(block_size=seq_len, vocab_size=task.vocab, **TASK_MODEL, **TASK_MODELS[kind])
     model = tost.GPT(cfg)
     opt = tost.make_optimizer(model, o['weight_decay'], o['lr'], o['betas'], 'cpu')
     # the trainers' step (float32: the scaler does nothing)
@@ -321,21 +333,24 @@ def task_run(job):
     right = (pred == y)[y >= 0]                 # at the labelled positions
     return dict(task=name, knob=task.knob, value=value, model=kind,
                 accuracy=right.sum().item() / right.numel(), chance=task.chance(value),
-                train_loss=round(loss.item(), 4), steps=steps, batch=batch, seq_len=x_test.shape[1],
+                train_loss=round(loss.item(), 4), steps=steps, batch=batch, seq_len=seq_len,
                 seconds=round(time.time() - t0, 1))
 
 
 def section_tasks(args, results):
+    """Train a tiny GPT of each of TASK_MODELS on each task at each knob value, two at a time in worker
+    processes (in this file: no script), and print the map of accuracies, a row per task and value."""
     mode = args.mode
+    tests = TASK_TEST[mode]
     o = TASK_OPT
     m = TASK_MODEL
     # the training steps of each task: its full or quick count, or 2 for the smoke test
     steps = {t.name: dict(full=t.steps[0], quick=t.steps[1], smoke=2)[mode] for t in TASKS.values()}
     # every model at every knob value of every task; the smoke test takes each task's first quick value
-    jobs = [(t.name, v, kind, steps[t.name], TASK_TEST[mode]) for t in TASKS.values()
+    jobs = [(t.name, v, kind, steps[t.name], tests) for t in TASKS.values()
             for v in (t.quick[:1] if mode == 'smoke' else getattr(t, mode)) for kind in TASK_MODELS]
     budget = dict(model=m, optimizer=dict(o, name='AdamW', schedule='linear warmup, cosine to min_lr'),
-                  steps=steps, test_sequences=TASK_TEST[mode], seed=TASK_SEED)
+                  steps=steps, test_sequences=tests, seed=TASK_SEED)
     console.print(f"tasks: {len(jobs)} tiny GPTs, trained two at a time (two processes of one thread each)")
     # A process per core: a tiny model's step is too small to split over two threads (the second mostly
     # waits). spawn, not fork: a forked child of a process that already ran torch's thread pool can hang.
@@ -360,7 +375,7 @@ def section_tasks(args, results):
                   f"{o['lr']:g} ({o['warmup']:.0%} linear warmup, cosine to {o['min_lr']:g}), weight decay "
                   f"{o['weight_decay']}, betas {o['betas']}, gradient clip {o['clip']}; {o['tokens']} tokens "
                   f"a step (batch = {o['tokens']} // sequence length), fresh sequences every step; steps: "
-                  f"{', '.join(f'{k} {v}' for k, v in steps.items())}; {TASK_TEST[mode]} held-out test "
+                  f"{', '.join(f'{k} {v}' for k, v in steps.items())}; {tests} held-out test "
                   f"sequences per row; seed {TASK_SEED}, one run per cell")
     k = len(TASK_MODELS)
     table(results, "What ToST can and cannot do: accuracy on held-out sequences, at the labelled positions",
