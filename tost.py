@@ -30,9 +30,9 @@ d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). Comments en
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 57-88     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
   lines 95-198    the white-box gradient step, then the practical operator (TSSA)
-  lines 205-311   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 318-407   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 414-603   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 205-319   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 326-415   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 422-614   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -235,7 +235,8 @@ class CausalTSSA(TSSA):
     cumsum; step() advances one token from a TSSAState in O(p) per head: the same numbers. Sums run in
     float32 under bf16/fp16 autocast (float16 overflows past 65504; a running bf16 sum stalls). Without a
     state or attention dropout, forward() runs a fused core, tost_fast's on a CPU (from 2^19 numbers) or
-    tost_triton's on CUDA, unless CausalTSSA.fast is False: the same numbers to rounding, faster.
+    tost_triton's on CUDA, unless CausalTSSA.fast is False: the same numbers to rounding, faster, with a
+    first-order backward (a gradient of a gradient needs fast = False).
     """
 
     fast = True
@@ -252,9 +253,14 @@ class CausalTSSA(TSSA):
         P = torch.zeros(batch_size, self.n_head, device=device, dtype=dtype)
         return TSSAState(Q, torch.zeros_like(Q), P, 0)
 
-    def check_positions(self, end):
-        if end > self.block_size:                              # b_{k,t} has one entry per position
+    def check_state(self, state, tokens, batch):
+        """b_{k,t} has one entry per position, and a state is its own batch's: the sums would broadcast
+        another batch size's."""
+        end = (0 if state is None else state.t) + tokens
+        if end > self.block_size:
             raise ValueError(f"position {end - 1} is past block_size ({self.block_size})")
+        if state is not None and state.P.shape[0] != batch:
+            raise ValueError(f"a state of {state.P.shape[0]} sequences for a batch of {batch}")
 
     def prefix_memberships(self, w2, Q, t0=0):
         """pi_t from the tokens up to t: TSSA.memberships with each sum over all tokens replaced by the prefix
@@ -267,7 +273,7 @@ class CausalTSSA(TSSA):
     def forward(self, x, state: Optional[TSSAState] = None):
         """Parallel form. x: (B, T, d). Without a state: returns y (B, T, d), the training path.
         With a state (from empty_state() or an earlier call): continues after it, returns (y, new_state)."""
-        self.check_positions((0 if state is None else state.t) + x.shape[1])
+        self.check_state(state, x.shape[1], x.shape[0])
         # large inputs on a CPU, and CUDA: the same numbers from a fused core; the readable lines follow
         if state is None and tost_fast.usable(self, x):
             return tost_fast.causal_tssa(self, x)
@@ -289,7 +295,9 @@ class CausalTSSA(TSSA):
         y = self.resid_dropout(self.c_proj(self.merge_heads(y.to(w.dtype))))   # (B, T, d)
         if state is None:
             return y
-        return y, TSSAState(Q[:, :, -1], A[:, :, -1], P[:, :, -1], state.t + x.shape[1])
+        # the last position's sums, copied: a view would keep the prefix sums of every position alive
+        return y, TSSAState(Q[:, :, -1].clone(), A[:, :, -1].clone(), P[:, :, -1].clone(),
+                            state.t + x.shape[1])
 
     def step(self, x, state: TSSAState):
         """Recurrent form: one token x (B, d) and the state after t tokens -> (y (B, d), state after t+1).
@@ -297,7 +305,7 @@ class CausalTSSA(TSSA):
         advanced by one term, the token's own included before pi_t: O(p) work per head."""
         B, d = x.shape
         p = self.head_dim
-        self.check_positions(state.t + 1)
+        self.check_state(state, 1, B)
         w = self.c_attn(x).view(B, self.n_head, p)             # (B, K, p)
         dt = _stat_dtype(w)
         w2 = w.to(dt).square()
@@ -427,6 +435,7 @@ class GPTConfig:
     softmax_layers: tuple = ()
 
     def __post_init__(self):
+        _check_positive(self, 'block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd')
         _check_shape(self.n_embd, self.n_head, self.attn)
         n = self.n_layer
         layers = self.softmax_layers
@@ -477,6 +486,8 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def _embed(self, idx, t0=0):
+        if idx.dim() != 2 or idx.shape[1] == 0:
+            raise ValueError(f"expected token ids of shape (B, T), T >= 1; got {tuple(idx.shape)}")
         T = idx.shape[1]
         if t0 + T > self.config.block_size:
             raise ValueError(f"sequence of {t0 + T} tokens is longer than block_size "
@@ -625,6 +636,9 @@ class ViTConfig:
     lpi: bool = False           # not in the paper: XCiT's local patch interaction in every block
 
     def __post_init__(self):
+        # n_cls_layer >= 1: the head reads the class token, which only class attention writes into
+        _check_positive(self, 'img_size', 'patch_size', 'in_chans', 'num_classes', 'n_layer', 'n_head',
+                        'n_embd', 'n_cls_layer')
         _check_shape(self.n_embd, self.n_head, self.attn)
         p = self.patch_size
         if p < 2 or p & (p - 1):
@@ -981,6 +995,13 @@ def prefix_sum(x, dim):
 def _stat_dtype(t):
     # statistics (sums over tokens) are taken in float32 when the activations are half precision
     return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
+
+
+def _check_positive(config, *names):
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{type(config).__name__}.{name} must be a positive integer, got {value!r}")
 
 
 def _check_shape(n_embd, n_head, attn):

@@ -151,8 +151,12 @@ class CausalCore(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable     # a gradient of a gradient: set CausalTSSA.fast = False
     def backward(ctx, g):
+        # First order only. Grad mode is on here only when a graph of this backward is asked for
+        # (create_graph=True): said then, rather than a gradient of a gradient without its second-order terms.
+        if torch.is_grad_enabled():
+            raise RuntimeError("causal TSSA's fused core has no gradient of a gradient: set "
+                               "CausalTSSA.fast = False")
         w, temp, pb, Qs, As, Ds, Pis, Pes, es = ctx.saved_tensors
         B, T, K, p = w.shape
         g = g.to(w.dtype)

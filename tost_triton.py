@@ -337,8 +337,11 @@ class Core(torch.autograd.Function):
         return out[0]
 
     @staticmethod
-    @torch.autograd.function.once_differentiable     # a gradient of a gradient: set CausalTSSA.fast = False
     def backward(ctx, gy):
+        # first order only: asked for a graph of this backward (create_graph=True), it says so, as tost_fast's
+        if torch.is_grad_enabled():
+            raise RuntimeError("causal TSSA's Triton core has no gradient of a gradient: set "
+                               "CausalTSSA.fast = False")
         return *_backward_kernels(gy, *ctx.saved_tensors, ctx.eps, ctx.chunk), None, None
 
 

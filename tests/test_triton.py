@@ -179,10 +179,13 @@ def check_gradcheck():
         return tost_triton.forward(*a, 1e-8, 4)[0]          # the form torch.compile runs
     for core in (eager, custom_op):
         assert torch.autograd.gradcheck(core, (w, temp, pb), fast_mode=True)
-        # through temp: the torch lines of the backward would give a second order that is wrong, not absent
-        (gt,) = torch.autograd.grad(core(w, temp, pb).square().sum(), temp, create_graph=True)
+        # A gradient of a gradient through w * s: the torch lines of the backward would give a second order
+        # that is wrong, not absent, and a once_differentiable core its first term alone (its check lies on a
+        # branch that leads to no s)
+        s = torch.ones((), dtype=torch.float64, requires_grad=True)
         try:
-            gt.sum().backward()
+            (gw,) = torch.autograd.grad(core(w * s, temp, pb).square().sum(), w, create_graph=True)
+            torch.autograd.grad(gw.sum(), s)
         except RuntimeError:
             continue                                  # first order only: said, not wrong
         raise AssertionError('a second-order backward ran through the first-order core')

@@ -36,7 +36,7 @@ TARGETS = {
 # Lines that compute no model math: shapes, dtypes, lists, slices, empty and zero buffers, checks, the
 # options' branches; and the hand-off to the Triton core, which runs on a GPU only (the lecture runs on the
 # CPU; tests/test_triton.py checks that core against the readable lines).
-SKIP = ('.shape', '= []', '.append(', 'check_positions', 'ctx.', 'slice(', 'keep', 'L = T',
+SKIP = ('.shape', '= []', '.append(', 'check_state', 'ctx.', 'slice(', 'keep', 'L = T',
         'p = self.head_dim', '_stat_dtype(w)', '.dtype', 'forward_with_options', '_checked', 'shift',
         'ShiftState', 'torch.empty_like', 'new_empty', 'new_zeros', 'tost_triton.')
 # A sign or an axis changed: the first of these found in the line's code is replaced, once.
