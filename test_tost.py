@@ -348,6 +348,34 @@ def test_attention_dropout_drops_coordinates_of_D_for_every_token_at_once():
     assert set(ratio.round().unique().tolist()) == {0.0, 2.0}
 
 
+def test_causal_attention_dropout_drops_coordinates_of_D_token_by_token():
+    """In the causal TSSA D_t is per token: with c_proj the identity, train over eval is 0 or 1/(1 - p) per
+    coordinate and token, and the kept coordinates differ from token to token (one mask for all tokens, the
+    non-causal rule, would not)."""
+    torch.manual_seed(0)
+    layer = readable(CausalTSSA(16, 4, block_size=40, dropout=0.5))
+    layer.resid_dropout.p = 0.0
+    with torch.no_grad():
+        layer.c_proj.weight.copy_(torch.eye(16))
+    x = torch.randn(3, 40, 16)
+    ratio = layer.train()(x) / layer.eval()(x)
+    kept = ratio.round()
+    torch.testing.assert_close(ratio, kept)
+    assert set(kept.unique().tolist()) == {0.0, 2.0}
+    assert not torch.equal(kept, kept[:, :1].expand_as(kept))
+
+
+def test_the_mlp_drops_out_after_its_output_projection_only():
+    """docs/models.md: the MLP's one dropout is after c_proj (none after the GELU), so in training each
+    output is 0 or 1/(1 - p) times the same output in evaluation."""
+    torch.manual_seed(0)
+    mlp = tost.MLP(16, dropout=0.5)
+    x = torch.randn(3, 10, 16)
+    ratio = mlp.train()(x) / mlp.eval()(x)
+    torch.testing.assert_close(ratio, ratio.round())
+    assert set(ratio.round().unique().tolist()) == {0.0, 2.0}
+
+
 def test_with_attention_dropout_the_fused_core_gives_way_to_the_readable_lines(monkeypatch):
     """The fused core has no dropout: in training with attention dropout the layer runs the readable lines
     (the same seed, the same output). In evaluation that dropout is off, and the core runs again."""

@@ -285,6 +285,15 @@ def test_pick_device_refuses_missing_hardware(monkeypatch):
         tc.setup_distributed("cuda")
 
 
+def test_auto_picks_the_mac_gpu_where_there_is_no_cuda(monkeypatch):
+    """README: on a Mac, `auto` trains on its GPU (MPS); where CUDA is there too, CUDA comes first."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert tc.pick_device("auto") == "mps"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert tc.pick_device("auto") == "cuda"
+
+
 def test_loss_sums_are_float64_except_on_mps_which_has_none():
     assert tc.sum_dtype("cpu") == tc.sum_dtype("cuda:1") == torch.float64
     assert tc.sum_dtype("mps") == tc.sum_dtype(torch.device("mps")) == torch.float32

@@ -1110,6 +1110,15 @@ def test_only_an_improvement_is_saved_when_only_the_best_is(train, tmp_path, mon
     assert weights(out)['iter_num'] == 2
 
 
+def test_the_step_clips_at_grad_clip(train, tmp_path, monkeypatch):
+    """--grad_clip reaches every optimizer step (train_common's tests check the step clips at it)."""
+    clips = []
+    real = train_gpt.optimizer_step
+    monkeypatch.setattr(train_gpt, 'optimizer_step', lambda *a: clips.append(a[-1]) or real(*a))
+    train(tmp_path / 'out', '--max_iters=2', '--grad_clip=0.5')
+    assert clips == [0.5, 0.5]
+
+
 def test_accumulated_gradients_are_those_of_the_whole_batch(train, tmp_path, monkeypatch):
     """2 micro-steps of 4 sequences step on the gradient of the mean over all 8, as one batch of 8 does."""
     norms = []
