@@ -651,7 +651,7 @@ class ViTConfig:
 
 class ConvPatchEmbed(nn.Module):
     """XCiT's patch embedding: log2(patch) 3x3 stride-2 convolutions with BatchNorm (GELU between),
-    widening to n_embd. (B, 3, H, W) -> (B, H/patch * W/patch, d) and the grid size."""
+    widening to n_embd. (B, in_chans, H, W) -> (B, H/patch * W/patch, d) and the grid size."""
 
     def __init__(self, in_chans, n_embd, patch_size):
         super().__init__()
@@ -790,7 +790,7 @@ class ViT(nn.Module):
         return self.drop(x + self.pos_embed(x.shape[0], Hp, Wp, x.device)), (Hp, Wp)
 
     def forward(self, x):
-        """images (B, 3, H, W) -> class logits (B, num_classes). H, W need not equal img_size."""
+        """images (B, in_chans, H, W) -> class logits (B, num_classes). H, W need not equal img_size."""
         x, grid = self._tokens(x)
         for block in self.blocks:
             x = block(x, grid=grid)
