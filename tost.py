@@ -32,7 +32,7 @@ First read, in order (lines of this file, spanning the definitions named in brac
   lines 95-198    the white-box gradient step, then the practical operator (TSSA)
   lines 205-319   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
   lines 326-415   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 422-614   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 422-615   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -538,7 +538,8 @@ class GPT(nn.Module):
     def step(self, idx, states):
         """One token per sequence, idx (B,), in O(1) time per token with TSSA (a growing KV cache in
         softmax blocks). states: one per block, its own kind (TSSAState, KVCache, ShiftState around either).
-        Returns logits (B, vocab) and the new states."""
+        Returns logits (B, vocab) and the new states. Stream under torch.no_grad(), as generate() does: with
+        autograd on, every step's graph is kept."""
         x = self._embed(idx[:, None], self._checked(states)[0].t)[:, 0]
         new_states = []
         for block, st in zip(self.transformer.h, states):
