@@ -870,6 +870,22 @@ def test_the_fused_core_runs_on_large_inputs_only(monkeypatch):
     assert calls == [(1, 8192, 4, 16)]
 
 
+def test_a_subclass_with_its_own_memberships_runs_them_on_large_inputs_too():
+    """The fused cores compute CausalTSSA's memberships: a subclass that changes them runs its readable
+    lines."""
+    class Uniform(CausalTSSA):
+        def prefix_memberships(self, w2, Q, t0=0):
+            return torch.full(w2.shape[:3], 1 / self.n_head)
+    torch.manual_seed(0)
+    layer = Uniform(64, 4, block_size=8192)
+    x = torch.randn(1, 8192, 64)                                        # 2^19 numbers: the core's size
+    with torch.no_grad():
+        y = layer(x)
+        layer.fast = False
+        torch.testing.assert_close(y, layer(x), rtol=0, atol=0)
+    assert CausalTSSA.fast
+
+
 def test_gradcheck_fast_causal_core():
     torch.manual_seed(0)
     w = torch.randn(1, 7, 2, 3, dtype=torch.float64, requires_grad=True)      # (B, T, K, p)

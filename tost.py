@@ -30,9 +30,9 @@ d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). Comments en
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 57-88     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
   lines 95-198    the white-box gradient step, then the practical operator (TSSA)
-  lines 205-319   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 326-415   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 422-615   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 205-325   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 332-421   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 428-621   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -240,6 +240,12 @@ class CausalTSSA(TSSA):
     """
 
     fast = True
+
+    def __init_subclass__(cls, **kwargs):
+        # a subclass's own memberships run on its readable lines (the fused cores compute these)
+        super().__init_subclass__(**kwargs)
+        if 'prefix_memberships' in vars(cls):
+            cls.fast = False
 
     def __init__(self, n_embd, n_head, block_size, bias=False, dropout=0.0):
         super().__init__(n_embd, n_head, bias=bias, dropout=dropout)
