@@ -397,11 +397,10 @@ def _eval_source(o, spec):
     return Path(path).read_bytes(), where, official
 
 
-def _lambada(text, where, tok):
+def _lambada(text, where, tok, sep):
     """(token ids, rows of (passage start, target start, target end) in them): a passage a line ('\n' only: a
     JSON string may hold U+2028), a .jsonl line's "text" (known by its name or what it holds), each passage
-    followed by end-of-text (bytes: a newline); the target is its last word."""
-    sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)
+    followed by sep; the target is its last word."""
     jsonl = where.endswith('.jsonl') or text.lstrip().startswith('{')
     parts = []
     for n, line in enumerate(text.split('\n'), 1):
@@ -441,19 +440,26 @@ def _build_eval_set(stage, o):
     if name == 'ptb' and not (text.split() and all(w == 'N' or w == w.lower() for w in text.split())):
         raise UsageError(f"{where} is empty or has capitals; PTB as Mikolov preprocessed it is lower case "
                          f"with N for numbers")
+    # End-of-text after each passage or line, as the paper's release prepares them (bytes: a newline).
+    sep = np.array([tok.eot] if tok.eot is not None else tok.encode('\n'), dtype=np.uint16)
+    end = tok.eot if tok.eot is not None else 'a newline'
     if name == 'lambada':
-        val, spans = _lambada(text, where, tok)
+        val, spans = _lambada(text, where, tok, sep)
         _save(Path(stage, LAMBADA_TARGETS), spans)
         count = len(spans)
         extra = dict(documents=count, examples=count, targets=LAMBADA_TARGETS,
-                     eot=f"each passage is followed by {tok.eot if tok.eot is not None else 'a newline'}",
+                     eot=f"each passage is followed by {end}",
                      target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) in "
                                  f"val.bin; the target is the last word's tokens, with the space before it")
-    # One document: no end-of-text token.
+    # A row a line, as the release's loaders (Hugging Face's) read them: WikiText's rows keep their newline
+    # and a blank line is an empty row; PTB's lose it.
     else:
-        val = encode_arrays(tok, [text])[0]
-        count = text.count('\n')
-        extra = dict(documents=1, eot=None)
+        rows = text.removesuffix('\n').split('\n')
+        if name == 'wikitext2':
+            rows = [row + '\n' if row.strip() else '' for row in rows]
+        val = np.concatenate([a for ids in encode_arrays(tok, rows) for a in (ids, sep)])
+        count = len(rows)
+        extra = dict(documents=count, eot=f"each line is followed by {end}")
     if count != spec['count']:
         _warn(f"{where} has {count:,} {spec['unit']}; the official {name} test set has {spec['count']:,}")
     # Written from Python: a failed write names the file.

@@ -491,13 +491,18 @@ def zipped(members):
     ('ptb', {'ptb.test.txt': PTB}),
 ])
 def test_test_sets_are_kept_as_published(tiny, capsys, name, files):
-    """The test split's text exactly as it is, from the file or its zip, as val; train is empty. A file of the
-    wrong size or checksum is used, with a warning naming it."""
+    """The test split's text as it is, from the file or its zip, as val, a row a line each followed by
+    end-of-text, as the paper's release prepares them (WikiText's rows keep their newline and a blank line
+    is an empty row; PTB's rows lose it); train is empty. A file of the wrong size or checksum is used, with a
+    warning naming it."""
     for given, content in files.items():
         write(given, content)
     out = prepare(name, 'data', input=given)
-    text = WIKI if name == 'wikitext2' else PTB
-    assert (ids(out, 'train'), ids(out, 'val')) == ([], tiny.encode_ordinary(text))
+    rows = {'wikitext2': ['', ' = Valkyria Chronicles III = \n', '', WIKI.split('\n')[3] + '\n', '',
+                          ' = = Gameplay = = \n', '', ' The game takes 1 @,@ 000 turns .\n'],
+            'ptb': PTB.split('\n')[:2]}[name]
+    val = [i for row in rows for i in tiny.encode_ordinary(row) + [256]]
+    assert (ids(out, 'train'), ids(out, 'val')) == ([], val)
     assert load_meta(out)['official_file'] is not True
     err = capsys.readouterr().err.splitlines()
     assert err and all(line.startswith('warning:') and given in line for line in err), err
