@@ -641,26 +641,33 @@ def test_flops_per_token_is_constant_in_context_for_tssa_blocks_only():
 # -----------------------------------------------------------------------------
 # presets, optimizer groups, vision
 
-# layer-scale init: 1e-5 for the language models and the 24-layer ToST-M, 1.0 for the 12-layer ToST-T/S;
-# XCiT's drop-path rates; the counts of the presets not in the paper are those docs/models.md gives
-@pytest.mark.parametrize('name,paper,tol,fields', [
-    ('tost-base', 110e6, 0.01, dict(layerscale_init=1e-5, block_size=1024)),
-    ('tost-medium', 304e6, 0.01, dict(layerscale_init=1e-5, block_size=1024)),
-    ('tost-large', 655e6, 0.01, dict(layerscale_init=1e-5, block_size=1024)),
-    ('tost-t', 5.8e6, 0.01, dict(layerscale_init=1.0, drop_path=0.0)),
-    ('tost-s', 22.6e6, 0.01, dict(layerscale_init=1.0, drop_path=0.05)),
-    ('tost-m', 68.1e6, 0.05, dict(layerscale_init=1e-5, drop_path=0.15)),
-    ('tost-demo', 0.69e6, 0.01, dict(layerscale_init=1e-5, block_size=256, vocab_size=256)),
-    ('tost-cifar', 3.3e6, 0.01, dict(img_size=32, patch_size=4, drop_path=0.0)),
-    ('tost-cifar-tiny', 0.65e6, 0.01, dict(drop_path=0.0)),
+# The paper's shapes (heads, patch size: barely move the count), its counts, and the exact counts
+# docs/models.md prints; layer-scale init: 1e-5 for the language models and the 24-layer ToST-M, 1.0 for the
+# 12-layer ToST-T/S; XCiT's drop-path rates
+LM = dict(block_size=1024, vocab_size=50304, layerscale_init=1e-5)
+@pytest.mark.parametrize('name,paper,tol,count,fields', [
+    ('tost-base', 110e6, 0.01, 109_597_584, dict(n_layer=12, n_head=12, n_embd=768, **LM)),
+    ('tost-medium', 304e6, 0.01, 303_662_464, dict(n_layer=24, n_head=16, n_embd=1024, **LM)),
+    ('tost-large', 655e6, 0.01, 655_136_720, dict(n_layer=36, n_head=20, n_embd=1280, **LM)),
+    ('tost-t', 5.8e6, 0.01, 5_769_328, dict(n_layer=12, n_head=4, n_embd=192, patch_size=16, img_size=224,
+                                            n_cls_layer=2, layerscale_init=1.0, drop_path=0.0)),
+    ('tost-s', 22.6e6, 0.01, 22_589_944, dict(n_layer=12, n_head=8, n_embd=384, patch_size=16, img_size=224,
+                                              n_cls_layer=2, layerscale_init=1.0, drop_path=0.05)),
+    ('tost-m', 68.1e6, 0.05, 71_481_064, dict(n_layer=24, n_head=8, n_embd=512, patch_size=16, img_size=224,
+                                              n_cls_layer=2, layerscale_init=1e-5, drop_path=0.15)),
+    ('tost-demo', 0.69e6, 0.01, 694_416, dict(n_layer=4, n_head=4, n_embd=128, layerscale_init=1e-5,
+                                              block_size=256, vocab_size=256)),
+    ('tost-cifar', 3.3e6, 0.01, 3_301_378, dict(n_layer=6, n_head=4, n_embd=192, img_size=32, patch_size=4,
+                                                drop_path=0.0)),
+    ('tost-cifar-tiny', 0.65e6, 0.01, 648_266, dict(n_layer=4, n_head=4, n_embd=96, drop_path=0.0)),
 ])
-def test_preset_parameter_counts_and_layer_scale(name, paper, tol, fields):
+def test_preset_shapes_and_parameter_counts(name, paper, tol, count, fields):
     cfg = preset(name)
-    assert all(getattr(cfg, k) == v for k, v in fields.items())
+    assert {k: getattr(cfg, k) for k in fields} == fields
     with torch.device('meta'):
         model = GPT(cfg) if isinstance(cfg, GPTConfig) else ViT(cfg)
     n = model.get_num_params()
-    assert abs(n - paper) / paper < tol, (name, n)
+    assert n == count and abs(n - paper) / paper < tol, (name, n)
 
 
 def test_param_groups_exempt_biases_norms_layerscale_temperature_and_position_bias():

@@ -418,6 +418,15 @@ def test_paper_shapes_get_cifar_patches_and_the_dataset_classes():
         # the preset, its drop_path too (--drop_path is not set), at 32px in 4px patches, of 100 classes
         want = tost.preset(name, img_size=32, patch_size=4, num_classes=100)
         assert train_vit.vit_config(config, {'model'}, meta) == want
+    # the counts docs/models.md gives, in millions, on CIFAR-10 and CIFAR-100; tost-cifar's softmax baseline
+    docs = {('tost-t', 10): 5.53, ('tost-t', 100): 5.55, ('tost-s', 10): 22.01, ('tost-s', 100): 22.04,
+            ('tost-m', 10): 70.61, ('tost-m', 100): 70.66, ('tost-cifar', 10): 3.75}
+    for name, classes in docs:
+        attn = 'softmax' if name == 'tost-cifar' else 'tssa'
+        config = dict(train_vit.DEFAULTS, model=name, attn=attn)
+        with torch.device('meta'):
+            model = tost.ViT(train_vit.vit_config(config, set(), dict(meta, num_classes=classes)))
+        assert round(model.get_num_params() / 1e6, 2) == docs[name, classes]
     config = dict(train_vit.DEFAULTS, model='tost-s', drop_path=0.2)
     c = train_vit.vit_config(config, {'drop_path'}, meta)
     assert c.drop_path == 0.2
