@@ -24,9 +24,10 @@ import sys
 # interactive session, under pytest, or in a module run as a script that never parses options. First, before
 # the imports below: a Ctrl-C while they run would end in their traceback.
 script = getattr(sys.modules.get("__main__"), "__file__", None)
-ours = script and os.path.abspath(script).startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+# (Not a file: `python -` reading its script from stdin, here '<stdin>'.)
+ours = script and os.path.isfile(script) and os.path.abspath(script).startswith(
+    os.path.dirname(os.path.abspath(__file__)) + os.sep)
 if ours and "torch" not in sys.modules and hasattr(signal, "pthread_sigmask"):
-    # (The interpreter has just read the script: it can be read.)
     with open(script, encoding="utf-8", errors="replace") as f:
         if "parse(" in f.read():
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

@@ -492,3 +492,6 @@ def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
     code = main.format(os.path.join(REPO, 'readers.py')) + "import readers, signal\n"
     r = python("-c", code + "print(signal.pthread_sigmask(signal.SIG_BLOCK, []))")
     assert r.stdout.strip() == "set()", r.stderr
+    # nor does a script read from stdin, in the repository's folder (its name, '<stdin>', is no file there)
+    r = python("-", input="import readers, signal\nprint(signal.pthread_sigmask(signal.SIG_BLOCK, []))")
+    assert r.stdout.strip() == "set()", r.stderr
