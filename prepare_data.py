@@ -600,7 +600,8 @@ def prepare(name, /, data_dir='data', **o):
     # One folder, not a path (a/b; on Windows a\b too).
     folder = os.path.basename(out_name) == out_name
     if out_name.strip() in ('', 'downloads') or out_name.startswith('.') or not folder:
-        raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}")
+        named = '' if o.get('name') else f" (from --input={o['input']}; pass --name=NAME)"
+        raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}{named}")
     out = os.path.join(data_dir, out_name)
     # Found now, not after a build of hours.
     if os.path.isfile(out):

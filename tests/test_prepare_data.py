@@ -667,6 +667,8 @@ BAD = [  # (dataset and options, what the line names, files to write)
     ('text', '--input', {}),
     ('', 'dataset', {}),
     ('text --input=x --name=..', '--name', {}),
+    # no --name: the folder's name, from --input, is no name
+    ('text --input=.', '--input=.', {}),
     ('text --input=nope.txt', 'nope.txt', {}),
     ('text --input=bin', 'bin', {'bin/blob.so': BINARY}),
     ('cifar10 --archive=nowhere.tar.gz', 'nowhere.tar.gz', {}),
