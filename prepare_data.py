@@ -190,12 +190,17 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
     if val_every and any(counts) and not 0 < done // val_every < done:
         raise UsageError(f"{source}: --val_every={val_every} puts {done // val_every} of its {done} "
                          f"document(s) in val and the rest in train; give it at least 2 documents and a "
-                         f"--val_every from 2 to their number, or for plain text use the text dataset (the "
-                         f"last tenth of each document is val)")
+                         f"--val_every from 2 to their number, or for plain text use the text dataset "
+                         f"without it (the last tenth of each document is val)")
+    # Many short files: the last tenth of each is a few tokens, their ends only, and no measure of the text.
+    short = o['dataset'] == 'text' and not val_every and done > 1 and counts[1] < 32 * done
+    hint = f"; for {done} short files, --val_every=N makes every Nth file val" if short else ""
     # An empty corpus too.
     if counts[0] == 0 or counts[1] == 0:
         raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, "
-                         f"{counts[1]} val tokens)")
+                         f"{counts[1]} val tokens){hint}")
+    if short:
+        _warn(f"{source}: val holds only the last {counts[1]} tokens of its files{hint}")
     split = "the last 1/10 of each document's tokens (rounded down) is val, the rest train"
     if val_every:
         split = f"every {val_every}th document (0-based index % {val_every} == {val_every - 1}) is val"
@@ -237,7 +242,7 @@ def _files_under(path, exts='', skip=()):
 def _files_dataset(stage, o, files, source, tok=None):
     """Each file one document; the last tenth of each is val; end-of-text between them if several."""
     tok = tok or get_tokenizer(o.get('tokenizer', 'bytes'))
-    return _text_dataset(stage, o, map(_read_text, files), source, tok, len(files) > 1)
+    return _text_dataset(stage, o, map(_read_text, files), source, tok, len(files) > 1, o.get('val_every'))
 
 
 def _build_python_stdlib(stage, o):
@@ -571,7 +576,7 @@ def _build_cifar(stage, o):
 DATASETS = {
     'python_stdlib': (_build_python_stdlib, {'tokenizer', 'max_mb', 'workers'}),
     'shakespeare': (_build_shakespeare, {'tokenizer', 'input', 'workers'}),
-    'text': (_build_text, {'tokenizer', 'input', 'workers'}),
+    'text': (_build_text, {'tokenizer', 'input', 'workers', 'val_every'}),
     'openwebtext': (_build_openwebtext, {'tokenizer', 'input', 'workers', 'val_every'}),
     **{n: (_build_eval_set, {'tokenizer', 'input'}) for n in EVAL_SETS},
     **{n: (_build_cifar, {'archive'}) for n in CIFAR},
@@ -677,14 +682,14 @@ DEFAULTS = dict(
     archive='',          # a local CIFAR tarball instead of a download
     max_mb=16.0,         # python_stdlib: stop adding files at this many MB of source
     workers=0,           # threads that tokenize with gpt2, at most the cores; 0: every core
-    val_every=2000,      # openwebtext: every Nth document goes to val (~4M tokens at 2000)
+    val_every=0,         # every Nth document is val; 0: openwebtext's 2000 (~4M tokens), text's last tenths
     force=False,         # rebuild even if the dataset is already prepared
 )
 
 
 # What options.py's parse lets through.
-RANGES = {'nonempty': ['dataset', 'data_dir'], 'positive': ['max_mb', 'val_every'],
-          'nonnegative': ['workers']}
+RANGES = {'nonempty': ['dataset', 'data_dir'], 'positive': ['max_mb'],
+          'nonnegative': ['workers', 'val_every']}
 
 
 def main(argv=None):

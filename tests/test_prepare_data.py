@@ -297,6 +297,21 @@ def test_text_folder_sorted_recursive(tiny):
     assert (ids(out, 'train'), ids(out, 'val')) == (train, val)
 
 
+def test_many_short_files_warn_and_val_every_takes_whole_files(tiny, capsys):
+    """Files of a few tokens: their last tenths are a token or two each, so the build warns and names
+    --val_every; with it, every Nth file is val, whole, end-of-text after each (gpt2)."""
+    docs = [f'note {i} says hello to the world' for i in range(40)]
+    for i, d in enumerate(docs):
+        write(f'notes/{i:02}.txt', d)
+    prepare('text', 'data', input='notes')
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith('warning:') and '--val_every' in err[0], err
+    out = prepare('text', 'data', input='notes', name='every4', val_every=4, tokenizer='gpt2')
+    assert not capsys.readouterr().err
+    val = [i for d in docs[3::4] for i in tiny.encode_ordinary(d) + [256]]
+    assert ids(out, 'val') == val
+
+
 @pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
 def test_a_build_whose_stdout_is_gone_still_ends_well():
     """stdout into a full disk (or a `| tee` that died): the build, and a second run that finds it prepared,
@@ -661,7 +676,7 @@ BINARY = bytes(range(256)) * 4
 BAD = [  # (dataset and options, what the line names, files to write)
     # options out of their range or choices
     ('mnist', 'mnist', {}),
-    ('openwebtext --val_every=0', '--val_every', {}),
+    ('openwebtext --val_every=-1', '--val_every', {}),
     ('cifar10 --tokenizer=gpt2', '--tokenizer', {}),
     # an input missing, or not one the dataset can read
     ('text', '--input', {}),
