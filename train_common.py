@@ -249,11 +249,13 @@ def backward_bytes(model, B, T, ctx):
 
 
 def memory_bytes(device):
-    """This machine's memory (a GPU's own), or None where it cannot be told."""
+    """The memory a process has: a GPU's own, or its share of the machine's with the other processes torchrun
+    started on it; None where it cannot be told."""
     if device.startswith("cuda"):
         return torch.cuda.mem_get_info(device)[1]
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     with contextlib.suppress(AttributeError, ValueError, OSError):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // processes
     return None
 
 
@@ -355,12 +357,18 @@ def setup_distributed(device_pref):
         if cuda:
             setup_cuda(device)
         return Dist(False, 0, 0, 1, True, device)
+    # torchrun sets them all; a launcher that sets RANK alone is one line, not a KeyError.
+    missing = [k for k in ("LOCAL_RANK", "WORLD_SIZE") if k not in os.environ]
+    if missing:
+        raise UsageError(f"RANK is set but not {' or '.join(missing)}: start several processes with torchrun")
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
-    if cuda and local_rank >= torch.cuda.device_count():
-        raise UsageError(f"process {local_rank} of this node has no GPU of its own: the node has "
-                         f"{torch.cuda.device_count()}; start at most that many (--nproc_per_node)")
+    # Found by every process of the node, so that its first one, which prints, finds it too.
+    procs = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    if cuda and procs > torch.cuda.device_count():
+        raise UsageError(f"--nproc_per_node={procs} on a node of {torch.cuda.device_count()} GPU(s): each "
+                         f"process needs a GPU of its own; start at most that many")
     device = f"cuda:{local_rank}" if cuda else "cpu"
     if cuda:
         setup_cuda(device)

@@ -343,7 +343,7 @@ def main(argv=None):
     if have and state_bytes > have:
         raise UsageError(f"a model of {n_params / 1e9:.3g}B parameters needs about {state_bytes / 1e9:.3g} "
                          f"GB for its weights, gradients and AdamW's moments, more than the {have / 1e9:.3g} "
-                         f"GB of this {device}; try a smaller --n_layer or --n_embd")
+                         f"GB a process has of this {device}; try a smaller --n_layer or --n_embd")
     raw_model = tost.GPT(model_config)
     # '-1' of 4 blocks is [3].
     model_args['softmax_layers'] = list(raw_model.config.softmax_layers)
@@ -359,8 +359,8 @@ def main(argv=None):
     if have and need + state_bytes > have:
         raise UsageError(f"a micro-step of {B} x {T} tokens keeps about {need / 1e9:.3g} GB for its "
                          f"backward, which with the model's {state_bytes / 1e9:.3g} GB is more than the "
-                         f"{have / 1e9:.3g} GB of this {device}; try a smaller --batch_size (more "
-                         f"--gradient_accumulation_steps) or --block_size")
+                         f"{have / 1e9:.3g} GB a process has of this {device}; try a smaller --batch_size "
+                         f"(more --gradient_accumulation_steps) or --block_size")
     # --overwrite's folder, now that the run fits
     lock = lock or make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], fresh, master)
 

@@ -278,11 +278,22 @@ def test_pick_device_refuses_missing_hardware(monkeypatch):
     # the GPU count is CUDA's alone
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     assert tc.pick_device("mps") == "mps"
-    # torchrun --nproc_per_node=3 on a node of 2 GPUs
-    for k, v in dict(RANK="2", LOCAL_RANK="2", WORLD_SIZE="3").items():
+    # torchrun --nproc_per_node=3 on a node of 2 GPUs: found by the first process, which prints it, too
+    for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="3", LOCAL_WORLD_SIZE="3").items():
         monkeypatch.setenv(k, v)
-    with pytest.raises(UsageError, match="--nproc_per_node"):
+    with pytest.raises(UsageError, match="--nproc_per_node=3"):
         tc.setup_distributed("cuda")
+    # a launcher that sets RANK alone
+    monkeypatch.delenv("LOCAL_RANK")
+    with pytest.raises(UsageError, match="LOCAL_RANK"):
+        tc.setup_distributed("cuda")
+
+
+def test_a_cpu_process_counts_its_share_of_the_memory(monkeypatch):
+    """torchrun's processes on one CPU machine: each is refused past its share of the memory, not all of it."""
+    whole = tc.memory_bytes("cpu")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert whole and tc.memory_bytes("cpu") == whole // 4
 
 
 def test_auto_picks_the_mac_gpu_where_there_is_no_cuda(monkeypatch):
