@@ -101,8 +101,9 @@ SKIP_WHY = {
         'python eval_gpt.py --out_dir=out-owt-base',
         'torchrun --standalone --nproc_per_node=8 eval_gpt.py --out_dir=out-owt-base',
         'torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base',
-        'torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
-        'train_gpt.py --config=owt-base',
+        *(f'torchrun --nnodes=2 --node_rank={node} --nproc_per_node=8 --master_addr=10.0.0.1 '
+          '--master_port=29500 train_gpt.py --config=owt-base --batch_size=6 --gradient_accumulation_steps=80'
+          for node in (0, 1)),
         'torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
         'train_vit.py --dataset=cifar100 --model=tost-s',
         'torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 '
