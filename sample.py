@@ -7,10 +7,11 @@ Sample from a model trained by train_gpt.py, printing each token as it comes.
     python sample.py --out_dir=out-softmax --device=cpu      # any checkpoint, on any device
 
 Generation uses the recurrent form of causal TSSA (a few numbers per head and layer, no KV cache), so
-every token costs the same and --max_new_tokens may exceed the block size. The same --seed gives the same
-text on the same device. At the end, on stderr: tokens/s over all samples. On a CPU it uses one thread
-unless OMP_NUM_THREADS is set: a second adds only about 5% to a batch of one (docs/speed.md). In a
-terminal, control characters other than newline and tab are shown as symbols (ESC as ␛), not obeyed.
+every step costs the same and --max_new_tokens may exceed the block size (a full window restarts from its
+last half, in one parallel pass). The same --seed gives the same text on the same device. At the end, on
+stderr: tokens/s over all samples. On a CPU it uses one thread unless OMP_NUM_THREADS is set: a second adds
+only about 5% to a batch of one (docs/speed.md). In a terminal, control characters other than newline and
+tab are shown as symbols (ESC as ␛), not obeyed.
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import codecs
@@ -34,7 +35,7 @@ DEFAULTS = dict(
     top_k=200,              # sample among the k likeliest tokens only; 0 means all
     seed=1337,              # the same seed, the same text
     device='auto',          # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
-    dtype='auto',           # auto: bfloat16 on GPUs that compute in it, else float16; float32 on a CPU
+    dtype='auto',           # auto: bfloat16 on GPUs that compute in it, else float16; float32 elsewhere
 )
 # No `compile` key: GPT.step keeps the position as a Python int, so torch.compile would recompile every token.
 RANGES = dict(positive=('num_samples', 'max_new_tokens'), nonnegative=('top_k', 'temperature'),
@@ -91,7 +92,8 @@ def main(argv=None):
         torch.set_num_threads(1)
     model, ckpt = load_gpt(os.path.join(cfg['out_dir'], 'ckpt.pt'), device)
     tok = get_tokenizer(ckpt['meta']['tokenizer'])
-    shown = CONTROL_PICTURES if sys.stdout.isatty() else {}
+    # (stdout closed, >&-: None)
+    shown = CONTROL_PICTURES if sys.stdout and sys.stdout.isatty() else {}
 
     # the prompt: --start itself, or the UTF-8 file FILE:path names
     prompt = cfg['start']
@@ -101,7 +103,8 @@ def main(argv=None):
             raise UsageError("--start=FILE: needs the prompt file's path after FILE:")
         # a file that cannot be read is the handler's to name (options.py)
         try:
-            with open(path, encoding='utf-8') as f:
+            # newline='': its bytes as they are (\r\n too), as prepare_data reads text
+            with open(path, encoding='utf-8', newline='') as f:
                 prompt = f.read()
         except UnicodeDecodeError as e:
             raise UsageError(f"--start: the prompt file {path} is not UTF-8 text (byte {e.start})") from None

@@ -303,6 +303,10 @@ def test_sampling_is_reproducible_with_a_generator_and_top_k_keeps_the_k_most_li
     g = torch.Generator().manual_seed(0)
     assert set(model.generate(idx, 1, 100.0, top_k=3, generator=g)[:, -1].tolist()) == set(top.tolist())
     assert len(set(model.generate(idx, 1, 100.0, top_k=100, generator=g)[:, -1].tolist())) > 20
+    # logits that tie (bf16's often do): still k tokens, not every one equal to the k-th
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    assert len(set(model.generate(idx, 1, top_k=3, generator=g)[:, -1].tolist())) == 3
 
 
 # -----------------------------------------------------------------------------

@@ -579,8 +579,8 @@ class GPT(nn.Module):
                     logits = logits.float()
                     logits = (logits - logits.amax(-1, keepdim=True)) / temperature
                     if top_k:                                   # None or 0: sample from every token
-                        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                        logits = logits.masked_fill(logits < v[:, [-1]], -float('inf'))
+                        v, i = torch.topk(logits, min(top_k, logits.size(-1)))
+                        logits = torch.full_like(logits, -float('inf')).scatter(-1, i, v)   # k, ties or not
                     probs = F.softmax(logits, dim=-1)
                     nxt = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
                 yield nxt

@@ -68,7 +68,7 @@ def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
     monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
     model = sample.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
     prompt = 'def f(x):'
-    # more than block_size (32): the recurrent state carries on
+    # more than block_size (32): a full window restarts from its last half
     n = 80
     sample.main([f'--out_dir={out}', f'--start={prompt}', '--num_samples=1', f'--max_new_tokens={n}',
                  '--seed=7', '--device=cpu', '--top_k=50'])
@@ -106,18 +106,23 @@ def test_same_seed_same_text_and_one_thread_unless_told(out, capsys, monkeypatch
     torch.set_num_threads(1)
 
 
-def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monkeypatch):
-    """A byte-level model at a high temperature emits control bytes; the prompt here has some too. In a
-    terminal none reaches it but newline and tab; piped, the text is written as it is."""
-    args = [f'--out_dir={out}', '--start=\x1b[2J\x07ding\r\n', '--num_samples=1', '--max_new_tokens=400',
-            '--temperature=3', '--top_k=0', '--device=cpu']
-    sample.main(args)
+def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monkeypatch, tmp_path):
+    """A byte-level model at a high temperature emits control bytes; the prompt here has some too, from a
+    FILE: as from the command line. In a terminal none reaches it but newline and tab; piped, the text is
+    written as it is."""
+    start = '\x1b[2J\x07ding\r\n'
+    (tmp_path / 'prompt.txt').write_bytes(start.encode())
+    args = [f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=400', '--temperature=3', '--top_k=0',
+            '--device=cpu', '--seed=5']
+    sample.main(args + [f'--start=FILE:{tmp_path}/prompt.txt'])
+    from_file = capsys.readouterr().out
+    sample.main(args + [f'--start={start}'])
     piped = capsys.readouterr().out
-    assert piped.startswith('\x1b[2J\x07ding\r\n')
+    assert piped.startswith(start) and from_file == piped
     # the model emitted control characters
     assert sum(unicodedata.category(c) == 'Cc' for c in piped) > 20
     monkeypatch.setattr(sys.stdout, 'isatty', lambda: True)
-    sample.main(args)
+    sample.main(args + [f'--start={start}'])
     shown = capsys.readouterr().out
     assert shown.startswith('␛[2J␇ding␍\n')
     assert not [c for c in shown if unicodedata.category(c) == 'Cc' and c not in '\n\t']
