@@ -147,7 +147,16 @@ def main(argv=None):
         # LAMBADA's passages: (start, last word's start, end) each
         spans = None
         if meta.get('targets'):
-            spans = np.load(os.path.join(path, meta['targets']))
+            file = os.path.join(path, meta['targets'])
+            # A damaged file (cut short, another shape, spans past the tokens) would be a traceback below.
+            try:
+                spans = np.load(file)
+            except ValueError:
+                spans = np.zeros(0)
+            ok = spans.dtype.kind in 'iu' and spans.ndim == 2 and spans.shape[1] == 3
+            if not (ok and ((0 <= spans[:, 0]) & (spans[:, 0] <= spans[:, 1]) & (spans[:, 1] < spans[:, 2]) &
+                            (spans[:, 2] <= len(tokens))).all()):
+                raise UsageError(f"{file} is damaged; rebuild it: {readers.recipe(path, meta, force=True)}")
             if (spans[:, 2] - spans[:, 1] > T).any():
                 raise UsageError(f"{path} has a target word longer than --block_size={T}: use a larger one")
         sets.append((name, meta, tokens, spans))

@@ -214,6 +214,16 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, fails):
     (data_dir / 'one' / 'val.bin').write_bytes(b'\0\0')
     meta = json.loads((data_dir / 'one' / 'meta.json').read_text())
     (data_dir / 'one' / 'meta.json').write_text(json.dumps(dict(meta, val_tokens=1)))
+    # lambada's target spans cut short, of another shape, past its tokens
+    spans = np.load(data_dir / 'lambada' / 'val_targets.npy')
+    damaged = {'cut': None, 'flat': spans.ravel(), 'past': spans + size}
+    for name, array in damaged.items():
+        shutil.copytree(data_dir / 'lambada', data_dir / name)
+        target = data_dir / name / 'val_targets.npy'
+        if array is None:
+            target.write_bytes(target.read_bytes()[:20])
+        else:
+            np.save(target, array)
     # the default sets (ptb is not prepared here), a window longer than the model's, no set, a set in another
     # tokenizer (the command that rebuilds it in the model's), damaged sets
     for extra, *names in (([], 'prepare_data.py ptb'),
@@ -222,7 +232,9 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, fails):
                           ([f'--datasets=wikitext2,{BYTES}'], BYTES, '--force', '--tokenizer='),
                           (['--datasets=short'], f'{data_dir}/short/val.bin'),
                           (['--datasets=one'], f'{data_dir}/one/val.bin'),
-                          (['--datasets=wikitext2,noise'], f'{data_dir}/noise/val.bin')):
+                          (['--datasets=wikitext2,noise'], f'{data_dir}/noise/val.bin'),
+                          *((['--datasets=' + name], f'{data_dir}/{name}/val_targets.npy', '--force')
+                            for name in damaged)):
         fails(eval_gpt.main, base + extra, *names)
     # an empty list typed is not auto's: the checkpoint is not blamed
     assert 'ckpt.pt' not in fails(eval_gpt.main, base + ['--datasets=,'], '--datasets')
