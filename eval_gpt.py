@@ -179,7 +179,7 @@ def main(argv=None):
     for name, meta, tokens, spans in sets:
         t0 = time.time()
         loss, scored, windows = split_loss(model, tokens, T, B, ctx, dist)
-        ppl = math.exp(loss) if loss < 700 else math.inf
+        ppl = math.inf if loss > 700 else math.exp(loss)
         r = dict(run, dataset=name, dataset_kind=meta.get('dataset', name), loss=loss, ppl=ppl, tokens=scored,
                  windows=windows)
         acc = ''
