@@ -457,11 +457,14 @@ def main(argv=None):
                            tokens_per_sec=tok_per_s, saved=save, tokens=tokens,
                            elapsed_s=round(time.time() - t_run, 2))
                 best_val_loss = min(best_val_loss, val_loss)
+                # The row before the checkpoint: a run that dies between the two resumes from the checkpoint
+                # before, which drops the row and evaluates again (the other way round, the row is lost).
+                if master:
+                    log_row(out_dir, row)
                 if save:
                     save_checkpoint(checkpoint(carried, val_loss), [ckpt_path], dist)
                     saved = iter_num
                 if master:
-                    log_row(out_dir, row)
                     say(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {val_loss:.4f}"
                         f"{', saved' if save else ''}")
                     drawing = drawing and draw_loss(out_dir)

@@ -311,6 +311,34 @@ def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, tr
     assert numbers(read_log(broken)) == numbers(read_log(full))
 
 
+class Died(BaseException):
+    """The process killed (kill -9, out of memory): no handler of the run's sees it."""
+
+
+@pytest.mark.parametrize('last', ['log_row', 'save_checkpoint'])
+def test_a_run_killed_between_its_eval_row_and_its_checkpoint_loses_no_row(train, tmp_path, monkeypatch,
+                                                                            last):
+    """Killed at iter 8's evaluation right after its row is written, or right after its checkpoint: the
+    resume's log is the unbroken run's, each row once (rows come at 5 and 10: iter 8's is the eval's)."""
+    args = ('--max_iters=10', '--eval_interval=4', '--log_interval=5')
+    full = tmp_path / 'full'
+    broken = tmp_path / 'broken'
+    train(full, *args)
+    real = getattr(train_gpt, last)
+
+    def dying(*a):
+        real(*a)
+        row_or_state = a[1] if last == 'log_row' else a[0]
+        if row_or_state.get('iter', row_or_state.get('iter_num')) == 8:
+            raise Died
+    monkeypatch.setattr(train_gpt, last, dying)
+    with pytest.raises(Died):
+        train(broken, *args)
+    monkeypatch.undo()
+    resume(broken)
+    assert numbers(read_log(broken)) == numbers(read_log(full))
+
+
 def flat(state):
     return torch.cat([state[k].flatten().double() for k in sorted(state)])
 
