@@ -425,15 +425,16 @@ def wrap(model, dist, compile):
 
 
 def save_checkpoint(state, paths, dist):
-    """Rank 0 writes `state` to each of `paths` (torch.save by options.write_whole: a failure leaves the old
-    file) while the others wait. If it cannot, every rank stops here: rank 0 with its OSError (one line naming
-    the path), the others quietly."""
+    """Rank 0 writes `state` to each of `paths` in turn (torch.save by options.write_whole: a failure leaves
+    the old file, and the later paths are not written) while the others wait. If it cannot, every rank stops
+    here: rank 0 with its OSError (one line naming the path), the others quietly."""
     error = None
     for path in paths if dist.master else ():
         try:
             write_whole(path, lambda f: torch.save(state, f), "wb")
         except OSError as e:
             error = e
+            break
     if any_rank(error is not None, dist):
         raise error or SystemExit(1)
 

@@ -400,7 +400,9 @@ def main(argv=None):
                                   format=2, step=step, epoch=step / steps_per_epoch,
                                   best_acc=best_acc, config=cfg, meta=meta, since_row=since_row,
                                   loss_sum=train_loss * since_row)
-                save_checkpoint(checkpoint, [ckpt_path] + [best_path] * improved, dist)
+                # best.pt first: a run killed between the two resumes from the checkpoint before, which
+                # evaluates again and writes best.pt again (the other way round, best.pt is left behind).
+                save_checkpoint(checkpoint, [best_path] * improved + [ckpt_path], dist)
                 saved = step
                 # Evaluating and saving is not training time.
                 t_row = time.time()

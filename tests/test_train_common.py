@@ -212,8 +212,8 @@ def test_a_failed_save_is_an_os_error_naming_the_checkpoint_and_keeps_the_previo
     path.mkdir()
     (path / "x").write_text("x")
     with pytest.raises(OSError) as e:
-        tc.save_checkpoint({"step": 2}, [str(path)], SINGLE)
-    # no temp file left: the folder and the earlier one as they were
+        tc.save_checkpoint({"step": 2}, [str(path), str(tmp_path / "after.pt")], SINGLE)
+    # no temp file left: the folder and the earlier one as they were, and no path after the one that failed
     assert e.value.filename == str(path) and os.listdir(path) == ["x"]
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt.pt.tmp-1", "kept.pt"]
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import tost
+import train_common
 import train_vit
 from test_train_gpt import (count_syncs, rank_pid, read_log, resume_command, same_state, start, wait_for,
                             weights)
@@ -524,6 +525,32 @@ def test_an_evaluation_that_draws_nothing_and_gets_nothing_right_still_saves(dat
     assert 'No space left on device' in capsys.readouterr().out
     assert weights(tmp_path)['step'] == 1
     assert load_checkpoint(os.path.join(tmp_path, 'best.pt'))['best_acc'] == 0.0
+
+
+class Died(BaseException):
+    """The process killed (kill -9, out of memory): no handler of the run's sees it."""
+
+
+def test_a_run_killed_while_it_saves_an_improved_model_keeps_best_pt_in_step(data, tmp_path, monkeypatch):
+    """Each evaluation better than the last (two files to write each time), killed after epoch 2's first
+    write: the resume ends with best.pt the model its checkpoint calls the best."""
+    accuracies = iter([0.25, 0.5, 0.75])
+    monkeypatch.setattr(train_vit, 'evaluate', lambda *a: (next(accuracies), 2.0))
+    real = train_common.write_whole
+    writes = []
+
+    def dying(path, *a):
+        real(path, *a)
+        writes.extend([path] if path.endswith('.pt') else [])
+        if len(writes) == 3:
+            raise Died
+    monkeypatch.setattr(train_common, 'write_whole', dying)
+    with pytest.raises(Died):
+        train_vit.main(base_args(data, str(tmp_path), '--epochs=2'))
+    monkeypatch.setattr(train_common, 'write_whole', real)
+    train_vit.main(['--init_from=resume', f'--out_dir={tmp_path}'])
+    best = load_checkpoint(os.path.join(tmp_path, 'best.pt'))
+    assert (best['step'], best['best_acc']) == (weights(tmp_path)['step'], weights(tmp_path)['best_acc'])
 
 
 def test_maps_that_cannot_be_drawn_end_eval_only_whose_job_they_are(data, trained, tmp_path, fails,
