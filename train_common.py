@@ -516,7 +516,8 @@ def start_log(out_dir, key, last):
     path = os.path.join(out_dir, "log.jsonl")
     keep = []
     if last is not None and os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
+        # Bytes that are not UTF-8 (a damaged line) are no row: replaced, they fail to parse.
+        with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 with contextlib.suppress(ValueError, AttributeError):
                     value = json.loads(line).get(key)

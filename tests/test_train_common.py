@@ -417,9 +417,9 @@ def test_the_log_of_a_fresh_run_is_new_a_resumed_one_keeps_the_rows_up_to_its_ch
     for i in range(1, 7):
         tc.log_row(out, {"iter": i, "kind": "train"})
     tc.log_row(out, {"note": "no counter: kept"})
-    with open(tmp_path / "log.jsonl", "a") as f:
-        # a line torn by a crash mid-write
-        f.write('{"iter": 7, "kin')
+    with open(tmp_path / "log.jsonl", "ab") as f:
+        # bytes that are not UTF-8, and a line torn by a crash mid-write
+        f.write(b'\xff\xfe garbage\n{"iter": 7, "kin')
     tc.start_log(out, "iter", 4)
     tc.log_row(out, {"iter": 5, "kind": "train"})
     kept = [{"iter": i, "kind": "train"} for i in range(1, 5)] + [{"note": "no counter: kept"}]
