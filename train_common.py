@@ -128,10 +128,14 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
     # The lock first: a folder another run holds is refused as such, not with advice the lock would refuse.
     lock = lock_out_dir(out_dir) if master else None
     found = [p for p in checkpoints if fresh and os.path.isfile(p)]
-    if found and not overwrite:
+    # A folder where a checkpoint goes is found now, not at the first save, hours on.
+    folders = [p for p in checkpoints if os.path.isdir(p)]
+    if folders or (found and not overwrite):
         # Let go of the folder at once (a caller that goes on in this process may take it again).
         if lock:
             lock.close()
+        if folders:
+            raise UsageError(f"{folders[0]} is a folder, where the run writes its checkpoint; move it away")
         raise UsageError(f"{found[0]} holds an earlier run; go on with it: add --init_from=resume, or start "
                          f"afresh: another --out_dir, or --overwrite=true (deletes {' and '.join(found)}; "
                          f"the log starts again)")

@@ -144,6 +144,11 @@ def test_make_out_dir_refuses_or_deletes(tmp_path, capsys):
     assert os.path.exists(best)
     make(overwrite=True, fresh=True, master=True)
     assert not os.path.exists(best) and best in capsys.readouterr().out
+    # a folder where a checkpoint goes: refused before any work, for a resume too
+    os.mkdir(best)
+    for fresh in (True, False):
+        with pytest.raises(UsageError, match=best):
+            make(overwrite=False, fresh=fresh, master=True)
 
 
 # -----------------------------------------------------------------------------
