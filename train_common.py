@@ -155,7 +155,12 @@ def optimizer_for(model, cfg, dtype, ckpt):
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], betas, kind)
     scaler = torch.amp.GradScaler(kind, enabled=dtype == "float16")
     if ckpt:
-        optimizer.load_state_dict(ckpt["optimizer"])
+        # Another grouping of the parameters (a version that decays others) is a ValueError inside torch.
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except ValueError as e:
+            raise UsageError(f"the checkpoint's optimizer state does not fit this model's optimizer "
+                             f"({first_line(e)}); start afresh in another --out_dir") from None
         # A disabled scaler saves {}.
         if ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])

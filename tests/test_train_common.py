@@ -90,6 +90,16 @@ def test_load_gpt_names_a_checkpoint_whose_weights_or_args_do_not_fit(tmp_path):
             sample.load_gpt(path, "cpu")
 
 
+def test_an_optimizer_state_grouped_otherwise_is_one_line():
+    """A checkpoint whose AdamW groups its parameters otherwise (a version that decays others)."""
+    model = tost.GPT(tost.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
+    cfg = dict(beta1=0.9, beta2=0.95, weight_decay=0.1, learning_rate=1e-3)
+    state = tc.optimizer_for(model, cfg, "float32", None)[0].state_dict()
+    state["param_groups"][1]["params"].append(state["param_groups"][0]["params"].pop())
+    with pytest.raises(UsageError, match="optimizer state"):
+        tc.optimizer_for(model, cfg, "float32", {"optimizer": state})
+
+
 def test_one_run_at_a_time_in_an_out_dir(tmp_path):
     """Rank 0 holds out_dir/.lock while its run writes there: a second run into the same folder is refused."""
     out = str(tmp_path / "out")
@@ -295,7 +305,7 @@ def test_pick_device_refuses_missing_hardware(monkeypatch):
 
 
 def test_a_cpu_process_counts_its_share_of_the_memory(monkeypatch):
-    """torchrun's processes on one CPU machine: each is refused past its share of the memory, not all of it."""
+    """torchrun's processes on one CPU machine: each is refused past its share of the memory, not all."""
     whole = tc.memory_bytes("cpu")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert whole and tc.memory_bytes("cpu") == whole // 4
