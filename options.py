@@ -310,6 +310,13 @@ if hasattr(sys.stdout, "reconfigure"):
 BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 
+def near(word, names, prefix=""):
+    """'; did you mean NAME?' for the one of `names` a typed `word` is close to (a typo), or ''. Close: 0.8
+    of difflib's ratio, so that --min_lr does not point to --min_lr_ratio, another meaning."""
+    close = difflib.get_close_matches(str(word), [str(n) for n in names], n=1, cutoff=0.8)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""
+
+
 def _value(key, raw, default):
     """`raw` in the type of `default`: None is the key alone (a bool's true), a list the bare words."""
     if raw is None and not isinstance(default, bool):
@@ -359,6 +366,13 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     if {"-h", "--help"} & set(argv):
         print(help_text(doc, defaults, source, presets, positional), flush=True)
         sys.exit(0)
+    # --key value, a space for the '=': the value would be read as a bare word (the key as a bool's true).
+    for arg, value in zip(argv, argv[1:]):
+        key = arg[2:]
+        flag = isinstance(defaults.get(key), bool)
+        if arg.startswith("--") and key in defaults and not value.startswith("--") and (
+                not flag or value.lower() in BOOLS):
+            raise UsageError(f"{arg} {value}: the value goes after '=', {arg}={value}")
     many = positional and isinstance(defaults[positional], list)
     bare = [a for a in argv if positional and not a.startswith("--")]
     flags = [a for a in argv if a not in bare]
@@ -379,7 +393,7 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
         # --config alone is a mistake like any key without its value.
         name = _value("config", given.pop("config"), next(iter(presets)))
         if name not in presets:
-            raise UsageError(f"unknown config {name!r}; presets: {', '.join(presets)}")
+            raise UsageError(f"unknown config {name!r}{near(name, presets)}; presets: {', '.join(presets)}")
         config.update(presets[name])
         set_keys.update(presets[name])
         if "config" in defaults:
@@ -390,9 +404,8 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
         given[positional] = bare if many else bare[0]
     for key, raw in given.items():
         if key not in defaults:
-            close = difflib.get_close_matches(key, list(defaults), n=1)
-            hint = f"; did you mean --{close[0]}?" if close else ""
-            raise UsageError(f"unknown option --{key}; valid keys: {', '.join(defaults)}{hint}")
+            raise UsageError(f"unknown option --{key}{near(key, defaults, '--')}; valid keys: "
+                             f"{', '.join(defaults)}")
         config[key] = _value(key, raw, defaults[key])
         set_keys.add(key)
         # A path that begins with ~ is in the home folder: bash expands no ~ after `=` (--out_dir=~/run would
@@ -406,7 +419,8 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     check_numbers(config, ranges or {})
     for key, names in (choices or {}).items():
         if config[key] not in names:
-            raise UsageError(f"--{key}={config[key]} is not one of {', '.join(shown(n) for n in names)}")
+            raise UsageError(f"--{key}={config[key]} is not one of {', '.join(shown(n) for n in names)}"
+                             f"{near(config[key], names)}")
     parsed.clear()
     parsed.update(config)
     return config, set_keys

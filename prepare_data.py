@@ -18,7 +18,6 @@ readers.py reads them. train_gpt.py calls prepare() when a cheap dataset is miss
 # First: its handler ends a Ctrl-C while torch imports (exit 130, no traceback).
 import options
 import contextlib
-import difflib
 import glob
 import hashlib
 import io
@@ -41,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from options import UsageError, parse, say
+from options import UsageError, near, parse, say
 from readers import get_tokenizer, load_meta, recipe
 
 
@@ -589,10 +588,10 @@ def prepare(name, /, data_dir='data', **o):
     With torchrun, call it on one rank and barrier: two ranks would both build (safely, but twice)."""
     if name not in DATASETS:
         # A name of one's own is text of one's own; a near miss of a built-in name is a typo.
-        close = difflib.get_close_matches(name, [d for d in DATASETS if d != 'text'], n=1)
+        close = near(name, [d for d in DATASETS if d != 'text'])
         own = recipe(os.path.join(data_dir, name))
         raise UsageError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)}); for text of your own: "
-                         f"{own}{f'; or did you mean {close[0]}?' if close else ''}")
+                         f"{own}{close}")
     builder, takes = DATASETS[name]
     extra = sorted(set(o) - takes - {'name', 'force'})
     if extra:

@@ -53,14 +53,15 @@ def test_a_value_takes_the_type_of_its_default(raw, key, want):
 # each mistake: a UsageError (one line, exit 2, at the top level) naming what was wrong and what is right
 # (a valid key, a preset), not its wording
 MISTAKES = [(["--max-iters=9"], ["--max-iters", "--max_iters"]),
-            (["--max_iters", "9"], ["'9'"]),
+            (["--max_iters", "9"], ["--max_iters=9"]),
+            (["--compile", "false"], ["--compile=false"]),
             (["--max_iters=3.5"], ["--max_iters", "'3.5'"]),
             (["--compile=maybe"], ["--compile", "'maybe'"]),
             (["--max_iter=3"], ["--max_iter", "batch_size", "--max_iters"]),
             (["config/train.py"], ["'config/train.py'"]),
             (["--max_iters"], ["--max_iters=5000"]),
             (["--start"], ["--start='\\n'"]),
-            (["--config=shakespear"], ["'shakespear'", "tiny"]),
+            (["--config=shakespear"], ["'shakespear'", "tiny", "shakespeare?"]),
             (["--config"], ["--config=shakespeare"])]
 
 
@@ -69,6 +70,17 @@ def test_a_mistake_names_the_option_and_the_way_out(argv, names):
     with pytest.raises(UsageError) as e:
         parse(*argv)
     assert all(name in str(e.value) for name in names), str(e.value)
+
+
+def test_a_typo_is_pointed_to_its_name_and_another_name_is_not():
+    """A near miss of an option or a choice names it; a name that only looks alike (another meaning:
+    --lr_decay is not --lr_decay_iters) is not suggested."""
+    for argv, meant in ((["--max_itres=3"], "--max_iters?"), (["--lr_decay=3"], None)):
+        with pytest.raises(UsageError) as e:
+            parse(*argv)
+        assert (meant in str(e.value)) if meant else "did you mean" not in str(e.value), str(e.value)
+    with pytest.raises(UsageError, match="softmax[?]"):
+        options.parse(["--attn=sofmax"], {"attn": "tssa"}, choices={"attn": ("tssa", "softmax")})
 
 
 def test_preset_applied_first_wherever_it_is_and_overridable():
