@@ -395,9 +395,10 @@ def main(argv=None):
             f"{state_bytes / 1e9:.3g} GB for the weights, their gradients and AdamW's moments")
         if ckpt:
             say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
-        if max_iters > lr_decay_iters:
-            say(f"note: the schedule decays to min_lr at iter {lr_decay_iters} and stays there; set "
-                f"--lr_decay_iters to stretch it")
+        # The cosine does not follow --max_iters (nanoGPT's rule): said where the two differ.
+        if max_iters != lr_decay_iters:
+            say(f"note: the learning rate reaches min_lr at iter {lr_decay_iters} (--lr_decay_iters), and "
+                f"the run ends at iter {max_iters}")
 
     # the log: a fresh run's is new; a resumed run's keeps its rows up to the checkpoint, the later are redone
     saved = None if fresh else iter_num
