@@ -681,14 +681,17 @@ def test_a_compiled_ddp_model_all_reduces_on_the_last_micro_step_only(train, tmp
 
 def test_accumulation_rounded_up_to_the_processes_is_said(train, tmp_path, monkeypatch, capsys):
     """Rank 0 of 2 processes: --gradient_accumulation_steps=3 runs 4 micro-steps (2 each), and the 'tokens
-    per iter' line says so; 4 is not rounded, and not said."""
+    per iter' line says so; 4 is not rounded, and not said. So too a schedule that ends elsewhere than the
+    run (the default lr_decay_iters, 1000)."""
     two = train_common.Dist(False, 0, 0, 2, True, 'cpu')
     monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: two)
-    for steps, said in ((3, True), (4, False)):
+    for steps, said, decay in ((3, True, 1000), (4, False, 1)):
         out = tmp_path / str(steps)
-        train(out, '--max_iters=1', f'--gradient_accumulation_steps={steps}')
-        line = [s for s in capsys.readouterr().out.splitlines() if s.startswith('tokens per iter')][0]
+        train(out, '--max_iters=1', f'--gradient_accumulation_steps={steps}', f'--lr_decay_iters={decay}')
+        printed = capsys.readouterr().out.splitlines()
+        line = [s for s in printed if s.startswith('tokens per iter')][0]
         assert ('--gradient_accumulation_steps=3' in line) == said, line
+        assert any('--lr_decay_iters' in s for s in printed) == said
         # one step of 4 micro-steps of 4 x 32 tokens
         assert weights(out)['tokens'] == 4 * 4 * 32
 
