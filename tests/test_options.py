@@ -453,6 +453,12 @@ def test_every_script_documents_every_key():
         assert all(rows.values()), (module.__name__, [k for k, v in rows.items() if not v])
 
 
+def test_gpu_check_refuses_an_empty_json_before_it_measures():
+    from tools import gpu_check
+    with pytest.raises(UsageError, match="--json"):
+        gpu_check.main(["--smoke", "--json="])
+
+
 def test_a_path_given_as_file_colon_path_names_its_option():
     """sample.py's --start=FILE:path: an error about that path names --start."""
     options.parse(['--start=FILE:/nowhere/prompt.txt'], {'start': '\n', 'out_dir': 'out'})

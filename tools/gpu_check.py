@@ -167,7 +167,7 @@ DEFAULTS = dict(
 
 
 def main(argv=None):
-    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__)
+    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, ranges=dict(nonempty=['json']))
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'full', dtype='bfloat16')
     if args.device == 'auto':
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
