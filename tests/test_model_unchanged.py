@@ -1,5 +1,5 @@
 """What tost.py and tost_fast.py compute is the same, bit for bit, as at the commit where the lecture's edits
-to their docstrings, comments and names began (issue 37): outputs and every gradient of each operator and
+to their docstrings, comments and names began: outputs and every gradient of each operator and
 model, through the readable lines, the recurrent steps and the fused core with several chunks.
 
 The reference is that commit's files, read with git and loaded under other names. A change meant to alter

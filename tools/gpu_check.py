@@ -10,7 +10,8 @@ docs/speed.md's section "The Triton core" comes from it. From the repo root:
    SDPA (flash attention) at 1x1024, 16x1024, 4x4096, 1x16384 and 1x65536 tokens;
 3. a training step (forward, backward, AdamW, bf16 autocast): ToST-Base on the Triton core and on its readable
    lines against GPT-2 small (the same model with softmax attention), tokens/s at 16x1024 and 4x4096;
-4. the targets of issue 36, met or not, and the torch profiler's top kernels of one layer at 16x1024.
+4. the core's speed targets (docs/speed.md), met or not, and the torch profiler's top kernels of one layer at
+   16x1024.
 It prints the card, torch and triton versions, and writes everything to --json. --smoke runs it at tiny
 sizes, on a CPU under Triton's interpreter (for the tests; its numbers mean nothing).
 """
@@ -35,7 +36,7 @@ SIZES = {
                  training=[(16, 1024), (4, 4096)]),
     'smoke': dict(width=32, heads=4, equality=[(1, 48)], layer=[(2, 32)], training=[(2, 32)]),
 }
-# issue 36's targets: (what, measured value's key, at least)
+# The core's speed targets: (what, measured value's key, at least)
 TARGETS = [('layer fwd+bwd at 16x1024: readable lines / Triton core', 'layer_speedup_16x1024', 10.0),
            ('layer fwd+bwd at 16x1024: causal SDPA / Triton core', 'vs_sdpa_16x1024', 1.0),
            ('layer fwd+bwd at 4x4096: causal SDPA / Triton core', 'vs_sdpa_4x4096', 1.0),
