@@ -423,6 +423,10 @@ def test_help_is_the_docstring_and_the_defaults_as_values(tmp_path, capsys):
     assert lines[:2] == ["Doc.", ""] and lines[2].endswith("demo, big:") and lines[3] == "  # data"
     assert [line.split() for line in lines[4:]] == [[f"--lr={6e-3 / 10}", "#", "the", "learning", "rate"],
                                                     ["--flag=False", "#", "a", "switch"]]
+    # with a preset: the values it sets, after the defaults it replaces
+    with pytest.raises(SystemExit):
+        options.parse(["--config=big", "--help"], defaults, "  Doc.\n", str(src), {"big": {"flag": True}})
+    assert capsys.readouterr().out.splitlines()[-1] == "--config=big sets --flag=True"
 
 
 @pytest.mark.parametrize("script, shown", [
