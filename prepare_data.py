@@ -204,7 +204,8 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
     if val_every:
         split = f"every {val_every}th document (0-based index % {val_every} == {val_every - 1}) is val"
     return dict(kind='text', tokenizer=tok.name, vocab_size=tok.vocab_size, dtype='uint16',
-                train_tokens=counts[0], val_tokens=counts[1], source=source, split=split, documents=done,
+                train_tokens=counts[0], val_tokens=counts[1], source=source, split=split, val_every=val_every,
+                documents=done,
                 eot=f"{tok.eot} appended after every document" if len(sep) else None)
 
 

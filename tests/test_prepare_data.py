@@ -310,6 +310,8 @@ def test_many_short_files_warn_and_val_every_takes_whole_files(tiny, capsys):
     assert not capsys.readouterr().err
     val = [i for d in docs[3::4] for i in tiny.encode_ordinary(d) + [256]]
     assert ids(out, 'val') == val
+    # the command that rebuilds it keeps the split
+    assert '--val_every=4' in shlex.split(readers.recipe(out, load_meta(out), force=True))
 
 
 @pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
