@@ -151,7 +151,7 @@ def main(argv=None):
             # A damaged file (cut short, another shape, spans past the tokens) would be a traceback below.
             try:
                 spans = np.load(file)
-            except ValueError:
+            except (ValueError, EOFError):
                 spans = np.zeros(0)
             ok = spans.dtype.kind in 'iu' and spans.ndim == 2 and spans.shape[1] == 3
             if not (ok and ((0 <= spans[:, 0]) & (spans[:, 0] <= spans[:, 1]) & (spans[:, 1] < spans[:, 2]) &

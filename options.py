@@ -364,13 +364,13 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     if argv is None:
         argv = sys.argv[1:]
     if {"-h", "--help"} & set(argv):
-        text = help_text(doc, defaults, source, presets, positional)
+        page = help_text(doc, defaults, source, presets, positional)
         # The values a preset given with --help puts in place of those above.
         for name in (a.partition("=")[2] for a in argv if a.startswith("--config=")):
             if name in (presets or {}):
                 sets = " ".join(f"--{k}={shown(v)}" for k, v in presets[name].items())
-                text += "\n" + textwrap.fill(f"--config={name} sets {sets}", 110, subsequent_indent="  ")
-        print(text, flush=True)
+                page += "\n" + textwrap.fill(f"--config={name} sets {sets}", 110, subsequent_indent="  ")
+        print(page, flush=True)
         sys.exit(0)
     # --key value, a space for the '=': the value would be read as a bare word (the key as a bool's true).
     for arg, value in zip(argv, argv[1:]):

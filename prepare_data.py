@@ -193,7 +193,7 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
                          f"without it (the last tenth of each document is val)")
     # Many short files: the last tenth of each is a few tokens, their ends only, and no measure of the text.
     short = o['dataset'] == 'text' and not val_every and done > 1 and counts[1] < 32 * done
-    hint = f"; for {done} short files, --val_every=N makes every Nth file val" if short else ""
+    hint = f"; for {done} short files, --val_every=N --force makes every Nth file val" if short else ""
     # An empty corpus too.
     if counts[0] == 0 or counts[1] == 0:
         raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, "
@@ -360,7 +360,7 @@ def _build_openwebtext(stage, o):
     else:
         files = _owt_download(o['data_dir'])
         source = f"https://huggingface.co/datasets/{OWT_REPO} (parquet)"
-    return _text_dataset(stage, o, _owt_docs(files), source, tok, True, o.get('val_every', 2000))
+    return _text_dataset(stage, o, _owt_docs(files), source, tok, True, o.get('val_every') or 2000)
 
 # -----------------------------------------------------------------------------
 # zero-shot evaluation sets (docs/evaluation.md): the official test split goes to val.bin, train.bin is empty.
@@ -457,7 +457,7 @@ def _build_eval_set(stage, o):
                      target_rule=f"{LAMBADA_TARGETS}: rows (passage start, target start, target end) in "
                                  f"val.bin; the target is the last word's tokens, with the space before it")
     # A row a line, as the release's loaders (Hugging Face's) read them: WikiText's rows keep their newline
-    # and a blank line is an empty row; PTB's lose it.
+    # and a blank line is an empty row; PTB's (its plain text loader) lose the newline only.
     else:
         rows = text.removesuffix('\n').split('\n')
         if name == 'wikitext2':

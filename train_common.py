@@ -525,7 +525,8 @@ def start_log(out_dir, key, last):
     path = os.path.join(out_dir, "log.jsonl")
     keep = []
     if last is not None and os.path.isfile(path):
-        # Bytes that are not UTF-8 (a damaged line) are no row: replaced, they fail to parse.
+        # Bytes that are not UTF-8 (a damaged line) are replaced: such a line no longer parses and goes, and
+        # inside a string of one that does they stay as U+FFFD.
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 with contextlib.suppress(ValueError, AttributeError):

@@ -283,7 +283,7 @@ def main(argv=None):
     # A resume locks the folder before it reads the checkpoint: another run may hold it, not saved yet.
     if not fresh:
         if os.path.isdir(out_dir):
-            lock = make_out_dir(out_dir, [], cfg['overwrite'], False, master)
+            lock = make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], False, master)
         needs = ('model', 'optimizer', 'iter_num', 'config', 'meta')
         ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=needs)
         cfg, set_keys = resume_config(cfg, set_keys, ckpt)

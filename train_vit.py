@@ -257,7 +257,7 @@ def main(argv=None):
     # A resume holds its folder before it reads the checkpoint there: another run's folder is refused as such.
     lock = None
     if resume and os.path.isdir(out_dir):
-        lock = make_out_dir(out_dir, [], cfg['overwrite'], False, master)
+        lock = make_out_dir(out_dir, [ckpt_path, best_path], cfg['overwrite'], False, master)
     ckpt = None
     if path:
         needs = ('model', 'model_args', 'optimizer', 'config', 'epoch', 'best_acc')

@@ -32,12 +32,12 @@ def out(tmp_path_factory):
     return str(out)
 
 
-def ended(*args, stdout=subprocess.PIPE, interrupt=False):
+def ended(*args, stdout=subprocess.PIPE, interrupt=False, **how):
     """(exit code, stderr) of sample.py as a command, in a process group of its own as a terminal starts a
     job. interrupt: once it is generating, Ctrl-C to the group, and its stdout closed, as the same Ctrl-C
     ends the tee it is piped into."""
     p = subprocess.Popen([sys.executable, os.path.join(REPO, 'sample.py'), *args], stdout=stdout,
-                         stderr=subprocess.PIPE, env=ENV, start_new_session=True)
+                         stderr=subprocess.PIPE, env=ENV, start_new_session=True, **how)
     if interrupt:
         p.stdout.read(200)
         os.killpg(p.pid, signal.SIGINT)
@@ -188,7 +188,8 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(out, tmp_path, fails, key, v
 
 def test_ctrl_c_into_a_pipe_whose_reader_it_killed_and_a_full_disk_are_one_line(out):
     """`python sample.py | tee log`, then Ctrl-C: the terminal sends SIGINT to both, so tee is gone when the
-    interrupt's handler writes. `python sample.py > /dev/full`: stdout cannot be written at all."""
+    interrupt's handler writes. `python sample.py > /dev/full`: stdout cannot be written at all. `>&-`: there
+    is no stdout, and the samples go nowhere."""
     code, err = ended(f'--out_dir={out}', '--max_new_tokens=100000', interrupt=True)
     assert code == 130
     one_line(err)
@@ -196,3 +197,6 @@ def test_ctrl_c_into_a_pipe_whose_reader_it_killed_and_a_full_disk_are_one_line(
         code, err = ended(f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=5', stdout=full)
     assert code == 2
     one_line(err)
+    code, err = ended(f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=5',
+                      preexec_fn=lambda: os.close(1))
+    assert code == 0, err

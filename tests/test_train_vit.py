@@ -20,8 +20,8 @@ import torch
 import tost
 import train_common
 import train_vit
-from test_train_gpt import (count_syncs, rank_pid, read_log, resume_command, same_state, start, wait_for,
-                            weights)
+from test_train_gpt import (Died, count_syncs, rank_pid, read_log, resume_command, same_state, start,
+                            wait_for, weights)
 from options import UsageError
 from train_common import load_checkpoint
 from conftest import counted
@@ -527,8 +527,15 @@ def test_an_evaluation_that_draws_nothing_and_gets_nothing_right_still_saves(dat
     assert load_checkpoint(os.path.join(tmp_path, 'best.pt'))['best_acc'] == 0.0
 
 
-class Died(BaseException):
-    """The process killed (kill -9, out of memory): no handler of the run's sees it."""
+def test_a_resume_whose_best_pt_is_a_folder_is_refused_before_any_step(trained, tmp_path, fails):
+    """Found when the resume starts, not at its first better evaluation, an epoch of work later."""
+    out = tmp_path / 'run'
+    shutil.copytree(trained, out)
+    os.remove(out / 'best.pt')
+    os.mkdir(out / 'best.pt')
+    before = (out / 'ckpt.pt').read_bytes()
+    fails(train_vit.main, ['--init_from=resume', f'--out_dir={out}', '--epochs=3'], f'{out}/best.pt')
+    assert (out / 'ckpt.pt').read_bytes() == before
 
 
 def test_a_run_killed_while_it_saves_an_improved_model_keeps_best_pt_in_step(data, tmp_path, monkeypatch):
