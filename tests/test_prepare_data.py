@@ -121,7 +121,7 @@ def test_tokenizers(tiny, name):
     assert tok.decode(tok.encode(s)) == s
     assert b''.join(tok.token_bytes(t) for t in tok.encode('é')) == 'é'.encode()
     # An id of a padded head decodes to nothing, in a text and streamed; a cut-off character is replaced.
-    assert tok.decode([104, 105, 50300]) == 'hi' and tok.token_bytes(300) == b''
+    assert tok.decode([104, 105, tok.vocab_size]) == 'hi' and tok.token_bytes(300) == b''
     assert tok.decode(np.array([0xE2, 0x9C, 65])) == '\ufffdA'
 
 
@@ -295,6 +295,9 @@ def test_text_folder_sorted_recursive(tiny):
         train += head + [256]
         val += tail + [256] if tail else []
     assert (ids(out, 'train'), ids(out, 'val')) == (train, val)
+    # a model in the same tokenizer's name but of another vocabulary is refused, naming both counts
+    with pytest.raises(UsageError, match='257 ids.*50257 ids'):
+        load_meta(out, 'text', {'tokenizer': 'gpt2', 'vocab_size': 50257})
 
 
 def test_many_short_files_warn_and_val_every_takes_whole_files(tiny, capsys):
