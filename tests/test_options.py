@@ -209,6 +209,19 @@ def test_a_whole_write_names_its_file_but_not_another_one(tmp_path):
         assert os.listdir(tmp_path) == ["x"] and open(path).read() == "earlier"
 
 
+def test_a_whole_write_reaches_the_disk_before_and_after_its_rename(tmp_path, monkeypatch):
+    """The file's bytes are synced before it replaces the earlier one, and the folder after: a crash (power
+    lost) leaves one of the two files whole, never a renamed empty one."""
+    path = str(tmp_path / "x")
+    calls = []
+    fsync = os.fsync
+    replace = os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(("fsync", os.fstat(fd).st_ino)) or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: calls.append(("replace", b)) or replace(a, b))
+    options.write_whole(path, lambda f: f.write("whole"))
+    assert calls == [("fsync", os.stat(path).st_ino), ("replace", path), ("fsync", os.stat(tmp_path).st_ino)]
+
+
 def test_a_command_to_copy_is_quoted_for_the_shell_of_its_system(monkeypatch):
     """A folder with a space and a backslash: POSIX shells take single quotes, Windows' cmd.exe double."""
     args = ["python", "sample.py", "--out_dir=runs\\my demo"]

@@ -226,6 +226,8 @@ def test_a_failed_save_is_an_os_error_naming_the_checkpoint_and_keeps_the_previo
     os.rename(path, tmp_path / "kept.pt")
     path.mkdir()
     (path / "x").write_text("x")
+    # another rank writes nothing (rank 0 writes the checkpoint)
+    tc.save_checkpoint({"step": 2}, [str(tmp_path / "other.pt")], tc.Dist(False, 1, 1, 2, False, "cpu"))
     with pytest.raises(OSError) as e:
         tc.save_checkpoint({"step": 2}, [str(path), str(tmp_path / "after.pt")], SINGLE)
     # no temp file left: the folder and the earlier one as they were, and no path after the one that failed
