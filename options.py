@@ -230,11 +230,11 @@ def report(exc):
     elif out_of_memory(exc):
         line = f"out of memory ({first_line(exc)})"
         # Half the micro-batch, twice the micro-steps: the same step. Not while something is being built (the
-        # model, under an __init__): that needs no smaller batch.
+        # model, under an __init__): that needs no smaller batch; nor at a batch of 1, which has no half.
         frames = {frame.f_code.co_name for frame, _ in traceback.walk_tb(exc.__traceback__)}
-        if "__init__" not in frames:
+        if "__init__" not in frames and parsed.get("batch_size", 2) > 1:
             if "batch_size" in parsed:
-                line += f"; try --batch_size={max(1, parsed['batch_size'] // 2)}"
+                line += f"; try --batch_size={parsed['batch_size'] // 2}"
             if "gradient_accumulation_steps" in parsed:
                 steps = 2 * parsed["gradient_accumulation_steps"]
                 line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"

@@ -147,7 +147,7 @@ def test_an_error_at_the_top_level_is_one_line_and_its_exit_code(tmp_path, code,
 
 def test_out_of_memory_advises_a_smaller_batch_only_where_a_batch_was_computed(monkeypatch, capsys):
     """Computing a batch (eval_gpt's loss, outside any module): half the batch; building the model (a Linear's
-    __init__): none."""
+    __init__), or at a batch of 1: none."""
     monkeypatch.setattr(options, "parsed", dict(batch_size=8, gradient_accumulation_steps=1))
 
     def split_loss():
@@ -163,6 +163,11 @@ def test_out_of_memory_advises_a_smaller_batch_only_where_a_batch_was_computed(m
         err = capsys.readouterr().err
         one_line(err)
         assert ("--batch_size=4" in err and "--gradient_accumulation_steps=2" in err) == advised
+    monkeypatch.setattr(options, "parsed", dict(batch_size=1, gradient_accumulation_steps=1))
+    with pytest.raises(RuntimeError) as e:
+        split_loss()
+    options.report(e.value)
+    assert "--batch_size" not in one_line(capsys.readouterr().err)
 
 
 # gloo's words where the process at the other end of a collective has ended
