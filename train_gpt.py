@@ -154,8 +154,7 @@ def resume_config(cfg, set_keys, ckpt):
                          f"({args['block_size']}: its position embedding has that many rows)")
     # A key the checkpoint's config lacks (an older run's) takes this command line's value.
     old = ckpt['config']
-    merged = {k: cfg[k] if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k in cfg}
-    return merged, set_keys | set(ckpt.get('set_keys', ()))
+    return {k: cfg[k] if k in set_keys or k in MACHINE_KEYS or k not in old else old[k] for k in cfg}
 
 # -----------------------------------------------------------------------------
 # data: random windows of the token files, drawn from generators seeded by (seed, stream, index)
@@ -286,7 +285,7 @@ def main(argv=None):
             lock = make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], False, master)
         needs = ('model', 'optimizer', 'iter_num', 'config', 'meta')
         ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=needs)
-        cfg, set_keys = resume_config(cfg, set_keys, ckpt)
+        cfg = resume_config(cfg, set_keys, ckpt)
     if cfg['compile'] and cfg['attn'] == 'tssa':
         check_compile(device, cfg['dropout'])
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
@@ -428,7 +427,7 @@ def main(argv=None):
         return dict(model=raw_model.state_dict(), optimizer=optimizer.state_dict(),
                     scaler=scaler.state_dict(), model_args=model_args, iter_num=iter_num,
                     best_val_loss=best_val_loss, val_loss=val, since_row=since_row, loss_sum=carried,
-                    config=cfg, set_keys=sorted(set_keys), meta=meta, tokens=tokens,
+                    config=cfg, meta=meta, tokens=tokens,
                     elapsed_s=round(time.time() - t_run, 2))
 
     # A loss that is not finite stops the run where every rank finds it (the losses are all-reduced); the
