@@ -1046,7 +1046,8 @@ def test_resume_with_nothing_to_do_says_so_and_time_carries_on(train, tmp_path, 
     train(out, '--max_iters=4', '--eval_interval=2')
     before = Path(out, 'log.jsonl').read_text()
     capsys.readouterr()
-    resume(out, '--max_iters=3', '--device=cpu')
+    # the checkpoint's own iter: nothing left
+    resume(out, '--max_iters=4', '--device=cpu')
     # one line, naming the checkpoint and the option that would train on
     printed = capsys.readouterr().out.strip()
     assert '\n' not in printed and f'{out}/ckpt.pt' in printed and '--max_iters' in printed
