@@ -869,8 +869,8 @@ def test_the_training_step_does_not_wait_for_the_device(train, tmp_path, monkeyp
 def broken(data_dir, tmp_path_factory):
     """What a user may point a run at: an out_dir whose ckpt.pt is not a checkpoint, one with a vision
     checkpoint, a file, data whose train.bin was cut short after it was written, data of another tokenizer,
-    data whose ids are all 65535, a test set (no train tokens). (A meta.json no dataset can have is the
-    reader's to refuse, whoever reads it: test_prepare_data.)"""
+    data whose ids are all 256 (the vocab's size: one past its last id), a test set (no train tokens). (A
+    meta.json no dataset can have is the reader's to refuse, whoever reads it: test_prepare_data.)"""
     d = tmp_path_factory.mktemp('broken')
     (d / 'garbage').mkdir()
     (d / 'garbage' / 'ckpt.pt').write_bytes(b'not a checkpoint at all')
@@ -887,7 +887,7 @@ def broken(data_dir, tmp_path_factory):
     (d / 'testset' / 'tiny' / 'train.bin').write_bytes(b'')
     for split in ('train', 'val'):
         path = d / 'noise' / 'tiny' / f'{split}.bin'
-        path.write_bytes(b'\xff' * path.stat().st_size)
+        path.write_bytes(b'\x00\x01' * (path.stat().st_size // 2))
     return str(d)
 
 
