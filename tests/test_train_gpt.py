@@ -892,7 +892,8 @@ def broken(data_dir, tmp_path_factory):
 
 
 # (the arguments, what the one line names); {data}, {out}, {broken}, {trained} stand for the tiny data, a
-# folder that does not exist yet, the fixture above and the trained run, which a resume must leave as it was
+# folder that does not exist yet, the fixture above and the trained run, which a resume must leave as it was;
+# {val} for the tiny data's val tokens
 TINY = tiny('{data}', '{out}')
 RESUME = ['--init_from=resume', '--out_dir={trained}', '--data_dir={data}']
 MISTAKES = [
@@ -912,7 +913,8 @@ MISTAKES = [
     (['--softmax_layers=0,7'], ['softmax_layers', '7']),
     (['--softmax_layers=last'], ['--softmax_layers', 'last']),
     (TINY + ['--init_from=resume'], ['{out}/ckpt.pt']),
-    (TINY + ['--block_size=5000'], ['--block_size', '5000']),
+    # a window and its target need block_size + 1 tokens
+    (TINY + ['--block_size={val}'], ['--block_size', '{val}']),
     # a file for --data_dir: the dataset made here (the default) and one prepared before
     (['--data_dir={repo}/README.md', '--out_dir={out}'], ['{repo}/README.md', '--data_dir']),
     (tiny('{repo}/README.md', '{out}'), ['{repo}/README.md', '--data_dir']),
@@ -939,7 +941,8 @@ def test_a_mistake_is_one_line_naming_it_before_any_work(data_dir, trained, brok
                                                          fails, args, names):
     # where the default data/ and out/ would go
     monkeypatch.chdir(tmp_path)
-    paths = dict(data=data_dir, out=tmp_path / 'out', broken=broken, trained=trained[0], repo=REPO)
+    val = json.loads(Path(data_dir, 'tiny', 'meta.json').read_text())['val_tokens']
+    paths = dict(data=data_dir, out=tmp_path / 'out', broken=broken, trained=trained[0], repo=REPO, val=val)
     before = [Path(trained[0], f).read_bytes() for f in ('ckpt.pt', 'log.jsonl')]
     fails(train_gpt.main, [a.format(**paths) for a in args], *[n.format(**paths) for n in names])
     assert os.listdir(tmp_path) == []
