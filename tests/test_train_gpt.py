@@ -927,7 +927,7 @@ MISTAKES = [
     # a dataset that takes hours to prepare: its command
     (['--dataset=openwebtext', '--out_dir={out}'], ['python prepare_data.py openwebtext --data_dir=data']),
     # a resume: the model's shape and its tokenizer are the checkpoint's
-    (RESUME + ['--block_size=64'], ['block_size=64', '32']),
+    (RESUME + ['--block_size=33'], ['block_size=33', '32']),
     (RESUME + ['--n_layer=2'], ['--n_layer=2']),
     (RESUME + ['--softmax_layers=0'], ['--softmax_layers=0']),
     # not silently one of them
