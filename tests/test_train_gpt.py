@@ -1136,12 +1136,13 @@ def test_a_run_says_its_dtype_its_schedule_and_how_to_sample_from_where_it_start
 
 
 def test_only_an_improvement_is_saved_when_only_the_best_is(train, tmp_path, monkeypatch):
-    """always_save_checkpoint=False: val losses 3, 2, 2.5 at iters 0, 2, 4; only the improvement is saved."""
-    vals = iter([3.0, 2.0, 2.5])
+    """always_save_checkpoint=False: val losses 3, 2, 2.5, 2.2 at iters 0, 2, 4, 6; only the improvement is
+    saved (2.2 beats the last, not the best)."""
+    vals = iter([3.0, 2.0, 2.5, 2.2])
     monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': 1.0, 'val': next(vals)})
     out = tmp_path / 'out'
-    train(out, '--max_iters=4', '--eval_interval=2', '--always_save_checkpoint=false')
-    assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, False]
+    train(out, '--max_iters=6', '--eval_interval=2', '--always_save_checkpoint=false')
+    assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, False, False]
     assert weights(out)['iter_num'] == 2
 
 
