@@ -259,7 +259,8 @@ def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_
     save_model(out, data_dir, dataset=BYTES, config={'dataset': BYTES, 'data_dir': str(data_dir)})
     eval_gpt.main([a for a in argv if not a.startswith('--data_dir')])
     assert [r['dataset'] for r in read_log(out)] == [BYTES, BYTES]
-    save_model(out, data_dir, dataset=BYTES, config={'dataset': 'python_stdlib'})
+    # given, --data_dir is where the sets are looked for, not the run's
+    save_model(out, data_dir, dataset=BYTES, config={'dataset': 'python_stdlib', 'data_dir': str(tmp_path)})
     line = fails(eval_gpt.main, argv, f'prepare_data.py python_stdlib --data_dir={data_dir}')
     assert 'openwebtext' not in line
     # a checkpoint that names no dataset: a set of its tokenizer is suggested, not GPT-2's
