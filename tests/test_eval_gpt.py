@@ -168,6 +168,7 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path, fails, monkeypatch
         'zz zz': False,        # the context 'zz' is 'z', 'z' (no space): it predicts 'z'
         'one zz zzz': False,   # target ' zz', 'z': the first token is right, the second is not
         'a long passage, longer than the window of sixteen tokens, yy yy': True,   # cut to its last 16 tokens
+        'fits the window yy yy': True,   # 15 + 1 tokens read: the window's 16, not cut
         'then a line\nyy': False,  # the word after a newline: target 'y', 'y' after '\n'
     }
     d = tmp_path
@@ -188,8 +189,8 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path, fails, monkeypatch
 
     eval_gpt.main([f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--device=cpu'])
     r = read_log(out)[-1]
-    assert (r['last_word_correct'], r['passages'], r['passages_cut']) == (3, 7, 1)
-    assert r['last_word_acc'] == 3 / 7
+    assert (r['last_word_correct'], r['passages'], r['passages_cut']) == (4, 8, 1)
+    assert r['last_word_acc'] == 4 / 8
     # ' zz', 'z' does not fit a window of 1
     fails(eval_gpt.main, [f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--block_size=1'],
           '--block_size')
