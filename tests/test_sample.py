@@ -66,6 +66,9 @@ def test_stream_decoder_holds_back_half_characters(monkeypatch):
 def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
     """In float32 on a CPU, also where it has bf16 instructions: bf16 autocast slows a batch of one down."""
     monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
+    dtypes = []
+    real = sample.autocast
+    monkeypatch.setattr(sample, 'autocast', lambda device, dtype: dtypes.append(dtype) or real(device, dtype))
     model = sample.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
     prompt = 'def f(x):'
     # more than block_size (32): a full window restarts from its last half
@@ -83,6 +86,7 @@ def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
     want = model.generate(torch.tensor([[10]]), 20, temperature=0)
     text = bytes(want[0, 1:].tolist()).decode('utf-8', 'replace')
     assert capsys.readouterr().out == text + '\n---------------\n'
+    assert dtypes == ['float32', 'float32']
 
 
 def test_same_seed_same_text_and_one_thread_unless_told(out, capsys, monkeypatch):
