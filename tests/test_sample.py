@@ -114,7 +114,7 @@ def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monk
     """A byte-level model at a high temperature emits control bytes; the prompt here has some too, from a
     FILE: as from the command line. In a terminal none reaches it but newline and tab; piped, the text is
     written as it is."""
-    start = '\x1b[2J\x07ding\r\n'
+    start = '\x1b[2J\x07ding\t\r\n'
     (tmp_path / 'prompt.txt').write_bytes(start.encode())
     args = [f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=400', '--temperature=3', '--top_k=0',
             '--device=cpu', '--seed=5']
@@ -128,7 +128,7 @@ def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monk
     monkeypatch.setattr(sys.stdout, 'isatty', lambda: True)
     sample.main(args + [f'--start={start}'])
     shown = capsys.readouterr().out
-    assert shown.startswith('␛[2J␇ding␍\n')
+    assert shown.startswith('␛[2J␇ding\t␍\n')
     assert not [c for c in shown if unicodedata.category(c) == 'Cc' and c not in '\n\t']
 
 
