@@ -700,8 +700,8 @@ def test_every_rank_waits_at_the_same_barrier_whoever_prepares_the_data(tmp_path
     """A dataset prepared on the fly: local rank 0 prepares it while the others wait at a barrier. Every rank
     must call the same collectives, whether meta.json was there when it looked or not (a rank that skipped the
     barrier would pair its next collective with the others' barrier): here rank 0 finds nothing and prepares,
-    rank 1 of the same node and rank 2 (local rank 0 of another node, which shares the folder) find it
-    written."""
+    rank 1 of the same node finds it written, and rank 2 (local rank 0 of another node, with a folder of its
+    own) prepares its own."""
     corpus = tmp_path / 'in.txt'
     corpus.write_text('some text to prepare, ' * 200)
     real = prepare_data.prepare
@@ -711,12 +711,13 @@ def test_every_rank_waits_at_the_same_barrier_whoever_prepares_the_data(tmp_path
     for name in ('barrier', 'all_reduce', 'broadcast', 'all_gather', 'all_gather_object',
                  'broadcast_object_list'):
         monkeypatch.setattr(torch.distributed, name, lambda *a, name=name, **k: calls[-1].append(name))
-    cfg = dict(train_gpt.DEFAULTS, dataset='python_stdlib', data_dir=str(tmp_path / 'data'), block_size=8)
-    for rank, local_rank in ((0, 0), (1, 1), (2, 0)):
+    cfg = dict(train_gpt.DEFAULTS, dataset='python_stdlib', block_size=8)
+    for rank, local_rank, node in ((0, 0, 'data'), (1, 1, 'data'), (2, 0, 'node2')):
         calls.append([])
         dist = train_common.Dist(True, rank, local_rank, 3, rank == 0, 'cpu')
-        assert train_gpt.open_dataset(cfg, dist)[2]['train'] > 8
-    assert os.path.isfile(tmp_path / 'data' / 'python_stdlib' / 'meta.json')
+        assert train_gpt.open_dataset(dict(cfg, data_dir=str(tmp_path / node)), dist)[2]['train'] > 8
+    for node in ('data', 'node2'):
+        assert os.path.isfile(tmp_path / node / 'python_stdlib' / 'meta.json')
     assert calls[0] == calls[1] == calls[2] == ['barrier']
 
 
