@@ -1060,14 +1060,15 @@ def test_resume_with_nothing_to_do_says_so_and_time_carries_on(train, tmp_path, 
     time.sleep(0.5)
     saved = weights(out)['elapsed_s']
     t0 = time.time()
-    resume(out, '--max_iters=6', '--device=cpu')
+    resume(out, '--max_iters=6', '--device=cpu', '--batch_size=2')
     wall = time.time() - t0
     rows = read_log(out)
     assert [r['iter'] for r in rows if r['kind'] == 'train'] == [1, 2, 3, 4, 5, 6]
     # it goes on from the checkpoint's, by no more than the resumed call took
     later = [r['elapsed_s'] for r in rows if r['iter'] > 4]
     assert saved <= min(later) and max(later) <= saved + wall + 0.01
-    assert rows[-1]['tokens'] == 6 * 4 * 32 and weights(out)['tokens'] == 6 * 4 * 32
+    # 4 iterations of 4 x 32 tokens, then 2 of 2 x 32
+    assert rows[-1]['tokens'] == weights(out)['tokens'] == (4 * 4 + 2 * 2) * 32
 
 
 @pytest.mark.slow
