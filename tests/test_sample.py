@@ -145,13 +145,13 @@ def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch, two_gpus
 
 
 def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):
-    # 127 bytes; the model takes 32
-    long = 'x = 1\n' * 20 + 'THE END'
+    # 33 bytes: one more than the model takes
+    long = 'x = 1\n' * 4 + 'THE END.\n'
     sample.main([f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5',
                  '--device=cpu'])
     printed = capsys.readouterr()
     note, speed = printed.err.strip().splitlines()
-    assert '127' in note and '32' in note and 'THE END' in note and printed.out.startswith(long)
+    assert '33' in note and '32' in note and 'THE END' in note and printed.out.startswith(long)
     assert speed.startswith('5 tokens in ')
 
 
