@@ -27,7 +27,7 @@ from conftest import REPO, ENV, counted, one_line, run_main
 
 WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i} , and not much @-@ else .'
                f'\n \n' for i in range(30))
-# a byte-level set, named longer than the table's first column
+# a byte-level set of wikitext2's text, named longer than the table's first column
 BYTES = 'bytes_of_a_name_longer_than_the_column'
 PASSAGES = [f'Passage {i} tells of {"many " * (i % 7)}things, and ends with the word word{i % 3}'
             for i in range(11)]
@@ -45,12 +45,11 @@ def prepare(d, name, file, text, enc):
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
     """wikitext2 (~1.8k tokens) and lambada (11 passages) prepared with the tiny encoding as 'gpt2', and
-    BYTES in bytes."""
+    BYTES: wikitext2 in bytes."""
     d = tmp_path_factory.mktemp('data')
     prepare(d, 'wikitext2', 'wiki.test.raw', WIKI, encoding())
     prepare(d, 'lambada', 'lambada_test.jsonl', jsonl(PASSAGES), encoding())
-    # the text dataset: named by its file, in bytes
-    prepare(d, 'text', f'{BYTES}.txt', 'some bytes to learn from, ' * 40, None)
+    prep.prepare('wikitext2', d, input=str(d / 'wiki.test.raw'), tokenizer='bytes', name=BYTES)
     return d
 
 
@@ -256,6 +255,8 @@ def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_
     loss = f"{read_log(out)[0]['loss']:.4f}"
     header, row = capsys.readouterr().out.splitlines()[-2:]
     assert row.index(loss) + len(loss) == header.index('loss') + len('loss')
+    # the paper's wikitext2 numbers are per GPT-2 token: none beside a loss per byte
+    assert len(row.split()) == 4
     # without --data_dir, the one the model was trained from
     save_model(out, data_dir, dataset=BYTES, config={'dataset': BYTES, 'data_dir': str(data_dir)})
     eval_gpt.main([a for a in argv if not a.startswith('--data_dir')])
