@@ -66,6 +66,9 @@ def test_stream_decoder_holds_back_half_characters(monkeypatch):
 def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
     """In float32 on a CPU, also where it has bf16 instructions: bf16 autocast slows a batch of one down."""
     monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: True)
+    dtypes = []
+    real = sample.autocast
+    monkeypatch.setattr(sample, 'autocast', lambda device, dtype: dtypes.append(dtype) or real(device, dtype))
     model = sample.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
     prompt = 'def f(x):'
     # more than block_size (32): a full window restarts from its last half
@@ -83,6 +86,7 @@ def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
     want = model.generate(torch.tensor([[10]]), 20, temperature=0)
     text = bytes(want[0, 1:].tolist()).decode('utf-8', 'replace')
     assert capsys.readouterr().out == text + '\n---------------\n'
+    assert dtypes == ['float32', 'float32']
 
 
 def test_same_seed_same_text_and_one_thread_unless_told(out, capsys, monkeypatch):
@@ -110,7 +114,7 @@ def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monk
     """A byte-level model at a high temperature emits control bytes; the prompt here has some too, from a
     FILE: as from the command line. In a terminal none reaches it but newline and tab; piped, the text is
     written as it is."""
-    start = '\x1b[2J\x07ding\r\n'
+    start = '\x1b[2J\x07ding\t\r\n'
     (tmp_path / 'prompt.txt').write_bytes(start.encode())
     args = [f'--out_dir={out}', '--num_samples=1', '--max_new_tokens=400', '--temperature=3', '--top_k=0',
             '--device=cpu', '--seed=5']
@@ -124,7 +128,7 @@ def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monk
     monkeypatch.setattr(sys.stdout, 'isatty', lambda: True)
     sample.main(args + [f'--start={start}'])
     shown = capsys.readouterr().out
-    assert shown.startswith('␛[2J␇ding␍\n')
+    assert shown.startswith('␛[2J␇ding\t␍\n')
     assert not [c for c in shown if unicodedata.category(c) == 'Cc' and c not in '\n\t']
 
 
@@ -141,13 +145,13 @@ def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch, two_gpus
 
 
 def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):
-    # 127 bytes; the model takes 32
-    long = 'x = 1\n' * 20 + 'THE END'
+    # 33 bytes: one more than the model takes
+    long = 'x = 1\n' * 4 + 'THE END.\n'
     sample.main([f'--out_dir={out}', f'--start={long}', '--num_samples=1', '--max_new_tokens=5',
                  '--device=cpu'])
     printed = capsys.readouterr()
     note, speed = printed.err.strip().splitlines()
-    assert '127' in note and '32' in note and 'THE END' in note and printed.out.startswith(long)
+    assert '33' in note and '32' in note and 'THE END' in note and printed.out.startswith(long)
     assert speed.startswith('5 tokens in ')
 
 

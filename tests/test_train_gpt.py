@@ -700,8 +700,8 @@ def test_every_rank_waits_at_the_same_barrier_whoever_prepares_the_data(tmp_path
     """A dataset prepared on the fly: local rank 0 prepares it while the others wait at a barrier. Every rank
     must call the same collectives, whether meta.json was there when it looked or not (a rank that skipped the
     barrier would pair its next collective with the others' barrier): here rank 0 finds nothing and prepares,
-    rank 1 of the same node and rank 2 (local rank 0 of another node, which shares the folder) find it
-    written."""
+    rank 1 of the same node finds it written, and rank 2 (local rank 0 of another node, with a folder of its
+    own) prepares its own."""
     corpus = tmp_path / 'in.txt'
     corpus.write_text('some text to prepare, ' * 200)
     real = prepare_data.prepare
@@ -711,12 +711,13 @@ def test_every_rank_waits_at_the_same_barrier_whoever_prepares_the_data(tmp_path
     for name in ('barrier', 'all_reduce', 'broadcast', 'all_gather', 'all_gather_object',
                  'broadcast_object_list'):
         monkeypatch.setattr(torch.distributed, name, lambda *a, name=name, **k: calls[-1].append(name))
-    cfg = dict(train_gpt.DEFAULTS, dataset='python_stdlib', data_dir=str(tmp_path / 'data'), block_size=8)
-    for rank, local_rank in ((0, 0), (1, 1), (2, 0)):
+    cfg = dict(train_gpt.DEFAULTS, dataset='python_stdlib', block_size=8)
+    for rank, local_rank, node in ((0, 0, 'data'), (1, 1, 'data'), (2, 0, 'node2')):
         calls.append([])
         dist = train_common.Dist(True, rank, local_rank, 3, rank == 0, 'cpu')
-        assert train_gpt.open_dataset(cfg, dist)[2]['train'] > 8
-    assert os.path.isfile(tmp_path / 'data' / 'python_stdlib' / 'meta.json')
+        assert train_gpt.open_dataset(dict(cfg, data_dir=str(tmp_path / node)), dist)[2]['train'] > 8
+    for node in ('data', 'node2'):
+        assert os.path.isfile(tmp_path / node / 'python_stdlib' / 'meta.json')
     assert calls[0] == calls[1] == calls[2] == ['barrier']
 
 
@@ -869,8 +870,8 @@ def test_the_training_step_does_not_wait_for_the_device(train, tmp_path, monkeyp
 def broken(data_dir, tmp_path_factory):
     """What a user may point a run at: an out_dir whose ckpt.pt is not a checkpoint, one with a vision
     checkpoint, a file, data whose train.bin was cut short after it was written, data of another tokenizer,
-    data whose ids are all 65535, a test set (no train tokens). (A meta.json no dataset can have is the
-    reader's to refuse, whoever reads it: test_prepare_data.)"""
+    data whose ids are all 256 (the vocab's size: one past its last id), a test set (no train tokens). (A
+    meta.json no dataset can have is the reader's to refuse, whoever reads it: test_prepare_data.)"""
     d = tmp_path_factory.mktemp('broken')
     (d / 'garbage').mkdir()
     (d / 'garbage' / 'ckpt.pt').write_bytes(b'not a checkpoint at all')
@@ -887,12 +888,13 @@ def broken(data_dir, tmp_path_factory):
     (d / 'testset' / 'tiny' / 'train.bin').write_bytes(b'')
     for split in ('train', 'val'):
         path = d / 'noise' / 'tiny' / f'{split}.bin'
-        path.write_bytes(b'\xff' * path.stat().st_size)
+        path.write_bytes(b'\x00\x01' * (path.stat().st_size // 2))
     return str(d)
 
 
 # (the arguments, what the one line names); {data}, {out}, {broken}, {trained} stand for the tiny data, a
-# folder that does not exist yet, the fixture above and the trained run, which a resume must leave as it was
+# folder that does not exist yet, the fixture above and the trained run, which a resume must leave as it was;
+# {val} for the tiny data's val tokens
 TINY = tiny('{data}', '{out}')
 RESUME = ['--init_from=resume', '--out_dir={trained}', '--data_dir={data}']
 MISTAKES = [
@@ -912,7 +914,8 @@ MISTAKES = [
     (['--softmax_layers=0,7'], ['softmax_layers', '7']),
     (['--softmax_layers=last'], ['--softmax_layers', 'last']),
     (TINY + ['--init_from=resume'], ['{out}/ckpt.pt']),
-    (TINY + ['--block_size=5000'], ['--block_size', '5000']),
+    # a window and its target need block_size + 1 tokens
+    (TINY + ['--block_size={val}'], ['--block_size', '{val}']),
     # a file for --data_dir: the dataset made here (the default) and one prepared before
     (['--data_dir={repo}/README.md', '--out_dir={out}'], ['{repo}/README.md', '--data_dir']),
     (tiny('{repo}/README.md', '{out}'), ['{repo}/README.md', '--data_dir']),
@@ -925,7 +928,7 @@ MISTAKES = [
     # a dataset that takes hours to prepare: its command
     (['--dataset=openwebtext', '--out_dir={out}'], ['python prepare_data.py openwebtext --data_dir=data']),
     # a resume: the model's shape and its tokenizer are the checkpoint's
-    (RESUME + ['--block_size=64'], ['block_size=64', '32']),
+    (RESUME + ['--block_size=33'], ['block_size=33', '32']),
     (RESUME + ['--n_layer=2'], ['--n_layer=2']),
     (RESUME + ['--softmax_layers=0'], ['--softmax_layers=0']),
     # not silently one of them
@@ -939,7 +942,8 @@ def test_a_mistake_is_one_line_naming_it_before_any_work(data_dir, trained, brok
                                                          fails, args, names):
     # where the default data/ and out/ would go
     monkeypatch.chdir(tmp_path)
-    paths = dict(data=data_dir, out=tmp_path / 'out', broken=broken, trained=trained[0], repo=REPO)
+    val = json.loads(Path(data_dir, 'tiny', 'meta.json').read_text())['val_tokens']
+    paths = dict(data=data_dir, out=tmp_path / 'out', broken=broken, trained=trained[0], repo=REPO, val=val)
     before = [Path(trained[0], f).read_bytes() for f in ('ckpt.pt', 'log.jsonl')]
     fails(train_gpt.main, [a.format(**paths) for a in args], *[n.format(**paths) for n in names])
     assert os.listdir(tmp_path) == []
@@ -1046,7 +1050,8 @@ def test_resume_with_nothing_to_do_says_so_and_time_carries_on(train, tmp_path, 
     train(out, '--max_iters=4', '--eval_interval=2')
     before = Path(out, 'log.jsonl').read_text()
     capsys.readouterr()
-    resume(out, '--max_iters=3', '--device=cpu')
+    # the checkpoint's own iter: nothing left
+    resume(out, '--max_iters=4', '--device=cpu')
     # one line, naming the checkpoint and the option that would train on
     printed = capsys.readouterr().out.strip()
     assert '\n' not in printed and f'{out}/ckpt.pt' in printed and '--max_iters' in printed
@@ -1055,14 +1060,15 @@ def test_resume_with_nothing_to_do_says_so_and_time_carries_on(train, tmp_path, 
     time.sleep(0.5)
     saved = weights(out)['elapsed_s']
     t0 = time.time()
-    resume(out, '--max_iters=6', '--device=cpu')
+    resume(out, '--max_iters=6', '--device=cpu', '--batch_size=2')
     wall = time.time() - t0
     rows = read_log(out)
     assert [r['iter'] for r in rows if r['kind'] == 'train'] == [1, 2, 3, 4, 5, 6]
     # it goes on from the checkpoint's, by no more than the resumed call took
     later = [r['elapsed_s'] for r in rows if r['iter'] > 4]
     assert saved <= min(later) and max(later) <= saved + wall + 0.01
-    assert rows[-1]['tokens'] == 6 * 4 * 32 and weights(out)['tokens'] == 6 * 4 * 32
+    # 4 iterations of 4 x 32 tokens, then 2 of 2 x 32
+    assert rows[-1]['tokens'] == weights(out)['tokens'] == (4 * 4 + 2 * 2) * 32
 
 
 @pytest.mark.slow
@@ -1095,9 +1101,10 @@ def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, train, tmp_pat
     # Refused before --overwrite deletes anything.
     args = tiny(data_dir, out, '--max_iters=2', '--overwrite=true')
     fails(train_gpt.main, args + ['--n_layer=200', '--n_embd=4096', '--n_head=32'], '--n_layer', '--n_embd')
-    # The backward alone fits in 1 GB; with the model's 16 bytes a parameter it does not.
+    # The backward leaves 8 bytes a parameter of 1 GB: more than the weights' 4, fewer than the model's 16.
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**9)
-    monkeypatch.setattr(train_gpt, 'backward_bytes', lambda model, B, T, ctx: 10**9 - 1000)
+    monkeypatch.setattr(train_gpt, 'backward_bytes',
+                        lambda model, B, T, ctx: 10**9 - 8 * model.get_num_params(non_embedding=False))
     fails(train_gpt.main, args, '--batch_size', '--block_size')
     assert (out / 'ckpt.pt').read_bytes() == before
     # Without --overwrite, a folder that holds a checkpoint is refused before the model is probed.
@@ -1132,12 +1139,13 @@ def test_a_run_says_its_dtype_its_schedule_and_how_to_sample_from_where_it_start
 
 
 def test_only_an_improvement_is_saved_when_only_the_best_is(train, tmp_path, monkeypatch):
-    """always_save_checkpoint=False: val losses 3, 2, 2.5 at iters 0, 2, 4; only the improvement is saved."""
-    vals = iter([3.0, 2.0, 2.5])
+    """always_save_checkpoint=False: val losses 3, 2, 2.5, 2.2 at iters 0, 2, 4, 6; only the improvement is
+    saved (2.2 beats the last, not the best)."""
+    vals = iter([3.0, 2.0, 2.5, 2.2])
     monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': 1.0, 'val': next(vals)})
     out = tmp_path / 'out'
-    train(out, '--max_iters=4', '--eval_interval=2', '--always_save_checkpoint=false')
-    assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, False]
+    train(out, '--max_iters=6', '--eval_interval=2', '--always_save_checkpoint=false')
+    assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, False, False]
     assert weights(out)['iter_num'] == 2
 
 
