@@ -905,11 +905,11 @@ MISTAKES = [
     (['--dropout=1'], ['--dropout', '1']),
     # AdamW's rule
     (['--beta2=1'], ['--beta2', '1']),
-    # a decay that would erase the weights in a step
-    (TINY + ['--weight_decay=1e30'], ['--weight_decay']),
-    # a cosine that would end before the warmup does
-    (['--warmup_iters=10', '--lr_decay_iters=5', '--max_iters=12'],
-     ['--lr_decay_iters=5', '--warmup_iters=10']),
+    # a decay that would erase the weights in a step (0.5 x 2: exactly)
+    (TINY + ['--learning_rate=0.5', '--weight_decay=2'], ['--weight_decay']),
+    # a cosine that would end before the warmup does, by one iteration
+    (['--warmup_iters=10', '--lr_decay_iters=9', '--max_iters=12'],
+     ['--lr_decay_iters=9', '--warmup_iters=10']),
     # tost.GPTConfig's own checks (test_softmax_layers_mistakes), before any work; a list, and not a number
     (['--softmax_layers=0,7'], ['softmax_layers', '7']),
     (['--softmax_layers=last'], ['--softmax_layers', 'last']),
