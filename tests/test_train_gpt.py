@@ -593,10 +593,12 @@ def test_torchrun_a_signal_stops_every_rank_at_the_same_step(data_dir, tmp_path,
 @pytest.mark.slow
 def test_torchrun_a_save_that_fails_on_rank_0_stops_every_rank_with_one_line(data_dir, tmp_path):
     out = tmp_path / 'out'
-    # rank 0 cannot rename its file onto a folder
-    (out / 'ckpt.pt' / 'x').mkdir(parents=True)
-    p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=4', '--eval_interval=2'), tmp_path,
+    p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=40', '--eval_interval=20'), tmp_path,
               torchrun=2)
+    # Once it trains (a folder there at the start is refused before any work): rank 0 cannot rename its file
+    # onto a folder.
+    wait_for(p, lambda: logged_iter(out) >= 1, 'a log row')
+    (out / 'ckpt.pt' / 'x').mkdir(parents=True)
     stdout, stderr = p.communicate(timeout=240)
     # said once, by rank 0, with the option that gave the path; no rank's traceback
     assert p.returncode == 1 and stderr.count(f'{out}/ckpt.pt') == 1, stderr[-3000:]
