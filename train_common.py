@@ -453,7 +453,7 @@ def save_checkpoint(state, paths, dist):
 
 @contextlib.contextmanager
 def stop_signals(unit, master):
-    """Inside: Ctrl-C and SIGTERM append their name to the yielded list, which the loop reads once a step and
+    """Inside: Ctrl-C, SIGTERM and SIGHUP append their name to the yielded list, which the loop reads once a step and
     after an evaluation (through any_rank: every rank stops at the same step). A second signal a second later
     raises KeyboardInterrupt (out now, no save); two within a second are one (a torchrun worker gets the
     terminal's SIGINT and torchrun's copy). An error inside, once a signal came, is a KeyboardInterrupt,
@@ -474,8 +474,9 @@ def stop_signals(unit, master):
                 print(f"{signals[0]}: stopping after this {unit}; another one stops at once, without saving",
                       file=sys.stderr, flush=True)
 
-    # Windows' Ctrl-Break is SIGBREAK.
-    stops = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGBREAK") if hasattr(signal, name)]
+    # A closed terminal (ssh gone) sends SIGHUP; Windows' Ctrl-Break is SIGBREAK.
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")
+    stops = [getattr(signal, name) for name in names if hasattr(signal, name)]
     old = {sig: signal.signal(sig, handler) for sig in stops}
     try:
         yield signals
