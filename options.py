@@ -271,7 +271,8 @@ def report(exc):
         code = 2
     else:
         return None
-    error_line(line, getattr(exc, "alone", False))
+    # Each process has its own memory: one that ran out alone says so itself.
+    error_line(line, getattr(exc, "alone", False) or out_of_memory(exc))
     return code
 
 

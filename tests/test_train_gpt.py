@@ -608,12 +608,14 @@ def test_torchrun_a_save_that_fails_on_rank_0_stops_every_rank_with_one_line(dat
 
 
 # a worker that runs train_gpt.py, where rank 1 alone fails: in its batch of iteration 2, as a damaged token
-# file only it reads would (DDP's backward waits for it), or with a bug in its share of the eval at iteration
-# 0 (an all-reduce waits for it)
+# file only it reads would (DDP's backward waits for it) or as its GPU alone runs out of memory, or with a bug
+# in its share of the eval at iteration 0 (an all-reduce waits for it)
 RANK_1_FAILS = """import os, sys
-import options, train_gpt
+import options, torch, train_gpt
 real = train_gpt.window_starts
 def starts(seed, stream, index, *rest):
+    if (stream, index, os.environ['RANK']) == (0, 2, '1') and '--eval_interval=50' in sys.argv:
+        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')
     if (stream, index, os.environ['RANK']) == (0, 2, '1'):
         raise options.UsageError('data/tiny/train.bin holds id 300', alone=True)
     if (stream, index, os.environ['RANK']) == (2, 1, '1') and '--eval_interval=1' in sys.argv:
@@ -626,7 +628,7 @@ train_gpt.main(sys.argv[1:])
 
 @pytest.mark.slow
 @pytest.mark.parametrize('eval_interval, said', [(100, 'error: data/tiny/train.bin'),
-                                                  (1, 'ValueError: a bug')])
+                                                  (50, 'error: out of memory'), (1, 'ValueError: a bug')])
 def test_torchrun_a_process_that_fails_alone_is_the_one_that_says_why(data_dir, tmp_path, eval_interval,
                                                                       said):
     """Rank 0, whose collective the other's end cuts off, says so in one line and no traceback, and waits
