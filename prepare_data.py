@@ -8,7 +8,7 @@ repo root:
     python prepare_data.py openwebtext --input=owt/              # local .parquet / .jsonl / .txt files
     python prepare_data.py lambada --input=lambada_test.jsonl    # test sets for eval_gpt.py;
                                                                  # also wikitext2, ptb
-    python prepare_data.py cifar10              # 163 MB download, MD5-checked; also cifar100;
+    python prepare_data.py cifar10              # 170 MB download, MD5-checked; also cifar100;
                                                 # offline: --archive=PATH
 
 <data_dir>/<name>/ gets train.bin and val.bin (raw uint16 token ids; a test set's train.bin is empty), or
@@ -69,8 +69,8 @@ def _progress(shown, line):
 
 
 def _matches(path, checksum):
-    """Whether the file's (algorithm, hex digest) is `checksum` (None: any file). The largest is CIFAR-100's
-    169 MB."""
+    """Whether the file's (algorithm, hex digest) is `checksum` (None: any file). The largest is CIFAR-10's
+    170 MB."""
     return checksum is None or hashlib.new(checksum[0], Path(path).read_bytes()).hexdigest() == checksum[1]
 
 

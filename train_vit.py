@@ -1,7 +1,7 @@
 r"""
 Train and evaluate ToST vision models on CIFAR-10/100, and look at what they learned (docs/training.md).
 
-    python prepare_data.py cifar10                  # once (163 MB download, or --archive=PATH offline)
+    python prepare_data.py cifar10                  # once (170 MB download, or --archive=PATH offline)
     python train_vit.py --dataset=cifar10           # tost-cifar from scratch, test top-1 after every epoch
     python train_vit.py --dataset=cifar10 --attn=softmax --out_dir=out-vit-softmax   # the baseline
     python train_vit.py --init_from=resume          # go on from out-vit/ckpt.pt, e.g. after Ctrl-C
