@@ -616,8 +616,9 @@ def test_the_counter_would_see_quadratic_work():
 
 def test_each_generated_token_costs_the_same_at_any_context_with_tssa():
     """The work of 8 generated tokens (every floating-point element the model writes) is the same after a
-    prompt of 16 tokens as after one of 200: the state does not grow and the prefix is not re-run. A softmax
-    model's KV cache makes it grow, so the count would see a re-run."""
+    prompt of 16 tokens as after one of 200: the state does not grow and the prefix is not re-run, with the
+    token shift too (its state is one more vector). A softmax model's KV cache makes it grow, a hybrid's one
+    softmax block too, so the count would see a re-run."""
     def work(model, prompt_len, new):
         idx = torch.randint(0, 50, (1, prompt_len), generator=torch.Generator().manual_seed(prompt_len))
         with Written() as written:
@@ -625,10 +626,11 @@ def test_each_generated_token_costs_the_same_at_any_context_with_tssa():
         # floating-point tensors: the model's work, not the token ids it is handed
         return sum(elements for _, dtype, elements in written.tensors if dtype.is_floating_point)
 
-    for attn in ('tssa', 'softmax'):
-        model = tiny_gpt(block_size=256, vocab_size=50, attn=attn)
+    for fields, flat in [(dict(), True), (dict(token_shift=True), True), (dict(attn='softmax'), False),
+                         (dict(softmax_layers=(-1,), token_shift=True), False)]:
+        model = tiny_gpt(block_size=256, vocab_size=50, **fields)
         short, long = [work(model, T, 12) - work(model, T, 4) for T in (16, 200)]
-        assert short > 0 and (long == short if attn == 'tssa' else long > short), (attn, short, long)
+        assert short > 0 and (long == short if flat else long > short), (fields, short, long)
 
 
 def test_flops_per_token_is_constant_in_context_for_tssa_blocks_only():
