@@ -32,7 +32,7 @@ First read, in order (lines of this file, spanning the definitions named in brac
   lines 95-198    the white-box gradient step, then the practical operator (TSSA)
   lines 205-325   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
   lines 332-421   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 428-621   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 428-622   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -504,9 +504,10 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None):
         """idx (B, T) -> (logits, loss). Logits for every position when targets are given, else only for
         the last position (B, 1, vocab), as nanoGPT. targets == -1 are ignored."""
+        x = self._hidden(idx)
         if targets is None:
-            return self.lm_head(self._hidden(idx)[:, [-1], :]), None
-        logits = self.logits(idx)
+            return self.lm_head(x[:, [-1], :]), None
+        logits = self.lm_head(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
