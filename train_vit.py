@@ -332,8 +332,9 @@ def main(argv=None):
     total = epochs * steps_per_epoch
     warmup = cfg['warmup_epochs'] * steps_per_epoch
     # A resume goes on from the epochs done, in this run's steps (another batch size or process count changes
-    # their length).
-    step = round(state.get('epoch', 0) * steps_per_epoch)
+    # their length), rounded down: rounded up, an epoch's end not reached would count as done. The 1e-9 only
+    # forgives the float's last bit in epoch = step / steps_per_epoch.
+    step = math.floor(state.get('epoch', 0) * steps_per_epoch + 1e-9)
     best_acc = state.get('best_acc', -1.0)
     model = wrap(raw_model, dist, cfg['compile'])
     min_lr = learning_rate * cfg['min_lr_ratio']

@@ -611,6 +611,28 @@ def test_resumes_with_other_batch_sizes_keep_the_log_in_epochs(data, tmp_path, m
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2, 3]
 
 
+def test_a_resume_in_longer_steps_never_counts_an_epoch_end_as_done(data, tmp_path, monkeypatch, ends):
+    """Stopped in step 7 of 8 (epoch 1.75), resumed in steps twice as long: it goes on from step 3 of 4 (1.5
+    epochs), so the last epoch's end is evaluated and saved; rounded up to 4, it would count as done."""
+    out = str(tmp_path)
+    real = train_vit.random_crop_flip
+    calls = []
+
+    def sigint_at_step_7(x, pad=4):
+        calls.append(1)
+        if len(calls) == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(x, pad)
+
+    monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_step_7)
+    code, _ = ends(train_vit.main, base_args(data, out, '--epochs=2', '--viz_images=0'))
+    monkeypatch.undo()
+    assert code == 130 and weights(out)['epoch'] == 1.75
+    train_vit.main(['--init_from=resume', f'--out_dir={out}', '--batch_size=32'])
+    assert (weights(out)['step'], weights(out)['epoch']) == (4, 2)
+    assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2]
+
+
 @pytest.mark.parametrize('batch, steps', [(24, 3), (100000, 1)])
 def test_a_row_counts_the_images_of_its_steps(data, tmp_path, capsys, batch, steps):
     """64 images in batches of 24 (24, 24, 16), or of 100000 (one step of every image, which the header says):
