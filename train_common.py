@@ -136,9 +136,10 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
             lock.close()
         if folders:
             raise UsageError(f"{folders[0]} is a folder, where the run writes its checkpoint; move it away")
-        raise UsageError(f"{found[0]} holds an earlier run; go on with it: add --init_from=resume, or start "
-                         f"afresh: another --out_dir, or --overwrite=true (deletes {' and '.join(found)}; "
-                         f"the log starts again)")
+        # A resume goes on from the first of `checkpoints` (ckpt.pt): with best.pt alone there is none.
+        resume = " go on with it: add --init_from=resume, or" if checkpoints[0] in found else ""
+        raise UsageError(f"{found[0]} holds an earlier run;{resume} start afresh: another --out_dir, or "
+                         f"--overwrite=true (deletes {' and '.join(found)}; the log starts again)")
     for p in found if master else ():
         os.remove(p)
         say(f"overwrite: deleted {p}")

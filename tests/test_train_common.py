@@ -142,13 +142,18 @@ def test_make_out_dir_refuses_or_deletes(tmp_path, capsys):
     assert "ckpt.pt.tmp-99999" in os.listdir(out)
     make(overwrite=False, fresh=False, master=True)
     assert "ckpt.pt.tmp-99999" not in os.listdir(out)
+    Path(ckpt).write_bytes(b"weights")
     Path(best).write_bytes(b"weights")
     # a resume: fine
     make(overwrite=False, fresh=False, master=True)
-    # a fresh run: refused, naming the checkpoint and both ways forward
+    # a fresh run: refused, naming the checkpoint and both ways forward; with best.pt alone, not the resume
     with pytest.raises(UsageError) as e:
         make(overwrite=False, fresh=True, master=True)
-    assert all(name in str(e.value) for name in (best, "--init_from=resume", "--overwrite=true"))
+    assert all(name in str(e.value) for name in (ckpt, "--init_from=resume", "--overwrite=true"))
+    os.remove(ckpt)
+    with pytest.raises(UsageError) as e:
+        make(overwrite=False, fresh=True, master=True)
+    assert best in str(e.value) and "--overwrite=true" in str(e.value) and "resume" not in str(e.value)
     # only the master deletes
     make(overwrite=True, fresh=True, master=False)
     assert os.path.exists(best)

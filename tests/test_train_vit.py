@@ -189,6 +189,13 @@ def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path, 
             train_vit.main(base_args(data, trained, '--epochs=1', '--warmup_epochs=1', *extra))
         assert len(capsys.readouterr().out.splitlines()) == 1
     assert Path(trained, 'best.pt').read_bytes() == before
+    # best.pt alone: refused too, and not with advice to resume it (there is no ckpt.pt to go on from)
+    alone = tmp_path / 'alone'
+    alone.mkdir()
+    shutil.copy(Path(trained, 'best.pt'), alone)
+    with pytest.raises(UsageError, match=re.escape(f'{alone}/best.pt')) as e:
+        train_vit.main(base_args(data, str(alone), '--epochs=1'))
+    assert 'resume' not in str(e.value)
     # --overwrite=true: the old checkpoints go first, and the log starts anew
     out = tmp_path / 'out'
     shutil.copytree(trained, out)
