@@ -313,9 +313,11 @@ BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0":
 
 def near(word, names, prefix=""):
     """'; did you mean NAME?' for the one of `names` a typed `word` is close to (a typo), or ''. Close: 0.8
-    of difflib's ratio, so that --min_lr does not point to --min_lr_ratio, another meaning."""
-    close = difflib.get_close_matches(str(word), [str(n) for n in names], n=1, cutoff=0.8)
-    return f"; did you mean {prefix}{close[0]}?" if close else ""
+    of difflib's ratio, so that --min_lr does not point to --min_lr_ratio, another meaning; in any case
+    (CIFAR10: cifar10)."""
+    lowered = {str(n).lower(): n for n in names}
+    close = difflib.get_close_matches(str(word).lower(), lowered, n=1, cutoff=0.8)
+    return f"; did you mean {prefix}{lowered[close[0]]}?" if close else ""
 
 
 def _value(key, raw, default):

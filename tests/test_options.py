@@ -79,8 +79,9 @@ def test_a_typo_is_pointed_to_its_name_and_another_name_is_not():
         with pytest.raises(UsageError) as e:
             parse(*argv)
         assert (meant in str(e.value)) if meant else "did you mean" not in str(e.value), str(e.value)
-    with pytest.raises(UsageError, match="softmax[?]"):
-        options.parse(["--attn=sofmax"], {"attn": "tssa"}, choices={"attn": ("tssa", "softmax")})
+    for typed in ("sofmax", "SOFTMAX"):
+        with pytest.raises(UsageError, match="softmax[?]"):
+            options.parse([f"--attn={typed}"], {"attn": "tssa"}, choices={"attn": ("tssa", "softmax")})
 
 
 def test_preset_applied_first_wherever_it_is_and_overridable():
