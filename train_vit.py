@@ -217,7 +217,8 @@ def look_inside(model, x, images, labels, cfg, classes):
             plot.vision_maps(os.path.join(folder, f'test{i:04d}.png'), images[i].cpu(),
                              cls_attn[i].cpu(), pis[i], f"{i}: {classes[labels[i]]}")
         if v and cfg['eval_only']:
-            say(f"the class attention and memberships of {v} test images: {folder}")
+            drawn = "class attention" if pi is None else "class attention and memberships"
+            say(f"the {drawn} of {v} test images: {folder}")
     except Exception as e:
         if cfg['eval_only']:
             raise
