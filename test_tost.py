@@ -142,12 +142,15 @@ def test_prefix_sum_is_cumsum_along_any_dim():
         assert torch.equal(tost.prefix_sum(x, dim), torch.cumsum(x, dim))
 
 
-@pytest.mark.parametrize('n', [1, 7, 65])
-def test_recurrent_equals_parallel(n):
+@pytest.mark.parametrize('n, clamp', [(1, False), (7, False), (65, False), (9, True)])
+def test_recurrent_equals_parallel(n, clamp):
+    """clamp: some coordinates below the clamp for the first 7 tokens, which step() clamps as forward() does."""
     torch.manual_seed(n)
     d, K = 16, 4
     layer = randomize(CausalTSSA(d, K, block_size=80).double())
     x = randn64(3, n, d)
+    if clamp:
+        _below_the_clamp(layer, x)
     y_par, st_par = layer(x, layer.empty_state(3, dtype=torch.float64))
     torch.testing.assert_close(y_par, layer(x))             # the stateless training path agrees
     st = layer.empty_state(3, dtype=torch.float64)
@@ -447,6 +450,15 @@ def test_dropout_reaches_the_class_attention_blocks_in_training_only():
     assert torch.equal(out(dropped, False, 1), out(dropped, False, 2))
     assert torch.equal(out(dropped, False, 1), out(plain, False, 1))
     assert torch.equal(out(plain, True, 1), out(plain, False, 1))
+
+
+def test_a_heads_memberships_ignore_its_projections_scale():
+    """Each coordinate divided by its sum of squares over the tokens: w and c w give the same Pi, down to the
+    scale of small activations (the clamp keeps only an all-zero coordinate from dividing by 0)."""
+    layer = TSSA(16, 4).double()
+    w = randn64(2, 4, 10, 4)
+    for c in (1e-2, 1e-4):
+        close64(layer.memberships(c * w), layer.memberships(w))
 
 
 def test_a_coordinate_no_token_uses_leaves_everything_finite():
@@ -822,11 +834,13 @@ def _outputs_and_grads(layer, x, g, fast):
 
 def _below_the_clamp(layer, x):
     """Three coordinates of head 0 made to stay below the clamp (Q_t < 1e-12) for the first 7 tokens of x,
-    which the tests' chunks split in two."""
+    which the tests' chunks split in two, and to leave it at the 8th: the token before that is the last whose
+    own term alone carries its gradient."""
     with torch.no_grad():
-        layer.c_attn.weight[:3] *= 1e-9
-    x[:, :7] *= 1e-2
-    assert (torch.cumsum(layer.c_attn(x)[:, :, :3] ** 2, 1)[:, 6] < 1e-12).all()
+        layer.c_attn.weight[:3] *= 1e-4
+    x[:, :7] *= 1e-4
+    Q = torch.cumsum(layer.c_attn(x)[:, :, :3] ** 2, 1)
+    assert (Q[:, 6] < 1e-12).all() and (Q[:, 7] > 1e-12).all()
 
 
 @pytest.mark.parametrize('chunk, clamp', [(1, False), (16, False), (256, False), (5, True)])
