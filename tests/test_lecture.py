@@ -54,6 +54,23 @@ def projected_without_group_weights(Z, Pi, U, alpha):
     return 0.5 * torch.logdet(torch.eye(U.shape[-1]) + alpha / n_k[..., None, None] * M).sum(-1)
 
 
+def grad_with_eps(Z, Pi, U, alpha):
+    # the layer's + 1e-8 on n_k, which the objective does not have: 5e-10 off, just past the tolerance
+    w = torch.einsum('bnd,kdp->bknp', Z, U)
+    n_k = Pi.sum(-1)[..., None] + 1e-8
+    D = alpha / (1 + alpha * torch.einsum('bkn,bknp->bkp', Pi, w * w) / n_k)
+    return torch.einsum('bknp,kdp->bnd', Pi[..., None] * D[:, :, None] * w, U) / Z.shape[1]
+
+
+def tssa_without_eps(x, W, W_out, temp):
+    # the layer's + 1e-8 on n_k left out
+    B, n, d = x.shape
+    w = (x @ W.T).view(B, n, temp.shape[0], -1)
+    Pi = torch.softmax(temp * (w * w / (w * w).sum(1, keepdim=True)).sum(-1), dim=-1)[..., None]
+    m = (Pi * w * w).sum(1, keepdim=True) / Pi.sum(1, keepdim=True)
+    return (-Pi * w / (1 + m)).reshape(B, n, d) @ W_out.T
+
+
 def tssa_softmax_over_tokens(x, W, W_out, temp):
     B, n, d = x.shape
     K = temp.shape[0]
@@ -156,6 +173,10 @@ WRONG = [
     (1, 'grad_by_autograd', grad_by_autograd),
     (1, 'grad_by_the_checks_helper', grad_by_the_checks_helper),
     (1, 'grad_as_a_list', lambda *a: sol.grad_variational(*a).tolist()),
+    (1, 'grad_with_eps', grad_with_eps),
+    # each U_k cut to d // K columns, as in a TSSA layer: right only where K p = d
+    (1, 'grad_with_p_as_d_over_K',
+     lambda Z, Pi, U, alpha: sol.grad_variational(Z, Pi, U[..., :U.shape[1] // len(U)], alpha)),
     (1, 'grad_flattened', lambda *a: sol.grad_variational(*a).flatten()),
     (2, 'factor_one', lambda: 1.0),
     (2, 'factor_two', lambda: 2.0),
@@ -167,6 +188,7 @@ WRONG = [
     (5, 'tssa_W_transposed', lambda x, W, W_out, temp: sol.tssa_forward(x, W.T, W_out, temp)),
     (5, 'tssa_W_out_transposed', lambda x, W, W_out, temp: sol.tssa_forward(x, W, W_out.T, temp)),
     (5, 'tssa_softmax_over_tokens', tssa_softmax_over_tokens),
+    (5, 'tssa_without_eps', tssa_without_eps),
     (5, 'tssa_by_calling_the_layer', tssa_by_calling_the_layer),
     (6, 'grad_rc_through_n_by_n', grad_rc_through_n_by_n),
     (6, 'grad_rc_sign_flipped', lambda *a: -sol.grad_compression(*a)),
