@@ -464,16 +464,18 @@ print(f'8. Pi at initialisation: each token\'s memberships sum to 1 within {sums
 assert sums < 1e-12 and dev[0] == 0 and dev[10] > dev[100] > dev[1023]
 assert spread[16][0] < 0.1 and spread[16][1] > 0.5                      # n close to p: far from uniform
 assert 0.15 < spread[64][0] and spread[64][1] < 0.4 and 0.2 < spread[196][0] and spread[196][1] < 0.3
-# A zero row in head 0's weight: that coordinate of w_0 is 0 and scores 0 / 1e-12 = 0, not 1. Head 0 then
-# scores 3 (p = 4), head 1 scores 4.
+# Below 1e-6: a row of head 0's weight that makes the first coordinate of w_0 1e-7 scores (1e-7)^2 / 1e-12
+# = 0.01, not 1 (a zero row would score 0 / 1e-12 = 0). Head 0 then scores 3.01 (p = 4), head 1 scores 4.
 with torch.random.fork_rng():                                            # the draws after this one unmoved
-    zero_row = tost.CausalTSSA(8, 2, block_size=1)
+    small_row = tost.CausalTSSA(8, 2, block_size=1).double()
+    x0 = torch.randn(1, 1, 8, dtype=torch.float64)
     with torch.no_grad():
-        zero_row.c_attn.weight[0] = 0
-        w = zero_row.split_heads(zero_row.c_attn(torch.randn(1, 1, 8)))
-        pi_0 = zero_row.prefix_memberships(w * w, w * w)[0, :, 0]
-print(f'   a CausalTSSA(8, 2) whose head 0 has a zero row of weights: pi_0 = {show(pi_0)}')
-assert (pi_0 - torch.softmax(torch.tensor([3.0, 4.0]), 0)).abs().max() < 1e-12
+        small_row.c_attn.weight[0] = 0
+        small_row.c_attn.weight[0, 0] = 1e-7 / x0[0, 0, 0]
+        w = small_row.split_heads(small_row.c_attn(x0))
+        pi_0 = small_row.prefix_memberships(w * w, w * w)[0, :, 0]
+print(f'   a CausalTSSA(8, 2) whose w_0 has a coordinate of 1e-7 in head 0: pi_0 = {show(pi_0)}')
+assert (pi_0 - torch.softmax(torch.tensor([3.01, 4.0], dtype=torch.float64), 0)).abs().max() < 1e-12
 
 # What training would have to find: U_k the groups' subspaces, and a sharper temperature (set by hand here;
 # nothing below is a trained layer). With U_k the true planes of a mixture, temperature 1 leaves Pi nearly
