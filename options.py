@@ -344,10 +344,13 @@ RANGE_TESTS = {"positive": (lambda v: v > 0, "positive"),
 
 
 def check_numbers(config, ranges):
-    """Every number finite, and each key of `ranges` ({range: keys}) in its range; NaN is in none."""
+    """Every number finite, every whole number below 2**32 (no count or size comes near; past it torch and
+    numpy overflow deep inside), and each key of `ranges` ({range: keys}) in its range; NaN is in none."""
     for key, value in config.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--{key} must be a finite number, got {value}")
+        if isinstance(value, int) and abs(value) >= 2**32:
+            raise UsageError(f"--{key} must be below 2**32, got {shown(value)}")
     for name, keys in ranges.items():
         test, what = RANGE_TESTS[name]
         for key in keys:

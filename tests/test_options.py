@@ -405,9 +405,10 @@ def test_numbers_are_finite_and_in_the_range_the_table_gives():
                 "--wd=-1", "--seed=-1", "--seed=4294967296"):
         with pytest.raises(UsageError, match=arg.split("=")[0]):
             options.parse([arg], defaults, ranges=ranges)
-    # any number, with no range given
-    with pytest.raises(UsageError, match="--x"):
-        options.parse(["--x=-inf"], dict(x=1.0))
+    # any number, with no range given; a whole number as large as 2**32 is no count or size
+    for arg in ("--x=-inf", "--n=4294967296", "--n=-9223372036854775808"):
+        with pytest.raises(UsageError, match=arg.split("=")[0]):
+            options.parse([arg], dict(x=1.0, n=1))
 
 
 def test_a_value_outside_its_choices_is_refused_before_any_work(fails):
