@@ -144,7 +144,7 @@ def test_prefix_sum_is_cumsum_along_any_dim():
 
 @pytest.mark.parametrize('n, clamp', [(1, False), (7, False), (65, False), (9, True)])
 def test_recurrent_equals_parallel(n, clamp):
-    """clamp: some coordinates below the clamp for the first 7 tokens, which step() clamps as forward() does."""
+    """clamp: some coordinates below the clamp for the first 7 tokens: step() clamps as forward() does."""
     torch.manual_seed(n)
     d, K = 16, 4
     layer = randomize(CausalTSSA(d, K, block_size=80).double())

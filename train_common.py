@@ -263,8 +263,8 @@ def memory_bytes(device):
     started on it; None where it cannot be told."""
     if device.startswith("cuda"):
         return torch.cuda.mem_get_info(device)[1]
-    processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     with contextlib.suppress(AttributeError, ValueError, OSError):
+        processes = max(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), 1)
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // processes
     return None
 
@@ -367,13 +367,19 @@ def setup_distributed(device_pref):
         if cuda:
             setup_cuda(device)
         return Dist(False, 0, 0, 1, True, device)
-    # torchrun sets them all; a launcher that sets RANK alone is one line, not a KeyError.
-    missing = [k for k in ("LOCAL_RANK", "WORLD_SIZE") if k not in os.environ]
-    if missing:
-        raise UsageError(f"RANK is set but not {' or '.join(missing)}: start several processes with torchrun")
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
+    # torchrun sets them all, as numbers; a launcher that sets some, or a RANK left in the shell, is one line.
+    env = {k: os.environ.get(k, "") for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
+    bad = [k for k, v in env.items() if not v.isdigit()]
+    if not os.environ.get("MASTER_ADDR"):
+        bad.append("MASTER_ADDR")
+    if not bad and int(env["RANK"]) >= int(env["WORLD_SIZE"]):
+        bad = ["WORLD_SIZE"]
+    if bad:
+        raise UsageError(f"RANK is set, and {' and '.join(bad)} not as torchrun sets them: start several "
+                         f"processes with torchrun")
+    rank = int(env["RANK"])
+    local_rank = int(env["LOCAL_RANK"])
+    world_size = int(env["WORLD_SIZE"])
     # Found by every process of the node, so that its first one, which prints, finds it too.
     procs = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
     if cuda and procs > torch.cuda.device_count():
@@ -454,11 +460,11 @@ def save_checkpoint(state, paths, dist):
 
 @contextlib.contextmanager
 def stop_signals(unit, master):
-    """Inside: Ctrl-C, SIGTERM and SIGHUP append their name to the yielded list, which the loop reads once a step and
-    after an evaluation (through any_rank: every rank stops at the same step). A second signal a second later
-    raises KeyboardInterrupt (out now, no save); two within a second are one (a torchrun worker gets the
-    terminal's SIGINT and torchrun's copy). An error inside, once a signal came, is a KeyboardInterrupt,
-    unless options' handler names it (an OSError, a UsageError, out of memory)."""
+    """Inside: Ctrl-C, SIGTERM and SIGHUP append their name to the yielded list, which the loop reads once a
+    step and after an evaluation (through any_rank: every rank stops at the same step). A second signal a
+    second later raises KeyboardInterrupt (out now, no save); two within a second are one (a torchrun worker
+    gets the terminal's SIGINT and torchrun's copy). An error inside, once a signal came, is a
+    KeyboardInterrupt, unless options' handler names it (an OSError, a UsageError, out of memory)."""
     signals = []
     first = []
 

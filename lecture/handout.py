@@ -54,8 +54,8 @@ def main(argv=None):
     # A teacher's own answers, written into the exercises and not committed, would go out with them.
     edited = subprocess.run(['git', 'diff', '--quiet', 'HEAD', '--', 'lecture/exercises.py'], cwd=ROOT)
     if edited.returncode:
-        print('note: lecture/exercises.py has changes not committed, copied as they are: check that they hold '
-              'no answers')
+        print('note: lecture/exercises.py has changes not committed, copied as they are: check that they '
+              'hold no answers')
     return 0
 
 

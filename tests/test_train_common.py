@@ -301,14 +301,18 @@ def test_pick_device_refuses_missing_hardware(monkeypatch):
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     assert tc.pick_device("mps") == "mps"
     # torchrun --nproc_per_node=3 on a node of 2 GPUs: found by the first process, which prints it, too
-    for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="3", LOCAL_WORLD_SIZE="3").items():
+    torchrun = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="3", LOCAL_WORLD_SIZE="3", MASTER_ADDR="localhost",
+                    MASTER_PORT="29500")
+    for k, v in torchrun.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(UsageError, match="--nproc_per_node=3"):
         tc.setup_distributed("cuda")
-    # a launcher that sets RANK alone
-    monkeypatch.delenv("LOCAL_RANK")
-    with pytest.raises(UsageError, match="LOCAL_RANK"):
-        tc.setup_distributed("cuda")
+    # a launcher that sets RANK and not all the rest, or not as numbers; a RANK past the processes
+    for k, v in [("LOCAL_RANK", None), ("MASTER_ADDR", None), ("RANK", "abc"), ("WORLD_SIZE", "0")]:
+        monkeypatch.delenv(k) if v is None else monkeypatch.setenv(k, v)
+        with pytest.raises(UsageError, match=k):
+            tc.setup_distributed("cpu")
+        monkeypatch.setenv(k, torchrun[k])
 
 
 def test_a_cpu_process_counts_its_share_of_the_memory(monkeypatch):
