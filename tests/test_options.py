@@ -477,10 +477,12 @@ def test_every_script_documents_every_key():
         assert all(rows.values()), (module.__name__, [k for k, v in rows.items() if not v])
 
 
-def test_gpu_check_refuses_an_empty_json_before_it_measures():
+@pytest.mark.parametrize("arg", ["--json=", "--json=README.md", "--device=gpu"])
+def test_gpu_check_refuses_a_bad_json_or_device_before_it_measures(arg):
+    """Not a .json file (it would be replaced), a device that is none: one line naming the option."""
     from tools import gpu_check
-    with pytest.raises(UsageError, match="--json"):
-        gpu_check.main(["--smoke", "--json="])
+    with pytest.raises(UsageError, match=arg.split("=")[0].lstrip("-")):
+        gpu_check.main(["--smoke", arg])
 
 
 def test_a_path_given_as_file_colon_path_names_its_option():

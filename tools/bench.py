@@ -484,6 +484,19 @@ SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': secti
             'generation': section_generation, 'training': section_training}
 
 
+def json_path(json):
+    """Where --json=json writes, checked before any measurement: a .json file (--json=README.md would replace
+    the README), where a link points (a rename would replace the link), never over a folder or a device."""
+    plot.check_suffix('json', json, ('.json',))
+    path = os.path.realpath(json)
+    folder = os.path.dirname(path)
+    special = os.path.exists(path) and not os.path.isfile(path)
+    if special or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise UsageError(f"--json={json}: cannot write a file there; give a file name (not a folder or a "
+                         f"device) in a folder that exists and is writable")
+    return path
+
+
 def run_sections(args, sections, results):
     """Run args.sections (comma-separated) in order into `results` (returned), and write them to args.json (if
     given) with the figures of the sections that ran beside it."""
@@ -492,16 +505,7 @@ def run_sections(args, sections, results):
     if unknown or not names:
         raise UsageError(f"unknown section(s) {', '.join(unknown) or '(none)'}; "
                          f"choose from {', '.join(sections)}")
-    # A .json file (--json=README.md would replace the README), written where a link points (a rename would
-    # replace the link), never over a folder or a device.
-    if args.json:
-        plot.check_suffix('json', args.json, ('.json',))
-    path = os.path.realpath(args.json)
-    folder = os.path.dirname(path)
-    special = os.path.exists(path) and not os.path.isfile(path)
-    if args.json and (special or not os.path.isdir(folder) or not os.access(folder, os.W_OK)):
-        raise UsageError(f"--json={args.json}: cannot write a file there; give a file name (not a folder or "
-                         f"a device) in a folder that exists and is writable")
+    path = json_path(args.json) if args.json else None
     t0 = time.time()
     for name in names:
         sections[name](args, results)
@@ -511,7 +515,7 @@ def run_sections(args, sections, results):
         options.write_whole(path, lambda f: json.dump(results, f, indent=1))
         try:
             if set(names) & set(plot.FIGURES):
-                console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(path, folder)))
+                console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(path, os.path.dirname(path))))
         except Exception as e:
             # The numbers are saved: a figure is not worth an error.
             console.print(f"note: could not draw the figures ({type(e).__name__}: {e})", style="yellow")

@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import torch
 
 from options import UsageError, parse
+from train_common import pick_device
 
 SIZES = {
     'full': dict(width=768, heads=12, equality=[(2, 1024), (1, 4096)],
@@ -172,25 +173,21 @@ def main(argv=None):
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'full', dtype='bfloat16')
     if args.device == 'auto':
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    cuda = args.device.startswith('cuda')
+    cuda = pick_device(args.device).startswith('cuda')
     if not cuda and not args.smoke:
         raise UsageError("tools.gpu_check measures the Triton core on a CUDA GPU, and there is none here "
                          "(--smoke runs it tiny on a CPU, under Triton's interpreter)")
-    if cuda and not torch.cuda.is_available():
-        raise UsageError(f"--device={args.device} but CUDA is not available here")
     if importlib.util.find_spec('triton') is None:
         raise UsageError("tools.gpu_check needs triton (pip install triton)")
-    folder = os.path.dirname(os.path.abspath(args.json))
-    if os.path.isdir(args.json) or not os.access(folder, os.W_OK):
-        raise UsageError(f"--json={args.json}: cannot write a file there; give a file name in a folder that "
-                         "exists")
+    # (bench imports no triton: the interpreter below is still to be chosen)
+    from tools import bench
+    path = bench.json_path(args.json)
     if not cuda:
         if 'triton' in sys.modules and os.environ.get('TRITON_INTERPRET') != '1':
             raise UsageError("--smoke on a CPU needs Triton's interpreter, set before triton is imported: "
                              "run it as python -m tools.gpu_check --smoke")
         os.environ['TRITON_INTERPRET'] = '1'
     import triton
-    from tools import bench
     import tost_fast
     tost_fast.TRITON = ()                     # the Triton core only where a case asks for it
     sizes = SIZES[args.mode]
@@ -211,9 +208,9 @@ def main(argv=None):
     verdict = 'ok' if results['equality_ok'] else 'NOT EQUAL, see equality in the JSON'
     print(f"equality: the Triton core's distance from float64 is at most {worst[0]:.2f}x the readable lines' "
           f"({worst[1]}, {worst[2]}): {verdict}", flush=True)
-    save(results, args.json, t0)
+    save(results, path, t0)
     results['layer'] = layer_times(bench, args, sizes)
-    save(results, args.json, t0)
+    save(results, path, t0)
     bench.table(results, f"One layer, forward+backward, {args.dtype} autocast, width {sizes['width']}, "
                          f"{sizes['heads']} heads (ms; peak MB)",
                 ['batch x tokens', 'readable', 'Triton core', 'causal SDPA', 'readable / Triton',
@@ -223,7 +220,7 @@ def main(argv=None):
                   bench.ratio(r['readable_ms'], r['triton_ms']), bench.ratio(r['sdpa_ms'], r['triton_ms']))
                  for r in results['layer']])
     results['training'] = training(bench, args, sizes)
-    save(results, args.json, t0)
+    save(results, path, t0)
     bench.table(results, "Training step tokens/s (forward, backward, AdamW), ToST-Base against GPT-2 small",
                 ['batch x block', 'ToST, Triton core', 'ToST, readable', 'GPT-2', 'Triton / GPT-2'],
                 [(f"{r['batch']} x {r['n']}",
@@ -235,7 +232,7 @@ def main(argv=None):
         print(f"target {t['target']}: {t['measured']:.2f}x, at least {t['at_least']}x: "
               f"{'met' if t['met'] else 'missed'}")
     results['profile'] = profile(bench, args, sizes)
-    save(results, args.json, t0)
+    save(results, path, t0)
     print(f"done in {results['seconds']:.0f} s; wrote {args.json}")
     return results
 
