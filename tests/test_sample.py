@@ -168,7 +168,8 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
                         (f'--start=FILE:{tmp_path}/missing.txt', 'missing.txt', '--start'),
                         ('--start=FILE:~/missing.txt', f'{tmp_path}/missing.txt'),
                         ('--start=FILE:', '--start'),
-                        (f'--start=FILE:{tmp_path}/latin1.txt', 'latin1.txt')):
+                        (f'--start=FILE:{tmp_path}/latin1.txt', 'latin1.txt'),
+                        ('--start=FILE:/dev/zero', '/dev/zero', '--start')):
         fails(sample.main, [f'--out_dir={out}', arg], *names)
     # a byte that is not UTF-8 on the command line arrives as a lone surrogate, which cannot be encoded
     code, err = ended(f'--out_dir={out}'.encode(), b'--start=caf\xe9')
