@@ -193,6 +193,15 @@ def test_bad_input_is_one_line_before_any_work(monkeypatch, fails, tmp_path, arg
     fails(bench.main, ['--smoke', *argv], names)
 
 
+def test_a_run_cut_short_keeps_the_sections_it_finished(monkeypatch, tmp_path):
+    out = tmp_path / 'b.json'
+    sections = dict(operator=lambda args, results: results.update(a=1), limit=lambda args, results: 1 / 0)
+    monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, **sections})
+    with pytest.raises(ZeroDivisionError):
+        bench.main(['--smoke', '--sections=operator,limit', f'--json={out}'])
+    assert json.loads(out.read_text())['a'] == 1
+
+
 def test_a_full_disk_names_the_json_and_keeps_the_earlier_one(fails, monkeypatch, tmp_path):
     out = tmp_path / 'b.json'
     out.write_text('{"earlier": 1}')

@@ -499,7 +499,8 @@ def json_path(json):
 
 def run_sections(args, sections, results):
     """Run args.sections (comma-separated) in order into `results` (returned), and write them to args.json (if
-    given) with the figures of the sections that ran beside it."""
+    given) after each section (a run cut short keeps the sections it finished), then the figures of the
+    sections that ran beside it."""
     names = [s.strip() for s in args.sections.split(',') if s.strip()]
     unknown = [s for s in names if s not in sections]
     if unknown or not names:
@@ -509,10 +510,11 @@ def run_sections(args, sections, results):
     t0 = time.time()
     for name in names:
         sections[name](args, results)
-    results['seconds'] = round(time.time() - t0, 1)
+        results['seconds'] = round(time.time() - t0, 1)
+        if path:
+            options.write_whole(path, lambda f: json.dump(results, f, indent=1))
     console.print(f"done in {results['seconds']:.0f} s")
-    if args.json:
-        options.write_whole(path, lambda f: json.dump(results, f, indent=1))
+    if path:
         try:
             if set(names) & set(plot.FIGURES):
                 console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(path, os.path.dirname(path))))

@@ -401,6 +401,9 @@ def main(argv=None):
     cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, positional='sections', ranges=RANGES)
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
+    # A file where the runs go ends the study now, not some sections into it.
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        raise UsageError(f"--out_dir={cfg['out_dir']} is not a folder")
     results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
     return run_sections(args, SECTIONS, results)
 
