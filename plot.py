@@ -18,12 +18,16 @@ import options  # first: its handler ends a Ctrl-C while torch imports (exit 130
 import json
 import os
 
+import matplotlib
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from options import UsageError, parse
+
+# A title, or a run's folder in its label, is text as typed: a $ in it starts no formula to parse.
+matplotlib.rcParams['text.parse_math'] = False
 
 # model -> (colour, line style, marker); colours from the colour-blind-safe tab10, styles for grey-scale
 STYLES = {

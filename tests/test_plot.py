@@ -55,8 +55,8 @@ def test_several_runs_of_different_models_on_one_figure(tmp_path, monkeypatch):
     assert train.tolist() == [[128, 256, 384, 512], [5.0, 4.0, 3.2, 2.9]]
     plot.main(['out', 'out-soft', 'new', '--x=seconds'])
     read_png(tmp_path / 'runs.png', (420, 700))
-    # into a folder not made yet
-    plot.main(['out/log.jsonl', '--out=new/folder/runs.png'])
+    # into a folder not made yet; a title with a $, as typed
+    plot.main(['out/log.jsonl', '--out=new/folder/runs.png', '--title=$\\frac$'])
     read_png(tmp_path / 'new' / 'folder' / 'runs.png', (420, 700))
 
 
