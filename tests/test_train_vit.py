@@ -80,6 +80,7 @@ def data(tmp_path_factory):
     make_dataset(root, 'text', kind='text')
     make_dataset(root, 'nostd', std=[0.28, 0, 0.28])
     np.save(os.path.join(make_dataset(root, 'labels9'), 'train_labels.npy'), np.full(4, 9))
+    np.save(os.path.join(make_dataset(root, 'labels3'), 'train_labels.npy'), np.arange(4))   # 3: one past
     Path(make_dataset(root, 'c1'), 'meta.json').write_text('{bad')
     make_dataset(root, 'notest', n_test=0)
     make_dataset(root, 'notrain', n_train=0)
@@ -121,6 +122,20 @@ def test_a_few_steps_lower_the_loss(data, tmp_path, capsys):
         assert r['train_loss'] == pytest.approx(want, abs=1e-6)
 
 
+def interrupt_in_step(monkeypatch, n):
+    """SIGINT to this process as step n draws its augmentation."""
+    real = train_vit.random_crop_flip
+    calls = []
+
+    def crop(x, pad=4):
+        calls.append(1)
+        if len(calls) == n:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(x, pad)
+
+    monkeypatch.setattr(train_vit, 'random_crop_flip', crop)
+
+
 @pytest.mark.parametrize('stop_at', [None, 7])
 def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tmp_path, monkeypatch, ends,
                                                                stop_at):
@@ -130,17 +145,8 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
     did: the same state bit for bit, each row once with the same losses and evaluations; the row that spans
     the stop is timed over the steps after it."""
     out = str(tmp_path / 'out')
-    real = train_vit.random_crop_flip
-    calls = []
-
-    def sigint_at_step(x, pad=4):
-        calls.append(1)
-        if len(calls) == stop_at:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(x, pad)
-
     if stop_at:
-        monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_step)
+        interrupt_in_step(monkeypatch, stop_at)
         args = base_args(data, out, '--epochs=2', *RESUMABLE, '--log_interval=4')
         code, err = ends(train_vit.main, args)
         command = resume_command(err)
@@ -202,6 +208,24 @@ def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path, 
     train_vit.main(base_args(data, str(out), '--epochs=1', '--max_steps=1', '--overwrite=true'))
     assert weights(out)['epoch'] == 1
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
+
+
+def test_the_test_accuracy_and_loss_are_the_standardized_test_sets(data, trained):
+    """best.pt scored by hand: every test image standardized with meta.json's mean and std, the accuracy and
+    the mean cross-entropy (no label smoothing) over all of them, as its evaluation row has them."""
+    ckpt = load_checkpoint(f'{trained}/best.pt')
+    model = tost.ViT(tost.ViTConfig(**ckpt['model_args']))
+    model.load_state_dict(ckpt['model'])
+    folder = Path(data, 'synth')
+    meta = json.loads((folder / 'meta.json').read_text())
+    mean, std = (torch.tensor(meta[k])[:, None, None] for k in ('mean', 'std'))
+    x = (torch.tensor(np.load(folder / 'test_images.npy')).float() / 255 - mean) / std
+    y = torch.tensor(np.load(folder / 'test_labels.npy'))
+    with torch.no_grad():
+        logits = model.eval()(x)
+    row, = [r for r in read_log(trained, kind='eval') if r['step'] == ckpt['step']]
+    assert row['test_acc'] == (logits.argmax(-1) == y).double().mean().item()
+    assert row['test_loss'] == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
 
 
 def test_checkpoint_format(trained):
@@ -447,7 +471,8 @@ def test_paper_shapes_get_cifar_patches_and_the_dataset_classes():
 # suggested), 30px images that no patch size divides, the damaged sets of `data`.
 BAD_DATA = {'cifar10': 'prepare_data.py cifar10', 'synth30': 'synth30', 'text': 'text',
             'c1': 'cifar10 --name=c1', 'nostd': ('nostd/meta.json', 'std'),
-            'labels9': 'labels9/train_labels.npy', 'notest': 'notest/test_images.npy',
+            'labels9': 'labels9/train_labels.npy', 'labels3': 'labels3/train_labels.npy',
+            'notest': 'notest/test_images.npy',
             'notrain': 'notrain/train_images.npy'}
 # Options refused before the data is read (CIFAR-10, not prepared here): the line names the option.
 BAD_OPTIONS = ['--batchsize=3', '--epochs=two', '--eval_only', '--model=nosuch', '--model=tost-demo',
@@ -465,6 +490,8 @@ MISTAKES = [({'kind': None, 'model_args': {'vocab_size': 256}}, ['--init_from=re
             ({'format': None}, ['--init_from=resume'], 'ckpt.pt'),
             ({'format': 1}, ['--init_from=resume', '--eval_only'], 'ckpt.pt'),
             (None, ['--viz_layer=9'], '--viz_layer'),
+            (None, ['--viz_layer=4'], '--viz_layer'),
+            (None, ['--viz_layer=-5'], '--viz_layer'),
             # stopped before the first evaluation: no best.pt yet, and the ckpt.pt there is named
             ({}, ['--init_from=best', '--eval_only'], ('best.pt', 'ckpt.pt')),
             # a name mistyped: what --init_from takes is said
@@ -622,22 +649,74 @@ def test_a_resume_in_longer_steps_never_counts_an_epoch_end_as_done(data, tmp_pa
     """Stopped in step 7 of 8 (epoch 1.75), resumed in steps twice as long: it goes on from step 3 of 4 (1.5
     epochs), so the last epoch's end is evaluated and saved; rounded up to 4, it would count as done."""
     out = str(tmp_path)
-    real = train_vit.random_crop_flip
-    calls = []
-
-    def sigint_at_step_7(x, pad=4):
-        calls.append(1)
-        if len(calls) == 7:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(x, pad)
-
-    monkeypatch.setattr(train_vit, 'random_crop_flip', sigint_at_step_7)
+    interrupt_in_step(monkeypatch, 7)
     code, _ = ends(train_vit.main, base_args(data, out, '--epochs=2', '--viz_images=0'))
     monkeypatch.undo()
     assert code == 130 and weights(out)['epoch'] == 1.75
     train_vit.main(['--init_from=resume', f'--out_dir={out}', '--batch_size=32'])
     assert (weights(out)['step'], weights(out)['epoch']) == (4, 2)
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1, 2]
+
+
+def test_a_resume_goes_on_from_its_step_whatever_the_epochs_last_bit(data, tmp_path, monkeypatch, ends):
+    """Stopped in step 15 of 22: the checkpoint's epoch, 15/22, times 22 is 14.999... in floating point; the
+    resume goes on at step 16, not at 15 again (each step logged once)."""
+    out = str(tmp_path)
+    interrupt_in_step(monkeypatch, 15)
+    args = base_args(data, out, '--epochs=1', '--batch_size=2', '--max_steps=22', '--log_interval=1',
+                     '--viz_images=0', '--compression_images=0')
+    assert ends(train_vit.main, args)[0] == 130 and weights(out)['step'] == 15
+    monkeypatch.undo()
+    train_vit.main(['--init_from=resume', f'--out_dir={out}'])
+    assert [r['step'] for r in read_log(out, kind='train')] == list(range(1, 23))
+
+
+def test_best_pt_keeps_the_best_model_and_its_accuracy(data, tmp_path, monkeypatch):
+    """Test accuracies 0.5, 0.25, 0.375 at the ends of three epochs: best.pt stays the first epoch's, and
+    the run and each evaluation's row say 0.5."""
+    out = str(tmp_path)
+    accuracies = iter([(0.5, 1.0), (0.25, 1.0), (0.375, 1.0)])
+    monkeypatch.setattr(train_vit, 'evaluate', lambda *args: next(accuracies))
+    assert train_vit.main(base_args(data, out, '--epochs=3', '--max_steps=1', '--viz_images=0')) == 0.5
+    best = load_checkpoint(f'{out}/best.pt')
+    assert (best['step'], best['best_acc']) == (1, 0.5)
+    assert [r['best_acc'] for r in read_log(out, kind='eval')] == [0.5, 0.5, 0.5]
+
+
+def test_every_step_trains_as_asked_and_the_last_epoch_is_scored(data, tmp_path, monkeypatch):
+    """Evaluations every 2 epochs of 3: at 2, and at 3, the last, whatever the interval. Every training
+    step in training mode (drop-path, batch norm's batch statistics), also after an evaluation that draws
+    nothing, and its loss smoothed as asked."""
+    modes, smoothing = [], []
+    forward = tost.ViT.forward
+    cross_entropy = train_vit.F.cross_entropy
+
+    def recorded_forward(self, x):
+        if torch.is_grad_enabled():
+            modes.append(self.training)
+        return forward(self, x)
+
+    def recorded_cross_entropy(*args, **kwargs):
+        if torch.is_grad_enabled():
+            smoothing.append(kwargs.get('label_smoothing', 0.0))
+        return cross_entropy(*args, **kwargs)
+
+    monkeypatch.setattr(tost.ViT, 'forward', recorded_forward)
+    monkeypatch.setattr(train_vit.F, 'cross_entropy', recorded_cross_entropy)
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--epochs=3', '--eval_interval=2', '--max_steps=1', '--viz_images=0',
+                             '--compression_images=0', '--label_smoothing=0.3'))
+    assert [r['epoch'] for r in read_log(out, kind='eval')] == [2, 3]
+    assert modes == [True] * 3 and smoothing == [0.3] * 3
+
+
+def test_the_learning_rate_warms_up_over_its_epochs_and_decays_over_the_run(data, tmp_path):
+    """2 epochs of 4 steps, 1 of warmup: the rate of each step is the schedule's at that step, in steps."""
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--epochs=2', '--max_steps=4', '--warmup_epochs=1',
+                             '--log_interval=1', '--viz_images=0'))
+    want = [train_common.cosine_lr(step, 1e-3, 1e-5, 4, 8) for step in range(8)]
+    assert [r['lr'] for r in read_log(out, kind='train')] == pytest.approx(want)
 
 
 @pytest.mark.parametrize('batch, steps', [(24, 3), (100000, 1)])
