@@ -257,7 +257,7 @@ def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, tr
 
 
 @pytest.mark.slow
-def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_path):
+def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_path, capsys):
     """torchrun with 3 processes, the defaults but for the tiny sizes: batch_size is per process, so nothing
     has to divide; 64 images / 3 ranks = 22 each (two repeated), 2 steps of 16."""
     out = str(tmp_path)
@@ -267,8 +267,11 @@ def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_pa
     assert weights(out)['step'] == 2                                 # 22 images a rank, batches of 16
     assert stdout.count('test loss') == 1                           # rank 0 alone talks
     row = read_log(out)[-1]
-    # one process on the saved weights gets the same accuracy: 11 + 11 + 11 test images, each once
+    # one process on the saved weights gets the same accuracy and loss: 11 + 11 + 11 test images, each once,
+    # with rank 0's batch-norm statistics
+    capsys.readouterr()
     assert train_vit.main(base_args(data, out, '--init_from=resume', '--eval_only')) == row['test_acc']
+    assert f"test loss {row['test_loss']:.4f}" in capsys.readouterr().out
 
 
 @pytest.mark.slow
