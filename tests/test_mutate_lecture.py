@@ -38,9 +38,11 @@ def test_a_scaled_line_keeps_its_comment_and_scales_the_first_value():
 
 def test_help_and_a_mistaken_option_run_no_edit(monkeypatch, capsys, fails):
     """--help printed nothing and ran every edit (minutes): it prints the help, exit 0; an option it does
-    not know is one line naming it, exit 2."""
+    not know, or a FILE:LINE it edits nothing of (it passed, having tried nothing), is one line naming it,
+    exit 2."""
     monkeypatch.setattr(mutate_lecture, 'lecture_fails', lambda root: pytest.fail('an edit ran'))
     with pytest.raises(SystemExit) as e:
         mutate_lecture.main(['--help'])
     assert e.value.code == 0 and '--list' in capsys.readouterr().out
     fails(mutate_lecture.main, ['--lst'], '--lst')
+    fails(mutate_lecture.main, ['tost.py:1'], 'tost.py:1')

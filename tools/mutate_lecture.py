@@ -4,7 +4,7 @@ run derivation.py there: an edit it does not fail on is a line the lecture does 
 
     python -m tools.mutate_lecture --list           # the lines it edits, and how
     python -m tools.mutate_lecture                  # every edit, one run of the lecture each
-    python -m tools.mutate_lecture tost.py:261      # the edits of one line
+    python -m tools.mutate_lecture tost.py:274      # the edits of one line
 
 The lines: every one-line statement in the bodies of the functions named in TARGETS (the objective, TSSA,
 CausalTSSA's memberships, forward, step and state, the MLP, the block, the GPT's forward, logits, prefill and
@@ -136,7 +136,7 @@ def lecture_fails(folder):
 
 
 DEFAULTS = dict(
-    lines=[],       # FILE:LINE (tost.py:261), as bare words: the edits of these lines only; none: every line
+    lines=[],       # FILE:LINE (tost.py:274), as bare words: the edits of these lines only; none: every line
     list=False,     # print the lines it edits, and how, and stop
 )
 
@@ -150,6 +150,9 @@ def main(argv=None):
         print(f'{len(edits)} edits of {len({(e[0], e[2]) for e in edits})} lines')
         return
     chosen = cfg['lines']
+    unknown = sorted(set(chosen) - {f'{e[0]}:{e[2]}' for e in edits})
+    if unknown:
+        raise options.UsageError(f"{', '.join(unknown)}: no line it edits (--list shows them)")
     edits = [e for e in edits if not chosen or f'{e[0]}:{e[2]}' in chosen]
     if lecture_fails(ROOT)[0]:
         raise options.UsageError('derivation.py fails before any edit; fix that first')
