@@ -285,18 +285,23 @@ def vision_maps(path, image, cls_attn, pi, title):
 # -----------------------------------------------------------------------------
 
 
-def study_curves(section, title):
+def study_curves(section, metric, title):
     """A study section's runs on one figure, each labelled with its row of the table, from the run folders the
-    study trained (they are not committed beside docs/*.json: the study makes them; where they are not here,
-    one line names the first missing and the command that makes it)."""
+    study trained (they are not committed beside docs/*.json: the study makes them). Where one is not here,
+    or holds another run than its row measured (its last `metric` differs: a study run since), one line
+    names it and the command that makes it."""
     def draw(results, path):
-        rows = results[section]['rows']
-        for r in rows:
-            if not os.path.exists(r['out_dir']):
-                raise UsageError(f"{r['out_dir']} is not here: this figure is drawn from the run folders the "
-                                 f"study trains; run python -m tools.study {section} first")
-        runs = [(r['variant'], *read_run(r['out_dir'])[1:]) for r in rows]
-        learning_curves(runs, path, title=title)
+        runs = []
+        for r in results[section]['rows']:
+            _, cfg, log = read_run(r['out_dir']) if os.path.exists(r['out_dir']) else (None, None, [])
+            if [x[metric] for x in log if metric in x][-1:] != [r[metric]]:
+                raise UsageError(f"{r['out_dir']} is not here, or not the run its row measured: this figure "
+                                 f"is drawn from the run folders the study trains; run python -m tools.study "
+                                 f"{section}")
+            runs.append((r['variant'], cfg, log))
+        # A smoke or quick study's budget is not the full one the title names.
+        mode = results.get('mode', 'full')
+        learning_curves(runs, path, title=title if mode == 'full' else f"{title} ({mode} budget)")
     return draw
 
 
@@ -304,8 +309,10 @@ def study_curves(section, title):
 FIGURES = {
     'operator': ('speed.png', speed),
     'generation': ('generation.png', generation),
-    'language': ('language.png', study_curves('language', 'the demo budget: python_stdlib bytes, one seed')),
-    'vision': ('vision.png', study_curves('vision', 'synthetic glyph images, tost-cifar-tiny, one seed')),
+    'language': ('language.png',
+                 study_curves('language', 'val_loss', 'the demo budget: python_stdlib bytes, one seed')),
+    'vision': ('vision.png',
+               study_curves('vision', 'test_acc', 'synthetic glyph images, tost-cifar-tiny, one seed')),
     'tasks': ('tasks.png', capability_grid),
 }
 

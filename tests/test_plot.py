@@ -9,6 +9,7 @@ import shutil
 import matplotlib.figure
 import matplotlib.image
 import numpy as np
+import pytest
 
 import plot
 from conftest import REPO
@@ -60,6 +61,31 @@ def test_several_runs_of_different_models_on_one_figure(tmp_path, monkeypatch):
     read_png(tmp_path / 'new' / 'folder' / 'runs.png', (420, 700))
 
 
+def test_a_study_figure_is_drawn_from_the_runs_its_rows_measured(tmp_path, monkeypatch):
+    """The runs of a study's rows, each its own curve; a folder that holds another run since (its last
+    val_loss is not the row's), or none, is one line naming it, and nothing is drawn. The title says a
+    smoke study's budget is not the full one."""
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path / 'a', dict(attn='tssa'), [5.0, 4.0, 3.2, 2.9])
+    write_run(tmp_path / 'b', dict(attn='softmax'), [5.0, 3.5, 2.8, 2.5])
+    rows = [dict(variant='ToST', val_loss=3.0, out_dir='a'),
+            dict(variant='softmax', val_loss=2.6, out_dir='b')]
+    (tmp_path / 'study.json').write_text(json.dumps(dict(mode='smoke', language=dict(rows=rows))))
+    titles = []
+    curves = plot.learning_curves
+    monkeypatch.setattr(plot, 'learning_curves',
+                        lambda *args, title: titles.append(title) or curves(*args, title=title))
+    assert plot.draw_results('study.json', '.') == ['./language.png']
+    read_png(tmp_path / 'language.png', (420, 700))
+    assert 'smoke' in titles[0]
+    os.remove('language.png')
+    for later in ({'variant': 'softmax', 'val_loss': 2.7, 'out_dir': 'b'}, dict(rows[1], out_dir='c')):
+        (tmp_path / 'study.json').write_text(json.dumps(dict(language=dict(rows=[rows[0], later]))))
+        with pytest.raises(plot.UsageError, match=later['out_dir']):
+            plot.draw_results('study.json', '.')
+        assert not os.path.exists('language.png')
+
+
 def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeypatch):
     """python plot.py docs/bench.json docs/tasks.json: each section's figure, from the numbers alone, in the
     current folder (the figures beside the file, tracked ones in docs/, are rewritten only with --out_dir;
@@ -106,7 +132,7 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, fails, monkeypatch):
     (tmp_path / 'vit' / 'log.jsonl').write_text(json.dumps(dict(kind='eval', step=4, epoch=1, test_acc=0.3)))
     (tmp_path / 'other.json').write_text('{"loss": 1}')
     (tmp_path / 'cut.json').write_text('{"operator": [{"n": 1024}]}')          # rows without their numbers
-    gone = {'variant': 'ToST', 'out_dir': 'gone'}
+    gone = {'variant': 'ToST', 'val_loss': 2.0, 'out_dir': 'gone'}
     (tmp_path / 'study.json').write_text(json.dumps({'language': {'rows': [gone]}}))
     cell = dict(task='copy', knob='length', value=8, model='tssa', accuracy=0.5, chance=0.03)
     (tmp_path / 'tasks.json').write_text(json.dumps({'tasks': [cell]}))
