@@ -165,7 +165,8 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch, two_gpus):
     current one, once, as the trainers do (train_common.setup_cuda). Mocked: no GPU here."""
     monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'a GPU')
     monkeypatch.setattr(bench, 'run_sections', lambda args, sections, results: results)
-    assert bench.main(['--device=cuda:1', '--smoke', '--sections=operator'])['gpu'] == 'a GPU'
+    results = bench.main(['--device=cuda:1', '--smoke', '--sections=operator'])
+    assert results['gpu'] == 'a GPU' and results['cpu'] and results['load'] >= 0
     assert two_gpus == ['cuda:1', 'high']
     # what causal TSSA runs on, in the header and the JSON
     monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda gpu: {1: (8, 0)}[gpu])

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import importlib.util
 import json
+import platform
 import statistics
 import subprocess
 import time
@@ -484,6 +485,17 @@ SECTIONS = {'operator': section_operator, 'limit': section_limit, 'model': secti
             'generation': section_generation, 'training': section_training}
 
 
+def machine():
+    """The CPU's name (on Linux, /proc/cpuinfo's) and the load average as the run starts (None where the
+    system keeps none): a ratio measured beside other work can be off by several times."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open('/proc/cpuinfo', encoding='utf-8') as f:
+            cpu = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), cpu)
+    load = round(os.getloadavg()[0], 2) if hasattr(os, 'getloadavg') else None
+    return dict(cpu=cpu, load=load)
+
+
 def json_path(json):
     """Where --json=json writes, checked before any measurement: a .json file (--json=README.md would replace
     the README), where a link points (a rename would replace the link), never over a folder or a device."""
@@ -565,8 +577,9 @@ def main(argv=None):
         core = 'the Triton core' if tost_fast.triton_on(torch.device(args.device)) else 'the readable lines'
     results = dict(device=args.device, dtype=args.dtype, mode=args.mode, torch=torch.__version__,
                    threads=torch.get_num_threads(), width=WIDTH, heads=HEADS, compile=COMPILE,
-                   gpu=torch.cuda.get_device_name() if cuda else None, causal_on_gpu=core)
+                   gpu=torch.cuda.get_device_name() if cuda else None, causal_on_gpu=core, **machine())
     line = f"bench: {args.device}, {args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    line += f", {results['cpu']}, load average {results['load']}"
     if args.mode != 'full':
         line += f", {args.mode} mode"
     if core:

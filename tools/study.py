@@ -31,7 +31,7 @@ import torch
 import plot
 import tost
 from options import UsageError, parse
-from tools.bench import REPO, console, run_sections, table
+from tools.bench import REPO, console, machine, run_sections, table
 from train_common import cosine_lr, optimizer_step
 
 
@@ -404,7 +404,7 @@ def main(argv=None):
     # A file where the runs go ends the study now, not some sections into it.
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         raise UsageError(f"--out_dir={cfg['out_dir']} is not a folder")
-    results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads())
+    results = dict(mode=args.mode, torch=torch.__version__, threads=torch.get_num_threads(), **machine())
     return run_sections(args, SECTIONS, results)
 
 
