@@ -460,7 +460,7 @@ def section_generation(args, results):
           f"Generation tokens/s, batch 1, GPT {tssa.config.n_layer}L/{tssa.config.n_embd}d, {args.device}",
           ['context', 'TSSA recurrent', 'TSSA re-run prefix', 'recurrent / re-run', 'TSSA + shift recurrent',
            'softmax + KV cache', 'hybrid + shift, last block softmax'],
-          [(r['ctx'], f"{r['recurrent']:.1f}", f"{r['rerun']:.2f}", ratio(r['recurrent'], r['rerun'], 0),
+          [(r['ctx'], f"{r['recurrent']:.1f}", f"{r['rerun']:.2f}", ratio(r['recurrent'], r['rerun'], 1),
             f"{r['shift_recurrent']:.1f}", f"{r['softmax_kv']:.1f}", f"{r['hybrid']:.1f}") for r in rows])
 
 
