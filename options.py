@@ -344,18 +344,20 @@ RANGE_TESTS = {"positive": (lambda v: v > 0, "positive"),
 
 
 def check_numbers(config, ranges):
-    """Every number finite, every whole number below 2**32 (no count or size comes near; past it torch and
-    numpy overflow deep inside), and each key of `ranges` ({range: keys}) in its range; NaN is in none."""
+    """Every number finite, each key of `ranges` ({range: keys}) in its range (NaN is in none), and every
+    whole number within 2**32 of 0 (no count or size comes near; past it torch and numpy overflow deep
+    inside)."""
     for key, value in config.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--{key} must be a finite number, got {value}")
-        if isinstance(value, int) and abs(value) >= 2**32:
-            raise UsageError(f"--{key} must be below 2**32, got {shown(value)}")
     for name, keys in ranges.items():
         test, what = RANGE_TESTS[name]
         for key in keys:
             if not test(config[key]):
                 raise UsageError(f"--{key} must be {what}, got {shown(config[key])}")
+    for key, value in config.items():
+        if isinstance(value, int) and abs(value) >= 2**32:
+            raise UsageError(f"--{key} must be between -2**32 and 2**32, got {shown(value)}")
 
 
 def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None, choices=None,

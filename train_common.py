@@ -369,13 +369,14 @@ def setup_distributed(device_pref):
         return Dist(False, 0, 0, 1, True, device)
     # torchrun sets them all, as numbers; a launcher that sets some, or a RANK left in the shell, is one line.
     env = {k: os.environ.get(k, "") for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
-    bad = [k for k, v in env.items() if not v.isdigit()]
+    env["LOCAL_WORLD_SIZE"] = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    bad = [k for k, v in env.items() if not v.isdecimal()]
     if not os.environ.get("MASTER_ADDR"):
         bad.append("MASTER_ADDR")
     if not bad and int(env["RANK"]) >= int(env["WORLD_SIZE"]):
         bad = ["WORLD_SIZE"]
     if bad:
-        raise UsageError(f"RANK is set, and {' and '.join(bad)} not as torchrun sets them: start several "
+        raise UsageError(f"RANK is set, and {' and '.join(bad)} not as torchrun sets it: start several "
                          f"processes with torchrun")
     rank = int(env["RANK"])
     local_rank = int(env["LOCAL_RANK"])
@@ -481,9 +482,11 @@ def stop_signals(unit, master):
                 print(f"{signals[0]}: stopping after this {unit}; another one stops at once, without saving",
                       file=sys.stderr, flush=True)
 
-    # A closed terminal (ssh gone) sends SIGHUP; Windows' Ctrl-Break is SIGBREAK.
+    # A closed terminal (ssh gone) sends SIGHUP; Windows' Ctrl-Break is SIGBREAK. One the run started with
+    # ignored stays so: nohup's SIGHUP, a background job's SIGINT.
     names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")
     stops = [getattr(signal, name) for name in names if hasattr(signal, name)]
+    stops = [sig for sig in stops if signal.getsignal(sig) is not signal.SIG_IGN]
     old = {sig: signal.signal(sig, handler) for sig in stops}
     try:
         yield signals

@@ -478,11 +478,14 @@ def test_every_script_documents_every_key():
 
 
 @pytest.mark.parametrize("arg", ["--json=", "--json=README.md", "--device=gpu"])
-def test_gpu_check_refuses_a_bad_json_or_device_before_it_measures(arg):
+def test_gpu_check_refuses_a_bad_json_or_device_before_it_measures(arg, tmp_path, monkeypatch):
     """Not a .json file (it would be replaced), a device that is none: one line naming the option."""
     from tools import gpu_check
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "README.md").write_text("# the project")
     with pytest.raises(UsageError, match=arg.split("=")[0].lstrip("-")):
         gpu_check.main(["--smoke", arg])
+    assert (tmp_path / "README.md").read_text() == "# the project"
 
 
 def test_a_path_given_as_file_colon_path_names_its_option():

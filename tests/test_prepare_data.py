@@ -856,10 +856,10 @@ def test_a_dataset_folder_that_links_to_another_filesystem_is_staged_there(monke
     assert ids('data/in', 'train') + ids('data/in', 'val') == list(b'hello there. ' * 20)
 
 
-@pytest.mark.parametrize('sig', ['SIGINT', 'SIGTERM'])
+@pytest.mark.parametrize('sig', ['SIGINT', 'SIGTERM', 'SIGHUP'])
 def test_ctrl_c_during_a_build(sig):
-    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends, or SIGTERM, as a scheduler
-    sends: exit 130, one line, nothing left."""
+    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends, SIGTERM, as a scheduler
+    sends, or SIGHUP, as a closed terminal sends: exit 130, one line, nothing left."""
     write('owt/a.jsonl', (json.dumps({'text': 'a document ' * 5}) + '\n') * 400_000)
     p = subprocess.Popen([sys.executable, os.path.join(REPO, 'prepare_data.py'), 'openwebtext',
                           '--tokenizer=bytes', '--workers=2', '--input=owt', '--data_dir=data'],

@@ -159,6 +159,9 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
     """sample.py's own options (reading a checkpoint is train_common's, tested there)."""
     fails(sample.main, [f'--out_dir={tmp_path}'], f'{tmp_path}/ckpt.pt')
     (tmp_path / 'latin1.txt').write_bytes('caf\xe9'.encode('latin-1'))
+    # one character past the 16M a prompt file may hold (as sparse as the filesystem keeps it)
+    with open(tmp_path / 'long.txt', 'wb') as f:
+        f.truncate(2**24 + 1)
     # a prompt file under ~ is looked for in the home folder
     monkeypatch.setenv('HOME', str(tmp_path))
     # nothing to generate (--max_new_tokens=0) is refused, not timed
@@ -169,7 +172,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
                         ('--start=FILE:~/missing.txt', f'{tmp_path}/missing.txt'),
                         ('--start=FILE:', '--start'),
                         (f'--start=FILE:{tmp_path}/latin1.txt', 'latin1.txt'),
-                        ('--start=FILE:/dev/zero', '/dev/zero', '--start')):
+                        (f'--start=FILE:{tmp_path}/long.txt', 'long.txt', '--start')):
         fails(sample.main, [f'--out_dir={out}', arg], *names)
     # a byte that is not UTF-8 on the command line arrives as a lone surrogate, which cannot be encoded
     code, err = ended(f'--out_dir={out}'.encode(), b'--start=caf\xe9')

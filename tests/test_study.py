@@ -211,11 +211,12 @@ def test_the_sample_commands_and_samples_are_printed_whole_on_one_line(capsys, m
     assert any(line.endswith(command) for line in lines) and long_line in lines, lines
 
 
-@pytest.mark.parametrize('option', ['--json=README.md', '--json=results/', '--out_dir=', '--out_dir=README.md'])
+@pytest.mark.parametrize('option', ['--json=README.md', '--json=results/', '--out_dir=',
+                                    '--out_dir=README.md'])
 def test_a_bad_json_or_out_dir_is_one_line_before_any_work(fails, tmp_path, monkeypatch, option):
     """--json=README.md wrote the results over the README (and the figures beside it); --json=results/ wrote a
-    file named results; --out_dir= is no folder, nor is a file. Refused before any section runs: the README as it was,
-    nothing else written."""
+    file named results; --out_dir= is no folder, nor is a file. Refused before any section runs: the README
+    as it was, nothing else written."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / 'README.md').write_text('# the project')
     ran = []

@@ -198,8 +198,8 @@ def test_ctrl_c_and_sigterm_are_a_request_inside_stop_signals(monkeypatch, capsy
 def test_windows_ctrl_break_is_a_request_too(monkeypatch):
     """Windows' Ctrl-Break is SIGBREAK, which this system lacks: SIGUSR1 stands in for it."""
     monkeypatch.setattr(signal, "SIGBREAK", signal.SIGUSR1, raising=False)
-    # Not handled, SIGUSR1 would end pytest itself.
-    before = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # Not handled, SIGUSR1 would end pytest itself (a handler, not SIG_IGN: an ignored signal stays ignored).
+    before = signal.signal(signal.SIGUSR1, lambda *args: None)
     try:
         with tc.stop_signals("iter", master=False) as signals:
             os.kill(os.getpid(), signal.SIGUSR1)
@@ -308,7 +308,8 @@ def test_pick_device_refuses_missing_hardware(monkeypatch):
     with pytest.raises(UsageError, match="--nproc_per_node=3"):
         tc.setup_distributed("cuda")
     # a launcher that sets RANK and not all the rest, or not as numbers; a RANK past the processes
-    for k, v in [("LOCAL_RANK", None), ("MASTER_ADDR", None), ("RANK", "abc"), ("WORLD_SIZE", "0")]:
+    for k, v in [("LOCAL_RANK", None), ("MASTER_ADDR", None), ("RANK", "abc"), ("WORLD_SIZE", "0"),
+                 ("MASTER_PORT", "\u00b2"), ("LOCAL_WORLD_SIZE", "one")]:
         monkeypatch.delenv(k) if v is None else monkeypatch.setenv(k, v)
         with pytest.raises(UsageError, match=k):
             tc.setup_distributed("cpu")

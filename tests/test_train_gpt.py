@@ -367,13 +367,20 @@ def test_ctrl_c_keeps_the_best_model_when_only_the_best_is_saved(data_dir, tmp_p
     assert code == 130 and resume_command(err) and weights(out)['iter_num'] == saved
 
 
-def start(script, args, cwd, torchrun=0):
-    """A training run in its own session (so a signal to its group reaches torchrun and its workers only)."""
+def start(script, args, cwd, torchrun=0, ignored=None):
+    """A training run in its own session (so a signal to its group reaches torchrun and its workers only),
+    SIGINT and SIGHUP at their defaults as a terminal starts it (whatever this process has), but `ignored`,
+    as nohup starts it with SIGHUP."""
+    def dispositions():
+        for sig in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN if sig == ignored else signal.SIG_DFL)
+
     launch = [sys.executable]
     if torchrun:
         launch += ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}']
     return subprocess.Popen(launch + [os.path.join(REPO, script), *args], cwd=cwd, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=dispositions)
 
 
 def wait_for(proc, cond, what, timeout=120):
@@ -396,9 +403,9 @@ def test_a_signal_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir
                                                                         reader_gone):
     """SIGTERM, as a scheduler sends it; and `python train_gpt.py | tee log`, then Ctrl-C: tee dies of the
     same Ctrl-C, and a row printed after it (a row every iteration here) must not cost the save; SIGHUP, as a
-    closed terminal sends it, with stdout gone the same way. The run saves
-    at the step it stops after and exits 130; the command it prints (the script as it was started) goes on
-    from there, each iteration logged once."""
+    closed terminal sends it, with stdout gone the same way. The run saves at the step it stops after and
+    exits 130; the command it prints (the script as it was started) goes on from there, each iteration logged
+    once."""
     out = tmp_path / 'out'
     p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=400', '--eval_interval=1000'), tmp_path)
     wait_for(p, lambda: logged_iter(out) >= 3, 'iter 3')
@@ -413,6 +420,19 @@ def test_a_signal_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir
     assert command[1] == os.path.join(REPO, 'train_gpt.py')
     train_gpt.main(command[2:] + [f'--max_iters={it + 3}'])
     assert [r['iter'] for r in read_log(out, kind='train')] == list(range(1, it + 4))
+
+
+def test_a_run_started_with_sighup_ignored_goes_on_through_it(data_dir, tmp_path):
+    """nohup starts a run with SIGHUP ignored so that it outlives the terminal: it must stay ignored."""
+    out = tmp_path / 'out'
+    p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=400', '--eval_interval=1000'), tmp_path,
+              ignored=signal.SIGHUP)
+    wait_for(p, lambda: logged_iter(out) >= 3, 'iter 3')
+    p.send_signal(signal.SIGHUP)
+    it = logged_iter(out)
+    wait_for(p, lambda: logged_iter(out) >= it + 3, 'three iterations after SIGHUP')
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=120) == 130
 
 
 def test_a_resume_into_a_folder_another_run_holds_is_refused_as_such(data_dir, tmp_path, fails):
