@@ -177,11 +177,11 @@ def main(argv=None):
     if not cuda and not args.smoke:
         raise UsageError("tools.gpu_check measures the Triton core on a CUDA GPU, and there is none here "
                          "(--smoke runs it tiny on a CPU, under Triton's interpreter)")
-    if importlib.util.find_spec('triton') is None:
-        raise UsageError("tools.gpu_check needs triton (pip install triton)")
     # (bench imports no triton: the interpreter below is still to be chosen)
     from tools import bench
     path = bench.json_path(args.json)
+    if importlib.util.find_spec('triton') is None:
+        raise UsageError("tools.gpu_check needs triton (pip install triton)")
     if not cuda:
         if 'triton' in sys.modules and os.environ.get('TRITON_INTERPRET') != '1':
             raise UsageError("--smoke on a CPU needs Triton's interpreter, set before triton is imported: "
