@@ -496,15 +496,16 @@ def machine():
     return dict(cpu=cpu, load=load)
 
 
-def json_path(json):
-    """Where --json=json writes, checked before any measurement: a .json file (--json=README.md would replace
-    the README), where a link points (a rename would replace the link), never over a folder or a device."""
-    plot.check_suffix('json', json, ('.json',))
-    path = os.path.realpath(json)
+def json_path(given):
+    """Where --json=given writes, checked before any measurement: a .json file (--json=README.md would
+    replace the README), where a link points (a rename would replace the link), never over a folder or a
+    device."""
+    plot.check_suffix('json', given, ('.json',))
+    path = os.path.realpath(given)
     folder = os.path.dirname(path)
     special = os.path.exists(path) and not os.path.isfile(path)
     if special or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise UsageError(f"--json={json}: cannot write a file there; give a file name (not a folder or a "
+        raise UsageError(f"--json={given}: cannot write a file there; give a file name (not a folder or a "
                          f"device) in a folder that exists and is writable")
     return path
 
