@@ -208,6 +208,17 @@ def test_windows_ctrl_break_is_a_request_too(monkeypatch):
     assert signals == ["SIGUSR1"]
 
 
+def test_a_signal_the_run_started_with_ignored_stays_ignored():
+    """nohup starts a run with SIGHUP ignored, so that it outlives the terminal: it goes on through one."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with tc.stop_signals("iter", master=False) as signals:
+            os.kill(os.getpid(), signal.SIGHUP)
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert signals == []
+
+
 def test_an_error_inside_stop_signals_after_a_signal_is_the_interrupt(capsys):
     """The compiler's g++ gets the terminal's Ctrl-C too and fails: that error, once a signal came, ends as
     an interrupt (test_ctrl_c_that_breaks_a_step_ends_as_an_interrupt); before one, it is itself; a save that

@@ -367,13 +367,12 @@ def test_ctrl_c_keeps_the_best_model_when_only_the_best_is_saved(data_dir, tmp_p
     assert code == 130 and resume_command(err) and weights(out)['iter_num'] == saved
 
 
-def start(script, args, cwd, torchrun=0, ignored=None):
+def start(script, args, cwd, torchrun=0):
     """A training run in its own session (so a signal to its group reaches torchrun and its workers only),
-    SIGINT and SIGHUP at their defaults as a terminal starts it (whatever this process has), but `ignored`,
-    as nohup starts it with SIGHUP."""
+    SIGINT and SIGHUP at their defaults as a terminal starts it (whatever this process has: nohup's)."""
     def dispositions():
         for sig in (signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN if sig == ignored else signal.SIG_DFL)
+            signal.signal(sig, signal.SIG_DFL)
 
     launch = [sys.executable]
     if torchrun:
@@ -420,19 +419,6 @@ def test_a_signal_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir
     assert command[1] == os.path.join(REPO, 'train_gpt.py')
     train_gpt.main(command[2:] + [f'--max_iters={it + 3}'])
     assert [r['iter'] for r in read_log(out, kind='train')] == list(range(1, it + 4))
-
-
-def test_a_run_started_with_sighup_ignored_goes_on_through_it(data_dir, tmp_path):
-    """nohup starts a run with SIGHUP ignored so that it outlives the terminal: it must stay ignored."""
-    out = tmp_path / 'out'
-    p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=400', '--eval_interval=1000'), tmp_path,
-              ignored=signal.SIGHUP)
-    wait_for(p, lambda: logged_iter(out) >= 3, 'iter 3')
-    p.send_signal(signal.SIGHUP)
-    it = logged_iter(out)
-    wait_for(p, lambda: logged_iter(out) >= it + 3, 'three iterations after SIGHUP')
-    p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=120) == 130
 
 
 def test_a_resume_into_a_folder_another_run_holds_is_refused_as_such(data_dir, tmp_path, fails):
