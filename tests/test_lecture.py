@@ -294,7 +294,8 @@ def test_the_command_runs_the_solutions_from_the_repository_root():
 @pytest.mark.slow
 def test_the_hand_out_has_no_answers_and_runs_the_students_commands(tmp_path):
     """python -m lecture.handout: no solutions, no tests that hold them, no history; in the copy the exercises
-    run (every one not attempted), --solutions is one line and exit 2, and the test suite collects."""
+    run (every one not attempted), --solutions is one line and exit 2, the test suite collects, and the docs
+    name no test the copy leaves out."""
     out = tmp_path / 'class'
     r = subprocess.run([sys.executable, '-m', 'lecture.handout', f'--out={out}'], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
@@ -312,6 +313,10 @@ def test_the_hand_out_has_no_answers_and_runs_the_students_commands(tmp_path):
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
     r = subprocess.run([sys.executable, '-m', 'pytest', '--collect-only', '-q', '-p', 'no:cacheprovider'],
                        cwd=out, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:]
+    # The docs name tests by their function, none of them in a file left out.
+    r = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/test_commands.py',
+                        '-k', 'docs_tests_md'], cwd=out, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:]
 
 
