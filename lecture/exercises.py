@@ -100,7 +100,8 @@ def causal_first_membership(temp, bias0, p):
 def tssa_forward(x, W, W_out, temp):
     """Exercise 5. TSSA from its formula, in about ten lines.
 
-    Write the practical operator (derivation.py section 9, tost.TSSA's forward without biases or dropout):
+    Write the practical operator, tost.TSSA's forward without biases or dropout, from these formulas (those of
+    derivation.py section 9's text; its code and tost.TSSA are the answer: write yours before reading them):
         w   = U_k^T z_j for every head, from one linear map W (rows k p .. (k+1) p of W are U_k^T)
         Pi  = softmax over the K heads of temp_k * sum_i w_ji^2 / sum_l w_li^2
         m_k = sum_j pi_jk w_j^2 / (n_k + 1e-8),   y_j = -pi_jk w_j / (1 + m_k),   output = W_out y
