@@ -4,7 +4,7 @@ would track, without the answers. Left out: lecture/solutions.py, tests/test_lec
 are the solutions changed in one place), the history (.git, which holds solutions.py) and
 tests/test_model_unchanged.py (which compares with an earlier commit). The copy runs the students'
 commands: `python -m lecture.exercises`, `python derivation.py`, `python -m pytest -q`. Exercises edited and
-not committed go into the copy as they are, with a note.
+not committed, and files git does not track, go into the copy as they are, with a note naming them.
 
     python -m lecture.handout --out=../tost-class     # then zip that folder, or make it a new repository
 """
@@ -29,9 +29,10 @@ DEFAULTS = dict(
 )
 
 
-def files():
-    """The working tree's files that git tracks or would track (not ignored), without LEFT_OUT."""
-    listed = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard', '-z'], cwd=ROOT,
+def files(*which):
+    """The working tree's files git lists with these flags (--cached: tracked, --others: not tracked and not
+    ignored), without LEFT_OUT."""
+    listed = subprocess.run(['git', 'ls-files', *which, '--exclude-standard', '-z'], cwd=ROOT,
                             capture_output=True, text=True)
     if listed.returncode != 0:
         raise UsageError(f'{ROOT} is not a git checkout: the hand-out is written from one')
@@ -46,7 +47,7 @@ def main(argv=None):
         raise UsageError('name the folder to write into: --out=DIR')
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise UsageError(f'--out={out} exists and is not an empty folder')
-    names = files()
+    names = files('--cached', '--others')
     for name in names:
         os.makedirs(os.path.join(out, os.path.dirname(name)), exist_ok=True)
         shutil.copy2(os.path.join(ROOT, name), os.path.join(out, name))
@@ -56,6 +57,9 @@ def main(argv=None):
     if edited.returncode:
         print('note: lecture/exercises.py has changes not committed, copied as they are: check that they '
               'hold no answers')
+    untracked = files('--others')
+    if untracked:
+        print(f'note: copied files git does not track, check that they hold no answers: {", ".join(untracked)}')
     return 0
 
 

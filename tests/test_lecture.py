@@ -320,6 +320,20 @@ def test_the_hand_out_has_no_answers_and_runs_the_students_commands(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:]
 
 
+def test_the_hand_out_names_the_files_git_does_not_track(tmp_path, monkeypatch, capsys):
+    """A teacher's own answers in a file not committed go out with the copy: the note names each such file."""
+    clone = tmp_path / 'clone'
+    subprocess.run(['git', 'clone', '-q', REPO, str(clone)], check=True)
+    (clone / 'my_answers.py').write_text('answer = 1\n')
+    (clone / 'notes').mkdir()
+    (clone / 'notes' / 'ex5.md').write_text('the answer\n')
+    monkeypatch.setattr(handout, 'ROOT', str(clone))
+    assert handout.main([f'--out={tmp_path / "class"}']) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith('note:')]
+    assert len(notes) == 1 and 'my_answers.py' in notes[0] and 'notes/ex5.md' in notes[0]
+    assert (tmp_path / 'class' / 'my_answers.py').is_file()
+
+
 BAD = [(checks.main, '99'), (checks.main, 'x'), (checks.main, '--solutions'), (recall.main, '--steps=0'),
        (recall.main, '--batch=0'), (recall.main, '--seconds=-1'), (recall.main, '--steps=x'),
        (handout.main, '--out='), (handout.main, f'--out={REPO}/README.md')]
