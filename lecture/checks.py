@@ -19,6 +19,7 @@ import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends in o
 import contextlib
 import functools
 import importlib
+import numbers
 import traceback
 import unittest.mock
 
@@ -230,10 +231,10 @@ def check_duplication_factor(answer):
     ratio = (twice[:, :9] / once).mean().item()
     expect(torch.allclose(twice[:, :9], ratio * once, atol=1e-12), 'the check: the ratio is not one number')
     got = answer()
-    # A number, or a tensor holding one.
-    if isinstance(got, torch.Tensor) and got.dim() == 0:
+    # A number of any kind (a Fraction, numpy's), or a tensor holding one.
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
         got = got.item()
-    expect(isinstance(got, (int, float)), f'expected a number, got {type(got).__name__}')
+    expect(isinstance(got, numbers.Real), f'expected a number, got {type(got).__name__}')
     expect(abs(got - ratio) <= 1e-9, f'the factor is not {got!r}')
     return f'measured {ratio:.6f}'
 
@@ -346,6 +347,8 @@ def check_untied_prediction(answer):
     expect(truth['tied'] == 'exact', 'the check: the tied layer is not -n grad R^var_c (tost.TSSA changed?)')
     got = answer()
     expect(isinstance(got, dict) and set(got) == set(truth), f'expected a dict with the keys {sorted(truth)}')
+    labels = ('exact', 'reweighted', 'none')
+    expect(all(got[kind] in labels for kind in truth), f'each prediction is one of {", ".join(labels)}')
     # Which predictions are wrong, not what they should be.
     wrong = [kind for kind in truth if got[kind] != truth[kind]]
     expect(not wrong, 'wrong: ' + ', '.join(wrong))

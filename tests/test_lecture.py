@@ -3,6 +3,7 @@ wrong answer of the kinds a student writes (a sign flipped, a 1/n lost, a matrix
 shortcut), the runner reports each exercise in one line, and the recall experiment runs and prints its
 table."""
 
+import fractions
 import os
 import re
 import subprocess
@@ -281,9 +282,16 @@ def test_an_answer_that_crashes_is_a_failure_in_one_line_naming_its_line():
     assert f'test_lecture.py:{crashes.__code__.co_firstlineno + 1}' in note
 
 
-def test_the_factor_may_be_a_tensor_of_one_number():
-    verdict, note = checks.run(CHECKS[2], lambda: torch.tensor(sol.duplication_factor()))
-    assert verdict == 'pass', note
+def test_the_factor_may_be_any_kind_of_number_or_a_tensor_of_one():
+    for kind in (torch.tensor, lambda v: torch.tensor([v]), fractions.Fraction, np.float64):
+        verdict, note = checks.run(CHECKS[2], lambda: kind(sol.duplication_factor()))
+        assert verdict == 'pass', note
+
+
+def test_a_prediction_not_among_the_labels_is_told_the_labels_not_judged():
+    with pytest.raises(checks.Wrong) as e:
+        CHECKS[7](lambda: dict(sol.untied_prediction(), tied='Exact'))
+    assert all(label in str(e.value) for label in ('exact', 'reweighted', 'none'))
 
 
 def test_the_command_runs_the_solutions_from_the_repository_root():
