@@ -323,8 +323,9 @@ def test_the_hand_out_has_no_answers_and_runs_the_students_commands(tmp_path):
                        cwd=out, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:]
     # The docs name tests by their function, none of them in a file left out.
-    r = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/test_commands.py',
-                        '-k', 'docs_tests_md'], cwd=out, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+                        'tests/test_commands.py', '-k', 'docs_tests_md'],
+                       cwd=out, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:]
 
 
