@@ -59,7 +59,7 @@ def main(argv=None):
               'hold no answers')
     untracked = files('--others')
     if untracked:
-        print(f'note: copied files git does not track, check that they hold no answers: {", ".join(untracked)}')
+        print(f'note: copied files git does not track, check them for answers: {", ".join(untracked)}')
     return 0
 
 
