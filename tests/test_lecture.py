@@ -288,6 +288,16 @@ def test_the_factor_may_be_any_kind_of_number_or_a_tensor_of_one():
         assert verdict == 'pass', note
 
 
+def test_a_wrong_answer_that_is_a_multiple_of_the_right_one_is_told_the_factor():
+    cases = [(6, lambda *a: -sol.grad_compression(*a), ' -1 '),
+             (1, lambda *a: 3 * sol.grad_variational(*a), ' 3 ')]
+    for number, wrong, factor in cases:
+        verdict, note = checks.run(CHECKS[number], wrong)
+        assert verdict == 'fail' and factor in note
+    verdict, note = checks.run(CHECKS[5], lambda x, W, W_out, temp: sol.tssa_forward(x, W.T, W_out, temp))
+    assert verdict == 'fail' and 'times' not in note
+
+
 def test_a_prediction_not_among_the_labels_is_told_the_labels_not_judged():
     with pytest.raises(checks.Wrong) as e:
         CHECKS[7](lambda: dict(sol.untied_prediction(), tied='Exact'))
