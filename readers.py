@@ -196,11 +196,16 @@ def read_images(folder, meta):
     """An image dataset: train images, train labels, test images, test labels ((N, C, H, W) uint8, (N,)
     int64), checked against meta.json: its channels, image size and classes."""
     command = recipe(folder, meta, force=True)
-    try:
-        arrays = [np.load(os.path.join(folder, f"{split}_{what}.npy"))
-                  for split in ("train", "test") for what in ("images", "labels")]
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{folder} is incomplete or damaged ({e}); rebuild it: {command}") from None
+    arrays = []
+    for split in ("train", "test"):
+        for what in ("images", "labels"):
+            path = os.path.join(folder, f"{split}_{what}.npy")
+            # An empty file (a copy cut short) is an EOFError; a pickle (objects, which could run code) is
+            # refused with a ValueError.
+            try:
+                arrays.append(np.load(path))
+            except (OSError, ValueError, EOFError) as e:
+                raise UsageError(f"{path} is missing or damaged ({e}); rebuild it: {command}") from None
     # The model takes them as they are: another type or shape fails inside torch, or trains on other images.
     top = meta["num_classes"] - 1
     for split, images, labels in zip(("train", "test"), arrays[::2], arrays[1::2]):

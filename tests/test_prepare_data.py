@@ -240,9 +240,17 @@ def test_an_image_meta_json_no_dataset_can_have_names_the_field_and_an_image_set
 
 # (the file, what it holds instead of what meta.json says: 2 of each split's 3 channels of 4 x 4 pixels,
 # labels 0 and 1 of 2 classes; test_train_vit tries labels past the classes and a split of none)
+class Touches:
+    """Unpickled, it makes the file 'pwned': what a damaged or planted file could do if pickles were read."""
+    def __reduce__(self):
+        return (Path.touch, (Path('pwned'),))
+
+
+# (an empty file: a copy cut short; a pickle that would run code)
 ARRAYS = [('test_labels', np.array([-1, 0])), ('train_labels', np.array([0.0, 1.0])),
           ('test_labels', np.array([0, 1, 1])), ('test_images', np.zeros((2, 3, 4, 4))),
-          ('train_images', np.zeros((2, 3, 8, 8), np.uint8))]
+          ('train_images', np.zeros((2, 3, 8, 8), np.uint8)), ('test_images', b''),
+          ('train_labels', np.array([Touches(), Touches()], dtype=object))]
 
 
 @pytest.mark.parametrize('name, array', ARRAYS)
@@ -256,9 +264,13 @@ def test_image_files_not_as_meta_json_says_name_their_file_and_the_rebuild(name,
         np.save(f'data/pics/{s}_labels.npy', np.array([0, 1]))
     meta = dict(kind='images', dataset='cifar10', num_classes=2, channels=3, image_size=4)
     assert [a.tolist() for a in read_images('data/pics', meta)[1::2]] == [[0, 1], [0, 1]]
-    np.save(f'data/pics/{name}.npy', array)
+    if isinstance(array, bytes):
+        write(f'data/pics/{name}.npy', array)
+    else:
+        np.save(f'data/pics/{name}.npy', array)
     with pytest.raises(UsageError) as e:
         read_images('data/pics', meta)
+    assert not os.path.exists('pwned')
     names = (f'data/pics/{name}.npy', 'python prepare_data.py cifar10 --name=pics --data_dir=data --force')
     assert all(name in str(e.value) for name in names)
     assert not any(other in str(e.value) for other, _ in ARRAYS if other != name)
