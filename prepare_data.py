@@ -247,7 +247,6 @@ def _files_dataset(stage, o, files, source, tok=None):
 
 def _build_python_stdlib(stage, o):
     root = sysconfig.get_paths()['stdlib']
-    # max_mb=inf (from prepare(), not the command line) takes every file.
     max_mb = o.get('max_mb', 16)
     found = _files_under(root, '.py',
                          skip={'site-packages', 'dist-packages', '__pycache__', 'test', 'tests', 'idle_test'})
@@ -256,7 +255,7 @@ def _build_python_stdlib(stage, o):
     files = found[:int(np.searchsorted(sizes, max_mb * 1e6, side='right'))]
     src = (f"python {sys.version.split()[0]} standard library at {root}: {len(files)} of {len(found)} .py "
            f"files up to {max_mb} MB, sorted by path, test/tests/idle_test and site-packages skipped")
-    return _files_dataset(stage, o, files, src)
+    return dict(_files_dataset(stage, o, files, src), max_mb=max_mb)
 
 
 SHAKESPEARE_URL = 'https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt'
@@ -626,6 +625,11 @@ def prepare(name, /, data_dir='data', **o):
         if given and os.path.realpath(given) != os.path.realpath(was):
             raise UsageError(f"{out} was prepared from {was}; pass --force to rebuild it from "
                              f"{os.path.abspath(given)}, or --name=OTHER to keep both")
+        # Another split or size asked for is another dataset too.
+        for key in ('val_every', 'max_mb'):
+            if key in o and o[key] != meta.get(key):
+                raise UsageError(f"{out} was prepared with {key} {meta.get(key)}; pass --force to rebuild it "
+                                 f"with --{key}={o[key]}, or --name=OTHER to keep both")
         say(f"{out} is already prepared ({held}); --force rebuilds it")
         return out
     t0 = time.time()

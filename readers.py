@@ -92,9 +92,10 @@ def recipe(folder, meta=None, force=False, tokenizer=None):
     if built != name:
         args.append(f"--name={name}")
     args.append(f"--data_dir={root or '.'}")
-    # A split of every Nth document (None: the dataset's own).
-    if meta.get("val_every"):
-        args.append(f"--val_every={meta['val_every']}")
+    # A split of every Nth document (None: the dataset's own) and python_stdlib's size.
+    for key in ("val_every", "max_mb"):
+        if meta.get(key):
+            args.append(f"--{key}={meta[key]}")
     tokenizer = tokenizer or meta.get("tokenizer")
     if tokenizer in TOKENIZERS:
         args.append(f"--tokenizer={tokenizer}")

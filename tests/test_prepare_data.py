@@ -423,9 +423,10 @@ def test_a_long_document_is_tokenized_in_pieces_as_whole(monkeypatch, name):
 
 
 @pytest.mark.parametrize('max_mb, files', [(1e-4, ['a.py', 'json/b.py']),
-                                           (float('inf'), ['a.py', 'json/b.py', 'z.py'])])
-def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(monkeypatch, max_mb, files):
-    """Sorted by path components, test folders, site-packages and caches skipped, until max_mb (100 bytes)."""
+                                           (1.0, ['a.py', 'json/b.py', 'z.py'])])
+def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(monkeypatch, capsys, max_mb, files):
+    """Sorted by path components, test folders, site-packages and caches skipped, until max_mb (100 bytes);
+    another cap for the same folder is refused without --force."""
     sources = {'a.py': 'x = 1\n' * 10, 'json/b.py': 'y = 22\n' * 4, 'z.py': 'z = 3\n' * 10, 'a.txt': 'no',
                'test/t.py': 'no', 'site-packages/s.py': 'no', '__pycache__/c.py': 'no',
                'idle_test/i.py': 'no'}
@@ -435,6 +436,9 @@ def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(monkeypatch, max_mb,
     out = prepare('python_stdlib', 'data', max_mb=max_mb)
     parts = [tail_split(list(sources[f].encode())) for f in files]
     assert (ids(out, 'train'), ids(out, 'val')) == tuple(sum(p, []) for p in zip(*parts))
+    assert '--max_mb' in one_error(capsys, 'python_stdlib', '--data_dir=data', '--max_mb=0.5')
+    assert main_exits(capsys, 'python_stdlib', '--data_dir=data', f'--max_mb={max_mb}') == (0, [])
+    assert f'--max_mb={max_mb}' in shlex.split(readers.recipe(out, load_meta(out), force=True))
 
 
 # -----------------------------------------------------------------------------
@@ -797,8 +801,8 @@ def full_disk_at_val_bin(src, dst, real=os.replace):
 
 
 def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monkeypatch):
-    """A second run keeps the dataset; another tokenizer, dataset or input for its folder is refused without
-    --force; Ctrl-C while --force rebuilds keeps the old dataset as it was; a full disk while the new files
+    """A second run keeps the dataset; another tokenizer, dataset, input or split for its folder is refused
+    without --force; Ctrl-C while --force rebuilds keeps the old dataset as it was; a full disk while the new files
     move in leaves no meta.json (half old, half new), and the next run rebuilds it."""
     write('in.txt', 'version one. ' * 40)
     # --name is the file's stem; no staging folder is left.
@@ -813,7 +817,7 @@ def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monke
     os.symlink('in.txt', 'link.txt')
     assert main_exits(capsys, 'text', '--input=link.txt', '--name=in') == (0, [])
     for argv in (['text', '--input=in.txt', '--tokenizer=gpt2'], ['lambada', '--input=in.txt', '--name=in'],
-                 ['text', '--input=other.txt', '--name=in']):
+                 ['text', '--input=other.txt', '--name=in'], ['text', '--input=in.txt', '--val_every=3']):
         assert 'data/in' in one_error(capsys, *argv)
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
         m.setattr(prep, '_progress', interrupt)
