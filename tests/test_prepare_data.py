@@ -186,6 +186,23 @@ def test_a_damaged_dataset_names_the_command_that_rebuilds_it(capsys):
     with pytest.raises(UsageError, match=command):
         read_images('data/images', {'kind': 'images', 'dataset': 'cifar10'})
 
+def test_token_files_are_read_as_unsigned_16_bit_and_read_only():
+    """gpt2's ids reach 50256: a signed read would make those of 32768 and up negative."""
+    np.array([0, 40000, 65535], np.uint16).tofile('val.bin')
+    got = read_tokens('.', dict(val_tokens=3), 'val')
+    assert got.tolist() == [0, 40000, 65535]
+    with pytest.raises(ValueError):
+        got[0] = 1
+
+
+def test_openwebtext_holds_every_2000th_document_out_by_default(tiny):
+    """About 4M of its 9B tokens: as the paper's runs validate on."""
+    write('owt/a.jsonl', ''.join(json.dumps({'text': 'x'}) + '\n' for _ in range(4000)))
+    meta = load_meta(prepare('openwebtext', 'data', input='owt', tokenizer='bytes'))
+    # one byte a document (bytes has no end-of-text)
+    assert (meta['val_every'], meta['val_tokens'], meta['train_tokens']) == (2000, 2, 3998)
+
+
 @pytest.mark.parametrize('edit', [dict(vocab_size=10), dict(vocab_size=256.0),
                                   dict(vocab_size=70000, tokenizer='gpt2'), dict(tokenizer='foo'),
                                   dict(kind=None), dict(kind=['text'])])
@@ -211,6 +228,7 @@ def test_a_text_meta_json_no_dataset_can_have_names_the_field_and_the_command_th
 IMAGE_EDITS = [(dict(num_classes=0), 'cifar10'), (dict(channels='3'), 'cifar10'),
                (dict(image_size=None, num_classes=100), 'cifar100'), (dict(kind='pictures'), 'cifar10'),
                (dict(mean=[0.5, None, 0.5]), 'cifar10'), (dict(std=[0.2, float('nan'), 0.2]), 'cifar10'),
+               (dict(mean=[0.5, 127.0, 0.5]), 'cifar10'),
                (dict(classes=list(range(10))), 'cifar10'),
                (dict(classes='abcdefghij'), 'cifar10'),
                (dict(classes=['a'] * 10, num_classes=100), 'cifar100')]
@@ -438,6 +456,7 @@ def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(monkeypatch, capsys,
     assert (ids(out, 'train'), ids(out, 'val')) == tuple(sum(p, []) for p in zip(*parts))
     assert '--max_mb' in one_error(capsys, 'python_stdlib', '--data_dir=data', '--max_mb=0.5')
     assert main_exits(capsys, 'python_stdlib', '--data_dir=data', f'--max_mb={max_mb}') == (0, [])
+    assert load_meta(prepare('python_stdlib', 'default'))['max_mb'] == 16
     assert f'--max_mb={max_mb}' in shlex.split(readers.recipe(out, load_meta(out), force=True))
 
 
@@ -466,7 +485,10 @@ def test_openwebtext_local_streaming(tiny, monkeypatch, workers, threads):
     monkeypatch.setattr(prep, '_pyarrow_parquet', lambda: FakeParquet)
     docs = [f'document {i}: ' + 'words and more words. ' * (i % 4 + 1) for i in range(12)] + [None]
     docs[5] = 'a literal <|endoftext|> inside a document is text'
-    write('owt/a.jsonl', ''.join(json.dumps({'text': d, 'url': 'x'}) + '\n\n' for d in docs[:5]))
+    # .jsonl is UTF-8, not only the ASCII of its escapes.
+    docs[1] = 'café ✓ déjà vu, ' * 3
+    rows = [json.dumps({'text': d, 'url': 'x'}, ensure_ascii=False) for d in docs[:5]]
+    write('owt/a.jsonl', ''.join(row + '\n\n' for row in rows))
     write('owt/b.txt', docs[5])
     write('owt/p.parquet', json.dumps(docs[9:]))
     write('owt/sub/c.jsonl', ''.join(json.dumps({'text': d}) + '\n' for d in docs[6:9]))
@@ -575,10 +597,10 @@ LAYOUT = {
 }
 
 
-def make_cifar(path, which, n=4, skip=(), edit=None):
+def make_cifar(path, which, n=4, skip=(), edit=None, prefix=''):
     """Writes a CIFAR-format tar.gz of random images (cifar10 in pickle protocol 2, as published, cifar100 in
     5), edit=(member, {key: value}) applied; returns the images and labels of its train batches, then its test
-    batch, as they should come out."""
+    batch, as they should come out. prefix: before each member's name (./ as a repacked archive has it)."""
     top, train, test, meta_name, k = LAYOUT[which]
     rng = np.random.default_rng(0)
     labels = b'labels' if which == 'cifar10' else b'fine_labels'
@@ -596,7 +618,7 @@ def make_cifar(path, which, n=4, skip=(), edit=None):
         # Not in batch order, on purpose.
         for b in reversed([b for b in members if b not in skip]):
             data = pickle.dumps(members[b], protocol=2 if which == 'cifar10' else 5)
-            info = tarfile.TarInfo(f'{top}/{b}')
+            info = tarfile.TarInfo(f'{prefix}{top}/{b}')
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
     return images, ids
@@ -604,8 +626,9 @@ def make_cifar(path, which, n=4, skip=(), edit=None):
 
 @pytest.mark.parametrize('which', ['cifar10', 'cifar100'])
 def test_cifar_roundtrip(capsys, which):
-    """Pickle protocols 2 and 5; prepared again, it is said to be there, and text is refused its folder."""
-    images, labels = make_cifar('c.tar.gz', which)
+    """Pickle protocols 2 and 5 (and members named ./cifar-100-python/..., as tar repacks them); prepared
+    again, it is said to be there, and text is refused its folder."""
+    images, labels = make_cifar('c.tar.gz', which, prefix='./' if which == 'cifar100' else '')
     out = prepare(which, 'data', archive='c.tar.gz')
     # Not the official tarball: a warning naming it, not an error.
     assert 'c.tar.gz' in capsys.readouterr().err
@@ -618,6 +641,8 @@ def test_cifar_roundtrip(capsys, which):
     np.testing.assert_allclose(meta['mean'], (got[0] / 255).mean(axis=(0, 2, 3)), atol=1e-6)
     np.testing.assert_allclose(meta['std'], (got[0] / 255).std(axis=(0, 2, 3)), atol=1e-6)
     assert main_exits(capsys, which, '--archive=c.tar.gz') == (0, [])
+    with pytest.raises(UsageError):
+        load_meta(out, 'text')
     write('in.txt', 'hello there. ' * 20)
     assert f'data/{which}' in one_error(capsys, 'text', '--input=in.txt', f'--name={which}')
 
@@ -703,6 +728,8 @@ BAD = [  # (dataset and options, what the line names, files to write)
     ('text', '--input', {}),
     ('', 'dataset', {}),
     ('text --input=x --name=..', '--name', {}),
+    # the folder of downloads
+    ('text --input=in.txt --name=downloads', '--name', {'in.txt': 'some text ' * 100}),
     # no --name: the folder's name, from --input, is no name
     ('text --input=.', '--input=.', {}),
     ('text --input=nope.txt', 'nope.txt', {}),
@@ -734,6 +761,7 @@ BAD = [  # (dataset and options, what the line names, files to write)
     cifar('test_batch', skip=('test_batch',)),
     cifar('data_batch_1', edit=('data_batch_1', {b'data': Evil()})),
     cifar('data_batch_3', edit=('data_batch_3', {b'labels': [10] * 4})),
+    cifar('data_batch_4', edit=('data_batch_4', {b'labels': [-1] * 4})),
     cifar('data_batch_2', edit=('data_batch_2', {b'labels': ['cat'] * 4})),
     cifar('test_batch', edit=('test_batch', {b'data': np.ones((4, 100), np.uint8)})),
     cifar('batches.meta', edit=('batches.meta', {b'label_names': [b'x']})),
@@ -802,11 +830,13 @@ def full_disk_at_val_bin(src, dst, real=os.replace):
 
 def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monkeypatch):
     """A second run keeps the dataset; another tokenizer, dataset, input or split for its folder is refused
-    without --force; Ctrl-C while --force rebuilds keeps the old dataset as it was; a full disk while the new files
-    move in leaves no meta.json (half old, half new), and the next run rebuilds it."""
+    without --force; Ctrl-C while --force rebuilds keeps the old dataset as it was; a full disk while the new
+    files move in leaves no meta.json (half old, half new), and the next run rebuilds it."""
     write('in.txt', 'version one. ' * 40)
     # --name is the file's stem; no staging folder is left.
     assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
+    # The input by its whole path: the rebuild command works from any folder.
+    assert load_meta('data/in')['input'] == os.path.abspath('in.txt')
     before = {f: Path('data/in', f).read_bytes() for f in os.listdir('data/in')}
     assert sorted(before) == ['meta.json', 'train.bin', 'val.bin']
     write('in.txt', 'version two, longer. ' * 40)
