@@ -220,12 +220,20 @@ def test_a_whole_write_reaches_the_disk_before_and_after_its_rename(tmp_path, mo
     lost) leaves one of the two files whole, never a renamed empty one."""
     path = str(tmp_path / "x")
     calls = []
+    sizes = []
     fsync = os.fsync
     replace = os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(("fsync", os.fstat(fd).st_ino)) or fsync(fd))
+
+    def synced(fd):
+        calls.append(("fsync", os.fstat(fd).st_ino))
+        sizes.append(os.fstat(fd).st_size)
+        fsync(fd)
+    monkeypatch.setattr(os, "fsync", synced)
     monkeypatch.setattr(os, "replace", lambda a, b: calls.append(("replace", b)) or replace(a, b))
     options.write_whole(path, lambda f: f.write("whole"))
     assert calls == [("fsync", os.stat(path).st_ino), ("replace", path), ("fsync", os.stat(tmp_path).st_ino)]
+    # What Python buffers is flushed before the sync: the bytes synced are the whole file's.
+    assert sizes[0] == len("whole")
 
 
 def test_a_command_to_copy_is_quoted_for_the_shell_of_its_system(monkeypatch):

@@ -62,6 +62,9 @@ NO_KIND = dict(model={}, optimizer={}, iter_num=3, config={}, meta={}, model_arg
                                          (dict(NO_KIND, model_args=5), "model_args"),
                                          (dict(NO_KIND, model=[1, 2], model_args={"vocab_size": 8}), "model"),
                                          (dict(NO_KIND, meta="x"), "meta"),
+                                         # a key the trainer reads missing
+                                         ({k: v for k, v in NO_KIND.items() if k != "optimizer"}
+                                          | dict(model_args={"vocab_size": 8}), "optimizer"),
                                          # a checkpoint cut short: torch.load's RuntimeError, its OSError
                                          (20, ""), (20000, "")])
 def test_load_refuses_what_is_not_a_checkpoint_naming_it(tmp_path, thing, name):
@@ -142,6 +145,12 @@ def test_make_out_dir_refuses_or_deletes(tmp_path, capsys):
     assert "ckpt.pt.tmp-99999" in os.listdir(out)
     make(overwrite=False, fresh=False, master=True)
     assert "ckpt.pt.tmp-99999" not in os.listdir(out)
+    # the name a save's temporary file has is one the next run removes
+    names = []
+    options.write_whole(ckpt, lambda f: names.append(f.name) or f.write(b"w"), "wb")
+    Path(names[0]).write_bytes(b"half a save")
+    make(overwrite=False, fresh=False, master=True)
+    assert not os.path.exists(names[0])
     Path(ckpt).write_bytes(b"weights")
     Path(best).write_bytes(b"weights")
     # a resume: fine
@@ -267,6 +276,53 @@ def test_an_error_only_another_node_finds_is_said_there(monkeypatch, capsys, ran
         one_line(err, "no dataset at data/x", f"rank {rank}")
     else:
         assert err == ""
+
+def another_rank(monkeypatch, value):
+    """torch.distributed.all_reduce as if a second process's tensor held `value`."""
+    ops = {torch.distributed.ReduceOp.SUM: torch.add, torch.distributed.ReduceOp.MAX: torch.maximum}
+
+    def all_reduce(t, op=torch.distributed.ReduceOp.SUM, group=None):
+        t.copy_(ops[op](t, torch.full_like(t, value)))
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+
+
+def test_what_one_rank_finds_reaches_every_rank(monkeypatch, tmp_path):
+    """A stop asked on one rank stops them all; the loss logged is the mean over every process's steps; a save
+    that fails on rank 0 stops the others (which write nothing) at the same point."""
+    two = tc.Dist(True, 1, 1, 2, False, "cpu")
+    another_rank(monkeypatch, 1)
+    assert tc.any_rank(False, two) and not tc.any_rank(False, SINGLE)
+    with pytest.raises(SystemExit):
+        tc.save_checkpoint({"iter_num": 1}, [str(tmp_path / "ckpt.pt")], two)
+    assert os.listdir(tmp_path) == []
+    another_rank(monkeypatch, 2.0)
+    # 4 and 2 summed over 3 steps on each of 2 processes
+    assert tc.mean_loss(torch.tensor(4.0), 3, two) == 1.0
+
+
+@pytest.mark.parametrize("rank, local_rank", [(2, 0), (3, 1)])
+def test_a_process_on_the_second_node_takes_its_local_gpu_and_does_not_write(monkeypatch, two_gpus, rank,
+                                                                            local_rank):
+    """Two nodes of two GPUs, each full: a process of the second one takes the GPU of its local rank, and only
+    rank 0 of the whole run writes (the out_dir may be shared)."""
+    env = dict(RANK=rank, LOCAL_RANK=local_rank, WORLD_SIZE=4, LOCAL_WORLD_SIZE=2, MASTER_ADDR="node0",
+               MASTER_PORT=29500)
+    for key, value in env.items():
+        monkeypatch.setenv(key, str(value))
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: None)
+    monkeypatch.setattr(torch.distributed, "new_group", lambda **kw: None)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    dist = tc.setup_distributed("cuda")
+    assert (dist.device, dist.rank, dist.master) == (f"cuda:{local_rank}", rank, False)
+    assert two_gpus[0] == f"cuda:{local_rank}"
+
+
+def test_a_float16_resume_goes_on_at_the_loss_scale_it_saved():
+    model = tost.GPT(tost.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
+    cfg = dict(beta1=0.9, beta2=0.95, weight_decay=0.1, learning_rate=1e-3)
+    optimizer, scaler = tc.optimizer_for(model, cfg, "float16", None)
+    ckpt = dict(optimizer=optimizer.state_dict(), scaler=dict(scaler.state_dict(), scale=1024.0))
+    assert tc.optimizer_for(model, cfg, "float16", ckpt)[1].get_scale() == 1024.0
 
 # -----------------------------------------------------------------------------
 # schedule

@@ -1055,6 +1055,17 @@ def test_the_hybrid_is_kept_and_a_resume_is_checked_against_the_checkpoint(train
     sample.main([f'--out_dir={out}', '--start=def', '--num_samples=1', '--max_new_tokens=5', '--device=cpu'])
 
 
+def test_a_resume_takes_the_run_from_its_checkpoint_and_the_machine_from_this_command():
+    """A run moved to another machine: its schedule and batch as saved, what this command sets as set, and
+    device, compile and out_dir this machine's (defaults, unless given), not the checkpoint's."""
+    old = dict(train_gpt.DEFAULTS, device='cuda:1', compile=True, out_dir='there', max_iters=50, batch_size=3)
+    ckpt = dict(model_args=dict(block_size=256, vocab_size=256), config=old)
+    cfg = dict(train_gpt.DEFAULTS, init_from='resume', out_dir='here', batch_size=5)
+    got = train_gpt.resume_config(cfg, {'init_from', 'out_dir', 'batch_size'}, ckpt)
+    assert [got[k] for k in ('device', 'compile', 'out_dir', 'max_iters', 'batch_size')] == [
+        train_gpt.DEFAULTS['device'], train_gpt.DEFAULTS['compile'], 'here', 50, 5]
+
+
 def test_resume_with_nothing_to_do_says_so_and_time_carries_on(train, tmp_path, capsys):
     out = tmp_path / 'out'
     train(out, '--max_iters=4', '--eval_interval=2')
