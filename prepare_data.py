@@ -317,8 +317,19 @@ def _owt_docs(files):
             for batch in _pyarrow_parquet().ParquetFile(f).iter_batches(batch_size=1024, columns=['text']):
                 yield from (t or '' for t in batch.column(0).to_pylist())
         elif f.endswith('.jsonl'):
-            with open(f, encoding='utf-8', errors='replace') as lines:
-                yield from (_json_text(line, f'{f}:{n}') for n, line in enumerate(lines, 1) if line.strip())
+            # Bytes that are not UTF-8 come in as lone surrogates: replaced with U+FFFD, as a .txt's are, and
+            # said once a file.
+            said = False
+            with open(f, encoding='utf-8', errors='surrogateescape') as lines:
+                for n, line in enumerate(lines, 1):
+                    if re.search('[\udc80-\udcff]', line):
+                        if not said:
+                            _warn(f"{f}:{n} is not valid UTF-8; undecodable bytes (here and in any later "
+                                  f"line) were replaced with U+FFFD")
+                        said = True
+                        line = line.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace')
+                    if line.strip():
+                        yield _json_text(line, f'{f}:{n}')
         else:
             yield _read_text(f)
 

@@ -195,6 +195,15 @@ def test_token_files_are_read_as_unsigned_16_bit_and_read_only():
         got[0] = 1
 
 
+def test_a_jsonl_not_in_utf8_is_said_once_and_its_bytes_replaced(capsys):
+    line = json.dumps({'text': 'café au lait'}, ensure_ascii=False).encode('latin-1') + b'\n'
+    write('owt/a.jsonl', line + b'{"text": "fine"}\n' + line)
+    out = prepare('openwebtext', 'data', input='owt', tokenizer='bytes', val_every=2)
+    warned = capsys.readouterr().err.splitlines()
+    assert len([line for line in warned if 'warning' in line]) == 1 and 'owt/a.jsonl:1' in warned[0]
+    assert bytes(ids(out, 'train')) == 2 * 'caf\ufffd au lait'.encode()
+
+
 def test_openwebtext_holds_every_2000th_document_out_by_default(tiny):
     """About 4M of its 9B tokens: as the paper's runs validate on."""
     write('owt/a.jsonl', ''.join(json.dumps({'text': 'x'}) + '\n' for _ in range(4000)))
