@@ -148,13 +148,14 @@ def main(argv=None):
         spans = None
         if meta.get('targets'):
             file = os.path.join(path, meta['targets'])
-            # A damaged file (cut short, another shape, spans past the tokens) would be a traceback below.
+            # A damaged file (cut short, another shape, no rows, a word without context or empty, spans past
+            # the tokens) would be a traceback below.
             try:
                 spans = np.load(file)
             except (ValueError, EOFError):
                 spans = np.zeros(0)
-            ok = spans.dtype.kind in 'iu' and spans.ndim == 2 and spans.shape[1] == 3
-            if not (ok and ((0 <= spans[:, 0]) & (spans[:, 0] <= spans[:, 1]) & (spans[:, 1] < spans[:, 2]) &
+            ok = spans.dtype.kind in 'iu' and spans.ndim == 2 and spans.shape[1] == 3 and len(spans) > 0
+            if not (ok and ((0 <= spans[:, 0]) & (spans[:, 0] < spans[:, 1]) & (spans[:, 1] < spans[:, 2]) &
                             (spans[:, 2] <= len(tokens))).all()):
                 raise UsageError(f"{file} is damaged; rebuild it: {readers.recipe(path, meta, force=True)}")
             if (spans[:, 2] - spans[:, 1] > T).any():

@@ -214,9 +214,14 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, fails):
     (data_dir / 'one' / 'val.bin').write_bytes(b'\0\0')
     meta = json.loads((data_dir / 'one' / 'meta.json').read_text())
     (data_dir / 'one' / 'meta.json').write_text(json.dumps(dict(meta, val_tokens=1)))
-    # lambada's target spans cut short or empty, of another shape, past its tokens
+    # lambada's target spans cut short or empty, of another shape, of no rows, a word without context or
+    # empty, past its tokens, or one token past
     spans = np.load(data_dir / 'lambada' / 'val_targets.npy')
-    damaged = {'cut': 20, 'empty': 0, 'flat': spans.ravel(), 'past': spans + size}
+    past_one = spans.copy()
+    past_one[-1, 2] = len(tokens_of(data_dir, 'lambada')) + 1
+    damaged = {'cut': 20, 'empty': 0, 'flat': spans.ravel(), 'norows': spans[:0],
+               'nocontext': np.c_[spans[:, 1], spans[:, 1:]], 'noword': np.c_[spans[:, :2], spans[:, 1]],
+               'past': spans + size, 'pastone': past_one}
     for name, array in damaged.items():
         shutil.copytree(data_dir / 'lambada', data_dir / name)
         target = data_dir / name / 'val_targets.npy'
