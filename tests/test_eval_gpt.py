@@ -82,16 +82,17 @@ def tokens_of(data_dir, name):
 def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, monkeypatch, attn):
     """Each token is scored once: the model is asked for its logits, not for its mean loss beside them (a
     second cross-entropy over batch x block x vocab, 3 GB at batch 8 on GPT-2's vocabulary), and LAMBADA's
-    accuracy needs none."""
+    accuracy needs none. A model trained with dropout is scored without it; windows of --block_size, shorter
+    than the model's, are logged as such."""
     out = tmp_path / 'out'
-    model = save_model(out, data_dir, attn=attn)
+    model = save_model(out, data_dir, attn=attn, dropout=0.2, block_size=64)
     # a training log is there already
     trained = {'iter': 7, 'kind': 'eval', 'val_loss': 5.0}
     (out / 'log.jsonl').write_text(json.dumps(trained) + '\n')
     ce = counted(monkeypatch, torch.nn.functional, 'cross_entropy')
     # blanks, an empty name and a repeated one are typing
     eval_gpt.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2, lambada,,wikitext2',
-                   '--device=cpu', '--dtype=float32', '--batch_size=3'])
+                   '--device=cpu', '--dtype=float32', '--batch_size=3', '--block_size=32'])
     log = read_log(out)
     # appended, not truncated
     assert log[0] == trained and [r['dataset'] for r in log[1:]] == ['wikitext2', 'lambada']
@@ -113,6 +114,34 @@ def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, mo
     # the table's row: our loss, and the paper's beside it
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith('wikitext2'))
     assert f"{log[1]['loss']:.4f}" in row and row.split()[-2:] == ['4.77', '4.13']
+
+
+def test_a_bfloat16_loss_is_the_cross_entropy_of_its_logits_in_float32(data_dir, tmp_path):
+    """--dtype=auto is bfloat16 on CPUs that have it: the logits are, the loss over them is not."""
+    model = save_model(tmp_path / 'out', data_dir)
+    tokens = tokens_of(data_dir, 'wikitext2')
+    ctx = train_common.autocast('cpu', 'bfloat16')
+    loss = eval_gpt.split_loss(model, tokens, 32, 4, ctx, train_common.Dist(False, 0, 0, 1, True, 'cpu'))[0]
+    x = torch.from_numpy(tokens)
+    total = 0.0
+    with torch.no_grad(), ctx:
+        for s in range(0, len(x) - 1, 32):
+            w = x[s:s + 33]
+            logits = model.logits(w[None, :-1])[0]
+            total += torch.nn.functional.cross_entropy(logits.double(), w[1:], reduction='sum').item()
+    assert abs(loss - total / (len(x) - 1)) < 1e-5
+
+
+def test_a_set_under_a_name_of_ones_own_is_shown_beside_the_papers_numbers_for_its_dataset(data_dir, tmp_path,
+                                                                                          capsys):
+    d = tmp_path / 'data'
+    shutil.copytree(data_dir / 'wikitext2', d / 'my_wiki')
+    shutil.copytree(data_dir / 'lambada', d / 'lambada')
+    out = tmp_path / 'out'
+    save_model(out, d)
+    eval_gpt.main([f'--out_dir={out}', f'--data_dir={d}', '--datasets=my_wiki', '--device=cpu'])
+    assert capsys.readouterr().out.split()[-2:] == ['4.77', '4.13']
+    assert read_log(out)[-1]['dataset_kind'] == 'wikitext2'
 
 
 @pytest.mark.slow
