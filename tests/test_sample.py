@@ -3,6 +3,7 @@ Tests for sample.py: a tiny random byte-level GPT saved as train_gpt.py saves it
 command. What a mistake prints is checked by behaviour: exit 2, one line, the option or path it names.
     python -m pytest -q tests/test_sample.py
 """
+import io
 import os
 import signal
 import subprocess
@@ -30,6 +31,19 @@ def out(tmp_path_factory):
     weights = dict(model=model.state_dict(), model_args=args, meta={'tokenizer': 'bytes'})
     torch.save(weights, str(out / 'ckpt.pt'))
     return str(out)
+
+
+def save_sharp(folder, vocab=256, tokenizer='bytes'):
+    """A random GPT whose embedding is scaled up: its next-token distributions are far from uniform, so that
+    the temperature and top_k change what is drawn (a random init's are nearly flat)."""
+    torch.manual_seed(0)
+    args = dict(block_size=32, vocab_size=vocab, n_layer=1, n_head=2, n_embd=32)
+    model = tost.GPT(tost.GPTConfig(**args))
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(5)
+    torch.save(dict(model=model.state_dict(), model_args=args, meta={'tokenizer': tokenizer}),
+               os.path.join(folder, 'ckpt.pt'))
+    return model.eval()
 
 
 def ended(*args, stdout=subprocess.PIPE, interrupt=False, **how):
@@ -87,6 +101,38 @@ def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
     text = bytes(want[0, 1:].tolist()).decode('utf-8', 'replace')
     assert capsys.readouterr().out == text + '\n---------------\n'
     assert dtypes == ['float32', 'float32']
+
+
+def test_the_defaults_reach_the_model_and_each_sample_draws_on_from_the_last(tmp_path, monkeypatch):
+    """Temperature 0.8, top_k 200 and seed 1337 as documented; one generator for all samples, each printed
+    after its prompt, each token flushed as it comes (piped into tee too)."""
+    model = save_sharp(tmp_path)
+    flushes = []
+
+    class Stdout(io.StringIO):
+        def flush(self):
+            flushes.append(1)
+    monkeypatch.setattr(sys, 'stdout', Stdout())
+    sample.main([f'--out_dir={tmp_path}', '--start=ab', '--num_samples=2', '--max_new_tokens=30',
+                 '--device=cpu'])
+    generator = torch.Generator().manual_seed(1337)
+    want = ''
+    for _ in range(2):
+        new = model.generate(torch.tensor([list(b'ab')]), 30, temperature=0.8, top_k=200, generator=generator)
+        want += bytes(new[0].tolist()).decode('utf-8', 'replace') + '\n---------------\n'
+    assert sys.stdout.getvalue() == want and len(flushes) >= 60
+
+
+def test_a_gpt2_model_with_no_prompt_starts_from_end_of_text(tmp_path, monkeypatch):
+    monkeypatch.setattr(readers, 'gpt2_encoding', lambda: encoding())
+    save_sharp(tmp_path, vocab=320, tokenizer='gpt2')
+    given = []
+    real = tost.GPT.generate_stream
+    monkeypatch.setattr(tost.GPT, 'generate_stream', lambda self, idx, *a: given.append(idx.tolist()) or
+                        real(self, idx, *a))
+    sample.main([f'--out_dir={tmp_path}', '--start=', '--num_samples=1', '--max_new_tokens=3',
+                 '--device=cpu'])
+    assert given == [[[encoding().eot_token]]]
 
 
 def test_same_seed_same_text_and_one_thread_unless_told(out, capsys, monkeypatch):
@@ -151,7 +197,8 @@ def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):
                  '--device=cpu'])
     printed = capsys.readouterr()
     note, speed = printed.err.strip().splitlines()
-    assert '33' in note and '32' in note and 'THE END' in note and printed.out.startswith(long)
+    # the note shows the start of what is kept (the last 32 bytes)
+    assert '33' in note and '32' in note and repr(long[1:]) in note and printed.out.startswith(long)
     assert speed.startswith('5 tokens in ')
 
 
