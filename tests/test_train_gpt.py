@@ -148,7 +148,12 @@ def test_presets_and_schedule_defaults():
         c = parse(f'--config={name}')
         assert c['batch_size'] * c['gradient_accumulation_steps'] * c['block_size'] == 480 * 1024
         assert (c['learning_rate'], c['min_lr_ratio'], c['warmup_iters'], c['lr_decay_iters'], c['max_iters'],
-                c['grad_clip'], c['beta2']) == (6e-4, 0.1, 2000, 600_000, 600_000, 1.0, 0.95)
+                c['grad_clip'], c['beta1'], c['beta2']) == (6e-4, 0.1, 2000, 600_000, 600_000, 1.0, 0.9, 0.95)
+        # docs/models.md's micro-batches, evaluation and compile
+        micro = (6, 80) if name == 'owt-large' else (12, 40)
+        assert (c['batch_size'], c['gradient_accumulation_steps']) == micro
+        run = (c['dataset'], c['eval_interval'], c['eval_iters'], c['compile'])
+        assert run == ('openwebtext', 2000, 200, True)
         assert shape(c) == shape(vars(tost.preset(name.replace('owt', 'tost'))))
         assert c['weight_decay'] == (0.01 if name == 'owt-base' else 0.1)
     d = train_gpt.DEFAULTS
@@ -591,6 +596,9 @@ def test_torchrun_a_signal_stops_every_rank_at_the_same_step(data_dir, tmp_path,
     # torchrun's exit code for its workers' 130
     assert 3 <= it < 400 and logged_iter(out) == it and p.returncode == 1, stderr[-3000:]
     assert stderr.count(f'{out}/ckpt.pt') == 1
+    # every rank ended as rank 0 did, at that step: exit 130, none cut off by another's end
+    if to_one_rank:
+        assert set(re.findall(r'exitcode\s*: (\d+)', stderr)) == {'130'}, stderr[-3000:]
     assert resume_command(stderr)[:3] == ['torchrun', '--standalone', f'--nproc_per_node={nproc}']
     resume(out, '--device=cpu', f'--max_iters={it + 5}')
     assert [r['iter'] for r in read_log(out, kind='train')] == list(range(1, it + 6))
@@ -756,10 +764,20 @@ def test_the_training_step_lets_the_logits_go_before_the_backward(train, tmp_pat
 
 
 @pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
-def test_mixed_precision_runs_on_cpu(train, four, tmp_path, dtype):
+def test_mixed_precision_runs_on_cpu(train, four, tmp_path, dtype, monkeypatch):
     """bf16 autocast, and fp16 with the GradScaler (its state is saved and resumed), as on a GPU."""
     out = tmp_path / dtype
+    # every forward's logits, training's and evaluation's, come out in the dtype asked for: autocast is on
+    computed = []
+    real = tost.GPT.forward
+
+    def forward(self, *args):
+        logits, loss = real(self, *args)
+        computed.append(logits.dtype)
+        return logits, loss
+    monkeypatch.setattr(tost.GPT, 'forward', forward)
     train(out, '--max_iters=4', '--eval_interval=2', f'--dtype={dtype}')
+    assert set(computed) == {getattr(torch, dtype)}
     scaler = weights(out)['scaler']
     # fp16: loss scaling on; bf16 needs none
     assert ('scale' in scaler) == (dtype == 'float16')
@@ -843,7 +861,7 @@ def test_a_row_holds_the_mean_loss_since_the_last_row_and_the_time_without_eval(
     assert rows[1]['ms_per_iter'] < 150, rows[1]
 
 
-SYNCS = ('item', 'tolist', '__float__', '__int__', '__bool__')
+SYNCS = ('item', 'tolist', '__float__', '__int__', '__bool__', 'cpu', 'numpy')
 
 
 def count_syncs(monkeypatch, files):
