@@ -977,7 +977,8 @@ def _gpt_grads(model, idx, run=None):
 
 
 def test_gpt_float32_gradients_match_float64(monkeypatch):
-    """A small GPT (2 layers, 64 wide) at initialisation, 128 tokens: every parameter's gradient within 1e-5 of float64."""
+    """A small GPT (2 layers, 64 wide) at initialisation, 128 tokens: every parameter's gradient within 1e-5
+    of float64."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=128, vocab_size=256, n_layer=2, n_head=4, n_embd=64))
     idx = torch.randint(0, 256, (4, 129))
