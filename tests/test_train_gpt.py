@@ -16,6 +16,7 @@ import time
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -156,6 +157,8 @@ def test_presets_and_schedule_defaults():
         assert run == ('openwebtext', 2000, 200, True)
         assert shape(c) == shape(vars(tost.preset(name.replace('owt', 'tost'))))
         assert c['weight_decay'] == (0.01 if name == 'owt-base' else 0.1)
+    c = parse('--config=shakespeare')
+    assert (c['dropout'], c['always_save_checkpoint']) == (0.2, False)
     d = train_gpt.DEFAULTS
     assert shape(d, 'block_size') == shape(vars(tost.preset('tost-demo')), 'block_size')
     assert d['lr_decay_iters'] == d['max_iters'] and d['warmup_iters'] == d['max_iters'] // 20
@@ -662,9 +665,16 @@ def test_no_gradient_sync_before_the_last_micro_step(train, tmp_path, monkeypatc
     torch.distributed.init_process_group('gloo', init_method=f'file://{tmp_path}/pg', rank=0, world_size=1)
     ddp = train_common.Dist(True, 0, 0, 1, True, 'cpu')
     monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: ddp)
-    entered = counted(monkeypatch, train_common.DDP, 'no_sync')
+    syncs = []
+    real = train_common.DDP.forward
+
+    def forward(self, *args, **kwargs):
+        if self.training:
+            syncs.append(self.require_backward_grad_sync)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(train_common.DDP, 'forward', forward)
     train(tmp_path / 'out', '--max_iters=2', '--gradient_accumulation_steps=3')
-    assert len(entered) == 2 * 2
+    assert syncs == [False, False, True] * 2
     assert not torch.distributed.is_initialized()  # main() left the process group
 
 
@@ -703,6 +713,14 @@ def test_accumulation_rounded_up_to_the_processes_is_said(train, tmp_path, monke
     run (the default lr_decay_iters, 1000)."""
     two = train_common.Dist(False, 0, 0, 2, True, 'cpu')
     monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: two)
+    norms = []
+    step = train_gpt.optimizer_step
+
+    def norm_then_step(optimizer, *args):
+        grads = [p.grad.flatten() for g in optimizer.param_groups for p in g['params'] if p.grad is not None]
+        norms.append(torch.cat(grads).norm())
+        return step(optimizer, *args)
+    monkeypatch.setattr(train_gpt, 'optimizer_step', norm_then_step)
     for steps, said, decay in ((3, True, 1000), (4, False, 1)):
         out = tmp_path / str(steps)
         train(out, '--max_iters=1', f'--gradient_accumulation_steps={steps}', f'--lr_decay_iters={decay}')
@@ -712,6 +730,33 @@ def test_accumulation_rounded_up_to_the_processes_is_said(train, tmp_path, monke
         assert any('--lr_decay_iters' in s for s in printed) == said
         # one step of 4 micro-steps of 4 x 32 tokens
         assert weights(out)['tokens'] == 4 * 4 * 32
+    # Rank 0's 2 micro-steps of the rounded 4 read rows 0-7 of the step's 16: its gradient is their mean's, as
+    # one process's batch of those 8 rows (the same first draws) gives.
+    one = train_common.Dist(False, 0, 0, 1, True, 'cpu')
+    monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: one)
+    train(tmp_path / 'one', '--max_iters=1', '--batch_size=8')
+    assert norms[-1].item() == pytest.approx(norms[0].item(), rel=1e-5)
+
+
+def test_the_second_process_trains_on_the_rows_after_the_firsts(train, tmp_path, monkeypatch):
+    """Rank 1 of 2, 4 micro-steps of 4 rows a step: it reads rows 8-15 of the 16 the step draws."""
+    second = train_common.Dist(False, 1, 1, 2, False, 'cpu')
+    monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: second)
+    drawn = []
+    starts = train_gpt.window_starts
+
+    def window_starts(seed, stream, *args):
+        drawn.append((stream, starts(seed, stream, *args)))
+        return drawn[-1][1]
+    monkeypatch.setattr(train_gpt, 'window_starts', window_starts)
+    reads = []
+    read = train_gpt.read_batch
+    monkeypatch.setattr(train_gpt, 'read_batch', lambda path, split, rows, *a: reads.append(list(rows)) or
+                        read(path, split, rows, *a))
+    train(tmp_path / 'out', '--max_iters=1', '--gradient_accumulation_steps=4', '--eval_interval=100')
+    step = [rows for stream, rows in drawn if stream == 0][0].tolist()
+    assert [rows for rows in reads if rows in (step[:4], step[4:8], step[8:12], step[12:])] == [step[8:12],
+                                                                                               step[12:]]
 
 
 def test_every_rank_waits_at_the_same_barrier_whoever_prepares_the_data(tmp_path, monkeypatch):
@@ -1068,8 +1113,9 @@ def test_the_hybrid_is_kept_and_a_resume_is_checked_against_the_checkpoint(train
     ckpt = weights(out)
     assert ckpt['iter_num'] == 3 and ckpt['model_args']['softmax_layers'] == [4]
     assert ckpt['model_args']['token_shift'] is True
-    resume(out, '--max_iters=4', '--learning_rate=1e-5')
-    assert 0 < read_log(out, kind='train')[-1]['lr'] <= 1e-5
+    # --dropout is the run's to change (fine-tuning), not the shape's
+    resume(out, '--max_iters=4', '--learning_rate=1e-5', '--dropout=0.1')
+    assert 0 < read_log(out, kind='train')[-1]['lr'] <= 1e-5 and weights(out)['model_args']['dropout'] == 0.1
     sample.main([f'--out_dir={out}', '--start=def', '--num_samples=1', '--max_new_tokens=5', '--device=cpu'])
 
 
@@ -1177,24 +1223,49 @@ def test_a_run_says_its_dtype_its_schedule_and_how_to_sample_from_where_it_start
     assert shlex.split(line[0][16:]) == ['python', sample, f'--out_dir={out}']
 
 
+def test_a_batch_is_windows_of_its_split_and_targets_shifted_by_one_each_step_and_stream_drawing_its_own(
+        tmp_path):
+    """Training (stream 0), the train and the val estimates (1, 2) draw apart, and each step anew."""
+    drawn = {(stream, index): tuple(train_gpt.window_starts(1337, stream, index, 4, 36_000, 32))
+             for stream in (0, 1, 2) for index in (0, 1)}
+    assert len(set(drawn.values())) == 6
+    np.arange(300, dtype=np.uint16).tofile(tmp_path / 'train.bin')
+    x, y = train_gpt.read_batch(str(tmp_path), 'train', [5, 100], 32, 'cpu', dict(vocab_size=300))
+    assert x[1].tolist() == list(range(100, 132)) and y[1].tolist() == list(range(101, 133))
+
+
 def test_only_an_improvement_is_saved_when_only_the_best_is(train, tmp_path, monkeypatch):
     """always_save_checkpoint=False: val losses 3, 2, 2.5, 2.2 at iters 0, 2, 4, 6; only the improvement is
-    saved (2.2 beats the last, not the best)."""
-    vals = iter([3.0, 2.0, 2.5, 2.2])
+    saved (2.2 beats the last, not the best). A resume remembers the best: 2.5 and 2.4 after it are not
+    saved either."""
+    vals = iter([3.0, 2.0, 2.5, 2.2, 2.5, 2.4])
     monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': 1.0, 'val': next(vals)})
     out = tmp_path / 'out'
     train(out, '--max_iters=6', '--eval_interval=2', '--always_save_checkpoint=false')
     assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, False, False]
     assert weights(out)['iter_num'] == 2
+    resume(out, '--max_iters=6', '--device=cpu')
+    assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, False, False]
+    assert weights(out)['iter_num'] == 2
 
 
-def test_the_step_clips_at_grad_clip(train, tmp_path, monkeypatch):
-    """--grad_clip reaches every optimizer step (train_common's tests check the step clips at it)."""
-    clips = []
+def test_each_step_clips_at_grad_clip_at_its_learning_rate_and_draws_its_own_dropout(train, tmp_path,
+                                                                                     monkeypatch):
+    """--grad_clip and the schedule's learning rate (its floor --min_lr_ratio of it) reach every optimizer
+    step, as logged (train_common's tests check the step clips at it); each step seeds its dropout anew."""
+    steps = []
     real = train_gpt.optimizer_step
-    monkeypatch.setattr(train_gpt, 'optimizer_step', lambda *a: clips.append(a[-1]) or real(*a))
-    train(tmp_path / 'out', '--max_iters=2', '--grad_clip=0.5')
-    assert clips == [0.5, 0.5]
+    monkeypatch.setattr(train_gpt, 'optimizer_step', lambda *a: steps.append(a[2:]) or real(*a))
+    seeds = []
+    seed = torch.manual_seed
+    monkeypatch.setattr(torch, 'manual_seed', lambda s: seeds.append(s) or seed(s))
+    out = tmp_path / 'out'
+    train(out, '--max_iters=5', '--grad_clip=0.5', '--warmup_iters=2', '--lr_decay_iters=4',
+          '--min_lr_ratio=0.5')
+    lrs = [train_common.cosine_lr(i, 3e-3, 1.5e-3, 2, 4) for i in range(5)]
+    assert steps == [(lr, 0.5) for lr in lrs] and [r['lr'] for r in read_log(out, kind='train')] == lrs
+    # the first seeds the model's weights
+    assert len(set(seeds[1:])) == len(seeds[1:]) == 5
 
 
 def test_accumulated_gradients_are_those_of_the_whole_batch(train, tmp_path, monkeypatch):
@@ -1210,3 +1281,6 @@ def test_accumulated_gradients_are_those_of_the_whole_batch(train, tmp_path, mon
     train(tmp_path / 'a', '--max_iters=1', '--batch_size=8')
     train(tmp_path / 'b', '--max_iters=1', '--gradient_accumulation_steps=2')
     assert norms[1] == pytest.approx(norms[0], rel=1e-5)
+    # the loss logged is the whole batch's too
+    losses = [read_log(tmp_path / run, kind='train')[0]['train_loss'] for run in 'ab']
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
