@@ -1079,6 +1079,27 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path,
         assert not os.path.exists(os.path.join(out, 'ckpt.pt'))
 
 
+def test_a_stop_once_the_loss_is_infinite_saves_nothing(data_dir, tmp_path, monkeypatch):
+    """An infinite loss from iter 3 on (finite gradients: a step float16's scaler skips), no row to see it, a
+    Ctrl-C at iter 5: exit 130, and the checkpoint of iter 2 is not replaced by the diverged model."""
+    real = tost.GPT.forward
+    steps = []
+
+    def forward(self, idx, targets=None):
+        logits, loss = real(self, idx, targets)
+        # The memory estimate's probes are two and three sequences: not steps.
+        steps.extend([1] if self.training and len(idx) > 3 else [])
+        if self.training and len(steps) > 3:
+            loss = loss + (float('inf') - loss).detach()
+        return logits, loss
+    monkeypatch.setattr(tost.GPT, 'forward', forward)
+    at_iter(monkeypatch, 5, sigint)
+    out = tmp_path / 'out'
+    with pytest.raises(SystemExit) as e:
+        train_gpt.main(tiny(data_dir, out, '--max_iters=8', '--eval_interval=2', '--log_interval=10'))
+    assert e.value.code == 130 and weights(out)['iter_num'] == 2
+
+
 def test_a_train_loss_estimate_that_is_not_finite_stops_the_run(data_dir, tmp_path, monkeypatch, fails):
     """Only the train split's estimate is NaN: exit 3, in one line that says nan."""
     monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': float('nan'), 'val': 1.0})
