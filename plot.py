@@ -317,8 +317,9 @@ FIGURES = {
 }
 
 
-def draw_results(path, folder):
-    """The figures of a bench or study results file, drawn into `folder`. Returns their paths."""
+def draw_results(path, folder, taken=()):
+    """The figures of a bench or study results file, drawn into `folder`, none over a path in `taken` (another
+    file's figures, drawn by the same command). Returns their paths."""
     try:
         with open(path, encoding='utf-8') as f:
             results = json.load(f)
@@ -326,6 +327,9 @@ def draw_results(path, folder):
         for section, (name, draw) in FIGURES.items():
             if section in results:
                 out.append(os.path.join(folder, name))
+                if os.path.abspath(out[-1]) in map(os.path.abspath, taken):
+                    raise UsageError(f"{out[-1]} is drawn already, from another results file: draw {path} "
+                                     f"with another --out_dir")
                 draw(results, out[-1])
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"cannot draw the figures of {path} ({type(e).__name__}: {e})") from None
@@ -362,10 +366,14 @@ def main(argv=None):
             raise UsageError(f"--{key} does not apply to {' '.join(cfg['runs'])}: --out, --title and --x are "
                              f"for runs (--x for language runs; vision runs are drawn against epochs), "
                              f"--out_dir for the figures of a .json")
+    written = []
     for f in jsons:
-        for figure in draw_results(f, cfg['out_dir']):
+        for figure in draw_results(f, cfg['out_dir'], written):
             print(f"wrote {figure}")
+            written.append(figure)
     if runs:
+        if os.path.abspath(cfg['out']) in map(os.path.abspath, written):
+            raise UsageError(f"--out={cfg['out']} is drawn already, from a results file: choose another --out")
         learning_curves(runs, cfg['out'], cfg['x'], cfg['title'])
         print(f"wrote {cfg['out']}")
 

@@ -105,6 +105,18 @@ def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeyp
     read_png(tmp_path / 'figures' / 'speed.png', (400, 1000))
 
 
+def test_a_figure_is_not_drawn_over_another_the_same_command_drew(tmp_path, monkeypatch, fails):
+    """Two bench results into one folder would both be speed.png, as would runs given --out=speed.png: the
+    second is refused, naming what to change, and the first figure stays."""
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
+    bench = [os.path.join(REPO, 'docs', f) for f in ('bench.json', 'bench-gpu.json')]
+    fails(plot.main, bench, 'speed.png', 'bench-gpu.json', '--out_dir')
+    first = (tmp_path / 'speed.png').read_bytes()
+    fails(plot.main, [bench[0], 'out', '--out=speed.png'], '--out')
+    assert (tmp_path / 'speed.png').read_bytes() == first
+
+
 def test_the_loss_axis_shows_the_part_after_the_first_drop_in_the_runs_unit(tmp_path, monkeypatch):
     """The demo's log: its y axis spans the losses after the first evaluation (the first rows' 5.2 is above
     it), in nats per byte (a vocabulary of 256); a run with a larger vocabulary says nats per token."""
