@@ -196,3 +196,113 @@ def test_a_figure_that_cannot_be_written_keeps_the_earlier_one(tmp_path, monkeyp
     monkeypatch.setattr(matplotlib.figure.Figure, 'savefig', full)
     fails(plot.main, [str(tmp_path / 'out'), f'--out={out}'], str(out), '--out')
     assert sorted(os.listdir(tmp_path)) == ['out', 'x.png'] and out.read_bytes() == b'an earlier figure'
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures plot draws, kept instead of saved, to read what each line, cell and image holds."""
+    figs = []
+    monkeypatch.setattr(plot, 'save', lambda fig, path: figs.append(fig))
+    return figs
+
+
+def test_curves_are_the_rows_of_their_kind_against_the_chosen_x(tmp_path, drawn):
+    """Each run's train line is its train rows, its val line its eval rows, against --x; three runs of one
+    model (the language study's ToST variants) are told apart by their style."""
+    write_run(tmp_path / 'a', dict(attn='tssa', n_head=4), [5.0, 4.0, 3.2, 2.9])
+    write_run(tmp_path / 'b', dict(attn='tssa', n_head=8), [5.0, 3.5, 2.8, 2.5])
+    write_run(tmp_path / 'c', dict(attn='tssa', n_head=16, vocab_size=256), [5.0, 3.6, 2.7, 2.4])
+    runs = [plot.read_run(str(tmp_path / f)) for f in 'abc']
+    plot.learning_curves(runs, 'x.png', x='seconds')
+    ax = drawn[-1].axes[0]
+    assert ax.get_xlabel() == 'seconds of training'
+    lines = ax.get_lines()
+    assert len(lines) == 6 and 'per token' in ax.get_ylabel()      # one run of bytes, two of tokens
+    for (_, _, rows), train, val in zip(runs, lines[0::2], lines[1::2]):
+        t = [r for r in rows if r['kind'] == 'train']
+        e = [r for r in rows if r['kind'] == 'eval']
+        assert train.get_xdata().tolist() == [r['elapsed_s'] for r in t]
+        assert train.get_ydata().tolist() == [r['train_loss'] for r in t]
+        assert val.get_xdata().tolist() == [r['elapsed_s'] for r in e]
+        assert val.get_ydata().tolist() == [r['val_loss'] for r in e]
+    # three runs of one model: told apart by their style
+    assert len({(l.get_color(), str(l.get_linestyle())) for l in lines[1::2]}) == 3
+
+
+def test_the_command_draws_against_the_x_and_under_the_title_asked(tmp_path, drawn, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path / 'a', dict(attn='tssa'), [5.0, 4.0])
+    plot.main(['a', '--x=seconds', '--title=mine'])
+    ax = drawn[-1].axes[0]
+    assert ax.get_xlabel() == 'seconds of training' and ax.get_title() == 'mine'
+
+
+def test_the_grid_puts_each_cell_under_its_model_and_beside_its_row(drawn):
+    """docs/tasks.json's figure: each accuracy in its model's column and its task's row, the chance in the
+    row's label, a ~ where it is at chance."""
+    with open(os.path.join(REPO, 'docs', 'tasks.json')) as f:
+        res = json.load(f)
+    plot.capability_grid(res, 'x.png')
+    ax = drawn[-1].axes[0]
+    models = list(dict.fromkeys(r['model'] for r in res['tasks']))
+    xt = dict(zip(ax.get_xticks(), [t.get_text() for t in ax.get_xticklabels()]))
+    yt = dict(zip(ax.get_yticks(), [t.get_text() for t in ax.get_yticklabels()]))
+    texts = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text() for t in ax.texts}
+    assert len(texts) == len(res['tasks'])
+    for r in res['tasks']:
+        (j, i), = [(j, i) for (j, i) in texts if models[j] == r['model']
+                   and yt[i].startswith(f"{r['task']}, {r['knob']} {r['value']} ")]
+        assert texts[j, i].split()[0] == f"{r['accuracy']:.2f}"
+        assert f"(chance {r['chance']:.2f})" in yt[i]
+        assert texts[j, i].endswith('~') == (r['accuracy'] <= r['chance'] + 0.02)
+        assert xt[j].replace(' ', '') == r['model'].replace('tssa', 'ToST')
+    # colour: 0 at chance, 1 perfect
+    above = ax.images[0].get_array()
+    r = res['tasks'][0]
+    assert above[0, 0] == pytest.approx(max(0, (r['accuracy'] - r['chance']) / (1 - r['chance'])))
+
+
+def test_speed_and_generation_lines_are_their_columns(drawn):
+    with open(os.path.join(REPO, 'docs', 'bench.json')) as f:
+        res = json.load(f)
+    plot.speed(res, 'x.png')
+    left, right = drawn[-1].axes[:2]
+    for line in left.get_lines():
+        op = next(op for op, (label, _, _) in plot.OPS.items() if line.get_label().startswith(label + ','))
+        rows = sorted((r for r in res['operator'] if r['op'] == op), key=lambda r: r['n'])
+        assert line.get_xdata().tolist() == [r['n'] for r in rows]
+        assert np.allclose(line.get_ydata(), [1e3 * r['fwdbwd_s'] for r in rows])
+        assert f"k = {res['operator_exponent'][op]:.2f}" in line.get_label()
+    for line in right.get_lines():
+        op = next(op for op, (label, _, _) in plot.OPS.items() if line.get_label() == label)
+        rows = sorted((r for r in res['operator'] if r['op'] == op), key=lambda r: r['n'])
+        assert np.allclose(line.get_ydata(), [r['fwdbwd_peak_mb'] for r in rows])
+    plot.generation(res, 'x.png')
+    ax = drawn[-1].axes[0]
+    by_label = {label: key for key, (label, _) in plot.GENERATION.items()}
+    for line in ax.get_lines():
+        assert line.get_ydata().tolist() == [r[by_label[line.get_label()]] for r in res['generation']]
+
+
+def test_a_study_figure_labels_rows_and_names_a_quick_budget(tmp_path, drawn, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path / 'a', dict(attn='tssa'), [5.0, 4.0, 3.2, 2.9])
+    rows = [dict(variant='ToST (paper)', val_loss=3.0, out_dir='a')]
+    plot.study_curves('language', 'val_loss', 'T')(dict(mode='quick', language=dict(rows=rows)), 'x.png')
+    ax = drawn[-1].axes[0]
+    assert 'quick' in ax.get_title()
+    assert ax.get_legend().get_texts()[0].get_text().startswith('ToST (paper)')
+
+
+def test_a_vision_row_is_drawn_on_one_scale_per_row(drawn):
+    """The heads of a row share one colour scale, to be compared; the argmax panel is the head of largest
+    Pi."""
+    cls = np.arange(2 * 2 * 2, dtype=float).reshape(2, 2, 2)
+    pi = np.array([[[0.9, 0.1], [0.9, 0.1]], [[0.1, 0.9], [0.1, 0.9]]])
+    plot.vision_maps('x.png', np.zeros((3, 4, 4), np.uint8), cls, pi, 't')
+    axes = drawn[-1].axes
+    ims = [ax.images[0] for ax in axes if ax.images]
+    # image, cls head 0, cls head 1, argmax, pi head 0, pi head 1 (+ colour bars have no images)
+    assert ims[1].get_clim() == ims[2].get_clim() == (0.0, 7.0)
+    assert ims[4].get_clim() == ims[5].get_clim() == (0.1, 0.9)
+    assert ims[3].get_array().tolist() == [[0, 1], [0, 1]]     # the head with the larger Pi

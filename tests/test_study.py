@@ -255,3 +255,110 @@ def test_ctrl_c_while_the_pool_starts_is_one_line(tmp_path):
     time.sleep(1)
     states = subprocess.run(['ps', '-o', 'stat=', '-s', str(p.pid)], capture_output=True, text=True).stdout
     assert all(state.startswith('Z') for state in states.split()), states
+
+
+def test_the_language_row_is_the_last_eval_and_the_mean_speed_after_warmup(monkeypatch, capsys):
+    """A row's val loss is its run's last evaluation; its speed the mean of the train rows after the first
+    (compiling, warming up)."""
+    log = [dict(kind='train', tokens_per_sec=1.0), dict(kind='eval', val_loss=3.0),
+           dict(kind='train', tokens_per_sec=10.0), dict(kind='train', tokens_per_sec=20.0),
+           dict(kind='eval', val_loss=2.0)]
+    rows = [dict(variant='ToST (paper)', seconds=1.0, out_dir='o'),
+            dict(variant='x', seconds=1.0, out_dir='p')]
+    monkeypatch.setattr(study, 'train', lambda *args: iter([(r, r['out_dir'], log) for r in rows]))
+    monkeypatch.setattr(study, 'run_script', lambda *args: SimpleNamespace(stdout='def x'))
+    res = {}
+    study.section_language(SimpleNamespace(mode='smoke'), res)
+    assert [(r['val_loss'], r['tokens_per_sec']) for r in res['language']['rows']] == [(2.0, 15.0)] * 2
+
+
+def test_the_vision_row_is_the_last_and_best_accuracy(tmp_path, monkeypatch):
+    log = [dict(kind='eval', epoch=1, test_acc=0.2), dict(kind='eval', epoch=2, test_acc=0.5),
+           dict(kind='eval', epoch=3, test_acc=0.4)]
+    monkeypatch.setattr(study, 'train', lambda *args: iter([(dict(variant='v', seconds=1.0), 'o', log)]))
+    res = {}
+    study.section_vision(SimpleNamespace(mode='smoke', out_dir=str(tmp_path)), res)
+    r, = res['vision']['rows']
+    assert (r['test_acc'], r['best_acc']) == (0.4, 0.5)
+
+
+def test_every_run_of_a_section_gets_the_same_budget_in_float32_in_its_own_folder(tmp_path, monkeypatch):
+    """Side by side: the same budget and float32 for every variant, each with its own options, each run in a
+    folder of its own that its row names."""
+    calls = []
+    monkeypatch.setattr(study, 'run_script', lambda script, keys: calls.append(keys))
+    monkeypatch.setattr(study.plot, 'read_run', lambda d: (None, {}, []))
+    args = SimpleNamespace(mode='full', out_dir=str(tmp_path))
+    got = list(study.train(args, 'language', 'train_gpt.py', study.LANGUAGE, {'max_iters': 7}))
+    assert len({c['out_dir'] for c in calls}) == len(calls) == len(study.LANGUAGE)
+    assert [os.path.abspath(row['out_dir']) for row, _, _ in got] == [c['out_dir'] for c in calls]
+    for c, (_, _, extra) in zip(calls, study.LANGUAGE):
+        assert c['dtype'] == 'float32' and c['max_iters'] == 7
+        assert {k: c[k] for k in extra} == extra
+
+
+def oracle_logits(self, x):
+    """periodic, period 2: the next token is the one before."""
+    return 10 * torch.nn.functional.one_hot(torch.roll(x, 1, 1), 32).float()
+
+
+def test_a_task_cell_is_the_accuracy_at_the_labelled_positions(monkeypatch):
+    """A model that knows the answer scores 1: positions without a label are not counted."""
+    monkeypatch.setattr(study.tost.GPT, 'logits', oracle_logits)
+    r = study.task_run(('periodic', 2, 'tssa', 2, 8))
+    assert r['accuracy'] == 1.0 and r['chance'] == 1 / 32
+
+
+def test_a_task_cell_is_the_same_on_every_run_and_names_its_chance(monkeypatch):
+    """Seeded: the same init and the same held-out sequences for every model and every run; the warmup is a
+    fraction of the steps."""
+    a, b = (study.task_run(('mode', 4, 'tssa', 2, 8)) for _ in range(2))
+    a.pop('seconds'), b.pop('seconds')
+    assert a == b and a['chance'] == study.mode_chance(4)
+    lrs = []
+    monkeypatch.setattr(study, 'cosine_lr', lambda *args: lrs.append(args) or 1e-3)
+    study.task_run(('mode', 4, 'tssa', 10, 8))
+    assert lrs[0][3] == pytest.approx(study.TASK_OPT['warmup'] * 10)
+
+
+class FakePool:
+    """multiprocessing's pool, run in this process: imap in order (no imap_unordered)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def imap(self, fn, jobs):
+        return map(fn, jobs)
+
+
+@pytest.mark.parametrize('mode', ['full', 'quick'])
+def test_every_model_of_a_row_gets_the_same_budget_in_job_order(monkeypatch, capsys, mode):
+    """The jobs the mode's budget says; each cell lands under its model, in the results and in the table."""
+    jobs = []
+
+    def fake(job):
+        jobs.append(job)
+        name, value, kind, steps, tests = job
+        t = study.TASKS[name]
+        return dict(task=name, knob=t.knob, value=value, model=kind, accuracy=len(jobs) / 100, chance=0.1,
+                    seq_len=4, seconds=0.0)
+    monkeypatch.setattr(study, 'task_run', fake)
+    pools = SimpleNamespace(Pool=lambda n: FakePool())
+    monkeypatch.setattr(study.multiprocessing, 'get_context', lambda how: pools)
+    res = {}
+    study.section_tasks(SimpleNamespace(mode=mode), res)
+    want = [(t.name, v, k, t.steps[0 if mode == 'full' else 1], study.TASK_TEST[mode])
+            for t in study.TASKS.values() for v in getattr(t, mode) for k in study.TASK_MODELS]
+    assert jobs == want
+    assert [(r['task'], r['value'], r['model']) for r in res['tasks']] == [j[:3] for j in want]
+    assert res['tasks_budget']['test_sequences'] == study.TASK_TEST[mode]
+    # the printed table: each row's cells in the order of the models, these numbers
+    out = capsys.readouterr().out
+    k = len(study.TASK_MODELS)
+    for i in range(0, len(want), k):
+        cells = ' '.join(f"{(i + j + 1) / 100:.2f}" for j in range(k))
+        shown = [' '.join(line.replace('│', ' ').split()) for line in out.splitlines()]
+        assert any(line.endswith(cells) for line in shown), cells
