@@ -106,15 +106,17 @@ def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeyp
 
 
 def test_a_figure_is_not_drawn_over_another_the_same_command_drew(tmp_path, monkeypatch, fails):
-    """Two bench results into one folder would both be speed.png, as would runs given --out=speed.png: the
-    second is refused, naming what to change, and the first figure stays."""
+    """Two results of one section into one folder would both be tasks.png (two bench runs: speed.png), as
+    would runs given --out=tasks.png: the second is refused, naming what to change, and the first stays."""
     monkeypatch.chdir(tmp_path)
     write_run(tmp_path / 'out', dict(attn='tssa'), [5.0, 4.0])
-    bench = [os.path.join(REPO, 'docs', f) for f in ('bench.json', 'bench-gpu.json')]
-    fails(plot.main, bench, 'speed.png', 'bench-gpu.json', '--out_dir')
-    first = (tmp_path / 'speed.png').read_bytes()
-    fails(plot.main, [bench[0], 'out', '--out=speed.png'], '--out')
-    assert (tmp_path / 'speed.png').read_bytes() == first
+    cell = dict(task='copy', knob='length', value=8, model='tssa', accuracy=0.5, chance=0.03)
+    for name in ('a.json', 'b.json'):
+        (tmp_path / name).write_text(json.dumps({'tasks': [cell]}))
+    fails(plot.main, ['a.json', 'b.json'], 'tasks.png', 'b.json', '--out_dir')
+    first = (tmp_path / 'tasks.png').read_bytes()
+    fails(plot.main, ['a.json', 'out', '--out=tasks.png'], '--out')
+    assert (tmp_path / 'tasks.png').read_bytes() == first
 
 
 def test_the_loss_axis_shows_the_part_after_the_first_drop_in_the_runs_unit(tmp_path, monkeypatch):
