@@ -291,7 +291,8 @@ SLEEP = "import options, sys, time\ntime.sleep(0.5)\n"
 @pytest.mark.parametrize("argv", [["-c", "import options\nprint('x' * 100000, flush=True)"],
                                   ["-c", SLEEP + "print('some text', flush=False)"],
                                   ["train_gpt.py", "--help"],
-                                  ["-m", "tools.bench", "--smoke", "--sections=operator"]])
+                                  pytest.param(["-m", "tools.bench", "--smoke", "--sections=operator"],
+                                               marks=pytest.mark.slow)])
 def test_a_closed_stdout_ends_quietly_and_a_full_one_is_one_line(argv):
     with subprocess.Popen([sys.executable, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=ENV) as p:

@@ -405,7 +405,9 @@ def logged_iter(out_dir):
         return 0
 
 
-@pytest.mark.parametrize('name, reader_gone', [('SIGTERM', False), ('SIGINT', True)])
+# SIGTERM takes the path SIGINT does (test_train_common checks the handler takes both): slow.
+@pytest.mark.parametrize('name, reader_gone', [pytest.param('SIGTERM', False, marks=pytest.mark.slow),
+                                               ('SIGINT', True)])
 def test_a_signal_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir, tmp_path, name,
                                                                         reader_gone):
     """SIGTERM, as a scheduler sends it; and `python train_gpt.py | tee log`, then Ctrl-C: tee dies of the
