@@ -251,9 +251,13 @@ def test_ctrl_c_while_the_pool_starts_is_one_line(tmp_path):
         os.killpg(p.pid, signal.SIGKILL)
         raise
     assert p.returncode == 130 and len(err.strip().splitlines()) == 1, err
-    # Running ones only: here a dead child's parent, PID 1, may be slow to reap it.
-    time.sleep(1)
-    states = subprocess.run(['ps', '-o', 'stat=', '-s', str(p.pid)], capture_output=True, text=True).stdout
+    # Running ones only (a dead child waits for PID 1 to reap it), looked at for up to 2 s.
+    deadline = time.time() + 2
+    while True:
+        states = subprocess.run(['ps', '-o', 'stat=', '-s', str(p.pid)], capture_output=True, text=True).stdout
+        if all(state.startswith('Z') for state in states.split()) or time.time() > deadline:
+            break
+        time.sleep(0.05)
     assert all(state.startswith('Z') for state in states.split()), states
 
 

@@ -891,10 +891,10 @@ def test_a_row_holds_the_mean_loss_since_the_last_row_and_the_time_without_eval(
     pairs = tmp_path / 'pairs'
     real = train_gpt.window_starts
 
-    # an eval batch: 4 of them at iter 2, 0.8 s in all
+    # an eval batch: 4 of them at iter 2, 0.4 s in all
     def slow_eval(seed, stream, *rest):
         if stream > 0:
-            time.sleep(0.2)
+            time.sleep(0.1)
         return real(seed, stream, *rest)
 
     monkeypatch.setattr(train_gpt, 'window_starts', slow_eval)
@@ -904,7 +904,7 @@ def test_a_row_holds_the_mean_loss_since_the_last_row_and_the_time_without_eval(
     assert [r['iter'] for r in rows] == [2, 3]
     assert rows[0]['train_loss'] == pytest.approx((one[1] + one[2]) / 2, abs=1e-6)
     assert rows[1]['train_loss'] == pytest.approx(one[3], abs=1e-6)
-    # iter 3, after the 0.8 s eval at 2: the eval is not counted
+    # iter 3, after the 0.4 s eval at 2: the eval is not counted
     assert rows[1]['ms_per_iter'] < 150, rows[1]
 
 
