@@ -318,8 +318,8 @@ FIGURES = {
 
 
 def draw_results(path, folder, taken=()):
-    """The figures of a bench or study results file, drawn into `folder`, none over a path in `taken` (another
-    file's figures, drawn by the same command). Returns their paths."""
+    """The figures of a bench or study results file, drawn into `folder`, none over a path in `taken` (the
+    absolute paths of another file's figures, drawn by the same command). Returns their paths."""
     try:
         with open(path, encoding='utf-8') as f:
             results = json.load(f)
@@ -327,7 +327,7 @@ def draw_results(path, folder, taken=()):
         for section, (name, draw) in FIGURES.items():
             if section in results:
                 out.append(os.path.join(folder, name))
-                if os.path.abspath(out[-1]) in map(os.path.abspath, taken):
+                if os.path.abspath(out[-1]) in taken:
                     raise UsageError(f"{out[-1]} is drawn already, from another results file: draw {path} "
                                      f"with another --out_dir")
                 draw(results, out[-1])
@@ -370,10 +370,11 @@ def main(argv=None):
     for f in jsons:
         for figure in draw_results(f, cfg['out_dir'], written):
             print(f"wrote {figure}")
-            written.append(figure)
+            written.append(os.path.abspath(figure))
     if runs:
-        if os.path.abspath(cfg['out']) in map(os.path.abspath, written):
-            raise UsageError(f"--out={cfg['out']} is drawn already, from a results file: choose another --out")
+        if os.path.abspath(cfg['out']) in written:
+            raise UsageError(f"--out={cfg['out']} is drawn already, from a results file: choose another "
+                             f"--out")
         learning_curves(runs, cfg['out'], cfg['x'], cfg['title'])
         print(f"wrote {cfg['out']}")
 

@@ -118,10 +118,11 @@ def expect_close(what, got, want, tol):
     if got.shape != want.shape:
         raise Wrong(f'{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}')
     diff = (got.double() - want).abs().max().item()
-    # A sign flipped or a factor lost (1/n, 2) leaves the answer a multiple of the right one: say which.
-    c = ((got.double() * want).sum() / want.square().sum()).item()
-    hint = f', and it is {c:.4g} times the expected' if (got.double() - c * want).abs().max() <= tol else ''
     if not diff <= tol:
+        # A sign flipped or a factor lost (1/n, 2) leaves the answer a multiple of the right one: say which.
+        c = ((got.double() * want).sum() / want.square().sum()).item()
+        multiple = (got.double() - c * want).abs().max() <= tol
+        hint = f', and it is {c:.4g} times the expected' if multiple else ''
         raise Wrong(f'{what}: max |difference| {diff:.2e}, more than {tol:.0e}{hint}')
 
 
