@@ -254,7 +254,8 @@ def test_ctrl_c_while_the_pool_starts_is_one_line(tmp_path):
     # Running ones only (a dead child waits for PID 1 to reap it), looked at for up to 2 s.
     deadline = time.time() + 2
     while True:
-        states = subprocess.run(['ps', '-o', 'stat=', '-s', str(p.pid)], capture_output=True, text=True).stdout
+        states = subprocess.run(['ps', '-o', 'stat=', '-s', str(p.pid)], capture_output=True,
+                                text=True).stdout
         if all(state.startswith('Z') for state in states.split()) or time.time() > deadline:
             break
         time.sleep(0.05)
