@@ -293,6 +293,13 @@ def excepthook(kind, exc, tb):
             time.sleep(5)
 
 
+def stop_signals_here(*names):
+    """The signals of `names` this system has (SIGHUP and SIGBREAK are not everywhere's) and the process did
+    not start with ignored: one ignored stays so (nohup's SIGHUP, a background job's SIGINT)."""
+    found = [getattr(signal, name) for name in names if hasattr(signal, name)]
+    return [sig for sig in found if signal.getsignal(sig) is not signal.SIG_IGN]
+
+
 def exit_with_code():
     """Registered first, so run last at exit: the code excepthook chose (Python's own would be 1). The
     interpreter has flushed stdout before (3.10 to 3.13), and handed a failure there (`> /dev/full`, `| head`)

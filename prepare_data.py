@@ -712,9 +712,8 @@ def main(argv=None):
                           choices=dict(tokenizer=('', 'bytes', 'gpt2')))
     # SIGTERM (a scheduler, `timeout`) and SIGHUP (a closed terminal) end a build as Ctrl-C does: its staging
     # folder is removed. One the build started with ignored stays so (nohup's SIGHUP).
-    for sig in [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]:
-        if signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, signal.default_int_handler)
+    for sig in options.stop_signals_here("SIGTERM", "SIGHUP"):
+        signal.signal(sig, signal.default_int_handler)
     # An option given its default value (--workers=0, --tokenizer=) is the dataset's default, as if not given.
     opts = {k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if cfg[k] != DEFAULTS[k]}
     prepare(cfg['dataset'], data_dir=cfg['data_dir'], **opts)

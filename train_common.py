@@ -22,7 +22,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tost_fast
-from options import UsageError, first_line, naming, out_of_memory, say, shell_join, write_whole
+from options import (UsageError, first_line, naming, out_of_memory, say, shell_join, stop_signals_here,
+                     write_whole)
 
 # Windows has no fcntl: there a second run in the same out_dir is not refused (docs/training.md says so).
 try:
@@ -482,11 +483,8 @@ def stop_signals(unit, master):
                 print(f"{signals[0]}: stopping after this {unit}; another one stops at once, without saving",
                       file=sys.stderr, flush=True)
 
-    # A closed terminal (ssh gone) sends SIGHUP; Windows' Ctrl-Break is SIGBREAK. One the run started with
-    # ignored stays so: nohup's SIGHUP, a background job's SIGINT.
-    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")
-    stops = [getattr(signal, name) for name in names if hasattr(signal, name)]
-    stops = [sig for sig in stops if signal.getsignal(sig) is not signal.SIG_IGN]
+    # A closed terminal (ssh gone) sends SIGHUP; Windows' Ctrl-Break is SIGBREAK.
+    stops = stop_signals_here("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")
     old = {sig: signal.signal(sig, handler) for sig in stops}
     try:
         yield signals
