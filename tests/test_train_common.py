@@ -377,6 +377,13 @@ def test_pick_device_refuses_missing_hardware(monkeypatch):
         monkeypatch.setenv(k, v)
     with pytest.raises(UsageError, match="--nproc_per_node=3"):
         tc.setup_distributed("cuda")
+    # a Mac's GPU is one process's: asked for by name under torchrun, not silently the CPU
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: None)
+    with pytest.raises(UsageError, match="mps"):
+        tc.setup_distributed("mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert tc.setup_distributed("auto").device == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     # a launcher that sets RANK and not all the rest, or not as numbers; a RANK past the processes
     for k, v in [("LOCAL_RANK", None), ("MASTER_ADDR", None), ("RANK", "abc"), ("WORLD_SIZE", "0"),
                  ("MASTER_PORT", "\u00b2"), ("LOCAL_WORLD_SIZE", "one")]:
