@@ -67,11 +67,11 @@ def save(fig, path):
 
 def finish(ax, x, y, title, xticks=()):
     """Axis labels, title, grid and legend. Given xticks (the measured sizes), the axes are log-log with x
-    ticks at those sizes, written as 256, 1k, 64k."""
+    ticks at those sizes, written as 256, 1.5k, 64k."""
     if xticks:
         ax.set(xscale='log', yscale='log')
         xticks = sorted(set(xticks))
-        ax.set_xticks(xticks, [f"{v // 1024}k" if v >= 1024 else str(v) for v in xticks])
+        ax.set_xticks(xticks, [f"{v / 1024:g}k" if v >= 1024 else str(v) for v in xticks])
         ax.xaxis.set_minor_locator(NullLocator())
     ax.set(xlabel=x, ylabel=y)
     ax.set_title(title, fontsize=10)
