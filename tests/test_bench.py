@@ -6,6 +6,7 @@ import errno
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -215,3 +216,110 @@ def test_a_full_disk_names_the_json_and_keeps_the_earlier_one(fails, monkeypatch
     monkeypatch.setattr(json, 'dump', full)
     fails(bench.main, ['--smoke', '--sections=operator', f'--json={out}'], str(out), '--json')
     assert os.listdir(tmp_path) == ['b.json'] and out.read_text() == '{"earlier": 1}'
+
+
+def test_cases_are_timed_in_turn_each_between_two_syncs(monkeypatch):
+    """Warm-up rounds first, then rounds of a, b, each timed between waits for the GPU (cuda:N and a Mac's
+    too); each case's median_high, and a case whose rounds differ past NOISE is named."""
+    log = []
+    monkeypatch.setattr(torch.cuda, 'synchronize', lambda: log.append('sync'))
+    monkeypatch.setattr(torch.mps, 'synchronize', lambda: log.append('sync'))
+    monkeypatch.setattr(bench, 'NOISY', [])
+    for device in ('cuda:1', 'mps'):
+        log.clear()
+        # the clock each case reads before and after: a takes 1 s then 3 s, b 5 s twice
+        clock = iter([0, 1, 0, 5, 0, 3, 0, 5])
+        monkeypatch.setattr(bench.time, 'perf_counter', lambda: next(clock))
+        cases = dict(a=lambda: log.append('a'), b=lambda: log.append('b'))
+        assert bench.interleaved(cases, 2, device, warmup=2, label='x ') == dict(a=3, b=5)
+        assert log == ['a', 'b'] * 2 + ['sync', 'a', 'sync', 'sync', 'b', 'sync'] * 2
+    assert [line.split()[:2] for line in bench.NOISY] == [['x', 'a']] * 2
+
+
+def test_each_number_is_filed_under_its_own_name(monkeypatch):
+    """Each section's rows and table carry each case's own seconds (stand-in timings: a weight per case,
+    times n^1.5, times 10 for a backward pass): no value under another's name, ratios softmax over TSSA at
+    the same n, the fitted exponent 1.5, rates of the tokens each case made; the limit's columns time what
+    their names say."""
+    weight = dict(causal_tssa=2, tssa=3, sdpa_causal=5, sdpa=7, softmax=11, recurrent=13, rerun=17,
+                  shift_recurrent=19, softmax_kv=23, hybrid=29)
+
+    def seconds(key, label):
+        n = int(re.findall(r'\d+', label)[-1])
+        return weight.get(key, 1) * n ** 1.5 * (10 if 'bwd' in label else 1)
+    timed = {}
+
+    def interleaved(cases, reps, device, warmup=1, label=''):
+        timed[label] = cases
+        return {k: seconds(k, label) for k in cases}
+    tables = {}
+
+    def table(results, title, columns, rows):
+        assert all(len(r) == len(columns) for r in rows)
+        tables[title.split()[0]] = [dict(zip(columns, r)) for r in rows]
+
+    def make_op(kind, n, device, dtype, backward, **how):
+        return SimpleNamespace(**dict(dict(fused=False, triton=False, readable=False, kind=kind), **how))
+    trained = []
+
+    def make_model(attn, n, device, dtype, mode, train=False):
+        trained.append(train)
+    monkeypatch.setattr(bench, 'make_model', make_model)
+    monkeypatch.setattr(bench, 'make_op', make_op)
+    monkeypatch.setattr(bench, 'interleaved', interleaved)
+    monkeypatch.setattr(bench, 'table', table)
+    monkeypatch.setitem(bench.SIZES, 'smoke', dict(bench.SIZES['smoke'], op_n=[1024, 2048, 4096]))
+    args = argparse_like(device='cpu', mode='smoke')
+    res = {}
+    for section in ('operator', 'model', 'generation', 'training', 'limit'):
+        bench.SECTIONS[section](args, res)
+    for r, cells in zip(res['operator'], tables['Operator:']):
+        n = f"{r['n']}"
+        assert (r['fwd_s'], r['fwdbwd_s']) == (seconds(r['op'], n), seconds(r['op'], n + ' bwd'))
+        pair = dict(sdpa_causal='causal_tssa', sdpa='tssa').get(r['op'])
+        assert cells['softmax/TSSA fwd+bwd'] == (f"{weight[r['op']] / weight[pair]:.1f}x" if pair else '')
+    fitted = dict.fromkeys(['causal_tssa', 'tssa', 'sdpa_causal', 'sdpa'], 1.5)
+    assert res['operator_exponent'] == pytest.approx(fitted)
+    for r, cells in zip(res['model']['rows'], tables['Model']):
+        n = f"{r['n']}"
+        assert (r['tssa_s'], r['softmax_s']) == (seconds('tssa', n), seconds('softmax', n))
+        assert cells['time ratio'] == f"{3 / 11:.2f}x"
+    assert bench.ratio(1, 2) == '0.50x' and bench.ratio(1, float('nan')) == '-'
+    new = bench.SIZES['smoke']['gen_new']
+    for r in res['generation']:
+        ctx = f"{r['ctx']}"
+        assert r['rerun'] == max(2, new // 8) / seconds('rerun', ctx)
+        for k in ('recurrent', 'shift_recurrent', 'softmax_kv', 'hybrid'):
+            assert r[k] == new / seconds(k, ctx)
+    r, = res['training']
+    assert r['tssa_tok_s'] == 64 / seconds('tssa', '64')
+    assert r['softmax_tok_s'] == 64 / seconds('softmax', '64')
+    assert trained == [False] * 4 + [True] * 2          # the model's forwards, then training steps
+    # The limit: every column runs the layer its name says, compiled where it says, the causal ones on the
+    # fused core, the Triton core or else the readable lines.
+    limits = [cases for label, cases in timed.items() if re.match(r'\d+x', label)]
+    assert limits and all(cases.keys() == bench.LIMIT.keys() - {'causal_triton_s'} for cases in limits)
+    for k, op in limits[0].items():
+        causal = k.startswith('causal')
+        assert op.kind == ('proj' if k == 'proj_s' else 'causal_tssa' if causal else 'tssa')
+        assert op.compile == ('compiled' in k)
+        assert (op.fused, op.triton) == ('fast' in k, 'triton' in k)
+        assert op.readable == (causal and not op.fused and not op.triton)
+
+
+def test_a_cpu_memory_child_measures_the_case_as_timed(monkeypatch):
+    """On a CPU each case's memory is measured in a fresh process: compiled under --compile, as timed."""
+    measured = []
+
+    def child(cmd, **kwargs):
+        # A fresh process: bench as imported, then the command's code.
+        monkeypatch.setattr(bench, 'COMPILE', False)
+        monkeypatch.setattr(bench, 'measure_memory', lambda *a, **kw: measured.append(bench.COMPILE) or 1.0)
+        exec(cmd[-1], {})
+        return SimpleNamespace(returncode=0, stdout='1.0\n')
+    measure = bench.measure_memory
+    monkeypatch.setattr(bench.subprocess, 'run', child)
+    for compile in (True, False):
+        monkeypatch.setattr(bench, 'COMPILE', compile)
+        assert measure(dict(kind='tssa', n=8), 'cpu') == 1.0
+    assert measured == [True, False]

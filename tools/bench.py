@@ -92,9 +92,12 @@ def ratio(a, b, digits=2):
 
 
 def sync(device):
-    """Wait for the GPU (the one main() made current) to finish what it was given, so a timer sees it all."""
+    """Wait for the GPU (on CUDA the one main() made current) to finish what it was given, so a timer sees it
+    all."""
     if device.startswith('cuda'):
         torch.cuda.synchronize()
+    elif device == 'mps':
+        torch.mps.synchronize()
 
 
 def interleaved(cases, reps, device, warmup=1, label=''):
@@ -235,7 +238,9 @@ def measure_memory(spec, device, child=False):
     # On CUDA, main() made args.device the current GPU.
     cuda = device.startswith('cuda')
     if not cuda and not child:
-        code = f"from tools import bench; print(bench.measure_memory({spec!r}, {device!r}, child=True))"
+        # The child measures what this process times: compiled under --compile.
+        code = (f"from tools import bench; bench.COMPILE = {COMPILE}; "
+                f"print(bench.measure_memory({spec!r}, {device!r}, child=True))")
         out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=REPO)
         return float(out.stdout.split()[-1]) if out.returncode == 0 else float('nan')
     if 'attn' in spec:
