@@ -1,6 +1,7 @@
 """tools/bench.py stays runnable: its smallest mode runs every section (timings are not asserted: the
 benchmark prints ratios, tests don't time things), the memory probe runs in its own process, and each case
 runs what its column says."""
+import contextlib
 import importlib.util
 import errno
 import json
@@ -323,3 +324,40 @@ def test_a_cpu_memory_child_measures_the_case_as_timed(monkeypatch):
         monkeypatch.setattr(bench, 'COMPILE', compile)
         assert measure(dict(kind='tssa', n=8), 'cpu') == 1.0
     assert measured == [True, False]
+
+
+def test_gpu_check_times_each_column_on_the_path_its_name_says():
+    """tools.gpu_check's layer and training columns: the Triton core only where the name says, the readable
+    lines else, causal SDPA and GPT-2 softmax, training steps; ms, and tokens/s of the whole batch."""
+    from tools import gpu_check
+    timed = []
+
+    def interleaved(cases, reps, device, label=''):
+        timed.append(cases)
+        return dict.fromkeys(cases, 0.002)
+    fake = SimpleNamespace(make_op=lambda **spec: spec, make_model=lambda attn, **spec: dict(spec, attn=attn),
+                           interleaved=interleaved, measure_memory=lambda spec, device: 1.0)
+    args = SimpleNamespace(device='cuda', dtype='bfloat16', mode='smoke')
+    sizes = dict(width=32, heads=4, layer=[(2, 32)], training=[(3, 16)])
+    row, = gpu_check.layer_times(fake, args, sizes)
+    assert row == dict(batch=2, n=32, readable_ms=2.0, triton_ms=2.0, sdpa_ms=2.0, readable_mb=1.0,
+                       triton_mb=1.0, sdpa_mb=1.0)
+    row, = gpu_check.training(fake, args, sizes)
+    assert row == dict(batch=3, n=16, tost_triton_tok_s=24e3, tost_readable_tok_s=24e3, gpt2_tok_s=24e3)
+    layer, step = timed
+    assert all((s['batch'], s['n'], s['backward']) == (2, 32, True) for s in layer.values())
+    assert all((s['batch'], s['n'], s['train']) == (3, 16, True) for s in step.values())
+    assert [s['kind'] for s in layer.values()] == ['causal_tssa', 'causal_tssa', 'sdpa_causal']
+    assert [s['attn'] for s in step.values()] == ['tssa', 'tssa', 'softmax']
+    for cases in timed:
+        assert [s.get('triton', False) for s in cases.values()] == ['triton' in k for k in cases]
+    assert layer['readable']['readable'] is True
+    # equality: the float64 reference on the readable lines, then in each precision the core, then the lines
+    paths = []
+    fake.autocast = bench.autocast
+    fake.causal_path = lambda device, **path: paths.append(path) or contextlib.nullcontext()
+    rows = gpu_check.equality(fake, 'cpu', dict(sizes, equality=[(1, 8)]))
+    assert paths[::2] == paths[1::2] == [dict(readable=True)] + [dict(triton=True), dict(readable=True)] * 2
+    half = len(rows) // 2
+    assert [r['dtype'] for r in rows] == ['bfloat16'] * half + ['float32'] * half
+    assert [r['tensor'] for r in rows[:2]] == ['y', 'x'] and len({r['tensor'] for r in rows}) == half
