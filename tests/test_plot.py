@@ -279,8 +279,9 @@ def test_speed_and_generation_lines_are_their_columns(drawn):
         op = next(op for op, (label, _, _) in plot.OPS.items() if line.get_label() == label)
         rows = sorted((r for r in res['operator'] if r['op'] == op), key=lambda r: r['n'])
         assert np.allclose(line.get_ydata(), [r['fwdbwd_peak_mb'] for r in rows])
+    sizes = sorted({r['n'] for r in res['operator']})
     ticks = [t.get_text() for t in left.get_xticklabels()]
-    assert ticks == [f"{n // 1024}k" if n >= 1024 else str(n) for n in sorted({r['n'] for r in res['operator']})]
+    assert ticks == [f"{n // 1024}k" if n >= 1024 else str(n) for n in sizes]
     plot.finish(left, 'tokens', 'ms', '', [1536, 256])
     assert [t.get_text() for t in left.get_xticklabels()] == ['256', '1.5k']
     plot.generation(res, 'x.png')
