@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import options
 import tost
 from lecture import checks
 from lecture import exercises
@@ -179,8 +180,10 @@ WRONG = [
     (1, 'grad_with_p_as_d_over_K',
      lambda Z, Pi, U, alpha: sol.grad_variational(Z, Pi, U[..., :U.shape[1] // len(U)], alpha)),
     (1, 'grad_flattened', lambda *a: sol.grad_variational(*a).flatten()),
+    (1, 'grad_nan', lambda Z, *a: torch.full_like(Z, float('nan'))),
     (2, 'factor_one', lambda: 1.0),
     (2, 'factor_two', lambda: 2.0),
+    (2, 'factor_a_quarter', lambda: 0.25),
     (3, 'projected_in_all_of_R_d', lambda Z, Pi, U, alpha: sol.compression(Z, Pi, alpha)),
     (3, 'projected_without_group_weights', projected_without_group_weights),
     (4, 'pi0_always_uniform', lambda temp, bias0, p: torch.full_like(temp, 1 / temp.shape[0])),
@@ -201,6 +204,7 @@ WRONG = [
     (7, 'predict_rescaled_exact', lambda: dict(tied='exact', rescaled='exact', generic='none')),
     (8, 'objective_ignoring_c', lambda Z, Pi, U, c: sol.reweighted_objective(Z, Pi, U, torch.ones_like(c))),
     (8, 'objective_dividing_by_c', lambda Z, Pi, U, c: sol.reweighted_objective(Z, Pi, U, 1 / c)),
+    (8, 'objective_of_c_s_size', lambda Z, Pi, U, c: sol.reweighted_objective(Z, Pi, U, c.abs())),
     # The right gradient everywhere; the function is pinned down only by its value at c = 1.
     (8, 'objective_plus_a_constant', lambda *a: sol.reweighted_objective(*a) + 1.0),
     # whole tokens moved, their positions with them
@@ -346,11 +350,24 @@ def test_the_hand_out_names_the_files_git_does_not_track(tmp_path, monkeypatch, 
     (clone / 'my_answers.py').write_text('answer = 1\n')
     (clone / 'notes').mkdir()
     (clone / 'notes' / 'ex5.md').write_text('the answer\n')
+    # answers written into the exercises and not committed; what git ignores (a compiled solutions.py)
+    with open(clone / 'lecture' / 'exercises.py', 'a') as f:
+        f.write('# the answer\n')
+    (clone / 'lecture' / '__pycache__').mkdir(exist_ok=True)
+    (clone / 'lecture' / '__pycache__' / 'solutions.cpython-312.pyc').write_bytes(b'answers')
     monkeypatch.setattr(handout, 'ROOT', str(clone))
     assert handout.main([f'--out={tmp_path / "class"}']) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith('note:')]
-    assert len(notes) == 1 and 'my_answers.py' in notes[0] and 'notes/ex5.md' in notes[0]
+    assert len(notes) == 2 and 'lecture/exercises.py' in notes[0]
+    assert 'my_answers.py' in notes[1] and 'notes/ex5.md' in notes[1] and 'tost.py' not in notes[1]
     assert (tmp_path / 'class' / 'my_answers.py').is_file()
+    copied = {os.path.relpath(os.path.join(d, f), tmp_path / 'class')
+              for d, _, names in os.walk(tmp_path / 'class') for f in names}
+    assert not copied & {'lecture/solutions.py', 'tests/test_lecture.py', 'tests/test_model_unchanged.py',
+                         'lecture/__pycache__/solutions.cpython-312.pyc'}
+    # the copy again, over the first
+    with pytest.raises(options.UsageError, match='class'):
+        handout.main([f'--out={tmp_path / "class"}'])
 
 
 BAD = [(checks.main, '99'), (checks.main, 'x'), (checks.main, '--solutions'), (recall.main, '--steps=0'),
@@ -380,8 +397,9 @@ def test_the_lecture_ends_in_one_line_on_a_mistake_and_quietly_on_a_closed_pipe(
     r = python('derivation.py', '--figures=README.md')
     assert r.stdout == ''
     ended(r, 2, '--figures')
+    # Unbuffered, so that the lecture is still writing when the reader leaves.
     p = subprocess.Popen([sys.executable, 'derivation.py'], cwd=REPO, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED='1'))
     p.stdout.readline()
     p.stdout.close()
     assert p.wait(timeout=120) == 141 and p.stderr.read() == ''
@@ -409,6 +427,10 @@ def test_recall_runs_and_prints_its_table_deterministically(capsys):
     first = rows(out)
     assert [cols[0] for cols in first] == ['ToST', 'ToST', 'softmax']
     assert all(cols[-3] == '2' for cols in first)                          # the steps column
+    # the models the lecture's README table shows, by their parameters
+    with open(os.path.join(REPO, 'lecture', 'README.md')) as f:
+        readme = [line.split('|')[3].strip() for line in f if line.startswith(('| ToST', '| softmax'))]
+    assert [cols[-4] for cols in first] == readme
     recall.main(['--steps=2', '--batch=4'])
     # Seeded: the same models, data and result (all but the seconds).
     assert rows(capsys.readouterr().out) == first
@@ -430,3 +452,18 @@ def test_recall_sequences_hold_distinct_keys_and_the_query_names_one_of_them():
     where = (keys == asked[:, None]).float().argmax(1)
     assert ((keys == asked[:, None]).sum(1) == 1).all()
     assert torch.equal(values[torch.arange(256), where], answer - recall.ANSWER0)
+    assert set(where.tolist()) == set(range(recall.PAIRS))
+
+
+def test_recall_accuracy_is_the_share_of_queries_answered_at_the_query():
+    """A stand-in model that names, at the last position, the answer for a quarter of the sequences and
+    another value for the rest."""
+    idx, answer = recall.batch(64, torch.Generator().manual_seed(0))
+    named = answer.clone()
+    named[16:] = recall.ANSWER0 + (answer[16:] - recall.ANSWER0 + 1) % recall.VALUES
+
+    def model(ids):
+        logits = torch.zeros(len(ids), ids.shape[1], recall.VOCAB)
+        logits[torch.arange(len(ids)), -1, named] = 1
+        return logits, None
+    assert recall.accuracy(model, (idx, answer)) == 0.25

@@ -1,5 +1,6 @@
 """tools/mutate_lecture.py edits what docs/tests.md says it edits: the model's math lines, each edit a valid
-line that changes the line. Running the edits takes a lecture run each: the tool is run by hand, not here."""
+line that changes the line. Running the edits takes a lecture run each: the tool is run by hand; here a
+stand-in for the lecture judges each edit."""
 
 import warnings
 
@@ -47,3 +48,30 @@ def test_help_and_a_mistaken_option_run_no_edit(monkeypatch, capsys, fails):
     assert e.value.code == 0 and '--list' in capsys.readouterr().out
     fails(mutate_lecture.main, ['--lst'], '--lst')
     fails(mutate_lecture.main, ['tost.py:1'], 'tost.py:1')
+
+
+def test_each_edit_alone_is_run_and_each_verdict_is_its_own(monkeypatch, capsys, fails):
+    """An edit's lecture run sees that one line changed, nothing left of the edit before; an edit it
+    catches is 'caught', one it does not 'MISSED' and named in the summary; a lecture that fails unedited
+    runs no edit (exit 2)."""
+    edits = mutate_lecture.plan()
+    chosen = {name: f'{name}:{number}' for name, _, number, _, _ in reversed(edits)}
+    seen = []
+
+    def lecture_fails(folder):
+        changed = set()
+        for name in chosen:
+            with open(f'{folder}/{name}') as a, open(f'{mutate_lecture.ROOT}/{name}') as b:
+                changed |= {f'{name}:{i}' for i, (x, y) in enumerate(zip(a, b), 1) if x != y}
+        seen.append(changed)
+        return bool(changed & {chosen['tost.py']}), 'why'
+    monkeypatch.setattr(mutate_lecture, 'lecture_fails', lecture_fails)
+    mutate_lecture.main(list(chosen.values()))
+    lines = capsys.readouterr().out.splitlines()
+    runs = [e for e in edits if f'{e[0]}:{e[2]}' in chosen.values()]
+    assert seen == [set()] + [{f'{name}:{number}'} for name, _, number, _, _ in runs]
+    assert [line.split()[:2] for line in lines[:-1]] == [
+        ['caught' if name == 'tost.py' else 'MISSED', f'{name}:{number}'] for name, _, number, _, _ in runs]
+    assert lines[-1].endswith(f"missed: {chosen['tost_fast.py']}")
+    monkeypatch.setattr(mutate_lecture, 'lecture_fails', lambda folder: (True, 'broken'))
+    fails(mutate_lecture.main, [chosen['tost.py']], 'derivation.py')
