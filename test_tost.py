@@ -706,6 +706,10 @@ def test_param_groups_exempt_biases_norms_layerscale_temperature_and_position_bi
     assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
     vit = tiny_vit(n_layer=1)
     assert any(p is vit.cls_token for p in tost.param_groups(vit, 0.1)[1]['params'])
+    # the optimizer takes these groups and the betas asked for (the recipe's 0.95, not AdamW's 0.999)
+    opt = tost.make_optimizer(model, 0.1, 1e-3, (0.8, 0.95), 'cpu')
+    assert [(g['weight_decay'], g['betas'], g['lr']) for g in opt.param_groups] == [(0.1, (0.8, 0.95), 1e-3),
+                                                                                   (0.0, (0.8, 0.95), 1e-3)]
 
 
 # -----------------------------------------------------------------------------
@@ -1065,6 +1069,18 @@ def test_generate_edge_cases():
     model.eval().generate(token_ids(1, 1), 2)
     assert not model.training
     assert model.generate(token_ids(1, 1), 4, top_k=0).shape == (1, 5)   # 0: all tokens
+    # top_k=1 is the most likely token: greedy, whatever the temperature
+    greedy = model.generate(token_ids(1, 1), 4, temperature=0)
+    assert torch.equal(model.generate(token_ids(1, 1), 4, temperature=5.0, top_k=1), greedy)
+    # without targets, nanoGPT's forward: the last position's logits only; targets of -1 are left out
+    model = tiny_gpt(vocab_size=20).eval()
+    idx, targets = torch.randint(0, 20, (2, 2, 6), generator=torch.Generator().manual_seed(0))
+    logits, loss = model(idx)
+    assert logits.shape == (2, 1, 20) and torch.allclose(logits, model.logits(idx)[:, -1:])
+    targets[:, -2:] = -1
+    full = model.logits(idx)
+    want = torch.nn.functional.cross_entropy(full[:, :-2].reshape(-1, 20), targets[:, :-2].reshape(-1))
+    assert torch.allclose(model(idx, targets)[1], want)
     with pytest.raises(ValueError, match='T >= 1'):
         model.generate(token_ids(1, 0), 3)
     for bad in (dict(temperature=-1.0), dict(temperature=float('nan')), dict(top_k=-1)):
