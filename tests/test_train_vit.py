@@ -651,6 +651,17 @@ def test_a_run_from_weights_is_that_model_and_takes_a_new_drop_path(data, traine
     train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=2', '--model=tost-cifar-tiny'])
 
 
+def test_a_preset_s_drop_path_is_the_one_logged_and_saved(data, tmp_path, monkeypatch):
+    """tost-s trains with drop-path 0.05 without --drop_path: the config row and the checkpoint say so."""
+    monkeypatch.setitem(tost.PRESETS['tost-cifar-tiny'], 'drop_path', 0.2)
+    out = str(tmp_path)
+    train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=1', '--viz_images=0'))
+    ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
+    assert ckpt['config']['drop_path'] == ckpt['model_args']['drop_path'] == 0.2
+    with open(os.path.join(out, 'log.jsonl')) as f:
+        assert json.loads(f.readline())['drop_path'] == 0.2                  # the config row
+
+
 def test_resumes_with_other_batch_sizes_keep_the_log_in_epochs(data, tmp_path, monkeypatch):
     """A step is another length after such a resume: the log keeps what came before the checkpoint by the
     epochs done, which every row carries, not by step numbers of two different lengths. A resume keeps no
