@@ -492,7 +492,7 @@ with torch.no_grad():
 right = (Pi_100.argmax(1) == Pim.argmax(1)).double().mean()
 print(f'   true planes as U_k, 90 tokens: Pi in [{Pi_1.min():.3f}, {Pi_1.max():.3f}] at temperature 1; '
       f'at 100 the largest membership names the true group for {right:.0%} of tokens')
-assert Pi_1.max() < 0.5 and right > 0.9
+assert 0.25 < Pi_1.min() and Pi_1.max() < 0.5 and right > 0.9
 fig, axes = plots(1, 2, size=(12, 2.6))
 if fig:
     by_group = Pim[0].argmax(0).argsort()                                # tokens sorted by true group
@@ -567,7 +567,7 @@ def one_token(z, n_k, s, q, layer):
     """A token's output (d,) from the token z (d,) and its sequence's n_k (K,), s_k and q_k (K, p)."""
     w = layer.c_attn(z).view(layer.n_head, -1)                           # (K, p)
     pi = torch.softmax(layer.temp[:, 0] * (w * w / q).sum(-1), dim=0)   # (K,)
-    return layer.c_proj((-pi[:, None] * w / (1 + s / (n_k[:, None] + layer.eps))).flatten())
+    return layer.c_proj((-pi[:, None] * w / (1 + s / (n_k[:, None] + 1e-8))).flatten())
 
 
 with torch.no_grad():
@@ -581,7 +581,7 @@ with torch.no_grad():
 numbers = sum(t[0].numel() for t in stats[0])
 print(f'   each token\'s output from itself and its sequence\'s {numbers} numbers per head (n_k, s_k, q_k; '
       f'p = {d // K}): max |difference| {err_tokens:.1e}')
-assert err_tokens < 1e-12
+assert err_tokens < 1e-12 and numbers == 2 * (d // K) + 1
 
 # Untied, as trained. Head k's block of c_proj scaled by c_k > 0 is still exactly a step: on the reweighted
 # objective sum_k c_k R^var_c,k (head k's own term). A generic c_proj is not a step on any function: were the
@@ -760,7 +760,7 @@ def causal_tssa(x, layer):
         score = layer.temp[:, 0] * ((w[:, t] ** 2 / Q).sum(-1) + p * layer.pos_bias[:, t])
         pis.append(torch.exp(score) / torch.exp(score).sum(-1, keepdim=True))        # (B, K)
         pi = torch.stack(pis, 1)                                                     # (B, t+1, K)
-        m = torch.einsum('btk,btkp->bkp', pi, w[:, :t + 1] ** 2) / (pi.sum(1)[..., None] + layer.eps)
+        m = torch.einsum('btk,btkp->bkp', pi, w[:, :t + 1] ** 2) / (pi.sum(1)[..., None] + 1e-8)
         y[:, t] = -pis[t][..., None] * w[:, t] / (1 + m)                              # m: A_t / P_t
     return y.flatten(2) @ layer.c_proj.weight.T
 
