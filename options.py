@@ -198,9 +198,10 @@ def first_line(exc):
 
 
 def out_of_memory(exc):
-    """Whether `exc` is torch's out of memory, told without importing torch: on a CPU its allocator raises a
-    RuntimeError naming itself."""
-    return type(exc).__name__ == "OutOfMemoryError" or "DefaultCPUAllocator" in str(exc)
+    """Whether `exc` is out of memory: Python's and numpy's MemoryError, or torch's, told without importing
+    torch (on a CPU its allocator raises a RuntimeError naming itself)."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or \
+        "DefaultCPUAllocator" in str(exc)
 
 
 def peer_gone(exc):
@@ -232,7 +233,8 @@ def report(exc):
         # Half the micro-batch, twice the micro-steps: the same step. Not while something is being built (the
         # model, under an __init__): that needs no smaller batch; nor at a batch of 1, which has no half.
         frames = {frame.f_code.co_name for frame, _ in traceback.walk_tb(exc.__traceback__)}
-        if "__init__" not in frames and parsed.get("batch_size", 2) > 1:
+        # Nor for numpy's arrays: their sizes follow counts, not the micro-batch.
+        if "__init__" not in frames and parsed.get("batch_size", 2) > 1 and not isinstance(exc, MemoryError):
             if "batch_size" in parsed:
                 line += f"; try --batch_size={parsed['batch_size'] // 2}"
             if "gradient_accumulation_steps" in parsed:

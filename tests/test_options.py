@@ -12,6 +12,7 @@ import subprocess
 import sys
 import types
 
+import numpy as np
 import pytest
 
 import options
@@ -168,6 +169,12 @@ def test_out_of_memory_advises_a_smaller_batch_only_where_a_batch_was_computed(m
     with pytest.raises(RuntimeError) as e:
         split_loss()
     options.report(e.value)
+    assert "--batch_size" not in one_line(capsys.readouterr().err)
+    # numpy's: an array of a count past the memory (a billion micro-steps' window starts), no batch advice
+    monkeypatch.setattr(options, "parsed", dict(batch_size=8, gradient_accumulation_steps=2 ** 30))
+    with pytest.raises(MemoryError) as e:
+        np.random.default_rng(0).integers(0, 10, size=2 ** 50)
+    assert options.report(e.value) == 2
     assert "--batch_size" not in one_line(capsys.readouterr().err)
 
 
