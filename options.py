@@ -254,7 +254,8 @@ def report(exc):
         # A path is named with the option that gave it. A write to a full disk carries no path: the file is
         # the one open for writing in the innermost frame that holds one; none there: print's, stdout (into
         # `/dev/full`).
-        path = exc.filename or file_written(exc.__traceback__)
+        # (A copy that filled the disk names its source first: the file written is the second.)
+        path = exc.errno == errno.ENOSPC and exc.filename2 or exc.filename or file_written(exc.__traceback__)
         line = f"{exc.strerror or exc}"
         # A folder made (or read) where there is a file (or a device: /dev/null), or a link to nothing, says
         # 'File exists' (or 'Not a directory', below a file): what is in the way is named.

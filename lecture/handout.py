@@ -48,9 +48,15 @@ def main(argv=None):
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise UsageError(f'--out={out} exists and is not an empty folder')
     names = files('--cached', '--others')
-    for name in names:
-        os.makedirs(os.path.join(out, os.path.dirname(name)), exist_ok=True)
-        shutil.copy2(os.path.join(ROOT, name), os.path.join(out, name))
+    try:
+        for name in names:
+            os.makedirs(os.path.join(out, os.path.dirname(name)), exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, name), os.path.join(out, name))
+    except BaseException:
+        # A copy cut short (a full disk, Ctrl-C) goes: the folder is left empty, for the command again.
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out, exist_ok=True)
+        raise
     print(f'wrote {len(names)} files to {out}, without {", ".join(LEFT_OUT)} and .git')
     # A teacher's own answers, written into the exercises and not committed, would go out with them.
     edited = subprocess.run(['git', 'diff', '--quiet', 'HEAD', '--', 'lecture/exercises.py'], cwd=ROOT)

@@ -3,6 +3,7 @@ wrong answer of the kinds a student writes (a sign flipped, a 1/n lost, a matrix
 shortcut), the runner reports each exercise in one line, and the recall experiment runs and prints its
 table."""
 
+import errno
 import fractions
 import os
 import re
@@ -343,7 +344,7 @@ def test_the_hand_out_has_no_answers_and_runs_the_students_commands(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:]
 
 
-def test_the_hand_out_names_the_files_git_does_not_track(tmp_path, monkeypatch, capsys):
+def test_the_hand_out_names_the_files_git_does_not_track(tmp_path, monkeypatch, capsys, fails):
     """A teacher's own answers in a file not committed go out with the copy: the note names each such file."""
     clone = tmp_path / 'clone'
     subprocess.run(['git', 'clone', '-q', REPO, str(clone)], check=True)
@@ -368,6 +369,13 @@ def test_the_hand_out_names_the_files_git_does_not_track(tmp_path, monkeypatch, 
     # the copy again, over the first
     with pytest.raises(options.UsageError, match='class'):
         handout.main([f'--out={tmp_path / "class"}'])
+    # A full disk, as shutil's copy says it (the source named first): one line naming the file written, and
+    # no part of the copy left to refuse the command again.
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), src, None, dst)
+    monkeypatch.setattr(handout.shutil, 'copy2', full)
+    fails(handout.main, [f'--out={tmp_path / "full"}'], str(tmp_path / 'full'))
+    assert os.listdir(tmp_path / 'full') == []
 
 
 BAD = [(checks.main, '99'), (checks.main, 'x'), (checks.main, '--solutions'), (recall.main, '--steps=0'),
