@@ -48,6 +48,12 @@ def test_help_and_a_mistaken_option_run_no_edit(monkeypatch, capsys, fails):
     assert e.value.code == 0 and '--list' in capsys.readouterr().out
     fails(mutate_lecture.main, ['--lst'], '--lst')
     fails(mutate_lecture.main, ['tost.py:1'], 'tost.py:1')
+    fails(mutate_lecture.main, ['tost.py:1', '--list'], 'tost.py:1')
+    # --list of the lines named: theirs only
+    name, _, number, _, _ = mutate_lecture.plan()[0]
+    mutate_lecture.main([f'{name}:{number}', '--list'])
+    listed = capsys.readouterr().out.splitlines()
+    assert all(line.startswith(f'{name}:{number} ') for line in listed[:-1]) and ' of 1 lines' in listed[-1]
 
 
 def test_each_edit_alone_is_run_and_each_verdict_is_its_own(monkeypatch, capsys, fails):

@@ -144,16 +144,16 @@ DEFAULTS = dict(
 def main(argv=None):
     cfg, _ = options.parse(argv, DEFAULTS, __doc__, __file__, positional='lines')
     edits = plan()
-    if cfg['list']:
-        for name, function, number, kind, new in edits:
-            print(f'{name}:{number} {function} {kind}: {new.strip()}')
-        print(f'{len(edits)} edits of {len({(e[0], e[2]) for e in edits})} lines')
-        return
     chosen = cfg['lines']
     unknown = sorted(set(chosen) - {f'{e[0]}:{e[2]}' for e in edits})
     if unknown:
         raise options.UsageError(f"{', '.join(unknown)}: no line it edits (--list shows them)")
     edits = [e for e in edits if not chosen or f'{e[0]}:{e[2]}' in chosen]
+    if cfg['list']:
+        for name, function, number, kind, new in edits:
+            print(f'{name}:{number} {function} {kind}: {new.strip()}')
+        print(f'{len(edits)} edits of {len({(e[0], e[2]) for e in edits})} lines')
+        return
     if lecture_fails(ROOT)[0]:
         raise options.UsageError('derivation.py fails before any edit; fix that first')
     missed = []
