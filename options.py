@@ -151,9 +151,10 @@ parsed = {}
 
 
 def option_of(path):
-    """' (--key=value)' of the parsed option that gave `path`: the deepest whose value (or one of its values)
-    is a folder above it, relative or absolute, or below it (a folder on the way to plot's --out=PATH, other
-    than the working folder and those above it), or ends in ':path' (sample.py's --start=FILE:path); or ''."""
+    """' (--key=value)' of the parsed option that gave `path`: the one whose value (or one of its values) is
+    the path, relative or absolute, or ends in ':path' (sample.py's --start=FILE:path); else one whose value
+    is below it (a folder on the way to plot's --out=PATH, other than the working folder and those above it);
+    else the deepest whose value is a folder above it; or ''."""
     full = os.path.abspath(str(path))
     folder = full.rstrip(os.sep) + os.sep
     # The working folder, or one above it, is on the way to every path: it names no option that way.
@@ -172,10 +173,11 @@ def option_of(path):
             after_colon = bool(tail) and os.path.abspath(os.path.expanduser(tail)) == full
             under = (full + os.sep).startswith(above.rstrip(os.sep) + os.sep) or after_colon
             on_the_way = (above + os.sep).startswith(folder) and not everyones
-            # An option the path is under comes before one whose path it is on the way to.
+            # The option that is the path comes first, then the longest: one whose path it is on the way to
+            # is below it, longer than any it is under.
             if under or on_the_way:
-                found = max(found, (under, len(above), f" (--{key}={value})"))
-    return found[2]
+                found = max(found, (full == above or after_colon, len(above), f" (--{key}={value})"))
+    return found[-1]
 
 
 def file_written(tb):
