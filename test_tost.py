@@ -871,6 +871,29 @@ def test_fast_causal_core_equals_readable_form_values_and_gradients(chunk, clamp
         close64(layer(x), readable[0])
 
 
+def test_a_partly_frozen_layer_gets_the_readable_lines_gradients():
+    """Fine-tuning with the position bias frozen, or the whole layer frozen under an input that trains: the
+    fused core's gradients of what trains are the readable lines'."""
+    torch.manual_seed(0)
+    layer = randomize(CausalTSSA(16, 4, block_size=40).double())
+    x = randn64(2, 40, 16)
+    g = randn64(2, 40, 16)
+    for frozen in ({'pos_bias'}, {name for name, _ in layer.named_parameters()}):
+        for name, p in layer.named_parameters():
+            p.requires_grad_(name not in frozen)
+        grads = []
+        for fast in (True, False):
+            layer.fast = fast
+            layer.zero_grad()
+            xx = x.clone().requires_grad_()
+            (layer(xx) * g).sum().backward()
+            grads.append([xx.grad] + [p.grad for p in layer.parameters() if p.requires_grad])
+        layer.fast = True
+        assert len(grads[0]) == 5 - len(frozen)
+        for a, b in zip(*grads):
+            close64(a, b)
+
+
 def test_the_fast_core_under_no_grad_keeps_nothing_for_a_backward(monkeypatch):
     """Under no_grad (evaluation) the core saves no tensors for a backward that will not come, and its scratch
     is one chunk long, not the whole sequence (with grad: every chunk's, and saved). Its parameter makes
