@@ -81,3 +81,20 @@ def test_each_edit_alone_is_run_and_each_verdict_is_its_own(monkeypatch, capsys,
     assert lines[-1].endswith(f"missed: {chosen['tost_fast.py']}")
     monkeypatch.setattr(mutate_lecture, 'lecture_fails', lambda folder: (True, 'broken'))
     fails(mutate_lecture.main, [chosen['tost.py']], 'derivation.py')
+
+
+@pytest.mark.slow
+def test_the_lecture_fails_on_an_edit_of_each_layer_s_gains(capsys):
+    """The lecture itself, run on the edits of one line each: the gains D of TSSA, of the causal layer's
+    readable lines and of the fused core. Each edit is caught."""
+    marks = ('D = self.alpha / (1 + self.alpha', 'D = self.attn_dropout(1 / (1 +', 'out=Ds[:, at])')
+    chosen = set()
+    for name, _, number, _, _ in mutate_lecture.plan():
+        with open(f'{mutate_lecture.ROOT}/{name}') as f:
+            line = f.readlines()[number - 1]
+        if any(mark in line for mark in marks):
+            chosen.add(f'{name}:{number}')
+    assert len(chosen) == 3
+    mutate_lecture.main(sorted(chosen))
+    verdicts = [line.split()[0] for line in capsys.readouterr().out.splitlines()[:-1]]
+    assert len(verdicts) == 4 and set(verdicts) == {'caught'}
