@@ -1037,6 +1037,7 @@ assert max(err_forward, err_logits, err_steps) < 1e-12 and no_loss is None and l
 # gradient; and without autograd), float32 to rounding.
 def outputs_and_grads(layer, x, g, fast):
     tost.CausalTSSA.fast = fast
+    assert tost_fast.usable(layer, x) == fast                # CausalTSSA.forward's dispatch: the core, or not
     layer.zero_grad()
     x = x.clone().requires_grad_()
     y = layer(x)
