@@ -382,10 +382,10 @@ def setup_distributed(device_pref):
     rank = int(env["RANK"])
     local_rank = int(env["LOCAL_RANK"])
     world_size = int(env["WORLD_SIZE"])
-    # Found by every process of the node, so that its first one, which prints, finds it too.
-    procs = max(int(env["LOCAL_WORLD_SIZE"]), local_rank + 1)
     if device == "mps" and device_pref == "mps":
         raise UsageError("--device=mps takes one process: torchrun's processes train on CPUs or CUDA GPUs")
+    # Found by every process of the node, so that its first one, which prints, finds it too.
+    procs = max(int(env["LOCAL_WORLD_SIZE"]), local_rank + 1)
     if cuda and procs > torch.cuda.device_count():
         raise UsageError(f"--nproc_per_node={procs} on a node of {torch.cuda.device_count()} GPU(s): each "
                          f"process needs a GPU of its own; start at most that many")
