@@ -1139,11 +1139,11 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     assert 'figure: ' not in r.stdout and not list(tmp_path.iterdir())      # figures only when asked for
     r = run('tools/lecture_page.py', f'--out={tmp_path}')
     assert r.returncode == 0, r.stdout + r.stderr
-    page = (tmp_path / 'lecture.md').read_text()
+    page = (tmp_path / 'lecture.md').read_text(encoding='utf-8')
     # The committed page is this run's, but for the residuals it prints as 1.2e-16: their last digits follow
     # the machine's BLAS.
     residual = re.compile(r'\d\.\de[-+]\d\d')
-    committed = open(os.path.join(root, 'docs', 'lecture.md')).read()
+    committed = open(os.path.join(root, 'docs', 'lecture.md'), encoding='utf-8').read()
     assert residual.sub('~', page) == residual.sub('~', committed)
     assert all(f'\n## {label}. ' in page for label in [*map(str, range(17)), 'A', 'B'])
     drawn = re.findall(r'^!\[(lecture-\w+\.png)\]', page, re.M)

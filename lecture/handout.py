@@ -33,10 +33,11 @@ def files(*which):
     """The working tree's files git lists with these flags (--cached: tracked, --others: not tracked and not
     ignored), without LEFT_OUT."""
     listed = subprocess.run(['git', 'ls-files', *which, '--exclude-standard', '-z'], cwd=ROOT,
-                            capture_output=True, text=True)
+                            capture_output=True)
     if listed.returncode != 0:
         raise UsageError(f'{ROOT} is not a git checkout: the hand-out is written from one')
-    names = sorted(set(listed.stdout.split('\0')) - {''} - set(LEFT_OUT))
+    # Names as the file system spells them (git's bytes; on Windows UTF-8, not the console's code page).
+    names = sorted(set(map(os.fsdecode, listed.stdout.split(b'\0'))) - {''} - set(LEFT_OUT))
     return [name for name in names if os.path.isfile(os.path.join(ROOT, name))]
 
 

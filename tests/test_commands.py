@@ -160,7 +160,7 @@ def documented():
                 where = f'{os.path.relpath(module.__file__, REPO)} --help'
                 found.update({re.sub(r'\s+', ' ', c): where for c in commands_in(line)})
     for page in DOCS:
-        with open(os.path.join(REPO, page)) as f:
+        with open(os.path.join(REPO, page), encoding='utf-8') as f:
             text = f.read()
         # code blocks: commands, or what they print
         for block in re.findall(r'```\n(.*?)```', text, re.S):
@@ -270,9 +270,9 @@ def test_error_messages_name_commands_that_work(tmp_path, monkeypatch, capsys):
 
 def test_every_test_docs_tests_md_names_exists():
     """docs/tests.md names the test that checks each claim: a test renamed or deleted leaves it unchecked."""
-    page = Path(REPO, 'docs', 'tests.md').read_text()
+    page = Path(REPO, 'docs', 'tests.md').read_text(encoding='utf-8')
     files = [Path(REPO, 'test_tost.py'), *Path(REPO, 'tests').glob('test_*.py')]
-    source = ''.join(f.read_text() for f in files)
+    source = ''.join(f.read_text(encoding='utf-8') for f in files)
     named = set(re.findall(r'`(test_\w+)`', page))
     assert {name for name in named if f'def {name}(' not in source} == set()
 
@@ -282,7 +282,7 @@ def test_every_tool_runs_by_its_path_as_well(tmp_path):
     """`python tools/bench.py` as well as `python -m tools.bench`, from any folder: each script under tools/
     and lecture/ finds the repository's modules."""
     found = [*Path(REPO, 'tools').glob('*.py'), *Path(REPO, 'lecture').glob('*.py')]
-    scripts = [p for p in found if "__name__ == '__main__'" in p.read_text()]
+    scripts = [p for p in found if "__name__ == '__main__'" in p.read_text(encoding='utf-8')]
     assert len(scripts) >= 9
     runs = [subprocess.Popen([sys.executable, str(p), '--help'], cwd=tmp_path, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True) for p in scripts]
