@@ -524,7 +524,8 @@ def test_a_path_given_as_file_colon_path_names_its_option():
     assert options.option_of(os.getcwd()) == options.option_of('.') == ''
     # plot's own --out_dir=. beside it: a folder in the working one on the way to --out is --out's
     options.parse(['--out=figs/a.png'], {'out': 'runs.png', 'out_dir': '.'})
-    assert options.option_of('figs') == ' (--out=figs/a.png)' and options.option_of('a.png') == ' (--out_dir=.)'
+    assert options.option_of('figs') == ' (--out=figs/a.png)'
+    assert options.option_of('a.png') == ' (--out_dir=.)'
     # An option the path is under comes first; a value that ends in ':' names no path.
     options.parse(['--data_dir=d', '--out_dir=d/out'], {'data_dir': 'data', 'out_dir': 'out'})
     assert options.option_of('d') == ' (--data_dir=d)'
