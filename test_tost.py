@@ -522,8 +522,9 @@ def test_bf16_autocast_long_sequence_stays_close_to_float32():
     Tolerance: relative error below 2% (bf16 resolves ~0.4%), over all 8192 positions and over the
     last 1024; the steps within 5e-4 of the parallel form under the same autocast (in float32, 1e-5); the
     state after the last step (Q, A, P) within 1% of float32's. A sum in bf16 stops growing once it is ~256x a
-    term: the input changes distribution halfway, so a P summed so keeps the first half's statistics and the
-    outputs fail; a Q or A summed so moves the outputs less, and fails as a state."""
+    term: the input changes distribution halfway, so a P summed so keeps the first half's statistics, and the
+    steps part from the parallel form (the 5e-4, not the 2%, sees it); a Q or A summed so moves the outputs
+    less, and fails as a state."""
     torch.manual_seed(0)
     n, half = 8192, 4096
     layer = randomize(CausalTSSA(64, 4, block_size=n), scale=1.0)   # s >> 1, so y depends on it
