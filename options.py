@@ -306,9 +306,16 @@ def stop_signals_here(*names):
 
 
 def exit_with_code():
-    """Registered first, so run last at exit: the code excepthook chose (Python's own would be 1). The
-    interpreter has flushed stdout before (3.10 to 3.13), and handed a failure there (`> /dev/full`, `| head`)
-    to excepthook."""
+    """Registered first, so run last at exit: what stdout still holds is written here, where a failure
+    (`| head`, `> /dev/full`) ends as any other (the interpreter's own flush comes after this, and would say
+    'Exception ignored' and exit 120); then the code excepthook chose (Python's own would be 1)."""
+    try:
+        if sys.stdout:
+            sys.stdout.flush()
+    except OSError as e:
+        quiet_stdout()
+        if not exit_code:
+            exit_code.append(report(e))
     if exit_code:
         os._exit(exit_code[0])
 
