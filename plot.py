@@ -18,16 +18,12 @@ import options  # first: its handler ends a Ctrl-C while torch imports (exit 130
 import json
 import os
 
-import matplotlib
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from options import UsageError, parse
-
-# A title, or a run's folder in its label, is text as typed: a $ in it starts no formula to parse.
-matplotlib.rcParams['text.parse_math'] = False
 
 # model -> (colour, line style, marker); colours from the colour-blind-safe tab10, styles for grey-scale
 STYLES = {
@@ -149,6 +145,8 @@ def learning_curves(runs, path, x='tokens', title=None):
         elif not vision:
             label += ', val'
         ax.plot(*train, color=color, linestyle=line, linewidth=0.8, alpha=0.45)
+        # A $ in a folder's name (or in a title) is shown as typed, not read as the start of a formula.
+        label = label.replace('$', r'\$')
         ax.plot(*val, color=color, linestyle=line, marker=marker, markersize=4, label=label)
     if later and not vision:
         # the part after the first drop, with a margin
@@ -157,7 +155,7 @@ def learning_curves(runs, path, x='tokens', title=None):
         ax.set_ylim(lo - 0.1 * (hi - lo) - 0.01, hi + 0.15 * (hi - lo) + 0.01)
     unit = 'byte' if all(cfg.get('vocab_size') == 256 for _, cfg, _ in runs) else 'token'
     finish(ax, xlabel, 'test accuracy' if vision else f'loss (nats per {unit}); thin: train',
-           title or ('test accuracy' if vision else 'learning curves'))
+           (title or ('test accuracy' if vision else 'learning curves')).replace('$', r'\$'))
     save(ax.figure, path)
 
 # -----------------------------------------------------------------------------

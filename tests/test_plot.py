@@ -8,6 +8,7 @@ import shutil
 
 import matplotlib.figure
 import matplotlib.image
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 import numpy as np
 import pytest
 
@@ -42,19 +43,20 @@ def test_several_runs_of_different_models_on_one_figure(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write_run(tmp_path / 'out', dict(attn='tssa', token_shift=False), [5.0, 4.0, 3.2, 2.9])
     write_run(tmp_path / 'out-soft', dict(attn='softmax', token_shift=True), [5.0, 3.5, 2.8, 2.5])
-    write_run(tmp_path / 'new', dict(attn='tssa', softmax_layers=[-1]), [5.1, 4.5], evals=False)
+    # a folder's name with a $ in it, shown as typed
+    write_run(tmp_path / '$new^$', dict(attn='tssa', softmax_layers=[-1]), [5.1, 4.5], evals=False)
     with open(tmp_path / 'out-soft' / 'log.jsonl', 'ab') as f:
         # a row no axis can hold, and bytes that are not UTF-8 (a damaged file): left out
         f.write(b'{"iter": 5, "kind": "eval", "val_loss": Infinity, "tokens": 640}\n\xff\xfe\n')
     with open(tmp_path / 'out' / 'log.jsonl', 'a') as f:
         f.write('{"iter": 5, "kind": "train", "train_lo')                 # killed while writing a row
-    runs = [plot.read_run(f) for f in ('out', 'out-soft', 'new')]
-    assert [label for label, _, _ in runs] == ['out: ToST', 'out-soft: softmax + shift', 'new: hybrid']
+    runs = [plot.read_run(f) for f in ('out', 'out-soft', '$new^$')]
+    assert [label for label, _, _ in runs] == ['out: ToST', 'out-soft: softmax + shift', '$new^$: hybrid']
     assert len(runs[0][2]) == len(runs[1][2]) == 6
     # the train curve is the train rows: an eval row's train_loss is not one of its points
     train = plot.points(runs[0][2], 'train', 'tokens', 'train_loss')
     assert train.tolist() == [[128, 256, 384, 512], [5.0, 4.0, 3.2, 2.9]]
-    plot.main(['out', 'out-soft', 'new', '--x=seconds'])
+    plot.main(['out', 'out-soft', '$new^$', '--x=seconds'])
     read_png(tmp_path / 'runs.png', (420, 700))
     # into a folder not made yet; a title with a $, as typed
     plot.main(['out/log.jsonl', '--out=new/folder/runs.png', '--title=$\\frac$'])
@@ -282,6 +284,10 @@ def test_speed_and_generation_lines_are_their_columns(drawn):
     sizes = sorted({r['n'] for r in res['operator']})
     ticks = [t.get_text() for t in left.get_xticklabels()]
     assert ticks == [f"{n // 1024}k" if n >= 1024 else str(n) for n in sizes]
+    # The log axis's powers of ten are drawn as such (a 10 with a small raised power), not as their source.
+    renderer = FigureCanvasAgg(drawn[-1]).get_renderer()
+    powers = [t for t in left.get_yticklabels() if '10^' in t.get_text()]
+    assert powers and all(t.get_window_extent(renderer).width < 40 for t in powers)
     plot.finish(left, 'tokens', 'ms', '', [1536, 256])
     assert [t.get_text() for t in left.get_xticklabels()] == ['256', '1.5k']
     plot.generation(res, 'x.png')
