@@ -159,7 +159,7 @@ def option_of(path):
     folder = full.rstrip(os.sep) + os.sep
     # The working folder, or one above it, is on the way to every path: it names no option that way.
     everyones = (os.getcwd() + os.sep).startswith(folder)
-    found = (False, -1, "")
+    found = (False, False, -1, "")
     for key, values in parsed.items():
         for value in values if isinstance(values, list) else [values]:
             if not isinstance(value, str) or not value.strip():
@@ -173,10 +173,12 @@ def option_of(path):
             after_colon = bool(tail) and os.path.abspath(os.path.expanduser(tail)) == full
             under = (full + os.sep).startswith(above.rstrip(os.sep) + os.sep) or after_colon
             on_the_way = (above + os.sep).startswith(folder) and not everyones
-            # The option that is the path comes first, then the longest: one whose path it is on the way to
-            # is below it, longer than any it is under.
+            # The option that is the path comes first, the one that is it as typed before one that reaches it
+            # another way (--input=notes/ before --name=notes), then the longest: one whose path it is on the
+            # way to is below it, longer than any it is under.
             if under or on_the_way:
-                found = max(found, (full == above or after_colon, len(above), f" (--{key}={value})"))
+                exact = full == above or after_colon
+                found = max(found, (exact, value == str(path), len(above), f" (--{key}={value})"))
     return found[-1]
 
 

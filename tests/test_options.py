@@ -531,6 +531,10 @@ def test_a_path_given_as_file_colon_path_names_its_option():
     # An option the path is under comes first; a value that ends in ':' names no path.
     options.parse(['--data_dir=d', '--out_dir=d/out'], {'data_dir': 'data', 'out_dir': 'out'})
     assert options.option_of('d') == ' (--data_dir=d)'
+    # Two options that are the path: the one that is it as typed (prepare_data's --input=notes/ --name=notes)
+    options.parse(['--name=notes', '--input=notes/'], {'name': '', 'input': ''})
+    assert options.option_of('notes/') == ' (--input=notes/)'
+    assert options.option_of('notes') == ' (--name=notes)'
     options.parse(['--start=Question:'], {'start': '\n'})
     assert options.option_of(os.getcwd()) == ''
     # FILE:~/path, the home folder expanded
