@@ -334,10 +334,11 @@ BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0":
 
 def near(word, names, prefix=""):
     """'; did you mean NAME?' for the one of `names` a typed `word` is close to (a typo), or ''. Close: 0.8
-    of difflib's ratio, so that --min_lr does not point to --min_lr_ratio, another meaning; in any case
-    (CIFAR10: cifar10)."""
+    of difflib's ratio, so that --min_lr does not point to --min_lr_ratio, another meaning, or one letter off
+    a short word (demp: demo); in any case (CIFAR10: cifar10)."""
     lowered = {str(n).lower(): n for n in names}
-    close = difflib.get_close_matches(str(word).lower(), lowered, n=1, cutoff=0.8)
+    word = str(word).lower()
+    close = difflib.get_close_matches(word, lowered, n=1, cutoff=min(0.8, 1 - 1 / max(len(word), 2)))
     return f"; did you mean {prefix}{lowered[close[0]]}?" if close else ""
 
 

@@ -10,7 +10,7 @@ import reprlib
 
 import numpy as np
 
-from options import UsageError, shell_join
+from options import UsageError, near, shell_join
 
 
 class Tokenizer:
@@ -119,7 +119,10 @@ def load_meta(folder, kind=None, model_meta=None):
         command = recipe(folder, tokenizer=model_meta and model_meta.get("tokenizer"))
         if kind == "images" and name not in IMAGES:
             command = f"{recipe(os.path.join(root, IMAGES[0]))} (or {IMAGES[1]}), and --dataset={IMAGES[0]}"
-        raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {command}") from None
+        # A name a letter or two off one of prepare_data.py's datasets is a typo of it, not text of one's own.
+        typo = "" if name in IMAGES + TEXTS else near(name, IMAGES + TEXTS)
+        advice = typo or f"; run: {command}"
+        raise UsageError(f"{folder} is not a prepared dataset (no meta.json){advice}") from None
     try:
         meta = json.loads(text)
         if not isinstance(meta, dict):

@@ -180,6 +180,7 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch, two_gpus):
 
 @pytest.mark.parametrize('argv, names', [
     (['--sections=operator,speed'], 'speed'),
+    (['--sections=operatr'], 'operator?'),
     (['--json=no/such/folder/bench.json'], 'no/such/folder/bench.json'),
     (['--json=README.md'], 'README.md'),
     # a folder, a device

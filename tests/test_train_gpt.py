@@ -1000,6 +1000,9 @@ MISTAKES = [
     (tiny('{broken}/cut', '{out}'), ['{broken}/cut/tiny/train.bin', '--force']),
     # a test set (eval_gpt.py's) has nothing to train on
     (tiny('{broken}/testset', '{out}'), ['{broken}/testset/tiny', 'eval_gpt.py']),
+    # a typo of a dataset's name or a preset's, one letter off a short one
+    (['--dataset=shakespear', '--out_dir={out}'], ['data/shakespear', 'shakespeare?']),
+    (['--config=demp'], ['demo?']),
     # a dataset that takes hours to prepare: its command
     (['--dataset=openwebtext', '--out_dir={out}'], ['python prepare_data.py openwebtext --data_dir=data']),
     # a resume: the model's shape and its tokenizer are the checkpoint's

@@ -36,7 +36,7 @@ from rich.table import Column, Table
 import plot
 import tost
 import tost_fast
-from options import UsageError, parse
+from options import UsageError, near, parse
 from tost import GPT, GPTConfig, TSSA, CausalTSSA, SoftmaxAttention
 from train_common import autocast, check_compile, compiles_causal, pick_device, setup_cuda
 
@@ -522,8 +522,9 @@ def run_sections(args, sections, results):
     names = [s.strip() for s in args.sections.split(',') if s.strip()]
     unknown = [s for s in names if s not in sections]
     if unknown or not names:
-        raise UsageError(f"unknown section(s) {', '.join(unknown) or '(none)'}; "
-                         f"choose from {', '.join(sections)}")
+        typed = ', '.join(unknown)
+        raise UsageError(f"unknown section(s) {typed or '(none)'}{near(typed, sections)}; choose from "
+                         f"{', '.join(sections)}")
     path = json_path(args.json) if args.json else None
     t0 = time.time()
     for name in names:
