@@ -62,8 +62,13 @@ def error_line(msg, alone=False):
     mistake is one a process finds `alone`."""
     rank = os.environ.get("RANK", "0")
     where = "" if rank == "0" else f" (rank {rank})"
-    if rank == "0" or os.environ.get("LOCAL_RANK") == "0" or alone:
+    if speaks(alone):
         print(f"error: {' '.join(str(msg).split())}{where}", file=sys.stderr, flush=True)
+
+
+def speaks(alone=False):
+    """Whether this process says an error (error_line): rank 0, another node's first, or one found `alone`."""
+    return os.environ.get("RANK", "0") == "0" or os.environ.get("LOCAL_RANK") == "0" or alone
 
 
 def fail(msg, code=2):
@@ -293,9 +298,11 @@ def excepthook(kind, exc, tb):
         sys.__excepthook__(kind, exc, tb)
     else:
         exit_code.append(code)
-    # torchrun names as the first failure the process it sees end first: one that only follows another waits
-    # for torchrun to stop it (SIGTERM), a few seconds at most, so that the one that failed is named.
-    if peer_gone(exc):
+    # torchrun names as the first failure the process it sees end first, and shows its lines: one that only
+    # follows another, or keeps quiet about a mistake every process finds (before they meet, they are not in
+    # step), waits for torchrun to stop it (SIGTERM), a few seconds at most, so that the one that says it is.
+    quiet = code == 2 and not speaks(getattr(exc, "alone", False) or out_of_memory(exc))
+    if peer_gone(exc) or quiet:
         with contextlib.suppress(KeyboardInterrupt):
             time.sleep(5)
 

@@ -185,7 +185,7 @@ PEER_GONE = "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:27802: Conn
 def test_a_collective_cut_off_by_another_process_is_one_line_and_waits_to_be_stopped(monkeypatch, capsys):
     """Under torchrun: rank 0 says it in one line, then waits for torchrun's SIGTERM, so that torchrun names
     the process that ended first as the failure; the other ranks say nothing. Another RuntimeError, or this
-    one outside torchrun, is a bug."""
+    one outside torchrun, is a bug. A rank that keeps quiet about a mistake waits for rank 0 to say it."""
     code = f"import options\nraise RuntimeError({PEER_GONE!r})"
     with subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE, text=True,
                           env=dict(os.environ, RANK="0", LOCAL_RANK="0")) as p:
@@ -198,6 +198,18 @@ def test_a_collective_cut_off_by_another_process_is_one_line_and_waits_to_be_sto
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert options.report(RuntimeError(PEER_GONE)) == 1 and capsys.readouterr().err == ""
+    # A mistake every rank finds: one that keeps quiet waits too, so that rank 0 is the one named, its line
+    # shown (before the ranks meet, any may end first).
+    slept = []
+    monkeypatch.setattr(options, "exit_code", [])
+    monkeypatch.setattr(options.time, "sleep", slept.append)
+    options.excepthook(UsageError, UsageError("--n_head=3 does not divide --n_embd=32"), None)
+    assert slept == [5] and capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    options.excepthook(UsageError, UsageError("--n_head=3 does not divide --n_embd=32"), None)
+    assert slept == [5] and options.exit_code == [2, 2]
+    one_line(capsys.readouterr().err, "--n_head=3")
+    monkeypatch.setenv("RANK", "1")
     assert options.report(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
     monkeypatch.delenv("RANK")
     assert options.report(RuntimeError(PEER_GONE)) is None
