@@ -643,6 +643,9 @@ def prepare(name, /, data_dir='data', **o):
                                  f"with --{key}={o[key]}, or --name=OTHER to keep both")
         say(f"{out} is already prepared ({held}); --force rebuilds it")
         return out
+    # A missing --input is named now (options' handler names the path), not after the vocabulary is fetched.
+    if o.get('input'):
+        os.stat(o['input'])
     t0 = time.time()
     new_root = not os.path.isdir(data_dir)
     new_out = not os.path.isdir(out)

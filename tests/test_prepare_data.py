@@ -777,6 +777,16 @@ BAD = [  # (dataset and options, what the line names, files to write)
 ]
 
 
+def test_a_missing_input_is_named_before_the_vocabulary_is_fetched(monkeypatch, capsys):
+    """Offline, GPT-2's vocabulary cannot be fetched: a missing --input is still what the line names."""
+    def offline():
+        raise prep.UsageError('could not load the GPT-2 vocab')
+    monkeypatch.setattr(readers, 'gpt2_encoding', offline)
+    for argv in ('wikitext2 --input=wiki.test.raw', 'openwebtext --input=owt/'):
+        assert argv.split()[1] in one_error(capsys, *argv.split(), '--data_dir=data')
+    assert not os.path.exists('data')
+
+
 def test_a_name_that_is_a_path_is_refused_on_every_system(monkeypatch, capsys):
     """--name is one folder under --data_dir: a/b is refused, and so is a\\b where os.path is Windows'."""
     write('in.txt', 'some text ' * 100)
