@@ -406,6 +406,7 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
         for name in (a.partition("=")[2] for a in argv if a.startswith("--config=")):
             if name in (presets or {}):
                 sets = " ".join(f"--{k}={shown(v)}" for k, v in presets[name].items())
+                sets = sets or "nothing: the defaults"
                 page += "\n" + textwrap.fill(f"--config={name} sets {sets}", 110, subsequent_indent="  ")
         print(page, flush=True)
         sys.exit(0)

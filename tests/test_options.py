@@ -477,6 +477,11 @@ def test_help_is_the_docstring_and_the_defaults_as_values(tmp_path, capsys):
     with pytest.raises(SystemExit):
         options.parse(["--config=big", "--help"], defaults, "  Doc.\n", str(src), {"big": {"flag": True}})
     assert capsys.readouterr().out.splitlines()[-1] == "--config=big sets --flag=True"
+    # a preset of the defaults (the demo) says so, not an empty list
+    with pytest.raises(SystemExit):
+        options.parse(["--config=same", "--help"], defaults, "  Doc.\n", str(src), {"same": {}})
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("--config=same sets") and last.partition(" sets")[2].strip()
 
 
 @pytest.mark.parametrize("script, shown", [
