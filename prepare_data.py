@@ -228,9 +228,15 @@ def _files_under(path, exts='', skip=()):
     if not os.path.isdir(path):
         raise UsageError(f"{path} is neither a regular file nor a folder (a pipe, socket or device)")
     found = []
-    for d, dirs, names in os.walk(path):
+    # A folder that cannot be read, or a link to one (not followed: it could lead back up), is said, not
+    # silently missing from the dataset.
+    unread = []
+    for d, dirs, names in os.walk(path, onerror=lambda e: unread.append(e.filename)):
         dirs[:] = [x for x in dirs if not x.startswith('.') and x not in skip]
+        unread += [os.path.join(d, x) for x in dirs if os.path.islink(os.path.join(d, x))]
         found += [os.path.join(d, n) for n in names if not n.startswith('.') and n.endswith(exts)]
+    if unread:
+        _warn(f"skipped {len(unread)} folder(s) that cannot be read or are links, e.g. {unread[0]}")
     # Never opened: a pipe's first read waits for a writer, forever if none comes.
     other = [f for f in found if not os.path.isfile(f)]
     if other:

@@ -378,17 +378,36 @@ def test_a_folder_of_text_skips_what_is_not_text():
     write('in/blob.so', bytes(range(256)) * 4)
     os.mkfifo('in/p.txt')
     os.mkfifo('pipe')
+    # a link to a folder: not followed (it could lead back up), said
+    write('elsewhere/b.txt', 'more text ' * 10)
+    os.symlink(os.path.abspath('elsewhere'), 'in/linked')
     command = [os.path.join(REPO, 'prepare_data.py'), 'text', '--data_dir=data']
     run = python(*command, '--input=in', cwd='.')
     warned = run.stderr.splitlines()
-    assert run.returncode == 0 and len(warned) == 3, run.stderr
-    assert all(any(name in line for line in warned) for name in ('in/a.txt', 'in/blob.so', 'in/p.txt'))
+    assert run.returncode == 0 and len(warned) == 4, run.stderr
+    names = ('in/a.txt', 'in/blob.so', 'in/p.txt', 'in/linked')
+    assert all(any(name in line for line in warned) for name in names)
     assert load_meta('data/in')['documents'] == 1
     assert 'caf\ufffd au lait'.encode() in bytes(ids('data/in', 'train'))
     run = python(*command, '--input=pipe', cwd='.')
     ended(run, 2, 'pipe')
     # refused as what it is, not as a folder of no files
     assert 'too little' not in run.stderr
+
+
+def test_a_folder_that_cannot_be_read_is_said(monkeypatch, capsys):
+    """os.walk leaves out a folder it cannot list (no permission) without a word: the build says it."""
+    write('in/a.txt', 'some text ' * 10)
+    write('in/locked/b.txt', 'more text ' * 10)
+    scandir = os.scandir
+
+    def refused(path):
+        if os.path.basename(path) == 'locked':
+            raise PermissionError(13, 'Permission denied', path)
+        return scandir(path)
+    monkeypatch.setattr(os, 'scandir', refused)
+    assert prep._files_under('in', '.txt') == [os.path.join('in', 'a.txt')]
+    assert os.path.join('in', 'locked') in capsys.readouterr().err
 
 
 def test_shakespeare_gpt2_from_local_copy(tiny, capsys, monkeypatch):
