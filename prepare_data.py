@@ -636,12 +636,14 @@ def prepare(name, /, data_dir='data', **o):
         if (meta.get('dataset', name), o.get('tokenizer', built)) != (name, built):
             raise UsageError(f"{out} holds {meta.get('dataset')} ({held}), not {name} ({wanted}); pass "
                              f"--force to rebuild it, or --name=OTHER to keep both")
-        given = o.get('input')
-        was = meta.get('input', given)
-        # Another file or folder of one's own under the same name is another dataset; a link to it is not.
-        if given and os.path.realpath(given) != os.path.realpath(was):
-            raise UsageError(f"{out} was prepared from {was}; pass --force to rebuild it from "
-                             f"{os.path.abspath(given)}, or --name=OTHER to keep both")
+        # Another file or folder of one's own (a CIFAR archive) under the same name is another dataset; a
+        # link to it is not.
+        for key in ('input', 'archive'):
+            given = o.get(key)
+            was = meta.get(key, given)
+            if given and os.path.realpath(given) != os.path.realpath(was):
+                raise UsageError(f"{out} was prepared from {was}; pass --force to rebuild it from "
+                                 f"{os.path.abspath(given)}, or --name=OTHER to keep both")
         # Another split or size asked for is another dataset too.
         for key in ('val_every', 'max_mb'):
             if key in o and o[key] != meta.get(key):
@@ -670,9 +672,10 @@ def prepare(name, /, data_dir='data', **o):
     try:
         meta = builder(stage, {**o, 'data_dir': data_dir, 'dataset': name})
         meta = {'name': out_name, 'dataset': name, **meta, 'prepared': time.strftime('%Y-%m-%d %H:%M:%S')}
-        # The rebuild command readers.recipe prints reads the same --input.
-        if o.get('input'):
-            meta['input'] = os.path.abspath(o['input'])
+        # The rebuild command readers.recipe prints reads the same --input (or --archive).
+        for key in ('input', 'archive'):
+            if o.get(key):
+                meta[key] = os.path.abspath(o[key])
         Path(stage, 'meta.json').write_text(json.dumps(meta, indent=2) + '\n', encoding='utf-8')
         # An old dataset stops being complete before its files are replaced; meta.json comes last.
         with contextlib.suppress(FileNotFoundError):

@@ -77,7 +77,8 @@ def recipe(folder, meta=None, force=False, tokenizer=None):
     """The command that prepares (with force: rebuilds) the dataset in `folder` as its `meta` says, in
     `tokenizer` if given (a model's), from the --input it was built from if meta.json says one. A name none of
     prepare_data.py's datasets has is text of one's own (from PATH if meta.json names no input: an older
-    set), or with meta's kind 'images', an image set made from the CIFAR of its classes."""
+    set), or with meta's kind 'images', an image set made from the CIFAR of its classes (from the archive
+    meta.json names, if any)."""
     root, name = os.path.split(os.path.normpath(folder))
     meta = meta or {}
     built = meta.get("dataset", name)
@@ -89,6 +90,8 @@ def recipe(folder, meta=None, force=False, tokenizer=None):
     args = ["python", "prepare_data.py", built]
     if built == "text" or "input" in meta:
         args.append(f"--input={meta.get('input', 'PATH')}")
+    if "archive" in meta:
+        args.append(f"--archive={meta['archive']}")
     if built != name:
         args.append(f"--name={name}")
     args.append(f"--data_dir={root or '.'}")

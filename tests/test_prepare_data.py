@@ -669,6 +669,10 @@ def test_cifar_roundtrip(capsys, which):
     np.testing.assert_allclose(meta['mean'], (got[0] / 255).mean(axis=(0, 2, 3)), atol=1e-6)
     np.testing.assert_allclose(meta['std'], (got[0] / 255).std(axis=(0, 2, 3)), atol=1e-6)
     assert main_exits(capsys, which, '--archive=c.tar.gz') == (0, [])
+    # another archive is another set; the rebuild command reads the same one (offline, a download would fail)
+    write('other.tar.gz', Path('c.tar.gz').read_bytes())
+    assert 'other.tar.gz' in one_error(capsys, which, '--archive=other.tar.gz')
+    assert f'--archive={os.path.abspath("c.tar.gz")}' in shlex.split(readers.recipe(out, meta, force=True))
     with pytest.raises(UsageError):
         load_meta(out, 'text')
     write('in.txt', 'hello there. ' * 20)
