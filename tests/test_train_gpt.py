@@ -1278,7 +1278,8 @@ def test_only_an_improvement_is_saved_when_only_the_best_is(train, tmp_path, mon
 def test_each_step_clips_at_grad_clip_at_its_learning_rate_and_draws_its_own_dropout(train, tmp_path,
                                                                                      monkeypatch):
     """--grad_clip and the schedule's learning rate (its floor --min_lr_ratio of it) reach every optimizer
-    step, as logged (train_common's tests check the step clips at it); each step seeds its dropout anew."""
+    step, as logged (train_common's tests check the step clips at it); each micro-step seeds its dropout
+    anew."""
     steps = []
     real = train_gpt.optimizer_step
     monkeypatch.setattr(train_gpt, 'optimizer_step', lambda *a: steps.append(a[2:]) or real(*a))
@@ -1287,11 +1288,11 @@ def test_each_step_clips_at_grad_clip_at_its_learning_rate_and_draws_its_own_dro
     monkeypatch.setattr(torch, 'manual_seed', lambda s: seeds.append(s) or seed(s))
     out = tmp_path / 'out'
     train(out, '--max_iters=5', '--grad_clip=0.5', '--warmup_iters=2', '--lr_decay_iters=4',
-          '--min_lr_ratio=0.5')
+          '--min_lr_ratio=0.5', '--gradient_accumulation_steps=2')
     lrs = [train_common.cosine_lr(i, 3e-3, 1.5e-3, 2, 4) for i in range(5)]
     assert steps == [(lr, 0.5) for lr in lrs] and [r['lr'] for r in read_log(out, kind='train')] == lrs
-    # the first seeds the model's weights
-    assert len(set(seeds[1:])) == len(seeds[1:]) == 5
+    # the first seeds the model's weights; then each micro-step of each step its own
+    assert len(set(seeds[1:])) == len(seeds[1:]) == 10
 
 
 def test_accumulated_gradients_are_those_of_the_whole_batch(train, tmp_path, monkeypatch):
