@@ -1,10 +1,10 @@
 """Shared by the test files: pytest finds this file by name."""
 
-import gc
 import os
 import signal
 import subprocess
 import sys
+import traceback
 
 import pytest
 import torch
@@ -80,28 +80,27 @@ def ended(run, code, *names):
 
 def run_main(main):
     """main() ended as options' handler ends a script, in this process: a SystemExit with report()'s exit
-    code."""
+    code. The frames the exception ended are cleared: what they held (an out_dir's lock) goes, as it would
+    with the process."""
     try:
         main()
+        return
     except (Exception, KeyboardInterrupt) as e:
         code = options.report(e)
         if code is None:
             raise
-        raise SystemExit(code) from None
+        traceback.clear_frames(e.__traceback__)
+    raise SystemExit(code)
 
 
 @pytest.fixture
 def ends(capsys):
-    """ends(main, args): main(args) ended as its script ends it (run_main): (exit code, stderr). A run
-    an exception ended lets its out_dir's lock go with its frames, as its process would by ending."""
+    """ends(main, args): main(args) ended as its script ends it (run_main): (exit code, stderr)."""
     def ends(main, args):
         capsys.readouterr()
         with pytest.raises(SystemExit) as e:
             run_main(lambda: main(list(args)))
-        code = e.value.code
-        del e
-        gc.collect()
-        return code, capsys.readouterr().err
+        return e.value.code, capsys.readouterr().err
     return ends
 
 
