@@ -344,6 +344,8 @@ def test_cosine_lr_shape():
     fractional = [tc.cosine_lr(it, 1.0, 0.0, 5, 25) for it in (2.5, 4.5, 15.0)]
     assert fractional == pytest.approx([3.5 / 5, 1.0, 0.5])
     assert tc.cosine_lr(0, 1.0, 0.1, 0, 10) == 1.0
+    # a cosine that ends where the warmup does (no cosine): the floor from there, no division by its length 0
+    assert [tc.cosine_lr(it, 1.0, 0.1, 5, 5) for it in (4, 5, 6)] == [1.0, 0.1, 0.1]
 
 
 def test_a_time_left_is_said_however_long():
@@ -656,3 +658,15 @@ def test_optimizer_step_clips_the_global_norm(grad_clip, norm):
     opt = torch.optim.SGD([{"params": [a]}, {"params": [b]}], lr=0.5)
     tc.optimizer_step(opt, torch.amp.GradScaler("cpu", enabled=False), 1.0, grad_clip)
     assert torch.cat([a.detach(), b.detach()]).norm().item() == pytest.approx(norm)
+
+
+@pytest.mark.parametrize("grad_clip", [0.0, 1.0])
+def test_a_float16_step_whose_gradient_overflowed_is_skipped(grad_clip):
+    """float16's GradScaler: a step whose gradient is not finite leaves the weights as they were and halves
+    the loss scale, clipped or not."""
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale((p * torch.tensor([float("inf"), 1.0])).sum()).backward()
+    tc.optimizer_step(opt, scaler, 0.1, grad_clip)
+    assert p.detach().tolist() == [1.0, 1.0] and scaler.get_scale() == 512.0

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 import weakref
 from pathlib import Path
 
@@ -190,6 +191,8 @@ def test_run_log_and_checkpoint_roundtrip(trained, data_dir):
                                       softmax_layers=[])
     assert ckpt['config']['max_iters'] == 12 and ckpt['config']['dataset'] == 'tiny'
     assert [g['weight_decay'] for g in ckpt['optimizer']['param_groups']] == [0.1, 0.0]
+    assert [tuple(g['betas']) for g in ckpt['optimizer']['param_groups']] == [(0.9, 0.95)] * 2
+    assert [r['tokens'] for r in steps] == [i * 4 * 32 for i in range(1, 13)]
 
     # the weights, as sample.py loads them, give back the val loss the run measured on the same eval batches
     model = sample.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
@@ -373,6 +376,7 @@ def test_ctrl_c_keeps_the_best_model_when_only_the_best_is_saved(data_dir, tmp_p
                 '--always_save_checkpoint=false')
     code, err = ends(train_gpt.main, args)
     assert code == 130 and resume_command(err) and weights(out)['iter_num'] == saved
+    assert (f'(iter {saved})' in err) == (saved == 3), err
 
 
 def start(script, args, cwd, torchrun=0):
@@ -723,6 +727,7 @@ def test_accumulation_rounded_up_to_the_processes_is_said(train, tmp_path, monke
         norms.append(torch.cat(grads).norm())
         return step(optimizer, *args)
     monkeypatch.setattr(train_gpt, 'optimizer_step', norm_then_step)
+    monkeypatch.setattr(train_gpt, 'peak_flops', lambda device, dtype: 1e9)
     for steps, said, decay in ((3, True, 1000), (4, False, 1)):
         out = tmp_path / str(steps)
         train(out, '--max_iters=1', f'--gradient_accumulation_steps={steps}', f'--lr_decay_iters={decay}')
@@ -732,6 +737,9 @@ def test_accumulation_rounded_up_to_the_processes_is_said(train, tmp_path, monke
         assert any('--lr_decay_iters' in s for s in printed) == said
         # one step of 4 micro-steps of 4 x 32 tokens
         assert weights(out)['tokens'] == 4 * 4 * 32
+        row = read_log(out, kind='train')[0]
+        flops = tost.GPT(tost.GPTConfig(**weights(out)['model_args'])).flops_per_token(32)
+        assert row['mfu'] == pytest.approx(flops * row['tokens_per_sec'] / 2 / 1e9, rel=1e-9)
     # Rank 0's 2 micro-steps of the rounded 4 read rows 0-7 of the step's 16: its gradient is their mean's, as
     # one process's batch of those 8 rows (the same first draws) gives.
     one = train_common.Dist(False, 0, 0, 1, True, 'cpu')
@@ -748,6 +756,7 @@ def test_the_second_process_trains_on_the_rows_after_the_firsts(train, tmp_path,
     starts = train_gpt.window_starts
 
     def window_starts(seed, stream, *args):
+        assert seed == 5
         drawn.append((stream, starts(seed, stream, *args)))
         return drawn[-1][1]
     monkeypatch.setattr(train_gpt, 'window_starts', window_starts)
@@ -755,8 +764,11 @@ def test_the_second_process_trains_on_the_rows_after_the_firsts(train, tmp_path,
     read = train_gpt.read_batch
     monkeypatch.setattr(train_gpt, 'read_batch', lambda path, split, rows, *a: reads.append(list(rows)) or
                         read(path, split, rows, *a))
-    train(tmp_path / 'out', '--max_iters=1', '--gradient_accumulation_steps=4', '--eval_interval=100')
+    train(tmp_path / 'out', '--max_iters=1', '--gradient_accumulation_steps=4', '--eval_interval=100',
+          '--seed=5')
     step = [rows for stream, rows in drawn if stream == 0][0].tolist()
+    # rank 1 writes nothing: the log, the checkpoint and the figure are rank 0's
+    assert os.listdir(tmp_path / 'out') == []
     assert [rows for rows in reads if rows in (step[:4], step[4:8], step[8:12], step[12:])] == [step[8:12],
                                                                                                step[12:]]
 
@@ -856,13 +868,18 @@ def test_fused_adamw_trains_like_foreach(train, four, tmp_path, monkeypatch):
 def test_mfu_is_shown_and_agrees_with_tokens_per_second(train, tmp_path, monkeypatch, capsys):
     """No MFU on a CPU (no known peak); given a peak, the row shows it, and it is the model's FLOPs per token
     times the measured tokens/s over the peak."""
-    monkeypatch.setattr(train_gpt, 'peak_flops', lambda device, dtype: 1e9)
+    monkeypatch.setattr(train_gpt, 'peak_flops', lambda device, dtype: 1e9 if dtype == 'float32' else None)
+    # a clock that a step moves on by 0.1 s, and nothing else: each row's time is exact
+    clock = [0.0]
+    monkeypatch.setattr(train_gpt, 'time', types.SimpleNamespace(time=lambda: clock[0]))
+    real = train_gpt.optimizer_step
+    monkeypatch.setattr(train_gpt, 'optimizer_step', lambda *a: clock.append(clock.pop() + 0.1) or real(*a))
     out = tmp_path / 'out'
-    train(out, '--max_iters=4', '--eval_interval=100', '--gradient_accumulation_steps=2')
+    train(out, '--max_iters=4', '--eval_interval=100', '--gradient_accumulation_steps=2', '--log_interval=2')
     assert 'mfu ' in capsys.readouterr().out
     model = tost.GPT(tost.GPTConfig(**weights(out)['model_args']))
     rows = read_log(out, kind='train')
-    assert len(rows) == 4
+    assert [r['ms_per_iter'] for r in rows] == pytest.approx([100, 100])
     for r in rows:
         assert r['mfu'] == pytest.approx(model.flops_per_token(32) * r['tokens_per_sec'] / 1e9, rel=1e-9)
         assert r['tokens_per_sec'] == pytest.approx(2 * 4 * 32 / (r['ms_per_iter'] / 1000), rel=1e-9)
@@ -1074,7 +1091,7 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path,
         return logits, loss
 
     monkeypatch.setattr(tost.GPT, 'forward', nan)
-    names = [f'{out}/ckpt.pt', '--learning_rate'] if saved else []
+    names = [f'{out}/ckpt.pt (iter {saved})', '--learning_rate'] if saved else []
     args = tiny(data_dir, out, '--max_iters=6', '--eval_interval=2', '--log_interval=3')
     fails(train_gpt.main, args, *names, code=3)
     if saved:
@@ -1084,7 +1101,7 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path,
         assert not os.path.exists(os.path.join(out, 'ckpt.pt'))
 
 
-def test_a_stop_once_the_loss_is_infinite_saves_nothing(data_dir, tmp_path, monkeypatch):
+def test_a_stop_once_the_loss_is_infinite_saves_nothing(data_dir, tmp_path, monkeypatch, capsys):
     """An infinite loss from iter 3 on (finite gradients: a step float16's scaler skips), no row to see it, a
     Ctrl-C at iter 5: exit 130, and the checkpoint of iter 2 is not replaced by the diverged model."""
     real = tost.GPT.forward
@@ -1103,6 +1120,7 @@ def test_a_stop_once_the_loss_is_infinite_saves_nothing(data_dir, tmp_path, monk
     with pytest.raises(SystemExit) as e:
         train_gpt.main(tiny(data_dir, out, '--max_iters=8', '--eval_interval=2', '--log_interval=10'))
     assert e.value.code == 130 and weights(out)['iter_num'] == 2
+    assert '--init_from=resume' not in capsys.readouterr().err
 
 
 def test_a_train_loss_estimate_that_is_not_finite_stops_the_run(data_dir, tmp_path, monkeypatch, fails):
@@ -1148,12 +1166,16 @@ def test_the_hybrid_is_kept_and_a_resume_is_checked_against_the_checkpoint(train
 def test_a_resume_takes_the_run_from_its_checkpoint_and_the_machine_from_this_command():
     """A run moved to another machine: its schedule and batch as saved, what this command sets as set, and
     device, compile and out_dir this machine's (defaults, unless given), not the checkpoint's."""
-    old = dict(train_gpt.DEFAULTS, device='cuda:1', compile=True, out_dir='there', max_iters=50, batch_size=3)
+    old = dict(train_gpt.DEFAULTS, device='cuda:1', compile=True, out_dir='there', max_iters=50, batch_size=3,
+               overwrite=True)
+    # an older run's: no min_lr_ratio in its config, no token_shift in its model
+    del old['min_lr_ratio']
     ckpt = dict(model_args=dict(block_size=256, vocab_size=256), config=old)
-    cfg = dict(train_gpt.DEFAULTS, init_from='resume', out_dir='here', batch_size=5)
-    got = train_gpt.resume_config(cfg, {'init_from', 'out_dir', 'batch_size'}, ckpt)
+    cfg = dict(train_gpt.DEFAULTS, init_from='resume', out_dir='here', batch_size=5, min_lr_ratio=0.2)
+    got = train_gpt.resume_config(cfg, {'init_from', 'out_dir', 'batch_size', 'token_shift'}, ckpt)
     assert [got[k] for k in ('device', 'compile', 'out_dir', 'max_iters', 'batch_size')] == [
         train_gpt.DEFAULTS['device'], train_gpt.DEFAULTS['compile'], 'here', 50, 5]
+    assert (got['min_lr_ratio'], got['overwrite']) == (0.2, False)
 
 
 def test_resume_with_nothing_to_do_says_so_and_time_carries_on(train, tmp_path, capsys):
@@ -1170,6 +1192,8 @@ def test_resume_with_nothing_to_do_says_so_and_time_carries_on(train, tmp_path, 
     # a gap the resumed clock must not count
     time.sleep(0.5)
     saved = weights(out)['elapsed_s']
+    # the checkpoint's clock is the run's, past the rows written before it
+    assert saved >= max(r['elapsed_s'] for r in read_log(out))
     t0 = time.time()
     resume(out, '--max_iters=6', '--device=cpu', '--batch_size=2')
     wall = time.time() - t0
@@ -1222,8 +1246,10 @@ def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, train, tmp_pat
     monkeypatch.setattr(train_gpt, 'backward_bytes', None)
     fails(train_gpt.main, tiny(data_dir, out, '--max_iters=2'), f'{out}/ckpt.pt', '--overwrite=true')
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**12)
-    monkeypatch.setattr(train_gpt, 'backward_bytes', lambda model, B, T, ctx: 2e9)
+    probed = []
+    monkeypatch.setattr(train_gpt, 'backward_bytes', lambda model, B, T, ctx: probed.append((B, T)) or 2e9)
     train(tmp_path / 'roomy', '--max_iters=1')
+    assert probed == [(4, 32)]
     printed = capsys.readouterr().out
     assert '--block_size' not in printed and 'about 2 GB' in printed
 
@@ -1260,7 +1286,7 @@ def test_a_batch_is_windows_of_its_split_and_targets_shifted_by_one_each_step_an
     assert x[1].tolist() == list(range(100, 132)) and y[1].tolist() == list(range(101, 133))
 
 
-def test_only_an_improvement_is_saved_when_only_the_best_is(train, tmp_path, monkeypatch):
+def test_only_an_improvement_is_saved_when_only_the_best_is(train, tmp_path, monkeypatch, capsys):
     """always_save_checkpoint=False: val losses 3, 2, 2.5, 2.2 at iters 0, 2, 4, 6; only the improvement is
     saved (2.2 beats the last, not the best). A resume remembers the best: 2.5 and 2.4 after it are not
     saved either."""
@@ -1273,6 +1299,8 @@ def test_only_an_improvement_is_saved_when_only_the_best_is(train, tmp_path, mon
     resume(out, '--max_iters=6', '--device=cpu')
     assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, False, False]
     assert weights(out)['iter_num'] == 2
+    done = [s for s in capsys.readouterr().out.splitlines() if s.startswith('done: ')]
+    assert len(done) == 2 and all(s.endswith('(iter 2)') for s in done), done
 
 
 def test_each_step_clips_at_grad_clip_at_its_learning_rate_and_draws_its_own_dropout(train, tmp_path,
@@ -1288,11 +1316,12 @@ def test_each_step_clips_at_grad_clip_at_its_learning_rate_and_draws_its_own_dro
     monkeypatch.setattr(torch, 'manual_seed', lambda s: seeds.append(s) or seed(s))
     out = tmp_path / 'out'
     train(out, '--max_iters=5', '--grad_clip=0.5', '--warmup_iters=2', '--lr_decay_iters=4',
-          '--min_lr_ratio=0.5', '--gradient_accumulation_steps=2')
+          '--min_lr_ratio=0.5', '--gradient_accumulation_steps=2', '--seed=7')
     lrs = [train_common.cosine_lr(i, 3e-3, 1.5e-3, 2, 4) for i in range(5)]
     assert steps == [(lr, 0.5) for lr in lrs] and [r['lr'] for r in read_log(out, kind='train')] == lrs
-    # the first seeds the model's weights; then each micro-step of each step its own
-    assert len(set(seeds[1:])) == len(seeds[1:]) == 10
+    # the first seeds the model's weights; then each micro-step of each step its own, from --seed
+    assert seeds == [7] + [train_common.seed_of(7, i, g) for i in range(5) for g in range(2)]
+    assert len(set(seeds)) == 11
 
 
 def test_accumulated_gradients_are_those_of_the_whole_batch(train, tmp_path, monkeypatch):
