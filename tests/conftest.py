@@ -59,6 +59,13 @@ def counted(monkeypatch, owner, *names):
     return calls
 
 
+def as_from_a_terminal():
+    """preexec_fn of a script the tests signal: SIGINT and SIGHUP at their defaults, as a terminal starts it,
+    whatever this process has (a background job's SIGINT, nohup's SIGHUP: ignored)."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def one_line(stderr, *names):
     """A mistake's end as the user sees it: one line on stderr (so no traceback), naming each of `names`."""
     lines = stderr.strip().splitlines()

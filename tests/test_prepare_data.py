@@ -33,7 +33,7 @@ import readers
 from options import UsageError
 from prepare_data import prepare
 from readers import get_tokenizer, load_meta, read_images, read_tokens
-from conftest import REPO, ended, one_line, python, run_main
+from conftest import REPO, as_from_a_terminal, ended, one_line, python, run_main
 
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -951,7 +951,8 @@ def test_ctrl_c_during_a_build(sig):
     write('owt/a.jsonl', (json.dumps({'text': 'a document ' * 5}) + '\n') * 400_000)
     p = subprocess.Popen([sys.executable, os.path.join(REPO, 'prepare_data.py'), 'openwebtext',
                           '--tokenizer=bytes', '--workers=2', '--input=owt', '--data_dir=data'],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=as_from_a_terminal)
     deadline = time.time() + 30
     # Wait for the staging folder: the build has started.
     while not (os.path.isdir('data') and os.listdir('data')) and time.time() < deadline:

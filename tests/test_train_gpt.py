@@ -29,7 +29,7 @@ import tost
 import tost_fast
 import train_common
 import train_gpt
-from conftest import REPO, ENV, counted, one_line
+from conftest import REPO, ENV, as_from_a_terminal, counted, one_line
 
 
 @pytest.fixture(scope='module')
@@ -381,17 +381,13 @@ def test_ctrl_c_keeps_the_best_model_when_only_the_best_is_saved(data_dir, tmp_p
 
 def start(script, args, cwd, torchrun=0):
     """A training run in its own session (so a signal to its group reaches torchrun and its workers only),
-    SIGINT and SIGHUP at their defaults as a terminal starts it (whatever this process has: nohup's)."""
-    def dispositions():
-        for sig in (signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-
+    as from a terminal."""
     launch = [sys.executable]
     if torchrun:
         launch += ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}']
     return subprocess.Popen(launch + [os.path.join(REPO, script), *args], cwd=cwd, env=ENV, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=dispositions)
+                            preexec_fn=as_from_a_terminal)
 
 
 def wait_for(proc, cond, what, timeout=120):
