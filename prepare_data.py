@@ -221,8 +221,6 @@ def _read_text(path):
 def _files_under(path, exts='', skip=()):
     """A file, or the regular files under a folder ending in `exts` (hidden names and `skip` folders left
     out), sorted by path components."""
-    # A missing path raises here, and options.py's handler names it with its option.
-    os.stat(path)
     if os.path.isfile(path):
         return [path]
     if not os.path.isdir(path):

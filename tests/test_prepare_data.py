@@ -322,7 +322,7 @@ def test_ids_past_the_vocab_name_the_file_and_its_meta_json(tiny):
 
 def test_text_folder_sorted_recursive(tiny):
     docs = {'b.txt': 'bee bee', 'a/z.txt': 'zed zed zed', 'a/m/q.txt': 'queue', 'a-c.md': 'see',
-            '.hidden': 'no'}
+            '.hidden': 'no', '.git/config': 'no'}
     for rel, s in docs.items():
         write(f'notes/{rel}', s * 5)
     out = prepare('text', 'data', input='notes', name='mynotes', tokenizer='gpt2')
@@ -474,8 +474,8 @@ def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(monkeypatch, capsys,
     """Sorted by path components, test folders, site-packages and caches skipped, until max_mb (100 bytes);
     another cap for the same folder is refused without --force."""
     sources = {'a.py': 'x = 1\n' * 10, 'json/b.py': 'y = 22\n' * 4, 'z.py': 'z = 3\n' * 10, 'a.txt': 'no',
-               'test/t.py': 'no', 'site-packages/s.py': 'no', '__pycache__/c.py': 'no',
-               'idle_test/i.py': 'no'}
+               'test/t.py': 'no', 'tests/t.py': 'no', 'site-packages/s.py': 'no', '__pycache__/c.py': 'no',
+               'idle_test/i.py': 'no', 'dist-packages/d.py': 'no'}
     for rel, s in sources.items():
         write(f'lib/{rel}', s)
     monkeypatch.setattr(sysconfig, 'get_paths', lambda: {'stdlib': 'lib'})
@@ -755,6 +755,8 @@ BAD = [  # (dataset and options, what the line names, files to write)
     # options out of their range or choices
     ('mnist', 'mnist', {}),
     ('openwebtext --val_every=-1', '--val_every', {}),
+    ('openwebtext --workers=-1', '--workers', {}),
+    ('python_stdlib --max_mb=0', '--max_mb', {}),
     ('cifar10 --tokenizer=gpt2', '--tokenizer', {}),
     # an input missing, or not one the dataset can read
     ('text', '--input', {}),
