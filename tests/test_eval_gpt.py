@@ -214,6 +214,11 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path, fails, monkeypatch
     # cut: the long passage
     assert flags == list(passages.values()) and cut == 1 and len(reads) == 1
     monkeypatch.undo()
+    # two processes score the passages between them, each once (the gather adds the two)
+    shares = [eval_gpt.last_word_accuracy(model, tokens_of(d, 'lambada'), spans, 16, 3,
+                                          contextlib.nullcontext(), one._replace(rank=r, world_size=2))[0]
+              for r in (0, 1)]
+    assert [a + b for a, b in zip(*shares)] == list(passages.values())
 
     eval_gpt.main([f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--device=cpu'])
     r = read_log(out)[-1]
