@@ -130,6 +130,11 @@ def test_a_bfloat16_loss_is_the_cross_entropy_of_its_logits_in_float32(data_dir,
             logits = model.logits(w[None, :-1])[0]
             total += torch.nn.functional.cross_entropy(logits.double(), w[1:], reduction='sum').item()
     assert abs(loss - total / (len(x) - 1)) < 1e-5
+    # the command's --dtype reaches the model
+    eval_gpt.main([f'--out_dir={tmp_path / "out"}', f'--data_dir={data_dir}', '--datasets=wikitext2',
+                   '--device=cpu', '--dtype=bfloat16'])
+    r = read_log(tmp_path / 'out')[-1]
+    assert r['dtype'] == 'bfloat16' and r['loss'] == pytest.approx(loss, abs=1e-9)
 
 
 def test_a_set_under_a_name_of_ones_own_is_shown_beside_the_papers_numbers_for_its_dataset(data_dir, tmp_path,

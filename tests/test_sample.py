@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import types
 import unicodedata
 
 import pytest
@@ -100,7 +101,13 @@ def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
     want = model.generate(torch.tensor([[10]]), 20, temperature=0)
     text = bytes(want[0, 1:].tolist()).decode('utf-8', 'replace')
     assert capsys.readouterr().out == text + '\n---------------\n'
-    assert dtypes == ['float32', 'float32']
+    # --dtype reaches the autocast; the speed line is the tokens over the time they took (2 s on this clock)
+    clock = iter([10.0, 12.0])
+    monkeypatch.setattr(sample, 'time', types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    sample.main([f'--out_dir={out}', '--num_samples=2', '--max_new_tokens=5', '--device=cpu',
+                 '--dtype=bfloat16'])
+    assert dtypes == ['float32', 'float32', 'bfloat16']
+    assert capsys.readouterr().err.startswith('10 tokens in 2.0s: 5.0 tokens/s (cpu')
 
 
 def test_the_defaults_reach_the_model_and_each_sample_draws_on_from_the_last(tmp_path, monkeypatch):
