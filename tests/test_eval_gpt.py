@@ -271,6 +271,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, fails):
     # the default sets (ptb is not prepared here), a window longer than the model's, no set, a set in another
     # tokenizer (the command that rebuilds it in the model's), damaged sets
     for extra, *names in (([], 'prepare_data.py ptb'),
+                          (['--batch_size=0'], '--batch_size'), (['--block_size=-1'], '--block_size'),
                           (['--datasets=wikitext2', '--block_size=33'], '--block_size'),
                           (['--datasets= ,'], '--datasets=wikitext2'),
                           ([f'--datasets=wikitext2,{BYTES}'], BYTES, '--force', '--tokenizer='),

@@ -222,6 +222,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
     for arg, *names in (('--temperature=-1', '--temperature'),
                         ('--temperature=inf', '--temperature'),
                         ('--max_new_tokens=0', '--max_new_tokens'),
+                        ('--num_samples=0', '--num_samples'), ('--top_k=-1', '--top_k'), ('--seed=-1', '--seed'),
                         (f'--start=FILE:{tmp_path}/missing.txt', 'missing.txt', '--start'),
                         ('--start=FILE:~/missing.txt', f'{tmp_path}/missing.txt'),
                         ('--start=FILE:', '--start'),
@@ -235,15 +236,20 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
 
 
 # What a hand-edited or foreign checkpoint holds in place of a key: the weights, the model's arguments (not a
-# dict, a negative size) or the meta (not a dict, no tokenizer); a vision checkpoint (train_vit.py's)
+# dict, a negative size, a key of a later version) or the meta (not a dict, no tokenizer, none: None deletes
+# the key); a vision checkpoint (train_vit.py's)
 DAMAGE = [('model_args', 5), ('model', [1, 2]), ('meta', 'x'), ('meta', {}), ('kind', 'vit'),
-          ('model_args', dict(block_size=-5, vocab_size=256, n_layer=1, n_head=2, n_embd=32))]
+          ('model_args', dict(block_size=-5, vocab_size=256, n_layer=1, n_head=2, n_embd=32)),
+          ('model_args', dict(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32, future=1)),
+          ('meta', None)]
 
 
 @pytest.mark.parametrize('key, value', DAMAGE)
 def test_a_damaged_checkpoint_is_one_line_naming_it(out, tmp_path, fails, key, value):
     ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
     ckpt[key] = value
+    if value is None:
+        del ckpt[key]
     torch.save(ckpt, tmp_path / 'ckpt.pt')
     fails(sample.main, [f'--out_dir={tmp_path}'], f'{tmp_path}/ckpt.pt')
 
