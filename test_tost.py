@@ -1105,6 +1105,13 @@ def test_generate_edge_cases():
     assert out.shape == (2, 8) and model.training                      # and the mode is given back
     model.eval().generate(token_ids(1, 1), 2)
     assert not model.training
+    # from training mode too, the stream (sample.py's) runs without dropout and without building a graph
+    dropped = tiny_gpt(block_size=8, vocab_size=20, n_layer=1, n_embd=8, dropout=0.5)
+    grads = []
+    dropped.lm_head.register_forward_hook(lambda m, i, o: grads.append(torch.is_grad_enabled()))
+    want = dropped.eval().generate(token_ids(1, 2), 6, temperature=0)[0, 2:].tolist()
+    assert [int(t) for t in dropped.train().generate_stream(token_ids(1, 2), 6, temperature=0)] == want
+    assert grads and not any(grads)
     assert model.generate(token_ids(1, 1), 4, top_k=0).shape == (1, 5)   # 0: all tokens
     # top_k=1 is the most likely token: greedy, whatever the temperature
     greedy = model.generate(token_ids(1, 1), 4, temperature=0)

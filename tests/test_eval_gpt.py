@@ -121,7 +121,11 @@ def test_a_bfloat16_loss_is_the_cross_entropy_of_its_logits_in_float32(data_dir,
     model = save_model(tmp_path / 'out', data_dir)
     tokens = tokens_of(data_dir, 'wikitext2')
     ctx = train_common.autocast('cpu', 'bfloat16')
+    # no graph is built for the backward that never comes
+    grads = []
+    model.lm_head.register_forward_hook(lambda m, i, o: grads.append(torch.is_grad_enabled()))
     loss = eval_gpt.split_loss(model, tokens, 32, 4, ctx, train_common.Dist(False, 0, 0, 1, True, 'cpu'))[0]
+    assert grads and not any(grads)
     x = torch.from_numpy(tokens)
     total = 0.0
     with torch.no_grad(), ctx:
@@ -219,11 +223,14 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path, fails, monkeypatch
     # cut: the long passage
     assert flags == list(passages.values()) and cut == 1 and len(reads) == 1
     monkeypatch.undo()
-    # two processes score the passages between them, each once (the gather adds the two)
+    # two processes score the passages between them, each once (the gather adds the two); no graph is built
+    grads = []
+    model.lm_head.register_forward_hook(lambda m, i, o: grads.append(torch.is_grad_enabled()))
     shares = [eval_gpt.last_word_accuracy(model, tokens_of(d, 'lambada'), spans, 16, 3,
                                           contextlib.nullcontext(), one._replace(rank=r, world_size=2))[0]
               for r in (0, 1)]
     assert [a + b for a, b in zip(*shares)] == list(passages.values())
+    assert grads and not any(grads)
 
     eval_gpt.main([f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--device=cpu'])
     r = read_log(out)[-1]
