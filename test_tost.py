@@ -225,8 +225,9 @@ def test_greedy_generate_equals_full_forward_rerun(kind, prompt_len, shift):
 
 def test_sampling_at_a_low_temperature_under_float16_autocast():
     """logits / temperature overflows float16 at a low temperature: it is taken in float32, and the sample is
-    then the greedy choice; so too at a temperature where it would overflow float32, and at one float32
-    rounds to 0."""
+    then the greedy choice; so too at temperatures below float32's smallest normal number (taken as 0), and
+    at one above it where logits / temperature would overflow float32 (the largest logit is taken off
+    first)."""
     torch.manual_seed(0)
     model = randomize(tiny_gpt(block_size=16, vocab_size=40, n_layer=1), scale=0.5)
     idx = torch.randint(0, 40, (2, 5))
@@ -235,6 +236,12 @@ def test_sampling_at_a_low_temperature_under_float16_autocast():
         for temperature in (1e-6, 1e-45, 1e-50):
             got = model.generate(idx, 6, temperature=temperature, generator=torch.Generator().manual_seed(0))
             assert torch.equal(got, model.generate(idx, 6, temperature=0))
+    # a temperature float32 still divides by, where the logits over it would overflow float32 itself
+    with torch.no_grad():
+        model.lm_head.weight *= 20
+    assert model.logits(idx)[:, -1].abs().max() / 2e-38 > torch.finfo(torch.float32).max
+    got = model.generate(idx, 6, temperature=2e-38, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(got, model.generate(idx, 6, temperature=0))
 
 
 @pytest.mark.parametrize('shift', [False, True])
