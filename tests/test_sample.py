@@ -183,6 +183,9 @@ def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monk
     shown = capsys.readouterr().out
     assert shown.startswith('␛[2J␇ding\t␍\n')
     assert not [c for c in shown if unicodedata.category(c) == 'Cc' and c not in '\n\t']
+    # every control character is pictured, not only those this seed drew
+    assert sorted(sample.CONTROL_PICTURES) == [c for c in range(0xa0) if unicodedata.category(chr(c)) == 'Cc'
+                                               and chr(c) not in '\n\t']
 
 
 def test_sample_on_another_gpu_asks_that_gpu_for_the_dtype(monkeypatch, two_gpus):
@@ -207,6 +210,12 @@ def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):
     # the note shows the start of what is kept (the last 32 bytes)
     assert '33' in note and '32' in note and repr(long[1:]) in note and printed.out.startswith(long)
     assert speed.startswith('5 tokens in ')
+    # 32 bytes fit: no note; a prompt that only looks like a path (~, FILES) is text, as typed
+    for start in (long[1:], '~/notes.txt', 'FILES'):
+        sample.main([f'--out_dir={out}', f'--start={start}', '--num_samples=1', '--max_new_tokens=5',
+                     '--device=cpu'])
+        printed = capsys.readouterr()
+        assert printed.out.startswith(start) and len(printed.err.strip().splitlines()) == 1
 
 
 def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkeypatch):
