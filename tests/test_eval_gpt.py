@@ -234,11 +234,14 @@ def test_lambada_accuracy_where_the_answer_is_known(tmp_path, fails, monkeypatch
 
     eval_gpt.main([f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--device=cpu'])
     r = read_log(out)[-1]
-    assert (r['last_word_correct'], r['passages'], r['passages_cut']) == (4, 8, 1)
+    # the model's own window by default
+    assert (r['last_word_correct'], r['passages'], r['passages_cut'], r['block_size']) == (4, 8, 1, 16)
     assert r['last_word_acc'] == 4 / 8
-    # ' zz', 'z' does not fit a window of 1
+    # ' zz', 'z' does not fit a window of 1; it fits one of 2
     fails(eval_gpt.main, [f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--block_size=1'],
           '--block_size')
+    eval_gpt.main([f'--out_dir={out}', f'--data_dir={d}', '--datasets=lambada', '--block_size=2'])
+    assert read_log(out)[-1]['block_size'] == 2
 
 # -----------------------------------------------------------------------------
 # which sets, and mistakes
