@@ -139,7 +139,7 @@ def resume_config(cfg, set_keys, ckpt):
     cannot change; device, compile and out_dir are this machine's business (dtype is the run's: auto chooses
     again here)."""
     args = ckpt['model_args']
-    for key in set(MODEL_KEYS) & set_keys:
+    for key in [k for k in MODEL_KEYS if k in set_keys]:
         # Older checkpoints lack the newer keys; -1 and 3 name one block of 4.
         had = args.get(key, DEFAULTS[key])
         want = cfg[key]
@@ -147,8 +147,10 @@ def resume_config(cfg, set_keys, ckpt):
             had = list(had)
             want = list(gpt_config(dict(args, softmax_layers=want)).softmax_layers)
         if want != had:
-            raise UsageError(f"--{key}={cfg[key]} does not match the checkpoint's model ({key}={had}); "
-                             f"the model's shape is fixed on resume")
+            # A preset's key was not typed: the preset is named.
+            preset = f" (of --config={cfg['config']})" if key in PRESETS.get(cfg['config'], {}) else ''
+            raise UsageError(f"--{key}={cfg[key]}{preset} does not match the checkpoint's model "
+                             f"({key}={had}); the model's shape is fixed on resume")
     if cfg['block_size'] > args['block_size'] and 'block_size' in set_keys:
         raise UsageError(f"--block_size={cfg['block_size']} is larger than the checkpoint's model allows "
                          f"({args['block_size']}: its position embedding has that many rows)")

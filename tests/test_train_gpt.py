@@ -1021,6 +1021,8 @@ MISTAKES = [
     # a resume: the model's shape and its tokenizer are the checkpoint's
     (RESUME + ['--block_size=33'], ['block_size=33', '32']),
     (RESUME + ['--n_layer=2'], ['--n_layer=2']),
+    # a preset's shape, which the command did not type key by key
+    (RESUME + ['--config=shakespeare'], ['--n_layer=6', '--config=shakespeare']),
     (RESUME + ['--softmax_layers=0'], ['--softmax_layers=0']),
     # not silently one of them
     (RESUME + ['--overwrite=true'], ['--init_from=resume', '--overwrite']),
