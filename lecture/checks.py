@@ -243,7 +243,7 @@ def check_duplication_factor(answer):
     return f'measured {ratio:.6f}'
 
 
-@exercise(3, 'the corollary: R^var_c >= R_c, groups in span(U_k)', 'projected_compression')
+@exercise(3, 'the corollary: R^var_c >= R_c in span(U_k)', 'projected_compression')
 def check_projected_compression(answer):
     above = 0
     for case in range(40):
