@@ -164,8 +164,8 @@ def option_of(path):
     folder = full.rstrip(os.sep) + os.sep
     # The working folder, or one above it, is on the way to every path: it names no option that way.
     everyones = (os.getcwd() + os.sep).startswith(folder)
-    found = (False, False, -1, "")
-    for key, values in parsed.items():
+    found = (False, -1, 0, "")
+    for i, (key, values) in enumerate(parsed.items()):
         for value in values if isinstance(values, list) else [values]:
             if not isinstance(value, str) or not value.strip():
                 continue
@@ -178,12 +178,11 @@ def option_of(path):
             after_colon = bool(tail) and os.path.abspath(os.path.expanduser(tail)) == full
             under = (full + os.sep).startswith(above.rstrip(os.sep) + os.sep) or after_colon
             on_the_way = (above + os.sep).startswith(folder) and not everyones
-            # The option that is the path comes first, the one that is it as typed before one that reaches it
-            # another way (--input=notes/ before --name=notes), then the longest: one whose path it is on the
-            # way to is below it, longer than any it is under.
+            # The option that is the path comes first, then the longest (one whose path it is on the way to is
+            # below it, longer than any it is under), then the one the script lists first (prepare_data's
+            # --input=notes before its --name=notes).
             if under or on_the_way:
-                exact = full == above or after_colon
-                found = max(found, (exact, value == str(path), len(above), f" (--{key}={value})"))
+                found = max(found, (full == above or after_colon, len(above), -i, f" (--{key}={value})"))
     return found[-1]
 
 
@@ -341,11 +340,11 @@ BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0":
 
 def near(word, names, prefix=""):
     """'; did you mean NAME?' for the one of `names` a typed `word` is close to (a typo), or ''. Close: 0.8
-    of difflib's ratio, so that --min_lr does not point to --min_lr_ratio, another meaning, or one letter off
-    a short word (demp: demo); in any case (CIFAR10: cifar10)."""
+    of difflib's ratio, so that --min_lr does not point to --min_lr_ratio, another meaning; 0.75 for a word
+    of four letters or fewer, one letter off (demp: demo, not bs: bias); in any case (CIFAR10: cifar10)."""
     lowered = {str(n).lower(): n for n in names}
     word = str(word).lower()
-    close = difflib.get_close_matches(word, lowered, n=1, cutoff=min(0.8, 1 - 1 / max(len(word), 2)))
+    close = difflib.get_close_matches(word, lowered, n=1, cutoff=0.75 if len(word) <= 4 else 0.8)
     return f"; did you mean {prefix}{lowered[close[0]]}?" if close else ""
 
 

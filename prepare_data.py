@@ -221,6 +221,8 @@ def _read_text(path):
 def _files_under(path, exts='', skip=()):
     """A file, or the regular files under a folder ending in `exts` (hidden names and `skip` folders left
     out), sorted by path components."""
+    # A missing path (a stdlib in a zip file) raises here, and options.py's handler names it.
+    os.stat(path)
     if os.path.isfile(path):
         return [path]
     if not os.path.isdir(path):
@@ -701,9 +703,9 @@ def prepare(name, /, data_dir='data', **o):
 DEFAULTS = dict(
     dataset='',          # what to prepare: one of the names above, given as the first word or as --dataset
     data_dir='data',     # root: each dataset goes to <data_dir>/<name>/, downloads to <data_dir>/downloads/
+    input='',            # a local file instead of a download (text, openwebtext: or a folder of them)
     name='',  # the output folder's name; default: the dataset's, or the --input file's stem for text
     tokenizer='',        # bytes (256 ids, UTF-8 bytes) or gpt2 (tiktoken, 50257 ids); default: the dataset's
-    input='',            # a local file instead of a download (text, openwebtext: or a folder of them)
     archive='',          # a local CIFAR tarball instead of a download
     max_mb=16.0,         # python_stdlib: stop adding files at this many MB of source
     workers=0,           # threads that tokenize with gpt2, at most the cores; 0: every core

@@ -122,10 +122,10 @@ def load_meta(folder, kind=None, model_meta=None):
         command = recipe(folder, tokenizer=model_meta and model_meta.get("tokenizer"))
         if kind == "images" and name not in IMAGES:
             command = f"{recipe(os.path.join(root, IMAGES[0]))} (or {IMAGES[1]}), and --dataset={IMAGES[0]}"
-        # A name a letter or two off one of prepare_data.py's datasets is a typo of it, not text of one's own.
-        typo = "" if name in IMAGES + TEXTS else near(name, IMAGES + TEXTS)
-        advice = typo or f"; run: {command}"
-        raise UsageError(f"{folder} is not a prepared dataset (no meta.json){advice}") from None
+        # A name a letter or two off one of prepare_data.py's datasets of this kind is likely a typo of it.
+        ours = {"images": IMAGES, "text": TEXTS}.get(kind, IMAGES + TEXTS)
+        typo = "" if name in ours else near(name, ours)
+        raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {command}{typo}") from None
     try:
         meta = json.loads(text)
         if not isinstance(meta, dict):

@@ -80,6 +80,11 @@ def test_a_typo_is_pointed_to_its_name_and_another_name_is_not():
         with pytest.raises(UsageError) as e:
             parse(*argv)
         assert (meant in str(e.value)) if meant else "did you mean" not in str(e.value), str(e.value)
+    # a short word one letter off a name is its typo; two letters of four are not (bs is no --bias)
+    for typed, meant in (("--bs", None), ("--seeb", "--seed?")):
+        with pytest.raises(UsageError) as e:
+            options.parse([f"{typed}=8"], {"bias": False, "seed": 1})
+        assert (meant in str(e.value)) if meant else "did you mean" not in str(e.value), str(e.value)
     for typed in ("sofmax", "SOFTMAX"):
         with pytest.raises(UsageError, match="softmax[?]"):
             options.parse([f"--attn={typed}"], {"attn": "tssa"}, choices={"attn": ("tssa", "softmax")})
@@ -548,10 +553,10 @@ def test_a_path_given_as_file_colon_path_names_its_option():
     # An option the path is under comes first; a value that ends in ':' names no path.
     options.parse(['--data_dir=d', '--out_dir=d/out'], {'data_dir': 'data', 'out_dir': 'out'})
     assert options.option_of('d') == ' (--data_dir=d)'
-    # Two options that are the path: the one that is it as typed (prepare_data's --input=notes/ --name=notes)
-    options.parse(['--name=notes', '--input=notes/'], {'name': '', 'input': ''})
-    assert options.option_of('notes/') == ' (--input=notes/)'
-    assert options.option_of('notes') == ' (--name=notes)'
+    # Two options that are the path: the one the script lists first (prepare_data's --input, then --name)
+    for typed in ('notes', 'notes/'):
+        options.parse(['--name=notes', f'--input={typed}'], {'input': '', 'name': ''})
+        assert options.option_of(typed) == f' (--input={typed})'
     options.parse(['--start=Question:'], {'start': '\n'})
     assert options.option_of(os.getcwd()) == ''
     # FILE:~/path, the home folder expanded

@@ -408,6 +408,9 @@ def test_a_folder_that_cannot_be_read_is_said(monkeypatch, capsys):
     monkeypatch.setattr(os, 'scandir', refused)
     assert prep._files_under('in', '.txt') == [os.path.join('in', 'a.txt')]
     assert os.path.join('in', 'locked') in capsys.readouterr().err
+    # a folder that is not there at all (a stdlib in a zip file) is the handler's to name, as missing
+    with pytest.raises(FileNotFoundError):
+        prep._files_under('nowhere', '.py')
 
 
 def test_shakespeare_gpt2_from_local_copy(tiny, capsys, monkeypatch):
@@ -800,6 +803,15 @@ BAD = [  # (dataset and options, what the line names, files to write)
     cifar('test_batch', edit=('test_batch', {b'data': np.ones((4, 100), np.uint8)})),
     cifar('batches.meta', edit=('batches.meta', {b'label_names': [b'x']})),
 ]
+
+
+def test_a_typo_of_a_dataset_is_pointed_to_one_of_the_kind_the_script_reads():
+    for kind, typed, meant in (('text', 'shakespear', 'shakespeare?'), ('images', 'shakespear', None),
+                               ('images', 'cifar1', 'cifar10?'), ('text', 'cifar1', None)):
+        with pytest.raises(UsageError) as e:
+            load_meta(f'data/{typed}', kind)
+        assert 'run: python prepare_data.py' in str(e.value)
+        assert (meant in str(e.value)) if meant else 'did you mean' not in str(e.value), str(e.value)
 
 
 def test_a_missing_input_is_named_before_the_vocabulary_is_fetched(monkeypatch, capsys):

@@ -522,8 +522,8 @@ def run_sections(args, sections, results):
     names = [s.strip() for s in args.sections.split(',') if s.strip()]
     unknown = [s for s in names if s not in sections]
     if unknown or not names:
-        typed = ', '.join(unknown)
-        raise UsageError(f"unknown section(s) {typed or '(none)'}{near(typed, sections)}; choose from "
+        typos = ''.join(near(name, sections) for name in unknown)
+        raise UsageError(f"unknown section(s) {', '.join(unknown) or '(none)'}{typos}; choose from "
                          f"{', '.join(sections)}")
     path = json_path(args.json) if args.json else None
     t0 = time.time()
