@@ -17,7 +17,8 @@ import tost
 import tost_fast
 from tost import GPT, GPTConfig, ViT, ViTConfig, TSSA, CausalTSSA, SoftmaxAttention, preset
 
-# Tiny models: one thread is as fast as two on an idle machine, and much faster where another job takes a core.
+# Tiny models: one thread is as fast as two on an idle machine, and far faster where another job takes a
+# core.
 torch.set_num_threads(1)
 
 

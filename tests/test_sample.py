@@ -107,7 +107,7 @@ def test_sample_streams_what_generate_gives(out, capsys, monkeypatch):
     sample.main([f'--out_dir={out}', '--num_samples=2', '--max_new_tokens=5', '--device=cpu',
                  '--dtype=bfloat16'])
     assert dtypes == ['float32', 'float32', 'bfloat16']
-    assert capsys.readouterr().err.startswith('10 tokens in 2.0s: 5.0 tokens/s (cpu')
+    assert capsys.readouterr().err.split()[:6] == ['10', 'tokens', 'in', '2.0s:', '5.0', 'tokens/s']
 
 
 def test_the_defaults_reach_the_model_and_each_sample_draws_on_from_the_last(tmp_path, monkeypatch):
@@ -231,7 +231,8 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
     for arg, *names in (('--temperature=-1', '--temperature'),
                         ('--temperature=inf', '--temperature'),
                         ('--max_new_tokens=0', '--max_new_tokens'),
-                        ('--num_samples=0', '--num_samples'), ('--top_k=-1', '--top_k'), ('--seed=-1', '--seed'),
+                        ('--num_samples=0', '--num_samples'), ('--top_k=-1', '--top_k'),
+                        ('--seed=-1', '--seed'),
                         (f'--start=FILE:{tmp_path}/missing.txt', 'missing.txt', '--start'),
                         ('--start=FILE:~/missing.txt', f'{tmp_path}/missing.txt'),
                         ('--start=FILE:', '--start'),
