@@ -56,6 +56,9 @@ def test_recall_labels_are_the_values_of_the_queried_keys(pairs):
         ctx = prefix[:2 * pairs]
         return ctx[ctx[0::2].index(prefix[t]) * 2 + 1]                 # the value that followed the key
     check_labels(x, y, answer)
+    # which pairs are asked differs from sequence to sequence
+    asked = {tuple(list(r[:2 * pairs:2]).index(q) for q in r[2 * pairs::2]) for r in x.tolist()}
+    assert len(asked) > 1 or pairs == 1
     # each query followed by its value
     assert (x[:, 2 * pairs + 1::2] == y[:, 2 * pairs::2][:, :n_q - 1]).all()
 
@@ -108,7 +111,7 @@ def test_periodic_labels_are_the_next_token(period):
 @pytest.mark.parametrize('symbols', [2, 4, 16])
 def test_mode_labels_are_the_unique_most_frequent_symbol_so_far(symbols):
     x, y = sample('mode', symbols)
-    assert x.max() < symbols
+    assert set(np.unique(x).tolist()) == set(range(symbols))
 
     def answer(prefix):
         if len(prefix) < 8:                                            # the warm-up
@@ -270,11 +273,14 @@ def test_the_language_row_is_the_last_eval_and_the_mean_speed_after_warmup(monke
            dict(kind='eval', val_loss=2.0)]
     rows = [dict(variant='ToST (paper)', seconds=1.0, out_dir='o'),
             dict(variant='x', seconds=1.0, out_dir='p')]
-    monkeypatch.setattr(study, 'train', lambda *args: iter([(r, r['out_dir'], log) for r in rows]))
+    later = [*log[:-1], dict(kind='eval', val_loss=2.5)]
+    monkeypatch.setattr(study, 'train', lambda *args: iter([(rows[0], 'o', log), (rows[1], 'p', later)]))
     monkeypatch.setattr(study, 'run_script', lambda *args: SimpleNamespace(stdout='def x'))
     res = {}
     study.section_language(SimpleNamespace(mode='smoke'), res)
-    assert [(r['val_loss'], r['tokens_per_sec']) for r in res['language']['rows']] == [(2.0, 15.0)] * 2
+    got = [(r['val_loss'], r['tokens_per_sec']) for r in res['language']['rows']]
+    assert got == [(2.0, 15.0), (2.5, 15.0)]
+    assert '+0.500' in capsys.readouterr().out                        # vs the first row, the paper's
 
 
 def test_the_vision_row_is_the_last_and_best_accuracy(tmp_path, monkeypatch):
@@ -292,14 +298,14 @@ def test_every_run_of_a_section_gets_the_same_budget_in_float32_in_its_own_folde
     folder of its own that its row names."""
     calls = []
     monkeypatch.setattr(study, 'run_script', lambda script, keys: calls.append(keys))
-    monkeypatch.setattr(study.plot, 'read_run', lambda d: (None, {}, []))
+    monkeypatch.setattr(study.plot, 'read_run', lambda d: (None, {}, [d]))
     args = SimpleNamespace(mode='full', out_dir=str(tmp_path))
     got = list(study.train(args, 'language', 'train_gpt.py', study.LANGUAGE, {'max_iters': 7}))
     assert len({c['out_dir'] for c in calls}) == len(calls) == len(study.LANGUAGE)
     assert [os.path.abspath(row['out_dir']) for row, _, _ in got] == [c['out_dir'] for c in calls]
-    for c, (_, _, extra) in zip(calls, study.LANGUAGE):
-        assert c['dtype'] == 'float32' and c['max_iters'] == 7
-        assert {k: c[k] for k in extra} == extra
+    for c, (row, out_dir, log), (_, _, extra) in zip(calls, got, study.LANGUAGE):
+        assert c['dtype'] == 'float32' and c['max_iters'] == 7 and c['overwrite'] is True
+        assert {k: c[k] for k in extra} == extra == {k: row[k] for k in extra} and log == [out_dir]
 
 
 def oracle_logits(self, x):
@@ -348,8 +354,8 @@ def test_every_model_of_a_row_gets_the_same_budget_in_job_order(monkeypatch, cap
         jobs.append(job)
         name, value, kind, steps, tests = job
         t = study.TASKS[name]
-        return dict(task=name, knob=t.knob, value=value, model=kind, accuracy=len(jobs) / 100, chance=0.1,
-                    seq_len=4, seconds=0.0)
+        return dict(task=name, knob=t.knob, value=value, model=kind, accuracy=len(jobs) / 100,
+                    chance=value / 100, seq_len=value + 100, seconds=0.0)
     monkeypatch.setattr(study, 'task_run', fake)
     pools = SimpleNamespace(Pool=lambda n: FakePool())
     monkeypatch.setattr(study.multiprocessing, 'get_context', lambda how: pools)
@@ -360,10 +366,108 @@ def test_every_model_of_a_row_gets_the_same_budget_in_job_order(monkeypatch, cap
     assert jobs == want
     assert [(r['task'], r['value'], r['model']) for r in res['tasks']] == [j[:3] for j in want]
     assert res['tasks_budget']['test_sequences'] == study.TASK_TEST[mode]
+    assert res['tasks_budget']['seed'] == study.TASK_SEED
     # the printed table: each row's cells in the order of the models, these numbers
     out = capsys.readouterr().out
     k = len(study.TASK_MODELS)
     for i in range(0, len(want), k):
-        cells = ' '.join(f"{(i + j + 1) / 100:.2f}" for j in range(k))
+        name, value = want[i][:2]
+        cells = f"{study.TASKS[name].knob} {value} {value + 100} {value / 100:.2f} " + \
+            ' '.join(f"{(i + j + 1) / 100:.2f}" for j in range(k))
         shown = [' '.join(line.replace('│', ' ').split()) for line in out.splitlines()]
         assert any(line.endswith(cells) for line in shown), cells
+
+
+def committed(name):
+    with open(os.path.join(study.REPO, 'docs', f'{name}.json'), encoding='utf-8') as f:
+        return json.load(f)
+
+
+def options_of(row, measured):
+    """A study row's options: its keys but what it measured, less those at their default (None)."""
+    return {k: v for k, v in row.items() if k not in measured and v is not None}
+
+
+def test_the_studies_in_docs_are_the_rows_and_budgets_the_code_runs():
+    """docs/language.json, vision.json and tasks.json hold the numbers of docs/quality.md and
+    docs/capabilities.md: each row's options and each budget are the ones the study gives now."""
+    lang = committed('language')['language']
+    assert {k: v for k, v in lang['budget'].items() if k != 'note'} == study.LANGUAGE_BUDGET['full']
+    measured = ('variant', 'seconds', 'out_dir', 'val_loss', 'tokens_per_sec', 'sample')
+    assert [(r['variant'], options_of(r, measured)) for r in lang['rows']] == \
+        [(name, extra) for _, name, extra in study.LANGUAGE]
+    vis = committed('vision')['vision']
+    n_train, n_test, overrides = study.VISION_BUDGET['full']
+    assert vis['budget'] == dict(model='tost-cifar-tiny', warmup_epochs=1, **overrides, train_images=n_train,
+                                 test_images=n_test, note=vis['budget']['note'])
+    measured = ('variant', 'seconds', 'out_dir', 'test_acc', 'best_acc')
+    assert [(r['variant'], options_of(r, measured)) for r in vis['rows']] == \
+        [(name, extra) for _, name, extra in study.VISION]
+    tasks = committed('tasks')
+    budget = dict(model=study.TASK_MODEL, steps={t.name: t.steps[0] for t in TASK.values()},
+                  test_sequences=study.TASK_TEST['full'], seed=study.TASK_SEED)
+    assert {k: tasks['tasks_budget'][k] for k in budget} == json.loads(json.dumps(budget))
+    assert {k: tasks['tasks_budget']['optimizer'][k] for k in study.TASK_OPT} == \
+        json.loads(json.dumps(study.TASK_OPT))
+    want = [(t.name, v, k, t.steps[0], pytest.approx(t.chance(v)))
+            for t in TASK.values() for v in t.full for k in study.TASK_MODELS]
+    assert [(r['task'], r['value'], r['model'], r['steps'], r['chance']) for r in tasks['tasks']] == want
+
+
+def test_the_task_maps_columns_are_the_models_they_name():
+    assert [plot.model_name(c) for c in study.TASK_MODELS.values()] == \
+        [k.replace('tssa', 'ToST').replace('+', ' + ') for k in study.TASK_MODELS]
+
+
+def test_the_glyph_images_show_their_class(tmp_path):
+    """Each image's bright pixels (the glyph, of one colour; the noise is darker) make the same pattern
+    wherever its class appears, in train and test alike, and the classes' patterns differ."""
+    study.make_glyph_images(tmp_path, 48, 32)
+    meta = json.loads((tmp_path / 'meta.json').read_text())
+    assert meta['num_classes'] == len(meta['classes']) == 10
+    patterns = {}
+    for split, n in (('train', 48), ('test', 32)):
+        x = np.load(tmp_path / f'{split}_images.npy')
+        y = np.load(tmp_path / f'{split}_labels.npy')
+        assert x.shape == (n, 3, 32, 32) and x.dtype == np.uint8 and y.shape == (n,) and y.max() < 10
+        for image, label in zip(x, y.tolist()):
+            bright = (image >= 150).any(0)
+            rows, cols = np.nonzero(bright)
+            crop = bright[rows.min():rows.max() + 1, cols.min():cols.max() + 1]
+            assert crop.shape <= (5, 5) and (image[:, ~bright] < 120).all()
+            assert (image[:, bright] == image[:, bright][:, :1]).all()
+            key = crop.tobytes() + bytes(crop.shape)
+            assert patterns.setdefault(label, key) == key
+    assert len(set(patterns.values())) == len(patterns) > 5
+
+
+def test_a_task_cell_trains_its_model_from_the_shared_seed_and_budget(monkeypatch):
+    """Every column of a row: its own model (TASK_MODELS), built from the same seed, trained with TASK_OPT's
+    batch, weight decay, schedule and clip."""
+    seen = []
+    real = (study.tost.GPT, study.tost.make_optimizer, study.task_train_batches, study.optimizer_step)
+
+    class Spy(real[0]):
+        def __init__(self, cfg):
+            seen.append(('init', cfg.attn, cfg.token_shift, tuple(cfg.softmax_layers), torch.get_rng_state()))
+            super().__init__(cfg)
+    monkeypatch.setattr(study.tost, 'GPT', Spy)
+    monkeypatch.setattr(study.tost, 'make_optimizer',
+                        lambda model, wd, *a: seen.append(('decay', wd)) or real[1](model, wd, *a))
+    monkeypatch.setattr(study, 'task_train_batches',
+                        lambda task, v, batch, *a: seen.append(('batch', batch))
+                        or real[2](task, v, batch, *a))
+    monkeypatch.setattr(study, 'optimizer_step',
+                        lambda opt, scaler, lr, clip: seen.append(('clip', clip))
+                        or real[3](opt, scaler, lr, clip))
+    monkeypatch.setattr(study, 'cosine_lr', lambda *args: seen.append(('lr', args[1:])) or 1e-3)
+    o = study.TASK_OPT
+    for kind, cfg in study.TASK_MODELS.items():
+        seen.clear()
+        study.task_run(('periodic', 2, kind, 1, 8))
+        (_, attn, shift, layers, state), *rest = seen
+        want = (cfg['attn'], cfg.get('token_shift', False), cfg.get('softmax_layers', ()))
+        assert (attn, shift, layers) == want
+        assert torch.equal(state, torch.manual_seed(study.TASK_SEED).get_state())
+        assert rest == [('decay', o['weight_decay']), ('batch', o['tokens'] // 32),
+                        ('lr', (o['lr'], o['min_lr'], o['warmup'], 1)), ('clip', o['clip'])]
