@@ -398,8 +398,8 @@ def test_the_studies_in_docs_are_the_rows_and_budgets_the_code_runs():
         [(name, extra) for _, name, extra in study.LANGUAGE]
     vis = committed('vision')['vision']
     n_train, n_test, overrides = study.VISION_BUDGET['full']
-    assert vis['budget'] == dict(model='tost-cifar-tiny', warmup_epochs=1, **overrides, train_images=n_train,
-                                 test_images=n_test, note=vis['budget']['note'])
+    assert vis['budget'] == dict(study.VISION_MODEL, **overrides, train_images=n_train, test_images=n_test,
+                                 note=vis['budget']['note'])
     measured = ('variant', 'seconds', 'out_dir', 'test_acc', 'best_acc')
     assert [(r['variant'], options_of(r, measured)) for r in vis['rows']] == \
         [(name, extra) for _, name, extra in study.VISION]

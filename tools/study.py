@@ -159,6 +159,8 @@ def make_glyph_images(folder, n_train, n_test):
 VISION = [('tost', 'ToST (paper)', {}), ('tost-lpi', 'ToST + lpi', {'lpi': True}),
           ('softmax', 'softmax', {'attn': 'softmax'}),
           ('softmax-lpi', 'softmax + lpi', {'attn': 'softmax', 'lpi': True})]
+# train_vit.py's model and warmup for every row and budget
+VISION_MODEL = dict(model='tost-cifar-tiny', warmup_epochs=1)
 VISION_BUDGET = {   # train images, test images, and train_vit.py overrides
     'full': (6144, 2048, dict(epochs=6, batch_size=64)),
     'quick': (2048, 1024, dict(epochs=4, batch_size=64)),
@@ -171,7 +173,7 @@ def section_vision(args, results):
     n_train, n_test, overrides = VISION_BUDGET[args.mode]
     data_dir = os.path.join(args.out_dir, 'data')
     make_glyph_images(os.path.join(data_dir, 'glyphs'), n_train, n_test)
-    budget = dict(model='tost-cifar-tiny', warmup_epochs=1, **overrides)
+    budget = dict(VISION_MODEL, **overrides)
     keys = dict(budget, dataset='glyphs', data_dir=data_dir, viz_images=0, compression_images=0)
     rows = []
     for row, _, log in train(args, 'vision', 'train_vit.py', VISION, keys):
