@@ -229,6 +229,14 @@ def test_a_bad_json_or_out_dir_is_one_line_before_any_work(fails, tmp_path, monk
     assert (tmp_path / 'README.md').read_text() == '# the project'
 
 
+def test_the_budget_is_the_one_asked_for_and_the_results_name_the_machine(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setitem(study.SECTIONS, 'tasks', lambda args, results: ran.append((args.mode, results)))
+    for flag, mode in (('--smoke', 'smoke'), ('--quick', 'quick'), ('', 'full')):
+        study.main(['tasks', f'--out_dir={tmp_path}', *filter(None, [flag])])
+        assert ran[-1][0] == ran[-1][1]['mode'] == mode and 'cpu' in ran[-1][1]
+
+
 def test_a_failed_run_is_the_childs_one_line(fails, tmp_path, monkeypatch):
     """A script that fails under the study ends it with one line, exit 2, that names the script and what
     the script said was wrong."""
