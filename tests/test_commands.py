@@ -135,7 +135,7 @@ SKIP_WHY = {
         'python tools/lecture_page.py', 'python -m lecture.exercises'),
     'a template (<run>: a row of the language study, which runs it for each row)': (
         'python sample.py --out_dir=out-study/language-<run> --start="def " --seed=1 --temperature=0.8 '
-        '--max_new_tokens=160',),
+        '--max_new_tokens=160 --num_samples=1',),
 }
 SKIP = {command: why for why, commands in SKIP_WHY.items() for command in commands}
 SCRIPTS = {'train_gpt.py': train_gpt.main, 'train_vit.py': train_vit.main, 'sample.py': sample.main,
