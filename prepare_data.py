@@ -25,6 +25,7 @@ import itertools
 import json
 import os
 import pickle
+import posixpath
 import re
 import shutil
 import signal
@@ -528,8 +529,9 @@ def _read_cifar(archive, spec):
     k = spec['classes']
     try:
         with tarfile.open(archive, 'r:*') as tf:
-            # One pass in archive order: a .tar.gz cannot seek backwards cheaply.
-            got = {os.path.normpath(m.name): tf.extractfile(m).read() for m in tf if m.isfile()}
+            # One pass in archive order: a .tar.gz cannot seek backwards cheaply. Names in a tar use '/'
+            # on every system.
+            got = {posixpath.normpath(m.name): tf.extractfile(m).read() for m in tf if m.isfile()}
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         raise UsageError(f"{archive} is not a readable tar archive ({e})") from None
 

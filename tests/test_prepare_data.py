@@ -656,7 +656,7 @@ def make_cifar(path, which, n=4, skip=(), edit=None, prefix=''):
 
 
 @pytest.mark.parametrize('which', ['cifar10', 'cifar100'])
-def test_cifar_roundtrip(capsys, which):
+def test_cifar_roundtrip(capsys, monkeypatch, which):
     """Pickle protocols 2 and 5 (and members named ./cifar-100-python/..., as tar repacks them); prepared
     again, it is said to be there, and text is refused its folder."""
     images, labels = make_cifar('c.tar.gz', which, prefix='./' if which == 'cifar100' else '')
@@ -680,6 +680,9 @@ def test_cifar_roundtrip(capsys, which):
         load_meta(out, 'text')
     write('in.txt', 'hello there. ' * 20)
     assert f'data/{which}' in one_error(capsys, 'text', '--input=in.txt', f'--name={which}')
+    # Where os.path is Windows', the archive's names are read as they are written, with '/'.
+    monkeypatch.setattr(prep.os, 'path', ntpath)
+    assert len(prep._read_cifar('c.tar.gz', prep.CIFAR[which])[0][0]) == len(images) - 4
 
 
 # -----------------------------------------------------------------------------
