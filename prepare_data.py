@@ -211,12 +211,13 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
 
 
 def _read_text(path):
+    """A file's text; utf-8-sig: less the byte-order mark some Windows editors put first."""
     raw = Path(path).read_bytes()
     try:
-        return raw.decode('utf-8')
+        return raw.decode('utf-8-sig')
     except UnicodeDecodeError as e:
         _warn(f"{path} is not valid UTF-8 (byte {e.start}); undecodable bytes were replaced with U+FFFD")
-        return raw.decode('utf-8', errors='replace')
+        return raw.decode('utf-8-sig', errors='replace')
 
 
 def _files_under(path, exts='', skip=()):
@@ -327,7 +328,7 @@ def _owt_docs(files):
             # Bytes that are not UTF-8 come in as lone surrogates: replaced with U+FFFD, as a .txt's are, and
             # said once a file.
             said = False
-            with open(f, encoding='utf-8', errors='surrogateescape') as lines:
+            with open(f, encoding='utf-8-sig', errors='surrogateescape') as lines:
                 for n, line in enumerate(lines, 1):
                     if re.search('[\udc80-\udcff]', line):
                         if not said:
@@ -451,7 +452,7 @@ def _build_eval_set(stage, o):
     tok = get_tokenizer(o.get('tokenizer', 'gpt2'))
     raw, where, official = _eval_source(o, spec)
     try:
-        text = raw.decode('utf-8')
+        text = raw.decode('utf-8-sig')
     except UnicodeDecodeError as e:
         raise UsageError(f"{where} is not UTF-8 text (byte {e.start}): not {name}'s test set") from None
     # The tokenized WikiText-2 (wiki.test.tokens) has <unk>s.

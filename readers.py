@@ -113,7 +113,8 @@ def load_meta(folder, kind=None, model_meta=None):
     prepares it; a --data_dir that is a file is the OSError handler's to name."""
     path = os.path.join(folder, "meta.json")
     try:
-        with open(path, encoding="utf-8") as f:
+        # utf-8-sig: as utf-8, less the byte-order mark some Windows editors put first.
+        with open(path, encoding="utf-8-sig") as f:
             text = f.read()
     except FileNotFoundError:
         root, name = os.path.split(os.path.normpath(folder))

@@ -103,9 +103,10 @@ def main(argv=None):
             raise UsageError("--start=FILE: needs the prompt file's path after FILE:")
         # a file that cannot be read is the handler's to name (options.py)
         try:
-            # newline='': its bytes as they are (\r\n too), as prepare_data reads text. At most 16M characters
-            # (a model sees a few thousand tokens): /dev/zero, or a wrong file, would be read forever.
-            with open(path, encoding='utf-8', newline='') as f:
+            # newline='': its bytes as they are (\r\n too), as prepare_data reads text, less a byte-order mark
+            # (utf-8-sig). At most 16M characters (a model sees a few thousand tokens): /dev/zero, or a wrong
+            # file, would be read forever.
+            with open(path, encoding='utf-8-sig', newline='') as f:
                 prompt = f.read(2**24)
                 if f.read(1):
                     raise UsageError(f"--start: the prompt file {path} holds more than 16M characters")

@@ -325,6 +325,8 @@ def test_text_folder_sorted_recursive(tiny):
             '.hidden': 'no', '.git/config': 'no'}
     for rel, s in docs.items():
         write(f'notes/{rel}', s * 5)
+    # A byte-order mark, as some Windows editors write, is not text.
+    write('notes/b.txt', '\ufeff' + docs['b.txt'] * 5)
     out = prepare('text', 'data', input='notes', name='mynotes', tokenizer='gpt2')
     train = []
     val = []
@@ -337,6 +339,9 @@ def test_text_folder_sorted_recursive(tiny):
     # a model in the same tokenizer's name but of another vocabulary is refused, naming both counts
     with pytest.raises(UsageError, match='257 ids.*50257 ids'):
         load_meta(out, 'text', {'tokenizer': 'gpt2', 'vocab_size': 50257})
+    meta = Path(out, 'meta.json')
+    meta.write_text('\ufeff' + meta.read_text(encoding='utf-8'), encoding='utf-8')
+    assert load_meta(out, 'text')['name'] == 'mynotes'
 
 
 def test_many_short_files_warn_and_val_every_takes_whole_files(tiny, capsys):
@@ -519,7 +524,7 @@ def test_openwebtext_local_streaming(tiny, monkeypatch, workers, threads):
     # .jsonl is UTF-8, not only the ASCII of its escapes.
     docs[1] = 'café ✓ déjà vu, ' * 3
     rows = [json.dumps({'text': d, 'url': 'x'}, ensure_ascii=False) for d in docs[:5]]
-    write('owt/a.jsonl', ''.join(row + '\n\n' for row in rows))
+    write('owt/a.jsonl', '\ufeff' + ''.join(row + '\n\n' for row in rows))
     write('owt/b.txt', docs[5])
     write('owt/p.parquet', json.dumps(docs[9:]))
     write('owt/sub/c.jsonl', ''.join(json.dumps({'text': d}) + '\n' for d in docs[6:9]))
@@ -578,6 +583,7 @@ def zipped(members):
     ('wikitext2', {'w.zip': zipped({'wikitext-2-raw/wiki.train.raw': ' = A = \n',
                                     'wikitext-2-raw/wiki.test.raw': WIKI})}),
     ('ptb', {'ptb.test.txt': PTB}),
+    ('ptb', {'ptb.test.txt': '\ufeff' + PTB}),
 ])
 def test_test_sets_are_kept_as_published(tiny, capsys, name, files):
     """The test split's text as it is, from the file or its zip, as val, a row a line each followed by
