@@ -367,7 +367,8 @@ def test_every_script_imports_where_fcntl_does_not_exist():
 
 def test_every_text_file_the_scripts_open_is_utf8():
     """Windows reads and writes text in its locale's code page unless told: every open() of text in the
-    scripts and tools names utf-8, so a meta.json or log.jsonl reads back the same on every system."""
+    scripts and tools names utf-8, so a meta.json or log.jsonl reads back the same on every system, and so
+    does every child's output read as text."""
     unnamed = []
     for path in glob.glob(os.path.join(REPO, "*.py")) + glob.glob(os.path.join(REPO, "*", "*.py")):
         if os.path.basename(os.path.dirname(path)) == "tests" or path.endswith("test_tost.py"):
@@ -377,6 +378,9 @@ def test_every_text_file_the_scripts_open_is_utf8():
         for call in [node for node in ast.walk(tree) if isinstance(node, ast.Call)]:
             builtin = isinstance(call.func, ast.Name)
             name = call.func.id if builtin else getattr(call.func, "attr", "")
+            keys = [k.arg for k in call.keywords]
+            if name == "run" and "text" in keys:
+                unnamed.append(f"{os.path.relpath(path, REPO)}:{call.lineno} text=True")
             if not (name == "open" and builtin or name in TEXT_IO):
                 continue
             modes = [k.value for k in call.keywords if k.arg == "mode"] + call.args[1:2] * (name == "open")

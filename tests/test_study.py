@@ -315,6 +315,13 @@ def test_every_run_of_a_section_gets_the_same_budget_in_float32_in_its_own_folde
         assert c['dtype'] == 'float32' and c['max_iters'] == 7 and c['overwrite'] is True
         assert {k: c[k] for k in extra} == extra == {k: row[k] for k in extra} and log == [out_dir]
 
+    # On Windows, a folder on another drive than the current one has no relative path: its row names it whole.
+    def other_drive(path, start=None):
+        raise ValueError("path is on mount 'D:', start on mount 'C:'")
+    monkeypatch.setattr(study.os.path, 'relpath', other_drive)
+    row = next(study.train(args, 'language', 'train_gpt.py', study.LANGUAGE, {}))[0]
+    assert row['out_dir'] == calls[-1]['out_dir']
+
 
 def oracle_logits(self, x):
     """periodic, period 2: the next token is the one before."""

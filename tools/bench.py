@@ -241,7 +241,8 @@ def measure_memory(spec, device, child=False):
         # The child measures what this process times: compiled under --compile.
         code = (f"from tools import bench; bench.COMPILE = {COMPILE}; "
                 f"print(bench.measure_memory({spec!r}, {device!r}, child=True))")
-        out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=REPO)
+        out = subprocess.run([sys.executable, '-c', code], capture_output=True, cwd=REPO, encoding='utf-8',
+                             errors='replace')
         return float(out.stdout.split()[-1]) if out.returncode == 0 else float('nan')
     if 'attn' in spec:
         run = make_model(device=device, **spec)

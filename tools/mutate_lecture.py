@@ -129,8 +129,8 @@ def plan():
 
 def lecture_fails(folder):
     """Whether derivation.py fails in folder, and its last line of error."""
-    r = subprocess.run([sys.executable, 'derivation.py'], cwd=folder, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run([sys.executable, 'derivation.py'], cwd=folder, capture_output=True, timeout=600,
+                       env=dict(os.environ, PYTHONIOENCODING='utf-8'), encoding='utf-8', errors='replace')
     last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''
     return r.returncode != 0, last[:100]
 

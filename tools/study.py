@@ -40,12 +40,17 @@ def flags(keys):
     return [f'--{k}={v}' for k, v in keys.items()]
 
 
+UTF8 = dict(os.environ, PYTHONIOENCODING='utf-8')
+
+
 def run_script(script, keys):
     """Run one of the repo's scripts with options `keys` in a subprocess, its output captured. Its failure is
     one line: the command, then the child's own last line (its `error:` line, or the last line of a
     traceback)."""
     args = [script, *flags(keys)]
-    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
+    # The child writes UTF-8 and it is read as such, whatever the code page (Windows' is not UTF-8).
+    out = subprocess.run([sys.executable, *args], capture_output=True, cwd=REPO, env=UTF8, encoding='utf-8',
+                         errors='replace')
     if out.returncode != 0:
         said = (out.stderr or out.stdout).strip().splitlines() or [f'exit {out.returncode}']
         raise UsageError(f"{options.shell_join(args)} failed: {said[-1].removeprefix('error: ')}")
@@ -70,7 +75,12 @@ def train(args, section, script, variants, keys):
         t0 = time.time()
         run_script(script, {'dtype': 'float32', **keys, **extra, 'out_dir': out_dir, 'overwrite': True})
         seconds = round(time.time() - t0, 1)
-        row = dict(variant=name, **extra, seconds=seconds, out_dir=os.path.relpath(out_dir))
+        # Relative to here, as the docs show it; on Windows a folder on another drive has no such path.
+        try:
+            shown = os.path.relpath(out_dir)
+        except ValueError:
+            shown = out_dir
+        row = dict(variant=name, **extra, seconds=seconds, out_dir=shown)
         yield row, out_dir, plot.read_run(out_dir)[2]
 
 
