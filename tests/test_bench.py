@@ -59,6 +59,21 @@ def test_smoke_mode_runs_every_section(tmp_path):
 
 
 @pytest.mark.slow
+def test_without_a_cxx_compiler_the_limit_leaves_out_its_compiled_columns(tmp_path):
+    """On a CPU, torch.compile needs a C++ compiler (Windows and macOS ship none): the limit section still
+    runs, without the compiled columns, and says so."""
+    out = tmp_path / 'bench.json'
+    env = dict(os.environ, CXX=str(tmp_path / 'no-cxx'), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / 'cache'))
+    r = subprocess.run([sys.executable, '-m', 'tools.bench', '--smoke', '--no_memory', '--sections=limit',
+                        f'--json={out}'], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    assert len([line for line in r.stdout.splitlines() if 'compile' in line and 'C++' in line]) == 1
+    rows = json.loads(out.read_text())['limit']
+    assert rows and all('tssa_compiled_s' not in row and 'causal_compiled_s' not in row for row in rows)
+    assert all(row['tssa_s'] > 0 and row['causal_readable_s'] > 0 for row in rows)
+
+
+@pytest.mark.slow
 def test_cpu_memory_probe_sees_activations():
     """Each case in a fresh process (python -c 'from tools import bench', run from the repo root)."""
     spec = dict(kind='causal_tssa', dtype='float32', width=64, heads=4)
@@ -108,6 +123,7 @@ def test_the_triton_column_runs_the_triton_core_and_says_where_it_cannot(monkeyp
     assert entered == [('cpu',)] and tost_fast.TRITON == ()
     monkeypatch.setattr(bench, 'make_op', lambda kind, *a, **how: lambda: None)
     monkeypatch.setattr(bench, 'NOISY', [])
+    monkeypatch.setattr(bench, 'compiles_here', lambda device: True)       # the slow tests compile
     bench.section_limit(argparse_like(device='cpu', mode='smoke'), {})
     said = [line for line in capsys.readouterr().out.splitlines() if 'Triton core' in line and 'CUDA' in line]
     assert len(said) == 1
@@ -123,6 +139,7 @@ def test_the_limit_has_no_fused_column_off_a_cpu(monkeypatch, capsys, version, c
     monkeypatch.setattr(bench, 'make_op', lambda kind, *a, **how: made.append(how) or (lambda: None))
     monkeypatch.setattr(torch.cuda, 'synchronize', lambda: None)
     monkeypatch.setattr(bench, 'NOISY', [])             # empty cases time as noise: not for other tests
+    monkeypatch.setattr(bench, 'compiles_here', lambda device: True)
     results = {}
     bench.section_limit(argparse_like(device='cuda', mode='smoke'), results)
     assert results['limit']

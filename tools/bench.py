@@ -350,6 +350,11 @@ def section_limit(args, results):
         del limit['causal_compiled_s']
     if not has_triton(args.device):
         del limit['causal_triton_s']
+    if not compiles_here(args.device):
+        del limit['tssa_compiled_s']
+        limit.pop('causal_compiled_s', None)
+        console.print("torch.compile builds nothing here (on a CPU it needs a C++ compiler): the compiled "
+                      "columns are left out", style="yellow")
     rows = []
     for B, n, d, h in shapes:
         specs = {k: dict(kind=kind, n=n, dtype=args.dtype, batch=B, width=d, heads=h, **how)
@@ -388,6 +393,16 @@ def section_limit(args, results):
           cells)
     if not has_triton(args.device):
         console.print("causal (Triton core): not available here (it runs on CUDA, with triton installed)")
+
+
+def compiles_here(device):
+    """Whether torch.compile can build code for `device` on this machine (a CPU's needs a C++ compiler, which
+    Windows and macOS do not ship)."""
+    try:
+        torch.compile(torch.sin)(torch.zeros(2, device=device))
+    except Exception:
+        return False
+    return True
 
 
 def has_triton(device):
