@@ -234,7 +234,8 @@ def report(exc):
             say(quiet=True)
         line = "interrupted"
         code = 130
-    elif isinstance(exc, BrokenPipeError):
+    # Windows says a pipe whose reader left is an invalid argument, with no file named.
+    elif isinstance(exc, BrokenPipeError) or os.name == "nt" and getattr(exc, "errno", 0) == errno.EINVAL:
         return 141
     elif out_of_memory(exc):
         line = f"out of memory ({first_line(exc)})"

@@ -330,6 +330,15 @@ def test_a_closed_stdout_ends_quietly_and_a_full_one_is_one_line(argv):
     ended(r, 2, "stdout")
 
 
+def test_a_closed_pipe_on_windows_ends_quietly(monkeypatch, capsys):
+    """Windows raises OSError(EINVAL), not BrokenPipeError, writing to a pipe whose reader has left."""
+    # os.name is put back before anything fails: pytest's report of a failure would take this for Windows
+    with monkeypatch.context() as m:
+        m.setattr(options.os, "name", "nt")
+        code = options.report(OSError(errno.EINVAL, "Invalid argument"))
+    assert code == 141 and capsys.readouterr() == ("", "")
+
+
 @pytest.mark.parametrize("full", [False, True], ids=["closed", "full"])
 def test_say_lets_a_closed_or_full_stdout_go_and_says_so_once(full):
     """say() lets the pipe (or a full /dev/full) go and the script goes on (a run saves after its reader is
