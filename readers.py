@@ -52,8 +52,8 @@ def gpt2_encoding():
     except Exception as e:
         raise UsageError(f"could not load the GPT-2 vocab: tiktoken downloads it on first use and that "
                          f"failed ({type(e).__name__}, no network?); on a machine with the network, "
-                         f"TIKTOKEN_CACHE_DIR=DIR python -c \"import tiktoken; "
-                         f"tiktoken.get_encoding('gpt2')\" fills DIR: copy DIR here and set "
+                         f"python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\" with "
+                         f"TIKTOKEN_CACHE_DIR set to a folder fills it: copy that folder here and set "
                          f"TIKTOKEN_CACHE_DIR to it") from None
 
 
