@@ -795,7 +795,11 @@ class ViT(nn.Module):
         if H % c.patch_size or W % c.patch_size:
             raise ValueError(f"image size {H}x{W} is not divisible by patch_size {c.patch_size}")
         x, (Hp, Wp) = self.patch_embed(x)
-        return self.drop(x + self.pos_embed(x.shape[0], Hp, Wp, x.device)), (Hp, Wp)
+        x = x + self.pos_embed(x.shape[0], Hp, Wp, x.device)
+        # The residual stream in the weights' dtype, as the GPT's embeddings are: autocast's convolutions give
+        # bf16, and a CPU's LayerNorm of bf16 input sums its weight's and bias's gradients in bf16 (60% off at
+        # a batch of 128 images).
+        return self.drop(x.to(self.cls_token.dtype)), (Hp, Wp)
 
     def forward(self, x):
         """images (B, in_chans, H, W) -> class logits (B, num_classes). H, W need not equal img_size."""
