@@ -376,8 +376,9 @@ if fig:
     ax.annotate('', xy=(4 * 1.8, 0.35), xytext=(1.8, 0.35),
                 arrowprops=dict(arrowstyle='->', connectionstyle='arc3,rad=-0.25', color='#888'))
     ax.text(2.5 * 1.8, 1.05, 'w itself, token by token', ha='center', fontsize=8, color='#666')
-    ax.set(xlim=(-0.9, 9.9), ylim=(-1.1, 1.3), title='TSSA: tokens meet only through 2p + 1 numbers per head '
-                                                   '(n_k, s_k, and the p column norms of w that Pi uses)')
+    ax.set(xlim=(-0.9, 9.9), ylim=(-1.1, 1.3),
+           title='TSSA: tokens meet only through 2p + 1 numbers per head (n_k, s_k, and the p column sums of '
+                 'squares of w that Pi uses)')
     ax.axis('off')
     draw('dataflow', fig)
 
@@ -462,8 +463,9 @@ print(f'8. Pi at initialisation: each token\'s memberships sum to 1 within {sums
                 for n, (a, b) in spread.items())
       + '   ToST-Base, causal: max |pi_t - 1/12| ' + ', '.join(f'{v:.4f} at t = {t}' for t, v in dev.items()))
 assert sums < 1e-12 and dev[0] == 0 and dev[10] > dev[100] > dev[1023]
-assert spread[16][0] < 0.1 and spread[16][1] > 0.5                      # n close to p: far from uniform
-assert 0.15 < spread[64][0] and spread[64][1] < 0.4 and 0.2 < spread[196][0] and spread[196][1] < 0.3
+# Bounds past what 300 draws of the weights and tokens gave (n = 16: max 0.43 to 0.80; 196: 0.28 to 0.31).
+assert spread[16][0] < 0.12 and spread[16][1] > 0.4                     # n close to p: far from uniform
+assert 0.13 < spread[64][0] and spread[64][1] < 0.46 and 0.19 < spread[196][0] and spread[196][1] < 0.33
 # Below 1e-6: a row of head 0's weight that makes the first coordinate of w_0 1e-7 scores (1e-7)^2 / 1e-12
 # = 0.01, not 1 (a zero row would score 0 / 1e-12 = 0). Head 0 then scores 3.01 (p = 4), head 1 scores 4.
 with torch.random.fork_rng():                                            # the draws after this one unmoved
@@ -623,20 +625,20 @@ print(f'   per-head scales {scales.tolist()} on the tie: '
 assert err_rescaled < 1e-12 and max(asymmetries[:2]) < 1e-12 and asymmetries[2] > 0.3
 
 
-# %% 10. The block. x = x + g1 * attn(LN(x)); x = x + g2 * MLP(LN(x)). The attention, tied as in section 9, is
-# exactly a step on R^var_c of its input LN(x); in the block its output is scaled coordinate by coordinate by
-# the layer scale g1 and added to x, not to LN(x). It is then no longer a gradient step on anything we wrote
-# down. Is it still a descent direction for R^var_c(LN(x))? Write LN(x) = gain * x^ + bias with x^ = (x -
-# mean) / sigma, and g_j for token j's gradient with respect to LN(x) (the attention's output is -n g_j).
-# To first order the update changes R^var_c(LN(x)) by
-#     -n sum_j g_j^T diag(gain) (P_j / sigma_j) diag(g1) g_j,      P_j = I - 1 1^T / d - x^_j x^_j^T / d,
+# %% 10. The block. x = x + gamma_1 * attn(LN(x)); x = x + gamma_2 * MLP(LN(x)). The attention, tied as in
+# section 9, is exactly a step on R^var_c of its input LN(x); in the block its output is scaled coordinate by
+# coordinate by the layer scale gamma_1 and added to x, not to LN(x). It is then no longer a gradient step on
+# anything we wrote down. Is it still a descent direction for R^var_c(LN(x))? Write LN(x) = gain * x^ + bias
+# with x^ = (x - mean) / sigma, and g_j for token j's gradient with respect to LN(x) (the attention's output
+# is -n g_j). To first order the update changes R^var_c(LN(x)) by
+#     -n sum_j g_j^T diag(gain) (P_j / sigma_j) diag(gamma_1) g_j,   P_j = I - 1 1^T / d - x^_j x^_j^T / d,
 # P_j the Jacobian of the normalisation times sigma_j, positive semi-definite (a projector, but for
-# LayerNorm's eps). With g1 = g 1 and gain = c 1, g, c > 0 (g1 as at initialisation, a constant gain), that
-# is -n g c sum_j g_j^T P_j g_j / sigma_j <= 0: a DESCENT DIRECTION. With unequal g1 (trained layer scales)
-# or an unequal gain, diag(gain) P_j diag(g1) is in general not positive semi-definite and nothing fixes the
-# sign: measured below, the update still descends while the scales spread little, and can ascend when they
-# spread over decades. The MLP is the transformer's, not derived from the objective. First, the block's values
-# against its two lines.
+# LayerNorm's eps). With gamma_1 = s 1 and gain = a 1, s, a > 0 (gamma_1 as at initialisation, a constant
+# gain), that is -n s a sum_j g_j^T P_j g_j / sigma_j <= 0: a DESCENT DIRECTION. With unequal gamma_1
+# (trained layer scales) or an unequal gain, diag(gain) P_j diag(gamma_1) is in general not positive
+# semi-definite and nothing fixes the sign: measured below, the update still descends while the scales spread
+# little, and can ascend when they spread over decades. The MLP is the transformer's, not derived from the
+# objective. First, the block's values against its two lines.
 def block_formula(x, b):
     def ln(x, m):
         return F.layer_norm(x, (x.shape[-1],), m.weight, m.bias)
@@ -670,17 +672,18 @@ with torch.no_grad():
     full = F.cosine_similarity((block(x) - x).flatten(1), -g.flatten(1))
     radial = F.cosine_similarity(update, block.ln_1(x), dim=-1).abs().mean()
 print(f'10. the block against its two lines: max |difference| {err_block:.1e}. Its attention line against '
-      f'-grad_x R^var_c(LN(x)), g1 ~ U(0, 0.02),\n    two inputs: cosine >= {cos:.3f} (1 would be a gradient '
-      f'step); it lowers R^var_c(LN(x)) from {show(value)} by {show(drop)}.\n'
+      f'-grad_x R^var_c(LN(x)), gamma_1 ~ U(0, 0.02),\n    two inputs: cosine >= {cos:.3f} (1 would be a '
+      f'gradient step); it lowers R^var_c(LN(x)) from {show(value)} by {show(drop)}.\n'
       f'    Much of the update points along the token itself (mean |cosine| with LN(x): {radial:.2f}), '
       f'a change of scale LayerNorm removes.\n'
-      f'    The whole block, its small MLP update included, has cosine {show(full)} with -grad')
-assert err_block < 1e-12 and 0.3 < cos < 0.95 and (drop > 0).all() and radial > 0.3 and (full > 0).all()
+      f'    The whole block, its small MLP update included, has cosine {show(full)} with -grad (the MLP '
+      f'is no step on R^var_c: on some draws, not these, the sum points uphill)')
+assert err_block < 1e-12 and 0.3 < cos < 0.95 and (drop > 0).all() and radial > 0.3
 
 
-# Many draws: 40 random tied blocks, 10 random inputs through each (400 in all), g1 and the gain drawn three
-# ways. For each input, the first-order change of R^var_c(LN(x)) along the update (by autograd) against the
-# formula above.
+# Many draws: 40 random tied blocks, 10 random inputs through each (400 in all), gamma_1 and the gain drawn
+# three ways. For each input, the first-order change of R^var_c(LN(x)) along the update (by autograd) against
+# the formula above.
 def first_order(block, x):
     """Per sequence of x (S, n, d): the first-order change of R^var_c(LN(x)) along the block's attention
     update, Pi held; the cosine of the update with -grad; and the change by the formula. Returns (3, S)."""
@@ -701,7 +704,7 @@ def first_order(block, x):
 
 
 def scales(kind):
-    """The layer scale g1 and the LayerNorm gain (d,) of one block."""
+    """The layer scale gamma_1 and the LayerNorm gain (d,) of one block."""
     if kind == 'equal':                                                  # g 1 and c 1, g over 6 decades
         return torch.full((d,), 10 ** (-6 * torch.rand(()))), torch.full((d,), 10 ** (-2 * torch.rand(())))
     if kind == 'small':
@@ -719,8 +722,8 @@ with torch.random.fork_rng():                                            # the d
         for _ in range(blocks):
             with torch.no_grad():
                 probe.attn.c_attn.weight.copy_(torch.randn(d, d) / d ** 0.5)
-                g1, gain = scales(kind)
-                probe.gamma_1.copy_(g1)
+                gamma_1, gain = scales(kind)
+                probe.gamma_1.copy_(gamma_1)
                 probe.ln_1.weight.copy_(gain)
             tie(probe.attn)
             results.append(first_order(probe, torch.randn(inputs, n, d)))
@@ -728,11 +731,12 @@ with torch.random.fork_rng():                                            # the d
 draws = blocks * inputs
 print(f'    first-order change of R^var_c(LN(x)) along the attention update, attention tied, {draws} random '
       f'inputs ({blocks} blocks) each:')
-names = {'equal': 'g1 = g 1, gain = c 1 (g, c > 0)', 'small': 'g1 ~ U(0, 0.02) per coordinate, gain 1',
-         'spread': 'g1 over 8 decades, gain over 2'}
+names = {'equal': 'gamma_1 = s 1, gain = a 1 (s, a > 0)',
+         'small': 'gamma_1 ~ U(0, 0.02) per coordinate, gain 1',
+         'spread': 'gamma_1 over 8 decades, gain over 2'}
 for kind, (change, cosine, formula) in rows.items():
     err = ((change - formula).abs() / formula.abs()).max()
-    print(f'    {names[kind]:40s} ascents {int((change > 0).sum()):3d} of {draws}, cosine with -grad >= '
+    print(f'    {names[kind]:45s} ascents {int((change > 0).sum()):3d} of {draws}, cosine with -grad >= '
           f'{cosine.min():6.3f}; against the formula, largest relative difference {err:.1e}')
     assert err < 1e-9
 assert (rows['equal'][0] < 0).all() and (rows['small'][0] < 0).all() and (rows['spread'][0] > 0).any()
@@ -745,9 +749,9 @@ assert (rows['equal'][0] < 0).all() and (rows['small'][0] < 0).all() and (rows['
 # each token takes a unit step on (t+1) R^var_c of its own prefix, as section 9's tied layer is a unit step on
 # n R^var_c. The growth with t is the objective's normalisation, not a different kind of step; but measured on
 # R^var_c itself, a late token takes a larger step than an early one, and no learned c_proj can absorb t + 1
-# as it absorbs n (section 9): the factor changes along the sequence. What the layer
-# keeps of the past is prefix sums of squares: nearly a bag of tokens, in no order (an exercise shows it, and
-# the recall experiment shows what that costs).
+# as it absorbs n (section 9): the factor changes along the sequence. What the layer keeps of the past is
+# prefix sums of squares: nearly a bag of tokens, its order seen only through the memberships and the position
+# bias (an exercise measures how much, and the recall experiment shows what that costs).
 def causal_tssa(x, layer):
     """The released causal operator from its formulas, one position at a time."""
     B, T, d = x.shape
@@ -796,8 +800,8 @@ assert all(abs(s - (t + 1)) < 1e-9 for t, s in enumerate(sizes))
 # grows. One step, with (Q, A, P) the sums over the t tokens before and w the new token's projection, in
 # order:
 #     Q <- Q + w^2,   pi_t from w^2 / Q,   A <- A + pi_t w^2,   P <- P + pi_t,   y_t = -pi_t w / (1 + A / P):
-# the token counts in its own statistics, so at t = 0 A / P = w_0^2 whatever pi_0 is, and the first token is
-# scaled by 1 / (1 + w_0^2). Steps from the state give the parallel outputs, and so does a forward split in
+# the token counts in its own statistics, so at t = 0 A / P = w_0^2 whatever pi_0 is, and the first token's
+# gain D is 1 / (1 + w_0^2). Steps from the state give the parallel outputs, and so does a forward split in
 # two with the state carried.
 layer = randomize(tost.CausalTSSA(16, 4, block_size=40))
 x = torch.randn(2, 40, 16)
@@ -988,15 +992,15 @@ if fig:
 print('15. results and limitations: quoted from the paper in this cell\'s text (nothing to compute)')
 
 # %% 16. Exercises. In lecture/exercises.py (each has a check your answer must pass, and the solutions are
-# kept apart in lecture/solutions.py): 1 derive grad R^var_c and say where its 1/n comes from (sections 2,
-# 6); 2 what that 1/n means, every token given a twin (section 6); 3 prove the corollary, each group inside
-# span(U_k) (section 5); 4 say why the causal pi_0 is exactly 1/K (section 8); 5 write TSSA from its formula
-# in ten lines and check it against tost.TSSA (section 9); 6 compute the exact R_c gradient in O(n d^2)
-# (section 2); 7 predict what untying c_proj does, and 8 find the objective a per-head rescaling of the tie
-# descends (section 9); 9 show that the past is nearly a bag (section 11); 10 track Delta R through the
-# layers (section 14).
+# kept apart in lecture/solutions.py, which the students' copy leaves out): 1 derive grad R^var_c and say
+# where its 1/n comes from (sections 2, 6); 2 what that 1/n means, every token given a twin (section 6); 3
+# prove the corollary, each group inside span(U_k) (section 5); 4 say why the causal pi_0 is exactly 1/K
+# (section 8); 5 write TSSA from its formula in ten lines and check it against tost.TSSA (section 9); 6
+# compute the exact R_c gradient in O(n d^2) (section 2); 7 predict what untying c_proj does, and 8 find the
+# objective a per-head rescaling of the tie descends (section 9); 9 show that the past is nearly a bag
+# (section 11); 10 track Delta R through the layers (section 14).
 # In class: start `python -m lecture.recall` at section 11, and read its table at section 15.
-print('16. exercises: lecture/exercises.py, solutions in lecture/solutions.py; '
+print('16. exercises: lecture/exercises.py, checked by python -m lecture.exercises; '
       'the experiment: python -m lecture.recall')
 
 

@@ -106,7 +106,7 @@ class TSSA(nn.Module):
 
     whitebox=True computes exactly this: -tau grad_Z R^var_c with Pi held fixed (the layer estimates Pi from
     Z; Pi's own dependence on Z is not part of the step). Tokens interact only through the statistics of
-    each head: n_k, s_k and the p column norms that Pi uses, 2p + 1 numbers, whatever n is (section 9 of
+    each head: n_k, s_k and the p column sums of squares Pi uses, 2p + 1 numbers, whatever n is (section 9 of
     derivation.py rebuilds each token's output from the token and these numbers alone).
 
     Which directions shrink. When the U_k together form an orthogonal d x d matrix, the step multiplies

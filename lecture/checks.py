@@ -220,7 +220,8 @@ def check_grad_variational(answer):
         Pi = random_memberships(2, K, n)
         U = torch.randn(K, d, p)
         want = gradient(lambda Z: tost.variational_compression(Z, Pi, U, alpha), Z)
-        expect_close(f'grad at n = {n}, K = {K}, alpha = {alpha}', answer(Z, Pi, U, alpha), want, 1e-10)
+        # 1e-12: a closed form is good to 1e-15 here; differences of the objective, to 1e-10 at best.
+        expect_close(f'grad at n = {n}, K = {K}, alpha = {alpha}', answer(Z, Pi, U, alpha), want, 1e-12)
     return 'equal to autograd of tost.variational_compression'
 
 
@@ -273,7 +274,9 @@ def check_projected_compression(answer):
     return 'R^var_c >= R^proj_c = R_c in 40 of 40 random cases'
 
 
-@exercise(4, 'the causal pi_0', 'causal_first_membership')
+@exercise(4, 'the causal pi_0', 'causal_first_membership',
+          not_calling=((tost.CausalTSSA, 'forward'), (tost.CausalTSSA, 'step'),
+                       (tost.CausalTSSA, 'prefix_memberships')))
 def check_causal_first_membership(answer):
     K, p = 4, 3
     cases = (('initialisation', torch.ones(K), torch.zeros(K)),

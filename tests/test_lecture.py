@@ -126,6 +126,28 @@ def grad_by_autograd(Z, Pi, U, alpha):
     return g
 
 
+def grad_by_finite_differences(Z, Pi, U, alpha, h=1e-5):
+    grad = torch.zeros_like(Z)
+    for i in range(Z.numel()):
+        step = torch.zeros_like(Z).view(-1)
+        step[i] = h
+        step = step.view_as(Z)
+        up = tost.variational_compression(Z + step, Pi, U, alpha)
+        down = tost.variational_compression(Z - step, Pi, U, alpha)
+        grad.view(-1)[i] = (up - down).sum() / (2 * h)
+    return grad
+
+
+def pi0_from_the_layer(temp, bias0, p):
+    K = temp.shape[0]
+    layer = tost.CausalTSSA(K * p, K, block_size=1)
+    with torch.no_grad():
+        layer.temp.copy_(temp[:, None])
+        layer.pos_bias[:, 0] = bias0
+        _, state = layer(torch.randn(1, 1, K * p), layer.empty_state(1, dtype=temp.dtype))
+    return state.P[0]
+
+
 def grad_by_the_checks_helper(Z, Pi, U, alpha):
     return checks.gradient(lambda Z: tost.variational_compression(Z, Pi, U, alpha), Z)
 
@@ -175,6 +197,7 @@ WRONG = [
     (1, 'grad_alpha_forgotten', lambda Z, Pi, U, alpha: sol.grad_variational(Z, Pi, U, 1.0)),
     (1, 'grad_by_autograd', grad_by_autograd),
     (1, 'grad_by_the_checks_helper', grad_by_the_checks_helper),
+    (1, 'grad_by_finite_differences', grad_by_finite_differences),
     (1, 'grad_as_a_list', lambda *a: sol.grad_variational(*a).tolist()),
     (1, 'grad_with_eps', grad_with_eps),
     # each U_k cut to d // K columns, as in a TSSA layer: right only where K p = d
@@ -189,6 +212,7 @@ WRONG = [
     (3, 'projected_without_group_weights', projected_without_group_weights),
     (4, 'pi0_always_uniform', lambda temp, bias0, p: torch.full_like(temp, 1 / temp.shape[0])),
     (4, 'pi0_without_p', lambda temp, bias0, p: torch.softmax(temp * (1 + bias0), dim=0)),
+    (4, 'pi0_by_running_the_layer', pi0_from_the_layer),
     (4, 'pi0_bias_outside_temperature', lambda temp, bias0, p: torch.softmax(p * temp + p * bias0, dim=0)),
     (5, 'tssa_W_transposed', lambda x, W, W_out, temp: sol.tssa_forward(x, W.T, W_out, temp)),
     (5, 'tssa_W_out_transposed', lambda x, W, W_out, temp: sol.tssa_forward(x, W, W_out.T, temp)),
