@@ -4,6 +4,7 @@ exactly, two gloo processes agree with one, the pictures are drawn, and mistakes
 names the option or the path.
 """
 import ast
+import contextlib
 import json
 import math
 import os
@@ -121,7 +122,14 @@ def test_a_few_steps_lower_the_loss(data, tmp_path, capsys, monkeypatch):
     assert all(len(c) == 4 for c in comp)                      # one value per TSSA layer
     assert all(math.isfinite(v) and v > 0 for c in comp for v in c)
     # and printed as a bar per layer: the longest is the largest value's, the others in proportion
-    bars = [line.count('█') for line in capsys.readouterr().out.splitlines() if '█' in line]
+    lines = capsys.readouterr().out.splitlines()
+    # each row's numbers are the ones its progress line shows
+    for r in steps:
+        assert any(f"{r['step']}/" in line and f"{r['train_loss']:.4f}" in line for line in lines), r
+    for r in rows:
+        shown = [f"{r['epoch']}/", f"{r['test_loss']:.4f}", f"{r['test_acc']:.4f}"]
+        assert any(all(n in line for n in shown) for line in lines), r
+    bars = [line.count('█') for line in lines if '█' in line]
     assert bars == [round(32 * v / max(c)) for c in comp for v in c]
     # each row is the mean of the steps since the previous one (rows at 3 and 9 hold one step)
     assert len(losses) == 9
@@ -234,6 +242,11 @@ def test_the_test_accuracy_and_loss_are_the_standardized_test_sets(data, trained
     row, = [r for r in read_log(trained, kind='eval') if r['step'] == ckpt['step']]
     assert row['test_acc'] == (logits.argmax(-1) == y).double().mean().item()
     assert row['test_loss'] == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-5)
+    # R^var_c of each layer, the mean over the first --compression_images=16 test images (eval mode)
+    compression, _, _ = train_vit.inspect(model, x[:16], -1)
+    assert row['compression'] == pytest.approx([c.mean().item() for c in compression], rel=1e-5)
+    # and the run drew loss.png
+    assert os.path.isfile(os.path.join(trained, 'loss.png'))
 
 
 def test_checkpoint_format(trained):
@@ -248,12 +261,16 @@ def test_checkpoint_format(trained):
     assert best['best_acc'] == max(r['test_acc'] for r in read_log(trained, kind='eval'))
 
 
-def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, trained, capsys):
+def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, trained, capsys, tmp_path):
     """Neither an evaluation nor a resume past the run's epochs (which says which option trains on) writes a
     row or a checkpoint."""
     before = [Path(trained, f).read_bytes() for f in ('log.jsonl', 'ckpt.pt')]
+    capsys.readouterr()
     acc = train_vit.main(base_args(data, trained, '--init_from=resume', '--eval_only'))
     assert acc == read_log(trained)[-1]['test_acc']                 # the same weights, the same test set
+    # the line shows that accuracy, its count of the 33 test images, the checkpoint's epoch
+    line = capsys.readouterr().out.splitlines()[0]
+    assert f"{acc:.4f} ({round(acc * 33)}/33)" in line and 'epoch 2)' in line
     # no --dataset or --data_dir: the checkpoint's
     best = train_vit.main([f'--out_dir={trained}', '--init_from=best', '--eval_only', '--device=cpu',
                            '--viz_images=0'])
@@ -262,6 +279,11 @@ def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, tr
     train_vit.main(['--init_from=resume', f'--out_dir={trained}', '--device=cpu'])
     assert '--epochs' in capsys.readouterr().out
     assert [Path(trained, f).read_bytes() for f in ('log.jsonl', 'ckpt.pt')] == before
+    # --eval_only draws the maps it is asked for, in its own out_dir
+    ev = tmp_path / 'ev'
+    train_vit.main([f'--out_dir={ev}', f'--init_from={trained}/best.pt', '--eval_only', '--device=cpu',
+                    '--viz_images=1', '--compression_images=0'])
+    assert os.listdir(ev / 'viz') == ['test0000.png']
 
 
 @pytest.mark.slow
@@ -706,7 +728,7 @@ def test_a_resume_goes_on_from_its_step_whatever_the_epochs_last_bit(data, tmp_p
     assert [r['step'] for r in read_log(out, kind='train')] == list(range(1, 23))
 
 
-def test_best_pt_keeps_the_best_model_and_its_accuracy(data, tmp_path, monkeypatch):
+def test_best_pt_keeps_the_best_model_and_its_accuracy(data, tmp_path, monkeypatch, capsys):
     """Test accuracies 0.5, 0.25, 0.375 at the ends of three epochs, the last two after a resume: best.pt
     stays the first epoch's, and the run and each evaluation's row say 0.5."""
     out = str(tmp_path)
@@ -718,6 +740,9 @@ def test_best_pt_keeps_the_best_model_and_its_accuracy(data, tmp_path, monkeypat
     best = load_checkpoint(f'{out}/best.pt')
     assert (best['step'], best['best_acc']) == (1, 0.5)
     assert [r['best_acc'] for r in read_log(out, kind='eval')] == [0.5, 0.5, 0.5]
+    # each evaluation's line shows its own accuracy beside the best
+    shown = capsys.readouterr().out
+    assert all(f"{acc:.4f} (best 0.5000)" in shown for acc in (0.5, 0.25, 0.375))
 
 
 def test_every_step_trains_as_asked_and_the_last_epoch_is_scored(data, tmp_path, monkeypatch):
@@ -761,16 +786,21 @@ def test_every_step_trains_as_asked_and_the_last_epoch_is_scored(data, tmp_path,
     assert not torch.equal(crops[0][0], crops[2][0]) and not torch.equal(crops[2][0], crops[4][0])
 
 
-def test_the_learning_rate_warms_up_over_its_epochs_and_decays_over_the_run(data, tmp_path):
+def test_the_learning_rate_warms_up_over_its_epochs_and_decays_over_the_run(data, tmp_path, monkeypatch):
     """2 epochs of 4 steps, 1 of warmup: the rate of each step is the schedule's at that step, in steps."""
     out = str(tmp_path)
+    # an evaluation of 0.5 s, which the row after it does not time
+    real = train_vit.evaluate
+    monkeypatch.setattr(train_vit, 'evaluate', lambda *a: time.sleep(0.5) or real(*a))
     train_vit.main(base_args(data, out, '--epochs=2', '--max_steps=4', '--warmup_epochs=1',
-                             '--log_interval=1', '--viz_images=0'))
-    want = [train_common.cosine_lr(step, 1e-3, 1e-5, 4, 8) for step in range(8)]
+                             '--log_interval=1', '--viz_images=0', '--learning_rate=2e-3',
+                             '--min_lr_ratio=0.1'))
+    want = [train_common.cosine_lr(step, 2e-3, 2e-4, 4, 8) for step in range(8)]
     rows = read_log(out, kind='train')
     assert [r['lr'] for r in rows] == pytest.approx(want)
     # each row's rate and time are of its own step's 16 images
     assert [r['img_per_s'] * r['ms_per_step'] / 1000 for r in rows] == pytest.approx([16] * 8)
+    assert rows[4]['ms_per_step'] < 500
 
 
 @pytest.mark.parametrize('batch, steps', [(24, 3), (100000, 1)])
@@ -784,15 +814,6 @@ def test_a_row_counts_the_images_of_its_steps(data, tmp_path, capsys, batch, ste
     assert f' {min(batch, 64)} images' in capsys.readouterr().out
 
 
-def test_vit_inspect_gives_maps_and_per_layer_compression():
-    model = tost.ViT(tost.preset('tost-cifar-tiny')).eval()
-    compression, cls_attn, pi = train_vit.inspect(model, torch.randn(2, 3, 32, 32), layer=1)
-    assert pi.shape == (2, 4, 8, 8)
-    torch.testing.assert_close(pi.sum(1), torch.ones(2, 8, 8))     # memberships sum to 1 over heads
-    assert cls_attn.shape == (2, 4, 8, 8)
-    assert len(compression) == 4 and all(c.shape == (2,) and (c > 0).all() for c in compression)
-
-
 def test_the_step_clips_at_grad_clip(data, tmp_path, monkeypatch):
     """--grad_clip reaches every optimizer step (train_common's tests check the step clips at it)."""
     clips = []
@@ -800,3 +821,83 @@ def test_the_step_clips_at_grad_clip(data, tmp_path, monkeypatch):
     monkeypatch.setattr(train_vit, 'optimizer_step', lambda *a: clips.append(a[-1]) or real(*a))
     train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--max_steps=2', '--grad_clip=0.5'))
     assert clips == [0.5, 0.5]
+
+
+def test_ranks_and_seeds_draw_their_own(data, tmp_path, monkeypatch):
+    """Rank 0 and rank 1 of 2 (the group faked: a run each): the same initial weights; an epoch's
+    images split between them, each once; augmentation seeds of their own; the row counts both ranks' images.
+    Another --seed: other initial weights, another order, other seeds."""
+    crop = train_vit.random_crop_flip
+    forward = tost.ViT.forward
+    runs = {}
+    for rank, seed in ((0, 1337), (1, 1337), (0, 7)):
+        got = runs[rank, seed] = dict(images=[], seeds=[], init=None)
+
+        def recorded_forward(self, x, got=got):
+            if got['init'] is None:
+                got['init'] = torch.cat([p.detach().flatten().clone() for p in self.parameters()])
+            return forward(self, x)
+
+        def recorded_crop(x, got=got):
+            got['images'] += [bytes(im.numpy()) for im in x]
+            got['seeds'].append(torch.initial_seed())
+            return crop(x)
+        monkeypatch.setattr(train_vit, 'setup_distributed',
+                            lambda device, rank=rank: train_common.Dist(False, rank, rank, 2, True, 'cpu'))
+        monkeypatch.setattr(train_vit, 'random_crop_flip', recorded_crop)
+        monkeypatch.setattr(tost.ViT, 'forward', recorded_forward)
+        out = str(tmp_path / f'{rank}-{seed}')
+        train_vit.main(base_args(data, out, '--epochs=1', f'--seed={seed}', '--viz_images=0',
+                                 '--compression_images=0'))
+        row, = read_log(out, kind='train')
+        assert row['img_per_s'] * row['ms_per_step'] / 1000 == pytest.approx(2 * 16)
+    a, b, c = runs[0, 1337], runs[1, 1337], runs[0, 7]
+    train = {bytes(im) for im in np.load(os.path.join(data, 'synth', 'train_images.npy'))}
+    assert len(a['images']) == len(b['images']) == 32 and set(a['images']) | set(b['images']) == train
+    assert torch.equal(a['init'], b['init']) and not torch.equal(a['init'], c['init'])
+    assert not set(a['seeds']) & set(b['seeds']) and not set(a['seeds']) & set(c['seeds'])
+    assert a['images'] != c['images']
+
+
+def test_vit_inspect_measures_what_the_layers_compute():
+    """The memberships inspect gives for layer 1 are the ones that layer computes in the model's own
+    forward; each layer's R^var_c is of that block's output, with the memberships of its input."""
+    torch.manual_seed(0)
+    model = tost.ViT(tost.preset('tost-cifar-tiny')).eval()
+    x = torch.randn(2, 3, 32, 32)
+    pis, outs = [], []
+    for block in model.blocks:
+        real = block.attn.memberships
+        block.attn.memberships = lambda w, real=real: pis.append(real(w)) or pis[-1]
+        block.register_forward_hook(lambda m, i, o: outs.append(o))
+    model(x)
+    compression, cls_attn, pi = train_vit.inspect(model, x, layer=1)
+    assert pi.shape == cls_attn.shape == (2, 4, 8, 8) and len(compression) == len(model.blocks) == 4
+    torch.testing.assert_close(pi.flatten(-2), pis[1])
+    for k, block in enumerate(model.blocks):
+        w = block.attn.split_heads(block.attn.c_attn(block.ln_1(outs[k])))
+        torch.testing.assert_close(compression[k], tost.compression_of_projections(w, pis[k]))
+
+
+def test_looking_inside_leaves_the_model_as_it_was(tmp_path):
+    """With drop-path and LPI's batch norm: two looks agree, and the model keeps its buffers and its
+    training mode."""
+    torch.manual_seed(0)
+    model = tost.ViT(tost.preset('tost-cifar-tiny', lpi=True, drop_path=0.5)).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(4, 3, 32, 32)
+    cfg = dict(train_vit.DEFAULTS, compression_images=4, viz_images=0, out_dir=str(tmp_path))
+    looks = [train_vit.look_inside(model, x, None, None, cfg, None) for _ in range(2)]
+    assert looks[0] == looks[1] and model.training
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_the_ranks_evaluate_the_test_set_between_them():
+    """Three ranks (the group faked, so no all-reduce): their accuracies and losses, each a share
+    of the whole, add up to one process's."""
+    torch.manual_seed(0)
+    model = tost.ViT(tost.preset('tost-cifar-tiny', num_classes=3))
+    x, y = torch.randn(10, 3, 32, 32), torch.randint(0, 3, (10,))
+    ranks = [train_common.Dist(False, r, r, n, r == 0, 'cpu') for n in (1, 3) for r in range(n)]
+    whole, *parts = [train_vit.evaluate(model, x, y, 4, contextlib.nullcontext(), d) for d in ranks]
+    assert [sum(p[i] for p in parts) for i in (0, 1)] == pytest.approx(whole)
