@@ -261,7 +261,7 @@ def test_each_number_is_filed_under_its_own_name(monkeypatch):
     the same n, the fitted exponent 1.5, rates of the tokens each case made; the limit's columns time what
     their names say."""
     weight = dict(causal_tssa=2, tssa=3, sdpa_causal=5, sdpa=7, softmax=11, recurrent=13, rerun=17,
-                  shift_recurrent=19, softmax_kv=23, hybrid=29)
+                  shift_recurrent=19, softmax_kv=23, hybrid=29, proj_s=2, tssa_s=5)
 
     def seconds(key, label):
         n = int(re.findall(r'\d+', label)[-1])
@@ -287,6 +287,7 @@ def test_each_number_is_filed_under_its_own_name(monkeypatch):
     monkeypatch.setattr(bench, 'make_op', make_op)
     monkeypatch.setattr(bench, 'interleaved', interleaved)
     monkeypatch.setattr(bench, 'table', table)
+    monkeypatch.setattr(bench, 'compiles_here', lambda device: True)
     monkeypatch.setitem(bench.SIZES, 'smoke', dict(bench.SIZES['smoke'], op_n=[1024, 2048, 4096]))
     args = argparse_like(device='cpu', mode='smoke')
     res = {}
@@ -302,17 +303,23 @@ def test_each_number_is_filed_under_its_own_name(monkeypatch):
     for r, cells in zip(res['model']['rows'], tables['Model']):
         n = f"{r['n']}"
         assert (r['tssa_s'], r['softmax_s']) == (seconds('tssa', n), seconds('softmax', n))
-        assert cells['time ratio'] == f"{3 / 11:.2f}x"
-    assert bench.ratio(1, 2) == '0.50x' and bench.ratio(1, float('nan')) == '-'
+        assert cells['TSSA / softmax time'] == f"{3 / 11:.2f}x"
+    assert bench.ratio(1, 2) == '0.50x'
+    assert bench.ratio(1, float('nan')) == bench.ratio(float('nan'), 1) == '-'
     new = bench.SIZES['smoke']['gen_new']
     for r in res['generation']:
         ctx = f"{r['ctx']}"
         assert r['rerun'] == max(2, new // 8) / seconds('rerun', ctx)
         for k in ('recurrent', 'shift_recurrent', 'softmax_kv', 'hybrid'):
             assert r[k] == new / seconds(k, ctx)
+    shown = f"{new / 13 / (max(2, new // 8) / 17):.1f}x"
+    assert all(c['recurrent / re-run'] == shown for c in tables['Generation'])
     r, = res['training']
     assert r['tssa_tok_s'] == 64 / seconds('tssa', '64')
     assert r['softmax_tok_s'] == 64 / seconds('softmax', '64')
+    assert tables['Training'][0]['TSSA / softmax'] == f"{11 / 3:.2f}x"
+    # the limit's overhead: a layer's time over the projections', less 1
+    assert all(c['TSSA'].endswith('(+1.50x)') for c in tables['The'])
     assert trained == [False] * 4 + [True] * 2          # the model's forwards, then training steps
     # The limit: every column runs the layer its name says, compiled where it says, the causal ones on the
     # fused core, the Triton core or else the readable lines.

@@ -87,8 +87,8 @@ def mb(megabytes):
 
 
 def ratio(a, b, digits=2):
-    """a / b, or '-' where b was not measured (NaN)."""
-    return f"{a / b:.{digits}f}x" if b > 0 else "-"
+    """a / b, or '-' where either was not measured (NaN)."""
+    return f"{a / b:.{digits}f}x" if b > 0 and a == a else "-"
 
 
 def sync(device):
@@ -379,7 +379,7 @@ def section_limit(args, results):
         for k in list(LIMIT)[1:]:
             cell = '-'
             if k in r:
-                cell = f"{ms(r[k])} (+{r[k] / r['proj_s'] - 1:.2f}x)"
+                cell = f"{ms(r[k])} ({r[k] / r['proj_s'] - 1:+.2f}x)"
                 if k[:-2] + '_mb' in r:
                     cell += f", {mb(r[k[:-2] + '_mb'])} MB"
             row.append(cell)
@@ -429,8 +429,8 @@ def section_model(args, results):
     table(results,
           f"Model forward: GPT {cfg.n_layer}L/{cfg.n_embd}d/{cfg.n_head}h, TSSA vs softmax, batch 1, "
           f"{args.device} (memory: activations above the weights)",
-          ['tokens', 'TSSA ms', 'softmax ms', 'time ratio', 'paper', 'TSSA MB', 'softmax MB', 'memory ratio',
-           'paper'],
+          ['tokens', 'TSSA ms', 'softmax ms', 'TSSA / softmax time', 'paper', 'TSSA MB', 'softmax MB',
+           'TSSA / softmax MB', 'paper'],
           [(r['n'], ms(r['tssa_s']), ms(r['softmax_s']), ratio(r['tssa_s'], r['softmax_s']), paper(r['n'], 0),
             mb(r['tssa_mb']), mb(r['softmax_mb']), ratio(r['tssa_mb'], r['softmax_mb']), paper(r['n'], 1))
            for r in rows])
