@@ -165,8 +165,9 @@ class TSSA(nn.Module):
 
     def memberships(self, w):
         """Pi, estimated from the tokens: a softmax over the heads, so the heads compete for each token and
-        its memberships sum to 1 (rate reduction's soft partition). The paper scores token j for group k by
-        temp_k ||U_k^T z_j||^2; the released code, followed here, first divides each
+        its memberships sum to 1 (rate reduction's soft partition). The derivation scores token j for group
+        k by ||U_k^T z_j||^2 / (2 eta), eta the noise around every subspace, learned as one temperature; the
+        released code, followed here, learns a temperature temp_k per head and first divides each
         coordinate by its sum of squares over the tokens, so a head's score ignores its projection's scale:
 
             pi_jk = softmax_k( temp_k * sum_i w_jki^2 / sum_l w_lki^2 )
