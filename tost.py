@@ -29,10 +29,10 @@ d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). Comments en
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 57-88     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 95-198    the white-box gradient step, then the practical operator (TSSA)
-  lines 205-325   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 332-421   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 428-622   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 95-199    the white-box gradient step, then the practical operator (TSSA)
+  lines 206-326   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 333-422   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 429-623   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
