@@ -73,6 +73,22 @@ def tiny_vit(**fields):
 
 
 # -----------------------------------------------------------------------------
+# the objective (derivation.py checks the rest)
+
+def test_a_group_without_tokens_adds_nothing_to_the_objective():
+    """Hard memberships that leave a group empty: R^var_c is that of the other groups (its term's limit is
+    0), and finite, as is its gradient."""
+    Z = randn64(2, 6, 8).requires_grad_()
+    U = randn64(3, 8, 2)
+    Pi = torch.zeros(2, 3, 6, dtype=torch.float64)
+    Pi[:, 0, :4] = 1
+    Pi[:, 1, 4:] = 1
+    got = tost.variational_compression(Z, Pi, U)
+    close64(got, tost.variational_compression(Z, Pi[:, :2], U[:2]))
+    assert torch.autograd.grad(got.sum(), Z)[0].isfinite().all()
+
+
+# -----------------------------------------------------------------------------
 # causality
 
 @pytest.mark.parametrize('make', [

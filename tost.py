@@ -28,11 +28,11 @@ Tokens are ROWS, here and in every formula of this project: x and Z are (B, n, d
 d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). Comments end with tensor shapes.
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
-  lines 57-88     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 95-199    the white-box gradient step, then the practical operator (TSSA)
-  lines 206-326   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 333-422   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 429-623   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 57-89     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
+  lines 96-200    the white-box gradient step, then the practical operator (TSSA)
+  lines 207-327   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 334-423   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 430-624   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -84,7 +84,8 @@ def compression_of_projections(w, Pi, alpha=1.0):
     n = w.shape[2]
     s = torch.einsum('bkn,bknp->bkp', Pi, w * w)           # (B, K, p)  s_k = sum_j pi_jk w_jk^2
     n_k = Pi.sum(dim=2)                                    # (B, K)     n_k = sum_j pi_jk
-    logs = torch.log1p(alpha * s / n_k.unsqueeze(-1))      # (B, K, p)  f(s_k / n_k)
+    # A group without tokens (s_k = n_k = 0) adds its term's limit, 0, not 0 * f(0 / 0).
+    logs = torch.log1p(alpha * s / n_k.clamp_min(1e-30).unsqueeze(-1))    # (B, K, p)  f(s_k / n_k)
     return 0.5 * ((n_k / n) * logs.sum(-1)).sum(-1)        # (B,)
 
 
