@@ -1094,6 +1094,92 @@ def test_fast_core_under_bf16_autocast_is_as_close_as_bf16_allows(causal):
         assert _rel(bf[i], readable[i]) < 1e-5, (names[i], _rel(bf[i], readable[i]))
 
 
+def test_drop_path_drops_the_lpi_branch_too():
+    """With LPI, stochastic depth drops its branch per sample too, and scales the kept ones by 1 / (1 - p)."""
+    torch.manual_seed(0)
+    block = tost.Block(16, 2, causal=False, lpi=True).train()
+    x = torch.randn(64, 4, 16)
+    with torch.no_grad():
+        block.gamma_1.zero_()
+        block.gamma_2.zero_()
+        block.gamma_3.fill_(1.0)
+        branch = block(x, grid=(2, 2)) - x
+        block.drop_path = 0.25
+        got = block(x, grid=(2, 2)) - x
+    keep = got.flatten(1).abs().amax(1) > 0
+    torch.testing.assert_close(got, branch * keep[:, None, None] / 0.75)
+    assert 0.6 < keep.float().mean() < 0.9
+
+
+def test_lpi_mixes_each_patch_with_its_neighbours_on_a_grid_of_rows_by_columns():
+    """On a 2 x 5 grid, a change to the first patch reaches the patches within two rows and columns of it
+    (two 3x3 depthwise convolutions), no others."""
+    torch.manual_seed(0)
+    lpi = tost.LocalPatchInteraction(8).eval()
+    H, W = 2, 5
+    x = torch.randn(1, H * W, 8)
+    e = torch.zeros_like(x)
+    e[0, 0] = 1.0
+    with torch.no_grad():
+        moved = (lpi(x + e, (H, W)) - lpi(x, (H, W))).abs().amax(-1)[0] > 0
+    assert torch.equal(moved, torch.tensor([r <= 2 and c <= 2 for r in range(H) for c in range(W)]))
+
+
+def test_an_image_whose_width_is_not_a_multiple_of_the_patch_is_refused():
+    with pytest.raises(ValueError, match='32x30'):
+        tiny_vit(img_size=32)(torch.randn(1, 3, 32, 30))
+
+
+def test_n_embd_needs_to_divide_by_half_the_patch_only():
+    model = ViT(ViTConfig(img_size=8, patch_size=4, n_embd=6, n_head=2, n_layer=1, num_classes=3))
+    assert model(torch.randn(2, 3, 8, 8)).shape == (2, 3)
+
+
+def test_sampling_draws_from_the_softmax_of_the_logits_over_the_temperature_in_float32(monkeypatch):
+    """At a temperature and top_k between the extremes: the probabilities sampled from are those of the
+    logits over the temperature, the k most likely kept; under bf16 autocast they are float32."""
+    model = randomize(tiny_gpt(block_size=16, vocab_size=40, n_layer=1), scale=0.5)
+    idx = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(0))
+    seen = []
+    real = torch.multinomial
+    monkeypatch.setattr(torch, 'multinomial', lambda p, *a, **k: seen.append(p) or real(p, *a, **k))
+    for temperature, top_k in ((0.5, None), (3.0, 7)):
+        seen.clear()
+        model.generate(idx, 1, temperature=temperature, top_k=top_k)
+        logits = model.logits(idx)[:, -1] / temperature
+        if top_k:
+            logits[logits < logits.topk(top_k).values[:, [-1]]] = -float('inf')
+        torch.testing.assert_close(seen[0], torch.softmax(logits, -1))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        seen.clear()
+        model.generate(idx, 1, temperature=0.7)
+        assert seen[0].dtype == torch.float32
+
+
+@pytest.mark.parametrize('make', [lambda: tiny_gpt(), lambda: tiny_vit(n_layer=1)], ids=['gpt', 'vit'])
+def test_configure_optimizers_takes_the_decay_rate_the_betas_and_the_rate_asked_for(make):
+    model = make()
+    opt = model.configure_optimizers(0.1, 1e-3, (0.8, 0.95), 'cpu')
+    groups = [(g['weight_decay'], g['betas'], g['lr']) for g in opt.param_groups]
+    assert groups == [(0.1, (0.8, 0.95), 1e-3), (0.0, (0.8, 0.95), 1e-3)]
+    assert [[id(p) for p in g['params']] for g in opt.param_groups] == [
+        [id(p) for p in g['params']] for g in tost.param_groups(model, 0.1)]
+
+
+def test_flops_per_token_count_the_tssa_cores_of_the_tssa_blocks_only():
+    cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=64)
+    ms = GPT(GPTConfig(attn='softmax', **cfg))
+    assert ms.flops_per_token(64) == 6 * ms.get_num_params() + 3 * 2 * 2 * 32 * 64
+    mh = GPT(GPTConfig(softmax_layers=(-1,), **cfg))
+    assert mh.flops_per_token(64) == 6 * mh.get_num_params() + 3 * (11 * 32 + 2 * 32 * 64)
+
+
+def test_num_params_with_the_position_embedding_counts_every_parameter():
+    model = tiny_gpt()
+    assert model.get_num_params(non_embedding=False) == sum(p.numel() for p in model.parameters())
+    assert model.get_num_params() == sum(p.numel() for p in model.parameters()) - 8 * 16
+
+
 def _vit_grads(model, x, y, half=None):
     model.zero_grad()
     with torch.autocast('cpu', dtype=half or torch.float32, enabled=half is not None):
