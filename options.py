@@ -222,6 +222,10 @@ def peer_gone(exc):
     return None
 
 
+def closed_pipe(exc):
+    return isinstance(exc, OSError) and exc.errno == errno.EINVAL and exc.filename is None
+
+
 def report(exc):
     """Say in one line why `exc` ends the script, and return its exit code; None for a bug (a traceback)."""
     if isinstance(exc, UsageError):
@@ -235,7 +239,7 @@ def report(exc):
         line = "interrupted"
         code = 130
     # Windows says a pipe whose reader left is an invalid argument, with no file named.
-    elif isinstance(exc, BrokenPipeError) or os.name == "nt" and getattr(exc, "errno", 0) == errno.EINVAL:
+    elif isinstance(exc, BrokenPipeError) or os.name == "nt" and closed_pipe(exc):
         return 141
     elif out_of_memory(exc):
         line = f"out of memory ({first_line(exc)})"

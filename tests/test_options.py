@@ -331,12 +331,15 @@ def test_a_closed_stdout_ends_quietly_and_a_full_one_is_one_line(argv):
 
 
 def test_a_closed_pipe_on_windows_ends_quietly(monkeypatch, capsys):
-    """Windows raises OSError(EINVAL), not BrokenPipeError, writing to a pipe whose reader has left."""
+    """Windows raises OSError(EINVAL), not BrokenPipeError, writing to a pipe whose reader has left; an
+    invalid argument about a path (a name Windows refuses) is an error naming it."""
     # os.name is put back before anything fails: pytest's report of a failure would take this for Windows
     with monkeypatch.context() as m:
         m.setattr(options.os, "name", "nt")
         code = options.report(OSError(errno.EINVAL, "Invalid argument"))
-    assert code == 141 and capsys.readouterr() == ("", "")
+        named = options.report(OSError(errno.EINVAL, "Invalid argument", "bad:name"))
+    said = capsys.readouterr()
+    assert (code, named, said.out) == (141, 2, "") and "bad:name" in one_line(said.err)
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["closed", "full"])
@@ -603,3 +606,117 @@ def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
     # nor does a script read from stdin, in the repository's folder (its name, '<stdin>', is no file there)
     r = python("-", input="import readers, signal\nprint(signal.pthread_sigmask(signal.SIG_BLOCK, []))")
     assert r.stdout.strip() == "set()", r.stderr
+
+
+# what a mutation audit found unpinned
+
+def test_a_ctrl_c_inside_a_whole_write_leaves_the_earlier_file_and_no_temp(tmp_path):
+    path = str(tmp_path / "x")
+    options.write_whole(path, lambda f: f.write("earlier"))
+
+    def interrupted(f):
+        f.write("part")
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        options.write_whole(path, interrupted)
+    assert os.listdir(tmp_path) == ["x"] and open(path).read() == "earlier"
+
+
+def test_a_seed_of_0_is_taken():
+    config = options.parse(["--seed=0"], dict(seed=1), ranges=dict(seed=("seed",)))[0]
+    assert config["seed"] == 0
+
+
+def test_a_whole_write_that_cannot_open_its_temp_file_names_the_file_asked(tmp_path):
+    path = str(tmp_path / "no" / "x")
+    with pytest.raises(OSError) as e:
+        options.write_whole(path, lambda f: f.write("x"))
+    assert e.value.filename == path
+
+
+def test_a_whole_write_of_text_is_utf8_whatever_the_locale(tmp_path):
+    path = str(tmp_path / "x")
+    env = dict(os.environ, LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0", PYTHONPATH=REPO)
+    code = f"import options\noptions.write_whole({path!r}, lambda f: f.write('caf\\xe9'))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert open(path, "rb").read() == "caf\xe9".encode("utf-8")
+
+
+def test_a_path_beside_a_folder_option_whose_name_it_begins_with_names_no_option():
+    options.parse(["--out_dir=run"], {"out_dir": "out"})
+    assert options.option_of("run2/ckpt.pt") == ""
+    assert options.option_of("run/ckpt.pt") == " (--out_dir=run)"
+
+
+def test_an_empty_text_option_is_above_no_path():
+    """plot's --title='' (its default) is no folder: an error about a path does not name it."""
+    options.parse([], {"title": "", "out": "runs.png"})
+    assert options.option_of("speed.png") == ""
+
+
+def test_an_invalid_argument_off_windows_is_an_error_not_a_closed_pipe(monkeypatch, capsys):
+    monkeypatch.setattr(options, "parsed", {})
+    # raised, as an OSError that ends a script is: it has a traceback
+    with pytest.raises(OSError) as e:
+        raise OSError(errno.EINVAL, "Invalid argument")
+    assert options.report(e.value) == 2
+    one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("batch, steps", [(2, 3), (9, 5)])
+def test_out_of_memory_advice_keeps_the_tokens_a_step(monkeypatch, capsys, batch, steps):
+    monkeypatch.setattr(options, "parsed", dict(batch_size=batch, gradient_accumulation_steps=steps))
+    assert options.report(RuntimeError("DefaultCPUAllocator: can't allocate memory")) == 2
+    err = capsys.readouterr().err
+    assert f"--batch_size={batch // 2} " in err and f"--gradient_accumulation_steps={2 * steps} " in err
+
+
+@pytest.mark.parametrize("name", ["InductorError", "BackendCompilerFailed"])
+def test_a_compile_that_fails_is_one_line_naming_compile(monkeypatch, capsys, name):
+    failed = type(name, (Exception,), {})
+    assert options.report(failed("C++ compile error\nlong log")) == 2
+    assert "--compile=false" in capsys.readouterr().err
+
+
+def test_a_path_missing_is_the_first_path_not_the_second(capsys):
+    """os.rename(src, dst) with no src: src is named (the second is only named for a full disk)."""
+    assert options.report(FileNotFoundError(errno.ENOENT, "No such file or directory", "src.txt", None,
+                                            "dst.txt")) == 2
+    err = capsys.readouterr().err
+    assert "src.txt" in err and "dst.txt" not in err
+
+
+def test_out_of_memory_on_another_rank_says_so_itself(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(options, "parsed", {})
+    assert options.report(MemoryError()) == 2
+    assert "out of memory" in capsys.readouterr().err
+
+
+def test_a_ctrl_c_or_a_bug_on_a_quiet_rank_does_not_wait(monkeypatch, capsys):
+    slept = []
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(options, "exit_code", [])
+    monkeypatch.setattr(options.time, "sleep", slept.append)
+    options.excepthook(KeyboardInterrupt, KeyboardInterrupt(), None)
+    assert slept == [] and options.exit_code == [130]
+
+
+def test_a_list_option_given_with_its_key_is_one_word_as_typed():
+    """--runs=a,b is the one folder 'a,b' (bare words are the way to give several)."""
+    assert options.parse(["--runs=a,b"], dict(runs=[]))[0]["runs"] == ["a,b"]
+
+
+def test_a_switch_then_a_bare_word_sets_both():
+    config = options.parse(["--flag", "a"], dict(flag=False, runs=[]), positional="runs")[0]
+    assert config == dict(flag=True, runs=["a"])
+
+
+def test_a_full_disk_in_a_copy_names_the_file_written(capsys):
+    """shutil's copy says the source first: the file written (the second) is named."""
+    assert options.report(OSError(errno.ENOSPC, "No space left on device", "src.txt", None, "dst.txt")) == 2
+    err = capsys.readouterr().err
+    assert "dst.txt" in err and "src.txt" not in err

@@ -319,3 +319,70 @@ def test_a_vision_row_is_drawn_on_one_scale_per_row(drawn):
     assert ims[1].get_clim() == ims[2].get_clim() == (0.0, 7.0)
     assert ims[4].get_clim() == ims[5].get_clim() == (0.1, 0.9)
     assert ims[3].get_array().tolist() == [[0, 1], [0, 1]]     # the head with the larger Pi
+
+
+# what a mutation audit found unpinned
+
+def test_a_tost_runs_log_is_labelled_tost():
+    """The demo's config has softmax_layers [] (no softmax block): ToST, not hybrid."""
+    assert plot.read_run(os.path.join(REPO, "docs", "demo-log.jsonl"))[0] == "demo-log: ToST"
+    assert plot.model_name(dict(attn=None, token_shift=True)) == "ToST + shift"
+
+
+def test_a_vision_run_with_lpi_is_labelled_so():
+    assert plot.model_name(dict(attn="tssa", lpi=True)) == "ToST + lpi"
+
+
+def test_a_line_that_is_json_but_not_a_row_is_left_out(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"kind": "config", "attn": "tssa"}\n5\n"text"\n'
+                   '{"kind": "eval", "tokens": 128, "val_loss": 3.0}\n')
+    label, cfg, rows = plot.read_run(str(log))
+    assert rows == [{"kind": "eval", "tokens": 128, "val_loss": 3.0}]
+
+
+def test_a_vision_run_is_test_accuracy_against_epochs(tmp_path, monkeypatch):
+    figs = []
+    monkeypatch.setattr(plot, "save", lambda fig, path: figs.append(fig))
+    rows = [dict(kind="config", attn="tssa", model="tost-cifar-tiny")]
+    for epoch in (1, 2, 3):
+        rows.append(dict(kind="train", step=10 * epoch, epoch=epoch - 0.5, train_loss=2.0 / epoch))
+        rows.append(dict(kind="eval", step=10 * epoch, epoch=epoch, test_loss=1.0, test_acc=0.2 * epoch))
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plot.learning_curves([plot.read_run(str(tmp_path))], "x.png")
+    lines = [line for line in figs[-1].axes[0].get_lines() if len(line.get_xdata())]
+    assert len(lines) == 1
+    assert lines[0].get_xdata().tolist() == [1, 2, 3]
+    assert lines[0].get_ydata().tolist() == pytest.approx([0.2, 0.4, 0.6])
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"tasks": 5}', '{"operator": [1]}'])
+def test_a_damaged_results_file_is_one_line_naming_it(tmp_path, monkeypatch, fails, text):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.json").write_text(text)
+    fails(plot.main, ["r.json"], "r.json")
+    assert os.listdir(tmp_path) == ["r.json"]
+
+
+def test_the_speed_lines_run_left_to_right_and_memory_only_where_measured(monkeypatch):
+    figs = []
+    monkeypatch.setattr(plot, "save", lambda fig, path: figs.append(fig))
+    nan = float("nan")
+    rows = [dict(op="tssa", n=n, fwdbwd_s=n * 1e-6, fwdbwd_peak_mb=float(n)) for n in (4096, 256, 1024)]
+    rows += [dict(op="sdpa", n=n, fwdbwd_s=n * 1e-5, fwdbwd_peak_mb=nan) for n in (256, 1024)]
+    # one size's peak not measured: the others are drawn
+    rows += [dict(op="causal_tssa", n=n, fwdbwd_s=n * 1e-6, fwdbwd_peak_mb=mb)
+             for n, mb in ((256, 1.0), (512, nan))]
+    plot.speed(dict(operator=rows), "x.png")
+    left, right = figs[-1].axes[:2]
+    xs = [line.get_xdata().tolist() for line in left.get_lines()]
+    assert xs == [[256, 512], [256, 1024, 4096], [256, 1024]]
+    assert [line.get_label() for line in right.get_lines()] == ["CausalTSSA", "TSSA"]
+
+
+def test_a_title_for_a_results_file_alone_is_refused(tmp_path, monkeypatch, fails):
+    monkeypatch.chdir(tmp_path)
+    cell = dict(task="copy", knob="length", value=8, model="tssa", accuracy=0.5, chance=0.03)
+    (tmp_path / "tasks.json").write_text(json.dumps({"tasks": [cell]}))
+    fails(plot.main, ["tasks.json", "--title=mine"], "--title")
+    assert os.listdir(tmp_path) == ["tasks.json"]
