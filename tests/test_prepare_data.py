@@ -1017,3 +1017,37 @@ def test_a_meta_json_that_is_not_an_object_names_the_command_that_rebuilds_it(te
             load_meta('data/notes', kind)
         assert 'data/notes/meta.json' in str(e.value)
         assert f'python prepare_data.py {made} --name=notes --data_dir=data --force' in str(e.value)
+
+
+def test_every_row_of_a_batch_is_checked_against_the_vocab():
+    ids = np.array([[1, 2], [3, 256]], np.uint16)
+    with pytest.raises(UsageError, match="256"):
+        readers.check_ids("data/x", "train", ids, {"vocab_size": 256, "tokenizer": "bytes"})
+
+
+def test_the_rebuild_in_the_checkpoint_s_tokenizer_names_that_tokenizer():
+    """A dataset in bytes, a model in gpt2: the command rebuilds it in gpt2, not in bytes again."""
+    meta = {"dataset": "shakespeare", "tokenizer": "bytes", "kind": "text"}
+    line = readers.recipe(os.path.join("data", "shakespeare"), meta, force=True, tokenizer="gpt2")
+    assert "--tokenizer=gpt2" in line and "--tokenizer=bytes" not in line
+
+
+def test_a_dataset_in_the_current_folder_is_rebuilt_there():
+    assert "--data_dir=." in readers.recipe("cifar10", {"kind": "images"}).split()
+
+
+@pytest.mark.parametrize("count, ok", [(True, False), (1, True)])
+def test_a_count_in_meta_json_is_a_number_not_true(tmp_path, count, ok):
+    meta = dict(kind="images", num_classes=count, channels=1, image_size=8, classes=["a"], mean=[0.5],
+                std=[0.25])
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    if ok:
+        readers.load_meta(str(tmp_path), "images")
+    else:
+        with pytest.raises(UsageError, match="num_classes"):
+            readers.load_meta(str(tmp_path), "images")
+
+
+def test_a_vocab_as_large_as_uint16_holds_is_read(tmp_path):
+    (tmp_path / "meta.json").write_text(json.dumps(dict(kind="text", tokenizer="gpt2", vocab_size=2**16)))
+    assert readers.load_meta(str(tmp_path), "text")["vocab_size"] == 2**16

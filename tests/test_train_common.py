@@ -670,3 +670,112 @@ def test_a_float16_step_whose_gradient_overflowed_is_skipped(grad_clip):
     scaler.scale((p * torch.tensor([float("inf"), 1.0])).sum()).backward()
     tc.optimizer_step(opt, scaler, 0.1, grad_clip)
     assert p.detach().tolist() == [1.0, 1.0] and scaler.get_scale() == 512.0
+
+
+def test_the_optimizer_is_built_for_the_device_the_model_is_on():
+    """configure_optimizers is told where the weights are (fused AdamW is for some devices only)."""
+    asked = []
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(2, device="meta"))
+
+        def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+            asked.append(device_type)
+            return torch.optim.SGD(self.parameters(), lr=learning_rate)
+
+    cfg = dict(beta1=0.9, beta2=0.95, weight_decay=0.1, learning_rate=1e-3)
+    tc.optimizer_for(Model(), cfg, "float32", None)
+    assert asked == ["meta"]
+
+
+def test_a_gpu_has_all_its_memory_not_what_is_free_now(monkeypatch):
+    """memory_bytes is the GPU's own: what another process holds at the start is not taken off."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10**9, 80 * 10**9))
+    assert tc.memory_bytes("cuda:0") == 80 * 10**9
+
+
+def test_float32_runs_without_autocast():
+    """float32 is no autocast at all (torch's CPU autocast refuses float32 with a warning)."""
+    assert isinstance(tc.autocast("cpu", "float32"), contextlib.nullcontext)
+
+
+def test_the_resume_command_keeps_compile_in_the_form_the_options_read(monkeypatch):
+    """A run that set --compile away from its default resumes with it, spelt as the options parse it."""
+    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(sys, "argv", ["train_gpt.py"])
+    defaults = dict(out_dir="out", device="auto", compile=True)
+    cfg = dict(defaults, compile=False)
+    line = tc.resume_command("train_gpt.py", cfg, {"compile"}, defaults)
+    assert line.endswith(" --init_from=resume --compile=false")
+    assert options.BOOLS[line.rsplit("=", 1)[1]] is False
+    # a key set to its default adds nothing
+    line = tc.resume_command("train_gpt.py", defaults, {"compile", "out_dir"}, defaults)
+    assert line.endswith(" --init_from=resume")
+
+
+def test_the_resume_command_names_the_trainer_where_it_was_started_from(monkeypatch):
+    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(sys, "argv", [os.path.join("..", "tost", "train_vit.py")])
+    line = tc.resume_command("train_vit.py", {}, set(), {})
+    assert line == f"resume with: python {os.path.join('..', 'tost', 'train_vit.py')} --init_from=resume"
+
+
+def test_a_resume_at_step_0_keeps_the_log_it_had(tmp_path):
+    """A run stopped in its first epoch resumes at epoch 0: its rows of epoch 0 and its config row stay."""
+    out = str(tmp_path)
+    tc.start_log(out, "epoch", None)
+    rows = [{"kind": "config"}, {"epoch": 0, "step": 1}, {"epoch": 1, "step": 9}]
+    for row in rows:
+        tc.log_row(out, row)
+    tc.start_log(out, "epoch", 0)
+    assert _lines(tmp_path / "log.jsonl") == rows[:2]
+
+
+def test_a_log_line_that_is_json_but_no_object_goes_at_a_resume(tmp_path):
+    out = str(tmp_path)
+    (tmp_path / "log.jsonl").write_text('{"iter": 1}\n[1, 2]\n3\n{"iter": 2}\n')
+    tc.start_log(out, "iter", 1)
+    assert _lines(tmp_path / "log.jsonl") == [{"iter": 1}]
+
+
+def test_only_rank_0_says_the_stop_was_heard(capsys):
+    """Every process of a torchrun gets the terminal's Ctrl-C: one note, not one a process."""
+    with tc.stop_signals("iter", master=False) as signals:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals == ["SIGTERM"]
+    assert capsys.readouterr().err == ""
+
+
+def test_teardown_lets_go_of_the_out_dir(tmp_path):
+    """A run that ended (in this process: a notebook, a test) leaves its out_dir free to the next."""
+    out = str(tmp_path / "out")
+    lock = tc.make_out_dir(out, [], overwrite=False, fresh=True, master=True)
+    tc.teardown(SINGLE, lock)
+    code = f"import train_common\ntrain_common.make_out_dir({out!r}, [], False, False, True)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+def test_ddp_on_the_second_node_uses_the_local_gpu_and_compiles_static_shapes(monkeypatch):
+    """Rank 3, on a second node of two GPUs, has cuda:1; the compiler is asked for static shapes."""
+    got = {}
+    monkeypatch.setattr(tc, "DDP", lambda model, **kwargs: got.update(kwargs) or model)
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: got.update(compile=kwargs) or model)
+    dist = tc.Dist(True, 3, 1, 4, False, "cuda:1")
+    tc.wrap(torch.nn.Linear(2, 2), dist, compile=True)
+    assert got == {"device_ids": [1], "compile": {"dynamic": False}}
+
+
+def test_a_local_rank_past_the_gpus_is_one_line_without_local_world_size(monkeypatch, two_gpus):
+    """A launcher that does not set LOCAL_WORLD_SIZE: LOCAL_RANK=2 on a node of two GPUs is refused."""
+    env = dict(RANK=2, LOCAL_RANK=2, WORLD_SIZE=3, MASTER_ADDR="node0", MASTER_PORT=29500)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, str(value))
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: None)
+    monkeypatch.setattr(torch.distributed, "new_group", lambda **kw: None)
+    with pytest.raises(UsageError, match="nproc_per_node=3"):
+        tc.setup_distributed("cuda")
