@@ -750,15 +750,6 @@ def test_only_rank_0_says_the_stop_was_heard(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_teardown_lets_go_of_the_out_dir(tmp_path):
-    """A run that ended (in this process: a notebook, a test) leaves its out_dir free to the next."""
-    out = str(tmp_path / "out")
-    lock = tc.make_out_dir(out, [], overwrite=False, fresh=True, master=True)
-    tc.teardown(SINGLE, lock)
-    code = f"import train_common\ntrain_common.make_out_dir({out!r}, [], False, False, True)"
-    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
-
-
 def test_ddp_on_the_second_node_uses_the_local_gpu_and_compiles_static_shapes(monkeypatch):
     """Rank 3, on a second node of two GPUs, has cuda:1; the compiler is asked for static shapes."""
     got = {}
