@@ -52,11 +52,6 @@ TARGETS = [('layer fwd+bwd at 16x1024: readable lines / Triton core', 'layer_spe
 EQUAL = 1.5
 
 
-def worst_equality(rows):
-    """(the largest ratio of the core's distance from float64 to the readable lines', its tensor, dtype)."""
-    return max((r['triton'] / max(r['readable'], 1e-30), r['tensor'], r['dtype']) for r in rows)
-
-
 def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
@@ -211,7 +206,8 @@ def main(argv=None):
           f"triton {triton.__version__}, CUDA {torch.version.cuda}, {args.mode}", flush=True)
     t0 = time.time()
     results['equality'] = equality(bench, args.device, sizes)
-    worst = worst_equality(results['equality'])
+    worst = max((r['triton'] / max(r['readable'], 1e-30), r['tensor'], r['dtype'])
+                for r in results['equality'])
     results['equality_ok'] = worst[0] <= EQUAL
     save(results, path, t0)
     what = (f"the Triton core's distance from float64 is {worst[0]:.2f}x the readable lines' "

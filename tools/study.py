@@ -40,17 +40,14 @@ def flags(keys):
     return [f'--{k}={v}' for k, v in keys.items()]
 
 
-UTF8 = dict(os.environ, PYTHONIOENCODING='utf-8')
-
-
 def run_script(script, keys):
     """Run one of the repo's scripts with options `keys` in a subprocess, its output captured. Its failure is
     one line: the command, then the child's own last line (its `error:` line, or the last line of a
     traceback)."""
     args = [script, *flags(keys)]
     # The child writes UTF-8 and it is read as such, whatever the code page (Windows' is not UTF-8).
-    out = subprocess.run([sys.executable, *args], capture_output=True, cwd=REPO, env=UTF8, encoding='utf-8',
-                         errors='replace')
+    out = subprocess.run([sys.executable, *args], capture_output=True, cwd=REPO, encoding='utf-8',
+                         errors='replace', env=dict(os.environ, PYTHONIOENCODING='utf-8'))
     if out.returncode != 0:
         said = (out.stderr or out.stdout).strip().splitlines() or [f'exit {out.returncode}']
         raise UsageError(f"{options.shell_join(args)} failed: {said[-1].removeprefix('error: ')}")
