@@ -799,8 +799,8 @@ class ViT(nn.Module):
         x, (Hp, Wp) = self.patch_embed(x)
         x = x + self.pos_embed(x.shape[0], Hp, Wp, x.device)
         # The residual stream in the weights' dtype, as the GPT's embeddings are: autocast's convolutions give
-        # bf16, and a CPU's LayerNorm of bf16 input sums its weight's and bias's gradients in bf16 (60% off at
-        # a batch of 128 images).
+        # bf16, and a CPU's LayerNorm of bf16 input sums its weight's and bias's gradients in bf16, far off at
+        # a training batch's size.
         return self.drop(x.to(self.cls_token.dtype)), (Hp, Wp)
 
     def forward(self, x):
