@@ -110,7 +110,7 @@ def _download(url, data_dir, hint, checksum=None):
 # text: documents -> tokens -> train.bin / val.bin
 
 # Pieces tokenized at a time (~0.7 MB of OpenWebText, at most ~8M characters of one long text): the memory
-# in flight does not grow with the corpus or with a document.
+# in flight does not grow with the corpus. A document is held whole, as text and as uint16 tokens.
 _CHUNK = 128
 # Characters in a piece of a long document, at least: 128 pieces as Python ints (~36 bytes a token) are
 # ~0.1 GB, and a call per 64k characters costs nothing beside the encoding.
@@ -159,6 +159,8 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
     """docs (an iterable of strings) -> stage/train.bin and stage/val.bin, streamed; returns the meta. Every
     val_every-th document is val, or else the last tenth of each document's tokens; with eot (if the tokenizer
     has one), end-of-text follows each document's part in both files."""
+    if val_every == 1:
+        raise UsageError(f"{source}: --val_every=1 would put every document in val; give it 2 or more")
     sep = np.array([tok.eot] if eot and tok.eot is not None else [], dtype=np.uint16)
     cores = os.cpu_count() or 1
     threads = min(o.get('workers') or cores, cores)
@@ -185,9 +187,9 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
                     f.write(sep)
         # Two bytes a token.
         counts = [train.tell() // 2, val.tell() // 2]
-    # Every val_every-th document is val: with text but fewer documents than that (or val_every 1), the cause
-    # is the count of documents, not of tokens.
-    if val_every and any(counts) and not 0 < done // val_every < done:
+    # Every val_every-th document is val: with text but fewer documents than that, the cause is the count of
+    # documents, not of tokens.
+    if val_every and any(counts) and done < val_every:
         raise UsageError(f"{source}: --val_every={val_every} puts {done // val_every} of its {done} "
                          f"document(s) in val and the rest in train; give it at least 2 documents and a "
                          f"--val_every from 2 to their number, or for plain text use the text dataset "
@@ -313,7 +315,8 @@ def _json_text(line, where):
     anything else is an error naming `where` (file:line)."""
     with contextlib.suppress(ValueError, KeyError, TypeError):
         if isinstance(text := json.loads(line)['text'], str):
-            return text
+            # An escape of half a surrogate pair (\ud800) is no character and has no UTF-8: U+FFFD.
+            return re.sub('[\ud800-\udfff]', '\ufffd', text)
     raise UsageError(f"{where} is not a JSON object with a 'text' string")
 
 
@@ -630,6 +633,10 @@ def prepare(name, /, data_dir='data', **o):
     # Found now, not after a build of hours.
     if os.path.isfile(out):
         raise UsageError(f"{out} is a file, not a dataset folder; move it away or choose another --name")
+    # A build killed (kill -9, a second Ctrl-C while it cleans up) leaves its folder: said, not removed,
+    # since another build may be using it.
+    for left in glob.glob(os.path.join(glob.escape(out), '.partial-*')):
+        _warn(f"{left} is left from a build that was stopped; remove it unless another build is running")
     if os.path.exists(os.path.join(out, 'meta.json')) and not o.get('force'):
         meta = load_meta(out)
         built = meta.get('tokenizer')
@@ -657,6 +664,10 @@ def prepare(name, /, data_dir='data', **o):
     # A missing --input is named now (options' handler names the path), not after the vocabulary is fetched.
     if o.get('input'):
         os.stat(o['input'])
+        # A later --force build would read the set's own meta.json as one of its documents.
+        if Path(os.path.realpath(out)).is_relative_to(os.path.realpath(o['input'])):
+            raise UsageError(f"{out}, where the dataset goes, is inside --input={o['input']}: pass a "
+                             f"--data_dir outside it")
     t0 = time.time()
     new_root = not os.path.isdir(data_dir)
     new_out = not os.path.isdir(out)
@@ -667,10 +678,6 @@ def prepare(name, /, data_dir='data', **o):
     # out/ untouched (during it, out/ lacks meta.json: not complete), and two nodes that prepare one shared
     # data_dir at once each move complete files in. Inside out/, which may be a link to another filesystem:
     # os.replace cannot cross.
-    # A build killed (kill -9, a second Ctrl-C while it cleans up) leaves its folder: said, not removed,
-    # since another build may be using it.
-    for left in glob.glob(os.path.join(glob.escape(out), '.partial-*')):
-        _warn(f"{left} is left from a build that was stopped; remove it unless another build is running")
     stage = tempfile.mkdtemp(prefix='.partial-', dir=out)
     try:
         meta = builder(stage, {**o, 'data_dir': data_dir, 'dataset': name})

@@ -878,6 +878,33 @@ def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys,
     assert sorted(os.listdir()) == ['README.md', 'data'] and os.listdir('data') == ['notes']
     assert Path('data/notes').read_text() == 'a file where the dataset folder would go'
 
+
+def test_a_dataset_is_never_written_inside_its_input(capsys, monkeypatch):
+    """Text under data/ (the dataset would go into it), or the current folder as input: refused, before any
+    text is tokenized, and nothing written; another --data_dir builds it."""
+    write('data/notes/a.txt', 'a note about things. ' * 50)
+    with monkeypatch.context() as m:
+        m.setattr(prep, 'encode_arrays', None)
+        assert '--data_dir' in one_line(one_error(capsys, 'text', '--input=data/notes'), 'data/notes')
+        assert '--input=.' in one_error(capsys, 'text', '--input=.', '--name=here')
+    assert os.listdir('data') == ['notes'] and os.listdir('data/notes') == ['a.txt']
+    assert main_exits(capsys, 'text', '--input=data/notes', '--data_dir=sets')[0] == 0
+
+
+def test_half_a_surrogate_pair_in_a_jsonl_is_replaced(capsys):
+    """JSON may escape half a surrogate pair, which has no UTF-8: U+FFFD; a whole pair is its character."""
+    write('owt/a.jsonl', '{"text": "bad \\ud800 x"}\n{"text": "fine \\ud83d\\ude00"}\n' * 2)
+    out = prepare('openwebtext', 'data', input='owt', tokenizer='bytes', val_every=2)
+    assert bytes(ids(out, 'train')) == 2 * 'bad \ufffd x'.encode()
+    assert bytes(ids(out, 'val')) == 2 * 'fine \U0001f600'.encode()
+
+
+def test_val_every_1_is_refused_before_any_text_is_tokenized(capsys, monkeypatch):
+    monkeypatch.setattr(prep, 'encode_arrays', None)
+    write('owt/a.jsonl', '{"text": "fine"}\n' * 3)
+    line = one_error(capsys, 'openwebtext', '--input=owt', '--val_every=1', '--tokenizer=bytes')
+    assert '--val_every' in line
+
 # -----------------------------------------------------------------------------
 # reliability: re-runs, --force, interrupted runs
 
@@ -925,6 +952,9 @@ def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monke
     # A build killed (kill -9, a second Ctrl-C while one cleans up) leaves its staging folder: the next build
     # names it, and leaves it, since another build may be using it.
     os.makedirs('data/in/.partial-killed')
+    code, err = main_exits(capsys, 'text', '--input=in.txt')
+    assert code == 0 and one_line('\n'.join(err), 'data/in/.partial-killed')
+    # And so does a run that finds the dataset prepared.
     code, err = main_exits(capsys, 'text', '--input=in.txt')
     assert code == 0 and one_line('\n'.join(err), 'data/in/.partial-killed')
     assert os.path.isdir('data/in/.partial-killed')
