@@ -210,6 +210,10 @@ def test_softmax_kv_cache_continues_like_full_attention():
         y, st = layer.step(x[:, t], st)
         ys.append(y[:, None])
     close64(torch.cat(ys, 1), full)
+    # A prompt's prefill (an empty cache) holds no (T, T) mask: its largest tensor is linear in T.
+    with torch.no_grad(), Written() as written:
+        layer(randn64(1, 1024, 16), layer.empty_state(1, dtype=torch.float64))
+    assert max(elements for _, _, elements in written.tensors) < 1024 * 64
 
 
 def reference_greedy(model, idx, max_new_tokens):

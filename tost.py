@@ -857,9 +857,11 @@ class SoftmaxAttention(nn.Module):
             k = torch.cat([state.k.to(k.dtype), k], dim=2)   # (B, H, t0+T, p)
             v = torch.cat([state.v.to(v.dtype), v], dim=2)
             mask = None
-            if self.causal and T > 1:   # query i sits at position t0+i and sees keys 0 .. t0+i
+            if self.causal and T > 1 and state.t:   # query i sits at position t0+i and sees keys 0 .. t0+i
                 mask = torch.ones(T, state.t + T, dtype=torch.bool, device=x.device).tril(diagonal=state.t)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+            # After an empty cache (a prompt's prefill) causal as above: no (T, T) mask held in memory.
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop,
+                                               is_causal=self.causal and not state.t)
         y = self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, d)))
         return y if state is None else (y, KVCache(k, v, state.t + T))
 
