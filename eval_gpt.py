@@ -62,8 +62,10 @@ def split_loss(model, tokens, T, B, ctx, dist):
         # every position's logits, and no mean loss: each token is scored here, once
         with ctx:
             logits = model.logits(xy[:, :-1].clamp(min=0))
-        nll = F.cross_entropy(logits.float().transpose(1, 2), xy[:, 1:], reduction='none', ignore_index=-1)
-        sums[a:a + B] = nll.to(sums.dtype).sum(1)
+        # Rows of logits: several times faster than cross_entropy over the (B, V, T) transpose.
+        nll = F.cross_entropy(logits.float().flatten(0, 1), xy[:, 1:].flatten(), reduction='none',
+                              ignore_index=-1)
+        sums[a:a + B] = nll.view(len(xy), T).to(sums.dtype).sum(1)
     if dist.ddp:
         # each entry is set on one process: a sum with zeros, exact
         torch.distributed.all_reduce(sums)
