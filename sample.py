@@ -63,7 +63,6 @@ def load_gpt(path, device):
     # sample.py decodes with the tokenizer the meta names, eval_gpt.py checks each dataset's against it.
     if 'tokenizer' not in ckpt['meta']:
         raise UsageError(f'{path} does not hold a model this tost.py can load (its meta names no tokenizer)')
-    del ckpt['model']
     ckpt.pop('optimizer', None)
     return model.eval().to(device), ckpt
 
@@ -144,8 +143,9 @@ def main(argv=None):
     n_tokens = cfg['num_samples'] * cfg['max_new_tokens']
     threads = (f", {torch.get_num_threads()} thread{'s' * (torch.get_num_threads() > 1)}"
                if device == 'cpu' else '')
-    print(f"{n_tokens} tokens in {dt:.1f}s: {n_tokens / dt:.1f} tokens/s ({device}{threads})",
-          file=sys.stderr)
+    # Each sample reads the prompt first: a long one takes a part of the time.
+    print(f"{n_tokens} tokens in {dt:.1f}s: {n_tokens / dt:.1f} tokens/s ({device}{threads}), reading a "
+          f"{min(len(ids), block_size)}-token prompt {cfg['num_samples']}x included", file=sys.stderr)
 
 
 if __name__ == '__main__':
