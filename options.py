@@ -63,10 +63,10 @@ def error_line(msg, alone=False):
     rank = os.environ.get("RANK", "0")
     where = "" if rank == "0" else f" (rank {rank})"
     if speaks(alone):
-        print(f"error: {' '.join(str(msg).split())}{where}", file=sys.stderr, flush=True)
+        print(f"error: {' '.join(str(msg).split())}{where}", file=sys.stderr)
 
 
-def speaks(alone=False):
+def speaks(alone):
     """Whether this process says an error (error_line): rank 0, another node's first, or one found `alone`."""
     return os.environ.get("RANK", "0") == "0" or os.environ.get("LOCAL_RANK") == "0" or alone
 
@@ -96,8 +96,7 @@ def say(*args, quiet=False):
         # A closed stderr too stops nothing.
         if not quiet:
             with contextlib.suppress(OSError, ValueError):
-                print(f"note: stdout: {e.strerror or e}; nothing more is printed there", file=sys.stderr,
-                      flush=True)
+                print(f"note: stdout: {e.strerror or e}; nothing more is printed there", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -377,20 +376,18 @@ RANGE_TESTS = {"positive": (lambda v: v > 0, "positive"),
 
 
 def check_numbers(config, ranges):
-    """Every number finite, each key of `ranges` ({range: keys}) in its range (NaN is in none), and every
-    whole number within 2**32 of 0 (no count or size comes near; past it torch and numpy overflow deep
-    inside)."""
+    """Every number finite and every whole number within 2**32 of 0 (no count or size comes near; past it
+    torch and numpy overflow deep inside), then each key of `ranges` ({range: keys}) in its range."""
     for key, value in config.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--{key} must be a finite number, got {value}")
+        if isinstance(value, int) and abs(value) >= 2**32:
+            raise UsageError(f"--{key} must be between -2**32 and 2**32, got {shown(value)}")
     for name, keys in ranges.items():
         test, what = RANGE_TESTS[name]
         for key in keys:
             if not test(config[key]):
                 raise UsageError(f"--{key} must be {what}, got {shown(config[key])}")
-    for key, value in config.items():
-        if isinstance(value, int) and abs(value) >= 2**32:
-            raise UsageError(f"--{key} must be between -2**32 and 2**32, got {shown(value)}")
 
 
 def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None, choices=None,

@@ -7,21 +7,21 @@ meta.json, written last: if it is there, the dataset is complete. get_tokenizer(
 import json
 import os
 import reprlib
+from dataclasses import dataclass
 
 import numpy as np
 
 from options import UsageError, near, shell_join
 
 
+@dataclass
 class Tokenizer:
     """'bytes' (UTF-8's 256 byte values, no download; eot None) or 'gpt2' (tiktoken's GPT-2 BPE, 50257
     ids)."""
-
-    def __init__(self, name, vocab_size, eot=None, enc=None):
-        self.name = name
-        self.vocab_size = vocab_size
-        self.eot = eot
-        self.enc = enc
+    name: str
+    vocab_size: int
+    eot: int = None
+    enc: object = None
 
     def encode(self, s):
         """A literal '<|endoftext|>' in a document is just text."""

@@ -90,9 +90,9 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
 
 
 def load_weights(model, ckpt, path):
-    """ckpt's weights into model, or one line."""
+    """ckpt's weights into model, taken out of ckpt (no second copy kept), or one line."""
     try:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(ckpt.pop("model"))
     except RuntimeError as e:
         # torch's first line is a heading; the keys missing, unexpected or of another shape follow.
         why = textwrap.shorten(" ".join(str(e).split("\n", 1)[-1].split()), 200)
@@ -170,15 +170,10 @@ def optimizer_for(model, cfg, dtype, ckpt):
 
 
 def check_decay(cfg):
-    """AdamW's decay multiplies the weights by 1 - lr x weight_decay a step: at 0 or below it erases them. The
-    cosine (train_gpt's lr_decay_iters) starts where the warmup ends: it cannot end before."""
+    """AdamW's decay multiplies the weights by 1 - lr x weight_decay a step: at 0 or below it erases them."""
     if cfg["learning_rate"] * cfg["weight_decay"] >= 1:
         raise UsageError(f"--weight_decay={cfg['weight_decay']:g} times --learning_rate="
                          f"{cfg['learning_rate']:g} is 1 or more: each step would erase the weights")
-    if cfg.get("lr_decay_iters", math.inf) < cfg.get("warmup_iters", 0):
-        raise UsageError(f"--lr_decay_iters={cfg['lr_decay_iters']} ends the cosine before --warmup_iters="
-                         f"{cfg['warmup_iters']} ends the warmup; set --warmup_iters at most "
-                         f"{cfg['lr_decay_iters']}, or --lr_decay_iters at least {cfg['warmup_iters']}")
 
 
 def optimizer_step(optimizer, scaler, lr, grad_clip):
@@ -336,7 +331,7 @@ def resolve_dtype(dtype, device, master=True):
         raise UsageError("this GPU has no bfloat16; use --dtype=float16 or float32")
     if dtype == "float16" and kind == "cpu" and master:
         print("warning: float16 on a CPU is emulated, about 20x slower than float32; bfloat16 or float32 run "
-              "faster", file=sys.stderr, flush=True)
+              "faster", file=sys.stderr)
     return dtype, "as asked"
 
 
@@ -483,7 +478,7 @@ def stop_signals(unit, master):
         with contextlib.suppress(RuntimeError, OSError):
             if master:
                 print(f"{signals[0]}: stopping after this {unit}; another one stops at once, without saving",
-                      file=sys.stderr, flush=True)
+                      file=sys.stderr)
 
     # A closed terminal (ssh gone) sends SIGHUP; Windows' Ctrl-Break is SIGBREAK.
     stops = stop_signals_here("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")

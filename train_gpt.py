@@ -92,15 +92,14 @@ RANGES = dict(positive=('block_size', 'batch_size', 'gradient_accumulation_steps
 _OWT = dict(dataset='openwebtext', block_size=1024, batch_size=12, gradient_accumulation_steps=40,
             learning_rate=6e-4, warmup_iters=2000, max_iters=600_000, lr_decay_iters=600_000,
             weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=2000, eval_iters=200,
-            log_interval=10, always_save_checkpoint=True, compile=True)
+            compile=True)
 
 PRESETS = {
     'demo': {},  # the defaults above
     # tiny shakespeare with GPT-2 BPE (~300k tokens): a few minutes on one GPU; it overfits, watch val loss
-    'shakespeare': dict(dataset='shakespeare', out_dir='out-shakespeare', block_size=256, batch_size=32,
-                        n_layer=6, n_head=6, n_embd=384, dropout=0.2, learning_rate=1e-3,
-                        max_iters=3000, lr_decay_iters=3000, warmup_iters=100, beta2=0.99, eval_interval=250,
-                        eval_iters=100, log_interval=10, always_save_checkpoint=False),
+    'shakespeare': dict(dataset='shakespeare', out_dir='out-shakespeare', batch_size=32, n_layer=6, n_head=6,
+                        n_embd=384, dropout=0.2, learning_rate=1e-3, max_iters=3000, lr_decay_iters=3000,
+                        warmup_iters=100, beta2=0.99, eval_iters=100, always_save_checkpoint=False),
     # the shapes of tost.preset('tost-base'), 'tost-medium' and 'tost-large': 110M, 304M, 655M parameters
     'owt-base': dict(_OWT, out_dir='out-owt-base', weight_decay=0.01, n_layer=12, n_head=12, n_embd=768),
     'owt-medium': dict(_OWT, out_dir='out-owt-medium', n_layer=24, n_head=16, n_embd=1024),
@@ -167,9 +166,8 @@ def open_dataset(cfg, dist, model_meta=None):
     its splits' sizes in tokens. A cheap dataset is prepared here first: local rank 0 prepares, and every rank
     meets at the same barrier."""
     path = os.path.join(cfg['data_dir'], cfg['dataset'])
-    missing = not os.path.exists(os.path.join(path, 'meta.json'))
     if cfg['dataset'] in PREPARE_ON_THE_FLY:
-        if dist.local_rank == 0 and missing:
+        if dist.local_rank == 0 and not os.path.exists(os.path.join(path, 'meta.json')):
             import prepare_data
             prepare_data.prepare(cfg['dataset'], data_dir=cfg['data_dir'])
         if dist.ddp:
@@ -293,6 +291,11 @@ def main(argv=None):
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
     learning_rate = cfg['learning_rate']
     check_decay(cfg)
+    # The cosine starts where the warmup ends: it cannot end before.
+    if cfg['lr_decay_iters'] < cfg['warmup_iters']:
+        raise UsageError(f"--lr_decay_iters={cfg['lr_decay_iters']} ends the cosine before --warmup_iters="
+                         f"{cfg['warmup_iters']} ends the warmup; set --warmup_iters at most "
+                         f"{cfg['lr_decay_iters']}, or --lr_decay_iters at least {cfg['warmup_iters']}")
 
     # data (a cheap dataset is prepared on the fly), then the output folder, held from here on (with
     # --overwrite, which deletes the folder's checkpoint, only once the run is known to fit in memory, below)
@@ -350,8 +353,6 @@ def main(argv=None):
     model_args['softmax_layers'] = list(raw_model.config.softmax_layers)
     if ckpt:
         load_weights(raw_model, ckpt, ckpt_path)
-        # The model holds the weights now: no second copy kept.
-        del ckpt['model']
 
     # What a micro-step keeps for its backward, found before it is tried: with the model's state, more than
     # the machine has is refused too.
@@ -407,7 +408,6 @@ def main(argv=None):
         start_log(out_dir, 'iter', saved)
         log_row(out_dir, {'kind': 'config', **cfg, **model_args, 'dtype': dtype,
                           'tokens_per_iter': tokens_per_iter, 'params': raw_model.get_num_params()})
-    resume = resume_command('train_gpt.py', cfg, set_keys, DEFAULTS)
     drawing = True
     start_iter = iter_num
     t_start = time.time()
@@ -421,7 +421,7 @@ def main(argv=None):
     since_row = state.get('since_row', 0)
     # The steps timed since t_row: a row that spans a resume times only those after it.
     timed = 0
-    t_row = time.time()
+    t_row = t_start
 
     # `carried`: the losses since the last row, as their sum over all processes divided by their number: each
     # process of a resume, at any process count, starts from that, and the next row's all-reduce adds it up.
@@ -455,14 +455,13 @@ def main(argv=None):
                 carried = mean_loss(loss_sum.clone(), 1, dist)
                 finite = math.isfinite(carried)
                 save = (val_loss < best_val_loss or cfg['always_save_checkpoint']) and iter_num > 0 and finite
-                row = dict(iter=iter_num, kind='eval', train_loss=losses['train'], val_loss=val_loss, lr=lr,
-                           tokens_per_sec=tok_per_s, saved=save, tokens=tokens,
-                           elapsed_s=round(time.time() - t_run, 2))
                 best_val_loss = min(best_val_loss, val_loss)
                 # The row before the checkpoint: a run that dies between the two resumes from the checkpoint
                 # before, which drops the row and evaluates again (the other way round, the row is lost).
                 if master:
-                    log_row(out_dir, row)
+                    log_row(out_dir, dict(iter=iter_num, kind='eval', train_loss=losses['train'],
+                                          val_loss=val_loss, lr=lr, tokens_per_sec=tok_per_s, saved=save,
+                                          tokens=tokens, elapsed_s=round(time.time() - t_run, 2)))
                 if save:
                     save_checkpoint(checkpoint(carried, val_loss), [ckpt_path], dist)
                     saved = iter_num
@@ -489,15 +488,14 @@ def main(argv=None):
                     what = f"not saved; {last_good(ckpt_path, saved, 'iter')}"
                 why = signals[0] if signals else 'on another rank'
                 if master:
-                    print(f"interrupted ({why}) at iter {iter_num}: {what}", file=sys.stderr, flush=True)
+                    print(f"interrupted ({why}) at iter {iter_num}: {what}", file=sys.stderr)
                     if saved is not None and finite:
-                        print(resume, file=sys.stderr, flush=True)
+                        print(resume_command('train_gpt.py', cfg, set_keys, DEFAULTS), file=sys.stderr)
                 teardown(dist, lock)
                 sys.exit(130)
 
             # one optimizer step: accum micro-steps on each process, DDP averages the gradients on the last
             starts = window_starts(seed, 0, iter_num, accum_total * B, sizes['train'], T)
-            step_loss = 0.0
             for micro in range(accum):
                 # The global micro-step g takes rows g*B .. g*B+B-1 of the batch, and seeds dropout: the same
                 # numbers on any process count.
@@ -511,13 +509,12 @@ def main(argv=None):
                     with ctx:
                         loss = model(X, Y)[1] / accum
                     scaler.scale(loss).backward()
-                step_loss = step_loss + loss.detach()
+                loss_sum += loss.detach()
             optimizer_step(optimizer, scaler, lr, grad_clip)
             iter_num += 1
             tokens += tokens_per_iter
             since_row += 1
             timed += 1
-            loss_sum = loss_sum + step_loss
 
             # a log row: the mean loss since the last one, all-reduced
             if iter_num % log_interval == 0 or iter_num == max_iters:
@@ -533,7 +530,7 @@ def main(argv=None):
                     say(f"iter {iter_num}: loss {train_loss:.4f}, lr {lr:.1e}, {tok_per_s:,.0f} tok/s, "
                         f"{1000 * dt:.1f} ms/iter{f', mfu {100 * mfu:.1f}%' if mfu else ''}, "
                         f"eta {human((max_iters - iter_num) * dt)}")
-                loss_sum = torch.zeros((), device=device)
+                loss_sum.zero_()
                 since_row = 0
                 timed = 0
                 t_row = time.time()

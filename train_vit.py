@@ -303,8 +303,6 @@ def main(argv=None):
     raw_model = tost.ViT(config).to(device)
     if ckpt:
         load_weights(raw_model, ckpt, path)
-        # The model holds them now: no second copy kept.
-        del ckpt['model']
     # Evaluation runs without DDP: its forward would broadcast the BatchNorm buffers (a collective), and the
     # ranks run different numbers of test batches.
     eval_model = torch.compile(raw_model, dynamic=False) if cfg['compile'] else raw_model
