@@ -648,15 +648,16 @@ def test_the_resume_command_names_the_launcher_the_run_had(monkeypatch, env, lau
 
 
 @pytest.mark.parametrize("grad_clip, norm", [(0.0, 5.0), (1.0, 1.0)])
-def test_optimizer_step_clips_the_global_norm(grad_clip, norm):
+@pytest.mark.parametrize("scaled", [False, True])
+def test_optimizer_step_clips_the_global_norm(grad_clip, norm, scaled):
     """Gradients of norm 5 over two parameter groups: grad_clip=1 scales them as one vector to norm 1; 0 keeps
-    them."""
+    them. float16's loss scale (1024 here) is taken out of the gradients before they are clipped."""
     a = torch.nn.Parameter(torch.zeros(2))
     b = torch.nn.Parameter(torch.zeros(1))
-    a.grad = torch.tensor([3.0, 0.0])
-    b.grad = torch.tensor([4.0])
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, enabled=scaled)
+    scaler.scale(3 * a[0] + 4 * b[0]).backward()
     opt = torch.optim.SGD([{"params": [a]}, {"params": [b]}], lr=0.5)
-    tc.optimizer_step(opt, torch.amp.GradScaler("cpu", enabled=False), 1.0, grad_clip)
+    tc.optimizer_step(opt, scaler, 1.0, grad_clip)
     assert torch.cat([a.detach(), b.detach()]).norm().item() == pytest.approx(norm)
 
 

@@ -4,6 +4,7 @@ offline. Ctrl-C and SIGTERM are real signals, to this process, a subprocess, one
 group; several processes run under torchrun (gloo); the GPU paths (compile, bf16, fp16 with the GradScaler,
 fused AdamW, MFU) run on CPU; bad input ends in one line, a non-zero exit and no traceback.
 """
+import contextlib
 import json
 import os
 import re
@@ -435,8 +436,10 @@ def test_a_resume_into_a_folder_another_run_holds_is_refused_as_such(data_dir, t
     out = tmp_path / 'out'
     out.mkdir()
     held = train_common.lock_out_dir(str(out))
-    fails(train_gpt.main, tiny(data_dir, out, '--init_from=resume'), f'--out_dir={out}')
+    line = fails(train_gpt.main, tiny(data_dir, out, '--init_from=resume'), f'--out_dir={out}')
     held.close()
+    # the lock's line, not the one of a folder without a checkpoint (which names --out_dir too)
+    assert 'ckpt.pt' not in line
 
 
 @pytest.mark.parametrize('failure', ['disk full', 'second Ctrl-C'])
@@ -745,9 +748,13 @@ def test_accumulation_rounded_up_to_the_processes_is_said(train, tmp_path, monke
 
 
 def test_the_second_process_trains_on_the_rows_after_the_firsts(train, tmp_path, monkeypatch):
-    """Rank 1 of 2, 4 micro-steps of 4 rows a step: it reads rows 8-15 of the 16 the step draws."""
+    """Rank 1 of 2, 4 micro-steps of 4 rows a step: it reads rows 8-15 of the 16 the step draws, and seeds
+    the dropout of global micro-steps 2 and 3, not rank 0's."""
     second = train_common.Dist(False, 1, 1, 2, False, 'cpu')
     monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: second)
+    seeds = []
+    seed = torch.manual_seed
+    monkeypatch.setattr(torch, 'manual_seed', lambda s: seeds.append(s) or seed(s))
     drawn = []
     starts = train_gpt.window_starts
 
@@ -767,6 +774,80 @@ def test_the_second_process_trains_on_the_rows_after_the_firsts(train, tmp_path,
     assert os.listdir(tmp_path / 'out') == []
     assert [rows for rows in reads if rows in (step[:4], step[4:8], step[8:12], step[12:])] == [step[8:12],
                                                                                                step[12:]]
+    assert seeds == [5, train_common.seed_of(5, 0, 2), train_common.seed_of(5, 0, 3)]
+
+
+def test_each_process_evaluates_its_own_share_of_the_eval_batches(tmp_path, monkeypatch):
+    """Rank 1 of 2, eval_iters 5: it draws estimates 1 and 3 of each split, in eval mode, and the mean is over
+    all 5 (the other process's sum comes from the all-reduce); the model is back in training mode after."""
+    for split in ('train', 'val'):
+        np.arange(300, dtype=np.uint16).tofile(tmp_path / f'{split}.bin')
+    drawn = []
+    real = train_gpt.window_starts
+
+    def window_starts(seed, stream, k, *rest):
+        drawn.append((stream, k))
+        return real(seed, stream, k, *rest)
+    monkeypatch.setattr(train_gpt, 'window_starts', window_starts)
+    # the other process's sum of its losses: 10
+    monkeypatch.setattr(torch.distributed, 'all_reduce', lambda t: t.add_(10.0))
+    modes = []
+
+    class Model(torch.nn.Module):
+        def forward(self, X, Y):
+            modes.append(self.training)
+            return None, torch.tensor(1.0)
+    model = Model()
+    cfg = dict(seed=0, eval_iters=5, batch_size=2, block_size=8)
+    rank1 = train_common.Dist(True, 1, 1, 2, False, 'cpu')
+    out = train_gpt.estimate_loss(model, str(tmp_path), dict(vocab_size=300), dict(train=300, val=300), cfg,
+                                  contextlib.nullcontext(), rank1)
+    assert drawn == [(1, 1), (1, 3), (2, 1), (2, 3)]
+    assert out == dict(train=12 / 5, val=12 / 5)
+    assert modes == [False] * 4 and model.training
+
+
+def test_every_window_of_a_split_can_be_drawn_and_none_runs_past_its_end():
+    """A window is block_size tokens and its targets one more: 33 tokens hold one window of 32, 35 three."""
+    assert set(train_gpt.window_starts(0, 0, 0, 200, 33, 32).tolist()) == {0}
+    assert set(train_gpt.window_starts(0, 0, 0, 200, 35, 32).tolist()) == {0, 1, 2}
+
+
+def test_a_save_between_two_rows_leaves_the_next_rows_mean_as_it_was(train, tmp_path, monkeypatch):
+    """The losses since the last row are saved all-reduced from a copy: in place, the next row would count
+    those before the save twice. Two processes with equal losses, faked in one: each train row is what one
+    process gives."""
+    def all_reduce(t, op=torch.distributed.ReduceOp.SUM, group=None):
+        if op == torch.distributed.ReduceOp.SUM:
+            t.mul_(2)
+    args = ('--max_iters=4', '--eval_interval=1', '--log_interval=2')
+    alone = train_common.Dist(False, 0, 0, 1, True, 'cpu')
+    monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: alone)
+    train(tmp_path / 'alone', *args)
+    # rank 0 of 2: the same rows and dropout seeds as one process, its losses summed with the other's
+    monkeypatch.setattr(train_gpt, 'setup_distributed', lambda device: alone._replace(ddp=True, world_size=2))
+    monkeypatch.setattr(train_gpt, 'wrap', lambda model, dist, compile: model)
+    monkeypatch.setattr(torch.distributed, 'all_reduce', all_reduce)
+    train(tmp_path / 'two', *args, '--gradient_accumulation_steps=2')
+    rows = [[r['train_loss'] for r in read_log(tmp_path / run, kind='train')] for run in ('alone', 'two')]
+    assert rows[1] == pytest.approx(rows[0], rel=1e-6)
+
+
+def test_the_vocabulary_is_rounded_up_to_a_multiple_of_64(train, tmp_path, monkeypatch):
+    """GPT-2's 50257 ids are 50304 rows of the embedding; a byte set's 256 are already a multiple."""
+    real = train_gpt.readers.load_meta
+    monkeypatch.setattr(train_gpt.readers, 'load_meta', lambda *a: dict(real(*a), vocab_size=257))
+    train(tmp_path, '--max_iters=1')
+    assert weights(tmp_path)['model_args']['vocab_size'] == 320
+
+
+def test_a_resume_may_train_on_shorter_windows(train, tmp_path):
+    """Only a context longer than the position table is refused on resume: the model keeps its 32."""
+    train(tmp_path, '--max_iters=2', '--eval_interval=2')
+    resume(tmp_path, '--max_iters=3', '--block_size=16')
+    ckpt = weights(tmp_path)
+    assert ckpt['iter_num'] == 3 and ckpt['model_args']['block_size'] == 32
+    assert ckpt['config']['block_size'] == 16
 
 
 def test_every_rank_waits_at_the_same_barrier_whoever_prepares_the_data(tmp_path, monkeypatch):
@@ -1285,10 +1366,10 @@ def test_a_batch_is_windows_of_its_split_and_targets_shifted_by_one_each_step_an
 
 
 def test_only_an_improvement_is_saved_when_only_the_best_is(train, tmp_path, monkeypatch, capsys):
-    """always_save_checkpoint=False: val losses 3, 2, 2.5, 2.2 at iters 0, 2, 4, 6; only the improvement is
-    saved (2.2 beats the last, not the best). A resume remembers the best: 2.5 and 2.4 after it are not
+    """always_save_checkpoint=False: val losses 3, 2, 2, 2.2 at iters 0, 2, 4, 6; only the improvement is
+    saved (a tie is none; 2.2 beats nothing). A resume remembers the best: 2.5 and 2.4 after it are not
     saved either."""
-    vals = iter([3.0, 2.0, 2.5, 2.2, 2.5, 2.4])
+    vals = iter([3.0, 2.0, 2.0, 2.2, 2.5, 2.4])
     monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': 1.0, 'val': next(vals)})
     out = tmp_path / 'out'
     train(out, '--max_iters=6', '--eval_interval=2', '--always_save_checkpoint=false')
