@@ -375,7 +375,7 @@ if fig:
                         arrowprops=dict(arrowstyle='->'))
     ax.annotate('', xy=(4 * 1.8, 0.35), xytext=(1.8, 0.35),
                 arrowprops=dict(arrowstyle='->', connectionstyle='arc3,rad=-0.25', color='#888'))
-    ax.text(2.5 * 1.8, 1.05, 'w itself, token by token', ha='center', fontsize=8, color='#666')
+    ax.text(2.5 * 1.8, 1.15, 'w itself, token by token', ha='center', fontsize=8, color='#666')
     ax.set(xlim=(-0.9, 9.9), ylim=(-1.1, 1.3),
            title='TSSA: tokens meet only through 2p + 1 numbers per head (n_k, s_k, and the p column sums of '
                  'squares of w that Pi uses)')
@@ -894,9 +894,10 @@ for name, f in ops.items():
         assert 3.9 < by_n < 4.1 and 1.9 < by_d < 2.1
 fig, ax = plots(1, 1, size=(6, 3.6))
 if fig:
-    for name, counts in curves.items():
-        ax.loglog(sizes, counts, 'o-', label=name)
-    ax.set(xlabel='tokens n', ylabel='elements returned (d = 32)',
+    # Softmax red and ToST blue, as in the other pages' figures.
+    for (name, counts), color in zip(curves.items(), ('#7f7f7f', '#d62728', '#17becf', '#1f77b4')):
+        ax.loglog(sizes, counts, 'o-', label=name, color=color)
+    ax.set(xlabel='tokens n (log scale)', ylabel='elements returned (d = 32)',
            title='elements one forward returns: the slopes, not the heights')
     ax.set_xticks(sizes, [str(n) for n in sizes])
     ax.minorticks_off()

@@ -169,7 +169,7 @@ def test_tasks_section_runs_end_to_end(tmp_path):
 
 
 def test_the_task_maps_hybrid_is_one_softmax_block_of_two_the_first_with_the_shift():
-    cfg = study.tost.GPTConfig(**study.TASK_MODEL, **study.TASK_MODELS['hybrid+shift'])
+    cfg = study.tost.GPTConfig(**study.TASK_MODEL, **study.TASK_MODELS['hybrid-first+shift'])
     blocks = study.tost.GPT(cfg).transformer.h
     assert [type(b.attn).__name__ for b in blocks] == ['SoftmaxAttention', 'CausalTSSA']
     assert plot.model_name(vars(cfg)) == 'hybrid + shift'
@@ -430,8 +430,10 @@ def test_the_studies_in_docs_are_the_rows_and_budgets_the_code_runs():
 
 
 def test_the_task_maps_columns_are_the_models_they_name():
+    """A column is headed by its key; the hybrid's says which block is softmax."""
     assert [plot.model_name(c) for c in study.TASK_MODELS.values()] == \
-        [k.replace('tssa', 'ToST').replace('+', ' + ') for k in study.TASK_MODELS]
+        [k.replace('tssa', 'ToST').replace('-first', '').replace('+', ' + ') for k in study.TASK_MODELS]
+    assert study.TASK_MODELS['hybrid-first+shift']['softmax_layers'] == (0,)
 
 
 def test_the_glyph_images_show_their_class(tmp_path):

@@ -285,7 +285,7 @@ TASK_MODELS = {
     'softmax': dict(attn='softmax'),
     'softmax+shift': dict(attn='softmax', token_shift=True),
     # one softmax block of two, the first: over init seeds it learned 8-pair recall more often than the last
-    'hybrid+shift': dict(attn='tssa', softmax_layers=(0,), token_shift=True),
+    'hybrid-first+shift': dict(attn='tssa', softmax_layers=(0,), token_shift=True),
 }
 # Shared by every model of every row. Layer-scale init 1.0: the GPT's default 1e-5 slows tiny models down.
 TASK_MODEL = dict(n_layer=2, n_head=4, n_embd=64, layerscale_init=1.0)
