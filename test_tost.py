@@ -293,6 +293,16 @@ def test_parallel_prefill_and_step_agree(kind, shift):
             assert not torch.allclose(model(idx, idx)[0], full)
 
 
+def test_the_token_shift_mixes_each_tokens_normalised_input_with_the_previous_ones_before_attention():
+    torch.manual_seed(0)
+    block = randomize(tost.Block(16, 2, block_size=8, token_shift=True, layerscale_init=1.0).double())
+    x = randn64(2, 8, 16)
+    h = block.ln_1(x)
+    prev = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], 1)         # h_{t-1}, h_{-1} = 0
+    a = x + block.gamma_1 * block.attn(h + block.shift.mu * (prev - h))
+    close64(block(x), a + block.gamma_2 * block.mlp(block.ln_2(a)))
+
+
 @pytest.mark.parametrize('shift', [False, True])
 def test_softmax_layers_pick_the_blocks_and_each_keeps_its_own_state(shift):
     cfg = GPTConfig(block_size=16, vocab_size=30, n_layer=3, n_head=2, n_embd=16, softmax_layers=[-1, 0, 0],
@@ -727,7 +737,7 @@ LM = dict(block_size=1024, vocab_size=50304, layerscale_init=1e-5)
 ])
 def test_preset_shapes_and_parameter_counts(name, paper, tol, count, fields):
     cfg = preset(name)
-    assert {k: getattr(cfg, k) for k in fields} == fields
+    assert {k: getattr(cfg, k) for k in fields} == fields and cfg.dropout == 0.0     # the paper's: none
     with torch.device('meta'):
         model = GPT(cfg) if isinstance(cfg, GPTConfig) else ViT(cfg)
     n = model.get_num_params()
@@ -960,7 +970,8 @@ def test_the_fast_core_under_no_grad_keeps_nothing_for_a_backward(monkeypatch):
 
 
 def test_the_fused_core_runs_on_large_inputs_only(monkeypatch):
-    """With the default MIN_ELEMENTS a small input runs the readable lines and a large one the fused core."""
+    """With the default MIN_ELEMENTS a small input runs the readable lines and a large one the fused core,
+    unless CausalTSSA.fast is False."""
     monkeypatch.undo()
     calls, real = [], tost_fast.CausalCore.apply
     monkeypatch.setattr(tost_fast.CausalCore, 'apply', lambda *a: calls.append(a[0].shape) or real(*a))
@@ -969,6 +980,8 @@ def test_the_fused_core_runs_on_large_inputs_only(monkeypatch):
         layer(torch.randn(1, 1024, 64))                                  # 2^16 numbers
         assert calls == []
         layer(torch.randn(1, 8192, 64))                                  # 2^19
+        monkeypatch.setattr(CausalTSSA, 'fast', False)
+        layer(torch.randn(1, 8192, 64))
     assert calls == [(1, 8192, 4, 16)]
 
 
