@@ -157,8 +157,9 @@ def main(argv=None):
             except (ValueError, EOFError):
                 spans = np.zeros(0)
             ok = spans.dtype.kind in 'iu' and spans.ndim == 2 and spans.shape[1] == 3 and len(spans) > 0
-            if not (ok and ((0 <= spans[:, 0]) & (spans[:, 0] < spans[:, 1]) & (spans[:, 1] < spans[:, 2]) &
-                            (spans[:, 2] <= len(tokens))).all()):
+            # Each row rises (a context, then its last word) and stays inside the tokens.
+            if not (ok and (np.diff(spans.astype(np.int64)) > 0).all() and 0 <= spans.min()
+                    and spans.max() <= len(tokens)):
                 raise UsageError(f"{file} is damaged; rebuild it: {readers.recipe(path, meta, force=True)}")
             if (spans[:, 2] - spans[:, 1] > T).any():
                 raise UsageError(f"{path} has a target word longer than --block_size={T}: use a larger one")

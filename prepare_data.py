@@ -155,7 +155,7 @@ def _encoded(tok, docs, threads):
                                  f"({tok.name})")
 
 
-def _text_dataset(stage, o, docs, source, tok, eot, val_every=None):
+def _text_dataset(stage, o, docs, source, tok, eot, val_every):
     """docs (an iterable of strings) -> stage/train.bin and stage/val.bin, streamed; returns the meta. Every
     val_every-th document is val, or else the last tenth of each document's tokens; with eot (if the tokenizer
     has one), end-of-text follows each document's part in both files."""

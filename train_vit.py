@@ -97,7 +97,7 @@ def random_crop_flip(x, pad=4):
     each image, mirror half of them. Every window of every image is a view; one gather picks an image's."""
     B, C, H, W = x.shape
     windows = F.pad(x, (pad,) * 4).unfold(2, H, 1).unfold(3, W, 1)           # (B, C, 2pad+1, 2pad+1, H, W)
-    shift = torch.randint(0, 2 * pad + 1, (2, B), device=x.device)
+    shift = torch.randint(2 * pad + 1, (2, B), device=x.device)
     crops = windows[torch.arange(B, device=x.device), :, shift[0], shift[1]]   # (B, C, H, W)
     flip = torch.rand(B, 1, 1, 1, device=x.device) < 0.5
     return torch.where(flip, crops.flip(-1), crops)
@@ -261,8 +261,8 @@ def main(argv=None):
         lock = make_out_dir(out_dir, [ckpt_path, best_path], cfg['overwrite'], False, master)
     ckpt = None
     if path:
-        needs = ('model', 'model_args', 'optimizer', 'config', 'epoch', 'best_acc')
-        ckpt = load_checkpoint(path, device, 'vit', needs=needs)
+        ckpt = load_checkpoint(path, device, 'vit',
+                               needs=('model', 'model_args', 'optimizer', 'config', 'epoch', 'best_acc'))
         # Format 2 is the released vision model (XCiT's class blocks); earlier checkpoints computed otherwise.
         if ckpt.get('format') != 2:
             raise UsageError(f"{path} is from an earlier train_vit.py, whose model computed otherwise")
