@@ -514,17 +514,60 @@ CIFAR = {
 }
 
 
+def _pixels(raw, dtype, shape, fortran=False):
+    """CIFAR's pixels from their bytes: uint8, C order, exactly as many bytes as the shape holds."""
+    if not isinstance(dtype, _U1) or fortran not in (False, 'C') or not isinstance(raw, (bytes, bytearray)):
+        raise pickle.UnpicklingError("refusing an array that is not C-ordered uint8 bytes")
+    return np.frombuffer(raw, np.uint8).reshape(shape)
+
+
+class _U1:
+    """numpy's dtype('u1') as a pickle names it: nothing of numpy is built from its state, which must be a
+    plain type's (version, byte order, then no subarray, field names or fields, ...)."""
+
+    def __setstate__(self, state):
+        if tuple(state[2:5]) != (None, None, None):
+            raise pickle.UnpicklingError(f"refusing the dtype state {state!r}")
+
+
+def _dtype(name, align=False, copy=True):
+    if name not in ('u1', b'u1'):
+        raise pickle.UnpicklingError(f"refusing the dtype {name!r}: CIFAR's pixels are u1")
+    return _U1()
+
+
+class _Array:
+    """An ndarray as a protocol-2 pickle rebuilds it, _reconstruct(ndarray, (0,), b'b') and then its state
+    (version, shape, dtype, Fortran order, bytes): taken as _pixels."""
+
+    def __setstate__(self, state):
+        _, shape, dtype, fortran, raw = state
+        self.array = _pixels(raw, dtype, shape, fortran)
+
+
 class _NumpyUnpickler(pickle.Unpickler):
-    """Plain containers and numpy arrays only: a tampered archive cannot run code on load."""
-    ALLOWED = {('numpy', 'ndarray'), ('numpy', 'dtype'), ('_codecs', 'encode'),
-               ('numpy.core.multiarray', 'scalar'), ('numpy.core.multiarray', '_reconstruct'),
-               ('numpy.core.numeric', '_frombuffer')}
+    """Plain containers and uint8 arrays only. numpy's own unpickling is never called: a tampered archive can
+    neither run code nor make numpy read memory it was not given (a forged dtype state can)."""
+    STAND_INS = {('numpy', 'ndarray'): _Array, ('numpy', 'dtype'): _dtype,
+                 ('numpy.core.multiarray', '_reconstruct'): lambda cls, shape, typecode: _Array(),
+                 ('numpy.core.numeric', '_frombuffer'): _pixels,
+                 # Python 3 writes bytes in protocol 2 as latin-1 text.
+                 ('_codecs', 'encode'): lambda text, encoding: text.encode('latin1')}
 
     def find_class(self, module, name):
         # numpy 2 writes numpy._core.
-        if (module.replace('numpy._core', 'numpy.core'), name) not in self.ALLOWED:
+        stand_in = self.STAND_INS.get((module.replace('numpy._core', 'numpy.core'), name))
+        if stand_in is None:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-        return super().find_class(module, name)
+        return stand_in
+
+    def load(self):
+        """A dict (CIFAR's batches are), its arrays as numpy's."""
+        return {k: v.array if isinstance(v, _Array) else v for k, v in super().load().items()}
+
+
+# CIFAR-100's train batch, the largest member, is 155 MB: a larger one is cut there, and refused.
+_MEMBER_BYTES = 1 << 28
 
 
 def _read_cifar(archive, spec):
@@ -534,8 +577,11 @@ def _read_cifar(archive, spec):
     try:
         with tarfile.open(archive, 'r:*') as tf:
             # One pass in archive order: a .tar.gz cannot seek backwards cheaply. Names in a tar use '/'
-            # on every system.
-            got = {posixpath.normpath(m.name): tf.extractfile(m).read() for m in tf if m.isfile()}
+            # on every system. Only CIFAR's members are read, each at most _MEMBER_BYTES: a header may claim
+            # any size.
+            wanted = {posixpath.join(spec['top'], b) for b in [*spec['train'], *spec['test'], spec['meta']]}
+            got = {posixpath.normpath(m.name): tf.extractfile(m).read(_MEMBER_BYTES) for m in tf
+                   if m.isfile() and posixpath.normpath(m.name) in wanted}
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         raise UsageError(f"{archive} is not a readable tar archive ({e})") from None
 

@@ -691,6 +691,32 @@ def test_cifar_roundtrip(capsys, monkeypatch, which):
     assert len(prep._read_cifar('c.tar.gz', prep.CIFAR[which])[0][0]) == len(images) - 4
 
 
+def test_only_cifars_members_are_read_and_each_at_most_a_cap(monkeypatch, capsys):
+    """Another member (here 1 MB) is not read; a member larger than the cap is refused in one line."""
+    make_cifar('c.tar.gz', 'cifar10')
+    with tarfile.open('c.tar.gz') as src, tarfile.open('c.tar', 'w') as tf:
+        for m in src:
+            tf.addfile(m, src.extractfile(m))
+        info = tarfile.TarInfo('cifar-10-batches-py/readme.html')
+        info.size = 2**20
+        tf.addfile(info, io.BytesIO(bytes(info.size)))
+    read = []
+    real = tarfile.TarFile.extractfile
+    monkeypatch.setattr(tarfile.TarFile, 'extractfile', lambda tf, m: read.append(m.name) or real(tf, m))
+    prep._read_cifar('c.tar', prep.CIFAR['cifar10'])
+    members = LAYOUT['cifar10'][1] + ['test_batch', 'batches.meta']
+    assert sorted(read) == sorted(f'cifar-10-batches-py/{b}' for b in members)
+    monkeypatch.setattr(prep, '_MEMBER_BYTES', 1000)
+    assert 'data_batch' in one_error(capsys, 'cifar10', '--archive=c.tar')
+
+
+def test_cifar_pickled_by_python_2_as_published_is_read():
+    x = np.random.default_rng(0).integers(0, 256, (4, 3072), dtype=np.uint8)
+    make_cifar('c.tar.gz', 'cifar10', edit=('test_batch', {b'data': as_python2(x)}))
+    test_images = prep._read_cifar('c.tar.gz', prep.CIFAR['cifar10'])[0][2]
+    np.testing.assert_array_equal(test_images, x.reshape(-1, 3, 32, 32))
+
+
 # -----------------------------------------------------------------------------
 # downloads, served from memory
 
@@ -745,6 +771,24 @@ class Evil:
 
     def __reduce__(self):
         return (os.system, ('touch pwned',))
+
+
+class Reduced:
+    """Pickled as `call(*args)`, then `state` set on it (a BUILD) if given: numpy's names, used as a tampered
+    archive could."""
+
+    def __init__(self, call, args, state=None):
+        self.call, self.args, self.state = call, args, state
+
+    def __reduce__(self):
+        return (self.call, self.args) if self.state is None else (self.call, self.args, self.state)
+
+
+def as_python2(x):
+    """A uint8 array pickled as the official archives were, by Python 2: its strings come back as bytes."""
+    u1 = Reduced(np.dtype, (b'u1', 0, 1), (3, b'|', None, None, None, -1, -1, 0))
+    reconstruct = np.ndarray.__reduce__(x)[0]
+    return Reduced(reconstruct, (np.ndarray, (0,), b'b'), (1, x.shape, u1, False, x.tobytes()))
 
 
 def offline(req, timeout=None):
@@ -811,6 +855,10 @@ BAD = [  # (dataset and options, what the line names, files to write)
     cifar('data_batch_2', edit=('data_batch_2', {b'labels': ['cat'] * 4})),
     cifar('test_batch', edit=('test_batch', {b'data': np.ones((4, 100), np.uint8)})),
     cifar('batches.meta', edit=('batches.meta', {b'label_names': [b'x']})),
+    # numpy made to build an array of uninitialised memory, or one of another type: never called
+    cifar('data_batch_1', edit=('data_batch_1', {b'data': Reduced(np.ndarray, ((4, 3072), 'u1'))})),
+    cifar('data_batch_1', edit=('data_batch_1', {b'data': np.zeros((4, 3072), np.uint16)})),
+    cifar('data_batch_1', edit=('data_batch_1', {b'data': np.zeros((4, 3072), object)})),
 ]
 
 
