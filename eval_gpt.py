@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import readers
 from options import UsageError, parse
 from sample import load_gpt
-from train_common import autocast, log_row, resolve_dtype, setup_distributed, sum_dtype, teardown
+from train_common import autocast, log_row, open_own, resolve_dtype, setup_distributed, sum_dtype, teardown
 
 DEFAULTS = dict(
     out_dir='out',               # the checkpoint is out_dir/ckpt.pt; results are appended to its log.jsonl
@@ -166,7 +166,7 @@ def main(argv=None):
         sets.append((name, meta, tokens, spans))
     # A log that cannot be written is said before the work, not after it.
     if dist.master:
-        open(os.path.join(cfg['out_dir'], 'log.jsonl'), 'a', encoding='utf-8').close()
+        open_own(os.path.join(cfg['out_dir'], 'log.jsonl')).close()
     ctx = autocast(device, dtype)
     # What every row shares: the model, and how its numbers were computed.
     run = dict(kind='zero_shot', ckpt=ckpt_path, iter=info.get('iter_num'), attn=config.attn,

@@ -279,6 +279,9 @@ def report(exc):
                 if os.path.islink(p) and not os.path.exists(p):
                     line = f"{p} is a link to {os.readlink(p)}, which does not exist"
                     break
+        # A link where a run writes a file of its own (train_common.open_own) is refused, not followed.
+        if exc.errno == errno.ELOOP and isinstance(path, str) and os.path.islink(path):
+            line = f"a link to {os.readlink(path)}, where a run writes a file of its own; remove it"
         if path is not None:
             line = f"{path}{option_of(path)}: {line}"
         elif exc.errno == errno.ENOSPC:

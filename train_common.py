@@ -104,7 +104,7 @@ def lock_out_dir(out_dir):
     """Rank 0's hold on out_dir, an open file (kept by the caller while it writes there; closing lets go), so
     that two runs never write in one folder; then a save that kill -9 cut short leaves no temp file. None
     where fcntl is missing (Windows) or the filesystem has no locks: the folder is then unguarded."""
-    lock = open(os.path.join(out_dir, ".lock"), "w", encoding="utf-8")
+    lock = open_own(os.path.join(out_dir, ".lock"))
     if fcntl is None:
         return None
     try:
@@ -544,9 +544,16 @@ def start_log(out_dir, key, last):
     write_whole(path, lambda f: f.writelines(keep))
 
 
+def open_own(path):
+    """path opened to append, as itself, never through a link: a run's folder from elsewhere could point its
+    log.jsonl or .lock at ~/.bashrc. (Windows has no O_NOFOLLOW.)"""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    return open(os.open(path, flags, 0o644), "a", encoding="utf-8")
+
+
 def log_row(out_dir, row):
     path = os.path.join(out_dir, "log.jsonl")
-    with naming(path), open(path, "a", encoding="utf-8") as f:
+    with naming(path), open_own(path) as f:
         f.write(json.dumps(row) + "\n")
 
 

@@ -355,6 +355,13 @@ def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_no_result_i
     fails(eval_gpt.main, argv, f'{out}/log.jsonl')
     assert scored == []
     (out / 'log.jsonl').rmdir()
+    # a link in its place (a run's folder from elsewhere could point it at ~/.bashrc): refused, not followed
+    target = tmp_path / 'rc'
+    target.write_text('mine\n')
+    (out / 'log.jsonl').symlink_to(target)
+    assert 'rc' in fails(eval_gpt.main, argv, f'{out}/log.jsonl')
+    assert target.read_text() == 'mine\n' and scored == []
+    os.remove(out / 'log.jsonl')
     eval_gpt.main(argv)
     table = capsys.readouterr().out
 

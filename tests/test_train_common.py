@@ -124,6 +124,13 @@ def test_one_run_at_a_time_in_an_out_dir(tmp_path):
     # the run lets go
     lock.close()
     tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True).close()
+    # a link in the lock's place is refused, not followed (opening it emptied the file it led to)
+    os.remove(os.path.join(out, ".lock"))
+    Path(tmp_path / "mine").write_text("mine")
+    os.symlink(tmp_path / "mine", os.path.join(out, ".lock"))
+    with pytest.raises(OSError):
+        tc.make_out_dir(out, [], overwrite=False, fresh=True, master=True)
+    assert Path(tmp_path / "mine").read_text() == "mine"
 
 
 def test_make_out_dir_refuses_or_deletes(tmp_path, capsys):
@@ -592,8 +599,11 @@ def test_a_full_disk_names_the_log_it_could_not_write(tmp_path, monkeypatch):
     """A write to a full disk fails without a file name: the log's OSError names it (the checkpoint's:
     test_a_save_cut_short_keeps_the_previous_checkpoint)."""
     def full(name, *args, **kwargs):
-        # the file is made, its writes fail
-        Path(name).touch()
+        # the file is made (open_own's, a descriptor, is already), its writes fail
+        if isinstance(name, int):
+            os.close(name)
+        else:
+            Path(name).touch()
         return contextlib.nullcontext(SimpleNamespace(write=no_space, writelines=no_space))
 
     # the log's appends (train_common) and its rewrite on a resume (options.write_whole)
