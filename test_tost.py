@@ -1053,6 +1053,23 @@ def test_fast_causal_core_float32_is_as_exact_as_autograd(T, d, K, first):
         assert _rel(f, want) <= 3 * _rel(r, want) + 1e-7, (name, _rel(f, want), _rel(r, want))
 
 
+def test_fast_causal_core_float32_at_a_trained_scale_in_batches_and_short_chunks(monkeypatch):
+    """The same bounds with what the test above leaves at one value: a batch of 3, chunks of 7 tokens (a chunk
+    boundary every few tokens), projections 30 times their initial size, position biases of std 5."""
+    torch.manual_seed(0)
+    monkeypatch.setattr(tost_fast, 'CHUNK', 7 * 3 * 128)
+    layer = _trained_like(CausalTSSA(128, 4, block_size=4096), position_std=5)
+    with torch.no_grad():
+        layer.c_attn.weight.mul_(30)
+    x, g = torch.randn(3, 4096, 128), torch.randn(3, 4096, 128)
+    ref = _outputs_and_grads(layer.double(), x.double(), g.double(), False)
+    layer.float()
+    fast, readable = _outputs_and_grads(layer, x, g, True), _outputs_and_grads(layer, x, g, False)
+    for name, f, r, want in zip(_names(layer), fast, readable, ref):
+        assert _rel(f, want) < 1e-4, (name, _rel(f, want))
+        assert _rel(f, want) <= 3 * _rel(r, want) + 1e-7, (name, _rel(f, want), _rel(r, want))
+
+
 def _gpt_grads(model, idx, run=None):
     model.zero_grad()
     _, loss = (model if run is None else run)(idx[:, :-1], idx[:, 1:])
