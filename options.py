@@ -125,7 +125,10 @@ def write_whole(path, write, mode="w"):
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with naming(path):
-            with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
+            # A file by that name (a link planted there too) goes first, and the temp file is made anew.
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            with open(tmp, mode.replace("w", "x"), encoding=None if "b" in mode else "utf-8") as f:
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())

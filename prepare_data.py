@@ -83,12 +83,15 @@ def _download(url, data_dir, hint, checksum=None):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.part-{os.getpid()}"
+    # A file by that name (a link planted there too) goes first, and the temp file is made anew.
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(tmp)
     say(f"downloading {url}")
     shown = time.time()
     # Some hosts refuse urllib's default User-Agent.
     try:
         req = urllib.request.Request(url, headers={'User-Agent': 'tost-prepare_data'})
-        with urllib.request.urlopen(req, timeout=60) as r, open(tmp, 'wb') as f:
+        with urllib.request.urlopen(req, timeout=60) as r, open(tmp, 'xb') as f:
             total = int(r.headers.get('Content-Length') or 0)
             while chunk := r.read(1 << 20):
                 f.write(chunk)
@@ -566,7 +569,8 @@ class _NumpyUnpickler(pickle.Unpickler):
         return {k: v.array if isinstance(v, _Array) else v for k, v in super().load().items()}
 
 
-# CIFAR-100's train batch, the largest member, is 155 MB: a larger one is cut there, and refused.
+# Each member is read up to 256 MiB, above CIFAR-100's train batch (155 MB, the largest): a larger one is cut
+# there, and its pickle fails.
 _MEMBER_BYTES = 1 << 28
 
 
@@ -619,7 +623,7 @@ def _build_cifar(stage, o):
     # A missing --archive is the OSError handler's to name.
     official = _matches(archive, spec['checksum'])
     arrays, names = _read_cifar(archive, spec)
-    # A repacked copy is fine if the layout checks passed.
+    # A repacked copy is fine if the layout checks passed (pixels as uint8, labels as Python ints).
     if not official:
         _warn(f"{archive}: MD5 differs from the official tarball ({spec['checksum'][1]}); its layout checks "
               f"out, using it")

@@ -9,9 +9,9 @@ Sample from a model trained by train_gpt.py, printing each token as it comes.
 Generation uses the recurrent form of causal TSSA (a few numbers per head and layer, no KV cache), so
 every step costs the same and --max_new_tokens may exceed the block size (a full window restarts from its
 last half, in one parallel pass). The same --seed gives the same text on the same device. At the end, on
-stderr: tokens/s over all samples. On a CPU it uses one thread unless OMP_NUM_THREADS is set: a second adds
-only about 5% to a batch of one (docs/speed.md). In a terminal, control characters other than newline and
-tab are shown as symbols (ESC as ␛), not obeyed.
+stderr: tokens/s over all samples, reading each one's prompt included. On a CPU it uses one thread unless
+OMP_NUM_THREADS is set: a second adds only about 5% to a batch of one (docs/speed.md). In a terminal,
+control characters other than newline and tab are shown as symbols (ESC as ␛), not obeyed.
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import codecs

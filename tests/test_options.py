@@ -239,6 +239,18 @@ def test_a_whole_write_names_its_file_but_not_another_one(tmp_path):
         assert os.listdir(tmp_path) == ["x"] and open(path).read() == "earlier"
 
 
+def test_a_whole_write_never_writes_through_a_link_at_its_temp_files_name(tmp_path):
+    """A run's folder from elsewhere could hold a link by the temp file's name (it has the pid in it): the
+    link goes, and what it leads to is kept."""
+    mine = tmp_path / "mine"
+    mine.write_text("mine")
+    path = str(tmp_path / "x")
+    os.symlink(mine, f"{path}.tmp-{os.getpid()}")
+    options.write_whole(path, lambda f: f.write("new"))
+    assert mine.read_text() == "mine" and open(path).read() == "new"
+    assert sorted(os.listdir(tmp_path)) == ["mine", "x"]
+
+
 def test_a_whole_write_reaches_the_disk_before_and_after_its_rename(tmp_path, monkeypatch):
     """The file's bytes are synced before it replaces the earlier one, and the folder after: a crash (power
     lost) leaves one of the two files whole, never a renamed empty one."""

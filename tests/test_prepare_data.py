@@ -748,11 +748,14 @@ def test_a_download_is_checked(tiny, monkeypatch, name):
     meta = load_meta(prepare(name, 'data'))
     assert meta['source'] == urls[-1] and meta['official_file'] is True
     assert os.listdir('data/downloads') == [os.path.basename(urls[-1])]
-    # A damaged copy in downloads/ is fetched again, a good one is not.
+    # A damaged copy in downloads/ is fetched again, a good one is not; a link planted by the temp file's name
+    # is not written through.
     write(f'data/downloads/{os.path.basename(urls[-1])}', b'junk')
+    write('mine', 'mine')
+    os.symlink(os.path.abspath('mine'), f'data/downloads/{os.path.basename(urls[-1])}.part-{os.getpid()}')
     prepare(name, 'data', force=True)
     prepare(name, 'data', force=True)
-    assert len(urls) == 3
+    assert len(urls) == 3 and Path('mine').read_text() == 'mine'
 
 
 def test_a_download_cut_short_is_refused(monkeypatch):

@@ -133,6 +133,15 @@ def test_one_run_at_a_time_in_an_out_dir(tmp_path):
     assert Path(tmp_path / "mine").read_text() == "mine"
 
 
+def test_a_log_row_is_not_appended_through_a_link(tmp_path):
+    """A run's folder from elsewhere could link log.jsonl to ~/.bashrc: the row is refused, the file kept."""
+    (tmp_path / "mine").write_text("mine")
+    os.symlink(tmp_path / "mine", tmp_path / "log.jsonl")
+    with pytest.raises(OSError):
+        tc.log_row(str(tmp_path), {"iter": 1})
+    assert (tmp_path / "mine").read_text() == "mine"
+
+
 def test_make_out_dir_refuses_or_deletes(tmp_path, capsys):
     out = tmp_path / "out"
     ckpt, best = str(out / "ckpt.pt"), str(out / "best.pt")
