@@ -178,7 +178,8 @@ def main(argv=None):
     print(f"zero-shot loss of {ckpt_path} (iter {run['iter']}, attn={config.attn}, "
           f"{model.get_num_params():,} params), nats per token\nwindows of {T} tokens, batch {B}, {dtype} on "
           f"{device}, {dist.world_size} process(es)")
-    print(f"{'dataset':<{w}}{'tokens':>12}{'loss':>9}{'ppl':>10}{'LAMBADA acc':>14}   "
+    # A space between the columns: a diverged model's loss or perplexity, wider than its column, stays apart.
+    print(f"{'dataset':<{w}}{'tokens':>12} {'loss':>8} {'ppl':>9} {'LAMBADA acc':>13}   "
           f"{'ToST-Base':>12}{'GPT-2 Base':>12}  (paper)", flush=True)
     for name, meta, tokens, spans in sets:
         t0 = time.time()
@@ -194,7 +195,7 @@ def main(argv=None):
             acc = f"{100 * r['last_word_acc']:.2f}%"
         r['elapsed_s'] = round(time.time() - t0, 2)
         paper = PAPER.get(r['dataset_kind'], ()) if tokenizer == 'gpt2' else ()
-        print(f"{name:<{w}}{scored:>12,}{loss:>9.4f}{ppl:>10.2f}{acc:>14}   "
+        print(f"{name:<{w}}{scored:>12,} {loss:>8.4f} {ppl:>9.2f} {acc:>13}   "
               + ''.join(f"{v:>12.2f}" for v in paper), flush=True)
         # Each result is kept as it comes (appended: the training log stays).
         if dist.master:

@@ -6,6 +6,7 @@ names.
 """
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import eval_gpt
 import prepare_data as prep
@@ -108,12 +110,50 @@ def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, mo
         assert r['tokens'] == count == len(x) - 1 and r['windows'] == len(parts)
         assert abs(r['loss'] - sum(loss * n for loss, n in parts) / count) < 1e-5
         assert abs(r['ppl'] - np.exp(r['loss'])) < 1e-6 * r['ppl']
-        run = (r['kind'], r['attn'], r['iter'], r['block_size'], r['processes'], r['dtype'], r['tokenizer'])
-        assert run == ('zero_shot', attn, 7, 32, 1, 'float32', 'gpt2')
+        run = (r['kind'], r['attn'], r['iter'], r['block_size'], r['batch_size'], r['processes'], r['device'],
+               r['dtype'], r['tokenizer'])
+        assert run == ('zero_shot', attn, 7, 32, 3, 1, 'cpu', 'float32', 'gpt2')
     assert 'last_word_acc' in log[2] and 'last_word_acc' not in log[1]
     # the table's row: our loss, and the paper's beside it
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith('wikitext2'))
     assert f"{log[1]['loss']:.4f}" in row and row.split()[-2:] == ['4.77', '4.13']
+
+
+def test_the_windows_are_shared_out_among_processes_and_summed_in_float64(data_dir, tmp_path, monkeypatch):
+    """Rank 0 and rank 1 of 2 score windows that together are the whole (the all-reduce, once, of float64
+    sums, adds them up); each window's loss is summed in float64, to within 1e-12 of a reference."""
+    model = save_model(tmp_path / 'out', data_dir)
+    x = torch.from_numpy(tokens_of(data_dir, 'wikitext2'))
+    one = train_common.Dist(False, 0, 0, 1, True, 'cpu')
+    whole = eval_gpt.split_loss(model, x.numpy(), 32, 3, contextlib.nullcontext(), one)[0]
+    with torch.no_grad():
+        sums = [F.cross_entropy(model.logits(w[None, :-1])[0], w[1:], reduction='none').double().sum().item()
+                for w in (x[s:s + 33] for s in range(0, len(x) - 1, 32))]
+    assert abs(whole - math.fsum(sums) / (len(x) - 1)) < 1e-12
+    gathered = []
+    monkeypatch.setattr(torch.distributed, 'all_reduce', gathered.append)
+    shares = [eval_gpt.split_loss(model, x.numpy(), 32, 3, contextlib.nullcontext(),
+                                  one._replace(ddp=True, rank=r, world_size=2))[0] for r in (0, 1)]
+    assert min(shares) > 0 and abs(sum(shares) - whole) < 1e-9
+    assert [t.dtype for t in gathered] == [torch.float64] * 2
+
+
+def test_the_table_shows_the_logged_numbers_and_a_loss_too_large_for_exp_is_an_infinite_perplexity(
+        data_dir, tmp_path, capsys, monkeypatch):
+    """Each row's tokens, loss, perplexity and accuracy (1 of 4 passages: 25.00%) are the logged ones; a
+    loss past 709.78 nats (exp overflows) has perplexity inf."""
+    out = tmp_path / 'out'
+    save_model(out, data_dir, edit=lambda m: m.transformer.ln_f.weight.data.mul_(1e5))
+    monkeypatch.setattr(eval_gpt, 'last_word_accuracy', lambda *a: ([True, False, False, False], 0))
+    eval_gpt.main([f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2,lambada',
+                   '--device=cpu'])
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip()}
+    for r in read_log(out):
+        assert r['loss'] > 710 and r['ppl'] == math.inf
+        want = [f"{r['tokens']:,}", f"{r['loss']:.4f}", f"{r['ppl']:.2f}"]
+        if 'last_word_acc' in r:
+            want.append('25.00%')
+        assert rows[r['dataset']][1:1 + len(want)] == want
 
 
 def test_a_bfloat16_loss_is_the_cross_entropy_of_its_logits_in_float32(data_dir, tmp_path):

@@ -212,7 +212,7 @@ def test_a_prompt_longer_than_the_block_is_cut_with_a_note(out, capsys):
     note, speed = printed.err.strip().splitlines()
     # the note shows the start of what is kept (the last 32 bytes)
     assert '33' in note and '32' in note and repr(long[1:]) in note and printed.out.startswith(long)
-    assert speed.startswith('5 tokens in ')
+    assert speed.startswith('5 tokens in ') and '32-token' in speed.split()
     # 32 bytes fit: no note; a prompt that only looks like a path (~, FILES) is text, as typed
     for start in (long[1:], '~/notes.txt', 'FILES'):
         sample.main([f'--out_dir={out}', f'--start={start}', '--num_samples=1', '--max_new_tokens=5',
