@@ -93,7 +93,7 @@ SKIP_WHY = {
         'python -m pytest -q', 'python -m pytest -q -m slow'),
     'downloads: test_prepare_data.py builds each set offline; the --archive form of cifar10 is run': (
         'python prepare_data.py shakespeare', 'python prepare_data.py openwebtext',
-        'python prepare_data.py cifar10',
+        'python prepare_data.py cifar10', 'python prepare_data.py cifar100',
         'python prepare_data.py wikitext2', 'python prepare_data.py ptb', 'python prepare_data.py lambada',
         'python prepare_data.py openwebtext --input=owt/',
         'python prepare_data.py lambada --input=lambada_test.jsonl'),
@@ -110,7 +110,8 @@ SKIP_WHY = {
         'train_vit.py --dataset=cifar100 --model=tost-s',
         'torchrun --standalone --nproc_per_node=4 train_vit.py --dataset=cifar100 --model=tost-s',
         'torchrun train_gpt.py --compile=true', 'torchrun --standalone --nproc_per_node=1 train_gpt.py',
-        'python train_gpt.py --config=owt-base --attn=softmax --out_dir=out-owt-softmax',
+        'torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base --attn=softmax '
+        '--out_dir=out-owt-softmax',
         'python sample.py --out_dir=out-owt-base --start="The meaning of life" --num_samples=3 '
         '--max_new_tokens=200',
         'python -m tools.bench --device=cuda --dtype=bfloat16 --json=bench.json',
