@@ -81,7 +81,7 @@ RUN_VISION = [   # the same, for the ViT, in a folder of its own
     ('python train_vit.py --dataset=cifar10 --attn=softmax --out_dir=out-vit-softmax', TINY_VIT),
     ('python train_vit.py --dataset=cifar10 --lpi=true', TINY_VIT + ('--out_dir=out-vit-lpi',)),
     ('python train_vit.py --init_from=resume', ('--epochs=2',)),
-    ('python train_vit.py --init_from=best --eval_only', ()),
+    ('python train_vit.py --init_from=best --eval_only', ('--viz_images=1',)),
     ('python train_vit.py --dataset=cifar10 --model=tost-cifar-tiny --epochs=3 --warmup_epochs=1 '
      '--device=cpu --out_dir=out-vit-tiny',
      ('--epochs=1', '--max_steps=1', '--viz_images=0', '--compression_images=0')),

@@ -90,9 +90,9 @@ def data(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def trained(data, tmp_path_factory):
-    """Two epochs of 4 steps (RESUMABLE)."""
+    """Two epochs of 4 steps (RESUMABLE), a row every 4: the unbroken run the resume test ends as."""
     out = str(tmp_path_factory.mktemp('run'))
-    train_vit.main(base_args(data, out, '--epochs=2', *RESUMABLE))
+    train_vit.main(base_args(data, out, '--epochs=2', *RESUMABLE, '--log_interval=4'))
     return out
 
 
@@ -108,7 +108,8 @@ def test_a_few_steps_lower_the_loss(data, tmp_path, capsys, monkeypatch):
             losses.append(loss.item())
         return loss
     monkeypatch.setattr(train_vit.F, 'cross_entropy', cross_entropy)
-    train_vit.main(base_args(data, out, '--epochs=3', '--max_steps=3'))
+    # no maps: test_the_run_draws_attention_and_memberships looks at them
+    train_vit.main(base_args(data, out, '--epochs=3', '--max_steps=3', '--viz_images=0'))
     steps = read_log(out, kind='train')
     rows = read_log(out, kind='eval')
     assert [(r['epoch'], r['step']) for r in rows] == [(1, 3), (2, 6), (3, 9)]
@@ -176,12 +177,11 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
         train_vit.main(command[2:])
         monkeypatch.undo()
         assert read_log(out, kind='train')[-1]['ms_per_step'] >= 100
-        trained = str(tmp_path / 'unbroken')
-        train_vit.main(base_args(data, trained, '--epochs=2', *RESUMABLE, '--log_interval=4'))
     else:
-        train_vit.main(base_args(data, out, '--epochs=1', *RESUMABLE))
+        train_vit.main(base_args(data, out, '--epochs=1', *RESUMABLE, '--log_interval=4'))
         assert weights(out)['step'] == 4
-        train_vit.main(base_args(data, out, '--epochs=2', '--init_from=resume', *RESUMABLE))
+        train_vit.main(base_args(data, out, '--epochs=2', '--init_from=resume', *RESUMABLE,
+                                 '--log_interval=4'))
     a = weights(trained)
     b = weights(out)
     assert (b['step'], b['epoch'], b['kind']) == (8, 2, 'vit')
@@ -633,7 +633,9 @@ def test_a_run_killed_while_it_saves_an_improved_model_keeps_best_pt_in_step(dat
             raise Died
     monkeypatch.setattr(train_common, 'write_whole', dying)
     with pytest.raises(Died):
-        train_vit.main(base_args(data, str(tmp_path), '--epochs=2'))
+        # one step an epoch, nothing drawn: what is written at each evaluation is all this test reads
+        train_vit.main(base_args(data, str(tmp_path), '--epochs=2', '--max_steps=1', '--viz_images=0',
+                                 '--compression_images=0'))
     monkeypatch.setattr(train_common, 'write_whole', real)
     train_vit.main(['--init_from=resume', f'--out_dir={tmp_path}'])
     best = load_checkpoint(os.path.join(tmp_path, 'best.pt'))
@@ -663,7 +665,7 @@ def test_a_run_from_weights_is_that_model_and_takes_a_new_drop_path(data, traine
     tost-cifar), --drop_path applies, and the run starts at step 0 with a log of its own."""
     out = str(tmp_path)
     args = base_args(data, out, f'--init_from={trained}/best.pt', '--drop_path=0.3', '--epochs=1',
-                     '--max_steps=1')
+                     '--max_steps=1', '--viz_images=0')
     train_vit.main([arg for arg in args if not arg.startswith('--model=')])
     ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
     assert ckpt['config']['model'] == 'tost-cifar-tiny' and ckpt['model_args']['drop_path'] == 0.3
