@@ -120,8 +120,8 @@ def shell_join(args):
 
 
 def write_whole(path, write, mode="w"):
-    """write(f) to a temp file (opened in `mode`), fsync, rename over `path`: a failure (a full disk, Ctrl-C)
-    leaves the earlier file whole and no temp file, and its OSError names `path`."""
+    """write(f) to a new temp file (`mode`, its "w" made "x"), fsync, rename over `path`: a failure (a full
+    disk, Ctrl-C) leaves the earlier file whole and no temp file, and its OSError names `path`."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with naming(path):

@@ -623,7 +623,7 @@ def _build_cifar(stage, o):
     # A missing --archive is the OSError handler's to name.
     official = _matches(archive, spec['checksum'])
     arrays, names = _read_cifar(archive, spec)
-    # A repacked copy is fine if the layout checks passed (pixels as uint8, labels as Python ints).
+    # A repacked copy is fine if the layout checks passed (N x 3072 uint8 pixels, N labels in 0..k-1).
     if not official:
         _warn(f"{archive}: MD5 differs from the official tarball ({spec['checksum'][1]}); its layout checks "
               f"out, using it")

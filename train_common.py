@@ -546,8 +546,8 @@ def start_log(out_dir, key, last):
 
 def open_own(path):
     """path opened to append, as itself, never through a link: a run's folder from elsewhere could point its
-    log.jsonl or .lock at ~/.bashrc. (Windows has no O_NOFOLLOW; without O_BINARY its C library would make
-    each line's CR LF CR CR LF.)"""
+    log.jsonl or .lock at ~/.bashrc. (Windows has no O_NOFOLLOW; without O_BINARY its C library would turn
+    each line's CR LF into CR CR LF.)"""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
     return open(os.open(path, flags, 0o644), "a", encoding="utf-8")
 

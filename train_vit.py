@@ -10,7 +10,8 @@ Train and evaluate ToST vision models on CIFAR-10/100, and look at what they lea
         --out_dir=out-vit-tiny
 
 Ctrl-C or SIGTERM saves ckpt.pt at the current step and prints the resume command. batch_size is per
-process. One node of 4 GPUs, then two nodes of 8, the first at 10.0.0.1:
+process. After python prepare_data.py cifar100, one node of 4 GPUs, then two nodes of 8, the first at
+10.0.0.1:
 
     torchrun --standalone --nproc_per_node=4 train_vit.py --dataset=cifar100 --model=tost-s
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 \

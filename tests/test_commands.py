@@ -91,7 +91,7 @@ SKIP_WHY = {
     'the set-up and this test suite: .ci/run runs them': (
         'python3 -m venv .venv', '. .venv/bin/activate', 'pip install torch==2.13.0 -r requirements.txt',
         'python -m pytest -q', 'python -m pytest -q -m slow'),
-    'downloads: test_prepare_data.py builds each set offline; the --archive form of cifar10 is run': (
+    'downloads: test_prepare_data.py builds each set offline; their --archive and --input forms are run': (
         'python prepare_data.py shakespeare', 'python prepare_data.py openwebtext',
         'python prepare_data.py cifar10', 'python prepare_data.py cifar100',
         'python prepare_data.py wikitext2', 'python prepare_data.py ptb', 'python prepare_data.py lambada',
