@@ -325,7 +325,7 @@ def resolve_dtype(dtype, device, master=True):
             return "float16", "auto: no bfloat16"
         if kind == "cpu" and torch.cpu._is_avx512_bf16_supported():
             return "bfloat16", "auto: this CPU has bfloat16 instructions"
-        return "float32", "auto"
+        return "float32", f"auto: no bfloat16 {'instructions on this CPU' if kind == 'cpu' else 'on ' + kind}"
     if dtype not in ("bfloat16", "float16", "float32"):
         raise UsageError(f"unknown dtype {dtype!r}; use auto, bfloat16, float16 or float32")
     if dtype == "bfloat16" and kind == "cuda" and not gpu_bf16:
@@ -478,8 +478,8 @@ def stop_signals(unit, master):
         # A write that the signal cut into raises RuntimeError: the note is skipped then.
         with contextlib.suppress(RuntimeError, OSError):
             if master:
-                print(f"{signals[0]}: stopping after this {unit}; another one stops at once, without saving",
-                      file=sys.stderr)
+                print(f"{signals[0]}: stopping after this {unit}; another one, a second or more later, stops at "
+                      f"once, without saving", file=sys.stderr)
 
     # A closed terminal (ssh gone) sends SIGHUP; Windows' Ctrl-Break is SIGBREAK.
     stops = stop_signals_here("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")

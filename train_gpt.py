@@ -399,8 +399,8 @@ def main(argv=None):
             say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
         # The cosine does not follow --max_iters (nanoGPT's rule): said where the two differ.
         if max_iters != lr_decay_iters:
-            say(f"note: the learning rate reaches min_lr at iter {lr_decay_iters} (--lr_decay_iters), and "
-                f"the run ends at iter {max_iters}")
+            say(f"note: the learning rate reaches its floor (--min_lr_ratio) at iter {lr_decay_iters} "
+                f"(--lr_decay_iters), and the run ends at iter {max_iters}")
 
     # the log: a fresh run's is new; a resumed run's keeps its rows up to the checkpoint, the later are redone
     saved = None if fresh else iter_num

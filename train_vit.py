@@ -344,7 +344,7 @@ def main(argv=None):
         f"{dist.world_size} x {device}, {dtype} ({why}) | {steps_per_epoch} steps of {dist.world_size} x "
         f"{min(batch_size, per_rank)} images an epoch")
     if resume:
-        say(f"resuming {path} at step {step} (epoch {step / steps_per_epoch:g} of {epochs})")
+        say(f"resuming {path} at step {step} (epoch {step / steps_per_epoch:.2f} of {epochs})")
     if step >= total:
         say(f"nothing to do: {path} is at the end of its last epoch ({epochs}); a larger --epochs trains on")
         teardown(dist, lock)
