@@ -985,6 +985,22 @@ def test_the_fused_core_runs_on_large_inputs_only(monkeypatch):
     assert calls == [(1, 8192, 4, 16)]
 
 
+def test_a_subclass_with_its_own_memberships_steps_with_them_too():
+    """Generation runs a subclass's memberships: its recurrent steps equal its parallel form."""
+    class Uniform(CausalTSSA):
+        def prefix_memberships(self, w2, Q, t0=0):
+            return torch.full(w2.shape[:3], 1 / self.n_head, dtype=w2.dtype)
+    torch.manual_seed(0)
+    layer = randomize(Uniform(16, 4, block_size=8).double()).eval()
+    x = randn64(2, 5, 16)
+    state = layer.empty_state(2, dtype=torch.float64)
+    ys = []
+    for t in range(5):
+        y, state = layer.step(x[:, t], state)
+        ys.append(y)
+    close64(torch.stack(ys, 1), layer(x))
+
+
 def test_a_subclass_with_its_own_memberships_runs_them_on_large_inputs_too():
     """The fused cores compute CausalTSSA's memberships: a subclass that changes them runs its readable
     lines."""

@@ -25,12 +25,13 @@ to group k. Per group, with squares taken coordinate by coordinate:
     s_k / n_k                        its pi-weighted mean square along each of its p coordinates
 Tokens are ROWS, here and in every formula of this project: x and Z are (B, n, d), w is (B, K, n, p), Pi is
 (B, K, n). The paper writes tokens as columns, so its Z diag(pi_k) Z^T is our M_k = Z^T diag(pi_k) Z, the same
-d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). Comments end with tensor shapes.
+d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). A line's comment gives its result's
+shape, then the formula.
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
-  lines 57-89     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 96-200    the white-box gradient step, then the practical operator (TSSA)
-  lines 207-327   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 58-90     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
+  lines 97-201    the white-box gradient step, then the practical operator (TSSA)
+  lines 208-327   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
   lines 334-423   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
   lines 430-624   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
@@ -138,7 +139,7 @@ class TSSA(nn.Module):
             raise ValueError("white-box TSSA needs bias=False and dropout=0: it is exactly the gradient step")
         self.n_head = n_head
         self.head_dim = n_embd // n_head
-        # one projection for all heads: rows k*p .. (k+1)*p of the weight are U_k^T
+        # one projection for all heads: rows k*p to (k+1)*p - 1 of the weight are U_k^T
         # (q = k = v in attention terms)
         self.c_attn = nn.Linear(n_embd, n_embd, bias=bias)
         self.temp = nn.Parameter(torch.ones(n_head, 1))        # per-head inverse temperature of Pi
@@ -244,7 +245,7 @@ class CausalTSSA(TSSA):
     fast = True
 
     def __init_subclass__(cls, **kwargs):
-        # a subclass's own memberships run on its readable lines (the fused cores compute these)
+        # the fused cores compute these memberships: a subclass with its own runs the readable lines
         super().__init_subclass__(**kwargs)
         if 'prefix_memberships' in vars(cls):
             cls.fast = False
@@ -262,8 +263,8 @@ class CausalTSSA(TSSA):
         return TSSAState(Q, torch.zeros_like(Q), P, 0)
 
     def check_state(self, state, tokens, batch):
-        """b_{k,t} has one entry per position, and a state is its own batch's: the sums would broadcast
-        another batch size's."""
+        """Raises if the tokens would run past block_size (b_{k,t} has an entry per position), or if the state
+        holds another batch size (its sums would broadcast)."""
         end = (0 if state is None else state.t) + tokens
         if end > self.block_size:
             raise ValueError(f"position {end - 1} is past block_size ({self.block_size})")
@@ -318,8 +319,7 @@ class CausalTSSA(TSSA):
         dt = _stat_dtype(w)
         w2 = w.to(dt).square()
         Q = state.Q + w2                                       # (B, K, p)
-        energy = (w2 / Q.clamp_min(1e-12)).sum(-1)            # (B, K)
-        Pi = torch.softmax(self.temp.squeeze(-1) * (energy + p * self.pos_bias[:, state.t]), dim=1)  # (B, K)
+        Pi = self.prefix_memberships(w2[:, :, None], Q[:, :, None], state.t)[:, :, 0]   # (B, K)  pi_t
         A = state.A + Pi.unsqueeze(-1) * w2                    # (B, K, p)
         P = state.P + Pi                                       # (B, K)
         y = -(Pi.unsqueeze(-1) * w.to(dt)) / (1 + A / (P.unsqueeze(-1) + self.eps))   # (B, K, p)
@@ -468,9 +468,9 @@ class GPT(nn.Module):
             wte=nn.Embedding(c.vocab_size, c.n_embd),
             wpe=nn.Embedding(c.block_size, c.n_embd),
             drop=nn.Dropout(c.dropout),
-            h=nn.ModuleList([Block(c.n_embd, c.n_head, 'softmax' if i in c.softmax_layers else c.attn, True,
-                                   c.block_size, c.bias, c.dropout, c.layerscale_init,
-                                   token_shift=c.token_shift)
+            h=nn.ModuleList([Block(c.n_embd, c.n_head, 'softmax' if i in c.softmax_layers else c.attn,
+                                   block_size=c.block_size, bias=c.bias, dropout=c.dropout,
+                                   layerscale_init=c.layerscale_init, token_shift=c.token_shift)
                              for i in range(c.n_layer)]),
             ln_f=nn.LayerNorm(c.n_embd, bias=c.bias),
         ))
@@ -574,7 +574,7 @@ class GPT(nn.Module):
             ctx = idx[:, -bs:]
             logits, states = self.prefill(ctx)
             for _ in range(max_new_tokens):
-                if temperature < torch.finfo(torch.float32).tiny:   # 0, or all but 0 in float32: greedy
+                if temperature < torch.finfo(torch.float32).tiny:   # 0, or below float32's smallest: greedy
                     nxt = logits.argmax(dim=-1)
                 else:
                     # in float32 (float16 overflows at a low temperature), less the largest first (so that
@@ -765,8 +765,9 @@ class ViT(nn.Module):
         self.pos_embed = FourierPositions(c.n_embd)
         self.drop = nn.Dropout(c.dropout)
         # one drop-path rate in every block
-        self.blocks = nn.ModuleList([Block(c.n_embd, c.n_head, c.attn, False, None, c.bias, c.dropout,
-                                           c.layerscale_init, c.drop_path, lpi=c.lpi)
+        self.blocks = nn.ModuleList([Block(c.n_embd, c.n_head, c.attn, causal=False, bias=c.bias,
+                                           dropout=c.dropout, layerscale_init=c.layerscale_init,
+                                           drop_path=c.drop_path, lpi=c.lpi)
                                      for _ in range(c.n_layer)])
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.n_embd))
         self.cls_blocks = nn.ModuleList([ClassBlock(c.n_embd, c.n_head, c.bias, c.layerscale_init, c.dropout)
@@ -954,7 +955,7 @@ PRESETS = {
     'tost-t':      dict(kind='vit', n_layer=12, n_head=4, n_embd=192, drop_path=0.0),
     'tost-s':      dict(kind='vit', n_layer=12, n_head=8, n_embd=384, drop_path=0.05),
     'tost-m':      dict(kind='vit', n_layer=24, n_head=8, n_embd=512, drop_path=0.15, layerscale_init=1e-5),
-    # CIFAR-sized (32px): 8x8 patches of 4 pixels
+    # CIFAR-sized (32px): an 8 x 8 grid of 4 x 4-pixel patches
     'tost-cifar': dict(kind='vit', img_size=32, patch_size=4, num_classes=10, n_layer=6, n_head=4,
                        n_embd=192),
     'tost-cifar-tiny': dict(kind='vit', img_size=32, patch_size=4, num_classes=10, n_layer=4, n_head=4,
