@@ -17,7 +17,7 @@ import tost_fast
 from conftest import REPO
 from test_tost import randomize
 
-BASE = 'ca8de16'
+BASE = 'd6973ec'
 
 
 def load_base(name, extra=None):
