@@ -1238,20 +1238,26 @@ def _vit_grads(model, x, y, half=None):
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-def test_vit_gradients_in_float32_and_under_bf16_autocast_are_as_close_to_float64_as_each_allows():
+@pytest.mark.parametrize('training', [False, True])
+def test_vit_gradients_in_float32_and_under_bf16_autocast_are_as_close_to_float64_as_each_allows(training):
     """32 images of 64 patches (2048 rows for each LayerNorm) against float64: every gradient within 1e-5 in
     float32; under bf16 autocast within 2% (1% measured), temp's, a sum that cancels, within 4% (2% measured).
     The blocks must get their tokens in float32: a CPU's LayerNorm of bf16 input sums its weight's and bias's
-    gradients in bf16 (25% off here, 60% at train_vit's default batch)."""
+    gradients in bf16 (25% off here, 60% at train_vit's default batch). Training, with LPI: batch norm's
+    backward takes the mean out of a gradient, a sum that cancels, so the patch embedding's and LPI's
+    parameters and ln_3's are within 1e-4 in float32 (1.5e-5 measured) and 5% under bf16 (2.2% measured)."""
     torch.manual_seed(0)
-    model = ViT(ViTConfig(img_size=32, patch_size=4, num_classes=10, n_layer=2, n_head=2, n_embd=32)).eval()
+    model = ViT(ViTConfig(img_size=32, patch_size=4, num_classes=10, n_layer=2, n_head=2, n_embd=32,
+                          lpi=training)).train(training)
     x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
     want = _vit_grads(copy.deepcopy(model).double(), x.double(), y)
     got32 = _vit_grads(model, x, y)
     got16 = _vit_grads(model, x, y, torch.bfloat16)
     for name in want:
-        assert _rel(got32[name], want[name]) < 1e-5, (name, _rel(got32[name], want[name]))
-        tol = 4e-2 if name.endswith('temp') else 2e-2
+        normed = training and any(part in name for part in ('patch_embed.proj', 'lpi.', 'ln_3'))
+        tol = 1e-4 if normed else 1e-5
+        assert _rel(got32[name], want[name]) < tol, (name, _rel(got32[name], want[name]))
+        tol = 5e-2 if normed else 4e-2 if name.endswith('temp') else 2e-2
         assert _rel(got16[name], want[name]) < tol, (name, _rel(got16[name], want[name]))
 
 
