@@ -360,8 +360,8 @@ class Block(nn.Module):
     c > 0, it is a descent direction for R^var_c(LN(x)): to first order each token changes it by
     -(n g c / sigma) grad^T P grad <= 0 (grad with respect to LN(x), P the normalisation's projector, sigma
     the token's std). For unequal g1 (trained layer scales) it is not guaranteed; derivation.py section 10
-    measures how often it holds. The options beyond the paper (token_shift, lpi, drop_path) run in
-    forward_with_options(), section 7 below.
+    measures how often it holds. The softmax baseline and the options beyond the paper (token_shift, lpi,
+    drop_path), and forward_with_options() that runs them, are in section 7 below.
     """
 
     def __init__(self, n_embd, n_head, attn='tssa', causal=True, block_size=None, bias=False, dropout=0.0,
@@ -411,9 +411,9 @@ class Block(nn.Module):
         if self.shift is None:
             a, state = self.attn.step(h, state)
         else:
-            # the token's own h becomes the next one's h_{t-1}
-            a, st = self.attn.step(h + self.shift.mu * (state.last.to(h.dtype) - h), state.attn)
-            state = ShiftState(st, h)
+            h, last = self.shift(h[:, None], state.last.to(h.dtype))   # as a sequence of one token
+            a, st = self.attn.step(h[:, 0], state.attn)
+            state = ShiftState(st, last)
         x = x + self.gamma_1 * a
         return x + self.gamma_2 * self.mlp(self.ln_2(x)), state
 
