@@ -25,15 +25,15 @@ to group k. Per group, with squares taken coordinate by coordinate:
     s_k / n_k                        its pi-weighted mean square along each of its p coordinates
 Tokens are ROWS, here and in every formula of this project: x and Z are (B, n, d), w is (B, K, n, p), Pi is
 (B, K, n). The paper writes tokens as columns, so its Z diag(pi_k) Z^T is our M_k = Z^T diag(pi_k) Z, the same
-d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). A line's comment gives its result's
-shape, then the formula.
+d x d matrix; Pi[:, k] is the paper's column pi_k (its Pi is n x K). A tensor line's comment gives its
+result's shape, then, where it helps, the formula.
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 58-90     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
   lines 97-201    the white-box gradient step, then the practical operator (TSSA)
   lines 208-327   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 334-423   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 430-624   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 334-424   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 431-625   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -411,9 +411,10 @@ class Block(nn.Module):
         if self.shift is None:
             a, state = self.attn.step(h, state)
         else:
-            h, last = self.shift(h[:, None], state.last.to(h.dtype))   # as a sequence of one token
-            a, st = self.attn.step(h[:, 0], state.attn)
-            state = ShiftState(st, last)
+            # TokenShift's formula for one token (not through the module: a step is a few microseconds); the
+            # token's own h becomes the next one's h_{t-1}
+            a, st = self.attn.step(h + self.shift.mu * (state.last.to(h.dtype) - h), state.attn)
+            state = ShiftState(st, h)
         x = x + self.gamma_1 * a
         return x + self.gamma_2 * self.mlp(self.ln_2(x)), state
 
@@ -574,7 +575,7 @@ class GPT(nn.Module):
             ctx = idx[:, -bs:]
             logits, states = self.prefill(ctx)
             for _ in range(max_new_tokens):
-                if temperature < torch.finfo(torch.float32).tiny:   # 0, or below float32's smallest: greedy
+                if temperature < torch.finfo(torch.float32).tiny:   # 0, or below the smallest normal: greedy
                     nxt = logits.argmax(dim=-1)
                 else:
                     # in float32 (float16 overflows at a low temperature), less the largest first (so that
