@@ -411,7 +411,7 @@ class Block(nn.Module):
         if self.shift is None:
             a, state = self.attn.step(h, state)
         else:
-            # TokenShift's formula for one token (not through the module: a step is a few microseconds); the
+            # TokenShift's formula for one token (the module's call would cost more than the formula); the
             # token's own h becomes the next one's h_{t-1}
             a, st = self.attn.step(h + self.shift.mu * (state.last.to(h.dtype) - h), state.attn)
             state = ShiftState(st, h)
