@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import traceback
 
 import pytest
@@ -119,3 +120,11 @@ def fails(ends):
         assert got == code, err[-3000:]
         return one_line(err, *names)
     return fails
+
+
+def run_with_slow_steps(trainer, argv, monkeypatch):
+    """trainer.main(argv) with each optimizer step taking 0.1 s at least (then every patch is undone)."""
+    step = trainer.optimizer_step
+    monkeypatch.setattr(trainer, 'optimizer_step', lambda *a: time.sleep(0.1) or step(*a))
+    trainer.main(argv)
+    monkeypatch.undo()

@@ -30,7 +30,7 @@ import tost
 import tost_fast
 import train_common
 import train_gpt
-from conftest import REPO, ENV, as_from_a_terminal, counted, one_line
+from conftest import REPO, ENV, as_from_a_terminal, counted, one_line, run_with_slow_steps
 
 
 @pytest.fixture(scope='module')
@@ -312,10 +312,7 @@ def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, tr
         command = resume_command(err)
         assert command[:2] == ['python', 'train_gpt.py']
         # each step of the resume takes 0.1 s at least
-        real = train_gpt.optimizer_step
-        monkeypatch.setattr(train_gpt, 'optimizer_step', lambda *a: time.sleep(0.1) or real(*a))
-        train_gpt.main(command[2:])
-        monkeypatch.undo()
+        run_with_slow_steps(train_gpt, command[2:], monkeypatch)
         assert read_log(broken, kind='train')[-1]['ms_per_iter'] >= 100
     else:
         resume(broken, '--device=cpu')

@@ -25,7 +25,7 @@ from test_train_gpt import (Died, count_syncs, rank_pid, read_log, resume_comman
                             wait_for, weights)
 from options import UsageError
 from train_common import load_checkpoint
-from conftest import counted
+from conftest import counted, run_with_slow_steps
 
 CLASSES = 3
 # The trained run's settings and the resume test's: a warmup longer than the run, so that the learning rate
@@ -172,10 +172,7 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
         assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
         monkeypatch.undo()
         # the step after the stop takes 0.1 s at least, and the row that spans the stop times it alone
-        step = train_vit.optimizer_step
-        monkeypatch.setattr(train_vit, 'optimizer_step', lambda *a: time.sleep(0.1) or step(*a))
-        train_vit.main(command[2:])
-        monkeypatch.undo()
+        run_with_slow_steps(train_vit, command[2:], monkeypatch)
         assert read_log(out, kind='train')[-1]['ms_per_step'] >= 100
     else:
         train_vit.main(base_args(data, out, '--epochs=1', *RESUMABLE, '--log_interval=4'))
