@@ -179,8 +179,10 @@ def main(argv=None):
           f"{model.get_num_params():,} params), nats per token\nwindows of {T} tokens, batch {B}, {dtype} on "
           f"{device}, {dist.world_size} process(es)")
     # A space between the columns: a diverged model's loss or perplexity, wider than its column, stays apart.
-    print(f"{'dataset':<{w}}{'tokens':>12} {'loss':>8} {'ppl':>9} {'LAMBADA acc':>13}   "
-          f"{'ToST-Base':>12}{'GPT-2 Base':>12}  (paper)", flush=True)
+    # The paper's numbers are per GPT-2 token: a column of theirs only beside GPT-2's.
+    paper_head = f"   {'ToST-Base':>12}{'GPT-2 Base':>12}  (paper)" if tokenizer == 'gpt2' else ''
+    head = f"{'dataset':<{w}}{'tokens':>12} {'loss':>8} {'ppl':>9} {'LAMBADA acc':>13}"
+    print(head + paper_head, flush=True)
     for name, meta, tokens, spans in sets:
         t0 = time.time()
         loss, scored, windows = split_loss(model, tokens, T, B, ctx, dist)
@@ -195,8 +197,8 @@ def main(argv=None):
             acc = f"{100 * r['last_word_acc']:.2f}%"
         r['elapsed_s'] = round(time.time() - t0, 2)
         paper = PAPER.get(r['dataset_kind'], ()) if tokenizer == 'gpt2' else ()
-        print(f"{name:<{w}}{scored:>12,} {loss:>8.4f} {ppl:>9.2f} {acc:>13}   "
-              + ''.join(f"{v:>12.2f}" for v in paper), flush=True)
+        row = f"{name:<{w}}{scored:>12,} {loss:>8.4f} {ppl:>9.2f} {acc:>13}   "
+        print((row + ''.join(f"{v:>12.2f}" for v in paper)).rstrip(), flush=True)
         # Each result is kept as it comes (appended: the training log stays).
         if dist.master:
             log_row(cfg['out_dir'], r)
