@@ -339,6 +339,9 @@ def main(argv=None):
     model = wrap(raw_model, dist, cfg['compile'])
     min_lr = learning_rate * cfg['min_lr_ratio']
 
+    # A new run holds its folder from here on (its checkpoint, if any, is read: --overwrite may delete it); a
+    # used one is refused before the run says anything of itself.
+    lock = lock or make_out_dir(out_dir, [ckpt_path, best_path], cfg['overwrite'], not resume, master)
     n_params = raw_model.get_num_params()
     say(f"{cfg['model']}, {config.attn}{' + lpi' * config.lpi}: {n_params / 1e6:.2f}M parameters | "
         f"{dist.world_size} x {device}, {dtype} ({why}) | {steps_per_epoch} steps of {dist.world_size} x "
@@ -349,8 +352,6 @@ def main(argv=None):
         say(f"nothing to do: {path} is at the end of its last epoch ({epochs}); a larger --epochs trains on")
         teardown(dist, lock)
         return best_acc
-    # A new run holds its folder from here on (its checkpoint, if any, is read: --overwrite may delete it).
-    lock = lock or make_out_dir(out_dir, [ckpt_path, best_path], cfg['overwrite'], not resume, master)
     if warmup >= total:
         say(f"note: the warmup ({cfg['warmup_epochs']:g} epochs) is as long as the run ({epochs}): the "
             f"learning rate never reaches --learning_rate")
