@@ -119,16 +119,21 @@ def shell_join(args):
     return subprocess.list2cmdline(args) if os.name == "nt" else shlex.join(args)
 
 
+def open_new(path, mode):
+    """path opened in `mode` (its "w" made "x") as a new file: one by that name, or a link planted there, goes
+    first, so nothing is written through it."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+    return open(path, mode.replace("w", "x"), encoding=None if "b" in mode else "utf-8")
+
+
 def write_whole(path, write, mode="w"):
-    """write(f) to a new temp file (`mode`, its "w" made "x"), fsync, rename over `path`: a failure (a full
-    disk, Ctrl-C) leaves the earlier file whole and no temp file, and its OSError names `path`."""
+    """write(f) to a temp file (open_new), fsync, rename over `path`: a failure (a full disk, Ctrl-C) leaves
+    the earlier file whole and no temp file, and its OSError names `path`."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with naming(path):
-            # A file by that name (a link planted there too) goes first, and the temp file is made anew.
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(tmp)
-            with open(tmp, mode.replace("w", "x"), encoding=None if "b" in mode else "utf-8") as f:
+            with open_new(tmp, mode) as f:
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())

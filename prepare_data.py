@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from options import UsageError, near, parse, say
+from options import UsageError, near, open_new, parse, say
 from readers import get_tokenizer, load_meta, recipe
 
 
@@ -83,15 +83,12 @@ def _download(url, data_dir, hint, checksum=None):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.part-{os.getpid()}"
-    # A file by that name (a link planted there too) goes first, and the temp file is made anew.
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(tmp)
     say(f"downloading {url}")
     shown = time.time()
     # Some hosts refuse urllib's default User-Agent.
     try:
         req = urllib.request.Request(url, headers={'User-Agent': 'tost-prepare_data'})
-        with urllib.request.urlopen(req, timeout=60) as r, open(tmp, 'xb') as f:
+        with urllib.request.urlopen(req, timeout=60) as r, open_new(tmp, 'wb') as f:
             total = int(r.headers.get('Content-Length') or 0)
             while chunk := r.read(1 << 20):
                 f.write(chunk)
