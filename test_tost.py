@@ -755,8 +755,11 @@ def test_param_groups_exempt_biases_norms_layerscale_temperature_and_position_bi
         assert any(n.endswith(suffix) for n in nd), suffix
         assert not any(n.endswith(suffix) for n in dec), suffix
     assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
-    # what decays is the weight matrices (of the linear maps, the embeddings), all of them, and only them
-    for m in (model, tiny_vit(n_layer=1)):
+    # what decays is the weight matrices (of the linear maps, the embeddings), all of them, and only them:
+    # a subclass's matrix of another name (a temperature per head and channel) does not
+    layer = CausalTSSA(16, 2, block_size=8)
+    layer.log_temp = torch.nn.Parameter(torch.zeros(2, 8))
+    for m in (model, tiny_vit(n_layer=1), layer):
         names = {id(p): n for n, p in m.named_parameters()}
         dec = {names[id(p)] for p in tost.param_groups(m, 0.1)[0]['params']}
         assert dec == {n for n, p in m.named_parameters() if p.dim() >= 2 and n.endswith('.weight')}
@@ -1003,17 +1006,24 @@ def test_a_subclass_with_its_own_memberships_steps_with_them_too():
 
 def test_a_subclass_with_its_own_memberships_runs_them_on_large_inputs_too():
     """The fused cores compute CausalTSSA's memberships: a subclass that changes them runs its readable
-    lines."""
-    class Uniform(CausalTSSA):
+    lines, also when they come from a mixin."""
+    class Uniform:
         def prefix_memberships(self, w2, Q, t0=0):
             return torch.full(w2.shape[:3], 1 / self.n_head)
-    torch.manual_seed(0)
-    layer = Uniform(64, 4, block_size=8192)
+
+    class Own(CausalTSSA, Uniform):
+        prefix_memberships = Uniform.prefix_memberships
+
+    class Mixed(Uniform, CausalTSSA):
+        pass
     x = torch.randn(1, 8192, 64)                                        # 2^19 numbers: the core's size
-    with torch.no_grad():
-        y = layer(x)
-        layer.fast = False
-        torch.testing.assert_close(y, layer(x), rtol=0, atol=0)
+    for kind in (Own, Mixed):
+        torch.manual_seed(0)
+        layer = kind(64, 4, block_size=8192)
+        with torch.no_grad():
+            y = layer(x)
+            layer.fast = False
+            torch.testing.assert_close(y, layer(x), rtol=0, atol=0)
     assert CausalTSSA.fast
 
 
@@ -1333,10 +1343,15 @@ def test_the_module_docstring_names_the_first_read_path_by_its_lines():
     """Each 'lines a-b ... (names)' row of tost.py's docstring spans exactly the named definitions."""
     rows = re.findall(r'^\s*lines\s+(\d+)-(\d+)\s.*\((\w+(?:, \w+)*)\)$', tost.__doc__, re.M)
     assert len(rows) == 5
+    # after an edit, every row to renumber is named at once, with its lines as they are now
+    wrong = []
     for a, b, names in rows:
         sources = [inspect.getsourcelines(getattr(tost, name)) for name in names.split(', ')]
-        spans = [(start, start + len(src) - 1) for src, start in sources]
-        assert (min(s for s, _ in spans), max(e for _, e in spans)) == (int(a), int(b)), (names, spans)
+        first = min(start for _, start in sources)
+        last = max(start + len(src) - 1 for src, start in sources)
+        if (first, last) != (int(a), int(b)):
+            wrong.append(f"lines {first}-{last} ({names}), not {a}-{b}")
+    assert not wrong, wrong
 
 
 def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):

@@ -31,9 +31,9 @@ result's shape, then, where it helps, the formula.
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 58-90     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
   lines 97-201    the white-box gradient step, then the practical operator (TSSA)
-  lines 208-327   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 334-424   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 431-625   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 208-328   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 335-425   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 432-626   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -245,9 +245,10 @@ class CausalTSSA(TSSA):
     fast = True
 
     def __init_subclass__(cls, **kwargs):
-        # the fused cores compute these memberships: a subclass with its own runs the readable lines
+        # the fused cores compute these memberships: a subclass with others (its own, a mixin's) runs the
+        # readable lines
         super().__init_subclass__(**kwargs)
-        if 'prefix_memberships' in vars(cls):
+        if cls.prefix_memberships is not CausalTSSA.prefix_memberships:
             cls.fast = False
 
     def __init__(self, n_embd, n_head, block_size, bias=False, dropout=0.0):
@@ -979,13 +980,11 @@ def preset(name, **overrides):
     return cls(**spec)
 
 
-NO_DECAY_NAMES = ('temp', 'pos_bias', 'gamma_1', 'gamma_2', 'gamma_3', 'cls_token', 'mu')
-
-
 def param_groups(model, weight_decay):
-    """AdamW groups: matrices decay; biases, norms, layer-scale, temperatures and position biases do not."""
+    """AdamW groups: the weight matrices (of the linear maps, embeddings, convolutions) decay; biases, norms,
+    layer-scale, temperatures, position biases, the class token, any parameter not named weight, do not."""
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    exempt = [p.dim() < 2 or name.split('.')[-1] in NO_DECAY_NAMES for name, p in params]
+    exempt = [p.dim() < 2 or not name.endswith('.weight') for name, p in params]
     return [{'params': [p for (_, p), e in zip(params, exempt) if not e], 'weight_decay': weight_decay},
             {'params': [p for (_, p), e in zip(params, exempt) if e], 'weight_decay': 0.0}]
 
