@@ -5,6 +5,7 @@ group; several processes run under torchrun (gloo); the GPU paths (compile, bf16
 fused AdamW, MFU) run on CPU; bad input ends in one line, a non-zero exit and no traceback.
 """
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -168,6 +169,13 @@ def test_presets_and_schedule_defaults():
     assert parse('--max_iters=2000')['lr_decay_iters'] == 1000
     # a preset's keys are the script's (presets are applied unchecked)
     assert all(set(preset) <= set(d) for preset in train_gpt.PRESETS.values())
+
+
+def test_every_model_option_reaches_the_model():
+    """An option that is a GPTConfig field is in MODEL_KEYS, the only way into the model and its checkpoint
+    (but block_size and dropout, which the run sets): a new one left out would train the default model."""
+    fields = {f.name for f in dataclasses.fields(tost.GPTConfig)}
+    assert set(train_gpt.MODEL_KEYS) == fields & set(train_gpt.DEFAULTS) - {'block_size', 'dropout'}
 
 # -----------------------------------------------------------------------------
 # a run, its log and its checkpoint
