@@ -16,6 +16,7 @@ The same model has the same colour and line style in every figure (the styles su
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import json
+import math
 import os
 
 import numpy as np
@@ -79,24 +80,18 @@ def finish(ax, x, y, title, xticks=()):
 # learning curves
 
 
-def not_a_number(name):
-    """json.loads calls this for NaN, Infinity and -Infinity."""
-    raise ValueError(name)
-
-
 def read_run(path):
     """A run's log: (label, config, rows). path is a run folder or a .jsonl log; where neither, opening it
     raises the OSError options.py's handler names the path with; a log without a row, a UsageError."""
     log = path if path.endswith('.jsonl') else os.path.join(path, 'log.jsonl')
     rows = []
     damaged = []
-    # Bytes that are not UTF-8 (a damaged file) spoil their line only.
-    with open(log, encoding='utf-8', errors='replace') as f:
+    # Bytes that are not UTF-8 (a damaged file) spoil their line only; an editor's byte-order mark, none.
+    with open(log, encoding='utf-8-sig', errors='replace') as f:
         for number, line in enumerate(f, 1):
-            # A line cut short (being written, or by a crash), one that is not a row, or one with a loss that
-            # is not finite (NaN, Infinity: no axis can hold it) is left out.
+            # A line cut short (being written, or by a crash), or one that is not a row, is left out.
             try:
-                rows.append(dict(json.loads(line, parse_constant=not_a_number)))
+                rows.append(dict(json.loads(line)))
             except (ValueError, TypeError):
                 damaged.append(number)
     # Nothing to draw is a mistake, not an empty figure.
@@ -110,9 +105,14 @@ def read_run(path):
 
 
 def points(rows, kind, x, y):
-    """(xs, ys) of the rows of `kind` that have both x and y (y None: none)."""
-    xy = [(r[x], r[y]) for r in rows if r.get('kind') == kind and None not in (r.get(x), r.get(y))]
-    return np.reshape(xy, (-1, 2)).T
+    """(xs, ys) of the rows of `kind` whose x and y are finite numbers (y None: none): no axis holds a NaN
+    loss, nor a "4.8" typed into a log; the row's other values are drawn."""
+    xy = [(r.get(x), r.get(y)) for r in rows if r.get('kind') == kind]
+    return np.reshape([(a, b) for a, b in xy if number(a) and number(b)], (-1, 2)).T
+
+
+def number(value):
+    return type(value) in (int, float) and math.isfinite(value)
 
 
 # what --x (or a vision run's 'epoch') draws: (the key of a row, the axis label)
@@ -122,8 +122,9 @@ X_AXES = {'tokens': ('tokens', 'tokens seen'), 'seconds': ('elapsed_s', 'seconds
 
 def learning_curves(runs, path, x='tokens', title=None):
     """Language runs: train loss (thin) and val loss (points) against tokens seen or seconds, the y axis on
-    the losses after the first evaluation; vision runs: test accuracy against epochs. runs: [(label, cfg,
-    rows)], as read_run gives them. Language and vision runs in one call: a UsageError."""
+    the val losses after the first evaluation and the train losses of each run's later half; vision runs:
+    test accuracy against epochs. runs: [(label, cfg, rows)], as read_run gives them. Language and vision
+    runs in one call: a UsageError."""
     vision = {any('epoch' in r for r in rows) for _, _, rows in runs}
     if len(vision) > 1:
         labels = ', '.join(label for label, _, _ in runs)
@@ -140,6 +141,8 @@ def learning_curves(runs, path, x='tokens', title=None):
         train = points(rows, 'train', key, None if vision else 'train_loss')
         val = points(rows, 'eval', key, 'test_acc' if vision else 'val_loss')
         later.extend(val[1][1:])
+        # and the train losses of the run's later half: one evaluation after the first is no range
+        later.extend(train[1][train[0] >= train[0].max(initial=0) / 2])
         if not val.size:
             label += ' (no eval yet)'
         elif not vision:

@@ -3,6 +3,7 @@ blank); the command on several runs, on a run with no evaluation yet, and each i
 one line. Offline, seconds: python -m pytest -q tests/test_plot.py"""
 import errno
 import json
+import math
 import os
 import shutil
 
@@ -48,13 +49,15 @@ def test_several_runs_of_different_models_on_one_figure(tmp_path, monkeypatch):
     # a folder's name with a $ in it, shown as typed
     write_run(tmp_path / '$new^$', dict(attn='tssa', softmax_layers=[-1]), [5.1, 4.5], evals=False)
     with open(tmp_path / 'out-soft' / 'log.jsonl', 'ab') as f:
-        # a row no axis can hold, and bytes that are not UTF-8 (a damaged file): left out
+        # a point no axis can hold (its row is read, the point left out), and bytes that are not UTF-8 (a
+        # damaged file: the line left out)
         f.write(b'{"iter": 5, "kind": "eval", "val_loss": Infinity, "tokens": 640}\n\xff\xfe\n')
     with open(tmp_path / 'out' / 'log.jsonl', 'a') as f:
         f.write('{"iter": 5, "kind": "train", "train_lo')                 # killed while writing a row
     runs = [plot.read_run(f) for f in ('out', 'out-soft', '$new^$')]
     assert [label for label, _, _ in runs] == ['out: ToST', 'out-soft: softmax + shift', '$new^$: hybrid']
-    assert len(runs[0][2]) == len(runs[1][2]) == 6
+    assert len(runs[0][2]) == 6 and len(runs[1][2]) == 7
+    assert plot.points(runs[1][2], 'eval', 'tokens', 'val_loss').tolist() == [[256, 512], [3.6, 2.6]]
     # the train curve is the train rows: an eval row's train_loss is not one of its points
     train = plot.points(runs[0][2], 'train', 'tokens', 'train_loss')
     assert train.tolist() == [[128, 256, 384, 512], [5.0, 4.0, 3.2, 2.9]]
@@ -138,6 +141,12 @@ def test_the_loss_axis_shows_the_part_after_the_first_drop_in_the_runs_unit(tmp_
     assert 'per byte' in axes[-1].get_ylabel()
     plot.learning_curves([(demo[0], dict(demo[1], vocab_size=50304), demo[2])], 'x.png')
     assert 'per token' in axes[-1].get_ylabel()
+    # one evaluation after the first (the demo's loss.png for a quarter of its run): the axis holds the train
+    # losses of the run's later half too
+    write_run(tmp_path / 'a', dict(attn='tssa'), [5.0, 4.0, 3.2, 2.9])
+    plot.learning_curves([plot.read_run(str(tmp_path / 'a'))], 'x.png')
+    lo, hi = axes[-1].get_ylim()
+    assert lo < 2.9 and 4.0 < hi < 4.2
 
 
 def test_what_cannot_be_drawn_is_one_line(tmp_path, fails, monkeypatch):
@@ -336,11 +345,20 @@ def test_a_vision_run_with_lpi_is_labelled_so():
 
 
 def test_a_line_that_is_json_but_not_a_row_is_left_out(tmp_path):
+    """Lines that are not rows are left out; of the rows, values that are not finite numbers, the others kept.
+    An editor's byte-order mark before the first row does not hide it."""
     log = tmp_path / "log.jsonl"
-    log.write_text('{"kind": "config", "attn": "tssa"}\n5\n"text"\n'
-                   '{"kind": "eval", "tokens": 128, "val_loss": 3.0}\n')
+    log.write_text('\ufeff{"kind": "config", "attn": "tssa"}\n5\n"text"\n'
+                   '{"kind": "eval", "tokens": 128, "val_loss": 3.0}\n'
+                   '{"kind": "train", "tokens": 64, "train_loss": "4.8", "lr": 1}\n'
+                   '{"kind": "train", "tokens": 96, "train_loss": NaN}\n'
+                   '{"kind": "train", "tokens": 112, "train_loss": true}\n'
+                   '{"kind": "train", "tokens": 128, "train_loss": 4.0}\n', encoding="utf-8")
     label, cfg, rows = plot.read_run(str(log))
-    assert rows == [{"kind": "eval", "tokens": 128, "val_loss": 3.0}]
+    assert cfg == {"kind": "config", "attn": "tssa"} and label.endswith("ToST")
+    assert rows[0] == {"kind": "eval", "tokens": 128, "val_loss": 3.0} and len(rows) == 5
+    assert plot.points(rows, "train", "tokens", "train_loss").tolist() == [[128], [4.0]]
+    assert plot.points(rows, "train", "tokens", "lr").tolist() == [[64], [1]]
 
 
 def test_a_vision_run_is_test_accuracy_against_epochs(tmp_path, monkeypatch):
@@ -349,7 +367,8 @@ def test_a_vision_run_is_test_accuracy_against_epochs(tmp_path, monkeypatch):
     rows = [dict(kind="config", attn="tssa", model="tost-cifar-tiny")]
     for epoch in (1, 2, 3):
         rows.append(dict(kind="train", step=10 * epoch, epoch=epoch - 0.5, train_loss=2.0 / epoch))
-        rows.append(dict(kind="eval", step=10 * epoch, epoch=epoch, test_loss=1.0, test_acc=0.2 * epoch))
+        # a loss that overflowed (float16) leaves its accuracy on the figure
+        rows.append(dict(kind="eval", step=10 * epoch, epoch=epoch, test_loss=math.nan, test_acc=0.2 * epoch))
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     plot.learning_curves([plot.read_run(str(tmp_path))], "x.png")
     lines = [line for line in figs[-1].axes[0].get_lines() if len(line.get_xdata())]
