@@ -479,26 +479,26 @@ with torch.random.fork_rng():                                            # the d
 print(f'   a CausalTSSA(8, 2) whose w_0 has a coordinate of 1e-7 in head 0: pi_0 = {show(pi_0)}')
 assert (pi_0 - torch.softmax(torch.tensor([3.01, 4.0], dtype=torch.float64), 0)).abs().max() < 1e-12
 
-# What training would have to find: U_k the groups' subspaces, and a sharper temperature (set by hand here;
-# nothing below is a trained layer). With U_k the true planes of a mixture, temperature 1 leaves Pi nearly
-# uniform; temperature 100 recovers the groups.
+# What training would have to find: U_k the groups' subspaces, and a larger temp_k, which multiplies the
+# scores (an inverse temperature: larger is sharper; set by hand here, nothing below is a trained layer). With
+# U_k the true planes of a mixture, temp_k = 1 leaves Pi nearly uniform; temp_k = 100 recovers the groups.
 U = orthogonal_heads(3, 2)
 Zm, Pim = subspace_mixture(90, U, scales=(1.0, 0.5), noise=0.1)
 layer = tost.TSSA(6, 3)
 with torch.no_grad():
-    layer.c_attn.weight.copy_(U.permute(0, 2, 1).reshape(6, 6))          # rows k*p .. (k+1)*p: U_k^T
+    layer.c_attn.weight.copy_(U.permute(0, 2, 1).reshape(6, 6))          # rows k*p to (k+1)*p - 1: U_k^T
     w = layer.split_heads(layer.c_attn(Zm))
     Pi_1 = layer.memberships(w)
     layer.temp.fill_(100.0)
     Pi_100 = layer.memberships(w)
 right = (Pi_100.argmax(1) == Pim.argmax(1)).double().mean()
-print(f'   true planes as U_k, 90 tokens: Pi in [{Pi_1.min():.3f}, {Pi_1.max():.3f}] at temperature 1; '
+print(f'   true planes as U_k, 90 tokens: Pi in [{Pi_1.min():.3f}, {Pi_1.max():.3f}] at temp_k = 1; '
       f'at 100 the largest membership names the true group for {right:.0%} of tokens')
 assert 0.25 < Pi_1.min() and Pi_1.max() < 0.5 and right > 0.9
 fig, axes = plots(1, 2, size=(12, 2.6))
 if fig:
     by_group = Pim[0].argmax(0).argsort()                                # tokens sorted by true group
-    for ax, P, title in ((axes[0], Pi_1, 'temperature 1'), (axes[1], Pi_100, 'temperature 100')):
+    for ax, P, title in ((axes[0], Pi_1, 'temp_k = 1'), (axes[1], Pi_100, 'temp_k = 100')):
         image = ax.imshow(P[0][:, by_group], aspect='auto', vmin=0, vmax=1, interpolation='nearest')
         ax.set(title=f'Pi, {title}', xlabel='token (sorted by true group)', ylabel='head k', yticks=range(3))
     fig.colorbar(image, ax=axes, label='pi_jk')
@@ -705,7 +705,7 @@ def first_order(block, x):
 
 def scales(kind):
     """The layer scale gamma_1 and the LayerNorm gain (d,) of one block."""
-    if kind == 'equal':                                                  # g 1 and c 1, g over 6 decades
+    if kind == 'equal':                                                  # s 1 and a 1, s over 6 decades
         return torch.full((d,), 10 ** (-6 * torch.rand(()))), torch.full((d,), 10 ** (-2 * torch.rand(())))
     if kind == 'small':
         return 0.02 * torch.rand(d), torch.ones(d)
@@ -745,7 +745,8 @@ assert (rows['equal'][0] < 0).all() and (rows['small'][0] < 0).all() and (rows['
 # %% 11. The causal step: every sum over tokens becomes a prefix sum (tost.CausalTSSA). Its values against the
 # formulas, token by token; then what it descends: with c_proj tied and nothing added to n_k, and the
 # memberships pi_0 .. pi_t held as the layer computed them, each at its own time,
-#     sum_k U_k y_tk = -(t+1) grad_{z_t} R^var_c(Z_{<=t}, Pi_{<=t}):
+#     sum_k U_k y_tk = -(t+1) grad_{z_t} R^var_c(Z_{<=t}, Pi_{<=t}),
+# with y_tk = -pi_tk w_tk / (1 + A_tk / P_tk) head k's output at t before c_proj (section 12 computes it):
 # each token takes a unit step on (t+1) R^var_c of its own prefix, as section 9's tied layer is a unit step on
 # n R^var_c. The growth with t is the objective's normalisation, not a different kind of step; but measured on
 # R^var_c itself, a late token takes a larger step than an early one, and no learned c_proj can absorb t + 1
@@ -800,9 +801,9 @@ assert all(abs(s - (t + 1)) < 1e-9 for t, s in enumerate(sizes))
 # grows. One step, with (Q, A, P) the sums over the t tokens before and w the new token's projection, in
 # order:
 #     Q <- Q + w^2,   pi_t from w^2 / Q,   A <- A + pi_t w^2,   P <- P + pi_t,   y_t = -pi_t w / (1 + A / P):
-# the token counts in its own statistics, so at t = 0 A / P = w_0^2 whatever pi_0 is, and the first token's
-# gain D is 1 / (1 + w_0^2). Steps from the state give the parallel outputs, and so does a forward split in
-# two with the state carried.
+# the token counts in its own statistics, so at t = 0 A / P = w_0^2 whatever pi_0 is (the 1e-8 added to P
+# aside), and the first token's gain D is 1 / (1 + w_0^2). Steps from the state give the parallel outputs, and
+# so does a forward split in two with the state carried.
 layer = randomize(tost.CausalTSSA(16, 4, block_size=40))
 x = torch.randn(2, 40, 16)
 with torch.no_grad():
@@ -907,7 +908,7 @@ if fig:
 # %% 14. Layers unrolled. A stack of white-box layers, each a step on the objective, compresses the tokens
 # layer after layer. Twelve layers (alpha = 10, tau = 0.05 n) sharing the true subspaces U_k, on 300 tokens
 # from three planes in R^6, each group spread 1.0 along one axis of its plane and 0.5 along the other, with
-# noise 0.1; memberships re-estimated by each layer at temperature 100 (at temperature 1 they would be nearly
+# noise 0.1; memberships re-estimated by each layer at temp_k = 100 (at temp_k = 1 they would be nearly
 # uniform, section 8). R^var_c falls at every layer, and within its plane each group loses far more along its
 # weak axis. But ToST unrolls only the compression half of rate reduction: nothing here expands, so Delta R =
 # R - R_c (R_c with the true groups), the objective of section 1, falls too, and sixty layers shrink the
@@ -941,7 +942,7 @@ def delta_R(Zl):
 
 
 with torch.no_grad():
-    layer.c_attn.weight.copy_(U.permute(0, 2, 1).reshape(K * p, K * p))  # rows k*p .. (k+1)*p: U_k^T
+    layer.c_attn.weight.copy_(U.permute(0, 2, 1).reshape(K * p, K * p))  # rows k*p to (k+1)*p - 1: U_k^T
     layer.temp.fill_(100.0)
     history = unroll(Z, 12)
     normalised = unroll(F.layer_norm(Z, (K * p,)), 12, normalise=True)
@@ -987,7 +988,7 @@ if fig:
 # Limitations. The past enters a causal layer only as prefix sums of squares, nearly a bag that keeps no
 # earlier token whole, so a task that looks one earlier token up (associative recall, even with each key and
 # its value in one token) fails where one softmax layer succeeds; `python -m lecture.recall` shows it in a
-# minute or two on a CPU. The memberships are nearly uniform at initialisation (section 8). The language
+# few minutes on a CPU. The memberships are nearly uniform at initialisation (section 8). The language
 # model trails GPT-2 at equal size. Unrolled, the objective only compresses (section 14). This
 # repository's own measurements are in docs/quality.md and docs/capabilities.md.
 print('15. results and limitations: quoted from the paper in this cell\'s text (nothing to compute)')

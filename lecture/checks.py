@@ -430,7 +430,7 @@ def check_delta_R_through_layers(answer):
     Z, U = three_planes(n)
     layer = tost.TSSA(6, 3, whitebox=True, alpha=alpha, tau=0.05 * n)
     with torch.no_grad():
-        layer.c_attn.weight.copy_(U.permute(0, 2, 1).reshape(6, 6))        # rows k p .. (k+1) p: U_k^T
+        layer.c_attn.weight.copy_(U.permute(0, 2, 1).reshape(6, 6))        # rows k p to (k+1) p - 1: U_k^T
         # Sharp memberships, as derivation.py's section 14 has them (at temp 1 they would be nearly uniform).
         layer.temp.fill_(100.0)
         want = []

@@ -67,8 +67,8 @@ def projected_compression(Z, Pi, U, alpha):
     """Exercise 3. The corollary: when R^var_c with d x p blocks is an upper bound on R_c.
 
     Take U_k with orthonormal columns (U_k^T U_k = I_p; K p <= d lets the K subspaces be orthogonal), and
-    suppose each group's covariance lies inside span(U_k): every token with pi_jk > 0 is in span(U_k). Show
-    R^var_c >= R_c in two steps, through each group's rate computed inside its own subspace,
+    suppose each group's second moment M_k lies inside span(U_k): every token with pi_jk > 0 is in
+    span(U_k). Show R^var_c >= R_c in two steps, through each group's rate computed inside its own subspace,
 
         R^proj_c = 1/2 sum_k (n_k/n) logdet(I_p + alpha/n_k U_k^T M_k U_k):
 
@@ -100,9 +100,10 @@ def causal_first_membership(temp, bias0, p):
 def tssa_forward(x, W, W_out, temp):
     """Exercise 5. TSSA from its formula, in about ten lines.
 
-    Write the practical operator, tost.TSSA's forward without biases or dropout, from these formulas (those of
-    derivation.py section 9's text; its code and tost.TSSA are the answer: write yours before reading them):
-        w   = U_k^T z_j for every head, from one linear map W (rows k p .. (k+1) p of W are U_k^T)
+    Write the practical operator, tost.TSSA's forward without biases or dropout, from these formulas (the
+    six changes derivation.py section 9's text lists, written out; its code and tost.TSSA are the answer:
+    write yours before reading them):
+        w   = U_k^T z_j for every head, from one linear map W (rows k p to (k+1) p - 1 of W are U_k^T)
         Pi  = softmax over the K heads of temp_k * sum_i w_ji^2 / sum_l w_li^2
         m_k = sum_j pi_jk w_j^2 / (n_k + 1e-8),   y_j = -pi_jk w_j / (1 + m_k),   output = W_out y
     x (B, n, d), W and W_out (d, d) (nn.Linear weights: a layer computes x W^T), temp (K,) -> (B, n, d).
@@ -122,7 +123,7 @@ def grad_compression(Z, Pi, alpha):
 
     (ReduNet's compression operator C_k = alpha (I + alpha/n_k M_k)^{-1}), and compute it with torch, without
     autograd, in O(K (n d^2 + d^3)): never form an n x n matrix. Z (B, n, d), Pi (B, K, n) -> (B, n, d).
-    Check: equal to autograd of R_c (log-determinants) to 1e-10, and the elements your torch calls return grow
+    Check: equal to autograd of R_c to 1e-10, and the elements your torch calls return grow
     less than 6x for 4x the tokens (an n x n matrix grows 16x).
     """
     # Your answer.
@@ -134,7 +135,7 @@ def untied_prediction():
     derivation.py's section 9, "Untied, as trained", which measures it).
 
     Hold Pi fixed (set, not estimated) and nothing added to n_k, so TSSA(Z) = c_proj(y(Z)) is a vector field
-    on the tokens. For three choices of c_proj (W = c_attn.weight, rows k p .. (k+1) p are U_k^T):
+    on the tokens. For three choices of c_proj (W = c_attn.weight, rows k p to (k+1) p - 1 are U_k^T):
         'tied':     c_proj = W^T, U_k maps head k back;
         'rescaled': c_proj = W^T with head k's block scaled by c_k > 0, c_k U_k maps head k back;
         'generic':  c_proj a random matrix, as training leaves it;

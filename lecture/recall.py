@@ -3,7 +3,7 @@ The limitation, seen: associative recall, a tiny ToST against one softmax layer,
 
     python -m lecture.recall                  # the full run: 4000 steps per model
     python -m lecture.recall --steps=300      # shorter (too short to show the gap)
-    python -m lecture.recall --seconds=20     # at most 20 seconds of training per model
+    python -m lecture.recall --seconds=30     # at most 30 seconds of training per model
 
 The task. A sequence holds 8 key-value pairs, then one of its keys as a query; the model must name the value
 stored with that key. Keys and values are drawn without repeats from 16 each. Each pair is one token (its
