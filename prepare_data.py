@@ -17,6 +17,7 @@ readers.py reads them. train_gpt.py calls prepare() when a cheap dataset is miss
 """
 # First: its handler ends a Ctrl-C while torch imports (exit 130, no traceback).
 import options
+import codecs
 import contextlib
 import glob
 import hashlib
@@ -110,7 +111,7 @@ def _download(url, data_dir, hint, checksum=None):
 # text: documents -> tokens -> train.bin / val.bin
 
 # Pieces tokenized at a time (~0.7 MB of OpenWebText, at most ~8M characters of one long text): the memory
-# in flight does not grow with the corpus. A document is held whole, as text and as uint16 tokens.
+# in flight grows neither with the corpus nor with a document, whose tokens go to train.bin as they come.
 _CHUNK = 128
 # Characters in a piece of a long document, at least: 128 pieces as Python ints (~36 bytes a token) are
 # ~0.1 GB, and a call per 64k characters costs nothing beside the encoding.
@@ -130,14 +131,21 @@ def encode_arrays(tok, texts, threads=1):
     return [np.array(ids, dtype=np.uint16) for ids in batch]
 
 
-def _pieces(text):
-    """text in pieces of _PIECE characters or a few more, cut at _CUT points (one giant word is one piece, an
-    empty text one empty piece)."""
-    start = 0
-    while cut := _CUT.search(text, start + _PIECE):
-        yield text[start:cut.end()]
-        start = cut.end()
-    yield text[start:]
+def _pieces(chunks):
+    """The text of chunks (strings) in pieces of _PIECE characters or a few more, cut at _CUT points (one
+    giant word is one piece, an empty text one empty piece): the same pieces however the text is chunked,
+    since each point is looked for from the last cut on, once the character after it has come."""
+    text = ''
+    for chunk in chunks:
+        # text was searched up to its last character, whose next had not come: a long word is searched once.
+        seen = len(text) - 1
+        text += chunk
+        start = 0
+        while cut := _CUT.search(text, max(start + _PIECE, seen)):
+            yield text[start:cut.end()]
+            start = cut.end()
+        text = text[start:]
+    yield text
 
 
 def _encoded(tok, docs, threads):
@@ -156,32 +164,34 @@ def _encoded(tok, docs, threads):
 
 
 def _text_dataset(stage, o, docs, source, tok, eot, val_every):
-    """docs (an iterable of strings) -> stage/train.bin and stage/val.bin, streamed; returns the meta. Every
-    val_every-th document is val, or else the last tenth of each document's tokens; with eot (if the tokenizer
-    has one), end-of-text follows each document's part in both files."""
+    """docs (an iterable of documents, each an iterable of strings) -> stage/train.bin and stage/val.bin,
+    streamed; returns the meta. Every val_every-th document is val, or else the last tenth of each document's
+    tokens; with eot (if the tokenizer has one), end-of-text follows each document's part in both files."""
     if val_every == 1:
         raise UsageError(f"{source}: --val_every=1 would put every document in val; give it 2 or more")
     sep = np.array([tok.eot] if eot and tok.eot is not None else [], dtype=np.uint16)
     cores = os.cpu_count() or 1
     threads = min(o.get('workers') or cores, cores)
-    with (open(Path(stage, 'train.bin'), 'wb') as train,
+    with (open(Path(stage, 'train.bin'), 'w+b') as train,
           open(Path(stage, 'val.bin'), 'wb') as val):
         # done: documents so far, this one included.
         done = 0
         for done, doc in itertools.groupby(_encoded(tok, docs, threads), key=lambda piece: piece[0]):
-            pieces = [ids for _, ids in doc]
-            n = sum(map(len, pieces))
+            start = train.tell()
+            for _, ids in doc:
+                # Not tofile: a full disk is numpy's "N requested and 0 written", without a reason.
+                train.write(ids)
+            n = (train.tell() - start) // 2
             cut = n - n // 10
             if val_every:
                 cut = 0 if done % val_every == 0 else n
-            # The first `cut` tokens are train, the rest val, written a piece at a time: joined, a long
-            # document's tokens would be held twice.
-            left = cut
-            for ids in pieces:
-                # Not tofile: a full disk is numpy's "N requested and 0 written", without a reason.
-                train.write(ids[:left])
-                val.write(ids[left:])
-                left = max(left - len(ids), 0)
+            # The first `cut` tokens are train; the rest move to val, read back from train.bin a block at a
+            # time: a document's tokens, which come before their count is known, are never held.
+            if cut < n:
+                train.seek(start + 2 * cut)
+                shutil.copyfileobj(train, val)
+                train.seek(start + 2 * cut)
+                train.truncate()
             for f, part in ((train, cut), (val, n - cut)):
                 if part:
                     f.write(sep)
@@ -212,14 +222,31 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every):
                 eot=f"{tok.eot} appended after every document" if len(sep) else None)
 
 
+# Bytes of a text file read at a time: a file of GBs is never held whole.
+_READ = 1 << 23
+
+
 def _read_text(path):
-    """A file's text; utf-8-sig: less the byte-order mark some Windows editors put first."""
-    raw = Path(path).read_bytes()
-    try:
-        return raw.decode('utf-8-sig')
-    except UnicodeDecodeError as e:
-        _warn(f"{path} is not valid UTF-8 (byte {e.start}); undecodable bytes were replaced with U+FFFD")
-        return raw.decode('utf-8-sig', errors='replace')
+    """A file's text in strings of up to _READ bytes' worth, a character never split between two; utf-8-sig:
+    less the byte-order mark some Windows editors put first."""
+    decoder = codecs.getincrementaldecoder('utf-8')()
+    with open(path, 'rb') as f:
+        # Empty only at the end, also where the mark is all the first read held.
+        raw = f.read(3).removeprefix(codecs.BOM_UTF8) + f.read(_READ)
+        while True:
+            try:
+                text = decoder.decode(raw, final=not raw)
+            # A failed call leaves the decoder as it was: these bytes, and all after, are decoded again with
+            # U+FFFD for what is not UTF-8.
+            except UnicodeDecodeError as e:
+                at = f.tell() - len(raw) - len(decoder.getstate()[0]) + e.start
+                _warn(f"{path} is not valid UTF-8 (byte {at}); undecodable bytes were replaced with U+FFFD")
+                decoder.errors = 'replace'
+                continue
+            yield text
+            if not raw:
+                return
+            raw = f.read(_READ)
 
 
 def _files_under(path, exts='', skip=()):
@@ -322,11 +349,11 @@ def _json_text(line, where):
 
 def _owt_docs(files):
     """The texts of a parquet's 'text' column (a null is an empty document), a .jsonl's {"text": ...} lines,
-    a whole .txt."""
+    a whole .txt, each as _text_dataset takes a document: in strings (one, but a .txt's chunks)."""
     for f in files:
         if f.endswith('.parquet'):
             for batch in _pyarrow_parquet().ParquetFile(f).iter_batches(batch_size=1024, columns=['text']):
-                yield from (t or '' for t in batch.column(0).to_pylist())
+                yield from ([t or ''] for t in batch.column(0).to_pylist())
         elif f.endswith('.jsonl'):
             # Bytes that are not UTF-8 come in as lone surrogates: replaced with U+FFFD, as a .txt's are, and
             # said once a file.
@@ -340,7 +367,7 @@ def _owt_docs(files):
                         said = True
                         line = line.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace')
                     if line.strip():
-                        yield _json_text(line, f'{f}:{n}')
+                        yield [_json_text(line, f'{f}:{n}')]
         else:
             yield _read_text(f)
 

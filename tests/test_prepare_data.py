@@ -19,6 +19,7 @@ import sys
 import sysconfig
 import tarfile
 import time
+import tracemalloc
 import urllib.error
 import zipfile
 from pathlib import Path
@@ -474,6 +475,53 @@ def test_a_long_document_is_tokenized_in_pieces_as_whole(monkeypatch, name):
     assert (ids(out, 'train'), ids(out, 'val')) == tail_split(whole)
     cuts = sum(not a.isspace() and b in ' \t\n\r\v\f' for a, b in zip(text, text[1:]))
     assert len(said) == math.ceil((cuts + 1) / 4)
+    # the same pieces however the text comes (a file is read a block at a time)
+    assert list(prep._pieces(text[i:i + 7] for i in range(0, len(text), 7))) == list(prep._pieces([text]))
+
+
+@pytest.mark.parametrize('name', ['bytes', 'gpt2'])
+@pytest.mark.parametrize('read', [1, 2, 3, 7, 1 << 23])
+def test_a_file_read_in_pieces_is_tokenized_as_whole(monkeypatch, capsys, name, read):
+    """Reads of 1 to 7 bytes split the byte-order mark, CRLF, a character's bytes, words and an undecodable
+    byte from the rest: train.bin and val.bin are the whole text's, the last tenth of its tokens val, with one
+    warning naming the file. A folder's files, one only a byte-order mark, are a document each, every second
+    one val."""
+    enc = merging()
+    monkeypatch.setattr(readers, 'gpt2_encoding', lambda: enc)
+    monkeypatch.setattr(prep, '_READ', read)
+    monkeypatch.setattr(prep, '_PIECE', 5)
+    body = random_text(1, 3000).encode()
+    raw = b'\xef\xbb\xbf' + body[:999] + b'\xff' + body[999:] + b'\xe2\x82'
+    write('long.txt', raw)
+    text = raw[3:].decode('utf-8', 'replace')
+    whole = enc.encode_ordinary(text) if name == 'gpt2' else list(text.encode())
+    out = prepare('text', 'data', input='long.txt', tokenizer=name)
+    assert (ids(out, 'train'), ids(out, 'val')) == tail_split(whole)
+    warned = capsys.readouterr().err.splitlines()
+    assert len(warned) == 1 and 'long.txt' in warned[0]
+    texts = [random_text(seed, 500) for seed in range(4)]
+    texts[1] = ''
+    for i, t in enumerate(texts):
+        write(f'notes/{i}.txt', '\ufeff' + t)
+    out = prepare('text', 'data', input='notes', tokenizer=name, val_every=2)
+    docs = [enc.encode_ordinary(t) + [enc.eot_token] if name == 'gpt2' else list(t.encode()) for t in texts]
+    assert (ids(out, 'train'), ids(out, 'val')) == (docs[0] + docs[2], docs[3])
+
+
+def test_a_long_file_is_never_held_whole(monkeypatch):
+    """A 3 MB file, whose tokens alone are 6 MB, read 64 KB and tokenized 4 x 4k characters at a time: what
+    Python and numpy hold at once stays under 1 MB."""
+    monkeypatch.setattr(prep, '_READ', 1 << 16)
+    monkeypatch.setattr(prep, '_PIECE', 1 << 12)
+    monkeypatch.setattr(prep, '_CHUNK', 4)
+    write('long.txt', random_text(3, 1_500_000))
+    tracemalloc.start()
+    try:
+        out = prepare('text', 'data', input='long.txt', tokenizer='bytes', workers=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(ids(out, 'train') + ids(out, 'val')) > 2_900_000 and peak < 1_000_000, peak
 
 
 @pytest.mark.parametrize('max_mb, files', [(1e-4, ['a.py', 'json/b.py']),
