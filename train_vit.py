@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import readers
 import tost
 from options import UsageError, fail, parse, say
-from train_common import (any_rank, autocast, check_decay, cosine_lr, diverged, draw_loss, human,
+from train_common import (any_rank, autocast, check_decay, command, cosine_lr, diverged, draw_loss, human,
                           last_good, load_checkpoint, load_weights, log_row, make_out_dir, mean_loss,
                           optimizer_for, optimizer_step, resolve_dtype, resume_command, save_checkpoint,
                           seed_of, setup_distributed, start_log, stop_signals, teardown, wrap)
@@ -61,7 +61,7 @@ DEFAULTS = dict(
     grad_clip=1.0,              # max gradient norm; 0 disables
     warmup_epochs=5.0,          # linear warmup, then the cosine
     label_smoothing=0.1,        # of the cross-entropy targets
-    max_steps=0,                # cap on steps per epoch, for smoke tests; 0: the whole epoch
+    steps_per_epoch=0,          # at most this many steps an epoch, for smoke tests; 0: the whole epoch
     # evaluation and logging
     eval_interval=1,            # epochs between test-set evaluations (the last epoch is always evaluated)
     log_interval=20,            # steps between progress lines (and one at each epoch's end)
@@ -77,7 +77,7 @@ DEFAULTS = dict(
 
 # What options.parse lets through, beside a finite number of the default's type.
 RANGES = dict(positive=('epochs', 'batch_size', 'learning_rate', 'eval_interval', 'log_interval'),
-              nonnegative=('weight_decay', 'grad_clip', 'warmup_epochs', 'max_steps',
+              nonnegative=('weight_decay', 'grad_clip', 'warmup_epochs', 'steps_per_epoch',
                            'compression_images', 'viz_images'),
               fraction=('label_smoothing', 'drop_path', 'beta1', 'beta2', 'min_lr_ratio'),
               nonempty=('out_dir', 'dataset', 'data_dir'),
@@ -328,7 +328,7 @@ def main(argv=None):
     optimizer, scaler = optimizer_for(raw_model, cfg, dtype, state)
     epochs = cfg['epochs']
     per_rank = -(-len(x_train) // dist.world_size)
-    steps_per_epoch = min(-(-per_rank // batch_size), cfg['max_steps'] or math.inf)
+    steps_per_epoch = min(-(-per_rank // batch_size), cfg['steps_per_epoch'] or math.inf)
     total = epochs * steps_per_epoch
     warmup = cfg['warmup_epochs'] * steps_per_epoch
     # A resume goes on from the epochs done, in this run's steps (another batch size or process count changes
@@ -346,6 +346,8 @@ def main(argv=None):
     say(f"{cfg['model']}, {config.attn}{' + lpi' * config.lpi}: {n_params / 1e6:.2f}M parameters | "
         f"{dist.world_size} x {device}, {dtype} ({why}) | {steps_per_epoch} steps of {dist.world_size} x "
         f"{min(batch_size, per_rank)} images an epoch")
+    say(f"data: {folder}, {len(x_train):,} train + {len(x_test):,} test images of {meta['num_classes']} "
+        f"classes, {meta['image_size']}px; compile {cfg['compile']}")
     if resume:
         say(f"resuming {path} at step {step} (epoch {step / steps_per_epoch:.2f} of {epochs})")
     if step >= total:
@@ -463,6 +465,8 @@ def main(argv=None):
                 seen = 0
                 t_row = time.time()
     say(f"done: best test accuracy {best_acc:.4f} in {human(time.time() - t_start)}; checkpoints: {out_dir}")
+    args = [] if out_dir == DEFAULTS['out_dir'] else [f'--out_dir={out_dir}']
+    say("evaluate the best: " + command('train_vit.py', ['--init_from=best', '--eval_only', *args]))
     teardown(dist, lock)
     return best_acc
 

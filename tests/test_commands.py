@@ -35,7 +35,7 @@ TINY_GPT = ('--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=32', '--ba
 # 2000 tiny iterations take a minute; the cosine cannot end before the demo's warmup of 50 does
 LONGER = ('--max_iters=40', '--lr_decay_iters=40', '--warmup_iters=4')
 SHORT = ('--max_new_tokens=30',)
-TINY_VIT = ('--model=tost-cifar-tiny', '--epochs=1', '--max_steps=2', '--batch_size=8', '--device=cpu',
+TINY_VIT = ('--model=tost-cifar-tiny', '--epochs=1', '--steps_per_epoch=2', '--batch_size=8', '--device=cpu',
             '--viz_images=1', '--compression_images=8')
 
 # (command as documented, what is appended), run in this order in one folder
@@ -84,7 +84,7 @@ RUN_VISION = [   # the same, for the ViT, in a folder of its own
     ('python train_vit.py --init_from=best --eval_only', ('--viz_images=1',)),
     ('python train_vit.py --dataset=cifar10 --model=tost-cifar-tiny --epochs=3 --warmup_epochs=1 '
      '--device=cpu --out_dir=out-vit-tiny',
-     ('--epochs=1', '--max_steps=1', '--viz_images=0', '--compression_images=0')),
+     ('--epochs=1', '--steps_per_epoch=1', '--viz_images=0', '--compression_images=0')),
 ]
 # {why no test runs them here: the commands}
 SKIP_WHY = {

@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import re
 import shutil
 import signal
@@ -109,7 +110,7 @@ def test_a_few_steps_lower_the_loss(data, tmp_path, capsys, monkeypatch):
         return loss
     monkeypatch.setattr(train_vit.F, 'cross_entropy', cross_entropy)
     # no maps: test_the_run_draws_attention_and_memberships looks at them
-    train_vit.main(base_args(data, out, '--epochs=3', '--max_steps=3', '--viz_images=0'))
+    train_vit.main(base_args(data, out, '--epochs=3', '--steps_per_epoch=3', '--viz_images=0'))
     steps = read_log(out, kind='train')
     rows = read_log(out, kind='eval')
     assert [(r['epoch'], r['step']) for r in rows] == [(1, 3), (2, 6), (3, 9)]
@@ -137,6 +138,12 @@ def test_a_few_steps_lower_the_loss(data, tmp_path, capsys, monkeypatch):
     before = [0] + [r['step'] for r in steps]
     for a, r in zip(before, steps):
         assert r['train_loss'] == pytest.approx(sum(losses[a:r['step']]) / (r['step'] - a), abs=1e-6)
+    # the data it read is named; its last line is a command that evaluates the best checkpoint
+    assert any(line.startswith(f"data: {os.path.join(data, 'synth')}, 64 train + 33 test images of 3 classes")
+               for line in lines)
+    evaluate = shlex.split(lines[-1].split(': ', 1)[1])
+    assert evaluate[:2] == ['python', 'train_vit.py']
+    assert train_vit.main([*evaluate[2:], '--viz_images=0']) == max(r['test_acc'] for r in rows)
 
 
 def interrupt_in_step(monkeypatch, n):
@@ -195,7 +202,7 @@ def test_a_stop_during_the_evaluation_saves_there_and_takes_no_other_step(data, 
     real = getattr(train_vit, during)
     monkeypatch.setattr(train_vit, during, lambda *a: os.kill(os.getpid(), signal.SIGINT) or real(*a))
     steps = counted(monkeypatch, train_vit, 'optimizer_step')
-    code, _ = ends(train_vit.main, base_args(data, str(tmp_path), '--epochs=2', '--max_steps=2'))
+    code, _ = ends(train_vit.main, base_args(data, str(tmp_path), '--epochs=2', '--steps_per_epoch=2'))
     assert (code, len(steps), weights(str(tmp_path))['step']) == (130, 2, 2)
 
 
@@ -219,7 +226,7 @@ def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path, 
     # --overwrite=true: the old checkpoints go first, and the log starts anew
     out = tmp_path / 'out'
     shutil.copytree(trained, out)
-    train_vit.main(base_args(data, str(out), '--epochs=1', '--max_steps=1', '--overwrite=true'))
+    train_vit.main(base_args(data, str(out), '--epochs=1', '--steps_per_epoch=1', '--overwrite=true'))
     assert weights(out)['epoch'] == 1
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
 
@@ -377,7 +384,8 @@ def test_mixed_precision_runs_on_cpu(data, tmp_path, monkeypatch, dtype, compute
         return logits
     monkeypatch.setattr(tost.ViT, 'forward', recorded)
     out = str(tmp_path)
-    train_vit.main(base_args(data, out, '--epochs=2', '--max_steps=2', '--viz_images=0', f'--dtype={dtype}'))
+    args = base_args(data, out, '--epochs=2', '--steps_per_epoch=2', '--viz_images=0', f'--dtype={dtype}')
+    train_vit.main(args)
     assert trained_in == {f'torch.{computed}'}
     ck = weights(out)
     assert ('scale' in ck['scaler']) == (dtype == 'float16') and ck['config']['dtype'] == dtype
@@ -393,7 +401,7 @@ def test_the_training_step_does_not_wait_for_the_device(data, tmp_path, monkeypa
     counts = []
     for steps in (4, 8):
         calls.clear()
-        train_vit.main(base_args(data, str(tmp_path / str(steps)), '--epochs=1', f'--max_steps={steps}',
+        train_vit.main(base_args(data, str(tmp_path / str(steps)), '--epochs=1', f'--steps_per_epoch={steps}',
                                  '--batch_size=8', '--log_interval=4', '--viz_images=0',
                                  '--compression_images=0'))
         counts.append(len(calls))
@@ -472,7 +480,7 @@ def test_an_image_of_other_than_3_channels_is_drawn_grey(tmp_path, channels):
 
 def test_softmax_baseline_everything_else_equal(data, tmp_path):
     out = str(tmp_path)
-    train_vit.main(base_args(data, out, '--attn=softmax', '--epochs=1', '--max_steps=2'))
+    train_vit.main(base_args(data, out, '--attn=softmax', '--epochs=1', '--steps_per_epoch=2'))
     ck = weights(out)
     assert ck['model_args']['attn'] == 'softmax'
     state = ck['model']
@@ -599,7 +607,7 @@ def test_an_evaluation_that_draws_nothing_and_gets_nothing_right_still_saves(dat
 
     monkeypatch.setattr(plot, 'vision_maps', broken)
     monkeypatch.setattr(train_vit, 'evaluate', lambda *a: (0.0, 2.0))
-    assert train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--max_steps=1')) == 0
+    assert train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--steps_per_epoch=1')) == 0
     assert 'No space left on device' in capsys.readouterr().out
     assert weights(tmp_path)['step'] == 1
     assert load_checkpoint(os.path.join(tmp_path, 'best.pt'))['best_acc'] == 0.0
@@ -632,7 +640,7 @@ def test_a_run_killed_while_it_saves_an_improved_model_keeps_best_pt_in_step(dat
     monkeypatch.setattr(train_common, 'write_whole', dying)
     with pytest.raises(Died):
         # one step an epoch, nothing drawn: what is written at each evaluation is all this test reads
-        train_vit.main(base_args(data, str(tmp_path), '--epochs=2', '--max_steps=1', '--viz_images=0',
+        train_vit.main(base_args(data, str(tmp_path), '--epochs=2', '--steps_per_epoch=1', '--viz_images=0',
                                  '--compression_images=0'))
     monkeypatch.setattr(train_common, 'write_whole', real)
     train_vit.main(['--init_from=resume', f'--out_dir={tmp_path}'])
@@ -663,7 +671,7 @@ def test_a_run_from_weights_is_that_model_and_takes_a_new_drop_path(data, traine
     tost-cifar), --drop_path applies, and the run starts at step 0 with a log of its own."""
     out = str(tmp_path)
     args = base_args(data, out, f'--init_from={trained}/best.pt', '--drop_path=0.3', '--epochs=1',
-                     '--max_steps=1', '--viz_images=0')
+                     '--steps_per_epoch=1', '--viz_images=0')
     train_vit.main([arg for arg in args if not arg.startswith('--model=')])
     ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
     assert ckpt['config']['model'] == 'tost-cifar-tiny' and ckpt['model_args']['drop_path'] == 0.3
@@ -677,7 +685,7 @@ def test_a_preset_s_drop_path_is_the_one_logged_and_saved(data, tmp_path, monkey
     """tost-s trains with drop-path 0.05 without --drop_path: the config row and the checkpoint say so."""
     monkeypatch.setitem(tost.PRESETS['tost-cifar-tiny'], 'drop_path', 0.2)
     out = str(tmp_path)
-    train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=1', '--viz_images=0'))
+    train_vit.main(base_args(data, out, '--epochs=1', '--steps_per_epoch=1', '--viz_images=0'))
     ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))
     assert ckpt['config']['drop_path'] == ckpt['model_args']['drop_path'] == 0.2
     with open(os.path.join(out, 'log.jsonl')) as f:
@@ -720,7 +728,7 @@ def test_a_resume_goes_on_from_its_step_whatever_the_epochs_last_bit(data, tmp_p
     resume goes on at step 16, not at 15 again (each step logged once)."""
     out = str(tmp_path)
     interrupt_in_step(monkeypatch, 15)
-    args = base_args(data, out, '--epochs=1', '--batch_size=2', '--max_steps=22', '--log_interval=1',
+    args = base_args(data, out, '--epochs=1', '--batch_size=2', '--steps_per_epoch=22', '--log_interval=1',
                      '--viz_images=0', '--compression_images=0')
     assert ends(train_vit.main, args)[0] == 130 and weights(out)['step'] == 15
     monkeypatch.undo()
@@ -734,8 +742,9 @@ def test_best_pt_keeps_the_best_model_and_its_accuracy(data, tmp_path, monkeypat
     out = str(tmp_path)
     accuracies = iter([(0.5, 1.0), (0.25, 1.0), (0.375, 1.0)])
     monkeypatch.setattr(train_vit, 'evaluate', lambda *args: next(accuracies))
-    assert train_vit.main(base_args(data, out, '--epochs=1', '--max_steps=1', '--viz_images=0')) == 0.5
-    resumed = base_args(data, out, '--epochs=3', '--max_steps=1', '--viz_images=0', '--init_from=resume')
+    assert train_vit.main(base_args(data, out, '--epochs=1', '--steps_per_epoch=1', '--viz_images=0')) == 0.5
+    resumed = base_args(data, out, '--epochs=3', '--steps_per_epoch=1', '--viz_images=0',
+                        '--init_from=resume')
     assert train_vit.main(resumed) == 0.5
     best = load_checkpoint(f'{out}/best.pt')
     assert (best['step'], best['best_acc']) == (1, 0.5)
@@ -774,8 +783,8 @@ def test_every_step_trains_as_asked_and_the_last_epoch_is_scored(data, tmp_path,
     monkeypatch.setattr(train_vit.F, 'cross_entropy', recorded_cross_entropy)
     monkeypatch.setattr(train_vit, 'random_crop_flip', recorded_crop)
     out = str(tmp_path)
-    train_vit.main(base_args(data, out, '--epochs=3', '--eval_interval=2', '--max_steps=2', '--viz_images=0',
-                             '--compression_images=0', '--label_smoothing=0.3'))
+    train_vit.main(base_args(data, out, '--epochs=3', '--eval_interval=2', '--steps_per_epoch=2',
+                             '--viz_images=0', '--compression_images=0', '--label_smoothing=0.3'))
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [2, 3]
     assert modes == [True] * 6 and smoothing == [0.3] * 6
     # Each step's images augmented, then standardized as the test set is (meta.json's mean and std); the
@@ -792,7 +801,7 @@ def test_the_learning_rate_warms_up_over_its_epochs_and_decays_over_the_run(data
     # an evaluation of 0.5 s, which the row after it does not time
     real = train_vit.evaluate
     monkeypatch.setattr(train_vit, 'evaluate', lambda *a: time.sleep(0.5) or real(*a))
-    train_vit.main(base_args(data, out, '--epochs=2', '--max_steps=4', '--warmup_epochs=1',
+    train_vit.main(base_args(data, out, '--epochs=2', '--steps_per_epoch=4', '--warmup_epochs=1',
                              '--log_interval=1', '--viz_images=0', '--learning_rate=2e-3',
                              '--min_lr_ratio=0.1'))
     want = [train_common.cosine_lr(step, 2e-3, 2e-4, 4, 8) for step in range(8)]
@@ -819,7 +828,7 @@ def test_the_step_clips_at_grad_clip(data, tmp_path, monkeypatch):
     clips = []
     real = train_vit.optimizer_step
     monkeypatch.setattr(train_vit, 'optimizer_step', lambda *a: clips.append(a[-1]) or real(*a))
-    train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--max_steps=2', '--grad_clip=0.5'))
+    train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--steps_per_epoch=2', '--grad_clip=0.5'))
     assert clips == [0.5, 0.5]
 
 
