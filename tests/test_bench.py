@@ -84,6 +84,16 @@ def test_cpu_memory_probe_sees_activations():
     assert 3 < large / small < 6           # 4x tokens: roughly 4x memory, not 16x
 
 
+@pytest.mark.slow
+def test_cpu_memory_probe_counts_the_measured_run_not_the_warm_up_leftovers():
+    """What the warm-up run freed and the allocator kept is not counted as already held: the same case in two
+    fresh processes agrees, and twice the tokens take about twice the memory."""
+    spec = dict(kind='tssa', dtype='float32', width=768, heads=12)
+    a, b = (bench.measure_memory(dict(spec, n=4096), 'cpu') for _ in range(2))
+    c = bench.measure_memory(dict(spec, n=8192), 'cpu')
+    assert abs(a / b - 1) < 0.1 and 1.7 < c / a < 2.3
+
+
 def causal_op(n=8, backward=False, **how):
     """bench's case of a causal TSSA layer of width 16 in 2 heads, n tokens, float32 on the CPU."""
     return bench.make_op('causal_tssa', n, 'cpu', 'float32', backward, width=16, heads=2, **how)
@@ -349,6 +359,16 @@ def test_a_cpu_memory_child_measures_the_case_as_timed(monkeypatch):
         monkeypatch.setattr(bench, 'COMPILE', compile)
         assert measure(dict(kind='tssa', n=8), 'cpu') == 1.0
     assert measured == [True, False]
+
+
+def test_a_memory_child_that_fails_is_said(monkeypatch, capsys):
+    """A CPU case whose child process fails (killed for memory, an error) is one line naming the case, not a
+    silent '-' that reads as not measured."""
+    failed = SimpleNamespace(returncode=-9, stdout='', stderr='')
+    monkeypatch.setattr(bench.subprocess, 'run', lambda cmd, **kwargs: failed)
+    assert math.isnan(bench.measure_memory(dict(kind='tssa', n=8), 'cpu'))
+    said = [line for line in capsys.readouterr().out.splitlines() if 'tssa' in line]
+    assert len(said) == 1 and '-9' in said[0]
 
 
 def test_gpu_check_times_each_column_on_the_path_its_name_says():
