@@ -478,8 +478,8 @@ def stop_signals(unit, master):
         # A write that the signal cut into raises RuntimeError: the note is skipped then.
         with contextlib.suppress(RuntimeError, OSError):
             if master:
-                print(f"{signals[0]}: stopping after this {unit}; another one, a second or more later, stops at "
-                      f"once, without saving", file=sys.stderr)
+                print(f"{signals[0]}: stopping after this {unit}; another one, a second or more later, stops "
+                      f"at once, without saving", file=sys.stderr)
 
     # A closed terminal (ssh gone) sends SIGHUP; Windows' Ctrl-Break is SIGBREAK.
     stops = stop_signals_here("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")
