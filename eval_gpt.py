@@ -120,8 +120,9 @@ def main(argv=None):
     # unless told.
     trained = info.get('config', {})
     data_dir = cfg['data_dir']
-    if 'data_dir' not in set_keys:
-        data_dir = trained.get('data_dir', data_dir)
+    # (A checkpoint's config may be damaged: a data_dir that is no text is not taken.)
+    if 'data_dir' not in set_keys and isinstance(trained.get('data_dir'), str):
+        data_dir = trained['data_dir']
     names = cfg['datasets'].split(',')
     # auto: the val split of the set the model learned from (the demo's: prepared, offline), and for GPT-2
     # tokens the paper's three test sets (a few MB each): the paper's four for a model trained on OpenWebText,

@@ -62,8 +62,11 @@ def error_line(msg, alone=False):
     mistake is one a process finds `alone`."""
     rank = os.environ.get("RANK", "0")
     where = "" if rank == "0" else f" (rank {rank})"
+    # Text read from files (a meta.json, a checkpoint, a folder's name) may hold control characters: each is
+    # shown as its escape (\x1b), so that the terminal prints it instead of obeying it.
+    line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in " ".join(str(msg).split()))
     if speaks(alone):
-        print(f"error: {' '.join(str(msg).split())}{where}", file=sys.stderr)
+        print(f"error: {line}{where}", file=sys.stderr)
 
 
 def speaks(alone):

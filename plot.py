@@ -89,10 +89,11 @@ def read_run(path):
     # Bytes that are not UTF-8 (a damaged file) spoil their line only; an editor's byte-order mark, none.
     with open(log, encoding='utf-8-sig', errors='replace') as f:
         for number, line in enumerate(f, 1):
-            # A line cut short (being written, or by a crash), or one that is not a row, is left out.
+            # A line cut short (being written, or by a crash), one that is not a row, or one nested deeper
+            # than Python recurses, is left out.
             try:
                 rows.append(dict(json.loads(line)))
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, RecursionError):
                 damaged.append(number)
     # Nothing to draw is a mistake, not an empty figure.
     if not rows:
@@ -332,7 +333,7 @@ def draw_results(path, folder, taken=()):
                     raise UsageError(f"{out[-1]} is drawn already, from another results file: draw {path} "
                                      f"with another --out_dir")
                 draw(results, out[-1])
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise UsageError(f"cannot draw the figures of {path} ({type(e).__name__}: {e})") from None
     if not out:
         raise UsageError(f"{path} holds no results of tools.bench or tools.study (none of the sections "

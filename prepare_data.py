@@ -340,7 +340,8 @@ def _pyarrow_parquet():
 def _json_text(line, where):
     """The "text" string of one line of a JSON-lines file;
     anything else is an error naming `where` (file:line)."""
-    with contextlib.suppress(ValueError, KeyError, TypeError):
+    # (A line nested deeper than Python recurses is a RecursionError.)
+    with contextlib.suppress(ValueError, KeyError, TypeError, RecursionError):
         if isinstance(text := json.loads(line)['text'], str):
             # An escape of half a surrogate pair (\ud800) is no character and has no UTF-8: U+FFFD.
             return re.sub('[\ud800-\udfff]', '\ufffd', text)

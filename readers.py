@@ -114,8 +114,10 @@ def load_meta(folder, kind=None, model_meta=None):
     path = os.path.join(folder, "meta.json")
     try:
         # utf-8-sig: as utf-8, less the byte-order mark some Windows editors put first.
+        # At most 1 MiB, past any meta.json (CIFAR-100's is 2 KB): a link to /dev/zero would be read until the
+        # memory runs out; the text cut there is not JSON.
         with open(path, encoding="utf-8-sig") as f:
-            text = f.read()
+            text = f.read(2**20 + 1)
     except FileNotFoundError:
         root, name = os.path.split(os.path.normpath(folder))
         if kind == "text" and name in IMAGES:
@@ -131,12 +133,14 @@ def load_meta(folder, kind=None, model_meta=None):
         meta = json.loads(text)
         if not isinstance(meta, dict):
             raise ValueError(f"a {type(meta).__name__}, not an object")
-    except ValueError as e:
+    # A JSON nested deeper than Python recurses is a RecursionError.
+    except (ValueError, RecursionError) as e:
         command = recipe(folder, {"kind": kind}, force=True)
         raise UsageError(f"{path} is not a JSON object ({e}); rebuild it: {command}") from None
     # The fields the readers check, each with a test of its value: a kind they know; a tokenizer get_tokenizer
     # knows, bytes' 256 ids or as many as uint16 token files hold; counts of at least 1, a name for each class
-    # and, for train_vit to standardize the images, a mean in 0..1 and a std above 0 of each channel.
+    # and, for train_vit to standardize the images, a mean in 0..1 and a std above 0 of each channel;
+    # LAMBADA's targets, if any, the name of a file in the folder (eval_gpt opens it), not a path to another.
     def of(values):
         # A range takes ints only (another value it would compare with each of its numbers), the others names.
         typed = int if isinstance(values, range) else str
@@ -148,7 +152,11 @@ def load_meta(folder, kind=None, model_meta=None):
 
     vocabs = range(256, 257) if meta.get("tokenizer") == "bytes" else range(1, 2**16 + 1)
     counts = of(range(1, 2**31))
-    fields = dict(text=dict(tokenizer=of(TOKENIZERS), vocab_size=of(vocabs)),
+
+    def name(value):
+        return value is None or type(value) is str and os.path.basename(value) == value not in ("", ".", "..")
+
+    fields = dict(text=dict(tokenizer=of(TOKENIZERS), vocab_size=of(vocabs), targets=name),
                   images=dict(num_classes=counts, channels=counts, image_size=counts,
                               classes=each("num_classes", lambda name: type(name) is str),
                               mean=each("channels", lambda x: type(x) in (int, float) and 0 <= x <= 1),

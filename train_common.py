@@ -15,6 +15,7 @@ import signal
 import sys
 import textwrap
 import time
+import zipfile
 from collections import namedtuple
 
 import numpy as np
@@ -62,6 +63,11 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     if not head.startswith(b"PK"):
         raise UsageError(f"{path} is not a checkpoint: torch.save writes a zip archive, this file starts "
                          f"with {head!r}")
+    # torch.save stores its records as they are; torch.load would also inflate compressed ones, a thousand
+    # times their size in memory at most, before anything here could look at them.
+    with contextlib.suppress(zipfile.BadZipFile), zipfile.ZipFile(path) as z:
+        if any(record.compress_type != zipfile.ZIP_STORED for record in z.infolist()):
+            raise UsageError(f"{path} is not a checkpoint torch.save wrote: its records are compressed")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
@@ -536,7 +542,8 @@ def start_log(out_dir, key, last):
         # inside a string of one that does they stay as U+FFFD.
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
-                with contextlib.suppress(ValueError, AttributeError):
+                # (A line nested deeper than Python recurses is a RecursionError.)
+                with contextlib.suppress(ValueError, AttributeError, RecursionError):
                     value = json.loads(line).get(key)
                     if not isinstance(value, (int, float)) or value <= last:
                         keep.append(line)

@@ -445,3 +445,18 @@ def test_a_stdout_that_cannot_be_written_is_one_line_and_a_closed_pipe_ends_quie
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) as p:
         p.stdout.close()
         assert (p.wait(timeout=180), p.stderr.read()) == (141, '')
+
+
+def test_a_path_from_a_checkpoint_or_a_meta_json_is_checked_before_it_is_opened(data_dir, tmp_path, fails):
+    """A checkpoint's data_dir that is no text is not taken; a meta.json whose LAMBADA targets are not a file
+    in its folder (another type, a path elsewhere) is damaged."""
+    out = str(tmp_path / 'out')
+    save_model(out, data_dir, config=dict(data_dir=5))
+    fails(eval_gpt.main, [f'--out_dir={out}', '--device=cpu', '--datasets=nosuch'], 'nosuch')
+    for name, targets in (('t5', 5), ('tabs', str(data_dir / 'lambada' / 'val_targets.npy')),
+                          ('tup', '../lambada/val_targets.npy')):
+        shutil.copytree(data_dir / 'lambada', tmp_path / name)
+        meta = json.loads((tmp_path / name / 'meta.json').read_text())
+        (tmp_path / name / 'meta.json').write_text(json.dumps(dict(meta, targets=targets)))
+        args = [f'--out_dir={out}', '--device=cpu', f'--data_dir={tmp_path}', f'--datasets={name}']
+        fails(eval_gpt.main, args, f'{tmp_path}/{name}/meta.json')

@@ -732,3 +732,12 @@ def test_a_full_disk_in_a_copy_names_the_file_written(capsys):
     assert options.report(OSError(errno.ENOSPC, "No space left on device", "src.txt", None, "dst.txt")) == 2
     err = capsys.readouterr().err
     assert "dst.txt" in err and "src.txt" not in err
+
+
+def test_an_error_line_shows_the_control_characters_of_what_it_quotes(capsys):
+    """A name read from a file, with a terminal's escape sequences (retitle the window, clear the screen) and
+    a C1 control, is one line that still names it, and holds no control character."""
+    assert options.report(options.UsageError("meta.json names \x1b]0;title\x07 \x1b[2Jx\x9b1m")) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "title" in err
+    assert all(c.isprintable() for c in err.rstrip("\n")), repr(err)

@@ -407,3 +407,13 @@ def test_a_title_for_a_results_file_alone_is_refused(tmp_path, monkeypatch, fail
     (tmp_path / "tasks.json").write_text(json.dumps({"tasks": [cell]}))
     fails(plot.main, ["tasks.json", "--title=mine"], "--title")
     assert os.listdir(tmp_path) == ["tasks.json"]
+
+
+def test_json_nested_deeper_than_python_recurses_is_a_damaged_line_or_file(tmp_path):
+    deep = "[" * 100000 + "]" * 100000
+    log = tmp_path / "log.jsonl"
+    log.write_text(deep + '\n{"kind": "eval", "tokens": 128, "val_loss": 3.0}\n')
+    assert plot.read_run(str(log))[2] == [{"kind": "eval", "tokens": 128, "val_loss": 3.0}]
+    (tmp_path / "bench.json").write_text(deep)
+    with pytest.raises(plot.UsageError, match="bench.json"):
+        plot.draw_results(str(tmp_path / "bench.json"), str(tmp_path))

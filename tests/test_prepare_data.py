@@ -1180,3 +1180,19 @@ def test_a_count_in_meta_json_is_a_number_not_true(tmp_path, count, ok):
 def test_a_vocab_as_large_as_uint16_holds_is_read(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps(dict(kind="text", tokenizer="gpt2", vocab_size=2**16)))
     assert readers.load_meta(str(tmp_path), "text")["vocab_size"] == 2**16
+
+
+@pytest.mark.skipif(not os.path.exists('/dev/zero'), reason='no /dev/zero')
+def test_a_meta_json_that_never_ends_is_damaged_not_read_until_the_memory_runs_out(tmp_path):
+    (tmp_path / 'meta.json').symlink_to('/dev/zero')
+    with pytest.raises(UsageError, match='meta.json'):
+        load_meta(str(tmp_path))
+
+
+def test_json_nested_deeper_than_python_recurses_is_a_damaged_file_or_line(tmp_path):
+    deep = '[' * 100000 + ']' * 100000
+    (tmp_path / 'meta.json').write_text(deep)
+    with pytest.raises(UsageError, match='meta.json'):
+        load_meta(str(tmp_path))
+    with pytest.raises(UsageError, match='a.jsonl:1'):
+        prep._json_text(deep, 'a.jsonl:1')

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -790,3 +791,21 @@ def test_a_local_rank_past_the_gpus_is_one_line_without_local_world_size(monkeyp
     monkeypatch.setattr(torch.distributed, "new_group", lambda **kw: None)
     with pytest.raises(UsageError, match="nproc_per_node=3"):
         tc.setup_distributed("cuda")
+
+
+def test_a_checkpoint_with_compressed_records_is_refused_before_it_is_inflated(tmp_path):
+    """torch.save stores its records; a compressed one inflates up to a thousand times in torch.load."""
+    torch.save({"model": {"w": torch.zeros(1000)}}, tmp_path / "stored.pt")
+    stored = zipfile.ZipFile(tmp_path / "stored.pt")
+    with stored, zipfile.ZipFile(tmp_path / "ckpt.pt", "w", zipfile.ZIP_DEFLATED) as out:
+        for record in stored.infolist():
+            out.writestr(record.filename, stored.read(record))
+    assert tc.load_checkpoint(str(tmp_path / "stored.pt"))["model"]["w"].shape == (1000,)
+    with pytest.raises(UsageError, match="ckpt.pt"):
+        tc.load_checkpoint(str(tmp_path / "ckpt.pt"))
+
+
+def test_a_resumed_log_drops_a_line_nested_deeper_than_python_recurses(tmp_path):
+    (tmp_path / "log.jsonl").write_text('{"iter": 1}\n' + "[" * 100000 + "]" * 100000 + "\n")
+    tc.start_log(str(tmp_path), "iter", 4)
+    assert _lines(tmp_path / "log.jsonl") == [{"iter": 1}]
