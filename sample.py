@@ -24,7 +24,8 @@ import torch
 import tost
 from options import UsageError, first_line, out_of_memory, parse
 from readers import get_tokenizer
-from train_common import autocast, load_checkpoint, load_weights, pick_device, resolve_dtype, setup_cuda
+from train_common import (autocast, check_fits, load_checkpoint, load_weights, pick_device, resolve_dtype,
+                          setup_cuda)
 
 DEFAULTS = dict(
     out_dir='out',          # the folder train_gpt.py saved ckpt.pt in
@@ -53,7 +54,9 @@ def load_gpt(path, device):
     """The GPT of a train_gpt.py checkpoint in eval mode on `device`, and the checkpoint less its weights."""
     ckpt = load_checkpoint(path, 'cpu', 'gpt', needs=('model', 'model_args', 'meta'))
     try:
-        model = tost.GPT(tost.GPTConfig(**ckpt['model_args']))
+        config = tost.GPTConfig(**ckpt['model_args'])
+        check_fits(tost.GPT, config, ckpt, path)
+        model = tost.GPT(config)
     except (TypeError, ValueError, RuntimeError) as e:
         # A model too large for this machine's memory is the handler's to say (options.report).
         if out_of_memory(e):

@@ -96,6 +96,25 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     return ckpt
 
 
+def check_fits(make, config, ckpt, path):
+    """One line unless the weights in `ckpt` can fill make(config), the model its model_args describe, checked
+    before that model takes any memory: a crafted model_args would take as much as it names. Each layer holds
+    tensors of its own; on the meta device, the model's numbers must be at most the bytes the file's tensors
+    hold (a view of one number, stride 0, can claim any shape)."""
+    weights = ckpt["model"]
+    layers = config.n_layer + getattr(config, "n_cls_layer", 0)
+    if layers > len(weights):
+        raise UsageError(f"{path} does not fit its own model_args ({layers} layers, {len(weights)} tensors)")
+    with torch.device("meta"):
+        model = make(config)
+    numbers = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+    tensors = [t for t in weights.values() if isinstance(t, torch.Tensor)]
+    held = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+    if numbers > held:
+        raise UsageError(f"{path} does not fit its own model_args (a model of {numbers} numbers, weights of "
+                         f"{held} bytes)")
+
+
 def load_weights(model, ckpt, path):
     """ckpt's weights into model, taken out of ckpt (no second copy kept), or one line."""
     try:

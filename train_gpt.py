@@ -29,11 +29,11 @@ import readers
 import tost
 import tost_fast
 from options import UsageError, fail, parse, say
-from train_common import (any_rank, autocast, backward_bytes, check_compile, check_decay, command,
-                          cosine_lr, diverged, draw_loss, human, last_good, load_checkpoint, load_weights,
-                          log_row, make_out_dir, mean_loss, memory_bytes, optimizer_for, optimizer_step,
-                          resolve_dtype, resume_command, save_checkpoint, seed_of, setup_distributed,
-                          start_log, stop_signals, sum_dtype, teardown, wrap)
+from train_common import (any_rank, autocast, backward_bytes, check_compile, check_decay, check_fits,
+                          command, cosine_lr, diverged, draw_loss, human, last_good, load_checkpoint,
+                          load_weights, log_row, make_out_dir, mean_loss, memory_bytes, optimizer_for,
+                          optimizer_step, resolve_dtype, resume_command, save_checkpoint, seed_of,
+                          setup_distributed, start_log, stop_signals, sum_dtype, teardown, wrap)
 
 DEFAULTS = dict(
     config='demo',               # the preset this run started from (--config=NAME picks one)
@@ -341,6 +341,8 @@ def main(argv=None):
     # is refused (a CPU's operating system would kill the process without a word).
     have = memory_bytes(device)
     model_config = gpt_config(model_args)
+    if ckpt:
+        check_fits(tost.GPT, model_config, ckpt, ckpt_path)
     with torch.device('meta'):
         n_params = tost.GPT(model_config).get_num_params(non_embedding=False)
     state_bytes = 16 * n_params

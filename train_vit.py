@@ -32,10 +32,10 @@ import torch.nn.functional as F
 import readers
 import tost
 from options import UsageError, fail, parse, say
-from train_common import (any_rank, autocast, check_decay, command, cosine_lr, diverged, draw_loss, human,
-                          last_good, load_checkpoint, load_weights, log_row, make_out_dir, mean_loss,
-                          optimizer_for, optimizer_step, resolve_dtype, resume_command, save_checkpoint,
-                          seed_of, setup_distributed, start_log, stop_signals, teardown, wrap)
+from train_common import (any_rank, autocast, check_decay, check_fits, command, cosine_lr, diverged,
+                          draw_loss, human, last_good, load_checkpoint, load_weights, log_row, make_out_dir,
+                          mean_loss, optimizer_for, optimizer_step, resolve_dtype, resume_command,
+                          save_checkpoint, seed_of, setup_distributed, start_log, stop_signals, teardown, wrap)
 
 DEFAULTS = dict(
     # data and I/O
@@ -301,6 +301,8 @@ def main(argv=None):
         raise UsageError(f"--viz_layer={cfg['viz_layer']}: the model has {config.n_layer} TSSA layers")
     seed = cfg['seed']
     torch.manual_seed(seed)
+    if ckpt:
+        check_fits(tost.ViT, config, ckpt, path)
     raw_model = tost.ViT(config).to(device)
     if ckpt:
         load_weights(raw_model, ckpt, path)

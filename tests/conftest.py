@@ -128,3 +128,12 @@ def run_with_slow_steps(trainer, argv, monkeypatch):
     monkeypatch.setattr(trainer, 'optimizer_step', lambda *a: time.sleep(0.1) or step(*a))
     trainer.main(argv)
     monkeypatch.undo()
+
+
+def in_little_memory(*args, timeout=300):
+    """`python ARGS` (as python() runs it) with 2.5 GB of address space: where a script would take what a
+    crafted file names, it runs out at once instead of taking the machine's memory. Linux only."""
+    import resource
+    limit = int(2.5 * 2**30)
+    return python(*args, env=ENV, timeout=timeout,
+                  preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))

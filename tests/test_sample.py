@@ -18,7 +18,7 @@ import options
 import readers
 import sample
 import tost
-from conftest import REPO, ENV, one_line
+from conftest import REPO, ENV, in_little_memory, one_line
 from test_prepare_data import encoding
 
 
@@ -265,6 +265,31 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(out, tmp_path, fails, key, v
         del ckpt[key]
     torch.save(ckpt, tmp_path / 'ckpt.pt')
     fails(sample.main, [f'--out_dir={tmp_path}'], f'{tmp_path}/ckpt.pt')
+
+
+def claiming(folder, case):
+    """A checkpoint whose model_args claim far more than its weights: 4.5G numbers (a tiny model's weights,
+    or views of one number in the claimed shapes), or a million layers of a tiny model's weights."""
+    small = dict(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32)
+    weights = tost.GPT(tost.GPTConfig(**small)).state_dict()
+    args = dict(small, vocab_size=2**20, n_embd=2**12)
+    if case == 'layers':
+        args = dict(small, n_layer=10**6)
+    if case == 'views':
+        with torch.device('meta'):
+            shapes = {k: v.shape for k, v in tost.GPT(tost.GPTConfig(**args)).state_dict().items()}
+        weights = {k: torch.zeros(1).expand(shape) for k, shape in shapes.items()}
+    ckpt = dict(model=weights, model_args=args, meta={'tokenizer': 'bytes'})
+    torch.save(ckpt, os.path.join(folder, 'ckpt.pt'))
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason="the address space is limited through Linux's setrlimit")
+@pytest.mark.parametrize('case', ['shapes', 'views', 'layers'])
+def test_model_args_that_claim_more_than_the_weights_are_refused_before_taking_memory(tmp_path, case):
+    claiming(tmp_path, case)
+    got = in_little_memory('sample.py', f'--out_dir={tmp_path}', '--device=cpu')
+    assert got.returncode == 2
+    one_line(got.stderr, f'{tmp_path}/ckpt.pt')
 
 
 def test_ctrl_c_into_a_pipe_whose_reader_it_killed_and_a_full_disk_are_one_line(out):

@@ -31,7 +31,7 @@ import tost
 import tost_fast
 import train_common
 import train_gpt
-from conftest import REPO, ENV, as_from_a_terminal, counted, one_line, run_with_slow_steps
+from conftest import REPO, ENV, as_from_a_terminal, counted, in_little_memory, one_line, run_with_slow_steps
 
 
 @pytest.fixture(scope='module')
@@ -1424,3 +1424,13 @@ def test_accumulated_gradients_are_those_of_the_whole_batch(train, tmp_path, mon
     # the loss logged is the whole batch's too
     losses = [read_log(tmp_path / run, kind='train')[0]['train_loss'] for run in 'ab']
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason="the address space is limited through Linux's setrlimit")
+def test_a_resume_refuses_model_args_of_more_layers_than_the_weights_before_building_them(trained, tmp_path):
+    ckpt = torch.load(os.path.join(trained[0], 'ckpt.pt'), weights_only=True)
+    torch.save(dict(ckpt, model_args=dict(ckpt['model_args'], n_layer=10**6)), tmp_path / 'ckpt.pt')
+    got = in_little_memory('train_gpt.py', '--init_from=resume', f'--out_dir={tmp_path}', '--device=cpu',
+                           '--max_iters=13')
+    assert got.returncode == 2
+    one_line(got.stderr, f'{tmp_path}/ckpt.pt')

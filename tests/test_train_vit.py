@@ -12,6 +12,7 @@ import shlex
 import re
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from test_train_gpt import (Died, count_syncs, rank_pid, read_log, resume_comman
                             wait_for, weights)
 from options import UsageError
 from train_common import load_checkpoint
-from conftest import counted, run_with_slow_steps
+from conftest import counted, in_little_memory, one_line, run_with_slow_steps
 
 CLASSES = 3
 # The trained run's settings and the resume test's: a warmup longer than the run, so that the learning rate
@@ -910,3 +911,13 @@ def test_the_ranks_evaluate_the_test_set_between_them():
     ranks = [train_common.Dist(False, r, r, n, r == 0, 'cpu') for n in (1, 3) for r in range(n)]
     whole, *parts = [train_vit.evaluate(model, x, y, 4, contextlib.nullcontext(), d) for d in ranks]
     assert [sum(p[i] for p in parts) for i in (0, 1)] == pytest.approx(whole)
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason="the address space is limited through Linux's setrlimit")
+def test_model_args_that_claim_more_than_the_weights_are_refused_before_taking_memory(trained, tmp_path):
+    ckpt = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
+    torch.save(dict(ckpt, model_args=dict(ckpt['model_args'], n_embd=2**15, n_head=2)), tmp_path / 'ckpt.pt')
+    got = in_little_memory('train_vit.py', f'--init_from={tmp_path}/ckpt.pt', '--eval_only',
+                           f'--out_dir={tmp_path}', '--device=cpu')
+    assert got.returncode == 2
+    one_line(got.stderr, f'{tmp_path}/ckpt.pt')
