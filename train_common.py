@@ -4,6 +4,7 @@ dtype, processes under torchrun, Ctrl-C and SIGTERM as a request to stop, and th
 loss.png)."""
 import contextlib
 import datetime
+import errno
 import gc
 import glob
 import importlib
@@ -154,6 +155,13 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
     os.makedirs(out_dir, exist_ok=True)
     # The lock first: a folder another run holds is refused as such, not with advice the lock would refuse.
     lock = lock_out_dir(out_dir) if master else None
+    # A link at the log is refused before anything is deleted or read through it, as log_row refuses it
+    # (start_log's rename would replace it with a file).
+    log = os.path.join(out_dir, "log.jsonl")
+    if master and os.path.islink(log):
+        if lock:
+            lock.close()
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), log)
     found = [p for p in checkpoints if fresh and os.path.isfile(p)]
     # A folder where a checkpoint goes is found now, not at the first save, hours on.
     folders = [p for p in checkpoints if os.path.isdir(p)]
@@ -576,6 +584,15 @@ def open_own(path):
     each line's CR LF into CR CR LF.)"""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
     return open(os.open(path, flags, 0o644), "a", encoding="utf-8")
+
+
+def own_folder(path):
+    """os.makedirs(path) for a folder a run writes files of its own in, never a link to one: a run's folder
+    from elsewhere could point its viz/ at any folder. A link is an OSError (ELOOP), which options.report
+    names."""
+    if os.path.islink(path):
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+    os.makedirs(path, exist_ok=True)
 
 
 def log_row(out_dir, row):

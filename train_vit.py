@@ -34,8 +34,9 @@ import tost
 from options import UsageError, fail, parse, say
 from train_common import (any_rank, autocast, check_decay, check_fits, command, cosine_lr, diverged,
                           draw_loss, human, last_good, load_checkpoint, load_weights, log_row, make_out_dir,
-                          mean_loss, optimizer_for, optimizer_step, resolve_dtype, resume_command,
-                          save_checkpoint, seed_of, setup_distributed, start_log, stop_signals, teardown, wrap)
+                          mean_loss, optimizer_for, optimizer_step, own_folder, resolve_dtype,
+                          resume_command, save_checkpoint, seed_of, setup_distributed, start_log,
+                          stop_signals, teardown, wrap)
 
 DEFAULTS = dict(
     # data and I/O
@@ -214,7 +215,7 @@ def look_inside(model, x, images, labels, cfg, classes):
     try:
         import plot
         for i in range(v):
-            os.makedirs(folder, exist_ok=True)
+            own_folder(folder)
             plot.vision_maps(os.path.join(folder, f'test{i:04d}.png'), images[i].cpu(),
                              cls_attn[i].cpu(), pis[i], f"{i}: {classes[labels[i]]}")
         if v and cfg['eval_only']:
@@ -314,7 +315,7 @@ def main(argv=None):
     if eval_only:
         # Its maps go to out_dir/viz: a folder that cannot be made is said before the work.
         if cfg['viz_images'] and master:
-            os.makedirs(os.path.join(out_dir, 'viz'), exist_ok=True)
+            own_folder(os.path.join(out_dir, 'viz'))
         acc, test_loss = evaluate(eval_model, x_test, y_test, batch_size, ctx, dist)
         say(f"{path} (epoch {ckpt['epoch']:g}): test accuracy {acc:.4f} ({round(acc * len(x_test))}/"
             f"{len(x_test)}), test loss {test_loss:.4f}")

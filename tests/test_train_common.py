@@ -1,6 +1,7 @@
 """Tests for train_common.py: safe checkpoints, stopping, the lr schedule, devices, the run log.
 Offline, CPU only, a few seconds: python -m pytest -q tests/test_train_common.py"""
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -809,3 +810,19 @@ def test_a_resumed_log_drops_a_line_nested_deeper_than_python_recurses(tmp_path)
     (tmp_path / "log.jsonl").write_text('{"iter": 1}\n' + "[" * 100000 + "]" * 100000 + "\n")
     tc.start_log(str(tmp_path), "iter", 4)
     assert _lines(tmp_path / "log.jsonl") == [{"iter": 1}]
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_link_at_the_log_is_refused_before_a_checkpoint_is_deleted(tmp_path, fresh):
+    target = tmp_path / "elsewhere.jsonl"
+    target.write_text('{"iter": 1}\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ckpt.pt").write_bytes(b"weights")
+    (out / "log.jsonl").symlink_to(target)
+    with pytest.raises(OSError) as e:
+        tc.make_out_dir(str(out), [str(out / "ckpt.pt")], fresh, fresh, True)
+    assert e.value.errno == errno.ELOOP and options.report(e.value) == 2
+    assert (out / "ckpt.pt").read_bytes() == b"weights" and os.path.islink(out / "log.jsonl")
+    # the folder is let go: another run may take it
+    tc.lock_out_dir(str(out)).close()

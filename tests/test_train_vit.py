@@ -921,3 +921,18 @@ def test_model_args_that_claim_more_than_the_weights_are_refused_before_taking_m
                            f'--out_dir={tmp_path}', '--device=cpu')
     assert got.returncode == 2
     one_line(got.stderr, f'{tmp_path}/ckpt.pt')
+
+
+def test_a_link_at_viz_is_refused_and_nothing_is_drawn_through_it(data, trained, tmp_path, fails, capsys):
+    """A run's folder from elsewhere could point viz/ at any folder: --eval_only refuses it, naming it, and
+    training goes on without the maps."""
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    (tmp_path / 'ev').mkdir()
+    (tmp_path / 'ev' / 'viz').symlink_to(elsewhere)
+    fails(train_vit.main, base_args(data, str(tmp_path / 'ev'), f'--init_from={trained}/best.pt',
+                                    '--eval_only'), 'viz')
+    (tmp_path / 'run').mkdir()
+    (tmp_path / 'run' / 'viz').symlink_to(elsewhere)
+    train_vit.main(base_args(data, str(tmp_path / 'run'), '--epochs=1'))
+    assert os.listdir(elsewhere) == []
