@@ -389,9 +389,10 @@ RANGE_TESTS = {"positive": (lambda v: v > 0, "positive"),
                "seed": (lambda v: 0 <= v < 2**32, "in [0, 2**32)")}
 
 
-def check_numbers(config, ranges):
+def check_values(config, ranges, choices):
     """Every number finite and every whole number within 2**32 of 0 (no count or size comes near; past it
-    torch and numpy overflow deep inside), then each key of `ranges` ({range: keys}) in its range."""
+    torch and numpy overflow deep inside), each key of `ranges` ({range: keys}) in its range, each of
+    `choices` ({key: the values it may take}) one of its values."""
     for key, value in config.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"--{key} must be a finite number, got {value}")
@@ -402,6 +403,23 @@ def check_numbers(config, ranges):
         for key in keys:
             if not test(config[key]):
                 raise UsageError(f"--{key} must be {what}, got {shown(config[key])}")
+    for key, names in choices.items():
+        if config[key] not in names:
+            raise UsageError(f"--{key}={shown(config[key])} is not one of {', '.join(map(shown, names))}"
+                             f"{near(config[key], names)}")
+
+
+def check_config(config, defaults, ranges, choices, source):
+    """A config read from a file (a checkpoint's, on resume) checked as parse() checks a command line: each
+    value of its default's type, each number in its range, each choice one of its names; else one line that
+    names `source`."""
+    try:
+        for key, value in config.items():
+            if type(value) is not type(defaults[key]):
+                raise UsageError(f"--{key} expects {type(defaults[key]).__name__}, got {value!r}")
+        check_values(config, ranges, choices)
+    except UsageError as e:
+        raise UsageError(f"{source} holds a damaged config ({e})") from None
 
 
 def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None, choices=None,
@@ -475,11 +493,7 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
             config[key] = [os.path.expanduser(word) for word in config[key]]
         elif isinstance(config[key], str):
             config[key] = os.path.expanduser(config[key])
-    check_numbers(config, ranges or {})
-    for key, names in (choices or {}).items():
-        if config[key] not in names:
-            raise UsageError(f"--{key}={config[key]} is not one of {', '.join(shown(n) for n in names)}"
-                             f"{near(config[key], names)}")
+    check_values(config, ranges or {}, choices or {})
     parsed.clear()
     parsed.update(config)
     return config, set_keys

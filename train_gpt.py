@@ -28,7 +28,7 @@ import torch
 import readers
 import tost
 import tost_fast
-from options import UsageError, fail, parse, say
+from options import UsageError, check_config, fail, parse, say
 from train_common import (any_rank, autocast, backward_bytes, check_compile, check_decay, check_fits,
                           command, cosine_lr, diverged, draw_loss, human, last_good, load_checkpoint,
                           load_weights, log_row, make_out_dir, mean_loss, memory_bytes, optimizer_for,
@@ -85,6 +85,8 @@ RANGES = dict(positive=('block_size', 'batch_size', 'gradient_accumulation_steps
               fraction=('dropout', 'beta1', 'beta2', 'min_lr_ratio'),
               nonempty=('out_dir', 'dataset', 'data_dir'),
               seed=('seed',))
+
+CHOICES = dict(init_from=('scratch', 'resume'), attn=tost.ATTN_KINDS)
 
 
 # The paper's recipe: 480 x 1024 tokens per step = 12 x 1024 x 40 micro-steps (which divides among 1, 2, 4, 5
@@ -264,7 +266,7 @@ def peak_flops(device, dtype):
 def main(argv=None):
     # options: the defaults, a preset, this command line; checked against RANGES as they are parsed
     cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, PRESETS, ranges=RANGES,
-                          choices=dict(init_from=('scratch', 'resume'), attn=tost.ATTN_KINDS))
+                          choices=CHOICES)
     fresh = cfg['init_from'] == 'scratch'
     # A fresh model's shape is checked before any work (a resumed one is its checkpoint's).
     model_args = {k: cfg[k] for k in MODEL_KEYS}
@@ -286,6 +288,7 @@ def main(argv=None):
         needs = ('model', 'optimizer', 'iter_num', 'config', 'meta')
         ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=needs)
         cfg = resume_config(cfg, set_keys, ckpt)
+        check_config(cfg, DEFAULTS, RANGES, CHOICES, ckpt_path)
     if cfg['compile'] and cfg['attn'] == 'tssa':
         check_compile(device, cfg['dropout'])
     dtype, why = resolve_dtype(cfg['dtype'], device, master)

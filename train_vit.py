@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 import readers
 import tost
-from options import UsageError, fail, parse, say
+from options import UsageError, check_config, fail, parse, say
 from train_common import (any_rank, autocast, check_decay, check_fits, command, cosine_lr, diverged,
                           draw_loss, human, last_good, load_checkpoint, load_weights, log_row, make_out_dir,
                           mean_loss, optimizer_for, optimizer_step, own_folder, resolve_dtype,
@@ -275,9 +275,10 @@ def main(argv=None):
                 cfg[key] = old[key]
         # A checkpoint's model is what it is: a --model, --attn or --lpi that says otherwise is a mistake.
         for key in ('model', 'attn', 'lpi'):
-            if key in set_keys and cfg[key] != old[key]:
-                raise UsageError(f"--{key}={cfg[key]}, but {path} holds a model with {key}={old[key]}")
-            cfg[key] = old[key]
+            if key in set_keys and cfg[key] != old.get(key):
+                raise UsageError(f"--{key}={cfg[key]}, but {path} holds a model with {key}={old.get(key)}")
+            cfg[key] = old.get(key)
+        check_config(cfg, DEFAULTS, RANGES, CHOICES, path)
     # The dtype is the run's: a resume's is its checkpoint's, unless set.
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
     ctx = autocast(device, dtype)

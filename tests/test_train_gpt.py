@@ -1434,3 +1434,13 @@ def test_a_resume_refuses_model_args_of_more_layers_than_the_weights_before_buil
                            '--max_iters=13')
     assert got.returncode == 2
     one_line(got.stderr, f'{tmp_path}/ckpt.pt')
+
+
+@pytest.mark.parametrize('edit', [dict(batch_size='x'), dict(log_interval=0), dict(dataset=['a'])])
+def test_a_resume_checks_its_checkpoints_config_as_a_command_line(trained, tmp_path, fails, edit):
+    """A damaged or crafted checkpoint's config (another type, out of its range) is one line naming the
+    checkpoint and the key, not a traceback steps later."""
+    ckpt = torch.load(os.path.join(trained[0], 'ckpt.pt'), weights_only=True)
+    torch.save(dict(ckpt, config=dict(ckpt['config'], **edit)), tmp_path / 'ckpt.pt')
+    fails(train_gpt.main, ['--init_from=resume', f'--out_dir={tmp_path}', '--device=cpu'],
+          f'{tmp_path}/ckpt.pt', *edit)

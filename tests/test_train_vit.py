@@ -936,3 +936,14 @@ def test_a_link_at_viz_is_refused_and_nothing_is_drawn_through_it(data, trained,
     (tmp_path / 'run' / 'viz').symlink_to(elsewhere)
     train_vit.main(base_args(data, str(tmp_path / 'run'), '--epochs=1'))
     assert os.listdir(elsewhere) == []
+
+
+@pytest.mark.parametrize('edit', [dict(batch_size=0), dict(model=None)])
+def test_a_resume_checks_its_checkpoints_config_as_a_command_line(trained, tmp_path, fails, edit):
+    """A damaged or crafted checkpoint's config (out of its range, a key missing) is one line naming the
+    checkpoint and the key, not a traceback."""
+    ckpt = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
+    config = {k: v for k, v in dict(ckpt['config'], **edit).items() if v is not None}
+    torch.save(dict(ckpt, config=config), tmp_path / 'ckpt.pt')
+    fails(train_vit.main, ['--init_from=resume', f'--out_dir={tmp_path}', '--device=cpu', '--epochs=3'],
+          str(tmp_path / 'ckpt.pt'), *edit)
