@@ -318,8 +318,9 @@ def check_compile(device, dropout=0.0):
     """--compile of causal TSSA: one line where it would fail, before any data is read or model built. The
     Triton core compiles (it did with torch 2.11 on a GPU); training runs on it where it is on, if no
     dropout."""
-    if not compiles_causal(device) and ("cuda" not in tost_fast.TRITON or dropout > 0):
-        why = "--dropout is above 0" if "cuda" in tost_fast.TRITON else "no triton, ROCm, or TOST_TRITON=0"
+    triton = tost_fast.triton_on(torch.device(device))
+    if not compiles_causal(device) and (not triton or dropout > 0):
+        why = "--dropout is above 0" if triton else "no triton, ROCm, TOST_TRITON=0, or a GPU below 7.0"
         raise UsageError(f"--compile: torch {torch.__version__} cannot compile causal TSSA's readable lines "
                          f"for a GPU (fixed in torch 2.13), and they train here ({why}, not the Triton "
                          f"core); upgrade torch or set --compile=false")

@@ -2,7 +2,6 @@
 benchmark prints ratios, tests don't time things), the memory probe runs in its own process, and each case
 runs what its column says."""
 import contextlib
-import importlib.util
 import errno
 import json
 import math
@@ -139,12 +138,15 @@ def test_the_triton_column_runs_the_triton_core_and_says_where_it_cannot(monkeyp
     assert len(said) == 1
 
 
-@pytest.mark.parametrize('version, compiled', [('2.13.0', True), ('2.12.1+cu128', False)])
-def test_the_limit_has_no_fused_column_off_a_cpu(monkeypatch, capsys, version, compiled):
-    """The fused core runs on CPUs only: on a GPU its column would time the readable lines under its name.
-    Nor are causal TSSA's readable lines compiled for a GPU by a torch that fails at it (before 2.13), where
-    --compile without the Triton core is one line."""
+@pytest.mark.parametrize('version, compiled, capable', [('2.13.0', True, True),
+                                                       ('2.12.1+cu128', False, False)])
+def test_the_limit_has_no_fused_column_off_a_cpu(monkeypatch, capsys, version, compiled, capable):
+    """The fused core runs on CPUs only: on a GPU its column would time the readable lines under its name;
+    so would the Triton core's below compute capability 7.0. Nor are causal TSSA's readable lines compiled for
+    a GPU by a torch that fails at it (before 2.13), where --compile without the Triton core is one line."""
     monkeypatch.setattr(torch, '__version__', version)
+    monkeypatch.setattr(tost_fast, 'TRITON', ('cuda',))
+    monkeypatch.setattr(tost_fast, '_triton_runs_on', lambda gpu: capable)
     made = []
     monkeypatch.setattr(bench, 'make_op', lambda kind, *a, **how: made.append(how) or (lambda: None))
     monkeypatch.setattr(torch.cuda, 'synchronize', lambda: None)
@@ -155,8 +157,7 @@ def test_the_limit_has_no_fused_column_off_a_cpu(monkeypatch, capsys, version, c
     assert results['limit']
     assert all('causal_fast_s' not in r and 'causal_readable_s' in r for r in results['limit'])
     assert not any(how.get('fused') for how in made)
-    triton = importlib.util.find_spec('triton') is not None         # the Triton core's column: CUDA only
-    assert all(('causal_triton_s' in r) == triton for r in results['limit'])
+    assert all(('causal_triton_s' in r) == capable for r in results['limit'])
     assert all(('causal_compiled_s' in r) == compiled for r in results['limit'])
     assert ' - │' in capsys.readouterr().out                    # the column says it was not measured
     if not compiled:

@@ -80,8 +80,8 @@ def weights(out_dir):
 def test_compile_that_would_fail_on_a_gpu_is_refused_before_the_data(monkeypatch, tmp_path):
     """torch before 2.13 on a GPU: --compile of a ToST model stops before the data is prepared (hours for
     OpenWebText) or any folder is made; the softmax baseline, which has no prefix sums, goes on, and so does
-    ToST where the Triton core runs (it compiled with torch 2.11 on a GPU), unless dropout keeps the readable
-    lines."""
+    ToST where the Triton core runs (it compiled with torch 2.11 on a GPU), unless dropout or a GPU below
+    Triton's floor keeps the readable lines."""
     monkeypatch.setattr(torch, '__version__', '2.12.1+cu128')
     monkeypatch.setattr(tost_fast, 'TRITON', ())
     args = ['--compile=true', f'--data_dir={tmp_path}/data', f'--out_dir={tmp_path}/out']
@@ -97,10 +97,15 @@ def test_compile_that_would_fail_on_a_gpu_is_refused_before_the_data(monkeypatch
     with pytest.raises(RuntimeError, match='past the check'):
         train_gpt.main(args + ['--attn=softmax'])
     monkeypatch.setattr(tost_fast, 'TRITON', ('cuda',))
+    monkeypatch.setattr(tost_fast, '_triton_runs_on', lambda gpu: True)
     with pytest.raises(RuntimeError, match='past the check'):
         train_gpt.main(args)
     with pytest.raises(options.UsageError, match='--compile.*--dropout'):
         train_gpt.main(args + ['--dropout=0.1'])
+    # a GPU below Triton's floor trains on the readable lines too
+    monkeypatch.setattr(tost_fast, '_triton_runs_on', lambda gpu: False)
+    with pytest.raises(options.UsageError, match='--compile'):
+        train_gpt.main(args)
     monkeypatch.setattr(tost_fast, 'TRITON', ())
     monkeypatch.setattr(torch, '__version__', '2.13.0')           # whose inductor builds the readable lines
     with pytest.raises(RuntimeError, match='past the check'):
