@@ -62,11 +62,14 @@ def error_line(msg, alone=False):
     mistake is one a process finds `alone`."""
     rank = os.environ.get("RANK", "0")
     where = "" if rank == "0" else f" (rank {rank})"
-    # Text read from files (a meta.json, a checkpoint, a folder's name) may hold control characters: each is
-    # shown as its escape (\x1b), so that the terminal prints it instead of obeying it.
-    line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in " ".join(str(msg).split()))
     if speaks(alone):
-        print(f"error: {line}{where}", file=sys.stderr)
+        print(f"error: {printable(msg)}{where}", file=sys.stderr)
+
+
+def printable(msg):
+    """msg on one line, each control character in it shown as its escape (\\x1b): text read from files (a
+    meta.json, a checkpoint, a file's or folder's name) is printed by the terminal instead of obeyed."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in " ".join(str(msg).split()))
 
 
 def speaks(alone):

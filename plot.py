@@ -16,8 +16,8 @@ The same model has the same colour and line style in every figure (the styles su
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import json
-import math
 import os
+import sys
 
 import numpy as np
 from matplotlib import colormaps
@@ -113,7 +113,8 @@ def points(rows, kind, x, y):
 
 
 def number(value):
-    return type(value) in (int, float) and math.isfinite(value)
+    # A whole number past a float's range (1 and 400 zeros, in a damaged log) is no point either.
+    return type(value) in (int, float) and abs(value) <= sys.float_info.max
 
 
 # what --x (or a vision run's 'epoch') draws: (the key of a row, the axis label)

@@ -47,7 +47,8 @@ from readers import get_tokenizer, load_meta, recipe
 
 
 def _warn(msg):
-    print(f"warning: {msg}", file=sys.stderr)
+    # A file's name from a folder or an archive may hold control characters, as an error line's may.
+    print(f"warning: {options.printable(msg)}", file=sys.stderr)
 
 
 def _save(path, array):

@@ -370,6 +370,11 @@ def test_a_memory_child_that_fails_is_said(monkeypatch, capsys):
     assert math.isnan(bench.measure_memory(dict(kind='tssa', n=8), 'cpu'))
     said = [line for line in capsys.readouterr().out.splitlines() if 'tssa' in line]
     assert len(said) == 1 and '-9' in said[0]
+    # the child's own words as they are: torch's out-of-memory line, a bracket rich would read as a tag
+    oom = '[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory [/x]'
+    failed.returncode, failed.stderr = 1, f'Traceback\nRuntimeError: {oom}\n'
+    assert math.isnan(bench.measure_memory(dict(kind='tssa', n=8), 'cpu'))
+    assert oom in capsys.readouterr().out
 
 
 def test_gpu_check_times_each_column_on_the_path_its_name_says():

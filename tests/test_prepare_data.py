@@ -1196,3 +1196,15 @@ def test_json_nested_deeper_than_python_recurses_is_a_damaged_file_or_line(tmp_p
         load_meta(str(tmp_path))
     with pytest.raises(UsageError, match='a.jsonl:1'):
         prep._json_text(deep, 'a.jsonl:1')
+
+
+def test_a_warning_shows_the_control_characters_of_a_files_name(tmp_path, monkeypatch, capsys):
+    """A folder's file whose name holds a terminal's escape sequence, and bytes that are not UTF-8: the
+    warning names it, and holds no control character."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'notes').mkdir()
+    (tmp_path / 'notes' / 'a\x1b]0;title\x07b.txt').write_bytes(b'hello world \xff more words\n' * 40)
+    (tmp_path / 'notes' / 'c.txt').write_text('plain words here\n' * 40)
+    prep.main(['text', '--input=notes', '--name=n', '--tokenizer=bytes', '--data_dir=d'])
+    warned = [line for line in capsys.readouterr().err.splitlines() if 'UTF-8' in line]
+    assert len(warned) == 1 and 'title' in warned[0] and all(c.isprintable() for c in warned[0])

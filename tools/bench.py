@@ -249,7 +249,9 @@ def measure_memory(spec, device, child=False):
             return float(out.stdout.split()[-1])
         # A case the child could not run (killed for memory, an error) is said, not shown as not measured.
         last = (out.stderr.strip().splitlines() or [f'exit {out.returncode}'])[-1]
-        console.print(f"warning: memory of {spec} not measured: {last}", style="yellow", soft_wrap=True)
+        # markup=False: the child's last line is its own text (torch's "[enforce fail at ...]" is no style).
+        console.print(f"warning: memory of {spec} not measured: {last}", style="yellow", soft_wrap=True,
+                      markup=False)
         return float('nan')
     if 'attn' in spec:
         run = make_model(device=device, **spec)
@@ -349,7 +351,7 @@ def section_limit(args, results):
     shapes = [(1, n, WIDTH, HEADS) for n in SIZES[args.mode]['limit_n']]
     shapes.append((4, 16, 64, 4) if args.mode == 'smoke' else (128, 64, 192, 4))
     # The columns this device can run: the fused core is a CPU's, the compiled causal layer needs a torch that
-    # builds it, the Triton core CUDA with triton installed.
+    # builds it, the Triton core runs where training would run it (has_triton).
     limit = dict(LIMIT)
     if args.device != 'cpu':
         del limit['causal_fast_s']
@@ -400,7 +402,7 @@ def section_limit(args, results):
           cells)
     if not has_triton(args.device):
         console.print("causal (Triton core): not available here (it runs on CUDA from compute capability "
-                      "7.0, with triton installed)")
+                      "7.0, with triton installed, unless TOST_TRITON=0)")
 
 
 def compiles_here(device):
