@@ -332,7 +332,8 @@ def main(argv=None):
         vocab = 64 * math.ceil(meta['vocab_size'] / 64)
         model_args.update(block_size=T, vocab_size=vocab, dropout=cfg['dropout'])
     else:
-        model_args = dict(ckpt['model_args'], dropout=cfg['dropout'])
+        # Older checkpoints lack the newer keys (token_shift, softmax_layers): they had the defaults' model.
+        model_args = {**model_args, **ckpt['model_args'], 'dropout': cfg['dropout']}
     if iter_num >= max_iters:
         if master:
             say(f"nothing to do: {ckpt_path} is at iter {iter_num} and --max_iters is {max_iters}; pass a "

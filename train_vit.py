@@ -269,6 +269,9 @@ def main(argv=None):
         if ckpt.get('format') != 2:
             raise UsageError(f"{path} is from an earlier train_vit.py, whose model computed otherwise")
         old = ckpt['config']
+        # --steps_per_epoch was --max_steps: a run saved before the rename goes on with its cap.
+        if 'max_steps' in old and 'steps_per_epoch' not in old:
+            old = dict(old, steps_per_epoch=old['max_steps'])
         inherit = old if resume else ('dataset', 'data_dir') if eval_only else ()
         for key in inherit:
             if key in cfg and key not in set_keys and key not in MACHINE_KEYS:

@@ -1441,6 +1441,17 @@ def test_a_resume_refuses_model_args_of_more_layers_than_the_weights_before_buil
     one_line(got.stderr, f'{tmp_path}/ckpt.pt')
 
 
+def test_a_checkpoint_from_before_token_shift_and_softmax_layers_resumes(trained, tmp_path):
+    """A checkpoint older than the options beyond the paper lacks their keys: its model is the defaults'."""
+    ckpt = torch.load(os.path.join(trained[0], 'ckpt.pt'), weights_only=True)
+    newer = ('token_shift', 'softmax_layers')
+    for key in ('model_args', 'config'):
+        ckpt[key] = {k: v for k, v in ckpt[key].items() if k not in newer}
+    torch.save(ckpt, tmp_path / 'ckpt.pt')
+    result = train_gpt.main(['--init_from=resume', f'--out_dir={tmp_path}', '--device=cpu', '--max_iters=13'])
+    assert result['iter_num'] == 13
+
+
 @pytest.mark.parametrize('edit', [dict(batch_size='x'), dict(log_interval=0), dict(dataset=['a'])])
 def test_a_resume_checks_its_checkpoints_config_as_a_command_line(trained, tmp_path, fails, edit):
     """A damaged or crafted checkpoint's config (another type, out of its range) is one line naming the

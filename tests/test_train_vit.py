@@ -947,3 +947,13 @@ def test_a_resume_checks_its_checkpoints_config_as_a_command_line(trained, tmp_p
     torch.save(dict(ckpt, config=config), tmp_path / 'ckpt.pt')
     fails(train_vit.main, ['--init_from=resume', f'--out_dir={tmp_path}', '--device=cpu', '--epochs=3'],
           str(tmp_path / 'ckpt.pt'), *edit)
+
+
+def test_a_checkpoint_from_before_steps_per_epoch_keeps_its_cap(data, trained, tmp_path, monkeypatch):
+    """A run saved when the cap was --max_steps goes on with it: 1 step an epoch, not the whole epoch."""
+    ckpt = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
+    config = {k: v for k, v in ckpt['config'].items() if k != 'steps_per_epoch'}
+    torch.save(dict(ckpt, config=dict(config, max_steps=1)), tmp_path / 'ckpt.pt')
+    steps = counted(monkeypatch, train_vit, 'optimizer_step')
+    train_vit.main(['--init_from=resume', f'--out_dir={tmp_path}', '--epochs=3', '--viz_images=0'])
+    assert len(steps) == 1
