@@ -471,6 +471,19 @@ def test_dropout_runs_at_every_site_at_the_configs_rate_in_training_only(make):
     assert not torch.equal(run(x), run(x))                    # the attention weights' dropout, in SDPA
 
 
+def test_every_dropout_of_a_tssa_vit_runs_in_training():
+    """With TSSA every Dropout module of the ViT runs in a training forward, TSSA's on D and on its output
+    among them."""
+    torch.manual_seed(0)
+    model = tiny_vit(dropout=0.3).train()
+    drops = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout)}
+    ran = set()
+    for n, m in drops.items():
+        m.register_forward_hook(lambda m, i, o, n=n: ran.add(n))
+    model(torch.randn(2, 3, 16, 16))
+    assert any(n.endswith('attn.resid_dropout') for n in ran) and ran == set(drops)
+
+
 def test_dropout_reaches_the_class_attention_blocks_in_training_only():
     """The config's dropout drops in a class-attention block's MLP and its attention's output, as in the patch
     blocks: in training two seeds give two outputs, in eval one, that of the same weights without dropout,
@@ -558,6 +571,9 @@ def test_drop_path_drops_a_whole_branch_of_a_whole_sample():
         keep = got.flatten(1).abs().amax(1) > 0                # (B,)
         torch.testing.assert_close(got, branch * keep[:, None, None] / 0.75)
         assert 0.6 < keep.float().mean() < 0.9
+    # the rate itself: 1 - p of 10^6 samples kept, within 3.5 standard errors
+    kept = (tost.drop_path(torch.ones(10**6, 1, 1), 0.25, True) > 0).double().mean().item()
+    assert abs(kept - 0.75) < 0.0015
 
 
 # -----------------------------------------------------------------------------
@@ -844,6 +860,28 @@ def test_the_vision_model_is_the_released_one():
         pos.proj.bias.zero_()
     corner = pos(1, 2, 4, 'cpu')[0, -1]
     torch.testing.assert_close(corner[:32], corner[32:])
+
+
+def test_positions_follow_the_rows_and_columns_of_a_grid_that_is_not_square():
+    """An 8 x 16 image is a 2 x 4 grid of patches: with the patch embedding silenced and the positions' 1x1
+    conv the identity, each token is its position's code, the row half the same along a row and different
+    between rows, the column half the same down a column and different between columns."""
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(img_size=16, patch_size=4, n_embd=64, n_head=2, n_layer=1, num_classes=3)).eval()
+    with torch.no_grad():
+        model.pos_embed.proj.weight.copy_(torch.eye(64)[:, :, None, None])
+        model.pos_embed.proj.bias.zero_()
+        last_norm = model.patch_embed.proj[-1]
+        last_norm.weight.zero_()
+        last_norm.bias.zero_()
+        x, grid = model._tokens(torch.randn(1, 3, 8, 16))
+    assert tuple(grid) == (2, 4)
+    pos = x[0].view(2, 4, 64)
+    rows, cols = pos[..., :32], pos[..., 32:]
+    torch.testing.assert_close(rows, rows[:, :1].expand(-1, 4, -1))
+    torch.testing.assert_close(cols, cols[:1].expand(2, -1, -1))
+    assert not torch.allclose(rows[0, 0], rows[1, 0])
+    assert not torch.allclose(cols[0, 0], cols[0, 1])
 
 
 @pytest.mark.parametrize('make, message', [

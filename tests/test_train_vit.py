@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+import plot
 import tost
 import train_common
 import train_vit
@@ -27,6 +28,7 @@ from test_train_gpt import (Died, count_syncs, rank_pid, read_log, resume_comman
                             wait_for, weights)
 from options import UsageError
 from train_common import load_checkpoint
+from test_tost import randomize
 from conftest import counted, in_little_memory, one_line, run_with_slow_steps
 
 CLASSES = 3
@@ -957,3 +959,69 @@ def test_a_checkpoint_from_before_steps_per_epoch_keeps_its_cap(data, trained, t
     steps = counted(monkeypatch, train_vit, 'optimizer_step')
     train_vit.main(['--init_from=resume', f'--out_dir={tmp_path}', '--epochs=3', '--viz_images=0'])
     assert len(steps) == 1
+
+
+def test_random_crop_flip_pads_by_four_and_mirrors_half_the_images():
+    """The CIFAR recipe's crop pads by 4 (an image loses 0 to 4 rows to it, each count seen), and half the
+    images are mirrored (200,000 two-pixel images: within 4.5 standard errors)."""
+    torch.manual_seed(0)
+    out = train_vit.random_crop_flip(torch.full((2000, 1, 8, 8), 7, dtype=torch.uint8))
+    assert set((out[:, 0] == 0).all(-1).sum(-1).tolist()) == {0, 1, 2, 3, 4}
+    x = torch.tensor([1, 2], dtype=torch.uint8).view(1, 1, 1, 2).repeat(200000, 1, 1, 1)
+    mirrored = (train_vit.random_crop_flip(x, pad=0)[:, 0, 0, 0] == 2).double().mean().item()
+    assert abs(mirrored - 0.5) < 0.005
+
+
+def test_inspect_reads_each_layer_through_its_own_norm_and_the_class_tokens_attention():
+    """On a model whose norms differ (randomized), R^var_c of block k is that of its output through its own
+    ln_1 and c_attn, with its memberships; the class map is the last class block's attention of the class
+    token over the patches, each in its place."""
+    torch.manual_seed(0)
+    model = randomize(tost.ViT(tost.preset('tost-cifar-tiny'))).eval()
+    x = torch.randn(2, 3, 32, 32)
+    pis, outs, atts = [], [], []
+    for block in model.blocks:
+        real = block.attn.memberships
+        block.attn.memberships = lambda w, real=real: pis.append(real(w)) or pis[-1]
+        block.register_forward_hook(lambda m, i, o: outs.append(o))
+    model.cls_blocks[-1].register_forward_hook(lambda m, i, o: atts.append(o[2]))
+    with torch.no_grad():
+        model(x)
+    compression, cls_attn, _ = train_vit.inspect(model, x, -1)
+    for k, block in enumerate(model.blocks):
+        w = block.attn.split_heads(block.attn.c_attn(block.ln_1(outs[k])))
+        torch.testing.assert_close(compression[k], tost.compression_of_projections(w, pis[k]))
+    torch.testing.assert_close(cls_attn.flatten(-2), atts[0][:, :, 1:])
+
+
+def test_look_inside_measures_compression_on_the_first_compression_images_only(tmp_path, monkeypatch):
+    """With more images drawn (3) than measured (2), R^var_c is the mean over the first 2."""
+    monkeypatch.setattr(plot, 'vision_maps', lambda *args, **kwargs: None)
+    torch.manual_seed(0)
+    model = tost.ViT(tost.preset('tost-cifar-tiny')).eval()
+    x = torch.randn(3, 3, 32, 32)
+    cfg = dict(train_vit.DEFAULTS, compression_images=2, viz_images=3, out_dir=str(tmp_path))
+    got = train_vit.look_inside(model, x, torch.zeros(3, 3, 32, 32, dtype=torch.uint8), [0, 0, 0], cfg, ['a'])
+    compression, _, _ = train_vit.inspect(model.eval(), x[:2], -1)
+    assert got['compression'] == [c.mean().item() for c in compression]
+
+
+def test_evaluation_under_bf16_autocast_scores_the_logits_in_float32():
+    """Under bf16 autocast the test loss is the float32 cross-entropy of the model's bf16 logits (a bf16 sum
+    is off by about 1e-3)."""
+    torch.manual_seed(0)
+    model = tost.ViT(tost.preset('tost-cifar-tiny')).eval()
+    x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
+    ctx = torch.autocast('cpu', dtype=torch.bfloat16)
+    _, loss = train_vit.evaluate(model, x, y, 64, ctx, train_common.Dist(False, 0, 0, 1, True, 'cpu'))
+    with torch.no_grad(), ctx:
+        logits = model.eval()(x)
+    assert loss == pytest.approx(torch.nn.functional.cross_entropy(logits.float(), y).item(), rel=1e-6)
+
+
+def test_the_default_label_smoothing_is_the_papers(capsys):
+    """0.1, read whole from --help (the help test's text '--label_smoothing=0.1' is also in 0.11)."""
+    with pytest.raises(SystemExit):
+        train_vit.main(['--help'])
+    value, = re.findall(r'^  --label_smoothing=(\S+)', capsys.readouterr().out, re.M)
+    assert float(value) == 0.1
