@@ -155,26 +155,26 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
     os.makedirs(out_dir, exist_ok=True)
     # The lock first: a folder another run holds is refused as such, not with advice the lock would refuse.
     lock = lock_out_dir(out_dir) if master else None
-    # A link at the log is refused before anything is deleted or read through it, as log_row refuses it
-    # (start_log's rename would replace it with a file).
-    log = os.path.join(out_dir, "log.jsonl")
-    if master and os.path.islink(log):
-        if lock:
-            lock.close()
-        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), log)
     found = [p for p in checkpoints if fresh and os.path.isfile(p)]
     # A folder where a checkpoint goes is found now, not at the first save, hours on.
     folders = [p for p in checkpoints if os.path.isdir(p)]
-    if folders or (found and not overwrite):
+    try:
+        # A link at the log is refused before anything is deleted or read through it, as log_row refuses it
+        # (start_log's rename would replace it with a file).
+        if master:
+            refuse_link(os.path.join(out_dir, "log.jsonl"))
+        if folders:
+            raise UsageError(f"{folders[0]} is a folder, where the run writes its checkpoint; move it away")
+        if found and not overwrite:
+            # A resume goes on from the first of `checkpoints` (ckpt.pt): with best.pt alone there is none.
+            resume = " go on with it: add --init_from=resume, or" if checkpoints[0] in found else ""
+            raise UsageError(f"{found[0]} holds an earlier run;{resume} start afresh: another --out_dir, or "
+                             f"--overwrite=true (deletes {' and '.join(found)}; the log starts again)")
+    except (OSError, UsageError):
         # Let go of the folder at once (a caller that goes on in this process may take it again).
         if lock:
             lock.close()
-        if folders:
-            raise UsageError(f"{folders[0]} is a folder, where the run writes its checkpoint; move it away")
-        # A resume goes on from the first of `checkpoints` (ckpt.pt): with best.pt alone there is none.
-        resume = " go on with it: add --init_from=resume, or" if checkpoints[0] in found else ""
-        raise UsageError(f"{found[0]} holds an earlier run;{resume} start afresh: another --out_dir, or "
-                         f"--overwrite=true (deletes {' and '.join(found)}; the log starts again)")
+        raise
     for p in found if master else ():
         os.remove(p)
         say(f"overwrite: deleted {p}")
@@ -587,12 +587,16 @@ def open_own(path):
     return open(os.open(path, flags, 0o644), "a", encoding="utf-8")
 
 
-def own_folder(path):
-    """os.makedirs(path) for a folder a run writes files of its own in, never a link to one: a run's folder
-    from elsewhere could point its viz/ at any folder. A link is an OSError (ELOOP), which options.report
-    names."""
+def refuse_link(path):
+    """An OSError (ELOOP, which options.report names) where `path` is a link: a run's folder from elsewhere
+    could point its log.jsonl or viz/ at any file or folder."""
     if os.path.islink(path):
         raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+
+
+def own_folder(path):
+    """os.makedirs(path) for a folder a run writes files of its own in, never a link to one."""
+    refuse_link(path)
     os.makedirs(path, exist_ok=True)
 
 
