@@ -329,6 +329,23 @@ def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(tmp_path):
     assert not (tmp_path / 'out.json').exists()
 
 
+def test_gpu_check_refuses_a_gpu_below_tritons_floor_in_one_line(tmp_path, monkeypatch):
+    """Below compute capability 7.0 the Triton core never runs: its columns would time the readable lines
+    under its name."""
+    import tost_fast
+    from options import UsageError
+    from tools import bench, gpu_check
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a: 'Tesla P100')
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a: (6, 0))
+    monkeypatch.setattr(bench, 'setup_cuda', lambda device: None)
+    monkeypatch.setattr(tost_fast, '_triton_runs_on', tost_fast._triton_runs_on.__wrapped__)
+    with pytest.raises(UsageError, match='7.0.*Tesla P100 has 6.0'):
+        gpu_check.main(['--device=cuda', f'--json={tmp_path / "out.json"}'])
+    assert not (tmp_path / 'out.json').exists()
+
+
 # The Triton core's targets, as docs/speed.md gives them: at least this ratio, the core faster or ToST faster.
 TARGETS = {'layer fwd+bwd at 16x1024: readable lines / Triton core': 10.0,
            'layer fwd+bwd at 16x1024: causal SDPA / Triton core': 1.0,

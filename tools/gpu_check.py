@@ -198,6 +198,11 @@ def main(argv=None):
     sizes = SIZES[args.mode]
     if cuda:
         bench.setup_cuda(args.device)
+        # Below Triton's floor the core never runs: every column would time the readable lines.
+        if not tost_fast._triton_runs_on(torch.device(args.device).index):
+            capability = '.'.join(map(str, torch.cuda.get_device_capability()))
+            raise UsageError(f"tools.gpu_check measures the Triton core, which needs compute capability 7.0 "
+                             f"or more; {torch.cuda.get_device_name()} has {capability}")
     results = dict(device=args.device, gpu=torch.cuda.get_device_name() if cuda else None,
                    torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda,
                    mode=args.mode, dtype=args.dtype,
