@@ -124,9 +124,9 @@ X_AXES = {'tokens': ('tokens', 'tokens seen'), 'seconds': ('elapsed_s', 'seconds
 
 def learning_curves(runs, path, x='tokens', title=None):
     """Language runs: train loss (thin) and val loss (points) against tokens seen or seconds, the y axis on
-    the val losses after the first evaluation and the train losses of each run's later half; vision runs:
-    test accuracy against epochs. runs: [(label, cfg, rows)], as read_run gives them. Language and vision
-    runs in one call: a UsageError."""
+    the val losses after the first evaluation and the train losses of the later half of each run that has
+    them; vision runs: test accuracy against epochs. runs: [(label, cfg, rows)], as read_run gives them.
+    Language and vision runs in one call: a UsageError."""
     vision = {any('epoch' in r for r in rows) for _, _, rows in runs}
     if len(vision) > 1:
         labels = ', '.join(label for label, _, _ in runs)
@@ -143,8 +143,10 @@ def learning_curves(runs, path, x='tokens', title=None):
         train = points(rows, 'train', key, None if vision else 'train_loss')
         val = points(rows, 'eval', key, 'test_acc' if vision else 'val_loss')
         later.extend(val[1][1:])
-        # and the train losses of the run's later half: one evaluation after the first is no range
-        later.extend(train[1][train[0] >= train[0].max(initial=0) / 2])
+        # and, once the run has evaluated after its first, the train losses of its later half: one evaluation
+        # after the first is no range (with the first alone, nothing: the axis holds it and the whole curve)
+        if val.shape[1] > 1:
+            later.extend(train[1][train[0] >= train[0].max(initial=0) / 2])
         if not val.size:
             label += ' (no eval yet)'
         elif not vision:

@@ -335,7 +335,8 @@ def main(argv=None):
     optimizer, scaler = optimizer_for(raw_model, cfg, dtype, state)
     epochs = cfg['epochs']
     per_rank = -(-len(x_train) // dist.world_size)
-    steps_per_epoch = min(-(-per_rank // batch_size), cfg['steps_per_epoch'] or math.inf)
+    whole = -(-per_rank // batch_size)
+    steps_per_epoch = min(whole, cfg['steps_per_epoch'] or math.inf)
     total = epochs * steps_per_epoch
     warmup = cfg['warmup_epochs'] * steps_per_epoch
     # A resume goes on from the epochs done, in this run's steps (another batch size or process count changes
@@ -349,10 +350,11 @@ def main(argv=None):
     # A new run holds its folder from here on (its checkpoint, if any, is read: --overwrite may delete it); a
     # used one is refused before the run says anything of itself.
     lock = lock or make_out_dir(out_dir, [ckpt_path, best_path], cfg['overwrite'], not resume, master)
+    capped = f" (of {whole}: --steps_per_epoch)" if steps_per_epoch < whole else ''
     n_params = raw_model.get_num_params()
     say(f"{cfg['model']}, {config.attn}{' + lpi' * config.lpi}: {n_params / 1e6:.2f}M parameters | "
         f"{dist.world_size} x {device}, {dtype} ({why}) | {steps_per_epoch} steps of {dist.world_size} x "
-        f"{min(batch_size, per_rank)} images an epoch")
+        f"{min(batch_size, per_rank)} images an epoch{capped}")
     say(f"data: {folder}, {len(x_train):,} train + {len(x_test):,} test images of {meta['num_classes']} "
         f"classes, {meta['image_size']}px; compile {cfg['compile']}")
     if resume:

@@ -147,6 +147,12 @@ def test_the_loss_axis_shows_the_part_after_the_first_drop_in_the_runs_unit(tmp_
     plot.learning_curves([plot.read_run(str(tmp_path / 'a'))], 'x.png')
     lo, hi = axes[-1].get_ylim()
     assert lo < 2.9 and 4.0 < hi < 4.2
+    # only the first evaluation (a run stopped before its second): it stays on the axis, with the whole curve
+    rows = [dict(kind='eval', tokens=0, val_loss=5.6)]
+    rows += [dict(kind='train', tokens=128 * i, train_loss=loss) for i, loss in enumerate((4.0, 3.0, 2.5), 1)]
+    plot.learning_curves([('b', dict(attn='tssa'), rows)], 'x.png')
+    lo, hi = axes[-1].get_ylim()
+    assert lo < 2.5 and hi > 5.6
 
 
 def test_what_cannot_be_drawn_is_one_line(tmp_path, fails, monkeypatch):

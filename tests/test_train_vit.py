@@ -141,7 +141,9 @@ def test_a_few_steps_lower_the_loss(data, tmp_path, capsys, monkeypatch):
     before = [0] + [r['step'] for r in steps]
     for a, r in zip(before, steps):
         assert r['train_loss'] == pytest.approx(sum(losses[a:r['step']]) / (r['step'] - a), abs=1e-6)
-    # the data it read is named; its last line is a command that evaluates the best checkpoint
+    # the epoch capped at 3 of its 4 steps is said, with the option; the data it read is named; its last line
+    # is a command that evaluates the best checkpoint
+    assert any('3 steps' in line and '4' in line and '--steps_per_epoch' in line for line in lines)
     assert any(line.startswith(f"data: {os.path.join(data, 'synth')}, 64 train + 33 test images of 3 classes")
                for line in lines)
     evaluate = shlex.split(lines[-1].split(': ', 1)[1])
