@@ -351,13 +351,15 @@ def section_limit(args, results):
     shapes = [(1, n, WIDTH, HEADS) for n in SIZES[args.mode]['limit_n']]
     shapes.append((4, 16, 64, 4) if args.mode == 'smoke' else (128, 64, 192, 4))
     # The columns this device can run: the fused core is a CPU's, the compiled causal layer needs a torch that
-    # builds it, the Triton core runs where training would run it (has_triton).
+    # builds it, the Triton core runs where training would run it (else its column would time the readable
+    # lines under its name).
+    triton = tost_fast.triton_on(torch.device(args.device))
     limit = dict(LIMIT)
     if args.device != 'cpu':
         del limit['causal_fast_s']
     if not compiles_causal(args.device):
         del limit['causal_compiled_s']
-    if not has_triton(args.device):
+    if not triton:
         del limit['causal_triton_s']
     if not compiles_here(args.device):
         del limit['tssa_compiled_s']
@@ -400,7 +402,7 @@ def section_limit(args, results):
           ['batch x tokens, width', 'pass', 'projections ms', 'TSSA', 'TSSA (compiled)',
            'causal (fused core)', 'causal (readable)', 'causal (readable, compiled)', 'causal (Triton core)'],
           cells)
-    if not has_triton(args.device):
+    if not triton:
         console.print("causal (Triton core): not available here (it runs on CUDA from compute capability "
                       "7.0, with triton installed, unless TOST_TRITON=0)")
 
@@ -413,12 +415,6 @@ def compiles_here(device):
     except Exception:
         return False
     return True
-
-
-def has_triton(device):
-    """Whether the Triton core runs on `device`: CUDA, with triton, at or above Triton's floor (else the
-    readable lines would be timed under its name)."""
-    return tost_fast.triton_on(torch.device(device))
 
 
 def section_model(args, results):
