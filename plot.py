@@ -336,7 +336,7 @@ def draw_results(path, folder, taken=()):
                     raise UsageError(f"{out[-1]} is drawn already, from another results file: draw {path} "
                                      f"with another --out_dir")
                 draw(results, out[-1])
-    except (ValueError, KeyError, TypeError, RecursionError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise UsageError(f"cannot draw the figures of {path} ({type(e).__name__}: {e})") from None
     if not out:
         raise UsageError(f"{path} holds no results of tools.bench or tools.study (none of the sections "

@@ -167,6 +167,8 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, fails, monkeypatch):
     (tmp_path / 'cut.json').write_text('{"operator": [{"n": 1024}]}')          # rows without their numbers
     gone = {'variant': 'ToST', 'val_loss': 2.0, 'out_dir': 'gone'}
     (tmp_path / 'study.json').write_text(json.dumps({'language': {'rows': [gone]}}))
+    # a row whose out_dir is a number: 1 is also standard output's descriptor, which os.path.exists finds
+    (tmp_path / 'num.json').write_text(json.dumps({'language': {'rows': [dict(gone, out_dir=1)]}}))
     cell = dict(task='copy', knob='length', value=8, model='tssa', accuracy=0.5, chance=0.03)
     (tmp_path / 'tasks.json').write_text(json.dumps({'tasks': [cell]}))
     (tmp_path / 'notes.md').write_text('# not a log')
@@ -190,14 +192,15 @@ def test_what_cannot_be_drawn_is_one_line(tmp_path, fails, monkeypatch):
                          (['other.json'], 'other.json'),
                          (['cut.json'], 'cut.json'),
                          (['study.json'], 'gone', 'tools.study language'),
+                         (['num.json'], 'num.json'),
                          (['tasks.json', '--out_dir=notes.md'], '--out_dir=notes.md'),
                          # an option for a figure that is not drawn: refused, not ignored
                          (['tasks.json', '--out=x.png'], '--out'),
                          (['vit', '--x=seconds'], '--x'),
                          (['out', '--out_dir=figs'], '--out_dir')):
         fails(plot.main, argv, *names)
-    assert sorted(os.listdir(tmp_path)) == ['cut', 'cut.json', 'empty', 'notes.md', 'other.json', 'out',
-                                            'study.json', 'tasks.json', 'vit']
+    assert sorted(os.listdir(tmp_path)) == ['cut', 'cut.json', 'empty', 'notes.md', 'num.json', 'other.json',
+                                            'out', 'study.json', 'tasks.json', 'vit']
     plot.main(['out', '--out=x.svg'])                                # the suffix picks the format
     assert (tmp_path / 'x.svg').read_text().lstrip().startswith('<?xml')
     plot.main(['out', '--out=x.PNG'])                                # in any case
