@@ -327,9 +327,11 @@ def excepthook(kind, exc, tb):
             time.sleep(5)
 
 
-def stop_signals_here(*names):
-    """The signals of `names` this system has (SIGHUP and SIGBREAK are not everywhere's) and the process did
-    not start with ignored: one ignored stays so (nohup's SIGHUP, a background job's SIGINT)."""
+def stop_signals_here():
+    """The signals that ask a run to stop, those this system has: Ctrl-C, a scheduler's SIGTERM, a closed
+    terminal's SIGHUP, Windows' Ctrl-Break (SIGBREAK); less any the process started with ignored, which stays
+    so (nohup's SIGHUP, a background job's SIGINT)."""
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")
     found = [getattr(signal, name) for name in names if hasattr(signal, name)]
     return [sig for sig in found if signal.getsignal(sig) is not signal.SIG_IGN]
 

@@ -808,9 +808,9 @@ RANGES = {'nonempty': ['dataset', 'data_dir'], 'positive': ['max_mb'],
 def main(argv=None):
     cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, positional='dataset', ranges=RANGES,
                           choices=dict(tokenizer=('', 'bytes', 'gpt2')))
-    # SIGTERM (a scheduler, `timeout`) and SIGHUP (a closed terminal) end a build as Ctrl-C does: its staging
-    # folder is removed. One the build started with ignored stays so (nohup's SIGHUP).
-    for sig in options.stop_signals_here("SIGTERM", "SIGHUP"):
+    # SIGTERM (a scheduler, `timeout`), SIGHUP (a closed terminal) and Ctrl-Break end a build as Ctrl-C does:
+    # its staging folder is removed.
+    for sig in options.stop_signals_here():
         signal.signal(sig, signal.default_int_handler)
     # An option given its default value (--workers=0, --tokenizer=) is the dataset's default, as if not given.
     opts = {k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if cfg[k] != DEFAULTS[k]}

@@ -515,8 +515,7 @@ def stop_signals(unit, master):
                 print(f"{signals[0]}: stopping after this {unit}; another one, a second or more later, stops "
                       f"at once, without saving", file=sys.stderr)
 
-    # A closed terminal (ssh gone) sends SIGHUP; Windows' Ctrl-Break is SIGBREAK.
-    stops = stop_signals_here("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")
+    stops = stop_signals_here()
     old = {sig: signal.signal(sig, handler) for sig in stops}
     try:
         yield signals

@@ -1117,6 +1117,27 @@ def test_ctrl_c_during_a_build(sig):
     assert not os.path.exists('data')
 
 
+def test_windows_ctrl_break_ends_a_build_as_ctrl_c_does(monkeypatch):
+    """Windows' Ctrl-Break is SIGBREAK, which this system lacks: SIGUSR1 stands in for it. Unhandled, it would
+    kill the build and leave its staging folder behind."""
+    monkeypatch.setattr(signal, 'SIGBREAK', signal.SIGUSR1, raising=False)
+    write('in.txt', 'hello there. ' * 20)
+
+    def break_mid_build(*args):
+        os.kill(os.getpid(), signal.SIGUSR1)
+    stops = ['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGUSR1']
+    before = {name: signal.getsignal(getattr(signal, name)) for name in stops}
+    signal.signal(signal.SIGUSR1, lambda *args: None)
+    try:
+        monkeypatch.setattr(prep, '_text_dataset', break_mid_build)
+        with pytest.raises(KeyboardInterrupt):
+            prep.main(['text', '--input=in.txt', '--data_dir=data'])
+    finally:
+        for name, handler in before.items():
+            signal.signal(getattr(signal, name), handler)
+    assert not os.path.exists('data')
+
+
 def test_a_write_that_fails_names_the_file_and_leaves_nothing():
     """A full disk, as files of at most 4 kB make it: a write past that fails without a file name (EFBIG
     where a full disk says ENOSPC). numpy's tofile to a path said neither the file nor why. (POSIX only.)"""
