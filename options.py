@@ -220,9 +220,9 @@ def first_line(exc):
 
 def out_of_memory(exc):
     """Whether `exc` is out of memory: Python's and numpy's MemoryError, or torch's, told without importing
-    torch (on a CPU its allocator raises a RuntimeError naming itself)."""
+    torch (on a CPU and on a Mac's GPU its allocator raises a RuntimeError naming itself)."""
     return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
-            or "DefaultCPUAllocator" in str(exc))
+            or "DefaultCPUAllocator" in str(exc) or "MPS backend out of memory" in str(exc))
 
 
 def peer_gone(exc):

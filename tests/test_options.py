@@ -676,10 +676,12 @@ def test_an_invalid_argument_off_windows_is_an_error_not_a_closed_pipe(monkeypat
     one_line(capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("batch, steps", [(2, 3), (9, 5)])
-def test_out_of_memory_advice_keeps_the_tokens_a_step(monkeypatch, capsys, batch, steps):
+# A CPU's allocator, and a Mac GPU's (MPS): each a RuntimeError naming itself.
+@pytest.mark.parametrize("batch, steps, says", [(2, 3, "DefaultCPUAllocator: can't allocate memory"),
+                                                (9, 5, "MPS backend out of memory (MPS allocated: 17 GiB)")])
+def test_out_of_memory_advice_keeps_the_tokens_a_step(monkeypatch, capsys, batch, steps, says):
     monkeypatch.setattr(options, "parsed", dict(batch_size=batch, gradient_accumulation_steps=steps))
-    assert options.report(RuntimeError("DefaultCPUAllocator: can't allocate memory")) == 2
+    assert options.report(RuntimeError(says)) == 2
     err = capsys.readouterr().err
     assert f"--batch_size={batch // 2} " in err and f"--gradient_accumulation_steps={2 * steps} " in err
 
