@@ -24,8 +24,11 @@ from conftest import REPO, counted
 
 
 
-def test_smoke_mode_runs_the_sections_without_compiling(tmp_path):
-    """Every section but the limit (which compiles), in this process, with the figures beside the JSON."""
+def test_smoke_mode_runs_the_sections_without_compiling(tmp_path, capsys):
+    """Every section but the limit (which compiles), in this process, with the figures beside the JSON, in a
+    folder whose path reads as rich's markup (a closing tag)."""
+    tmp_path = tmp_path / 'a [' / 'x]'
+    tmp_path.mkdir(parents=True)
     out = tmp_path / 'bench.json'
     # Through a link: the numbers go where it points, and the link stays.
     link = tmp_path / 'link.json'
@@ -39,8 +42,10 @@ def test_smoke_mode_runs_the_sections_without_compiling(tmp_path):
     assert all(row['fwd_s'] > 0 and row['fwdbwd_s'] > 0 for row in res['operator'])
     for row in res['generation']:
         assert all(row[k] > 0 for k in ('recurrent', 'rerun', 'shift_recurrent', 'softmax_kv', 'hybrid'))
+    said = capsys.readouterr().out
     for name, shape in (('speed.png', (400, 1000)), ('generation.png', (400, 650))):   # drawn beside the JSON
         assert matplotlib.image.imread(tmp_path / name).shape[:2] == shape
+        assert f"wrote {tmp_path / name}\n" in said
 
 
 @pytest.mark.slow

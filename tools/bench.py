@@ -559,10 +559,12 @@ def run_sections(args, sections, results):
     if path:
         try:
             if set(names) & set(plot.FIGURES):
-                console.print('\n'.join(f"wrote {p}" for p in plot.draw_results(path, os.path.dirname(path))))
+                wrote = plot.draw_results(path, os.path.dirname(path))
+                console.print('\n'.join(f"wrote {p}" for p in wrote), markup=False)
         except Exception as e:
             # The numbers are saved: a figure is not worth an error.
-            console.print(f"note: could not draw the figures ({type(e).__name__}: {e})", style="yellow")
+            console.print(f"note: could not draw the figures ({type(e).__name__}: {e})", style="yellow",
+                          markup=False)
     return results
 
 
