@@ -566,8 +566,8 @@ def start_log(out_dir, key, last):
     keep = []
     if last is not None and os.path.isfile(path):
         # Bytes that are not UTF-8 (a damaged line) are replaced: such a line no longer parses and goes, and
-        # inside a string of one that does they stay as U+FFFD.
-        with open(path, encoding="utf-8", errors="replace") as f:
+        # inside a string of one that does they stay as U+FFFD. An editor's byte-order mark is not a row's.
+        with open(path, encoding="utf-8-sig", errors="replace") as f:
             for line in f:
                 # (A line nested deeper than Python recurses is a RecursionError.)
                 with contextlib.suppress(ValueError, AttributeError, RecursionError):

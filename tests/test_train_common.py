@@ -555,6 +555,10 @@ def test_the_log_of_a_fresh_run_is_new_a_resumed_one_keeps_the_rows_up_to_its_ch
     tc.start_log(out, "iter", None)
     tc.log_row(out, {"iter": 3})
     assert _lines(tmp_path / "log.jsonl") == [{"iter": 3}]
+    # one an editor saved with a byte-order mark keeps its first row (and loses the mark)
+    (tmp_path / "log.jsonl").write_bytes(b'\xef\xbb\xbf{"iter": 1}\n{"iter": 2}\n')
+    tc.start_log(out, "iter", 2)
+    assert _lines(tmp_path / "log.jsonl") == [{"iter": 1}, {"iter": 2}]
 
 
 def test_a_figure_that_cannot_be_drawn_does_not_stop_the_run(tmp_path, monkeypatch, capsys):
