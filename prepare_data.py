@@ -487,6 +487,11 @@ def _build_eval_set(stage, o):
         text = raw.decode('utf-8-sig')
     except UnicodeDecodeError as e:
         raise UsageError(f"{where} is not UTF-8 text (byte {e.start}): not {name}'s test set") from None
+    # A copy saved with Windows' line endings (git's autocrlf, an editor) is not the published file: each row
+    # would keep a CR, a token the published numbers never count.
+    if '\r\n' in text and not official:
+        raise UsageError(f"{where} has Windows line endings (CR LF); {name}'s published test set has LF: "
+                         f"convert it back (dos2unix)")
     # The tokenized WikiText-2 (wiki.test.tokens) has <unk>s.
     if name == 'wikitext2' and ('<unk>' in text or not re.search(r'^ = [^=].* = $', text, re.M)):
         raise UsageError(f"{where} holds <unk> tokens or no ' = Title = ' heading line: not WikiText-2 raw; "

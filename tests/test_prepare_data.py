@@ -895,6 +895,9 @@ BAD = [  # (dataset and options, what the line names, files to write)
     given('wikitext2 --input', 'w.zip', zipped({'wikitext-2/wiki.test.tokens': WIKI})),
     given('ptb --input', 'ptb.test.txt', WIKI),
     given('ptb --input', 'ptb.test.txt', '\n\n'),
+    # a copy saved with Windows' line endings: each row would keep a CR the published numbers never count
+    given('wikitext2 --input', 'wiki.test.raw', WIKI.replace('\n', '\r\n')),
+    given('ptb --input', 'ptb.test.txt', PTB.replace('\n', '\r\n')),
     given('lambada --input', 'l.jsonl', '{"text": "a fine passage"}\n{"body": "no text"}\n', 'l.jsonl:2'),
     given('lambada --input', 'l.jsonl', '{"text": "a fine passage"}\n{"text": "   alone"}\n', 'l.jsonl:2'),
     given('lambada --input', 'l.txt', '\n\n'),
