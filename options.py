@@ -133,6 +133,19 @@ def open_new(path, mode):
     return open(path, mode.replace("w", "x"), encoding=None if "b" in mode else "utf-8")
 
 
+def replace(src, dst):
+    """os.replace(src, dst), whose refusal names dst. Windows refuses to replace a file another process has
+    open (sample.py reading the checkpoint, eval_gpt.py the data, a virus scanner): there it is tried again
+    for about 25 s."""
+    for attempt in range(9):
+        try:
+            return os.replace(src, dst)
+        except PermissionError as e:
+            if os.name != "nt" or attempt == 8:
+                raise PermissionError(e.errno, e.strerror, dst) from None
+            time.sleep(0.1 * 2 ** attempt)
+
+
 def write_whole(path, write, mode="w"):
     """write(f) to a temp file (open_new), fsync, rename over `path`: a failure (a full disk, Ctrl-C) leaves
     the earlier file whole and no temp file, and its OSError names `path`."""
@@ -143,16 +156,7 @@ def write_whole(path, write, mode="w"):
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
-            # Windows refuses to replace a file another process has open (sample.py reading the checkpoint,
-            # a virus scanner): there it is tried again for about 25 s.
-            for attempt in range(9):
-                try:
-                    os.replace(tmp, path)
-                    break
-                except PermissionError:
-                    if os.name != "nt" or attempt == 8:
-                        raise
-                    time.sleep(0.1 * 2 ** attempt)
+            replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)

@@ -772,7 +772,7 @@ def prepare(name, /, data_dir='data', **o):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out, 'meta.json'))
         for f in sorted(os.listdir(stage), key=lambda f: f == 'meta.json'):
-            os.replace(os.path.join(stage, f), os.path.join(out, f))
+            options.replace(os.path.join(stage, f), os.path.join(out, f))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         # A failed run leaves no empty folder behind that it made (rmdir keeps one that holds files).

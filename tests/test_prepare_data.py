@@ -419,6 +419,22 @@ def test_a_folder_that_cannot_be_read_is_said(monkeypatch, capsys):
         prep._files_under('nowhere', '.py')
 
 
+def test_a_rebuild_over_a_file_in_use_names_it(monkeypatch, fails):
+    """Windows refuses to replace a file another process has open (eval_gpt.py reading val.bin): the line
+    names the dataset's file, not the staging copy, which is gone by then."""
+    write('in.txt', 'hello there. ' * 20)
+    prepare('text', 'data', input='in.txt')
+    real = os.replace
+
+    def in_use(src, dst):
+        if dst.endswith('val.bin'):
+            raise PermissionError(13, 'The process cannot access the file', src)
+        real(src, dst)
+    monkeypatch.setattr(os, 'replace', in_use)
+    argv = ['text', '--input=in.txt', '--data_dir=data', '--force']
+    fails(prep.main, argv, os.path.join('data', 'in', 'val.bin'))
+
+
 def test_shakespeare_gpt2_from_local_copy(tiny, capsys, monkeypatch):
     text = 'ROMEO:\nBut, soft! what light through yonder window breaks?\n' * 4
     write('input.txt', text)
