@@ -219,6 +219,8 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch, two_gpus):
     # a folder, a device
     (['--json=folder.json'], 'folder.json'),
     (['--json=null.json'], 'null.json'),
+    # a results file that holds another section, which the run would drop
+    (['--sections=operator', '--json=limit.json'], 'limit.json'),
     (['--dtype=fp8'], 'fp8'),
     (['--device=foo'], 'foo'),
 ])
@@ -226,16 +228,19 @@ def test_bad_input_is_one_line_before_any_work(monkeypatch, fails, tmp_path, arg
     monkeypatch.chdir(tmp_path)
     (tmp_path / 'folder.json').mkdir()
     (tmp_path / 'null.json').symlink_to(os.devnull)
+    (tmp_path / 'limit.json').write_text('{"limit": [], "operator": []}')
     monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, 'operator': lambda args, results: 1 / 0})
     fails(bench.main, ['--smoke', *argv], names)
 
 
 def test_a_run_cut_short_keeps_the_sections_it_finished(monkeypatch, tmp_path):
     out = tmp_path / 'b.json'
-    sections = dict(operator=lambda args, results: results.update(a=1), limit=lambda args, results: 1 / 0)
+    sections = dict(operator=lambda args, results: results.update(a=results.get('a', 0) + 1),
+                    limit=lambda args, results: 1 / 0)
     monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, **sections})
+    # (a section named twice runs once)
     with pytest.raises(ZeroDivisionError):
-        bench.main(['--smoke', '--sections=operator,limit', f'--json={out}'])
+        bench.main(['--smoke', '--sections=operator,operator,limit', f'--json={out}'])
     assert json.loads(out.read_text())['a'] == 1
 
 

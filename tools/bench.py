@@ -542,13 +542,22 @@ def run_sections(args, sections, results):
     """Run args.sections (comma-separated) in order into `results` (returned), and write them to args.json (if
     given) after each section (a run cut short keeps the sections it finished), then the figures of the
     sections that ran beside it."""
-    names = [s.strip() for s in args.sections.split(',') if s.strip()]
+    names = list(dict.fromkeys(s.strip() for s in args.sections.split(',') if s.strip()))
     unknown = [s for s in names if s not in sections]
     if unknown or not names:
         typos = ''.join(near(name, sections) for name in unknown)
         raise UsageError(f"unknown section(s) {', '.join(unknown) or '(none)'}{typos}; choose from "
                          f"{', '.join(sections)}")
     path = json_path(args.json) if args.json else None
+    # The file is written whole: the results of sections this run does not measure again are not dropped.
+    kept = []
+    if path and os.path.isfile(path):
+        # (One that is not a results file, or not JSON, is replaced.)
+        with contextlib.suppress(OSError, ValueError, TypeError), open(path, encoding='utf-8') as f:
+            kept = [s for s in json.load(f) if s in sections and s not in names]
+    if kept:
+        raise UsageError(f"--json={args.json} holds the results of {', '.join(kept)}, which this run does not "
+                         f"measure: run them too, or give another --json")
     t0 = time.time()
     for name in names:
         sections[name](args, results)
