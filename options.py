@@ -340,6 +340,13 @@ def stop_signals_here():
     return [sig for sig in found if signal.getsignal(sig) is not signal.SIG_IGN]
 
 
+def stop_as_ctrl_c():
+    """A script without a step to finish first ends on any stop signal as on Ctrl-C: a KeyboardInterrupt,
+    which cleans up on its way out (a staging folder, a child process) and exits 130."""
+    for sig in stop_signals_here():
+        signal.signal(sig, signal.default_int_handler)
+
+
 def exit_with_code():
     """Registered first, so run last at exit: what stdout still holds is written here, where a failure
     (`| head`, `> /dev/full`) ends as any other (the interpreter's own flush comes after this, and would say

@@ -29,7 +29,6 @@ import pickle
 import posixpath
 import re
 import shutil
-import signal
 import sys
 import sysconfig
 import tarfile
@@ -813,10 +812,8 @@ RANGES = {'nonempty': ['dataset', 'data_dir'], 'positive': ['max_mb'],
 def main(argv=None):
     cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, positional='dataset', ranges=RANGES,
                           choices=dict(tokenizer=('', 'bytes', 'gpt2')))
-    # SIGTERM (a scheduler, `timeout`), SIGHUP (a closed terminal) and Ctrl-Break end a build as Ctrl-C does:
-    # its staging folder is removed.
-    for sig in options.stop_signals_here():
-        signal.signal(sig, signal.default_int_handler)
+    # SIGTERM (a scheduler, `timeout`), SIGHUP (a closed terminal) and Ctrl-Break: its staging folder goes.
+    options.stop_as_ctrl_c()
     # An option given its default value (--workers=0, --tokenizer=) is the dataset's default, as if not given.
     opts = {k: cfg[k] for k in set_keys - {'dataset', 'data_dir'} if cfg[k] != DEFAULTS[k]}
     prepare(cfg['dataset'], data_dir=cfg['data_dir'], **opts)

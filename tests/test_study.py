@@ -244,9 +244,11 @@ def test_a_failed_run_is_the_childs_one_line(fails, tmp_path, monkeypatch):
     fails(study.main, ['language', '--smoke', f'--out_dir={tmp_path}'], 'train_gpt.py', '--nosuch_key')
 
 
-def test_ctrl_c_while_the_pool_starts_is_one_line(tmp_path):
-    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends, while the task workers import
-    torch: the parent's one line, exit 130, and no worker's traceback; no process of the group runs on."""
+@pytest.mark.parametrize('sig', ['SIGINT', 'SIGTERM'])
+def test_ctrl_c_while_the_pool_starts_is_one_line(tmp_path, sig):
+    """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends, or SIGTERM to the study alone,
+    as `kill` sends, while the task workers import torch: the parent's one line, exit 130, and no worker's
+    traceback; no process of the group runs on."""
     p = subprocess.Popen([sys.executable, '-m', 'tools.study', 'tasks', '--smoke', f'--out_dir={tmp_path}'],
                          cwd=study.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
@@ -254,7 +256,10 @@ def test_ctrl_c_while_the_pool_starts_is_one_line(tmp_path):
     while 'tasks:' not in p.stdout.readline():
         assert p.poll() is None, p.stderr.read()
     time.sleep(0.3)
-    os.killpg(p.pid, signal.SIGINT)
+    if sig == 'SIGINT':
+        os.killpg(p.pid, signal.SIGINT)
+    else:
+        os.kill(p.pid, signal.SIGTERM)
     try:
         _, err = p.communicate(timeout=60)
     except subprocess.TimeoutExpired:

@@ -408,6 +408,8 @@ RANGES = dict(nonempty=('out_dir',))
 
 def main(argv=None):
     cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, positional='sections', ranges=RANGES)
+    # `kill`, as Ctrl-C: the run training under it, or the task workers, end with the study.
+    options.stop_as_ctrl_c()
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     args.out_dir = os.path.abspath(args.out_dir)           # the runs start in other folders' processes too
     # A file where the runs go ends the study now, not some sections into it.
