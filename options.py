@@ -364,6 +364,9 @@ def exit_with_code():
 
 sys.excepthook = excepthook
 atexit.register(exit_with_code)
+# A closed stderr (`2>&-`) is None here, and print(file=None) writes to stdout: into a sample or a table.
+if sys.stderr is None:
+    sys.stderr = open(os.devnull, "w")
 # A character the terminal's encoding lacks (a sample in an ASCII terminal) is printed as '?'.
 if hasattr(sys.stdout, "reconfigure"):
     sys.stdout.reconfigure(errors="replace")

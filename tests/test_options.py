@@ -342,6 +342,13 @@ def test_a_closed_stdout_ends_quietly_and_a_full_one_is_one_line(argv):
     ended(r, 2, "stdout")
 
 
+def test_a_closed_stderr_keeps_its_lines_out_of_stdout():
+    """`2>&-`: Python's sys.stderr is None, where print() writes to stdout; an error (or a note) goes nowhere,
+    not into the samples."""
+    r = python("sample.py", "--out_dir=nowhere", preexec_fn=lambda: os.close(2))
+    assert (r.returncode, r.stdout) == (2, "")
+
+
 def test_a_closed_pipe_on_windows_ends_quietly(monkeypatch, capsys):
     """Windows raises OSError(EINVAL), not BrokenPipeError, writing to a pipe whose reader has left; an
     invalid argument about a path (a name Windows refuses) is an error naming it."""
