@@ -123,14 +123,15 @@ def main(argv=None):
     # (A checkpoint's config may be damaged: a data_dir that is no text is not taken.)
     if 'data_dir' not in set_keys and isinstance(trained.get('data_dir'), str):
         data_dir = trained['data_dir']
-    names = cfg['datasets'].split(',')
     # auto: the val split of the set the model learned from (the demo's: prepared, offline), and for GPT-2
     # tokens the paper's three test sets (a few MB each): the paper's four for a model trained on OpenWebText,
     # which no other model is sent to prepare (hours).
-    if cfg['datasets'] == 'auto':
-        names = [str(trained.get('dataset', ''))]
-        if tokenizer == 'gpt2':
-            names += ['lambada', 'wikitext2', 'ptb']
+    auto = [str(trained.get('dataset', ''))]
+    if tokenizer == 'gpt2':
+        auto += ['lambada', 'wikitext2', 'ptb']
+    names = []
+    for name in cfg['datasets'].split(','):
+        names += auto if name.strip() == 'auto' else [name]
     # Blanks around a name and an empty or repeated name are typing, not datasets.
     names = list(dict.fromkeys(n.strip() for n in names if n.strip()))
     if not names:

@@ -357,6 +357,9 @@ def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_
     save_model(out, data_dir, dataset=BYTES, config={'dataset': BYTES, 'data_dir': str(data_dir)})
     eval_gpt.main([a for a in argv if not a.startswith('--data_dir')])
     assert [r['dataset'] for r in read_log(out)] == [BYTES, BYTES]
+    # auto in a list stands for its sets (here the one the list names again: scored once)
+    eval_gpt.main(argv + [f'--datasets=auto,{BYTES}'])
+    assert [r['dataset'] for r in read_log(out)] == [BYTES] * 3
     # given, --data_dir is where the sets are looked for, not the run's
     save_model(out, data_dir, dataset=BYTES, config={'dataset': 'python_stdlib', 'data_dir': str(tmp_path)})
     line = fails(eval_gpt.main, argv, f'prepare_data.py python_stdlib --data_dir={data_dir}')
