@@ -63,9 +63,12 @@ def load_gpt(path, device):
             raise
         raise UsageError(f'{path} does not hold a model this tost.py can load ({first_line(e)})') from None
     load_weights(model, ckpt, path)
-    # sample.py decodes with the tokenizer the meta names, eval_gpt.py checks each dataset's against it.
-    if 'tokenizer' not in ckpt['meta']:
-        raise UsageError(f'{path} does not hold a model this tost.py can load (its meta names no tokenizer)')
+    # sample.py decodes with the tokenizer the meta names, eval_gpt.py checks each dataset's against it: each
+    # of its ids has a row in the model (a damaged checkpoint's may not; then an id past them is an IndexError).
+    ids = ckpt['meta'].get('vocab_size', 0)
+    if 'tokenizer' not in ckpt['meta'] or not isinstance(ids, int) or ids > config.vocab_size:
+        raise UsageError(f"{path} does not hold a model this tost.py can load (its meta names tokenizer "
+                         f"{ckpt['meta'].get('tokenizer')!r} of {ids!r} ids; the model has {config.vocab_size})")
     ckpt.pop('optimizer', None)
     return model.eval().to(device), ckpt
 

@@ -249,9 +249,10 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
 
 
 # What a hand-edited or foreign checkpoint holds in place of a key: the weights, the model's arguments (not a
-# dict, a negative size, a key of a later version) or the meta (not a dict, no tokenizer, none: None deletes
-# the key); a vision checkpoint (train_vit.py's)
+# dict, a negative size, a key of a later version) or the meta (not a dict, no tokenizer, a tokenizer of more
+# ids than the model has rows for, none: None deletes the key); a vision checkpoint (train_vit.py's)
 DAMAGE = [('model_args', 5), ('model', [1, 2]), ('meta', 'x'), ('meta', {}), ('kind', 'vit'),
+          ('meta', dict(tokenizer='gpt2', vocab_size=50257)),
           ('model_args', dict(block_size=-5, vocab_size=256, n_layer=1, n_head=2, n_embd=32)),
           ('model_args', dict(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32, future=1)),
           ('meta', None)]
