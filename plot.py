@@ -229,6 +229,12 @@ def describe(results):
 # capability map: tools.study's tasks
 
 
+def budget(results):
+    """What a study's figure adds to its title: a smoke or quick study's budget is not the full one."""
+    mode = results.get('mode', 'full')
+    return '' if mode == 'full' else f" ({mode} budget)"
+
+
 def capability_grid(results, path):
     """tools.study's tasks: a row per task and knob value, a column per model, as the study writes them (every
     model at every value, in order). The number is the accuracy; the colour is how far above chance it is (0
@@ -251,7 +257,7 @@ def capability_grid(results, path):
     ax.set_yticks(range(len(first)), labels, fontsize=8)
     ax.xaxis.tick_top()
     ax.figure.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label('above chance', fontsize=8)
-    ax.set_title("What each model learns: accuracy on held-out sequences\n"
+    ax.set_title(f"What each model learns: accuracy on held-out sequences{budget(results)}\n"
                  "colour: 0 at chance, 1 perfect; ~: at chance or below", fontsize=9)
     save(ax.figure, path)
 
@@ -304,9 +310,7 @@ def study_curves(section, metric, title):
                                  f"is drawn from the run folders the study trains; run python -m tools.study "
                                  f"{section}")
             runs.append((r['variant'], cfg, log))
-        # A smoke or quick study's budget is not the full one the title names.
-        mode = results.get('mode', 'full')
-        learning_curves(runs, path, title=title if mode == 'full' else f"{title} ({mode} budget)")
+        learning_curves(runs, path, title=title + budget(results))
     return draw
 
 

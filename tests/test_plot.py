@@ -284,6 +284,10 @@ def test_the_grid_puts_each_cell_under_its_model_and_beside_its_row(drawn):
     above = ax.images[0].get_array()
     r = res['tasks'][0]
     assert above[0, 0] == pytest.approx(max(0, (r['accuracy'] - r['chance']) / (1 - r['chance'])))
+    # a quick study's map says its budget is not the full one
+    assert 'budget' not in ax.get_title()
+    plot.capability_grid(dict(res, mode='quick'), 'x.png')
+    assert '(quick budget)' in drawn[-1].axes[0].get_title()
 
 
 def test_speed_and_generation_lines_are_their_columns(drawn):
