@@ -215,11 +215,11 @@ def test_the_sample_commands_and_samples_are_printed_whole_on_one_line(capsys, m
 
 
 @pytest.mark.parametrize('option', ['--json=README.md', '--json=results/', '--out_dir=',
-                                    '--out_dir=README.md'])
+                                    '--out_dir=README.md', '--quick'])
 def test_a_bad_json_or_out_dir_is_one_line_before_any_work(fails, tmp_path, monkeypatch, option):
     """--json=README.md wrote the results over the README (and the figures beside it); --json=results/ wrote a
-    file named results; --out_dir= is no folder, nor is a file. Refused before any section runs: the README
-    as it was, nothing else written."""
+    file named results; --out_dir= is no folder, nor is a file; --quick with --smoke is two budgets. Refused
+    before any section runs: the README as it was, nothing else written."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / 'README.md').write_text('# the project')
     ran = []
@@ -319,6 +319,9 @@ def test_every_run_of_a_section_gets_the_same_budget_in_float32_in_its_own_folde
     for c, (row, out_dir, log), (_, _, extra) in zip(calls, got, study.LANGUAGE):
         assert c['dtype'] == 'float32' and c['max_iters'] == 7 and c['overwrite'] is True
         assert {k: c[k] for k in extra} == extra == {k: row[k] for k in extra} and log == [out_dir]
+    # a smoke study's runs never replace the full one's
+    smoke = SimpleNamespace(mode='smoke', out_dir=str(tmp_path))
+    assert next(study.train(smoke, 'language', 'train_gpt.py', study.LANGUAGE, {}))[1] != got[0][1]
 
     # On Windows, a folder on another drive than the current one has no relative path: its row names it whole.
     def other_drive(path, start=None):

@@ -68,7 +68,9 @@ def train(args, section, script, variants, keys):
     for run, name, extra in variants:
         if args.mode == 'smoke' and run not in SMOKE:
             continue
-        out_dir = os.path.join(args.out_dir, f'{section}-{run}')
+        # A smoke or quick run has a folder of its own (language-tost-smoke): it never replaces a full run's.
+        mode = '' if args.mode == 'full' else f'-{args.mode}'
+        out_dir = os.path.join(args.out_dir, f'{section}-{run}{mode}')
         t0 = time.time()
         run_script(script, {'dtype': 'float32', **keys, **extra, 'out_dir': out_dir, 'overwrite': True})
         seconds = round(time.time() - t0, 1)
@@ -100,7 +102,8 @@ LANGUAGE = [   # (run name, label, train_gpt.py overrides); the first is the pap
 # overrides of train_gpt.py's defaults (the demo)
 LANGUAGE_BUDGET = {
     'full': {},
-    'quick': {'max_iters': 200},
+    # the demo's schedule in a fifth of the steps (cut short, it would end before its cosine decays)
+    'quick': dict(max_iters=200, lr_decay_iters=200, warmup_iters=10),
     'smoke': dict(max_iters=4, eval_iters=1, eval_interval=4, batch_size=2, block_size=32, n_layer=1),
 }
 SAMPLE = dict(start='def ', seed=1, temperature=0.8, max_new_tokens=160, num_samples=1)
@@ -408,6 +411,8 @@ RANGES = dict(nonempty=('out_dir',))
 
 def main(argv=None):
     cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, positional='sections', ranges=RANGES)
+    if cfg['quick'] and cfg['smoke']:
+        raise UsageError("--quick and --smoke are two budgets: give one")
     # `kill`, as Ctrl-C: the run training under it, or the task workers, end with the study.
     options.stop_as_ctrl_c()
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
