@@ -77,6 +77,15 @@ def test_without_a_cxx_compiler_the_limit_leaves_out_its_compiled_columns(tmp_pa
     assert all(row['tssa_s'] > 0 and row['causal_readable_s'] > 0 for row in rows)
 
 
+def test_off_linux_a_cpus_memory_is_not_measured_and_said_once(monkeypatch, tmp_path, capsys):
+    """macOS and Windows have no /proc: the header says memory is not measured, and no case tries."""
+    monkeypatch.setattr(bench, 'PROC', str(tmp_path / 'no-proc'))
+    res = bench.main(['--smoke', '--sections=operator'])
+    assert all(math.isnan(row['fwdbwd_peak_mb']) for row in res['operator'])
+    out = capsys.readouterr().out
+    assert out.count('/proc') == 1 and 'memory of' not in out
+
+
 @pytest.mark.slow
 def test_cpu_memory_probe_sees_activations():
     """Each case in a fresh process (python -c 'from tools import bench', run from the repo root)."""

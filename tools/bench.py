@@ -224,9 +224,13 @@ def make_model(attn, n, device, dtype, mode, train=False, batch=1, triton=False)
     return run
 
 
+# A CPU's memory is read from Linux's files of this process.
+PROC = '/proc/self'
+
+
 def kilobytes(field):
     """A field of /proc/self/status, in kB: VmRSS (resident now) or VmHWM (its high-water mark)."""
-    with open('/proc/self/status', encoding='utf-8') as f:
+    with open(f'{PROC}/status', encoding='utf-8') as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field))
 
 
@@ -268,7 +272,7 @@ def measure_memory(spec, device, child=False):
         return (torch.cuda.max_memory_allocated() - base) / 2**20
     base = kilobytes('VmRSS:')
     # Writing 5 resets the high-water mark to the current RSS.
-    with open('/proc/self/clear_refs', 'w', encoding='utf-8') as f:
+    with open(f'{PROC}/clear_refs', 'w', encoding='utf-8') as f:
         f.write('5')
     run()
     return (kilobytes('VmHWM:') - base) / 1024
@@ -627,6 +631,10 @@ def main(argv=None):
         line += f"; causal TSSA on {core}"
     if COMPILE:
         line += "; compiled: the operator, model and training cases"
+    # Elsewhere (macOS, Windows) a CPU's memory is not measured: said once, not once a case.
+    if not cuda and not args.no_memory and not os.path.isdir(PROC):
+        args.no_memory = True
+        line += "; memory not measured (a CPU's is read from Linux's /proc)"
     console.print(line)
     return run_sections(args, SECTIONS, results)
 
