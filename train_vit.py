@@ -272,7 +272,9 @@ def main(argv=None):
         # --steps_per_epoch was --max_steps: a run saved before the rename goes on with its cap.
         if 'max_steps' in old and 'steps_per_epoch' not in old:
             old = dict(old, steps_per_epoch=old['max_steps'])
-        inherit = old if resume else ('dataset', 'data_dir') if eval_only else ()
+        # --eval_only measures as the run did: its data, dtype and R^var_c and map sizes, unless set.
+        measured = ('dataset', 'data_dir', 'dtype', 'compression_images', 'viz_images')
+        inherit = old if resume else measured if eval_only else ()
         for key in inherit:
             if key in cfg and key not in set_keys and key not in MACHINE_KEYS:
                 cfg[key] = old[key]

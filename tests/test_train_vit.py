@@ -271,7 +271,8 @@ def test_checkpoint_format(trained):
     assert best['best_acc'] == max(r['test_acc'] for r in read_log(trained, kind='eval'))
 
 
-def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, trained, capsys, tmp_path):
+def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, trained, capsys, tmp_path,
+                                                                          monkeypatch):
     """Neither an evaluation nor a resume past the run's epochs (which says which option trains on) writes a
     row or a checkpoint."""
     before = [Path(trained, f).read_bytes() for f in ('log.jsonl', 'ckpt.pt')]
@@ -281,10 +282,14 @@ def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, tr
     # the line shows that accuracy, its count of the 33 test images, the checkpoint's epoch
     line = capsys.readouterr().out.splitlines()[0]
     assert f"{acc:.4f} ({round(acc * 33)}/33)" in line and 'epoch 2)' in line
-    # no --dataset or --data_dir: the checkpoint's
+    # no --dataset, --data_dir or --dtype: the checkpoint's (measured as the run measured it: float32 here,
+    # where auto could be bfloat16)
+    resolve = train_vit.resolve_dtype
+    asked = []
+    monkeypatch.setattr(train_vit, 'resolve_dtype', lambda dtype, *a: asked.append(dtype) or resolve(dtype, *a))
     best = train_vit.main([f'--out_dir={trained}', '--init_from=best', '--eval_only', '--device=cpu',
                            '--viz_images=0'])
-    assert best == load_checkpoint(os.path.join(trained, 'best.pt'))['best_acc']
+    assert best == load_checkpoint(os.path.join(trained, 'best.pt'))['best_acc'] and asked == ['float32']
     capsys.readouterr()
     train_vit.main(['--init_from=resume', f'--out_dir={trained}', '--device=cpu'])
     assert '--epochs' in capsys.readouterr().out
