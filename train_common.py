@@ -97,6 +97,24 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     return ckpt
 
 
+class _SkipInit(torch.overrides.TorchFunctionMode):
+    """torch.nn.init's functions as no-ops: on the meta device they fill nothing, and the meta kernels of
+    normal_ and trunc_normal_ import torch._dynamo, which sample.py and eval_gpt.py need for nothing else (it
+    would double the time they take to start)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
+def on_meta(make, config):
+    """make(config) on the meta device, its shapes alone: no memory taken, no initialisation run."""
+    with torch.device("meta"), _SkipInit():
+        return make(config)
+
+
 def check_fits(make, config, ckpt, path):
     """One line unless the weights in `ckpt` can fill make(config), the model its model_args describe, checked
     before that model takes any memory: a crafted model_args would take as much as it names. Each layer holds
@@ -106,8 +124,7 @@ def check_fits(make, config, ckpt, path):
     layers = config.n_layer + getattr(config, "n_cls_layer", 0)
     if layers > len(weights):
         raise UsageError(f"{path} does not fit its own model_args ({layers} layers, {len(weights)} tensors)")
-    with torch.device("meta"):
-        model = make(config)
+    model = on_meta(make, config)
     numbers = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
     tensors = [t for t in weights.values() if isinstance(t, torch.Tensor)]
     held = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())

@@ -95,6 +95,26 @@ def test_load_gpt_names_a_checkpoint_whose_weights_or_args_do_not_fit(tmp_path):
             sample.load_gpt(path, "cpu")
 
 
+def test_a_model_built_for_its_shapes_runs_no_initialisation(monkeypatch):
+    """check_fits' model on the meta device: every parameter and buffer a real model has, and no random fill
+    run (there it fills nothing, and the meta kernels of normal_ and trunc_normal_ import torch._dynamo, which
+    sample.py and eval_gpt.py need for nothing else)."""
+    gpt = tost.GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=32, token_shift=True,
+                         softmax_layers=-1)
+    vit = tost.ViTConfig(img_size=8, patch_size=4, n_embd=16, n_layer=1, n_head=2, num_classes=3)
+    want = {make: [(k, t.shape) for k, t in make(c).state_dict().items()] for make, c in ((tost.GPT, gpt),
+                                                                                      (tost.ViT, vit))}
+
+    def filled(*args, **kwargs):
+        raise AssertionError("a random fill ran on the meta device")
+    for name in ("normal_", "uniform_"):
+        monkeypatch.setattr(torch.Tensor, name, filled)
+    for make, config in ((tost.GPT, gpt), (tost.ViT, vit)):
+        model = tc.on_meta(make, config)
+        assert [(k, t.shape) for k, t in model.state_dict().items()] == want[make]
+        assert all(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
 def test_an_optimizer_state_grouped_otherwise_is_one_line():
     """A checkpoint whose AdamW groups its parameters otherwise (a version that decays others)."""
     model = tost.GPT(tost.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
