@@ -38,12 +38,6 @@ import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends the 
 import pathlib
 import sys
 
-import torch
-import torch.nn.functional as F
-
-import tost
-import tost_fast
-
 DEFAULTS = dict(
     figures='',     # a folder for the lecture's figures (lecture-*.png), made if missing; empty: no figures
 )
@@ -54,6 +48,14 @@ if not in_notebook:
     figures = pathlib.Path(cfg['figures']) if cfg['figures'] else None
 if figures:
     figures.mkdir(parents=True, exist_ok=True)
+
+# torch comes after the options, so that --help and a mistake are answered at once.
+import torch
+import torch.nn.functional as F
+
+import tost
+import tost_fast
+
 torch.set_default_dtype(torch.float64)
 tost.CausalTSSA.fast = False                     # the readable lines, until the appendix
 torch.manual_seed(0)

@@ -1396,19 +1396,32 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     """derivation.py asserts each number it prints; tools/lecture_page.py writes it as a page with figures."""
     root = os.path.dirname(os.path.abspath(__file__))
 
-    def run(script, *args):
-        return subprocess.run([sys.executable, os.path.join(root, script), *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=300,
-                              env=dict(os.environ, OMP_NUM_THREADS='1'))
+    def start(script, *args, cwd):
+        """The script started in cwd: the four runs below are independent, so they share the cores."""
+        cwd.mkdir()
+        return subprocess.Popen([sys.executable, os.path.join(root, script), *args], cwd=cwd, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=dict(os.environ, OMP_NUM_THREADS='1'))
 
-    r = run('derivation.py')
+    def ended(p):
+        out, err = p.communicate(timeout=300)
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+    plain, folder = tmp_path / 'plain', tmp_path / 'page'
+    runs = [start('derivation.py', cwd=plain), start('tools/lecture_page.py', f'--out={folder}', cwd=folder),
+            start('derivation.py', 'README.md', cwd=tmp_path / 'word'),
+            start('derivation.py', '--help', cwd=tmp_path / 'help')]
+    try:
+        r, page_run, word, helped = map(ended, runs)
+    finally:
+        for p in runs:
+            p.kill()                                        # a run past its timeout: none outlives the test
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith('1. rate reduction')
     assert '\nA. GPT by hand' in r.stdout and '\nB. fused core' in r.stdout
-    assert 'figure: ' not in r.stdout and not list(tmp_path.iterdir())      # figures only when asked for
-    r = run('tools/lecture_page.py', f'--out={tmp_path}')
-    assert r.returncode == 0, r.stdout + r.stderr
-    page = (tmp_path / 'lecture.md').read_text(encoding='utf-8')
+    assert 'figure: ' not in r.stdout and not list(plain.iterdir())         # figures only when asked for
+    assert page_run.returncode == 0, page_run.stdout + page_run.stderr
+    page = (folder / 'lecture.md').read_text(encoding='utf-8')
     # The committed page is this run's, but for the residuals it prints as 1.2e-16: their last digits follow
     # the machine's BLAS.
     residual = re.compile(r'\d\.\de[-+]\d\d')
@@ -1417,10 +1430,9 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     assert all(f'\n## {label}. ' in page for label in [*map(str, range(17)), 'A', 'B'])
     drawn = re.findall(r'^!\[(lecture-\w+\.png)\]', page, re.M)
     assert len(set(drawn)) == len(drawn) == 5
-    assert sorted(drawn) == sorted(p.name for p in tmp_path.glob('*.png'))
-    assert all((tmp_path / name).read_bytes()[:4] == b'\x89PNG' for name in drawn)
+    assert sorted(drawn) == sorted(p.name for p in folder.glob('*.png'))
+    assert all((folder / name).read_bytes()[:4] == b'\x89PNG' for name in drawn)
     # A stray word is refused at once (a --figures that is a file: tests/test_lecture.py).
-    r = run('derivation.py', 'README.md')
-    assert r.returncode == 2 and r.stderr.startswith('error: ') and r.stdout == ''
-    r = run('derivation.py', '--help')
-    assert r.returncode == 0 and r.stdout.startswith("ToST's derivation as a lecture") and r.stderr == ''
+    assert word.returncode == 2 and word.stderr.startswith('error: ') and word.stdout == ''
+    assert helped.returncode == 0 and helped.stdout.startswith("ToST's derivation as a lecture")
+    assert helped.stderr == ''
