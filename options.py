@@ -73,8 +73,9 @@ def printable(msg):
 
 
 def speaks(alone):
-    """Whether this process says an error (error_line): rank 0, another node's first, or one found `alone`."""
-    return os.environ.get("RANK", "0") == "0" or os.environ.get("LOCAL_RANK") == "0" or alone
+    """Whether this process says an error (error_line): rank 0, another node's first, or one found `alone`;
+    outside torchrun (which sets LOCAL_RANK), always: a RANK left in the environment silenced every error."""
+    return os.environ.get("RANK", "0") == "0" or os.environ.get("LOCAL_RANK", "0") == "0" or alone
 
 
 def fail(msg, code=2):
@@ -366,7 +367,7 @@ sys.excepthook = excepthook
 atexit.register(exit_with_code)
 # A closed stderr (`2>&-`) is None here, and print(file=None) writes to stdout: into a sample or a table.
 if sys.stderr is None:
-    sys.stderr = open(os.devnull, "w")
+    sys.stderr = open(os.devnull, "w", encoding="utf-8")
 # A character the terminal's encoding lacks (a sample in an ASCII terminal) is printed as '?'.
 if hasattr(sys.stdout, "reconfigure"):
     sys.stdout.reconfigure(errors="replace")

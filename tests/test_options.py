@@ -220,6 +220,13 @@ def test_a_collective_cut_off_by_another_process_is_one_line_and_waits_to_be_sto
     assert options.report(RuntimeError(PEER_GONE)) is None
 
 
+def test_a_rank_left_in_the_environment_outside_torchrun_silences_nothing(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert options.report(UsageError("--batchsize is not an option")) == 2
+    one_line(capsys.readouterr().err, "--batchsize")
+
+
 def test_a_whole_write_names_its_file_but_not_another_one(tmp_path):
     """write_whole: a full disk names the target and keeps the earlier file; an error about another file
     (a program matplotlib runs for a .pgf) stays that file's. No temp file is left either way."""
