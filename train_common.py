@@ -347,7 +347,8 @@ def pick_device(pref="auto"):
     """'auto' -> cuda, else mps, else cpu. An explicit choice is kept, but must exist on this machine."""
     if pref == "auto":
         return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", pref):
+    # An index of digits 0-9 only, and few: torch.device cannot parse '٣' or 20 digits.
+    if not re.fullmatch(r"cpu|mps|cuda(:[0-9]{1,4})?", pref):
         raise UsageError(f"unknown device {pref!r}; use auto, cpu, cuda, cuda:N or mps")
     if pref == "mps" and not torch.backends.mps.is_available():
         raise UsageError("device 'mps' requested but MPS is not available here")

@@ -399,7 +399,8 @@ def test_pick_device_refuses_missing_hardware(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     assert tc.pick_device() == tc.pick_device("cpu") == "cpu"
-    for dev in ("gpu", "cuda", "mps"):
+    # (an index torch.device cannot parse: digits of another script, more than it holds)
+    for dev in ("gpu", "cuda", "mps", "cuda:\u0663", "cuda:" + "9" * 20):
         with pytest.raises(UsageError, match=f"'{dev}'"):
             tc.pick_device(dev)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
