@@ -463,12 +463,13 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
                 page += "\n" + textwrap.fill(f"--config={name} sets {sets}", 110, subsequent_indent="  ")
         print(page, flush=True)
         sys.exit(0)
-    # --key value, a space for the '=': the value would be read as a bare word (the key as a bool's true).
+    # --key value, a space for the '=': the value would be read as a bare word (the key as a bool's true). A
+    # switch's is a word (--compile false): a number after it is a bare word of its own (an exercise's).
     for arg, value in zip(argv, argv[1:]):
         key = arg[2:]
         flag = isinstance(defaults.get(key), bool)
         if arg.startswith("--") and key in defaults and not value.startswith("--") and (
-                not flag or value.lower() in BOOLS):
+                not flag or value.lower() in BOOLS and not value.isdigit()):
             raise UsageError(f"{arg} {value}: the value goes after '=', {arg}={value}")
     many = positional and isinstance(defaults[positional], list)
     bare = [a for a in argv if positional and not a.startswith("--")]

@@ -739,8 +739,9 @@ def test_a_list_option_given_with_its_key_is_one_word_as_typed():
 
 
 def test_a_switch_then_a_bare_word_sets_both():
-    config = options.parse(["--flag", "a"], dict(flag=False, runs=[]), positional="runs")[0]
-    assert config == dict(flag=True, runs=["a"])
+    for word in ("a", "1"):                        # python -m lecture.exercises --solutions 1
+        config = options.parse(["--flag", word], dict(flag=False, runs=[]), positional="runs")[0]
+        assert config == dict(flag=True, runs=[word])
 
 
 def test_a_full_disk_in_a_copy_names_the_file_written(capsys):
