@@ -23,7 +23,8 @@ import torch.nn.functional as F
 import readers
 from options import UsageError, parse
 from sample import load_gpt
-from train_common import autocast, log_row, open_own, resolve_dtype, setup_distributed, sum_dtype, teardown
+from train_common import (DTYPES, autocast, log_row, open_own, resolve_dtype, setup_distributed, sum_dtype,
+                          teardown)
 
 DEFAULTS = dict(
     out_dir='out',               # the checkpoint is out_dir/ckpt.pt; results are appended to its log.jsonl
@@ -101,7 +102,7 @@ def last_word_accuracy(model, tokens, spans, T, B, ctx, dist):
 
 
 def main(argv=None):
-    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES)
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES, choices=dict(dtype=DTYPES))
     dist = setup_distributed(cfg['device'])
     device = dist.device
     # rank 0 talks for all

@@ -24,8 +24,8 @@ import torch
 import tost
 from options import UsageError, first_line, out_of_memory, parse
 from readers import get_tokenizer
-from train_common import (autocast, check_fits, load_checkpoint, load_weights, pick_device, resolve_dtype,
-                          setup_cuda)
+from train_common import (DTYPES, autocast, check_fits, load_checkpoint, load_weights, pick_device,
+                          resolve_dtype, setup_cuda)
 
 DEFAULTS = dict(
     out_dir='out',          # the folder train_gpt.py saved ckpt.pt in
@@ -64,11 +64,12 @@ def load_gpt(path, device):
         raise UsageError(f'{path} does not hold a model this tost.py can load ({first_line(e)})') from None
     load_weights(model, ckpt, path)
     # sample.py decodes with the tokenizer the meta names, eval_gpt.py checks each dataset's against it: each
-    # of its ids has a row in the model (a damaged checkpoint's may not; then an id past them is an IndexError).
+    # of its ids has a row in the model (a damaged checkpoint's may not: an id past them is an IndexError).
+    tokenizer = ckpt['meta'].get('tokenizer')
     ids = ckpt['meta'].get('vocab_size', 0)
-    if 'tokenizer' not in ckpt['meta'] or not isinstance(ids, int) or ids > config.vocab_size:
+    if tokenizer is None or not isinstance(ids, int) or ids > config.vocab_size:
         raise UsageError(f"{path} does not hold a model this tost.py can load (its meta names tokenizer "
-                         f"{ckpt['meta'].get('tokenizer')!r} of {ids!r} ids; the model has {config.vocab_size})")
+                         f"{tokenizer!r} of {ids!r} ids; the model has {config.vocab_size})")
     ckpt.pop('optimizer', None)
     return model.eval().to(device), ckpt
 
@@ -84,7 +85,8 @@ def decode_stream(tok, ids):
 
 
 def main(argv=None):
-    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES, text=('start',))
+    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES, choices=dict(dtype=DTYPES),
+                   text=('start',))
     device = pick_device(cfg['device'])
     # CUDA only: cuda:N becomes the current GPU, the one resolve_dtype asks
     if device.startswith('cuda'):

@@ -364,6 +364,10 @@ def sum_dtype(device):
     return torch.float32 if str(device).startswith("mps") else torch.float64
 
 
+# --dtype's names, checked where it is parsed (and in a checkpoint's config)
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
 def resolve_dtype(dtype, device, master=True):
     """--dtype as (name, why): 'auto' is bfloat16 where the hardware computes in it (Ampere on, not emulated;
     a CPU with AVX-512 BF16: elsewhere, ARM included, bf16 autocast is slower), float16 on older GPUs, else
@@ -378,8 +382,6 @@ def resolve_dtype(dtype, device, master=True):
         if kind == "cpu" and torch.cpu._is_avx512_bf16_supported():
             return "bfloat16", "auto: this CPU has bfloat16 instructions"
         return "float32", f"auto: no bfloat16 {'instructions on this CPU' if kind == 'cpu' else 'on ' + kind}"
-    if dtype not in ("bfloat16", "float16", "float32"):
-        raise UsageError(f"unknown dtype {dtype!r}; use auto, bfloat16, float16 or float32")
     if dtype == "bfloat16" and kind == "cuda" and not gpu_bf16:
         raise UsageError("this GPU has no bfloat16; use --dtype=float16 or float32")
     if dtype == "float16" and kind == "cpu" and master:

@@ -29,7 +29,7 @@ import readers
 import tost
 import tost_fast
 from options import UsageError, check_config, fail, parse, say
-from train_common import (any_rank, autocast, backward_bytes, check_compile, check_decay, check_fits,
+from train_common import (DTYPES, any_rank, autocast, backward_bytes, check_compile, check_decay, check_fits,
                           command, cosine_lr, diverged, draw_loss, human, last_good, load_checkpoint,
                           load_weights, log_row, make_out_dir, mean_loss, memory_bytes, optimizer_for,
                           optimizer_step, resolve_dtype, resume_command, save_checkpoint, seed_of,
@@ -86,7 +86,7 @@ RANGES = dict(positive=('block_size', 'batch_size', 'gradient_accumulation_steps
               nonempty=('out_dir', 'dataset', 'data_dir'),
               seed=('seed',))
 
-CHOICES = dict(init_from=('scratch', 'resume'), attn=tost.ATTN_KINDS)
+CHOICES = dict(init_from=('scratch', 'resume'), attn=tost.ATTN_KINDS, dtype=DTYPES)
 
 
 # The paper's recipe: 480 x 1024 tokens per step = 12 x 1024 x 40 micro-steps (which divides among 1, 2, 4, 5

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import readers
 import tost
 from options import UsageError, check_config, fail, parse, say
-from train_common import (any_rank, autocast, check_decay, check_fits, command, cosine_lr, diverged,
+from train_common import (DTYPES, any_rank, autocast, check_decay, check_fits, command, cosine_lr, diverged,
                           draw_loss, human, last_good, load_checkpoint, load_weights, log_row, make_out_dir,
                           mean_loss, optimizer_for, optimizer_step, own_folder, resolve_dtype,
                           resume_command, save_checkpoint, seed_of, setup_distributed, start_log,
@@ -85,7 +85,8 @@ RANGES = dict(positive=('epochs', 'batch_size', 'learning_rate', 'eval_interval'
               seed=('seed',))
 
 # The names a key may take, checked with the ranges: a typo in --model is said before any data is asked for.
-CHOICES = dict(model=[name for name, p in tost.PRESETS.items() if p['kind'] == 'vit'], attn=tost.ATTN_KINDS)
+CHOICES = dict(model=[name for name, p in tost.PRESETS.items() if p['kind'] == 'vit'], attn=tost.ATTN_KINDS,
+               dtype=DTYPES)
 
 # Keys of the machine, not of the run: a resume takes every other key from its checkpoint unless set.
 MACHINE_KEYS = ('device', 'compile', 'out_dir', 'init_from', 'eval_only', 'overwrite')

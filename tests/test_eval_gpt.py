@@ -323,6 +323,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, fails):
     # tokenizer (the command that rebuilds it in the model's), damaged sets
     for extra, *names in (([], 'prepare_data.py ptb'),
                           (['--batch_size=0'], '--batch_size'), (['--block_size=-1'], '--block_size'),
+                          (['--dtype=fp8'], '--dtype', 'bfloat16'),
                           (['--datasets=wikitext2', '--block_size=33'], '--block_size'),
                           (['--datasets= ,'], '--datasets=wikitext2'),
                           ([f'--datasets=wikitext2,{BYTES}'], BYTES, '--force', '--tokenizer='),

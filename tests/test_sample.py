@@ -235,6 +235,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
                         ('--temperature=inf', '--temperature'),
                         ('--max_new_tokens=0', '--max_new_tokens'),
                         ('--num_samples=0', '--num_samples'), ('--top_k=-1', '--top_k'),
+                        ('--dtype=fp8', '--dtype', 'bfloat16'),
                         ('--seed=-1', '--seed'),
                         (f'--start=FILE:{tmp_path}/missing.txt', 'missing.txt', '--start'),
                         ('--start=FILE:~/missing.txt', f'{tmp_path}/missing.txt'),

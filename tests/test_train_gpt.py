@@ -1079,6 +1079,7 @@ RESUME = ['--init_from=resume', '--out_dir={trained}', '--data_dir={data}']
 MISTAKES = [
     (['--max_iters=0'], ['--max_iters', '0']),
     (['--attn=linear'], ['linear', 'tssa', 'softmax']),
+    (['--dtype=bf16'], ['--dtype', 'bf16', 'bfloat16']),
     (['--out_dir='], ['--out_dir']),
     (['--learning_rate=-1'], ['--learning_rate', '-1']),
     (['--dropout=1'], ['--dropout', '1']),
@@ -1452,7 +1453,8 @@ def test_a_checkpoint_from_before_token_shift_and_softmax_layers_resumes(trained
     assert result['iter_num'] == 13
 
 
-@pytest.mark.parametrize('edit', [dict(batch_size='x'), dict(log_interval=0), dict(dataset=['a'])])
+@pytest.mark.parametrize('edit', [dict(batch_size='x'), dict(log_interval=0), dict(dataset=['a']),
+                                  dict(dtype='bf16')])
 def test_a_resume_checks_its_checkpoints_config_as_a_command_line(trained, tmp_path, fails, edit):
     """A damaged or crafted checkpoint's config (another type, out of its range) is one line naming the
     checkpoint and the key, not a traceback steps later."""
