@@ -521,8 +521,8 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
 
 
 def shown(value):
-    """A value as one types it after --key= ('' for an empty text)."""
-    return repr(value) if value == "" or not str(value).isprintable() else str(value)
+    """A value as one types it after --key= ('' for an empty text, ' ' for blanks, '\\n' for a newline)."""
+    return repr(value) if not str(value).strip() or not str(value).isprintable() else str(value)
 
 
 def help_text(doc, defaults, source, presets=None, positional=None):

@@ -1081,6 +1081,7 @@ MISTAKES = [
     (['--attn=linear'], ['linear', 'tssa', 'softmax']),
     (['--dtype=bf16'], ['--dtype', 'bf16', 'bfloat16']),
     (['--out_dir='], ['--out_dir']),
+    (['--out_dir= '], ['--out_dir', "' '"]),                          # blanks shown as typed
     (['--learning_rate=-1'], ['--learning_rate', '-1']),
     (['--dropout=1'], ['--dropout', '1']),
     # AdamW's rule
