@@ -439,7 +439,9 @@ def check_config(config, defaults, ranges, choices, source):
                 raise UsageError(f"--{key} expects {type(defaults[key]).__name__}, got {value!r}")
         check_values(config, ranges, choices)
     except UsageError as e:
-        raise UsageError(f"{source} holds a damaged config ({e})") from None
+        # (damaged, or from a version with other rules): a value typed on the command line replaces it
+        raise UsageError(f"{source} holds a config value refused here ({e}); give that option on the command "
+                         f"line to replace it") from None
 
 
 def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None, choices=None,

@@ -1461,5 +1461,8 @@ def test_a_resume_checks_its_checkpoints_config_as_a_command_line(trained, tmp_p
     checkpoint and the key, not a traceback steps later."""
     ckpt = torch.load(os.path.join(trained[0], 'ckpt.pt'), weights_only=True)
     torch.save(dict(ckpt, config=dict(ckpt['config'], **edit)), tmp_path / 'ckpt.pt')
-    fails(train_gpt.main, ['--init_from=resume', f'--out_dir={tmp_path}', '--device=cpu'],
-          f'{tmp_path}/ckpt.pt', *edit)
+    argv = ['--init_from=resume', f'--out_dir={tmp_path}', '--device=cpu']
+    fails(train_gpt.main, argv, f'{tmp_path}/ckpt.pt', *edit)
+    # the key typed replaces the refused value: the resume goes on (to nothing left to do)
+    (key, _), = edit.items()
+    assert train_gpt.main(argv + [f"--{key}={ckpt['config'][key]}"]) is None
