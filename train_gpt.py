@@ -31,9 +31,9 @@ import tost_fast
 from options import UsageError, check_config, fail, parse, say
 from train_common import (DTYPES, any_rank, autocast, backward_bytes, check_compile, check_decay, check_fits,
                           command, cosine_lr, diverged, draw_loss, human, last_good, load_checkpoint,
-                          load_weights, log_row, make_out_dir, mean_loss, memory_bytes, optimizer_for,
-                          optimizer_step, resolve_dtype, resume_command, save_checkpoint, seed_of,
-                          setup_distributed, start_log, stop_signals, sum_dtype, teardown, wrap)
+                          load_weights, log_row, make_out_dir, mean_loss, memory_bytes, on_meta,
+                          optimizer_for, optimizer_step, resolve_dtype, resume_command, save_checkpoint,
+                          seed_of, setup_distributed, start_log, stop_signals, sum_dtype, teardown, wrap)
 
 DEFAULTS = dict(
     config='demo',               # the preset this run started from (--config=NAME picks one)
@@ -347,8 +347,7 @@ def main(argv=None):
     model_config = gpt_config(model_args)
     if ckpt:
         check_fits(tost.GPT, model_config, ckpt, ckpt_path)
-    with torch.device('meta'):
-        n_params = tost.GPT(model_config).get_num_params(non_embedding=False)
+    n_params = on_meta(tost.GPT, model_config).get_num_params(non_embedding=False)
     state_bytes = 16 * n_params
     if have and state_bytes > have:
         raise UsageError(f"a model of {n_params / 1e9:.3g}B parameters needs about {state_bytes / 1e9:.3g} "
