@@ -304,6 +304,8 @@ def test_the_vision_row_is_the_last_and_best_accuracy(tmp_path, monkeypatch):
     study.section_vision(SimpleNamespace(mode='smoke', out_dir=str(tmp_path)), res)
     r, = res['vision']['rows']
     assert (r['test_acc'], r['best_acc']) == (0.4, 0.5)
+    # a smoke study's images are its own: a full run's checkpoint, evaluated again, finds its own data
+    assert os.listdir(tmp_path / 'data') == ['glyphs-smoke']
 
 
 def test_every_run_of_a_section_gets_the_same_budget_in_float32_in_its_own_folder(tmp_path, monkeypatch):

@@ -59,6 +59,12 @@ def run_script(script, keys):
 SMOKE = ('tost', 'tost-shift', 'hybrid-last-shift', 'tost-lpi')
 
 
+def tag(mode):
+    """What a smoke or quick study adds to the names of its runs and data (language-tost-smoke): they never
+    replace a full study's."""
+    return '' if mode == 'full' else f'-{mode}'
+
+
 def train(args, section, script, variants, keys):
     """Train each of `variants` ((run name, label, overrides); in the smoke test only those of SMOKE) with
     `script`, `keys` and its overrides, in float32 (as measured), into out_dir/section-run. Yields (the row of
@@ -68,9 +74,7 @@ def train(args, section, script, variants, keys):
     for run, name, extra in variants:
         if args.mode == 'smoke' and run not in SMOKE:
             continue
-        # A smoke or quick run has a folder of its own (language-tost-smoke): it never replaces a full run's.
-        mode = '' if args.mode == 'full' else f'-{args.mode}'
-        out_dir = os.path.join(args.out_dir, f'{section}-{run}{mode}')
+        out_dir = os.path.join(args.out_dir, f'{section}-{run}{tag(args.mode)}')
         t0 = time.time()
         run_script(script, {'dtype': 'float32', **keys, **extra, 'out_dir': out_dir, 'overwrite': True})
         seconds = round(time.time() - t0, 1)
@@ -182,9 +186,10 @@ def section_vision(args, results):
     """Make the glyph images, train each of VISION on them, and print the table of test accuracies."""
     n_train, n_test, overrides = VISION_BUDGET[args.mode]
     data_dir = os.path.join(args.out_dir, 'data')
-    make_glyph_images(os.path.join(data_dir, 'glyphs'), n_train, n_test)
+    name = f'glyphs{tag(args.mode)}'
+    make_glyph_images(os.path.join(data_dir, name), n_train, n_test)
     budget = dict(VISION_MODEL, **overrides)
-    keys = dict(budget, dataset='glyphs', data_dir=data_dir, viz_images=0, compression_images=0)
+    keys = dict(budget, dataset=name, data_dir=data_dir, viz_images=0, compression_images=0)
     rows = []
     for row, _, log in train(args, 'vision', 'train_vit.py', VISION, keys):
         evals = [r['test_acc'] for r in log if r.get('test_acc') is not None]
