@@ -21,7 +21,7 @@ from lecture import exercises
 from lecture import handout
 from lecture import recall
 from lecture import solutions as sol
-from conftest import REPO, ended, python
+from conftest import REPO, ended, one_line, python
 
 CHECKS = {number: check for number, _, _, check in checks.EXERCISES}
 NAMES = {number: name for number, _, name, _ in checks.EXERCISES}
@@ -301,6 +301,20 @@ def test_the_runner_reports_each_exercise_in_one_line_and_exits_1_on_a_wrong_ans
     monkeypatch.setattr(sol, 'duplication_factor', lambda: 1.0)
     assert checks.main(['--solutions', '2']) == 1
     assert ' fail: ' in capsys.readouterr().out
+    # an answer renamed or deleted fails in its line, and the next exercise is still checked
+    monkeypatch.delattr(sol, 'duplication_factor')
+    assert checks.main(['--solutions', '2', '4']) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert 'duplication_factor' in lines[0] and ' pass' in lines[1]
+
+
+def test_a_tost_py_edited_since_is_said_before_it_fails_right_answers(monkeypatch, capsys):
+    """A student who explores tost.py and breaks TSSA sees why exercise 5's right answer fails."""
+    assert checks.main(['--solutions', '5']) == 0 and capsys.readouterr().err == ''
+    forward = tost.TSSA.forward
+    monkeypatch.setattr(tost.TSSA, 'forward', lambda self, x: 1.01 * forward(self, x))
+    assert checks.main(['--solutions', '5']) == 1
+    one_line(capsys.readouterr().err, 'tost.py', 'derivation.py')
 
 
 def test_an_answer_that_crashes_is_a_failure_in_one_line_naming_its_line():
