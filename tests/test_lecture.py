@@ -451,6 +451,32 @@ def test_the_lecture_ends_in_one_line_on_a_mistake_and_quietly_on_a_closed_pipe(
     assert p.wait(timeout=120) == 141 and p.stderr.read() == ''
 
 
+def test_the_page_writer_runs_each_cell_at_its_own_lines(tmp_path, monkeypatch, capsys):
+    """A claim that fails while the page is written is named by its line in derivation.py (each cell compiled
+    alone counted its lines from 1), after what its cell printed."""
+    from tools import lecture_page
+    source = lecture_page.LECTURE.read_text(encoding='utf-8')
+    lines = source.splitlines()
+    found = [(line, code) for _, _, code, line in lecture_page.cells(source) if code]
+    assert len(found) > 17 and all(lines[line - 1] == code.splitlines()[0] for line, code in found)
+    # a cell whose code starts after a blank line, and fails at its line 7
+    lecture = tmp_path / 'lecture.py'
+    lecture.write_text('"""A lecture."""\nx = 1\n# %% 1. One. Its text.\n# more text\n\nprint(x)\nassert x == 2\n')
+    monkeypatch.setattr(lecture_page, 'LECTURE', lecture)
+    monkeypatch.setattr(sys, 'argv', ['lecture_page.py', f'--out={tmp_path}'])
+    with pytest.raises(AssertionError) as e:
+        lecture_page.main()
+    assert (e.traceback[-1].path, e.traceback[-1].lineno + 1) == (lecture, 7)
+    assert capsys.readouterr().err.endswith(' s\n1\n')               # what the cell printed, last
+    # right, and without --out: the page goes to the repository's docs/, whatever the current folder
+    lecture.write_text(lecture.read_text().replace('x == 2', 'x == 1'))
+    monkeypatch.setattr(lecture_page, 'ROOT', tmp_path / 'repo')
+    monkeypatch.setattr(sys, 'argv', ['lecture_page.py'])
+    monkeypatch.chdir(tmp_path)
+    lecture_page.main()
+    assert '## 1. One' in (tmp_path / 'repo' / 'docs' / 'lecture.md').read_text()
+
+
 def test_the_page_writer_takes_its_options_as_every_script():
     """tools/lecture_page.py: --help shows its one option, exit 0; a mistyped one is one line naming it."""
     page = os.path.join('tools', 'lecture_page.py')

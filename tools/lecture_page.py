@@ -5,7 +5,8 @@ Write the lecture as a page: derivation.py run cell by cell, each cell's text, c
     python tools/lecture_page.py --out=DIR       # into another folder
 
 The page is what a student without the project reads on GitHub; it is drawn by the lecture's own code, never
-by hand, so after changing derivation.py, run this again and commit both. It prints each cell's seconds.
+by hand, so after changing derivation.py, or what tost.py computes, run this again and commit both (a test
+compares the page with the lecture's output). It prints each cell's seconds.
 """
 
 import pathlib
@@ -21,14 +22,17 @@ import time  # noqa: E402
 
 LECTURE = ROOT / 'derivation.py'
 DEFAULTS = dict(
-    out='docs',              # the folder that gets lecture.md and the lecture's figures (made if missing)
+    out='docs',              # the folder for lecture.md and the lecture's figures (made if missing): docs/
+                             # of the repository, wherever the command runs
 )
 
 
 def cells(source):
-    """The lecture split at its `# %%` lines: [(title line, comment lines, code)], the preamble first."""
+    """The lecture split at its `# %%` lines: [(title line, comment lines, code, the number of the code's
+    first line in the source)], the preamble first."""
     parts = re.split(r'^(?=# %%)', source, flags=re.M)
-    out = [('', [], parts[0])]
+    out = [('', [], parts[0], 1)]
+    before = parts[0].count('\n')
     for part in parts[1:]:
         lines = part.splitlines()
         comments = []
@@ -37,8 +41,12 @@ def cells(source):
                 break
             comments.append(line)
         comments[0] = comments[0][len('# %%'):]
-        code = '\n'.join(lines[len(comments):]).strip()
-        out.append((comments[0].strip(), [c[1:] for c in comments[1:]], code))
+        body = '\n'.join(lines[len(comments):])
+        code = body.strip()
+        blank = body[:len(body) - len(body.lstrip())].count('\n')
+        first = before + len(comments) + blank + 1
+        out.append((comments[0].strip(), [c[1:] for c in comments[1:]], code, first))
+        before += part.count('\n')
     return out
 
 
@@ -57,18 +65,25 @@ def prose(first, rest):
 
 
 def main():
-    cfg, _ = options.parse(sys.argv[1:], DEFAULTS, __doc__, __file__, ranges=dict(nonempty=('out',)))
-    out = pathlib.Path(cfg['out'])
+    cfg, set_keys = options.parse(sys.argv[1:], DEFAULTS, __doc__, __file__, ranges=dict(nonempty=('out',)))
+    # Unless told, the repository's docs/, wherever the command runs.
+    out = pathlib.Path(cfg['out']) if 'out' in set_keys else ROOT / 'docs'
     out.mkdir(parents=True, exist_ok=True)
     source = LECTURE.read_text(encoding='utf-8')
     sys.argv = [str(LECTURE), f'--figures={out}']
     namespace = {'__name__': '__main__', '__file__': str(LECTURE)}
     page = ['<!-- Written by tools/lecture_page.py from derivation.py: edit those, not this page. -->']
-    for title, comments, code in cells(source):
+    for title, comments, code, line in cells(source):
         buffer = io.StringIO()
         start = time.perf_counter()
-        with contextlib.redirect_stdout(buffer):
-            exec(compile(code, str(LECTURE), 'exec'), namespace)
+        # Compiled at its own lines: a claim that fails is named by its line in derivation.py, after what the
+        # cell printed.
+        try:
+            with contextlib.redirect_stdout(buffer):
+                exec(compile('\n' * (line - 1) + code, str(LECTURE), 'exec'), namespace)
+        except BaseException:
+            sys.stderr.write(buffer.getvalue())
+            raise
         print(f'{title[:40] or "preamble":40s} {time.perf_counter() - start:5.1f} s', file=sys.stderr)
         if not title:
             page.append('# ' + namespace['__doc__'].strip())
