@@ -97,5 +97,7 @@ def test_the_lecture_fails_on_an_edit_of_each_layer_s_gains(capsys):
             chosen.add(f'{name}:{number}')
     assert len(chosen) == 3
     mutate_lecture.main(sorted(chosen))
-    verdicts = [line.split()[0] for line in capsys.readouterr().out.splitlines()[:-1]]
-    assert len(verdicts) == 4 and set(verdicts) == {'caught'}
+    lines = capsys.readouterr().out.splitlines()[:-1]
+    assert len(lines) == 4 and {line.split()[0] for line in lines} == {'caught'}
+    # each names the lecture's line that caught it
+    assert all(re.search(r' derivation\.py:\d+ ', line) for line in lines)

@@ -128,11 +128,13 @@ def plan():
 
 
 def lecture_fails(folder):
-    """Whether derivation.py fails in folder, and its last line of error."""
+    """Whether derivation.py fails in folder, and where: the line of its claim that caught the edit, and its
+    last line of error."""
     r = subprocess.run([sys.executable, 'derivation.py'], cwd=folder, capture_output=True, timeout=600,
                        env=dict(os.environ, PYTHONIOENCODING='utf-8'), encoding='utf-8', errors='replace')
     last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''
-    return r.returncode != 0, last[:100]
+    claims = re.findall(r'derivation\.py", line (\d+)', r.stderr)
+    return r.returncode != 0, (f'derivation.py:{claims[-1]} ' if claims else '') + last[:100]
 
 
 DEFAULTS = dict(
