@@ -27,7 +27,9 @@ script = getattr(sys.modules.get("__main__"), "__file__", None)
 # (Not a file: `python -` reading its script from stdin, here '<stdin>'.)
 ours = script and os.path.isfile(script) and os.path.abspath(script).startswith(
     os.path.dirname(os.path.abspath(__file__)) + os.sep)
-if ours and "torch" not in sys.modules and hasattr(signal, "pthread_sigmask"):
+# (Not in a notebook's kernel either: `%run derivation.py` names the script, which parses nothing there.)
+kernel = "ipykernel" in sys.modules
+if ours and "torch" not in sys.modules and not kernel and hasattr(signal, "pthread_sigmask"):
     with open(script, encoding="utf-8", errors="replace") as f:
         if "parse(" in f.read():
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

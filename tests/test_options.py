@@ -629,6 +629,11 @@ def test_a_ctrl_c_while_torch_imports_is_held_until_the_options_are_parsed():
     code = main.format(os.path.join(REPO, 'readers.py')) + "import readers, signal\n"
     r = python("-c", code + "print(signal.pthread_sigmask(signal.SIG_BLOCK, []))")
     assert r.stdout.strip() == "set()", r.stderr
+    # nor a notebook's kernel, where `%run derivation.py` names the script but never parses (the kernel's
+    # interrupts would be held for good)
+    code = main.format(os.path.join(REPO, 'derivation.py')) + "sys.modules['ipykernel'] = sys\n"
+    r = python("-c", code + "import options, signal\nprint(signal.pthread_sigmask(signal.SIG_BLOCK, []))")
+    assert r.stdout.strip() == "set()", r.stderr
     # nor does a script read from stdin, in the repository's folder (its name, '<stdin>', is no file there)
     r = python("-", input="import readers, signal\nprint(signal.pthread_sigmask(signal.SIG_BLOCK, []))")
     assert r.stdout.strip() == "set()", r.stderr
