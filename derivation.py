@@ -1081,3 +1081,4 @@ assert err64 < 1e-12 and err32 < 1e-6
 tost.CausalTSSA.fast = True                      # the library's defaults again, for whatever runs next
 tost_fast.MIN_ELEMENTS = min_elements
 tost_fast.CHUNK = chunk
+torch.set_default_dtype(torch.float32)           # (a notebook's next cell would build float64 models)

@@ -1397,7 +1397,7 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     root = os.path.dirname(os.path.abspath(__file__))
 
     def start(script, *args, cwd):
-        """The script started in cwd: the four runs below are independent, so they share the cores."""
+        """The script started in cwd: the runs below are independent, so they share the cores."""
         cwd.mkdir()
         return subprocess.Popen([sys.executable, os.path.join(root, script), *args], cwd=cwd, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -1408,11 +1408,17 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
         return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
     plain, folder = tmp_path / 'plain', tmp_path / 'page'
+    # as a notebook's %run does: in a process that goes on, which must find torch as it was
+    kernel = ("import runpy, sys, torch, tost\nsys.argv = ['derivation.py']\n"
+              "runpy.run_path('derivation.py', run_name='__main__')\n"
+              "print(torch.get_default_dtype(), tost.CausalTSSA.fast)")
     runs = [start('derivation.py', cwd=plain), start('tools/lecture_page.py', f'--out={folder}', cwd=folder),
             start('derivation.py', 'README.md', cwd=tmp_path / 'word'),
-            start('derivation.py', '--help', cwd=tmp_path / 'help')]
+            start('derivation.py', '--help', cwd=tmp_path / 'help'),
+            subprocess.Popen([sys.executable, '-c', kernel], cwd=root, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS='1'))]
     try:
-        r, page_run, word, helped = map(ended, runs)
+        r, page_run, word, helped, notebook = map(ended, runs)
     finally:
         for p in runs:
             p.kill()                                        # a run past its timeout: none outlives the test
@@ -1420,6 +1426,7 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     assert r.stdout.startswith('1. rate reduction')
     assert '\nA. GPT by hand' in r.stdout and '\nB. fused core' in r.stdout
     assert 'figure: ' not in r.stdout and not list(plain.iterdir())         # figures only when asked for
+    assert notebook.stdout.splitlines()[-1] == 'torch.float32 True', notebook.stderr
     assert page_run.returncode == 0, page_run.stdout + page_run.stderr
     page = (folder / 'lecture.md').read_text(encoding='utf-8')
     # The committed page is this run's, but for the residuals it prints as 1.2e-16: their last digits follow
