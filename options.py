@@ -441,9 +441,10 @@ def check_config(config, defaults, ranges, choices, source):
                 raise UsageError(f"--{key} expects {type(defaults[key]).__name__}, got {value!r}")
         check_values(config, ranges, choices)
     except UsageError as e:
-        # (damaged, or from a version with other rules): a value typed on the command line replaces it
-        raise UsageError(f"{source} holds a config value refused here ({e}); give that option on the command "
-                         f"line to replace it") from None
+        # (damaged, or from a version with other rules): a value typed on the command line replaces it, but
+        # for a key of the model it holds (train_vit's --model, --attn, --lpi)
+        raise UsageError(f"{source} holds a config value refused here ({e}); unless it is the model's, give "
+                         f"that option on the command line to replace it") from None
 
 
 def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None, choices=None,
