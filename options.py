@@ -474,7 +474,7 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
         key = arg[2:]
         flag = isinstance(defaults.get(key), bool)
         if arg.startswith("--") and key in defaults and not value.startswith("--") and (
-                not flag or value.lower() in BOOLS and not value.isdigit()):
+                not flag or value.lower() in BOOLS and not (positional and value.isdigit())):
             raise UsageError(f"{arg} {value}: the value goes after '=', {arg}={value}")
     many = positional and isinstance(defaults[positional], list)
     bare = [a for a in argv if positional and not a.startswith("--")]

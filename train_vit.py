@@ -277,7 +277,7 @@ def main(argv=None):
         measured = ('dataset', 'data_dir', 'dtype', 'compression_images', 'viz_images')
         inherit = old if resume else measured if eval_only else ()
         for key in inherit:
-            if key in cfg and key not in set_keys and key not in MACHINE_KEYS:
+            if key in cfg and key in old and key not in set_keys and key not in MACHINE_KEYS:
                 cfg[key] = old[key]
         # A checkpoint's model is what it is: a --model, --attn or --lpi that says otherwise is a mistake.
         for key in ('model', 'attn', 'lpi'):

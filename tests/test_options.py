@@ -56,6 +56,7 @@ def test_a_value_takes_the_type_of_its_default(raw, key, want):
 MISTAKES = [(["--max-iters=9"], ["--max-iters", "--max_iters"]),
             (["--max_iters", "9"], ["--max_iters=9"]),
             (["--compile", "false"], ["--compile=false"]),
+            (["--compile", "1"], ["--compile=1"]),
             (["--max_iters=3.5"], ["--max_iters", "'3.5'"]),
             (["--compile=maybe"], ["--compile", "'maybe'"]),
             (["--max_iter=3"], ["--max_iter", "batch_size", "--max_iters"]),

@@ -299,6 +299,12 @@ def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, tr
     train_vit.main([f'--out_dir={ev}', f'--init_from={trained}/best.pt', '--eval_only', '--device=cpu',
                     '--viz_images=1', '--compression_images=0'])
     assert os.listdir(ev / 'viz') == ['test0000.png']
+    # a checkpoint whose config lacks a key it would take (an older one's): the default
+    ckpt = load_checkpoint(os.path.join(trained, 'best.pt'))
+    del ckpt['config']['viz_images']
+    torch.save(ckpt, tmp_path / 'older.pt')
+    train_vit.main([f'--out_dir={tmp_path / "ev2"}', f'--init_from={tmp_path}/older.pt', '--eval_only',
+                    '--device=cpu', '--compression_images=0'])
 
 
 @pytest.mark.slow

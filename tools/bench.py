@@ -573,11 +573,11 @@ def run_sections(args, sections, results):
         try:
             if set(names) & set(plot.FIGURES):
                 wrote = plot.draw_results(path, os.path.dirname(path))
-                console.print('\n'.join(f"wrote {p}" for p in wrote), markup=False)
+                console.print('\n'.join(f"wrote {p}" for p in wrote), markup=False, soft_wrap=True)
         except Exception as e:
             # The numbers are saved: a figure is not worth an error.
             console.print(f"note: could not draw the figures ({type(e).__name__}: {e})", style="yellow",
-                          markup=False)
+                          markup=False, soft_wrap=True)
     return results
 
 
