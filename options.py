@@ -62,8 +62,7 @@ def error_line(msg, alone=False):
     """`error: msg` on one line of stderr. Under torchrun the first process of each node says it (rank 0 for
     all that every rank finds; another node's for what only it finds), the others keep quiet, unless the
     mistake is one a process finds `alone`."""
-    rank = os.environ.get("RANK", "0")
-    where = "" if rank == "0" else f" (rank {rank})"
+    where = "" if rank() == "0" else f" (rank {rank()})"
     if speaks(alone):
         print(f"error: {printable(msg)}{where}", file=sys.stderr)
 
@@ -74,10 +73,15 @@ def printable(msg):
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in " ".join(str(msg).split()))
 
 
+def rank():
+    """This process's rank under torchrun (which sets LOCAL_RANK too), else '0': a RANK left in the
+    environment is no rank outside torchrun."""
+    return os.environ.get("RANK", "0") if "LOCAL_RANK" in os.environ else "0"
+
+
 def speaks(alone):
-    """Whether this process says an error (error_line): rank 0, another node's first, or one found `alone`;
-    outside torchrun (which sets LOCAL_RANK), always: a RANK left in the environment silenced every error."""
-    return os.environ.get("RANK", "0") == "0" or os.environ.get("LOCAL_RANK", "0") == "0" or alone
+    """Whether this process says an error (error_line): rank 0, another node's first, or one found `alone`."""
+    return rank() == "0" or os.environ.get("LOCAL_RANK") == "0" or alone
 
 
 def fail(msg, code=2):
@@ -254,7 +258,7 @@ def report(exc):
     elif isinstance(exc, KeyboardInterrupt):
         # A line of text it cut (a sample) ends first; under torchrun every process gets the Ctrl-C, and only
         # rank 0 prints.
-        if os.environ.get("RANK", "0") == "0":
+        if rank() == "0":
             say(quiet=True)
         line = "interrupted"
         code = 130
