@@ -230,6 +230,7 @@ def test_the_device_asked_for_is_the_one_measured(monkeypatch, two_gpus):
     (['--json=null.json'], 'null.json'),
     # a results file that holds another section, which the run would drop
     (['--sections=operator', '--json=limit.json'], 'limit.json'),
+    (['--sections=operator', '--json=bom.json'], 'bom.json'),           # saved by an editor with a mark
     (['--dtype=fp8'], 'fp8'),
     (['--device=foo'], 'foo'),
 ])
@@ -238,6 +239,7 @@ def test_bad_input_is_one_line_before_any_work(monkeypatch, fails, tmp_path, arg
     (tmp_path / 'folder.json').mkdir()
     (tmp_path / 'null.json').symlink_to(os.devnull)
     (tmp_path / 'limit.json').write_text('{"limit": [], "operator": []}')
+    (tmp_path / 'bom.json').write_text('\ufeff{"limit": []}', encoding='utf-8')
     monkeypatch.setattr(bench, 'SECTIONS', {**bench.SECTIONS, 'operator': lambda args, results: 1 / 0})
     fails(bench.main, ['--smoke', *argv], names)
 

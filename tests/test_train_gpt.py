@@ -31,7 +31,7 @@ import tost
 import tost_fast
 import train_common
 import train_gpt
-from conftest import REPO, ENV, as_from_a_terminal, counted, in_little_memory, one_line, run_with_slow_steps
+from conftest import REPO, ENV, as_from_a_terminal, in_little_memory, one_line, run_with_slow_steps
 
 
 @pytest.fixture(scope='module')

@@ -557,7 +557,7 @@ def run_sections(args, sections, results):
     kept = []
     if path and os.path.isfile(path):
         # (One that is not a results file, or not JSON, is replaced.)
-        with contextlib.suppress(OSError, ValueError, TypeError), open(path, encoding='utf-8') as f:
+        with contextlib.suppress(OSError, ValueError, TypeError), open(path, encoding='utf-8-sig') as f:
             kept = [s for s in json.load(f) if s in sections and s not in names]
     if kept:
         raise UsageError(f"--json={args.json} holds the results of {', '.join(kept)}, which this run does not "
@@ -595,14 +595,12 @@ DEFAULTS = dict(
 
 def main(argv=None):
     global WIDTH, HEADS, COMPILE
-    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__)
+    cfg, _ = parse(argv, DEFAULTS, __doc__, __file__, choices=dict(dtype=('float32', 'bfloat16', 'float16')))
     args = SimpleNamespace(**cfg, mode='smoke' if cfg['smoke'] else 'quick' if cfg['quick'] else 'full')
     if args.device == 'auto':
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     # one line for a name that is no device, or a device this machine lacks
     args.device = pick_device(args.device)
-    if args.dtype not in ('float32', 'bfloat16', 'float16'):
-        raise UsageError(f"--dtype expects float32, bfloat16 or float16, got {args.dtype!r}")
     cuda = args.device.startswith('cuda')
     # On a GPU, 1k to 64k tokens for every operator (flash attention holds 64k).
     if args.mode == 'full' and cuda:

@@ -106,8 +106,9 @@ LANGUAGE = [   # (run name, label, train_gpt.py overrides); the first is the pap
 # overrides of train_gpt.py's defaults (the demo)
 LANGUAGE_BUDGET = {
     'full': {},
-    # the demo's schedule in a fifth of the steps (cut short, it would end before its cosine decays)
-    'quick': dict(max_iters=200, lr_decay_iters=200, warmup_iters=10),
+    # the demo's schedule and its four evaluations in a fifth of the steps (cut short, it would end before its
+    # cosine decays)
+    'quick': dict(max_iters=200, lr_decay_iters=200, warmup_iters=10, eval_interval=50),
     'smoke': dict(max_iters=4, eval_iters=1, eval_interval=4, batch_size=2, block_size=32, n_layer=1),
 }
 SAMPLE = dict(start='def ', seed=1, temperature=0.8, max_new_tokens=160, num_samples=1)
