@@ -460,8 +460,9 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     # A Ctrl-C held while torch imported is raised here.
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    # (main() called from a notebook's cell: the kernel's own command line, `-f kernel.json`, is not its)
     if argv is None:
-        argv = sys.argv[1:]
+        argv = [] if sys.argv[0].endswith("ipykernel_launcher.py") else sys.argv[1:]
     if {"-h", "--help"} & set(argv):
         page = help_text(doc, defaults, source, presets, positional)
         # The values a preset given with --help puts in place of those above.

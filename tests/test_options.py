@@ -745,6 +745,14 @@ def test_a_list_option_given_with_its_key_is_one_word_as_typed():
     assert options.parse(["--runs=a,b"], dict(runs=[]))[0]["runs"] == ["a,b"]
 
 
+def test_main_called_from_a_notebook_cell_takes_the_defaults(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["/usr/lib/python3/site-packages/ipykernel_launcher.py", "-f", "k.json"])
+    assert options.parse(None, dict(max_iters=5))[0] == dict(max_iters=5)
+    # `%run train_gpt.py --max_iters=3` in the kernel: the script's own
+    monkeypatch.setattr(sys, "argv", ["train_gpt.py", "--max_iters=3"])
+    assert options.parse(None, dict(max_iters=5))[0] == dict(max_iters=3)
+
+
 def test_a_switch_then_a_bare_word_sets_both():
     for word in ("a", "1"):                        # python -m lecture.exercises --solutions 1
         config = options.parse(["--flag", word], dict(flag=False, runs=[]), positional="runs")[0]
