@@ -35,6 +35,7 @@ is the paper's column pi_k; they sum to 1 over the K groups (heads). U is (K, d,
 # objective (3-5) has a step that needs only per-group statistics, and that step is ToST's attention, TSSA
 # (6).
 import options  # first: a mistake, a closed pipe (`| head`) or Ctrl-C ends the lecture in one line
+import io
 import pathlib
 import sys
 
@@ -64,8 +65,11 @@ torch.manual_seed(0)
 def draw(name, fig):
     """Show a figure in a notebook, or save it as DIR/lecture-<name>.png under --figures=DIR."""
     if in_notebook:
-        from IPython.display import display
-        display(fig)
+        # As a picture: a notebook without `%matplotlib inline` shows a bare figure as its text.
+        from IPython.display import Image, display
+        png = io.BytesIO()
+        fig.savefig(png, format='png', dpi=120)
+        display(Image(png.getvalue()))
         return
     path = figures / f'lecture-{name}.png'
     fig.savefig(path, dpi=120)

@@ -1408,10 +1408,13 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
         return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
     plain, folder = tmp_path / 'plain', tmp_path / 'page'
-    # as a notebook's %run does: in a process that goes on, which must find torch as it was
-    kernel = ("import runpy, sys, torch, tost\nsys.argv = ['derivation.py']\n"
+    # as a notebook's %run does (its kernel and display stood in for): in a process that goes on, which must
+    # find torch as it was; each figure shown as a picture
+    kernel = ("import runpy, sys, types, torch, tost\nsys.argv = ['derivation.py']\n"
+              "shown = []\nsys.modules['ipykernel'] = types.ModuleType('ipykernel')\n"
+              "sys.modules['IPython.display'] = types.SimpleNamespace(display=shown.append, Image=bytes)\n"
               "runpy.run_path('derivation.py', run_name='__main__')\n"
-              "print(torch.get_default_dtype(), tost.CausalTSSA.fast)")
+              "print(torch.get_default_dtype(), tost.CausalTSSA.fast, [s[:4] for s in shown])")
     runs = [start('derivation.py', cwd=plain), start('tools/lecture_page.py', f'--out={folder}', cwd=folder),
             start('derivation.py', 'README.md', cwd=tmp_path / 'word'),
             start('derivation.py', '--help', cwd=tmp_path / 'help'),
@@ -1426,7 +1429,7 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     assert r.stdout.startswith('1. rate reduction')
     assert '\nA. GPT by hand' in r.stdout and '\nB. fused core' in r.stdout
     assert 'figure: ' not in r.stdout and not list(plain.iterdir())         # figures only when asked for
-    assert notebook.stdout.splitlines()[-1] == 'torch.float32 True', notebook.stderr
+    assert notebook.stdout.splitlines()[-1] == "torch.float32 True " + str([b'\x89PNG'] * 5), notebook.stderr
     assert page_run.returncode == 0, page_run.stdout + page_run.stderr
     page = (folder / 'lecture.md').read_text(encoding='utf-8')
     # The committed page is this run's, but for the residuals it prints as 1.2e-16: their last digits follow
