@@ -271,9 +271,8 @@ def report(exc):
         # model, under an __init__): that needs no smaller batch; nor at a batch of 1, which has no half.
         frames = {frame.f_code.co_name for frame, _ in traceback.walk_tb(exc.__traceback__)}
         # Nor for numpy's arrays: their sizes follow counts, not the micro-batch.
-        if "__init__" not in frames and parsed.get("batch_size", 2) > 1 and not isinstance(exc, MemoryError):
-            if "batch_size" in parsed:
-                line += f"; try --batch_size={parsed['batch_size'] // 2}"
+        if "__init__" not in frames and parsed.get("batch_size", 1) > 1 and not isinstance(exc, MemoryError):
+            line += f"; try --batch_size={parsed['batch_size'] // 2}"
             if "gradient_accumulation_steps" in parsed:
                 steps = 2 * parsed["gradient_accumulation_steps"]
                 line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"

@@ -440,7 +440,7 @@ def setup_distributed(device_pref):
     rank = int(env["RANK"])
     local_rank = int(env["LOCAL_RANK"])
     world_size = int(env["WORLD_SIZE"])
-    if device == "mps" and device_pref == "mps":
+    if device_pref == "mps":
         raise UsageError("--device=mps takes one process: torchrun's processes train on CPUs or CUDA GPUs")
     # Found by every process of the node, so that its first one, which prints, finds it too.
     procs = max(int(env["LOCAL_WORLD_SIZE"]), local_rank + 1)

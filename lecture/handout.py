@@ -42,10 +42,8 @@ def files(*which):
 
 
 def main(argv=None):
-    cfg, _ = options.parse(argv, DEFAULTS, __doc__, __file__)
-    out = os.path.expanduser(cfg['out'])
-    if not out:
-        raise UsageError('name the folder to write into: --out=DIR')
+    cfg, _ = options.parse(argv, DEFAULTS, __doc__, __file__, ranges=dict(nonempty=('out',)))
+    out = cfg['out']
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise UsageError(f'--out={out} exists and is not an empty folder')
     names = files('--cached', '--others')

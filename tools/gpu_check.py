@@ -146,15 +146,16 @@ def profile(bench, args, sizes):
     run = bench.make_op('causal_tssa', n, args.device, args.dtype, True, batch=B, width=sizes['width'],
                         heads=sizes['heads'], triton=True)
     run()
+    cuda = args.device.startswith('cuda')
     activities = [torch.profiler.ProfilerActivity.CPU]
-    if args.device.startswith('cuda'):
+    if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(3 if args.mode == 'full' else 1):
             run()
-        if args.device.startswith('cuda'):
+        if cuda:
             torch.cuda.synchronize()
-    key = 'self_device_time_total' if args.device.startswith('cuda') else 'self_cpu_time_total'
+    key = 'self_device_time_total' if cuda else 'self_cpu_time_total'
     table = prof.key_averages().table(sort_by=key, row_limit=10)
     print(table)
     return table
