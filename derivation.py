@@ -6,7 +6,9 @@ with the readable lines of tost.py, prints each number with what it is, and asse
 loudly if the code students read stops matching the math. `python derivation.py --figures=DIR` also draws
 the lecture's figures into DIR; `python tools/lecture_page.py` writes docs/lecture.md, this file with its
 outputs and figures, for reading without the project. Or open it as a notebook: each `# %%` line starts a
-cell (VS Code runs them as they are; Jupyter opens the file after `pip install jupytext`).
+cell (VS Code runs them as they are; Jupyter opens the file after `pip install jupytext`, and `%run
+derivation.py` runs it whole). Run the cells in order from the first: later ones use what earlier ones
+define.
 
 A 90-minute class, its in-class exercises included (lecture/README.md): 0 why (5 min); 1-2 rate reduction and
 its exact step (10); 3-5 the variational form, the bridge from ReduNet and the corollary (15); 6-8 the step is
