@@ -158,7 +158,9 @@ print(f'1. rate reduction, 60 tokens from 3 planes in R^6, alpha = {alpha:g}: R 
       f'   {R_c(Z, Pi_rand, alpha).item():.3f} with random ones; '
       f'Delta R = {dR_true.item():.3f} (true groups) > {dR_rand.item():.3f} (random) >= 0; '
       f'|logdet - sum f(lambda)| = {err_spectral:.1e}')
-assert dR_true > dR_rand + 0.5 and dR_rand >= 0 and err_spectral < 1e-12
+assert dR_true > dR_rand + 0.5
+assert dR_rand >= 0
+assert err_spectral < 1e-12
 
 # %% 2. The exact step on R_c, and what it costs. Differentiate through each group's d x d second moment
 # M_k = Z^T diag(pi_k) Z: with C_k = alpha (I + alpha/n_k M_k)^{-1},
@@ -198,7 +200,9 @@ err_pairs = (g_pairs - g_auto).abs().max()
 coupled = int((weights.abs() > 1e-12).sum(-1).sum(-1).min())
 print(f'2. grad R_c against autograd: d x d form (ReduNet) max |difference| {err_exact:.1e}, n x n form '
       f'{err_pairs:.1e};\n   the n x n form couples {coupled} of {n * n} pairs of tokens in every group')
-assert err_exact < 1e-12 and err_pairs < 1e-12 and coupled == n * n
+assert err_exact < 1e-12
+assert err_pairs < 1e-12
+assert coupled == n * n
 
 # %% 3. The variational form (the paper's theorem and its equation 4). For f concave with f(0) = 0, a
 # symmetric PSD matrix M and any orthogonal U: sum_i f(lambda_i(M)) <= sum_i f((U^T M U)_ii), with equality
@@ -219,7 +223,8 @@ print(f'3. square orthogonal U_k, four draws (columns)\n   R_c                  
       f'   R^var_c, random U_k        {show(above)}   all above R_c\n'
       f'   R^var_c, U_k eigenvectors  {show(tight)}   equal: '
       f'max |difference| {(tight - exact).abs().max():.1e}')
-assert (above > exact).all() and (tight - exact).abs().max() < 1e-12
+assert (above > exact).all()
+assert (tight - exact).abs().max() < 1e-12
 
 # What each objective sees of the other tokens: R_c sees each group's whole d x d second moment, R^var_c only
 # its diagonal in the basis U_k. Reflect the other tokens along the head axes (w_jki changes sign, so every
@@ -237,7 +242,8 @@ var_move = (var_grads[0] - var_grads[1]).abs().max()
 exact_move = (exact_grads[0] - exact_grads[1]).abs().max()
 print(f'   the other tokens reflected, statistics kept: token 0\'s gradient (largest entry '
       f'{exact_grads[0].abs().max():.3f}) moves by {var_move:.1e} for R^var_c, by {exact_move:.3f} for R_c')
-assert var_move < 1e-12 and exact_move > 1e-3
+assert var_move < 1e-12
+assert exact_move > 1e-3
 
 # %% 4. The bridge from ReduNet to ToST. (a) Put U_k at group k's eigenbasis: U_k D_k U_k^T, with the diagonal
 # D_k = diag(f'(s_k/n_k)), IS ReduNet's C_k (in that basis s_k/n_k are the eigenvalues lambda of M_k/n_k, and
@@ -273,7 +279,10 @@ print(f'4. (a) U_k = eigenbasis: max |U_k D_k U_k^T - C_k| {err_operator:.1e}; '
       f'   (b) fixed U_k, each group\'s tokens rotated onto them: R^var_c {before.item():.4f} -> '
       f'{after.item():.4f} = R_c {R_c(Zm, Pim, alpha).item():.4f}\n'
       f'       (|difference| {err_rotated:.1e}; R_c moved by {err_invariant:.1e})')
-assert err_operator < 1e-12 and err_step < 1e-12 and err_rotated < 1e-12 and err_invariant < 1e-12
+assert err_operator < 1e-12
+assert err_step < 1e-12
+assert err_rotated < 1e-12
+assert err_invariant < 1e-12
 assert before > after + 0.1
 
 # The picture: one group in R^2, one orthogonal U(theta) = the rotation by theta. R^var_c >= R_c at every
@@ -290,7 +299,9 @@ column = torch.cat([tost.variational_compression(Z2d, ones, Q[None, :, :1], alph
 rc = R_c(Z2d, ones, alpha).item()
 print(f'   one group in R^2, U rotated through 180 degrees: R^var_c in [{square.min():.4f}, '
       f'{square.max():.4f}] >= R_c {rc:.4f};\n   one column of U: at most {column.max():.4f} < R_c')
-assert square.min() >= rc - 1e-12 and square.min() < rc + 1e-3 and column.max() < rc
+assert square.min() >= rc - 1e-12
+assert square.min() < rc + 1e-3
+assert column.max() < rc
 fig, ax = plots(1, 1, size=(6, 3.6))
 if fig:
     ax.plot(theta.rad2deg(), square, label='R^var_c, U square (d x d)')
@@ -336,8 +347,11 @@ print(f'5. U_k of size {d} x {p}, section 3\'s four draws: the dropped terms, su
       f'   random tokens: R^var_c < R_c in {below} of {draws} draws; '
       f'each group inside span(U_k) (the corollary): R^var_c >= R_c in {above} of {draws};\n'
       f'   and U_k turned onto the group\'s eigenbasis in its span: max |R^var_c - R_c| {err_turned:.1e}')
-assert (terms >= 0).all() and (terms.sum((1, 2)) - dropped).abs().max() < 1e-12
-assert below == draws and above == draws and err_turned < 1e-12
+assert (terms >= 0).all()
+assert (terms.sum((1, 2)) - dropped).abs().max() < 1e-12
+assert below == draws
+assert above == draws
+assert err_turned < 1e-12
 
 # %% 6. The white-box layer is one gradient step (the paper's TSSA). Hold Pi fixed; then
 #     grad_{z_j} R^var_c = 1/n sum_k pi_jk U_k D_k U_k^T z_j,   D_k = diag(f'(s_k/n_k)),
@@ -365,7 +379,9 @@ with torch.no_grad():
 print(f'6. white-box step (entries up to {step.abs().max():.2f}): max |step + tau grad| {err:.1e} with Pi '
       f'held fixed ({err_all:.3f} if the gradient also ran through Pi);\n'
       f'   one step of tau = 0.1 lowers R^var_c, two inputs (columns): {show(before)}  ->  {show(after)}')
-assert err < 1e-12 and err_all > 1e-3 and (after < before).all()
+assert err < 1e-12
+assert err_all > 1e-3
+assert (after < before).all()
 fig, ax = plots(1, 1, size=(11, 2.6))
 if fig:
     boxes = [('Z\n(n, d)', 'tokens'),
@@ -428,11 +444,15 @@ print(f'7. max |w_after - w (1 - tau pi D / n)| = {err:.1e}. Group 0, its axes, 
       f'   gain D = f\'(m)         {show(D[0, 0, order[0, 0]])}\n'
       f'   fraction of m kept     {show(kept[0, 0])}\n   mean square lost       {show(lost[0, 0])}\n'
       f'   rms amplitude lost     {show(rms_lost[0, 0])}')
-assert err < 1e-12 and (factor.diff(dim=-1) > 0).all()                  # on every token, weakest shrunk most
-assert (kept.diff(dim=-1) > 0).all() and (lost[..., -1] > lost[..., 0]).all()
+assert err < 1e-12
+assert (factor.diff(dim=-1) > 0).all()                                # on every token, weakest shrunk most
+assert (kept.diff(dim=-1) > 0).all()
+assert (lost[..., -1] > lost[..., 0]).all()
 peak = rms_lost.argmax(-1)
 assert ((peak > 0) & (peak < d // K - 1)).all()                          # the amplitude lost peaks inside
-assert tau * alpha <= n and (factor >= 0).all() and (factor < 1).all()
+assert tau * alpha <= n
+assert (factor >= 0).all()
+assert (factor < 1).all()
 layer.tau = 1000.0                                                       # tau alpha > n
 with torch.no_grad():
     overshoot = (mean_square(layer.split_heads(layer.c_attn(Z + layer(Z)))) / m).gather(-1, order)
@@ -470,10 +490,16 @@ print(f'8. Pi at initialisation: each token\'s memberships sum to 1 within {sums
       + ''.join(f'   ViT-T (p = 48), n = {n:3d} patches: Pi in [{a:.3f}, {b:.3f}] around 1/K = 0.25\n'
                 for n, (a, b) in spread.items())
       + '   ToST-Base, causal: max |pi_t - 1/12| ' + ', '.join(f'{v:.4f} at t = {t}' for t, v in dev.items()))
-assert sums < 1e-12 and dev[0] == 0 and dev[10] > dev[100] > dev[1023]
+assert sums < 1e-12
+assert dev[0] == 0
+assert dev[10] > dev[100] > dev[1023]
 # Bounds past what 300 draws of the weights and tokens gave (n = 16: max 0.43 to 0.80; 196: 0.28 to 0.31).
-assert spread[16][0] < 0.12 and spread[16][1] > 0.4                     # n close to p: far from uniform
-assert 0.13 < spread[64][0] and spread[64][1] < 0.46 and 0.19 < spread[196][0] and spread[196][1] < 0.33
+assert spread[16][0] < 0.12
+assert spread[16][1] > 0.4                                            # n close to p: far from uniform
+assert 0.13 < spread[64][0]
+assert spread[64][1] < 0.46
+assert 0.19 < spread[196][0]
+assert spread[196][1] < 0.33
 # Below 1e-6: a row of head 0's weight that makes the first coordinate of w_0 1e-7 scores (1e-7)^2 / 1e-12
 # = 0.01, not 1 (a zero row would score 0 / 1e-12 = 0). Head 0 then scores 3.01 (p = 4), head 1 scores 4.
 with torch.random.fork_rng():                                            # the draws after this one unmoved
@@ -502,7 +528,9 @@ with torch.no_grad():
 right = (Pi_100.argmax(1) == Pim.argmax(1)).double().mean()
 print(f'   true planes as U_k, 90 tokens: Pi in [{Pi_1.min():.3f}, {Pi_1.max():.3f}] at temp_k = 1; '
       f'at 100 the largest membership names the true group for {right:.0%} of tokens')
-assert 0.25 < Pi_1.min() and Pi_1.max() < 0.5 and right > 0.9
+assert 0.25 < Pi_1.min()
+assert Pi_1.max() < 0.5
+assert right > 0.9
 fig, axes = plots(1, 2, size=(12, 2.6))
 if fig:
     by_group = Pim[0].argmax(0).argsort()                                # tokens sorted by true group
@@ -569,7 +597,9 @@ print(f'9. practical TSSA against its formulas: max |difference| {err_values:.1e
       f'alpha = 3 moved into U, max |difference| {err_alpha:.1e};\n'
       f'   c_proj tied: max |y + n grad R^var_c| {err_tied:.1e} at n = {n} and n = {4 * n}: '
       f'the step size is n, so a c_proj trained at one n takes other steps at another')
-assert err_values < 1e-12 and err_alpha < 1e-12 and err_tied < 1e-12
+assert err_values < 1e-12
+assert err_alpha < 1e-12
+assert err_tied < 1e-12
 
 # Tokens meet only through 2p + 1 numbers per head: n_k, s_k, and q_k (each coordinate's sum of squares over
 # the tokens, for Pi). The layer's output again, each token's from that token and those numbers alone.
@@ -591,7 +621,8 @@ with torch.no_grad():
 numbers = sum(t[0].numel() for t in stats[0])
 print(f'   each token\'s output from itself and its sequence\'s {numbers} numbers per head (n_k, s_k, q_k; '
       f'p = {d // K}): max |difference| {err_tokens:.1e}')
-assert err_tokens < 1e-12 and numbers == 2 * (d // K) + 1
+assert err_tokens < 1e-12
+assert numbers == 2 * (d // K) + 1
 
 # Untied, as trained. Head k's block of c_proj scaled by c_k > 0 is still exactly a step: on the reweighted
 # objective sum_k c_k R^var_c,k (head k's own term). A generic c_proj is not a step on any function: were the
@@ -630,7 +661,9 @@ print(f'   per-head scales {scales.tolist()} on the tie: '
       f'max |y + n grad sum_k c_k R^var_c,k| {err_rescaled:.1e};\n'
       f'   Jacobian asymmetry ||J - J^T||/||J||: tied {asymmetries[0]:.1e}, rescaled {asymmetries[1]:.1e}, '
       f'generic c_proj {asymmetries[2]:.2f} (a gradient field has 0)')
-assert err_rescaled < 1e-12 and max(asymmetries[:2]) < 1e-12 and asymmetries[2] > 0.3
+assert err_rescaled < 1e-12
+assert max(asymmetries[:2]) < 1e-12
+assert asymmetries[2] > 0.3
 
 
 # %% 10. The block. x = x + gamma_1 * attn(LN(x)); x = x + gamma_2 * MLP(LN(x)). The attention, tied as in
@@ -686,7 +719,10 @@ print(f'10. the block against its two lines: max |difference| {err_block:.1e}. I
       f'a change of scale LayerNorm removes.\n'
       f'    The whole block, its small MLP update included, has cosine {show(full)} with -grad (the MLP '
       f'is no step on R^var_c: on some draws, not these, the sum points uphill)')
-assert err_block < 1e-12 and 0.3 < cos < 0.95 and (drop > 0).all() and radial > 0.3
+assert err_block < 1e-12
+assert 0.3 < cos < 0.95
+assert (drop > 0).all()
+assert radial > 0.3
 
 
 # Many draws: 40 random tied blocks, 10 random inputs through each (400 in all), gamma_1 and the gain drawn
@@ -747,7 +783,9 @@ for kind, (change, cosine, formula) in rows.items():
     print(f'    {names[kind]:45s} ascents {int((change > 0).sum()):3d} of {draws}, cosine with -grad >= '
           f'{cosine.min():6.3f}; against the formula, largest relative difference {err:.1e}')
     assert err < 1e-9
-assert (rows['equal'][0] < 0).all() and (rows['small'][0] < 0).all() and (rows['spread'][0] > 0).any()
+assert (rows['equal'][0] < 0).all()
+assert (rows['small'][0] < 0).all()
+assert (rows['spread'][0] > 0).any()
 
 
 # %% 11. The causal step: every sum over tokens becomes a prefix sum (tost.CausalTSSA). Its values against the
@@ -801,7 +839,9 @@ print(f'11. causal TSSA against its formulas: max |difference| {err_values:.1e}.
       f'the step size fitted along the gradient\n    {show(sizes)}\n'
       f'    max |y_t + (t+1) grad_z_t R^var_c(Z_<=t, Pi_<=t)| = {max(errs):.1e}; '
       f'with the memberships re-estimated at time t instead: {max(errs_now):.3f}')
-assert err_values < 1e-12 and max(errs) < 1e-12 and max(errs_now) > 1e-3
+assert err_values < 1e-12
+assert max(errs) < 1e-12
+assert max(errs_now) > 1e-3
 assert all(abs(s - (t + 1)) < 1e-9 for t, s in enumerate(sizes))
 
 # %% 12. The recurrent state. Prefix sums advance one token at a time: the state (Q, A, P) holds 2p + 1
@@ -831,7 +871,9 @@ print(f'12. 40 recurrent steps against the parallel form: max |difference| {err_
       f'split at 15 with the state carried: {err_split:.1e},\n'
       f'    final states differ by at most {err_state:.1e}; the state holds {numbers} '
       f'numbers per head (p = 4) after any number of tokens')
-assert max(err_steps, err_split, err_state) < 1e-12 and numbers == 2 * 4 + 1 and state.t == 40
+assert max(err_steps, err_split, err_state) < 1e-12
+assert numbers == 2 * 4 + 1
+assert state.t == 40
 
 
 # %% 13. Cost. Count the elements every torch call of a forward returns (a machine-independent proxy for
@@ -968,8 +1010,12 @@ print(f'14. 12 white-box layers; the input (layer 0) and after layers 3, 6, 9, 1
       f'    within its plane each group keeps {kept[0]:.3f} of its energy along the strong axis, '
       f'{kept[1]:.4f} along the weak one;\n'
       f'    after 60 layers the mean |z|^2 is {energy:.1e} (it was {Z.square().sum(-1).mean():.2f})')
-assert (r_var.diff() < 0).all() and kept[1] < 0.1 * kept[0] and dR[-1] < 0.5 * dR[0] and energy < 1e-6
-assert dR_norm[-1] < dR_norm[0] and dR_norm[-1] - dR_norm[0] > dR[-1] - dR[0]
+assert (r_var.diff() < 0).all()
+assert kept[1] < 0.1 * kept[0]
+assert dR[-1] < 0.5 * dR[0]
+assert energy < 1e-6
+assert dR_norm[-1] < dR_norm[0]
+assert dR_norm[-1] - dR_norm[0] > dR[-1] - dR[0]
 fig, axes = plots(1, 3, size=(13, 4))
 if fig:
     axes[0].plot(r_var, 'o-', label='R^var_c')
@@ -1041,7 +1087,9 @@ err_steps = (torch.stack(steps, 1) - by_hand[:, 9:23]).abs().max()
 print(f'A. GPT by hand (loss {loss_by_hand:.4f}): GPT.forward logits, loss and last-position logits '
       f'max |difference| {err_forward:.1e};\n   GPT.logits {err_logits:.1e}; '
       f'prefill of 10 tokens, then 13 steps: {err_steps:.1e}')
-assert max(err_forward, err_logits, err_steps) < 1e-12 and no_loss is None and last.shape == (2, 1, 30)
+assert max(err_forward, err_logits, err_steps) < 1e-12
+assert no_loss is None
+assert last.shape == (2, 1, 30)
 
 
 # %% B. Appendix: the fused core. On a CPU the causal layer's training path runs tost_fast.CausalCore on large
@@ -1083,7 +1131,8 @@ err32 = max(relative(a, b) for a, b in zip(outputs_and_grads(layer, x.float(), g
 print(f'B. fused core in 5 chunks against the readable lines: float64 max |difference| {err64:.1e} '
       f'(values, values without autograd, every gradient);\n'
       f'   float32 against float64, largest relative error {err32:.1e}')
-assert err64 < 1e-12 and err32 < 1e-6
+assert err64 < 1e-12
+assert err32 < 1e-6
 tost.CausalTSSA.fast = True                      # the library's defaults again, for whatever runs next
 tost_fast.MIN_ELEMENTS = min_elements
 tost_fast.CHUNK = chunk
