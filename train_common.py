@@ -143,17 +143,10 @@ def load_weights(model, ckpt, path):
         raise UsageError(f"{path} does not fit its own model_args ({why})") from None
 
 
-# The folders this process holds. It runs one run at a time: a lock it still holds is an earlier run's that
-# ended in an exception, whose traceback a notebook keeps (and with it the open file), so the next run takes it.
-HELD = {}
-
-
 def lock_out_dir(out_dir):
     """Rank 0's hold on out_dir, an open file (kept by the caller while it writes there; closing lets go), so
     that two runs never write in one folder; then a save that kill -9 cut short leaves no temp file. None
     where fcntl is missing (Windows) or the filesystem has no locks: the folder is then unguarded."""
-    with contextlib.suppress(KeyError):
-        HELD.pop(os.path.realpath(out_dir)).close()
     lock = open_own(os.path.join(out_dir, ".lock"))
     if fcntl is None:
         return None
@@ -166,7 +159,6 @@ def lock_out_dir(out_dir):
         return None
     for tmp in glob.glob(os.path.join(glob.escape(out_dir), "*.tmp-*")):
         os.remove(tmp)
-    HELD[os.path.realpath(out_dir)] = lock
     return lock
 
 
