@@ -330,7 +330,7 @@ def draw_results(path, folder, taken=()):
     """The figures of a bench or study results file, drawn into `folder`, none over a path in `taken` (the
     absolute paths of another file's figures, drawn by the same command). Returns their paths."""
     try:
-        with open(path, encoding='utf-8') as f:
+        with open(path, encoding='utf-8-sig') as f:
             results = json.load(f)
         out = []
         for section, (name, draw) in FIGURES.items():

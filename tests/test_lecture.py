@@ -315,6 +315,10 @@ def test_a_tost_py_edited_since_is_said_before_it_fails_right_answers(monkeypatc
     monkeypatch.setattr(tost.TSSA, 'forward', lambda self, x: 1.01 * forward(self, x))
     assert checks.main(['--solutions', '5']) == 1
     one_line(capsys.readouterr().err, 'tost.py', 'derivation.py')
+    # one that no longer runs: said too, and the exercises that do not use it still pass
+    monkeypatch.setattr(tost.TSSA, 'forward', lambda self, x: 1 / 0)
+    assert checks.main(['--solutions', '2']) == 0
+    one_line(capsys.readouterr().err, 'tost.py')
 
 
 def test_an_answer_that_crashes_is_a_failure_in_one_line_naming_its_line():
