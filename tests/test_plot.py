@@ -101,6 +101,9 @@ def test_results_files_are_drawn_again_into_the_current_folder(tmp_path, monkeyp
     for f in ('bench.json', 'tasks.json'):
         shutil.copy(os.path.join(REPO, 'docs', f), tmp_path / 'docs')
     (tmp_path / 'docs' / 'speed.png').write_bytes(b'tracked')
+    # one saved again by an editor, with a byte-order mark
+    tasks = tmp_path / 'docs' / 'tasks.json'
+    tasks.write_bytes(b'\xef\xbb\xbf' + tasks.read_bytes())
     monkeypatch.chdir(tmp_path)
     plot.main(['docs/bench.json', 'docs/tasks.json'])
     read_png(tmp_path / 'speed.png', (400, 1000))
