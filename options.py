@@ -459,9 +459,11 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     # A Ctrl-C held while torch imported is raised here.
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    # (main() called from a notebook's cell: the kernel's own command line, `-f kernel.json`, is not its)
+    # main() called from a notebook's cell: the kernel's own command line (`-f kernel.json`, whatever launched
+    # it: Jupyter's, Colab's) is not its; `%run script.py --key=value` gives the script's, and a __file__.
     if argv is None:
-        argv = [] if sys.argv[0].endswith("ipykernel_launcher.py") else sys.argv[1:]
+        ran = hasattr(sys.modules.get("__main__"), "__file__")
+        argv = sys.argv[1:] if ran or not kernel else []
     if {"-h", "--help"} & set(argv):
         page = help_text(doc, defaults, source, presets, positional)
         # The values a preset given with --help puts in place of those above.

@@ -745,10 +745,14 @@ def test_a_list_option_given_with_its_key_is_one_word_as_typed():
     assert options.parse(["--runs=a,b"], dict(runs=[]))[0]["runs"] == ["a,b"]
 
 
-def test_main_called_from_a_notebook_cell_takes_the_defaults(monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["/usr/lib/python3/site-packages/ipykernel_launcher.py", "-f", "k.json"])
+@pytest.mark.parametrize("launcher", ["ipykernel_launcher.py", "colab_kernel_launcher.py"])
+def test_main_called_from_a_notebook_cell_takes_the_defaults(monkeypatch, launcher):
+    monkeypatch.setattr(options, "kernel", True)
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))     # a kernel's: no file
+    monkeypatch.setattr(sys, "argv", [f"/usr/lib/python3/site-packages/{launcher}", "-f", "k.json"])
     assert options.parse(None, dict(max_iters=5))[0] == dict(max_iters=5)
     # `%run train_gpt.py --max_iters=3` in the kernel: the script's own
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "train_gpt.py", raising=False)
     monkeypatch.setattr(sys, "argv", ["train_gpt.py", "--max_iters=3"])
     assert options.parse(None, dict(max_iters=5))[0] == dict(max_iters=3)
 
