@@ -274,7 +274,7 @@ def seed_of(*numbers):
     return int(np.random.SeedSequence(numbers).generate_state(1)[0])
 
 
-def backward_bytes(model, B, T, ctx):
+def backward_bytes(model, B, T, ctx, fused=True):
     """The bytes the autograd graph of a GPT keeps for the backward of B sequences of T tokens, from probes of
     two and three sequences of n = min(T, 256) tokens: what is fixed (the weights' copies under autocast) and
     a sequence's share. Past n, the share a t + b t^2 of t tokens is fitted to t = n and n / 2: b is 0
@@ -294,8 +294,9 @@ def backward_bytes(model, B, T, ctx):
 
     # A token's share at t tokens, a + b t, from batches of two and three (a batch of one keeps some views as
     # copies of their own); what a batch keeps once (the positions) is not a sequence's. The probes take the
-    # path the micro-step takes: on a CPU, past MIN_ELEMENTS numbers, the fused core, which keeps less.
-    fused = B * T * model.config.n_embd >= tost_fast.MIN_ELEMENTS
+    # path the micro-step takes: on a CPU, past MIN_ELEMENTS numbers, the fused core, which keeps less (not
+    # `fused` under --compile: the compiled step runs the readable lines).
+    fused = fused and B * T * model.config.n_embd >= tost_fast.MIN_ELEMENTS
     before = tost_fast.MIN_ELEMENTS
     tost_fast.MIN_ELEMENTS = 0 if fused else math.inf
     try:

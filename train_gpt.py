@@ -362,7 +362,7 @@ def main(argv=None):
     # What a micro-step keeps for its backward, found before it is tried: with the model's state, more than
     # the machine has is refused too.
     ctx = autocast(device, dtype)
-    need = backward_bytes(raw_model.to(device), B, T, ctx)
+    need = backward_bytes(raw_model.to(device), B, T, ctx, fused=not cfg['compile'])
     if have and need + state_bytes > have:
         raise UsageError(f"a micro-step of {B} x {T} tokens keeps about {need / 1e9:.3g} GB for its "
                          f"backward, which with the model's {state_bytes / 1e9:.3g} GB is more than the "

@@ -3,6 +3,7 @@ Offline, CPU only, a few seconds: python -m pytest -q tests/test_train_common.py
 import contextlib
 import errno
 import json
+import math
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import torch
 import options
 import sample
 import tost
+import tost_fast
 import train_common as tc
 from conftest import REPO, ended, one_line, python
 from train_common import UsageError
@@ -615,7 +617,7 @@ def kept_bytes(model, B, T):
 
 @pytest.mark.parametrize("attn, dropout, width, B", [("tssa", 0.0, 32, 3), ("tssa", 0.0, 128, 8),
                                                      ("softmax", 0.0, 32, 3), ("softmax", 0.1, 32, 3)])
-def test_backward_bytes_predicts_a_longer_batch(attn, dropout, width, B):
+def test_backward_bytes_predicts_a_longer_batch(attn, dropout, width, B, monkeypatch):
     """Probes of at most 256 tokens predict what a batch of 1024-token sequences keeps, within 2%: where the
     memory is linear in the tokens and where softmax's weights are kept for dropout (quadratic); where the
     batch is large enough for the CPU's fused core (8 x 1024 x 128 numbers) and the probes are not."""
@@ -625,6 +627,10 @@ def test_backward_bytes_predicts_a_longer_batch(attn, dropout, width, B):
     got = tc.backward_bytes(model, B, 1024, torch.autocast("cpu", enabled=False))
     want = kept_bytes(model, B, 1024)
     assert got == pytest.approx(want, rel=0.02)
+    # compiled, the step runs the readable lines at any size: so do the probes
+    got = tc.backward_bytes(model, B, 1024, torch.autocast("cpu", enabled=False), fused=False)
+    monkeypatch.setattr(tost_fast, "MIN_ELEMENTS", math.inf)
+    assert got == pytest.approx(kept_bytes(model, B, 1024), rel=0.02)
 
 
 def no_space(*args):

@@ -441,6 +441,20 @@ def test_a_signal_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir
     assert [r['iter'] for r in read_log(out, kind='train')] == list(range(1, it + 4))
 
 
+@pytest.mark.parametrize('compiled', [False, True])
+def test_the_memory_probe_takes_the_path_the_step_takes(data_dir, tmp_path, monkeypatch, compiled):
+    """Compiled, a CPU's step runs the readable lines (the fused core is eager only): so do the probes."""
+    asked = []
+
+    def probe(*args, fused):
+        asked.append(fused)
+        raise StopIteration
+    monkeypatch.setattr(train_gpt, 'backward_bytes', probe)
+    with pytest.raises(StopIteration):
+        train_gpt.main(tiny(data_dir, tmp_path / 'out', f'--compile={compiled}'))
+    assert asked == [not compiled]
+
+
 def test_a_resume_into_a_folder_another_run_holds_is_refused_as_such(data_dir, tmp_path, fails):
     """The other run has not saved yet: the folder is busy, not empty of checkpoints."""
     out = tmp_path / 'out'
