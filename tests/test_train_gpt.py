@@ -1344,7 +1344,7 @@ def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, train, tmp_pat
     # The backward leaves 8 bytes a parameter of 1 GB: more than the weights' 4, fewer than the model's 16.
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**9)
     monkeypatch.setattr(train_gpt, 'backward_bytes',
-                        lambda model, B, T, ctx: 10**9 - 8 * model.get_num_params(non_embedding=False))
+                        lambda model, B, T, ctx, fused: 10**9 - 8 * model.get_num_params(non_embedding=False))
     fails(train_gpt.main, args, '--batch_size', '--block_size')
     assert (out / 'ckpt.pt').read_bytes() == before
     # Without --overwrite, a folder that holds a checkpoint is refused before the model is probed.
@@ -1352,7 +1352,8 @@ def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, train, tmp_pat
     fails(train_gpt.main, tiny(data_dir, out, '--max_iters=2'), f'{out}/ckpt.pt', '--overwrite=true')
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**12)
     probed = []
-    monkeypatch.setattr(train_gpt, 'backward_bytes', lambda model, B, T, ctx: probed.append((B, T)) or 2e9)
+    monkeypatch.setattr(train_gpt, 'backward_bytes',
+                        lambda model, B, T, ctx, fused: probed.append((B, T)) or 2e9)
     train(tmp_path / 'roomy', '--max_iters=1')
     assert probed == [(4, 32)]
     printed = capsys.readouterr().out
