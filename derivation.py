@@ -200,8 +200,7 @@ err_pairs = (g_pairs - g_auto).abs().max()
 coupled = int((weights.abs() > 1e-12).sum(-1).sum(-1).min())
 print(f'2. grad R_c against autograd: d x d form (ReduNet) max |difference| {err_exact:.1e}, n x n form '
       f'{err_pairs:.1e};\n   the n x n form couples {coupled} of {n * n} pairs of tokens in every group')
-assert err_exact < 1e-12
-assert err_pairs < 1e-12
+assert max(err_exact, err_pairs) < 1e-12
 assert coupled == n * n
 
 # %% 3. The variational form (the paper's theorem and its equation 4). For f concave with f(0) = 0, a
@@ -279,10 +278,7 @@ print(f'4. (a) U_k = eigenbasis: max |U_k D_k U_k^T - C_k| {err_operator:.1e}; '
       f'   (b) fixed U_k, each group\'s tokens rotated onto them: R^var_c {before.item():.4f} -> '
       f'{after.item():.4f} = R_c {R_c(Zm, Pim, alpha).item():.4f}\n'
       f'       (|difference| {err_rotated:.1e}; R_c moved by {err_invariant:.1e})')
-assert err_operator < 1e-12
-assert err_step < 1e-12
-assert err_rotated < 1e-12
-assert err_invariant < 1e-12
+assert max(err_operator, err_step, err_rotated, err_invariant) < 1e-12
 assert before > after + 0.1
 
 # The picture: one group in R^2, one orthogonal U(theta) = the rotation by theta. R^var_c >= R_c at every
@@ -597,9 +593,7 @@ print(f'9. practical TSSA against its formulas: max |difference| {err_values:.1e
       f'alpha = 3 moved into U, max |difference| {err_alpha:.1e};\n'
       f'   c_proj tied: max |y + n grad R^var_c| {err_tied:.1e} at n = {n} and n = {4 * n}: '
       f'the step size is n, so a c_proj trained at one n takes other steps at another')
-assert err_values < 1e-12
-assert err_alpha < 1e-12
-assert err_tied < 1e-12
+assert max(err_values, err_alpha, err_tied) < 1e-12
 
 # Tokens meet only through 2p + 1 numbers per head: n_k, s_k, and q_k (each coordinate's sum of squares over
 # the tokens, for Pi). The layer's output again, each token's from that token and those numbers alone.
