@@ -200,7 +200,7 @@ err_pairs = (g_pairs - g_auto).abs().max()
 coupled = int((weights.abs() > 1e-12).sum(-1).sum(-1).min())
 print(f'2. grad R_c against autograd: d x d form (ReduNet) max |difference| {err_exact:.1e}, n x n form '
       f'{err_pairs:.1e};\n   the n x n form couples {coupled} of {n * n} pairs of tokens in every group')
-assert max(err_exact, err_pairs) < 1e-12
+assert all(e < 1e-12 for e in (err_exact, err_pairs))
 assert coupled == n * n
 
 # %% 3. The variational form (the paper's theorem and its equation 4). For f concave with f(0) = 0, a
@@ -278,7 +278,7 @@ print(f'4. (a) U_k = eigenbasis: max |U_k D_k U_k^T - C_k| {err_operator:.1e}; '
       f'   (b) fixed U_k, each group\'s tokens rotated onto them: R^var_c {before.item():.4f} -> '
       f'{after.item():.4f} = R_c {R_c(Zm, Pim, alpha).item():.4f}\n'
       f'       (|difference| {err_rotated:.1e}; R_c moved by {err_invariant:.1e})')
-assert max(err_operator, err_step, err_rotated, err_invariant) < 1e-12
+assert all(e < 1e-12 for e in (err_operator, err_step, err_rotated, err_invariant))
 assert before > after + 0.1
 
 # The picture: one group in R^2, one orthogonal U(theta) = the rotation by theta. R^var_c >= R_c at every
@@ -593,7 +593,7 @@ print(f'9. practical TSSA against its formulas: max |difference| {err_values:.1e
       f'alpha = 3 moved into U, max |difference| {err_alpha:.1e};\n'
       f'   c_proj tied: max |y + n grad R^var_c| {err_tied:.1e} at n = {n} and n = {4 * n}: '
       f'the step size is n, so a c_proj trained at one n takes other steps at another')
-assert max(err_values, err_alpha, err_tied) < 1e-12
+assert all(e < 1e-12 for e in (err_values, err_alpha, err_tied))
 
 # Tokens meet only through 2p + 1 numbers per head: n_k, s_k, and q_k (each coordinate's sum of squares over
 # the tokens, for Pi). The layer's output again, each token's from that token and those numbers alone.
@@ -656,7 +656,7 @@ print(f'   per-head scales {scales.tolist()} on the tie: '
       f'   Jacobian asymmetry ||J - J^T||/||J||: tied {asymmetries[0]:.1e}, rescaled {asymmetries[1]:.1e}, '
       f'generic c_proj {asymmetries[2]:.2f} (a gradient field has 0)')
 assert err_rescaled < 1e-12
-assert max(asymmetries[:2]) < 1e-12
+assert all(e < 1e-12 for e in asymmetries[:2])
 assert asymmetries[2] > 0.3
 
 
@@ -834,7 +834,7 @@ print(f'11. causal TSSA against its formulas: max |difference| {err_values:.1e}.
       f'    max |y_t + (t+1) grad_z_t R^var_c(Z_<=t, Pi_<=t)| = {max(errs):.1e}; '
       f'with the memberships re-estimated at time t instead: {max(errs_now):.3f}')
 assert err_values < 1e-12
-assert max(errs) < 1e-12
+assert all(e < 1e-12 for e in errs)
 assert max(errs_now) > 1e-3
 assert all(abs(s - (t + 1)) < 1e-9 for t, s in enumerate(sizes))
 
@@ -865,7 +865,7 @@ print(f'12. 40 recurrent steps against the parallel form: max |difference| {err_
       f'split at 15 with the state carried: {err_split:.1e},\n'
       f'    final states differ by at most {err_state:.1e}; the state holds {numbers} '
       f'numbers per head (p = 4) after any number of tokens')
-assert max(err_steps, err_split, err_state) < 1e-12
+assert all(e < 1e-12 for e in (err_steps, err_split, err_state))
 assert numbers == 2 * 4 + 1
 assert state.t == 40
 
@@ -1081,7 +1081,7 @@ err_steps = (torch.stack(steps, 1) - by_hand[:, 9:23]).abs().max()
 print(f'A. GPT by hand (loss {loss_by_hand:.4f}): GPT.forward logits, loss and last-position logits '
       f'max |difference| {err_forward:.1e};\n   GPT.logits {err_logits:.1e}; '
       f'prefill of 10 tokens, then 13 steps: {err_steps:.1e}')
-assert max(err_forward, err_logits, err_steps) < 1e-12
+assert all(e < 1e-12 for e in (err_forward, err_logits, err_steps))
 assert no_loss is None
 assert last.shape == (2, 1, 30)
 
