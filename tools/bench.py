@@ -8,7 +8,8 @@ and how). From the repo root:
     python -m tools.bench --device=cuda --dtype=bfloat16 --compile --sections=operator,model
     python -m tools.bench --sections=operator,limit
 
---json=PATH writes the numbers, and beside them speed.png and generation.png. On a GPU causal TSSA runs on the
+--json=PATH writes the numbers, and beside them speed.png and generation.png (the file is written whole: one
+that holds results of sections this run does not measure is refused). On a GPU causal TSSA runs on the
 Triton core, as it does in training (TOST_TRITON=0: on its readable lines, as docs/speed.md's H200 tables).
 """
 import os
