@@ -1436,7 +1436,7 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     # the machine's BLAS.
     residual = re.compile(r'\d\.\de[-+]\d\d')
     committed = open(os.path.join(root, 'docs', 'lecture.md'), encoding='utf-8').read()
-    stale = 'docs/lecture.md is not the lecture\'s output: run python tools/lecture_page.py and commit the page'
+    stale = "docs/lecture.md is not the lecture's output: run python tools/lecture_page.py and commit it"
     assert residual.sub('~', page) == residual.sub('~', committed), stale
     assert all(f'\n## {label}. ' in page for label in [*map(str, range(17)), 'A', 'B'])
     drawn = re.findall(r'^!\[(lecture-\w+\.png)\]', page, re.M)

@@ -465,7 +465,8 @@ def test_the_page_writer_runs_each_cell_at_its_own_lines(tmp_path, monkeypatch, 
     assert len(found) > 17 and all(lines[line - 1] == code.splitlines()[0] for line, code in found)
     # a cell whose code starts after a blank line, and fails at its line 7
     lecture = tmp_path / 'lecture.py'
-    lecture.write_text('"""A lecture."""\nx = 1\n# %% 1. One. Its text.\n# more text\n\nprint(x)\nassert x == 2\n')
+    lecture.write_text('"""A lecture."""\nx = 1\n# %% 1. One. Its text.\n# more text\n\n'
+                       'print(x)\nassert x == 2\n')
     monkeypatch.setattr(lecture_page, 'LECTURE', lecture)
     monkeypatch.setattr(sys, 'argv', ['lecture_page.py', f'--out={tmp_path}'])
     with pytest.raises(AssertionError) as e:

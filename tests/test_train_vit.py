@@ -286,7 +286,8 @@ def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, tr
     # where auto could be bfloat16)
     resolve = train_vit.resolve_dtype
     asked = []
-    monkeypatch.setattr(train_vit, 'resolve_dtype', lambda dtype, *a: asked.append(dtype) or resolve(dtype, *a))
+    monkeypatch.setattr(train_vit, 'resolve_dtype',
+                        lambda dtype, *a: asked.append(dtype) or resolve(dtype, *a))
     best = train_vit.main([f'--out_dir={trained}', '--init_from=best', '--eval_only', '--device=cpu',
                            '--viz_images=0'])
     assert best == load_checkpoint(os.path.join(trained, 'best.pt'))['best_acc'] and asked == ['float32']

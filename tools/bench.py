@@ -561,8 +561,8 @@ def run_sections(args, sections, results):
         with contextlib.suppress(OSError, ValueError, TypeError), open(path, encoding='utf-8-sig') as f:
             kept = [s for s in json.load(f) if s in sections and s not in names]
     if kept:
-        raise UsageError(f"--json={args.json} holds the results of {', '.join(kept)}, which this run does not "
-                         f"measure: run them too, or give another --json")
+        raise UsageError(f"--json={args.json} holds the results of {', '.join(kept)}, which this run does "
+                         f"not measure: run them too, or give another --json")
     t0 = time.time()
     for name in names:
         sections[name](args, results)

@@ -11,7 +11,8 @@ From the repo root:
 Every model in a table gets the same budget, printed with the table. --json=PATH writes the results, and
 beside them a figure per section: language.png, vision.png (learning curves), tasks.png (the capability map).
 The file is written whole: one that holds results of sections this run does not measure is refused. The runs
-go to out_dir/SECTION-RUN; a --quick or --smoke study's to SECTION-RUN-quick or -smoke, apart from a full one's.
+go to out_dir/SECTION-RUN; a --quick or --smoke study's to SECTION-RUN-quick or -smoke, apart from a full
+one's.
 """
 import os
 import sys
