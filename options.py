@@ -241,7 +241,7 @@ def peer_gone(exc):
     torchrun), else None: a RuntimeError naming the connection the peer closed, whichever collective it was in
     (DDP's backward, an all-reduce, a barrier)."""
     gone = re.search(r"Connection (reset|closed) by peer", str(exc))
-    if isinstance(exc, RuntimeError) and "RANK" in os.environ and gone:
+    if isinstance(exc, RuntimeError) and "LOCAL_RANK" in os.environ and gone:
         return gone[0]
     return None
 

@@ -217,7 +217,7 @@ def test_a_collective_cut_off_by_another_process_is_one_line_and_waits_to_be_sto
     one_line(capsys.readouterr().err, "--n_head=3")
     monkeypatch.setenv("RANK", "1")
     assert options.report(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
-    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("LOCAL_RANK")
     assert options.report(RuntimeError(PEER_GONE)) is None
 
 
@@ -226,6 +226,7 @@ def test_a_rank_left_in_the_environment_outside_torchrun_silences_nothing(monkey
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert options.report(UsageError("--batchsize is not an option")) == 2
     assert "rank" not in one_line(capsys.readouterr().err, "--batchsize")
+    assert options.report(RuntimeError(PEER_GONE)) is None
 
 
 def test_a_whole_write_names_its_file_but_not_another_one(tmp_path):
