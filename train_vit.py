@@ -247,6 +247,14 @@ def main(argv=None):
                          f"checkpoint")
     if eval_only and not path:
         raise UsageError("--eval_only needs a checkpoint: --init_from=resume, best or a path to a .pt file")
+    # A new run from weights in its own --out_dir would delete (or replace) the file it starts from.
+    if path and not resume and not eval_only:
+        if any(os.path.exists(p) and os.path.samefile(path, p) for p in (ckpt_path, best_path)):
+            raise UsageError(f"--init_from={cfg['init_from']}: a new run from {path} needs another --out_dir")
+    # An evaluation draws its maps next to its checkpoint, unless --out_dir says where.
+    if eval_only and 'out_dir' not in set_keys:
+        out_dir = os.path.dirname(path)
+        cfg['out_dir'] = out_dir
 
     # -------------------------------------------------------------------------
     # processes and the device: rank 0 talks for all
@@ -306,7 +314,8 @@ def main(argv=None):
     config = vit_config(cfg, set_keys, meta, ckpt)
     cfg['drop_path'] = config.drop_path
     if config.attn == 'tssa' and not -config.n_layer <= cfg['viz_layer'] < config.n_layer:
-        raise UsageError(f"--viz_layer={cfg['viz_layer']}: the model has {config.n_layer} TSSA layers")
+        raise UsageError(f"--viz_layer={cfg['viz_layer']}: the model has {config.n_layer} TSSA layers "
+                         f"(from -{config.n_layer} to {config.n_layer - 1})")
     seed = cfg['seed']
     torch.manual_seed(seed)
     if ckpt:
@@ -378,6 +387,14 @@ def main(argv=None):
     # the loop: at each epoch's end the test set and the checkpoints, then a step, then a log row
     # The step on disk (a fresh run has none to save at step 0).
     saved = step
+
+    # A loss that is not finite stops the run where every rank finds it (the losses are all-reduced); the
+    # checkpoint on disk is from before, and is kept.
+    def stop_if_diverged(what, loss):
+        if not math.isfinite(loss):
+            teardown(dist, lock)
+            fail(diverged(what, loss, f'step {step}', last_good(ckpt_path, saved, 'step'), cfg), 3)
+
     stop = False
     shard = None
     drawing = True
@@ -396,6 +413,7 @@ def main(argv=None):
             improved = False
             if i == 0 and step != saved and (epoch % cfg['eval_interval'] == 0 or step == total):
                 acc, test_loss = evaluate(eval_model, x_test, y_test, batch_size, ctx, dist)
+                stop_if_diverged('test loss', test_loss)
                 improved = acc > best_acc
                 best_acc = max(best_acc, acc)
                 say(f"epoch {epoch}/{epochs}: test loss {test_loss:.4f}, acc {acc:.4f} (best {best_acc:.4f})")
@@ -457,10 +475,7 @@ def main(argv=None):
             # The mean loss since the last row; a stop reads it too, not to save a model that diverged.
             if row_due or stop:
                 train_loss = mean_loss(loss_sum, since_row, dist)
-                if not math.isfinite(train_loss):
-                    teardown(dist, lock)
-                    kept = last_good(ckpt_path, saved, 'step')
-                    fail(diverged('training loss', train_loss, f'step {step}', kept, cfg), 3)
+                stop_if_diverged('training loss', train_loss)
             if row_due:
                 elapsed = time.time() - t_row
                 dt = elapsed / timed

@@ -213,12 +213,15 @@ def test_a_stop_during_the_evaluation_saves_there_and_takes_no_other_step(data, 
 
 def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path, capsys):
     before = Path(trained, 'best.pt').read_bytes()
-    # from scratch, or from the best.pt there: refused before the run says anything (a header would read as a
-    # run that started; a warmup as long as the run is not noted either)
-    for extra in ([], ['--init_from=best']):
+    # from scratch: refused before the run says anything (a header would read as a run that started; a warmup
+    # as long as the run is not noted either); from the best.pt there, also with --overwrite=true (which would
+    # delete the weights it starts from): refused, naming the option that says where else
+    for extra, names in (([], ['ckpt.pt']), (['--init_from=best'], ['best.pt', '--out_dir']),
+                         (['--init_from=best', '--overwrite=true'], ['best.pt', '--out_dir'])):
         capsys.readouterr()
-        with pytest.raises(UsageError, match=re.escape(f'{trained}/ckpt.pt')):
+        with pytest.raises(UsageError) as e:
             train_vit.main(base_args(data, trained, '--epochs=1', '--warmup_epochs=1', *extra))
+        assert all(name in str(e.value) for name in names)
         assert capsys.readouterr().out == ''
     assert Path(trained, 'best.pt').read_bytes() == before
     # best.pt alone: refused too, and not with advice to resume it (there is no ckpt.pt to go on from)
@@ -300,6 +303,14 @@ def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, tr
     train_vit.main([f'--out_dir={ev}', f'--init_from={trained}/best.pt', '--eval_only', '--device=cpu',
                     '--viz_images=1', '--compression_images=0'])
     assert os.listdir(ev / 'viz') == ['test0000.png']
+    # with no --out_dir, next to its checkpoint (not in the default out-vit, which may be another run's)
+    away = tmp_path / 'away'
+    away.mkdir()
+    shutil.copy(Path(trained, 'best.pt'), away)
+    monkeypatch.chdir(tmp_path)
+    train_vit.main([f'--init_from={away}/best.pt', '--eval_only', '--device=cpu', '--viz_images=1',
+                    f'--data_dir={data}', '--compression_images=0'])
+    assert os.listdir(away / 'viz') == ['test0000.png'] and not os.path.exists('out-vit')
     # a checkpoint whose config lacks a key it would take (an older one's): the default
     ckpt = load_checkpoint(os.path.join(trained, 'best.pt'))
     del ckpt['config']['viz_images']
@@ -603,6 +614,12 @@ def test_a_nan_loss_stops_and_names_the_last_good_checkpoint(data, tmp_path, mon
     assert (path in line) == bool(saved) and os.path.exists(path) == bool(saved)
     if saved:
         assert torch.load(path, weights_only=True)['step'] == saved
+
+
+def test_a_test_loss_that_is_not_finite_stops_before_saving(data, tmp_path, monkeypatch, fails):
+    monkeypatch.setattr(train_vit, 'evaluate', lambda *args: (0.5, math.nan))
+    fails(train_vit.main, base_args(data, str(tmp_path), '--epochs=2', '--viz_images=0'), code=3)
+    assert not os.path.exists(tmp_path / 'ckpt.pt') and not os.path.exists(tmp_path / 'best.pt')
 
 
 def test_out_of_memory_is_one_line_with_advice(data, tmp_path, monkeypatch, fails):
