@@ -15,6 +15,7 @@ import re
 import signal
 import sys
 import textwrap
+import threading
 import time
 import zipfile
 from collections import namedtuple
@@ -143,22 +144,35 @@ def load_weights(model, ckpt, path):
         raise UsageError(f"{path} does not fit its own model_args ({why})") from None
 
 
+# The folders this process holds, each with the thread whose run took it. A thread runs one run at a time: a
+# folder its thread still holds is an earlier run's that ended in an exception, whose traceback a notebook
+# keeps (and the open lock with it); the thread's next run takes it again. Another thread's is refused.
+HELD = {}
+
+
 def lock_out_dir(out_dir):
     """Rank 0's hold on out_dir, an open file (kept by the caller while it writes there; closing lets go), so
     that two runs never write in one folder; then a save that kill -9 cut short leaves no temp file. None
     where fcntl is missing (Windows) or the filesystem has no locks: the folder is then unguarded."""
+    key = os.path.realpath(out_dir)
+    earlier, thread = HELD.get(key, (None, None))
+    if thread == threading.get_ident():
+        earlier.close()
     lock = open_own(os.path.join(out_dir, ".lock"))
     if fcntl is None:
         return None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        lock.close()
         raise UsageError(f"another run is writing in --out_dir={out_dir}; let it finish, or choose another "
                          f"--out_dir") from None
     except OSError:
+        lock.close()
         return None
     for tmp in glob.glob(os.path.join(glob.escape(out_dir), "*.tmp-*")):
         os.remove(tmp)
+    HELD[key] = (lock, threading.get_ident())
     return lock
 
 

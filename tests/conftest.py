@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -78,6 +79,12 @@ def python(*args, cwd=REPO, timeout=300, **how):
     """`python ARGS` run to its end in `cwd`, its stdout and stderr captured as text."""
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           **how)
+
+
+def in_thread(f):
+    """f() in a thread of its own (another run of this process), its result or its exception."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(f).result()
 
 
 def ended(run, code, *names):

@@ -21,7 +21,7 @@ import sample
 import tost
 import tost_fast
 import train_common as tc
-from conftest import REPO, ended, one_line, python
+from conftest import REPO, ended, in_thread, one_line, python
 from train_common import UsageError
 
 
@@ -128,9 +128,10 @@ def test_an_optimizer_state_grouped_otherwise_is_one_line():
 
 
 def test_one_run_at_a_time_in_an_out_dir(tmp_path):
-    """Rank 0 holds out_dir/.lock while its run writes there: a second run into the same folder is refused."""
+    """Rank 0 holds out_dir/.lock while its run writes there: a second run into the same folder is refused, from
+    another process or another thread of this one."""
     out = str(tmp_path / "out")
-    lock = tc.make_out_dir(out, [], overwrite=False, fresh=True, master=True)
+    lock = in_thread(lambda: tc.make_out_dir(out, [], overwrite=False, fresh=True, master=True))
     # the run's other ranks
     assert tc.make_out_dir(out, [], overwrite=False, fresh=False, master=False) is None
     # another process
@@ -148,6 +149,14 @@ def test_one_run_at_a_time_in_an_out_dir(tmp_path):
     # the run lets go
     lock.close()
     tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True).close()
+    # A run of this thread that ended in an exception still holds its lock (a notebook keeps its traceback):
+    # the thread's next run takes the folder again; another thread's is refused.
+    kept = tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True)
+    with pytest.raises(UsageError):
+        in_thread(lambda: tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True))
+    assert not kept.closed
+    tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True).close()
+    assert kept.closed
     # a link in the lock's place is refused, not followed (opening it emptied the file it led to)
     os.remove(os.path.join(out, ".lock"))
     Path(tmp_path / "mine").write_text("mine")
@@ -856,4 +865,4 @@ def test_a_link_at_the_log_is_refused_before_a_checkpoint_is_deleted(tmp_path, f
     assert e.value.errno == errno.ELOOP and options.report(e.value) == 2
     assert (out / "ckpt.pt").read_bytes() == b"weights" and os.path.islink(out / "log.jsonl")
     # the folder is let go: another run may take it
-    tc.lock_out_dir(str(out)).close()
+    in_thread(lambda: tc.lock_out_dir(str(out))).close()

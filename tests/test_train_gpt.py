@@ -31,7 +31,7 @@ import tost
 import tost_fast
 import train_common
 import train_gpt
-from conftest import REPO, ENV, as_from_a_terminal, in_little_memory, one_line, run_with_slow_steps
+from conftest import REPO, ENV, as_from_a_terminal, in_little_memory, in_thread, one_line, run_with_slow_steps
 
 
 @pytest.fixture(scope='module')
@@ -459,11 +459,22 @@ def test_a_resume_into_a_folder_another_run_holds_is_refused_as_such(data_dir, t
     """The other run has not saved yet: the folder is busy, not empty of checkpoints."""
     out = tmp_path / 'out'
     out.mkdir()
-    held = train_common.lock_out_dir(str(out))
+    held = in_thread(lambda: train_common.lock_out_dir(str(out)))
     line = fails(train_gpt.main, tiny(data_dir, out, '--init_from=resume'), f'--out_dir={out}')
     held.close()
     # the lock's line, not the one of a folder without a checkpoint (which names --out_dir too)
     assert 'ckpt.pt' not in line
+
+
+def test_a_run_that_ended_in_an_exception_lets_the_next_run_of_this_process_take_its_folder(data_dir, tmp_path):
+    """A notebook keeps the traceback of a cell's exception, and with it the failed run's open lock."""
+    out = tmp_path / 'out'
+    out.mkdir()
+    (out / 'ckpt.pt').write_bytes(b'not a checkpoint')
+    with pytest.raises(options.UsageError) as kept:
+        train_gpt.main(tiny(data_dir, out, '--init_from=resume'))
+    train_gpt.main(tiny(data_dir, out, '--overwrite=true', '--max_iters=1'))
+    assert kept.tb is not None and torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 1
 
 
 @pytest.mark.parametrize('failure', ['disk full', 'second Ctrl-C'])
