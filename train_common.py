@@ -225,6 +225,13 @@ def optimizer_for(model, cfg, dtype, ckpt):
         # Another grouping of the parameters (a version that decays others) is a ValueError inside torch.
         try:
             optimizer.load_state_dict(ckpt["optimizer"])
+            # torch checks the grouping, not the moments: a step would run past the ends of smaller ones.
+            for p, state in optimizer.state.items():
+                for name, t in state.items():
+                    shape = () if name == "step" else p.shape
+                    if not torch.is_tensor(t) or t.shape != shape:
+                        raise ValueError(f"its {name} of a parameter of shape {tuple(p.shape)} is not of shape "
+                                         f"{tuple(shape)}")
         except ValueError as e:
             raise UsageError(f"the checkpoint's optimizer state does not fit this model's optimizer "
                              f"({first_line(e)}); start afresh in another --out_dir") from None

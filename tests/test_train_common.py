@@ -125,6 +125,16 @@ def test_an_optimizer_state_grouped_otherwise_is_one_line():
     state["param_groups"][1]["params"].append(state["param_groups"][0]["params"].pop())
     with pytest.raises(UsageError, match="optimizer state"):
         tc.optimizer_for(model, cfg, "float32", {"optimizer": state})
+    # moments (or a step count) of another shape than their parameter's: AdamW's step would run past their ends
+    for name, t in (("exp_avg", torch.zeros(1)), ("exp_avg_sq", torch.zeros(3, 3)), ("step", torch.zeros(2))):
+        optimizer = tc.optimizer_for(model, cfg, "float32", None)[0]
+        model(torch.zeros(1, 8, dtype=torch.long))[0].sum().backward()
+        optimizer.step()
+        state = optimizer.state_dict()
+        state["state"][0] = {**state["state"][0], name: t}
+        with pytest.raises(UsageError, match="optimizer state"):
+            tc.optimizer_for(model, cfg, "float32", {"optimizer": state})
+    tc.optimizer_for(model, cfg, "float32", {"optimizer": optimizer.state_dict()})
 
 
 def test_one_run_at_a_time_in_an_out_dir(tmp_path):
