@@ -442,6 +442,9 @@ def check_config(config, defaults, ranges, choices, source):
         for key, value in config.items():
             if type(value) is not type(defaults[key]):
                 raise UsageError(f"--{key} expects {type(defaults[key]).__name__}, got {value!r}")
+            # A control character in a name would be obeyed by the terminal it is printed to.
+            if isinstance(value, str) and not value.isprintable():
+                raise UsageError(f"--{key} holds a control character: {value!r}")
         check_values(config, ranges, choices)
     except UsageError as e:
         # (damaged, or from a version with other rules): a value typed on the command line replaces it, but

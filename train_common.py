@@ -39,6 +39,9 @@ except ImportError:
 
 # kind: (the script that writes it, what it models)
 TRAINERS = {"gpt": ("train_gpt.py", "language-model"), "vit": ("train_vit.py", "vision")}
+# What a run saves besides tensors: counts (whole numbers, 0 or more) and measures (finite numbers).
+COUNTS = ("iter_num", "tokens", "step", "since_row", "format")
+MEASURES = ("best_val_loss", "epoch", "best_acc", "loss_sum", "elapsed_s")
 
 
 def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
@@ -80,6 +83,27 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({reason})") from None
     if not isinstance(ckpt, dict):
         raise UsageError(f"checkpoint {path} is corrupt or unreadable ({type(ckpt).__name__}, not a dict)")
+    # A crafted file may hold anything. Shared references unfold, walked or printed, into more items than
+    # memory holds (a few hundred bytes into terabytes); a tensor on the meta device claims a size it lacks.
+    todo = [ckpt]
+    for _ in range(10**6):
+        if not todo:
+            break
+        value = todo.pop()
+        if isinstance(value, dict):
+            todo += [*value.keys(), *value.values()]
+        elif isinstance(value, (list, tuple)):
+            todo += value
+        elif isinstance(value, torch.Tensor) and value.is_meta:
+            raise UsageError(f"checkpoint {path} is corrupt or unreadable (a tensor that holds no numbers)")
+    if todo:
+        raise UsageError(f"checkpoint {path} is corrupt or unreadable (more than a million items, unfolded)")
+    for key in COUNTS + MEASURES:
+        value = ckpt.get(key, 0)
+        number = type(value) is int or type(value) is float and math.isfinite(value)
+        count = type(value) is int and value >= 0
+        if not (count if key in COUNTS else number):
+            raise UsageError(f"checkpoint {path} is corrupt or unreadable ({key}: {value!r:.40})")
     # The scripts read these by key: a hand-edited or foreign checkpoint may hold anything there.
     for key in ("model", "model_args", "meta", "config", "optimizer"):
         if not isinstance(ckpt.get(key, {}), dict):

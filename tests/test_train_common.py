@@ -57,6 +57,11 @@ class Plain:
 
 # every key asked for is there, but its model_args are no trainer's
 NO_KIND = dict(model={}, optimizer={}, iter_num=3, config={}, meta={}, model_args={"x": 1})
+GPT = dict(NO_KIND, model_args={"vocab_size": 8})
+# a list of shared references, a few hundred bytes in the file, a hundred billion characters unfolded
+LAUGHS = "ha" * 50
+for _ in range(30):
+    LAUGHS = [LAUGHS, LAUGHS]
 
 
 @pytest.mark.parametrize("thing, name", [({"model": {}, "extra": Plain()}, "Plain"),
@@ -70,7 +75,18 @@ NO_KIND = dict(model={}, optimizer={}, iter_num=3, config={}, meta={}, model_arg
                                          ({k: v for k, v in NO_KIND.items() if k != "optimizer"}
                                           | dict(model_args={"vocab_size": 8}), "optimizer"),
                                          # a checkpoint cut short: torch.load's RuntimeError, its OSError
-                                         (20, ""), (20000, "")])
+                                         (20, ""), (20000, ""),
+                                         # a tensor on the meta device (of any size, no numbers held),
+                                         # shared references unfolding beyond memory, in any key
+                                         (dict(GPT, model={"w": torch.empty(10**12, device="meta")}), ""),
+                                         (dict(GPT, iter_num=LAUGHS), ""),
+                                         (dict(GPT, meta={"tokenizer": LAUGHS}), ""),
+                                         # counts and measures that are not
+                                         (dict(GPT, iter_num="7"), "iter_num"),
+                                         (dict(GPT, iter_num=-5), "iter_num"),
+                                         (dict(GPT, tokens=1.5), "tokens"),
+                                         (dict(GPT, epoch=math.nan), "epoch"),
+                                         (dict(GPT, best_acc="0.5"), "best_acc")])
 def test_load_refuses_what_is_not_a_checkpoint_naming_it(tmp_path, thing, name):
     path = str(tmp_path / "ckpt.pt")
     cut = isinstance(thing, int)

@@ -1481,7 +1481,7 @@ def test_a_checkpoint_from_before_token_shift_and_softmax_layers_resumes(trained
 
 
 @pytest.mark.parametrize('edit', [dict(batch_size='x'), dict(log_interval=0), dict(dataset=['a']),
-                                  dict(dtype='bf16')])
+                                  dict(dtype='bf16'), dict(dataset='\x1b]0;title\x07')])
 def test_a_resume_checks_its_checkpoints_config_as_a_command_line(trained, tmp_path, fails, edit):
     """A damaged or crafted checkpoint's config (another type, out of its range) is one line naming the
     checkpoint and the key, not a traceback steps later."""
