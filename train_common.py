@@ -145,14 +145,14 @@ def check_fits(make, config, ckpt, path):
     before that model takes any memory: a crafted model_args would take as much as it names. Each layer holds
     tensors of its own; on the meta device, the model's numbers must be at most the bytes the file's tensors
     hold (a view of one number, stride 0, can claim any shape)."""
-    weights = ckpt["model"]
+    tensors = [t for t in ckpt["model"].values() if isinstance(t, torch.Tensor)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     layers = config.n_layer + getattr(config, "n_cls_layer", 0)
-    if layers > len(weights):
-        raise UsageError(f"{path} does not fit its own model_args ({layers} layers, {len(weights)} tensors)")
+    if layers > len(storages):
+        raise UsageError(f"{path} does not fit its own model_args ({layers} layers, {len(storages)} tensors)")
     model = on_meta(make, config)
     numbers = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
-    tensors = [t for t in weights.values() if isinstance(t, torch.Tensor)]
-    held = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+    held = sum(storages.values())
     if numbers > held:
         raise UsageError(f"{path} does not fit its own model_args (a model of {numbers} numbers, weights of "
                          f"{held} bytes)")

@@ -133,6 +133,16 @@ def test_a_model_built_for_its_shapes_runs_no_initialisation(monkeypatch):
         assert all(t.is_meta for t in (*model.parameters(), *model.buffers()))
 
 
+def test_layers_claimed_by_one_tensor_under_many_names_are_refused_before_any_is_built(monkeypatch):
+    """Each layer holds tensors of its own: a file naming one tensor under a key for each of 20000 layers
+    would have them built on the meta device first (a minute, a gigabyte)."""
+    config = tost.GPTConfig(n_layer=20000, n_head=2, n_embd=16, block_size=8, vocab_size=32)
+    one = torch.zeros(1)
+    monkeypatch.setattr(tc, "on_meta", lambda *args: pytest.fail("the model was built"))
+    with pytest.raises(UsageError, match="ckpt.pt"):
+        tc.check_fits(tost.GPT, config, {"model": {f"w{i}": one for i in range(20000)}}, "ckpt.pt")
+
+
 def test_an_optimizer_state_grouped_otherwise_is_one_line():
     """A checkpoint whose AdamW groups its parameters otherwise (a version that decays others)."""
     model = tost.GPT(tost.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
