@@ -2,6 +2,7 @@
 causal, recurrent equals parallel at other lengths, generation, the fused core at the lengths and precisions
 users train in, the presets, the mistakes. Tiny shapes, float64 where exactness matters."""
 
+import ast
 import copy
 import inspect
 import math
@@ -893,8 +894,10 @@ def test_positions_follow_the_rows_and_columns_of_a_grid_that_is_not_square():
     (lambda: ViTConfig(num_classes=-1), 'num_classes .*-1'),
     # no class attention: the head would read a class token nothing writes into, the same for every image
     (lambda: ViTConfig(n_cls_layer=0), 'n_cls_layer .*0'),
-    (lambda: GPTConfig(attn='linear'), "unknown attn 'linear'"),
-    (lambda: ViTConfig(attn='linear'), "unknown attn 'linear'"),
+    (lambda: GPTConfig(attn='no-such-attn'), "unknown attn 'no-such-attn'"),
+    (lambda: ViTConfig(attn='no-such-attn'), "unknown attn 'no-such-attn'"),
+    # a kind named (in ATTN_KINDS, say) that Block does not build: not TSSA under another name
+    (lambda: tost.Block(16, 2, attn='no-such-attn', block_size=8), "unknown attn 'no-such-attn'"),
     (lambda: preset('tost-xl'), "unknown preset 'tost-xl'"),
     (lambda: preset('tost-base', n_layers=2), 'tost-base has no field.s. n_layers; valid: '),
     (lambda: TSSA(16, 2, bias=True, whitebox=True), 'white-box TSSA needs bias=False'),
@@ -1043,8 +1046,8 @@ def test_a_subclass_with_its_own_memberships_steps_with_them_too():
 
 
 def test_a_subclass_with_its_own_memberships_runs_them_on_large_inputs_too():
-    """The fused cores compute CausalTSSA's memberships: a subclass that changes them runs its readable
-    lines, also when they come from a mixin."""
+    """The fused cores compute CausalTSSA's memberships and forward: a subclass that changes them runs its
+    readable lines, also when they come from a mixin."""
     class Uniform:
         def prefix_memberships(self, w2, Q, t0=0):
             return torch.full(w2.shape[:3], 1 / self.n_head)
@@ -1054,8 +1057,13 @@ def test_a_subclass_with_its_own_memberships_runs_them_on_large_inputs_too():
 
     class Mixed(Uniform, CausalTSSA):
         pass
+
+    # (a forward of its own, which here runs CausalTSSA's lines: another D would be another layer)
+    class Forward(CausalTSSA):
+        def forward(self, x, state=None):
+            return CausalTSSA.forward(self, x, state)
     x = torch.randn(1, 8192, 64)                                        # 2^19 numbers: the core's size
-    for kind in (Own, Mixed):
+    for kind in (Own, Mixed, Forward):
         torch.manual_seed(0)
         layer = kind(64, 4, block_size=8192)
         with torch.no_grad():
@@ -1447,3 +1455,17 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     assert word.returncode == 2 and word.stderr.startswith('error: ') and word.stdout == ''
     assert helped.returncode == 0 and helped.stdout.startswith("ToST's derivation as a lecture")
     assert helped.stderr == ''
+
+
+def test_the_first_read_names_the_lines_of_its_definitions():
+    """The module docstring's reading order gives, for each part, the lines from the first definition it names
+    to the end of the last."""
+    source = inspect.getsource(tost)
+    # a definition starts at its first decorator
+    spans = {node.name: (min(n.lineno for n in [node, *node.decorator_list]), node.end_lineno)
+             for node in ast.parse(source).body if hasattr(node, 'name')}
+    parts = re.findall(r"lines (\d+)-(\d+) .*\((.*)\)", tost.__doc__)
+    assert len(parts) == 5
+    for first, last, names in parts:
+        names = names.split(', ')
+        assert (int(first), int(last)) == (spans[names[0]][0], spans[names[-1]][1]), names

@@ -254,8 +254,8 @@ def optimizer_for(model, cfg, dtype, ckpt):
                 for name, t in state.items():
                     shape = () if name == "step" else p.shape
                     if not torch.is_tensor(t) or t.shape != shape:
-                        raise ValueError(f"its {name} of a parameter of shape {tuple(p.shape)} is not of shape "
-                                         f"{tuple(shape)}")
+                        raise ValueError(f"its {name} of a parameter of shape {tuple(p.shape)} is not of "
+                                         f"shape {tuple(shape)}")
         except ValueError as e:
             raise UsageError(f"the checkpoint's optimizer state does not fit this model's optimizer "
                              f"({first_line(e)}); start afresh in another --out_dir") from None

@@ -151,7 +151,7 @@ def test_an_optimizer_state_grouped_otherwise_is_one_line():
     state["param_groups"][1]["params"].append(state["param_groups"][0]["params"].pop())
     with pytest.raises(UsageError, match="optimizer state"):
         tc.optimizer_for(model, cfg, "float32", {"optimizer": state})
-    # moments (or a step count) of another shape than their parameter's: AdamW's step would run past their ends
+    # moments (or a step count) of another shape than their parameter's: AdamW's step ran past their ends
     for name, t in (("exp_avg", torch.zeros(1)), ("exp_avg_sq", torch.zeros(3, 3)), ("step", torch.zeros(2))):
         optimizer = tc.optimizer_for(model, cfg, "float32", None)[0]
         model(torch.zeros(1, 8, dtype=torch.long))[0].sum().backward()
@@ -164,8 +164,8 @@ def test_an_optimizer_state_grouped_otherwise_is_one_line():
 
 
 def test_one_run_at_a_time_in_an_out_dir(tmp_path):
-    """Rank 0 holds out_dir/.lock while its run writes there: a second run into the same folder is refused, from
-    another process or another thread of this one."""
+    """Rank 0 holds out_dir/.lock while its run writes there: a second run into the same folder is refused,
+    from another process or another thread of this one."""
     out = str(tmp_path / "out")
     lock = in_thread(lambda: tc.make_out_dir(out, [], overwrite=False, fresh=True, master=True))
     # the run's other ranks

@@ -466,7 +466,7 @@ def test_a_resume_into_a_folder_another_run_holds_is_refused_as_such(data_dir, t
     assert 'ckpt.pt' not in line
 
 
-def test_a_run_that_ended_in_an_exception_lets_the_next_run_of_this_process_take_its_folder(data_dir, tmp_path):
+def test_a_run_that_ended_in_an_exception_lets_the_next_run_here_take_its_folder(data_dir, tmp_path):
     """A notebook keeps the traceback of a cell's exception, and with it the failed run's open lock."""
     out = tmp_path / 'out'
     out.mkdir()
@@ -1103,7 +1103,7 @@ TINY = tiny('{data}', '{out}')
 RESUME = ['--init_from=resume', '--out_dir={trained}', '--data_dir={data}']
 MISTAKES = [
     (['--max_iters=0'], ['--max_iters', '0']),
-    (['--attn=linear'], ['linear', 'tssa', 'softmax']),
+    (['--attn=no-such-attn'], ['no-such-attn', 'tssa', 'softmax']),
     (['--dtype=bf16'], ['--dtype', 'bf16', 'bfloat16']),
     (['--out_dir='], ['--out_dir']),
     (['--out_dir= '], ['--out_dir', "' '"]),                          # blanks shown as typed

@@ -555,8 +555,8 @@ BAD_DATA = {'cifar10': 'prepare_data.py cifar10', 'synth30': 'synth30', 'text': 
             'notrain': 'notrain/train_images.npy'}
 # Options refused before the data is read (CIFAR-10, not prepared here): the line names the option.
 BAD_OPTIONS = ['--batchsize=3', '--epochs=two', '--eval_only', '--model=nosuch', '--model=tost-demo',
-               '--attn=linear', '--batch_size=0', '--drop_path=1', '--beta1=-0.1', '--learning_rate=inf',
-               '--weight_decay=1e30', '--init_from=', '--dtype=bf16']
+               '--attn=no-such-attn', '--batch_size=0', '--drop_path=1', '--beta1=-0.1',
+               '--learning_rate=inf', '--weight_decay=1e30', '--init_from=', '--dtype=bf16']
 # (the trained checkpoint put in out_dir with these keys changed, None: taken out (the first, a train_gpt.py
 # one); the arguments; what the line names)
 MISTAKES = [({'kind': None, 'model_args': {'vocab_size': 256}}, ['--init_from=resume'], 'train_gpt.py'),
