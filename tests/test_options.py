@@ -778,3 +778,8 @@ def test_an_error_line_shows_the_control_characters_of_what_it_quotes(capsys):
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "title" in err
     assert all(c.isprintable() for c in err.rstrip("\n")), repr(err)
+
+
+def test_a_config_read_from_a_file_takes_no_bool_for_a_number():
+    with pytest.raises(UsageError, match="ckpt.pt"):
+        options.check_config({"max_iters": True}, {"max_iters": 100}, {}, {}, "ckpt.pt")

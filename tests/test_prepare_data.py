@@ -151,7 +151,11 @@ def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys):
     command = re.search('python prepare_data.py (.*)', str(e.value))[1].replace('PATH', 'notes.txt')
     write('notes.txt', 'my own notes. ' * 20)
     assert main_exits(capsys, *command.split()) == (0, [])
-    assert load_meta('data/notes')['kind'] == 'text'
+    notes = load_meta('data/notes')
+    assert notes['kind'] == 'text'
+    # a model of the same tokenizer and another vocabulary is told so
+    with pytest.raises(UsageError, match='rebuild'):
+        load_meta('data/notes', 'text', dict(notes, vocab_size=notes['vocab_size'] + 1))
     # the command for an image set, typed as printed; a text model given one is told what it is
     with pytest.raises(UsageError) as e:
         load_meta('data/mnist', 'images')

@@ -254,6 +254,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
 # ids than the model has rows for, none: None deletes the key); a vision checkpoint (train_vit.py's)
 DAMAGE = [('model_args', 5), ('model', [1, 2]), ('meta', 'x'), ('meta', {}), ('kind', 'vit'),
           ('meta', dict(tokenizer='gpt2', vocab_size=50257)),
+          ('meta', dict(tokenizer='bytes', vocab_size=257)),
           ('model_args', dict(block_size=-5, vocab_size=256, n_layer=1, n_head=2, n_embd=32)),
           ('model_args', dict(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32, future=1)),
           ('meta', None)]

@@ -377,9 +377,9 @@ def test_what_one_rank_finds_reaches_every_rank(monkeypatch, tmp_path):
     two = tc.Dist(True, 1, 1, 2, False, "cpu")
     another_rank(monkeypatch, 1)
     assert tc.any_rank(False, two) and not tc.any_rank(False, SINGLE)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         tc.save_checkpoint({"iter_num": 1}, [str(tmp_path / "ckpt.pt")], two)
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == [] and e.value.code == 1
     another_rank(monkeypatch, 2.0)
     # 4 and 2 summed over 3 steps on each of 2 processes
     assert tc.mean_loss(torch.tensor(4.0), 3, two) == 1.0
@@ -902,3 +902,30 @@ def test_a_link_at_the_log_is_refused_before_a_checkpoint_is_deleted(tmp_path, f
     assert (out / "ckpt.pt").read_bytes() == b"weights" and os.path.islink(out / "log.jsonl")
     # the folder is let go: another run may take it
     in_thread(lambda: tc.lock_out_dir(str(out))).close()
+
+
+def test_a_filesystem_without_locks_leaves_the_folder_unguarded(tmp_path, monkeypatch):
+    def flock(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(tc.fcntl, "flock", flock)
+    assert tc.make_out_dir(str(tmp_path / "out"), [], overwrite=False, fresh=True, master=True) is None
+
+
+def test_a_model_needs_a_byte_of_weights_for_each_number():
+    config = tost.GPTConfig(block_size=8, vocab_size=256, n_layer=1, n_head=2, n_embd=16)
+    model = tost.GPT(config)
+    numbers = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+    tc.check_fits(tost.GPT, config, {"model": {"w": torch.zeros(numbers, dtype=torch.uint8)}}, "ckpt.pt")
+    with pytest.raises(UsageError):
+        tc.check_fits(tost.GPT, config, {"model": {"w": torch.zeros(numbers - 1, dtype=torch.uint8)}}, "p.pt")
+
+
+def test_each_step_starts_from_no_gradient_and_only_float16_scales_the_loss():
+    model = tost.GPT(tost.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32))
+    cfg = dict(beta1=0.9, beta2=0.95, weight_decay=0.1, learning_rate=1e-3)
+    scaled = [tc.optimizer_for(model, cfg, dtype, None)[1].is_enabled() for dtype in ("float16", "bfloat16")]
+    assert scaled == [True, False]
+    optimizer, scaler = tc.optimizer_for(model, cfg, "float32", None)
+    model(torch.zeros(1, 8, dtype=torch.long))[0].sum().backward()
+    tc.optimizer_step(optimizer, scaler, 1e-3, 0.0)
+    assert all(p.grad is None for p in model.parameters())

@@ -220,6 +220,8 @@ def test_run_log_and_checkpoint_roundtrip(trained, data_dir):
             losses.append(model(X, Y)[1].item())
     assert abs(sum(losses) / 2 - ckpt['val_loss']) < 1e-5
     assert ckpt['val_loss'] == evals[-1]['val_loss']
+    # --seed draws the windows too: another seed, other batches
+    assert starts.tolist() != train_gpt.window_starts(1338, 2, 1, 4, n_val, 32).tolist()
 
 
 def at_iter(monkeypatch, it, act):
