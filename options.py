@@ -349,7 +349,8 @@ def stop_signals_here():
 def stop_as_ctrl_c():
     """A script without a step to finish first ends on any stop signal as on Ctrl-C: a KeyboardInterrupt,
     which cleans up on its way out (a staging folder, a child process) and exits 130."""
-    for sig in stop_signals_here():
+    # (Not in a notebook's kernel, which would keep them: its manager stops it with SIGTERM.)
+    for sig in stop_signals_here() if not kernel else ():
         signal.signal(sig, signal.default_int_handler)
 
 
@@ -463,9 +464,11 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # main() called from a notebook's cell: the kernel's own command line (`-f kernel.json`, whatever launched
-    # it: Jupyter's, Colab's) is not its; `%run script.py --key=value` gives the script's, and a __file__.
+    # it: Jupyter's, Colab's) is not its; `%run script.py --key=value` gives the script's, and a __file__ (which
+    # `%run -i` leaves behind, with the kernel's command line back).
     if argv is None:
-        ran = hasattr(sys.modules.get("__main__"), "__file__")
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        ran = main_file is not None and os.path.abspath(main_file) == os.path.abspath(sys.argv[0])
         argv = sys.argv[1:] if ran or not kernel else []
     if {"-h", "--help"} & set(argv):
         page = help_text(doc, defaults, source, presets, positional)

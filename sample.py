@@ -10,8 +10,8 @@ Generation uses the recurrent form of causal TSSA (a few numbers per head and la
 every step costs the same and --max_new_tokens may exceed the block size (a full window restarts from its
 last half, in one parallel pass). The same --seed gives the same text on the same device. At the end, on
 stderr: tokens/s over all samples, reading each one's prompt included. On a CPU it uses one thread unless
-OMP_NUM_THREADS is set: a second adds only about 5% to a batch of one (docs/speed.md). In a terminal,
-control characters other than newline and tab are shown as symbols (ESC as ␛), not obeyed.
+OMP_NUM_THREADS is set, or in a notebook: a second adds only about 5% to a batch of one (docs/speed.md). In a
+terminal, control characters other than newline and tab are shown as symbols (ESC as ␛), not obeyed.
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import codecs
@@ -94,8 +94,8 @@ def main(argv=None):
     # auto on a CPU is float32: bf16 autocast casts the weights for every token of a batch of one (slower)
     dtype, _ = resolve_dtype('float32' if cfg['dtype'] == 'auto' and device == 'cpu' else cfg['dtype'],
                              device)
-    # batch 1: a second thread would not help (see the docstring)
-    if device == 'cpu' and 'OMP_NUM_THREADS' not in os.environ:
+    # batch 1: a second thread would not help (see the docstring); a notebook's kernel would keep one after
+    if device == 'cpu' and 'OMP_NUM_THREADS' not in os.environ and not options.kernel:
         torch.set_num_threads(1)
     model, ckpt = load_gpt(os.path.join(cfg['out_dir'], 'ckpt.pt'), device)
     tok = get_tokenizer(ckpt['meta']['tokenizer'])

@@ -162,6 +162,11 @@ def test_same_seed_same_text_and_one_thread_unless_told(out, capsys, monkeypatch
     torch.set_num_threads(2)
     sample.main(args)
     assert torch.get_num_threads() == 2 and '(cpu, 2 threads)' in capsys.readouterr().err
+    # in a notebook's kernel too, whose later cells (a training run) would keep one thread
+    monkeypatch.delenv('OMP_NUM_THREADS')
+    monkeypatch.setattr(sample.options, 'kernel', True)
+    sample.main(args)
+    assert torch.get_num_threads() == 2
     torch.set_num_threads(1)
 
 
