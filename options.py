@@ -464,8 +464,8 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # main() called from a notebook's cell: the kernel's own command line (`-f kernel.json`, whatever launched
-    # it: Jupyter's, Colab's) is not its; `%run script.py --key=value` gives the script's, and a __file__ (which
-    # `%run -i` leaves behind, with the kernel's command line back).
+    # it: Jupyter's, Colab's) is not its; `%run script.py --key=value` gives the script's, and a __file__
+    # (which `%run -i` leaves behind, with the kernel's command line back).
     if argv is None:
         main_file = getattr(sys.modules.get("__main__"), "__file__", None)
         ran = main_file is not None and os.path.abspath(main_file) == os.path.abspath(sys.argv[0])
