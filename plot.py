@@ -279,7 +279,8 @@ def vision_maps(path, image, cls_attn, pi, title):
     # colour map applies only to a grey one
     image = np.asarray(image)
     axes[0, 0].imshow(image.transpose(1, 2, 0) if len(image) == 3 else image[0], cmap='gray')
-    axes[0, 0].set_title(title, fontsize=8)
+    # (a class name read from a dataset's meta.json: a $ in it is shown, not read as a formula)
+    axes[0, 0].set_title(title.replace('$', r'\$'), fontsize=8)
     for r, maps in enumerate(rows):
         maps = np.asarray(maps, dtype=np.float64)
         for k in range(heads):
@@ -340,7 +341,7 @@ def draw_results(path, folder, taken=()):
                     raise UsageError(f"{out[-1]} is drawn already, from another results file: draw {path} "
                                      f"with another --out_dir")
                 draw(results, out[-1])
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as e:
         raise UsageError(f"cannot draw the figures of {path} ({type(e).__name__}: {e})") from None
     if not out:
         raise UsageError(f"{path} holds no results of tools.bench or tools.study (none of the sections "

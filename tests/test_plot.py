@@ -350,6 +350,12 @@ def test_a_vision_row_is_drawn_on_one_scale_per_row(drawn):
 
 # what a mutation audit found unpinned
 
+def test_a_class_name_with_dollar_signs_is_drawn_as_typed(tmp_path):
+    cls = np.zeros((2, 2, 2))
+    plot.vision_maps(str(tmp_path / 'x.png'), np.zeros((3, 4, 4), np.uint8), cls, None, '$\\undefined$')
+    assert (tmp_path / 'x.png').stat().st_size > 0
+
+
 def test_a_tost_runs_log_is_labelled_tost():
     """The demo's config has softmax_layers [] (no softmax block): ToST, not hybrid."""
     assert plot.read_run(os.path.join(REPO, "docs", "demo-log.jsonl"))[0] == "demo-log: ToST"
@@ -394,7 +400,7 @@ def test_a_vision_run_is_test_accuracy_against_epochs(tmp_path, monkeypatch):
     assert lines[0].get_ydata().tolist() == pytest.approx([0.2, 0.4, 0.6])
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"tasks": 5}', '{"operator": [1]}'])
+@pytest.mark.parametrize("text", ["{not json", '{"tasks": 5}', '{"operator": [1]}', '{"generation": []}'])
 def test_a_damaged_results_file_is_one_line_naming_it(tmp_path, monkeypatch, fails, text):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "r.json").write_text(text)
