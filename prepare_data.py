@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from options import UsageError, near, open_new, parse, say
+from options import UsageError, first_line, near, open_new, parse, say
 from readers import get_tokenizer, load_meta, recipe
 
 
@@ -353,8 +353,17 @@ def _owt_docs(files):
     a whole .txt, each as _text_dataset takes a document: in strings (one, but a .txt's chunks)."""
     for f in files:
         if f.endswith('.parquet'):
-            for batch in _pyarrow_parquet().ParquetFile(f).iter_batches(batch_size=1024, columns=['text']):
-                yield from ([t or ''] for t in batch.column(0).to_pylist())
+            parquet = _pyarrow_parquet()
+            # pyarrow's errors (a damaged file, no 'text' column) are ValueErrors, IndexErrors, KeyErrors.
+            try:
+                for batch in parquet.ParquetFile(f).iter_batches(batch_size=1024, columns=['text']):
+                    for text in batch.column(0).to_pylist():
+                        if not isinstance(text, (str, type(None))):
+                            raise TypeError(f"a {type(text).__name__} in it")
+                        yield [text or '']
+            except (ValueError, IndexError, KeyError, TypeError) as e:
+                raise UsageError(f"{f} is not a parquet file with a 'text' column of strings "
+                                 f"({first_line(e)})") from None
         elif f.endswith('.jsonl'):
             # Bytes that are not UTF-8 come in as lone surrogates: replaced with U+FFFD, as a .txt's are, and
             # said once a file.
@@ -741,9 +750,11 @@ def prepare(name, /, data_dir='data', **o):
                                  f"with --{key}={o[key]}, or --name=OTHER to keep both")
         say(f"{out} is already prepared ({held}); --force rebuilds it")
         return out
-    # A missing --input is named now (options' handler names the path), not after the vocabulary is fetched.
+    # A missing --input is named now (options' handler names the path), not after the vocabulary is fetched;
+    # so is a pipe or a device (a pipe's first read waits for a writer, /dev/zero never ends).
     if o.get('input'):
-        os.stat(o['input'])
+        if not os.path.isdir(o['input']):
+            _files_under(o['input'])
         # A later --force build would read the set's own meta.json as one of its documents.
         if Path(os.path.realpath(out)).is_relative_to(os.path.realpath(o['input'])):
             raise UsageError(f"{out}, where the dataset goes, is inside --input={o['input']}: pass a "

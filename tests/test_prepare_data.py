@@ -401,8 +401,10 @@ def test_a_folder_of_text_skips_what_is_not_text():
     assert 'caf\ufffd au lait'.encode() in bytes(ids('data/in', 'train'))
     run = python(*command, '--input=pipe', cwd='.')
     ended(run, 2, 'pipe')
-    # refused as what it is, not as a folder of no files
+    # refused as what it is, not as a folder of no files; the same for a dataset read from one file
     assert 'too little' not in run.stderr
+    run = python(command[0], 'shakespeare', '--input=pipe', '--tokenizer=bytes', cwd='.', timeout=60)
+    ended(run, 2, 'pipe')
 
 
 def test_a_folder_that_cannot_be_read_is_said(monkeypatch, capsys):
@@ -617,6 +619,15 @@ def test_openwebtext_local_streaming(tiny, monkeypatch, workers, threads):
         (val if i % 4 == 3 else train).extend(tiny.encode_ordinary(d) + [256] if d else [])
     assert (ids(out, 'train'), ids(out, 'val')) == (train, val)
     assert (load_meta(out)['dataset'], load_meta(out)['documents']) == ('openwebtext', 13)
+
+
+@pytest.mark.parametrize('content', ['PAR1 damaged', '["a text", 7]'])
+def test_a_parquet_file_that_is_damaged_or_holds_no_texts_is_one_line_naming_it(monkeypatch, content):
+    monkeypatch.setattr(prep, '_pyarrow_parquet', lambda: FakeParquet)
+    write('owt/p.parquet', content)
+    with pytest.raises(UsageError, match='owt/p.parquet'):
+        prepare('openwebtext', 'data', input='owt', tokenizer='bytes', name='owt')
+    assert not os.path.exists('data/owt')
 
 
 # -----------------------------------------------------------------------------
