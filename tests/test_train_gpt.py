@@ -1354,6 +1354,10 @@ def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, train, tmp_pat
     # Refused before --overwrite deletes anything.
     args = tiny(data_dir, out, '--max_iters=2', '--overwrite=true')
     fails(train_gpt.main, args + ['--n_layer=200', '--n_embd=4096', '--n_head=32'], '--n_layer', '--n_embd')
+    # from the config alone, before the model is built (10^8 blocks would take days to build)
+    with monkeypatch.context() as m:
+        m.setattr(train_gpt, 'on_meta', None)
+        fails(train_gpt.main, args + ['--n_layer=100000000'], '--n_layer', '--n_embd')
     # The backward leaves 8 bytes a parameter of 1 GB: more than the weights' 4, fewer than the model's 16.
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**9)
     monkeypatch.setattr(train_gpt, 'backward_bytes',
