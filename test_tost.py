@@ -890,6 +890,8 @@ def test_positions_follow_the_rows_and_columns_of_a_grid_that_is_not_square():
     # a size that is not a positive integer, named: not an error deep in torch at the first forward
     (lambda: GPTConfig(n_embd=10, n_head=0), 'n_head .*0'),
     (lambda: GPTConfig(vocab_size=0), 'vocab_size .*0'),
+    (lambda: GPTConfig(n_embd=1, n_head=1), 'n_embd .*1'),
+    (lambda: ViTConfig(n_embd=1, n_head=1), 'n_embd .*1'),
     (lambda: GPTConfig(block_size=16.0), 'block_size .*16.0'),
     (lambda: ViTConfig(num_classes=-1), 'num_classes .*-1'),
     # no class attention: the head would read a class token nothing writes into, the same for every image

@@ -1028,6 +1028,9 @@ def _check_positive(config, *names):
 
 
 def _check_shape(n_embd, n_head, attn):
+    # LayerNorm of one number is 0, whatever it is: a model of width 1 computes the same for every input.
+    if n_embd < 2:
+        raise ValueError(f"n_embd ({n_embd}) must be at least 2: LayerNorm of one number is always 0")
     if n_head <= 0 or n_embd % n_head != 0:
         raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
     if attn not in ATTN_KINDS:
