@@ -627,6 +627,10 @@ def _read_cifar(archive, spec):
                    if m.isfile() and posixpath.normpath(m.name) in wanted}
     except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         raise UsageError(f"{archive} is not a readable tar archive ({e})") from None
+    # (the other CIFAR's archive, say)
+    missing = sorted(wanted - set(got))
+    if missing:
+        raise UsageError(f"{archive} has no {missing[0]}: it is not {posixpath.basename(spec['url'])}")
 
     def load(member, check):
         try:

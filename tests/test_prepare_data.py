@@ -787,6 +787,9 @@ def test_only_cifars_members_are_read_and_each_at_most_a_cap(monkeypatch, capsys
     assert sorted(read) == sorted(f'cifar-10-batches-py/{b}' for b in members)
     monkeypatch.setattr(prep, '_MEMBER_BYTES', 1000)
     assert 'data_batch' in one_error(capsys, 'cifar10', '--archive=c.tar')
+    # the other CIFAR's archive: named as not the one asked for
+    make_cifar('c100.tar.gz', 'cifar100')
+    assert 'cifar-10-python.tar.gz' in one_error(capsys, 'cifar10', '--archive=c100.tar.gz')
 
 
 def test_cifar_pickled_by_python_2_as_published_is_read():
