@@ -345,6 +345,8 @@ def main(argv=None):
     # is refused (a CPU's operating system would kill the process without a word).
     have = memory_bytes(device)
     model_config = gpt_config(model_args)
+    if ckpt:
+        check_fits(tost.GPT, model_config, ckpt, ckpt_path)
     # An absurd size is refused from the config alone, before hours of building it: each block holds at least
     # 10 d^2 weights (two d x d matrices, the MLP's d x 4d pair), 16 bytes each.
     least = 16 * 10 * model_config.n_embd ** 2 * model_config.n_layer
@@ -353,8 +355,6 @@ def main(argv=None):
                          f"{least / 1e9:.3g} GB for their weights, gradients and AdamW's moments, more than "
                          f"the {have / 1e9:.3g} GB a process has of this {device}; try a smaller --n_layer "
                          f"or --n_embd")
-    if ckpt:
-        check_fits(tost.GPT, model_config, ckpt, ckpt_path)
     n_params = on_meta(tost.GPT, model_config).get_num_params(non_embedding=False)
     state_bytes = 16 * n_params
     if have and state_bytes > have:
