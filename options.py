@@ -47,6 +47,7 @@ import subprocess
 import textwrap
 import time
 import traceback
+import unicodedata
 
 
 class UsageError(Exception):
@@ -444,7 +445,7 @@ def check_config(config, defaults, ranges, choices, source):
             if type(value) is not type(defaults[key]):
                 raise UsageError(f"--{key} expects {type(defaults[key]).__name__}, got {value!r}")
             # A control character in a name would be obeyed by the terminal it is printed to.
-            if isinstance(value, str) and not value.isprintable():
+            if isinstance(value, str) and any(unicodedata.category(c) == "Cc" for c in value):
                 raise UsageError(f"--{key} holds a control character: {value!r}")
         check_values(config, ranges, choices)
     except UsageError as e:

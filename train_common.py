@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 import zipfile
 from collections import namedtuple
 
@@ -168,9 +169,10 @@ def load_weights(model, ckpt, path):
         raise UsageError(f"{path} does not fit its own model_args ({why})") from None
 
 
-# The folders this process holds, each with the thread whose run took it. A thread runs one run at a time: a
-# folder its thread still holds is an earlier run's that ended in an exception, whose traceback a notebook
-# keeps (and the open lock with it); the thread's next run takes it again. Another thread's is refused.
+# The folders this process holds, each with the thread whose run took it (a weak reference: a lock no run
+# keeps is let go). A thread runs one run at a time: a folder its thread still holds is an earlier run's that
+# ended in an exception, whose traceback a notebook keeps (and the open lock with it); the thread's next run
+# takes it again. Another thread's is refused.
 HELD = {}
 
 
@@ -179,9 +181,9 @@ def lock_out_dir(out_dir):
     that two runs never write in one folder; then a save that kill -9 cut short leaves no temp file. None
     where fcntl is missing (Windows) or the filesystem has no locks: the folder is then unguarded."""
     key = os.path.realpath(out_dir)
-    earlier, thread = HELD.get(key, (None, None))
-    if thread == threading.get_ident():
-        earlier.close()
+    earlier, thread = HELD.get(key, (lambda: None, None))
+    if thread == threading.get_ident() and earlier():
+        earlier().close()
     lock = open_own(os.path.join(out_dir, ".lock"))
     if fcntl is None:
         return None
@@ -196,7 +198,7 @@ def lock_out_dir(out_dir):
         return None
     for tmp in glob.glob(os.path.join(glob.escape(out_dir), "*.tmp-*")):
         os.remove(tmp)
-    HELD[key] = (lock, threading.get_ident())
+    HELD[key] = (weakref.ref(lock), threading.get_ident())
     return lock
 
 

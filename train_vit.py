@@ -250,10 +250,11 @@ def main(argv=None):
     # A new run from weights in its own --out_dir would delete (or replace) the file it starts from.
     if path and not resume and not eval_only:
         if any(os.path.exists(p) and os.path.samefile(path, p) for p in (ckpt_path, best_path)):
-            raise UsageError(f"--init_from={cfg['init_from']}: a new run from {path} needs another --out_dir")
+            raise UsageError(f"--init_from={cfg['init_from']}: a new run from {path} would write its "
+                             f"checkpoints over it; start it elsewhere: --init_from={path} --out_dir=OTHER")
     # An evaluation draws its maps next to its checkpoint, unless --out_dir says where.
     if eval_only and 'out_dir' not in set_keys:
-        out_dir = os.path.dirname(path)
+        out_dir = os.path.dirname(path) or '.'
         cfg['out_dir'] = out_dir
 
     # -------------------------------------------------------------------------
@@ -359,8 +360,8 @@ def main(argv=None):
     model = wrap(raw_model, dist, cfg['compile'])
     min_lr = learning_rate * cfg['min_lr_ratio']
 
-    # A new run holds its folder from here on (its checkpoint, if any, is read: --overwrite may delete it); a
-    # used one is refused before the run says anything of itself.
+    # A new run holds its folder from here on (weights it starts from were read, from another folder); a used
+    # one is refused before the run says anything of itself.
     lock = lock or make_out_dir(out_dir, [ckpt_path, best_path], cfg['overwrite'], not resume, master)
     capped = f" (of {whole}: --steps_per_epoch)" if steps_per_epoch < whole else ''
     n_params = raw_model.get_num_params()

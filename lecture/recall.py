@@ -109,8 +109,10 @@ def main(argv=None):
     # At most half a GB: a batch past what the machine holds is no MemoryError but the OOM killer, unsaid.
     if cfg['batch'] > 4096:
         raise options.UsageError(f"--batch must be at most 4096, got {cfg['batch']}")
-    # Tiny models: one thread is steadier than two on a shared machine, and the result does not change.
-    torch.set_num_threads(1)
+    # Tiny models: one thread is steadier than two on a shared machine, and the result does not change (not in
+    # a notebook's kernel, whose later cells would keep it).
+    if not options.kernel:
+        torch.set_num_threads(1)
     test = batch(1024, torch.Generator().manual_seed(10_000 + cfg['seed']))
     print(f'associative recall: {PAIRS} pairs of {KEYS} keys and {VALUES} values, one pair a token; '
           f'chance {1 / PAIRS:.3f} (a blind guess: {1 / VALUES:.4f})')

@@ -441,6 +441,22 @@ def test_a_batch_past_memory_is_refused_before_any_work(monkeypatch, fails):
     fails(recall.main, ['--batch=100000000', '--steps=1'], '--batch')
 
 
+def test_recall_keeps_a_notebook_kernels_thread_count(monkeypatch):
+    """(whose later cells would keep one thread)"""
+    class Began(Exception):
+        pass
+
+    def began(*args):
+        raise Began
+    monkeypatch.setattr(recall.options, 'kernel', True)
+    monkeypatch.setattr(recall, 'batch', began)
+    torch.set_num_threads(2)
+    with pytest.raises(Began):
+        recall.main(['--steps=1'])
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(1)
+
+
 def test_the_lecture_ends_in_one_line_on_a_mistake_and_quietly_on_a_closed_pipe():
     """A --figures that is a file: refused at once, exit 2, one line naming it. A reader that leaves after the
     first line (`| head -1`): exit 141, nothing on stderr."""

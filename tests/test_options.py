@@ -787,6 +787,10 @@ def test_an_error_line_shows_the_control_characters_of_what_it_quotes(capsys):
     assert all(c.isprintable() for c in err.rstrip("\n")), repr(err)
 
 
-def test_a_config_read_from_a_file_takes_no_bool_for_a_number():
+def test_a_config_read_from_a_file_takes_no_bool_for_a_number_nor_a_control_character():
     with pytest.raises(UsageError, match="ckpt.pt"):
         options.check_config({"max_iters": True}, {"max_iters": 100}, {}, {}, "ckpt.pt")
+    with pytest.raises(UsageError, match="ckpt.pt"):
+        options.check_config({"data_dir": "my\x1b[2Jdata"}, {"data_dir": "data"}, {}, {}, "ckpt.pt")
+    # a no-break space (a macOS screenshot's name has one) is no control character
+    options.check_config({"data_dir": "my\u00a0data\u202f"}, {"data_dir": "data"}, {}, {}, "ckpt.pt")

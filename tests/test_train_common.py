@@ -2,6 +2,7 @@
 Offline, CPU only, a few seconds: python -m pytest -q tests/test_train_common.py"""
 import contextlib
 import errno
+import gc
 import json
 import math
 import os
@@ -193,6 +194,10 @@ def test_one_run_at_a_time_in_an_out_dir(tmp_path):
     assert not kept.closed
     tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True).close()
     assert kept.closed
+    # a lock no run keeps any more (its traceback let go) is let go
+    tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True)
+    gc.collect()
+    in_thread(lambda: tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True)).close()
     # a link in the lock's place is refused, not followed (opening it emptied the file it led to)
     os.remove(os.path.join(out, ".lock"))
     Path(tmp_path / "mine").write_text("mine")

@@ -311,6 +311,12 @@ def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, tr
     train_vit.main([f'--init_from={away}/best.pt', '--eval_only', '--device=cpu', '--viz_images=1',
                     f'--data_dir={data}', '--compression_images=0'])
     assert os.listdir(away / 'viz') == ['test0000.png'] and not os.path.exists('out-vit')
+    # from the checkpoint's own folder
+    shutil.rmtree(away / 'viz')
+    monkeypatch.chdir(away)
+    train_vit.main(['--init_from=best.pt', '--eval_only', '--device=cpu', '--viz_images=1',
+                    f'--data_dir={data}', '--compression_images=0'])
+    assert os.listdir(away / 'viz') == ['test0000.png']
     # a checkpoint whose config lacks a key it would take (an older one's): the default
     ckpt = load_checkpoint(os.path.join(trained, 'best.pt'))
     del ckpt['config']['viz_images']
