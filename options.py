@@ -226,8 +226,11 @@ def file_written(tb):
 
 
 def first_line(exc):
-    """The first line of what `exc` says, cut to 100 characters (its class's name when it says nothing)."""
-    return textwrap.shorten((str(exc).strip().splitlines() or [type(exc).__name__])[0], 100)
+    """The first line of what `exc` says, cut to 100 characters (its class's name when it says nothing),
+    without the source line torch's C++ checks begin with (a CPU that is out of memory: `[enforce fail at
+    alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: ...`, whose bytes come last)."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return textwrap.shorten(re.sub(r"^\[enforce fail at [^]]*\] (err == 0\. )?", "", line), 100)
 
 
 def out_of_memory(exc):

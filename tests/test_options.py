@@ -699,13 +699,19 @@ def test_an_invalid_argument_off_windows_is_an_error_not_a_closed_pipe(monkeypat
 
 
 # A CPU's allocator, and a Mac GPU's (MPS): each a RuntimeError naming itself.
-@pytest.mark.parametrize("batch, steps, says", [(2, 3, "DefaultCPUAllocator: can't allocate memory"),
+CPU_OUT = ("[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+           "tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)")
+
+
+@pytest.mark.parametrize("batch, steps, says", [(2, 3, CPU_OUT),
                                                 (9, 5, "MPS backend out of memory (MPS allocated: 17 GiB)")])
 def test_out_of_memory_advice_keeps_the_tokens_a_step(monkeypatch, capsys, batch, steps, says):
     monkeypatch.setattr(options, "parsed", dict(batch_size=batch, gradient_accumulation_steps=steps))
     assert options.report(RuntimeError(says)) == 2
     err = capsys.readouterr().err
     assert f"--batch_size={batch // 2} " in err and f"--gradient_accumulation_steps={2 * steps} " in err
+    # what it tried to allocate is said
+    assert "68719476736 bytes" in err or "MPS" in err
 
 
 @pytest.mark.parametrize("name", ["InductorError", "BackendCompilerFailed"])
