@@ -38,8 +38,11 @@ except ImportError:
 # -----------------------------------------------------------------------------
 # checkpoints and the output folder
 
-# kind: (the script that writes it, what it models)
-TRAINERS = {"gpt": ("train_gpt.py", "language-model"), "vit": ("train_vit.py", "vision")}
+# kind: (the script that writes it, what it models, the model_args its shape is read from)
+TRAINERS = {"gpt": ("train_gpt.py", "language-model", ("vocab_size", "block_size", "n_layer", "n_head",
+                                                       "n_embd")),
+            "vit": ("train_vit.py", "vision", ("img_size", "patch_size", "in_chans", "num_classes", "n_layer",
+                                               "n_head", "n_embd"))}
 # What a run saves besides tensors: counts (whole numbers, 0 or more) and measures (finite numbers).
 COUNTS = ("iter_num", "tokens", "step", "since_row", "format")
 MEASURES = ("best_val_loss", "epoch", "best_acc", "loss_sum", "elapsed_s")
@@ -120,6 +123,9 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     if kind and (missing or not found):
         lacks = ", ".join(missing or ["model_args"])
         raise UsageError(f"{path} is not a {TRAINERS[kind][0]} checkpoint (no {lacks})")
+    shape = [key for key in TRAINERS[kind][2] if key not in ckpt["model_args"]] if kind else []
+    if shape:
+        raise UsageError(f"{path} is corrupt or unreadable (its model_args lack {shape[0]})")
     return ckpt
 
 

@@ -136,7 +136,8 @@ def vit_config(cfg, set_keys, meta, ckpt=None):
                          f"-channel images, {cfg['dataset']} has {meta['num_classes']} of {meta['channels']}")
     try:
         return tost.ViTConfig(**dict(args, img_size=meta['image_size']))
-    except ValueError as e:
+    # (a checkpoint's model_args may name a field ViTConfig lacks: a TypeError)
+    except (TypeError, ValueError) as e:
         raise UsageError(f"{cfg['model']} on {meta['image_size']}px images ({cfg['dataset']}): {e}") from None
 
 # -----------------------------------------------------------------------------

@@ -87,7 +87,9 @@ for _ in range(30):
                                          (dict(GPT, iter_num=-5), "iter_num"),
                                          (dict(GPT, tokens=1.5), "tokens"),
                                          (dict(GPT, epoch=math.nan), "epoch"),
-                                         (dict(GPT, best_acc="0.5"), "best_acc")])
+                                         (dict(GPT, best_acc="0.5"), "best_acc"),
+                                         # a model_args its shape is not read from
+                                         (GPT, "block_size")])
 def test_load_refuses_what_is_not_a_checkpoint_naming_it(tmp_path, thing, name):
     path = str(tmp_path / "ckpt.pt")
     cut = isinstance(thing, int)

@@ -600,6 +600,15 @@ def test_mistakes_end_in_one_line_before_anything_is_written(data, trained, tmp_
     assert {f: (out / f).read_bytes() for f in os.listdir(out) if f != '.lock'} == before
 
 
+@pytest.mark.parametrize('edit, named', [(dict(future=1), 'future'), (dict(num_classes=None), 'num_classes')])
+def test_model_args_that_are_no_models_are_one_line(data, trained, tmp_path, fails, edit, named):
+    """A field ViTConfig lacks, a field of the shape missing."""
+    ckpt = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
+    args = {k: v for k, v in {**ckpt['model_args'], **edit}.items() if v is not None}
+    torch.save(dict(ckpt, model_args=args), tmp_path / 'ckpt.pt')
+    fails(train_vit.main, base_args(data, str(tmp_path), '--init_from=resume', '--epochs=1'), named)
+
+
 @pytest.mark.parametrize('first, saved, bad', [(7, 4, math.nan), (1, None, math.nan), (8, 4, math.inf)])
 def test_a_nan_loss_stops_and_names_the_last_good_checkpoint(data, tmp_path, monkeypatch, fails, first,
                                                               saved, bad):
