@@ -63,6 +63,9 @@ def load_gpt(path, device):
             raise
         raise UsageError(f'{path} does not hold a model this tost.py can load ({first_line(e)})') from None
     load_weights(model, ckpt, path)
+    # (A run that diverged saves none such: a damaged file's would sample from NaN probabilities.)
+    if not all(p.isfinite().all() for p in model.parameters()):
+        raise UsageError(f"{path} does not hold a model this tost.py can load (weights that are not finite)")
     # sample.py decodes with the tokenizer the meta names, eval_gpt.py checks each dataset's against it: each
     # of its ids has a row in the model (a damaged checkpoint's may not: an id past them is an IndexError).
     tokenizer = ckpt['meta'].get('tokenizer')

@@ -4,6 +4,7 @@ command. What a mistake prints is checked by behaviour: exit 2, one line, the op
     python -m pytest -q tests/test_sample.py
 """
 import io
+import math
 import os
 import signal
 import subprocess
@@ -260,6 +261,8 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
 DAMAGE = [('model_args', 5), ('model', [1, 2]), ('meta', 'x'), ('meta', {}), ('kind', 'vit'),
           ('meta', dict(tokenizer='gpt2', vocab_size=50257)),
           ('meta', dict(tokenizer='bytes', vocab_size=257)),
+          # a weight that is not finite (a run that diverged saves none such)
+          ('model', lambda weights: {**weights, 'lm_head.weight': weights['lm_head.weight'] * math.nan}),
           ('model_args', dict(block_size=-5, vocab_size=256, n_layer=1, n_head=2, n_embd=32)),
           ('model_args', dict(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32, future=1)),
           ('meta', None)]
@@ -268,7 +271,7 @@ DAMAGE = [('model_args', 5), ('model', [1, 2]), ('meta', 'x'), ('meta', {}), ('k
 @pytest.mark.parametrize('key, value', DAMAGE)
 def test_a_damaged_checkpoint_is_one_line_naming_it(out, tmp_path, fails, key, value):
     ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
-    ckpt[key] = value
+    ckpt[key] = value(ckpt[key]) if callable(value) else value
     if value is None:
         del ckpt[key]
     torch.save(ckpt, tmp_path / 'ckpt.pt')
