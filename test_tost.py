@@ -2,7 +2,6 @@
 causal, recurrent equals parallel at other lengths, generation, the fused core at the lengths and precisions
 users train in, the presets, the mistakes. Tiny shapes, float64 where exactness matters."""
 
-import ast
 import copy
 import inspect
 import math
@@ -1461,17 +1460,3 @@ def test_derivation_runs_and_every_claim_it_prints_holds(tmp_path):
     assert word.returncode == 2 and word.stderr.startswith('error: ') and word.stdout == ''
     assert helped.returncode == 0 and helped.stdout.startswith("ToST's derivation as a lecture")
     assert helped.stderr == ''
-
-
-def test_the_first_read_names_the_lines_of_its_definitions():
-    """The module docstring's reading order gives, for each part, the lines from the first definition it names
-    to the end of the last."""
-    source = inspect.getsource(tost)
-    # a definition starts at its first decorator
-    spans = {node.name: (min(n.lineno for n in [node, *node.decorator_list]), node.end_lineno)
-             for node in ast.parse(source).body if hasattr(node, 'name')}
-    parts = re.findall(r"lines (\d+)-(\d+) .*\((.*)\)", tost.__doc__)
-    assert len(parts) == 5
-    for first, last, names in parts:
-        names = names.split(', ')
-        assert (int(first), int(last)) == (spans[names[0]][0], spans[names[-1]][1]), names

@@ -50,8 +50,9 @@ MEASURES = ("best_val_loss", "epoch", "best_acc", "loss_sum", "elapsed_s")
 
 def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     """torch.load with weights_only=True (loading cannot run code). One line naming the path if the file is
-    missing or not a checkpoint, or, given `kind` ('gpt' or 'vit'), is another trainer's or lacks the keys
-    `needs`."""
+    missing or not a checkpoint, holds what no trainer saves (a tensor on the meta device, references that
+    unfold past a million items, a count or measure that is not one), or, given `kind` ('gpt' or 'vit'), is
+    another trainer's, lacks the keys `needs` or a model_args field its shape is read from."""
     folder = os.path.dirname(path) or "."
     # A folder that is a file is the OSError handler's to name.
     if not os.path.exists(path) and not os.path.isfile(folder):

@@ -45,7 +45,7 @@ DEFAULTS = dict(
     out_dir='out-vit',          # ckpt.pt, best.pt (best test accuracy), log.jsonl, loss.png, viz/ (figures)
     init_from='scratch',        # scratch, resume (out_dir/ckpt.pt), best (out_dir/best.pt) or a .pt file
     overwrite=False,            # a new run where ckpt.pt/best.pt are: delete them, a new log (or refuse)
-    eval_only=False,            # evaluate the init_from checkpoint, draw the pictures, exit
+    eval_only=False,            # evaluate init_from's checkpoint, draw the pictures (viz/ beside it), exit
     # model
     model='tost-cifar',         # a vision preset: tost-cifar, tost-cifar-tiny, tost-t, tost-s, tost-m
     attn='tssa',                # tssa (ToST) or softmax (the baseline, everything else equal)
@@ -249,7 +249,7 @@ def main(argv=None):
     if eval_only and not path:
         raise UsageError("--eval_only needs a checkpoint: --init_from=resume, best or a path to a .pt file")
     # A new run from weights in its own --out_dir would delete (or replace) the file it starts from.
-    if path and not resume and not eval_only:
+    if path and not resume and not eval_only and os.path.exists(path):
         if any(os.path.exists(p) and os.path.samefile(path, p) for p in (ckpt_path, best_path)):
             raise UsageError(f"--init_from={cfg['init_from']}: a new run from {path} would write its "
                              f"checkpoints over it; start it elsewhere: --init_from={path} --out_dir=OTHER")

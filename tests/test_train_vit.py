@@ -579,6 +579,7 @@ MISTAKES = [({'kind': None, 'model_args': {'vocab_size': 256}}, ['--init_from=re
             (None, ['--viz_layer=-5'], '--viz_layer'),
             # stopped before the first evaluation: no best.pt yet, and the ckpt.pt there is named
             ({}, ['--init_from=best', '--eval_only'], ('best.pt', 'ckpt.pt')),
+            ({}, ['--init_from=best'], ('best.pt', 'ckpt.pt')),
             # a name mistyped: what --init_from takes is said
             (None, ['--init_from=resum'], ('--init_from=resum', 'scratch', 'best'))]
 MISTAKES += [(None, [f'--dataset={name}'], named) for name, named in BAD_DATA.items()]
@@ -859,6 +860,10 @@ def test_the_learning_rate_warms_up_over_its_epochs_and_decays_over_the_run(data
     # each row's rate and time are of its own step's 16 images
     assert [r['img_per_s'] * r['ms_per_step'] / 1000 for r in rows] == pytest.approx([16] * 8)
     assert rows[4]['ms_per_step'] < 500
+    # a resume with a larger --epochs stretches the cosine over the longer run (back up from the floor)
+    train_vit.main(['--init_from=resume', f'--out_dir={out}', '--epochs=3', '--viz_images=0'])
+    later = [r['lr'] for r in read_log(out, kind='train')[8:]]
+    assert later == pytest.approx([train_common.cosine_lr(step, 2e-3, 2e-4, 4, 12) for step in range(8, 12)])
 
 
 @pytest.mark.parametrize('batch, steps', [(24, 3), (100000, 1)])
