@@ -8,7 +8,9 @@ the lecture's figures into DIR; `python tools/lecture_page.py` writes docs/lectu
 outputs and figures, for reading without the project. Or open it as a notebook: each `# %%` line starts a
 cell (VS Code runs them as they are; Jupyter opens the file after `pip install jupytext`, and `%run
 derivation.py` runs it whole). Run the cells in order from the first: later ones use what earlier ones
-define.
+define. Until its last cell the lecture computes in float64 on the readable lines: a notebook that stops it
+part-way has those as its defaults (torch.set_default_dtype(torch.float32) and tost.CausalTSSA.fast = True
+set them back).
 
 A 90-minute class, its in-class exercises included (lecture/README.md): 0 why (5 min); 1-2 rate reduction and
 its exact step (10); 3-5 the variational form, the bridge from ReduNet and the corollary (15); 6-8 the step is

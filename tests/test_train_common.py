@@ -323,6 +323,14 @@ def test_a_signal_the_run_started_with_ignored_stays_ignored():
         signal.signal(signal.SIGHUP, before)
 
 
+def test_a_run_in_another_thread_sets_no_signal_handlers():
+    """(which Python allows in its main thread only: a ValueError after the run's whole set-up)"""
+    def run():
+        with tc.stop_signals("iter", master=True) as signals:
+            return signals
+    assert in_thread(run) == []
+
+
 def test_an_error_inside_stop_signals_after_a_signal_is_the_interrupt(capsys):
     """The compiler's g++ gets the terminal's Ctrl-C too and fails: that error, once a signal came, ends as
     an interrupt (test_ctrl_c_that_breaks_a_step_ends_as_an_interrupt); before one, it is itself; a save that
