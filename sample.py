@@ -11,7 +11,8 @@ every step costs the same and --max_new_tokens may exceed the block size (a full
 last half, in one parallel pass). The same --seed gives the same text on the same device. At the end, on
 stderr: tokens/s over all samples, reading each one's prompt included. On a CPU it uses one thread unless
 OMP_NUM_THREADS is set, or in a notebook: a second adds only about 5% to a batch of one (docs/speed.md). In a
-terminal, control characters other than newline and tab are shown as symbols (ESC as ␛), not obeyed.
+terminal or a notebook, control characters other than newline and tab are shown as symbols (ESC as ␛), not
+obeyed.
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import codecs
@@ -102,8 +103,8 @@ def main(argv=None):
         torch.set_num_threads(1)
     model, ckpt = load_gpt(os.path.join(cfg['out_dir'], 'ckpt.pt'), device)
     tok = get_tokenizer(ckpt['meta']['tokenizer'])
-    # (stdout closed, >&-: None)
-    shown = CONTROL_PICTURES if sys.stdout and sys.stdout.isatty() else {}
+    # (stdout closed, >&-: None; a notebook's output acts on \r, \b and escapes as a terminal does)
+    shown = CONTROL_PICTURES if sys.stdout and sys.stdout.isatty() or options.kernel else {}
 
     # the prompt: --start itself, or the UTF-8 file FILE:path names
     prompt = cfg['start']

@@ -192,6 +192,11 @@ def test_control_characters_are_shown_not_obeyed_in_a_terminal(out, capsys, monk
     shown = capsys.readouterr().out
     assert shown.startswith('␛[2J␇ding\t␍\n')
     assert not [c for c in shown if unicodedata.category(c) == 'Cc' and c not in '\n\t']
+    # and in a notebook's output, which acts on them too
+    monkeypatch.setattr(sys.stdout, 'isatty', lambda: False)
+    monkeypatch.setattr(sample.options, 'kernel', True)
+    sample.main(args + [f'--start={start}'])
+    assert capsys.readouterr().out == shown
     # every control character is pictured, not only those this seed drew
     assert sorted(sample.CONTROL_PICTURES) == [c for c in range(0xa0) if unicodedata.category(chr(c)) == 'Cc'
                                                and chr(c) not in '\n\t']
