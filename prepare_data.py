@@ -226,9 +226,17 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every):
 _READ = 1 << 23
 
 
+def _binary(path):
+    """Git's test: a NUL byte in the first 8 KB (UTF-16 text has them too)."""
+    with open(path, 'rb') as f:
+        return b'\0' in f.read(8192)
+
+
 def _read_text(path):
     """A file's text in strings of up to _READ bytes' worth, a character never split between two; utf-8-sig:
-    less the byte-order mark some Windows editors put first."""
+    less the byte-order mark some Windows editors put first. A binary file is refused."""
+    if _binary(path):
+        raise UsageError(f"{path} is binary (a NUL byte), not UTF-8 text")
     decoder = codecs.getincrementaldecoder('utf-8')()
     with open(path, 'rb') as f:
         # Empty only at the end, also where the mark is all the first read held.
@@ -314,9 +322,7 @@ def _build_text(stage, o):
     text = []
     binary = []
     for path in _files_under(o['input']):
-        # Git's test: a NUL byte in the first 8 KB means binary.
-        with open(path, 'rb') as f:
-            (binary if b'\0' in f.read(8192) else text).append(path)
+        (binary if _binary(path) else text).append(path)
     if binary and not text:
         raise UsageError(f"{o['input']} holds no text: its {len(binary)} file(s) are binary "
                          f"(a NUL byte, e.g. {binary[0]}); give --input text files (UTF-8)")

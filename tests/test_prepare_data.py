@@ -405,6 +405,12 @@ def test_a_folder_of_text_skips_what_is_not_text():
     assert 'too little' not in run.stderr
     run = python(command[0], 'shakespeare', '--input=pipe', '--tokenizer=bytes', cwd='.', timeout=60)
     ended(run, 2, 'pipe')
+    # a binary file, given or in a folder of documents: refused by name where no warning can skip it
+    ended(python(command[0], 'shakespeare', '--input=in/blob.so', '--tokenizer=bytes', cwd='.'), 2, 'blob.so')
+    write('owt/a.txt', 'some text ' * 10)
+    write('owt/b.txt', bytes(range(256)))
+    ended(python(command[0], 'openwebtext', '--input=owt', '--tokenizer=bytes', cwd='.'), 2, 'owt/b.txt')
+    assert not os.path.exists('data/shakespeare') and not os.path.exists('data/openwebtext')
 
 
 def test_a_folder_that_cannot_be_read_is_said(monkeypatch, capsys):
