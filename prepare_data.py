@@ -447,6 +447,9 @@ EVAL_SETS = {
                     count=5153, unit='passages'),
 }
 LAMBADA_TARGETS = 'val_targets.npy'
+# The files a dataset's folder holds besides meta.json, of every kind.
+DATA_FILES = ('train.bin', 'val.bin', LAMBADA_TARGETS, 'train_images.npy', 'train_labels.npy',
+              'test_images.npy', 'test_labels.npy')
 
 
 def _eval_source(o, spec):
@@ -791,6 +794,10 @@ def prepare(name, /, data_dir='data', **o):
         # An old dataset stops being complete before its files are replaced; meta.json comes last.
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out, 'meta.json'))
+        # A rebuild as another kind (text where images were) leaves none of the old kind's files behind.
+        for f in set(DATA_FILES) - set(os.listdir(stage)):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out, f))
         for f in sorted(os.listdir(stage), key=lambda f: f == 'meta.json'):
             options.replace(os.path.join(stage, f), os.path.join(out, f))
     finally:

@@ -771,6 +771,9 @@ def test_cifar_roundtrip(capsys, monkeypatch, which):
         load_meta(out, 'text')
     write('in.txt', 'hello there. ' * 20)
     assert f'data/{which}' in one_error(capsys, 'text', '--input=in.txt', f'--name={which}')
+    # rebuilt as text with --force: none of the images' files is left beside the text's
+    assert main_exits(capsys, 'text', '--input=in.txt', f'--name={which}', '--force')[0] == 0
+    assert sorted(os.listdir(out)) == ['meta.json', 'train.bin', 'val.bin']
     # Where os.path is Windows', the archive's names are read as they are written, with '/'.
     monkeypatch.setattr(prep.os, 'path', ntpath)
     assert len(prep._read_cifar('c.tar.gz', prep.CIFAR[which])[0][0]) == len(images) - 4
