@@ -45,6 +45,7 @@ import re
 import shlex
 import subprocess
 import textwrap
+import threading
 import time
 import traceback
 import unicodedata
@@ -230,7 +231,7 @@ def first_line(exc):
     without the source line torch's C++ checks begin with (a CPU that is out of memory: `[enforce fail at
     alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: ...`, whose bytes come last)."""
     line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return textwrap.shorten(re.sub(r"^\[enforce fail at [^]]*\] (err == 0\. )?", "", line), 100)
+    return textwrap.shorten(re.sub(r"^\[enforce fail at [^]]*\] ([^.]*\. )?", "", line), 100)
 
 
 def out_of_memory(exc):
@@ -346,6 +347,9 @@ def stop_signals_here():
     terminal's SIGHUP, Windows' Ctrl-Break (SIGBREAK); less any the process started with ignored, which stays
     so (nohup's SIGHUP, a background job's SIGINT)."""
     names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")
+    # Python takes signals in its main thread only: a run in another thread has none to handle.
+    if threading.current_thread() is not threading.main_thread():
+        return []
     found = [getattr(signal, name) for name in names if hasattr(signal, name)]
     return [sig for sig in found if signal.getsignal(sig) is not signal.SIG_IGN]
 

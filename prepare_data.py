@@ -420,6 +420,10 @@ def _build_openwebtext(stage, o):
         if not files:
             raise UsageError(f"{o['input']} holds no .parquet, .jsonl or .txt files, the kinds openwebtext "
                              f"reads; for other text files use the text dataset")
+        # A binary .txt is refused now, not hours into the build.
+        for f in files:
+            if f.endswith('.txt') and _binary(f):
+                raise UsageError(f"{f} is binary (a NUL byte), not UTF-8 text")
         source = os.path.abspath(o['input'])
     else:
         files = _owt_download(o['data_dir'])
@@ -794,12 +798,14 @@ def prepare(name, /, data_dir='data', **o):
         # An old dataset stops being complete before its files are replaced; meta.json comes last.
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(out, 'meta.json'))
-        # A rebuild as another kind (text where images were) leaves none of the old kind's files behind.
-        for f in set(DATA_FILES) - set(os.listdir(stage)):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(out, f))
-        for f in sorted(os.listdir(stage), key=lambda f: f == 'meta.json'):
+        new = os.listdir(stage)
+        for f in sorted(new, key=lambda f: f == 'meta.json'):
             options.replace(os.path.join(stage, f), os.path.join(out, f))
+        # A rebuild as another kind (text where images were) leaves none of the old kind's files behind
+        # (last: a file another process holds open on Windows leaves an extra file, not a broken dataset).
+        for f in set(DATA_FILES) - set(new):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(out, f))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         # A failed run leaves no empty folder behind that it made (rmdir keeps one that holds files).

@@ -597,8 +597,7 @@ def stop_signals(unit, master):
                 print(f"{signals[0]}: stopping after this {unit}; another one, a second or more later, stops "
                       f"at once, without saving", file=sys.stderr)
 
-    # Python takes signals in its main thread only: a run in another thread has no handlers to set.
-    stops = stop_signals_here() if threading.current_thread() is threading.main_thread() else []
+    stops = stop_signals_here()
     old = {sig: signal.signal(sig, handler) for sig in stops}
     try:
         yield signals

@@ -409,7 +409,11 @@ def test_a_folder_of_text_skips_what_is_not_text():
     ended(python(command[0], 'shakespeare', '--input=in/blob.so', '--tokenizer=bytes', cwd='.'), 2, 'blob.so')
     write('owt/a.txt', 'some text ' * 10)
     write('owt/b.txt', bytes(range(256)))
-    ended(python(command[0], 'openwebtext', '--input=owt', '--tokenizer=bytes', cwd='.'), 2, 'owt/b.txt')
+    # (before any document is read)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(prep, '_read_text', lambda path: pytest.fail(f'{path} was read'))
+        with pytest.raises(UsageError, match='owt/b.txt'):
+            prep.prepare('openwebtext', 'data', input='owt', tokenizer='bytes')
     assert not os.path.exists('data/shakespeare') and not os.path.exists('data/openwebtext')
 
 

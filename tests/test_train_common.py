@@ -324,11 +324,13 @@ def test_a_signal_the_run_started_with_ignored_stays_ignored():
 
 
 def test_a_run_in_another_thread_sets_no_signal_handlers():
-    """(which Python allows in its main thread only: a ValueError after the run's whole set-up)"""
+    """(which Python allows in its main thread only: a ValueError after the run's whole set-up), nor does a
+    script there that ends on a stop signal as on Ctrl-C (prepare_data's main)"""
     def run():
         with tc.stop_signals("iter", master=True) as signals:
             return signals
     assert in_thread(run) == []
+    in_thread(options.stop_as_ctrl_c)
 
 
 def test_an_error_inside_stop_signals_after_a_signal_is_the_interrupt(capsys):
