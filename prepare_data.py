@@ -232,11 +232,17 @@ def _binary(path):
         return b'\0' in f.read(8192)
 
 
+def _refuse_binary(files):
+    """Documents of a dataset that takes each file as text (no folder to skip it from): a binary one is
+    refused by name, before any is read."""
+    for f in files:
+        if _binary(f):
+            raise UsageError(f"{f} is binary (a NUL byte), not UTF-8 text")
+
+
 def _read_text(path):
     """A file's text in strings of up to _READ bytes' worth, a character never split between two; utf-8-sig:
-    less the byte-order mark some Windows editors put first. A binary file is refused."""
-    if _binary(path):
-        raise UsageError(f"{path} is binary (a NUL byte), not UTF-8 text")
+    less the byte-order mark some Windows editors put first."""
     decoder = codecs.getincrementaldecoder('utf-8')()
     with open(path, 'rb') as f:
         # Empty only at the end, also where the mark is all the first read held.
@@ -315,6 +321,7 @@ def _build_shakespeare(stage, o):
         offline = recipe(folder, {'dataset': 'shakespeare', 'input': 'input.txt', 'tokenizer': 'bytes'})
         raise UsageError(f"{e}; offline, fetch {SHAKESPEARE_URL} by hand, then: {offline}") from None
     path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH')
+    _refuse_binary([path])
     return _files_dataset(stage, o, [path], o.get('input', SHAKESPEARE_URL), tok)
 
 
@@ -420,10 +427,7 @@ def _build_openwebtext(stage, o):
         if not files:
             raise UsageError(f"{o['input']} holds no .parquet, .jsonl or .txt files, the kinds openwebtext "
                              f"reads; for other text files use the text dataset")
-        # A binary .txt is refused now, not hours into the build.
-        for f in files:
-            if f.endswith('.txt') and _binary(f):
-                raise UsageError(f"{f} is binary (a NUL byte), not UTF-8 text")
+        _refuse_binary([f for f in files if f.endswith('.txt')])
         source = os.path.abspath(o['input'])
     else:
         files = _owt_download(o['data_dir'])
