@@ -347,20 +347,17 @@ def main(argv=None):
     model_config = gpt_config(model_args)
     if ckpt:
         check_fits(tost.GPT, model_config, ckpt, ckpt_path)
-    # An absurd size is refused from the config alone, before hours of building it: each block holds at least
-    # 10 d^2 weights (two d x d matrices, the MLP's d x 4d pair), 16 bytes each.
-    least = 16 * 10 * model_config.n_embd ** 2 * model_config.n_layer
-    if have and least > have:
-        raise UsageError(f"{model_config.n_layer} blocks of width {model_config.n_embd} need at least "
-                         f"{least / 1e9:.3g} GB for their weights, gradients and AdamW's moments, more than "
-                         f"the {have / 1e9:.3g} GB a process has of this {device}; try a smaller --n_layer "
-                         f"or --n_embd")
-    n_params = on_meta(tost.GPT, model_config).get_num_params(non_embedding=False)
+    # A count from the config alone first, at most the model's (each block holds at least 10 d^2 weights: two
+    # d x d matrices, the MLP's d x 4d pair): an absurd size is refused before hours of building it.
+    n_params = 10 * model_config.n_embd ** 2 * model_config.n_layer
+    if not have or 16 * n_params <= have:
+        n_params = on_meta(tost.GPT, model_config).get_num_params(non_embedding=False)
     state_bytes = 16 * n_params
     if have and state_bytes > have:
-        raise UsageError(f"a model of {n_params / 1e9:.3g}B parameters needs about {state_bytes / 1e9:.3g} "
-                         f"GB for its weights, gradients and AdamW's moments, more than the {have / 1e9:.3g} "
-                         f"GB a process has of this {device}; try a smaller --n_layer or --n_embd")
+        raise UsageError(f"a model of {n_params / 1e9:.3g}B parameters needs at least "
+                         f"{state_bytes / 1e9:.3g} GB for its weights, gradients and AdamW's moments, more "
+                         f"than the {have / 1e9:.3g} GB a process has of this {device}; try a smaller "
+                         f"--n_layer or --n_embd")
     raw_model = tost.GPT(model_config)
     # '-1' of 4 blocks is [3].
     model_args['softmax_layers'] = list(raw_model.config.softmax_layers)
