@@ -449,7 +449,7 @@ def main(argv=None):
             teardown(dist, lock)
             fail(diverged(what, loss, f'iter {iter_num}', last_good(ckpt_path, saved, 'iter'), cfg), 3)
 
-    with stop_signals('iter', master) as signals:
+    with stop_signals('micro-step', master) as signals:
         while True:
             lr = cosine_lr(iter_num, learning_rate, min_lr, warmup_iters, lr_decay_iters)
             # Evaluate (and save) every eval_interval iterations and at the end; not again right after a
@@ -484,29 +484,31 @@ def main(argv=None):
             if iter_num >= max_iters:
                 break
 
-            # Ctrl-C or SIGTERM on any rank: every rank stops here, at the same step; rank 0 saves, unless the
-            # loss is not finite or the checkpoint is the best model so far (always_save_checkpoint=False).
-            if any_rank(bool(signals), dist):
-                carried = mean_loss(loss_sum.clone(), 1, dist)
-                finite = math.isfinite(carried)
-                keep_best = saved is not None and not cfg['always_save_checkpoint']
-                if finite and not keep_best and iter_num not in (0, saved):
-                    save_checkpoint(checkpoint(carried), [ckpt_path], dist)
-                    saved = iter_num
-                what = f"saved {ckpt_path}"
-                if saved != iter_num:
-                    what = f"not saved; {last_good(ckpt_path, saved, 'iter')}"
-                why = signals[0] if signals else 'on another rank'
-                if master:
-                    print(f"interrupted ({why}) at iter {iter_num}: {what}", file=sys.stderr)
-                    if saved is not None and finite:
-                        print(resume_command('train_gpt.py', cfg, set_keys, DEFAULTS), file=sys.stderr)
-                teardown(dist, lock)
-                sys.exit(130)
-
-            # one optimizer step: accum micro-steps on each process, DDP averages the gradients on the last
+            # one optimizer step: accum micro-steps on each process, DDP averages the gradients on the last;
+            # their losses join the sum once the step is taken
             starts = window_starts(seed, 0, iter_num, accum_total * B, sizes['train'], T)
+            step_losses = []
             for micro in range(accum):
+                # Ctrl-C or SIGTERM on any rank: every rank stops here, at the same micro-step, and drops the
+                # step begun (a resume takes it again); rank 0 saves, unless the loss is not finite or the
+                # checkpoint is the best model so far (always_save_checkpoint=False).
+                if any_rank(bool(signals), dist):
+                    carried = mean_loss(loss_sum.clone(), 1, dist)
+                    finite = math.isfinite(carried)
+                    keep_best = saved is not None and not cfg['always_save_checkpoint']
+                    if finite and not keep_best and iter_num not in (0, saved):
+                        save_checkpoint(checkpoint(carried), [ckpt_path], dist)
+                        saved = iter_num
+                    what = f"saved {ckpt_path}"
+                    if saved != iter_num:
+                        what = f"not saved; {last_good(ckpt_path, saved, 'iter')}"
+                    why = signals[0] if signals else 'on another rank'
+                    if master:
+                        print(f"interrupted ({why}) at iter {iter_num}: {what}", file=sys.stderr)
+                        if saved is not None and finite:
+                            print(resume_command('train_gpt.py', cfg, set_keys, DEFAULTS), file=sys.stderr)
+                    teardown(dist, lock)
+                    sys.exit(130)
                 # The global micro-step g takes rows g*B .. g*B+B-1 of the batch, and seeds dropout: the same
                 # numbers on any process count.
                 g = dist.rank * accum + micro
@@ -519,7 +521,8 @@ def main(argv=None):
                     with ctx:
                         loss = model(X, Y)[1] / accum
                     scaler.scale(loss).backward()
-                loss_sum += loss.detach()
+                step_losses.append(loss.detach())
+            loss_sum += sum(step_losses)
             optimizer_step(optimizer, scaler, lr, grad_clip)
             iter_num += 1
             tokens += tokens_per_iter

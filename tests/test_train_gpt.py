@@ -235,6 +235,17 @@ def at_iter(monkeypatch, it, act):
     monkeypatch.setattr(train_gpt, 'window_starts', starts)
 
 
+def at_micro_step(monkeypatch, it, g, act):
+    """act() as the micro-step g of iteration `it` seeds its dropout (train_gpt.seed_of)."""
+    real = train_gpt.seed_of
+
+    def seed_of(seed, index, micro):
+        if (index, micro) == (it, g):
+            act()
+        return real(seed, index, micro)
+    monkeypatch.setattr(train_gpt, 'seed_of', seed_of)
+
+
 def sigint():
     os.kill(os.getpid(), signal.SIGINT)
 
@@ -302,21 +313,23 @@ def test_ctrl_c_before_anything_is_saved_prints_no_resume_command(data_dir, tmp_
     assert not os.path.exists(tmp_path / 'out' / 'ckpt.pt')
 
 
-@pytest.mark.parametrize('act, saved', [(sigint, 7), (interrupt, 4)])
+@pytest.mark.parametrize('act, micro, saved', [(sigint, 0, 6), (sigint, 2, 7), (interrupt, 1, 4)])
 def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, train, tmp_path, monkeypatch,
-                                                                   ends, act, saved):
-    """SIGINT to this very process in iteration 6: the loop ends the step, saves at iter 7 (no eval there),
-    exits 130 and prints the command that goes on; a KeyboardInterrupt there (no save) exits 130 and keeps the
+                                                                   ends, act, micro, saved):
+    """SIGINT to this very process in the first of iteration 6's 3 micro-steps: the loop drops the step begun
+    before its next micro-step, saves at iter 6 (no eval there), exits 130 and prints the command that goes
+    on; in the last, it saves at iter 7. A KeyboardInterrupt in the second (no save) exits 130 and keeps the
     checkpoint of the eval at iter 4. The resume, with nothing but the out_dir (the schedule, the data order,
     the dropout RNG and the dtype come from the checkpoint), ends bit for bit where an unbroken run does, each
-    row of the log once, with the same learning rates and losses: both checkpoints fall between two rows (one
-    every 5 iterations), whose mean loss carries over. The row that spans the resume times only the steps
-    after it."""
-    args = ('--max_iters=10', '--eval_interval=4', '--dropout=0.1', '--log_interval=5')
+    row of the log once, with the same learning rates and losses: the checkpoints fall between two rows (one
+    every 5 iterations), whose mean loss carries over, without the dropped step's. The row that spans the
+    resume times only the steps after it."""
+    args = ('--max_iters=10', '--eval_interval=4', '--dropout=0.1', '--log_interval=5',
+            '--gradient_accumulation_steps=3')
     full = tmp_path / 'full'
     broken = tmp_path / 'broken'
     train(full, *args)
-    at_iter(monkeypatch, 6, act)
+    at_micro_step(monkeypatch, 6, micro, act)
     code, err = ends(train_gpt.main, tiny(data_dir, broken, *args))
     assert code == 130 and weights(broken)['iter_num'] == saved
     # the handler is given back
@@ -384,7 +397,7 @@ def test_ctrl_c_keeps_the_best_model_when_only_the_best_is_saved(data_dir, tmp_p
     """always_save_checkpoint=False (the shakespeare preset): ckpt.pt is the best model so far, and Ctrl-C
     keeps it; with no checkpoint yet, Ctrl-C saves as usual."""
     out = tmp_path / 'out'
-    at_iter(monkeypatch, 3, sigint)
+    at_iter(monkeypatch, 4, sigint)
     args = tiny(data_dir, out, '--max_iters=10', f'--eval_interval={interval}',
                 '--always_save_checkpoint=false')
     code, err = ends(train_gpt.main, args)
@@ -529,7 +542,7 @@ STOP_RANK_1_AT_3 = """import os, signal, sys
 import train_gpt
 real = train_gpt.window_starts
 def starts(seed, stream, index, *rest):
-    if (stream, index, os.environ['RANK']) == (0, 2, '1'):
+    if (stream, index, os.environ['RANK']) == (0, 3, '1'):
         os.kill(os.getpid(), signal.SIGINT)
     return real(seed, stream, index, *rest)
 train_gpt.window_starts = starts
