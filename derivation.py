@@ -842,8 +842,8 @@ assert all(abs(s - (t + 1)) < 1e-9 for t, s in enumerate(sizes))
 
 # %% 12. The recurrent state. Prefix sums advance one token at a time: the state (Q, A, P) holds 2p + 1
 # numbers per head at any length, so generating a token costs the same at any context length and no cache
-# grows. One step, with (Q, A, P) the sums over the t tokens before and w the new token's projection, in
-# order:
+# grows (the released code has no state: it runs the whole prefix again for each new token). One step, with
+# (Q, A, P) the sums over the t tokens before and w the new token's projection, in order:
 #     Q <- Q + w^2,   pi_t from w^2 / Q,   A <- A + pi_t w^2,   P <- P + pi_t,   y_t = -pi_t w / (1 + A / P):
 # the token counts in its own statistics, so at t = 0 A / P = w_0^2 whatever pi_0 is (the 1e-8 added to P
 # aside), and the first token's gain D is 1 / (1 + w_0^2). Steps from the state give the parallel outputs, and

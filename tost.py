@@ -31,9 +31,9 @@ result's shape, then, where it helps, the formula.
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 58-90     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
   lines 97-201    the white-box gradient step, then the practical operator (TSSA)
-  lines 208-333   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 340-432   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 439-633   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 208-335   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 342-435   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 442-636   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -206,7 +206,9 @@ class TSSA(nn.Module):
 
 
 class TSSAState(NamedTuple):
-    """Everything a causal TSSA layer remembers of the past, per head: 2p + 1 numbers, at any length."""
+    """Everything a causal TSSA layer remembers of the past, per head: 2p + 1 numbers, at any length. The
+    released code has no such state (it runs the whole prefix again for each new token); the prefix sums
+    below are what make it possible."""
     Q: torch.Tensor   # (B, K, p)  sum_{j<t} w_j^2           Pi's normaliser (Q_{t-1} in the formulas)
     A: torch.Tensor   # (B, K, p)  sum_{j<t} pi_j w_j^2      s_k of the prefix
     P: torch.Tensor   # (B, K)     sum_{j<t} pi_j            n_k of the prefix
@@ -353,21 +355,22 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """The paper's block: pre-LayerNorm, with layer-scale vectors g1, g2.
+    """The paper's block: pre-LayerNorm, with layer-scale vectors gamma_1, gamma_2.
 
-        x = x + g1 * attn(LN(x))
-        x = x + g2 * MLP(LN(x))
+        x = x + gamma_1 * attn(LN(x))
+        x = x + gamma_2 * MLP(LN(x))
 
     attn is chosen per block: 'tssa' (CausalTSSA if causal, else TSSA) or 'softmax' (the baseline). TSSA
     tied (c_proj = c_attn^T, no biases, nothing added to n_k) is an exact step of size n on R^var_c of its
     input, Pi held fixed (causal: token t's step has size t + 1, on its prefix); here its input is LN(x) and
-    its output is scaled coordinate by coordinate by g1 before it is added to x, not to LN(x). That is no
-    longer a gradient step. Non-causal, with g1 = g 1 (as at initialisation) and LayerNorm's gain c 1, g and
-    c > 0, it is a descent direction for R^var_c(LN(x)): to first order each token changes it by
-    -(n g c / sigma) grad^T P grad <= 0 (grad with respect to LN(x), P the normalisation's projector, sigma
-    the token's std). For unequal g1 (trained layer scales) it is not guaranteed; derivation.py section 10
-    measures how often it holds. The softmax baseline and the options beyond the paper (token_shift, lpi,
-    drop_path), and forward_with_options() that runs them, are in section 7 below.
+    its output is scaled coordinate by coordinate by gamma_1 before it is added to x, not to LN(x). That is
+    no longer a gradient step. Non-causal and tied, with gamma_1 = s 1 (its coordinates equal, as they are
+    at initialisation) and LayerNorm's gain a 1, s and a > 0, it is a descent direction for R^var_c(LN(x)):
+    to first order each token j changes it by -(n s a / sigma_j) g_j^T P_j g_j <= 0 (g_j its gradient with
+    respect to LN(x), P_j the normalisation's projector, sigma_j the token's std). For unequal gamma_1
+    (trained layer scales) it is not guaranteed; derivation.py section 10 measures how often it holds. The
+    softmax baseline and the options beyond the paper (token_shift, lpi, drop_path), and
+    forward_with_options() that runs them, are in section 7 below.
     """
 
     def __init__(self, n_embd, n_head, attn='tssa', causal=True, block_size=None, bias=False, dropout=0.0,
