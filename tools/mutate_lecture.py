@@ -46,10 +46,9 @@ EDITS = (('dim=2', 'dim=1'), ('dim=1', 'dim=2'), ('dim=-1', 'dim=-2'), ('(-1)', 
          ('.sub_(h)', '.add_(h)'), ('-Pi', 'Pi'), ('-de', 'de'), ('flip(x, [1])', 'flip(x, [2])'))
 
 
-def target_lines(path, names):
-    """[(function, line number)] of the one-line statements in the named functions' bodies, less SKIP."""
-    with open(path, encoding='utf-8') as f:
-        lines = f.readlines()
+def target_lines(lines, names):
+    """[(function, line number)] of the one-line statements in the named functions' bodies (of a file's
+    `lines`), less SKIP."""
     found = []
 
     def visit(node, prefix):
@@ -82,8 +81,7 @@ def split_top_level(text):
 
 def scaled(line):
     """The line with its value (the first, for a tuple) times 1.01, or None."""
-    code, _, comment = line.rstrip('\n').partition('  #')
-    comment = '  #' + comment if comment else ''
+    code, sep, comment = line.rstrip('\n').partition('  #')
     indent = code[:len(code) - len(code.lstrip())]
     body = code.strip()
     match = re.match(r'^(return |.+? (?:\+=|-=|\*=|/=) |[^=]+? = )(.+)$', body)
@@ -93,22 +91,21 @@ def scaled(line):
             return None                                     # a tuple unpacked from one value
         parts = split_top_level(value)
         parts[0] = f'({parts[0].strip()}) * 1.01'
-        return f'{indent}{head}{", ".join(p.strip() for p in parts)}{comment}\n'
+        return f'{indent}{head}{", ".join(p.strip() for p in parts)}{sep}{comment}\n'
     match = re.match(r'^(torch\.\w+)\((.*)$', body)
     if match:                                               # a call writing into out=: its first argument
         args = split_top_level(match.group(2))
         args[0] = f'({args[0].strip()}) * 1.01'
-        return f'{indent}{match.group(1)}({", ".join(a.strip() for a in args)}{comment}\n'
+        return f'{indent}{match.group(1)}({", ".join(a.strip() for a in args)}{sep}{comment}\n'
     return None
 
 
 def sign_or_axis(line):
     """The line with its first sign or axis of EDITS changed, or None."""
-    code, _, comment = line.rstrip('\n').partition('  #')
-    comment = '  #' + comment if comment else ''
+    code, sep, comment = line.rstrip('\n').partition('  #')
     for old, new in EDITS:
         if old in code:
-            return code.replace(old, new, 1) + comment + '\n'
+            return code.replace(old, new, 1) + sep + comment + '\n'
     return None
 
 
@@ -119,7 +116,7 @@ def plan():
         path = os.path.join(ROOT, name)
         with open(path, encoding='utf-8') as f:
             lines = f.readlines()
-        for function, number in target_lines(path, set(functions)):
+        for function, number in target_lines(lines, set(functions)):
             for kind, edit in (('1%', scaled), ('sign/axis', sign_or_axis)):
                 new = edit(lines[number - 1])
                 if new is not None and new != lines[number - 1]:
