@@ -131,11 +131,11 @@ def expect(condition, message):
         raise Wrong(message)
 
 
-def randomize(module, scale=0.3):
+def randomize(module):
     """Random parameters: matrices around 0, vectors (temperatures) around 1."""
     with torch.no_grad():
         for p in module.parameters():
-            p.copy_(torch.randn_like(p) * scale + (1.0 if p.dim() == 1 or p.shape[-1] == 1 else 0.0))
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 or p.shape[-1] == 1 else 0.0))
     return module
 
 
@@ -158,8 +158,8 @@ def gradient(objective, Z):
     return g
 
 
-def random_memberships(B, K, n, sharpness=2.0):
-    return torch.softmax(sharpness * torch.randn(B, K, n), dim=1)
+def random_memberships(B, K, n):
+    return torch.softmax(2.0 * torch.randn(B, K, n), dim=1)
 
 
 def orthonormal_heads(K, p, d):
@@ -416,18 +416,13 @@ def check_reorder_change(answer):
     return 'median relative change at T = 16, 64, 256: ' + '; '.join(rows)
 
 
-def three_planes(n, K=3, p=2, scales=(1.0, 0.5), noise=0.1):
-    """n tokens, token j in plane j mod K (U_k: orthonormal, mutually orthogonal), and the U (K, d, p)."""
-    U = orthonormal_heads(K, p, K * p)
-    coefficients = torch.randn(n, p) * torch.tensor(scales)
-    Z = torch.einsum('ndp,np->nd', U[torch.arange(n) % K], coefficients) + noise * torch.randn(n, K * p)
-    return Z[None], U
-
-
 @exercise(10, 'Delta R through unrolled layers', 'delta_R_through_layers')
 def check_delta_R_through_layers(answer):
     n, alpha, layers = 150, 10.0, 12
-    Z, U = three_planes(n)
+    # n tokens in R^6, token j in plane j mod 3 (U_k: orthonormal, mutually orthogonal), with a little noise.
+    U = orthonormal_heads(3, 2, 6)                                         # (K, d, p)
+    coefficients = torch.randn(n, 2) * torch.tensor([1.0, 0.5])
+    Z = torch.einsum('ndp,np->nd', U[torch.arange(n) % 3], coefficients)[None] + 0.1 * torch.randn(1, n, 6)
     layer = tost.TSSA(6, 3, whitebox=True, alpha=alpha, tau=0.05 * n)
     with torch.no_grad():
         layer.c_attn.weight.copy_(U.permute(0, 2, 1).reshape(6, 6))        # rows k p to (k+1) p - 1: U_k^T
