@@ -31,9 +31,9 @@ result's shape, then, where it helps, the formula.
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 58-90     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
   lines 97-201    the white-box gradient step, then the practical operator (TSSA)
-  lines 208-335   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 342-435   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 442-636   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 208-331   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 338-431   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 438-632   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -237,15 +237,11 @@ class CausalTSSA(TSSA):
 
     prefix_memberships() is TSSA.memberships() with the sums over tokens taken over the prefix (its own
     arguments: the squares and their prefix sums, not w). forward() computes all positions at once with
-    cumsum; step() advances one token from a TSSAState in O(p) per head: the same numbers. Both call it: a
-    subclass with other memberships overrides it (memberships() is the non-causal layer's), and uses or
-    deletes each parameter it inherits (DDP refuses one that no forward reaches); one with another step
-    overrides forward() and step(). Sums run in float32 under bf16/fp16 autocast (float16 overflows past
-    65504; a running bf16 sum stalls). Without a state or attention dropout, forward() runs a fused core,
-    tost_fast's on a CPU (from 2^19 numbers) or tost_triton's on CUDA, unless CausalTSSA.fast is False: the
-    same numbers to rounding, faster, with a first-order backward (a gradient of a gradient needs fast =
-    False). The cores compute these lines: a subclass with its own memberships or forward() runs its own,
-    unless its class says fast = True.
+    cumsum; step() advances one token from a TSSAState in O(p) per head: the same numbers. Sums run in
+    float32 under bf16/fp16 autocast (float16 overflows past 65504; a running bf16 sum stalls). On large
+    inputs forward() runs a fused core with these numbers to rounding (tost_fast.py says when; fast = False
+    keeps these lines, as a gradient of a gradient needs); a subclass with its own prefix_memberships() or
+    forward() runs its own lines, unless its class says fast = True (docs/models.md).
     """
 
     fast = True
