@@ -464,10 +464,10 @@ assert (overshoot > 1).any()
 # each projected coordinate by its sum of squares over the tokens (a column normalisation), so each head's
 # scores sum to p over the n tokens, about p/n each: at initialisation (temperature 1) Pi is close to uniform
 # when n >> p, and spread out when n is not much larger than p.
-# Causally (section 11) every sum over the tokens runs over the prefix j <= t, so a token's share w_t^2 / Q_t
-# of each coordinate is about 1/(t+1) and pi_t flattens as t grows; a learned position bias b_{k,t} (0 at
-# initialisation) gives each head a prior per position on top. At t = 0
-# it is exactly 1/K while b is 0 and the heads' temperatures are equal, as at initialisation, provided every
+# Causally (section 11) every sum over the tokens runs over the prefix j <= t, Q_t = sum_{j<=t} w_j^2, so a
+# token's share w_t^2 / Q_t of each coordinate is about 1/(t+1) and pi_t flattens as t grows; a learned
+# position bias b_{k,t} (0 at initialisation) gives each head a prior per position on top. At t = 0 it is
+# exactly 1/K while b is 0 and the heads' temperatures are equal, as at initialisation, provided every
 # |w_0i| >= 1e-6 (the prefix sums are clamped at 1e-12; an exercise says why).
 def at_initialisation(d, K, n, causal):
     layer = tost.CausalTSSA(d, K, block_size=n) if causal else tost.TSSA(d, K)
@@ -788,7 +788,8 @@ assert (rows['spread'][0] > 0).any()
 # formulas, token by token; then what it descends: with c_proj tied and nothing added to n_k, and the
 # memberships pi_0 .. pi_t held as the layer computed them, each at its own time,
 #     sum_k U_k y_tk = -(t+1) grad_{z_t} R^var_c(Z_{<=t}, Pi_{<=t}),
-# with y_tk = -pi_tk w_tk / (1 + A_tk / P_tk) head k's output at t before c_proj (section 12 computes it):
+# with y_tk = -pi_tk w_tk / (1 + A_tk / P_tk) head k's output at t before c_proj, A_tk = sum_{j<=t} pi_jk
+# w_jk^2 and P_tk = sum_{j<=t} pi_jk its prefix's s_k and n_k (section 12 computes them one token at a time):
 # each token takes a unit step on (t+1) R^var_c of its own prefix, as section 9's tied layer is a unit step on
 # n R^var_c. The growth with t is the objective's normalisation, not a different kind of step; but measured on
 # R^var_c itself, a late token takes a larger step than an early one, and no learned c_proj can absorb t + 1

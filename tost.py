@@ -30,10 +30,10 @@ result's shape, then, where it helps, the formula.
 
 First read, in order (lines of this file, spanning the definitions named in brackets):
   lines 58-90     the objective, the paper's equation 4 (variational_compression, compression_of_projections)
-  lines 97-201    the white-box gradient step, then the practical operator (TSSA)
-  lines 208-331   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
-  lines 338-431   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
-  lines 438-632   the language model, and generation with the recurrent state (GPTConfig, GPT)
+  lines 97-202    the white-box gradient step, then the practical operator (TSSA)
+  lines 209-333   prefix sums, the recurrent state, what the causal step descends (TSSAState, CausalTSSA)
+  lines 340-433   the block, and when it descends R^var_c of the normalised tokens (MLP, Block)
+  lines 440-634   the language model, and generation with the recurrent state (GPTConfig, GPT)
 The engineering starts there: the vision model (ViT), the softmax baseline, three options beyond the paper
 (TokenShift, LocalPatchInteraction, softmax_layers), presets, optimizer groups, FLOP counts.
 derivation.py is the lecture: each step of the derivation computed with these lines, in float64
@@ -60,8 +60,9 @@ def variational_compression(Z, Pi, U, alpha=1.0):
 
         R_c(Z, Pi) = 1/2 sum_k (n_k / n) logdet(I + alpha / n_k  M_k),   M_k = Z^T diag(pi_k) Z,
 
-    with each log-determinant, logdet(I + alpha/n_k M_k) = sum_i f(lambda_i(M_k / n_k)) with
-    f(x) = log(1 + alpha x), taken on the diagonal of M_k / n_k in the basis U_k, which is s_k / n_k, instead
+    alpha = d / eps^2 in the paper (eps the coding precision; the practical operator has alpha = 1, absorbed
+    into U). R^var_c takes each log-determinant, logdet(I + alpha/n_k M_k) = sum_i f(lambda_i(M_k / n_k))
+    with f(x) = log(1 + alpha x), on the diagonal of M_k / n_k in the basis U_k, which is s_k / n_k, instead
     of on its eigenvalues:
 
         R^var_c = 1/2 sum_k (n_k / n) sum_i f(s_ki / n_k)
@@ -71,8 +72,7 @@ def variational_compression(Z, Pi, U, alpha=1.0):
     group, and R^var_c is then no bound in general: on random tokens it falls below R_c (every one of 300
     draws in derivation.py section 5), and by the paper's corollary it is an upper bound again when U_k has
     orthonormal columns and M_k lies inside span(U_k) (all 300 draws there). It is the objective the layers
-    descend. alpha = d / eps^2 in the paper (eps the coding precision); the practical operator has alpha = 1,
-    absorbed into U.
+    descend.
 
     Z: (B, n, d) tokens as rows.  Pi: (B, K, n), summing to 1 over K.  U: (K, d, p).  Returns (B,).
     """
@@ -121,9 +121,9 @@ class TSSA(nn.Module):
       1. alpha is absorbed into the projection (U -> sqrt(alpha) U turns f' into 1/(1 + x); Pi of way 5
          ignores a head's scale, so the memberships stay as they were);
       2. the map back is a separately learned c_proj instead of U_k. It absorbs tau/n, at the n it was
-         trained at only. Tied to c_attn's transpose, with no biases and nothing added to n_k (eps = 0), the
-         layer is exactly -n grad R^var_c; with head k's block of the tie scaled by c_k > 0, exactly a step
-         on the reweighted sum_k c_k R^var_c,k; a generic learned c_proj makes it a field that is the
+         trained at only. Tied to c_attn's transpose, with no biases and nothing added to n_k (self.eps = 0),
+         the layer is exactly -n grad R^var_c; with head k's block of the tie scaled by c_k > 0, exactly a
+         step on the reweighted sum_k c_k R^var_c,k; a generic learned c_proj makes it a field that is the
          gradient of no function (derivation.py section 9);
       3. optional biases on both projections (the ViT has them);
       4. dropout on D (attn_dropout; the paper's models use none);
@@ -168,13 +168,14 @@ class TSSA(nn.Module):
     def memberships(self, w):
         """Pi, estimated from the tokens: a softmax over the heads, so the heads compete for each token and
         its memberships sum to 1 (rate reduction's soft partition). The derivation scores token j for group
-        k by ||U_k^T z_j||^2 / (2 eta), eta the noise around every subspace, learned as one temperature; the
-        released code, followed here, learns a temperature temp_k per head and first divides each
-        coordinate by its sum of squares over the tokens, so a head's score ignores its projection's scale:
+        k by ||U_k^T z_j||^2 / (2 eta), eta the variance of the noise around each subspace, learned as one
+        temperature; the released code, followed here, learns an inverse temperature temp_k per head and
+        first divides each coordinate by its sum of squares over the tokens, so a head's score ignores its
+        projection's scale:
 
             pi_jk = softmax_k( temp_k * sum_i w_jki^2 / sum_l w_lki^2 )
 
-        Each head's scores then sum to p over the n tokens, about p/n each, so at temperature 1 Pi is near
+        Each head's scores then sum to p over the n tokens, about p/n each, so at temp_k = 1 Pi is near
         1/K when n >> p, and sharpens only where a token carries much of a head's energy (derivation.py
         section 8).
         w: (B, K, n, p) -> Pi: (B, K, n), summing to 1 over K.
@@ -226,7 +227,8 @@ class CausalTSSA(TSSA):
     y_t depends on tokens <= t only; each token j entered A_t with the membership it had at its own time.
 
     What it descends. Tie c_proj to c_attn's transpose (U_k maps back), no biases, add nothing to n_k, and
-    hold the memberships pi_0 .. pi_t fixed as the layer computed them. Then at every position t
+    hold the memberships pi_0 .. pi_t fixed as the layer computed them. Then at every position t, with y_tk
+    head k's part of y_t before c_proj,
 
         sum_k U_k y_tk = -(t+1) grad_{z_t} R^var_c(Z_{<=t}, Pi_{<=t}):
 

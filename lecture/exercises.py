@@ -183,6 +183,7 @@ def delta_R_through_layers(Z, layer, layers, alpha):
     Apply a white-box TSSA layer `layers` times, Z_{l+1} = Z_l + layer(Z_l), each time with the memberships
     the layer estimates from Z_l, Pi_l = layer.memberships(layer.split_heads(layer.c_attn(Z_l))). Return
     Delta R(Z_l, Pi_l) = R(Z_l) - R_c(Z_l, Pi_l) for l = 0 .. layers, a tensor (layers + 1,). Z (1, n, d).
+    (derivation.py section 14 measures Delta R with the true groups instead, so its numbers differ.)
     Before running the check, predict: does Delta R, the objective the white-box story maximises, rise or
     fall?
     Check: equal to the check's own computation to 1e-9, on tokens from three planes.

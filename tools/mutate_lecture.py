@@ -4,7 +4,7 @@ run derivation.py there: an edit it does not fail on is a line the lecture does 
 
     python -m tools.mutate_lecture --list           # the lines it edits, and how
     python -m tools.mutate_lecture                  # every edit, one run of the lecture each
-    python -m tools.mutate_lecture tost.py:281      # the edits of one line
+    python -m tools.mutate_lecture tost.py:283      # the edits of one line
 
 The lines: every one-line statement in the bodies of the functions named in TARGETS (the objective, TSSA,
 CausalTSSA's memberships, forward, step and state, the MLP, the block, the GPT's forward, logits, prefill and
@@ -135,7 +135,7 @@ def lecture_fails(folder):
 
 
 DEFAULTS = dict(
-    lines=[],       # FILE:LINE (tost.py:281), as bare words: the edits of these lines only; none: every line
+    lines=[],       # FILE:LINE (tost.py:283), as bare words: the edits of these lines only; none: every line
     list=False,     # print the lines it edits, and how, and stop
 )
 
