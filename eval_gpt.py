@@ -148,7 +148,8 @@ def main(argv=None):
         tokens = readers.read_tokens(path, meta, 'val')
         readers.check_ids(path, 'val', tokens, meta)
         if len(tokens) < 2:
-            raise UsageError(f"{path}/val.bin has {len(tokens)} tokens, too few to score (at least 2)")
+            val = os.path.join(path, 'val.bin')
+            raise UsageError(f"{val} has {len(tokens)} tokens, too few to score (at least 2)")
         # LAMBADA's passages: (start, last word's start, end) each
         spans = None
         if meta.get('targets'):

@@ -382,9 +382,12 @@ atexit.register(exit_with_code)
 # A closed stderr (`2>&-`) is None here, and print(file=None) writes to stdout: into a sample or a table.
 if sys.stderr is None:
     sys.stderr = open(os.devnull, "w", encoding="utf-8")
-# A character the terminal's encoding lacks (a sample in an ASCII terminal) is printed as '?'.
+# A character the terminal's encoding lacks (a sample in an ASCII terminal) is printed as '?'. Windows writes
+# output redirected to a file or a pipe in its ANSI code page, which lacks most characters (its console is
+# UTF-8 already): UTF-8 there, as Python 3.15 does, unless PYTHONIOENCODING says otherwise.
 if hasattr(sys.stdout, "reconfigure"):
-    sys.stdout.reconfigure(errors="replace")
+    windows = os.name == "nt" and "PYTHONIOENCODING" not in os.environ
+    sys.stdout.reconfigure(encoding="utf-8" if windows else None, errors="replace")
 
 
 BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}

@@ -97,7 +97,7 @@ def _download(url, data_dir, hint, checksum=None):
         # A connection that closes early ends the read without an error: the length tells.
         if total and os.path.getsize(tmp) != total or not _matches(tmp, checksum):
             raise OSError("incomplete or corrupt")
-        os.replace(tmp, dest)
+        options.replace(tmp, dest)
         return dest
     # No network, DNS, HTTP 404, timeouts (URLError is an OSError), and the check above.
     except OSError as e:

@@ -61,8 +61,8 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         ours = kind and os.path.basename(path) in ("ckpt.pt", "best.pt")
         ours = ours and not os.path.exists(os.path.join(folder, "log.jsonl"))
         # Which run is meant (a preset's, the demo's) is the user's to say.
-        hint = (f"; python {TRAINERS[kind][0]} --out_dir={folder}, with the options of the run you want, "
-                f"writes one there") if ours else ""
+        hint = (f"; {command(TRAINERS[kind][0], [f'--out_dir={folder}'])}, with the options of the run you "
+                f"want, writes one there") if ours else ""
         # A run stopped before its first evaluation has its ckpt.pt and no best.pt yet.
         ckpt = os.path.join(folder, "ckpt.pt")
         if os.path.basename(path) == "best.pt" and os.path.isfile(ckpt):
@@ -697,5 +697,6 @@ def draw_loss(out_dir):
         plot.learning_curves([run], os.path.join(out_dir, "loss.png"), title=f"{out_dir}: learning curves")
         return True
     except Exception as e:
-        say(f"note: could not draw loss.png ({type(e).__name__}: {e}); the run goes on without it")
+        say(f"note: could not draw loss.png ({type(e).__name__}: {first_line(e)}); the run goes on without "
+            f"it")
         return False

@@ -26,6 +26,8 @@ os.environ['TOST_TRITON'] = '0'
 # modules.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
+# a disk that is always full: Linux's /dev/full (macOS has none)
+NEEDS_DEV_FULL = pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
 
 
 @pytest.fixture(scope='module', autouse=True)

@@ -24,7 +24,7 @@ import tost
 import train_common
 from test_prepare_data import encoding, jsonl
 from test_train_gpt import read_log
-from conftest import REPO, ENV, counted, one_line, run_main
+from conftest import NEEDS_DEV_FULL, REPO, ENV, counted, one_line, run_main
 
 
 WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i} , and not much @-@ else .'
@@ -433,7 +433,7 @@ def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_no_result_i
     assert [r['dataset'] for r in read_log(out)] == ['wikitext2']
 
 
-@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+@NEEDS_DEV_FULL
 def test_a_stdout_that_cannot_be_written_is_one_line_and_a_closed_pipe_ends_quietly(data_dir, tmp_path):
     """`> /dev/full`: the table would be lost, so exit 2 with one line, before any dataset is scored.
     `| head`: the reader left, and the evaluation ends quietly (141, as any program in a pipe)."""

@@ -17,7 +17,7 @@ import pytest
 
 import options
 import prepare_data
-from conftest import ENV, REPO, ended, one_line, python
+from conftest import ENV, NEEDS_DEV_FULL, REPO, ended, one_line, python
 from options import UsageError
 
 
@@ -339,6 +339,7 @@ SLEEP = "import options, sys, time\ntime.sleep(0.5)\n"
                                   ["train_gpt.py", "--help"],
                                   pytest.param(["-m", "tools.bench", "--smoke", "--sections=operator"],
                                                marks=pytest.mark.slow)])
+@NEEDS_DEV_FULL
 def test_a_closed_stdout_ends_quietly_and_a_full_one_is_one_line(argv):
     # As a shell runs it: stdout buffered, so what is still in the buffer is written at exit.
     env = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"}
@@ -371,7 +372,7 @@ def test_a_closed_pipe_on_windows_ends_quietly(monkeypatch, capsys):
     assert (code, named, said.out) == (141, 2, "") and "bad:name" in one_line(said.err)
 
 
-@pytest.mark.parametrize("full", [False, True], ids=["closed", "full"])
+@pytest.mark.parametrize("full", [False, pytest.param(True, marks=NEEDS_DEV_FULL)], ids=["closed", "full"])
 def test_say_lets_a_closed_or_full_stdout_go_and_says_so_once(full):
     """say() lets the pipe (or a full /dev/full) go and the script goes on (a run saves after its reader is
     gone), with one line on stderr naming stdout, however often it says more."""
@@ -390,6 +391,19 @@ def test_what_stdout_cannot_encode_is_printed_as_a_question_mark():
     r = subprocess.run([sys.executable, "-c", "import options; print('caf\\xe9')"], cwd=REPO,
                        capture_output=True, env=dict(os.environ, PYTHONIOENCODING="ascii"), timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (0, b"caf?\n", b"")
+
+
+@pytest.mark.parametrize("system, told, wrote", [("nt", {}, "caf\xe9 \u2603".encode()),
+                                                 ("nt", {"PYTHONIOENCODING": "latin-1"}, b"caf\xe9 ?"),
+                                                 ("posix", {}, b"caf? ?")])
+def test_output_redirected_on_windows_is_utf8_unless_told_otherwise(system, told, wrote):
+    """Windows writes a stdout redirected to a file in its ANSI code page (ascii stands in for it here): in
+    UTF-8 instead, unless PYTHONIOENCODING names an encoding; elsewhere the locale's, as it was."""
+    env = {k: v for k, v in ENV.items() if k != "PYTHONIOENCODING"}
+    env.update(LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0", **told)
+    code = f"import os\nos.name = {system!r}\nimport options\nprint('caf\\xe9 \\u2603')"
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, env=env, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (0, wrote + b"\n", b"")
 
 
 SCRIPTS = ("train_gpt", "train_vit", "sample", "eval_gpt", "plot", "prepare_data", "tools.bench",

@@ -34,7 +34,7 @@ import readers
 from options import UsageError
 from prepare_data import prepare
 from readers import get_tokenizer, load_meta, read_images, read_tokens
-from conftest import REPO, as_from_a_terminal, ended, one_line, python, run_main
+from conftest import NEEDS_DEV_FULL, REPO, as_from_a_terminal, ended, one_line, python, run_main
 
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -366,7 +366,7 @@ def test_many_short_files_warn_and_val_every_takes_whole_files(tiny, capsys):
     assert '--val_every=4' in shlex.split(readers.recipe(out, load_meta(out), force=True))
 
 
-@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+@NEEDS_DEV_FULL
 def test_a_build_whose_stdout_is_gone_still_ends_well():
     """stdout into a full disk (or a `| tee` that died): the build, and a second run that finds it prepared,
     end with exit 0 and the dataset whole, as `prepare_data.py ... > log && python train_gpt.py` needs."""
@@ -1200,7 +1200,7 @@ def test_a_write_that_fails_names_the_file_and_leaves_nothing():
     assert os.listdir() == ['w.txt']
 
 
-@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+@NEEDS_DEV_FULL
 def test_an_array_that_cannot_be_written_says_so():
     """np.save into /dev/full ends without an error (numpy's buffered last bytes); an image set's arrays
     and LAMBADA's targets are written so that a full disk raises."""

@@ -19,7 +19,7 @@ import options
 import readers
 import sample
 import tost
-from conftest import REPO, ENV, in_little_memory, one_line
+from conftest import NEEDS_DEV_FULL, REPO, ENV, in_little_memory, one_line
 from test_prepare_data import encoding
 
 
@@ -308,6 +308,7 @@ def test_model_args_that_claim_more_than_the_weights_are_refused_before_taking_m
     one_line(got.stderr, f'{tmp_path}/ckpt.pt')
 
 
+@NEEDS_DEV_FULL
 def test_ctrl_c_into_a_pipe_whose_reader_it_killed_and_a_full_disk_are_one_line(out):
     """`python sample.py | tee log`, then Ctrl-C: the terminal sends SIGINT to both, so tee is gone when the
     interrupt's handler writes. `python sample.py > /dev/full`: stdout cannot be written at all. `>&-`: there

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import shlex
 import subprocess
 import sys
 import time
@@ -32,9 +33,14 @@ from train_common import UsageError
 
 
 def test_load_missing_checkpoint(tmp_path):
-    # a vision run's folder: the line names the trainer that makes one
+    # a vision run's folder: the line names the trainer that makes one, and a command that trains into it
     with pytest.raises(UsageError, match=f"{tmp_path}/ckpt.pt.*train_vit.py"):
         tc.load_checkpoint(str(tmp_path / "ckpt.pt"), kind="vit")
+    spaced = tmp_path / "my runs"
+    spaced.mkdir()
+    with pytest.raises(UsageError) as e:
+        tc.load_checkpoint(str(spaced / "ckpt.pt"), kind="gpt")
+    assert f"--out_dir={spaced}" in shlex.split(str(e.value).split("; ")[1].split(", with")[0])
     # a run has begun there (it may be under way, holding the folder): no advice to train into it
     (tmp_path / "log.jsonl").write_text("")
     with pytest.raises(UsageError, match=f"{tmp_path}/ckpt.pt") as e:
@@ -651,12 +657,14 @@ def test_a_figure_that_cannot_be_drawn_does_not_stop_the_run(tmp_path, monkeypat
     tc.log_row(out, dict(iter=1, kind='eval', train_loss=2.0, val_loss=2.1, tokens=10))
     assert tc.draw_loss(out) and os.path.isfile(tmp_path / 'loss.png')
 
-    def broken(*a, **k):
-        raise OSError(28, 'No space left on device')
-    monkeypatch.setattr(plot, 'learning_curves', broken)
-    assert not tc.draw_loss(out)
-    # said once, naming the figure and why
-    one_line(capsys.readouterr().out, 'loss.png', 'No space left on device')
+    # a full disk, and matplotlib's error of many lines (a name its font cannot take)
+    for error in (OSError(28, 'No space left on device'), TypeError('set_text(): incompatible\n  1. (self)')):
+        def broken(*a, **k):
+            raise error
+        monkeypatch.setattr(plot, 'learning_curves', broken)
+        assert not tc.draw_loss(out)
+        # said once, in one line, naming the figure and why
+        one_line(capsys.readouterr().out, 'loss.png', str(error).splitlines()[0])
 
 
 # -----------------------------------------------------------------------------
