@@ -29,11 +29,12 @@ import tost_fast
 from options import (UsageError, first_line, naming, out_of_memory, say, shell_join, stop_signals_here,
                      write_whole)
 
-# Windows has no fcntl: there a second run in the same out_dir is not refused (docs/training.md says so).
+# Windows has no fcntl: there the lock is msvcrt's, on the lock file's first byte.
 try:
     import fcntl
 except ImportError:
     fcntl = None
+    import msvcrt
 
 # -----------------------------------------------------------------------------
 # checkpoints and the output folder
@@ -186,17 +187,19 @@ HELD = {}
 def lock_out_dir(out_dir):
     """Rank 0's hold on out_dir, an open file (kept by the caller while it writes there; closing lets go), so
     that two runs never write in one folder; then a save that kill -9 cut short leaves no temp file. None
-    where fcntl is missing (Windows) or the filesystem has no locks: the folder is then unguarded."""
+    where the filesystem has no locks: the folder is then unguarded."""
     key = os.path.realpath(out_dir)
     earlier, thread = HELD.get(key, (lambda: None, None))
     if thread == threading.get_ident() and earlier():
         earlier().close()
     lock = open_own(os.path.join(out_dir, ".lock"))
-    if fcntl is None:
-        return None
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        if fcntl:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:
+            # Windows: a byte another handle holds is PermissionError (EACCES)
+            msvcrt.locking(lock.fileno(), msvcrt.LK_NBLCK, 1)
+    except (BlockingIOError, PermissionError):
         lock.close()
         raise UsageError(f"another run is writing in --out_dir={out_dir}; let it finish, or choose another "
                          f"--out_dir") from None

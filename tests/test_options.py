@@ -411,11 +411,13 @@ SCRIPTS = ("train_gpt", "train_vit", "sample", "eval_gpt", "plot", "prepare_data
 
 
 def test_every_script_imports_where_fcntl_does_not_exist():
-    """Windows has no fcntl: each script imports, and the out_dir is then made without a lock."""
-    r = python("-c", "import sys\nsys.modules['fcntl'] = None\n"
+    """Windows has no fcntl, and msvcrt (a stand-in here, after subprocess, which takes it for Windows) locks
+    the out_dir: each script imports."""
+    r = python("-c", "import subprocess, sys, types\nsys.modules['fcntl'] = None\n"
+                "sys.modules['msvcrt'] = types.SimpleNamespace(LK_NBLCK=2, locking=lambda *a: None)\n"
                 f"import {', '.join(SCRIPTS)}\n"
                 "import train_common\n"
-                "assert train_common.make_out_dir('out-nolock-test', [], False, True, True) is None\n"
+                "train_common.make_out_dir('out-nolock-test', [], False, True, True).close()\n"
                 "import os; os.remove('out-nolock-test/.lock'); os.rmdir('out-nolock-test')")
     assert r.returncode == 0, r.stderr
 

@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 import time
+import types
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -926,6 +927,31 @@ def test_a_link_at_the_log_is_refused_before_a_checkpoint_is_deleted(tmp_path, f
     assert e.value.errno == errno.ELOOP and options.report(e.value) == 2
     assert (out / "ckpt.pt").read_bytes() == b"weights" and os.path.islink(out / "log.jsonl")
     # the folder is let go: another run may take it
+    in_thread(lambda: tc.lock_out_dir(str(out))).close()
+
+
+def test_on_windows_msvcrt_locks_the_folder(tmp_path, monkeypatch):
+    """Windows has no fcntl: msvcrt locks the lock file's first byte, which another handle cannot take
+    (Windows says EACCES; flock stands in for it here), and closing lets go; a temp file that a killed save
+    left goes once the folder is held."""
+    real = tc.fcntl
+
+    def locking(fd, mode, nbytes):
+        assert (mode, nbytes) == (2, 1)
+        try:
+            real.flock(fd, real.LOCK_EX | real.LOCK_NB)
+        except BlockingIOError:
+            raise PermissionError(errno.EACCES, "Permission denied") from None
+    monkeypatch.setattr(tc, "fcntl", None)
+    monkeypatch.setattr(tc, "msvcrt", types.SimpleNamespace(LK_NBLCK=2, locking=locking), raising=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ckpt.pt.tmp-99").write_bytes(b"half a checkpoint")
+    lock = tc.make_out_dir(str(out), [], overwrite=False, fresh=True, master=True)
+    assert not (out / "ckpt.pt.tmp-99").exists()
+    with pytest.raises(UsageError):
+        in_thread(lambda: tc.lock_out_dir(str(out)))
+    lock.close()
     in_thread(lambda: tc.lock_out_dir(str(out))).close()
 
 
