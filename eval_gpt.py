@@ -102,7 +102,8 @@ def last_word_accuracy(model, tokens, spans, T, B, ctx, dist):
 
 
 def main(argv=None):
-    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES, choices=dict(dtype=DTYPES))
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES, choices=dict(dtype=DTYPES),
+                          torchrun=True)
     dist = setup_distributed(cfg['device'])
     device = dist.device
     # rank 0 talks for all

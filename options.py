@@ -466,11 +466,12 @@ def check_config(config, defaults, ranges, choices, source):
 
 
 def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ranges=None, choices=None,
-          text=()):
+          text=(), torchrun=False):
     """(config, set_keys): argv (None: the command line's) applied to a copy of `defaults`, checked against
     `ranges` and `choices` ({key: the values it may take}), and the keys it or a preset set. `doc`, `source`
     (__doc__, __file__) make --help; `positional` is the key bare words set (all of them, if its default is a
-    list); `text` the keys of free text (a prompt, a title), taken as typed."""
+    list); `text` the keys of free text (a prompt, a title), taken as typed; `torchrun` whether the script
+    runs as several processes (else torchrun's are refused)."""
     # A Ctrl-C held while torch imported is raised here.
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
@@ -489,8 +490,15 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
                 sets = " ".join(f"--{k}={shown(v)}" for k, v in presets[name].items())
                 sets = sets or "nothing: the defaults"
                 page += "\n" + textwrap.fill(f"--config={name} sets {sets}", 110, subsequent_indent="  ")
-        print(page, flush=True)
+        # once, under torchrun
+        if rank() == "0":
+            print(page, flush=True)
         sys.exit(0)
+    # A script of one process that torchrun started would run once in each: every sample twice, the same
+    # files written at once.
+    if not torchrun and "LOCAL_RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1":
+        script = os.path.basename(source or sys.argv[0])
+        raise UsageError(f"{script} runs as one process: start it with python, not torchrun")
     # --key value, a space for the '=': the value would be read as a bare word (the key as a bool's true). A
     # switch's is a word (--compile false): a number after it is a bare word of its own (an exercise's).
     for arg, value in zip(argv, argv[1:]):

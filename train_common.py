@@ -605,6 +605,12 @@ def stop_signals(unit, master):
     old = {sig: signal.signal(sig, handler) for sig in stops}
     try:
         yield signals
+    except SystemExit:
+        # Under torchrun the first process to end has torchrun stop the others with SIGTERM: one that ends
+        # with its own code (the stop, the divergence all ranks found) lets the signals pass from here.
+        if "LOCAL_RANK" in os.environ:
+            old = dict.fromkeys(old, signal.SIG_IGN)
+        raise
     except Exception as e:
         # An error while a stop is asked is the signal's doing (the compiler's g++ got the terminal's Ctrl-C
         # too): it ends as the interrupt it is (exit 130), not as a traceback from inside torch. Not one the

@@ -265,7 +265,7 @@ def peak_flops(device, dtype):
 
 def main(argv=None):
     # options: the defaults, a preset, this command line; checked against RANGES as they are parsed
-    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, PRESETS, ranges=RANGES,
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, PRESETS, torchrun=True, ranges=RANGES,
                           choices=CHOICES)
     fresh = cfg['init_from'] == 'scratch'
     # A fresh model's shape is checked before any work (a resumed one is its checkpoint's).

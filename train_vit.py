@@ -235,7 +235,7 @@ def look_inside(model, x, images, labels, cfg, classes):
 def main(argv=None):
     # -------------------------------------------------------------------------
     # options: types, ranges and names from the tables above, checked before anything else
-    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES, choices=CHOICES)
+    cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, ranges=RANGES, choices=CHOICES, torchrun=True)
     eval_only = cfg['eval_only']
     resume = cfg['init_from'] == 'resume' and not eval_only
     out_dir = cfg['out_dir']

@@ -823,3 +823,25 @@ def test_a_config_read_from_a_file_takes_no_bool_for_a_number_nor_a_control_char
         options.check_config({"data_dir": "my\x1b[2Jdata"}, {"data_dir": "data"}, {}, {}, "ckpt.pt")
     # a no-break space (a macOS screenshot's name has one) is no control character
     options.check_config({"data_dir": "my\u00a0data\u202f"}, {"data_dir": "data"}, {}, {}, "ckpt.pt")
+
+
+@pytest.mark.parametrize("script", ["sample", "prepare_data", "plot", "train_gpt", "train_vit", "eval_gpt"])
+def test_torchrun_starts_only_the_scripts_made_for_several_processes(monkeypatch, capsys, script):
+    """torchrun with 2 processes: a script of one process would run twice (every sample printed twice, the
+    same files written at once), so it ends at once, exit 2, in one line naming it; the trainers and eval_gpt
+    go on past their options to a check of their own. --help prints its page once, on rank 0."""
+    module = importlib.import_module(script)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UsageError) as e:
+        module.main(["--data_dir=nowhere", "--out_dir=nowhere"] if script not in ("plot", "prepare_data")
+                    else ["nowhere"])
+    one_process = script in ("sample", "prepare_data", "plot")
+    assert (e.traceback[-1].name == "parse") == one_process
+    assert (f"{script}.py" in str(e.value)) == one_process

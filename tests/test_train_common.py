@@ -303,6 +303,25 @@ def test_ctrl_c_and_sigterm_are_a_request_inside_stop_signals(monkeypatch, capsy
     one_line(capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("torchrun", [False, True])
+def test_a_torchrun_process_that_exits_from_inside_lets_the_signals_pass(monkeypatch, torchrun):
+    """A process that ends with its own code (exit 130 after a stop, 3 after a divergence): under torchrun,
+    which sends SIGTERM to the others once one has ended, the signals then pass (each ends with its own
+    code, none dies of SIGTERM); elsewhere the handlers are put back as they were."""
+    if torchrun:
+        monkeypatch.setenv("LOCAL_RANK", "0")
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit):
+            with tc.stop_signals("iter", master=True):
+                sys.exit(130)
+        after = {sig: signal.getsignal(sig) for sig in before}
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert after == (dict.fromkeys(before, signal.SIG_IGN) if torchrun else before)
+
+
 def test_windows_ctrl_break_is_a_request_too(monkeypatch):
     """Windows' Ctrl-Break is SIGBREAK, which this system lacks: SIGUSR1 stands in for it."""
     monkeypatch.setattr(signal, "SIGBREAK", signal.SIGUSR1, raising=False)
