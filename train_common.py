@@ -499,6 +499,9 @@ def setup_distributed(device_pref):
     world_size = int(env["WORLD_SIZE"])
     if device_pref == "mps":
         raise UsageError("--device=mps takes one process: torchrun's processes train on CPUs or CUDA GPUs")
+    if device_pref.startswith("cuda:"):
+        raise UsageError(f"--device={device_pref} under torchrun: each process takes the GPU of its LOCAL_RANK "
+                         f"(--device=cuda); choose the GPUs with CUDA_VISIBLE_DEVICES")
     # Found by every process of the node, so that its first one, which prints, finds it too.
     procs = max(int(env["LOCAL_WORLD_SIZE"]), local_rank + 1)
     if cuda and procs > torch.cuda.device_count():

@@ -512,6 +512,9 @@ def test_pick_device_refuses_missing_hardware(monkeypatch):
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: None)
     with pytest.raises(UsageError, match="mps"):
         tc.setup_distributed("mps")
+    # one GPU by number is not what torchrun's processes take: each takes its own
+    with pytest.raises(UsageError, match="cuda:1"):
+        tc.setup_distributed("cuda:1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert tc.setup_distributed("auto").device == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
