@@ -28,6 +28,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
 # a disk that is always full: Linux's /dev/full (macOS has none)
 NEEDS_DEV_FULL = pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+# what only a POSIX system has: a link (Windows makes one in Developer Mode only), a named pipe, a signal to a
+# process group or one Windows lacks (SIGHUP, SIGUSR1), preexec_fn, a child that dies of a signal, the C
+# locale, the block of SIGINT while torch imports, and what a script does off Windows only
+POSIX_ONLY = pytest.mark.skipif(os.name == 'nt', reason='needs POSIX')
 
 
 @pytest.fixture(scope='module', autouse=True)

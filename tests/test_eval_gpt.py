@@ -24,7 +24,7 @@ import tost
 import train_common
 from test_prepare_data import encoding, jsonl
 from test_train_gpt import read_log
-from conftest import NEEDS_DEV_FULL, REPO, ENV, counted, one_line, run_main
+from conftest import NEEDS_DEV_FULL, POSIX_ONLY, REPO, ENV, counted, one_line, run_main
 
 
 WIKI = ''.join(f' = Article {i} = \n \n The {i}th article is about the number {i} , and not much @-@ else .'
@@ -390,7 +390,7 @@ def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_
 
 def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_no_result_is_lost(
         data_dir, tmp_path, capsys, monkeypatch, fails):
-    """A folder in the log's place, then a full disk, then Ctrl-C."""
+    """A folder in the log's place, then a full disk, then Ctrl-C (a link there: the next test)."""
     out = tmp_path / 'out'
     argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2', '--device=cpu']
     save_model(out, data_dir)
@@ -400,13 +400,6 @@ def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_no_result_i
     fails(eval_gpt.main, argv, f'{out}/log.jsonl')
     assert scored == []
     (out / 'log.jsonl').rmdir()
-    # a link in its place (a run's folder from elsewhere could point it at ~/.bashrc): refused, not followed
-    target = tmp_path / 'rc'
-    target.write_text('mine\n')
-    (out / 'log.jsonl').symlink_to(target)
-    assert 'rc' in fails(eval_gpt.main, argv, f'{out}/log.jsonl')
-    assert target.read_text() == 'mine\n' and scored == []
-    os.remove(out / 'log.jsonl')
     eval_gpt.main(argv)
     table = capsys.readouterr().out
 
@@ -431,6 +424,21 @@ def test_a_log_that_cannot_be_written_is_refused_before_the_work_and_no_result_i
     with pytest.raises(KeyboardInterrupt):
         eval_gpt.main(argv + ['--datasets=wikitext2,lambada'])
     assert [r['dataset'] for r in read_log(out)] == ['wikitext2']
+
+
+@POSIX_ONLY
+def test_a_link_in_the_logs_place_is_refused_before_the_work_not_followed(data_dir, tmp_path, monkeypatch,
+                                                                           fails):
+    """A run's folder from elsewhere could point its log at ~/.bashrc."""
+    out = tmp_path / 'out'
+    argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--datasets=wikitext2', '--device=cpu']
+    save_model(out, data_dir)
+    target = tmp_path / 'rc'
+    target.write_text('mine\n')
+    (out / 'log.jsonl').symlink_to(target)
+    scored = counted(monkeypatch, eval_gpt, 'split_loss')
+    assert 'rc' in fails(eval_gpt.main, argv, f'{out}/log.jsonl')
+    assert target.read_text() == 'mine\n' and scored == []
 
 
 @NEEDS_DEV_FULL

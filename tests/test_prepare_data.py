@@ -34,7 +34,7 @@ import readers
 from options import UsageError
 from prepare_data import prepare
 from readers import get_tokenizer, load_meta, read_images, read_tokens
-from conftest import NEEDS_DEV_FULL, REPO, as_from_a_terminal, ended, one_line, python, run_main
+from conftest import NEEDS_DEV_FULL, POSIX_ONLY, REPO, as_from_a_terminal, ended, one_line, python, run_main
 
 PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -381,30 +381,17 @@ def test_a_build_whose_stdout_is_gone_still_ends_well():
 
 
 def test_a_folder_of_text_skips_what_is_not_text():
-    """A named pipe (whose first read would wait for a writer forever) and a binary file in a folder are
-    skipped, bytes that are not UTF-8 replaced, each with a warning naming its file; a pipe given as --input
-    is one line naming it. In a process of its own: a hang is a timeout."""
+    """A binary file in a folder is skipped, bytes that are not UTF-8 replaced, each with a warning naming its
+    file (a named pipe and a link: the next test)."""
     write('in/a.txt', 'café au lait, '.encode('latin-1') * 10)
     write('in/blob.so', bytes(range(256)) * 4)
-    os.mkfifo('in/p.txt')
-    os.mkfifo('pipe')
-    # a link to a folder: not followed (it could lead back up), said
-    write('elsewhere/b.txt', 'more text ' * 10)
-    os.symlink(os.path.abspath('elsewhere'), 'in/linked')
     command = [os.path.join(REPO, 'prepare_data.py'), 'text', '--data_dir=data']
     run = python(*command, '--input=in', cwd='.')
     warned = run.stderr.splitlines()
-    assert run.returncode == 0 and len(warned) == 4, run.stderr
-    names = ('in/a.txt', 'in/blob.so', 'in/p.txt', 'in/linked')
-    assert all(any(name in line for line in warned) for name in names)
+    assert run.returncode == 0 and len(warned) == 2, run.stderr
+    assert all(any(name in line for line in warned) for name in ('in/a.txt', 'in/blob.so'))
     assert load_meta('data/in')['documents'] == 1
     assert 'caf\ufffd au lait'.encode() in bytes(ids('data/in', 'train'))
-    run = python(*command, '--input=pipe', cwd='.')
-    ended(run, 2, 'pipe')
-    # refused as what it is, not as a folder of no files; the same for a dataset read from one file
-    assert 'too little' not in run.stderr
-    run = python(command[0], 'shakespeare', '--input=pipe', '--tokenizer=bytes', cwd='.', timeout=60)
-    ended(run, 2, 'pipe')
     # a binary file, given or in a folder of documents: refused by name where no warning can skip it
     ended(python(command[0], 'shakespeare', '--input=in/blob.so', '--tokenizer=bytes', cwd='.'), 2, 'blob.so')
     write('owt/a.txt', 'some text ' * 10)
@@ -415,6 +402,30 @@ def test_a_folder_of_text_skips_what_is_not_text():
         with pytest.raises(UsageError, match='owt/b.txt'):
             prep.prepare('openwebtext', 'data', input='owt', tokenizer='bytes')
     assert not os.path.exists('data/shakespeare') and not os.path.exists('data/openwebtext')
+
+
+@POSIX_ONLY
+def test_a_folder_of_text_skips_a_named_pipe_and_a_link_and_a_pipe_given_is_refused():
+    """A named pipe (whose first read would wait for a writer forever) and a link to a folder (not followed:
+    it could lead back up) in a folder are skipped, each with a warning naming it; a pipe given as --input is
+    one line naming it. In a process of its own: a hang is a timeout."""
+    write('in/a.txt', 'some text ' * 10)
+    os.mkfifo('in/p.txt')
+    os.mkfifo('pipe')
+    write('elsewhere/b.txt', 'more text ' * 10)
+    os.symlink(os.path.abspath('elsewhere'), 'in/linked')
+    command = [os.path.join(REPO, 'prepare_data.py'), 'text', '--data_dir=data']
+    run = python(*command, '--input=in', cwd='.')
+    warned = run.stderr.splitlines()
+    assert run.returncode == 0 and len(warned) == 2, run.stderr
+    assert all(any(name in line for line in warned) for name in ('in/p.txt', 'in/linked'))
+    assert load_meta('data/in')['documents'] == 1
+    run = python(*command, '--input=pipe', cwd='.')
+    ended(run, 2, 'pipe')
+    # refused as what it is, not as a folder of no files; the same for a dataset read from one file
+    assert 'too little' not in run.stderr
+    run = python(command[0], 'shakespeare', '--input=pipe', '--tokenizer=bytes', cwd='.', timeout=60)
+    ended(run, 2, 'pipe')
 
 
 def test_a_folder_that_cannot_be_read_is_said(monkeypatch, capsys):
@@ -843,14 +854,29 @@ def test_a_download_is_checked(tiny, monkeypatch, name):
     meta = load_meta(prepare(name, 'data'))
     assert meta['source'] == urls[-1] and meta['official_file'] is True
     assert os.listdir('data/downloads') == [os.path.basename(urls[-1])]
-    # A damaged copy in downloads/ is fetched again, a good one is not; a link planted by the temp file's name
-    # is not written through.
+    # A damaged copy in downloads/ is fetched again, a good one is not.
     write(f'data/downloads/{os.path.basename(urls[-1])}', b'junk')
+    prepare(name, 'data', force=True)
+    prepare(name, 'data', force=True)
+    assert len(urls) == 3
+
+
+@POSIX_ONLY
+@pytest.mark.parametrize('name', ['lambada', 'cifar10'])
+def test_a_download_never_writes_through_a_link_at_its_temp_files_name(tiny, monkeypatch, name):
+    """A link planted by the temp file's name (it has the pid in it): what it leads to is kept."""
+    make_cifar('c.tar.gz', 'cifar10')
+    blob = Path('c.tar.gz').read_bytes() if name == 'cifar10' else jsonl(LAMBADA).encode()
+    urls = []
+    monkeypatch.setattr(prep.urllib.request, 'urlopen', served(blob, urls))
+    table = prep.CIFAR if name == 'cifar10' else prep.EVAL_SETS
+    monkeypatch.setitem(table[name], 'checksum', ('md5', hashlib.md5(blob).hexdigest()))
     write('mine', 'mine')
-    os.symlink(os.path.abspath('mine'), f'data/downloads/{os.path.basename(urls[-1])}.part-{os.getpid()}')
-    prepare(name, 'data', force=True)
-    prepare(name, 'data', force=True)
-    assert len(urls) == 3 and Path('mine').read_text() == 'mine'
+    os.makedirs('data/downloads')
+    part = f"data/downloads/{os.path.basename(table[name]['url'])}.part-{os.getpid()}"
+    os.symlink(os.path.abspath('mine'), part)
+    prepare(name, 'data')
+    assert len(urls) == 1 and Path('mine').read_text() == 'mine'
 
 
 def test_a_download_cut_short_is_refused(monkeypatch):
@@ -1013,19 +1039,26 @@ def test_a_failed_build_in_a_data_dir_that_was_there_leaves_it_as_it_was(tiny, c
 
 
 def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys, monkeypatch):
-    """A file given as --data_dir (or above it), a file where the dataset's folder goes, /proc (which refuses
-    a new folder even to root), a blank folder name: one line naming it (or its option), nothing written, and
-    before any text is tokenized."""
+    """A file given as --data_dir (or above it), a file where the dataset's folder goes, a blank folder name:
+    one line naming it (or its option), nothing written, and before any text is tokenized."""
     monkeypatch.setattr(prep, 'encode_arrays', None)
     write('README.md', 'a file')
     write('data/notes', 'a file where the dataset folder would go')
     for data_dir, name, named in (('README.md', 'x', 'README.md'), ('README.md/sub', 'x', 'README.md/sub'),
-                                  ('/proc', 'x', '/proc'), ('data', 'notes', '--name'),
+                                  ('data', 'notes', '--name'),
                                   ('', 'x', '--data_dir'), (' ', 'x', '--data_dir'), ('data', ' ', '--name')):
         line = one_error(capsys, 'text', '--input=README.md', f'--name={name}', f'--data_dir={data_dir}')
         assert named in line
     assert sorted(os.listdir()) == ['README.md', 'data'] and os.listdir('data') == ['notes']
     assert Path('data/notes').read_text() == 'a file where the dataset folder would go'
+
+
+@POSIX_ONLY
+def test_a_data_dir_the_system_refuses_is_one_line(capsys, monkeypatch):
+    """/proc refuses a new folder even to root: one line naming it, before any text is tokenized."""
+    monkeypatch.setattr(prep, 'encode_arrays', None)
+    write('README.md', 'a file')
+    assert '/proc' in one_error(capsys, 'text', '--input=README.md', '--name=x', '--data_dir=/proc')
 
 
 def test_a_dataset_is_never_written_inside_its_input(capsys, monkeypatch):
@@ -1084,9 +1117,7 @@ def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monke
     assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
     # Options given their default values are as if not given.
     assert main_exits(capsys, 'text', '--input=in.txt', '--tokenizer=', '--workers=0') == (0, [])
-    # another tokenizer, dataset or input for the same folder; the same input by a link is the same
-    os.symlink('in.txt', 'link.txt')
-    assert main_exits(capsys, 'text', '--input=link.txt', '--name=in') == (0, [])
+    # another tokenizer, dataset or input for the same folder (the same input by a link: the next test)
     for argv in (['text', '--input=in.txt', '--tokenizer=gpt2'], ['lambada', '--input=in.txt', '--name=in'],
                  ['text', '--input=other.txt', '--name=in'], ['text', '--input=in.txt', '--val_every=3']):
         assert 'data/in' in one_error(capsys, *argv)
@@ -1111,6 +1142,14 @@ def test_a_dataset_is_kept_whole_until_a_rebuild_is_complete(tiny, capsys, monke
     assert (ids('data/in', 'train'), ids('data/in', 'val')) == tail_split(list(b'version two, longer. ' * 40))
 
 
+@POSIX_ONLY
+def test_the_same_input_by_a_link_is_the_same_dataset(capsys):
+    write('in.txt', 'version one. ' * 40)
+    assert main_exits(capsys, 'text', '--input=in.txt') == (0, [])
+    os.symlink('in.txt', 'link.txt')
+    assert main_exits(capsys, 'text', '--input=link.txt', '--name=in') == (0, [])
+
+
 def test_two_nodes_prepare_one_shared_folder_at_once(monkeypatch):
     """Each node's first process may prepare a shared data_dir at the same moment: here another build runs
     whole while this one moves its files in. Each stages in a folder of its own and moves meta.json last."""
@@ -1127,6 +1166,7 @@ def test_two_nodes_prepare_one_shared_folder_at_once(monkeypatch):
     assert os.listdir('data') == ['in']
 
 
+@POSIX_ONLY
 def test_a_dataset_folder_that_links_to_another_filesystem_is_staged_there(monkeypatch):
     """os.replace cannot move a file from one filesystem to another: the build stages in the folder the link
     points to, not in data_dir."""
@@ -1146,6 +1186,7 @@ def test_a_dataset_folder_that_links_to_another_filesystem_is_staged_there(monke
     assert ids('data/in', 'train') + ids('data/in', 'val') == list(b'hello there. ' * 20)
 
 
+@POSIX_ONLY
 @pytest.mark.parametrize('sig', ['SIGINT', 'SIGTERM', 'SIGHUP'])
 def test_ctrl_c_during_a_build(sig):
     """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends, SIGTERM, as a scheduler
@@ -1167,6 +1208,7 @@ def test_ctrl_c_during_a_build(sig):
     assert not os.path.exists('data')
 
 
+@POSIX_ONLY
 def test_windows_ctrl_break_ends_a_build_as_ctrl_c_does(monkeypatch):
     """Windows' Ctrl-Break is SIGBREAK, which this system lacks: SIGUSR1 stands in for it. Unhandled, it would
     kill the build and leave its staging folder behind."""

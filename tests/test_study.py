@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import plot
+from conftest import POSIX_ONLY
 from tools import study
 
 
@@ -244,6 +245,7 @@ def test_a_failed_run_is_the_childs_one_line(fails, tmp_path, monkeypatch):
     fails(study.main, ['language', '--smoke', f'--out_dir={tmp_path}'], 'train_gpt.py', '--nosuch_key')
 
 
+@POSIX_ONLY
 @pytest.mark.parametrize('sig', ['SIGINT', 'SIGTERM'])
 def test_ctrl_c_while_the_pool_starts_is_one_line(tmp_path, sig):
     """A real SIGINT to the whole process group, as a terminal's Ctrl-C sends, or SIGTERM to the study alone,

@@ -24,7 +24,7 @@ import sample
 import tost
 import tost_fast
 import train_common as tc
-from conftest import REPO, ended, in_thread, one_line, python
+from conftest import POSIX_ONLY, REPO, ended, in_thread, one_line, python
 from train_common import UsageError
 
 
@@ -207,15 +207,21 @@ def test_one_run_at_a_time_in_an_out_dir(tmp_path):
     tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True)
     gc.collect()
     in_thread(lambda: tc.make_out_dir(out, [], overwrite=False, fresh=False, master=True)).close()
-    # a link in the lock's place is refused, not followed (opening it emptied the file it led to)
-    os.remove(os.path.join(out, ".lock"))
-    Path(tmp_path / "mine").write_text("mine")
-    os.symlink(tmp_path / "mine", os.path.join(out, ".lock"))
+
+
+@POSIX_ONLY
+def test_a_link_in_the_locks_place_is_refused_not_followed(tmp_path):
+    """A link in the lock's place is refused, not followed: opening it would empty the file it leads to."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "mine").write_text("mine")
+    os.symlink(tmp_path / "mine", out / ".lock")
     with pytest.raises(OSError):
-        tc.make_out_dir(out, [], overwrite=False, fresh=True, master=True)
-    assert Path(tmp_path / "mine").read_text() == "mine"
+        tc.make_out_dir(str(out), [], overwrite=False, fresh=True, master=True)
+    assert (tmp_path / "mine").read_text() == "mine"
 
 
+@POSIX_ONLY
 def test_a_log_row_is_not_appended_through_a_link(tmp_path):
     """A run's folder from elsewhere could link log.jsonl to ~/.bashrc: the row is refused, the file kept."""
     (tmp_path / "mine").write_text("mine")
@@ -287,16 +293,16 @@ def test_ctrl_c_and_sigterm_are_a_request_inside_stop_signals(monkeypatch, capsy
     with tc.stop_signals("iter", master=True) as signals:
         assert not tc.any_rank(bool(signals), SINGLE)
         # would end the process without the handler
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
         assert tc.any_rank(bool(signals), SINGLE) and signals == ["SIGTERM"]
         # a copy within a second: the same stop
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
         assert signals == ["SIGTERM"]
         clock = time.monotonic() + 1.5
         monkeypatch.setattr(tc.time, "monotonic", lambda: clock)
         # a second one, later: out now
         with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGTERM) == before
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     # the note, once
@@ -322,6 +328,7 @@ def test_a_torchrun_process_that_exits_from_inside_lets_the_signals_pass(monkeyp
     assert after == (dict.fromkeys(before, signal.SIG_IGN) if torchrun else before)
 
 
+@POSIX_ONLY
 def test_windows_ctrl_break_is_a_request_too(monkeypatch):
     """Windows' Ctrl-Break is SIGBREAK, which this system lacks: SIGUSR1 stands in for it."""
     monkeypatch.setattr(signal, "SIGBREAK", signal.SIGUSR1, raising=False)
@@ -335,6 +342,7 @@ def test_windows_ctrl_break_is_a_request_too(monkeypatch):
     assert signals == ["SIGUSR1"]
 
 
+@POSIX_ONLY
 def test_a_signal_the_run_started_with_ignored_stays_ignored():
     """A closed terminal's SIGHUP is a request to stop (as SIGTERM, test_train_gpt.py's subprocess); nohup
     starts a run with SIGHUP ignored, so that it outlives the terminal: it goes on through one."""
@@ -370,7 +378,7 @@ def test_an_error_inside_stop_signals_after_a_signal_is_the_interrupt(capsys):
                 RuntimeError("DefaultCPUAllocator: not enough memory")):
         with pytest.raises(type(own)):
             with tc.stop_signals("iter", master=True):
-                os.kill(os.getpid(), signal.SIGINT)
+                signal.raise_signal(signal.SIGINT)
                 raise own
 
 
@@ -891,7 +899,7 @@ def test_a_log_line_that_is_json_but_no_object_goes_at_a_resume(tmp_path):
 def test_only_rank_0_says_the_stop_was_heard(capsys):
     """Every process of a torchrun gets the terminal's Ctrl-C: one note, not one a process."""
     with tc.stop_signals("iter", master=False) as signals:
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
         assert signals == ["SIGTERM"]
     assert capsys.readouterr().err == ""
 
@@ -936,6 +944,7 @@ def test_a_resumed_log_drops_a_line_nested_deeper_than_python_recurses(tmp_path)
     assert _lines(tmp_path / "log.jsonl") == [{"iter": 1}]
 
 
+@POSIX_ONLY
 @pytest.mark.parametrize("fresh", [True, False])
 def test_a_link_at_the_log_is_refused_before_a_checkpoint_is_deleted(tmp_path, fresh):
     target = tmp_path / "elsewhere.jsonl"

@@ -31,7 +31,8 @@ import tost
 import tost_fast
 import train_common
 import train_gpt
-from conftest import REPO, ENV, as_from_a_terminal, in_little_memory, in_thread, one_line, run_with_slow_steps
+from conftest import (POSIX_ONLY, REPO, ENV, as_from_a_terminal, in_little_memory, in_thread, one_line,
+                      run_with_slow_steps)
 
 
 @pytest.fixture(scope='module')
@@ -247,7 +248,7 @@ def at_micro_step(monkeypatch, it, g, act):
 
 
 def sigint():
-    os.kill(os.getpid(), signal.SIGINT)
+    signal.raise_signal(signal.SIGINT)
 
 
 def same_state(a, b, atol=0.0):
@@ -407,7 +408,7 @@ def test_ctrl_c_keeps_the_best_model_when_only_the_best_is_saved(data_dir, tmp_p
 
 def start(script, args, cwd, torchrun=0):
     """A training run in its own session (so a signal to its group reaches torchrun and its workers only),
-    as from a terminal."""
+    as from a terminal. POSIX only (preexec_fn): the tests that start one are marked so."""
     launch = [sys.executable]
     if torchrun:
         launch += ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}']
@@ -432,6 +433,7 @@ def logged_iter(out_dir):
 
 
 # SIGTERM takes the path SIGINT does (test_train_common checks the handler takes both): slow.
+@POSIX_ONLY
 @pytest.mark.parametrize('name, reader_gone', [pytest.param('SIGTERM', False, marks=pytest.mark.slow),
                                                ('SIGINT', True)])
 def test_a_signal_to_a_subprocess_saves_and_the_printed_command_resumes(data_dir, tmp_path, name,
@@ -551,6 +553,7 @@ train_gpt.main(sys.argv[1:])
 
 
 @pytest.mark.slow
+@POSIX_ONLY
 def test_torchrun_two_processes_on_the_defaults_match_one(data_dir, train, tmp_path):
     """2 processes with the default gradient_accumulation_steps=1 (no flag added) round it up to 2 and compute
     what 1 process with 2 does, dropout included (it is seeded per micro-step), up to rounding. Stopped at
@@ -663,6 +666,7 @@ def test_torchrun_a_signal_stops_every_rank_at_the_same_step(data_dir, tmp_path,
 
 
 @pytest.mark.slow
+@POSIX_ONLY
 def test_torchrun_a_save_that_fails_on_rank_0_stops_every_rank_with_one_line(data_dir, tmp_path):
     out = tmp_path / 'out'
     p = start('train_gpt.py', tiny(data_dir, out, '--max_iters=40', '--eval_interval=20'), tmp_path,
@@ -698,6 +702,7 @@ train_gpt.main(sys.argv[1:])
 
 
 @pytest.mark.slow
+@POSIX_ONLY
 @pytest.mark.parametrize('eval_interval, said', [(100, 'error: data/tiny/train.bin'),
                                                   (50, 'error: out of memory'), (1, 'ValueError: a bug')])
 def test_torchrun_a_process_that_fails_alone_is_the_one_that_says_why(data_dir, tmp_path, eval_interval,

@@ -29,7 +29,7 @@ from test_train_gpt import (Died, count_syncs, rank_pid, read_log, resume_comman
 from options import UsageError
 from train_common import load_checkpoint
 from test_tost import randomize
-from conftest import counted, in_little_memory, one_line, run_with_slow_steps
+from conftest import POSIX_ONLY, counted, in_little_memory, one_line, run_with_slow_steps
 
 CLASSES = 3
 # The trained run's settings and the resume test's: a warmup longer than the run, so that the learning rate
@@ -159,7 +159,7 @@ def interrupt_in_step(monkeypatch, n):
     def crop(x, pad=4):
         calls.append(1)
         if len(calls) == n:
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
         return real(x, pad)
 
     monkeypatch.setattr(train_vit, 'random_crop_flip', crop)
@@ -205,7 +205,7 @@ def test_a_stop_during_the_evaluation_saves_there_and_takes_no_other_step(data, 
                                                                            during):
     """SIGINT while the end of epoch 1 (step 2) is evaluated or drawn: ckpt.pt at step 2, no third step."""
     real = getattr(train_vit, during)
-    monkeypatch.setattr(train_vit, during, lambda *a: os.kill(os.getpid(), signal.SIGINT) or real(*a))
+    monkeypatch.setattr(train_vit, during, lambda *a: signal.raise_signal(signal.SIGINT) or real(*a))
     steps = counted(monkeypatch, train_vit, 'optimizer_step')
     code, _ = ends(train_vit.main, base_args(data, str(tmp_path), '--epochs=2', '--steps_per_epoch=2'))
     assert (code, len(steps), weights(str(tmp_path))['step']) == (130, 2, 2)
@@ -326,6 +326,7 @@ def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, tr
 
 
 @pytest.mark.slow
+@POSIX_ONLY
 def test_three_gloo_processes_cover_the_test_set_and_agree_with_one(data, tmp_path, capsys):
     """torchrun with 3 processes, the defaults but for the tiny sizes: batch_size is per process, so nothing
     has to divide; 64 images / 3 ranks = 22 each (two repeated), 2 steps of 16."""
@@ -976,6 +977,7 @@ def test_model_args_that_claim_more_than_the_weights_are_refused_before_taking_m
     one_line(got.stderr, f'{tmp_path}/ckpt.pt')
 
 
+@POSIX_ONLY
 def test_a_link_at_viz_is_refused_and_nothing_is_drawn_through_it(data, trained, tmp_path, fails, capsys):
     """A run's folder from elsewhere could point viz/ at any folder: --eval_only refuses it, naming it, and
     training goes on without the maps."""
