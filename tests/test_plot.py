@@ -367,7 +367,8 @@ def test_a_vision_run_with_lpi_is_labelled_so():
 
 
 def test_a_line_that_is_json_but_not_a_row_is_left_out(tmp_path):
-    """Lines that are not rows are left out; of the rows, values that are not finite numbers, the others kept.
+    """Lines that are not rows are left out; of the rows, points whose x or y is not a finite number (or is
+    missing), the others kept.
     An editor's byte-order mark before the first row does not hide it."""
     log = tmp_path / "log.jsonl"
     log.write_text('\ufeff{"kind": "config", "attn": "tssa"}\n5\n"text"\n'
@@ -375,11 +376,13 @@ def test_a_line_that_is_json_but_not_a_row_is_left_out(tmp_path):
                    '{"kind": "train", "tokens": 64, "train_loss": "4.8", "lr": 1}\n'
                    '{"kind": "train", "tokens": 96, "train_loss": NaN}\n'
                    '{"kind": "train", "tokens": 112, "train_loss": true}\n'
+                   '{"kind": "train", "train_loss": 4.5}\n'
+                   '{"kind": "train", "tokens": "120", "train_loss": 4.4}\n'
                    '{"kind": "train", "tokens": 128, "train_loss": 4.0}\n'
                    '{"kind": "train", "tokens": 160, "train_loss": 1%s}\n' % ('0' * 400), encoding="utf-8")
     label, cfg, rows = plot.read_run(str(log))
     assert cfg == {"kind": "config", "attn": "tssa"} and label.endswith("ToST")
-    assert rows[0] == {"kind": "eval", "tokens": 128, "val_loss": 3.0} and len(rows) == 6
+    assert rows[0] == {"kind": "eval", "tokens": 128, "val_loss": 3.0} and len(rows) == 8
     assert plot.points(rows, "train", "tokens", "train_loss").tolist() == [[128], [4.0]]
     assert plot.points(rows, "train", "tokens", "lr").tolist() == [[64], [1]]
 

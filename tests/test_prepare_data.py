@@ -210,11 +210,15 @@ def test_a_jsonl_not_in_utf8_is_said_once_and_its_bytes_replaced(capsys):
 
 
 def test_openwebtext_holds_every_2000th_document_out_by_default(tiny):
-    """About 4M of its 9B tokens: as the paper's runs validate on."""
+    """About 4M of its 9B tokens: as the paper's runs validate on. As many documents as --val_every: the last
+    is val."""
     write('owt/a.jsonl', ''.join(json.dumps({'text': 'x'}) + '\n' for _ in range(4000)))
     meta = load_meta(prepare('openwebtext', 'data', input='owt', tokenizer='bytes'))
     # one byte a document (bytes has no end-of-text)
     assert (meta['val_every'], meta['val_tokens'], meta['train_tokens']) == (2000, 2, 3998)
+    write('three/a.jsonl', ''.join(json.dumps({'text': 'x'}) + '\n' for _ in range(3)))
+    meta = load_meta(prepare('openwebtext', 'data', input='three', tokenizer='bytes', val_every=3, name='3'))
+    assert (meta['val_tokens'], meta['train_tokens']) == (1, 2)
 
 
 @pytest.mark.parametrize('edit', [dict(vocab_size=10), dict(vocab_size=256.0),
@@ -570,9 +574,9 @@ def test_a_long_file_is_never_held_whole(monkeypatch):
 @pytest.mark.parametrize('max_mb, files', [(1e-4, ['a.py', 'json/b.py']),
                                            (1.0, ['a.py', 'json/b.py', 'z.py'])])
 def test_python_stdlib_takes_py_files_by_path_up_to_the_cap(monkeypatch, capsys, max_mb, files):
-    """Sorted by path components, test folders, site-packages and caches skipped, until max_mb (100 bytes);
-    another cap for the same folder is refused without --force."""
-    sources = {'a.py': 'x = 1\n' * 10, 'json/b.py': 'y = 22\n' * 4, 'z.py': 'z = 3\n' * 10, 'a.txt': 'no',
+    """Sorted by path components, test folders, site-packages and caches skipped, up to max_mb (100 bytes,
+    where the second file ends); another cap for the same folder is refused without --force."""
+    sources = {'a.py': 'x = 1\n' * 10, 'json/b.py': 'y = 222\n' * 5, 'z.py': 'z = 3\n' * 10, 'a.txt': 'no',
                'test/t.py': 'no', 'tests/t.py': 'no', 'site-packages/s.py': 'no', '__pycache__/c.py': 'no',
                'idle_test/i.py': 'no', 'dist-packages/d.py': 'no'}
     for rel, s in sources.items():
@@ -705,9 +709,10 @@ def test_test_sets_are_kept_as_published(tiny, capsys, name, files):
 
 @pytest.mark.parametrize('file, tokenizer', [('lambada_test.jsonl', 'gpt2'), ('lambada_test.json', 'gpt2'),
                                              ('lambada_test_plain_text.txt', 'gpt2'), ('l.jsonl', 'bytes')])
-def test_lambada_passages_and_targets(tiny, file, tokenizer):
+def test_lambada_passages_and_targets(tiny, capsys, file, tokenizer):
     """A passage a line ('\n' only), as JSON (known by name or content) or plain text; the target is its last
-    word with the space before it, and each passage ends with end-of-text (bytes: a newline)."""
+    word with the space before it, and each passage ends with end-of-text (bytes: a newline). A file named as
+    the published one and not it is said to differ from it (its numbers are not the paper's)."""
     plain = file.endswith('.txt')
     passages = [t.replace('\n', ' ') for t in LAMBADA] if plain else LAMBADA
     # The original release: trailing spaces, blank lines between passages.
@@ -723,6 +728,8 @@ def test_lambada_passages_and_targets(tiny, file, tokenizer):
     # Each passage starts after the end-of-text of the one before.
     assert [p for p, _, _ in spans] + [len(val)] == [0] + [e + 1 for _, _, e in spans]
     assert (ids(out, 'train'), load_meta(out)['examples']) == ([], 3)
+    differs = [line for line in capsys.readouterr().err.splitlines() if 'sha256' in line]
+    assert len(differs) == (file == 'lambada_test.jsonl') and all(file in line for line in differs)
 
 # -----------------------------------------------------------------------------
 # CIFAR, from tarballs built here with the real layout

@@ -208,6 +208,8 @@ def test_run_log_and_checkpoint_roundtrip(trained, data_dir):
     assert [g['weight_decay'] for g in ckpt['optimizer']['param_groups']] == [0.1, 0.0]
     assert [tuple(g['betas']) for g in ckpt['optimizer']['param_groups']] == [(0.9, 0.95)] * 2
     assert [r['tokens'] for r in steps] == [i * 4 * 32 for i in range(1, 13)]
+    # the learning curves, drawn from the log
+    assert os.path.getsize(os.path.join(out, 'loss.png')) > 0
 
     # the weights, as sample.py loads them, give back the val loss the run measured on the same eval batches
     model = sample.load_gpt(os.path.join(out, 'ckpt.pt'), 'cpu')[0]
@@ -1206,6 +1208,15 @@ def test_out_of_memory_on_first_step(data_dir, tmp_path, monkeypatch, fails):
           '--gradient_accumulation_steps=2')
 
 
+def test_a_run_that_saved_nothing_does_not_say_how_to_sample_from_it(train, tmp_path, monkeypatch, capsys):
+    """Only the best model is saved (the shakespeare preset), and no evaluation beat iter 0's: no checkpoint,
+    and no command to sample from one."""
+    monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': 2.0, 'val': 2.0})
+    train(tmp_path, '--max_iters=4', '--eval_interval=2', '--always_save_checkpoint=false')
+    assert not os.path.exists(tmp_path / 'ckpt.pt')
+    assert 'sample.py' not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize('in_training, saved, bad',
                          [(True, 2, 'nan'), (False, None, 'nan'), (True, 2, 'inf')])
 def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch, fails,
@@ -1371,11 +1382,25 @@ def test_a_micro_step_larger_than_the_memory_is_refused(data_dir, train, tmp_pat
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**11)
     # Refused before --overwrite deletes anything.
     args = tiny(data_dir, out, '--max_iters=2', '--overwrite=true')
-    fails(train_gpt.main, args + ['--n_layer=200', '--n_embd=4096', '--n_head=32'], '--n_layer', '--n_embd')
+
+    # Counted on the meta device, never built: a check that let it through would fail here, not take 160 GB.
+    class Counted(tost.GPT):
+        def __init__(self, config):
+            assert torch.empty(0).is_meta, 'the 40B model was built'
+            super().__init__(config)
+    with monkeypatch.context() as m:
+        m.setattr(tost, 'GPT', Counted)
+        fails(train_gpt.main, args + ['--n_layer=200', '--n_embd=4096', '--n_head=32'], '--n_layer',
+              '--n_embd')
     # from the config alone, before the model is built (10^8 blocks would take days to build)
     with monkeypatch.context() as m:
         m.setattr(train_gpt, 'on_meta', None)
         fails(train_gpt.main, args + ['--n_layer=100000000'], '--n_layer', '--n_embd')
+    # The config's count leaves the embeddings out: where it fits and the model does not, the model's count
+    # decides (its refusal, not the micro-step's).
+    with monkeypatch.context() as m:
+        m.setattr(train_gpt, 'memory_bytes', lambda device: 16 * 10 * 32 ** 2 + 1)
+        fails(train_gpt.main, args, '--n_layer', '--n_embd')
     # The backward leaves 8 bytes a parameter of 1 GB: more than the weights' 4, fewer than the model's 16.
     monkeypatch.setattr(train_gpt, 'memory_bytes', lambda device: 10**9)
     monkeypatch.setattr(train_gpt, 'backward_bytes',

@@ -717,6 +717,22 @@ def test_maps_that_cannot_be_drawn_end_eval_only_whose_job_they_are(data, traine
     assert not os.path.exists(tmp_path / 'fresh')
 
 
+def test_eval_only_fails_when_its_maps_cannot_be_written_and_makes_no_folder_for_none(data, trained,
+                                                                                       tmp_path, fails,
+                                                                                       monkeypatch):
+    """The maps are --eval_only's job: a full disk while they are drawn is its one line and exit 2, not a
+    note (training's). With --viz_images=0 there are none, and no folder for them."""
+    def full(*args):
+        raise OSError(28, 'No space left on device')
+    args = [f'--init_from={trained}/best.pt', '--eval_only', '--device=cpu']
+    with monkeypatch.context() as m:
+        m.setattr(plot, 'vision_maps', full)
+        fails(train_vit.main, [f'--out_dir={tmp_path}/full', *args, '--viz_images=1'],
+              'No space left on device')
+    train_vit.main([f'--out_dir={tmp_path}/none', *args, '--viz_images=0'])
+    assert not os.path.exists(tmp_path / 'none' / 'viz')
+
+
 def test_a_run_from_weights_is_that_model_and_takes_a_new_drop_path(data, trained, tmp_path):
     """From best.pt with no --model: the checkpoint names the checkpoint's model (not the default
     tost-cifar), --drop_path applies, and the run starts at step 0 with a log of its own."""
@@ -788,10 +804,10 @@ def test_a_resume_goes_on_from_its_step_whatever_the_epochs_last_bit(data, tmp_p
 
 
 def test_best_pt_keeps_the_best_model_and_its_accuracy(data, tmp_path, monkeypatch, capsys):
-    """Test accuracies 0.5, 0.25, 0.375 at the ends of three epochs, the last two after a resume: best.pt
-    stays the first epoch's, and the run and each evaluation's row say 0.5."""
+    """Test accuracies 0.5, 0.25, 0.5 at the ends of three epochs, the last two after a resume: best.pt
+    stays the first epoch's (a tie is no better), and the run and each evaluation's row say 0.5."""
     out = str(tmp_path)
-    accuracies = iter([(0.5, 1.0), (0.25, 1.0), (0.375, 1.0)])
+    accuracies = iter([(0.5, 1.0), (0.25, 1.0), (0.5, 2.0)])
     monkeypatch.setattr(train_vit, 'evaluate', lambda *args: next(accuracies))
     assert train_vit.main(base_args(data, out, '--epochs=1', '--steps_per_epoch=1', '--viz_images=0')) == 0.5
     resumed = base_args(data, out, '--epochs=3', '--steps_per_epoch=1', '--viz_images=0',
@@ -802,7 +818,7 @@ def test_best_pt_keeps_the_best_model_and_its_accuracy(data, tmp_path, monkeypat
     assert [r['best_acc'] for r in read_log(out, kind='eval')] == [0.5, 0.5, 0.5]
     # each evaluation's line shows its own accuracy beside the best
     shown = capsys.readouterr().out
-    assert all(f"{acc:.4f} (best 0.5000)" in shown for acc in (0.5, 0.25, 0.375))
+    assert all(f"{acc:.4f} (best 0.5000)" in shown for acc in (0.5, 0.25))
 
 
 def test_every_step_trains_as_asked_and_the_last_epoch_is_scored(data, tmp_path, monkeypatch):
@@ -1012,6 +1028,19 @@ def test_a_checkpoint_from_before_steps_per_epoch_keeps_its_cap(data, trained, t
     steps = counted(monkeypatch, train_vit, 'optimizer_step')
     train_vit.main(['--init_from=resume', f'--out_dir={tmp_path}', '--epochs=3', '--viz_images=0'])
     assert len(steps) == 1
+
+
+def test_a_resume_runs_on_this_machine_not_the_checkpoints(trained, tmp_path, monkeypatch):
+    """A run saved on another machine's GPU, compiled: its resume here takes the run from the checkpoint and
+    the machine from this command (the defaults: auto, not compiled), and saves that."""
+    def no_compile(*args, **kwargs):
+        raise AssertionError('compiled')
+    monkeypatch.setattr(torch, 'compile', no_compile)
+    ckpt = torch.load(os.path.join(trained, 'ckpt.pt'), weights_only=True)
+    torch.save(dict(ckpt, config=dict(ckpt['config'], device='cuda:7', compile=True)), tmp_path / 'ckpt.pt')
+    train_vit.main(['--init_from=resume', f'--out_dir={tmp_path}', '--epochs=3', '--viz_images=0'])
+    config = weights(tmp_path)['config']
+    assert (weights(tmp_path)['epoch'], config['device'], config['compile']) == (3, 'auto', False)
 
 
 def test_random_crop_flip_pads_by_four_and_mirrors_half_the_images():
