@@ -172,12 +172,14 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
     ckpt.pt at step 7, three steps after a row (one every 4 steps), exit 130 with the command that resumes,
     which (nothing else: the settings come from the checkpoint) goes on. Either ends where the unbroken run
     did: the same state bit for bit, each row once with the same losses and evaluations; the row that spans
-    the stop is timed over the steps after it."""
+    the stop is timed over the steps after it. These runs draw no maps (the unbroken run draws them, for
+    test_the_run_draws_attention_and_memberships): drawing is most of a tiny run's time, and no part of its
+    state."""
     out = str(tmp_path / 'out')
+    resumable = (*RESUMABLE, '--log_interval=4', '--viz_images=0')
     if stop_at:
         interrupt_in_step(monkeypatch, stop_at)
-        args = base_args(data, out, '--epochs=2', *RESUMABLE, '--log_interval=4')
-        code, err = ends(train_vit.main, args)
+        code, err = ends(train_vit.main, base_args(data, out, '--epochs=2', *resumable))
         command = resume_command(err)
         assert code == 130 and command[:2] == ['python', 'train_vit.py']
         assert (weights(out)['step'], weights(out)['epoch']) == (7, 1.75)
@@ -187,10 +189,9 @@ def test_a_resume_ends_bit_for_bit_where_the_unbroken_run_does(data, trained, tm
         run_with_slow_steps(train_vit, command[2:], monkeypatch)
         assert read_log(out, kind='train')[-1]['ms_per_step'] >= 100
     else:
-        train_vit.main(base_args(data, out, '--epochs=1', *RESUMABLE, '--log_interval=4'))
+        train_vit.main(base_args(data, out, '--epochs=1', *resumable))
         assert weights(out)['step'] == 4
-        train_vit.main(base_args(data, out, '--epochs=2', '--init_from=resume', *RESUMABLE,
-                                 '--log_interval=4'))
+        train_vit.main(base_args(data, out, '--epochs=2', '--init_from=resume', *resumable))
     a = weights(trained)
     b = weights(out)
     assert (b['step'], b['epoch'], b['kind']) == (8, 2, 'vit')
