@@ -281,7 +281,9 @@ def test_eval_only_gives_the_accuracy_of_the_checkpoint_on_its_own_data(data, tr
     row or a checkpoint."""
     before = [Path(trained, f).read_bytes() for f in ('log.jsonl', 'ckpt.pt')]
     capsys.readouterr()
-    acc = train_vit.main(base_args(data, trained, '--init_from=resume', '--eval_only'))
+    # no maps here: those of --eval_only are drawn below, and the ones in `trained` stay the run's own, which
+    # test_the_run_draws_attention_and_memberships looks at
+    acc = train_vit.main(base_args(data, trained, '--init_from=resume', '--eval_only', '--viz_images=0'))
     assert acc == read_log(trained)[-1]['test_acc']                 # the same weights, the same test set
     # the line shows that accuracy, its count of the 33 test images, the checkpoint's epoch
     line = capsys.readouterr().out.splitlines()[0]
