@@ -138,6 +138,20 @@ def four(train, tmp_path_factory):
     train(out, '--max_iters=4', '--eval_interval=2')
     return out
 
+
+@pytest.fixture(scope='module')
+def unbroken(train, tmp_path_factory):
+    """unbroken(*extra): the out_dir of a run with those options that nothing stopped, trained once for all
+    the tests that compare a stopped and resumed run with it (they only read it)."""
+    runs = {}
+
+    def unbroken(*extra):
+        if extra not in runs:
+            runs[extra] = tmp_path_factory.mktemp('unbroken')
+            train(runs[extra], *extra)
+        return runs[extra]
+    return unbroken
+
 # -----------------------------------------------------------------------------
 # config
 
@@ -317,7 +331,7 @@ def test_ctrl_c_before_anything_is_saved_prints_no_resume_command(data_dir, tmp_
 
 
 @pytest.mark.parametrize('act, micro, saved', [(sigint, 0, 6), (sigint, 2, 7), (interrupt, 1, 4)])
-def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, train, tmp_path, monkeypatch,
+def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, unbroken, tmp_path, monkeypatch,
                                                                    ends, act, micro, saved):
     """SIGINT to this very process in the first of iteration 6's 3 micro-steps: the loop drops the step begun
     before its next micro-step, saves at iter 6 (no eval there), exits 130 and prints the command that goes
@@ -329,9 +343,8 @@ def test_ctrl_c_saves_or_keeps_a_checkpoint_and_the_resume_is_exact(data_dir, tr
     resume times only the steps after it."""
     args = ('--max_iters=10', '--eval_interval=4', '--dropout=0.1', '--log_interval=5',
             '--gradient_accumulation_steps=3')
-    full = tmp_path / 'full'
+    full = unbroken(*args)
     broken = tmp_path / 'broken'
-    train(full, *args)
     at_micro_step(monkeypatch, 6, micro, act)
     code, err = ends(train_gpt.main, tiny(data_dir, broken, *args))
     assert code == 130 and weights(broken)['iter_num'] == saved
@@ -356,14 +369,13 @@ class Died(BaseException):
 
 
 @pytest.mark.parametrize('last', ['log_row', 'save_checkpoint'])
-def test_a_run_killed_between_its_eval_row_and_its_checkpoint_loses_no_row(train, tmp_path, monkeypatch,
-                                                                            last):
+def test_a_run_killed_between_its_eval_row_and_its_checkpoint_loses_no_row(train, unbroken, tmp_path,
+                                                                            monkeypatch, last):
     """Killed at iter 8's evaluation right after its row is written, or right after its checkpoint: the
     resume's log is the unbroken run's, each row once (rows come at 5 and 10: iter 8's is the eval's)."""
     args = ('--max_iters=10', '--eval_interval=4', '--log_interval=5')
-    full = tmp_path / 'full'
+    full = unbroken(*args)
     broken = tmp_path / 'broken'
-    train(full, *args)
     real = getattr(train_gpt, last)
 
     def dying(*a):
