@@ -913,7 +913,8 @@ def test_the_step_clips_at_grad_clip(data, tmp_path, monkeypatch):
     clips = []
     real = train_vit.optimizer_step
     monkeypatch.setattr(train_vit, 'optimizer_step', lambda *a: clips.append(a[-1]) or real(*a))
-    train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--steps_per_epoch=2', '--grad_clip=0.5'))
+    train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--steps_per_epoch=2', '--grad_clip=0.5',
+                             '--viz_images=0'))
     assert clips == [0.5, 0.5]
 
 
