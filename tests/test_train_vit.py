@@ -235,10 +235,12 @@ def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path, 
     with pytest.raises(UsageError, match=re.escape(f'{alone}/best.pt')) as e:
         train_vit.main(base_args(data, str(alone), '--epochs=1'))
     assert 'resume' not in str(e.value)
-    # --overwrite=true: the old checkpoints go first, and the log starts anew
+    # --overwrite=true: the old checkpoints go first, and the log starts anew (no maps: drawing over the old
+    # ones is the trained run's second evaluation)
     out = tmp_path / 'out'
     shutil.copytree(trained, out)
-    train_vit.main(base_args(data, str(out), '--epochs=1', '--steps_per_epoch=1', '--overwrite=true'))
+    train_vit.main(base_args(data, str(out), '--epochs=1', '--steps_per_epoch=1', '--overwrite=true',
+                             '--viz_images=0'))
     assert weights(out)['epoch'] == 1
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
 
