@@ -384,10 +384,13 @@ if sys.stderr is None:
     sys.stderr = open(os.devnull, "w", encoding="utf-8")
 # A character the terminal's encoding lacks (a sample in an ASCII terminal) is printed as '?'. Windows writes
 # output redirected to a file or a pipe in its ANSI code page, which lacks most characters (its console is
-# UTF-8 already): UTF-8 there, as Python 3.15 does, unless PYTHONIOENCODING says otherwise.
+# UTF-8 already): UTF-8 there, stdout's and stderr's (`> log 2>&1`), as Python 3.15 does, unless
+# PYTHONIOENCODING says otherwise.
+windows = os.name == "nt" and "PYTHONIOENCODING" not in os.environ
 if hasattr(sys.stdout, "reconfigure"):
-    windows = os.name == "nt" and "PYTHONIOENCODING" not in os.environ
     sys.stdout.reconfigure(encoding="utf-8" if windows else None, errors="replace")
+if windows and hasattr(sys.stderr, "reconfigure"):
+    sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
 
 
 BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}

@@ -26,8 +26,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tost_fast
-from options import (UsageError, first_line, naming, out_of_memory, say, shell_join, stop_signals_here,
-                     write_whole)
+from options import (UsageError, first_line, kernel, naming, out_of_memory, say, shell_join,
+                     stop_signals_here, write_whole)
 
 # Windows has no fcntl: there the lock is msvcrt's, on the lock file's first byte.
 try:
@@ -191,7 +191,7 @@ def lock_out_dir(out_dir):
     key = os.path.realpath(out_dir)
     earlier, thread = HELD.get(key, (lambda: None, None))
     if thread == threading.get_ident() and earlier():
-        earlier().close()
+        release(earlier())
     lock = open_own(os.path.join(out_dir, ".lock"))
     try:
         if fcntl:
@@ -210,6 +210,15 @@ def lock_out_dir(out_dir):
         os.remove(tmp)
     HELD[key] = (weakref.ref(lock), threading.get_ident())
     return lock
+
+
+def release(lock):
+    """Closes lock_out_dir's file: the folder is let go. Windows' lock is undone first, as its documentation
+    asks (one left to the close may stay a while, and refuse the next run)."""
+    if fcntl is None and not lock.closed:
+        with contextlib.suppress(OSError):
+            msvcrt.locking(lock.fileno(), msvcrt.LK_UNLCK, 1)
+    lock.close()
 
 
 def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
@@ -240,7 +249,7 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
     except (OSError, UsageError):
         # Let go of the folder at once (a caller that goes on in this process may take it again).
         if lock:
-            lock.close()
+            release(lock)
         raise
     for p in found if master else ():
         os.remove(p)
@@ -500,8 +509,8 @@ def setup_distributed(device_pref):
     if device_pref == "mps":
         raise UsageError("--device=mps takes one process: torchrun's processes train on CPUs or CUDA GPUs")
     if device_pref.startswith("cuda:"):
-        raise UsageError(f"--device={device_pref} under torchrun: each process takes the GPU of its LOCAL_RANK "
-                         f"(--device=cuda); choose the GPUs with CUDA_VISIBLE_DEVICES")
+        raise UsageError(f"--device={device_pref} under torchrun: each process takes the GPU of its "
+                         f"LOCAL_RANK (--device=cuda); choose the GPUs with CUDA_VISIBLE_DEVICES")
     # Found by every process of the node, so that its first one, which prints, finds it too.
     procs = max(int(env["LOCAL_WORLD_SIZE"]), local_rank + 1)
     if cuda and procs > torch.cuda.device_count():
@@ -527,7 +536,7 @@ def teardown(dist, lock=None):
     """Let go of the out_dir's `lock`, and leave the process group after the other ranks: a gloo thread left
     to the interpreter's exit can abort a finished run. Every rank calls it at the same point."""
     if lock:
-        lock.close()
+        release(lock)
     if dist.ddp and torch.distributed.is_initialized():
         torch.distributed.barrier()
         # DDP's reference cycles would keep the group.
@@ -610,9 +619,10 @@ def stop_signals(unit, master):
         yield signals
     except SystemExit:
         # Under torchrun the first process to end has torchrun stop the others with SIGTERM: one that ends
-        # with its own code (the stop, the divergence all ranks found) lets the signals pass from here.
-        if "LOCAL_RANK" in os.environ:
-            old = dict.fromkeys(old, signal.SIG_IGN)
+        # with its own code (the stop, the divergence all ranks found) ignores it from here. A notebook's
+        # kernel goes on, as it was.
+        if "LOCAL_RANK" in os.environ and not kernel and signal.SIGTERM in old:
+            old[signal.SIGTERM] = signal.SIG_IGN
         raise
     except Exception as e:
         # An error while a stop is asked is the signal's doing (the compiler's g++ got the terminal's Ctrl-C

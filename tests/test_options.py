@@ -402,18 +402,20 @@ def test_what_stdout_cannot_encode_is_printed_as_a_question_mark():
     assert (r.returncode, r.stdout, r.stderr) == (0, b"caf?\n", b"")
 
 
-@pytest.mark.parametrize("system, told, wrote", [("nt", {}, "caf\xe9 \u2603".encode()),
-                                                 ("nt", {"PYTHONIOENCODING": "latin-1"}, b"caf\xe9 ?"),
-                                                 # (LC_ALL=C: POSIX's ascii locale)
-                                                 pytest.param("posix", {}, b"caf? ?", marks=POSIX_ONLY)])
-def test_output_redirected_on_windows_is_utf8_unless_told_otherwise(system, told, wrote):
-    """Windows writes a stdout redirected to a file in its ANSI code page (ascii stands in for it here): in
-    UTF-8 instead, unless PYTHONIOENCODING names an encoding; elsewhere the locale's, as it was."""
+@pytest.mark.parametrize("system, told, out, err", [
+    ("nt", {}, "caf\xe9 \u2603".encode(), "caf\xe9 \u2603".encode()),
+    ("nt", {"PYTHONIOENCODING": "latin-1"}, b"caf\xe9 ?", b"caf\xe9 \\u2603"),
+    # (LC_ALL=C: POSIX's ascii locale)
+    pytest.param("posix", {}, b"caf? ?", b"caf\\xe9 \\u2603", marks=POSIX_ONLY)])
+def test_output_redirected_on_windows_is_utf8_unless_told_otherwise(system, told, out, err):
+    """Windows writes a stdout and a stderr redirected to a file in its ANSI code page (ascii stands in for it
+    here): in UTF-8 instead, unless PYTHONIOENCODING names an encoding; elsewhere the locale's, as it was."""
     env = {k: v for k, v in ENV.items() if k != "PYTHONIOENCODING"}
     env.update(LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0", **told)
-    code = f"import os\nos.name = {system!r}\nimport options\nprint('caf\\xe9 \\u2603')"
+    code = (f"import os, sys\nos.name = {system!r}\nimport options\nprint('caf\\xe9 \\u2603')\n"
+            f"print('caf\\xe9 \\u2603', file=sys.stderr)")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, env=env, timeout=60)
-    assert (r.returncode, r.stdout, r.stderr) == (0, wrote + b"\n", b"")
+    assert (r.returncode, r.stdout, r.stderr) == (0, out + b"\n", err + b"\n")
 
 
 SCRIPTS = ("train_gpt", "train_vit", "sample", "eval_gpt", "plot", "prepare_data", "tools.bench",
