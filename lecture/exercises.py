@@ -9,9 +9,10 @@ Each exercise is a statement (what to derive or compute, in the paper's symbols)
 NotImplementedError until you write its body. The command runs each function on random cases in float64 and
 compares it with the readable lines of tost.py, exactly or to the tolerance the statement gives; it prints
 one line per exercise: pass, not attempted, or fail with what differed. The checks are in lecture/checks.py:
-run them, you need not read them. Read tost.py's sections 1 to 3 first (variational_compression, TSSA,
-CausalTSSA); derivation.py is the lecture, a script to run, not to import (importing it runs it all): write
-R and R_c from the formulas below.
+run them, you need not read them. Read tost.py's section 1 (variational_compression) and TSSA's white-box step
+(its docstring up to "The practical operator") first; the rest of sections 2 and 3 answers exercises 5, 7
+and 8, so read it after them. derivation.py is the lecture, a script to run, not to import (importing it
+runs it all): write R and R_c from the formulas below.
 
 Symbols as in tost.py: tokens are the rows of Z (B, n, d), the paper's columns z_j; memberships Pi are
 (B, K, n) and sum to 1 over the K groups (heads); U is (K, d, p) and U[k] is the paper's U_k;

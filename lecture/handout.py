@@ -1,10 +1,11 @@
 """
 Writes the copy of this repository to hand out to students: the files of the working tree that git tracks or
 would track, without the answers. Left out: lecture/solutions.py, tests/test_lecture.py (its wrong answers
-are the solutions changed in one place), the history (.git, which holds solutions.py) and
-tests/test_model_unchanged.py (which compares with an earlier commit). The copy runs the students'
-commands: `python -m lecture.exercises`, `python derivation.py`, `python -m pytest -q`. Exercises edited and
-not committed, and files git does not track, go into the copy as they are, with a note naming them.
+are the solutions changed in one place), the history (.git, which holds solutions.py),
+tests/test_model_unchanged.py (which compares with an earlier commit) and lecture/README.md's part for the
+teacher. The copy runs the students' commands: `python -m lecture.exercises`, `python derivation.py`,
+`python -m pytest -q`. Exercises edited and not committed, and files git does not track, go into the copy as
+they are, with a note naming them.
 
     python -m lecture.handout --out=../tost-class     # then zip that folder, or make it a new repository
 """
@@ -51,12 +52,20 @@ def main(argv=None):
         for name in names:
             os.makedirs(os.path.join(out, os.path.dirname(name)), exist_ok=True)
             shutil.copy2(os.path.join(ROOT, name), os.path.join(out, name))
+        # lecture/README.md without its part for the teacher (the class plan, where the answers are, the
+        # recall experiment's result)
+        readme = os.path.join(out, 'lecture', 'README.md')
+        with open(readme, encoding='utf-8') as f:
+            text = f.read()
+        with open(readme, 'w', encoding='utf-8') as f:
+            f.write(text.split('\n## For the teacher\n')[0])
     except BaseException:
         # A copy cut short (a full disk, Ctrl-C) goes: the folder is left empty, for the command again.
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out, exist_ok=True)
         raise
-    print(f'wrote {len(names)} files to {out}, without {", ".join(LEFT_OUT)} and .git')
+    print(f'wrote {len(names)} files to {out}, without {", ".join(LEFT_OUT)}, .git and the teacher\'s part '
+          f'of lecture/README.md')
     # A teacher's own answers, written into the exercises and not committed, would go out with them.
     edited = subprocess.run(['git', 'diff', '--quiet', 'HEAD', '--', 'lecture/exercises.py'], cwd=ROOT)
     if edited.returncode:

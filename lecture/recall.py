@@ -124,6 +124,10 @@ def main(argv=None):
         steps, seconds = train(model, cfg['steps'], cfg['seconds'], cfg['batch'], cfg['seed'])
         print(f'{label:12s} {layers:6d} {params:8,d} {steps:6d} {seconds:8.1f} {accuracy(model, test):9.3f} '
               f'{1 / PAIRS:7.3f}', flush=True)
+    # A class reads the table: one too short to show the gap says so.
+    if cfg['steps'] < DEFAULTS['steps'] or cfg['seconds']:
+        print(f"note: a run shorter than the default {DEFAULTS['steps']} steps may leave every model near "
+              f"chance, or below it: too short to show the gap")
 
 
 if __name__ == '__main__':

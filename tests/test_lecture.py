@@ -266,7 +266,7 @@ def test_the_predictions_are_measured_in_the_teachers_note_and_not_given_to_stud
 
 def test_the_class_plan_follows_the_lectures_order_and_the_quick_run_is_one_command():
     readme = open(os.path.join(REPO, 'lecture', 'README.md')).read()
-    plan = readme[readme.index('## In class'):readme.index('## The recall experiment')]
+    plan = readme[readme.index('### In class'):readme.index("### The recall experiment's result")]
     sections = [int(n) for n in re.findall(r'^\d\. .*?\(section (\d+)', plan, re.M)]
     assert len(sections) == 4 and sections == sorted(sections)
     command = r'python -m lecture\.recall --steps=\d+'
@@ -404,6 +404,10 @@ def test_the_hand_out_names_the_files_git_does_not_track(tmp_path, monkeypatch, 
     assert len(notes) == 2 and 'lecture/exercises.py' in notes[0]
     assert 'my_answers.py' in notes[1] and 'notes/ex5.md' in notes[1] and 'tost.py' not in notes[1]
     assert (tmp_path / 'class' / 'my_answers.py').is_file()
+    # the students' lecture/README.md: the page up to its part for the teacher
+    readme = (clone / 'lecture' / 'README.md').read_text(encoding='utf-8')
+    students = (tmp_path / 'class' / 'lecture' / 'README.md').read_text(encoding='utf-8')
+    assert students == readme[:readme.index('\n## For the teacher\n')] and '## The exercises' in students
     copied = {os.path.relpath(os.path.join(d, f), tmp_path / 'class')
               for d, _, names in os.walk(tmp_path / 'class') for f in names}
     assert not copied & {'lecture/solutions.py', 'tests/test_lecture.py', 'tests/test_model_unchanged.py',
@@ -517,6 +521,8 @@ def test_recall_runs_and_prints_its_table_deterministically(capsys):
     recall.main(['--steps=2', '--batch=4'])
     out = capsys.readouterr().out
     assert 'accuracy' in out and 'chance' in out
+    # two steps are too few to show the gap, and it says so
+    assert '4000' in out.splitlines()[-1]
     first = rows(out)
     assert [cols[0] for cols in first] == ['ToST', 'ToST', 'softmax']
     assert all(cols[-3] == '2' for cols in first)                          # the steps column
