@@ -11,8 +11,8 @@ missing, trains a 0.7M-parameter model on 4M bytes, saves out/ckpt.pt and says h
     torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base   # the paper's (docs/training.md)
 
 A new run refuses an out_dir that holds a checkpoint (--init_from=resume, another --out_dir, or
---overwrite=true). Ctrl-C or SIGTERM saves at the current step and prints the resume command; a second Ctrl-C
-stops without saving.
+--overwrite=true). Ctrl-C or SIGTERM saves the last step it completed and prints the resume command; a
+second Ctrl-C stops without saving.
 """
 import options  # first: its handler ends a Ctrl-C while torch imports (exit 130, no traceback)
 import contextlib
