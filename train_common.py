@@ -593,14 +593,19 @@ def save_checkpoint(state, paths, dist):
 def stop_signals(unit, master):
     """Inside: Ctrl-C, SIGTERM and SIGHUP append their name to the yielded list, which the loop reads before
     each step (train_gpt: each micro-step) and after an evaluation, through any_rank: every rank stops at the
-    same one. A second signal a second later raises KeyboardInterrupt (out now, no save); two within a second
-    are one (a torchrun worker gets the terminal's SIGINT and torchrun's copy). An error inside, once a signal
+    same one. A second signal a second later raises KeyboardInterrupt (out now, no save), but for a torchrun
+    worker's SIGTERM; two within a second are one (a torchrun worker gets the terminal's SIGINT and torchrun's
+    copy). An error inside, once a signal
     came, is a KeyboardInterrupt, unless options' handler names it (an OSError, a UsageError, out of
     memory)."""
     signals = []
     first = []
 
     def handler(signum, frame):
+        # Under torchrun a SIGTERM after the first stop is torchrun's, sent to the other processes once one
+        # has ended: this one is ending too, and goes on to its own end.
+        if first and signum == signal.SIGTERM and "LOCAL_RANK" in os.environ:
+            return
         if first and time.monotonic() - first[0] >= 1.0:
             raise KeyboardInterrupt
         if first:

@@ -899,6 +899,29 @@ def test_a_log_line_that_is_json_but_no_object_goes_at_a_resume(tmp_path):
     assert _lines(tmp_path / "log.jsonl") == [{"iter": 1}]
 
 
+def test_a_torchrun_worker_stopping_lets_a_later_sigterm_pass_and_a_second_ctrl_c_still_ends_it(monkeypatch):
+    """Under torchrun, once one process has ended torchrun sends SIGTERM to the rest, which are stopping too
+    (their teardown under way): that is no second stop, which would break the teardown; a second Ctrl-C
+    still is. Outside torchrun a second SIGTERM is."""
+    for torchrun in (True, False):
+        if torchrun:
+            monkeypatch.setenv("LOCAL_RANK", "1")
+        else:
+            monkeypatch.delenv("LOCAL_RANK")
+        clock = [0.0]
+        monkeypatch.setattr(tc.time, "monotonic", lambda: clock[0])
+        # what the run saw after the second SIGTERM, if it went on
+        went_on = []
+        with pytest.raises(KeyboardInterrupt):
+            with tc.stop_signals("iter", master=False) as signals:
+                signal.raise_signal(signal.SIGTERM)
+                clock[0] = 5.0
+                signal.raise_signal(signal.SIGTERM)
+                went_on.append(list(signals))
+                signal.raise_signal(signal.SIGINT)
+        assert went_on == ([["SIGTERM"]] if torchrun else [])
+
+
 def test_only_rank_0_says_the_stop_was_heard(capsys):
     """Every process of a torchrun gets the terminal's Ctrl-C: one note, not one a process."""
     with tc.stop_signals("iter", master=False) as signals:
