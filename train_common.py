@@ -595,9 +595,8 @@ def stop_signals(unit, master):
     each step (train_gpt: each micro-step) and after an evaluation, through any_rank: every rank stops at the
     same one. A second signal a second later raises KeyboardInterrupt (out now, no save), but for a torchrun
     worker's SIGTERM; two within a second are one (a torchrun worker gets the terminal's SIGINT and torchrun's
-    copy). An error inside, once a signal
-    came, is a KeyboardInterrupt, unless options' handler names it (an OSError, a UsageError, out of
-    memory)."""
+    copy). An error inside, once a signal came, is a KeyboardInterrupt, unless options' handler names it (an
+    OSError, a UsageError, out of memory)."""
     signals = []
     first = []
 
