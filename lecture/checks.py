@@ -306,9 +306,20 @@ def check_tssa_forward(answer):
     for B, n, d, K in ((2, 9, 12, 3), (1, 20, 8, 4)):
         layer = randomize(tost.TSSA(d, K))
         x = torch.randn(B, n, d)
+        W = layer.c_attn.weight.detach()
+        W_out = layer.c_proj.weight.detach().clone()
+        temp = layer.temp.detach()[:, 0]
         want = layer(x).detach()
-        got = answer(x, layer.c_attn.weight.detach(), layer.c_proj.weight.detach(), layer.temp.detach()[:, 0])
-        expect_close(f'TSSA output, n = {n}, K = {K}', got, want, 1e-12)
+        # The map back as the identity first: the output is then y itself, so a difference there is in Pi or
+        # y, and one that appears only with a random W_out is in the map back.
+        with torch.no_grad():
+            layer.c_proj.weight.copy_(torch.eye(d))
+        y = layer(x).detach()
+        where = f'n = {n}, K = {K}'
+        expect_close(f'Pi and y, {where}, with W_out = I (the output is y itself)',
+                     answer(x, W, torch.eye(d), temp), y, 1e-12)
+        expect_close(f'the map back W_out y, {where}, with a random W_out (right with W_out = I)',
+                     answer(x, W, W_out, temp), want, 1e-12)
     return 'equal to tost.TSSA'
 
 

@@ -108,8 +108,11 @@ def tssa_forward(x, W, W_out, temp):
         Pi  = softmax over the K heads of temp_k * sum_i w_ji^2 / sum_l w_li^2
         m_k = sum_j pi_jk w_j^2 / (n_k + 1e-8),   y_j = -pi_jk w_j / (1 + m_k),   output = W_out y
     x (B, n, d), W and W_out (d, d) (nn.Linear weights: a layer computes x W^T), temp (K,) -> (B, n, d).
-    Write it with torch, without calling tost.TSSA.
-    Check: equal to tost.TSSA with random weights and temperatures, to 1e-12.
+    temp is tost.TSSA.temp[:, 0]: the layer keeps it as (K, 1), which broadcasts over the tokens of its
+    (B, K, n) scores; your (K,) broadcasts as it is against scores laid out (B, n, K), and as temp[:, None]
+    against (B, K, n). Write it with torch, without calling tost.TSSA.
+    Check: equal to tost.TSSA with random weights and temperatures, to 1e-12: first with W_out = I, where
+    the output is y itself (Pi and y alone), then with a random W_out (the map back).
     """
     # Your answer.
     raise NotImplementedError

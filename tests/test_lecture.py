@@ -345,6 +345,16 @@ def test_a_wrong_answer_that_is_a_multiple_of_the_right_one_is_told_the_factor()
     assert verdict == 'fail' and 'times' not in note
 
 
+def test_exercise_5_says_whether_the_mistake_is_in_pi_and_y_or_in_the_map_back():
+    """A softmax over the tokens and a W_out not transposed fail with messages that differ, each naming its
+    part: the check tries the map back as the identity first."""
+    tokens = checks.run(CHECKS[5], tssa_softmax_over_tokens)
+    back = checks.run(CHECKS[5], lambda x, W, W_out, temp: sol.tssa_forward(x, W, W_out.T, temp))
+    assert tokens[0] == back[0] == 'fail' and tokens[1] != back[1]
+    assert 'Pi' in tokens[1] and 'map back' not in tokens[1]
+    assert 'map back' in back[1] and 'Pi' not in back[1]
+
+
 def test_a_prediction_not_among_the_labels_is_told_the_labels_not_judged():
     with pytest.raises(checks.Wrong) as e:
         CHECKS[7](lambda: dict(sol.untied_prediction(), tied='Exact'))
