@@ -76,8 +76,8 @@ def projected_compression(Z, Pi, U, alpha):
     (a) under the hypothesis, R^proj_c = R_c (M_k = U_k U_k^T M_k U_k U_k^T, then Sylvester's identity
     det(I + A B) = det(I + B A)); (b) for any orthonormal U_k, R^proj_c <= R^var_c (the square case, in R^p).
     Compute R^proj_c. Z (B, n, d), Pi (B, K, n), U (K, d, p) -> (B,).
-    Check: equal to the formula above to 1e-10 on any orthonormal U_k, to R_c on random cases that satisfy the
-    hypothesis, and never above R^var_c.
+    Check: equal to R_c on random cases that satisfy the hypothesis, and to the formula above to 1e-10 on
+    any orthonormal U_k with random tokens, outside it (where R^proj_c is not R_c), and never above R^var_c.
     """
     # Your answer.
     raise NotImplementedError

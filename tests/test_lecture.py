@@ -355,6 +355,15 @@ def test_exercise_5_says_whether_the_mistake_is_in_pi_and_y_or_in_the_map_back()
     assert 'map back' in back[1] and 'Pi' not in back[1]
 
 
+def test_exercise_3_tells_r_c_itself_that_the_failing_tokens_lie_outside_the_hypothesis():
+    """R_c in all of R^d equals R^proj_c under the hypothesis: it fails only on random tokens, and is told
+    that they are not in span(U_k); an answer wrong under the hypothesis too fails there first."""
+    verdict, note = checks.run(CHECKS[3], lambda Z, Pi, U, alpha: sol.compression(Z, Pi, alpha))
+    assert verdict == 'fail' and 'outside' in note and 'span(U_k)' in note
+    verdict, note = checks.run(CHECKS[3], projected_without_group_weights)
+    assert verdict == 'fail' and 'outside' not in note
+
+
 def test_a_prediction_not_among_the_labels_is_told_the_labels_not_judged():
     with pytest.raises(checks.Wrong) as e:
         CHECKS[7](lambda: dict(sol.untied_prediction(), tied='Exact'))
