@@ -455,7 +455,18 @@ def check_delta_R_through_layers(answer):
             Zl = Zl + layer(Zl)
         want = torch.cat(want)
         got = answer(Z, layer, layers, alpha)
-    expect_close('Delta R by layer', got, want, 1e-9)
+    # Name the first layer that differs: at l = 0 no layer has run yet, so R or R_c itself is wrong; past it,
+    # the loop (the step, or the memberships each layer estimates).
+    what = 'Delta R by layer'
+    if isinstance(got, torch.Tensor) and got.shape == want.shape:
+        # (a NaN differs too: compared as not within the tolerance)
+        differs = (~((got.double() - want).abs() <= 1e-9)).nonzero()
+        first = differs[0, 0].item() if len(differs) else None
+        if first == 0:
+            what += ', first at layer 0, the input before any layer: R or R_c itself is wrong, not the loop'
+        elif first is not None:
+            what += f', first at layer {first} (layer 0 is right, so R and R_c are: the loop is wrong)'
+    expect_close(what, got, want, 1e-9)
     expect(want[-1] < want[0], 'the check: Delta R did not fall')
     return f'Delta R {want[0]:.3f} before the layers, {want[-1]:.3f} after {layers}'
 

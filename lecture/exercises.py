@@ -190,7 +190,8 @@ def delta_R_through_layers(Z, layer, layers, alpha):
     (derivation.py section 14 measures Delta R with the true groups instead, so its numbers differ.)
     Before running the check, predict: does Delta R, the objective the white-box story maximises, rise or
     fall?
-    Check: equal to the check's own computation to 1e-9, on tokens from three planes.
+    Check: equal to the check's own computation to 1e-9, on tokens from three planes; a difference names the
+    first layer l where it appears (l = 0 is the input, before any layer).
     """
     # Your answer.
     raise NotImplementedError

@@ -189,6 +189,18 @@ def delta_R_with_the_first_memberships(Z, layer, layers, alpha):
     return torch.cat(values)
 
 
+def delta_R_with_R_over_alpha(Z, layer, layers, alpha):
+    # R with alpha in place of alpha/n: wrong already at the input
+    n = Z.shape[1]
+    values = []
+    with torch.no_grad():
+        for _ in range(layers + 1):
+            Pi = layer.memberships(layer.split_heads(layer.c_attn(Z)))
+            values.append(sol.coding_rate(Z, alpha * n) - sol.compression(Z, Pi, alpha))
+            Z = Z + layer(Z)
+    return torch.cat(values)
+
+
 # (exercise, name, answer): a short wrong answer written in place.
 WRONG = [
     (1, 'grad_sign_flipped', lambda *a: -sol.grad_variational(*a)),
@@ -238,6 +250,7 @@ WRONG = [
     (9, 'reorder_by_the_checks_helper', lambda *a: checks.measure_reorder(*a)),
     (10, 'delta_R_sign_flipped', lambda *a: -sol.delta_R_through_layers(*a)),
     (10, 'delta_R_with_the_first_memberships', delta_R_with_the_first_memberships),
+    (10, 'delta_R_with_R_over_alpha', delta_R_with_R_over_alpha),
 ]
 
 
@@ -362,6 +375,16 @@ def test_exercise_3_tells_r_c_itself_that_the_failing_tokens_lie_outside_the_hyp
     assert verdict == 'fail' and 'outside' in note and 'span(U_k)' in note
     verdict, note = checks.run(CHECKS[3], projected_without_group_weights)
     assert verdict == 'fail' and 'outside' not in note
+
+
+def test_exercise_10_names_the_first_layer_that_differs():
+    """Pi held from the input is right at layer 0 and wrong after: a layer past 0; a wrong R: layer 0."""
+    layers = {}
+    for wrong in (delta_R_with_the_first_memberships, delta_R_with_R_over_alpha):
+        verdict, note = checks.run(CHECKS[10], wrong)
+        assert verdict == 'fail'
+        layers[wrong] = int(re.search(r'layer (\d+)', note).group(1))
+    assert layers[delta_R_with_the_first_memberships] > 0 and layers[delta_R_with_R_over_alpha] == 0
 
 
 def test_a_prediction_not_among_the_labels_is_told_the_labels_not_judged():
