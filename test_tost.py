@@ -950,19 +950,34 @@ def _below_the_clamp(layer, x):
     assert (Q[:, 6] < 1e-12).all() and (Q[:, 7] > 1e-12).all()
 
 
-@pytest.mark.parametrize('chunk, clamp', [(1, False), (16, False), (256, False), (5, True)])
+def _at_the_clamp(layer, x):
+    """Coordinate 0 of head 0 below the clamp at the first token of x and at the clamp itself at the second:
+    Q_1 = 1e-12 exactly, where torch's clamp_min lets the gradient through (clamped is below it), into the
+    second token's own term and the first's through Q_1."""
+    with torch.no_grad():
+        layer.c_attn.weight[0] = 0
+        layer.c_attn.weight[0, 0] = 1
+    # two numbers whose squares sum to 1e-12 exactly in float64
+    x[:, :2, 0] = torch.tensor([4.239473099603314e-07, 9.056868544797361e-07], dtype=x.dtype)
+    Q = torch.cumsum(layer.c_attn(x)[:, :2, 0] ** 2, 1)
+    assert (Q[:, 0] < 1e-12).all() and (Q[:, 1] == 1e-12).all()
+
+
+@pytest.mark.parametrize('chunk, clamp', [(1, None), (16, None), (256, None), (5, 'below'), (5, 'at')])
 def test_fast_causal_core_equals_readable_form_values_and_gradients(chunk, clamp, monkeypatch):
     """float64, several chunks of `chunk` tokens and a partial last one (40 = 16 + 16 + 8), batch 2; and
     under no_grad, where the core reuses one chunk's scratch (nothing kept for a backward). clamp: Q_t < 1e-12
     (the first tokens of some coordinates tiny), and the clamp's gradient agrees, and so does the chunk after
-    it."""
+    it; or Q_0 at 1e-12 exactly, not clamped."""
     torch.manual_seed(0)
     layer = randomize(CausalTSSA(16, 4, block_size=40).double())
     monkeypatch.setattr(tost_fast, 'CHUNK', chunk * 2 * 16)         # elements: tokens x batch x width
     x = randn64(2, 40, 16)
     g = randn64(2, 40, 16)
-    if clamp:
+    if clamp == 'below':
         _below_the_clamp(layer, x)
+    if clamp == 'at':
+        _at_the_clamp(layer, x)
     readable = _outputs_and_grads(layer, x, g, False)
     for a, b in zip(_outputs_and_grads(layer, x, g, True), readable):
         close64(a, b)

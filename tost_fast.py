@@ -180,8 +180,9 @@ class CausalCore(torch.autograd.Function):
             de = (dl * temp).unsqueeze(-1)                           # dL/de_t
             # e_t = sum_i w_t^2 / Q_t, Q_t = sum_{j<=t} w_j^2. The token's own w_t^2 enters both; together
             # they give de_t Q_{t-1} / Q_t^2 (de/Q_t - de w_t^2/Q_t^2 exactly, with no subtraction).
-            # Where Q_t is clamped, R_t = w_t^2 / 1e-12 and Q_t passes nothing back.
-            Qc, clamped = Q.clamp_min(1e-12), Q <= 1e-12
+            # Where Q_t is clamped (below 1e-12: at it, clamp_min lets the gradient through), R_t = w_t^2 /
+            # 1e-12 and Q_t passes nothing back.
+            Qc, clamped = Q.clamp_min(1e-12), Q < 1e-12
             Qprev = torch.cat([Qs[:, a - 1:a] if a else torch.zeros_like(Q[:, :1]), Q[:, :-1]], 1)
             own = torch.where(clamped, Qc, Qprev).div_(Qc).div_(Qc)
             gQ = w2.div_(Qc).div_(Qc).mul_(-de).masked_fill_(clamped, 0)   # via Q_t, for the later tokens

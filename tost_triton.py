@@ -69,11 +69,12 @@ def _weights(w2, pi, ac_ptr, pc_ptr, before, cols, EPS: tl.constexpr, C: tl.cons
 @triton.jit
 def _squares(w2, qc_ptr, before, cols, BP: tl.constexpr):
     """Q_t of the chunk's tokens from the earlier chunks' sum Q (qc) and the chunk's own prefix sum; Q_t
-    clamped at TINY, and where it is."""
+    clamped at TINY, and where it is clamped (below TINY: at it, torch's clamp_min lets the gradient
+    through)."""
     Q = tl.load(qc_ptr + before * BP + cols)
     Qt = tl.cumsum(w2, 0) + Q[None, :]
     tiny = tl.full([1, BP], TINY, w2.dtype)
-    return Q, Qt, tl.maximum(Qt, tiny), Qt <= tiny
+    return Q, Qt, tl.maximum(Qt, tiny), Qt < tiny
 
 
 @triton.jit
@@ -194,7 +195,7 @@ def _grad_w(w_ptr, g_ptr, pi_ptr, de_ptr, qc_ptr, ac_ptr, pc_ptr, sa_ptr, sq_ptr
     Qn = Qt + wn2
     tiny = tl.full([1, BP], TINY, dt)
     Qnc = tl.maximum(Qn, tiny)
-    later = tl.cumsum(tl.where(Qn <= tiny, 0, -den[:, None] * wn2 / Qnc / Qnc), 0, reverse=True)
+    later = tl.cumsum(tl.where(Qn < tiny, 0, -den[:, None] * wn2 / Qnc / Qnc), 0, reverse=True)
     gw2 = RA * pi[:, None] + de[:, None] * own + later + tl.load(sq_ptr + after * BP + cols)[None, :]
     _store(gw_ptr + at, 2 * w * gw2 - pi[:, None] * g * D, m)
 

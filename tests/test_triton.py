@@ -23,7 +23,7 @@ import torch
 
 from conftest import REPO
 import test_tost
-from test_tost import _below_the_clamp, _names, _rel, _trained_like
+from test_tost import _at_the_clamp, _below_the_clamp, _names, _rel, _trained_like
 
 WORKER = os.environ.get('TRITON_INTERPRET') == '1'   # this module, imported in the interpreter's worker
 pytestmark = pytest.mark.skipif(importlib.util.find_spec('triton') is None,
@@ -91,8 +91,10 @@ def check_float64(B, T, d, K, chunk, clamp):
     layer = _layer(d, K, T)
     x = torch.randn(B, T, d, dtype=torch.float64)
     g = torch.randn(B, T, d, dtype=torch.float64)
-    if clamp:
+    if clamp == 'below':
         _below_the_clamp(layer, x)
+    if clamp == 'at':
+        _at_the_clamp(layer, x)
     core = _outputs_and_grads(layer, x, g, True)
     readable = _outputs_and_grads(layer, x, g, False)
     for name, a, b in zip(_names(layer), core, readable):
@@ -100,11 +102,12 @@ def check_float64(B, T, d, K, chunk, clamp):
 
 
 @pytest.mark.parametrize('B, T, d, K, chunk, clamp', [
-    (1, 13, 16, 4, 4, False),      # odd T: four chunks, the last one of a single token
-    (2, 21, 16, 4, 16, False),     # batch 2, two chunks, the last one partial
-    (2, 21, 16, 4, 64, False),     # one chunk longer than the sequence
-    (1, 45, 24, 4, 16, False),     # p = 6: the columns past p masked
-    (1, 24, 8, 2, 4, True),        # a coordinate clamped at Q = 0 for the first tokens, over two chunks
+    (1, 13, 16, 4, 4, None),       # odd T: four chunks, the last one of a single token
+    (2, 21, 16, 4, 16, None),      # batch 2, two chunks, the last one partial
+    (2, 21, 16, 4, 64, None),      # one chunk longer than the sequence
+    (1, 45, 24, 4, 16, None),      # p = 6: the columns past p masked
+    (1, 24, 8, 2, 4, 'below'),     # a coordinate below the clamp (Q < 1e-12) for the first tokens, two chunks
+    (1, 24, 8, 2, 4, 'at'),        # a coordinate at the clamp (Q_0 = 1e-12 exactly): not clamped
 ])
 def test_float64_equals_the_readable_lines(interpreter, B, T, d, K, chunk, clamp):
     """y and every gradient (input, c_attn, temp, c_proj, pos_bias) within 1e-12 (norm of the difference
