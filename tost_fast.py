@@ -91,7 +91,8 @@ def causal_tssa(layer, x):
         return tost_triton.causal_tssa(layer, x)
     B, T, d = x.shape
     w = layer.c_attn(x)
-    wf = w.to(_stat_dtype(w)).view(B, T, layer.n_head, layer.head_dim)    # (B, T, K, p), no copy
+    # (B, T, K, p): a view; under half-precision autocast a float32 copy, which the backward keeps
+    wf = w.to(_stat_dtype(w)).view(B, T, layer.n_head, layer.head_dim)
     temp = layer.temp.view(-1).to(wf.dtype)                               # (K,)
     pb = (layer.head_dim * layer.pos_bias[:, :T]).t().to(wf.dtype)        # (T, K)  p * b_{k,t}
     keep = torch.is_grad_enabled() and any(t.requires_grad for t in (wf, temp, pb))
@@ -107,20 +108,21 @@ class CausalCore(torch.autograd.Function):
     tensors outgrow the CPU's cache, so every pass runs at memory speed. Here the sequence is cut into
     chunks whose passes stay in cache. The prefix sums (Q, A, P) are carried from one chunk to the next, as
     the recurrent state carries them from token to token; the backward walks the chunks in reverse and
-    carries the suffix sums of the adjoints (a prefix sum's adjoint is a suffix sum). The forward keeps Q
-    and A for the backward, which then needs no second pass of prefix sums.
+    carries the suffix sums of the adjoints (a prefix sum's adjoint is a suffix sum). The forward keeps Q, A,
+    D, Pi, P + eps and e_t for the backward, which then needs no second pass of prefix sums.
 
     Suffix sums are prefix sums of the flipped chunk, never total - prefix: the adjoint through Q_t is of
     order 1/Q_t, huge at the first tokens when a coordinate starts near zero, and it cancels exactly
-    (R_t = w_t^2 / Q_t stays below 1). Taken as total - prefix, that cancellation leaves an error of
-    about eps / Q_0 at every later position: float32 gradients were off by up to 6% that way.
+    (each term w_ti^2 / Q_ti of e_t is at most 1). Taken as total - prefix, that cancellation leaves an error
+    of about machine epsilon / Q_0 at every later position: float32 gradients were off by up to 6% that
+    way.
     """
 
     @staticmethod
     def forward(ctx, w, temp, pb, eps, chunk, keep):
         # w: (B, T, K, p) float32/64; temp: (K,); pb: (T, K) = p * b_{k,t}
         B, T, K, p = w.shape
-        # the backward needs every chunk's Q, A, D, Pi; else reuse one
+        # the backward needs every chunk's Q, A, D, Pi, P + eps and e; else reuse one chunk's buffers
         L = T if keep else min(chunk, T)
         y, (Qs, As, Ds) = torch.empty_like(w), (w.new_empty(B, L, K, p) for _ in range(3))
         Pis, Pes, es = (w.new_empty(B, L, K) for _ in range(3))
@@ -143,7 +145,8 @@ class CausalCore(torch.autograd.Function):
             w2.mul_(Pi)[:, :1] += A
             Ac = torch.cumsum(w2, 1, out=As[:, at])                  # A_t = sum_{j<=t} pi_j w_j^2
             A = Ac[:, -1:]
-            D = torch.div(Pe, Ac + Pe, out=Ds[:, at])                # D_t = 1 / (1 + A_t / Pe_t)
+            # D_t = Pe_t / (A_t + Pe_t), Pe_t = P_t + eps: tost.py's 1 / (1 + A_t / (P_t + eps))
+            D = torch.div(Pe, Ac + Pe, out=Ds[:, at])
             torch.mul(wc, D, out=y[:, c]).mul_(-Pi)                  # y_t = -Pi_t w_t D_t
         if keep:
             ctx.save_for_backward(w, temp, pb, Qs, As, Ds, Pis, Pes, es)
@@ -180,13 +183,13 @@ class CausalCore(torch.autograd.Function):
             de = (dl * temp).unsqueeze(-1)                           # dL/de_t
             # e_t = sum_i w_t^2 / Q_t, Q_t = sum_{j<=t} w_j^2. The token's own w_t^2 enters both; together
             # they give de_t Q_{t-1} / Q_t^2 (de/Q_t - de w_t^2/Q_t^2 exactly, with no subtraction).
-            # Where Q_t is clamped (below 1e-12: at it, clamp_min lets the gradient through), R_t = w_t^2 /
-            # 1e-12 and Q_t passes nothing back.
+            # Where Q_t is clamped (below 1e-12: at it, clamp_min lets the gradient through), its term of e_t
+            # is w_t^2 / 1e-12 and Q_t passes nothing back.
             Qc, clamped = Q.clamp_min(1e-12), Q < 1e-12
             Qprev = torch.cat([Qs[:, a - 1:a] if a else torch.zeros_like(Q[:, :1]), Q[:, :-1]], 1)
             own = torch.where(clamped, Qc, Qprev).div_(Qc).div_(Qc)
             gQ = w2.div_(Qc).div_(Qc).mul_(-de).masked_fill_(clamped, 0)   # via Q_t, for the later tokens
-            gw2 = RA.mul_(Pi4).addcmul_(de.expand_as(Qc), own)       # via A, and via the token's own R_t
+            gw2 = RA.mul_(Pi4).addcmul_(de.expand_as(Qc), own)       # via A, and via its own term of e_t
             SQc = _suffix_sum(gQ, SQ)
             gw2[:, :-1] += SQc[:, 1:]                                # via Q_t' of the later tokens t' > t
             gw2[:, -1:] += SQ
