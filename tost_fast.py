@@ -64,7 +64,7 @@ def usable(layer, x):
     if not layer.fast or (layer.training and layer.attn_dropout.p > 0):
         return False
     if x.device.type in TRITON:
-        # compiled, inductor checks the GPU itself
+        # compiled: no floor checked here, inductor itself refuses a GPU below compute capability 7.0
         return torch.compiler.is_compiling() or triton_on(x.device)
     return x.device.type == 'cpu' and not torch.compiler.is_compiling() and x.numel() >= MIN_ELEMENTS
 
