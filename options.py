@@ -4,8 +4,8 @@ A script's `DEFAULTS = dict(...)` holds a key a line with a comment. `--key=valu
 type (a bool's `--key` alone: true; a text or a bare word that begins with `~` is a path in the home folder,
 which bash does not expand after `=`, unless the script takes it as free text); `--config=NAME` applies a
 preset first. Every number must be finite, and the script's RANGES table says which must also be positive,
-non-negative, a fraction in [0, 1) or a seed in [0, 2**32). `--help` prints the docstring and each key with
-its default value and its comment.
+non-negative, a fraction in [0, 1), a ratio in [0, 1] or a seed in [0, 2**32). `--help` prints the docstring
+and each key with its default value and its comment.
 
 Importing this module, which every script does before torch, sets how a script ends when an exception reaches
 its top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path
@@ -425,6 +425,7 @@ def _value(key, raw, default):
 RANGE_TESTS = {"positive": (lambda v: v > 0, "positive"),
                "nonnegative": (lambda v: v >= 0, ">= 0"),
                "fraction": (lambda v: 0 <= v < 1, "in [0, 1)"),
+               "ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
                "nonempty": (lambda v: str(v).strip() != "", "given (not empty)"),
                "seed": (lambda v: 0 <= v < 2**32, "in [0, 2**32)")}
 

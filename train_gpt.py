@@ -55,7 +55,7 @@ DEFAULTS = dict(
     # AdamW, linear warmup then cosine decay; the schedule does not follow max_iters: set them together
     learning_rate=6e-3,          # peak learning rate (high, for a small model and a short run)
     max_iters=1000,              # optimizer steps in total
-    min_lr_ratio=0.1,            # the cosine ends at learning_rate x this (nanoGPT's rule: 1/10)
+    min_lr_ratio=0.1,            # the cosine ends at learning_rate x this (nanoGPT's rule: 1/10; 1: constant after the warmup)
     warmup_iters=50,             # linear warmup
     lr_decay_iters=1000,         # the cosine reaches min_lr here (nanoGPT: = max_iters)
     weight_decay=0.1,            # on matrices only (tost.param_groups)
@@ -82,7 +82,8 @@ RANGES = dict(positive=('block_size', 'batch_size', 'gradient_accumulation_steps
                         'n_embd', 'eval_interval', 'eval_iters', 'log_interval', 'learning_rate',
                         'max_iters'),
               nonnegative=('warmup_iters', 'lr_decay_iters', 'weight_decay', 'grad_clip'),
-              fraction=('dropout', 'beta1', 'beta2', 'min_lr_ratio'),
+              fraction=('dropout', 'beta1', 'beta2'),
+              ratio=('min_lr_ratio',),
               nonempty=('out_dir', 'dataset', 'data_dir'),
               seed=('seed',))
 

@@ -55,7 +55,7 @@ DEFAULTS = dict(
     epochs=100,                 # passes over the training images
     batch_size=128,             # images per step per process
     learning_rate=1e-3,         # peak
-    min_lr_ratio=0.01,          # the cosine ends at learning_rate x this
+    min_lr_ratio=0.01,          # the cosine ends at learning_rate x this (1: constant after the warmup)
     weight_decay=0.05,          # matrices only (tost.param_groups)
     beta1=0.9,                  # AdamW's first-moment decay
     beta2=0.999,                # AdamW's second-moment decay
@@ -80,7 +80,8 @@ DEFAULTS = dict(
 RANGES = dict(positive=('epochs', 'batch_size', 'learning_rate', 'eval_interval', 'log_interval'),
               nonnegative=('weight_decay', 'grad_clip', 'warmup_epochs', 'steps_per_epoch',
                            'compression_images', 'viz_images'),
-              fraction=('label_smoothing', 'drop_path', 'beta1', 'beta2', 'min_lr_ratio'),
+              fraction=('label_smoothing', 'drop_path', 'beta1', 'beta2'),
+              ratio=('min_lr_ratio',),
               nonempty=('out_dir', 'dataset', 'data_dir'),
               seed=('seed',))
 

@@ -1143,6 +1143,8 @@ MISTAKES = [
     (['--out_dir= '], ['--out_dir', "' '"]),                          # blanks shown as typed
     (['--learning_rate=-1'], ['--learning_rate', '-1']),
     (['--dropout=1'], ['--dropout', '1']),
+    # a floor above the peak (1 is a constant rate)
+    (['--min_lr_ratio=1.01'], ['--min_lr_ratio', '1.01']),
     # AdamW's rule
     (['--beta2=1'], ['--beta2', '1']),
     # a decay that would erase the weights in a step (0.5 x 2: exactly)
@@ -1500,6 +1502,13 @@ def test_each_step_clips_at_grad_clip_at_its_learning_rate_and_draws_its_own_dro
     # the first seeds the model's weights; then each micro-step of each step its own, from --seed
     assert seeds == [7] + [train_common.seed_of(7, i, g) for i in range(5) for g in range(2)]
     assert len(set(seeds)) == 11
+
+
+def test_a_min_lr_ratio_of_1_holds_the_learning_rate_after_the_warmup(train, tmp_path):
+    """nanoGPT's decay_lr=False: the floor at the peak."""
+    out = tmp_path / 'out'
+    train(out, '--max_iters=4', '--warmup_iters=2', '--lr_decay_iters=3', '--min_lr_ratio=1')
+    assert [r['lr'] for r in read_log(out, kind='train')] == [1.5e-3, 3e-3, 3e-3, 3e-3]
 
 
 def test_accumulated_gradients_are_those_of_the_whole_batch(train, tmp_path, monkeypatch):
