@@ -7,14 +7,15 @@ preset first. Every number must be finite, and the script's RANGES table says wh
 non-negative, a fraction in [0, 1), a ratio in [0, 1] or a seed in [0, 2**32). `--help` prints the docstring
 and each key with its default value and its comment.
 
-Importing this module, which every script does before torch, sets how a script ends when an exception reaches
-its top level: a UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path
-(and the option that gave it; on a full disk, the file being written, or stdout) and exit 2; Ctrl-C is exit
-130; a closed stdout (`| head`) ends quietly with 141; under torchrun, a collective cut off by another
-process's end is one line and exit 1 (that process says why). Any other exception is a bug and keeps its
-traceback. Ctrl-C while torch imports can be lost, or abort the interpreter from inside torch's C++ code: a
-script of this repository that imports this module before torch, and calls parse(), holds Ctrl-C until then;
-parse() lets it through (the script ends there, exit 130).
+Importing this module, which every script does before torch, sets how a script of this repository ends when an
+exception reaches its top level (a program of the user's own that imports one of ours keeps Python's ways): a
+UsageError is `error: ...` and exit 2; an OSError about a path is one line naming the path (and the option
+that gave it; on a full disk, the file being written, or stdout) and exit 2; Ctrl-C is exit 130; a closed
+stdout (`| head`) ends quietly with 141; under torchrun, a collective cut off by another process's end is one
+line and exit 1 (that process says why). Any other exception is a bug and keeps its traceback. Ctrl-C while
+torch imports can be lost, or abort the interpreter from inside torch's C++ code: a script of this repository
+that imports this module before torch, and calls parse(), holds Ctrl-C until then; parse() lets it through
+(the script ends there, exit 130).
 """
 import os
 import signal
@@ -377,20 +378,25 @@ def exit_with_code():
         os._exit(exit_code[0])
 
 
-sys.excepthook = excepthook
-atexit.register(exit_with_code)
-# A closed stderr (`2>&-`) is None here, and print(file=None) writes to stdout: into a sample or a table.
-if sys.stderr is None:
-    sys.stderr = open(os.devnull, "w", encoding="utf-8")
-# A character the terminal's encoding lacks (a sample in an ASCII terminal) is printed as '?'. Windows writes
-# output redirected to a file or a pipe in its ANSI code page, which lacks most characters (its console is
-# UTF-8 already): UTF-8 there, stdout's and stderr's (`> log 2>&1`), as Python 3.15 does, unless
-# PYTHONIOENCODING says otherwise.
-windows = os.name == "nt" and "PYTHONIOENCODING" not in os.environ
-if hasattr(sys.stdout, "reconfigure"):
-    sys.stdout.reconfigure(encoding="utf-8" if windows else None, errors="replace")
-if windows and hasattr(sys.stderr, "reconfigure"):
-    sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
+# For our scripts (and `python -c`), not for a program of the user's own that imports a module of ours
+# (sample.load_gpt): that one keeps Python's tracebacks, exit codes and output, and its files are flushed at
+# exit (exit_with_code's os._exit would skip that).
+theirs = bool(script) and os.path.isfile(script) and not ours
+if not theirs:
+    sys.excepthook = excepthook
+    atexit.register(exit_with_code)
+    # A closed stderr (`2>&-`) is None here, and print(file=None) writes to stdout: into a sample or a table.
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")
+    # A character the terminal's encoding lacks (a sample in an ASCII terminal) is printed as '?'. Windows
+    # writes output redirected to a file or a pipe in its ANSI code page, which lacks most characters (its
+    # console is UTF-8 already): UTF-8 there, stdout's and stderr's (`> log 2>&1`), as Python 3.15 does,
+    # unless PYTHONIOENCODING says otherwise.
+    windows = os.name == "nt" and "PYTHONIOENCODING" not in os.environ
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(encoding="utf-8" if windows else None, errors="replace")
+    if windows and hasattr(sys.stderr, "reconfigure"):
+        sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
 
 
 BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}

@@ -155,6 +155,17 @@ def test_an_error_at_the_top_level_is_one_line_and_its_exit_code(tmp_path, code,
     assert os.strerror(errno.EEXIST) not in r.stderr and os.strerror(errno.ENOTDIR) not in r.stderr
 
 
+def test_a_program_of_the_users_own_keeps_pythons_ways_at_its_end(tmp_path):
+    """A script outside the repository that imports one of ours (sample.load_gpt, readers): its exception is
+    Python's traceback and exit 1, and what it wrote to a file it left open is flushed at exit."""
+    mine = tmp_path / "mine.py"
+    mine.write_text(f"import sys\nsys.path.insert(0, {REPO!r})\nimport readers\n"
+                    f"f = open('results.csv', 'w')\nf.write('0,0')\nopen('none/x')\n")
+    r = python(str(mine), cwd=tmp_path)
+    assert r.returncode == 1 and "Traceback" in r.stderr and "FileNotFoundError" in r.stderr
+    assert (tmp_path / "results.csv").read_text() == "0,0"
+
+
 def test_out_of_memory_advises_a_smaller_batch_only_where_a_batch_was_computed(monkeypatch, capsys):
     """Computing a batch (eval_gpt's loss, outside any module): half the batch; building the model (a Linear's
     __init__), or at a batch of 1: none."""
