@@ -401,6 +401,14 @@ if not theirs:
 
 BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
+# nanoGPT's options that a script here lacks, and what takes their place (docs/training.md, from nanoGPT).
+NANOGPT = {"min_lr": "--min_lr_ratio, the floor as a fraction of --learning_rate",
+           "decay_lr": "--min_lr_ratio=1 for a constant rate",
+           "eval_only": "eval_gpt.py",
+           "wandb_log": "out_dir/log.jsonl, drawn by plot.py",
+           "backend": "the device's own, nccl on CUDA and gloo elsewhere",
+           "init_from": "--out_dir, whose ckpt.pt this script reads"}
+
 
 def near(word, names, prefix=""):
     """'; did you mean NAME?' for the one of `names` a typed `word` is close to (a typo), or ''. Close: 0.8
@@ -527,7 +535,9 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     given = {}
     for arg in flags:
         if not arg.startswith("--") or arg == "--":
-            raise UsageError(f"unexpected argument {arg!r}; options look like --key=value")
+            # nanoGPT's `train.py config/x.py`
+            py = " (a config file is not read: --config=NAME picks a preset)" if arg.endswith(".py") else ""
+            raise UsageError(f"unexpected argument {arg!r}; options look like --key=value{py}")
         key, eq, raw = arg[2:].partition("=")
         given[key] = raw if eq else None
     config = dict(defaults)
@@ -548,8 +558,8 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
         given[positional] = bare if many else bare[0]
     for key, raw in given.items():
         if key not in defaults:
-            raise UsageError(f"unknown option --{key}{near(key, defaults, '--')}; valid keys: "
-                             f"{', '.join(defaults)}")
+            instead = f" (nanoGPT's; here: {NANOGPT[key]})" if key in NANOGPT else near(key, defaults, '--')
+            raise UsageError(f"unknown option --{key}{instead}; valid keys: {', '.join(defaults)}")
         config[key] = _value(key, raw, defaults[key])
         set_keys.add(key)
         # A path that begins with ~ is in the home folder: bash expands no ~ after `=` (--out_dir=~/run would

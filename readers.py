@@ -128,6 +128,9 @@ def load_meta(folder, kind=None, model_meta=None):
         # A name a letter or two off one of prepare_data.py's datasets of this kind is likely a typo of it.
         ours = {"images": IMAGES, "text": TEXTS}.get(kind, IMAGES + TEXTS)
         typo = "" if name in ours else near(name, ours)
+        # nanoGPT's prepare.py writes the token files alone.
+        if os.path.isfile(os.path.join(folder, "train.bin")):
+            typo += "; for token files of nanoGPT's, docs/training.md says what meta.json to write"
         raise UsageError(f"{folder} is not a prepared dataset (no meta.json); run: {command}{typo}") from None
     try:
         meta = json.loads(text)

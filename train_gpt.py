@@ -7,6 +7,7 @@ missing, trains a 0.7M-parameter model on 4M bytes, saves out/ckpt.pt and says h
     python train_gpt.py --attn=softmax --out_dir=out-softmax   # the GPT-2 baseline, everything else equal
     python train_gpt.py --softmax_layers=-1 --token_shift=true --out_dir=out-hybrid   # last block softmax
     python train_gpt.py --init_from=resume --max_iters=2000 --lr_decay_iters=2000   # the run in out/, longer
+    python train_gpt.py --init_from=out/ckpt.pt --dataset=notes --out_dir=out-tuned   # fine-tune it on notes
     python train_gpt.py --config=shakespeare              # tiny shakespeare, gpt2 BPE (a GPU; the network)
     torchrun --standalone --nproc_per_node=8 train_gpt.py --config=owt-base   # the paper's (docs/training.md)
 
@@ -55,7 +56,7 @@ DEFAULTS = dict(
     # AdamW, linear warmup then cosine decay; the schedule does not follow max_iters: set them together
     learning_rate=6e-3,          # peak learning rate (high, for a small model and a short run)
     max_iters=1000,              # optimizer steps in total
-    min_lr_ratio=0.1,            # the cosine ends at learning_rate x this (nanoGPT's rule: 1/10; 1: constant after the warmup)
+    min_lr_ratio=0.1,            # the cosine ends at learning_rate x this (nanoGPT's 1/10; 1: no decay)
     warmup_iters=50,             # linear warmup
     lr_decay_iters=1000,         # the cosine reaches min_lr here (nanoGPT: = max_iters)
     weight_decay=0.1,            # on matrices only (tost.param_groups)
@@ -68,7 +69,7 @@ DEFAULTS = dict(
     eval_iters=20,               # batches per estimate (a fixed set, so estimates are comparable)
     log_interval=10,             # print and log the training loss every this many iterations
     always_save_checkpoint=True,  # save after every eval; false: only when val loss improves
-    init_from='scratch',         # scratch, or resume from out_dir/ckpt.pt
+    init_from='scratch',         # scratch, resume (out_dir/ckpt.pt), or a checkpoint: a new run from it
     overwrite=False,             # from scratch where out_dir holds ckpt.pt: delete it, a new log (or refuse)
     # system
     device='auto',               # auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps
@@ -87,7 +88,7 @@ RANGES = dict(positive=('block_size', 'batch_size', 'gradient_accumulation_steps
               nonempty=('out_dir', 'dataset', 'data_dir'),
               seed=('seed',))
 
-CHOICES = dict(init_from=('scratch', 'resume'), attn=tost.ATTN_KINDS, dtype=DTYPES)
+CHOICES = dict(attn=tost.ATTN_KINDS, dtype=DTYPES)
 
 
 # The paper's recipe: 480 x 1024 tokens per step = 12 x 1024 x 40 micro-steps (which divides among 1, 2, 4, 5
@@ -152,7 +153,7 @@ def resume_config(cfg, set_keys, ckpt):
             # A preset's key was not typed: the preset is named.
             preset = f" (of --config={cfg['config']})" if key in PRESETS.get(cfg['config'], {}) else ''
             raise UsageError(f"--{key}={cfg[key]}{preset} does not match the checkpoint's model "
-                             f"({key}={had}); the model's shape is fixed on resume")
+                             f"({key}={had}); the model's shape is its checkpoint's")
     if cfg['block_size'] > args['block_size'] and 'block_size' in set_keys:
         raise UsageError(f"--block_size={cfg['block_size']} is larger than the checkpoint's model allows "
                          f"({args['block_size']}: its position embedding has that many rows)")
@@ -268,13 +269,24 @@ def main(argv=None):
     # options: the defaults, a preset, this command line; checked against RANGES as they are parsed
     cfg, set_keys = parse(argv, DEFAULTS, __doc__, __file__, PRESETS, torchrun=True, ranges=RANGES,
                           choices=CHOICES)
-    fresh = cfg['init_from'] == 'scratch'
-    # A fresh model's shape is checked before any work (a resumed one is its checkpoint's).
+    init_from = cfg['init_from']
+    fresh = init_from != 'resume'
+    # A new run from another run's weights (fine-tuning): the checkpoint a path names.
+    source = None if init_from in ('scratch', 'resume') else init_from
+    # A new model's shape is checked before any work (a checkpoint's is its own).
     model_args = {k: cfg[k] for k in MODEL_KEYS}
-    if fresh:
+    if init_from == 'scratch':
         gpt_config(model_args)
     out_dir = cfg['out_dir']
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+    # A name mistyped (resum) is a path to no file.
+    if source and not os.path.isfile(source):
+        raise UsageError(f"--init_from={source}: no such file; it takes scratch, resume or the path of a "
+                         f"checkpoint{options.near(source, ('scratch', 'resume'))}")
+    # --overwrite would delete the file the new run starts from.
+    if source and os.path.isfile(ckpt_path) and os.path.samefile(source, ckpt_path):
+        raise UsageError(f"--init_from={source}: a new run from it would write its checkpoint over it; start "
+                         f"it elsewhere: --out_dir=OTHER")
 
     # processes (torchrun), the device, and on a resume the run as its checkpoint left it
     dist = setup_distributed(cfg['device'])
@@ -283,13 +295,15 @@ def main(argv=None):
     ckpt = None
     lock = None
     # A resume locks the folder before it reads the checkpoint: another run may hold it, not saved yet.
-    if not fresh:
-        if os.path.isdir(out_dir):
-            lock = make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], False, master)
+    if not fresh and os.path.isdir(out_dir):
+        lock = make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], False, master)
+    if not fresh or source:
         needs = ('model', 'optimizer', 'iter_num', 'config', 'meta')
-        ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=needs)
-        cfg = resume_config(cfg, set_keys, ckpt)
-        check_config(cfg, DEFAULTS, RANGES, CHOICES, ckpt_path)
+        ckpt = load_checkpoint(source or ckpt_path, device, 'gpt', needs=needs)
+        resumed = resume_config(cfg, set_keys, ckpt)
+        # A new run from the weights takes their model and context, and this command line's training.
+        cfg = {**cfg, **{k: resumed[k] for k in (*MODEL_KEYS, 'block_size')}} if source else resumed
+        check_config(cfg, DEFAULTS, RANGES, CHOICES, source or ckpt_path)
     if cfg['compile'] and cfg['attn'] == 'tssa':
         check_compile(device, cfg['dropout'])
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
@@ -324,11 +338,14 @@ def main(argv=None):
     # the model: fresh from the seed (the same weights on every process), or as the checkpoint left it
     torch.manual_seed(seed)
     # A fresh run starts at 0; a resumed one where its checkpoint left it (older checkpoints lack some keys).
-    state = ckpt or {}
+    state = {} if fresh else ckpt
     iter_num = state.get('iter_num', 0)
     best_val_loss = state.get('best_val_loss', float('inf'))
+    # A best val loss is of its val set: a resume on other data has none to beat.
+    if state and data_path != os.path.join(state['config']['data_dir'], state['config']['dataset']):
+        best_val_loss = float('inf')
     tokens = state.get('tokens', iter_num * tokens_per_iter)
-    if fresh:
+    if not ckpt:
         # The vocabulary rounded up to a multiple of 64: bytes 256, gpt2's 50257 -> 50304, faster matmuls.
         vocab = 64 * math.ceil(meta['vocab_size'] / 64)
         model_args.update(block_size=T, vocab_size=vocab, dropout=cfg['dropout'])
@@ -347,7 +364,7 @@ def main(argv=None):
     have = memory_bytes(device)
     model_config = gpt_config(model_args)
     if ckpt:
-        check_fits(tost.GPT, model_config, ckpt, ckpt_path)
+        check_fits(tost.GPT, model_config, ckpt, source or ckpt_path)
     # A count from the config alone first, at most the model's (each block holds at least 10 d^2 weights: two
     # d x d matrices, the MLP's d x 4d pair): an absurd size is refused before hours of building it.
     n_params = 10 * model_config.n_embd ** 2 * model_config.n_layer
@@ -363,7 +380,7 @@ def main(argv=None):
     # '-1' of 4 blocks is [3].
     model_args['softmax_layers'] = list(raw_model.config.softmax_layers)
     if ckpt:
-        load_weights(raw_model, ckpt, ckpt_path)
+        load_weights(raw_model, ckpt, source or ckpt_path)
 
     # What a micro-step keeps for its backward, found before it is tried: with the model's state, more than
     # the machine has is refused too.
@@ -378,7 +395,7 @@ def main(argv=None):
     lock = lock or make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], fresh, master)
 
     # the optimizer (as the checkpoint left it), then DDP and the compiler around the model
-    optimizer, scaler = optimizer_for(raw_model, cfg, dtype, ckpt)
+    optimizer, scaler = optimizer_for(raw_model, cfg, dtype, None if fresh else ckpt)
     model = wrap(raw_model, dist, cfg['compile'])
     peak = peak_flops(device, dtype)
 
@@ -406,7 +423,9 @@ def main(argv=None):
             f"{B} x {T}{rounded}; device {device}, {dtype} ({why}), compile {cfg['compile']}")
         say(f"memory: about {need / 1e9:.3g} GB kept for the backward of a micro-step of {B} x {T} tokens, "
             f"{state_bytes / 1e9:.3g} GB for the weights, their gradients and AdamW's moments")
-        if ckpt:
+        if source:
+            say(f"a new run from the weights of {source} (at iter {ckpt['iter_num']} of its run)")
+        elif ckpt:
             say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
         # The cosine does not follow --max_iters (nanoGPT's rule): said where the two differ.
         if max_iters != lr_decay_iters:

@@ -72,6 +72,7 @@ RUN = [
     ('python prepare_data.py shakespeare --input=input.txt --tokenizer=bytes --name=shakespeare_bytes', ()),
     ('python prepare_data.py text --input=notes/ --name=notes', ()),
     ('python train_gpt.py --dataset=notes --out_dir=out-notes', TINY_GPT),
+    ('python train_gpt.py --init_from=out/ckpt.pt --dataset=notes --out_dir=out-tuned', TINY_GPT),
     ('python prepare_data.py --help', ()),
 ]
 RUN_VISION = [   # the same, for the ViT, in a folder of its own

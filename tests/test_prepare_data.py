@@ -138,6 +138,22 @@ def test_a_tokenizer_that_cannot_be_had_is_a_usage_error(monkeypatch):
             get_tokenizer(name)
 
 
+def test_token_files_of_nanogpts_read_with_the_meta_json_the_docs_give(tmp_path):
+    """nanoGPT's prepare.py writes train.bin and val.bin alone: the line points to docs/training.md, and the
+    meta.json it gives, N and M put in, reads them."""
+    folder = tmp_path / 'openwebtext'
+    folder.mkdir()
+    np.arange(1000, dtype=np.uint16).tofile(folder / 'train.bin')
+    np.arange(100, dtype=np.uint16).tofile(folder / 'val.bin')
+    with pytest.raises(UsageError, match='docs/training.md'):
+        load_meta(str(folder), 'text')
+    doc = (Path(REPO) / 'docs' / 'training.md').read_text(encoding='utf-8')
+    given = re.search(r'\{"kind":.*?\}', doc, re.S)[0].replace('N', '1000').replace('M', '100')
+    (folder / 'meta.json').write_text(given)
+    meta = load_meta(str(folder), 'text')
+    assert read_tokens(str(folder), meta, 'val').tolist() == list(range(100))
+
+
 def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys):
     """readers names the command for the folder's name, in a model's tokenizer; run as printed, it makes a
     built-in dataset, and for any other name it is the text command, which works with a file for PATH. A

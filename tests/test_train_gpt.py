@@ -1180,6 +1180,11 @@ MISTAKES = [
     (RESUME + ['--softmax_layers=0'], ['--softmax_layers=0']),
     # not silently one of them
     (RESUME + ['--overwrite=true'], ['--init_from=resume', '--overwrite']),
+    # a new run from a checkpoint's weights: a name mistyped, its own folder, another shape
+    (['--init_from=resum'], ['--init_from=resum', 'resume?']),
+    (tiny('{data}', '{trained}', '--init_from={trained}/ckpt.pt', '--overwrite=true'),
+     ['--init_from={trained}/ckpt.pt', '--out_dir']),
+    (tiny('{data}', '{out}', '--init_from={trained}/ckpt.pt', '--n_embd=64'), ['--n_embd=64', '32']),
     (tiny('{broken}/other', '{trained}', '--init_from=resume', '--max_iters=20'),
      ['gpt2', 'bytes', '--tokenizer=bytes'])]
 
@@ -1453,6 +1458,41 @@ def test_a_run_says_its_dtype_its_schedule_and_how_to_sample_from_where_it_start
     line = [s for s in printed.splitlines() if s.startswith('sample from it: ')]
     sample = os.path.join('..', 'tost', 'sample.py')
     assert shlex.split(line[0][16:]) == ['python', sample, f'--out_dir={out}']
+
+
+def test_a_new_run_from_a_checkpoints_weights_is_its_model_trained_afresh(data_dir, trained, tmp_path):
+    """--init_from=PATH (fine-tuning): the checkpoint's model and context, which the command line need not
+    repeat, trained from iter 0 by this command line's options and a new AdamW: its first evaluation is the
+    source's last (the same weights, the same windows). The source is left as it was."""
+    source = trained[0] / 'ckpt.pt'
+    before = source.read_bytes()
+    out = tmp_path / 'ft'
+    train_gpt.main(['--dataset=tiny', f'--data_dir={data_dir}', f'--out_dir={out}', f'--init_from={source}',
+                    '--eval_iters=2', '--batch_size=4', '--device=cpu', '--dtype=float32', '--max_iters=2',
+                    '--eval_interval=2', '--learning_rate=1e-3'])
+    evals = read_log(out, kind='eval')
+    assert [r['iter'] for r in evals] == [0, 2]
+    assert evals[0]['val_loss'] == read_log(trained[0], kind='eval')[-1]['val_loss']
+    ckpt = weights(out)
+    config = ckpt['config']
+    assert (ckpt['model_args']['n_embd'], config['n_embd'], config['block_size']) == (32, 32, 32)
+    # the source's warmup was 1: this run's is the default
+    assert (ckpt['iter_num'], config['learning_rate'], config['warmup_iters']) == (2, 1e-3, 50)
+    assert ckpt['optimizer']['state'][0]['step'] == 2
+    assert source.read_bytes() == before
+
+
+def test_a_resume_on_other_data_has_no_best_val_loss_to_beat(train, data_dir, tmp_path, monkeypatch):
+    """always_save_checkpoint=False, resumed on another dataset: its first evaluation is saved though it is
+    worse than the best on the first data, another val set."""
+    vals = iter([3.0, 2.0, 2.5, 2.6])
+    monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': 1.0, 'val': next(vals)})
+    other = tmp_path / 'data'
+    shutil.copytree(Path(data_dir, 'tiny'), other / 'tiny')
+    out = tmp_path / 'out'
+    train(out, '--max_iters=2', '--eval_interval=2', '--always_save_checkpoint=false')
+    resume(out, '--max_iters=6', '--eval_interval=2', f'--data_dir={other}')
+    assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, True, False]
 
 
 def test_a_batch_is_windows_of_its_split_and_targets_shifted_by_one_each_step_and_stream_drawing_its_own(
