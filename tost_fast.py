@@ -82,21 +82,23 @@ def _triton_runs_on(gpu):
 
 
 def causal_tssa(layer, x):
-    """c_proj(core(c_attn(x))): CausalTSSA.forward without a state. x: (B, T, d) -> (B, T, d). On a device
-    in TRITON, the Triton core's.
-    The core keeps its intermediates for a backward only if there will be one: decided here, since grad
-    mode is always off inside a Function's forward."""
+    """c_proj(core(c_attn(x))): CausalTSSA.forward without a state. x: (B, T, d) -> (B, T, d). The core is
+    the Triton one on a device in TRITON, else CausalCore."""
+    B, T, d = x.shape
+    w = layer.c_attn(x).view(B, T, layer.n_head, layer.head_dim)        # (B, T, K, p), a view
+    dt = _stat_dtype(w)
+    temp = layer.temp.view(-1).to(dt)                                     # (K,)
+    pb = (layer.head_dim * layer.pos_bias[:, :T]).t().to(dt)              # (T, K)  p * b_{k,t}
     if x.device.type in TRITON:
         import tost_triton
-        return tost_triton.causal_tssa(layer, x)
-    B, T, d = x.shape
-    w = layer.c_attn(x)
-    # (B, T, K, p): a view; under half-precision autocast a float32 copy, which the backward keeps
-    wf = w.to(_stat_dtype(w)).view(B, T, layer.n_head, layer.head_dim)
-    temp = layer.temp.view(-1).to(wf.dtype)                               # (K,)
-    pb = (layer.head_dim * layer.pos_bias[:, :T]).t().to(wf.dtype)        # (T, K)  p * b_{k,t}
-    keep = torch.is_grad_enabled() and any(t.requires_grad for t in (wf, temp, pb))
-    y = CausalCore.apply(wf, temp, pb, layer.eps, max(1, CHUNK // (B * d)), keep)
+        y = tost_triton.core(w, temp, pb, layer.eps)                      # loads w in its own dtype
+    else:
+        # under half-precision autocast a float32 copy of w, which the backward keeps
+        wf = w.to(dt)
+        # The core keeps its intermediates for a backward only if there will be one: decided here, since
+        # grad mode is always off inside a Function's forward.
+        keep = torch.is_grad_enabled() and any(t.requires_grad for t in (wf, temp, pb))
+        y = CausalCore.apply(wf, temp, pb, layer.eps, max(1, CHUNK // (B * d)), keep)
     return layer.resid_dropout(layer.c_proj(y.view(B, T, d).to(w.dtype)))
 
 

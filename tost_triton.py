@@ -228,10 +228,6 @@ def _layout(w, chunk):
     return B, T, K, P, triton.cdiv(T, chunk), triton.next_power_of_2(P)
 
 
-def _stat_dtype(w):
-    return torch.float64 if w.dtype == torch.float64 else torch.float32
-
-
 def _forward(w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, eps: float,
              chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                   torch.Tensor]:
@@ -241,7 +237,7 @@ def _forward(w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, eps: float,
     Each such table is a cumsum over slots where each chunk put its own sum, one slot later than its own
     (slot 0 holds 0): a prefix sum of the earlier chunks' sums, never a total minus a prefix."""
     B, T, K, P, NC, BP = _layout(w, chunk)
-    dt = _stat_dtype(w)
+    dt = temp.dtype
     grid = (NC, K, B)
     shape = dict(C=chunk, BP=BP, num_warps=WARPS)
     qc = w.new_empty(B, K, NC + 1, BP, dtype=dt)
@@ -270,7 +266,7 @@ forward = torch.library.custom_op('tost::causal_tssa_forward', _forward, mutates
 @forward.register_fake
 def _(w, temp, pb, eps, chunk):
     B, T, K, P, NC, BP = _layout(w, chunk)
-    dt = _stat_dtype(w)
+    dt = temp.dtype
     sums = w.new_empty(B, K, NC + 1, BP, dtype=dt)
     return (torch.empty_like(w), w.new_empty(B, T, K, dtype=dt), w.new_empty(B, T, K, dtype=dt), sums,
             torch.empty_like(sums), w.new_empty(B, K, NC + 1, dtype=dt))
@@ -346,18 +342,12 @@ class Core(torch.autograd.Function):
         return *_backward_kernels(gy, *ctx.saved_tensors, ctx.eps, ctx.chunk), None, None
 
 
-def causal_tssa(layer, x):
-    """c_proj(core(c_attn(x))): CausalTSSA.forward without a state, on the Triton core. x: (B, T, d)."""
-    B, T, d = x.shape
-    w = layer.c_attn(x).view(B, T, layer.n_head, layer.head_dim)          # (B, T, K, p), no copy
-    dt = _stat_dtype(w)
-    temp = layer.temp.view(-1).to(dt)                                      # (K,)
-    pb = (layer.head_dim * layer.pos_bias[:, :T]).t().to(dt).contiguous()  # (T, K)  p * b_{k,t}
-    args = (w.contiguous(), temp, pb, layer.eps, CHUNK)
+def core(w, temp, pb, eps):
+    """tost_fast.causal_tssa's core on CUDA: w (B, T, K, p) in the activations' dtype, temp (K,) and
+    pb (T, K) in the statistics' -> y (B, T, K, p) in w's dtype."""
+    args = (w.contiguous(), temp, pb.contiguous(), eps, CHUNK)
     if torch.compiler.is_compiling():
-        y = forward(*args)[0]
-    else:
-        # Triton launches on the current GPU: make it x's (autograd runs the backward on x's device already)
-        with torch.cuda.device(x.device.index if x.is_cuda else -1):
-            y = Core.apply(*args)
-    return layer.resid_dropout(layer.c_proj(y.view(B, T, d)))
+        return forward(*args)[0]
+    # Triton launches on the current GPU: make it w's (autograd runs the backward on w's device already)
+    with torch.cuda.device(w.device.index if w.is_cuda else -1):
+        return Core.apply(*args)

@@ -66,16 +66,16 @@ def _outputs_and_grads(layer, x, g, fast):
     """test_tost's: output and every gradient (x, then each parameter) of layer(x) against the cotangent g;
     fast: the Triton core (checked to have run), else the readable lines."""
     entered = []
-    real = tost_triton.causal_tssa
+    real = tost_triton.core
 
     def counted(*args):
         entered.append(1)
         return real(*args)
-    tost_triton.causal_tssa = counted
+    tost_triton.core = counted
     try:
         outputs_and_grads = test_tost._outputs_and_grads(layer, x, g, fast)
     finally:
-        tost_triton.causal_tssa = real
+        tost_triton.core = real
     assert len(entered) == fast, entered
     return outputs_and_grads
 
