@@ -30,11 +30,6 @@ CHUNK = 2 ** 18      # elements per chunk (1 MB of float32 per tensor)
 MIN_ELEMENTS = 2 ** 19   # smaller inputs (B x T x d) run as fast or faster on the readable lines
 
 
-def _stat_dtype(t):
-    # as in tost.py: statistics (sums over tokens) in float32 when the activations are half precision
-    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
-
-
 def _triton_devices():
     """The devices whose training path runs the Triton core: ('cuda',) where CUDA is and triton imports (a GPU
     run measured it faster than the readable lines; docs/speed.md), unless TOST_TRITON=0; TOST_TRITON=1
@@ -84,6 +79,7 @@ def _triton_runs_on(gpu):
 def causal_tssa(layer, x):
     """c_proj(core(c_attn(x))): CausalTSSA.forward without a state. x: (B, T, d) -> (B, T, d). The core is
     the Triton one on a device in TRITON, else CausalCore."""
+    from tost import _stat_dtype     # the readable lines' own (imported here, as tost imports this module)
     B, T, d = x.shape
     w = layer.c_attn(x).view(B, T, layer.n_head, layer.head_dim)        # (B, T, K, p), a view
     dt = _stat_dtype(w)
