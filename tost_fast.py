@@ -160,7 +160,6 @@ class CausalCore(torch.autograd.Function):
                                "CausalTSSA.fast = False")
         w, temp, pb, Qs, As, Ds, Pis, Pes, es = ctx.saved_tensors
         B, T, K, p = w.shape
-        g = g.to(w.dtype)
         gw, dls = torch.empty_like(w), w.new_empty(B, T, K)
         SA, SQ, SP = w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K, p), w.new_zeros(B, 1, K)   # suffix carries
         for a in reversed(range(0, T, ctx.chunk)):

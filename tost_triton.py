@@ -316,8 +316,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, gy, *unused):
     # the other outputs are kept for this backward only: causal_tssa() returns y alone
-    gw, gtemp, gpb = backward(gy, *ctx.saved_tensors, ctx.eps, ctx.chunk)
-    return gw, gtemp, gpb, None, None
+    return *backward(gy, *ctx.saved_tensors, ctx.eps, ctx.chunk), None, None
 
 
 forward.register_autograd(_backward, setup_context=_setup_context)
