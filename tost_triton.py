@@ -82,7 +82,7 @@ def _sum_squares(w_ptr, tq_ptr, T, K, P, C: tl.constexpr, BP: tl.constexpr):
     """Per chunk: sum_t w_t^2, p numbers."""
     rows, t, inside, m, at, tok, cols, head, before, after = _tile(T, K, P, C, BP)
     w = tl.load(w_ptr + at, mask=m, other=0).to(tq_ptr.dtype.element_ty)
-    _put(tq_ptr, tl.sum(w * w, 0), (before + 1) * BP + cols, head * BP + cols, before - head)
+    _put(tq_ptr, tl.sum(w * w, 0), before, head, cols, BP)
 
 
 @triton.jit
@@ -102,8 +102,8 @@ def _sum_memberships(w_ptr, pi_ptr, ta_ptr, tp_ptr, T, K, P, C: tl.constexpr, BP
     dt = pi_ptr.dtype.element_ty
     w = tl.load(w_ptr + at, mask=m, other=0).to(dt)
     pi = tl.load(pi_ptr + tok, mask=inside, other=0)
-    _put(ta_ptr, tl.sum(pi[:, None] * (w * w), 0), (before + 1) * BP + cols, head * BP + cols, before - head)
-    _put(tp_ptr, tl.sum(pi, 0), before + 1, head, before - head)
+    _put(ta_ptr, tl.sum(pi[:, None] * (w * w), 0), before, head, cols, BP)
+    _put(tp_ptr, tl.sum(pi, 0), before, head, 0, 1)
 
 
 @triton.jit
@@ -140,8 +140,8 @@ def _sum_adjoints(w_ptr, g_ptr, pi_ptr, ac_ptr, pc_ptr, tA_ptr, tP_ptr, T, K, P,
     """Per chunk: sum_t dL/dA_t (p numbers) and sum_t dL/dPe_t."""
     rows, t, inside, m, at, tok, cols, head, before, after = _tile(T, K, P, C, BP)
     w, w2, g, pi, D, GA, GP = _adjoints(w_ptr, g_ptr, pi_ptr, ac_ptr, pc_ptr, T, K, P, EPS, C, BP)
-    _put(tA_ptr, tl.sum(GA, 0), (after + 1) * BP + cols, head * BP + cols, after - head)
-    _put(tP_ptr, tl.sum(GP, 0), after + 1, head, after - head)
+    _put(tA_ptr, tl.sum(GA, 0), after, head, cols, BP)
+    _put(tP_ptr, tl.sum(GP, 0), after, head, 0, 1)
 
 
 @triton.jit
@@ -166,7 +166,7 @@ def _sum_q_adjoints(w_ptr, de_ptr, qc_ptr, tq_ptr, T, K, P, C: tl.constexpr, BP:
     w2 = w * w
     Q, Qt, Qc, clamped = _squares(w2, qc_ptr, before, cols, BP)
     gQ = tl.where(clamped, 0, -de[:, None] * w2 / Qc / Qc)
-    _put(tq_ptr, tl.sum(gQ, 0), (after + 1) * BP + cols, head * BP + cols, after - head)
+    _put(tq_ptr, tl.sum(gQ, 0), after, head, cols, BP)
 
 
 @triton.jit
@@ -201,14 +201,15 @@ def _grad_w(w_ptr, g_ptr, pi_ptr, de_ptr, qc_ptr, ac_ptr, pc_ptr, sa_ptr, sq_ptr
 
 
 @triton.jit
-def _put(ptr, x, at, zero_at, n):
-    """A chunk's sum x into its slot of a table of chunk sums, and if it is the n-th chunk to be summed with
-    n = 0, 0 into its head's slot 0: a cumsum over the slots then leaves each chunk's slot with the sum of
-    the chunks before (or after) it."""
+def _put(ptr, x, slot, head, cols, W: tl.constexpr):
+    """A chunk's sum x (W numbers at offsets cols, or one: W = 1, cols = 0) into the slot after the chunk's
+    own, `slot`, of a table of chunk sums, and 0 into its head's slot 0 if `slot` is that one (the chunk is
+    the first to be summed): a cumsum over the slots then leaves each chunk's slot with the sum of the
+    chunks before (or after) it."""
     zero = tl.zeros_like(x)
-    tl.store(ptr + at, x)
+    tl.store(ptr + (slot + 1) * W + cols, x)
     # a mask of x's shape: Triton's interpreter does not broadcast a scalar mask
-    tl.store(ptr + zero_at, zero, mask=zero + n == 0)
+    tl.store(ptr + head * W + cols, zero, mask=zero + (slot - head) == 0)
 
 
 @triton.jit
