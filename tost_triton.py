@@ -229,6 +229,16 @@ def _layout(w, chunk):
     return B, T, K, P, triton.cdiv(T, chunk), triton.next_power_of_2(P)
 
 
+def _launcher(w, chunk):
+    """launch(kernel, *tensors, **constants): a kernel over w's chunks, one program a chunk of a head of a
+    sequence, its arguments the tensors, then T, K and p."""
+    B, T, K, P, NC, BP = _layout(w, chunk)
+
+    def launch(kernel, *tensors, **constants):
+        kernel[NC, K, B](*tensors, T, K, P, C=chunk, BP=BP, num_warps=WARPS, **constants)
+    return launch
+
+
 def _forward(w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, eps: float,
              chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                   torch.Tensor]:
@@ -239,22 +249,21 @@ def _forward(w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, eps: float,
     (slot 0 holds 0): a prefix sum of the earlier chunks' sums, never a total minus a prefix."""
     B, T, K, P, NC, BP = _layout(w, chunk)
     dt = temp.dtype
-    grid = (NC, K, B)
-    shape = dict(C=chunk, BP=BP, num_warps=WARPS)
+    launch = _launcher(w, chunk)
     qc = w.new_empty(B, K, NC + 1, BP, dtype=dt)
-    _sum_squares[grid](w, qc, T, K, P, **shape)
+    launch(_sum_squares, w, qc)
     qc.cumsum_(2)
     e = w.new_empty(B, T, K, dtype=dt)
-    _energy[grid](w, qc, e, T, K, P, **shape)
+    launch(_energy, w, qc, e)
     # the softmax over the heads: the only step that needs every head's e_t at a token
     pi = torch.softmax(temp * (e + pb), -1).contiguous()
     ac = torch.empty_like(qc)
     pc = w.new_empty(B, K, NC + 1, dtype=dt)
-    _sum_memberships[grid](w, pi, ac, pc, T, K, P, **shape)
+    launch(_sum_memberships, w, pi, ac, pc)
     ac.cumsum_(2)
     pc.cumsum_(2)
     y = torch.empty_like(w)
-    _output[grid](w, pi, ac, pc, y, T, K, P, EPS=eps, **shape)
+    launch(_output, w, pi, ac, pc, y, EPS=eps)
     return y, pi, e, qc, ac, pc
 
 
@@ -278,25 +287,23 @@ def _backward_kernels(g: torch.Tensor, w: torch.Tensor, temp: torch.Tensor, pb: 
                       eps: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dL/dy -> dL/dw, dL/dtemp, dL/dpb. The tables of the sums of the chunks after each chunk (sa, sp, sq)
     are made as the forward's, with the chunks in reverse order."""
-    B, T, K, P, NC, BP = _layout(w, chunk)
-    grid = (NC, K, B)
-    shape = dict(C=chunk, BP=BP, num_warps=WARPS)
+    launch = _launcher(w, chunk)
     g = g.contiguous()
     sa = torch.empty_like(qc)
     sp = torch.empty_like(pc)
-    _sum_adjoints[grid](w, g, pi, ac, pc, sa, sp, T, K, P, EPS=eps, **shape)
+    launch(_sum_adjoints, w, g, pi, ac, pc, sa, sp, EPS=eps)
     sa.cumsum_(2)
     sp.cumsum_(2)
     gpi = torch.empty_like(e)
-    _grad_pi[grid](w, g, pi, ac, pc, sa, sp, gpi, T, K, P, EPS=eps, **shape)
+    launch(_grad_pi, w, g, pi, ac, pc, sa, sp, gpi, EPS=eps)
     # the softmax over the heads, backward: the only step that needs every head's dL/dPi at a token
     dl = pi * (gpi - (pi * gpi).sum(-1, keepdim=True))
     de = (dl * temp).contiguous()
     sq = torch.empty_like(qc)
-    _sum_q_adjoints[grid](w, de, qc, sq, T, K, P, **shape)
+    launch(_sum_q_adjoints, w, de, qc, sq)
     sq.cumsum_(2)
     gw = torch.empty_like(w)
-    _grad_w[grid](w, g, pi, de, qc, ac, pc, sa, sq, gw, T, K, P, EPS=eps, **shape)
+    launch(_grad_w, w, g, pi, de, qc, ac, pc, sa, sq, gw, EPS=eps)
     return gw, (dl * (e + pb)).sum((0, 1)), de.sum(0)
 
 
