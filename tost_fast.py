@@ -9,8 +9,9 @@ CausalTSSA.fast is True. Everywhere else the readable lines run: under torch.com
 them itself), on GPUs without the Triton core below, and on small inputs. docs/speed.md has the measurements
 that chose this. Its backward is first order only: for a gradient of a gradient, set CausalTSSA.fast = False.
 
-On CUDA the same line enters tost_triton.py's Triton core instead, eager or compiled, where triton imports
-(measured faster than the readable lines there: docs/speed.md); TOST_TRITON=0 keeps the readable lines.
+On CUDA the same line enters here too, and causal_tssa hands its inputs to tost_triton.py's Triton core,
+eager or compiled, where triton imports (measured faster than the readable lines there: docs/speed.md),
+without a recurrent state and without active attention dropout; TOST_TRITON=0 keeps the readable lines.
 
 Two things make the core faster than autograd over the readable lines on a CPU: a hand-written backward
 (autograd keeps and re-reads about twice as many intermediate tensors), and chunks of about CHUNK elements,

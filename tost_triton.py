@@ -3,9 +3,8 @@ A Triton core for tost.py's CausalTSSA training path on GPUs: the numbers of its
 equal to rounding (float64: within 1e-12), in eight kernels instead of about ninety. Nothing here is new
 math; read tost.py for that, and tost_fast.py for the CPU core this one mirrors.
 
-Where it runs: CausalTSSA.forward enters here by the same one line that enters the CPU core, when
-tost_fast.usable() says so: on CUDA, without a recurrent state, without active attention dropout, unless
-the environment says TOST_TRITON=0 (docs/speed.md has its measurements). Its backward is first order only.
+Where it runs: on CUDA, tost_fast.causal_tssa hands its inputs to core() below, when tost_fast.usable() says
+so (tost_fast.py's docstring says when). Its backward is first order only.
 
 The design. The tokens are cut into chunks of CHUNK, and one program takes one chunk of one head of one
 sequence, so a single long sequence still fills the GPU. A prefix sum over the tokens is then two passes:
