@@ -243,9 +243,8 @@ def _forward(w: torch.Tensor, temp: torch.Tensor, pb: torch.Tensor, eps: float,
                                   torch.Tensor]:
     """w: (B, T, K, p) contiguous, any float dtype; temp: (K,), pb: (T, K) = p b_{k,t}, in the statistics'
     dtype -> y (B, T, K, p) in w's dtype, and for the backward Pi and e (B, T, K) and the sums of the chunks
-    before each chunk: of w^2 (qc) and Pi w^2 (ac), (B, K, NC + 1, BP), and of Pi (pc), (B, K, NC + 1).
-    Each such table is a cumsum over slots where each chunk put its own sum, one slot later than its own
-    (slot 0 holds 0): a prefix sum of the earlier chunks' sums, never a total minus a prefix."""
+    before each chunk: of w^2 (qc) and Pi w^2 (ac), (B, K, NC + 1, BP), and of Pi (pc), (B, K, NC + 1),
+    each a cumsum of the chunks' own sums (_put says how): never a total minus a prefix."""
     B, T, K, P, NC, BP = _layout(w, chunk)
     dt = temp.dtype
     launch = _launcher(w, chunk)
