@@ -1106,6 +1106,31 @@ def test_gradcheck_fast_causal_core():
         torch.autograd.grad(y.square().sum(), w, create_graph=True)
 
 
+def test_torch_func_and_forward_ad_run_the_readable_lines(monkeypatch):
+    """torch.func's grad, vmap over it (per-sample gradients) and jvp, and forward-mode AD, where the fused
+    core runs otherwise: they go through CausalTSSA on its readable lines, to autograd's numbers."""
+    calls, real = [], tost_fast.CausalCore.apply
+    monkeypatch.setattr(tost_fast.CausalCore, 'apply', lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    layer = randomize(CausalTSSA(16, 4, block_size=8).double())
+    x = randn64(2, 7, 16)
+    v = randn64(2, 7, 16)
+    xg = x.clone().requires_grad_()
+    layer(xg).square().sum().backward()
+    assert calls == [1]
+
+    def loss(z):
+        return layer(z).square().sum()
+    torch.testing.assert_close(torch.func.grad(loss)(x), xg.grad)
+    torch.testing.assert_close(torch.func.vmap(torch.func.grad(lambda z: loss(z[None])))(x), xg.grad)
+    torch.testing.assert_close(torch.func.jvp(loss, (x,), (v,))[1], (xg.grad * v).sum())
+    fwad = torch.autograd.forward_ad
+    with fwad.dual_level():
+        tangent = fwad.unpack_dual(loss(fwad.make_dual(x, v))).tangent
+    torch.testing.assert_close(tangent, (xg.grad * v).sum())
+    assert calls == [1]
+
+
 def _rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 

@@ -6,8 +6,8 @@ that.
 Where it runs: CausalTSSA.forward enters here by one line when usable() says so, that is on a CPU, in eager
 mode, without a recurrent state and without active attention dropout, on at least MIN_ELEMENTS numbers, and
 CausalTSSA.fast is True. Everywhere else the readable lines run: under torch.compile on a CPU (inductor fuses
-them itself), on GPUs without the Triton core below, and on small inputs. docs/speed.md has the measurements
-that chose this. Its backward is first order only: for a gradient of a gradient, set CausalTSSA.fast = False.
+them itself), on GPUs without the Triton core below, on small inputs, and under torch.func's transforms and
+forward-mode AD. docs/speed.md has the measurements that chose this. Its backward is first order only: for a gradient of a gradient, set CausalTSSA.fast = False.
 
 On CUDA the same line enters here too, and causal_tssa hands its inputs to tost_triton.py's Triton core,
 eager or compiled, where triton imports (measured faster than the readable lines there: docs/speed.md),
@@ -58,6 +58,12 @@ TRITON = _triton_devices()
 def usable(layer, x):
     """Whether CausalTSSA.forward(x) without a state may run a core (see the module docstring)."""
     if not layer.fast or (layer.training and layer.attn_dropout.p > 0):
+        return False
+    # torch.func's transforms (grad, vmap, jvp) and forward-mode AD need more of a Function than the cores
+    # have (a setup_context, a jvp): the readable lines go through them.
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    if torch.autograd.forward_ad._current_level >= 0:
         return False
     if x.device.type in TRITON:
         # compiled: no floor checked here, inductor itself refuses a GPU below compute capability 7.0
