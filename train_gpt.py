@@ -300,6 +300,9 @@ def main(argv=None):
     if not fresh or source:
         needs = ('model', 'optimizer', 'iter_num', 'config', 'meta')
         ckpt = load_checkpoint(source or ckpt_path, device, 'gpt', needs=needs)
+        # A new run's AdamW starts afresh: the source's moments (twice the weights) are let go.
+        if source:
+            del ckpt['optimizer']
         resumed = resume_config(cfg, set_keys, ckpt)
         # A new run from the weights takes their model and context, and this command line's training.
         cfg = {**cfg, **{k: resumed[k] for k in (*MODEL_KEYS, 'block_size')}} if source else resumed
@@ -342,7 +345,7 @@ def main(argv=None):
     iter_num = state.get('iter_num', 0)
     best_val_loss = state.get('best_val_loss', float('inf'))
     # A best val loss is of its val set: a resume on other data has none to beat.
-    if state and data_path != os.path.join(state['config']['data_dir'], state['config']['dataset']):
+    if state and any(cfg[k] != state['config'].get(k) for k in ('dataset', 'data_dir')):
         best_val_loss = float('inf')
     tokens = state.get('tokens', iter_num * tokens_per_iter)
     if not ckpt:

@@ -1460,10 +1460,16 @@ def test_a_run_says_its_dtype_its_schedule_and_how_to_sample_from_where_it_start
     assert shlex.split(line[0][16:]) == ['python', sample, f'--out_dir={out}']
 
 
-def test_a_new_run_from_a_checkpoints_weights_is_its_model_trained_afresh(data_dir, trained, tmp_path):
+def test_a_new_run_from_a_checkpoints_weights_is_its_model_trained_afresh(data_dir, trained, tmp_path,
+                                                                          monkeypatch):
     """--init_from=PATH (fine-tuning): the checkpoint's model and context, which the command line need not
     repeat, trained from iter 0 by this command line's options and a new AdamW: its first evaluation is the
-    source's last (the same weights, the same windows). The source is left as it was."""
+    source's last (the same weights, the same windows). The source's AdamW moments are not kept, and the
+    source is left as it was."""
+    loaded = []
+    load = train_gpt.load_checkpoint
+    monkeypatch.setattr(train_gpt, 'load_checkpoint', lambda *a, **k: loaded.append(load(*a, **k)) or
+                        loaded[-1])
     source = trained[0] / 'ckpt.pt'
     before = source.read_bytes()
     out = tmp_path / 'ft'
@@ -1479,6 +1485,7 @@ def test_a_new_run_from_a_checkpoints_weights_is_its_model_trained_afresh(data_d
     # the source's warmup was 1: this run's is the default
     assert (ckpt['iter_num'], config['learning_rate'], config['warmup_iters']) == (2, 1e-3, 50)
     assert ckpt['optimizer']['state'][0]['step'] == 2
+    assert 'optimizer' not in loaded[0]
     assert source.read_bytes() == before
 
 
