@@ -1106,6 +1106,22 @@ def test_gradcheck_fast_causal_core():
         torch.autograd.grad(y.square().sum(), w, create_graph=True)
 
 
+def test_under_torch_compile_a_gpu_keeps_the_triton_core_and_a_cpu_the_readable_lines(monkeypatch):
+    """What usable() says while dynamo traces: yes on a Triton device (the core is a custom op in the graph),
+    no on a CPU (inductor fuses the readable lines itself)."""
+    layer = CausalTSSA(16, 4, block_size=8)
+    x = torch.randn(2, 8, 16)
+
+    @torch.compile(backend='eager', fullgraph=True)
+    def usable(x):
+        return x.new_tensor(tost_fast.usable(layer, x))
+    assert not usable(x)
+    torch._dynamo.reset()
+    monkeypatch.setattr(tost_fast, 'TRITON', ('cpu',))
+    assert usable(x)
+    torch._dynamo.reset()
+
+
 def test_torch_func_and_forward_ad_run_the_readable_lines(monkeypatch):
     """torch.func's grad, vmap over it (per-sample gradients) and jvp, and forward-mode AD, where the fused
     core runs otherwise: they go through CausalTSSA on its readable lines, to autograd's numbers."""

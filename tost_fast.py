@@ -61,7 +61,7 @@ def usable(layer, x):
         return False
     # torch.func's transforms (grad, vmap, jvp) and forward-mode AD need more of a Function than the cores
     # have (a setup_context, a jvp): the readable lines go through them.
-    if torch._C._functorch.peek_interpreter_stack() is not None:
+    if torch._C._are_functorch_transforms_active():
         return False
     if torch.autograd.forward_ad._current_level >= 0:
         return False

@@ -192,9 +192,27 @@ def check_gradcheck():
         except RuntimeError:
             continue                                  # first order only: said, not wrong
         raise AssertionError('a second-order backward ran through the first-order core')
+    # a cotangent of stride 0 (a .sum()'s, expanded) gives what the same values laid out do
+    y = eager(w, temp, pb)
+    expanded = torch.autograd.grad(y.sum(), (w, temp, pb), retain_graph=True)
+    for got, want in zip(expanded, torch.autograd.grad((y * torch.ones_like(y)).sum(), (w, temp, pb))):
+        assert torch.equal(got, want)
+    # The custom ops as torch.compile sees them: their fake forms give the real outputs' shapes and dtypes
+    # (bf16 activations, float32 statistics too), and their schema and autograd are as torch.library requires.
+    # (aot_autograd's tracing is test_compiled_equals_eager's, and takes seconds more here)
+    tests = ('test_schema', 'test_autograd_registration', 'test_faketensor')
+    for dtype in (torch.float32, torch.bfloat16):
+        wd = w.detach().to(dtype).requires_grad_()
+        torch.library.opcheck(tost_triton.forward, (wd, temp.float(), pb.float(), 1e-8, 4), test_utils=tests)
+        with torch.no_grad():
+            out = tost_triton.forward(wd, temp.float(), pb.float(), 1e-8, 4)
+        args = (torch.randn_like(out[0]), wd.detach(), temp.detach().float(), pb.detach().float(), *out[1:])
+        torch.library.opcheck(tost_triton.backward, (*args, 1e-8, 4), test_utils=tests)
 
 
 def test_gradcheck(interpreter):
+    """gradcheck of both forms of the core (eager, and the custom op torch.compile runs), a refusal of a
+    second order, a .sum()'s cotangent, and torch.library.opcheck of the two custom ops."""
     interpreter(check_gradcheck)
 
 
