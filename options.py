@@ -25,9 +25,10 @@ import sys
 # interactive session, under pytest, or in a module run as a script that never parses options. First, before
 # the imports below: a Ctrl-C while they run would end in their traceback.
 script = getattr(sys.modules.get("__main__"), "__file__", None)
-# (Not a file: `python -` reading its script from stdin, here '<stdin>'.)
-ours = script and os.path.isfile(script) and os.path.abspath(script).startswith(
-    os.path.dirname(os.path.abspath(__file__)) + os.sep)
+# (Not a file: `python -` reading its script from stdin, here '<stdin>'. Through a link to the repository the
+# script's path is the link's, this module's the real one.)
+ours = script and os.path.isfile(script) and os.path.realpath(script).startswith(
+    os.path.dirname(os.path.realpath(__file__)) + os.sep)
 # (Not in a notebook's kernel either: `%run derivation.py` names the script, which parses nothing there.)
 kernel = "ipykernel" in sys.modules
 if ours and "torch" not in sys.modules and not kernel and hasattr(signal, "pthread_sigmask"):

@@ -85,7 +85,7 @@ RANGES = dict(positive=('block_size', 'batch_size', 'gradient_accumulation_steps
               nonnegative=('warmup_iters', 'lr_decay_iters', 'weight_decay', 'grad_clip'),
               fraction=('dropout', 'beta1', 'beta2'),
               ratio=('min_lr_ratio',),
-              nonempty=('out_dir', 'dataset', 'data_dir'),
+              nonempty=('out_dir', 'dataset', 'data_dir', 'init_from'),
               seed=('seed',))
 
 CHOICES = dict(attn=tost.ATTN_KINDS, dtype=DTYPES)
@@ -279,10 +279,13 @@ def main(argv=None):
         gpt_config(model_args)
     out_dir = cfg['out_dir']
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-    # A name mistyped (resum) is a path to no file.
+    # A name mistyped (resum) is a path to no file; a run's folder holds its checkpoint.
     if source and not os.path.isfile(source):
+        hint = options.near(source, ('scratch', 'resume'))
+        if os.path.isdir(source):
+            hint = f"; the checkpoint in it: --init_from={os.path.join(source, 'ckpt.pt')}"
         raise UsageError(f"--init_from={source}: no such file; it takes scratch, resume or the path of a "
-                         f"checkpoint{options.near(source, ('scratch', 'resume'))}")
+                         f"checkpoint{hint}")
     # --overwrite would delete the file the new run starts from.
     if source and os.path.isfile(ckpt_path) and os.path.samefile(source, ckpt_path):
         raise UsageError(f"--init_from={source}: a new run from it would write its checkpoint over it; start "
@@ -297,12 +300,14 @@ def main(argv=None):
     # A resume locks the folder before it reads the checkpoint: another run may hold it, not saved yet.
     if not fresh and os.path.isdir(out_dir):
         lock = make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], False, master)
-    if not fresh or source:
+    if source:
+        # Its weights alone, read into the CPU's memory (not the moments of its AdamW onto the device).
+        ckpt = load_checkpoint(source, 'cpu', 'gpt', needs=('model', 'config', 'meta'))
+        ckpt.pop('optimizer', None)
+    elif not fresh:
         needs = ('model', 'optimizer', 'iter_num', 'config', 'meta')
-        ckpt = load_checkpoint(source or ckpt_path, device, 'gpt', needs=needs)
-        # A new run's AdamW starts afresh: the source's moments (twice the weights) are let go.
-        if source:
-            del ckpt['optimizer']
+        ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=needs)
+    if ckpt:
         resumed = resume_config(cfg, set_keys, ckpt)
         # A new run from the weights takes their model and context, and this command line's training.
         cfg = {**cfg, **{k: resumed[k] for k in (*MODEL_KEYS, 'block_size')}} if source else resumed
@@ -344,8 +349,8 @@ def main(argv=None):
     state = {} if fresh else ckpt
     iter_num = state.get('iter_num', 0)
     best_val_loss = state.get('best_val_loss', float('inf'))
-    # A best val loss is of its val set: a resume on other data has none to beat.
-    if state and any(cfg[k] != state['config'].get(k) for k in ('dataset', 'data_dir')):
+    # A best val loss is of its val set: a resume on other data (another source, or split) has none to beat.
+    if state and any(meta.get(k) != state['meta'].get(k) for k in ('source', 'val_tokens')):
         best_val_loss = float('inf')
     tokens = state.get('tokens', iter_num * tokens_per_iter)
     if not ckpt:
@@ -427,11 +432,11 @@ def main(argv=None):
         say(f"memory: about {need / 1e9:.3g} GB kept for the backward of a micro-step of {B} x {T} tokens, "
             f"{state_bytes / 1e9:.3g} GB for the weights, their gradients and AdamW's moments")
         if source:
-            say(f"a new run from the weights of {source} (at iter {ckpt['iter_num']} of its run)")
+            say(f"a new run from the weights of {source}")
         elif ckpt:
             say(f"resuming from {ckpt_path} at iter {iter_num} (best val loss {best_val_loss:.4f})")
         # The cosine does not follow --max_iters (nanoGPT's rule): said where the two differ.
-        if max_iters != lr_decay_iters:
+        if max_iters != lr_decay_iters and cfg['min_lr_ratio'] < 1:
             say(f"note: the learning rate reaches its floor (--min_lr_ratio) at iter {lr_decay_iters} "
                 f"(--lr_decay_iters), and the run ends at iter {max_iters}")
 

@@ -169,6 +169,13 @@ def test_a_program_of_the_users_own_keeps_pythons_ways_at_its_end(tmp_path):
     assert (tmp_path / "results.csv").read_text() == "0,0"
 
 
+@POSIX_ONLY
+def test_a_script_of_ours_through_a_link_to_the_repository_ends_in_one_line(tmp_path):
+    """A home folder that is a link (as on many clusters): train_gpt.py by the link's path is still ours."""
+    (tmp_path / "repo").symlink_to(REPO)
+    ended(python(str(tmp_path / "repo" / "train_gpt.py"), "--nope", cwd=tmp_path), 2, "--nope")
+
+
 def test_out_of_memory_advises_a_smaller_batch_only_where_a_batch_was_computed(monkeypatch, capsys):
     """Computing a batch (eval_gpt's loss, outside any module): half the batch; building the model (a Linear's
     __init__), or at a batch of 1: none."""

@@ -1182,6 +1182,8 @@ MISTAKES = [
     (RESUME + ['--overwrite=true'], ['--init_from=resume', '--overwrite']),
     # a new run from a checkpoint's weights: a name mistyped, its own folder, another shape
     (['--init_from=resum'], ['--init_from=resum', 'resume?']),
+    (['--init_from='], ['--init_from']),
+    (tiny('{data}', '{out}', '--init_from={trained}'), ['--init_from={trained}/ckpt.pt']),
     (tiny('{data}', '{trained}', '--init_from={trained}/ckpt.pt', '--overwrite=true'),
      ['--init_from={trained}/ckpt.pt', '--out_dir']),
     (tiny('{data}', '{out}', '--init_from={trained}/ckpt.pt', '--n_embd=64'), ['--n_embd=64', '32']),
@@ -1490,15 +1492,20 @@ def test_a_new_run_from_a_checkpoints_weights_is_its_model_trained_afresh(data_d
 
 
 def test_a_resume_on_other_data_has_no_best_val_loss_to_beat(train, data_dir, tmp_path, monkeypatch):
-    """always_save_checkpoint=False, resumed on another dataset: its first evaluation is saved though it is
-    worse than the best on the first data, another val set."""
-    vals = iter([3.0, 2.0, 2.5, 2.6])
+    """always_save_checkpoint=False: resumed on the same data in another folder, a worse evaluation is not
+    saved; on other data (another val set), its first evaluation is, worse though it is."""
+    vals = iter([3.0, 2.0, 2.5, 2.6, 2.7])
     monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': 1.0, 'val': next(vals)})
-    other = tmp_path / 'data'
-    shutil.copytree(Path(data_dir, 'tiny'), other / 'tiny')
+    moved = tmp_path / 'moved'
+    shutil.copytree(Path(data_dir, 'tiny'), moved / 'tiny')
+    text = tmp_path / 'other.py'
+    text.write_text(''.join(f"def shift_{i}(y):\n    return y - {i}\n\n" for i in range(900)))
+    prepare_data.prepare('text', data_dir=str(tmp_path / 'other'), input=str(text), name='tiny')
     out = tmp_path / 'out'
     train(out, '--max_iters=2', '--eval_interval=2', '--always_save_checkpoint=false')
-    resume(out, '--max_iters=6', '--eval_interval=2', f'--data_dir={other}')
+    resume(out, '--max_iters=4', '--eval_interval=2', f'--data_dir={moved}')
+    assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, False]
+    resume(out, '--max_iters=6', '--eval_interval=2', f"--data_dir={tmp_path / 'other'}")
     assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, True, False]
 
 
