@@ -393,19 +393,26 @@ def test_a_prediction_not_among_the_labels_is_told_the_labels_not_judged():
     assert all(label in str(e.value) for label in ('exact', 'reweighted', 'none'))
 
 
-def test_the_command_runs_the_solutions_from_the_repository_root():
+def test_the_command_runs_the_solutions_from_the_repository_root_and_exits_1_on_a_wrong_answer():
     out = python('-m', 'lecture.exercises', '--solutions', '2')
     assert out.returncode == 0 and ' pass' in out.stdout
+    # the solution of exercise 2 made wrong
+    wrong = ("import runpy, sys\nimport lecture.solutions as s\ns.duplication_factor = lambda: 1.0\n"
+             "sys.argv = ['exercises', '--solutions', '2']\n"
+             "runpy.run_module('lecture.exercises', run_name='__main__')")
+    out = python('-c', wrong)
+    assert out.returncode == 1 and ' fail' in out.stdout
 
 
 @pytest.mark.slow
 def test_the_hand_out_has_no_answers_and_runs_the_students_commands(tmp_path):
-    """python -m lecture.handout: no solutions, no tests that hold them, no history; in the copy the exercises
+    """The hand-out: no solutions, no tests that hold them, no history; in the copy the exercises
     run (every one not attempted), --solutions is one line and exit 2, the test suite collects, and the docs
     name no test the copy leaves out."""
     out = tmp_path / 'class'
-    r = subprocess.run([sys.executable, '-m', 'lecture.handout', f'--out={out}'], cwd=REPO,
-                       capture_output=True, text=True, timeout=60)
+    # (run by its path from another folder: it copies its own repository, not the current folder)
+    r = subprocess.run([sys.executable, os.path.join(REPO, 'lecture', 'handout.py'), '--out=class'],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert (out / 'lecture' / 'exercises.py').is_file() and (out / 'tost.py').is_file()
     assert not (out / 'lecture' / 'solutions.py').exists()
@@ -435,9 +442,12 @@ def test_the_hand_out_names_the_files_git_does_not_track(tmp_path, monkeypatch, 
     (clone / 'my_answers.py').write_text('answer = 1\n')
     (clone / 'notes').mkdir()
     (clone / 'notes' / 'ex5.md').write_text('the answer\n')
-    # answers written into the exercises and not committed; what git ignores (a compiled solutions.py)
+    # answers written into the exercises and not committed, only staged; what git ignores (a compiled
+    # solutions.py); a tracked file deleted from the working tree
     with open(clone / 'lecture' / 'exercises.py', 'a') as f:
         f.write('# the answer\n')
+    subprocess.run(['git', 'add', 'lecture/exercises.py'], cwd=clone, check=True)
+    os.remove(clone / 'LICENSE')
     (clone / 'lecture' / '__pycache__').mkdir(exist_ok=True)
     (clone / 'lecture' / '__pycache__' / 'solutions.cpython-312.pyc').write_bytes(b'answers')
     monkeypatch.setattr(handout, 'ROOT', str(clone))
@@ -445,7 +455,7 @@ def test_the_hand_out_names_the_files_git_does_not_track(tmp_path, monkeypatch, 
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith('note:')]
     assert len(notes) == 2 and 'lecture/exercises.py' in notes[0]
     assert 'my_answers.py' in notes[1] and 'notes/ex5.md' in notes[1] and 'tost.py' not in notes[1]
-    assert (tmp_path / 'class' / 'my_answers.py').is_file()
+    assert (tmp_path / 'class' / 'my_answers.py').is_file() and not (tmp_path / 'class' / 'LICENSE').exists()
     # the students' lecture/README.md: the page up to its part for the teacher
     readme = (clone / 'lecture' / 'README.md').read_text(encoding='utf-8')
     students = (tmp_path / 'class' / 'lecture' / 'README.md').read_text(encoding='utf-8')
@@ -478,7 +488,8 @@ def test_bad_input_exits_2_with_one_line(main, arg, monkeypatch, fails):
     def missing(name):
         raise ModuleNotFoundError(f'No module named {name!r}', name=name)
     monkeypatch.setattr(checks.importlib, 'import_module', missing)
-    fails(main, [arg])
+    # the line names the option given a value
+    fails(main, [arg], *[arg.partition('=')[0]] * ('=' in arg))
 
 
 def test_a_batch_past_memory_is_refused_before_any_work(monkeypatch, fails):

@@ -250,6 +250,13 @@ def test_compiled_by_inductor_equals_eager(interpreter):
     interpreter(check_compiled, 'inductor')
 
 
+def test_tost_triton_1_puts_the_training_path_of_cuda_on_the_core():
+    """Where triton imports, TOST_TRITON=1 makes CUDA a Triton device (the GPU itself is asked later)."""
+    r = subprocess.run([sys.executable, '-c', 'import tost_fast; print(tost_fast.TRITON)'], cwd=REPO,
+                       env={**os.environ, 'TOST_TRITON': '1'}, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "('cuda',)", r.stderr
+
+
 def test_every_kernel_compiles_for_sm90_without_register_spills():
     """Each kernel (a jit function of tost_triton with T among its arguments and no return: the others are
     its helpers) compiled for sm_90 here on the CPU, for bf16 activations and float32 statistics as under
