@@ -1122,6 +1122,8 @@ def test_under_torch_compile_a_gpu_keeps_the_triton_core_and_a_cpu_the_readable_
     torch._dynamo.reset()
 
 
+# (torch's own forward-mode decompositions are scripted with torch.jit, which warns that it is deprecated)
+@pytest.mark.filterwarnings('ignore:`torch.jit.script` is deprecated:DeprecationWarning')
 def test_torch_func_and_forward_ad_run_the_readable_lines(monkeypatch):
     """torch.func's grad, vmap over it (per-sample gradients) and jvp, and forward-mode AD, where the fused
     core runs otherwise: they go through CausalTSSA on its readable lines, to autograd's numbers."""
