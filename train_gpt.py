@@ -308,8 +308,10 @@ def main(argv=None):
         needs = ('model', 'optimizer', 'iter_num', 'config', 'meta')
         ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=needs)
     if ckpt:
-        resumed = resume_config(cfg, set_keys, ckpt)
-        # A new run from the weights takes their model and context, and this command line's training.
+        # A new run from the weights takes their model and context, and this command line's training; a
+        # preset's shape gives way to theirs (--config=shakespeare fine-tunes a model of any shape).
+        preset = set(PRESETS[cfg['config']]) if source else set()
+        resumed = resume_config(cfg, set_keys - preset, ckpt)
         cfg = {**cfg, **{k: resumed[k] for k in (*MODEL_KEYS, 'block_size')}} if source else resumed
         check_config(cfg, DEFAULTS, RANGES, CHOICES, source or ckpt_path)
     if cfg['compile'] and cfg['attn'] == 'tssa':

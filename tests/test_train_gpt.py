@@ -1489,6 +1489,13 @@ def test_a_new_run_from_a_checkpoints_weights_is_its_model_trained_afresh(data_d
     assert ckpt['optimizer']['state'][0]['step'] == 2
     assert 'optimizer' not in loaded[0]
     assert source.read_bytes() == before
+    # a preset's shape and context give way to the checkpoint's, its training stays
+    out = tmp_path / 'preset'
+    train_gpt.main(['--config=shakespeare', '--dataset=tiny', f'--data_dir={data_dir}', f'--out_dir={out}',
+                    f'--init_from={source}', '--eval_iters=2', '--batch_size=4', '--device=cpu',
+                    '--max_iters=1'])
+    config = weights(out)['config']
+    assert (config['n_layer'], config['n_embd'], config['dropout']) == (1, 32, 0.2)
 
 
 def test_a_resume_on_other_data_has_no_best_val_loss_to_beat(train, data_dir, tmp_path, monkeypatch):
