@@ -699,7 +699,9 @@ def test_torchrun_a_save_that_fails_on_rank_0_stops_every_rank_with_one_line(dat
 # a worker that runs train_gpt.py, where rank 1 alone fails: in its batch of iteration 2, as a damaged token
 # file only it reads would (DDP's backward waits for it) or as its GPU alone runs out of memory, or with a bug
 # in its share of the eval at iteration 0 (an all-reduce waits for it)
-RANK_1_FAILS = """import os, sys
+RANK_1_FAILS = """import importlib.util, os, sys
+# the stand-in for train_gpt.py is taken for it: a script of the repository, which options ends in one line
+sys.modules['__main__'].__file__ = importlib.util.find_spec('train_gpt').origin
 import options, torch, train_gpt
 real = train_gpt.window_starts
 def starts(seed, stream, index, *rest):
