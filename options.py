@@ -403,12 +403,12 @@ if not theirs:
 BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
 # nanoGPT's options that a script here lacks, and what takes their place (docs/training.md, from nanoGPT).
-NANOGPT = {"min_lr": "--min_lr_ratio, the floor as a fraction of --learning_rate",
-           "decay_lr": "--min_lr_ratio=1 for a constant rate",
-           "eval_only": "eval_gpt.py",
-           "wandb_log": "out_dir/log.jsonl, drawn by plot.py",
+NANOGPT = {"min_lr": "the trainers' --min_lr_ratio, the floor as a fraction of --learning_rate",
+           "decay_lr": "the trainers' --min_lr_ratio=1 --warmup_iters=0 for a constant rate",
+           "eval_only": "eval_gpt.py evaluates a checkpoint",
+           "wandb_log": "the trainers log to out_dir/log.jsonl, which plot.py draws",
            "backend": "the device's own, nccl on CUDA and gloo elsewhere",
-           "init_from": "--out_dir, whose ckpt.pt this script reads"}
+           "init_from": "sample.py and eval_gpt.py read --out_dir's ckpt.pt"}
 
 
 def near(word, names, prefix=""):

@@ -282,6 +282,9 @@ def main(argv=None):
     # A name mistyped (resum) is a path to no file; a run's folder holds its checkpoint.
     if source and not os.path.isfile(source):
         hint = options.near(source, ('scratch', 'resume'))
+        # nanoGPT's --init_from=gpt2 (or gpt2-xl...)
+        if source.startswith('gpt2'):
+            hint = "; ToST has no GPT-2 weights to start from"
         if os.path.isdir(source):
             hint = f"; the checkpoint in it: --init_from={os.path.join(source, 'ckpt.pt')}"
         raise UsageError(f"--init_from={source}: no such file; it takes scratch, resume or the path of a "

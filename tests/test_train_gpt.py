@@ -1185,6 +1185,10 @@ MISTAKES = [
     # a new run from a checkpoint's weights: a name mistyped, its own folder, another shape
     (['--init_from=resum'], ['--init_from=resum', 'resume?']),
     (['--init_from='], ['--init_from']),
+    (['--init_from=gpt2'], ['--init_from=gpt2', 'GPT-2']),
+    # its tokenizer, as a resume's
+    (tiny('{broken}/other', '{out}', '--init_from={trained}/ckpt.pt'),
+     ['gpt2', 'bytes', '--tokenizer=bytes']),
     (tiny('{data}', '{out}', '--init_from={trained}'), ['--init_from={trained}/ckpt.pt']),
     (tiny('{data}', '{trained}', '--init_from={trained}/ckpt.pt', '--overwrite=true'),
      ['--init_from={trained}/ckpt.pt', '--out_dir']),
@@ -1479,13 +1483,14 @@ def test_a_new_run_from_a_checkpoints_weights_is_its_model_trained_afresh(data_d
     out = tmp_path / 'ft'
     train_gpt.main(['--dataset=tiny', f'--data_dir={data_dir}', f'--out_dir={out}', f'--init_from={source}',
                     '--eval_iters=2', '--batch_size=4', '--device=cpu', '--dtype=float32', '--max_iters=2',
-                    '--eval_interval=2', '--learning_rate=1e-3'])
+                    '--eval_interval=2', '--learning_rate=1e-3', '--dropout=0.1'])
     evals = read_log(out, kind='eval')
     assert [r['iter'] for r in evals] == [0, 2]
     assert evals[0]['val_loss'] == read_log(trained[0], kind='eval')[-1]['val_loss']
     ckpt = weights(out)
     config = ckpt['config']
     assert (ckpt['model_args']['n_embd'], config['n_embd'], config['block_size']) == (32, 32, 32)
+    assert ckpt['model_args']['dropout'] == config['dropout'] == 0.1
     # the source's warmup was 1: this run's is the default
     assert (ckpt['iter_num'], config['learning_rate'], config['warmup_iters']) == (2, 1e-3, 50)
     assert ckpt['optimizer']['state'][0]['step'] == 2
