@@ -588,6 +588,18 @@ def test_recall_runs_and_prints_its_table_deterministically(capsys):
     assert rows(capsys.readouterr().out) == first
 
 
+def test_recall_trains_each_model_on_the_answer_at_the_query(monkeypatch):
+    """The loss of a step is the cross-entropy of the value logits at the query against the value asked."""
+    seen = []
+    real = recall.F.cross_entropy
+    monkeypatch.setattr(recall.F, 'cross_entropy', lambda *a: seen.append(a) or real(*a))
+    recall.train(recall.make_model('softmax', 1, 0), 1, 0, 4, 0)
+    idx, answer = recall.batch(4, torch.Generator().manual_seed(0))
+    logits, target = seen[0]
+    assert torch.equal(target, answer - recall.ANSWER0)
+    torch.testing.assert_close(logits, recall.answer_logits(recall.make_model('softmax', 1, 0), idx))
+
+
 def test_recall_stops_by_the_clock():
     model = recall.make_model('tssa', 1, 0)
     steps, seconds = recall.train(model, 10**9, 0.2, 4, 0)
