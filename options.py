@@ -26,9 +26,9 @@ import sys
 # the imports below: a Ctrl-C while they run would end in their traceback.
 script = getattr(sys.modules.get("__main__"), "__file__", None)
 # (Not a file: `python -` reading its script from stdin, here '<stdin>'. Through a link to the repository the
-# script's path is the link's, this module's the real one.)
-ours = script and os.path.isfile(script) and os.path.realpath(script).startswith(
-    os.path.dirname(os.path.realpath(__file__)) + os.sep)
+# script's path is the link's, this module's the real one; on Windows either may be spelled in other case.)
+ours = script and os.path.isfile(script) and os.path.normcase(os.path.realpath(script)).startswith(
+    os.path.normcase(os.path.dirname(os.path.realpath(__file__)) + os.sep))
 # (Not in a notebook's kernel either: `%run derivation.py` names the script, which parses nothing there.)
 kernel = "ipykernel" in sys.modules
 if ours and "torch" not in sys.modules and not kernel and hasattr(signal, "pthread_sigmask"):
