@@ -259,9 +259,10 @@ def closed_pipe(exc):
 
 def report(exc):
     """Say in one line why `exc` ends the script, and return its exit code; None for a bug (a traceback)."""
+    # A mistake to fix is exit 2, unless a kind below says otherwise.
+    code = 2
     if isinstance(exc, UsageError):
         line = str(exc)
-        code = 2
     elif isinstance(exc, KeyboardInterrupt):
         # A line of text it cut (a sample) ends first; under torchrun every process gets the Ctrl-C, and only
         # rank 0 prints.
@@ -281,14 +282,12 @@ def report(exc):
         if "__init__" not in frames and parsed.get("batch_size", 1) > 1 and not isinstance(exc, MemoryError):
             line += f"; try --batch_size={parsed['batch_size'] // 2}"
             if "gradient_accumulation_steps" in parsed:
-                steps = 2 * parsed["gradient_accumulation_steps"]
-                line += f" --gradient_accumulation_steps={steps} (the same tokens a step)"
-        code = 2
+                line += (f" --gradient_accumulation_steps={2 * parsed['gradient_accumulation_steps']} (the "
+                         f"same tokens a step)")
     elif type(exc).__name__ in ("InductorError", "BackendCompilerFailed"):
         # torch.compile could not build the model on this machine (no C++ compiler, say; Windows and macOS
         # ship none): the first step had not run.
         line = f"torch.compile failed ({first_line(exc)}); try --compile=false"
-        code = 2
     elif peer_gone(exc):
         # The process that ended has said why (or torchrun says how it ended); this one only follows it.
         line = f"another process of this run ended, and this one with it (gloo: {peer_gone(exc)})"
@@ -317,7 +316,6 @@ def report(exc):
             line = f"{path}{option_of(path)}: {line}"
         elif exc.errno == errno.ENOSPC:
             line = f"stdout: {line}"
-        code = 2
     else:
         return None
     # Each process has its own memory: one that ran out alone says so itself.
@@ -507,8 +505,8 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
         for name in (a.partition("=")[2] for a in argv if a.startswith("--config=")):
             if name in (presets or {}):
                 sets = " ".join(f"--{k}={shown(v)}" for k, v in presets[name].items())
-                sets = sets or "nothing: the defaults"
-                page += "\n" + textwrap.fill(f"--config={name} sets {sets}", 110, subsequent_indent="  ")
+                page += "\n" + textwrap.fill(f"--config={name} sets {sets or 'nothing: the defaults'}", 110,
+                                             subsequent_indent="  ")
         # once, under torchrun
         if rank() == "0":
             print(page, flush=True)
@@ -516,8 +514,8 @@ def parse(argv, defaults, doc="", source=None, presets=None, positional=None, ra
     # A script of one process that torchrun started would run once in each: every sample twice, the same
     # files written at once.
     if not torchrun and "LOCAL_RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1":
-        script = os.path.basename(source or sys.argv[0])
-        raise UsageError(f"{script} runs as one process: start it with python, not torchrun")
+        raise UsageError(f"{os.path.basename(source or sys.argv[0])} runs as one process: start it with "
+                         f"python, not torchrun")
     # --key value, a space for the '=': the value would be read as a bare word (the key as a bool's true). A
     # switch's is a word (--compile false): a number after it is a bare word of its own (an exercise's).
     for arg, value in zip(argv, argv[1:]):
