@@ -82,11 +82,11 @@ def recipe(folder, meta=None, force=False, tokenizer=None):
     root, name = os.path.split(os.path.normpath(folder))
     meta = meta or {}
     built = meta.get("dataset", name)
-    cifar = f"cifar{meta.get('num_classes')}"
-    if built not in IMAGES + TEXTS and meta.get("kind") == "images":
-        built = cifar if cifar in IMAGES else IMAGES[0]
-    elif built not in IMAGES + TEXTS:
+    if built not in IMAGES + TEXTS:
         built = "text"
+        cifar = f"cifar{meta.get('num_classes')}"
+        if meta.get("kind") == "images":
+            built = cifar if cifar in IMAGES else IMAGES[0]
     args = ["python", "prepare_data.py", built]
     if built == "text" or "input" in meta:
         args.append(f"--input={meta.get('input', 'PATH')}")

@@ -113,8 +113,8 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     # The scripts read these by key: a hand-edited or foreign checkpoint may hold anything there.
     for key in ("model", "model_args", "meta", "config", "optimizer"):
         if not isinstance(ckpt.get(key, {}), dict):
-            what = type(ckpt[key]).__name__
-            raise UsageError(f"checkpoint {path} is corrupt or unreadable ({key}: {what}, not a dict)")
+            raise UsageError(f"checkpoint {path} is corrupt or unreadable ({key}: "
+                             f"{type(ckpt[key]).__name__}, not a dict)")
     found = "gpt" if "vocab_size" in ckpt.get("model_args", {}) else None
     if ckpt.get("kind") == "vit":
         found = "vit"
@@ -123,8 +123,8 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
                          f"{TRAINERS[kind][1]} one")
     missing = sorted(set(needs) - set(ckpt))
     if kind and (missing or not found):
-        lacks = ", ".join(missing or ["model_args"])
-        raise UsageError(f"{path} is not a {TRAINERS[kind][0]} checkpoint (no {lacks})")
+        raise UsageError(f"{path} is not a {TRAINERS[kind][0]} checkpoint (no "
+                         f"{', '.join(missing or ['model_args'])})")
     shape = [key for key in TRAINERS[kind][2] if key not in ckpt["model_args"]] if kind else []
     if shape:
         raise UsageError(f"{path} is corrupt or unreadable (its model_args lack {shape[0]})")
@@ -154,8 +154,8 @@ def check_fits(make, config, ckpt, path):
     before that model takes any memory: a crafted model_args would take as much as it names. Each layer holds
     tensors of its own; on the meta device, the model's numbers must be at most the bytes the file's tensors
     hold (a view of one number, stride 0, can claim any shape)."""
-    tensors = [t for t in ckpt["model"].values() if isinstance(t, torch.Tensor)]
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ckpt["model"].values()
+                if isinstance(t, torch.Tensor)}
     layers = config.n_layer + getattr(config, "n_cls_layer", 0)
     if layers > len(storages):
         raise UsageError(f"{path} does not fit its own model_args ({layers} layers, {len(storages)} tensors)")
