@@ -191,8 +191,7 @@ def open_dataset(cfg, dist, model_meta=None):
 def window_starts(seed, stream, index, count, n_tokens, block_size):
     """`count` random window starts in a split of n_tokens, from a generator seeded by (seed, stream, index).
     Streams: 0 the training batches (index = iteration), 1 and 2 the fixed train / val eval batches."""
-    rng = np.random.default_rng([seed, stream, index])
-    return rng.integers(0, n_tokens - block_size, size=count)
+    return np.random.default_rng([seed, stream, index]).integers(0, n_tokens - block_size, size=count)
 
 
 def read_batch(path, split, starts, block_size, device, meta):
@@ -308,8 +307,8 @@ def main(argv=None):
         ckpt = load_checkpoint(source, 'cpu', 'gpt', needs=('model', 'config', 'meta'))
         ckpt.pop('optimizer', None)
     elif not fresh:
-        needs = ('model', 'optimizer', 'iter_num', 'config', 'meta')
-        ckpt = load_checkpoint(ckpt_path, device, 'gpt', needs=needs)
+        ckpt = load_checkpoint(ckpt_path, device, 'gpt',
+                               needs=('model', 'optimizer', 'iter_num', 'config', 'meta'))
     if ckpt:
         # A new run from the weights takes their model and context, and this command line's training; a
         # preset's shape gives way to theirs (--config=shakespeare fine-tunes a model of any shape).
@@ -320,13 +319,16 @@ def main(argv=None):
     if cfg['compile'] and cfg['attn'] == 'tssa':
         check_compile(device, cfg['dropout'])
     dtype, why = resolve_dtype(cfg['dtype'], device, master)
-    learning_rate = cfg['learning_rate']
     check_decay(cfg)
-    # The cosine starts where the warmup ends: it cannot end before.
-    if cfg['lr_decay_iters'] < cfg['warmup_iters']:
-        raise UsageError(f"--lr_decay_iters={cfg['lr_decay_iters']} ends the cosine before --warmup_iters="
-                         f"{cfg['warmup_iters']} ends the warmup; set --warmup_iters at most "
-                         f"{cfg['lr_decay_iters']}, or --lr_decay_iters at least {cfg['warmup_iters']}")
+    # the schedule: the cosine starts where the warmup ends, and cannot end before
+    learning_rate = cfg['learning_rate']
+    min_lr = learning_rate * cfg['min_lr_ratio']
+    warmup_iters = cfg['warmup_iters']
+    lr_decay_iters = cfg['lr_decay_iters']
+    if lr_decay_iters < warmup_iters:
+        raise UsageError(f"--lr_decay_iters={lr_decay_iters} ends the cosine before --warmup_iters="
+                         f"{warmup_iters} ends the warmup; set --warmup_iters at most {lr_decay_iters}, or "
+                         f"--lr_decay_iters at least {warmup_iters}")
 
     # data (a cheap dataset is prepared on the fly), then the output folder, held from here on (with
     # --overwrite, which deletes the folder's checkpoint, only once the run is known to fit in memory, below)
@@ -340,9 +342,6 @@ def main(argv=None):
     eval_interval = cfg['eval_interval']
     log_interval = cfg['log_interval']
     grad_clip = cfg['grad_clip']
-    min_lr = learning_rate * cfg['min_lr_ratio']
-    warmup_iters = cfg['warmup_iters']
-    lr_decay_iters = cfg['lr_decay_iters']
     # Micro-steps a step on each process, the same on all: their total rounded up to a multiple of processes.
     accum = -(-cfg['gradient_accumulation_steps'] // dist.world_size)
     accum_total = accum * dist.world_size
@@ -360,8 +359,8 @@ def main(argv=None):
     tokens = state.get('tokens', iter_num * tokens_per_iter)
     if not ckpt:
         # The vocabulary rounded up to a multiple of 64: bytes 256, gpt2's 50257 -> 50304, faster matmuls.
-        vocab = 64 * math.ceil(meta['vocab_size'] / 64)
-        model_args.update(block_size=T, vocab_size=vocab, dropout=cfg['dropout'])
+        model_args.update(block_size=T, vocab_size=64 * math.ceil(meta['vocab_size'] / 64),
+                          dropout=cfg['dropout'])
     else:
         # Older checkpoints lack the newer keys (token_shift, softmax_layers): they had the defaults' model.
         model_args = {**model_args, **ckpt['model_args'], 'dropout': cfg['dropout']}
@@ -535,9 +534,9 @@ def main(argv=None):
                     what = f"saved {ckpt_path}"
                     if saved != iter_num:
                         what = f"not saved; {last_good(ckpt_path, saved, 'iter')}"
-                    why = signals[0] if signals else 'on another rank'
                     if master:
-                        print(f"interrupted ({why}) at iter {iter_num}: {what}", file=sys.stderr)
+                        print(f"interrupted ({signals[0] if signals else 'on another rank'}) at iter "
+                              f"{iter_num}: {what}", file=sys.stderr)
                         if saved is not None and finite:
                             print(resume_command('train_gpt.py', cfg, set_keys, DEFAULTS), file=sys.stderr)
                     teardown(dist, lock)
