@@ -335,7 +335,8 @@ def excepthook(kind, exc, tb):
         exit_code.append(code)
     # torchrun names as the first failure the process it sees end first, and shows its lines: one that only
     # follows another, or keeps quiet about a mistake every process finds (before they meet, they are not in
-    # step), waits for torchrun to stop it (SIGTERM), a few seconds at most, so that the one that says it is.
+    # step), waits 5 s (or for torchrun's SIGTERM, where a trainer's loop did not set it aside), so that the
+    # one that says it is.
     quiet = code == 2 and not speaks(getattr(exc, "alone", False) or out_of_memory(exc))
     if peer_gone(exc) or quiet:
         with contextlib.suppress(KeyboardInterrupt):

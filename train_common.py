@@ -26,7 +26,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tost_fast
-from options import (UsageError, first_line, kernel, naming, out_of_memory, say, shell_join,
+from options import (UsageError, first_line, kernel, naming, out_of_memory, peer_gone, say, shell_join,
                      stop_signals_here, write_whole)
 
 # Windows has no fcntl: there the lock is msvcrt's, on the lock file's first byte.
@@ -621,18 +621,18 @@ def stop_signals(unit, master):
     old = {sig: signal.signal(sig, handler) for sig in stops}
     try:
         yield signals
-    except SystemExit:
+    except BaseException as e:
         # Under torchrun the first process to end has torchrun stop the others with SIGTERM: one that ends
-        # with its own code (the stop, the divergence all ranks found) ignores it from here. A notebook's
-        # kernel goes on, as it was.
+        # with its own code (the stop, the divergence all ranks found) or its own line (an error, another
+        # process gone) ignores it from here, not to die of it first. A notebook's kernel goes on, as it was.
         if "LOCAL_RANK" in os.environ and not kernel and signal.SIGTERM in old:
             old[signal.SIGTERM] = signal.SIG_IGN
-        raise
-    except Exception as e:
         # An error while a stop is asked is the signal's doing (the compiler's g++ got the terminal's Ctrl-C
         # too): it ends as the interrupt it is (exit 130), not as a traceback from inside torch. Not one the
-        # handler names in a line of its own (a save that failed, a mistake, out of memory).
-        if signals and not isinstance(e, (OSError, UsageError)) and not out_of_memory(e):
+        # handler names in a line of its own (a save that failed, a mistake, out of memory, another process
+        # gone, whose end had torchrun send that SIGTERM).
+        named = isinstance(e, (OSError, UsageError)) or out_of_memory(e) or peer_gone(e)
+        if signals and isinstance(e, Exception) and not named:
             raise KeyboardInterrupt from e
         raise
     finally:

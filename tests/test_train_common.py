@@ -311,24 +311,25 @@ def test_ctrl_c_and_sigterm_are_a_request_inside_stop_signals(monkeypatch, capsy
 
 @pytest.mark.parametrize("torchrun, kernel", [(False, False), (True, False), (True, True)])
 def test_a_torchrun_process_that_exits_from_inside_ignores_sigterm(monkeypatch, torchrun, kernel):
-    """A process that ends with its own code (exit 130 after a stop, 3 after a divergence): under torchrun,
-    which sends SIGTERM to the others once one has ended, SIGTERM is then ignored (each ends with its own
-    code, none dies of it), Ctrl-C is Python's again; elsewhere, and in a notebook's kernel, which goes on,
-    the handlers are put back as they were."""
+    """A process that ends with its own code (exit 130 after a stop, 3 after a divergence) or its own error
+    (its line yet to be said): under torchrun, which sends SIGTERM to the others once one has ended, SIGTERM
+    is then ignored (each ends with its own code, none dies of it), Ctrl-C is Python's again; elsewhere, and
+    in a notebook's kernel, which goes on, the handlers are put back as they were."""
     if torchrun:
         monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setattr(tc, "kernel", kernel)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with pytest.raises(SystemExit):
-            with tc.stop_signals("iter", master=True):
-                sys.exit(130)
-        after = {sig: signal.getsignal(sig) for sig in before}
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
     ignored = {**before, signal.SIGTERM: signal.SIG_IGN}
-    assert after == (ignored if torchrun and not kernel else before)
+    for ending in (SystemExit(130), ValueError("a bug")):
+        try:
+            with pytest.raises(type(ending)):
+                with tc.stop_signals("iter", master=True):
+                    raise ending
+            after = {sig: signal.getsignal(sig) for sig in before}
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+        assert after == (ignored if torchrun and not kernel else before)
 
 
 @POSIX_ONLY
@@ -370,19 +371,27 @@ def test_a_run_in_another_thread_sets_no_signal_handlers():
     in_thread(options.stop_as_ctrl_c)
 
 
-def test_an_error_inside_stop_signals_after_a_signal_is_the_interrupt(capsys):
+def test_an_error_inside_stop_signals_after_a_signal_is_the_interrupt(capsys, monkeypatch):
     """The compiler's g++ gets the terminal's Ctrl-C too and fails: that error, once a signal came, ends as
     an interrupt (test_ctrl_c_that_breaks_a_step_ends_as_an_interrupt); before one, it is itself; a save that
-    fails (an OSError), a mistake or out of memory after one is itself too (its own line)."""
+    fails (an OSError), a mistake or out of memory after one is itself too (its own line), and so is, under
+    torchrun, a collective that another process's end cut off (whose end had torchrun send the SIGTERM)."""
     with pytest.raises(ValueError):
         with tc.stop_signals("iter", master=True):
             raise ValueError("a bug")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    before = signal.getsignal(signal.SIGTERM)
     for own in (OSError(28, "No space left on device", "ckpt.pt"), options.UsageError("a mistake"),
-                RuntimeError("DefaultCPUAllocator: not enough memory")):
-        with pytest.raises(type(own)):
-            with tc.stop_signals("iter", master=True):
-                signal.raise_signal(signal.SIGINT)
-                raise own
+                RuntimeError("DefaultCPUAllocator: not enough memory"),
+                RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:36775")):
+        # (each ends a torchrun worker, which ignores SIGTERM from then on: handled again for the next)
+        try:
+            with pytest.raises(type(own)):
+                with tc.stop_signals("iter", master=True):
+                    signal.raise_signal(signal.SIGTERM)
+                    raise own
+        finally:
+            signal.signal(signal.SIGTERM, before)
 
 
 def test_a_failed_save_is_an_os_error_naming_the_checkpoint_and_keeps_the_previous_one(tmp_path):
