@@ -64,6 +64,9 @@ MISTAKES = [(["--max-iters=9"], ["--max-iters", "--max_iters"]),
             (["config/train.py"], ["'config/train.py'", "--config=NAME"]),
             (["--min_lr=6e-5"], ["--min_lr", "--min_lr_ratio"]),
             (["--decay_lr=false"], ["--decay_lr", "--min_lr_ratio=1"]),
+            (["--eval_only"], ["--eval_only", "eval_gpt.py"]),
+            (["--wandb_log=true"], ["log.jsonl", "plot.py"]),
+            (["--backend=gloo"], ["--backend", "nccl"]),
             (["--max_iters"], ["--max_iters=5000"]),
             (["--start"], ["--start='\\n'"]),
             (["--config=shakespear"], ["'shakespear'", "tiny", "shakespeare?"]),
@@ -75,6 +78,18 @@ def test_a_mistake_names_the_option_and_the_way_out(argv, names):
     with pytest.raises(UsageError) as e:
         parse(*argv)
     assert all(name in str(e.value) for name in names), str(e.value)
+
+
+def test_nanogpts_options_where_a_script_lacks_them_point_to_what_takes_their_place():
+    """(sample.py's --init_from: its --out_dir) A ratio takes 0 and 1, nothing outside."""
+    with pytest.raises(UsageError) as e:
+        options.parse(["--init_from=resume"], {"out_dir": "out"})
+    assert "--out_dir" in str(e.value) and "ckpt.pt" in str(e.value)
+    for value in (0.0, 1.0):
+        assert options.parse([f"--r={value}"], {"r": 0.5}, ranges=dict(ratio=("r",)))[0]["r"] == value
+    for value in (-0.1, 1.01):
+        with pytest.raises(UsageError, match="--r"):
+            options.parse([f"--r={value}"], {"r": 0.5}, ranges=dict(ratio=("r",)))
 
 
 def test_a_typo_is_pointed_to_its_name_and_another_name_is_not():
@@ -167,6 +182,8 @@ def test_a_program_of_the_users_own_keeps_pythons_ways_at_its_end(tmp_path):
     r = python(str(mine), cwd=tmp_path)
     assert r.returncode == 1 and "Traceback" in r.stderr and "FileNotFoundError" in r.stderr
     assert (tmp_path / "results.csv").read_text() == "0,0"
+    # a script read from stdin (`python -`), as `python -c`, is not one of the user's files: one line
+    ended(python("-", input="import options\nraise options.UsageError('--x is wrong')\n"), 2, "--x")
 
 
 @POSIX_ONLY

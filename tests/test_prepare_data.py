@@ -13,6 +13,7 @@ import pickle
 import random
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -147,6 +148,11 @@ def test_token_files_of_nanogpts_read_with_the_meta_json_the_docs_give(tmp_path)
     np.arange(100, dtype=np.uint16).tofile(folder / 'val.bin')
     with pytest.raises(UsageError, match='docs/training.md'):
         load_meta(str(folder), 'text')
+    # beside a typo's hint
+    typo = tmp_path / 'shakespear'
+    shutil.copytree(folder, typo)
+    with pytest.raises(UsageError, match='shakespeare[?].*docs/training.md'):
+        load_meta(str(typo), 'text')
     doc = (Path(REPO) / 'docs' / 'training.md').read_text(encoding='utf-8')
     given = re.search(r'\{"kind":.*?\}', doc, re.S)[0].replace('N', '1000').replace('M', '100')
     (folder / 'meta.json').write_text(given)

@@ -1185,7 +1185,7 @@ MISTAKES = [
     # a new run from a checkpoint's weights: a name mistyped, its own folder, another shape
     (['--init_from=resum'], ['--init_from=resum', 'resume?']),
     (['--init_from='], ['--init_from']),
-    (['--init_from=gpt2'], ['--init_from=gpt2', 'GPT-2']),
+    (['--init_from=gpt2-xl'], ['--init_from=gpt2-xl', 'GPT-2']),
     # its tokenizer, as a resume's
     (tiny('{broken}/other', '{out}', '--init_from={trained}/ckpt.pt'),
      ['gpt2', 'bytes', '--tokenizer=bytes']),
@@ -1469,7 +1469,7 @@ def test_a_run_says_its_dtype_its_schedule_and_how_to_sample_from_where_it_start
 
 
 def test_a_new_run_from_a_checkpoints_weights_is_its_model_trained_afresh(data_dir, trained, tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch, capsys):
     """--init_from=PATH (fine-tuning): the checkpoint's model and context, which the command line need not
     repeat, trained from iter 0 by this command line's options and a new AdamW: its first evaluation is the
     source's last (the same weights, the same windows). The source's AdamW moments are not kept, and the
@@ -1484,6 +1484,8 @@ def test_a_new_run_from_a_checkpoints_weights_is_its_model_trained_afresh(data_d
     train_gpt.main(['--dataset=tiny', f'--data_dir={data_dir}', f'--out_dir={out}', f'--init_from={source}',
                     '--eval_iters=2', '--batch_size=4', '--device=cpu', '--dtype=float32', '--max_iters=2',
                     '--eval_interval=2', '--learning_rate=1e-3', '--dropout=0.1'])
+    printed = capsys.readouterr().out
+    assert str(source) in printed and 'resuming' not in printed
     evals = read_log(out, kind='eval')
     assert [r['iter'] for r in evals] == [0, 2]
     assert evals[0]['val_loss'] == read_log(trained[0], kind='eval')[-1]['val_loss']
@@ -1505,13 +1507,41 @@ def test_a_new_run_from_a_checkpoints_weights_is_its_model_trained_afresh(data_d
     assert (config['n_layer'], config['n_embd'], config['dropout']) == (1, 32, 0.2)
 
 
+@pytest.mark.parametrize('damage', ['no meta', 'config', 'junk', 'more layers'])
+def test_a_damaged_checkpoint_to_fine_tune_from_is_one_line_naming_it(data_dir, trained, tmp_path, fails,
+                                                                       damage):
+    """--init_from=PATH read as a resume's checkpoint is: without its meta, a config value out of range, a
+    weight of no layer, a model_args of more layers than its weights fill: one line naming PATH."""
+    ckpt = torch.load(os.path.join(trained[0], 'ckpt.pt'), weights_only=True)
+    if damage == 'no meta':
+        del ckpt['meta']
+    if damage == 'config':
+        ckpt['config'] = dict(ckpt['config'], n_head=0)
+    if damage == 'junk':
+        ckpt['model'] = dict(ckpt['model'], junk=torch.zeros(1))
+    if damage == 'more layers':
+        ckpt['model_args'] = dict(ckpt['model_args'], n_layer=40)
+    source = tmp_path / 'source.pt'
+    torch.save(ckpt, source)
+    fails(train_gpt.main, ['--dataset=tiny', f'--data_dir={data_dir}', f"--out_dir={tmp_path / 'out'}",
+                           f'--init_from={source}', '--device=cpu'], str(source))
+
+
 def test_a_resume_on_other_data_has_no_best_val_loss_to_beat(train, data_dir, tmp_path, monkeypatch):
     """always_save_checkpoint=False: resumed on the same data in another folder, a worse evaluation is not
-    saved; on other data (another val set), its first evaluation is, worse though it is."""
+    saved; on other data (another val set: a part of the same, or another text), its first evaluation is,
+    worse though it is."""
     vals = iter([3.0, 2.0, 2.5, 2.6, 2.7])
     monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: {'train': 1.0, 'val': next(vals)})
     moved = tmp_path / 'moved'
     shutil.copytree(Path(data_dir, 'tiny'), moved / 'tiny')
+    # the same source, half its val split
+    cut = tmp_path / 'cut' / 'tiny'
+    shutil.copytree(Path(data_dir, 'tiny'), cut)
+    meta = json.loads((cut / 'meta.json').read_text())
+    meta['val_tokens'] //= 2
+    os.truncate(cut / 'val.bin', 2 * meta['val_tokens'])
+    (cut / 'meta.json').write_text(json.dumps(meta))
     text = tmp_path / 'other.py'
     text.write_text(''.join(f"def shift_{i}(y):\n    return y - {i}\n\n" for i in range(900)))
     prepare_data.prepare('text', data_dir=str(tmp_path / 'other'), input=str(text), name='tiny')
@@ -1519,8 +1549,10 @@ def test_a_resume_on_other_data_has_no_best_val_loss_to_beat(train, data_dir, tm
     train(out, '--max_iters=2', '--eval_interval=2', '--always_save_checkpoint=false')
     resume(out, '--max_iters=4', '--eval_interval=2', f'--data_dir={moved}')
     assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, False]
+    resume(out, '--max_iters=4', '--eval_interval=2', f"--data_dir={tmp_path / 'cut'}")
+    assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, True]
     resume(out, '--max_iters=6', '--eval_interval=2', f"--data_dir={tmp_path / 'other'}")
-    assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, True, False]
+    assert [r['saved'] for r in read_log(out, kind='eval')] == [False, True, True, True]
 
 
 def test_a_batch_is_windows_of_its_split_and_targets_shifted_by_one_each_step_and_stream_drawing_its_own(
@@ -1572,11 +1604,12 @@ def test_each_step_clips_at_grad_clip_at_its_learning_rate_and_draws_its_own_dro
     assert len(set(seeds)) == 11
 
 
-def test_a_min_lr_ratio_of_1_holds_the_learning_rate_after_the_warmup(train, tmp_path):
-    """nanoGPT's decay_lr=False: the floor at the peak."""
+def test_a_min_lr_ratio_of_1_holds_the_learning_rate_after_the_warmup(train, tmp_path, capsys):
+    """nanoGPT's decay_lr=False: the floor at the peak, and no note of a floor reached before the end."""
     out = tmp_path / 'out'
     train(out, '--max_iters=4', '--warmup_iters=2', '--lr_decay_iters=3', '--min_lr_ratio=1')
     assert [r['lr'] for r in read_log(out, kind='train')] == [1.5e-3, 3e-3, 3e-3, 3e-3]
+    assert 'note:' not in capsys.readouterr().out
 
 
 def test_accumulated_gradients_are_those_of_the_whole_batch(train, tmp_path, monkeypatch):

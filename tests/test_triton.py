@@ -216,6 +216,33 @@ def test_gradcheck(interpreter):
     interpreter(check_gradcheck)
 
 
+def check_torch_func():
+    layer = _layer(16, 4, 8)
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    v = torch.randn(2, 7, 16, dtype=torch.float64)
+    entered = []
+    real = tost_triton.core
+    tost_triton.core = lambda *args: entered.append(1) or real(*args)
+    try:
+        def loss(z):
+            return layer(z).square().sum()
+        grad = torch.func.grad(loss)(x)
+        tangent = torch.func.jvp(loss, (x,), (v,))[1]
+        layer.fast = False
+        xg = x.clone().requires_grad_()
+        loss(xg).backward()
+    finally:
+        tost_triton.core = real
+    assert entered == []
+    torch.testing.assert_close(grad, xg.grad)
+    torch.testing.assert_close(tangent, (xg.grad * v).sum())
+
+
+def test_torch_func_takes_the_readable_lines(interpreter):
+    """torch.func's grad and jvp on a Triton device: the readable lines, not the core (which has no jvp)."""
+    interpreter(check_torch_func)
+
+
 def check_compiled(backend):
     T = 64
     tost_triton.CHUNK = 32
