@@ -320,7 +320,7 @@ def test_a_torchrun_process_that_exits_from_inside_ignores_sigterm(monkeypatch, 
     monkeypatch.setattr(tc, "kernel", kernel)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     ignored = {**before, signal.SIGTERM: signal.SIG_IGN}
-    for ending in (SystemExit(130), ValueError("a bug")):
+    for ending in (SystemExit(130), ValueError("a bug"), KeyboardInterrupt()):
         try:
             with pytest.raises(type(ending)):
                 with tc.stop_signals("iter", master=True):
@@ -912,6 +912,7 @@ def test_a_torchrun_worker_stopping_lets_a_later_sigterm_pass_and_a_second_ctrl_
     """Under torchrun, once one process has ended torchrun sends SIGTERM to the rest, which are stopping too
     (their teardown under way): that is no second stop, which would break the teardown; a second Ctrl-C
     still is. Outside torchrun a second SIGTERM is."""
+    before = signal.getsignal(signal.SIGTERM)
     for torchrun in (True, False):
         if torchrun:
             monkeypatch.setenv("LOCAL_RANK", "1")
@@ -921,13 +922,17 @@ def test_a_torchrun_worker_stopping_lets_a_later_sigterm_pass_and_a_second_ctrl_
         monkeypatch.setattr(tc.time, "monotonic", lambda: clock[0])
         # what the run saw after the second SIGTERM, if it went on
         went_on = []
-        with pytest.raises(KeyboardInterrupt):
-            with tc.stop_signals("iter", master=False) as signals:
-                signal.raise_signal(signal.SIGTERM)
-                clock[0] = 5.0
-                signal.raise_signal(signal.SIGTERM)
-                went_on.append(list(signals))
-                signal.raise_signal(signal.SIGINT)
+        # (a torchrun worker that ends ignores SIGTERM from then on: handled again for the next)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                with tc.stop_signals("iter", master=False) as signals:
+                    signal.raise_signal(signal.SIGTERM)
+                    clock[0] = 5.0
+                    signal.raise_signal(signal.SIGTERM)
+                    went_on.append(list(signals))
+                    signal.raise_signal(signal.SIGINT)
+        finally:
+            signal.signal(signal.SIGTERM, before)
         assert went_on == ([["SIGTERM"]] if torchrun else [])
 
 
