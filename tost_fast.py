@@ -7,7 +7,8 @@ Where it runs: CausalTSSA.forward enters here by one line when usable() says so,
 mode, without a recurrent state and without active attention dropout, on at least MIN_ELEMENTS numbers, and
 CausalTSSA.fast is True. Everywhere else the readable lines run: under torch.compile on a CPU (inductor fuses
 them itself), on GPUs without the Triton core below, on small inputs, and under torch.func's transforms and
-forward-mode AD. docs/speed.md has the measurements that chose this. Its backward is first order only: for a gradient of a gradient, set CausalTSSA.fast = False.
+forward-mode AD. docs/speed.md has the measurements that chose this. Its backward is first order only: for a
+gradient of a gradient, set CausalTSSA.fast = False.
 
 On CUDA the same line enters here too, and causal_tssa hands its inputs to tost_triton.py's Triton core,
 eager or compiled, where triton imports (measured faster than the readable lines there: docs/speed.md),
