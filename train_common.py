@@ -26,8 +26,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tost_fast
-from options import (UsageError, first_line, kernel, naming, out_of_memory, peer_gone, say, shell_join,
-                     stop_signals_here, write_whole)
+from options import (UsageError, first_line, kernel, naming, near, out_of_memory, peer_gone, say,
+                     shell_join, stop_signals_here, write_whole)
 
 # Windows has no fcntl: there the lock is msvcrt's, on the lock file's first byte.
 try:
@@ -47,6 +47,29 @@ TRAINERS = {"gpt": ("train_gpt.py", "language-model", ("vocab_size", "block_size
 # What a run saves besides tensors: counts (whole numbers, 0 or more) and measures (finite numbers).
 COUNTS = ("iter_num", "tokens", "step", "since_row", "format")
 MEASURES = ("best_val_loss", "epoch", "best_acc", "loss_sum", "elapsed_s")
+
+
+def init_path(init_from, names, written):
+    """The checkpoint --init_from names: `names` maps a name to its path (or None), anything else is the
+    path of a file. One line for a path to no file, or for a checkpoint this run writes (`written`) as its
+    source."""
+    path = names.get(init_from, init_from)
+    # A name mistyped (resum) is a path to no file; a run's folder holds its checkpoint.
+    if path == init_from and not os.path.isfile(path):
+        hint = near(path, names)
+        # nanoGPT's --init_from=gpt2 (or gpt2-xl...)
+        if path.startswith("gpt2"):
+            hint = "; ToST has no GPT-2 weights to start from"
+        if os.path.isdir(path):
+            hint = f"; the checkpoint in it: --init_from={os.path.join(path, 'ckpt.pt')}"
+        raise UsageError(f"--init_from={path}: no such file; it takes {', '.join(names)} or the path of a "
+                         f"checkpoint{hint}")
+    # A new run would delete (--overwrite) or replace the file it starts from.
+    if path and os.path.isfile(path) and any(os.path.isfile(p) and os.path.samefile(path, p)
+                                             for p in written):
+        raise UsageError(f"--init_from={init_from}: a new run from {path} would write over it; start it "
+                         f"elsewhere: --init_from={path} --out_dir=OTHER")
+    return path
 
 
 def load_checkpoint(path, map_location="cpu", kind=None, needs=()):

@@ -31,10 +31,11 @@ import tost
 import tost_fast
 from options import UsageError, check_config, fail, parse, say
 from train_common import (DTYPES, any_rank, autocast, backward_bytes, check_compile, check_decay, check_fits,
-                          command, cosine_lr, diverged, draw_loss, human, last_good, load_checkpoint,
-                          load_weights, log_row, make_out_dir, mean_loss, memory_bytes, on_meta,
-                          optimizer_for, optimizer_step, resolve_dtype, resume_command, save_checkpoint,
-                          seed_of, setup_distributed, start_log, stop_signals, sum_dtype, teardown, wrap)
+                          command, cosine_lr, diverged, draw_loss, human, init_path, last_good,
+                          load_checkpoint, load_weights, log_row, make_out_dir, mean_loss, memory_bytes,
+                          on_meta, optimizer_for, optimizer_step, resolve_dtype, resume_command,
+                          save_checkpoint, seed_of, setup_distributed, start_log, stop_signals, sum_dtype,
+                          teardown, wrap)
 
 DEFAULTS = dict(
     config='demo',               # the preset this run started from (--config=NAME picks one)
@@ -270,28 +271,14 @@ def main(argv=None):
                           choices=CHOICES)
     init_from = cfg['init_from']
     fresh = init_from != 'resume'
-    # A new run from another run's weights (fine-tuning): the checkpoint a path names.
-    source = None if init_from in ('scratch', 'resume') else init_from
     # A new model's shape is checked before any work (a checkpoint's is its own).
     model_args = {k: cfg[k] for k in MODEL_KEYS}
     if init_from == 'scratch':
         gpt_config(model_args)
     out_dir = cfg['out_dir']
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-    # A name mistyped (resum) is a path to no file; a run's folder holds its checkpoint.
-    if source and not os.path.isfile(source):
-        hint = options.near(source, ('scratch', 'resume'))
-        # nanoGPT's --init_from=gpt2 (or gpt2-xl...)
-        if source.startswith('gpt2'):
-            hint = "; ToST has no GPT-2 weights to start from"
-        if os.path.isdir(source):
-            hint = f"; the checkpoint in it: --init_from={os.path.join(source, 'ckpt.pt')}"
-        raise UsageError(f"--init_from={source}: no such file; it takes scratch, resume or the path of a "
-                         f"checkpoint{hint}")
-    # --overwrite would delete the file the new run starts from.
-    if source and os.path.isfile(ckpt_path) and os.path.samefile(source, ckpt_path):
-        raise UsageError(f"--init_from={source}: a new run from it would write its checkpoint over it; start "
-                         f"it elsewhere: --out_dir=OTHER")
+    # A new run from another run's weights (fine-tuning): the checkpoint a path names.
+    source = init_path(init_from, {'scratch': None, 'resume': None}, [ckpt_path])
 
     # processes (torchrun), the device, and on a resume the run as its checkpoint left it
     dist = setup_distributed(cfg['device'])
