@@ -33,8 +33,8 @@ import readers
 import tost
 from options import UsageError, check_config, fail, parse, say
 from train_common import (DTYPES, any_rank, autocast, check_decay, check_fits, command, cosine_lr, diverged,
-                          draw_loss, human, last_good, load_checkpoint, load_weights, log_row, make_out_dir,
-                          mean_loss, optimizer_for, optimizer_step, own_folder, resolve_dtype,
+                          draw_loss, human, init_path, last_good, load_checkpoint, load_weights, log_row,
+                          make_out_dir, mean_loss, optimizer_for, optimizer_step, own_folder, resolve_dtype,
                           resume_command, save_checkpoint, seed_of, setup_distributed, start_log,
                           stop_signals, teardown, wrap)
 
@@ -82,7 +82,7 @@ RANGES = dict(positive=('epochs', 'batch_size', 'learning_rate', 'eval_interval'
                            'compression_images', 'viz_images'),
               fraction=('label_smoothing', 'drop_path', 'beta1', 'beta2'),
               ratio=('min_lr_ratio',),
-              nonempty=('out_dir', 'dataset', 'data_dir'),
+              nonempty=('out_dir', 'dataset', 'data_dir', 'init_from'),
               seed=('seed',))
 
 # The names a key may take, checked with the ranges: a typo in --model is said before any data is asked for.
@@ -242,18 +242,11 @@ def main(argv=None):
     out_dir = cfg['out_dir']
     ckpt_path = os.path.join(out_dir, 'ckpt.pt')
     best_path = os.path.join(out_dir, 'best.pt')
-    path = {'scratch': None, 'resume': ckpt_path, 'best': best_path}.get(cfg['init_from'], cfg['init_from'])
-    # A name mistyped (resum) is a path to no file: the line says what --init_from takes.
-    if path == cfg['init_from'] and not os.path.exists(path):
-        raise UsageError(f"--init_from={path}: no such file; it takes scratch, resume, best or a path to a "
-                         f"checkpoint")
+    # A resume and an evaluation write no checkpoint over the one they read.
+    written = [] if resume or eval_only else [ckpt_path, best_path]
+    path = init_path(cfg['init_from'], {'scratch': None, 'resume': ckpt_path, 'best': best_path}, written)
     if eval_only and not path:
         raise UsageError("--eval_only needs a checkpoint: --init_from=resume, best or a path to a .pt file")
-    # A new run from weights in its own --out_dir would delete (or replace) the file it starts from.
-    if path and not resume and not eval_only and os.path.exists(path):
-        if any(os.path.exists(p) and os.path.samefile(path, p) for p in (ckpt_path, best_path)):
-            raise UsageError(f"--init_from={cfg['init_from']}: a new run from {path} would write its "
-                             f"checkpoints over it; start it elsewhere: --init_from={path} --out_dir=OTHER")
     # An evaluation draws its maps next to its checkpoint, unless --out_dir says where.
     if eval_only and 'out_dir' not in set_keys:
         out_dir = os.path.dirname(path) or '.'

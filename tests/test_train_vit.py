@@ -589,8 +589,9 @@ MISTAKES = [({'kind': None, 'model_args': {'vocab_size': 256}}, ['--init_from=re
             # stopped before the first evaluation: no best.pt yet, and the ckpt.pt there is named
             ({}, ['--init_from=best', '--eval_only'], ('best.pt', 'ckpt.pt')),
             ({}, ['--init_from=best'], ('best.pt', 'ckpt.pt')),
-            # a name mistyped: what --init_from takes is said
-            (None, ['--init_from=resum'], ('--init_from=resum', 'scratch', 'best'))]
+            # a name mistyped: what --init_from takes is said, and the name meant; nanoGPT's GPT-2 weights
+            (None, ['--init_from=resum'], ('--init_from=resum', 'scratch', 'best', 'resume?')),
+            (None, ['--init_from=gpt2'], ('--init_from=gpt2', 'GPT-2'))]
 MISTAKES += [(None, [f'--dataset={name}'], named) for name, named in BAD_DATA.items()]
 MISTAKES += [(None, [arg, '--dataset=cifar10'], arg.split('=')[0]) for arg in BAD_OPTIONS]
 
@@ -608,6 +609,13 @@ def test_mistakes_end_in_one_line_before_anything_is_written(data, trained, tmp_
     fails(train_vit.main, base_args(data, str(out), '--epochs=1', *extra), *names)
     # the checkpoint untouched, nothing else written but a resume's lock
     assert {f: (out / f).read_bytes() for f in os.listdir(out) if f != '.lock'} == before
+
+
+def test_init_from_a_folder_names_the_checkpoint_in_it(tmp_path, fails):
+    """A run's folder for --init_from: the line names the ckpt.pt in it, before anything is written."""
+    fails(train_vit.main, base_args(str(tmp_path), str(tmp_path / 'out'), f'--init_from={tmp_path}'),
+          f'--init_from={tmp_path / "ckpt.pt"}')
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize('edit, named', [(dict(future=1), 'future'), (dict(num_classes=None), 'num_classes')])
