@@ -127,12 +127,6 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
             raise UsageError(f"checkpoint {path} is corrupt or unreadable (a tensor that holds no numbers)")
     if todo:
         raise UsageError(f"checkpoint {path} is corrupt or unreadable (more than a million items, unfolded)")
-    for key in COUNTS + MEASURES:
-        value = ckpt.get(key, 0)
-        number = type(value) is int or type(value) is float and math.isfinite(value)
-        count = type(value) is int and value >= 0
-        if not (count if key in COUNTS else number):
-            raise UsageError(f"checkpoint {path} is corrupt or unreadable ({key}: {value!r:.40})")
     # The scripts read these by key: a hand-edited or foreign checkpoint may hold anything there.
     for key in ("model", "model_args", "meta", "config", "optimizer"):
         if not isinstance(ckpt.get(key, {}), dict):
@@ -148,6 +142,13 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     if kind and (missing or not found):
         raise UsageError(f"{path} is not a {TRAINERS[kind][0]} checkpoint (no "
                          f"{', '.join(missing or ['model_args'])})")
+    # Another program's checkpoint (nanoGPT's keeps its best_val_loss as a tensor) is said to be that first.
+    for key in COUNTS + MEASURES:
+        value = ckpt.get(key, 0)
+        number = type(value) is int or type(value) is float and math.isfinite(value)
+        count = type(value) is int and value >= 0
+        if not (count if key in COUNTS else number):
+            raise UsageError(f"checkpoint {path} is corrupt or unreadable ({key}: {value!r:.40})")
     shape = [key for key in TRAINERS[kind][2] if key not in ckpt["model_args"]] if kind else []
     if shape:
         raise UsageError(f"{path} is corrupt or unreadable (its model_args lack {shape[0]})")

@@ -82,6 +82,9 @@ for _ in range(30):
                                          # a key the trainer reads missing
                                          ({k: v for k, v in NO_KIND.items() if k != "optimizer"}
                                           | dict(model_args={"vocab_size": 8}), "optimizer"),
+                                         # nanoGPT's: no meta, its best_val_loss a tensor
+                                         ({k: v for k, v in GPT.items() if k != "meta"}
+                                          | dict(best_val_loss=torch.tensor(1.5)), "no meta"),
                                          # a checkpoint cut short: torch.load's RuntimeError, its OSError
                                          (20, ""), (20000, ""),
                                          # a tensor on the meta device (of any size, no numbers held),
