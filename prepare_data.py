@@ -54,8 +54,7 @@ def _save(path, array):
     """np.save through Python's own write: numpy's last buffered bytes can fail on a full disk unsaid."""
     buffer = io.BytesIO()
     np.save(buffer, array)
-    with open(path, 'wb') as f:
-        f.write(buffer.getbuffer())
+    Path(path).write_bytes(buffer.getbuffer())
 
 
 def _progress(shown, line):
