@@ -75,10 +75,13 @@ def _matches(path, checksum):
     return checksum is None or hashlib.new(checksum[0], Path(path).read_bytes()).hexdigest() == checksum[1]
 
 
-def _download(url, data_dir, hint, checksum=None):
-    """url -> data_dir/downloads/ under its name via a .part-<pid> file, renamed when complete and matching
-    checksum, an (algorithm, hex digest) pair. A matching file already there is not fetched again."""
-    dest = os.path.join(data_dir, 'downloads', os.path.basename(url))
+def _file_or_download(o, key, url, checksum=None):
+    """The local file o[key] (--input, --archive) if given, else url -> data_dir/downloads/ under its name via
+    a .part-<pid> file, renamed when complete and matching checksum, an (algorithm, hex digest) pair. A
+    matching file already there is not fetched again."""
+    if o.get(key):
+        return o[key]
+    dest = os.path.join(o['data_dir'], 'downloads', os.path.basename(url))
     if os.path.exists(dest) and _matches(dest, checksum):
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -101,7 +104,7 @@ def _download(url, data_dir, hint, checksum=None):
     # No network, DNS, HTTP 404, timeouts (URLError is an OSError), and the check above.
     except OSError as e:
         raise UsageError(f"could not download {url} ({getattr(e, 'reason', e)}); "
-                         f"fetch it by hand and pass {hint}") from None
+                         f"fetch it by hand and pass --{key}=PATH") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
@@ -319,7 +322,7 @@ def _build_shakespeare(stage, o):
         folder = os.path.join(o['data_dir'], o.get('name', 'shakespeare'))
         offline = recipe(folder, {'dataset': 'shakespeare', 'input': 'input.txt', 'tokenizer': 'bytes'})
         raise UsageError(f"{e}; offline, fetch {SHAKESPEARE_URL} by hand, then: {offline}") from None
-    path = o.get('input') or _download(SHAKESPEARE_URL, o['data_dir'], '--input=PATH')
+    path = _file_or_download(o, 'input', SHAKESPEARE_URL)
     _refuse_binary([path])
     return _files_dataset(stage, o, [path], o.get('input', SHAKESPEARE_URL), tok)
 
@@ -463,7 +466,7 @@ def _eval_source(o, spec):
     """(bytes of the input, where it came from, whether it is the official file). The official file is
     downloaded and checked unless --input is given."""
     where = o.get('input', spec['url'])
-    path = o.get('input') or _download(spec['url'], o['data_dir'], '--input=PATH', spec['checksum'])
+    path = _file_or_download(o, 'input', spec['url'], spec['checksum'])
     official = _matches(path, spec['checksum'])
     if 'member' in spec and path.endswith('.zip'):
         try:
@@ -678,7 +681,7 @@ def _read_cifar(archive, spec):
 
 def _build_cifar(stage, o):
     spec = CIFAR[o['dataset']]
-    archive = o.get('archive') or _download(spec['url'], o['data_dir'], '--archive=PATH', spec['checksum'])
+    archive = _file_or_download(o, 'archive', spec['url'], spec['checksum'])
     # A missing --archive is the OSError handler's to name.
     official = _matches(archive, spec['checksum'])
     arrays, names = _read_cifar(archive, spec)
