@@ -412,8 +412,7 @@ def _owt_download(data_dir):
         # huggingface_hub not installed, no network, no such revision, and whatever else the hub raises.
         except Exception as e:
             raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}); "
-                             f"fetch its parquet files by hand and pass "
-                             f"{hint}") from None
+                             f"fetch its parquet files by hand and pass {hint}") from None
         files = [f for f in _files_under(folder, '.parquet') if 'train' in os.path.basename(f)]
         if files:
             return files
