@@ -654,7 +654,8 @@ def _read_cifar(archive, spec):
         try:
             data = got[f"{spec['top']}/{member}"]
             return check(_NumpyUnpickler(io.BytesIO(data), encoding='bytes').load())
-        # A member missing, junk bytes (which fail in many ways inside pickle), values not as CIFAR's.
+        # Junk bytes (which fail in many ways inside pickle), values not as CIFAR's; every member is there
+        # (checked above).
         except Exception as e:
             raise UsageError(f"{archive}: {member} is not CIFAR's ({type(e).__name__}: {e})") from None
 
