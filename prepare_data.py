@@ -210,7 +210,7 @@ def _text_dataset(stage, o, docs, source, tok, eot, val_every):
     short = o['dataset'] == 'text' and not val_every and done > 1 and counts[1] < 32 * done
     hint = f"; for {done} short files, --val_every=N --force makes every Nth file val" if short else ""
     # An empty corpus too.
-    if counts[0] == 0 or counts[1] == 0:
+    if 0 in counts:
         raise UsageError(f"{source}: too little text for a train/val split ({counts[0]} train, "
                          f"{counts[1]} val tokens){hint}")
     if short:
