@@ -144,7 +144,7 @@ def main(argv=None):
                          f"--data_dir, e.g. --datasets={example}")
     sets = []
     for name in names:
-        path = os.path.join(data_dir, name)
+        path = readers.dataset_folder(data_dir, name)
         meta = readers.load_meta(path, 'text', info['meta'])
         tokens = readers.read_tokens(path, meta, 'val')
         readers.check_ids(path, 'val', tokens, meta)

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from options import UsageError, first_line, near, open_new, parse, say
-from readers import get_tokenizer, load_meta, recipe
+from readers import dataset_folder, get_tokenizer, load_meta, recipe
 
 
 def _warn(msg):
@@ -741,7 +741,7 @@ def prepare(name, /, data_dir='data', **o):
     if out_name.strip() in ('', 'downloads') or out_name.startswith('.') or not folder:
         named = '' if o.get('name') else f" (from --input={o['input']}; pass --name=NAME)"
         raise UsageError(f"--name={out_name} is not usable as a folder name under {data_dir}{named}")
-    out = os.path.join(data_dir, out_name)
+    out = dataset_folder(data_dir, out_name)
     # Found now, not after a build of hours.
     if os.path.isfile(out):
         raise UsageError(f"{out} is a file, not a dataset folder; move it away or choose another --name")

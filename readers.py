@@ -107,6 +107,23 @@ def recipe(folder, meta=None, force=False, tokenizer=None):
     return shell_join(args)
 
 
+def dataset_folder(data_dir, name):
+    """data_dir/name. One line for a --data_dir that is itself a dataset's folder (a run would prepare its
+    data inside it), or a --dataset that is a path from here to one (data/notes): the pair of options meant.
+    A path data_dir holds (owt/v2), or an absolute one, is the dataset it names."""
+    folder = os.path.join(data_dir, name)
+    given = [data_dir]
+    # A path from here (data/notes) is one only where data_dir has nothing by that name.
+    if os.path.basename(name) != name and not os.path.exists(folder):
+        given.append(name)
+    for path in given:
+        if os.path.isfile(os.path.join(path, "meta.json")):
+            root, base = os.path.split(os.path.normpath(path))
+            raise UsageError(f"{path} is a dataset: {base} in --data_dir={root or '.'} (--data_dir is the "
+                             f"folder datasets are in)")
+    return folder
+
+
 def load_meta(folder, kind=None, model_meta=None):
     """A dataset folder's meta.json, checked to hold `kind` ('text' or 'images') and to share the tokenizer of
     `model_meta` (a checkpoint's meta) if given. A dataset not prepared is one line with the command that

@@ -170,7 +170,7 @@ def open_dataset(cfg, dist, model_meta=None):
     """The dataset folder, its meta.json (checked to share the tokenizer of `model_meta`, a checkpoint's) and
     its splits' sizes in tokens. A cheap dataset is prepared here first: local rank 0 prepares, and every rank
     meets at the same barrier."""
-    path = os.path.join(cfg['data_dir'], cfg['dataset'])
+    path = readers.dataset_folder(cfg['data_dir'], cfg['dataset'])
     if cfg['dataset'] in PREPARE_ON_THE_FLY:
         if dist.local_rank == 0 and not os.path.exists(os.path.join(path, 'meta.json')):
             import prepare_data

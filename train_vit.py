@@ -297,7 +297,7 @@ def main(argv=None):
 
     # -------------------------------------------------------------------------
     # data: every image on the device as uint8; the test images also standardized, once
-    folder = os.path.join(cfg['data_dir'], cfg['dataset'])
+    folder = readers.dataset_folder(cfg['data_dir'], cfg['dataset'])
     meta = readers.load_meta(folder, 'images')
     arrays = readers.read_images(folder, meta)
     x_train, y_train, test_images, y_test = [torch.from_numpy(a).to(device) for a in arrays]

@@ -1085,6 +1085,16 @@ def test_a_data_dir_or_dataset_folder_that_cannot_be_written_is_one_line(capsys,
     assert Path('data/notes').read_text() == 'a file where the dataset folder would go'
 
 
+def test_a_data_dir_that_is_a_dataset_is_one_line_and_nothing_goes_in_it(capsys):
+    """--data_dir=data/notes, a dataset's folder where the folder of datasets is meant: one line naming it."""
+    write('notes.txt', 'some notes\n' * 500)
+    assert main_exits(capsys, 'text', '--input=notes.txt')[0] == 0
+    made = sorted(os.listdir('data/notes'))
+    line = one_error(capsys, 'text', '--input=notes.txt', '--name=more', '--data_dir=data/notes')
+    assert 'data/notes' in line
+    assert sorted(os.listdir('data/notes')) == made
+
+
 @POSIX_ONLY
 def test_a_data_dir_the_system_refuses_is_one_line(capsys, monkeypatch):
     """/proc refuses a new folder even to root: one line naming it, before any text is tokenized."""

@@ -26,6 +26,7 @@ import torch
 import options
 import plot
 import prepare_data
+import readers
 import sample
 import tost
 import tost_fast
@@ -1525,6 +1526,26 @@ def test_a_damaged_checkpoint_to_fine_tune_from_is_one_line_naming_it(data_dir, 
     torch.save(ckpt, source)
     fails(train_gpt.main, ['--dataset=tiny', f'--data_dir={data_dir}', f"--out_dir={tmp_path / 'out'}",
                            f'--init_from={source}', '--device=cpu'], str(source))
+
+
+def test_a_data_dir_or_dataset_that_is_a_dataset_s_folder_is_one_line(data_dir, tmp_path, fails, monkeypatch):
+    """--data_dir=data/tiny, the dataset where the folder of datasets is meant, would prepare the default
+    dataset inside it and train on that; --dataset=data/tiny, a path from here, names no dataset under the
+    default --data_dir. Each: one line naming the path and the --data_dir meant, nothing written in the
+    dataset. An absolute path, or one under --data_dir, is the dataset it names."""
+    folder = os.path.join(data_dir, 'tiny')
+    made = sorted(os.listdir(folder))
+    small = ['--max_iters=1', '--n_layer=1', '--n_embd=16', '--block_size=8', '--device=cpu']
+    # each names the --data_dir meant
+    fails(train_gpt.main, [f'--data_dir={folder}', f"--out_dir={tmp_path / 'a'}", *small], folder,
+          f'--data_dir={data_dir}')
+    monkeypatch.chdir(os.path.dirname(data_dir))
+    typed = os.path.join(os.path.basename(data_dir), 'tiny')
+    fails(train_gpt.main, [f'--dataset={typed}', f"--out_dir={tmp_path / 'b'}", *small], typed,
+          f'--data_dir={os.path.basename(data_dir)} ')
+    assert sorted(os.listdir(folder)) == made
+    assert readers.dataset_folder('data', os.path.abspath(typed)) == os.path.abspath(typed)
+    assert readers.dataset_folder('.', typed) == os.path.join('.', typed)
 
 
 def test_a_resume_on_other_data_has_no_best_val_loss_to_beat(train, data_dir, tmp_path, monkeypatch):
