@@ -145,7 +145,13 @@ def main(argv=None):
     sets = []
     for name in names:
         path = readers.dataset_folder(data_dir, name)
-        meta = readers.load_meta(path, 'text', info['meta'])
+        try:
+            meta = readers.load_meta(path, 'text', info['meta'])
+        # The paper's test sets need the network once; the model's own set may be at hand.
+        except UsageError as e:
+            if name in auto[1:] and auto[0]:
+                raise UsageError(f"{e}; or score its own alone: --datasets={auto[0]}") from None
+            raise
         tokens = readers.read_tokens(path, meta, 'val')
         readers.check_ids(path, 'val', tokens, meta)
         if len(tokens) < 2:

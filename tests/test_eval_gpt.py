@@ -342,7 +342,8 @@ def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_
         data_dir, tmp_path, capsys, fails):
     """The demo's model (bytes, python_stdlib) is scored on the set it learned from: no OpenWebText in bytes
     (17 GB) to prepare. A GPT-2 model trained on OpenWebText gets the paper's four; a set not prepared is
-    named with its own command, and OpenWebText's only for a model trained on it."""
+    named with its own command (a test set's, with the model's own set alone as the other way), and
+    OpenWebText's only for a model trained on it."""
     out = str(tmp_path / 'demo')
     argv = [f'--out_dir={out}', f'--data_dir={data_dir}', '--device=cpu', '--dtype=float32']
     save_model(out, data_dir, dataset=BYTES, config={'dataset': BYTES})
@@ -375,7 +376,12 @@ def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_
         shutil.copytree(data_dir / 'wikitext2', d / name)
     argv = [f'--out_dir={out}', f'--data_dir={d}', '--device=cpu', '--dtype=float32']
     save_model(out, d, config={'dataset': 'own'})
-    assert 'openwebtext' not in fails(eval_gpt.main, argv, 'prepare_data.py ptb', '--tokenizer=gpt2')
+    # (or the model's own set alone)
+    line = fails(eval_gpt.main, argv, 'prepare_data.py ptb', '--tokenizer=gpt2', '--datasets=own')
+    assert 'openwebtext' not in line
+    # (a model that names no set of its own has no such way)
+    save_model(out, d, config={})
+    assert '--datasets' not in fails(eval_gpt.main, argv, 'prepare_data.py ptb')
     shutil.copytree(data_dir / 'wikitext2', d / 'ptb')
     save_model(out, d, config={'dataset': 'openwebtext'})
     fails(eval_gpt.main, argv, 'prepare_data.py openwebtext')
