@@ -342,6 +342,29 @@ def test_an_answer_that_crashes_is_a_failure_in_one_line_naming_its_line():
     assert f'test_lecture.py:{crashes.__code__.co_firstlineno + 1}' in note
 
 
+def test_a_written_answer_that_raises_torchs_not_implemented_error_fails_and_is_not_unattempted():
+    def uniform(temp, bias0, p):
+        return torch.softmax(torch.full((len(temp),), p), 0)              # an int p: a Long tensor
+    verdict, note = checks.run(CHECKS[4], uniform)
+    assert verdict == 'fail' and 'NotImplementedError' in note and '\n' not in note
+    assert f'test_lecture.py:{uniform.__code__.co_firstlineno + 1}' in note
+
+
+def test_an_answer_that_changes_its_arguments_in_place_is_judged_on_what_it_returns():
+    def projected_in_place(Z, Pi, U, alpha):
+        n_k = Pi.sum(-1)
+        Pi /= n_k[..., None]
+        return sol.projected_compression(Z, Pi * n_k[..., None], U, alpha)
+
+    def reweighted_in_place(Z, Pi, U, c):
+        n_k = Pi.sum(-1)
+        Pi /= n_k[..., None]
+        return sol.reweighted_objective(Z, Pi * n_k[..., None], U, c)
+    for number, answer in ((3, projected_in_place), (8, reweighted_in_place)):
+        verdict, note = checks.run(CHECKS[number], answer)
+        assert verdict == 'pass', note
+
+
 def test_the_factor_may_be_any_kind_of_number_or_a_tensor_of_one():
     for kind in (torch.tensor, lambda v: torch.tensor([v]), fractions.Fraction, np.float64):
         verdict, note = checks.run(CHECKS[2], lambda: kind(sol.duplication_factor()))
