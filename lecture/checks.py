@@ -126,6 +126,9 @@ def expect_close(what, got, want, tol):
         c = ((got.double() * want).sum() / want.square().sum()).item()
         multiple = (got.double() - c * want).abs().max() <= tol
         hint = f', and it is {c:.4g} times the expected' if multiple else ''
+        # float32's 1e-7 is past the float64 tolerances of the algebra.
+        if got.dtype != torch.float64:
+            hint += f'; your answer is {got.dtype}, the check is in torch.float64'
         raise Wrong(f'{what}: max |difference| {diff:.2e}, more than {tol:.0e}{hint}')
 
 
@@ -426,7 +429,9 @@ def check_reorder_change(answer):
                 position = torch.randn(1, T, d)
                 perm = torch.randperm(T - 1)
                 want = measure_reorder(layer, content, position, perm)
-                got = float(answer(layer, content, position, perm))
+                got = answer(layer, content, position, perm)
+                # A tensor that keeps its graph is a number too (float() of it would warn).
+                got = float(got.detach() if isinstance(got, torch.Tensor) else got)
                 expect(abs(got - want) <= 1e-9,
                        f'{kind}, T = {T}: your change {got:.6f}, measured {want:.6f}')
                 changes.append(want)

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -332,6 +333,17 @@ def test_a_tost_py_edited_since_is_said_before_it_fails_right_answers(monkeypatc
     monkeypatch.setattr(tost.TSSA, 'forward', lambda self, x: 1 / 0)
     assert checks.main(['--solutions', '2']) == 0
     one_line(capsys.readouterr().err, 'tost.py')
+
+
+def test_a_float32_answer_is_told_its_dtype_and_one_that_keeps_its_graph_passes_without_a_warning():
+    verdict, note = checks.run(CHECKS[1], lambda *a: sol.grad_variational(*a).float())
+    assert verdict == 'fail' and 'torch.float32' in note
+
+    def with_graph(layer, *a):
+        return sol.reorder_change(layer, *a) + 0 * next(layer.parameters()).sum()
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        assert checks.run(CHECKS[9], with_graph)[0] == 'pass'
 
 
 def test_an_answer_that_crashes_is_a_failure_in_one_line_naming_its_line():
