@@ -314,9 +314,10 @@ if fig:
 # d - p terms >= 0; on random tokens it then falls below R_c (measured below): in general a bound in neither
 # direction. The paper's corollary gives the case that matters: if U_k has orthonormal columns and group k's
 # second moment lies inside span(U_k) (the group's tokens live in that subspace), R^var_c >= R_c again, equal
-# when U_k diagonalises the group inside its subspace. Below: the dropped terms, random draws (hypothesis
-# false), and draws where each group lies in its own U_k's span (hypothesis true), then with U_k turned within
-# that span onto the group's eigenbasis.
+# when U_k diagonalises the group inside its subspace. With orthogonal subspaces that asks for hard
+# memberships (a softmax gives every token some of every group). Below: the dropped terms, random draws
+# (hypothesis false), and draws where each group lies in its own U_k's span (hypothesis true, the memberships
+# one-hot), then with U_k turned within that span onto the group's eigenbasis.
 p, draws = d // K, 300
 kept_p = tost.variational_compression(Z, Pi, U_sq[..., :p], alpha)   # each U_k's first p columns
 dropped = tost.variational_compression(Z, Pi, U_sq, alpha) - kept_p
@@ -463,7 +464,7 @@ assert (overshoot > 1).any()
 # heads, so the heads compete for each token and its memberships sum to 1. The released code first divides
 # each projected coordinate by its sum of squares over the tokens (a column normalisation), so each head's
 # scores sum to p over the n tokens, about p/n each: at initialisation (temperature 1) Pi is close to uniform
-# when n >> p, and spread out when n is not much larger than p.
+# when n >> p, and spread out when n is near p or below it.
 # Causally (section 11) every sum over the tokens runs over the prefix j <= t, Q_t = sum_{j<=t} w_j^2, so a
 # token's share w_t^2 / Q_t of each coordinate is about 1/(t+1) and pi_t flattens as t grows; a learned
 # position bias b_{k,t} (0 at initialisation) gives each head a prior per position on top. At t = 0 it is
