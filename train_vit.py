@@ -352,6 +352,9 @@ def main(argv=None):
     # forgives the float's last bit in epoch = step / steps_per_epoch.
     step = math.floor(state.get('epoch', 0) * steps_per_epoch + 1e-9)
     best_acc = state.get('best_acc', -1.0)
+    # A best accuracy is of its test set: a resume on other images (another source, or count) has none to beat.
+    if state and any(meta.get(k) != state.get('meta', meta).get(k) for k in ('source', 'test_count')):
+        best_acc = -1.0
     model = wrap(raw_model, dist, cfg['compile'])
     min_lr = learning_rate * cfg['min_lr_ratio']
 

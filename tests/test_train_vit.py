@@ -837,6 +837,28 @@ def test_best_pt_keeps_the_best_model_and_its_accuracy(data, tmp_path, monkeypat
     assert all(f"{acc:.4f} (best 0.5000)" in shown for acc in (0.5, 0.25))
 
 
+@pytest.mark.parametrize('edit', [dict(source='elsewhere'), dict(test_count=33)])
+def test_a_resume_on_other_images_has_no_best_accuracy_to_beat(data, tmp_path, monkeypatch, edit):
+    """A best accuracy is of its test set: resumed on the same images moved, a worse evaluation leaves best.pt;
+    on other images (another source, or test count), the first evaluation's model is best.pt, worse though it
+    is."""
+    out = str(tmp_path / 'run')
+    accuracies = iter([(0.5, 1.0), (0.25, 1.0), (0.25, 1.0)])
+    monkeypatch.setattr(train_vit, 'evaluate', lambda *args: next(accuracies))
+    moved = tmp_path / 'moved'
+    other = tmp_path / 'other'
+    shutil.copytree(os.path.join(data, 'synth'), moved / 'synth')
+    shutil.copytree(os.path.join(data, 'synth'), other / 'synth')
+    meta = json.loads((other / 'synth' / 'meta.json').read_text())
+    (other / 'synth' / 'meta.json').write_text(json.dumps(dict(meta, **edit)))
+    steps = ['--steps_per_epoch=1', '--viz_images=0']
+    train_vit.main(base_args(data, out, '--epochs=1', *steps))
+    train_vit.main(base_args(moved, out, '--epochs=2', '--init_from=resume', *steps))
+    assert load_checkpoint(f'{out}/best.pt')['step'] == 1
+    train_vit.main(base_args(other, out, '--epochs=3', '--init_from=resume', *steps))
+    assert load_checkpoint(f'{out}/best.pt')['step'] == 3
+
+
 def test_every_step_trains_as_asked_and_the_last_epoch_is_scored(data, tmp_path, monkeypatch):
     """Evaluations every 2 epochs of 3: at 2, and at 3, the last, whatever the interval. Every training
     step in training mode (drop-path, batch norm's batch statistics), also after an evaluation that draws
