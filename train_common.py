@@ -72,6 +72,13 @@ def init_path(init_from, names, written):
     return path
 
 
+def trainer_of(ckpt):
+    """'gpt' or 'vit': the trainer that saved the checkpoint `ckpt`, by what it holds (None: neither)."""
+    if ckpt.get("kind") == "vit":
+        return "vit"
+    return "gpt" if "vocab_size" in ckpt.get("model_args", {}) else None
+
+
 def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
     """torch.load with weights_only=True (loading cannot run code). One line naming the path if the file is
     missing or not a checkpoint, holds what no trainer saves (a tensor on the meta device, references that
@@ -132,9 +139,7 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         if not isinstance(ckpt.get(key, {}), dict):
             raise UsageError(f"checkpoint {path} is corrupt or unreadable ({key}: "
                              f"{type(ckpt[key]).__name__}, not a dict)")
-    found = "gpt" if "vocab_size" in ckpt.get("model_args", {}) else None
-    if ckpt.get("kind") == "vit":
-        found = "vit"
+    found = trainer_of(ckpt)
     if kind and found and found != kind:
         raise UsageError(f"{path} is a {TRAINERS[found][1]} checkpoint ({TRAINERS[found][0]}), not a "
                          f"{TRAINERS[kind][1]} one")
@@ -245,9 +250,10 @@ def release(lock):
     lock.close()
 
 
-def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
+def make_out_dir(out_dir, checkpoints, overwrite, fresh, master, kind=None):
     """Create out_dir on every rank and lock it on rank 0 (returned: keep it). A fresh run refuses an earlier
-    run's `checkpoints`, or with `overwrite` deletes them; a resume refuses `overwrite`."""
+    run's `checkpoints`, or with `overwrite` deletes them, unless another trainer than `kind`'s saved them; a
+    resume refuses `overwrite`."""
     # --overwrite would delete the checkpoint a resume goes on from: the pair is one or the other.
     if overwrite and not fresh:
         raise UsageError("--init_from=resume goes on from out_dir's checkpoint, --overwrite=true starts "
@@ -265,6 +271,15 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master):
             refuse_link(os.path.join(out_dir, "log.jsonl"))
         if folders:
             raise UsageError(f"{folders[0]} is a folder, where the run writes its checkpoint; move it away")
+        # Another trainer's run (train_gpt's demo in out/, given to train_vit) is not this one's to go on with
+        # or delete. A file torch cannot read is this run's to replace, with --overwrite.
+        for path in found if kind else ():
+            held = None
+            with contextlib.suppress(Exception):
+                held = trainer_of(torch.load(path, map_location="meta", weights_only=True))
+            if held not in (kind, None):
+                raise UsageError(f"{path} holds a {TRAINERS[held][0]} run, which a {TRAINERS[kind][0]} run "
+                                 f"neither goes on with nor deletes: choose another --out_dir")
         if found and not overwrite:
             # A resume goes on from the first of `checkpoints` (ckpt.pt): with best.pt alone there is none.
             resume = " go on with it: add --init_from=resume, or" if checkpoints[0] in found else ""

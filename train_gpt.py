@@ -321,7 +321,7 @@ def main(argv=None):
     # --overwrite, which deletes the folder's checkpoint, only once the run is known to fit in memory, below)
     data_path, meta, sizes = open_dataset(cfg, dist, ckpt and ckpt['meta'])
     if not cfg['overwrite']:
-        lock = lock or make_out_dir(out_dir, [ckpt_path], False, fresh, master)
+        lock = lock or make_out_dir(out_dir, [ckpt_path], False, fresh, master, 'gpt')
     B = cfg['batch_size']
     T = cfg['block_size']
     seed = cfg['seed']
@@ -391,7 +391,7 @@ def main(argv=None):
                          f"{have / 1e9:.3g} GB a process has of this {device}; try a smaller --batch_size "
                          f"(more --gradient_accumulation_steps) or --block_size")
     # --overwrite's folder, now that the run fits
-    lock = lock or make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], fresh, master)
+    lock = lock or make_out_dir(out_dir, [ckpt_path], cfg['overwrite'], fresh, master, 'gpt')
 
     # the optimizer (as the checkpoint left it), then DDP and the compiler around the model
     optimizer, scaler = optimizer_for(raw_model, cfg, dtype, None if fresh else ckpt)

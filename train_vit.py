@@ -352,7 +352,7 @@ def main(argv=None):
     # forgives the float's last bit in epoch = step / steps_per_epoch.
     step = math.floor(state.get('epoch', 0) * steps_per_epoch + 1e-9)
     best_acc = state.get('best_acc', -1.0)
-    # A best accuracy is of its test set: a resume on other images (another source, or count) has none to beat.
+    # A best accuracy is of its test set: a resume on other images (another source, or count) has none.
     if state and any(meta.get(k) != state.get('meta', meta).get(k) for k in ('source', 'test_count')):
         best_acc = -1.0
     model = wrap(raw_model, dist, cfg['compile'])
@@ -360,7 +360,7 @@ def main(argv=None):
 
     # A new run holds its folder from here on (weights it starts from were read, from another folder); a used
     # one is refused before the run says anything of itself.
-    lock = lock or make_out_dir(out_dir, [ckpt_path, best_path], cfg['overwrite'], not resume, master)
+    lock = lock or make_out_dir(out_dir, [ckpt_path, best_path], cfg['overwrite'], not resume, master, 'vit')
     capped = f" (of {whole}: --steps_per_epoch)" if steps_per_epoch < whole else ''
     n_params = raw_model.get_num_params()
     say(f"{cfg['model']}, {config.attn}{' + lpi' * config.lpi}: {n_params / 1e6:.2f}M parameters | "

@@ -1548,6 +1548,16 @@ def test_a_data_dir_or_dataset_that_is_a_dataset_s_folder_is_one_line(data_dir, 
     assert readers.dataset_folder('.', typed) == os.path.join('.', typed)
 
 
+def test_a_vision_run_is_neither_resumed_nor_deleted(data_dir, tmp_path, fails):
+    """An --out_dir where train_vit saved: a new run, even with --overwrite=true, is one line naming
+    train_vit.py and its checkpoint, which stays."""
+    ckpt = tmp_path / 'ckpt.pt'
+    torch.save(dict(kind='vit', model={}), ckpt)
+    for extra in ([], ['--overwrite=true']):
+        fails(train_gpt.main, tiny(data_dir, tmp_path, '--max_iters=1', *extra), 'train_vit.py', str(ckpt))
+    assert torch.load(ckpt, weights_only=True)['kind'] == 'vit'
+
+
 def test_a_resume_on_other_data_has_no_best_val_loss_to_beat(train, data_dir, tmp_path, monkeypatch):
     """always_save_checkpoint=False: resumed on the same data in another folder, a worse evaluation is not
     saved; on other data (another val set: a part of the same, or another text), its first evaluation is,

@@ -245,6 +245,21 @@ def test_a_new_run_refuses_an_out_dir_with_checkpoints(data, trained, tmp_path, 
     assert [r['epoch'] for r in read_log(out, kind='eval')] == [1]
 
 
+def test_a_language_model_s_run_is_neither_resumed_nor_deleted(data, tmp_path, fails):
+    """--out_dir=out, train_gpt's demo: a new run, even with --overwrite=true, is one line naming train_gpt.py
+    and its checkpoint, which stays; a checkpoint torch cannot read is still this run's to replace."""
+    ckpt = tmp_path / 'ckpt.pt'
+    torch.save(dict(model={}, model_args=dict(vocab_size=256)), ckpt)
+    before = ckpt.read_bytes()
+    for extra in ([], ['--overwrite=true']):
+        fails(train_vit.main, base_args(data, str(tmp_path), '--epochs=1', *extra), 'train_gpt.py', str(ckpt))
+    assert ckpt.read_bytes() == before
+    ckpt.write_bytes(b'PK junk')
+    train_vit.main(base_args(data, str(tmp_path), '--epochs=1', '--steps_per_epoch=1', '--overwrite=true',
+                             '--viz_images=0'))
+    assert weights(tmp_path)['epoch'] == 1
+
+
 def test_the_test_accuracy_and_loss_are_the_standardized_test_sets(data, trained):
     """best.pt scored by hand: every test image standardized with meta.json's mean and std, the accuracy and
     the mean cross-entropy (no label smoothing) over all of them, as its evaluation row has them."""
@@ -839,9 +854,9 @@ def test_best_pt_keeps_the_best_model_and_its_accuracy(data, tmp_path, monkeypat
 
 @pytest.mark.parametrize('edit', [dict(source='elsewhere'), dict(test_count=33)])
 def test_a_resume_on_other_images_has_no_best_accuracy_to_beat(data, tmp_path, monkeypatch, edit):
-    """A best accuracy is of its test set: resumed on the same images moved, a worse evaluation leaves best.pt;
-    on other images (another source, or test count), the first evaluation's model is best.pt, worse though it
-    is."""
+    """A best accuracy is of its test set: resumed on the same images moved, a worse evaluation leaves
+    best.pt; on other images (another source, or test count), the first evaluation's model is best.pt, worse
+    though it is."""
     out = str(tmp_path / 'run')
     accuracies = iter([(0.5, 1.0), (0.25, 1.0), (0.25, 1.0)])
     monkeypatch.setattr(train_vit, 'evaluate', lambda *args: next(accuracies))
