@@ -61,7 +61,11 @@ def init_path(init_from, names, written):
         if path.startswith("gpt2"):
             hint = "; ToST has no GPT-2 weights to start from"
         if os.path.isdir(path):
-            hint = f"; the checkpoint in it: --init_from={os.path.join(path, 'ckpt.pt')}"
+            hint = "; the folder holds no checkpoint"
+        # A run's folder: its ckpt.pt (train_vit's best.pt where that alone is there).
+        for name in ("best.pt", "ckpt.pt"):
+            if os.path.isfile(os.path.join(path, name)):
+                hint = f"; the checkpoint in it: --init_from={os.path.join(path, name)}"
         raise UsageError(f"--init_from={path}: no such file; it takes {', '.join(names)} or the path of a "
                          f"checkpoint{hint}")
     # A new run would delete (--overwrite) or replace the file it starts from.

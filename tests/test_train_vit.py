@@ -627,10 +627,14 @@ def test_mistakes_end_in_one_line_before_anything_is_written(data, trained, tmp_
 
 
 def test_init_from_a_folder_names_the_checkpoint_in_it(tmp_path, fails):
-    """A run's folder for --init_from: the line names the ckpt.pt in it, before anything is written."""
-    fails(train_vit.main, base_args(str(tmp_path), str(tmp_path / 'out'), f'--init_from={tmp_path}'),
-          f'--init_from={tmp_path / "ckpt.pt"}')
-    assert os.listdir(tmp_path) == []
+    """A run's folder for --init_from: the line names the checkpoint in it (best.pt where there is no
+    ckpt.pt), or none in an empty folder, before anything is written."""
+    args = base_args(str(tmp_path), str(tmp_path / 'out'), f'--init_from={tmp_path}')
+    assert 'ckpt.pt' not in fails(train_vit.main, args, f'--init_from={tmp_path}')
+    for name in ('best.pt', 'ckpt.pt'):
+        (tmp_path / name).write_bytes(b'')
+        fails(train_vit.main, args, f'--init_from={tmp_path / name}')
+    assert sorted(os.listdir(tmp_path)) == ['best.pt', 'ckpt.pt']
 
 
 @pytest.mark.parametrize('edit, named', [(dict(future=1), 'future'), (dict(num_classes=None), 'num_classes')])
