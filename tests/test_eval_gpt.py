@@ -107,7 +107,7 @@ def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, mo
             parts = [(model(w[None, :-1], w[None, 1:])[1].item(), len(w) - 1)
                      for w in (x[s:s + 33] for s in range(0, len(x) - 1, 32))]
         count = sum(n for _, n in parts)
-        assert r['tokens'] == count == len(x) - 1 and r['windows'] == len(parts)
+        assert r['tokens'] == count == len(x) - 1 and r['windows'] == len(parts) and r['elapsed_s'] >= 0
         assert abs(r['loss'] - sum(loss * n for loss, n in parts) / count) < 1e-5
         assert abs(r['ppl'] - np.exp(r['loss'])) < 1e-6 * r['ppl']
         run = (r['kind'], r['attn'], r['iter'], r['block_size'], r['batch_size'], r['processes'], r['device'],
@@ -117,6 +117,14 @@ def test_loss_is_every_token_once_as_a_plain_loop(data_dir, tmp_path, capsys, mo
     # the table's row: our loss, and the paper's beside it
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith('wikitext2'))
     assert f"{log[1]['loss']:.4f}" in row and row.split()[-2:] == ['4.77', '4.13']
+
+
+def test_tokens_that_fill_their_windows_exactly_take_no_more():
+    """17 tokens, 16 targets: two windows of 8."""
+    model = tost.GPT(tost.GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=16)).eval()
+    one = train_common.Dist(False, 0, 0, 1, True, 'cpu')
+    loss, scored, windows = eval_gpt.split_loss(model, np.arange(17), 8, 4, contextlib.nullcontext(), one)
+    assert (scored, windows) == (16, 2)
 
 
 def test_the_windows_are_shared_out_among_processes_and_summed_in_float64(data_dir, tmp_path, monkeypatch):
@@ -304,14 +312,21 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, fails):
     (data_dir / 'one' / 'val.bin').write_bytes(b'\0\0')
     meta = json.loads((data_dir / 'one' / 'meta.json').read_text())
     (data_dir / 'one' / 'meta.json').write_text(json.dumps(dict(meta, val_tokens=1)))
-    # lambada's target spans cut short or empty, of another shape, of no rows, a word without context or
-    # empty, past its tokens, or one token past
+    # and one of none: no maximum to check its ids against
+    shutil.copytree(data_dir / 'wikitext2', data_dir / 'none')
+    (data_dir / 'none' / 'val.bin').write_bytes(b'')
+    (data_dir / 'none' / 'meta.json').write_text(json.dumps(dict(meta, val_tokens=0)))
+    # lambada's target spans cut short or empty, of another shape or width, of no rows, a word without context
+    # or empty, before its tokens, past them, or one token past
     spans = np.load(data_dir / 'lambada' / 'val_targets.npy')
     past_one = spans.copy()
     past_one[-1, 2] = len(tokens_of(data_dir, 'lambada')) + 1
+    before = spans.copy()
+    before[0, 0] = -1
     damaged = {'cut': 20, 'empty': 0, 'flat': spans.ravel(), 'norows': spans[:0],
+               'wide': np.c_[spans, spans[:, 2]], 'narrow': spans[:, :2],
                'nocontext': np.c_[spans[:, 1], spans[:, 1:]], 'noword': np.c_[spans[:, :2], spans[:, 1]],
-               'past': spans + size, 'pastone': past_one}
+               'before': before, 'past': spans + size, 'pastone': past_one}
     for name, array in damaged.items():
         shutil.copytree(data_dir / 'lambada', data_dir / name)
         target = data_dir / name / 'val_targets.npy'
@@ -329,6 +344,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, fails):
                           ([f'--datasets=wikitext2,{BYTES}'], BYTES, '--force', '--tokenizer='),
                           (['--datasets=short'], f'{data_dir}/short/val.bin'),
                           (['--datasets=one'], f'{data_dir}/one/val.bin'),
+                          (['--datasets=none'], f'{data_dir}/none/val.bin'),
                           (['--datasets=wikitext2,noise'], f'{data_dir}/noise/val.bin'),
                           *((['--datasets=' + name], f'{data_dir}/{name}/val_targets.npy', '--force')
                             for name in damaged)):
@@ -359,8 +375,8 @@ def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_
     save_model(out, data_dir, dataset=BYTES, config={'dataset': BYTES, 'data_dir': str(data_dir)})
     eval_gpt.main([a for a in argv if not a.startswith('--data_dir')])
     assert [r['dataset'] for r in read_log(out)] == [BYTES, BYTES]
-    # auto in a list stands for its sets (here the one the list names again: scored once)
-    eval_gpt.main(argv + [f'--datasets=auto,{BYTES}'])
+    # auto in a list, blanks around it, stands for its sets (here the one the list names again: scored once)
+    eval_gpt.main(argv + [f'--datasets= auto ,{BYTES}'])
     assert [r['dataset'] for r in read_log(out)] == [BYTES] * 3
     # given, --data_dir is where the sets are looked for, not the run's
     save_model(out, data_dir, dataset=BYTES, config={'dataset': 'python_stdlib', 'data_dir': str(tmp_path)})

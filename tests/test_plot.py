@@ -346,6 +346,9 @@ def test_a_vision_row_is_drawn_on_one_scale_per_row(drawn):
     assert ims[1].get_clim() == ims[2].get_clim() == (0.0, 7.0)
     assert ims[4].get_clim() == ims[5].get_clim() == (0.1, 0.9)
     assert ims[3].get_array().tolist() == [[0, 1], [0, 1]]     # the head with the larger Pi
+    # the image in colour; one of one channel in grey
+    plot.vision_maps('x.png', np.zeros((1, 4, 4), np.uint8), cls, pi, 't')
+    assert ims[0].get_array().shape == (4, 4, 3) and drawn[-1].axes[0].images[0].get_array().shape == (4, 4)
 
 
 # what a mutation audit found unpinned

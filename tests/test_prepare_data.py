@@ -132,11 +132,14 @@ def no_vocab(name):
 
 
 def test_a_tokenizer_that_cannot_be_had_is_a_usage_error(monkeypatch):
-    """An unknown name (a damaged checkpoint's), GPT-2's vocab offline."""
+    """GPT-2's vocab offline; an unknown name (a damaged checkpoint's), with GPT-2's vocab at hand (not
+    taken for it)."""
     monkeypatch.setattr(tiktoken, 'get_encoding', no_vocab)
-    for name in ('sentencepiece', 'gpt2'):
-        with pytest.raises(UsageError):
-            get_tokenizer(name)
+    with pytest.raises(UsageError):
+        get_tokenizer('gpt2')
+    monkeypatch.setattr(readers, 'gpt2_encoding', encoding)
+    with pytest.raises(UsageError, match='sentencepiece'):
+        get_tokenizer('sentencepiece')
 
 
 def test_token_files_of_nanogpts_read_with_the_meta_json_the_docs_give(tmp_path):

@@ -133,6 +133,21 @@ def test_the_defaults_reach_the_model_and_each_sample_draws_on_from_the_last(tmp
     assert sys.stdout.getvalue() == want and len(flushes) >= 60
 
 
+def test_with_no_options_three_samples_of_500_tokens_follow_a_newline(out, capsys):
+    """The docstring's defaults: --start='\\n', 3 samples of 500 new tokens."""
+    sample.main([f'--out_dir={out}', '--device=cpu'])
+    got = capsys.readouterr()
+    assert got.out.startswith('\n') and got.out.count('\n---------------\n') == 3
+    assert got.err.startswith('1500 tokens in ')
+
+
+def test_out_of_memory_while_the_model_is_built_is_not_blamed_on_the_checkpoint(out, fails, monkeypatch):
+    def too_large(config):
+        raise RuntimeError('[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough memory')
+    monkeypatch.setattr(tost, 'GPT', too_large)
+    assert 'ckpt.pt' not in fails(sample.main, [f'--out_dir={out}', '--device=cpu'])
+
+
 def test_a_gpt2_model_with_no_prompt_starts_from_end_of_text(tmp_path, monkeypatch):
     monkeypatch.setattr(readers, 'gpt2_encoding', lambda: encoding())
     save_sharp(tmp_path, vocab=320, tokenizer='gpt2')
@@ -266,6 +281,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(out, tmp_path, fails, monkey
 DAMAGE = [('model_args', 5), ('model', [1, 2]), ('meta', 'x'), ('meta', {}), ('kind', 'vit'),
           ('meta', dict(tokenizer='gpt2', vocab_size=50257)),
           ('meta', dict(tokenizer='bytes', vocab_size=257)),
+          ('meta', dict(tokenizer='bytes', vocab_size='256')),
           # a weight that is not finite (a run that diverged saves none such)
           ('model', lambda weights: {**weights, 'lm_head.weight': weights['lm_head.weight'] * math.nan}),
           ('model_args', dict(block_size=-5, vocab_size=256, n_layer=1, n_head=2, n_embd=32)),
