@@ -161,6 +161,10 @@ def test_token_files_of_nanogpts_read_with_the_meta_json_the_docs_give(tmp_path)
     (folder / 'meta.json').write_text(given)
     meta = load_meta(str(folder), 'text')
     assert read_tokens(str(folder), meta, 'val').tolist() == list(range(100))
+    # a count in bytes, not tokens: the line points to the page, not to a build from text it does not have
+    with pytest.raises(UsageError, match='docs/training.md') as e:
+        read_tokens(str(folder), dict(meta, train_tokens=2000), 'train')
+    assert 'prepare_data.py' not in str(e.value)
 
 
 def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys):
