@@ -338,6 +338,11 @@ def test_a_tost_py_edited_since_is_said_before_it_fails_right_answers(monkeypatc
 def test_a_float32_answer_is_told_its_dtype_and_one_that_keeps_its_graph_passes_without_a_warning():
     verdict, note = checks.run(CHECKS[1], lambda *a: sol.grad_variational(*a).float())
     assert verdict == 'fail' and 'torch.float32' in note
+    # not where it is wrong beyond rounding; a factor lost is said in float32 too
+    verdict, note = checks.run(CHECKS[1], lambda *a: (sol.grad_variational(*a) + 1).float())
+    assert verdict == 'fail' and 'torch.float32' not in note
+    verdict, note = checks.run(CHECKS[1], lambda *a: (2 * sol.grad_variational(*a)).float())
+    assert verdict == 'fail' and ' 2 times' in note and 'torch.float32' not in note
 
     def with_graph(layer, *a):
         return sol.reorder_change(layer, *a) + 0 * next(layer.parameters()).sum()
@@ -360,6 +365,25 @@ def test_a_written_answer_that_raises_torchs_not_implemented_error_fails_and_is_
     verdict, note = checks.run(CHECKS[4], uniform)
     assert verdict == 'fail' and 'NotImplementedError' in note and '\n' not in note
     assert f'test_lecture.py:{uniform.__code__.co_firstlineno + 1}' in note
+
+
+def test_an_answer_that_calls_the_stub_of_another_exercise_fails_naming_the_stub_s_line():
+    def stub(Z, Pi, U, alpha):
+        raise NotImplementedError
+
+    def reweighted(Z, Pi, U, c):
+        return stub(Z, Pi, U, 1.0) * c.sum()
+    verdict, note = checks.run(CHECKS[8], reweighted)
+    assert verdict == 'fail' and f'test_lecture.py:{stub.__code__.co_firstlineno + 1}' in note
+    assert checks.run(CHECKS[3], stub) == ('not attempted', '')
+
+
+def test_the_cost_check_counts_the_answer_s_work_not_the_copies_of_its_arguments():
+    """Work the count cannot see (here all of it) is refused, whatever the check did around it."""
+    def unseen(Z, Pi, alpha):
+        with torch._C.DisableTorchFunction():
+            return sol.grad_compression(Z, Pi, alpha)
+    assert checks.run(CHECKS[6], unseen)[0] == 'fail'
 
 
 def test_an_answer_that_changes_its_arguments_in_place_is_judged_on_what_it_returns():
