@@ -516,7 +516,8 @@ def run(check, answer):
         # implemented for 'Long'"), or another exercise's stub that a written answer calls, is a crash.
         last = frames[-1]
         stub = code and (last.filename, last.name) == (code.co_filename, code.co_name)
-        if isinstance(e, NotImplementedError) and stub and (last.line or '').startswith('raise NotImplemented'):
+        stub = stub and (last.line or '').startswith('raise NotImplementedError')
+        if isinstance(e, NotImplementedError) and stub:
             return 'not attempted', ''
         error = f'{type(e).__name__}: {e}'.splitlines()[0]
         if mine:
