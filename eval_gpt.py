@@ -147,9 +147,9 @@ def main(argv=None):
         path = readers.dataset_folder(data_dir, name)
         try:
             meta = readers.load_meta(path, 'text', info['meta'])
-        # The paper's test sets need the network once; the model's own set may be at hand.
+        # Another set (the paper's need the network once) is not needed where the model's own is at hand.
         except UsageError as e:
-            if name in auto[1:] and auto[0]:
+            if name != auto[0] and os.path.isfile(os.path.join(data_dir, auto[0], 'meta.json')):
                 raise UsageError(f"{e}; or score its own alone: --datasets={auto[0]}") from None
             raise
         tokens = readers.read_tokens(path, meta, 'val')

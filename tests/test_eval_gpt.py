@@ -395,9 +395,13 @@ def test_by_default_a_model_is_scored_on_its_own_dataset_and_a_gpt2_one_also_on_
     # (or the model's own set alone)
     line = fails(eval_gpt.main, argv, 'prepare_data.py ptb', '--tokenizer=gpt2', '--datasets=own')
     assert 'openwebtext' not in line
-    # (a model that names no set of its own has no such way)
-    save_model(out, d, config={})
-    assert '--datasets' not in fails(eval_gpt.main, argv, 'prepare_data.py ptb')
+    # (a model whose own set is not here, or names none, has no such way; nor one whose own set fails)
+    for config in ({}, {'dataset': 'gone'}):
+        save_model(out, d, config=config)
+        assert '--datasets' not in fails(eval_gpt.main, argv + ['--datasets=ptb'], 'prepare_data.py ptb')
+    shutil.copytree(data_dir / BYTES, d / BYTES)
+    save_model(out, d, config={'dataset': BYTES})
+    assert '--datasets' not in fails(eval_gpt.main, argv + [f'--datasets={BYTES}'], BYTES)
     shutil.copytree(data_dir / 'wikitext2', d / 'ptb')
     save_model(out, d, config={'dataset': 'openwebtext'})
     fails(eval_gpt.main, argv, 'prepare_data.py openwebtext')
