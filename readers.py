@@ -123,6 +123,9 @@ def dataset_folder(data_dir, name):
     for path in given:
         if os.path.isfile(os.path.join(path, "meta.json")):
             root, base = os.path.split(os.path.normpath(path))
+            # From inside it (--data_dir=.) its name is the folder's own.
+            if base in (".", ".."):
+                root, base = os.path.split(os.path.abspath(path))
             raise UsageError(f"{path} is a dataset: {base} in --data_dir={root or '.'} (--data_dir is the "
                              f"folder datasets are in)")
     return folder

@@ -344,6 +344,7 @@ def test_bad_input_is_one_line_naming_what_is_wrong(data_dir, tmp_path, fails):
                           ([f'--datasets=wikitext2,{BYTES}'], BYTES, '--force', '--tokenizer='),
                           (['--datasets=short'], f'{data_dir}/short/val.bin'),
                           (['--datasets=one'], f'{data_dir}/one/val.bin'),
+                          ([f"--data_dir={data_dir / 'one'}", '--datasets=one'], f'--data_dir={data_dir} '),
                           (['--datasets=none'], f'{data_dir}/none/val.bin'),
                           (['--datasets=wikitext2,noise'], f'{data_dir}/noise/val.bin'),
                           *((['--datasets=' + name], f'{data_dir}/{name}/val_targets.npy', '--force')

@@ -1099,7 +1099,11 @@ def test_a_data_dir_that_is_a_dataset_is_one_line_and_nothing_goes_in_it(capsys)
     made = sorted(os.listdir('data/notes'))
     line = one_error(capsys, 'text', '--input=notes.txt', '--name=more', '--data_dir=data/notes')
     assert 'data/notes' in line
-    assert sorted(os.listdir('data/notes')) == made
+    # from inside it: named by its own name
+    os.chdir('data/notes')
+    line = one_error(capsys, 'text', '--input=../../notes.txt', '--name=more', '--data_dir=.')
+    assert f'--data_dir={os.path.dirname(os.getcwd())}' in line
+    assert sorted(os.listdir()) == made
 
 
 @POSIX_ONLY

@@ -626,6 +626,11 @@ def test_mistakes_end_in_one_line_before_anything_is_written(data, trained, tmp_
     assert {f: (out / f).read_bytes() for f in os.listdir(out) if f != '.lock'} == before
 
 
+def test_a_data_dir_that_is_a_dataset_names_the_data_dir_meant(data, tmp_path, fails):
+    args = base_args(os.path.join(data, 'synth'), str(tmp_path), '--epochs=1')
+    fails(train_vit.main, args, f'--data_dir={data} ')
+
+
 def test_init_from_a_folder_names_the_checkpoint_in_it(tmp_path, fails):
     """A run's folder for --init_from: the line names the checkpoint in it (best.pt where there is no
     ckpt.pt), or none in an empty folder, before anything is written."""
