@@ -58,12 +58,12 @@ def init_path(init_from, names, written):
     if path == init_from and not os.path.isfile(path):
         hint = near(path, names)
         # nanoGPT's --init_from=gpt2 (or gpt2-xl...)
-        if path.startswith("gpt2"):
+        if re.fullmatch(r"gpt2(-medium|-large|-xl)?", path):
             hint = "; ToST has no GPT-2 weights to start from"
         if os.path.isdir(path):
             hint = "; the folder holds no checkpoint"
         # A run's folder: its ckpt.pt (train_vit's best.pt where that alone is there).
-        for name in ("best.pt", "ckpt.pt"):
+        for name in ("best.pt", "ckpt.pt") if "best" in names else ("ckpt.pt",):
             if os.path.isfile(os.path.join(path, name)):
                 hint = f"; the checkpoint in it: --init_from={os.path.join(path, name)}"
         raise UsageError(f"--init_from={path}: no such file; it takes {', '.join(names)} or the path of a "

@@ -111,6 +111,20 @@ def test_load_refuses_what_is_not_a_checkpoint_naming_it(tmp_path, thing, name):
     assert path in str(e.value) and name in str(e.value)
 
 
+def test_init_from_hints_name_what_is_there(tmp_path):
+    """nanoGPT's names for GPT-2 are told there are no GPT-2 weights, a run's folder named after it is not;
+    for train_gpt a folder's best.pt (train_vit's) is no checkpoint to name."""
+    names = {"scratch": None, "resume": None}
+    for path, gpt2 in (("gpt2", True), ("gpt2-xl", True), ("gpt2-run/ckpt.pt", False)):
+        with pytest.raises(UsageError) as e:
+            tc.init_path(path, names, [])
+        assert ("GPT-2" in str(e.value)) == gpt2
+    (tmp_path / "best.pt").write_bytes(b"")
+    with pytest.raises(UsageError) as e:
+        tc.init_path(str(tmp_path), names, [])
+    assert "best.pt" not in str(e.value)
+
+
 def test_load_gpt_names_a_checkpoint_whose_weights_or_args_do_not_fit(tmp_path):
     """Weights of another width, a weight missing, an argument no GPTConfig has: each named, with the path."""
     args = dict(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=16)
