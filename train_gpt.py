@@ -344,13 +344,13 @@ def main(argv=None):
     if state and any(meta.get(k) != state['meta'].get(k) for k in ('source', 'val_tokens')):
         best_val_loss = float('inf')
     tokens = state.get('tokens', iter_num * tokens_per_iter)
-    if not ckpt:
-        # The vocabulary rounded up to a multiple of 64: bytes 256, gpt2's 50257 -> 50304, faster matmuls.
-        model_args.update(block_size=T, vocab_size=64 * math.ceil(meta['vocab_size'] / 64),
-                          dropout=cfg['dropout'])
-    else:
+    if ckpt:
         # Older checkpoints lack the newer keys (token_shift, softmax_layers): they had the defaults' model.
-        model_args = {**model_args, **ckpt['model_args'], 'dropout': cfg['dropout']}
+        model_args.update(ckpt['model_args'])
+    else:
+        # The vocabulary rounded up to a multiple of 64: bytes 256, gpt2's 50257 -> 50304, faster matmuls.
+        model_args.update(block_size=T, vocab_size=64 * math.ceil(meta['vocab_size'] / 64))
+    model_args['dropout'] = cfg['dropout']
     if iter_num >= max_iters:
         if master:
             say(f"nothing to do: {ckpt_path} is at iter {iter_num} and --max_iters is {max_iters}; pass a "
