@@ -158,9 +158,9 @@ def load_checkpoint(path, map_location="cpu", kind=None, needs=()):
         count = type(value) is int and value >= 0
         if not (count if key in COUNTS else number):
             raise UsageError(f"checkpoint {path} is corrupt or unreadable ({key}: {value!r:.40})")
-    shape = [key for key in TRAINERS[kind][2] if key not in ckpt["model_args"]] if kind else []
-    if shape:
-        raise UsageError(f"{path} is corrupt or unreadable (its model_args lack {shape[0]})")
+    for key in TRAINERS[kind][2] if kind else ():
+        if key not in ckpt["model_args"]:
+            raise UsageError(f"{path} is corrupt or unreadable (its model_args lack {key})")
     return ckpt
 
 
