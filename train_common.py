@@ -266,15 +266,15 @@ def make_out_dir(out_dir, checkpoints, overwrite, fresh, master, kind=None):
     # The lock first: a folder another run holds is refused as such, not with advice the lock would refuse.
     lock = lock_out_dir(out_dir) if master else None
     found = [p for p in checkpoints if fresh and os.path.isfile(p)]
-    # A folder where a checkpoint goes is found now, not at the first save, hours on.
-    folders = [p for p in checkpoints if os.path.isdir(p)]
     try:
         # A link at the log is refused before anything is deleted or read through it, as log_row refuses it
         # (start_log's rename would replace it with a file).
         if master:
             refuse_link(os.path.join(out_dir, "log.jsonl"))
-        if folders:
-            raise UsageError(f"{folders[0]} is a folder, where the run writes its checkpoint; move it away")
+        # A folder where a checkpoint goes is found now, not at the first save, hours on.
+        for p in checkpoints:
+            if os.path.isdir(p):
+                raise UsageError(f"{p} is a folder, where the run writes its checkpoint; move it away")
         # Another trainer's run (train_gpt's demo in out/, given to train_vit) is not this one's to go on with
         # or delete. A file torch cannot read is this run's to replace, with --overwrite.
         for path in found if kind else ():
