@@ -897,3 +897,6 @@ def test_torchrun_starts_only_the_scripts_made_for_several_processes(monkeypatch
     one_process = script in ("sample", "prepare_data", "plot")
     assert (e.traceback[-1].name == "parse") == one_process
     assert (f"{script}.py" in str(e.value)) == one_process
+    # torchrun of one process runs it once: its options are read
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert options.parse(["--x=2"], {"x": 1})[0] == {"x": 2}

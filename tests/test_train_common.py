@@ -47,6 +47,12 @@ def test_load_missing_checkpoint(tmp_path):
     with pytest.raises(UsageError, match=f"{tmp_path}/ckpt.pt") as e:
         tc.load_checkpoint(str(tmp_path / "ckpt.pt"), kind="vit")
     assert "train_vit.py" not in str(e.value)
+    # a best.pt missing where no ckpt.pt is either: the ckpt.pt is not named
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UsageError) as e:
+        tc.load_checkpoint(str(empty / "best.pt"), kind="vit")
+    assert "ckpt.pt" not in str(e.value)
     # options' handler names the path: no hint to train
     (tmp_path / "file").write_text("x")
     with pytest.raises(NotADirectoryError):
@@ -66,6 +72,8 @@ class Plain:
 # every key asked for is there, but its model_args are no trainer's
 NO_KIND = dict(model={}, optimizer={}, iter_num=3, config={}, meta={}, model_args={"x": 1})
 GPT = dict(NO_KIND, model_args={"vocab_size": 8})
+# a GPT checkpoint no later check refuses
+WHOLE = dict(GPT, model_args=dict(vocab_size=8, block_size=4, n_layer=1, n_head=1, n_embd=4))
 # a list of shared references, a few hundred bytes in the file, a hundred billion characters unfolded
 LAUGHS = "ha" * 50
 for _ in range(30):
@@ -90,6 +98,7 @@ for _ in range(30):
                                          # a tensor on the meta device (of any size, no numbers held),
                                          # shared references unfolding beyond memory, in any key
                                          (dict(GPT, model={"w": torch.empty(10**12, device="meta")}), ""),
+                                         (dict(WHOLE, model={"w": torch.empty(10**12, device="meta")}), ""),
                                          (dict(GPT, iter_num=LAUGHS), ""),
                                          (dict(GPT, meta={"tokenizer": LAUGHS}), ""),
                                          # counts and measures that are not
@@ -98,6 +107,12 @@ for _ in range(30):
                                          (dict(GPT, tokens=1.5), "tokens"),
                                          (dict(GPT, epoch=math.nan), "epoch"),
                                          (dict(GPT, best_acc="0.5"), "best_acc"),
+                                         (dict(WHOLE, since_row=-1), "since_row"),
+                                         (dict(WHOLE, since_row="3"), "since_row"),
+                                         (dict(WHOLE, elapsed_s=math.inf), "elapsed_s"),
+                                         (dict(WHOLE, elapsed_s="1.0"), "elapsed_s"),
+                                         # the optimizer's state is read by key
+                                         (dict(WHOLE, optimizer=[1, 2]), "optimizer"),
                                          # a model_args its shape is not read from
                                          (GPT, "block_size")])
 def test_load_refuses_what_is_not_a_checkpoint_naming_it(tmp_path, thing, name):
@@ -132,6 +147,10 @@ def test_load_gpt_names_a_checkpoint_whose_weights_or_args_do_not_fit(tmp_path):
     narrow = tost.GPT(tost.GPTConfig(**dict(args, n_embd=8))).state_dict()
     weights = tost.GPT(tost.GPTConfig(**args)).state_dict()
     del weights["lm_head.weight"]
+    # the weights are taken out of the checkpoint: no second copy while they load
+    ckpt = dict(model=tost.GPT(tost.GPTConfig(**args)).state_dict())
+    tc.load_weights(tost.GPT(tost.GPTConfig(**args)), ckpt, path)
+    assert "model" not in ckpt
     for model, model_args, named in ((narrow, args, "transformer.wte.weight"),
                                      (weights, args, "lm_head.weight"),
                                      (weights, dict(args, n_layers=2), "n_layers")):
@@ -168,6 +187,11 @@ def test_layers_claimed_by_one_tensor_under_many_names_are_refused_before_any_is
     monkeypatch.setattr(tc, "on_meta", lambda *args: pytest.fail("the model was built"))
     with pytest.raises(UsageError, match="ckpt.pt"):
         tc.check_fits(tost.GPT, config, {"model": {f"w{i}": one for i in range(20000)}}, "ckpt.pt")
+    # a ViT's class-attention layers count too
+    vit = tost.ViTConfig(img_size=8, patch_size=4, in_chans=1, num_classes=2, n_layer=1, n_head=1, n_embd=4,
+                         n_cls_layer=20000)
+    with pytest.raises(UsageError, match="ckpt.pt"):
+        tc.check_fits(tost.ViT, vit, {"model": {f"w{i}": torch.zeros(1) for i in range(20)}}, "ckpt.pt")
 
 
 def test_an_optimizer_state_grouped_otherwise_is_one_line():
@@ -285,11 +309,12 @@ def test_make_out_dir_refuses_or_deletes(tmp_path, capsys):
     with pytest.raises(UsageError) as e:
         make(overwrite=False, fresh=True, master=True)
     assert best in str(e.value) and "--overwrite=true" in str(e.value) and "resume" not in str(e.value)
-    # only the master deletes
+    # only the master deletes, every checkpoint there
+    Path(ckpt).write_bytes(b"weights")
     make(overwrite=True, fresh=True, master=False)
     assert os.path.exists(best)
     make(overwrite=True, fresh=True, master=True)
-    assert not os.path.exists(best) and best in capsys.readouterr().out
+    assert not os.path.exists(best) and not os.path.exists(ckpt) and best in capsys.readouterr().out
     # a folder where a checkpoint goes: refused before any work, for a resume too
     os.mkdir(best)
     for fresh in (True, False):
@@ -480,6 +505,25 @@ def test_a_process_on_the_second_node_takes_its_local_gpu_and_does_not_write(mon
     dist = tc.setup_distributed("cuda")
     assert (dist.device, dist.rank, dist.master) == (f"cuda:{local_rank}", rank, False)
     assert two_gpus[0] == f"cuda:{local_rank}"
+
+
+def test_a_process_group_keeps_the_one_line_handler(monkeypatch):
+    """torch's init_process_group wraps sys.excepthook (each line of a traceback would begin [rank0]:): a real
+    group of one process, and the handler options installed is still the one."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=1, LOCAL_WORLD_SIZE=1, MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=port).items():
+        monkeypatch.setenv(key, str(value))
+    hook = sys.excepthook
+    dist = tc.setup_distributed("cpu")
+    try:
+        assert sys.excepthook is hook
+    finally:
+        sys.excepthook = hook
+        tc.teardown(dist)
 
 
 def test_a_float16_resume_goes_on_at_the_loss_scale_it_saved():
@@ -923,6 +967,10 @@ def test_a_log_line_that_is_json_but_no_object_goes_at_a_resume(tmp_path):
     (tmp_path / "log.jsonl").write_text('{"iter": 1}\n[1, 2]\n3\n{"iter": 2}\n')
     tc.start_log(out, "iter", 1)
     assert _lines(tmp_path / "log.jsonl") == [{"iter": 1}]
+    # a row whose key is no number (a log edited by hand) stays, as the row of no key does
+    (tmp_path / "log.jsonl").write_text('{"iter": 1}\n{"iter": "x"}\n{"iter": 9}\n')
+    tc.start_log(out, "iter", 4)
+    assert _lines(tmp_path / "log.jsonl") == [{"iter": 1}, {"iter": "x"}]
 
 
 def test_a_torchrun_worker_stopping_lets_a_later_sigterm_pass_and_a_second_ctrl_c_still_ends_it(monkeypatch):
@@ -993,6 +1041,13 @@ def test_a_checkpoint_with_compressed_records_is_refused_before_it_is_inflated(t
     assert tc.load_checkpoint(str(tmp_path / "stored.pt"))["model"]["w"].shape == (1000,)
     with pytest.raises(UsageError, match="ckpt.pt"):
         tc.load_checkpoint(str(tmp_path / "ckpt.pt"))
+    # the weights' record alone, the one that inflates
+    with zipfile.ZipFile(tmp_path / "stored.pt") as stored, zipfile.ZipFile(tmp_path / "one.pt", "w") as out:
+        for record in stored.infolist():
+            kind = zipfile.ZIP_DEFLATED if "/data/0" in record.filename else zipfile.ZIP_STORED
+            out.writestr(record.filename, stored.read(record), compress_type=kind)
+    with pytest.raises(UsageError, match="one.pt"):
+        tc.load_checkpoint(str(tmp_path / "one.pt"))
 
 
 def test_a_resumed_log_drops_a_line_nested_deeper_than_python_recurses(tmp_path):
