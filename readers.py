@@ -81,9 +81,9 @@ def recipe(folder, meta=None, force=False, tokenizer=None):
     meta.json names, if any)."""
     root, name = os.path.split(os.path.normpath(folder))
     meta = meta or {}
-    # A meta.json written by hand beside token files of one's own (nanoGPT's) has no build to run again, but
-    # in another tokenizer.
-    if force and not tokenizer and "tokenizer" in meta and "prepared" not in meta:
+    # A meta.json written by hand beside token files of one's own (nanoGPT's; it names no dataset) has no
+    # build to run again, but in another tokenizer.
+    if force and not tokenizer and "tokenizer" in meta and "dataset" not in meta:
         return "correct its meta.json, written by hand (docs/training.md, From nanoGPT)"
     built = meta.get("dataset", name)
     if built not in IMAGES + TEXTS:

@@ -900,3 +900,27 @@ def test_torchrun_starts_only_the_scripts_made_for_several_processes(monkeypatch
     # torchrun of one process runs it once: its options are read
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert options.parse(["--x=2"], {"x": 1})[0] == {"x": 2}
+
+
+# Each number of the trainers, with its range written out here, not read from their RANGES: a key dropped
+# from a table is still tried (a 0 or a -1 was a ZeroDivisionError or numpy's error, or trained nothing).
+TRAINER_RANGES = {
+    "train_gpt": dict(positive="block_size batch_size gradient_accumulation_steps n_layer n_head n_embd "
+                               "eval_interval eval_iters log_interval learning_rate max_iters",
+                      nonnegative="warmup_iters lr_decay_iters weight_decay grad_clip",
+                      fraction="dropout beta1 beta2", ratio="min_lr_ratio", seed="seed"),
+    "train_vit": dict(positive="epochs batch_size learning_rate eval_interval log_interval",
+                      nonnegative="weight_decay grad_clip warmup_epochs steps_per_epoch compression_images "
+                                  "viz_images",
+                      fraction="label_smoothing drop_path beta1 beta2", ratio="min_lr_ratio", seed="seed")}
+OUTSIDE = dict(positive="0", nonnegative="-1", fraction="1", ratio="1.5", seed="-1")
+
+
+@pytest.mark.parametrize("script, kind, key", [(script, kind, key) for script, table in TRAINER_RANGES.items()
+                                               for kind, keys in table.items() for key in keys.split()])
+def test_every_number_of_the_trainers_outside_its_range_is_one_line_before_any_work(script, kind, key,
+                                                                                     tmp_path, monkeypatch,
+                                                                                     fails):
+    monkeypatch.chdir(tmp_path)
+    fails(importlib.import_module(script).main, [f"--{key}={OUTSIDE[kind]}"], f"--{key}")
+    assert os.listdir(tmp_path) == []

@@ -165,6 +165,9 @@ def test_token_files_of_nanogpts_read_with_the_meta_json_the_docs_give(tmp_path)
     with pytest.raises(UsageError, match='docs/training.md') as e:
         read_tokens(str(folder), dict(meta, train_tokens=2000), 'train')
     assert 'prepare_data.py' not in str(e.value)
+    # but a model of another tokenizer needs them in its own: the build that makes them
+    with pytest.raises(UsageError, match='--tokenizer=bytes'):
+        load_meta(str(folder), 'text', {'tokenizer': 'bytes', 'vocab_size': 256})
 
 
 def test_a_dataset_not_prepared_names_a_command_that_makes_it(capsys):

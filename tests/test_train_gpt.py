@@ -1694,3 +1694,32 @@ def test_a_resume_checks_its_checkpoints_config_as_a_command_line(trained, tmp_p
     # the key typed replaces the refused value: the resume goes on (to nothing left to do)
     (key, _), = edit.items()
     assert train_gpt.main(argv + [f"--{key}={ckpt['config'][key]}"]) is None
+
+
+def test_a_resume_with_the_default_out_dir_keeps_this_command_s_out_dir():
+    """A run saved in out-there, moved to out/ and resumed there with the default --out_dir: the folder is
+    this command's (its resume command, its divergence line, its saved config), not the checkpoint's."""
+    saved = dict(train_gpt.DEFAULTS, out_dir='there')
+    ckpt = dict(model_args=dict(block_size=256, vocab_size=256), config=saved)
+    cfg = train_gpt.resume_config(dict(train_gpt.DEFAULTS, init_from='resume'), {'init_from'}, ckpt)
+    assert cfg['out_dir'] == train_gpt.DEFAULTS['out_dir']
+
+
+def test_the_shakespeare_preset_is_nanogpt_s_recipe():
+    c = parse('--config=shakespeare')
+    assert (c['learning_rate'], c['beta2'], c['warmup_iters'], c['max_iters'], c['lr_decay_iters'],
+            c['batch_size'], c['eval_iters']) == (1e-3, 0.99, 100, 3000, 3000, 32, 100)
+
+
+def test_tokens_count_every_micro_step_and_the_run_returns_its_last_and_best_val_loss(train, tmp_path,
+                                                                                      monkeypatch):
+    """2 micro-steps of 4 x 32 tokens a step: 256 tokens a step, in the rows. The run's value: the last
+    evaluation's val loss beside the lowest. A cosine that ends where the warmup does runs (then the
+    floor)."""
+    losses = iter([3.0, 1.0, 2.0])
+    monkeypatch.setattr(train_gpt, 'estimate_loss', lambda *a: dict(train=1.0, val=next(losses)))
+    out = tmp_path / 'o'
+    got = train(out, '--max_iters=2', '--eval_interval=1', '--gradient_accumulation_steps=2',
+                '--warmup_iters=1', '--lr_decay_iters=1')
+    assert [r['tokens'] for r in read_log(out, kind='train')] == [256, 512]
+    assert (got['iter_num'], got['val_loss'], got['best_val_loss']) == (2, 2.0, 1.0)

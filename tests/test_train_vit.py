@@ -1178,3 +1178,25 @@ def test_the_default_label_smoothing_is_the_papers(capsys):
         train_vit.main(['--help'])
     value, = re.findall(r'^  --label_smoothing=(\S+)', capsys.readouterr().out, re.M)
     assert float(value) == 0.1
+
+
+def test_a_run_s_value_files_and_steps(data, tmp_path, monkeypatch):
+    """A larger --steps_per_epoch than the epoch holds is the epoch (64 images of 16 a step: 4 steps); the
+    run's value is its best accuracy, not its last; loss.png is drawn; a resume at the end does nothing and
+    writes nothing."""
+    accuracies = iter([(0.5, 1.0), (0.25, 1.0)])
+    monkeypatch.setattr(train_vit, 'evaluate', lambda *args: next(accuracies))
+    out = str(tmp_path)
+    args = base_args(data, out, '--epochs=2', '--steps_per_epoch=100', '--viz_images=0')
+    assert train_vit.main(args) == 0.5
+    assert load_checkpoint(f'{out}/ckpt.pt')['step'] == 8 and os.path.isfile(f'{out}/loss.png')
+    log = Path(out, 'log.jsonl').read_text()
+    train_vit.main(args + ['--init_from=resume'])
+    assert Path(out, 'log.jsonl').read_text() == log
+
+
+def test_maps_without_compression_are_still_drawn(data, trained, tmp_path):
+    """--compression_images=0 skips R^var_c only, not the maps --viz_images asks for."""
+    train_vit.main(base_args(data, str(tmp_path), f'--init_from={trained}/ckpt.pt', '--eval_only=true',
+                             '--compression_images=0', '--viz_images=1'))
+    assert os.listdir(tmp_path / 'viz') == ['test0000.png']
