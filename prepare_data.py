@@ -413,7 +413,9 @@ def _owt_download(data_dir):
         except Exception as e:
             raise UsageError(f"could not download {OWT_REPO} ({type(e).__name__}: {str(e)[:200]}); "
                              f"fetch its parquet files by hand and pass {hint}") from None
-        files = [f for f in _files_under(folder, '.parquet') if 'train' in os.path.basename(f)]
+        # The repo's train-*.parquet, or the conversion's {config}/train/*.parquet (its partial-train/ is cut).
+        files = [f for f in _files_under(folder, '.parquet')
+                 if 'train' in os.path.basename(f) or os.path.basename(os.path.dirname(f)) == 'train']
         if files:
             return files
     raise UsageError(f"found no parquet files in the dataset {OWT_REPO}; "

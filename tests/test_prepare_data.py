@@ -1377,3 +1377,74 @@ def test_a_warning_shows_the_control_characters_of_a_files_name(tmp_path, monkey
     prep.main(['text', '--input=notes', '--name=n', '--tokenizer=bytes', '--data_dir=d'])
     warned = [line for line in capsys.readouterr().err.splitlines() if 'UTF-8' in line]
     assert len(warned) == 1 and 'title' in warned[0] and all(c.isprintable() for c in warned[0])
+
+
+# what a mutation audit found unpinned
+
+
+def test_a_quick_build_prints_one_line(capsys):
+    """Progress comes every 10 s, not for every group of pieces."""
+    write('notes.txt', 'some notes of mine. ' * 100)
+    prepare('text', 'data', input='notes.txt')
+    assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_a_split_of_no_train_tokens_or_of_fewer_documents_than_val_every_is_refused():
+    """An empty first document and --val_every=2 leave train.bin empty: refused, not marked complete; one
+    document with --val_every=2: the line names --val_every."""
+    write('owt/a.jsonl', '{"text": ""}\n{"text": "hello world"}\n')
+    with pytest.raises(UsageError):
+        prepare('openwebtext', 'data', input='owt', tokenizer='bytes', val_every=2)
+    assert not os.path.exists('data/openwebtext/meta.json')
+    write('one/a.txt', 'plain text. ' * 50)
+    with pytest.raises(UsageError, match='--val_every'):
+        prepare('openwebtext', 'data', input='one', tokenizer='bytes', val_every=2, name='one')
+
+
+def test_a_nul_past_a_file_s_first_bytes_makes_it_binary_and_a_bad_byte_is_named_where_it_is(monkeypatch,
+                                                                                            capsys):
+    """A NUL at byte 100 still makes a file binary (skipped, said); the not-UTF-8 warning's byte counts the
+    bytes the decoder still holds from the read before (a character cut between reads)."""
+    write('in/a.txt', 'some notes of mine. ' * 50)
+    write('in/b.dat', b'x' * 100 + b'\0' + b'y' * 100)
+    assert load_meta(prepare('text', 'data', input='in'))['documents'] == 1
+    assert 'b.dat' in capsys.readouterr().err
+    monkeypatch.setattr(prep, '_READ', 4)
+    write('cut.txt', b'abcdef\xc3\xa9\xffyz' + b' more text' * 20)
+    prepare('text', 'data', input='cut.txt')
+    assert '(byte 8)' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('layout', [{'main': {'plain_text/train-00000-of-00001.parquet': 4,
+                                              'plain_text/test-00000-of-00001.parquet': 3}},
+                                    {'refs/convert/parquet': {'plain_text/train/0000.parquet': 4,
+                                                              'plain_text/test/0000.parquet': 3}}])
+def test_openwebtext_from_the_hub_reads_its_train_files_only(monkeypatch, layout):
+    """The repo's own files, else the hub's conversion ({config}/{split}/0000.parquet): a parquet file of
+    another split in the download is no part of the dataset."""
+    monkeypatch.setattr(prep, '_pyarrow_parquet', lambda: FakeParquet)
+
+    def snapshot_download(repo, repo_type, revision, allow_patterns, local_dir):
+        for rel, count in layout.get(revision, {}).items():
+            write(os.path.join(local_dir, rel), json.dumps(['a text'] * count))
+        os.makedirs(local_dir, exist_ok=True)
+        return local_dir
+    monkeypatch.setitem(sys.modules, 'huggingface_hub', SimpleNamespace(snapshot_download=snapshot_download))
+    assert load_meta(prepare('openwebtext', 'data', tokenizer='bytes', val_every=2))['documents'] == 4
+
+
+def test_a_lambada_line_of_spaces_is_a_blank_line():
+    write('l.txt', 'the cat sat on the mat\n   \nthe dog ran in the park\n')
+    assert load_meta(prepare('lambada', 'data', input='l.txt', tokenizer='bytes'))['examples'] == 2
+
+
+@pytest.mark.parametrize('data', [np.asfortranarray(np.zeros((4, 3072), np.uint8)),
+                                  np.zeros((4, 3072), np.int8)])
+def test_cifar_pixels_in_another_order_or_type_of_the_same_size_are_refused(data):
+    """Fortran-ordered bytes or int8 would be read as C-ordered uint8: images scrambled unsaid. A CIFAR of
+    one's own archive names it as its source."""
+    make_cifar('ok.tgz', 'cifar10')
+    assert load_meta(prepare('cifar10', 'data', archive='ok.tgz'))['source'] == os.path.abspath('ok.tgz')
+    make_cifar('c.tgz', 'cifar10', edit=('data_batch_1', {b'data': data}))
+    with pytest.raises(UsageError, match='data_batch_1'):
+        prepare('cifar10', 'data', archive='c.tgz', name='other')
